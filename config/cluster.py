@@ -1,0 +1,184 @@
+"""The cluster inventory: racks, nodes, accelerators, network and health history.
+
+A 10,000-GPU fleet must be a few lines of YAML, so racks and nodes are written as templates
+(`name: "rack-{index:03d}"`, `count: 130`) that expand to concrete `Node`s; per-node health
+(unhealthy, recent Xid errors, warm dataset caches) is a sparse override map on top.
+In Kubernetes mode the same `Cluster` is built from node labels (`plugins/placement`).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic.alias_generators import to_camel
+
+from config.quantities import Bytes
+
+CLUSTERS_DIR = Path(__file__).parent / "clusters"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class Accelerator(_Section):
+    """What the cluster says about one accelerator type; unset values come from the
+    advisor's built-in catalog (`plugins/advisor/hardware.py`)."""
+
+    memory: Bytes | None = None
+    """Device memory (HBM), e.g. `80GiB`."""
+    peak_tflops: PositiveFloat | None = None
+    """Peak dense bf16 TFLOP/s per device."""
+    memory_bandwidth_gbps: PositiveFloat | None = None
+    """HBM bandwidth, GB/s."""
+    hourly_rate_usd: PositiveFloat | None = None
+    """Cost of one device-hour, for chargeback."""
+
+
+class Network(_Section):
+    """Bandwidths per GPU, unidirectional, in GB/s. Unset values come from the advisor's
+    catalog for the node's GPU type."""
+
+    intra_node_gbps: PositiveFloat | None = None
+    """NVLink (NVSwitch) bandwidth per GPU."""
+    intra_rack_gbps: PositiveFloat | None = None
+    """InfiniBand / RoCE per GPU between nodes of one rack (leaf switch, full bisection)."""
+    cross_rack_oversubscription: PositiveFloat = 1.0
+    """Spine oversubscription: cross-rack bandwidth = intra-rack / this."""
+
+
+class NodeTemplate(_Section):
+    name: str = "{rack}-n{index}"
+    """Node name pattern; `{rack}` is the rack's name, `{index}` counts from `start`."""
+    count: PositiveInt = 1
+    start: NonNegativeInt = 0
+    gpu_type: str
+    gpus_per_node: PositiveInt
+    address: str | None = None
+    """Host address; the local cluster uses 127.0.0.1 for every node."""
+
+
+class RackTemplate(_Section):
+    name: str = "rack-{index}"
+    count: PositiveInt = 1
+    start: NonNegativeInt = 0
+    nodes: list[NodeTemplate] = Field(min_length=1)
+
+
+class NodeHealth(_Section):
+    """Sparse per-node overrides: what the fleet's history says about one node."""
+
+    healthy: bool = True
+    xid_errors_7d: NonNegativeInt = Field(default=0, alias="xidErrors7d")
+    """Xid errors seen on the node's GPUs in the last 7 days."""
+    cached_datasets: list[str] = Field(default_factory=list)
+    """Datasets warm in the node's local cache (URIs)."""
+
+
+class Node(BaseModel):
+    """A concrete node after template expansion."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    rack: str
+    gpu_type: str
+    gpus: int
+    address: str
+    healthy: bool = True
+    xid_errors_7d: int = 0
+    cached_datasets: tuple[str, ...] = ()
+
+
+class ClusterSpec(_Section):
+    mode: Literal["local", "kubernetes"] = "kubernetes"
+    """`local`: nodes are torchrun agents on this host; `kubernetes`: a Volcano-managed fleet."""
+    accelerators: dict[str, Accelerator] = Field(default_factory=dict)
+    network: Network = Field(default_factory=Network)
+    racks: list[RackTemplate] = Field(min_length=1)
+    health: dict[str, NodeHealth] = Field(default_factory=dict)
+
+
+class ClusterMetadata(_Section):
+    name: str
+
+
+class Cluster(_Section):
+    api_version: Literal["training.platform/v1"] = "training.platform/v1"
+    kind: Literal["Cluster"] = "Cluster"
+    metadata: ClusterMetadata
+    spec: ClusterSpec
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> Cluster:
+        names = [n.name for n in self.nodes]
+        if len(names) != len(set(names)):
+            seen: set[str] = set()
+            dup = next(n for n in names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
+            raise ValueError(f"node name {dup!r} is generated twice; give the templates distinct names or starts")
+        unknown = set(self.spec.health) - set(names)
+        if unknown:
+            raise ValueError(f"health entries name unknown nodes: {sorted(unknown)[:5]}")
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @cached_property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every node, in rack order then node order."""
+        out: list[Node] = []
+        for rack_t in self.spec.racks:
+            for r in range(rack_t.start, rack_t.start + rack_t.count):
+                rack = rack_t.name.format(index=r)
+                for node_t in rack_t.nodes:
+                    for i in range(node_t.start, node_t.start + node_t.count):
+                        name = node_t.name.format(rack=rack, index=i)
+                        h = self.spec.health.get(name, NodeHealth())
+                        out.append(Node(
+                            name=name, rack=rack, gpu_type=node_t.gpu_type, gpus=node_t.gpus_per_node,
+                            address=node_t.address or name, healthy=h.healthy,
+                            xid_errors_7d=h.xid_errors_7d, cached_datasets=tuple(h.cached_datasets),
+                        ))
+        return tuple(out)
+
+    @cached_property
+    def racks(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            out.setdefault(node.rack, []).append(node)
+        return out
+
+    def gpu_types(self) -> set[str]:
+        return {n.gpu_type for n in self.nodes}
+
+    def gpus_per_node(self, gpu_type: str) -> int:
+        """Largest node size for a GPU type (TP must fit inside one node)."""
+        return max((n.gpus for n in self.nodes if n.gpu_type == gpu_type), default=0)
+
+    def total_gpus(self, gpu_type: str, *, healthy_only: bool = False) -> int:
+        return sum(n.gpus for n in self.nodes
+                   if n.gpu_type == gpu_type and (n.healthy or not healthy_only))
+
+    def accelerator(self, gpu_type: str) -> Accelerator:
+        return self.spec.accelerators.get(gpu_type, Accelerator())
+
+
+def load_cluster(name_or_path: str | Path) -> Cluster:
+    """Load `config/clusters/<name>.yaml`, or a cluster file given by path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CLUSTERS_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml"))
+        raise FileNotFoundError(f"no cluster {str(name_or_path)!r}; known clusters: {', '.join(known)}")
+    with path.open() as f:
+        return Cluster.model_validate(yaml.safe_load(f))

@@ -1,0 +1,262 @@
+"""Read a spec file into a `TrainingJob`, turning every kind of bad input into `Problem`s.
+
+Users hand us anything: binary files, 50 MB logs, YAML with tabs, a list instead of a
+mapping, duplicate keys (which PyYAML silently resolves to the last one). None of it may
+produce a traceback; each gets one clear `Problem`. Schema errors from pydantic are rewritten
+into the spec's own spelling with a did-you-mean for unknown keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from config.problems import Code, Problem, SpecError
+from config.spec import API_VERSION, KIND, TrainingJob
+
+MAX_SPEC_BYTES = 1_000_000
+"""A spec is a page of YAML; anything over 1 MB is a wrong file, not a big spec."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, typing.Hashable) and key in seen:
+            first = seen[key].start_mark.line + 1
+            raise yaml.constructor.ConstructorError(
+                None, None,
+                f"duplicate key {key!r} (first defined on line {first})",
+                key_node.start_mark,
+            )
+        if isinstance(key, typing.Hashable):
+            seen[key] = key_node
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+
+
+def load_spec_file(path: str | Path) -> TrainingJob:
+    """Load and validate one spec file; raise `SpecError` with every problem found."""
+    job, problems = read_spec_file(path)
+    if job is None:
+        raise SpecError(problems)
+    return job
+
+
+def read_spec_file(path: str | Path) -> tuple[TrainingJob | None, list[Problem]]:
+    """Load one spec file; never raises for bad input. Returns the job (if the schema holds)
+    and the schema-level problems."""
+    path = Path(path)
+    where = str(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            return None, [Problem(
+                code=Code.FILE_TOO_LARGE, path=where,
+                message=f"the file is {size / 1e6:.1f} MB; a spec is at most {MAX_SPEC_BYTES // 1_000_000} MB",
+                hint="is this the right file? A TrainingJob spec is a short YAML document",
+            )]
+        raw = path.read_bytes()
+    except OSError as e:
+        return None, [Problem(code=Code.FILE_UNREADABLE, path=where,
+                              message=f"cannot read the file: {e.strerror or e}",
+                              hint="check the path and its permissions")]
+    return parse_spec_text(raw, where=where)
+
+
+def parse_spec_text(raw: bytes | str, *, where: str = "<spec>") -> tuple[TrainingJob | None, list[Problem]]:
+    """Parse YAML text into a `TrainingJob`; every failure becomes a `Problem`."""
+    data, problems = _parse_yaml(raw, where)
+    if problems:
+        return None, problems
+    return validate_document(data, where=where)
+
+
+def validate_document(data: Any, *, where: str = "<spec>") -> tuple[TrainingJob | None, list[Problem]]:
+    """Validate an already-parsed document (a dict) against the schema."""
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        return None, [Problem(
+            code=Code.NOT_A_MAPPING, path=where,
+            message=f"the document is {kind}, not a mapping",
+            hint=f"a spec starts with 'apiVersion: {API_VERSION}' and 'kind: {KIND}'",
+        )]
+    try:
+        return TrainingJob.model_validate(data), []
+    except ValidationError as e:
+        return None, schema_problems(e, TrainingJob)
+    except (TypeError, ValueError, RecursionError) as e:  # pragma: no cover - defensive
+        return None, [Problem(code=Code.INVALID_VALUE, path=where, message=str(e))]
+
+
+def _parse_yaml(raw: bytes | str, where: str) -> tuple[Any, list[Problem]]:
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_SPEC_BYTES:
+            return None, [Problem(code=Code.FILE_TOO_LARGE, path=where,
+                                  message=f"the text is {len(raw) / 1e6:.1f} MB; a spec is at most 1 MB")]
+        if b"\x00" in raw:
+            return None, [Problem(code=Code.NOT_YAML, path=where,
+                                  message="the file is binary (it contains NUL bytes), not YAML",
+                                  hint="pass the YAML spec, not an archive or a checkpoint")]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return None, [Problem(code=Code.NOT_YAML, path=where,
+                                  message=f"the file is not UTF-8 text (bad byte at offset {e.start})",
+                                  hint="save the spec as UTF-8")]
+    else:
+        text = raw
+    if not text.strip():
+        return None, [Problem(code=Code.NOT_A_MAPPING, path=where, message="the file is empty",
+                              hint=f"a spec starts with 'apiVersion: {API_VERSION}' and 'kind: {KIND}'")]
+    for number, line in enumerate(text.splitlines(), start=1):
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        if "\t" in indent:
+            return None, [Problem(code=Code.NOT_YAML, path=f"{where}:{number}",
+                                  message="a tab is used for indentation; YAML allows only spaces",
+                                  hint="replace the tabs at the start of the line with spaces")]
+    try:
+        documents = list(yaml.load_all(text, Loader=_UniqueKeyLoader))  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        code = Code.DUPLICATE_KEY if "duplicate key" in str(e) else Code.NOT_YAML
+        detail = getattr(e, "problem", None) or str(e)
+        return None, [Problem(code=code, path=f"{where}{line}", message=f"not valid YAML: {detail}",
+                              hint="fix the YAML syntax at that line")]
+    except RecursionError:
+        return None, [Problem(code=Code.NOT_YAML, path=where, message="the YAML nests too deeply")]
+    documents = [d for d in documents if d is not None]
+    if len(documents) > 1:
+        return None, [Problem(code=Code.NOT_A_MAPPING, path=where,
+                              message=f"the file holds {len(documents)} YAML documents; a spec is one",
+                              hint="put each TrainingJob in its own file")]
+    return (documents[0] if documents else None), []
+
+
+# --- pydantic errors → Problems ---------------------------------------------------------
+
+def schema_problems(error: ValidationError, root: type[BaseModel]) -> list[Problem]:
+    """Rewrite pydantic's errors in the spec's spelling, with did-you-mean for unknown keys."""
+    problems = [_problem_for(e, root) for e in error.errors(include_url=False)]
+    # pydantic reports one error per union member; keep one per (path, code).
+    unique: dict[tuple[str, str], Problem] = {}
+    for p in problems:
+        unique.setdefault((p.path, p.code), p)
+    return list(unique.values())
+
+
+def _problem_for(err: Any, root: type[BaseModel]) -> Problem:
+    loc = tuple(x for x in err["loc"] if not _is_union_tag(x))
+    path = _dotted(loc)
+    kind, value = err["type"], err.get("input")
+    if kind == "extra_forbidden":
+        parent = _model_at(root, loc[:-1])
+        key = str(loc[-1])
+        allowed = _aliases(parent) if parent else []
+        close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+        if close:
+            hint = f"did you mean '{close[0]}'?"
+        else:
+            hint = f"valid keys here: {', '.join(allowed)}" if allowed else ""
+        return Problem(code=Code.UNKNOWN_FIELD, path=path, message=f"unknown field '{key}'", hint=hint)
+    if kind == "missing":
+        return Problem(code=Code.MISSING_FIELD, path=path, message="this field is required",
+                       hint=_field_doc(root, loc) or "add it")
+    if kind == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        return Problem(code=Code.INVALID_VALUE, path=path,
+                       message=f"{_show(value)} is not one of the allowed values",
+                       hint=f"use one of {expected}")
+    message = err["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    hint = _field_doc(root, loc)
+    return Problem(code=Code.INVALID_VALUE, path=path, message=f"{_show(value)}: {message}",
+                   hint=hint)
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic inserts the member type into loc for unions: ('spec', 'x', 'int', ...)
+    return isinstance(part, str) and (part in {"int", "float", "str", "bool", "none"}
+                                      or "[" in part or part.startswith("function-"))
+
+
+def _dotted(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _unwrap(annotation: Any) -> Any:
+    """The model class inside Optional/list/dict/Annotated, or None."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType, list, dict):
+        for arg in typing.get_args(annotation):
+            found = _unwrap(arg)
+            if found is not None:
+                return found
+        return None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _field_by_alias(model: type[BaseModel], key: str) -> Any:
+    for name, field in model.model_fields.items():
+        if key in (field.alias, name):
+            return field
+    return None
+
+
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    current: type[BaseModel] | None = root
+    for part in loc:
+        if current is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = _field_by_alias(current, str(part))
+        if field is None:
+            return None
+        nested = _unwrap(field.annotation)
+        if nested is None and typing.get_origin(field.annotation) is dict:
+            return None
+        current = nested
+    return current
+
+
+def _aliases(model: type[BaseModel]) -> list[str]:
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _field_doc(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    parent = _model_at(root, tuple(p for p in loc[:-1]))
+    if parent is None or not loc or isinstance(loc[-1], int):
+        return ""
+    field = _field_by_alias(parent, str(loc[-1]))
+    doc = (field.description or "") if field else ""
+    return doc.split("\n")[0].rstrip(".") if doc else ""

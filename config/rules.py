@@ -1,0 +1,203 @@
+"""Cross-field rules: what the spec alone — or the spec against a cluster — can decide.
+
+Each rule is a small function that returns `Problem`s with a stable code; `check_spec` and
+`check_against_cluster` run all of them, so a user sees every mistake at once. Checks that need
+the world (memory fit, dataset present, quota) are the dry run in `plugins/validation/`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from urllib.parse import urlparse
+
+from config.cluster import Cluster
+from config.problems import Code, Problem
+from config.spec import TrainingJob
+from config.worker_env import is_reserved
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_JOB_NAME = 52
+"""63 (a DNS-1123 label) minus room for `-worker-NNNN` in pod and service names."""
+
+Rule = Callable[[TrainingJob], Iterable[Problem]]
+
+
+def job_name(job: TrainingJob) -> Iterable[Problem]:
+    name = job.metadata.name
+    if len(name) > MAX_JOB_NAME:
+        yield Problem(code=Code.INVALID_JOB_NAME, path="metadata.name",
+                      message=f"'{name}' is {len(name)} characters; at most {MAX_JOB_NAME}",
+                      hint="Kubernetes object names derived from it must stay within 63 characters")
+    if not DNS1123_LABEL.match(name):
+        suggestion = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:MAX_JOB_NAME] or "my-job"
+        yield Problem(code=Code.INVALID_JOB_NAME, path="metadata.name",
+                      message=f"'{name}' is not a valid Kubernetes name (DNS-1123 label: lowercase "
+                              "letters, digits and '-', starting and ending with a letter or digit)",
+                      hint=f"try '{suggestion}'")
+
+
+def manual_degrees(job: TrainingJob) -> Iterable[Problem]:
+    par, gpus = job.spec.parallelism, job.spec.hardware.gpu_count
+    tp, pp, cp = par.degree("tensor_parallel"), par.degree("pipeline_parallel"), par.degree("context_parallel")
+    if par.strategy != "manual" and par.data_parallel is None:
+        if gpus % (tp * pp * cp):
+            yield Problem(code=Code.PARALLELISM_MISMATCH, path="spec.parallelism",
+                          message=f"gpuCount {gpus} is not divisible by TP({tp}) * PP({pp}) * CP({cp}) = {tp * pp * cp}",
+                          hint="change gpuCount or the fixed degrees")
+        return
+    dp = par.data_parallel if par.data_parallel is not None else max(gpus // (tp * pp * cp), 1)
+    product = tp * pp * dp * cp
+    if product != gpus:
+        yield Problem(code=Code.PARALLELISM_MISMATCH, path="spec.parallelism",
+                      message=f"TP({tp}) * PP({pp}) * DP({dp}) * CP({cp}) = {product} != gpuCount({gpus})",
+                      hint=f"make the product equal gpuCount, e.g. dataParallel: {gpus // (tp * pp * cp)}"
+                      if gpus % (tp * pp * cp) == 0 else "make the product of the degrees equal gpuCount")
+
+
+def model_divisibility(job: TrainingJob) -> Iterable[Problem]:
+    par = job.spec.parallelism
+    hints = par.hints
+    if hints is None:
+        return
+    tp, pp = par.degree("tensor_parallel"), par.degree("pipeline_parallel")
+    vpp = par.degree("virtual_pipeline_stages")
+    if hints.num_layers % (pp * vpp):
+        divisors = [d for d in range(1, hints.num_layers + 1) if hints.num_layers % d == 0]
+        yield Problem(code=Code.PP_LAYER_MISMATCH, path="spec.parallelism.pipelineParallel",
+                      message=f"{hints.num_layers} layers are not divisible by PP({pp})"
+                              + (f" * virtual stages({vpp})" if vpp > 1 else ""),
+                      hint=f"use a degree that divides {hints.num_layers}: {divisors[:8]}")
+    for heads, label in ((hints.num_attention_heads, "numAttentionHeads"),
+                         (hints.effective_kv_heads(), "numKeyValueHeads")):
+        if heads % tp:
+            yield Problem(code=Code.TP_HEAD_MISMATCH, path="spec.parallelism.tensorParallel",
+                          message=f"{label} = {heads} is not divisible by TP({tp})",
+                          hint="tensor parallelism splits attention heads; pick a TP degree that divides them")
+            break
+    if hints.num_key_value_heads and hints.num_attention_heads % hints.num_key_value_heads:
+        yield Problem(code=Code.INVALID_VALUE, path="spec.parallelism.hints.numKeyValueHeads",
+                      message=f"numAttentionHeads {hints.num_attention_heads} is not a multiple of "
+                              f"numKeyValueHeads {hints.num_key_value_heads}",
+                      hint="grouped-query attention shares each KV head among a whole number of query heads")
+    if hints.hidden_size % hints.num_attention_heads:
+        yield Problem(code=Code.INVALID_VALUE, path="spec.parallelism.hints.hiddenSize",
+                      message=f"hiddenSize {hints.hidden_size} is not divisible by numAttentionHeads "
+                              f"{hints.num_attention_heads}", hint="the head dimension must be a whole number")
+
+
+def hints_present(job: TrainingJob) -> Iterable[Problem]:
+    if job.spec.parallelism.strategy == "auto" and job.spec.parallelism.hints is None:
+        yield Problem(code=Code.HINTS_REQUIRED, path="spec.parallelism.hints",
+                      message="strategy 'auto' needs the model's shape to plan",
+                      hint="add hints (hiddenSize, numLayers, numAttentionHeads, sequenceLength, "
+                           "globalBatchSize) or use strategy: manual")
+
+
+def min_gpu_count(job: TrainingJob) -> Iterable[Problem]:
+    hw = job.spec.hardware
+    if hw.min_gpu_count is not None and hw.min_gpu_count > hw.gpu_count:
+        yield Problem(code=Code.MIN_GPU_COUNT, path="spec.hardware.minGpuCount",
+                      message=f"minGpuCount {hw.min_gpu_count} is larger than gpuCount {hw.gpu_count}",
+                      hint=f"set minGpuCount to at most {hw.gpu_count}")
+
+
+def checkpoint_prefix(job: TrainingJob) -> Iterable[Problem]:
+    storage = job.spec.checkpoint.storage
+    if storage is None:
+        return
+    name = job.metadata.name
+    parsed = urlparse(storage)
+    segments = [s for s in parsed.path.split("/") if s]
+    if parsed.scheme not in ("s3", "file", ""):
+        yield Problem(code=Code.CHECKPOINT_PREFIX, path="spec.checkpoint.storage",
+                      message=f"'{storage}' uses scheme '{parsed.scheme}'; only s3:// and file:// are supported",
+                      hint=f"e.g. s3://checkpoints/{name}/")
+    elif ".." in segments or name not in segments:
+        yield Problem(code=Code.CHECKPOINT_PREFIX, path="spec.checkpoint.storage",
+                      message=f"'{storage}' is outside the job's own prefix (no '{name}' path segment)",
+                      hint=f"use a folder named after the job, e.g. s3://checkpoints/{name}/, "
+                           "or leave it out for <object store>/jobs/<job>/checkpoints/")
+
+
+def reserved_env(job: TrainingJob) -> Iterable[Problem]:
+    for key in sorted(job.spec.training.env):
+        if is_reserved(key):
+            yield Problem(code=Code.RESERVED_ENV, path=f"spec.training.env.{key}",
+                          message=f"'{key}' is set by the platform and cannot be overridden",
+                          hint="remove it; RANK, WORLD_SIZE, MASTER_*, LOCAL_RANK, TRAINYARD_* and "
+                               "MLFLOW_* are injected at launch")
+
+
+def schedule(job: TrainingJob) -> Iterable[Problem]:
+    expr = job.spec.schedule
+    if expr is None:
+        return
+    presets = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
+    if expr in presets:
+        return
+    from croniter import croniter  # light; imported here so config stays cheap to import
+
+    if not croniter.is_valid(expr):
+        yield Problem(code=Code.INVALID_SCHEDULE, path="spec.schedule",
+                      message=f"'{expr}' is not a cron expression or preset",
+                      hint="e.g. '0 3 * * *' (03:00 daily) or '@daily'")
+
+
+def warnings(job: TrainingJob) -> Iterable[Problem]:
+    ft = job.spec.fault_tolerance
+    if ft.redundant_compute:
+        yield Problem(code=Code.INVALID_VALUE, path="spec.faultTolerance.redundantCompute",
+                      message="redundant compute is not implemented; the setting is ignored",
+                      severity="warning")
+    if ft.in_memory_checkpoint_replicas:
+        yield Problem(code=Code.INVALID_VALUE, path="spec.faultTolerance.inMemoryCheckpointReplicas",
+                      message="in-memory checkpoint replicas are not implemented yet; checkpoints go "
+                              "to the object store only", severity="warning")
+
+
+SPEC_RULES: tuple[Rule, ...] = (
+    job_name, hints_present, manual_degrees, model_divisibility, min_gpu_count,
+    checkpoint_prefix, reserved_env, schedule, warnings,
+)
+
+
+def check_spec(job: TrainingJob) -> list[Problem]:
+    """Every rule the spec alone can decide."""
+    return [p for rule in SPEC_RULES for p in rule(job)]
+
+
+def check_against_cluster(job: TrainingJob, cluster: Cluster) -> list[Problem]:
+    """Rules that need the cluster inventory: GPU type, node size, memory floor, fleet size."""
+    hw, par = job.spec.hardware, job.spec.parallelism
+    types = cluster.gpu_types()
+    if hw.gpu_type not in types:
+        import difflib
+
+        close = difflib.get_close_matches(hw.gpu_type, sorted(types), n=1, cutoff=0.5)
+        hint = f"did you mean '{close[0]}'?" if close else f"this cluster has: {', '.join(sorted(types))}"
+        return [Problem(code=Code.UNKNOWN_GPU_TYPE, path="spec.hardware.gpuType",
+                        message=f"cluster '{cluster.name}' has no '{hw.gpu_type}' devices", hint=hint)]
+    problems: list[Problem] = []
+    per_node = cluster.gpus_per_node(hw.gpu_type)
+    tp = par.degree("tensor_parallel")
+    if tp > per_node:
+        problems.append(Problem(
+            code=Code.TP_EXCEEDS_NODE, path="spec.parallelism.tensorParallel",
+            message=f"TP degree {tp} exceeds the {per_node} {hw.gpu_type} devices per node of cluster '{cluster.name}'",
+            hint=f"TP must fit within one NVLink domain: use tensorParallel ≤ {per_node} and more "
+                 "pipeline or data parallelism"))
+    total = cluster.total_gpus(hw.gpu_type, healthy_only=True)
+    if hw.gpu_count > total:
+        problems.append(Problem(
+            code=Code.CLUSTER_TOO_SMALL, path="spec.hardware.gpuCount",
+            message=f"{hw.gpu_count} {hw.gpu_type} requested; cluster '{cluster.name}' has {total} healthy",
+            hint=f"ask for at most {total}"))
+    memory = cluster.accelerator(hw.gpu_type).memory
+    if hw.gpu_memory_min is not None and memory is not None and memory < hw.gpu_memory_min:
+        problems.append(Problem(
+            code=Code.GPU_MEMORY_TOO_SMALL, path="spec.hardware.gpuMemoryMin",
+            message=f"{hw.gpu_type} on '{cluster.name}' has {memory.human_readable()} of memory; "
+                    f"the spec needs at least {hw.gpu_memory_min.human_readable()}",
+            hint="choose a larger GPU type or lower gpuMemoryMin"))
+    return problems

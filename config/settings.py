@@ -1,0 +1,60 @@
+"""Platform settings, from `TRAINYARD_*` environment variables (pydantic-settings).
+
+Defaults describe the embedded default of DESIGN §3: everything under `.trainyard/` in the
+working directory — SQLite state, a local-folder object store, a local MLflow store — so a
+fresh clone runs with no configuration at all.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+CONFIG_DIR = Path(__file__).parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore",
+                                      use_attribute_docstrings=True)
+
+    home: Path = Field(default_factory=lambda: Path.cwd() / ".trainyard")
+    """Where the embedded default keeps its state, objects, runs and logs."""
+    object_store: str = ""
+    """Root URI of the object store (`file:///…` or `s3://bucket/prefix`). Default: `<home>/objects`."""
+    s3_endpoint_url: str | None = None
+    """For MinIO and other S3-compatible stores."""
+    state_db: str = ""
+    """SQLAlchemy URL of the platform state (allocations). Default: SQLite `<home>/state.db`."""
+    mlflow_tracking_uri: str = ""
+    """Default: a SQLite store `<home>/mlflow.db` (artifacts under `<home>/mlartifacts`)."""
+    cluster: str = "local"
+    """Cluster name under `config/clusters/` or a path to a cluster file."""
+    jobs_dir: Path = CONFIG_DIR / "jobs"
+    teams_file: Path = CONFIG_DIR / "teams.yaml"
+    memory_fraction: float = Field(default=0.9, gt=0, le=1)
+    """Share of device memory a plan may use (the rest is left for fragmentation and spikes)."""
+
+    @model_validator(mode="after")
+    def _derive_defaults(self) -> Settings:
+        home = self.home.resolve()
+        object.__setattr__(self, "home", home)
+        if not self.object_store:
+            object.__setattr__(self, "object_store", (home / "objects").as_uri())
+        if not self.state_db:
+            object.__setattr__(self, "state_db", f"sqlite:///{home / 'state.db'}")
+        if not self.mlflow_tracking_uri:
+            object.__setattr__(self, "mlflow_tracking_uri", f"sqlite:///{home / 'mlflow.db'}")
+        return self
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings; tests construct `Settings(...)` directly instead."""
+    return Settings()

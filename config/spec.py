@@ -1,0 +1,281 @@
+"""The `TrainingJob` spec: what a team writes, as pydantic models.
+
+camelCase in YAML, snake_case in Python. Every section forbids unknown keys, so a typo is an
+error that names the key and the closest valid one (see `config/loader.py`), never a silently
+ignored setting. Quantities (`80GB`, `48h`, `7e9`) are parsed by `config/quantities.py`.
+
+The models check only what one field (or one section) can tell on its own. Rules that relate
+fields to each other, or the spec to a cluster, live in `config/rules.py`; checks that need
+the world (memory fit, dataset, quota) live in `plugins/validation/`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from config.quantities import Bytes, Count, Duration
+
+API_VERSION = "training.platform/v1"
+KIND = "TrainingJob"
+
+Priority = Literal["critical", "high", "normal", "low", "preemptible"]
+Precision = Literal["bf16", "fp16", "fp32"]
+Recompute = Literal["none", "selective", "full"]
+
+
+class Section(BaseModel):
+    """Base of every spec section: camelCase aliases, unknown keys forbidden, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class Metadata(Section):
+    name: str
+    """Job name; becomes the DAG id, the Kubernetes object names and the storage prefix.
+    Must be a DNS-1123 label (checked in `config/rules.py` so the message can say why)."""
+    team: str = Field(min_length=1)
+    """Owning team: quotas, fair share and the MLflow experiment are per team."""
+    project: str = Field(default="default", min_length=1)
+    """Project within the team; MLflow experiment is `<team>/<project>`."""
+    priority: Priority = "normal"
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Free-form labels copied onto Kubernetes objects and MLflow tags."""
+
+
+class GitSource(Section):
+    repo: str
+    branch: str = "main"
+    commit: str | None = None
+    """Pin a commit for reproducible runs; recorded as an MLflow tag."""
+
+
+class Source(Section):
+    git: GitSource | None = None
+    """Where the training code comes from. Omit for code already in the image / checkout."""
+    entrypoint: str = Field(min_length=1)
+    """Script torchrun runs, relative to the source root (e.g. `worker/train.py`)."""
+    args: list[str] = Field(default_factory=list)
+
+
+class Hardware(Section):
+    gpu_type: str = Field(min_length=1)
+    """Accelerator type, as named in the cluster inventory (`H100`, `H200`, `A100_80GB`, `cpu`)."""
+    gpu_count: PositiveInt
+    """Total accelerators (= world size)."""
+    min_gpu_count: PositiveInt | None = None
+    """Smallest world size the job accepts when resized (elastic DP)."""
+    gpu_memory_min: Bytes | None = None
+    """Smallest accelerator memory the job accepts, e.g. `80GB`."""
+    nodes_preferred: PositiveInt | None = None
+    """Hint for the placer: how many nodes to spread over."""
+
+
+class ModelHints(Section):
+    """The model's shape, for the parallelism advisor. Parameter count is derived from it."""
+
+    model_parameters: Count | None = None
+    """Declared parameter count (`7e9`, `6.7B`); the advisor warns if its own count differs > 5 %."""
+    hidden_size: PositiveInt
+    num_layers: PositiveInt
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt | None = None
+    """For grouped-query attention; defaults to `numAttentionHeads` (plain multi-head)."""
+    ffn_hidden_size: PositiveInt | None = None
+    """Defaults to 4·hidden (gelu) or Llama's 2/3·4·hidden rounded up to 256 (swiglu)."""
+    vocab_size: PositiveInt = 32000
+    sequence_length: PositiveInt
+    global_batch_size: PositiveInt
+    """Sequences per optimizer step, over all data-parallel replicas."""
+    mixed_precision: Precision = "bf16"
+    activation: Literal["gelu", "swiglu"] = "swiglu"
+    tie_embeddings: bool = False
+    num_experts: PositiveInt | None = None
+    """Mixture-of-experts: experts per MoE layer (omit for a dense model)."""
+    expert_top_k: PositiveInt | None = None
+
+    def effective_ffn_hidden_size(self) -> int:
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.activation == "gelu":
+            return 4 * self.hidden_size
+        return 256 * -(-int(2 * 4 * self.hidden_size / 3) // 256)
+
+    def effective_kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+
+class Parallelism(Section):
+    """How to split the job. `auto`: the advisor searches; degrees given pin that dimension.
+    `manual`: the degrees given are used as they are (missing ones default to 1, `dataParallel`
+    to whatever fills `gpuCount`)."""
+
+    strategy: Literal["auto", "manual"] = "auto"
+    tensor_parallel: PositiveInt | None = None
+    pipeline_parallel: PositiveInt | None = None
+    data_parallel: PositiveInt | None = None
+    context_parallel: PositiveInt | None = None
+    virtual_pipeline_stages: PositiveInt | None = None
+    """Interleaved 1F1B: model chunks per pipeline rank (1 = plain 1F1B)."""
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    """0 = DDP; 1/2 = sharded optimizer (and gradients); 3 = FSDP (parameters too)."""
+    micro_batch_size: PositiveInt | None = None
+    activation_checkpointing: Recompute | None = None
+    sequence_parallel: bool | None = None
+    hints: ModelHints | None = None
+
+    def degree(self, name: str) -> int:
+        """A manual degree, with 1 for the ones not given."""
+        value = getattr(self, name)
+        return 1 if value is None else int(value)
+
+
+class DataQuality(Section):
+    """Great Expectations checks run on the dataset's shards before any accelerator is placed."""
+
+    enabled: bool = True
+    text_field: str = "text"
+    """The field that holds each example's text."""
+    required_fields: list[str] = Field(default_factory=lambda: ["text"])
+    min_length: NonNegativeInt = 1
+    """Shortest acceptable text, in characters."""
+    max_length: PositiveInt = 1_000_000
+    max_duplicate_fraction: float = Field(default=0.01, ge=0, le=1)
+    """Largest acceptable fraction of rows whose text repeats another row's."""
+    sample_rows: PositiveInt = 100_000
+    """At most this many rows are read for validation."""
+
+
+class Dataset(Section):
+    source: str = Field(min_length=1)
+    """URI of the dataset's shards: `s3://bucket/prefix/`, `file:///path/`, or a path under the
+    object store (`datasets/demo/`)."""
+    format: Literal["jsonl", "parquet", "text"] = "jsonl"
+    size: Bytes | None = None
+    streaming: bool = False
+    version: str | None = None
+    """Version tag for lineage (`v3`); the content digest is computed and recorded as well."""
+    quality: DataQuality = Field(default_factory=DataQuality)
+
+
+class Checkpoint(Section):
+    interval_steps: PositiveInt | None = 500
+    interval_minutes: PositiveFloat | None = 30
+    """Save every N steps or M minutes, whichever comes first."""
+    max_keep: NonNegativeInt = 5
+    """Keep the last N checkpoints."""
+    keep_best_metric: str | None = None
+    """Keep the best K checkpoints by this metric (lower is better), e.g. `eval_loss`."""
+    keep_best_count: NonNegativeInt = 0
+    keep_every_m_steps: PositiveInt | None = None
+    """Also keep every checkpoint whose step is a multiple of M (milestones)."""
+    min_age_minutes: NonNegativeFloat = 0
+    """Never delete a checkpoint younger than this."""
+    storage: str | None = None
+    """Checkpoint root URI; must lie inside the job's own prefix. Default:
+    `<object store>/jobs/<job>/checkpoints/`."""
+    async_save: bool = Field(default=True, alias="async")
+    compression: Literal["none", "zstd"] = "none"
+    """Per-file compression, recorded in the manifest."""
+
+    @field_validator("compression", mode="before")
+    @classmethod
+    def _known_compression(cls, value: object) -> object:
+        if value in ("lz4", "gzip", "snappy"):
+            raise ValueError(f"compression {value!r} is not supported; use 'zstd' or 'none'")
+        return value
+
+
+class Training(Section):
+    max_steps: PositiveInt
+    max_runtime: Duration | None = None
+    eval_interval_steps: PositiveInt | None = None
+    seed: NonNegativeInt = 0
+    learning_rate: PositiveFloat | None = None
+    """Passed to the entrypoint as `--lr` when set (overridable from the Airflow trigger form)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment for the workers; platform-reserved names are refused."""
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _scalars_as_strings(cls, value: object) -> object:
+        # Environment values are strings; YAML turns `1` into an int. Accept scalars.
+        if isinstance(value, dict):
+            return {
+                k: (str(v).lower() if isinstance(v, bool) else str(v))
+                if isinstance(v, int | float | bool) else v
+                for k, v in value.items()
+            }
+        return value
+
+
+class FaultTolerance(Section):
+    max_restarts: NonNegativeInt = 3
+    """Restart budget across all failure classes; the attempt chain stops when spent."""
+    spot_instance_ok: bool = False
+    in_memory_checkpoint_replicas: NonNegativeInt = 0
+    redundant_compute: bool = False
+    hang_timeout: Duration = Field(default="10m")  # type: ignore[assignment]
+    """No step progress for this long (stale heartbeat) is a hang: kill and restart."""
+    divergence_factor: float = Field(default=10.0, gt=1)
+    """Loss above this multiple of its running baseline counts as diverging…"""
+    divergence_steps: PositiveInt = 100
+    """…for this many consecutive steps. NaN/inf diverges at once."""
+
+
+class Retrain(Section):
+    on_asset: str = Field(min_length=1)
+    """Retrain when this Airflow asset (e.g. the dataset URI) is updated."""
+
+
+class JobBody(Section):
+    source: Source
+    framework: Literal["pytorch"] = "pytorch"
+    """Only PyTorch is launched by this platform version."""
+    framework_version: str | None = None
+    image: str | None = None
+    """Container image for Kubernetes launches; ignored by the local launcher."""
+    hardware: Hardware
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    dataset: Dataset
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    training: Training
+    fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
+    schedule: str | None = None
+    """Cron expression or preset (`@daily`): a scheduled retraining DAG."""
+    retrain: Retrain | None = None
+
+
+class TrainingJob(Section):
+    """One training job: the root of a spec file."""
+
+    api_version: Literal["training.platform/v1"]
+    kind: Literal["TrainingJob"]
+    metadata: Metadata
+    spec: JobBody
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def to_yaml_dict(self) -> dict:
+        """The spec in its YAML spelling (camelCase, quantities as strings)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

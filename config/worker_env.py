@@ -1,0 +1,65 @@
+"""The environment contract between the launcher and the training processes (DESIGN §7).
+
+One model, used on both sides: the launcher builds it and calls `to_env()`; the worker
+runtime calls `WorkerEnv.from_env()`. torchrun adds the torch.distributed variables itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PREFIX = "TRAINYARD_"
+
+RESERVED_ENV = frozenset({
+    "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI",
+})
+"""Names the platform or torchrun sets; a spec's `training.env` may not set them."""
+RESERVED_PREFIXES = (PREFIX, "TORCHELASTIC_")
+
+
+_UNPREFIXED = ("mlflow_tracking_uri", "mlflow_run_id")
+"""MLflow's own variable names, so `mlflow` in the worker picks them up unaided."""
+
+
+def is_reserved(name: str) -> bool:
+    return name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES)
+
+
+class WorkerEnv(BaseModel):
+    """What every training process receives besides torchrun's own variables."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job: str
+    attempt: int = 0
+    plan: str = Field(description="Plan JSON (plugins.advisor.plan.Plan)")
+    spec: str = Field(description="The TrainingJob as JSON (camelCase)")
+    resume_from: str = Field(default="", description="Manifest URI to restore, or empty for latest valid")
+    object_store: str
+    checkpoint_uri: str = Field(description="Root of this job's checkpoints (step-N folders)")
+    heartbeat_dir: str
+    hang_timeout_s: float = 600.0
+    run_dir: str = Field(default="", description="Per-attempt folder for logs and scratch")
+    mlflow_tracking_uri: str = ""
+    mlflow_run_id: str = ""
+
+    def to_env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            key = name.upper() if name in _UNPREFIXED else PREFIX + name.upper()
+            env[key] = str(value)
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
+        environ = os.environ if environ is None else environ
+        values: dict[str, str] = {}
+        for name in cls.model_fields:
+            key = name.upper() if name in _UNPREFIXED else PREFIX + name.upper()
+            if key in environ:
+                values[name] = environ[key]
+        return cls.model_validate(values)

@@ -1,0 +1,59 @@
+"""The per-rank heartbeat file: written by the worker runtime every step, read by the node
+agent and the control plane's sensors (DESIGN §8).
+
+A heartbeat is a small JSON file, `<heartbeat_dir>/rank-<NNNNN>.json`, replaced atomically
+(write a temp file in the same folder, then `os.replace`), so a reader sees the old or the new
+version, never half of one. Readers must still tolerate garbage (a disk full, a foreign file)
+and skip it with a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+FILE_PATTERN = "rank-*.json"
+
+
+def heartbeat_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank-{rank:05d}.json"
+
+
+class Heartbeat(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    job: str
+    attempt: int = 0
+    rank: int
+    local_rank: int = 0
+    node: str = ""
+    pid: int
+    step: int
+    time: float
+    """Unix time of the write."""
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    nan: bool = False
+    """The loss of this step was NaN or infinite."""
+    hang_timeout_s: float = 600.0
+    """The job's `faultTolerance.hangTimeout`: older than this means hung."""
+    phase: str = "train"
+    """`start`, `restore`, `train`, `checkpoint`, `done`, `diverged`."""
+
+
+def write_heartbeat(directory: str | Path, beat: Heartbeat) -> Path:
+    """Atomically replace this rank's heartbeat file."""
+    path = heartbeat_path(directory, beat.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".hb-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(beat.model_dump_json())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

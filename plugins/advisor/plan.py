@@ -1,0 +1,100 @@
+"""`Plan`: how one job is split over its devices — the contract between the advisor, the
+dry run, the placer, the launcher and the worker runtime (`TRAINYARD_PLAN`).
+
+Pure pydantic, no torch: like torchtitan's `ParallelDims`, a plan checks itself and names
+every factor when they disagree, so it can be validated without starting a process.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
+
+Recompute = Literal["none", "selective", "full"]
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    tp: PositiveInt = 1
+    """Tensor-parallel degree (inside one node)."""
+    pp: PositiveInt = 1
+    """Pipeline-parallel degree (stages)."""
+    dp: PositiveInt = 1
+    """Data-parallel degree (replicas, or FSDP shards when `zero_stage` ≥ 1)."""
+    cp: PositiveInt = 1
+    """Context-parallel degree (sequence split across devices)."""
+    vpp: PositiveInt = 1
+    """Virtual pipeline stages per pipeline rank (interleaved 1F1B when > 1)."""
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    """0 = DDP, 1 = optimizer sharded, 2 = + gradients, 3 = + parameters (FSDP)."""
+    micro_batch_size: PositiveInt = 1
+    """Sequences per micro-batch per data-parallel replica."""
+    num_micro_batches: PositiveInt = 1
+    """Micro-batches per replica per optimizer step: gradient accumulation, and the pipeline's
+    micro-batches when `pp` > 1."""
+    activation_checkpointing: Recompute = "none"
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism for norms/dropout (needs `tp` > 1)."""
+    sequence_length: PositiveInt | None = None
+    global_batch_size: PositiveInt | None = None
+    """Sequences per optimizer step over all replicas = micro_batch_size·num_micro_batches·dp."""
+
+    # Estimates, filled in by the advisor; absent on a plan written by hand.
+    memory_per_gpu_bytes: int | None = None
+    memory_breakdown: dict[str, int] = Field(default_factory=dict)
+    """Bytes per device by item (`weights`, `gradients`, `optimizer`, `activations`, …)."""
+    step_time_s: NonNegativeFloat | None = None
+    tokens_per_s: NonNegativeFloat | None = None
+    mfu: NonNegativeFloat | None = None
+    hfu: NonNegativeFloat | None = None
+    bubble_fraction: NonNegativeFloat | None = None
+    nccl_env: dict[str, str] = Field(default_factory=dict)
+    """NCCL variables suggested for this plan on GPU clusters."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Plan:
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError(f"virtual pipeline stages vpp({self.vpp}) need pipeline parallelism; pp is 1")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1")
+        expected = self.micro_batch_size * self.num_micro_batches * self.dp
+        if self.global_batch_size is not None and self.global_batch_size != expected:
+            raise ValueError(
+                f"Invalid plan: micro_batch_size({self.micro_batch_size}) * "
+                f"num_micro_batches({self.num_micro_batches}) * dp({self.dp}) = {expected} "
+                f"!= global_batch_size({self.global_batch_size})"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def pipeline_schedule(self) -> Literal["none", "1f1b", "interleaved_1f1b"]:
+        if self.pp == 1:
+            return "none"
+        return "interleaved_1f1b" if self.vpp > 1 else "1f1b"
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise naming every factor when the plan does not cover `world_size` devices."""
+        if self.world_size != world_size:
+            raise ValueError(
+                f"Invalid parallel dims: tp({self.tp}) * pp({self.pp}) * dp({self.dp}) * "
+                f"cp({self.cp}) = {self.world_size} != WORLD_SIZE({world_size})"
+            )
+
+    def describe(self) -> str:
+        """`TP2·PP1·DP4 ZeRO-3 mbs2×8 AC=selective` — a one-line label for tables and logs."""
+        parts = [f"TP{self.tp}", f"PP{self.pp}" + (f"(v{self.vpp})" if self.vpp > 1 else ""),
+                 f"DP{self.dp}"]
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        label = "·".join(parts) + f" ZeRO-{self.zero_stage} mbs{self.micro_batch_size}×{self.num_micro_batches}"
+        if self.activation_checkpointing != "none":
+            label += f" AC={self.activation_checkpointing}"
+        if self.sequence_parallel:
+            label += " SP"
+        return label

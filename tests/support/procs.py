@@ -1,0 +1,59 @@
+"""Run real processes from tests: torchrun jobs, servers, CLIs — with timeouts and logs.
+
+A failing multi-process test is useless without the ranks' output, so `run_torchrun` returns
+it and `check` puts it into the assertion message.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for child processes: the repo on the path, one thread per process."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_torchrun(
+    script: str | Path,
+    args: Sequence[str] = (),
+    *,
+    nproc: int = 2,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+    module: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run `torchrun --standalone --nproc-per-node N script args…` and return its output."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    cmd += ["-m", str(script)] if module else [str(script)]
+    cmd += list(args)
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=test_env(env), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def check(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    """Assert a process succeeded, showing its output when it did not."""
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\n--- stdout ---\n{result.stdout[-8000:]}\n--- stderr ---\n{result.stderr[-8000:]}"
+    )
+    return result
