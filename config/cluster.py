@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from config.quantities import Bytes
@@ -172,13 +180,31 @@ class Cluster(_Section):
         return self.spec.accelerators.get(gpu_type, Accelerator())
 
 
+def known_clusters() -> list[str]:
+    return sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml"))
+
+
+def cluster_for(gpu_type: str, preferred: str | Path) -> Cluster:
+    """The preferred cluster if it has `gpu_type`, else the first known cluster that does
+    (so `trainyard plan llama-7b.yaml` on a laptop plans for the H100 fleet, not the CPU box).
+    Falls back to the preferred one, whose rules then report the unknown type."""
+    first = load_cluster(preferred)
+    if gpu_type in first.gpu_types():
+        return first
+    for name in known_clusters():
+        candidate = load_cluster(name)
+        if gpu_type in candidate.gpu_types():
+            return candidate
+    return first
+
+
 def load_cluster(name_or_path: str | Path) -> Cluster:
     """Load `config/clusters/<name>.yaml`, or a cluster file given by path."""
     path = Path(name_or_path)
     if not path.suffix:
         path = CLUSTERS_DIR / f"{name_or_path}.yaml"
     if not path.exists():
-        known = sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml"))
-        raise FileNotFoundError(f"no cluster {str(name_or_path)!r}; known clusters: {', '.join(known)}")
+        raise FileNotFoundError(
+            f"no cluster {str(name_or_path)!r}; known clusters: {', '.join(known_clusters())}")
     with path.open() as f:
         return Cluster.model_validate(yaml.safe_load(f))

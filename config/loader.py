@@ -131,7 +131,7 @@ def _parse_yaml(raw: bytes | str, where: str) -> tuple[Any, list[Problem]]:
                                   message="a tab is used for indentation; YAML allows only spaces",
                                   hint="replace the tabs at the start of the line with spaces")]
     try:
-        documents = list(yaml.load_all(text, Loader=_UniqueKeyLoader))  # noqa: S506 - SafeLoader subclass
+        documents = list(yaml.load_all(text, Loader=_UniqueKeyLoader))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

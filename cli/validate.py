@@ -1,0 +1,90 @@
+"""`trainyard validate FILE...`: every problem in every spec, before anything is allocated.
+
+Human output lists each problem as `path: message (hint)`; `--json` prints a list of
+`{"file","code","severity","path","message","hint"}`. Exit 0 when all files are valid (warnings
+allowed), 1 when any has an error, 2 on usage errors. Bad input never gives a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from config.problems import Problem
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate", help="validate TrainingJob specs (schema, rules, dry run)",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="spec files (YAML)")
+    p.add_argument("--cluster", help="cluster name or file (default: TRAINYARD_CLUSTER, or the first "
+                                     "cluster that has the spec's gpuType)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--offline", action="store_true",
+                   help="check only the spec and the cluster (no object store, quota or memory model)")
+    p.add_argument("--data", action="store_true",
+                   help="also run data-quality checks (Great Expectations) on the dataset's shards")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from config.cluster import cluster_for, load_cluster
+    from config.loader import read_spec_file
+    from config.settings import get_settings
+
+    settings = get_settings()
+    try:
+        explicit = load_cluster(args.cluster) if args.cluster else None
+    except (FileNotFoundError, ValueError) as e:
+        _usage_error(str(e))
+        return 2
+
+    results: list[tuple[Path, list[Problem]]] = []
+    for path in args.files:
+        job, problems = read_spec_file(path)
+        if job is not None:
+            from plugins.validation.dry_run import validate_job
+
+            cluster = explicit or cluster_for(job.spec.hardware.gpu_type, settings.cluster)
+            problems = validate_job(job, cluster=cluster, settings=settings,
+                                    offline=args.offline, data_quality=args.data)
+        results.append((path, problems))
+
+    if args.json:
+        from cli.output import print_json
+
+        print_json([{"file": str(path), **_as_dict(p)} for path, problems in results for p in problems])
+    else:
+        _print_human(results)
+    return 1 if any(p.severity == "error" for _, problems in results for p in problems) else 0
+
+
+def _as_dict(p: Problem) -> dict[str, str]:
+    return {"code": p.code.value, "severity": p.severity, "path": p.path, "message": p.message,
+            "hint": p.hint}
+
+
+def _print_human(results: list[tuple[Path, list[Problem]]]) -> None:
+    from rich.markup import escape
+
+    from cli.output import console
+
+    for path, problems in results:
+        errors = [p for p in problems if p.severity == "error"]
+        warnings = [p for p in problems if p.severity == "warning"]
+        if not errors:
+            note = f" ({len(warnings)} warning(s))" if warnings else ""
+            console.print(f"[green]✓[/] {escape(str(path))}: valid{note}")
+        else:
+            console.print(f"[red]✗[/] {escape(str(path))}: {len(errors)} error(s)"
+                          + (f", {len(warnings)} warning(s)" if warnings else ""))
+        for p in errors + warnings:
+            style = "red" if p.severity == "error" else "yellow"
+            hint = f" [dim]({escape(p.hint)})[/]" if p.hint else ""
+            console.print(f"  [{style}]{p.code.value}[/] {escape(p.path)}: {escape(p.message)}{hint}")
+
+
+def _usage_error(message: str) -> None:
+    from cli.output import err_console
+
+    err_console.print(f"trainyard validate: error: {message}")

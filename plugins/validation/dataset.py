@@ -1,0 +1,68 @@
+"""DATASET_NOT_FOUND: is the dataset where the spec says, before any accelerator is placed?
+
+A dataset `source` is a full URI (`s3://bucket/prefix/`, `file:///path/`) or a prefix inside
+the platform's object store (`datasets/pydoc-topics/`). `open_dataset` is the one place that
+resolves it, for the dry run, data validation and the worker alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+from config.problems import Code, Problem
+from config.settings import Settings
+from config.spec import TrainingJob
+
+if TYPE_CHECKING:
+    from plugins.checkpoint.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+_SUFFIXES = {"jsonl": (".jsonl", ".jsonl.zst"), "parquet": (".parquet",), "text": (".txt",)}
+
+
+def open_dataset(source: str, *, object_store: str, endpoint_url: str | None = None) -> ObjectStore:
+    """The store rooted at the dataset's prefix."""
+    from plugins.checkpoint.store import open_store
+
+    if urlparse(source).scheme:
+        return open_store(source, endpoint_url=endpoint_url)
+    return open_store(object_store, endpoint_url=endpoint_url).child(source.strip("/"))
+
+
+def check_dataset(job: TrainingJob, settings: Settings) -> list[Problem]:
+    ds = job.spec.dataset
+    path = "spec.dataset.source"
+    try:
+        store = open_dataset(ds.source, object_store=settings.object_store,
+                             endpoint_url=settings.s3_endpoint_url)
+        shards = [o for o in store.list("") if o.key.endswith(_SUFFIXES[ds.format])]
+    except Exception as e:
+        if _is_missing(e):
+            return [_not_found(ds.source, ds.format, f"the store says: {_short(e)}")]
+        log.debug("dataset check failed", exc_info=True)
+        return [Problem(code=Code.DATASET_NOT_FOUND, path=path, severity="warning",
+                        message=f"could not check '{ds.source}': {_short(e)}",
+                        hint="check the object store's address and credentials "
+                             "(TRAINYARD_OBJECT_STORE, TRAINYARD_S3_ENDPOINT_URL, AWS_*)")]
+    if not shards:
+        return [_not_found(ds.source, ds.format, "no shards there")]
+    return []
+
+
+def _not_found(source: str, fmt: str, detail: str) -> Problem:
+    return Problem(code=Code.DATASET_NOT_FOUND, path="spec.dataset.source",
+                   message=f"no {fmt} shards at '{source}' ({detail})",
+                   hint="check the URI, or prepare the data first (the demo: `trainyard data prepare-demo`)")
+
+
+def _is_missing(error: Exception) -> bool:
+    code = getattr(error, "response", {}).get("Error", {}).get("Code", "") if hasattr(error, "response") else ""
+    return isinstance(error, FileNotFoundError) or code in {"NoSuchBucket", "NoSuchKey", "404"}
+
+
+def _short(error: Exception) -> str:
+    text = str(error) or type(error).__name__
+    return text if len(text) < 200 else text[:197] + "..."

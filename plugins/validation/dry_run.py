@@ -1,0 +1,59 @@
+"""The dry run: every check that must pass before an accelerator is allocated (seed App. A).
+
+`validate_job` runs the spec's own rules, the rules against the cluster, and — unless told to
+stay offline — the checks that need the world: memory fit (the advisor), the dataset in the
+object store, the team's quota, and optionally data quality (Great Expectations). It never
+raises for a bad spec; it returns every problem found.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from config.cluster import Cluster
+from config.problems import Problem
+from config.rules import check_against_cluster, check_spec
+from config.settings import Settings
+from config.spec import TrainingJob
+from config.teams import Teams, load_teams
+from plugins.validation.dataset import check_dataset
+from plugins.validation.memory import check_memory
+from plugins.validation.quota import check_quota
+
+log = logging.getLogger(__name__)
+
+
+def validate_job(
+    job: TrainingJob,
+    *,
+    cluster: Cluster,
+    settings: Settings,
+    teams: Teams | None = None,
+    usage: Mapping[str, int] | None = None,
+    offline: bool = False,
+    data_quality: bool = False,
+) -> list[Problem]:
+    problems = check_spec(job)
+    cluster_problems = check_against_cluster(job, cluster)
+    problems += cluster_problems
+    if offline:
+        return problems
+    if not any(p.severity == "error" for p in cluster_problems):
+        problems += check_memory(job, cluster, memory_fraction=settings.memory_fraction)
+    problems += check_quota(job, teams or load_teams(settings.teams_file),
+                            usage if usage is not None else current_usage(settings))
+    dataset_problems = check_dataset(job, settings)
+    problems += dataset_problems
+    if data_quality and not dataset_problems and job.spec.dataset.quality.enabled:
+        from plugins.validation.data_quality import data_quality_problems
+
+        problems += data_quality_problems(job, settings)
+    return problems
+
+
+def current_usage(settings: Settings) -> dict[str, int]:
+    """Accelerators reserved per team right now, from the platform state."""
+    from plugins.placement.state import usage_by_team
+
+    return usage_by_team(settings.state_db)
