@@ -154,15 +154,21 @@ def _parse_yaml(raw: bytes | str, where: str) -> tuple[Any, list[Problem]]:
 def schema_problems(error: ValidationError, root: type[BaseModel]) -> list[Problem]:
     """Rewrite pydantic's errors in the spec's spelling, with did-you-mean for unknown keys."""
     problems = [_problem_for(e, root) for e in error.errors(include_url=False)]
-    # pydantic reports one error per union member; keep one per (path, code).
+    # A typo of a required key shows up twice: `gpuCuont` unknown and `gpuCount` missing.
+    # Say it once, on the key the user actually wrote.
+    suggested = {p.path.rsplit(".", 1)[0] + "." + p.hint.split("'")[1]
+                 for p in problems if p.code == Code.UNKNOWN_FIELD and p.hint.startswith("did you mean")}
     unique: dict[tuple[str, str], Problem] = {}
     for p in problems:
+        if p.code == Code.MISSING_FIELD and p.path in suggested:
+            continue
+        # A union (e.g. `int | None`) can report one error per member; keep one per (path, code).
         unique.setdefault((p.path, p.code), p)
     return list(unique.values())
 
 
 def _problem_for(err: Any, root: type[BaseModel]) -> Problem:
-    loc = tuple(x for x in err["loc"] if not _is_union_tag(x))
+    loc = tuple(err["loc"])
     path = _dotted(loc)
     kind, value = err["type"], err.get("input")
     if kind == "extra_forbidden":
@@ -189,12 +195,6 @@ def _problem_for(err: Any, root: type[BaseModel]) -> Problem:
     hint = _field_doc(root, loc)
     return Problem(code=Code.INVALID_VALUE, path=path, message=f"{_show(value)}: {message}",
                    hint=hint)
-
-
-def _is_union_tag(part: Any) -> bool:
-    # pydantic inserts the member type into loc for unions: ('spec', 'x', 'int', ...)
-    return isinstance(part, str) and (part in {"int", "float", "str", "bool", "none"}
-                                      or "[" in part or part.startswith("function-"))
 
 
 def _dotted(loc: Iterable[Any]) -> str:

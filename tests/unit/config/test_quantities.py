@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from config.quantities import parse_count, parse_duration
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30m", 1800), ("48h", 172800), ("90s", 90), ("2d", 172800), ("1.5h", 5400), (45, 45),
+    ("250ms", 0.25), ("1w", 604800),
+])
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("bad", ["soon", "-5m", "0s", "", True, None, "5 parsecs", float("inf")])
+def test_bad_durations(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+@pytest.mark.parametrize(("text", "count"), [
+    ("7e9", 7_000_000_000), ("6.7B", 6_700_000_000), ("70M", 70_000_000), (405e9, 405_000_000_000),
+    ("1.5T", 1_500_000_000_000), (1000, 1000), ("2k", 2000),
+])
+def test_counts(text: object, count: int) -> None:
+    assert parse_count(text) == count
+
+
+@pytest.mark.parametrize("bad", ["seven", "-1", "0", True, "7 bananas", float("nan")])
+def test_bad_counts(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_count(bad)

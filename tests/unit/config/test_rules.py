@@ -1,0 +1,183 @@
+"""Each cross-field rule: one failing case (with its code) and one passing case."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from config.cluster import load_cluster
+from config.loader import validate_document
+from config.problems import Code, Problem
+from config.rules import check_against_cluster, check_spec
+from config.spec import TrainingJob
+
+
+def _job(doc: dict[str, Any]) -> TrainingJob:
+    job, problems = validate_document(doc)
+    assert job is not None, problems
+    return job
+
+
+def _codes(problems: list[Problem]) -> list[Code]:
+    return [p.code for p in problems if p.severity == "error"]
+
+
+def _manual(doc: dict[str, Any], **degrees: int) -> dict[str, Any]:
+    doc["spec"]["parallelism"]["strategy"] = "manual"
+    doc["spec"]["parallelism"].update(degrees)
+    return doc
+
+
+def test_examples_pass_every_rule(demo_doc: dict[str, Any], h100_doc: dict[str, Any]) -> None:
+    assert _codes(check_spec(_job(demo_doc))) == []
+    assert _codes(check_against_cluster(_job(demo_doc), load_cluster("local"))) == []
+    assert _codes(check_spec(_job(h100_doc))) == []
+    assert _codes(check_against_cluster(_job(h100_doc), load_cluster("h100-fleet"))) == []
+
+
+def test_parallelism_mismatch(h100_doc: dict[str, Any]) -> None:
+    job = _job(_manual(h100_doc, tensorParallel=4, pipelineParallel=2, dataParallel=4))
+    (p,) = [p for p in check_spec(job) if p.code == Code.PARALLELISM_MISMATCH]
+    assert p.message == "TP(4) * PP(2) * DP(4) * CP(1) = 32 != gpuCount(64)"
+    assert "dataParallel: 8" in p.hint
+    ok = _job(_manual(h100_doc, dataParallel=8))
+    assert Code.PARALLELISM_MISMATCH not in _codes(check_spec(ok))
+
+
+def test_manual_without_dp_fills_the_gpus(h100_doc: dict[str, Any]) -> None:
+    assert _codes(check_spec(_job(_manual(h100_doc, tensorParallel=8, pipelineParallel=2)))) == []
+    bad = _job(_manual(h100_doc, tensorParallel=8, pipelineParallel=2, contextParallel=3))
+    assert Code.PARALLELISM_MISMATCH in _codes(check_spec(bad))
+
+
+def test_auto_with_pinned_degrees_must_divide(h100_doc: dict[str, Any]) -> None:
+    h100_doc["spec"]["parallelism"]["tensorParallel"] = 8
+    assert _codes(check_spec(_job(h100_doc))) == []
+    h100_doc["spec"]["parallelism"]["pipelineParallel"] = 3
+    assert Code.PARALLELISM_MISMATCH in _codes(check_spec(_job(h100_doc)))
+
+
+def test_tp_exceeds_node(h100_doc: dict[str, Any]) -> None:
+    fleet = load_cluster("h100-fleet")
+    bad = _job(_manual(h100_doc, tensorParallel=16, dataParallel=4))
+    (p,) = [p for p in check_against_cluster(bad, fleet) if p.code == Code.TP_EXCEEDS_NODE]
+    assert "16" in p.message and "8" in p.message and "tensorParallel ≤ 8" in p.hint
+    ok = _job(_manual(h100_doc, tensorParallel=8, dataParallel=8))
+    assert check_against_cluster(ok, fleet) == []
+
+
+def test_pp_layer_mismatch(h100_doc: dict[str, Any]) -> None:
+    (p,) = [p for p in check_spec(_job(_manual(h100_doc, pipelineParallel=64, dataParallel=1)))
+            if p.code == Code.PP_LAYER_MISMATCH]
+    assert p.message == "32 layers are not divisible by PP(64)" and "[1, 2, 4, 8, 16, 32]" in p.hint
+    assert Code.PP_LAYER_MISMATCH not in _codes(check_spec(_job(_manual(h100_doc, pipelineParallel=4))))
+
+
+def test_pp_with_virtual_stages_must_divide_layers(h100_doc: dict[str, Any]) -> None:
+    job = _job(_manual(h100_doc, pipelineParallel=8, virtualPipelineStages=8))
+    assert Code.PP_LAYER_MISMATCH in _codes(check_spec(job))
+
+
+def test_tp_head_mismatch(h100_doc: dict[str, Any]) -> None:
+    h100_doc["spec"]["parallelism"]["hints"]["numAttentionHeads"] = 36
+    h100_doc["spec"]["parallelism"]["hints"]["hiddenSize"] = 4608
+    (p,) = [p for p in check_spec(_job(_manual(h100_doc, tensorParallel=8))) if p.code == Code.TP_HEAD_MISMATCH]
+    assert "36" in p.message and "TP(8)" in p.message
+    assert _codes(check_spec(_job(_manual(h100_doc, tensorParallel=4)))) == []
+
+
+def test_tp_must_divide_kv_heads_too(h100_doc: dict[str, Any]) -> None:
+    h100_doc["spec"]["parallelism"]["hints"]["numKeyValueHeads"] = 4
+    (p,) = [p for p in check_spec(_job(_manual(h100_doc, tensorParallel=8))) if p.code == Code.TP_HEAD_MISMATCH]
+    assert "numKeyValueHeads = 4" in p.message
+
+
+def test_min_gpu_count(h100_doc: dict[str, Any]) -> None:
+    h100_doc["spec"]["hardware"]["minGpuCount"] = 128
+    (p,) = [p for p in check_spec(_job(h100_doc)) if p.code == Code.MIN_GPU_COUNT]
+    assert "128" in p.message and "64" in p.message
+    h100_doc["spec"]["hardware"]["minGpuCount"] = 64
+    assert _codes(check_spec(_job(h100_doc))) == []
+
+
+def test_unknown_gpu_type_suggests(h100_doc: dict[str, Any]) -> None:
+    h100_doc["spec"]["hardware"]["gpuType"] = "H10O"
+    (p,) = check_against_cluster(_job(h100_doc), load_cluster("h100-fleet"))
+    assert p.code == Code.UNKNOWN_GPU_TYPE and p.hint == "did you mean 'H100'?"
+    h100_doc["spec"]["hardware"]["gpuType"] = "TPUv5"
+    (p,) = check_against_cluster(_job(h100_doc), load_cluster("h100-fleet"))
+    assert "this cluster has: H100" in p.hint
+
+
+def test_cluster_too_small_and_memory_floor(h100_doc: dict[str, Any]) -> None:
+    fleet = load_cluster("h100-fleet")
+    h100_doc["spec"]["hardware"]["gpuCount"] = 20000
+    h100_doc["spec"]["hardware"]["minGpuCount"] = 16
+    h100_doc["spec"]["hardware"]["gpuMemoryMin"] = "141GB"
+    codes = _codes(check_against_cluster(_job(h100_doc), fleet))
+    assert codes == [Code.CLUSTER_TOO_SMALL, Code.GPU_MEMORY_TOO_SMALL]
+
+
+@pytest.mark.parametrize(("storage", "ok"), [
+    ("s3://checkpoints/llama-7b-finetune-v3/", True),
+    ("s3://ckpt/teams/nlp/llama-7b-finetune-v3/run1/", True),
+    ("file:///data/jobs/llama-7b-finetune-v3/checkpoints", True),
+    ("s3://checkpoints/other-job/", False),
+    ("s3://llama-7b-finetune-v3/", False),  # a bucket named like the job is not the job's prefix
+    ("s3://checkpoints/llama-7b-finetune-v3/../other-job/", False),
+    ("gs://checkpoints/llama-7b-finetune-v3/", False),
+])
+def test_checkpoint_prefix(h100_doc: dict[str, Any], storage: str, ok: bool) -> None:
+    h100_doc["spec"]["checkpoint"]["storage"] = storage
+    codes = _codes(check_spec(_job(h100_doc)))
+    assert (Code.CHECKPOINT_PREFIX not in codes) is ok
+
+
+@pytest.mark.parametrize(("name", "ok"), [
+    ("RANK", False), ("WORLD_SIZE", False), ("MASTER_ADDR", False), ("MASTER_PORT", False),
+    ("LOCAL_RANK", False), ("TRAINYARD_PLAN", False), ("MLFLOW_RUN_ID", False),
+    ("TORCHELASTIC_RESTART_COUNT", False), ("NCCL_DEBUG", True), ("MY_RANK", True),
+])
+def test_reserved_env(h100_doc: dict[str, Any], name: str, ok: bool) -> None:
+    h100_doc["spec"]["training"]["env"] = {name: "1"}
+    problems = [p for p in check_spec(_job(h100_doc)) if p.code == Code.RESERVED_ENV]
+    assert (not problems) is ok
+    if problems:
+        assert problems[0].path == f"spec.training.env.{name}"
+
+
+@pytest.mark.parametrize(("name", "ok"), [
+    ("llama-7b", True), ("a", True), ("Llama_7B", False), ("-llama", False), ("llama-", False),
+    ("x" * 53, False), ("llama.7b", False),
+])
+def test_job_name(demo_doc: dict[str, Any], name: str, ok: bool) -> None:
+    demo_doc["metadata"]["name"] = name
+    problems = [p for p in check_spec(_job(demo_doc)) if p.code == Code.INVALID_JOB_NAME]
+    assert (not problems) is ok
+
+
+def test_job_name_hint_offers_a_valid_name(demo_doc: dict[str, Any]) -> None:
+    demo_doc["metadata"]["name"] = "Llama_7B Finetune"
+    (p,) = [p for p in check_spec(_job(demo_doc)) if p.code == Code.INVALID_JOB_NAME]
+    assert p.hint == "try 'llama-7b-finetune'"
+
+
+def test_auto_needs_hints(demo_doc: dict[str, Any]) -> None:
+    del demo_doc["spec"]["parallelism"]["hints"]
+    assert _codes(check_spec(_job(demo_doc))) == [Code.HINTS_REQUIRED]
+    demo_doc["spec"]["parallelism"]["strategy"] = "manual"
+    assert _codes(check_spec(_job(demo_doc))) == []
+
+
+@pytest.mark.parametrize(("expr", "ok"), [("0 3 * * *", True), ("@daily", True), ("every day", False),
+                                          ("61 * * * *", False)])
+def test_schedule(demo_doc: dict[str, Any], expr: str, ok: bool) -> None:
+    demo_doc["spec"]["schedule"] = expr
+    assert (Code.INVALID_SCHEDULE not in _codes(check_spec(_job(demo_doc)))) is ok
+
+
+def test_unimplemented_features_are_warnings_not_silence(h100_doc: dict[str, Any]) -> None:
+    h100_doc["spec"]["faultTolerance"]["redundantCompute"] = True
+    problems = check_spec(_job(h100_doc))
+    assert [p.severity for p in problems] == ["warning"]
