@@ -1,0 +1,3 @@
+-- One Postgres server, one database per component (docker-compose.yaml).
+CREATE DATABASE airflow;
+CREATE DATABASE mlflow;
