@@ -1,0 +1,48 @@
+"""`trainyard validate`: exit codes, human and JSON output, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+
+ROOT = Path(__file__).resolve().parents[3]
+JOBS = sorted((ROOT / "config" / "jobs").glob("*.yaml"))
+
+
+def test_examples_are_valid_offline(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--offline", *map(str, JOBS)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("✓") == len(JOBS)
+
+
+def test_problems_are_listed_path_message_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "typo.yaml"
+    text = (ROOT / "config" / "jobs" / "demo-tiny-lm.yaml").read_text()
+    spec.write_text(text.replace("gpuCount: 2", "gpuCuont: 2").replace("name: demo-tiny-lm", "name: Demo_LM"))
+    assert main(["validate", "--offline", str(spec)]) == 1
+    out = capsys.readouterr().out
+    assert "spec.hardware.gpuCuont: unknown field 'gpuCuont' (did you mean 'gpuCount'?)" in out
+
+
+def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"\x00\x01binary")
+    assert main(["validate", "--offline", "--json", str(bad), str(JOBS[0])]) == 1
+    items = json.loads(capsys.readouterr().out)
+    assert items == [{"file": str(bad), "code": "NOT_YAML", "severity": "error", "path": str(bad),
+                      "message": "the file is binary (it contains NUL bytes), not YAML",
+                      "hint": "pass the YAML spec, not an archive or a checkpoint"}]
+
+
+def test_usage_errors_exit_2() -> None:
+    for args in (["validate"], ["validate", "--bogus", "x.yaml"], ["validate", "--cluster", "nope", str(JOBS[0])]):
+        result = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True, text=True,
+                                check=False)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr
