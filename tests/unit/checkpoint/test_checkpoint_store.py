@@ -1,0 +1,210 @@
+"""The object store contract, run against a local folder and a real S3 endpoint alike."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from plugins.checkpoint.errors import ObjectNotFoundError, UnsafeKeyError
+from plugins.checkpoint.store import (
+    PARTIAL_MARKER,
+    LocalStore,
+    ObjectStore,
+    S3Store,
+    check_key,
+    open_store,
+    split_uri,
+)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_bytes_round_trip(store: ObjectStore) -> None:
+    info = store.put_bytes("a/b/c.txt", b"hello")
+    assert (info.key, info.size, info.sha256) == ("a/b/c.txt", 5, _sha(b"hello"))
+    assert store.get_bytes("a/b/c.txt") == b"hello"
+    assert store.exists("a/b/c.txt")
+    assert not store.exists("a/b/missing.txt")
+    store.put_bytes("a/b/c.txt", b"replaced")
+    assert store.get_bytes("a/b/c.txt") == b"replaced"
+
+
+def test_empty_object(store: ObjectStore, tmp_path: Path) -> None:
+    store.put_bytes("empty", b"")
+    assert store.get_bytes("empty") == b""
+    info = store.get_file("empty", tmp_path / "out")
+    assert (info.size, info.sha256) == (0, _sha(b""))
+
+
+def test_put_file_hashes_while_streaming_multipart(store: ObjectStore, tmp_path: Path) -> None:
+    """12 MiB crosses the 5 MiB multipart threshold of the S3 fixture: three parts."""
+    data = os.urandom(12 << 20)
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    info = store.put_file("ckpt/big.bin", src)
+    assert (info.size, info.sha256) == (len(data), _sha(data))
+
+    dest = tmp_path / "down" / "big.bin"
+    got = store.get_file("ckpt/big.bin", dest)
+    assert (got.size, got.sha256) == (len(data), _sha(data))
+    assert dest.read_bytes() == data
+    with store.open_read("ckpt/big.bin") as f:
+        assert f.read(10) == data[:10]
+        assert f.read() == data[10:]
+
+
+def test_put_stream_of_unknown_length(store: ObjectStore) -> None:
+    class Trickle:
+        """A non-seekable stream that returns short reads, like a decompressor."""
+
+        def __init__(self, data: bytes) -> None:
+            self.data, self.pos = data, 0
+
+        def read(self, n: int = -1) -> bytes:
+            n = 7919 if n < 0 else min(n, 7919)
+            out = self.data[self.pos:self.pos + n]
+            self.pos += len(out)
+            return out
+
+    data = os.urandom((6 << 20) + 123)
+    info = store.put_stream("s/x", Trickle(data))  # type: ignore[arg-type]
+    assert (info.size, info.sha256) == (len(data), _sha(data))
+    assert store.get_bytes("s/x") == data
+
+
+def test_list_is_a_sorted_string_prefix_scan(store: ObjectStore) -> None:
+    for key in ["step-00000002/MANIFEST.json", "step-00000001/b", "step-00000001/a", "other/x",
+                "step-00000010/a"]:
+        store.put_bytes(key, key.encode())
+    keys = [i.key for i in store.list("step-0000000")]
+    assert keys == ["step-00000001/a", "step-00000001/b", "step-00000002/MANIFEST.json"]
+    assert [i.key for i in store.list("step-00000001/")] == ["step-00000001/a", "step-00000001/b"]
+    everything = list(store.list())
+    assert len(everything) == 5
+    assert all(i.size == len(i.key) for i in everything)
+    assert all(i.mtime is not None for i in everything)
+    assert list(store.list("nothing-here/")) == []
+
+
+def test_delete_is_idempotent(store: ObjectStore) -> None:
+    store.put_bytes("d/x", b"1")
+    store.delete("d/x")
+    store.delete("d/x")
+    store.delete("never/existed")
+    assert not store.exists("d/x")
+    assert list(store.list("d/")) == []
+
+
+def test_missing_objects_raise_file_not_found(store: ObjectStore, tmp_path: Path) -> None:
+    with pytest.raises(ObjectNotFoundError):
+        store.get_bytes("nope")
+    with pytest.raises(FileNotFoundError):
+        store.get_file("nope", tmp_path / "x")
+    with pytest.raises(FileNotFoundError):
+        store.open_read("nope")
+    assert not (tmp_path / "x").exists()
+
+
+def test_child_store_shares_objects_under_its_prefix(store: ObjectStore) -> None:
+    jobs = store.child("jobs/demo")
+    jobs.put_bytes("checkpoints/a", b"x")
+    assert store.get_bytes("jobs/demo/checkpoints/a") == b"x"
+    assert jobs.uri == store.uri + "/jobs/demo"
+    assert jobs.key_uri("checkpoints/a") == store.uri + "/jobs/demo/checkpoints/a"
+    reopened = open_store(jobs.uri, endpoint_url=getattr(store, "endpoint_url", None))
+    assert reopened.get_bytes("checkpoints/a") == b"x"
+    assert [i.key for i in jobs.list()] == ["checkpoints/a"]
+
+
+@pytest.mark.parametrize("key", ["../etc/passwd", "/etc/passwd", "a/../../b", "a//b", "a/./b",
+                                 "", "a\\b", f"x{PARTIAL_MARKER}1", "a/"])
+def test_unsafe_keys_are_refused(store: ObjectStore, key: str) -> None:
+    with pytest.raises(UnsafeKeyError):
+        store.put_bytes(key, b"x")
+    with pytest.raises(ValueError):  # UnsafeKeyError is a ValueError for callers that don't know it
+        store.get_bytes(key)
+
+
+def test_unsafe_child_and_list_prefixes_are_refused(store: ObjectStore) -> None:
+    with pytest.raises(UnsafeKeyError):
+        store.child("../sibling")
+    with pytest.raises(UnsafeKeyError):
+        list(store.list("../"))
+
+
+def test_concurrent_writers_never_expose_partial_objects(store: ObjectStore) -> None:
+    """Readers racing two writers see one whole version or the other, never a mix."""
+    a, b = b"A" * (1 << 20), b"B" * (1 << 20)
+    store.put_bytes("race", a)
+    stop = threading.Event()
+    seen: set[bytes] = set()
+
+    def reader() -> None:
+        while not stop.is_set():
+            data = store.get_bytes("race")
+            seen.add(data[:1] + data[-1:] + str(len(data)).encode())
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(10):
+        store.put_bytes("race", a if i % 2 else b)
+    stop.set()
+    t.join()
+    assert seen
+    assert seen <= {b"AA1048576", b"BB1048576"}
+
+
+def test_local_store_leaves_no_temp_files_and_tidies_folders(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "root")
+    store.put_bytes("x/y/z", b"1")
+    assert [p.name for p in (tmp_path / "root/x/y").iterdir()] == ["z"]
+    store.delete("x/y/z")
+    assert list((tmp_path / "root").iterdir()) == []
+
+
+def test_local_store_failed_write_keeps_the_old_object(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put_bytes("k", b"old")
+
+    class Broken:
+        def read(self, n: int = -1) -> bytes:
+            raise OSError("disk on fire")
+
+    with pytest.raises(OSError, match="disk on fire"):
+        store.put_stream("k", Broken())  # type: ignore[arg-type]
+    assert store.get_bytes("k") == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["k"]
+
+
+def test_open_store_forms(tmp_path: Path) -> None:
+    assert isinstance(open_store(str(tmp_path)), LocalStore)
+    assert open_store(tmp_path).uri == tmp_path.as_uri()
+    assert open_store(tmp_path.as_uri()).uri == tmp_path.as_uri()
+    s3 = open_store("s3://bucket/some/prefix/", endpoint_url="http://127.0.0.1:1")
+    assert isinstance(s3, S3Store)
+    assert (s3.bucket, s3.prefix, s3.uri) == ("bucket", "some/prefix", "s3://bucket/some/prefix")
+    with pytest.raises(ValueError, match="3 characters"):
+        open_store("s3://ab/x")
+    with pytest.raises(ValueError, match="scheme"):
+        open_store("gs://bucket/x")
+    with pytest.raises(ValueError, match="host"):
+        open_store("file://otherhost/x")
+    with pytest.raises(ValueError, match=r"\.\."):
+        open_store("file:///tmp/a/../b")
+    with pytest.raises(ValueError, match=r"\.\."):
+        open_store("s3://bucket/a/../b")
+
+
+def test_check_key_and_split_uri() -> None:
+    assert check_key("step-00000001/__0_0.distcp") == "step-00000001/__0_0.distcp"
+    assert check_key("", prefix=True) == ""
+    assert check_key("step-", prefix=True) == "step-"
+    assert split_uri("s3://b/jobs/j/step-1/MANIFEST.json") == ("s3://b/jobs/j/step-1", "MANIFEST.json")
+    with pytest.raises(ValueError):
+        split_uri("s3://")
