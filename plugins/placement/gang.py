@@ -1,0 +1,304 @@
+"""Gang placement: all or nothing, topology-aware, searched rather than scored once.
+
+Hard constraints (a candidate that breaks one is never built):
+  * every node has the job's GPU type, is healthy and is not excluded;
+  * every node has at least `k` free devices, `k` = ranks per node, the same on every node;
+  * `k` is a multiple of `tp`, so each TP group (tp consecutive ranks, see `layout.py`) sits on
+    one node;
+  * the whole world size is placed, or nothing is (`Unschedulable`).
+
+Preferences (ranked by `scoring.score_candidate`): each pipeline (DP replica = PP group's nodes)
+inside one rack, replicas spread over racks, least fragmentation (best fit), fewest recent Xid
+errors, warm dataset cache.
+
+The search, for each admissible `k` (largest first, so jobs use as few nodes as possible):
+  1. Pool the eligible nodes per rack, best nodes first (fewest Xid errors, warm cache,
+     partially used before wholly free so small jobs fill holes).
+  2. A pipeline needs `m = pp·cp·tp / k` nodes (1 when several replicas share a node). Build
+     candidates by assigning pipelines to racks:
+       - `spread`: best-fit over racks this job does not use yet, then over all racks;
+       - `pack`:   best-fit over all racks (fills one rack before the next).
+     A pipeline no rack can hold whole is split over the fewest racks (largest first).
+  3. Score each candidate; keep the best.
+If no `k` has enough free nodes, `Unschedulable` explains the shortfall in numbers, for the
+preferred `k`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from config.cluster import Node
+from plugins.placement.inventory import Inventory
+from plugins.placement.layout import GroupKind, RankLayout
+from plugins.placement.model import (
+    GangRequest,
+    Group,
+    PendingReason,
+    PlacedNode,
+    Placement,
+    Unschedulable,
+)
+from plugins.placement.scoring import ScoreWeights, score_candidate
+
+STRATEGIES: tuple[str, ...] = ("spread", "pack")
+
+
+@dataclass
+class _Pools:
+    """Eligible nodes per rack (best first) and why the others are not eligible."""
+
+    by_rack: dict[str, list[Node]]
+    total: int
+    unhealthy: int
+    excluded: int
+    busy: int
+
+    @property
+    def free(self) -> int:
+        return sum(len(p) for p in self.by_rack.values())
+
+    @property
+    def largest_block(self) -> int:
+        return max((len(p) for p in self.by_rack.values()), default=0)
+
+    def pipelines_in_racks(self, m: int) -> int:
+        return sum(len(p) // m for p in self.by_rack.values())
+
+
+def place_gang(
+    request: GangRequest,
+    inventory: Inventory,
+    free: Mapping[str, int] | None = None,
+    *,
+    weights: ScoreWeights | None = None,
+    strategies: Sequence[str] = STRATEGIES,
+) -> Placement:
+    """Place `request` on `inventory` given free devices per node (default: all free).
+
+    Raises `Unschedulable` (with a `PendingReason` in numbers) when it cannot be placed now.
+    """
+    weights = weights or ScoreWeights()
+    free = inventory.free_map() if free is None else free
+    per_node = inventory.gpus_per_node(request.gpu_type)
+    _check_feasible_at_all(request, inventory, per_node)
+    first_reason: PendingReason | None = None
+    for k in slots_per_node_options(request, per_node):
+        layout = RankLayout(tp=request.tp, pp=request.pp, dp=request.dp, cp=request.cp, ranks_per_node=k)
+        pools = _eligible(request, inventory, free, k)
+        m = layout.nodes_per_pipeline()
+        units = layout.num_nodes // m
+        short = pools.free < layout.num_nodes
+        if short or (request.require_pp_in_rack and pools.pipelines_in_racks(m) < units):
+            first_reason = first_reason or _shortfall(request, layout, pools)
+            continue
+        best: Placement | None = None
+        for strategy in strategies:
+            chosen = _assign(strategy, pools.by_rack, inventory.rack_order, m, units,
+                             strict=request.require_pp_in_rack)
+            candidate = build_placement(request, layout, chosen, inventory, free,
+                                        weights=weights, strategy=strategy)
+            if best is None or candidate.score > best.score:
+                best = candidate
+        if best is None:
+            raise ValueError("no placement strategies given; use STRATEGIES or a subset of it")
+        return best
+    if first_reason is None:  # slots_per_node_options always yields tp itself
+        raise RuntimeError(f"no ranks-per-node option for {request!r}")
+    raise Unschedulable(first_reason)
+
+
+def slots_per_node_options(request: GangRequest, per_node: int) -> list[int]:
+    """Admissible ranks-per-node values, preferred first.
+
+    `k` must divide the world size, be a multiple of `tp` (TP inside a node), fit a node, and
+    either divide a pipeline's rank count or be a multiple of it (so pipelines map onto whole
+    nodes). `tp` itself always qualifies. A valid `nodesPreferred` hint goes first; then the
+    largest `k` (fewest nodes).
+    """
+    world, replica, tp = request.world_size, request.tp * request.pp * request.cp, request.tp
+    options = [k for k in range(min(per_node, world), tp - 1, -1)
+               if k % tp == 0 and world % k == 0 and (replica % k == 0 or k % replica == 0)]
+    if request.nodes_preferred and world % request.nodes_preferred == 0:
+        hinted = world // request.nodes_preferred
+        if hinted in options:
+            options.remove(hinted)
+            options.insert(0, hinted)
+    return options
+
+
+def _check_feasible_at_all(request: GangRequest, inventory: Inventory, per_node: int) -> None:
+    if per_node == 0:
+        types = sorted({n.gpu_type for n in inventory.nodes})
+        raise Unschedulable(PendingReason(
+            code="no_gpu_type", gpu_type=request.gpu_type,
+            message=f"no {request.gpu_type} nodes in this cluster (it has: {', '.join(types)})"))
+    if request.tp > per_node:
+        raise Unschedulable(PendingReason(
+            code="tp_exceeds_node", gpu_type=request.gpu_type,
+            message=f"TP degree {request.tp} exceeds the {per_node} {request.gpu_type} devices of the "
+                    f"largest node; a TP group must sit inside one node"))
+
+
+def _eligible(request: GangRequest, inventory: Inventory, free: Mapping[str, int], k: int) -> _Pools:
+    by_rack: dict[str, list[Node]] = {}
+    total = unhealthy = excluded = busy = 0
+    dataset = request.dataset
+    for rack, members in inventory.racks.items():
+        pool: list[tuple[tuple[int, int, int, int], Node]] = []
+        for position, node in enumerate(members):
+            if node.gpu_type != request.gpu_type:
+                continue
+            total += 1
+            if not node.healthy:
+                unhealthy += 1
+                continue
+            if node.name in request.exclude:
+                excluded += 1
+                continue
+            available = int(free.get(node.name, 0))
+            if available < k:
+                busy += 1
+                continue
+            warm = 0 if dataset and dataset in node.cached_datasets else 1
+            pool.append(((node.xid_errors_7d, warm, available, position), node))
+        if pool:
+            pool.sort(key=lambda item: item[0])
+            by_rack[rack] = [node for _, node in pool]
+    return _Pools(by_rack=by_rack, total=total, unhealthy=unhealthy, excluded=excluded, busy=busy)
+
+
+def _assign(
+    strategy: str,
+    by_rack: Mapping[str, list[Node]],
+    rack_order: Mapping[str, int],
+    m: int,
+    units: int,
+    *,
+    strict: bool = False,
+) -> list[Node]:
+    """Nodes in rank order: `units` pipelines of `m` nodes, each in one rack when possible."""
+    pools = {rack: list(nodes) for rack, nodes in by_rack.items()}
+    used: set[str] = set()
+    chosen: list[Node] = []
+    pick = _PICKERS[strategy]
+    for _ in range(units):
+        fitting = [r for r, p in pools.items() if len(p) >= m]
+        if fitting:
+            rack = pick(fitting, used, pools, rack_order)
+            chosen.extend(pools[rack][:m])
+            del pools[rack][:m]
+            used.add(rack)
+            continue
+        if strict:  # callers check capacity first; reaching here is a bug
+            raise RuntimeError("no rack can hold a whole pipeline")
+        # Split: the fewest racks, largest first, adjacent stages kept together.
+        need = m
+        for rack in sorted(pools, key=lambda r: (-len(pools[r]), rack_order[r])):
+            take = min(need, len(pools[rack]))
+            if take:
+                chosen.extend(pools[rack][:take])
+                del pools[rack][:take]
+                used.add(rack)
+                need -= take
+            if need == 0:
+                break
+    return chosen
+
+
+def _best_fit(racks: list[str], pools: Mapping[str, list[Node]], order: Mapping[str, int]) -> str:
+    return min(racks, key=lambda r: (len(pools[r]), order[r]))
+
+
+def _pick_spread(racks: list[str], used: set[str], pools: Mapping[str, list[Node]],
+                 order: Mapping[str, int]) -> str:
+    fresh = [r for r in racks if r not in used]
+    return _best_fit(fresh or racks, pools, order)
+
+
+def _pick_pack(racks: list[str], used: set[str], pools: Mapping[str, list[Node]],
+               order: Mapping[str, int]) -> str:
+    return _best_fit(racks, pools, order)
+
+
+_PICKERS: dict[str, Callable[[list[str], set[str], Mapping[str, list[Node]], Mapping[str, int]], str]] = {
+    "spread": _pick_spread, "pack": _pick_pack,
+}
+
+
+def build_placement(
+    request: GangRequest,
+    layout: RankLayout,
+    nodes: Sequence[Node],
+    inventory: Inventory,
+    free: Mapping[str, int],
+    *,
+    weights: ScoreWeights,
+    strategy: str,
+) -> Placement:
+    """Turn nodes in rank order into a scored `Placement` with its group → node map."""
+    whole_before: dict[str, int] = {}
+    whole_taken: dict[str, int] = {}
+    for rack in {n.rack for n in nodes}:
+        whole_before[rack] = sum(1 for n in inventory.racks[rack]
+                                 if n.healthy and int(free.get(n.name, 0)) >= n.gpus)
+    for node in nodes:
+        if int(free.get(node.name, 0)) >= node.gpus:
+            whole_taken[node.rack] = whole_taken.get(node.rack, 0) + 1
+    score, breakdown = score_candidate(nodes, layout, whole_free_before=whole_before,
+                                       whole_taken=whole_taken, dataset=request.dataset, weights=weights)
+    k = layout.ranks_per_node
+    placed = []
+    for i, node in enumerate(nodes):
+        ranks = range(i * k, (i + 1) * k)
+        coords = [layout.coords(r) for r in ranks]
+        placed.append(PlacedNode(
+            name=node.name, rack=node.rack, address=node.address, gpu_type=node.gpu_type,
+            node_gpus=node.gpus, node_rank=i, first_rank=i * k, slots=k,
+            tp_groups=sorted({r // layout.tp for r in ranks}),
+            pp_stages=sorted({c[1] for c in coords}), dp_replicas=sorted({c[0] for c in coords}),
+        ))
+    return Placement(
+        job=request.job, attempt=request.attempt, team=request.team, priority=request.priority,
+        gpu_type=request.gpu_type, tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
+        ranks_per_node=k, nodes=placed, groups=list(_groups(layout, nodes)),
+        score=round(score, 3), score_breakdown={key: round(v, 3) for key, v in breakdown.items()},
+        strategy=strategy,
+    )
+
+
+def _groups(layout: RankLayout, nodes: Sequence[Node]) -> Iterator[Group]:
+    kinds: list[GroupKind] = [kind for kind in ("tp", "cp", "pp", "dp") if getattr(layout, kind) > 1]
+    k = layout.ranks_per_node
+    for kind in kinds:
+        for index, ranks in enumerate(layout.groups(kind)):
+            members = sorted({r // k for r in ranks})
+            yield Group(kind=kind, index=index, ranks=ranks, nodes=[nodes[i].name for i in members],
+                        racks=sorted({nodes[i].rack for i in members}))
+
+
+def _shortfall(request: GangRequest, layout: RankLayout, pools: _Pools) -> PendingReason:
+    n, k, m = layout.num_nodes, layout.ranks_per_node, layout.nodes_per_pipeline()
+    units = n // m
+    what = f"needs {n} healthy {request.gpu_type} node{'s' if n != 1 else ''} with {k} free device{'s' if k != 1 else ''} each"
+    if m > 1:
+        what += f" and PP groups of {m} nodes in one rack"
+    parts = [f"{pools.busy:,} busy"]
+    if pools.unhealthy:
+        parts.append(f"{pools.unhealthy:,} unhealthy")
+    if pools.excluded:
+        parts.append(f"{pools.excluded:,} excluded")
+    message = (f"{what}; {pools.free:,} free (of {pools.total:,}: {', '.join(parts)}); "
+               f"largest free block in a rack: {pools.largest_block}")
+    code = "not_enough_nodes"
+    if pools.free >= n:  # only the strict rack rule failed
+        code = "pp_blocks"
+        message += (f"; racks can hold {pools.pipelines_in_racks(m)} of the {units} pipelines "
+                    f"of {m} nodes")
+    return PendingReason(
+        code=code, message=message, gpu_type=request.gpu_type, needed_nodes=n,
+        gpus_per_node_needed=k, nodes_per_pipeline=m, free_nodes=pools.free, total_nodes=pools.total,
+        busy_nodes=pools.busy, unhealthy_nodes=pools.unhealthy, excluded_nodes=pools.excluded,
+        largest_free_block_in_rack=pools.largest_block, pipelines_that_fit_in_racks=pools.pipelines_in_racks(m),
+    )
