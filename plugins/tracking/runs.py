@@ -1,0 +1,425 @@
+"""The MLflow run of a job: one experiment per `<team>/<project>`, one run per job across attempts.
+
+DESIGN §4: every attempt of a job (the chain of DAG runs after failures) continues the same
+MLflow run, resumed by id, so the UI shows one loss curve with the recoveries on it. This
+module is the control plane's side: it creates or resumes the run, records params and lineage
+tags, recovery events, committed checkpoints (URI + SHA-256, never bytes) and the dataset.
+The training processes stream metrics into the same run with `plugins.tracking.metrics`.
+
+MLflow params are immutable: a resumed attempt logs only the params not logged before. A
+value that changed (the advisor re-planned after an OOM, say) keeps its first value as the
+param and is recorded as the tag `trainyard.attempt.<n>.<param>` so nothing is lost.
+
+Tags this module writes (all under `trainyard.`, plus MLflow's own `mlflow.source.git.*`):
+
+| tag | meaning |
+|---|---|
+| `job`, `team`, `project`, `status` | who and where; status = pending/running/recovering/completed/failed/cancelled |
+| `attempt`, `attempts`, `attempt_count` | latest attempt, every attempt started (append-only), their number |
+| `git.commit`, `git.repo`, `git.branch`, `platform.commit` | code identity |
+| `dataset.uri`, `dataset.version`, `dataset.digest`, `dataset.digest_method` | lineage |
+| `failure_causes` | failure classes seen, in order (append-only) |
+| `recovery.NNNN` | one JSON record per recovery event |
+| `checkpoint.<step>`, `checkpoint.latest.*`, `checkpoint_count` | committed checkpoints |
+
+The control plane is the only writer of these tags for a job (one task at a time), so the
+read-modify-write of the append-only tags is safe.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+import re
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict
+
+from plugins.tracking.params import param_value, plan_params, safe_key, spec_params, truncate
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
+    from config.spec import TrainingJob
+    from plugins.advisor.plan import Plan
+    from plugins.tracking.datasets import DatasetRef
+
+log = logging.getLogger(__name__)
+
+TAG = "trainyard."
+MAX_TAG_VALUE_CHARS = 8000
+"""`mlflow.utils.validation.MAX_TAG_VAL_LENGTH`."""
+MAX_PARAMS_TAGS_PER_BATCH = 100
+"""`mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH`."""
+
+RunStatus = Literal["pending", "running", "recovering", "completed", "failed", "cancelled"]
+_TERMINAL = {"completed": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def client_for(tracking_uri: str) -> MlflowClient:
+    """A client whose registry is the tracking store too (the embedded default and our servers)."""
+    from mlflow import MlflowClient
+
+    if not tracking_uri:
+        raise ValueError("tracking_uri is empty; set TRAINYARD_MLFLOW_TRACKING_URI or pass one")
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def experiment_name(job: TrainingJob) -> str:
+    """`<team>/<project>`: runs of one project compare side by side."""
+    return f"{job.metadata.team}/{job.metadata.project}"
+
+
+def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """For a SQLite store used directly, artifacts go beside the database (`mlartifacts/`),
+    not into `./mlruns` of whatever folder the process happens to run in. Servers (http) and
+    other databases use their own configured artifact root (None)."""
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme != "sqlite":
+        return None
+    # sqlite:////abs/path.db (absolute) or sqlite:///rel.db (relative to the working folder)
+    db = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0]).absolute()
+    return (db.parent / "mlartifacts" / safe_key(experiment).replace("/", "__")).as_uri()
+
+
+def ensure_experiment(client: MlflowClient, name: str, *, artifact_location: str | None = None) -> str:
+    """The experiment's id, creating it if needed (tolerates a concurrent creator)."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            client.restore_experiment(found.experiment_id)
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException:
+        found = client.get_experiment_by_name(name)  # created by someone else meanwhile
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+@functools.lru_cache(maxsize=1)
+def platform_git_commit() -> str | None:
+    """`git rev-parse HEAD` of the Trainyard checkout, or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip()
+    return commit or None
+
+
+def start_or_resume_run(
+    job: TrainingJob,
+    plan: Plan,
+    *,
+    tracking_uri: str,
+    run_id: str | None = None,
+    attempt: int,
+    dataset: DatasetRef | None = None,
+    artifact_location: str | None = None,
+) -> str:
+    """Create the job's run (attempt 0) or resume it (a later attempt); returns the run id.
+
+    `run_id` resumes that run. Without it, attempt 0 starts a new run, and a later attempt
+    resumes the newest run of the same job in its experiment (the control plane lost the id)
+    or starts a new one if there is none.
+    """
+    if attempt < 0:
+        raise ValueError(f"attempt must be >= 0, got {attempt}")
+    client = client_for(tracking_uri)
+    name = experiment_name(job)
+    run = _existing_run(client, job, run_id, attempt, name)
+    if run is None:
+        exp_id = ensure_experiment(
+            client, name, artifact_location=artifact_location or default_artifact_location(tracking_uri, name))
+        run = client.create_run(exp_id, run_name=job.name, tags=_identity_tags(job))
+        log.info("MLflow run %s created for job %s in experiment %s", run.info.run_id, job.name, name)
+    elif run.info.status != "RUNNING":
+        client.update_run(run.info.run_id, status="RUNNING")
+    rid = run.info.run_id
+
+    existing = dict(run.data.params)
+    wanted = {**spec_params(job), **plan_params(plan)}
+    new_params = {k: v for k, v in wanted.items() if k not in existing}
+    changed = {k: v for k, v in wanted.items() if k in existing and existing[k] != v}
+
+    attempts = _split(run.data.tags.get(TAG + "attempts"))
+    if str(attempt) not in attempts:
+        attempts.append(str(attempt))
+    tags = {
+        TAG + "status": "running",
+        TAG + "attempt": str(attempt),
+        TAG + "attempts": ",".join(attempts),
+        TAG + "attempt_count": str(len(attempts)),
+        f"{TAG}attempt.{attempt}.started_at": _now_iso(),
+        f"{TAG}attempt.{attempt}.plan": plan.describe(),
+        **{safe_key(f"{TAG}attempt.{attempt}.{k}"): v for k, v in changed.items()},
+    }
+    if dataset is not None:
+        tags.update(dataset_tags(dataset))
+    _log_params_and_tags(client, rid, new_params, tags)
+    _log_metrics(client, rid, {"trainyard.attempt": float(attempt)}, step=attempt)
+    if changed:
+        log.info("run %s attempt %d: %d param(s) changed since the first attempt (kept as tags): %s",
+                 rid, attempt, len(changed), ", ".join(sorted(changed)[:10]))
+    if dataset is not None:
+        log_dataset_input(rid, dataset, tracking_uri=tracking_uri, fields=job.spec.dataset.quality.required_fields)
+    return rid
+
+
+def _existing_run(client: MlflowClient, job: TrainingJob, run_id: str | None, attempt: int,
+                  experiment: str) -> Run | None:
+    if run_id:
+        run = client.get_run(run_id)
+        owner = run.data.tags.get(TAG + "job")
+        if owner is not None and owner != job.name:
+            raise ValueError(f"MLflow run {run_id} belongs to job {owner!r}, not {job.name!r}")
+        return run
+    if attempt == 0:
+        return None
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG}job` = '{job.name}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def _identity_tags(job: TrainingJob) -> dict[str, str]:
+    meta, src = job.metadata, job.spec.source
+    platform = platform_git_commit()
+    code_commit = src.git.commit if src.git and src.git.commit else platform
+    tags = {
+        TAG + "job": job.name,
+        TAG + "team": meta.team,
+        TAG + "project": meta.project,
+        TAG + "status": "pending",
+        "mlflow.source.name": src.entrypoint,
+        **{safe_key(f"label.{k}"): truncate(v, MAX_TAG_VALUE_CHARS) for k, v in meta.labels.items()},
+    }
+    if platform:
+        tags[TAG + "platform.commit"] = platform
+    if code_commit:
+        tags[TAG + "git.commit"] = code_commit
+        tags["mlflow.source.git.commit"] = code_commit
+    if src.git:
+        tags[TAG + "git.repo"] = src.git.repo
+        tags[TAG + "git.branch"] = src.git.branch
+        tags["mlflow.source.git.repoURL"] = src.git.repo
+        tags["mlflow.source.git.branch"] = src.git.branch
+    return tags
+
+
+def dataset_tags(dataset: DatasetRef) -> dict[str, str]:
+    tags = {
+        TAG + "dataset.uri": dataset.uri,
+        TAG + "dataset.digest": dataset.digest,
+        TAG + "dataset.digest_method": dataset.digest_method,
+        TAG + "dataset.format": dataset.format,
+        TAG + "dataset.shards": str(dataset.num_shards),
+        TAG + "dataset.bytes": str(dataset.total_bytes),
+    }
+    if dataset.version:
+        tags[TAG + "dataset.version"] = dataset.version
+    return tags
+
+
+def log_dataset_input(
+    run_id: str, dataset: DatasetRef, *, tracking_uri: str, fields: list[str] | None = None,
+    context: str = "training",
+) -> None:
+    """Record the dataset as the run's input — what `mlflow.log_input` does, without needing
+    an active fluent run in this process. A `MetaDataset`: the source URI, a digest and the
+    schema of the required fields; no rows and nothing pickled. Logging it again on a resumed
+    attempt adds nothing (MLflow de-duplicates by name and digest)."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.types import ColSpec, Schema
+
+    with warnings.catch_warnings():  # file:// matches two equivalent local source types
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(dataset.uri)
+    name = dataset.uri.rstrip("/").rsplit("/", 1)[-1] + (f"@{dataset.version}" if dataset.version else "")
+    schema = Schema([ColSpec("string", f) for f in fields]) if fields else None
+    meta = MetaDataset(source=source, name=name[:500], digest=dataset.digest[:32], schema=schema)
+    input_tags = [InputTag(key="mlflow.data.context", value=context)]
+    if dataset.version:
+        input_tags.append(InputTag(key=TAG + "dataset.version", value=dataset.version))
+    client_for(tracking_uri).log_inputs(
+        run_id, datasets=[DatasetInput(dataset=meta._to_mlflow_entity(), tags=input_tags)])
+
+
+def set_run_status(run_id: str, status: RunStatus, *, tracking_uri: str) -> None:
+    """Record the job's status; completed/failed/cancelled also end the MLflow run."""
+    if status not in {"pending", "running", "recovering", *_TERMINAL}:
+        raise ValueError(f"status must be one of pending, running, recovering, completed, failed, "
+                         f"cancelled; got {status!r}")
+    client = client_for(tracking_uri)
+    client.set_tag(run_id, TAG + "status", status)
+    if status in _TERMINAL:
+        client.set_terminated(run_id, status=_TERMINAL[status])
+
+
+class RecoveryEvent(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    """Failure class (`worker_crash`, `node_lost`, `hang`, `diverged`, `checkpoint_corrupt`,
+    `oom`, `preempted`) or another recovery action."""
+    attempt: int
+    step: int | None = None
+    """Training step at which it happened (the last step reached), if known."""
+    detail: str = ""
+    at: str
+    duration_s: float | None = None
+    """Seconds of lost time (detection + restart + restore), when measured."""
+
+
+def log_recovery_event(
+    run_id: str,
+    kind: str,
+    attempt: int,
+    step: int | None,
+    detail: str = "",
+    *,
+    tracking_uri: str,
+    duration_s: float | None = None,
+) -> RecoveryEvent:
+    """Append a recovery event: a JSON tag `recovery.NNNN`, the cause appended to
+    `failure_causes`, and metrics `recovery/<kind>` (= 1 at the step, a mark on the charts),
+    `recovery_events` (running count) and `recovery_seconds`."""
+    if not kind or not re.fullmatch(r"[A-Za-z0-9_\-.]+", kind):
+        raise ValueError(f"kind must be a word like 'worker_crash', got {kind!r}")
+    client = client_for(tracking_uri)
+    tags = client.get_run(run_id).data.tags
+    seq = int(tags.get(TAG + "recovery_count", "0"))
+    event = RecoveryEvent(kind=kind, attempt=attempt, step=step, detail=truncate(detail, 4000),
+                          at=_now_iso(), duration_s=duration_s)
+    causes = [*_split(tags.get(TAG + "failure_causes")), kind]
+    total_s = float(tags.get(TAG + "recovery_seconds", "0")) + (duration_s or 0.0)
+    new_tags = {
+        f"{TAG}recovery.{seq:04d}": event.model_dump_json(exclude_none=True),
+        TAG + "recovery_count": str(seq + 1),
+        TAG + "failure_causes": truncate(",".join(causes), MAX_TAG_VALUE_CHARS),
+        TAG + "recovery_seconds": f"{total_s:g}",
+    }
+    _log_params_and_tags(client, run_id, {}, new_tags)
+    metrics = {f"recovery/{kind}": 1.0, "recovery_events": float(seq + 1)}
+    if duration_s is not None:
+        metrics["recovery_seconds"] = float(duration_s)
+    _log_metrics(client, run_id, metrics, step=step or 0)
+    return event
+
+
+def recovery_events(run_id: str, *, tracking_uri: str) -> list[RecoveryEvent]:
+    tags = client_for(tracking_uri).get_run(run_id).data.tags
+    prefix = TAG + "recovery."
+    return [RecoveryEvent.model_validate_json(tags[k]) for k in sorted(tags) if k.startswith(prefix)]
+
+
+class CheckpointRecord(BaseModel):
+    """A committed checkpoint as the run remembers it: where and which bytes, never the bytes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    manifest_uri: str
+    sha256: str
+    """SHA-256 of the manifest (which lists every file's SHA-256)."""
+    metrics: dict[str, float] = {}
+
+
+def log_checkpoint(
+    run_id: str,
+    manifest_uri: str,
+    sha256: str,
+    step: int,
+    metrics: Mapping[str, float] | None = None,
+    *,
+    tracking_uri: str,
+) -> CheckpointRecord:
+    """Record a committed checkpoint: tag `checkpoint.<step>` (JSON), `checkpoint.latest.*`,
+    and metrics `checkpoint/step` plus `checkpoint/<metric>` at the step."""
+    if not manifest_uri:
+        raise ValueError("manifest_uri is empty")
+    if not _SHA256.match(sha256 or ""):
+        raise ValueError(f"sha256 must be 64 lowercase hex digits, got {sha256!r}")
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    record = CheckpointRecord(step=step, manifest_uri=manifest_uri, sha256=sha256,
+                              metrics={k: float(v) for k, v in (metrics or {}).items()})
+    client = client_for(tracking_uri)
+    count = int(client.get_run(run_id).data.tags.get(TAG + "checkpoint_count", "0"))
+    tags = {
+        f"{TAG}checkpoint.{step:010d}": record.model_dump_json(),
+        TAG + "checkpoint.latest.uri": manifest_uri,
+        TAG + "checkpoint.latest.sha256": sha256,
+        TAG + "checkpoint.latest.step": str(step),
+        TAG + "checkpoint_count": str(count + 1),
+    }
+    _log_params_and_tags(client, run_id, {}, tags)
+    _log_metrics(client, run_id, {"checkpoint/step": float(step),
+                                  **{safe_key(f"checkpoint/{k}"): v for k, v in record.metrics.items()}},
+                 step=step)
+    return record
+
+
+def checkpoints(run_id: str, *, tracking_uri: str) -> list[CheckpointRecord]:
+    """Every checkpoint the run recorded, by step."""
+    tags = client_for(tracking_uri).get_run(run_id).data.tags
+    pattern = re.compile(re.escape(TAG) + r"checkpoint\.\d{10}$")
+    return sorted((CheckpointRecord.model_validate_json(v) for k, v in tags.items() if pattern.match(k)),
+                  key=lambda r: r.step)
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+def _log_params_and_tags(client: MlflowClient, run_id: str, params: Mapping[str, str],
+                         tags: Mapping[str, str]) -> None:
+    from mlflow.entities import Param, RunTag
+
+    entities: list[Param | RunTag] = [Param(k, param_value(v)) for k, v in sorted(params.items())]
+    entities += [RunTag(k, truncate(str(v), MAX_TAG_VALUE_CHARS)) for k, v in sorted(tags.items())]
+    for i in range(0, len(entities), MAX_PARAMS_TAGS_PER_BATCH):
+        chunk = entities[i: i + MAX_PARAMS_TAGS_PER_BATCH]
+        client.log_batch(run_id, params=[e for e in chunk if isinstance(e, Param)],
+                         tags=[e for e in chunk if isinstance(e, RunTag)], synchronous=True)
+
+
+def _log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float], *, step: int) -> None:
+    import time
+
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), ts, step) for k, v in metrics.items()],
+                     synchronous=True)
+
+
+def _split(value: str | None) -> list[str]:
+    return [v for v in (value or "").split(",") if v]
+
+
+def _now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def run_tags(run_id: str, *, tracking_uri: str) -> dict[str, Any]:
+    """The run's tags (for the CLI and tests)."""
+    return dict(client_for(tracking_uri).get_run(run_id).data.tags)
+
