@@ -161,7 +161,7 @@ class Monitor:
             gpus = [g.model_copy(update={"xid_events": dict(self._xid_counts.get(g.index, {}))})
                     for g in self._gpus]
             verdicts = self._gpu_verdicts(gpus)
-            verdicts += sorted(self._xid_verdicts.values(), key=lambda v: (v.since, v.gpu or -1))
+            verdicts += sorted(self._xid_verdicts.values(), key=lambda v: (v.since, -1 if v.gpu is None else v.gpu))
             if self._node_fault is not None:
                 verdicts.append(self._node_fault)
         verdicts += [v for v in map(hang_verdict, ranks) if v is not None]
