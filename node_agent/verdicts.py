@@ -8,6 +8,8 @@ Kept apart from the probes so each rule is a small pure function tested with a f
 
 from __future__ import annotations
 
+import math
+
 from node_agent.heartbeat import Heartbeat
 from node_agent.models import GpuStatus, RankStatus, Verdict
 
@@ -93,11 +95,14 @@ FINISHED_PHASES = frozenset({"done", "diverged"})
 
 
 def rank_status(beat: Heartbeat, now: float, path: str = "") -> RankStatus:
+    """Judge one heartbeat at `now`. A non-finite loss counts as `nan` even if the writer did
+    not set the flag (a hand-written loop or an older runtime)."""
     age = max(0.0, now - beat.time)
     stale = age > beat.hang_timeout_s and beat.phase not in FINISHED_PHASES
+    nan = beat.nan or (beat.loss is not None and not math.isfinite(beat.loss))
     return RankStatus(job=beat.job, attempt=beat.attempt, rank=beat.rank, local_rank=beat.local_rank,
                       pid=beat.pid, phase=beat.phase, step=beat.step, time=beat.time, age_s=age,
-                      loss=beat.loss, tokens_per_s=beat.tokens_per_s, nan=beat.nan,
+                      loss=beat.loss, tokens_per_s=beat.tokens_per_s, nan=nan,
                       hang_timeout_s=beat.hang_timeout_s, stale=stale, path=path)
 
 

@@ -168,3 +168,14 @@ def test_fault_request_takes_exactly_one_fault() -> None:
     for bad in ({}, {"gpu": 1, "node_unhealthy": True}, {"xid": 48}, {"gpu": -1}, {"gpu": 0, "colour": "red"}):
         with pytest.raises(ValueError):
             FaultRequest.model_validate(bad)
+
+
+def test_rank_status_ages_and_flags_non_finite_losses() -> None:
+    from node_agent.verdicts import rank_status
+
+    beat = Heartbeat.model_validate_json(
+        '{"job": "j", "rank": 2, "pid": 1, "step": 9, "time": 100.0, "loss": NaN, "hang_timeout_s": 30}')
+    status = rank_status(beat, now=95.0)  # a writer's clock slightly ahead: age is never negative
+    assert (status.age_s, status.nan, status.stale) == (0.0, True, False)
+    assert rank_status(beat, now=130.5).stale is True
+    assert rank_status(beat.model_copy(update={"phase": "diverged"}), now=1e9).stale is False
