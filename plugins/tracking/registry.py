@@ -1,0 +1,309 @@
+"""Register a trained checkpoint as an MLflow model version with its lineage; query by dataset.
+
+A finished job's final (or best-by-metric) checkpoint is exported to safetensors and logged as
+an MLflow 3 `LoggedModel` of the job's run — a pyfunc "model from code"
+(`safetensors_pyfunc.py` + the weights file), so nothing in the registry is a pickle. A model
+version is then created from that logged model (DESIGN §9: a plain artifact cannot be
+registered) and the alias `candidate` moved to it.
+
+Lineage lives in the version's tags, so "which model versions were trained on dataset v3?"
+(seed §14: an erasure request becomes a query) is one registry search:
+
+| tag | value |
+|---|---|
+| `trainyard.run_id`, `trainyard.job` | the run and job that trained it |
+| `trainyard.model_id` | the MLflow 3 LoggedModel holding the files |
+| `trainyard.checkpoint.uri`, `.sha256`, `.step` | the checkpoint's manifest and its digest |
+| `trainyard.dataset.uri`, `.version`, `.digest` | the data it saw |
+| `trainyard.weights.sha256` | the exported safetensors file |
+| `trainyard.git.commit` | the training code |
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import importlib
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from plugins.tracking.runs import TAG, CheckpointRecord, checkpoints, client_for
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+log = logging.getLogger(__name__)
+
+MODEL_CODE = Path(__file__).with_name("safetensors_pyfunc.py")
+DEFAULT_ALIAS = "candidate"
+_RUN_TAGS_COPIED = ("job", "team", "project", "git.commit", "dataset.uri", "dataset.version",
+                    "dataset.digest", "dataset.digest_method")
+_PIP_REQUIREMENTS = ("safetensors", "numpy")
+"""What loading the registered model needs (pinned to the versions installed here), so MLflow
+does not infer requirements by importing and tracing the model."""
+
+ExportFn = Callable[[str, Path], object]
+"""`export(manifest_uri, dest_path)`: write the checkpoint's weights as one safetensors file."""
+
+
+class ModelVersionInfo(BaseModel):
+    """One registered model version and where it came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    version: str
+    aliases: list[str] = []
+    status: str = ""
+    created_at: str = ""
+    model_id: str | None = None
+    run_id: str | None = None
+    job: str | None = None
+    checkpoint_uri: str | None = None
+    checkpoint_sha256: str | None = None
+    checkpoint_step: int | None = None
+    dataset_uri: str | None = None
+    dataset_version: str | None = None
+    dataset_digest: str | None = None
+    weights_sha256: str | None = None
+    git_commit: str | None = None
+
+    @classmethod
+    def from_mlflow(cls, mv: ModelVersion) -> ModelVersionInfo:
+        t = mv.tags or {}
+        step = t.get(TAG + "checkpoint.step")
+        created = dt.datetime.fromtimestamp(mv.creation_timestamp / 1000, dt.UTC) if mv.creation_timestamp else None
+        return cls(
+            name=mv.name, version=str(mv.version), aliases=sorted(mv.aliases or []), status=str(mv.status or ""),
+            created_at=created.isoformat(timespec="seconds") if created else "",
+            model_id=getattr(mv, "model_id", None) or t.get(TAG + "model_id"), run_id=mv.run_id or t.get(TAG + "run_id"),
+            job=t.get(TAG + "job"), checkpoint_uri=t.get(TAG + "checkpoint.uri"),
+            checkpoint_sha256=t.get(TAG + "checkpoint.sha256"),
+            checkpoint_step=int(step) if step and step.isdigit() else None,
+            dataset_uri=t.get(TAG + "dataset.uri"), dataset_version=t.get(TAG + "dataset.version"),
+            dataset_digest=t.get(TAG + "dataset.digest"), weights_sha256=t.get(TAG + "weights.sha256"),
+            git_commit=t.get(TAG + "git.commit"),
+        )
+
+
+def select_checkpoint(
+    run_id: str, *, tracking_uri: str, metric: str | None = None, mode: Literal["min", "max"] = "min"
+) -> CheckpointRecord:
+    """The run's final checkpoint (highest step), or with `metric` the best one by it (ties go
+    to the later step). Raises LookupError when the run recorded none (or none with the metric)."""
+    records = checkpoints(run_id, tracking_uri=tracking_uri)
+    if metric is None:
+        if not records:
+            raise LookupError(f"run {run_id} recorded no checkpoint")
+        return records[-1]
+    scored = [r for r in records if metric in r.metrics]
+    if not scored:
+        raise LookupError(f"no checkpoint of run {run_id} recorded metric {metric!r} "
+                          f"(checkpoints: {len(records)})")
+    sign = 1.0 if mode == "min" else -1.0
+    return min(scored, key=lambda r: (sign * r.metrics[metric], -r.step))
+
+
+def register_checkpoint(
+    run_id: str,
+    *,
+    tracking_uri: str,
+    metric: str | None = None,
+    mode: Literal["min", "max"] = "min",
+    model_name: str | None = None,
+    alias: str = DEFAULT_ALIAS,
+    export: ExportFn | None = None,
+) -> ModelVersionInfo:
+    """Export the final or best checkpoint of a run to safetensors and register it."""
+    record = select_checkpoint(run_id, tracking_uri=tracking_uri, metric=metric, mode=mode)
+    export = export or find_export()
+    with tempfile.TemporaryDirectory(prefix="trainyard-export-") as tmp:
+        weights = Path(tmp) / "model.safetensors"
+        export(record.manifest_uri, weights)
+        if not weights.is_file():
+            raise FileNotFoundError(f"exporting {record.manifest_uri} wrote no file at {weights}")
+        return register_safetensors(weights, run_id=run_id, checkpoint=record, tracking_uri=tracking_uri,
+                                    model_name=model_name, alias=alias)
+
+
+def find_export() -> ExportFn:
+    """The checkpoint engine's `export_safetensors(manifest_uri, dest)`."""
+    for module in ("plugins.checkpoint.export", "plugins.checkpoint"):
+        try:
+            fn = getattr(importlib.import_module(module), "export_safetensors", None)
+        except ImportError:
+            continue
+        if fn is not None:
+            return fn
+    raise RuntimeError("plugins.checkpoint provides no export_safetensors(manifest_uri, dest) yet; "
+                       "pass export= or register a safetensors file with register_safetensors()")
+
+
+def register_safetensors(
+    weights_path: str | Path,
+    *,
+    run_id: str,
+    checkpoint: CheckpointRecord,
+    tracking_uri: str,
+    model_name: str | None = None,
+    alias: str = DEFAULT_ALIAS,
+) -> ModelVersionInfo:
+    """Log `weights_path` as a LoggedModel of `run_id`, register a version, point `alias` at it."""
+    weights = Path(weights_path)
+    if weights.suffix != ".safetensors" or not weights.is_file():
+        raise ValueError(f"weights_path must be an existing .safetensors file, got {str(weights)!r}")
+    _check_safetensors(weights)
+    client = client_for(tracking_uri)
+    run = client.get_run(run_id)
+    name = model_name or run.data.tags.get(TAG + "job") or run.info.run_name
+    if not name:
+        raise ValueError(f"run {run_id} has no job tag; pass model_name")
+    lineage = _lineage_tags(run.data.tags, run_id, checkpoint, _sha256_file(weights))
+
+    model = client.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id, tags=lineage)
+    try:
+        _save_and_upload(client, model.model_id, model.artifact_location, run_id, weights)
+        client.finalize_logged_model(model.model_id, "READY")
+    except BaseException:
+        client.finalize_logged_model(model.model_id, "FAILED")
+        raise
+    from mlflow.entities import LoggedModelOutput
+
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=checkpoint.step)])
+    _ensure_registered_model(client, name)
+    # The source is the logged model's artifact folder: a `models:/<id>` source would be resolved
+    # through the *default* tracking URI by the registry store, not ours.
+    # MLflow's SQL registry keeps no model id on a version: record it as a tag too.
+    mv = client.create_model_version(name, source=model.artifact_location, run_id=run_id,
+                                     tags={**lineage, TAG + "model_id": model.model_id},
+                                     model_id=model.model_id)
+    if alias:
+        client.set_registered_model_alias(name, alias, mv.version)
+    log.info("registered %s version %s (run %s, checkpoint step %d)", name, mv.version, run_id, checkpoint.step)
+    return ModelVersionInfo.from_mlflow(client.get_model_version(name, mv.version))
+
+
+def models_trained_on(
+    dataset_uri: str, version: str | None = None, *, tracking_uri: str, digest: str | None = None
+) -> list[ModelVersionInfo]:
+    """Every registered model version whose training data was `dataset_uri` (optionally at
+    `version`, or with exactly this content `digest`), newest first."""
+    if not dataset_uri:
+        raise ValueError("dataset_uri is empty")
+    clauses = [f"tags.`{TAG}dataset.uri` = {_quote(dataset_uri.rstrip('/'))}"]
+    if version:
+        clauses.append(f"tags.`{TAG}dataset.version` = {_quote(version)}")
+    if digest:
+        clauses.append(f"tags.`{TAG}dataset.digest` = {_quote(digest)}")
+    client = client_for(tracking_uri)
+    found: list[ModelVersion] = []
+    token = None
+    while True:
+        page = client.search_model_versions(" AND ".join(clauses), page_token=token)
+        found.extend(page)
+        token = page.token
+        if not token:
+            break
+    # Searches do not return aliases (SQL registry): read them once per registered model.
+    aliases: dict[str, dict[str, list[str]]] = {}
+    for mv in found:
+        if mv.name not in aliases:
+            by_version: dict[str, list[str]] = {}
+            for alias, version in client.get_registered_model(mv.name).aliases.items():
+                by_version.setdefault(str(version), []).append(alias)
+            aliases[mv.name] = by_version
+    infos = [ModelVersionInfo.from_mlflow(mv).model_copy(update={"aliases": sorted(aliases[mv.name].get(str(mv.version), []))})
+             for mv in found]
+    return sorted(infos, key=lambda i: (i.created_at, i.name, int(i.version)), reverse=True)
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+def _lineage_tags(run_tags: dict[str, str], run_id: str, ckpt: CheckpointRecord, weights_sha: str) -> dict[str, str]:
+    tags = {TAG + k: run_tags[TAG + k] for k in _RUN_TAGS_COPIED if run_tags.get(TAG + k)}
+    tags.update({
+        TAG + "run_id": run_id,
+        TAG + "checkpoint.uri": ckpt.manifest_uri,
+        TAG + "checkpoint.sha256": ckpt.sha256,
+        TAG + "checkpoint.step": str(ckpt.step),
+        TAG + "weights.sha256": weights_sha,
+        **{f"{TAG}checkpoint.metric.{k}": f"{v:g}" for k, v in sorted(ckpt.metrics.items())},
+    })
+    return tags
+
+
+def _save_and_upload(client: MlflowClient, model_id: str, artifact_location: str, run_id: str,
+                     weights: Path) -> None:
+    import mlflow.pyfunc
+    from mlflow.models import Model
+
+    with tempfile.TemporaryDirectory(prefix="trainyard-model-") as tmp:
+        local = Path(tmp) / "model"
+        mlflow.pyfunc.save_model(
+            str(local), python_model=str(MODEL_CODE), artifacts={"weights": str(weights)},
+            pip_requirements=_pinned_requirements(),
+            mlflow_model=Model(artifact_path=artifact_location, run_id=run_id, model_uuid=model_id,
+                               model_id=model_id),
+        )
+        pickles = sorted(p.name for p in local.rglob("*") if p.suffix in {".pkl", ".pickle", ".pt", ".pth"})
+        if pickles:
+            raise RuntimeError(f"the model folder holds pickles {pickles}; refusing to register it")
+        client.log_model_artifacts(model_id, str(local))
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        try:
+            client.create_registered_model(
+                name, description="Checkpoints registered by Trainyard; lineage in each version's tags.")
+        except MlflowException:
+            client.get_registered_model(name)  # created concurrently: fine if it exists now
+
+
+def _pinned_requirements() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for pkg in _PIP_REQUIREMENTS:
+        try:
+            out.append(f"{pkg}=={version(pkg)}")
+        except PackageNotFoundError:
+            out.append(pkg)
+    return out
+
+
+def _check_safetensors(path: Path) -> None:
+    """Refuse a file that is not safetensors (e.g. a torch pickle renamed) before uploading it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            if not list(f.keys()):
+                raise ValueError(f"{path} holds no tensors")
+    except ValueError:
+        raise
+    except Exception as e:
+        raise ValueError(f"{path} is not a safetensors file: {e}") from e
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(8 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _quote(value: str) -> str:
+    """A single-quoted literal for MLflow's search filter."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
