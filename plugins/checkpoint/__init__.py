@@ -1,1 +1,67 @@
-"""Trainyard."""
+"""Checkpoints: object store, async sharded writer, SHA-256 manifests, catalog, retention.
+
+The control plane imports the torch-free modules (`store`, `manifest`, `catalog`,
+`retention`, `uris`) directly; the names below that need torch (`CheckpointManager`,
+`SaveResult`, `export_safetensors`) are loaded on first use, so `import plugins.checkpoint`
+stays cheap for Airflow sensors and DAG files.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from plugins.checkpoint.catalog import (
+    CheckpointRecord,
+    VerifyReport,
+    latest_valid,
+    list_checkpoints,
+    select_latest_valid,
+    verify,
+)
+from plugins.checkpoint.manifest import CheckpointManifest, ManifestFile
+from plugins.checkpoint.retention import (
+    RetentionDecision,
+    RetentionPolicy,
+    apply_retention,
+    plan_retention,
+)
+from plugins.checkpoint.store import ObjectInfo, ObjectStore, open_store
+
+if TYPE_CHECKING:
+    from plugins.checkpoint.export import export_safetensors
+    from plugins.checkpoint.manager import CheckpointManager, SaveResult
+
+_LAZY = {
+    "CheckpointManager": "plugins.checkpoint.manager",
+    "SaveResult": "plugins.checkpoint.manager",
+    "export_safetensors": "plugins.checkpoint.export",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "CheckpointManager",
+    "CheckpointManifest",
+    "CheckpointRecord",
+    "ManifestFile",
+    "ObjectInfo",
+    "ObjectStore",
+    "RetentionDecision",
+    "RetentionPolicy",
+    "SaveResult",
+    "VerifyReport",
+    "apply_retention",
+    "export_safetensors",
+    "latest_valid",
+    "list_checkpoints",
+    "open_store",
+    "plan_retention",
+    "select_latest_valid",
+    "verify",
+]

@@ -1,0 +1,249 @@
+"""The checkpoint catalog: what is committed, what verifies, what to restore.
+
+Used by the control plane (Airflow sensors, the CLI, maintenance DAGs) as well as the workers,
+so it imports neither torch nor Airflow. A checkpoint is *committed* when its folder holds a
+`MANIFEST.json` that parses; it is *valid* when every file the manifest lists exists with the
+listed size and SHA-256. `latest_valid` walks from the newest committed checkpoint backwards
+and logs why it skipped each one it could not trust.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from plugins.checkpoint.errors import ObjectNotFoundError
+from plugins.checkpoint.manifest import (
+    MANIFEST_NAME,
+    CheckpointManifest,
+    ManifestFile,
+    parse_step_dir,
+    step_dir,
+)
+from plugins.checkpoint.store import ObjectInfo, ObjectStore, open_store, sha256_of_stream
+from plugins.checkpoint.uris import split_manifest_uri
+
+log = logging.getLogger(__name__)
+
+HASH_THREADS = 4
+"""Files hashed in parallel by `verify` (hashlib releases the GIL; S3 reads overlap)."""
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A committed checkpoint: its parsed manifest and where that manifest lives."""
+
+    manifest: CheckpointManifest
+    manifest_uri: str
+    folder: str
+    """The step folder's key relative to the checkpoint root (`step-00000100`)."""
+
+    @property
+    def step(self) -> int:
+        return self.manifest.step
+
+    @property
+    def created_at(self) -> datetime:
+        return self.manifest.created_at
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return self.manifest.metrics
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    step: int
+    folder: str
+    problems: tuple[str, ...]
+    hashed_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.problems) if self.problems else "ok"
+
+
+@dataclass
+class Scan:
+    """Everything found under a checkpoint root, committed or not."""
+
+    committed: list[CheckpointRecord] = field(default_factory=list)
+    invalid: dict[str, str] = field(default_factory=dict)
+    """Folder → why its manifest was rejected (unreadable JSON, unsafe path, wrong step, …)."""
+    uncommitted: dict[str, list[ObjectInfo]] = field(default_factory=dict)
+    """Folders with objects but no manifest: saves in flight, or crashed before the commit."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    chosen: CheckpointRecord | None
+    rejected: tuple[tuple[CheckpointRecord, VerifyReport], ...] = ()
+
+
+def as_store(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None) -> ObjectStore:
+    if isinstance(store_or_uri, ObjectStore):
+        return store_or_uri
+    return open_store(store_or_uri, endpoint_url=endpoint_url)
+
+
+def read_manifest(store: ObjectStore, folder: str) -> CheckpointRecord:
+    """Read and check one folder's manifest; raises `ObjectNotFoundError` / `ValueError`."""
+    manifest = CheckpointManifest.from_json_bytes(store.get_bytes(f"{folder}/{MANIFEST_NAME}"))
+    expected = parse_step_dir(folder)
+    if expected != manifest.step:
+        raise ValueError(f"manifest in {folder!r} says step {manifest.step}")
+    return CheckpointRecord(manifest, store.key_uri(f"{folder}/{MANIFEST_NAME}"), folder)
+
+
+def open_manifest_uri(manifest_uri: str, *, endpoint_url: str | None = None
+                      ) -> tuple[ObjectStore, CheckpointRecord]:
+    """`(store rooted at the checkpoint root, record)` for an explicit manifest URI."""
+    root_uri, folder, _ = split_manifest_uri(manifest_uri)
+    store = open_store(root_uri, endpoint_url=endpoint_url)
+    return store, read_manifest(store, folder)
+
+
+def scan(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None) -> Scan:
+    """One listing of the root, grouped by step folder; manifests parsed, oldest first."""
+    store = as_store(store_or_uri, endpoint_url=endpoint_url)
+    by_folder: dict[str, list[ObjectInfo]] = {}
+    for info in store.list("step-"):
+        folder, _, rest = info.key.partition("/")
+        if rest and parse_step_dir(folder) is not None:
+            by_folder.setdefault(folder, []).append(info)
+    result = Scan()
+    for folder in sorted(by_folder, key=lambda f: parse_step_dir(f) or 0):
+        objects = by_folder[folder]
+        if not any(o.key == f"{folder}/{MANIFEST_NAME}" for o in objects):
+            result.uncommitted[folder] = objects
+            continue
+        try:
+            result.committed.append(read_manifest(store, folder))
+        except ObjectNotFoundError:  # deleted between the listing and the read
+            continue
+        except ValueError as e:
+            log.warning("checkpoint %s in %s has an invalid manifest: %s", folder, store.uri, e)
+            result.invalid[folder] = str(e)
+    return result
+
+
+def list_checkpoints(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None
+                     ) -> list[CheckpointRecord]:
+    """Committed checkpoints (those with a manifest that parses), oldest step first."""
+    return scan(store_or_uri, endpoint_url=endpoint_url).committed
+
+
+def verify(
+    store_or_uri: ObjectStore | str,
+    record: CheckpointRecord | int,
+    *,
+    hashes: bool = True,
+    endpoint_url: str | None = None,
+    listing: Iterable[ObjectInfo] | None = None,
+) -> VerifyReport:
+    """Check every file of one checkpoint: present, right size, and (with `hashes`) right
+    SHA-256. Never raises for a bad checkpoint — the problems are in the report."""
+    store = as_store(store_or_uri, endpoint_url=endpoint_url)
+    if isinstance(record, int):
+        folder = step_dir(record)
+        try:
+            record = read_manifest(store, folder)
+        except (ObjectNotFoundError, ValueError) as e:
+            return VerifyReport(parse_step_dir(folder) or 0, folder, (f"manifest: {e}",))
+    folder = record.folder
+    objects = listing if listing is not None else store.list(folder + "/")
+    sizes = {o.key: o.size for o in objects}
+    problems: list[str] = []
+    to_hash: list[ManifestFile] = []
+    for entry in record.manifest.files:
+        key = f"{folder}/{entry.path}"
+        if key not in sizes:
+            problems.append(f"{entry.path}: missing")
+        elif sizes[key] != entry.size:
+            problems.append(f"{entry.path}: size {sizes[key]} != manifest {entry.size}")
+        else:
+            to_hash.append(entry)
+    hashed = 0
+    if hashes and to_hash:
+        with ThreadPoolExecutor(max_workers=min(HASH_THREADS, len(to_hash))) as pool:
+            for entry, outcome in zip(to_hash, pool.map(lambda e: _hash_one(store, folder, e),
+                                                         to_hash), strict=True):
+                if isinstance(outcome, str):
+                    problems.append(f"{entry.path}: {outcome}")
+                else:
+                    hashed += outcome
+    return VerifyReport(record.step, folder, tuple(problems), hashed)
+
+
+def _hash_one(store: ObjectStore, folder: str, entry: ManifestFile) -> int | str:
+    """Bytes hashed, or a description of what is wrong."""
+    try:
+        with store.open_read(f"{folder}/{entry.path}") as f:
+            size, sha = sha256_of_stream(f)
+    except ObjectNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"unreadable ({type(e).__name__}: {e})"
+    if size != entry.size:
+        return f"size {size} != manifest {entry.size}"
+    if sha != entry.sha256:
+        return f"SHA-256 {sha[:12]}… != manifest {entry.sha256[:12]}… (corrupt)"
+    return size
+
+
+def candidates_newest_first(store: ObjectStore, *, before_step: int | None = None
+                            ) -> Iterator[CheckpointRecord]:
+    for record in reversed(list_checkpoints(store)):
+        if before_step is None or record.step < before_step:
+            yield record
+
+
+def select_latest_valid(
+    store_or_uri: ObjectStore | str,
+    *,
+    hashes: bool = True,
+    before_step: int | None = None,
+    endpoint_url: str | None = None,
+) -> Selection:
+    """The newest checkpoint that verifies, plus every newer one rejected and why."""
+    store = as_store(store_or_uri, endpoint_url=endpoint_url)
+    rejected: list[tuple[CheckpointRecord, VerifyReport]] = []
+    for record in candidates_newest_first(store, before_step=before_step):
+        report = verify(store, record, hashes=hashes)
+        if report.ok:
+            for bad, why in rejected:
+                log.warning("checkpoint step %d rejected (%s); fell back to step %d",
+                            bad.step, why.reason, record.step)
+            return Selection(record, tuple(rejected))
+        rejected.append((record, report))
+    for bad, why in rejected:
+        log.error("checkpoint step %d rejected (%s); no older valid checkpoint", bad.step,
+                  why.reason)
+    return Selection(None, tuple(rejected))
+
+
+def latest_valid(store_or_uri: ObjectStore | str, *, hashes: bool = True,
+                 endpoint_url: str | None = None) -> CheckpointRecord | None:
+    """The newest checkpoint whose files all verify; falls back (with a logged reason)."""
+    return select_latest_valid(store_or_uri, hashes=hashes, endpoint_url=endpoint_url).chosen
+
+
+def delete_checkpoint(store: ObjectStore, folder: str) -> int:
+    """Delete one step folder, **manifest first**: if this is interrupted, what remains has no
+    manifest and so never looks valid. Returns the number of objects deleted."""
+    if parse_step_dir(folder) is None:
+        raise ValueError(f"{folder!r} is not a step folder; refusing to delete it")
+    store.delete(f"{folder}/{MANIFEST_NAME}")
+    count = 1
+    for info in list(store.list(folder + "/")):
+        store.delete(info.key)
+        count += 1
+    return count
+

@@ -1,0 +1,524 @@
+"""`CheckpointManager`: the checkpoint writer and reader that runs inside training processes.
+
+A save, as every rank sees it (all ranks call `save` together):
+
+1. *Blocking* — wait for the previous save if it is still in flight (at most one at a time;
+   the wait is reported), take `get_state_dict(model, optimizer)` and copy it into host
+   buffers with DCP's `DefaultStager`. The buffers are cached and reused across saves, so in
+   steady state this is one memcpy (or device→host copy) of the rank's shard — the only time
+   training is held.
+2. *Background thread* — `dcp.save` of the staged copy into this rank's local staging
+   folder (no fsync: the staging copy is scratch), plus a JSON file with the rank's extra
+   state (step, RNG states, LR scheduler, sampler — never a pickle). Then each rank uploads
+   its own files, hashing them with SHA-256 while they stream, and deletes its staging copy.
+3. *Commit* — rank 0 gathers every rank's file list and writes `step-<N>/MANIFEST.json`
+   last, in one atomic PUT / rename, and tells every rank the outcome. A crash anywhere
+   before that leaves a folder without a manifest, which the catalog never lists.
+
+The background work uses its own gloo process group, so its collectives never interleave with
+the training loop's (which may be NCCL). A restore picks the newest committed checkpoint (or
+the one asked for), downloads only the files this rank's DCP load plan needs, verifies each
+against the manifest while downloading, agrees with the other ranks that every rank's files
+verified — else all ranks fall back together to the previous checkpoint and log why — and
+only then `dcp.load`s into the live model and optimizer, so a corrupt byte never reaches them.
+DCP reshards on load: a checkpoint written by 2 ranks restores onto 1 or 4.
+
+Tricky cases:
+- A second save of an existing step (after a rollback) first deletes that step's old
+  manifest, before any rank overwrites the files it describes.
+- A failed background save does not stop training: the next `save` reports it in
+  `SaveResult.previous`, and `wait()` / `save_sync()` raise `CheckpointSaveError`.
+- Staging buffers stay allocated between saves (one host copy of the rank's state): that
+  memory is what makes the blocking part a plain copy instead of an allocation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from plugins.checkpoint import state_json
+from plugins.checkpoint.catalog import CheckpointRecord, list_checkpoints, open_manifest_uri, verify
+from plugins.checkpoint.dcp_io import (
+    METADATA_NAME,
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    files_needed,
+    load_metadata,
+)
+from plugins.checkpoint.errors import (
+    CheckpointSaveError,
+    IntegrityError,
+    NoValidCheckpointError,
+)
+from plugins.checkpoint.manifest import (
+    MANIFEST_NAME,
+    CheckpointManifest,
+    ManifestFile,
+    step_dir,
+    utc_now,
+)
+from plugins.checkpoint.rng import capture_rng_state, restore_rng_state
+from plugins.checkpoint.store import ObjectStore, open_store
+from plugins.checkpoint.transfer import download_verified, upload_file
+from plugins.checkpoint.uris import check_job_name, require_job_prefix, split_manifest_uri
+
+log = logging.getLogger(__name__)
+
+EXTRA_FORMAT = 1
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
+
+
+def extra_state_path(rank: int) -> str:
+    return f"extra/rank-{rank:05d}.json"
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What one save did. `save()` returns it `pending`; `wait()` returns it final."""
+
+    step: int
+    status: Literal["pending", "committed", "failed"]
+    manifest_uri: str
+    blocking_s: float = 0.0
+    """How long the call held the training loop (waiting for the previous save + staging)."""
+    waited_s: float = 0.0
+    """Part of `blocking_s` spent waiting for the previous save to finish."""
+    staging_s: float = 0.0
+    commit_s: float | None = None
+    """From the `save` call to the manifest being written (rank 0's clock)."""
+    stored_bytes: int = 0
+    state_bytes: int = 0
+    error: str | None = None
+    previous: SaveResult | None = None
+    """The earlier save this one had to wait for, final."""
+
+    @property
+    def committed(self) -> bool:
+        return self.status == "committed"
+
+
+class CheckpointManager:
+    """Async sharded checkpoints with SHA-256 manifests for one job (see the module docstring).
+
+    All ranks construct it, and call `save`, `save_sync`, `wait`, `restore` and `close`,
+    together. Convention: `save(step)` is called after step `step` finished; a restore returns
+    that manifest, and training continues with step `manifest.step + 1`.
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoint_uri: str,
+        job: str,
+        rank: int,
+        world_size: int,
+        staging_dir: Path,
+        compression: Literal["none", "zstd"] = "none",
+        endpoint_url: str | None = None,
+        process_group: Any = None,
+        plan_json: str | None = None,
+    ) -> None:
+        self.job = check_job_name(job)
+        self.checkpoint_uri = require_job_prefix(checkpoint_uri, job).rstrip("/")
+        if compression not in ("none", "zstd"):
+            raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
+        self.compression: Literal["none", "zstd"] = compression
+        self.endpoint_url = endpoint_url
+        self.store: ObjectStore = open_store(self.checkpoint_uri, endpoint_url=endpoint_url)
+        self.rank, self.world_size = rank, world_size
+        self._group = self._checkpoint_group(process_group, rank, world_size)
+        self.staging_dir = Path(staging_dir)
+        self.plan: dict[str, Any] | None = json.loads(plan_json) if plan_json else None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainyard-ckpt")
+        self._inflight: tuple[SaveResult, Future[SaveResult]] | None = None
+        self._stager: Any = None
+        self._closed = False
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def save(self, step: int, *, model: torch.nn.Module, optimizer: Any,
+             extra: Mapping[str, Any] | None = None,
+             metrics: Mapping[str, float] | None = None) -> SaveResult:
+        """Start an asynchronous save; returns once the state is staged (status `pending`)."""
+        return self._save(step, model, optimizer, extra, metrics, sync=False)
+
+    def save_sync(self, step: int, *, model: torch.nn.Module, optimizer: Any,
+                  extra: Mapping[str, Any] | None = None,
+                  metrics: Mapping[str, float] | None = None) -> SaveResult:
+        """Save and commit before returning (SIGTERM, preemption, end of training)."""
+        return self._save(step, model, optimizer, extra, metrics, sync=True)
+
+    def wait(self) -> SaveResult | None:
+        """Block until the in-flight save commits; raise `CheckpointSaveError` if it failed."""
+        return self._finish_inflight(raise_on_error=True)
+
+    def restore(self, *, model: torch.nn.Module, optimizer: Any = None,
+                extra: Mapping[str, Stateful] | None = None,
+                manifest_uri: str | None = None) -> CheckpointManifest | None:
+        """Load a checkpoint into the live model, optimizer, extra state and RNGs.
+
+        With `manifest_uri` that checkpoint, and nothing else, is restored (it must lie inside
+        the job's prefix and verify, else `NoValidCheckpointError`). Without it, the newest
+        committed checkpoint that verifies; newer ones that do not are skipped with a logged
+        reason. Returns None when the job has no checkpoint at all.
+        """
+        self._check_open()
+        self._finish_inflight(raise_on_error=False)
+        if manifest_uri:
+            require_job_prefix(manifest_uri, self.job)
+        candidates = self._candidates(manifest_uri)
+        if not candidates:
+            log.info("no checkpoint under %s; starting from scratch", self.checkpoint_uri)
+            return None
+        state = self._state_dict(model, optimizer)
+        rejected: list[str] = []
+        for manifest_json, uri in candidates:
+            record = _record(manifest_json, uri)
+            store = self.store if uri.startswith(self.checkpoint_uri + "/") else \
+                open_manifest_uri(uri, endpoint_url=self.endpoint_url)[0]
+            local = self.staging_dir / f"restore-rank{self.rank:05d}" / record.folder
+            extra_path = self._extra_file_for_me(record.manifest)
+            problem = self._fetch_verified(store, record, state, local, extra_path)
+            problems = [p for p in self._all_gather(problem) if p]
+            if not problems:
+                if rejected and self.rank == 0:
+                    log.warning("restoring step %d after rejecting newer checkpoints: %s",
+                                record.step, " | ".join(rejected))
+                try:
+                    self._load(record, state, local / extra_path, model, optimizer, extra, local)
+                finally:
+                    shutil.rmtree(local.parent, ignore_errors=True)
+                log.info("restored checkpoint step %d from %s", record.step, uri)
+                return record.manifest
+            shutil.rmtree(local.parent, ignore_errors=True)
+            reason = f"step {record.step}: {'; '.join(problems)}"
+            rejected.append(reason)
+            if manifest_uri:
+                raise NoValidCheckpointError(f"requested checkpoint {uri} does not verify: {reason}")
+            if self.rank == 0:
+                log.warning("checkpoint %s rejected, falling back to the previous one: %s",
+                            uri, reason)
+        raise NoValidCheckpointError(
+            f"no checkpoint under {self.checkpoint_uri} verifies: " + " | ".join(rejected))
+
+    def close(self) -> None:
+        """Wait for the in-flight save (logging a failure) and release threads and buffers."""
+        if self._closed:
+            return
+        try:
+            self._finish_inflight(raise_on_error=False)
+        finally:
+            self._closed = True
+            self._executor.shutdown(wait=True)
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def manifest_uri(self, step: int) -> str:
+        return self.store.key_uri(f"{step_dir(step)}/{MANIFEST_NAME}")
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def _save(self, step: int, model: torch.nn.Module, optimizer: Any,
+              extra: Mapping[str, Any] | None, metrics: Mapping[str, float] | None,
+              *, sync: bool) -> SaveResult:
+        self._check_open()
+        if step < 0:
+            raise ValueError(f"step must be ≥ 0, got {step}")
+        t0 = time.perf_counter()
+        previous = self._finish_inflight(raise_on_error=False)
+        if previous is not None:  # report one level only: a chain would grow for the whole run
+            previous = replace(previous, previous=None)
+        waited = time.perf_counter() - t0
+        extra_blob = self._extra_blob(step, extra)
+        state = self._state_dict(model, optimizer)
+        t_stage = time.perf_counter()
+        staged = self._stage(state)
+        staging_s = time.perf_counter() - t_stage
+        clean_metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
+        pending = SaveResult(step, "pending", self.manifest_uri(step),
+                             blocking_s=time.perf_counter() - t0, waited_s=waited,
+                             staging_s=staging_s, previous=previous)
+
+        def job() -> SaveResult:
+            return self._write_and_commit(step, staged, extra_blob, clean_metrics, t0)
+
+        if sync:
+            result = _merge(self._run_job(job, step), pending)
+            result = replace(result, blocking_s=time.perf_counter() - t0)
+            if not result.committed:
+                raise CheckpointSaveError(f"emergency save of step {step} failed: {result.error}")
+            return result
+        self._inflight = (pending, self._executor.submit(self._run_job, job, step))
+        return pending
+
+    def _run_job(self, job: Callable[[], SaveResult], step: int) -> SaveResult:
+        try:
+            return job()
+        except Exception as e:  # collectives failed (a rank died, a timeout): report, never hang
+            log.exception("checkpoint save of step %d failed", step)
+            return SaveResult(step, "failed", self.manifest_uri(step),
+                              error=f"{type(e).__name__}: {e}")
+
+    def _finish_inflight(self, *, raise_on_error: bool) -> SaveResult | None:
+        if self._inflight is None:
+            return None
+        pending, future = self._inflight
+        self._inflight = None
+        result = _merge(future.result(), pending)
+        if not result.committed:
+            log.error("checkpoint step %d failed: %s", result.step, result.error)
+            if raise_on_error:
+                raise CheckpointSaveError(f"checkpoint step {result.step} failed: {result.error}")
+        return result
+
+    def _extra_blob(self, step: int, extra: Mapping[str, Any] | None) -> bytes:
+        states: dict[str, Any] = {}
+        for name, obj in (extra or {}).items():
+            if not callable(getattr(obj, "state_dict", None)):
+                raise TypeError(f"extra[{name!r}] ({type(obj).__name__}) has no state_dict()")
+            states[name] = obj.state_dict()
+        return state_json.dumps({
+            "format_version": EXTRA_FORMAT, "job": self.job, "step": step, "rank": self.rank,
+            "world_size": self.world_size, "rng": capture_rng_state(), "state": states,
+        })
+
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(
+                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                use_non_blocking_copy=cuda))
+        return self._stager.stage(state)
+
+    def _write_and_commit(self, step: int, staged: dict[str, Any], extra_blob: bytes,
+                          metrics: dict[str, float], t0: float) -> SaveResult:
+        """Background part of a save. Every rank reaches every collective, whatever fails."""
+        folder = step_dir(step)
+        local = self.staging_dir / f"{folder}-rank{self.rank:05d}"
+        files: list[ManifestFile] = []
+        error: str | None = None
+        try:
+            shutil.rmtree(local, ignore_errors=True)
+            local.mkdir(parents=True)
+            if self.rank == 0:  # dcp.save's first collective orders this before any upload
+                self.store.delete(f"{folder}/{MANIFEST_NAME}")
+        except Exception as e:
+            log.exception("rank %d could not prepare checkpoint step %d", self.rank, step)
+            error = f"rank {self.rank}: preparing: {type(e).__name__}: {e}"
+        try:
+            from torch.distributed.checkpoint import FileSystemWriter
+
+            writer = FileSystemWriter(local, single_file_per_rank=True, sync_files=False)
+            dcp.save(staged, storage_writer=writer, process_group=self._group,
+                     no_dist=self._group is None)
+        except Exception as e:
+            log.exception("rank %d: dcp.save of checkpoint step %d failed", self.rank, step)
+            error = error or f"rank {self.rank}: dcp.save: {type(e).__name__}: {e}"
+        if error is None:
+            try:
+                extra_file = local / extra_state_path(self.rank)
+                extra_file.parent.mkdir(parents=True, exist_ok=True)
+                extra_file.write_bytes(extra_blob)
+                for path in sorted(p for p in local.rglob("*") if p.is_file()):
+                    rel = path.relative_to(local).as_posix()
+                    files.append(upload_file(self.store, folder, rel, path,
+                                             compression=self.compression, rank=self.rank))
+            except Exception as e:
+                error = f"rank {self.rank}: upload: {type(e).__name__}: {e}"
+                log.exception("rank %d could not upload checkpoint step %d", self.rank, step)
+        shutil.rmtree(local, ignore_errors=True)
+
+        outcomes = self._gather((files, error))
+        summary: dict[str, Any] = {}
+        if self.rank == 0:
+            summary = self._commit(step, outcomes, metrics, t0)
+        summary = self._broadcast(summary)
+        return SaveResult(step, summary["status"], self.manifest_uri(step),
+                          commit_s=summary.get("commit_s"),
+                          stored_bytes=summary.get("stored_bytes", 0),
+                          state_bytes=summary.get("state_bytes", 0), error=summary.get("error"))
+
+    def _commit(self, step: int, outcomes: list[tuple[list[ManifestFile], str | None]],
+                metrics: dict[str, float], t0: float) -> dict[str, Any]:
+        errors = [e for _, e in outcomes if e]
+        if errors:
+            return {"status": "failed", "error": " | ".join(errors)}
+        all_files = sorted((f for files, _ in outcomes for f in files), key=lambda f: f.path)
+        try:
+            manifest = CheckpointManifest(
+                job=self.job, step=step, created_at=utc_now(), world_size=self.world_size,
+                plan=self.plan, metrics=metrics, files=all_files,
+                extra_state=[extra_state_path(r) for r in range(self.world_size)],
+                torch_version=torch.__version__)
+            self.store.put_bytes(f"{step_dir(step)}/{MANIFEST_NAME}", manifest.to_json_bytes())
+        except Exception as e:
+            log.exception("could not write the manifest of step %d", step)
+            return {"status": "failed", "error": f"manifest: {type(e).__name__}: {e}"}
+        commit_s = time.perf_counter() - t0
+        log.info("checkpoint step %d committed: %.1f MB in %.2f s", step,
+                 manifest.stored_bytes / 1e6, commit_s)
+        return {"status": "committed", "commit_s": commit_s,
+                "stored_bytes": manifest.stored_bytes, "state_bytes": manifest.state_bytes}
+
+    # -- restoring ----------------------------------------------------------------------------
+
+    def _candidates(self, manifest_uri: str | None) -> list[tuple[str, str]]:
+        """(manifest JSON, manifest URI), newest first — read by rank 0, the same on all ranks."""
+        found: list[tuple[str, str]] = []
+        if self.rank == 0:
+            if manifest_uri:
+                _, record = open_manifest_uri(manifest_uri, endpoint_url=self.endpoint_url)
+                records = [record]
+            else:
+                records = list(reversed(list_checkpoints(self.store)))
+            found = [(r.manifest.model_dump_json(), r.manifest_uri) for r in records]
+        return self._broadcast(found)
+
+    def _fetch_verified(self, store: ObjectStore, record: CheckpointRecord,
+                        state: dict[str, Any], local: Path, extra_path: str) -> str | None:
+        """Download what this rank needs, verified; None when all is well, else why not."""
+        shutil.rmtree(local, ignore_errors=True)
+        try:
+            listing = verify(store, record, hashes=False)  # every file present, sizes right
+            if not listing.ok:
+                return f"rank {self.rank}: {listing.reason}"
+            manifest = record.manifest
+            download_verified(store, record.folder, manifest.file(METADATA_NAME),
+                              local / METADATA_NAME)
+            needed = files_needed(state, load_metadata(local / METADATA_NAME))
+            needed.add(extra_path)
+            for path in sorted(needed):
+                download_verified(store, record.folder, manifest.file(path), local / path)
+        except IntegrityError as e:
+            return f"rank {self.rank}: {e}"
+        except KeyError as e:
+            return f"rank {self.rank}: {e.args[0] if e.args else e}"
+        except (OSError, ValueError, EOFError, pickle.UnpicklingError) as e:
+            return f"rank {self.rank}: {type(e).__name__}: {e}"
+        return None
+
+    def _extra_file_for_me(self, manifest: CheckpointManifest) -> str:
+        mine = extra_state_path(self.rank)
+        if mine in manifest.extra_state:
+            return mine
+        fallback = extra_state_path(self.rank % manifest.world_size)
+        log.warning("checkpoint step %d was written by %d ranks; rank %d restores the extra "
+                    "state (RNG, sampler, scheduler) of rank %d", manifest.step,
+                    manifest.world_size, self.rank, self.rank % manifest.world_size)
+        return fallback
+
+    def _load(self, record: CheckpointRecord, state: dict[str, Any], extra_file: Path,
+              model: torch.nn.Module, optimizer: Any, extra: Mapping[str, Stateful] | None,
+              local: Path) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        dcp.load(state, storage_reader=SafeFileSystemReader(local), planner=SafeLoadPlanner(),
+                 process_group=self._group, no_dist=self._group is None)
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+        else:
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        blob = state_json.loads(extra_file.read_bytes())
+        restore_rng_state(blob["rng"])
+        saved = blob.get("state", {})
+        for name, obj in (extra or {}).items():
+            if name in saved:
+                obj.load_state_dict(saved[name])
+            else:
+                log.warning("checkpoint step %d has no state for extra[%r]; left as is",
+                            record.step, name)
+
+    # -- state and collectives ----------------------------------------------------------------
+
+    @staticmethod
+    def _state_dict(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if optimizer is None:
+            return {"model": get_model_state_dict(model)}
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    @staticmethod
+    def _checkpoint_group(process_group: Any, rank: int, world_size: int) -> Any:
+        """A gloo group over the checkpointing ranks, for DCP and our own collectives."""
+        if not (dist.is_available() and dist.is_initialized()):
+            if world_size != 1 or rank != 0:
+                raise ValueError(f"rank {rank} of world_size {world_size} needs torch.distributed "
+                                 "to be initialised first (single-process use is rank 0 of 1)")
+            if process_group is not None:
+                raise ValueError("process_group given but torch.distributed is not initialised")
+            return None
+        group = process_group or dist.group.WORLD
+        actual = (dist.get_rank(group), dist.get_world_size(group))
+        if actual != (rank, world_size):
+            raise ValueError(f"rank/world_size given as {rank}/{world_size} but the process group "
+                             f"says {actual[0]}/{actual[1]}")
+        return dist.new_group(ranks=dist.get_process_group_ranks(group), backend="gloo",
+                              timeout=timedelta(minutes=30))
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if self._group is None:
+            return [obj]
+        out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(obj, out, group=self._group, group_dst=0)
+        return out or []
+
+    def _broadcast(self, obj: Any) -> Any:
+        if self._group is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, group=self._group, group_src=0)
+        return box[0]
+
+    def _all_gather(self, obj: Any) -> list[Any]:
+        if self._group is None:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("CheckpointManager is closed")
+
+
+def _merge(final: SaveResult, pending: SaveResult) -> SaveResult:
+    """The background result with the foreground timings of the call that started it."""
+    return replace(final, blocking_s=pending.blocking_s, waited_s=pending.waited_s,
+                   staging_s=pending.staging_s, previous=pending.previous)
+
+
+def _record(manifest_json: str, uri: str) -> CheckpointRecord:
+    manifest = CheckpointManifest.model_validate_json(manifest_json)
+    _, folder, _ = split_manifest_uri(uri)
+    return CheckpointRecord(manifest, uri, folder)

@@ -1,0 +1,150 @@
+"""`CheckpointManifest`: the commit record of one checkpoint (DESIGN §1 contract, §6).
+
+A checkpoint folder `step-<NNNNNNNN>/` exists only once its `MANIFEST.json` does: the manifest
+is written last, in one atomic PUT / rename, after every rank's files are uploaded. It lists
+each file with its stored size and SHA-256, so a reader can prove the folder is whole before
+any byte reaches a model.
+
+Manifests are JSON, never pickles, and they are untrusted input when read: every path must be
+relative and stay inside the checkpoint folder (no `..`, no absolute paths, no backslashes);
+a manifest that breaks this is rejected as a whole. No torch import here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from plugins.checkpoint.errors import UnsafeKeyError
+from plugins.checkpoint.store import check_key
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "MANIFEST.json"
+MAX_MANIFEST_BYTES = 64 << 20
+"""A manifest lists files, not data; anything this large is not one of ours."""
+
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+Compression = Literal["none", "zstd"]
+
+
+def step_dir(step: int) -> str:
+    """`step-00001234`: zero-padded so lexical order (S3 listings) is numeric order."""
+    if step < 0:
+        raise ValueError(f"step must be ≥ 0, got {step}")
+    return f"step-{step:08d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    """The step of a `step-NNNNNNNN` folder name, or None for anything else."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
+def check_manifest_path(path: str) -> str:
+    """A file path inside a checkpoint folder: relative, no `..`, not the manifest itself."""
+    try:
+        check_key(path)
+    except UnsafeKeyError as e:
+        raise ValueError(f"unsafe path in manifest: {e}") from e
+    if path == MANIFEST_NAME:
+        raise ValueError(f"a manifest cannot list itself ({MANIFEST_NAME!r})")
+    return path
+
+
+class ManifestFile(BaseModel):
+    """One stored file. `size` and `sha256` describe the bytes *as stored* (compressed if
+    `compression` says so), so verification never needs to decompress."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    """Relative to the checkpoint folder, '/'-separated."""
+    size: NonNegativeInt
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    compression: Compression = "none"
+    raw_size: NonNegativeInt | None = None
+    """Bytes after decompression (equals `size` when uncompressed)."""
+    rank: NonNegativeInt | None = None
+    """The rank that wrote it (diagnostics: which node produced a corrupt shard)."""
+
+    @field_validator("path")
+    @classmethod
+    def _safe_path(cls, value: str) -> str:
+        return check_manifest_path(value)
+
+
+class CheckpointManifest(BaseModel):
+    """The JSON written to `step-<N>/MANIFEST.json`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    format_version: Literal[1] = FORMAT_VERSION
+    job: str = Field(min_length=1)
+    step: NonNegativeInt
+    created_at: AwareDatetime
+    world_size: PositiveInt
+    plan: dict[str, Any] | None = None
+    """The parallelism `Plan` the checkpoint was written under (its JSON object), if known."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    files: list[ManifestFile]
+    extra_state: list[str] = Field(default_factory=list)
+    """Per-rank JSON files (step, RNG states, scheduler, sampler) — paths also in `files`."""
+    torch_version: str | None = None
+
+    @field_validator("extra_state")
+    @classmethod
+    def _safe_extra_paths(cls, value: list[str]) -> list[str]:
+        return [check_manifest_path(p) for p in value]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CheckpointManifest:
+        paths = [f.path for f in self.files]
+        if len(set(paths)) != len(paths):
+            dupes = sorted({p for p in paths if paths.count(p) > 1})
+            raise ValueError(f"manifest lists files more than once: {dupes}")
+        missing = sorted(set(self.extra_state) - set(paths))
+        if missing:
+            raise ValueError(f"extra_state names files the manifest does not list: {missing}")
+        return self
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def state_bytes(self) -> int:
+        """Uncompressed bytes of everything in the checkpoint."""
+        return sum(f.raw_size if f.raw_size is not None else f.size for f in self.files)
+
+    def file(self, path: str) -> ManifestFile:
+        for entry in self.files:
+            if entry.path == path:
+                return entry
+        raise KeyError(f"step {self.step}: manifest lists no file {path!r}")
+
+    def to_json_bytes(self) -> bytes:
+        return self.model_dump_json(indent=2).encode()
+
+    @classmethod
+    def from_json_bytes(cls, data: bytes) -> CheckpointManifest:
+        """Parse untrusted manifest bytes (size-capped, JSON only)."""
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ValueError(f"manifest is {len(data)} bytes; the limit is {MAX_MANIFEST_BYTES}")
+        return cls.model_validate(json.loads(data))
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
