@@ -127,6 +127,8 @@ class RowSample:
     """Rows read from the shards, and what could not be read."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
+    origins: list[tuple[str, int]] = field(default_factory=list)
+    """(shard key, line number) of each row, for examples in reports (parquet: row number)."""
     invalid: list[InvalidLine] = field(default_factory=list)
     invalid_count: int = 0
     shards_read: int = 0
@@ -149,20 +151,21 @@ def sample_rows(store: ObjectStore, fmt: str, limit: int, *, max_invalid_example
             break
         quota = max(1, remaining // (len(shards) - i))
         with store.open_read(shard.key) as raw:
-            for row in _read_rows(raw, shard.key, fmt, quota, sample, max_invalid_examples):
+            for line, row in _read_rows(raw, shard.key, fmt, quota, sample, max_invalid_examples):
                 sample.rows.append(row)
+                sample.origins.append((shard.key, line))
         sample.shards_read += 1
     return sample
 
 
 def _read_rows(
     raw: IO[bytes], key: str, fmt: str, quota: int, sample: RowSample, max_examples: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[tuple[int, dict[str, Any]]]:
     if fmt == "parquet":
         import pandas as pd
 
         frame = pd.read_parquet(io.BytesIO(raw.read()))
-        yield from frame.head(quota).to_dict(orient="records")
+        yield from enumerate(frame.head(quota).to_dict(orient="records"), start=1)
         return
     stream: IO[bytes] = raw
     if key.endswith(".zst"):
@@ -177,12 +180,12 @@ def _read_rows(
         line = line.rstrip("\r\n")
         if fmt == "text":
             produced += 1
-            yield {"text": line}
+            yield number, {"text": line}
             continue
         if not line.strip():
             # A blank line in JSONL is an empty row, which the schema check should report.
             produced += 1
-            yield {}
+            yield number, {}
             continue
         try:
             row = json.loads(line)
@@ -194,4 +197,4 @@ def _read_rows(
                 sample.invalid.append(InvalidLine(key, number, line[:120], str(e)[:120]))
             continue
         produced += 1
-        yield row
+        yield number, row
