@@ -15,6 +15,10 @@ from collections.abc import Sequence
 
 COMMANDS: tuple[str, ...] = (
     "cli.validate",
+    "cli.checkpoints",
+    "cli.place",
+    "cli.launch",
+    "cli.render",
 )
 """Modules that each add one subcommand; keep the list sorted by how people discover them."""
 

@@ -7,7 +7,10 @@ can explain a choice:
 - `tp_in_node`     +100 per TP group (always all of them: TP inside a node is hard).
 - `pp_in_rack`     +50 per PP group (pp > 1) whose stages share one rack; −20 per extra rack
                    for one that spans racks (stage-to-stage traffic crosses the spine).
-- `dp_spread`      +10 per distinct rack used (fault isolation: a rack loss takes fewer replicas).
+- `dp_spread`      +10 per distinct rack used (fault isolation: a rack loss takes fewer replicas),
+                   for pipelines of two or more nodes only. Scattering one-node replicas over many
+                   racks isolates nothing a node boundary does not already, breaks a free block in
+                   every rack it touches and stretches the DP all-reduce ring over the spine.
 - `fragmentation`  −w·Δ(Σ_racks f²), f = wholly free nodes in a rack. Σf² rewards free capacity
                    concentrated in few racks (it is what lets the next big pipeline fit in one
                    rack). Taking m nodes from a rack with f free costs 2fm − m², increasing in f,
@@ -73,7 +76,7 @@ def score_candidate(
     breakdown = {
         "tp_in_node": weights.tp_in_node * (layout.world_size // layout.tp),
         "pp_in_rack": weights.pp_in_rack * pp_in_rack - weights.pp_extra_rack * pp_extra,
-        "dp_spread": weights.dp_rack * len(set(racks)),
+        "dp_spread": weights.dp_rack * len(set(racks)) if layout.nodes_per_pipeline() > 1 else 0.0,
         "fragmentation": -weights.fragmentation * loss,
         "xid": -weights.xid_error * sum(n.xid_errors_7d for n in nodes),
         "cache": weights.warm_cache * sum(1 for n in nodes if dataset and dataset in n.cached_datasets),

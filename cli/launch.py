@@ -1,0 +1,193 @@
+"""`trainyard launch --local SPEC`: run a job on this machine without Airflow (for debugging).
+
+Validates the spec, plans it (the advisor when available), places it on the local cluster and
+reserves the devices in the platform state, starts one detached torchrun agent per node, then
+shows progress until the job ends, releases the reservation and exits with the job's status
+(0 completed; the failing rank's exit code otherwise, 128+N for a rank killed by signal N).
+`--detach` prints the RunHandle JSON and returns at once; the job keeps running and its
+reservation holds until its lease expires (`--lease-s`). Ctrl-C stops the job (SIGTERM, then
+SIGKILL after `--grace-s`). Exit 1 also for an invalid spec or an unschedulable job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from plugins.launch.model import RunStatus
+
+RENEW_EVERY_S = 30.0
+ATTACHED_LEASE_S = 300.0
+DETACHED_LEASE_S = 24 * 3600.0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("launch", help="run a job with torchrun on this machine (no Airflow)",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--local", action="store_true", required=True,
+                   help="launch on this host (the only mode without Airflow)")
+    p.add_argument("spec", type=Path, metavar="SPEC", help="TrainingJob spec (YAML)")
+    p.add_argument("--attempt", type=int, default=0, help="attempt number (default 0)")
+    p.add_argument("--resume-from", default="", metavar="URI", help="checkpoint manifest to restore")
+    p.add_argument("--detach", action="store_true", help="print the RunHandle JSON and return")
+    p.add_argument("--lease-s", type=float, default=None,
+                   help=f"reservation lease (default {ATTACHED_LEASE_S:g}s renewed while attached, "
+                        f"{DETACHED_LEASE_S:g}s with --detach)")
+    p.add_argument("--grace-s", type=float, default=30.0, help="SIGTERM → SIGKILL grace on Ctrl-C")
+    p.add_argument("--max-restarts", type=int, default=0, help="torchrun's in-place restarts (default 0)")
+    p.add_argument("--timeout-s", type=float, default=None, help="stop the job after this long")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cli.output import err_console, print_json
+    from cli.place import load_checked_job
+    from config.cluster import load_cluster
+    from config.settings import get_settings
+    from plugins.launch.base import LaunchError
+    from plugins.launch.environment import build_worker_env
+    from plugins.launch.local import LocalLauncher
+    from plugins.placement.gang import place_gang
+    from plugins.placement.inventory import Inventory
+    from plugins.placement.model import GangRequest, Unschedulable
+    from plugins.placement.plans import plan_for_job
+    from plugins.placement.state import ReservationConflict, free_devices, open_state
+
+    settings = get_settings()
+    try:
+        cluster = load_cluster(settings.cluster)
+        loaded = load_checked_job(args.spec, settings.cluster)
+    except (FileNotFoundError, ValueError) as e:
+        err_console.print(f"trainyard launch: error: {e}")
+        return 2
+    if loaded is None:
+        return 1
+    if cluster.spec.mode != "local":
+        err_console.print(f"trainyard launch: error: cluster '{cluster.name}' is a {cluster.spec.mode} cluster; "
+                          "--local launches need a local one (TRAINYARD_CLUSTER=local)")
+        return 2
+    job, _ = loaded
+    try:
+        plan, source = plan_for_job(job, cluster)
+    except ValueError as e:
+        err_console.print(f"[red]no plan[/]: {e}")
+        return 1
+    err_console.print(f"plan: {plan.describe()} ({source})")
+
+    inventory = Inventory.from_cluster(cluster)
+    store = open_state(settings.state_db)
+    request = GangRequest.for_job(job, plan, attempt=args.attempt)
+    lease = args.lease_s or (DETACHED_LEASE_S if args.detach else ATTACHED_LEASE_S)
+    try:
+        placement = place_gang(request, inventory, free_devices(store, {n.name: n.gpus for n in inventory.nodes}))
+        placement = store.reserve(placement, lease_s=lease)
+    except Unschedulable as e:
+        err_console.print(f"[red]unschedulable[/]: {e.reason.message}")
+        return 1
+    except ReservationConflict as e:
+        err_console.print(f"[red]cannot reserve[/]: {e}")
+        return 1
+    err_console.print("placed: " + ", ".join(f"{n.name}×{n.slots}" for n in placement.nodes))
+
+    launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd(), max_restarts=args.max_restarts)
+    worker_env = build_worker_env(job, plan, settings, attempt=args.attempt, resume_from=args.resume_from)
+    handle = None
+    status = None
+    keep_reservation = False
+    try:
+        handle = launcher.submit(job, plan, placement, worker_env, attempt=args.attempt)
+        if args.detach:
+            keep_reservation = True  # it belongs to the running job now
+            print_json(handle.model_dump(mode="json"))
+            err_console.print(f"detached; logs under {handle.run_dir}; the reservation's lease ends in {lease:g}s")
+            return 0
+        status = _follow(launcher, handle, store, lease, args)
+    except (LaunchError, ValueError) as e:
+        err_console.print(f"[red]launch failed[/]: {e}")
+        return 1
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: stopping (grace {args.grace_s:g}s)…")
+        if handle is not None:
+            launcher.stop(handle, grace_s=args.grace_s)
+        return 130
+    finally:
+        if not keep_reservation:
+            store.release(job.metadata.name, args.attempt)
+    _summary(status, launcher, handle)
+    return exit_status(status)
+
+
+def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse.Namespace) -> RunStatus:
+    """Show progress until the job ends; renew the reservation's lease meanwhile."""
+    from rich.live import Live
+
+    from cli.output import err_console
+
+    started = last_renew = time.monotonic()
+    status = launcher.poll(handle)
+    with Live(_progress(status, handle, 0.0), console=err_console, refresh_per_second=2, transient=True) as live:
+        while not (status.finished and not status.processes_alive):
+            time.sleep(0.5)
+            now = time.monotonic()
+            if now - last_renew > RENEW_EVERY_S:
+                if store.renew(handle.job, handle.attempt, lease_s=lease) is None:
+                    err_console.print("[red]the reservation's lease was lost; stopping the job[/]")
+                    return launcher.stop(handle, grace_s=args.grace_s)
+                last_renew = now
+            if args.timeout_s is not None and now - started > args.timeout_s:
+                err_console.print(f"[yellow]timeout after {args.timeout_s:g}s; stopping[/]")
+                return launcher.stop(handle, grace_s=args.grace_s)
+            if status.finished and status.processes_alive and status.state == "failed":
+                # One rank failed; torchrun tears the others down — give it a moment, then make sure.
+                deadline = now + 30.0
+                while time.monotonic() < deadline and launcher.poll(handle).processes_alive:
+                    time.sleep(0.5)
+                launcher.stop(handle, grace_s=0)
+                return launcher.poll(handle)
+            status = launcher.poll(handle)
+            live.update(_progress(status, handle, now - started))
+    return status
+
+
+def _progress(status: RunStatus, handle: Any, elapsed: float) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"{handle.job} attempt {handle.attempt} — {status.state} ({elapsed:.0f}s): "
+                        f"{status.message}", title_justify="left")
+    for column in ("rank", "node", "step", "heartbeat age", "exit"):
+        table.add_column(column)
+    for r in status.ranks:
+        age = f"{r.heartbeat_age_s:.1f}s" if r.heartbeat_age_s is not None else "-"
+        table.add_row(str(r.rank), r.node or "-", "-" if r.step is None else str(r.step),
+                      age + (" (hung)" if r.hung else ""), r.outcome or "")
+    return table
+
+
+def _summary(status: RunStatus | None, launcher: Any, handle: Any) -> None:
+    from rich.markup import escape
+
+    from cli.output import console
+
+    if status is None:
+        return
+    style = "green" if status.succeeded else "red"
+    console.print(f"[{style}]{status.state}[/]: {escape(status.message)}")
+    console.print(f"logs: {handle.run_dir}/ranks/rank-NNNNN.log")
+    if status.failed_rank is not None:
+        console.print(f"--- last lines of rank {status.failed_rank} ---")
+        console.print(escape(launcher.logs(handle, rank=status.failed_rank, tail=20)))
+
+
+def exit_status(status: RunStatus | None) -> int:
+    """0 on success; the failing rank's exit code (128+N for signal N) otherwise."""
+    if status is None:
+        return 1
+    if status.succeeded:
+        return 0
+    code = status.exit_code
+    if code is None or code == 0:
+        return 1
+    return 128 - code if code < 0 else min(code, 255)

@@ -1,0 +1,170 @@
+"""`trainyard place SPEC --cluster C`: where the gang would go, as a map of racks and nodes.
+
+Shows which node hosts which TP / PP / DP groups, how many pipelines stay inside one rack and
+the score breakdown; when the job cannot be placed, says why in numbers. Devices already
+reserved in the platform state count as busy (`--ignore-state` for an empty cluster). Nothing
+is reserved. Exit 0 placed, 1 invalid spec or unschedulable, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from config.cluster import Cluster
+    from config.spec import TrainingJob
+    from plugins.placement.inventory import Inventory
+    from plugins.placement.model import Placement
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("place", help="show where a job's gang would be placed (racks, nodes, groups)",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("spec", type=Path, metavar="SPEC", help="TrainingJob spec (YAML)")
+    p.add_argument("--cluster", help="cluster name or file (default: TRAINYARD_CLUSTER, or the first "
+                                     "cluster that has the spec's gpuType)")
+    p.add_argument("--exclude", action="append", default=[], metavar="NODE", help="never use this node")
+    p.add_argument("--strict-racks", action="store_true",
+                   help="require every pipeline inside one rack (otherwise a preference)")
+    p.add_argument("--ignore-state", action="store_true", help="treat every device as free")
+    p.add_argument("--json", action="store_true", help="print the Placement JSON")
+    p.set_defaults(func=run)
+
+
+def load_checked_job(spec: Path, cluster_name: str | None) -> tuple[TrainingJob, Cluster] | None:
+    """Load a spec and check it (spec rules + cluster rules); print problems and return None
+    when it has errors."""
+    from cli.output import err_console
+    from config.cluster import cluster_for, load_cluster
+    from config.loader import read_spec_file
+    from config.rules import check_against_cluster, check_spec
+    from config.settings import get_settings
+
+    job, problems = read_spec_file(spec)
+    if job is not None:
+        settings = get_settings()
+        cluster = load_cluster(cluster_name) if cluster_name else cluster_for(
+            job.spec.hardware.gpu_type, settings.cluster)
+        problems = check_spec(job) + check_against_cluster(job, cluster)
+    errors = [p for p in problems if p.severity == "error"]
+    if job is None or errors:
+        from rich.markup import escape
+
+        for p in errors:
+            err_console.print(f"[red]{p.code.value}[/] {escape(p.render())}")
+        return None
+    return job, cluster
+
+
+def run(args: argparse.Namespace) -> int:
+    from cli.output import console, err_console, print_json
+    from config.settings import get_settings
+    from plugins.placement.gang import place_gang
+    from plugins.placement.inventory import Inventory
+    from plugins.placement.model import GangRequest, Unschedulable
+    from plugins.placement.plans import plan_for_job
+
+    try:
+        loaded = load_checked_job(args.spec, args.cluster)
+    except (FileNotFoundError, ValueError) as e:
+        err_console.print(f"trainyard place: error: {e}")
+        return 2
+    if loaded is None:
+        return 1
+    job, cluster = loaded
+    try:
+        plan, source = plan_for_job(job, cluster)
+    except ValueError as e:
+        err_console.print(f"[red]no plan[/]: {e}")
+        return 1
+    inventory = Inventory.from_cluster(cluster)
+    used: dict[str, int] = {}
+    if not args.ignore_state:
+        from plugins.placement.state import open_state
+
+        used = open_state(get_settings().state_db).used_by_node()
+    free = inventory.free_map(used)
+    request = GangRequest.for_job(job, plan, exclude=frozenset(args.exclude),
+                                  require_pp_in_rack=args.strict_racks)
+    try:
+        placement = place_gang(request, inventory, free)
+    except Unschedulable as e:
+        if args.json:
+            print_json({"unschedulable": e.reason.model_dump()})
+        else:
+            err_console.print(f"[red]unschedulable[/]: {e.reason.message}")
+        return 1
+    if args.json:
+        print_json(placement.model_dump(mode="json"))
+        return 0
+    console.print(render_map(placement, inventory, free, cluster_name=cluster.name,
+                             plan_label=plan.describe(), plan_source=source))
+    return 0
+
+
+def render_map(placement: Placement, inventory: Inventory, free: dict[str, int], *,
+               cluster_name: str, plan_label: str, plan_source: str) -> Any:
+    """A rich renderable: summary, one line per rack used (every node as a cell), node table."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    placed = {n.name: n for n in placement.nodes}
+    in_rack, pp_total = placement.pp_groups_in_one_rack()
+    head = Text.assemble(
+        ("Placement ", "bold"), (placement.job, "bold cyan"), f" on {cluster_name}: {plan_label} — ",
+        f"{placement.world_size} ranks on {len(placement.nodes)} nodes × {placement.ranks_per_node}, "
+        f"{len(placement.racks)} rack(s)\n",
+        ("plan: ", "dim"), plan_source, ("   strategy: ", "dim"), placement.strategy,
+        ("   score: ", "dim"), f"{placement.score:g} ",
+        (" ".join(f"{k}={v:g}" for k, v in placement.score_breakdown.items()), "dim"),
+    )
+    if pp_total:
+        style = "green" if in_rack == pp_total else "yellow"
+        head.append(f"\nPP groups inside one rack: {in_rack}/{pp_total}", style=style)
+
+    racks = Table.grid(padding=(0, 1))
+    racks.add_column(style="bold")
+    racks.add_column()
+    for rack in sorted({n.rack for n in placement.nodes}, key=lambda r: inventory.rack_order[r]):
+        cells = Text()
+        for node in inventory.racks[rack]:
+            short = node.name.removeprefix(f"{rack}-")
+            if node.name in placed:
+                p = placed[node.name]
+                label = f"{short}:DP{_span(p.dp_replicas)}/PP{_span(p.pp_stages)}"
+                cells.append(f"[{label}]", style=f"bold {_colour(p.dp_replicas[0])}")
+            elif not node.healthy:
+                cells.append(f"[{short}:✗]", style="red")
+            elif free.get(node.name, 0) < node.gpus:
+                cells.append(f"[{short}:busy]", style="dim")
+            else:
+                cells.append(f"[{short}]", style="dim green")
+            cells.append(" ")
+        racks.add_row(rack, cells)
+
+    table = Table(title="nodes in rank order", title_justify="left", show_lines=False)
+    for column in ("node rank", "node", "rack", "ranks", "TP groups", "PP stages", "DP replicas"):
+        table.add_column(column, no_wrap=column in ("node", "rack", "ranks"))
+    for p in placement.nodes:
+        table.add_row(str(p.node_rank), p.name, p.rack, f"{p.first_rank}–{p.first_rank + p.slots - 1}",
+                      _span(p.tp_groups), _span(p.pp_stages), _span(p.dp_replicas),
+                      style=_colour(p.dp_replicas[0]))
+    legend = Text("cells: [node:DP replica/PP stage] this job · [node] free · busy · ✗ unhealthy", style="dim")
+    return Group(head, Text(""), racks, legend, Text(""), table)
+
+
+def _span(values: list[int]) -> str:
+    if not values:
+        return "-"
+    return str(values[0]) if len(values) == 1 else f"{values[0]}–{values[-1]}" \
+        if values == list(range(values[0], values[-1] + 1)) else ",".join(map(str, values))
+
+
+_COLOURS = ("cyan", "magenta", "yellow", "blue", "green", "bright_red", "bright_cyan", "bright_magenta")
+
+
+def _colour(index: int) -> str:
+    return _COLOURS[index % len(_COLOURS)]

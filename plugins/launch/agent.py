@@ -1,0 +1,57 @@
+"""One torchrun agent, run in-process, with its outcome written to a file.
+
+The launcher starts `python -m plugins.launch.agent --exit-file F -- <torchrun args>` in a new
+session. Running torchrun in this very process (not as a child) keeps one process per agent and
+makes the agent's pid the one the launcher recorded; the `finally` writes
+`{"exit_code", "failures", "ended_at"}` to F whatever happens short of SIGKILL — including the
+per-rank exit codes torchrun collected (`ChildFailedError.failures`). A process that is gone
+without that file was killed hard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 3 or argv[0] != "--exit-file" or argv[2] != "--":
+        raise SystemExit("usage: agent --exit-file FILE -- TORCHRUN_ARGS…")
+    exit_file, torchrun_args = Path(argv[1]), argv[3:]
+    code, failures, error = 1, {}, ""
+    try:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import main as torchrun
+
+        try:
+            torchrun(torchrun_args)
+            code = 0
+        except ChildFailedError as e:
+            failures = {str(rank): f.exitcode for rank, f in e.failures.items()}
+            error = f"ChildFailedError: {e.name}"
+        except SignalException as e:
+            code, error = 128 + int(e.sigval), f"agent received {e.sigval.name}"
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        error = f"SystemExit({e.code!r})"
+    except BaseException as e:  # noqa: BLE001 - whatever it was, it is recorded below
+        traceback.print_exc()
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        tmp = exit_file.with_name(f".{exit_file.name}.tmp")
+        tmp.write_text(json.dumps({"exit_code": code, "failures": failures, "error": error,
+                                   "ended_at": time.time(), "pid": os.getpid()}))
+        os.replace(tmp, exit_file)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)  # torchrun may leave non-daemon threads (store clients) behind
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Build the `WorkerEnv` (DESIGN §7) and the process environment of a launch.
+
+One place decides where a job's checkpoints, heartbeats and logs go, so the CLI, the Airflow
+operator and the tests agree: checkpoints under `<object store>/jobs/<job>/checkpoints` unless
+the spec names `checkpoint.storage`; heartbeats under the attempt's run folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from config.worker_env import WorkerEnv, is_reserved
+
+if TYPE_CHECKING:
+    from config.settings import Settings
+    from config.spec import TrainingJob
+    from plugins.advisor.plan import Plan
+
+
+def checkpoint_uri(job: TrainingJob, object_store: str) -> str:
+    storage = job.spec.checkpoint.storage
+    if storage:
+        return storage.rstrip("/")
+    return f"{object_store.rstrip('/')}/jobs/{job.metadata.name}/checkpoints"
+
+
+def run_dir_for(runs_dir: str | Path, job: str, attempt: int) -> Path:
+    """`<runs_dir>/<job>/<attempt>/`: logs, pid records, heartbeats of one attempt."""
+    return Path(runs_dir) / job / str(attempt)
+
+
+def build_worker_env(
+    job: TrainingJob,
+    plan: Plan,
+    settings: Settings,
+    *,
+    attempt: int,
+    resume_from: str = "",
+    mlflow_run_id: str = "",
+    run_dir: str | Path | None = None,
+) -> WorkerEnv:
+    run = Path(run_dir) if run_dir is not None else run_dir_for(settings.runs_dir, job.metadata.name, attempt)
+    return WorkerEnv(
+        job=job.metadata.name, attempt=attempt, plan=plan.model_dump_json(),
+        spec=job.model_dump_json(by_alias=True), resume_from=resume_from,
+        object_store=settings.object_store, checkpoint_uri=checkpoint_uri(job, settings.object_store),
+        heartbeat_dir=str(run / "heartbeats"),
+        hang_timeout_s=job.spec.fault_tolerance.hang_timeout.total_seconds(),
+        run_dir=str(run), mlflow_tracking_uri=settings.mlflow_tracking_uri, mlflow_run_id=mlflow_run_id,
+    )
+
+
+def job_environment(job: TrainingJob, plan: Plan, worker_env: WorkerEnv, *, gpu: bool) -> dict[str, str]:
+    """What every process of the job gets on top of the base environment: the spec's
+    `training.env`, the advisor's NCCL variables on GPU clusters, and the `WorkerEnv` —
+    in that order, so the platform's names always win."""
+    env: dict[str, str] = {}
+    user = job.spec.training.env
+    reserved = sorted(k for k in user if is_reserved(k))
+    if reserved:
+        raise ValueError(f"spec.training.env sets platform-reserved names {reserved}; remove them")
+    env.update(user)
+    if gpu:
+        env.update(plan.nccl_env)
+    env.update(worker_env.to_env())
+    return env
+
+
+def learning_rate_args(job: TrainingJob) -> list[str]:
+    """`--lr X` when the spec sets `training.learningRate` (config/spec.py's contract)."""
+    lr = job.spec.training.learning_rate
+    return ["--lr", repr(lr)] if lr is not None else []

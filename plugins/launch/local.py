@@ -1,0 +1,371 @@
+"""`LocalLauncher`: one detached torchrun agent per node of the placement, on this host.
+
+Layout of one attempt's run folder (`<runs_dir>/<job>/<attempt>/`):
+
+    handle.json                  the RunHandle (a second submit re-attaches to it)
+    agents/<node>.log            torchrun's own output for that node
+    agents/<node>.exit.json      the agent's outcome (written by `plugins.launch.agent`)
+    ranks/rank-NNNNN.log         each rank's stdout + stderr
+    ranks/rank-NNNNN.json        each rank's pids, process group, exit code (`rank_exec`)
+    exits.jsonl                  every rank exit, restarts included
+    heartbeats/rank-NNNNN.json   the worker runtime's heartbeats (DESIGN §8)
+    stopped.json                 written by `stop`
+
+Agents start in their own session (`start_new_session=True`), so they outlive the launching
+process and a signal to the launcher's terminal never reaches them; torchrun itself starts
+every rank in a session of its own. `stop` therefore signals every process group it knows of
+(the agents' and the ranks'), then sweeps any process still carrying this run's
+`TRAINYARD_RUN_DIR` — nothing of a stopped run survives.
+
+Rendezvous is c10d on 127.0.0.1. c10d numbers nodes by sorting (address, agent pid); every
+local agent has the same address, and agents are started in node-rank order, so pids — and
+hence ranks — follow the placement. Each rank records the node it actually ran on, and
+`RunStatus` reports that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from node_agent.heartbeat import Heartbeat, heartbeat_path
+from plugins.launch import processes
+from plugins.launch.base import LaunchError
+from plugins.launch.environment import job_environment, learning_rate_args, run_dir_for
+from plugins.launch.exit_codes import describe
+from plugins.launch.model import AgentRecord, AgentStatus, RankStatus, RunHandle, RunStatus
+
+if TYPE_CHECKING:
+    from config.spec import TrainingJob
+    from config.worker_env import WorkerEnv
+    from plugins.advisor.plan import Plan
+    from plugins.placement.model import Placement
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOCAL_ADDRESSES = frozenset({"127.0.0.1", "localhost", "::1", socket.gethostname()})
+RUN_MARKER = "TRAINYARD_RUN_DIR"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def tail_lines(path: Path, lines: int) -> str:
+    """The last `lines` lines of a file, reading only its end."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size, block, data = f.tell(), 8192, b""
+            while size > 0 and data.count(b"\n") <= lines:
+                step = min(block, size)
+                size -= step
+                f.seek(size)
+                data = f.read(step) + data
+    except OSError:
+        return ""
+    return b"\n".join(data.splitlines()[-lines:]).decode("utf-8", "replace") if lines > 0 else ""
+
+
+class LocalLauncher:
+    """Launch on this host with torchrun; see the module docstring for the run folder."""
+
+    def __init__(
+        self,
+        runs_dir: str | Path,
+        *,
+        source_dir: str | Path | None = None,
+        python: str = sys.executable,
+        max_restarts: int = 0,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.runs_dir = Path(runs_dir)
+        self.source_dir = Path(source_dir or Path.cwd()).resolve()
+        self.python = python
+        self.max_restarts = max_restarts
+        self.base_env = dict(os.environ if base_env is None else base_env)
+
+    # --- submit -----------------------------------------------------------------------------
+
+    def submit(self, job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv,
+               *, attempt: int) -> RunHandle:
+        self._check(job, plan, placement, worker_env, attempt)
+        run_dir = Path(worker_env.run_dir) if worker_env.run_dir else run_dir_for(
+            self.runs_dir, job.metadata.name, attempt)
+        existing = self._existing_handle(run_dir)
+        if existing is not None:
+            return existing
+        if not worker_env.run_dir:
+            worker_env = worker_env.model_copy(update={"run_dir": str(run_dir)})
+        for sub in ("agents", "ranks"):
+            (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        Path(worker_env.heartbeat_dir).mkdir(parents=True, exist_ok=True)
+        entry = self._entrypoint(job)
+        env = self._environment(job, plan, worker_env, gpu=placement.gpu_type != "cpu")
+        port = _free_port()
+        agents: list[AgentRecord] = []
+        try:
+            for node in placement.nodes:
+                agents.append(self._start_agent(job, placement, node, env, run_dir, port, entry, attempt))
+        except OSError as e:
+            self._kill_agents(agents)
+            raise LaunchError(f"could not start torchrun for {job.metadata.name}: {e}") from e
+        handle = RunHandle(
+            kind="local", job=job.metadata.name, attempt=attempt, world_size=placement.world_size,
+            run_dir=str(run_dir), heartbeat_dir=worker_env.heartbeat_dir,
+            rdzv_endpoint=f"127.0.0.1:{port}", max_restarts=self.max_restarts, agents=agents,
+            nodes=placement.node_names, ranks_per_node=placement.ranks_per_node,
+        )
+        _write_json(run_dir / "handle.json", handle.model_dump_json(indent=2))
+        return handle
+
+    def _check(self, job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv,
+               attempt: int) -> None:
+        name = job.metadata.name
+        plan.check_world_size(job.spec.hardware.gpu_count)
+        if placement.world_size != plan.world_size:
+            raise ValueError(f"placement world size {placement.world_size} != plan world size {plan.world_size}")
+        if placement.job != name or worker_env.job != name:
+            raise ValueError(f"job names disagree: spec {name!r}, placement {placement.job!r}, "
+                             f"worker env {worker_env.job!r}")
+        if worker_env.attempt != attempt:
+            raise ValueError(f"attempt {attempt} != worker env attempt {worker_env.attempt}")
+        remote = sorted({n.address for n in placement.nodes} - LOCAL_ADDRESSES)
+        if remote:
+            raise ValueError(f"the local launcher runs on this host only; placement uses {remote}")
+
+    def _existing_handle(self, run_dir: Path) -> RunHandle | None:
+        path = run_dir / "handle.json"
+        if not path.exists():
+            return None
+        try:
+            return RunHandle.model_validate_json(path.read_text())
+        except (OSError, ValidationError) as e:
+            raise LaunchError(f"{path} exists but is not a RunHandle ({e}); remove the run folder "
+                              "or use another attempt number") from e
+
+    def _entrypoint(self, job: TrainingJob) -> str:
+        entry = job.spec.source.entrypoint
+        path = (self.source_dir / entry).resolve()
+        if entry.endswith(".py") and not path.is_file():
+            raise ValueError(f"entrypoint {entry!r} not found under {self.source_dir}")
+        return str(path) if entry.endswith(".py") else entry
+
+    def _environment(self, job: TrainingJob, plan: Plan, worker_env: WorkerEnv, *, gpu: bool) -> dict[str, str]:
+        env = dict(self.base_env)
+        paths = [str(self.source_dir), str(REPO_ROOT)]
+        if env.get("PYTHONPATH"):
+            paths.append(env["PYTHONPATH"])
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(job_environment(job, plan, worker_env, gpu=gpu))
+        return env
+
+    def _start_agent(self, job: TrainingJob, placement: Placement, node: Any, env: Mapping[str, str],
+                     run_dir: Path, port: int, entry: str, attempt: int) -> AgentRecord:
+        cmd = [
+            self.python, "-m", "plugins.launch.agent",
+            "--exit-file", str(run_dir / "agents" / f"{node.name}.exit.json"), "--",
+            "--nnodes", str(len(placement.nodes)), "--node-rank", str(node.node_rank),
+            "--nproc-per-node", str(node.slots),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-id", f"{job.metadata.name}-{attempt}", "--local-addr", "127.0.0.1",
+            "--max-restarts", str(self.max_restarts),
+            "-m", "plugins.launch.rank_exec", "--run-dir", str(run_dir), "--",
+            entry, *job.spec.source.args, *learning_rate_args(job),
+        ]
+        node_env = dict(env, TRAINYARD_NODE=node.name)
+        if placement.gpu_type != "cpu" and node.devices:
+            node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.devices))
+        with (run_dir / "agents" / f"{node.name}.log").open("ab") as log:
+            proc = subprocess.Popen(cmd, cwd=self.source_dir, env=node_env, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return AgentRecord(node=node.name, node_rank=node.node_rank, pid=proc.pid, pgid=proc.pid,
+                           start_ticks=processes.start_ticks(proc.pid), nproc=node.slots)
+
+    @staticmethod
+    def _kill_agents(agents: list[AgentRecord]) -> None:
+        processes.signal_groups([a.pgid for a in agents], signal.SIGKILL)
+
+    # --- poll -------------------------------------------------------------------------------
+
+    def poll(self, handle: RunHandle) -> RunStatus:
+        if handle.kind != "local":
+            raise ValueError(f"LocalLauncher cannot poll a {handle.kind!r} handle")
+        run_dir = Path(handle.run_dir)
+        agents = [self._agent_status(run_dir, a) for a in handle.agents]
+        records = self._rank_records(run_dir)
+        ranks = [self._rank_status(handle, rank, records.get(rank)) for rank in range(handle.world_size)]
+        alive = any(a.alive for a in agents) or any(
+            processes.is_alive(r.get("child_pid"), r.get("child_start_ticks")) for r in records.values())
+        steps = [r.step for r in ranks if r.step is not None]
+        state, message, code, failed = self._verdict(handle, run_dir, agents, ranks, records, alive)
+        return RunStatus(state=state, message=message, exit_code=code, failed_rank=failed, ranks=ranks,
+                         agents=agents, processes_alive=alive,
+                         step=min(steps) if len(steps) == handle.world_size else None)
+
+    @staticmethod
+    def _agent_status(run_dir: Path, agent: AgentRecord) -> AgentStatus:
+        processes.reap(agent.pid)
+        alive = processes.is_alive(agent.pid, agent.start_ticks)
+        outcome = _read_json(run_dir / "agents" / f"{agent.node}.exit.json")
+        if outcome is not None:
+            return AgentStatus(node=agent.node, alive=alive, exit_code=int(outcome["exit_code"]),
+                               message=outcome.get("error", ""))
+        message = "" if alive else "the agent is gone without an exit record (killed by SIGKILL?)"
+        return AgentStatus(node=agent.node, alive=alive, message=message)
+
+    @staticmethod
+    def _rank_records(run_dir: Path) -> dict[int, dict[str, Any]]:
+        records: dict[int, dict[str, Any]] = {}
+        for path in sorted((run_dir / "ranks").glob("rank-*.json")):
+            data = _read_json(path)
+            if data is not None and "rank" in data:
+                records[int(data["rank"])] = data
+        return records
+
+    @staticmethod
+    def _rank_status(handle: RunHandle, rank: int, record: dict[str, Any] | None) -> RankStatus:
+        beat = _read_heartbeat(handle.heartbeat_dir, rank)
+        now = time.time()
+        age = round(now - beat.time, 3) if beat else None
+        if record is None:
+            return RankStatus(rank=rank, step=beat.step if beat else None, heartbeat_age_s=age)
+        code = record.get("exit_code")
+        alive = code is None and processes.is_alive(record.get("child_pid"), record.get("child_start_ticks"))
+        return RankStatus(
+            rank=rank, node=record.get("node", ""), pid=record.get("child_pid"),
+            restart=int(record.get("restart", 0)), exit_code=code, outcome=describe(code),
+            step=beat.step if beat else None, phase=beat.phase if beat else "",
+            heartbeat_age_s=age, hung=bool(alive and beat and age is not None and age > beat.hang_timeout_s),
+        )
+
+    def _verdict(self, handle: RunHandle, run_dir: Path, agents: list[AgentStatus], ranks: list[RankStatus],
+                 records: Mapping[int, Mapping[str, Any]], alive: bool) -> tuple[str, str, int | None, int | None]:
+        stopped = (run_dir / "stopped.json").exists()
+        final = [r for r in ranks if r.exit_code not in (None, 0) and r.restart >= handle.max_restarts]
+        first = min(final, key=lambda r: records[r.rank].get("ended_at", 0.0)) if final else None
+        if stopped and not alive:
+            return "stopped", "stopped on request", (first.exit_code if first else None), None
+        if first is not None and not stopped:
+            where = f" on {first.node}" if first.node else ""
+            return ("failed", f"rank {first.rank}{where} failed: {first.outcome} (exit code {first.exit_code})",
+                    first.exit_code, first.rank)
+        broken = [a for a in agents if not a.alive and (a.exit_code is None or a.exit_code != 0)]
+        if broken and not stopped:
+            a = broken[0]
+            detail = a.message or f"exit {a.exit_code}"
+            return "failed", f"torchrun agent for {a.node} failed: {detail}", a.exit_code or 1, None
+        if agents and all(not a.alive and a.exit_code == 0 for a in agents):
+            return "succeeded", f"all {handle.world_size} ranks completed", 0, None
+        if stopped:
+            return "running", "stopping", None, None
+        started = sum(1 for r in ranks if r.pid is not None)
+        if started < handle.world_size:
+            return "pending", f"rendezvous: {started} of {handle.world_size} ranks started", None, None
+        hung = [r.rank for r in ranks if r.hung]
+        return "running", (f"ranks {hung} have stale heartbeats" if hung else "running"), None, None
+
+    # --- stop -------------------------------------------------------------------------------
+
+    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
+        """SIGTERM the run, wait up to `grace_s`, then SIGKILL every process group of it.
+
+        SIGTERM goes to the live agents (torchrun passes it on to its ranks' groups) and straight
+        to the ranks of agents that are gone — never twice to the same rank: a second SIGTERM
+        may kill a worker that is exiting after its emergency checkpoint.
+        """
+        run_dir = Path(handle.run_dir)
+        _write_json(run_dir / "stopped.json", json.dumps({"requested_at": datetime.now(UTC).isoformat(),
+                                                          "grace_s": grace_s}))
+        self._terminate(handle)
+        deadline = time.monotonic() + max(grace_s, 0.0)
+        while time.monotonic() < deadline and self._members(handle):
+            time.sleep(0.1)
+        for _ in range(50):  # SIGKILL until nothing is left (a rank may be mid-start)
+            if not self._members(handle):
+                break
+            self._signal_all(handle, signal.SIGKILL)
+            time.sleep(0.1)
+        return self.poll(handle)
+
+    def _groups(self, handle: RunHandle) -> list[int]:
+        groups = [a.pgid for a in handle.agents]
+        groups += [int(r["pgid"]) for r in self._rank_records(Path(handle.run_dir)).values() if r.get("pgid")]
+        return groups
+
+    def _members(self, handle: RunHandle) -> list[int]:
+        for agent in handle.agents:
+            processes.reap(agent.pid)
+        members = set(processes.group_members(self._groups(handle)))
+        members.update(processes.marked_processes(RUN_MARKER, handle.run_dir))
+        return sorted(members)
+
+    def _terminate(self, handle: RunHandle) -> None:
+        live = {a.node for a in handle.agents if processes.is_alive(a.pid, a.start_ticks)}
+        processes.signal_groups([a.pgid for a in handle.agents if a.node in live], signal.SIGTERM)
+        orphans = [int(r["pgid"]) for r in self._rank_records(Path(handle.run_dir)).values()
+                   if r.get("pgid") and r.get("node") not in live and r.get("exit_code") is None]
+        processes.signal_groups(orphans, signal.SIGTERM)
+
+    def _signal_all(self, handle: RunHandle, sig: signal.Signals) -> None:
+        processes.signal_groups(self._groups(handle), sig)
+        processes.signal_pids(processes.marked_processes(RUN_MARKER, handle.run_dir), sig)
+
+    # --- logs -------------------------------------------------------------------------------
+
+    def logs(self, handle: RunHandle, rank: int | None = None, tail: int = 200) -> str:
+        """One rank's output, or (rank=None) every agent's torchrun output, last `tail` lines."""
+        run_dir = Path(handle.run_dir)
+        if rank is not None:
+            if not 0 <= rank < handle.world_size:
+                raise ValueError(f"rank {rank} is outside the job's world size {handle.world_size}")
+            return tail_lines(run_dir / "ranks" / f"rank-{rank:05d}.log", tail)
+        parts = [f"==> {a.node} (torchrun agent) <==\n" + tail_lines(run_dir / "agents" / f"{a.node}.log", tail)
+                 for a in handle.agents]
+        return "\n".join(parts)
+
+    # --- convenience ------------------------------------------------------------------------
+
+    def wait(self, handle: RunHandle, *, timeout_s: float, interval_s: float = 0.5) -> RunStatus:
+        """Poll until the run finishes and its processes are gone, or `timeout_s` passes."""
+        deadline = time.monotonic() + timeout_s
+        status = self.poll(handle)
+        while not (status.finished and not status.processes_alive) and time.monotonic() < deadline:
+            time.sleep(interval_s)
+            status = self.poll(handle)
+        return status
+
+
+def _read_heartbeat(directory: str, rank: int) -> Heartbeat | None:
+    if not directory:
+        return None
+    try:
+        return Heartbeat.model_validate_json(heartbeat_path(directory, rank).read_text())
+    except (OSError, ValidationError):
+        return None

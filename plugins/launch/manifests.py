@@ -1,0 +1,377 @@
+"""Kubernetes manifests for a placed job: a Volcano `Job`, the team `Queue`s, the
+`PriorityClass`es, and the node-agent `DaemonSet`.
+
+Pure functions from validated models to plain dicts (what the `kubernetes` client's
+custom-objects API sends, and what `trainyard render k8s` prints as YAML).
+
+The Volcano Job has one task per placed node (`worker-<i>`, one pod each), pinned to that node
+by required node affinity, with torchrun's node rank `i` baked into its command and a static
+rendezvous on pod 0 (`<job>-worker-0-0.<job>`, a DNS name from Volcano's `svc` plugin). That is
+what makes the placement real: rank r runs on `placement.nodes[r // k]`, so each TP group stays
+inside a node and each pipeline inside the rack the placer chose. Volcano contributes gang
+admission (`minAvailable` = every worker: all pods start or none) and the team queues' fair share.
+A pod template is ~3 KB, so one Job holds a few hundred nodes before reaching the API server's
+object size limit; `render_volcano_job` refuses larger ones with the numbers.
+
+Security: pods run as non-root with no privilege escalation, all capabilities dropped but
+`IPC_LOCK` (RDMA registers pinned memory) on GPU clusters, a RuntimeDefault seccomp profile,
+and never `privileged`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from plugins.launch.environment import job_environment, learning_rate_args
+
+if TYPE_CHECKING:
+    from config.spec import TrainingJob
+    from config.teams import Teams
+    from config.worker_env import WorkerEnv
+    from plugins.advisor.plan import Plan
+    from plugins.placement.model import Placement
+
+VOLCANO_GROUP = "batch.volcano.sh"
+VOLCANO_VERSION = "v1alpha1"
+VOLCANO_PLURAL = "jobs"
+QUEUE_GROUP = "scheduling.volcano.sh"
+QUEUE_VERSION = "v1beta1"
+QUEUE_PLURAL = "queues"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+GPU_RESOURCE = "nvidia.com/gpu"
+MAX_OBJECT_BYTES = 1_400_000
+"""etcd's default request limit is 1.5 MiB; stay below it with room for status."""
+
+PRIORITY_VALUES = {"critical": 1000, "high": 800, "normal": 500, "low": 200, "preemptible": 50}
+"""Seed §4's base priorities, as Kubernetes PriorityClass values (Volcano preempts by them)."""
+
+DEFAULT_NCCL_ENV = {
+    "NCCL_IB_DISABLE": "0",
+    "NCCL_DEBUG": "WARN",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+"""Seed §8's safe defaults; the advisor's `plan.nccl_env` overrides them per job."""
+
+
+class KubernetesOptions(BaseModel):
+    """Cluster-specific choices the spec does not (and should not) carry."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = "trainyard"
+    scheduler_name: str = "volcano"
+    rdma_resource: str | None = "rdma/rdma_shared_device_a"
+    """Device-plugin resource for the InfiniBand HCA (Mellanox shared-device plugin's default
+    name); None on clusters without RDMA."""
+    rdma_per_pod: int = 1
+    shm_size: str = "64Gi"
+    """`/dev/shm` (memory-backed): NCCL and DataLoader workers need far more than the 64 MiB default."""
+    master_port: int = 29500
+    run_as_user: int = 1000
+    termination_grace_s: int = 300
+    """Time for the emergency checkpoint after SIGTERM (DESIGN §5, preempted)."""
+    heartbeat_root: str = "/var/run/trainyard/heartbeats"
+    """hostPath shared by the workers (writers) and the node agent (reader)."""
+    platform_image: str = "ghcr.io/trainyard/trainyard:0.1.0"
+    """Image of the node agent."""
+    node_agent_port: int = 9400
+    service_account: str | None = None
+    torchrun_max_restarts: int = 0
+    ttl_after_finished_s: int = 86400
+    extra_labels: dict[str, str] = Field(default_factory=dict)
+
+
+def job_labels(job: TrainingJob, attempt: int) -> dict[str, str]:
+    labels = {k: v for k, v in job.metadata.labels.items() if _label_ok(k, v)}
+    labels.update({
+        "app.kubernetes.io/name": "trainyard-job",
+        "app.kubernetes.io/managed-by": "trainyard",
+        "trainyard.io/job": job.metadata.name,
+        "trainyard.io/team": _label_value(job.metadata.team),
+        "trainyard.io/attempt": str(attempt),
+    })
+    return labels
+
+
+def master_host(job_name: str) -> str:
+    """Pod 0's DNS name: `<pod hostname>.<headless service>` from Volcano's `svc` plugin."""
+    return f"{job_name}-worker-0-0.{job_name}"
+
+
+def render_volcano_job(
+    job: TrainingJob,
+    plan: Plan,
+    placement: Placement,
+    worker_env: WorkerEnv,
+    *,
+    attempt: int,
+    options: KubernetesOptions | None = None,
+) -> dict[str, Any]:
+    """The Volcano `Job` for one attempt of a placed job."""
+    options = options or KubernetesOptions()
+    _check(job, plan, placement, attempt)
+    name = job.metadata.name
+    worker_env = worker_env.model_copy(update={
+        "heartbeat_dir": f"{options.heartbeat_root}/{name}/{attempt}",
+        "run_dir": "/var/run/trainyard/run",
+    })
+    labels = job_labels(job, attempt) | options.extra_labels
+    tasks = [_task(job, plan, placement, worker_env, node, labels, options) for node in placement.nodes]
+    body = {
+        "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
+        "kind": "Job",
+        "metadata": {
+            "name": name, "namespace": options.namespace, "labels": labels,
+            "annotations": {
+                "trainyard.io/plan": plan.describe(),
+                "trainyard.io/nodes": ",".join(placement.node_names),
+                "trainyard.io/placement-score": str(placement.score),
+            },
+        },
+        "spec": {
+            "schedulerName": options.scheduler_name,
+            "minAvailable": len(placement.nodes),
+            "queue": job.metadata.team,
+            "priorityClassName": priority_class_name(job.metadata.priority),
+            "maxRetry": 0,
+            "ttlSecondsAfterFinished": options.ttl_after_finished_s,
+            "plugins": {"svc": [], "env": []},
+            # The control plane (the job's DAG) decides every restart; Volcano only reports.
+            "policies": [
+                {"event": "PodEvicted", "action": "AbortJob"},
+                {"event": "PodFailed", "action": "AbortJob"},
+            ],
+            "tasks": tasks,
+        },
+    }
+    size = len(json.dumps(body))
+    if size > MAX_OBJECT_BYTES:
+        raise ValueError(f"the Volcano Job for {len(placement.nodes)} nodes is {size:,} bytes; the API "
+                         f"server accepts at most ~{MAX_OBJECT_BYTES:,} (about "
+                         f"{MAX_OBJECT_BYTES * len(placement.nodes) // size} nodes)")
+    return body
+
+
+def _check(job: TrainingJob, plan: Plan, placement: Placement, attempt: int) -> None:
+    plan.check_world_size(job.spec.hardware.gpu_count)
+    if placement.world_size != plan.world_size:
+        raise ValueError(f"placement world size {placement.world_size} != plan world size {plan.world_size}")
+    if placement.job != job.metadata.name:
+        raise ValueError(f"placement is for {placement.job!r}, the spec is {job.metadata.name!r}")
+    if not job.spec.image:
+        raise ValueError(f"spec.image is required to launch {job.metadata.name!r} on Kubernetes "
+                         "(the local launcher ignores it)")
+    if attempt < 0:
+        raise ValueError(f"attempt must be ≥ 0, got {attempt}")
+
+
+def _task(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, node: Any,
+          labels: dict[str, str], options: KubernetesOptions) -> dict[str, Any]:
+    gpu = placement.gpu_type != "cpu"
+    pod_labels = labels | {"trainyard.io/node-rank": str(node.node_rank), "trainyard.io/rack": _label_value(node.rack)}
+    return {
+        "name": f"worker-{node.node_rank}",
+        "replicas": 1,
+        "template": {
+            "metadata": {"labels": pod_labels,
+                         "annotations": {"trainyard.io/ranks": f"{node.first_rank}-{node.first_rank + node.slots - 1}"}},
+            "spec": pod_spec(job, plan, placement, worker_env, node, options, gpu=gpu),
+        },
+    }
+
+
+def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, node: Any,
+             options: KubernetesOptions, *, gpu: bool) -> dict[str, Any]:
+    """The pod of node rank `node.node_rank`: torchrun for `node.slots` local ranks."""
+    env = job_environment(job, plan, worker_env, gpu=gpu)
+    if gpu:
+        env = DEFAULT_NCCL_ENV | env
+    env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(env.items())]
+    env_list.append({"name": "TRAINYARD_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    command = [
+        "python", "-m", "torch.distributed.run",
+        "--nnodes", str(len(placement.nodes)), "--node-rank", str(node.node_rank),
+        "--nproc-per-node", str(node.slots),
+        "--rdzv-backend", "static", "--rdzv-endpoint", f"{master_host(job.metadata.name)}:{options.master_port}",
+        "--rdzv-id", f"{job.metadata.name}-{worker_env.attempt}",
+        "--max-restarts", str(options.torchrun_max_restarts),
+        job.spec.source.entrypoint, *job.spec.source.args, *learning_rate_args(job),
+    ]
+    resources: dict[str, Any] = {}
+    if gpu:
+        limits = {GPU_RESOURCE: str(node.slots)}
+        if options.rdma_resource:
+            limits[options.rdma_resource] = str(options.rdma_per_pod)
+        resources = {"limits": limits, "requests": dict(limits)}
+    else:
+        resources = {"requests": {"cpu": str(node.slots)}, "limits": {"cpu": str(node.slots)}}
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if gpu and options.rdma_resource:
+        capabilities["add"] = ["IPC_LOCK"]
+    container = {
+        "name": "trainer",
+        "image": job.spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "env": env_list,
+        "ports": [{"name": "rendezvous", "containerPort": options.master_port, "protocol": "TCP"}],
+        "resources": resources,
+        "securityContext": {"privileged": False, "allowPrivilegeEscalation": False,
+                            "runAsNonRoot": True, "capabilities": capabilities},
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "heartbeats", "mountPath": options.heartbeat_root},
+            {"name": "run", "mountPath": worker_env.run_dir},
+        ],
+    }
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": options.termination_grace_s,
+        "schedulerName": options.scheduler_name,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": options.run_as_user,
+                            "runAsGroup": options.run_as_user, "fsGroup": options.run_as_user,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": HOSTNAME_LABEL, "operator": "In", "values": [node.name]}]}]}}},
+        "containers": [container],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
+            {"name": "heartbeats", "hostPath": {"path": options.heartbeat_root, "type": "DirectoryOrCreate"}},
+            {"name": "run", "emptyDir": {}},
+        ],
+    }
+    if gpu:
+        spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if options.service_account:
+        spec["serviceAccountName"] = options.service_account
+    return spec
+
+
+def priority_class_name(priority: str) -> str:
+    return f"trainyard-{priority}"
+
+
+def render_priority_classes() -> list[dict[str, Any]]:
+    return [{
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": priority_class_name(name), "labels": {"app.kubernetes.io/managed-by": "trainyard"}},
+        "value": value, "globalDefault": False,
+        "preemptionPolicy": "Never" if name == "preemptible" else "PreemptLowerPriority",
+        "description": f"Trainyard {name} training jobs (seed §4 base priority {value}).",
+    } for name, value in PRIORITY_VALUES.items()]
+
+
+def render_queues(teams: Teams, total_gpus: int) -> list[dict[str, Any]]:
+    """One Volcano `Queue` per team: `deserved` = guaranteed share, `capability` = hard quota
+    (or the share itself for teams that may not borrow), weight ∝ share."""
+    queues = []
+    for name, team in sorted(teams.teams.items()):
+        deserved = int(team.share * total_gpus)
+        cap = team.quota_gpus if team.can_borrow else min(deserved, team.quota_gpus or deserved)
+        spec: dict[str, Any] = {
+            "weight": max(1, round(team.share * 100)),
+            "reclaimable": True,
+            "deserved": {GPU_RESOURCE: str(deserved)},
+        }
+        if cap is not None:
+            spec["capability"] = {GPU_RESOURCE: str(cap)}
+        queues.append({
+            "apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}", "kind": "Queue",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "trainyard"}},
+            "spec": spec,
+        })
+    return queues
+
+
+def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dict[str, Any]:
+    """The node agent on every GPU node: reads the heartbeat hostPath, watches GPUs (NVML),
+    serves /health and /metrics on `node_agent_port`.
+
+    The kubelet creates a missing hostPath as root, mode 0755, which the non-root workers
+    could not write into; an init container (root, every capability dropped — chmod of a
+    directory one owns needs none) makes the root sticky and world-writable (1777, like /tmp),
+    and each job writes its own `<job>/<attempt>/` below it.
+    """
+    options = options or KubernetesOptions()
+    labels = {"app.kubernetes.io/name": "trainyard-node-agent", "app.kubernetes.io/managed-by": "trainyard"}
+    port = options.node_agent_port
+    probe = {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 10, "timeoutSeconds": 5}
+    pod: dict[str, Any] = {
+        "securityContext": {"runAsNonRoot": True, "runAsUser": options.run_as_user,
+                            "runAsGroup": options.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
+        "tolerations": [{"operator": "Exists"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Exists"}]}]}}},
+        "initContainers": [{
+            "name": "heartbeat-dir",
+            "image": options.platform_image,
+            "command": ["python", "-c", f"import os; os.chmod({options.heartbeat_root!r}, 0o1777)"],
+            "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "privileged": False,
+                                "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": [{"name": "heartbeats", "mountPath": options.heartbeat_root}],
+        }],
+        "containers": [{
+            "name": "node-agent",
+            "image": options.platform_image,
+            "command": ["trainyard-node-agent", "--node", "$(NODE_NAME)", "--port", str(port),
+                        "--heartbeat-dir", options.heartbeat_root],
+            "env": [
+                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                # NVML access through the NVIDIA container runtime, without claiming a GPU.
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            ],
+            "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
+            "readinessProbe": probe,
+            "livenessProbe": probe | {"initialDelaySeconds": 10},
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+            "securityContext": {"privileged": False, "allowPrivilegeEscalation": False,
+                                "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": [{"name": "heartbeats", "mountPath": options.heartbeat_root, "readOnly": True}],
+        }],
+        "volumes": [{"name": "heartbeats", "hostPath": {"path": options.heartbeat_root, "type": "DirectoryOrCreate"}}],
+    }
+    if options.service_account:
+        pod["serviceAccountName"] = options.service_account
+    return {
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "trainyard-node-agent", "namespace": options.namespace, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "trainyard-node-agent"}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {
+                    "prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}},
+                "spec": pod,
+            },
+        },
+    }
+
+
+def render_all(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, teams: Teams,
+               *, attempt: int, total_gpus: int, options: KubernetesOptions | None = None) -> list[dict[str, Any]]:
+    """Everything `trainyard render k8s` prints, in apply order."""
+    options = options or KubernetesOptions()
+    return [*render_priority_classes(), *render_queues(teams, total_gpus),
+            render_node_agent_daemonset(options),
+            render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=options)]
+
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _label_value(value: str) -> str:
+    """Coerce into a valid label value (≤ 63 chars, alphanumeric ends)."""
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:63].strip("-_.")
+    return value
+
+
+def _label_ok(key: str, value: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    return bool(_LABEL_VALUE.match(value)) and len(value) <= 63 and 0 < len(name) <= 63

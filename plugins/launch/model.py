@@ -1,0 +1,104 @@
+"""`RunHandle` and `RunStatus`: how the control plane finds a running job again.
+
+A handle is everything another process needs to re-attach — an Airflow deferrable sensor on a
+triggerer, a retry of the launch task, `trainyard status` — after the launching process is
+gone: for local runs the run folder and each agent's pid / process group / start time (so a
+reused pid is never mistaken for ours); for Kubernetes the object's namespace, name and uid.
+Both are JSON (XCom carries them), never pickles.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RunState = Literal["pending", "running", "succeeded", "failed", "stopped", "unknown"]
+TERMINAL_STATES: tuple[RunState, ...] = ("succeeded", "failed", "stopped")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AgentRecord(_Model):
+    """One torchrun agent of a local run (one per node of the placement)."""
+
+    node: str
+    node_rank: int
+    pid: int
+    pgid: int
+    start_ticks: int | None = None
+    """Process start time in clock ticks since boot (`/proc/<pid>/stat` field 22): guards
+    against a recycled pid."""
+    nproc: int
+
+
+class RunHandle(_Model):
+    kind: Literal["local", "kubernetes"]
+    job: str
+    attempt: int
+    world_size: int
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    # local
+    run_dir: str = ""
+    heartbeat_dir: str = ""
+    rdzv_endpoint: str = ""
+    max_restarts: int = 0
+    """torchrun's `--max-restarts`: a rank failure is final only once these are spent."""
+    agents: list[AgentRecord] = Field(default_factory=list)
+    # kubernetes
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+    nodes: list[str] = Field(default_factory=list)
+    """Kubernetes: node names in node-rank order (pod i runs on nodes[i])."""
+    ranks_per_node: int = 1
+
+
+class RankStatus(_Model):
+    rank: int
+    node: str = ""
+    pid: int | None = None
+    """The training process's pid (not torchrun's, not the wrapper's)."""
+    restart: int = 0
+    exit_code: int | None = None
+    """Exit status; negative = killed by that signal (Python's `returncode` convention)."""
+    outcome: str = ""
+    """What the exit code means (`completed`, `diverged`, `killed by SIGKILL`, …)."""
+    step: int | None = None
+    phase: str = ""
+    heartbeat_age_s: float | None = None
+    hung: bool = False
+    """The heartbeat is older than the job's hang timeout while the process is alive."""
+
+
+class AgentStatus(_Model):
+    node: str
+    alive: bool
+    exit_code: int | None = None
+    message: str = ""
+
+
+class RunStatus(_Model):
+    state: RunState
+    message: str = ""
+    exit_code: int | None = None
+    """The job's exit code: the first failing rank's, 0 on success."""
+    failed_rank: int | None = None
+    ranks: list[RankStatus] = Field(default_factory=list)
+    agents: list[AgentStatus] = Field(default_factory=list)
+    processes_alive: bool = False
+    """Some process of the run still exists (a failed run may need `stop` to clean up)."""
+    step: int | None = None
+    """The slowest rank's last heartbeat step."""
+    updated_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "succeeded"

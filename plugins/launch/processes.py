@@ -1,0 +1,101 @@
+"""Process facts from `/proc` (Linux): liveness that survives pid reuse and zombies, process
+groups, and the processes that carry a run's marker variable.
+
+The launcher may be a different process from the one that started the job, so it cannot
+`wait()` for it. `os.kill(pid, 0)` is not enough: it succeeds for zombies (an exited child
+whose parent has not reaped it) and for an unrelated process that got a recycled pid. So a
+process counts as alive when `/proc/<pid>/stat` exists, its state is not Z/X, and its start
+time (field 22) matches the one recorded at launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields 3… of /proc/<pid>/stat (after the parenthesised command name)."""
+    try:
+        raw = (PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    end = raw.rfind(b")")
+    return raw[end + 2:].decode("ascii", "replace").split()
+
+
+def start_ticks(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def is_alive(pid: int | None, ticks: int | None = None) -> bool:
+    if not pid:
+        return False
+    fields = _stat_fields(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return ticks is None or int(fields[19]) == ticks
+
+
+def reap(pid: int) -> None:
+    """Collect an exited child's status if it is ours, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _all_pids() -> Iterator[int]:
+    try:
+        entries = os.listdir(PROC)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.isdigit():
+            yield int(entry)
+
+
+def group_members(pgids: Iterable[int]) -> list[int]:
+    """Live (non-zombie) processes whose process group is one of `pgids`."""
+    wanted = {g for g in pgids if g > 0}
+    if not wanted:
+        return []
+    members = []
+    for pid in _all_pids():
+        fields = _stat_fields(pid)
+        if fields and fields[0] not in ("Z", "X") and int(fields[2]) in wanted:
+            members.append(pid)
+    return members
+
+
+def marked_processes(name: str, value: str) -> list[int]:
+    """Live processes whose environment holds `name=value` (this user's only)."""
+    needle = f"{name}={value}".encode()
+    me = os.getpid()
+    found = []
+    for pid in _all_pids():
+        if pid == me:
+            continue
+        try:
+            environ = (PROC / str(pid) / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and is_alive(pid):
+            found.append(pid)
+    return found
+
+
+def signal_groups(pgids: Iterable[int], sig: signal.Signals) -> None:
+    for pgid in {g for g in pgids if g > 1}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+
+def signal_pids(pids: Iterable[int], sig: signal.Signals) -> None:
+    for pid in set(pids):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)

@@ -1,0 +1,102 @@
+"""Per-rank wrapper: torchrun starts this instead of the user's script (stdlib only: it runs
+once per rank and must start fast).
+
+It runs the entrypoint as a child, with stdout/stderr in `<run_dir>/ranks/rank-NNNNN.log`,
+and records in `<run_dir>/ranks/rank-NNNNN.json` the pids, the process group and — when the
+child ends — its exit code (negative = killed by that signal), so any process can later tell
+which rank failed and how, even after torchrun and the launcher are gone. It finally exits the way the child did, so torchrun sees the real outcome.
+
+Signals: torchrun and the launcher signal the rank's whole process group, which holds this
+wrapper and the child, so the child already gets every SIGTERM; the wrapper only survives them
+(to record the exit code) and never forwards — a duplicate SIGTERM can kill a Python process
+that is already exiting (CPython resets handlers to SIG_DFL during finalisation), turning a
+clean emergency-checkpoint exit into "killed by SIGTERM"
+
+Usage (by the launcher): `torchrun … -m plugins.launch.rank_exec --run-dir DIR -- script.py args…`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SURVIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def record_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "ranks" / f"rank-{rank:05d}.json"
+
+
+def log_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "ranks" / f"rank-{rank:05d}.log"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(raw[raw.rfind(b")") + 2:].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _command(argv: list[str]) -> list[str]:
+    if not argv:
+        raise SystemExit("rank_exec: no entrypoint given after '--'")
+    entry, *args = argv
+    if entry.endswith(".py") or os.sep in entry:
+        return [sys.executable, "-u", entry, *args]
+    return [sys.executable, "-u", "-m", entry, *args]
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 3 or argv[0] != "--run-dir" or "--" not in argv:
+        raise SystemExit("usage: rank_exec --run-dir DIR -- ENTRYPOINT [ARGS…]")
+    run_dir = Path(argv[1])
+    command = _command(argv[argv.index("--") + 1:])
+    rank = int(os.environ.get("RANK", "0"))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    path = record_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "node": os.environ.get("TRAINYARD_NODE", ""), "restart": restart,
+        "pid": os.getpid(), "pgid": os.getpgid(0), "started_at": time.time(),
+    }
+    with log_path(run_dir, rank).open("ab") as out:
+        out.write(f"=== rank {rank} restart {restart} {time.strftime('%Y-%m-%dT%H:%M:%S')} "
+                  f"{' '.join(command[2:])}\n".encode())
+        out.flush()
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    record.update(child_pid=child.pid, child_start_ticks=_start_ticks(child.pid))
+    _write_json(path, record)
+
+    for sig in SURVIVED:
+        signal.signal(sig, lambda *_: None)
+    code = child.wait()
+    record.update(exit_code=code, ended_at=time.time())
+    _write_json(path, record)
+    with (run_dir / "exits.jsonl").open("a") as history:
+        history.write(json.dumps(record) + "\n")
+    if code < 0:  # die of the same signal, so torchrun reports it as such
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1)
+        sys.exit(128 - code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

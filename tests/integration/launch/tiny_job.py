@@ -1,0 +1,69 @@
+"""A tiny distributed job for the launcher tests: a gloo all-reduce per step, a heartbeat per
+step, SIGTERM answered with exit 43 (an "emergency checkpoint"), optional failure of one rank.
+
+Deliberately independent of `worker/train.py`: the launcher is tested on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from config.worker_env import WorkerEnv
+from node_agent.heartbeat import Heartbeat, write_heartbeat
+
+TERMINATED = 43
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--exit-code", type=int, default=7)
+    parser.add_argument("--lr", type=float, default=None)
+    args = parser.parse_args()
+    stop = {"requested": False}
+
+    def on_sigterm(*_: object) -> None:
+        # Like the worker runtime: note it, finish the step, "checkpoint", exit 43 — and ignore
+        # repeats (torchrun sends SIGTERM more than once).
+        stop["requested"] = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    env = WorkerEnv.from_env()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"hello rank={rank} world={world} job={env.job} attempt={env.attempt} "
+          f"node={os.environ.get('TRAINYARD_NODE')} lr={args.lr}", flush=True)
+    for step in range(1, args.steps + 1):
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value)
+        write_heartbeat(env.heartbeat_dir, Heartbeat(
+            job=env.job, attempt=env.attempt, rank=rank, node=os.environ.get("TRAINYARD_NODE", ""),
+            pid=os.getpid(), step=step, time=time.time(), loss=1.0 / step,
+            hang_timeout_s=env.hang_timeout_s))
+        print(f"step {step} sum={value.item():.0f}", flush=True)
+        if rank == args.fail_rank and step == args.steps:
+            print(f"rank {rank} failing on purpose with {args.exit_code}", flush=True)
+            return args.exit_code
+        if stop["requested"]:
+            print(f"rank {rank}: SIGTERM, emergency checkpoint at step {step}", flush=True)
+            return TERMINATED
+        time.sleep(args.sleep)
+        if stop["requested"]:
+            print(f"rank {rank}: SIGTERM, emergency checkpoint at step {step}", flush=True)
+            return TERMINATED
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
