@@ -1,0 +1,509 @@
+"""Cost, GPU-hours by phase, MFU, and the per-team chargeback report (seed §7, §11).
+
+A job holds `gpu_count` devices from placement to release, and every device-hour is paid for
+whether or not it trains. We split that time in three phases, because each has its own fix:
+
+- **training**: steps that moved the model forward;
+- **waiting**: devices held but idle before or between stretches of training — rendezvous,
+  image pull, data-loader warm-up, a gang waiting for its last member (seed §11 "scheduling
+  delay"). Time in the queue *before* devices are allocated costs nothing and is not here;
+- **recovery**: from a failure to training resuming, plus the steps recomputed since the last
+  checkpoint (seed §10's "lost compute").
+
+cost = GPU-hours × the type's rate (`config/rates.yaml`, or the cluster's `hourlyRateUsd`).
+
+MFU (model FLOP/s utilisation) = tokens/s × model FLOPs per token ÷ (devices × peak FLOP/s).
+FLOPs per token come from the advisor's `ModelProfile.model_flops_per_token()` when a job has
+model hints: 6·N + 12·L·h·s (PaLM's convention — N the non-embedding matmul parameters, the
+attention-score term with the full, not causal-halved, s×s product). With only a parameter
+count, 6·N (the seed's §7 formula; it omits the attention term, ~3 % at s = 4096, h = 12288).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import html
+import io
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    model_validator,
+)
+
+from plugins.tracking.rates import Rates, load_rates
+
+if TYPE_CHECKING:
+    from config.cluster import Cluster
+    from config.spec import ModelHints
+    from plugins.advisor.plan import Plan
+
+log = logging.getLogger(__name__)
+
+SECONDS_PER_HOUR = 3600.0
+FALLBACK_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100_80GB": 312e12}
+"""Dense bf16 peak per device, used only when neither the cluster nor the advisor's catalog
+knows the type."""
+
+
+# -- the seed's arithmetic, one quantity per function -------------------------------------------
+
+def gpu_hours(num_gpus: float, seconds: float) -> float:
+    """Device-hours of `num_gpus` devices held for `seconds`."""
+    return num_gpus * seconds / SECONDS_PER_HOUR
+
+
+def expected_failures(num_gpus: float, hours: float, mtbf_hours: float) -> float:
+    """Failures over a run = device-hours / per-device MTBF (seed §11: 1000·168/2000 = 84)."""
+    if mtbf_hours <= 0:
+        raise ValueError(f"mtbf_hours must be > 0, got {mtbf_hours}")
+    return num_gpus * hours / mtbf_hours
+
+
+def recovery_gpu_hours(failures: float, seconds_per_failure: float, num_gpus: float) -> float:
+    """Every device of the job idles through each recovery (seed §11: 84·60 s·1000 = 1,400)."""
+    return gpu_hours(num_gpus, failures * seconds_per_failure)
+
+
+def pipeline_bubble_fraction(pp: int, num_micro_batches: int, vpp: int = 1) -> float:
+    """Idle share of a 1F1B pipeline: (p − 1) / (m · v) (Narayanan et al. 2021; v = virtual
+    stages of interleaved 1F1B). Seed §3: PP = 4, m = 32 → 3/32 = 9.4 %."""
+    if pp < 1 or num_micro_batches < 1 or vpp < 1:
+        raise ValueError(f"pp, num_micro_batches and vpp must be >= 1, got {pp}, {num_micro_batches}, {vpp}")
+    return (pp - 1) / (num_micro_batches * vpp)
+
+
+def bubble_gpu_hours(plan: Plan, training_gpu_hours: float) -> float:
+    """GPU-hours of a job's training spent in the pipeline bubble under `plan` (seed §11:
+    168,000 GPU-hours at PP = 4, m = 32 → 15,750; the seed's 15,792 uses the rounded 9.4 %)."""
+    return training_gpu_hours * pipeline_bubble_fraction(plan.pp, plan.num_micro_batches, plan.vpp)
+
+
+def amortized_gpu_hour_usd(annual_cost_per_node: float, gpus_per_node: int, utilization: float = 1.0) -> float:
+    """On-premise price of a *useful* device-hour (seed §11: 113,760 / (8·8760) / 0.85 = 1.91)."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"utilization must be in (0, 1], got {utilization}")
+    return annual_cost_per_node / (gpus_per_node * 24 * 365) / utilization
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, num_gpus: int, peak_flops_per_gpu: float) -> float:
+    """Achieved model FLOP/s over peak FLOP/s. `tokens_per_s` is the whole job's throughput.
+    Seed §7: 100k tok/s · 6·200e9 / (256 · 989e12) = 0.474."""
+    if num_gpus < 1 or peak_flops_per_gpu <= 0:
+        raise ValueError(f"num_gpus must be >= 1 and peak_flops_per_gpu > 0, got {num_gpus}, {peak_flops_per_gpu}")
+    return tokens_per_s * flops_per_token / (num_gpus * peak_flops_per_gpu)
+
+
+def flops_per_token_6n(num_parameters: float) -> float:
+    """6·N: forward 2·N, backward 4·N (the seed's §7 approximation)."""
+    return 6.0 * num_parameters
+
+
+def flops_per_token(hints: ModelHints) -> float:
+    """Training FLOPs per token for a model described by spec hints: the advisor's count
+    (6·N + 12·L·h·s, see the module docstring), or the same formula from the hints alone
+    if the advisor is unavailable."""
+    try:
+        from plugins.advisor.model import ModelProfile
+    except ImportError:
+        return _flops_per_token_from_hints(hints)
+    return ModelProfile.from_hints(hints).model_flops_per_token()
+
+
+def _flops_per_token_from_hints(hints: ModelHints) -> float:
+    h, layers, s = hints.hidden_size, hints.num_layers, hints.sequence_length
+    kv = h * hints.effective_kv_heads() // hints.num_attention_heads
+    mlp = (3 if hints.activation == "swiglu" else 2) * h * hints.effective_ffn_hidden_size()
+    n = layers * (2 * h * h + 2 * h * kv + mlp) + hints.vocab_size * h
+    return 6.0 * n + 12.0 * layers * h * s
+
+
+def peak_flops_per_gpu(gpu_type: str, cluster: Cluster | None = None) -> float:
+    """Dense bf16 peak FLOP/s of one device: the cluster's figure, the advisor's catalog, or a
+    small built-in table, in that order."""
+    if cluster is not None:
+        acc = cluster.spec.accelerators.get(gpu_type)
+        if acc is not None and acc.peak_tflops:
+            return float(acc.peak_tflops) * 1e12
+    try:
+        from plugins.advisor.hardware import gpu_spec
+
+        return float(gpu_spec(gpu_type).peak_flops)
+    except (ImportError, ValueError):
+        pass
+    if gpu_type in FALLBACK_PEAK_FLOPS:
+        return FALLBACK_PEAK_FLOPS[gpu_type]
+    raise ValueError(f"no peak FLOP/s known for accelerator type {gpu_type!r}; set peakTflops in the cluster")
+
+
+# -- one job ----------------------------------------------------------------------------------------
+
+class RunAccounting(BaseModel):
+    """What the control plane measured about one job (all its attempts): the input of cost."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job: str
+    team: str
+    project: str = "default"
+    gpu_type: str
+    gpu_count: PositiveInt
+    submitted_at: dt.datetime
+    started_at: dt.datetime | None = None
+    """When devices were allocated to the first attempt."""
+    ended_at: dt.datetime | None = None
+    """When the last attempt released its devices (None while running)."""
+    training_s: NonNegativeFloat = 0.0
+    waiting_s: NonNegativeFloat = 0.0
+    recovery_s: NonNegativeFloat = 0.0
+    tokens: NonNegativeInt | None = None
+    """Tokens trained on (over all attempts, counting recomputed steps once)."""
+    mfu: float | None = Field(default=None, ge=0, le=1)
+    """Measured MFU, if the run reported one; otherwise computed from tokens when possible."""
+    run_id: str | None = None
+    checkpoint_storage_gb: NonNegativeFloat = 0.0
+    """Average checkpoint storage held over the period, GB."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RunAccounting:
+        if self.started_at and self.started_at < self.submitted_at:
+            raise ValueError(f"started_at {self.started_at} is before submitted_at {self.submitted_at}")
+        if self.started_at and self.ended_at and self.ended_at < self.started_at:
+            raise ValueError(f"ended_at {self.ended_at} is before started_at {self.started_at}")
+        return self
+
+    @property
+    def held_s(self) -> float:
+        return self.training_s + self.waiting_s + self.recovery_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.training_s if self.tokens and self.training_s > 0 else None
+
+
+class JobCost(BaseModel):
+    """GPU-hours and dollars of one job, by phase."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job: str
+    team: str
+    project: str
+    gpu_type: str
+    gpu_count: int
+    rate_usd_per_gpu_hour: float
+    training_gpu_hours: float
+    waiting_gpu_hours: float
+    recovery_gpu_hours: float
+    total_gpu_hours: float
+    training_cost_usd: float
+    waiting_cost_usd: float
+    recovery_cost_usd: float
+    total_cost_usd: float
+    idle_pct: float
+    """(waiting + recovery) / total, in percent."""
+    mfu: float | None = None
+    checkpoint_storage_cost_usd: float = 0.0
+
+
+def job_cost(
+    acct: RunAccounting,
+    rates: Rates | None = None,
+    *,
+    cluster: Cluster | None = None,
+    flops_per_token: float | None = None,
+    months: float = 1.0,
+) -> JobCost:
+    """Price one job. `flops_per_token` lets MFU be computed from `tokens` when the run did
+    not report MFU itself; `months` scales checkpoint storage."""
+    rates = rates or load_rates()
+    rate = rates.rate_for(acct.gpu_type, cluster)
+    t, w, r = (gpu_hours(acct.gpu_count, s) for s in (acct.training_s, acct.waiting_s, acct.recovery_s))
+    total = t + w + r
+    measured = acct.mfu
+    if measured is None and flops_per_token and acct.tokens_per_s:
+        measured = mfu(acct.tokens_per_s, flops_per_token, acct.gpu_count,
+                       peak_flops_per_gpu(acct.gpu_type, cluster))
+    return JobCost(
+        job=acct.job, team=acct.team, project=acct.project, gpu_type=acct.gpu_type, gpu_count=acct.gpu_count,
+        rate_usd_per_gpu_hour=rate, training_gpu_hours=t, waiting_gpu_hours=w, recovery_gpu_hours=r,
+        total_gpu_hours=total, training_cost_usd=t * rate, waiting_cost_usd=w * rate,
+        recovery_cost_usd=r * rate, total_cost_usd=total * rate,
+        idle_pct=(w + r) / total * 100 if total else 0.0, mfu=measured,
+        checkpoint_storage_cost_usd=acct.checkpoint_storage_gb * rates.storage_gb_month_usd * months,
+    )
+
+
+# -- chargeback -------------------------------------------------------------------------------------
+
+class ChargebackRow(BaseModel):
+    """One team/project over the report's period (the seed's §11 chargeback query)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    team: str
+    project: str
+    num_jobs: int
+    total_gpu_hours: float
+    training_gpu_hours: float
+    waiting_gpu_hours: float
+    recovery_gpu_hours: float
+    total_cost_usd: float
+    training_cost_usd: float
+    waiting_cost_usd: float
+    recovery_cost_usd: float
+    idle_pct: float
+    """(waiting + recovery) GPU-hours / total GPU-hours: weighted by GPU-hours, so a large job
+    counts for what it cost (the seed averages per-job percentages instead)."""
+    avg_mfu_pct: float | None
+    """MFU weighted by training GPU-hours, over the jobs that have one."""
+    checkpoint_storage_cost_usd: float
+
+
+CSV_COLUMNS = tuple(ChargebackRow.model_fields)
+
+
+def chargeback(
+    accounts: Iterable[RunAccounting],
+    rates: Rates | None = None,
+    *,
+    cluster: Cluster | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+) -> list[ChargebackRow]:
+    """Rows per (team, project), most expensive first. A job belongs to the period when it ended
+    in [since, until) — or, still running, when it started before `until`."""
+    rates = rates or load_rates()
+    groups: dict[tuple[str, str], list[JobCost]] = {}
+    for acct in accounts:
+        if not _in_period(acct, since, until):
+            continue
+        groups.setdefault((acct.team, acct.project), []).append(job_cost(acct, rates, cluster=cluster))
+    rows = [_row(team, project, costs) for (team, project), costs in groups.items()]
+    return sorted(rows, key=lambda r: (-r.total_cost_usd, r.team, r.project))
+
+
+def _in_period(acct: RunAccounting, since: dt.datetime | None, until: dt.datetime | None) -> bool:
+    moment = acct.ended_at or acct.started_at or acct.submitted_at
+    if acct.ended_at is None and until is not None:
+        return moment < until
+    return (since is None or moment >= since) and (until is None or moment < until)
+
+
+def _row(team: str, project: str, costs: Sequence[JobCost]) -> ChargebackRow:
+    def total(field: str) -> float:
+        return sum(getattr(c, field) for c in costs)
+
+    gpu_h = total("total_gpu_hours")
+    with_mfu = [c for c in costs if c.mfu is not None and c.training_gpu_hours > 0]
+    weight = sum(c.training_gpu_hours for c in with_mfu)
+    return ChargebackRow(
+        team=team, project=project, num_jobs=len(costs), total_gpu_hours=gpu_h,
+        training_gpu_hours=total("training_gpu_hours"), waiting_gpu_hours=total("waiting_gpu_hours"),
+        recovery_gpu_hours=total("recovery_gpu_hours"), total_cost_usd=total("total_cost_usd"),
+        training_cost_usd=total("training_cost_usd"), waiting_cost_usd=total("waiting_cost_usd"),
+        recovery_cost_usd=total("recovery_cost_usd"),
+        idle_pct=(total("waiting_gpu_hours") + total("recovery_gpu_hours")) / gpu_h * 100 if gpu_h else 0.0,
+        avg_mfu_pct=(sum(c.mfu * c.training_gpu_hours for c in with_mfu) / weight * 100) if weight else None,  # type: ignore[operator]
+        checkpoint_storage_cost_usd=total("checkpoint_storage_cost_usd"),
+    )
+
+
+def chargeback_csv(rows: Sequence[ChargebackRow]) -> str:
+    """One line per team/project; numbers unrounded (spreadsheets round, reports do not)."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in row.model_dump().items()})
+    return out.getvalue()
+
+
+_HTML_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("team", "Team", "s"), ("project", "Project", "s"), ("num_jobs", "Jobs", "d"),
+    ("total_gpu_hours", "GPU-h", ",.1f"), ("training_gpu_hours", "training", ",.1f"),
+    ("waiting_gpu_hours", "waiting", ",.1f"), ("recovery_gpu_hours", "recovery", ",.1f"),
+    ("total_cost_usd", "Cost $", ",.2f"), ("recovery_cost_usd", "recovery $", ",.2f"),
+    ("idle_pct", "idle %", ".1f"), ("avg_mfu_pct", "MFU %", ".1f"),
+    ("checkpoint_storage_cost_usd", "storage $", ",.2f"),
+)
+
+
+def chargeback_html(rows: Sequence[ChargebackRow], *, title: str = "GPU chargeback", period: str = "") -> str:
+    """A self-contained HTML page (inline CSS, no scripts, nothing fetched) with a totals row."""
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in _HTML_COLUMNS)
+    body = "\n".join("<tr>" + "".join(_cell(getattr(r, k), fmt) for k, _, fmt in _HTML_COLUMNS) + "</tr>"
+                     for r in rows)
+    totals = _totals(rows)
+    foot = "<tr>" + "".join(_cell(totals.get(k, ""), fmt if k in totals else "s") for k, _, fmt in _HTML_COLUMNS) + "</tr>"
+    subtitle = f"<p>{html.escape(period)}</p>" if period else ""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; }}
+th, td {{ padding: 4px 10px; border-bottom: 1px solid #ddd; }}
+th {{ background: #f3f3f3; text-align: left; }}
+td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
+tfoot td {{ font-weight: bold; border-top: 2px solid #888; }}
+</style></head>
+<body><h1>{html.escape(title)}</h1>{subtitle}
+<table><thead><tr>{head}</tr></thead>
+<tbody>
+{body}
+</tbody>
+<tfoot>{foot}</tfoot></table>
+<p>GPU-hours split into training, waiting (devices held, not training) and recovery (failure to
+resumed training, plus recomputed steps). Idle % = (waiting + recovery) / total.</p>
+</body></html>
+"""
+
+
+def _totals(rows: Sequence[ChargebackRow]) -> dict[str, Any]:
+    if not rows:
+        return {"team": "Total"}
+    summed = [k for k, _, fmt in _HTML_COLUMNS if fmt != "s" and k not in ("idle_pct", "avg_mfu_pct")]
+    sums: dict[str, Any] = {k: sum(getattr(r, k) for r in rows) for k in summed}
+    gpu_h = sums["total_gpu_hours"]
+    sums["idle_pct"] = (sums["waiting_gpu_hours"] + sums["recovery_gpu_hours"]) / gpu_h * 100 if gpu_h else 0.0
+    return {"team": "Total", **sums}
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None or value == "":
+        return "<td></td>"
+    if fmt == "s":
+        return f"<td>{html.escape(str(value))}</td>"
+    return f'<td class="n">{format(value, fmt)}</td>'
+
+
+# -- MLflow -----------------------------------------------------------------------------------------
+
+ACCOUNTING_TAG = "trainyard.accounting"
+
+
+def log_job_cost(run_id: str, acct: RunAccounting, cost: JobCost, *, tracking_uri: str) -> None:
+    """Put a job's accounting (JSON tag) and its cost (metrics) on its run, so runs compare by
+    cost in the MLflow UI and the chargeback can be rebuilt from MLflow alone."""
+    from plugins.tracking.runs import client_for
+
+    metrics = {
+        "gpu_hours/training": cost.training_gpu_hours, "gpu_hours/waiting": cost.waiting_gpu_hours,
+        "gpu_hours/recovery": cost.recovery_gpu_hours, "gpu_hours/total": cost.total_gpu_hours,
+        "cost_usd/total": cost.total_cost_usd, "cost_usd/recovery": cost.recovery_cost_usd,
+        "idle_pct": cost.idle_pct,
+    }
+    if cost.mfu is not None:
+        metrics["mfu"] = cost.mfu
+    client = client_for(tracking_uri)
+    client.set_tag(run_id, ACCOUNTING_TAG, acct.model_dump_json(exclude_none=True))
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()], synchronous=True)
+
+
+def log_chargeback(
+    rows: Sequence[ChargebackRow],
+    *,
+    tracking_uri: str,
+    period: str,
+    experiment: str = "trainyard/chargeback",
+) -> str:
+    """A run in `experiment` holding the report as `chargeback.csv` and `chargeback.html` plus
+    total metrics; returns its id."""
+    from plugins.tracking.runs import client_for, default_artifact_location, ensure_experiment
+
+    client = client_for(tracking_uri)
+    exp = ensure_experiment(client, experiment,
+                            artifact_location=default_artifact_location(tracking_uri, experiment))
+    run = client.create_run(exp, run_name=f"chargeback {period}".strip(),
+                            tags={"trainyard.report": "chargeback", "trainyard.period": period})
+    rid = run.info.run_id
+    client.log_text(rid, chargeback_csv(rows), "chargeback.csv")
+    client.log_text(rid, chargeback_html(rows, period=period), "chargeback.html")
+    for name, value in {"total_cost_usd": sum(r.total_cost_usd for r in rows),
+                        "total_gpu_hours": sum(r.total_gpu_hours for r in rows),
+                        "recovery_gpu_hours": sum(r.recovery_gpu_hours for r in rows),
+                        "num_jobs": sum(r.num_jobs for r in rows)}.items():
+        client.log_metric(rid, name, float(value))
+    client.set_terminated(rid, "FINISHED")
+    return rid
+
+
+def accounting_from_mlflow(tracking_uri: str, *, experiments: Sequence[str] | None = None) -> list[RunAccounting]:
+    """RunAccounting for every Trainyard run (tag `trainyard.job`) in the store.
+
+    A run with a `trainyard.accounting` tag (written by `log_job_cost`) gives it as recorded.
+    Otherwise it is derived from what the run holds: devices from the spec params, allocation
+    from the run's start/end times, recovery from the `trainyard.recovery_seconds` tag (the
+    rest counted as training; waiting is unknown there and left at 0), tokens from the latest
+    `tokens_total` metric and MFU from the latest `mfu` metric.
+    """
+    from plugins.tracking.runs import TAG, client_for
+
+    client = client_for(tracking_uri)
+    if experiments:
+        exps = [e for name in experiments if (e := client.get_experiment_by_name(name)) is not None]
+    else:
+        exps = list(client.search_experiments())
+    ids = [e.experiment_id for e in exps]
+    if not ids:
+        return []
+    out: list[RunAccounting] = []
+    token = None
+    while True:
+        page = client.search_runs(ids, filter_string=f"tags.`{TAG}job` LIKE '%'", max_results=1000,
+                                  page_token=token)
+        for run in page:
+            acct = _accounting_of(run)
+            if acct is not None:
+                out.append(acct)
+        token = page.token
+        if not token:
+            return out
+
+
+def _accounting_of(run: Any) -> RunAccounting | None:
+    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+    if ACCOUNTING_TAG in tags:
+        return RunAccounting.model_validate_json(tags[ACCOUNTING_TAG])
+    try:
+        started = _from_ms(run.info.start_time)
+        ended = _from_ms(run.info.end_time) if run.info.end_time else None
+        wall = ((ended or dt.datetime.now(dt.UTC)) - started).total_seconds()
+        recovery = min(float(tags.get("trainyard.recovery_seconds", "0")), max(wall, 0.0))
+        return RunAccounting(
+            job=tags["trainyard.job"], team=tags.get("trainyard.team", "unknown"),
+            project=tags.get("trainyard.project", "default"), gpu_type=params["spec.hardware.gpuType"],
+            gpu_count=int(params["spec.hardware.gpuCount"]), submitted_at=started, started_at=started,
+            ended_at=ended, training_s=max(wall - recovery, 0.0), recovery_s=recovery,
+            tokens=int(metrics["tokens_total"]) if "tokens_total" in metrics else None,
+            mfu=metrics.get("mfu"), run_id=run.info.run_id,
+        )
+    except (KeyError, ValueError) as e:
+        log.warning("run %s has no usable accounting (%s); left out of the report", run.info.run_id, e)
+        return None
+
+
+def _from_ms(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+
+
+def accounting_from_json(text: str) -> list[RunAccounting]:
+    """A JSON list of RunAccounting objects (what the control plane exports)."""
+    data = json.loads(text)
+    if not isinstance(data, list):
+        raise ValueError(f"expected a JSON list of run accountings, got {type(data).__name__}")
+    return [RunAccounting.model_validate(item) for item in data]
