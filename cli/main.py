@@ -19,6 +19,8 @@ COMMANDS: tuple[str, ...] = (
     "cli.place",
     "cli.launch",
     "cli.render",
+    "cli.models",
+    "cli.cost",
 )
 """Modules that each add one subcommand; keep the list sorted by how people discover them."""
 

@@ -1,0 +1,123 @@
+"""`trainyard cost report`: GPU-hours and dollars per team and project (chargeback, seed §11).
+
+Runs come from MLflow (every Trainyard run in the tracking store) or from a JSON file of
+`RunAccounting` records exported by the control plane (`--from-json`). Prices come from
+`config/rates.yaml`, or the cluster's `hourlyRateUsd` with `--cluster`. The report prints as a
+table (or `--json`), and can be written as CSV and self-contained HTML and logged to MLflow as a
+run of the experiment `trainyard/chargeback`. Exit 0 on success, 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cost", help="GPU-hours, cost and MFU: chargeback per team and project",
+                       description=__doc__.split("\n\n")[0])
+    cost_sub = p.add_subparsers(dest="cost_command", metavar="ACTION", required=True)
+    r = cost_sub.add_parser("report", help="chargeback report per team and project",
+                            description=__doc__.split("\n\n")[1])
+    period = r.add_mutually_exclusive_group()
+    period.add_argument("--month", metavar="YYYY-MM", help="jobs that ended in this calendar month (UTC)")
+    period.add_argument("--since", metavar="DATE", help="jobs that ended on or after this date (ISO 8601)")
+    r.add_argument("--until", metavar="DATE", help="…and before this date (with --since)")
+    r.add_argument("--from-json", type=Path, metavar="FILE", help="RunAccounting records instead of MLflow")
+    r.add_argument("--cluster", help="use this cluster's hourlyRateUsd where it sets one")
+    r.add_argument("--rates", type=Path, metavar="FILE", help="rates file (default: config/rates.yaml)")
+    r.add_argument("--csv", type=Path, metavar="FILE", help="write the report as CSV")
+    r.add_argument("--html", type=Path, metavar="FILE", help="write the report as an HTML page")
+    r.add_argument("--log-mlflow", action="store_true", help="log CSV and HTML to MLflow (trainyard/chargeback)")
+    r.add_argument("--tracking-uri", help="MLflow tracking URI (default: TRAINYARD_MLFLOW_TRACKING_URI)")
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.set_defaults(func=report)
+
+
+def parse_period(month: str | None, since: str | None, until: str | None) -> tuple[dt.datetime | None, dt.datetime | None, str]:
+    """(since, until, label) in UTC; raises ValueError naming the bad value."""
+    if month:
+        if until:
+            raise ValueError("--until goes with --since, not with --month")
+        try:
+            start = dt.datetime.strptime(month, "%Y-%m").replace(tzinfo=dt.UTC)
+        except ValueError as e:
+            raise ValueError(f"--month must look like 2026-11, got {month!r}") from e
+        end = (start + dt.timedelta(days=32)).replace(day=1)
+        return start, end, month
+    start, end = _date(since, "--since"), _date(until, "--until")
+    if start and end and end <= start:
+        raise ValueError(f"--until ({until}) must be after --since ({since})")
+    label = f"{since or 'start'} – {until or 'now'}" if (since or until) else "all time"
+    return start, end, label
+
+
+def _date(text: str | None, flag: str) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError as e:
+        raise ValueError(f"{flag} must be an ISO 8601 date, got {text!r}") from e
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def report(args: argparse.Namespace) -> int:
+    from cli.output import err_console
+    from config.settings import get_settings
+    from plugins.tracking import cost
+    from plugins.tracking.rates import load_rates
+
+    settings = get_settings()
+    tracking_uri = args.tracking_uri or settings.mlflow_tracking_uri
+    try:
+        since, until, label = parse_period(args.month, args.since, args.until)
+        rates = load_rates(args.rates)
+        cluster = None
+        if args.cluster:
+            from config.cluster import load_cluster
+
+            cluster = load_cluster(args.cluster)
+        if args.from_json:
+            accounts = cost.accounting_from_json(args.from_json.read_text())
+        else:
+            accounts = cost.accounting_from_mlflow(tracking_uri)
+        rows = cost.chargeback(accounts, rates, cluster=cluster, since=since, until=until)
+    except (ValueError, OSError) as e:
+        err_console.print(f"trainyard cost report: error: {e}")
+        return 2
+    if args.csv:
+        args.csv.write_text(cost.chargeback_csv(rows))
+    if args.html:
+        args.html.write_text(cost.chargeback_html(rows, period=label))
+    run_id = cost.log_chargeback(rows, tracking_uri=tracking_uri, period=label) if args.log_mlflow else None
+    if args.json:
+        from cli.output import print_json
+
+        print_json({"period": label, "rows": [r.model_dump() for r in rows], "mlflow_run_id": run_id})
+    else:
+        _print_table(rows, label, run_id)
+    return 0
+
+
+def _print_table(rows: list, label: str, run_id: str | None) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from cli.output import console
+
+    if not rows:
+        console.print(f"no jobs in {escape(label)}")
+        return
+    table = Table(title=f"GPU chargeback, {escape(label)}", title_justify="left")
+    for column in ("team", "project", "jobs", "GPU-h", "training", "waiting", "recovery", "cost $", "idle %", "MFU %"):
+        table.add_column(column, justify="left" if column in ("team", "project") else "right")
+    for r in rows:
+        table.add_row(escape(r.team), escape(r.project), str(r.num_jobs), f"{r.total_gpu_hours:,.1f}",
+                      f"{r.training_gpu_hours:,.1f}", f"{r.waiting_gpu_hours:,.1f}", f"{r.recovery_gpu_hours:,.1f}",
+                      f"{r.total_cost_usd:,.2f}", f"{r.idle_pct:.1f}",
+                      "" if r.avg_mfu_pct is None else f"{r.avg_mfu_pct:.1f}")
+    console.print(table)
+    if run_id:
+        console.print(f"logged to MLflow run {run_id} (experiment trainyard/chargeback)")

@@ -1,0 +1,79 @@
+"""`trainyard models --dataset URI[@VERSION]`: which registered model versions saw this data?
+
+Seed §14: an erasure request that must reach models becomes a query. The dataset is given as
+the spec writes it — a URI (`s3://datasets/wiki/`) or a prefix in the object store
+(`datasets/wiki/`) — optionally with `@version` (`datasets/wiki/@v3`) or `--digest`.
+Human output is a table; `--json` prints a list of model versions with their lineage.
+Exit 0 whether or not versions were found, 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="registered model versions and their lineage (by dataset)",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", required=True, metavar="URI[@VERSION]",
+                   help="dataset URI or object-store prefix, optionally @version (e.g. datasets/wiki/@v3)")
+    p.add_argument("--digest", help="only versions trained on exactly this content digest")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: TRAINYARD_MLFLOW_TRACKING_URI)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def split_dataset_arg(text: str) -> tuple[str, str | None]:
+    """`uri@v3` → (`uri`, `v3`); an `@` inside the URI's authority (`s3://a@b/`) is left alone."""
+    head, sep, tail = text.rpartition("@")
+    if sep and head and tail and "/" not in tail and ":" not in tail:
+        return head, tail
+    return text, None
+
+
+def run(args: argparse.Namespace) -> int:
+    from config.settings import get_settings
+    from plugins.tracking.datasets import canonical_dataset_uri
+    from plugins.tracking.registry import models_trained_on
+
+    settings = get_settings()
+    source, version = split_dataset_arg(args.dataset)
+    try:
+        uri = canonical_dataset_uri(source, settings)
+    except ValueError as e:
+        from cli.output import err_console
+
+        err_console.print(f"trainyard models: error: {e}")
+        return 2
+    tracking_uri = args.tracking_uri or settings.mlflow_tracking_uri
+    versions = models_trained_on(uri, version, tracking_uri=tracking_uri, digest=args.digest)
+    if args.json:
+        from cli.output import print_json
+
+        print_json([v.model_dump() for v in versions])
+        return 0
+    _print_table(versions, uri, version)
+    return 0
+
+
+def _print_table(versions: list, uri: str, version: str | None) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from cli.output import console
+
+    label = escape(uri + (f"@{version}" if version else ""))
+    if not versions:
+        console.print(f"no registered model version was trained on {label}")
+        return
+    table = Table(title=f"Model versions trained on {label}", title_justify="left")
+    for column in ("model", "version", "aliases", "job", "run", "checkpoint", "dataset", "created"):
+        table.add_column(column)
+    for v in versions:
+        ckpt = f"step {v.checkpoint_step}" if v.checkpoint_step is not None else ""
+        if v.checkpoint_sha256:
+            ckpt += f" sha256:{v.checkpoint_sha256[:12]}"
+        data = (v.dataset_version or "") + (f" {v.dataset_digest[:12]}" if v.dataset_digest else "")
+        table.add_row(escape(v.name), v.version, escape(",".join(v.aliases)), escape(v.job or ""),
+                      (v.run_id or "")[:12], escape(ckpt.strip()), escape(data.strip()), v.created_at)
+    console.print(table)
