@@ -8,9 +8,12 @@ Effective priority = base priority − over-share penalty + starvation bonus:
                once its team is 30 % over)
     bonus      min(hours waiting · 20, 200) — a job never starves forever
 
-`usage` counts the team's devices *including* the job being ranked: for a running gang that is
-what it holds; for a pending gang it is what the team would hold if it were admitted, so a
-request that pushes its team over its share is ranked as the borrowing it would be.
+`usage` is what the team would hold once the pending gang is admitted: its current devices plus
+the request for the pending gang's team, the current devices for every other team. So a request
+that pushes its team over its share is ranked as the borrowing it would be, and a pending gang
+and a running gang of the same team carry the same penalty — within a team only the base
+priority (and waiting time) decides, as seed §4 wants ("critical jobs preempt others within
+team"). Priorities are rounded to 1e-6 so float noise never makes a tie look like "lower".
 
 Preemption evicts whole gangs only, lowest effective priority first, then those that lose the
 least work (most recent checkpoint), and only gangs strictly below the pending job's effective
@@ -57,7 +60,7 @@ def effective_priority(
     if ratio > 1.0:
         value -= (ratio - 1.0) * OVER_SHARE_PENALTY
     bonus = min(max(waiting_s, 0.0) / 3600.0 * STARVATION_BONUS_PER_HOUR, STARVATION_BONUS_MAX)
-    return value + bonus
+    return round(value + bonus, 6)
 
 
 class RunningGang(BaseModel):
@@ -138,8 +141,9 @@ def plan_preemption(
     now = now or datetime.now(UTC)
     total = inventory.total_gpus()
     usage = team_usage(running)
+    usage[request.team] = usage.get(request.team, 0) + request.world_size  # once admitted
     pending = effective_priority(
-        request.priority, usage.get(request.team, 0) + request.world_size,
+        request.priority, usage[request.team],
         guaranteed_gpus(teams, request.team, total),
         waiting_s=(now - submitted_at).total_seconds() if submitted_at else 0.0)
     try:
