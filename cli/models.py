@@ -66,14 +66,17 @@ def _print_table(versions: list, uri: str, version: str | None) -> None:
     if not versions:
         console.print(f"no registered model version was trained on {label}")
         return
+    # Narrow terminals fold cells rather than cut them: a digest cut short is worse than none.
     table = Table(title=f"Model versions trained on {label}", title_justify="left")
-    for column in ("model", "version", "aliases", "job", "run", "checkpoint", "dataset", "created"):
-        table.add_column(column)
+    table.add_column("model", no_wrap=True)
+    for column in ("ver", "aliases", "run", "checkpoint", "dataset", "created"):
+        table.add_column(column, overflow="fold")
     for v in versions:
+        model = v.name if not v.job or v.job == v.name else f"{v.name} (job {v.job})"
         ckpt = f"step {v.checkpoint_step}" if v.checkpoint_step is not None else ""
         if v.checkpoint_sha256:
-            ckpt += f" sha256:{v.checkpoint_sha256[:12]}"
-        data = (v.dataset_version or "") + (f" {v.dataset_digest[:12]}" if v.dataset_digest else "")
-        table.add_row(escape(v.name), v.version, escape(",".join(v.aliases)), escape(v.job or ""),
-                      (v.run_id or "")[:12], escape(ckpt.strip()), escape(data.strip()), v.created_at)
+            ckpt += f" {v.checkpoint_sha256[:8]}"
+        data = (v.dataset_version or "") + (f" {v.dataset_digest[:8]}" if v.dataset_digest else "")
+        table.add_row(escape(model), v.version, escape(",".join(v.aliases)), (v.run_id or "")[:8],
+                      escape(ckpt.strip()), escape(data.strip()), v.created_at[:16].replace("T", " "))
     console.print(table)

@@ -8,10 +8,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
+from safetensors.numpy import save_file
 
 from config.spec import TrainingJob
 from plugins.advisor.plan import Plan
+from plugins.tracking import runs
+from plugins.tracking.datasets import DatasetRef
 from tests.support.procs import REPO_ROOT
 
 _DEMO = yaml.safe_load((REPO_ROOT / "config/jobs/demo-tiny-lm.yaml").read_text())
@@ -54,6 +58,31 @@ def make_plan(**overrides: Any) -> Plan:
     if "global_batch_size" not in overrides:
         values["global_batch_size"] = values["micro_batch_size"] * values["num_micro_batches"] * values["dp"]
     return Plan(**values)
+
+
+SHA = "cd" * 32
+
+
+def registry_dataset(version: str, digest: str = "d" * 64) -> DatasetRef:
+    return DatasetRef(uri="s3://datasets/wiki", version=version, digest=digest, digest_method="listing",
+                      num_shards=4, total_bytes=1 << 20)
+
+
+def trained_run(uri: str, name: str, ds: DatasetRef, losses: dict[int, float]) -> str:
+    rid = runs.start_or_resume_run(make_job(name), make_plan(), tracking_uri=uri, attempt=0, dataset=ds)
+    for step, loss in losses.items():
+        runs.log_checkpoint(rid, f"file:///ckpt/{name}/step-{step:08d}/MANIFEST.json", SHA, step,
+                            {"loss": loss}, tracking_uri=uri)
+    runs.set_run_status(rid, "completed", tracking_uri=uri)
+    return rid
+
+
+def export_marking_the_step(manifest_uri: str, dest: Path) -> None:
+    """Stands in for plugins.checkpoint's export_safetensors (not in the tree yet): a real
+    safetensors file whose tensor says which checkpoint was exported."""
+    step = int(manifest_uri.rsplit("step-", 1)[1].split("/")[0])
+    save_file({"layer.weight": np.full((4, 8), step, dtype=np.float32), "layer.bias": np.zeros(8, np.float32)},
+              str(dest))
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any] | str]) -> Path:

@@ -4,38 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from config.settings import Settings
 from plugins.tracking import registry, runs
 from plugins.tracking.datasets import DatasetRef
-from tests.unit.tracking.factories import make_job, make_plan
-
-SHA = "cd" * 32
-
-
-def dataset(version: str, digest: str = "d" * 64) -> DatasetRef:
-    return DatasetRef(uri="s3://datasets/wiki", version=version, digest=digest, digest_method="listing",
-                      num_shards=4, total_bytes=1 << 20)
-
-
-def trained_run(uri: str, name: str, ds: DatasetRef, losses: dict[int, float]) -> str:
-    rid = runs.start_or_resume_run(make_job(name), make_plan(), tracking_uri=uri, attempt=0, dataset=ds)
-    for step, loss in losses.items():
-        runs.log_checkpoint(rid, f"file:///ckpt/{name}/step-{step:08d}/MANIFEST.json", SHA, step,
-                            {"loss": loss}, tracking_uri=uri)
-    runs.set_run_status(rid, "completed", tracking_uri=uri)
-    return rid
-
-
-def export_marking_the_step(manifest_uri: str, dest: Path) -> None:
-    """Stands in for plugins.checkpoint's export_safetensors (not in the tree yet): a real
-    safetensors file whose tensor says which checkpoint was exported."""
-    step = int(manifest_uri.rsplit("step-", 1)[1].split("/")[0])
-    save_file({"layer.weight": np.full((4, 8), step, dtype=np.float32), "layer.bias": np.zeros(8, np.float32)},
-              str(dest))
+from tests.unit.tracking.factories import (
+    SHA,
+    export_marking_the_step,
+    make_job,
+    make_plan,
+    trained_run,
+)
+from tests.unit.tracking.factories import registry_dataset as dataset
 
 
 def test_best_checkpoint_becomes_a_candidate_version_with_lineage(
