@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 METADATA_NAME = ".metadata"
+
+# Single-process saves and loads (no process group) are deliberate here; DCP warns on each.
+warnings.filterwarnings("ignore", category=UserWarning,
+                        message="torch.distributed is disabled, unavailable or uninitialized")
 
 _ALLOWED_GLOBALS: dict[str, frozenset[str]] = {
     "torch.distributed.checkpoint.metadata": frozenset({

@@ -111,7 +111,7 @@ def plan_retention(
     protect = dict(protected) if isinstance(protected, Mapping) else dict.fromkeys(protected, "protected")
     ordered = sorted(checkpoints, key=lambda c: c.step)
     newest = ordered[-1].step if ordered else None
-    last_n = {c.step for c in ordered[len(ordered) - policy.keep_last:]} if policy.keep_last else set()
+    last_n = {c.step for c in ordered[-policy.keep_last:]} if policy.keep_last else set()
     best = _best_steps(policy, ordered)
 
     decisions: list[RetentionDecision] = []

@@ -1,0 +1,288 @@
+"""`trainyard checkpoints list|verify|prune|export JOB`: a job's checkpoints, for people.
+
+The checkpoint root is the job spec's `checkpoint.storage` when the spec is found (`--spec`,
+or a spec named JOB under the jobs folder), else `<object store>/jobs/JOB/checkpoints`; `--uri`
+overrides both. `prune` takes the retention policy from the spec, flags override it, and
+`--dry-run` shows what would be deleted and why. Exit codes: 0 OK, 1 a checkpoint does not
+verify / nothing to export, 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from config.spec import TrainingJob
+    from plugins.checkpoint.catalog import CheckpointRecord
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("checkpoints", help="list, verify, prune and export a job's checkpoints",
+                       description=__doc__.split("\n\n")[0])
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def common(name: str, help_: str) -> argparse.ArgumentParser:
+        a = actions.add_parser(name, help=help_)
+        a.add_argument("job", metavar="JOB", help="job name (metadata.name of its spec)")
+        a.add_argument("--spec", type=Path, help="the job's spec file (default: look for JOB "
+                                                 "under the jobs folder)")
+        a.add_argument("--uri", help="checkpoint root URI (overrides the spec and the default)")
+        a.add_argument("--endpoint-url", help="S3 endpoint (default: TRAINYARD_S3_ENDPOINT_URL)")
+        a.add_argument("--json", action="store_true", help="machine-readable output")
+        a.set_defaults(func=run)
+        return a
+
+    common("list", "committed checkpoints, newest last (plus folders without a manifest)")
+    v = common("verify", "check every file's size and SHA-256 against the manifest")
+    v.add_argument("--step", type=int, help="only this step (default: every checkpoint)")
+    v.add_argument("--no-hashes", action="store_true", help="sizes only (no reading of data)")
+    pr = common("prune", "apply the retention policy (keep last N, best K, every M, min age)")
+    pr.add_argument("--dry-run", action="store_true", help="show what would be deleted and why")
+    pr.add_argument("--keep-last", type=int)
+    pr.add_argument("--best-metric")
+    pr.add_argument("--keep-best", type=int)
+    pr.add_argument("--keep-every", type=int, help="keep steps that are multiples of this")
+    pr.add_argument("--min-age-minutes", type=float)
+    pr.add_argument("--protect", type=int, action="append", default=[], metavar="STEP",
+                    help="never delete this step (e.g. one being restored); repeatable")
+    pr.add_argument("--orphan-grace-minutes", type=float, default=360.0,
+                    help="delete folders without a manifest once untouched this long (default 360)")
+    ex = common("export", "write a checkpoint's model weights to one .safetensors file")
+    ex.add_argument("--step", type=int, help="the step to export (default: newest valid)")
+    ex.add_argument("--out", type=Path, required=True, help="destination .safetensors file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from config.settings import get_settings
+
+    settings = get_settings()
+    try:
+        spec = _find_spec(args, settings.jobs_dir)
+        root = _checkpoint_root(args, spec, settings.object_store)
+    except (FileNotFoundError, ValueError) as e:
+        _error(str(e))
+        return 2
+    endpoint = args.endpoint_url or settings.s3_endpoint_url
+    handler = {"list": _list, "verify": _verify, "prune": _prune, "export": _export}[args.action]
+    return handler(args, root, endpoint, spec)
+
+
+def _find_spec(args: argparse.Namespace, jobs_dir: Path) -> TrainingJob | None:
+    from config.loader import load_spec_file, read_spec_file
+
+    if args.spec:
+        job = load_spec_file(args.spec)
+        if job.metadata.name != args.job:
+            raise ValueError(f"spec {args.spec} is for job {job.metadata.name!r}, not {args.job!r}")
+        return job
+    for path in sorted(Path(jobs_dir).glob("*.y*ml")):
+        job, _ = read_spec_file(path)
+        if job is not None and job.metadata.name == args.job:
+            return job
+    return None
+
+
+def _checkpoint_root(args: argparse.Namespace, spec: TrainingJob | None, object_store: str) -> str:
+    from plugins.checkpoint.uris import default_checkpoint_uri, require_job_prefix
+
+    if args.uri:
+        root = args.uri
+    elif spec is not None and spec.spec.checkpoint.storage:
+        root = spec.spec.checkpoint.storage
+    else:
+        root = default_checkpoint_uri(object_store, args.job)
+    return require_job_prefix(root.rstrip("/"), args.job)
+
+
+def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:
+    from plugins.checkpoint.catalog import scan
+    from plugins.checkpoint.manifest import utc_now
+
+    found = scan(root, endpoint_url=endpoint)
+    if args.json:
+        from cli.output import print_json
+
+        print_json({
+            "root": root,
+            "checkpoints": [_record_json(r) for r in found.committed],
+            "uncommitted": {f: sum(o.size for o in objs) for f, objs in found.uncommitted.items()},
+            "invalid": found.invalid,
+        })
+        return 0
+    from rich.table import Table
+
+    from cli.output import console
+
+    now = utc_now()
+    table = Table(title=f"checkpoints of {args.job} — {root}", title_justify="left")
+    for column in ("step", "created (UTC)", "age", "size", "files", "ranks", "metrics"):
+        table.add_column(column, justify="right" if column in ("step", "size", "files") else "left")
+    for r in found.committed:
+        m = r.manifest
+        table.add_row(str(m.step), m.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                      _age(now - m.created_at), _size(m.stored_bytes), str(len(m.files)),
+                      str(m.world_size), " ".join(f"{k}={v:g}" for k, v in m.metrics.items()))
+    console.print(table)
+    for folder, objs in found.uncommitted.items():
+        console.print(f"[yellow]{folder}[/]: no manifest ({len(objs)} objects) — a save in "
+                      "flight or one that never committed; not a checkpoint")
+    for folder, why in found.invalid.items():
+        console.print(f"[red]{folder}[/]: invalid manifest — {why}")
+    if not found.committed:
+        console.print("no committed checkpoints")
+    return 0
+
+
+def _verify(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:
+    from plugins.checkpoint.catalog import as_store, list_checkpoints, verify
+
+    store = as_store(root, endpoint_url=endpoint)
+    records = list_checkpoints(store)
+    if args.step is not None:
+        records = [r for r in records if r.step == args.step]
+        if not records:
+            _error(f"no committed checkpoint at step {args.step} under {root}")
+            return 1
+    reports = [verify(store, r, hashes=not args.no_hashes) for r in records]
+    if args.json:
+        from cli.output import print_json
+
+        print_json([{"step": r.step, "ok": r.ok, "problems": list(r.problems),
+                     "hashed_bytes": r.hashed_bytes} for r in reports])
+    else:
+        from rich.markup import escape
+
+        from cli.output import console
+
+        for rep in reports:
+            mark = "[green]✓[/]" if rep.ok else "[red]✗[/]"
+            console.print(f"{mark} step {rep.step}: {escape(rep.reason)}")
+        if not reports:
+            console.print("no committed checkpoints")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def _prune(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:
+    from plugins.checkpoint.retention import RetentionPolicy, apply_retention
+
+    policy = RetentionPolicy.from_spec(spec.spec.checkpoint) if spec else RetentionPolicy()
+    overrides = {"keep_last": args.keep_last, "best_metric": args.best_metric,
+                 "keep_best": args.keep_best, "keep_every_steps": args.keep_every,
+                 "min_age": None if args.min_age_minutes is None
+                 else timedelta(minutes=args.min_age_minutes)}
+    try:
+        policy = RetentionPolicy.model_validate(
+            {**policy.model_dump(), **{k: v for k, v in overrides.items() if v is not None}})
+    except ValueError as e:
+        _error(str(e))
+        return 2
+    report = apply_retention(root, policy, dry_run=args.dry_run,
+                             protected={s: "protected on the command line" for s in args.protect},
+                             orphan_grace=timedelta(minutes=args.orphan_grace_minutes),
+                             endpoint_url=endpoint)
+    if args.json:
+        from cli.output import print_json
+
+        print_json({"dry_run": report.dry_run, "policy": policy.model_dump(mode="json"),
+                    "newest_valid": report.newest_valid,
+                    "decisions": [{"step": d.step, "action": d.action, "reasons": list(d.reasons)}
+                                  for d in report.decisions],
+                    "deleted": report.deleted, "orphans": report.orphans})
+        return 0
+    from rich.markup import escape
+
+    from cli.output import console
+
+    verb = "would delete" if args.dry_run else "deleted"
+    console.print(f"policy: {escape(_policy_text(policy))}")
+    for d in report.decisions:
+        style = "green" if d.keep else "red"
+        action = "keep" if d.keep else verb
+        console.print(f"[{style}]{action:>12}[/] step {d.step}: {escape('; '.join(d.reasons))}")
+    for folder, what in report.orphans.items():
+        console.print(f"{'':>12} {folder}: {escape(what)}")
+    if not report.decisions:
+        console.print("no committed checkpoints")
+    return 0
+
+
+def _export(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:
+    from plugins.checkpoint.catalog import as_store, latest_valid, verify
+    from plugins.checkpoint.export import export_safetensors
+    from plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
+
+    store = as_store(root, endpoint_url=endpoint)
+    if args.step is None:
+        record = latest_valid(store)
+        if record is None:
+            _error(f"no valid checkpoint under {root}")
+            return 1
+        manifest_uri = record.manifest_uri
+    else:
+        report = verify(store, args.step, hashes=False)
+        if not report.ok:
+            _error(f"step {args.step}: {report.reason}")
+            return 1
+        manifest_uri = store.key_uri(f"{step_dir(args.step)}/{MANIFEST_NAME}")
+    try:
+        result = export_safetensors(manifest_uri, args.out, endpoint_url=endpoint, job=args.job)
+    except Exception as e:  # an integrity failure is an answer, not a traceback
+        from plugins.checkpoint.errors import CheckpointError
+
+        if not isinstance(e, CheckpointError | ValueError | KeyError):
+            raise
+        _error(f"export failed: {e}")
+        return 1
+    if args.json:
+        from cli.output import print_json
+
+        print_json({"path": str(result.path), "step": result.step, "tensors": result.tensors,
+                    "bytes": result.bytes, "sha256": result.sha256})
+    else:
+        from cli.output import console
+
+        console.print(f"exported step {result.step}: {result.tensors} tensors, "
+                      f"{_size(result.bytes)} → {result.path} (sha256 {result.sha256[:16]}…)")
+    return 0
+
+
+def _record_json(r: CheckpointRecord) -> dict[str, Any]:
+    m = r.manifest
+    return {"step": m.step, "manifest_uri": r.manifest_uri, "created_at": m.created_at.isoformat(),
+            "world_size": m.world_size, "stored_bytes": m.stored_bytes, "files": len(m.files),
+            "metrics": m.metrics}
+
+
+def _policy_text(policy: Any) -> str:
+    parts = [f"last {policy.keep_last}"]
+    if policy.best_metric and policy.keep_best:
+        parts.append(f"best {policy.keep_best} by {policy.best_metric}")
+    if policy.keep_every_steps:
+        parts.append(f"every {policy.keep_every_steps} steps")
+    if policy.min_age:
+        parts.append(f"younger than {policy.min_age}")
+    return "keep " + ", ".join(parts)
+
+
+def _age(delta: timedelta) -> str:
+    s = int(delta.total_seconds())
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def _error(message: str) -> None:
+    from rich.markup import escape
+
+    from cli.output import err_console
+
+    err_console.print(f"[red]error:[/] {escape(message)}")

@@ -1,0 +1,33 @@
+"""Write committed checkpoints by hand (no torch): files first, manifest last, like the writer."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+
+from plugins.checkpoint.manifest import MANIFEST_NAME, CheckpointManifest, ManifestFile, step_dir
+from plugins.checkpoint.store import ObjectStore
+
+
+def make_checkpoint(
+    store: ObjectStore,
+    step: int,
+    files: dict[str, bytes] | None = None,
+    *,
+    metrics: dict[str, float] | None = None,
+    created_at: datetime | None = None,
+    job: str = "demo",
+    commit: bool = True,
+) -> CheckpointManifest:
+    files = files if files is not None else {"__0_0.distcp": f"shard of {step}".encode() * 100,
+                                             ".metadata": b"meta"}
+    entries = []
+    for path, data in sorted(files.items()):
+        store.put_bytes(f"{step_dir(step)}/{path}", data)
+        entries.append(ManifestFile(path=path, size=len(data),
+                                    sha256=hashlib.sha256(data).hexdigest(), raw_size=len(data)))
+    manifest = CheckpointManifest(job=job, step=step, created_at=created_at or datetime.now(UTC),
+                                  world_size=1, metrics=metrics or {}, files=entries)
+    if commit:
+        store.put_bytes(f"{step_dir(step)}/{MANIFEST_NAME}", manifest.to_json_bytes())
+    return manifest

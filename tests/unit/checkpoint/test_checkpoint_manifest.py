@@ -1,0 +1,142 @@
+"""Manifests are untrusted JSON: paths stay inside their folder, nothing else parses."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from plugins.checkpoint.catalog import list_checkpoints, scan, verify
+from plugins.checkpoint.manifest import (
+    MANIFEST_NAME,
+    CheckpointManifest,
+    ManifestFile,
+    parse_step_dir,
+    step_dir,
+)
+from plugins.checkpoint.store import ObjectStore
+from plugins.checkpoint.uris import (
+    default_checkpoint_uri,
+    require_job_prefix,
+    split_manifest_uri,
+)
+from tests.unit.checkpoint.fabricate import make_checkpoint
+
+SHA = "0" * 64
+
+
+def _manifest(**changes: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "job": "demo", "step": 7, "created_at": "2026-01-01T00:00:00Z", "world_size": 2,
+        "files": [{"path": "__0_0.distcp", "size": 3, "sha256": SHA}],
+    }
+    base.update(changes)
+    return base
+
+
+@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "a/../../b", "a\\..\\b",
+                                  "", "./x", MANIFEST_NAME])
+def test_unsafe_file_paths_reject_the_whole_manifest(path: str) -> None:
+    with pytest.raises(ValidationError):
+        CheckpointManifest.model_validate(_manifest(files=[{"path": path, "size": 1, "sha256": SHA}]))
+
+
+def test_unsafe_extra_state_paths_are_rejected() -> None:
+    with pytest.raises(ValidationError, match="unsafe path"):
+        CheckpointManifest.model_validate(_manifest(extra_state=["../../etc/passwd"]))
+    with pytest.raises(ValidationError, match="does not list"):
+        CheckpointManifest.model_validate(_manifest(extra_state=["extra/rank-00000.json"]))
+
+
+def test_duplicates_unknown_fields_and_bad_hashes_are_rejected() -> None:
+    f = {"path": "a", "size": 1, "sha256": SHA}
+    with pytest.raises(ValidationError, match="more than once"):
+        CheckpointManifest.model_validate(_manifest(files=[f, f]))
+    with pytest.raises(ValidationError):
+        CheckpointManifest.model_validate(_manifest(surprise=1))
+    with pytest.raises(ValidationError):
+        CheckpointManifest.model_validate(_manifest(files=[{**f, "sha256": "abc"}]))
+    with pytest.raises(ValidationError):
+        CheckpointManifest.model_validate(_manifest(files=[{**f, "compression": "lz4"}]))
+    with pytest.raises(ValidationError):
+        CheckpointManifest.model_validate(_manifest(created_at="2026-01-01T00:00:00"))  # naive
+
+
+def test_json_round_trip_keeps_non_finite_metrics() -> None:
+    m = CheckpointManifest(job="demo", step=3, created_at=datetime(2026, 1, 1, tzinfo=UTC),
+                           world_size=1, metrics={"loss": math.inf, "eval": 0.5},
+                           files=[ManifestFile(path="x", size=1, sha256=SHA)],
+                           plan={"tp": 2, "dp": 4})
+    data = m.to_json_bytes()
+    json.loads(data)  # plain JSON (Python's json accepts Infinity)
+    back = CheckpointManifest.from_json_bytes(data)
+    assert back == m
+    assert back.state_bytes == 1
+
+
+def test_manifest_size_is_capped() -> None:
+    with pytest.raises(ValueError, match="limit"):
+        CheckpointManifest.from_json_bytes(b" " * (64 << 20) + b"{}")
+
+
+def test_catalog_refuses_a_manifest_with_a_traversal_path(store: ObjectStore) -> None:
+    """A hand-written manifest pointing at ../../etc/passwd: the catalog reports it invalid,
+    never lists it, never opens the path."""
+    make_checkpoint(store, 1)
+    evil = _manifest(step=2, files=[{"path": "../../etc/passwd", "size": 10, "sha256": SHA}])
+    store.put_bytes(f"{step_dir(2)}/{MANIFEST_NAME}", json.dumps(evil).encode())
+    absolute = _manifest(step=3, files=[{"path": "/etc/passwd", "size": 10, "sha256": SHA}])
+    store.put_bytes(f"{step_dir(3)}/{MANIFEST_NAME}", json.dumps(absolute).encode())
+    found = scan(store)
+    assert [r.step for r in found.committed] == [1]
+    assert set(found.invalid) == {"step-00000002", "step-00000003"}
+    assert "unsafe path" in found.invalid["step-00000002"]
+    assert [r.step for r in list_checkpoints(store)] == [1]
+    assert not verify(store, 2).ok
+
+
+def test_a_manifest_must_match_its_folder(store: ObjectStore) -> None:
+    m = make_checkpoint(store, 5, commit=False)
+    store.put_bytes(f"{step_dir(6)}/{MANIFEST_NAME}", m.to_json_bytes())  # says step 5
+    assert "step-00000006" in scan(store).invalid
+
+
+def test_step_dirs_sort_lexically_as_numbers_up_to_eight_digits(store: ObjectStore) -> None:
+    names = [step_dir(s) for s in (1, 20, 300, 99_999_999)]
+    assert sorted(names) == names
+    assert [parse_step_dir(n) for n in [*names, "step-123456789"]] == [1, 20, 300, 99_999_999,
+                                                                      123_456_789]
+    for step in (123_456_789, 99_999_999, 5):  # past 8 digits the catalog still sorts by number
+        make_checkpoint(store, step)
+    assert [r.step for r in list_checkpoints(store)] == [5, 99_999_999, 123_456_789]
+    assert parse_step_dir("step-12") is None
+    assert parse_step_dir("step-00000001.tmp") is None
+    with pytest.raises(ValueError):
+        step_dir(-1)
+
+
+def test_job_prefix_rule() -> None:
+    root = default_checkpoint_uri("s3://bucket/trainyard", "llama")
+    assert root == "s3://bucket/trainyard/jobs/llama/checkpoints"
+    assert require_job_prefix(root, "llama") == root
+    assert require_job_prefix("file:///data/jobs/llama/checkpoints", "llama")
+    for uri in ["s3://bucket/trainyard/jobs/other/checkpoints", "s3://llama/checkpoints",
+                "file:///data/jobs/llamas/checkpoints", "/data/jobs/llama-2/ckpt"]:
+        with pytest.raises(ValueError, match="outside job 'llama'"):
+            require_job_prefix(uri, "llama")
+    with pytest.raises(ValueError, match=r"'\.\.'"):
+        require_job_prefix("file:///data/jobs/llama/../other/checkpoints", "llama")
+    with pytest.raises(ValueError):
+        require_job_prefix("file:///x/a/b", "a/b")
+
+
+def test_split_manifest_uri() -> None:
+    assert split_manifest_uri("s3://b/jobs/j/checkpoints/step-00000010/MANIFEST.json") == (
+        "s3://b/jobs/j/checkpoints", "step-00000010", 10)
+    with pytest.raises(ValueError):
+        split_manifest_uri("s3://b/jobs/j/checkpoints/step-00000010/other.json")
+    with pytest.raises(ValueError):
+        split_manifest_uri("s3://b/jobs/j/checkpoints/latest/MANIFEST.json")

@@ -1,0 +1,109 @@
+"""Extra-state JSON, verified transfers and the allow-list unpickler: data in, data out,
+never code."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from plugins.checkpoint import state_json
+from plugins.checkpoint.dcp_io import load_metadata
+from plugins.checkpoint.errors import IntegrityError
+from plugins.checkpoint.rng import capture_rng_state, restore_rng_state
+from plugins.checkpoint.store import ObjectStore
+from plugins.checkpoint.transfer import download_verified, upload_file
+
+
+def test_state_json_round_trips_what_state_dicts_hold() -> None:
+    value = {
+        "last_epoch": 7, "lr": [0.1, 1e-5], "betas": (0.9, 0.999), "none": None, "flag": True,
+        "by_int": {0: "a", 3: (1, 2)}, "dunder": {"__tuple__": "not a tag"}, "raw": b"\x00\xff",
+        "inf": float("inf"),
+        "t_bf16": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+        "t_scalar": torch.tensor(3.5), "t_empty": torch.empty(0, 4), "t_bool": torch.tensor([True]),
+        "np": np.arange(5, dtype=np.uint32), "np_scalar": np.float64(2.5),
+    }
+    back = state_json.loads(state_json.dumps(value))
+    assert back["betas"] == (0.9, 0.999) and back["by_int"] == {0: "a", 3: (1, 2)}
+    assert back["dunder"] == {"__tuple__": "not a tag"}
+    assert back["raw"] == b"\x00\xff" and back["inf"] == float("inf")
+    for key in ("t_bf16", "t_scalar", "t_empty", "t_bool"):
+        assert back[key].dtype == value[key].dtype and torch.equal(back[key], value[key])
+    assert back["np"].dtype == np.uint32 and (back["np"] == value["np"]).all()
+    assert back["np_scalar"] == 2.5
+
+
+def test_state_json_refuses_arbitrary_objects() -> None:
+    class Opaque:
+        pass
+
+    with pytest.raises(TypeError, match=r"\$\.sched\.fn"):
+        state_json.dumps({"sched": {"fn": Opaque()}})
+    with pytest.raises(TypeError):
+        state_json.dumps({"a": np.array([object()])})
+
+
+def test_rng_states_round_trip_through_json() -> None:
+    state = state_json.loads(state_json.dumps(capture_rng_state()))
+    expected = (random.random(), np.random.rand(), torch.rand(2))
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    restore_rng_state(state)
+    got = (random.random(), np.random.rand(), torch.rand(2))
+    assert got[0] == expected[0] and got[1] == expected[1] and torch.equal(got[2], expected[2])
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_upload_and_verified_download(store: ObjectStore, tmp_path: Path, compression: str) -> None:
+    src = tmp_path / "shard.bin"
+    data = os.urandom(1 << 20) + bytes(3 << 20)  # compressible tail
+    src.write_bytes(data)
+    entry = upload_file(store, "step-00000001", "__0_0.distcp", src,
+                        compression=compression, rank=3)  # type: ignore[arg-type]
+    assert (entry.path, entry.raw_size, entry.rank, entry.compression) == (
+        "__0_0.distcp", len(data), 3, compression)
+    assert (entry.size < len(data)) if compression == "zstd" else (entry.size == len(data))
+    dest = tmp_path / "down" / "__0_0.distcp"
+    assert download_verified(store, "step-00000001", entry, dest) == entry.size
+    assert dest.read_bytes() == data
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_corrupt_download_raises_and_leaves_nothing(store: ObjectStore, tmp_path: Path,
+                                                    compression: str) -> None:
+    src = tmp_path / "shard.bin"
+    src.write_bytes(os.urandom(256 << 10))
+    entry = upload_file(store, "step-00000001", "x", src, compression=compression)  # type: ignore[arg-type]
+    stored = bytearray(store.get_bytes("step-00000001/x"))
+    stored[len(stored) // 2] ^= 0x10
+    store.put_bytes("step-00000001/x", bytes(stored))
+    dest = tmp_path / "down" / "x"
+    with pytest.raises(IntegrityError, match=r"corrupt|decompress"):
+        download_verified(store, "step-00000001", entry, dest)
+    assert not dest.exists() and list(dest.parent.iterdir()) == []
+    store.delete("step-00000001/x")
+    with pytest.raises(IntegrityError, match="missing"):
+        download_verified(store, "step-00000001", entry, dest)
+
+
+class _Exploit:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch /tmp/trainyard-pwned",))
+
+
+def test_metadata_unpickler_refuses_anything_off_the_allow_list(tmp_path: Path) -> None:
+    path = tmp_path / ".metadata"
+    path.write_bytes(pickle.dumps(_Exploit()))
+    with pytest.raises(pickle.UnpicklingError, match=r"(posix|os)\.system"):
+        load_metadata(path)
+    path.write_bytes(pickle.dumps({"not": "metadata"}))
+    with pytest.raises(pickle.UnpicklingError, match="not DCP Metadata"):
+        load_metadata(path)
+    assert not Path("/tmp/trainyard-pwned").exists()
