@@ -27,6 +27,9 @@ class Plan(BaseModel):
     """Context-parallel degree (sequence split across devices)."""
     vpp: PositiveInt = 1
     """Virtual pipeline stages per pipeline rank (interleaved 1F1B when > 1)."""
+    ep: PositiveInt = 1
+    """Expert-parallel degree (mixture-of-experts only): experts split over `ep` ranks of the
+    dp·cp group. Not a factor of the world size."""
     zero_stage: Literal[0, 1, 2, 3] = 0
     """0 = DDP, 1 = optimizer sharded, 2 = + gradients, 3 = + parameters (FSDP)."""
     micro_batch_size: PositiveInt = 1
@@ -50,6 +53,8 @@ class Plan(BaseModel):
     mfu: NonNegativeFloat | None = None
     hfu: NonNegativeFloat | None = None
     bubble_fraction: NonNegativeFloat | None = None
+    communication_s: dict[str, float] = Field(default_factory=dict)
+    """Communication left on the critical path per step, seconds, by dimension (tp, cp, ep, pp, dp)."""
     nccl_env: dict[str, str] = Field(default_factory=dict)
     """NCCL variables suggested for this plan on GPU clusters."""
 
@@ -59,6 +64,8 @@ class Plan(BaseModel):
             raise ValueError(f"virtual pipeline stages vpp({self.vpp}) need pipeline parallelism; pp is 1")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"ep({self.ep}) must divide dp({self.dp}) * cp({self.cp})")
         expected = self.micro_batch_size * self.num_micro_batches * self.dp
         if self.global_batch_size is not None and self.global_batch_size != expected:
             raise ValueError(
@@ -92,6 +99,8 @@ class Plan(BaseModel):
                  f"DP{self.dp}"]
         if self.cp > 1:
             parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
         label = "·".join(parts) + f" ZeRO-{self.zero_stage} mbs{self.micro_batch_size}×{self.num_micro_batches}"
         if self.activation_checkpointing != "none":
             label += f" AC={self.activation_checkpointing}"

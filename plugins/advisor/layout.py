@@ -1,0 +1,156 @@
+"""`Layout`: one way to split a job — the degrees and knobs the advisor searches over — and
+`Implementation`: what the training code saves and keeps, which decides how much memory a
+layout needs.
+
+A `Layout` is the plain, hashable core of a `Plan` (no estimates), cheap enough to create
+tens of thousands of times during a search.
+
+Rank order (fastest-varying first): tp, cp, dp, pp — the worker's device mesh
+(`worker/distributed/mesh.py`, torchtitan's `ParallelDims`). TP groups are consecutive ranks,
+so they sit inside one node; a DP group's stride is tp·cp; a PP group's stride is tp·cp·dp.
+An `Implementation` may say otherwise (Llama 3 put pipeline inside data parallelism).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    vpp: int = 1
+    ep: int = 1
+    """Expert-parallel degree (MoE): experts split over `ep` ranks of the dp·cp group."""
+    zero_stage: int = 0
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1
+    recompute: Recompute = "none"
+    sequence_parallel: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks that hold the same parameters: ZeRO shards and gradients reduce over dp·cp."""
+        return self.dp * self.cp
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.num_micro_batches * self.dp
+
+    def complexity(self) -> int:
+        """How much machinery the layout needs; ties in step time go to the lower score."""
+        return (8 * (self.pp > 1) + 8 * (self.tp > 1) + 8 * (self.cp > 1) + 8 * (self.ep > 1)
+                + 4 * (self.vpp > 1) + 2 * RECOMPUTE_LEVEL[self.recompute] + self.zero_stage
+                + int(self.sequence_parallel))
+
+    def describe(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}" + (f"(v{self.vpp})" if self.vpp > 1 else ""),
+                 f"DP{self.dp}"]
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        text = "·".join(parts) + f" ZeRO-{self.zero_stage} mbs{self.micro_batch_size}×{self.num_micro_batches}"
+        if self.recompute != "none":
+            text += f" AC={self.recompute}"
+        if self.sequence_parallel:
+            text += " SP"
+        return text
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """What the training code keeps in memory — the conventions behind the memory model.
+
+    `pytorch` is the worker's model as it runs (eager PyTorch) and is measured by the unit
+    tests; `fused` is Megatron-Core / Transformer Engine (or torch.compile) style kernels;
+    `torchtitan` is the eager torchtitan Llama with its op-level SAC;
+`megatron` is the code behind Narayanan et al. 2021 and Korthikanti et al. 2022 (fused
+LayerNorm, materialised attention scores, dropout, GELU); `deepspeed_zero3` is that model
+under DeepSpeed's ZeRO-3 (Narayanan et al. 2021, Table 2).
+    """
+
+    name: str
+    composite_norm: bool
+    """`nn.RMSNorm` as torch 2.13 decomposes it: saves the input upcast to fp32, the fp32
+    normalised tensor and the output (8 + e bytes per element); a fused norm keeps its input
+    and output (2e)."""
+    flash_attention: bool
+    """Fused attention (SDPA flash / memory-efficient): keeps q, k, v, output and the log-sum-exp;
+    without it the s×s scores are materialised (Korthikanti's 5as/h term)."""
+    kv_expanded: bool
+    """GQA implemented by repeating K and V to every query head before attention (the worker,
+    torchtitan): attention then keeps full-width K and V."""
+    dropout: bool
+    fused_swiglu: bool
+    """Fused SwiGLU keeps gate and up and recomputes silu(gate)·up (3F kept instead of 4F)."""
+    selective_policy: Literal["matmul_outputs", "alternate_matmuls", "core_attention"]
+    """What `selective` recomputation keeps. `matmul_outputs`: the outputs of every matmul and
+    of attention; norms, RoPE, activations recomputed (the worker's op-level SAC).
+    `alternate_matmuls`: torchtitan's op-level SAC, which also recomputes every second matmul.
+    `core_attention`: everything except QKᵀ/softmax/dropout/AV (Korthikanti et al. 2022)."""
+    fp32_grads: bool = True
+    """Mixed precision keeps fp32 gradients (FSDP2 reduce_dtype=fp32, DDP on fp32 parameters,
+    Megatron's main_grad): 18 bytes/param in all. False is ZeRO's 2-byte accounting (16)."""
+    ddp_bucket_copy: bool = False
+    """DDP without `gradient_as_bucket_view` keeps a second copy of the gradients in its buckets."""
+    zero3_live_layers: float = 2
+    """Unsharded layers alive at once under ZeRO-3: FSDP2 gathers a whole block and prefetches
+    the next (2); DeepSpeed gathers module by module (about half a layer alive)."""
+    zero_reduce_bucket_bytes: float | None = None
+    """Unsharded gradients waiting for the reduce-scatter: one layer's under FSDP2 (None);
+    DeepSpeed's reduce bucket (5e8 elements in fp16 = 1 GB) otherwise."""
+    collectives_per_layer: int = 1
+    """ZeRO collectives per layer and direction: FSDP2 gathers a block's parameters as one
+    flat buffer; DeepSpeed ZeRO-3 gathers each linear layer separately (4)."""
+    ddp_bucket_bytes: int = 100 * 1024**2
+    """DDP's gradient bucket (the worker sets bucket_cap_mb=100): one all-reduce per bucket."""
+    zero1_as_zero2: bool = False
+    """FSDP2 has no ZeRO-1: the worker runs stage 1 like stage 2 (parameters kept gathered from
+    forward to backward, gradients reduce-scattered after every micro-batch and kept sharded)."""
+    pipeline_inside_data: bool = False
+    """Rank order. False: tp, cp, dp, pp from fastest to slowest (the worker's mesh, torchtitan,
+    Megatron) — pipeline groups span the whole job. True: tp, cp, pp, dp (Llama 3) — pipeline
+    groups stay close, data-parallel groups span the job."""
+
+    def effective_zero(self, zero_stage: int) -> int:
+        return 2 if (zero_stage == 1 and self.zero1_as_zero2) else zero_stage
+
+    def strides(self, layout: Layout) -> tuple[int, int]:
+        """(dp stride, pp stride) in ranks for `layout` under this rank order."""
+        inner = layout.tp * layout.cp
+        if self.pipeline_inside_data:
+            return inner * layout.pp, inner
+        return inner, inner * layout.dp
+
+
+PYTORCH = Implementation(
+    name="pytorch", composite_norm=True, flash_attention=True, kv_expanded=True, dropout=False,
+    fused_swiglu=False, selective_policy="matmul_outputs", ddp_bucket_copy=True,
+    zero1_as_zero2=True)
+FUSED = Implementation(
+    name="fused", composite_norm=False, flash_attention=True, kv_expanded=False, dropout=False,
+    fused_swiglu=True, selective_policy="matmul_outputs")
+MEGATRON = Implementation(
+    name="megatron", composite_norm=False, flash_attention=False, kv_expanded=False,
+    dropout=True, fused_swiglu=False, selective_policy="core_attention")
+DEEPSPEED_ZERO3 = Implementation(
+    name="deepspeed_zero3", composite_norm=False, flash_attention=False, kv_expanded=False,
+    dropout=True, fused_swiglu=False, selective_policy="core_attention", zero3_live_layers=0.5,
+    zero_reduce_bucket_bytes=1e9, collectives_per_layer=4)
+TORCHTITAN = Implementation(
+    name="torchtitan", composite_norm=True, flash_attention=True, kv_expanded=True, dropout=False,
+    fused_swiglu=False, selective_policy="alternate_matmuls", zero1_as_zero2=True)
+
+IMPLEMENTATIONS = {i.name: i for i in (PYTORCH, FUSED, MEGATRON, DEEPSPEED_ZERO3, TORCHTITAN)}

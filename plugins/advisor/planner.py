@@ -1,0 +1,273 @@
+"""`plan_job`: the advisor's answer for one spec on one cluster — the `Plan` to run, the
+alternatives, why the rest were rejected, and, when nothing fits, what would.
+
+This is what the DAG's planning step, the launcher, `trainyard launch --local`, the dry run
+(`plugins/validation/memory.py`) and `trainyard plan` call. With `strategy: auto` the search
+ranks every valid layout (degrees the spec gives are pinned); with `strategy: manual` exactly
+the spec's configuration is evaluated (missing degrees 1, data parallelism filling gpuCount,
+ZeRO 0, micro-batch 1, no recomputation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from plugins.advisor.estimate import Estimate, Evaluator, check_layout
+from plugins.advisor.hardware import CATALOG, GiB, Hardware, hardware_for
+from plugins.advisor.layout import PYTORCH, Implementation, Layout
+from plugins.advisor.model import ModelProfile
+from plugins.advisor.nccl import nccl_env
+from plugins.advisor.plan import Plan
+from plugins.advisor.search import Pins, SearchResult, search
+
+if TYPE_CHECKING:
+    from config.cluster import Cluster
+    from config.spec import Parallelism, TrainingJob
+
+PLAN_JSON_KEYS = ("tp", "pp", "dp", "cp", "vpp", "zero_stage", "micro_batch_size",
+                  "num_micro_batches", "activation_checkpointing", "sequence_parallel",
+                  "memory_per_gpu_bytes", "memory_breakdown", "step_time_s", "tokens_per_s", "mfu",
+                  "bubble_fraction")
+"""The plan fields `trainyard plan --json` prints (the issue's contract)."""
+
+
+class PlanResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    feasible: bool
+    strategy: Literal["auto", "manual"]
+    best: Plan | None
+    """The plan to run; None when nothing fits."""
+    alternatives: list[Plan] = Field(default_factory=list)
+    """The next best plans that fit, best first."""
+    evaluated: Plan | None = None
+    """Manual strategy: the spec's own configuration with its estimates, whether it fits or not."""
+    rejected: dict[str, int] = Field(default_factory=dict)
+    suggestions: list[str] = Field(default_factory=list)
+    """When nothing fits: what would (more devices, a bigger device, shorter sequences)."""
+    warnings: list[str] = Field(default_factory=list)
+    plans_considered: int = 0
+    plans_evaluated: int = 0
+    budget_bytes: int
+    device_memory_bytes: int
+    hardware: str
+    parameter_count: int
+    smallest_memory_bytes: int | None = None
+    """The least memory any layout needed (what 'nothing fits' is measured against)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """`{"feasible", "plan", "alternatives", "rejected"}` with the issue's plan fields.
+        `plan` is the best plan, or (manual strategy) the evaluated configuration even when it
+        does not fit, or null."""
+        shown = self.best or self.evaluated
+        return {
+            "feasible": self.feasible,
+            "plan": plan_json(shown) if shown is not None else None,
+            "alternatives": [plan_json(p) for p in self.alternatives],
+            "rejected": dict(self.rejected),
+        }
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    data = plan.model_dump(mode="json")
+    return {key: data[key] for key in PLAN_JSON_KEYS}
+
+
+def to_plan(est: Estimate, model: ModelProfile, hw: Hardware) -> Plan:
+    layout, time = est.layout, est.time
+    return Plan(
+        tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, vpp=layout.vpp, ep=layout.ep,
+        zero_stage=layout.zero_stage,  # type: ignore[arg-type]
+        micro_batch_size=layout.micro_batch_size, num_micro_batches=layout.num_micro_batches,
+        activation_checkpointing=layout.recompute, sequence_parallel=layout.sequence_parallel,
+        sequence_length=model.sequence_length, global_batch_size=model.global_batch_size,
+        memory_per_gpu_bytes=est.memory_bytes, memory_breakdown=dict(est.memory),
+        step_time_s=time.step_s if time else None, tokens_per_s=est.tokens_per_s if time else None,
+        mfu=est.mfu if time else None, hfu=est.hfu if time else None,
+        bubble_fraction=time.bubble_fraction if time else None,
+        communication_s={k: round(v, 6) for k, v in time.communication_s.items()} if time else {},
+        nccl_env=nccl_env(layout, hw),
+    )
+
+
+def pins_from_spec(par: Parallelism) -> Pins:
+    return Pins(tp=par.tensor_parallel, pp=par.pipeline_parallel, dp=par.data_parallel,
+                cp=par.context_parallel, vpp=par.virtual_pipeline_stages, zero_stage=par.zero_stage,
+                micro_batch_size=par.micro_batch_size, recompute=par.activation_checkpointing,
+                sequence_parallel=par.sequence_parallel)
+
+
+def manual_layout(par: Parallelism, model: ModelProfile, gpu_count: int) -> Layout:
+    """The spec's own configuration; raises `ValueError` naming the values when it is invalid."""
+    tp, pp, cp = par.degree("tensor_parallel"), par.degree("pipeline_parallel"), par.degree("context_parallel")
+    if gpu_count % (tp * pp * cp) and par.data_parallel is None:
+        raise ValueError(f"gpuCount {gpu_count} is not divisible by TP({tp}) * PP({pp}) * CP({cp})")
+    dp = par.data_parallel if par.data_parallel is not None else gpu_count // (tp * pp * cp)
+    mbs = par.micro_batch_size or 1
+    if model.global_batch_size % (mbs * dp):
+        raise ValueError(f"globalBatchSize {model.global_batch_size} is not divisible by "
+                         f"microBatchSize({mbs}) * dataParallel({dp}) = {mbs * dp}")
+    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=par.degree("virtual_pipeline_stages"),
+                    zero_stage=par.zero_stage or 0, micro_batch_size=mbs,
+                    num_micro_batches=model.global_batch_size // (mbs * dp),
+                    recompute=par.activation_checkpointing or "none",
+                    sequence_parallel=bool(par.sequence_parallel))
+    check_layout(model, layout, gpu_count)
+    return layout
+
+
+def plan_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9, top_k: int = 5,
+             impl: Implementation = PYTORCH) -> PlanResult:
+    """Plan `job` on `cluster`. Raises `ValueError` when the spec cannot be planned at all (no
+    model hints, a GPU type the cluster lacks, an invalid manual configuration)."""
+    par = job.spec.parallelism
+    if par.hints is None:
+        raise ValueError("the spec has no parallelism.hints: the advisor needs the model's shape "
+                         "(hiddenSize, numLayers, numAttentionHeads, sequenceLength, globalBatchSize)")
+    model = ModelProfile.from_hints(par.hints)
+    hw = hardware_for(cluster, job.spec.hardware.gpu_type)
+    gpus = job.spec.hardware.gpu_count
+    if par.strategy == "manual":
+        return plan_manual(model, hw, manual_layout(par, model, gpus), memory_fraction=memory_fraction,
+                           top_k=top_k, impl=impl)
+    return plan_auto(model, hw, gpus, pins=pins_from_spec(par), memory_fraction=memory_fraction,
+                     top_k=top_k, impl=impl)
+
+
+def _warnings(model: ModelProfile) -> list[str]:
+    diff = model.parameter_mismatch()
+    if diff is None:
+        return []
+    return [f"modelParameters is {model.declared_parameters:,} but the architecture has "
+            f"{model.parameter_count():,} parameters ({diff:+.1%})"]
+
+
+def _result(model: ModelProfile, hw: Hardware, found: SearchResult, *, strategy: str,
+            best: Plan | None, alternatives: list[Plan], evaluated: Plan | None = None,
+            suggestions: list[str] | None = None) -> PlanResult:
+    return PlanResult(
+        feasible=best is not None, strategy=strategy,  # type: ignore[arg-type]
+        best=best, alternatives=alternatives, evaluated=evaluated, rejected=found.rejected,
+        suggestions=suggestions or [], warnings=_warnings(model),
+        plans_considered=found.plans_considered, plans_evaluated=found.plans_evaluated,
+        budget_bytes=found.budget_bytes, device_memory_bytes=hw.memory_bytes,
+        hardware=hw.describe(), parameter_count=model.parameter_count(),
+        smallest_memory_bytes=found.smallest.memory_bytes if found.smallest else None)
+
+
+def plan_auto(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | None = None,
+              memory_fraction: float = 0.9, top_k: int = 5,
+              impl: Implementation = PYTORCH) -> PlanResult:
+    found = search(model, hw, gpu_count, pins=pins, impl=impl, memory_fraction=memory_fraction,
+                   top_k=top_k)
+    plans = [to_plan(est, model, hw) for est in found.ranked]
+    suggestions = [] if plans else what_would_fit(model, hw, gpu_count, found, pins=pins, impl=impl,
+                                                  memory_fraction=memory_fraction)
+    return _result(model, hw, found, strategy="auto", best=plans[0] if plans else None,
+                   alternatives=plans[1:], suggestions=suggestions)
+
+
+def plan_manual(model: ModelProfile, hw: Hardware, layout: Layout, *, memory_fraction: float = 0.9,
+                top_k: int = 5, impl: Implementation = PYTORCH) -> PlanResult:
+    evaluator = Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction)
+    est = evaluator.evaluate(layout)
+    plan = to_plan(est, model, hw)
+    found = SearchResult(ranked=[est] if est.fits else [],
+                         rejected={} if est.fits else {"exceeds_memory": 1}, plans_considered=1,
+                         plans_evaluated=1, smallest=est, budget_bytes=evaluator.budget)
+    if est.fits:
+        return _result(model, hw, found, strategy="manual", best=plan, alternatives=[], evaluated=plan)
+    suggestions = manual_fixes(evaluator, layout)
+    auto = search(model, hw, layout.world_size, impl=impl, memory_fraction=memory_fraction, top_k=top_k)
+    if auto.best is not None:
+        suggestions.append(f"strategy: auto finds {auto.best.layout.describe()} "
+                           f"({auto.best.memory_bytes / GiB:.1f} GiB)")
+    else:
+        suggestions += what_would_fit(model, hw, layout.world_size, auto, impl=impl,
+                                      memory_fraction=memory_fraction)
+    return _result(model, hw, found, strategy="manual", best=None,
+                   alternatives=[to_plan(e, model, hw) for e in auto.ranked[:top_k]],
+                   evaluated=plan, suggestions=suggestions)
+
+
+SPEC_KEYS = {"recompute": "activationCheckpointing", "zero_stage": "zeroStage",
+             "micro_batch_size": "microBatchSize", "sequence_parallel": "sequenceParallel"}
+
+
+def manual_fixes(evaluator: Evaluator, layout: Layout) -> list[str]:
+    """Single changes to a manual configuration that make it fit, smallest change first."""
+    local = layout.micro_batch_size * layout.num_micro_batches
+    changes: list[dict[str, Any]] = [{"recompute": "selective"}, {"recompute": "full"}]
+    if layout.shard_group > 1:
+        changes += [{"zero_stage": z} for z in (1, 2, 3) if z > layout.zero_stage]
+    if layout.tp > 1 and not layout.sequence_parallel:
+        changes.append({"sequence_parallel": True})
+    if layout.micro_batch_size > 1:
+        changes.append({"micro_batch_size": 1, "num_micro_batches": local})
+    out = []
+    for change in changes:
+        if all(getattr(layout, k) == v for k, v in change.items()):
+            continue
+        candidate = replace(layout, **change)
+        bytes_ = evaluator.memory_bytes(candidate)
+        if bytes_ <= evaluator.budget:
+            said = ", ".join(f"{SPEC_KEYS[k]}: {str(v).lower() if isinstance(v, bool) else v}"
+                             for k, v in change.items() if k in SPEC_KEYS)
+            out.append(f"{said} would fit ({bytes_ / GiB:.1f} GiB)")
+    return out[:3]
+
+
+def what_would_fit(model: ModelProfile, hw: Hardware, gpu_count: int, found: SearchResult, *,
+                   pins: Pins | None = None, impl: Implementation = PYTORCH,
+                   memory_fraction: float = 0.9) -> list[str]:
+    """More devices, a bigger device or shorter sequences: the first of each that fits."""
+    out: list[str] = []
+    if found.plans_evaluated == 0:
+        out.append(f"no layout of {gpu_count} devices divides globalBatchSize "
+                   f"{model.global_batch_size} and the model's heads/layers; change gpuCount or "
+                   "globalBatchSize")
+        return out
+
+    def fits(m: ModelProfile, h: Hardware, n: int) -> bool:
+        return search(m, h, n, pins=pins, impl=impl, memory_fraction=memory_fraction,
+                      first_fit=True).best is not None
+
+    for factor in (2, 4, 8, 16, 32, 64):
+        n = gpu_count * factor
+        if hw.total_gpus is not None and n > hw.total_gpus:
+            out.append(f"more devices: {n} would be needed to try the next size, the cluster has "
+                       f"{hw.total_gpus} {hw.gpu.name}")
+            break
+        if fits(model, hw, n):
+            out.append(f"more devices: {n} {hw.gpu.name} would fit")
+            break
+    bigger = sorted((g for g in CATALOG.values() if not g.is_cpu and g.memory_bytes > hw.memory_bytes),
+                    key=lambda g: g.memory_bytes)
+    for gpu in bigger:
+        if fits(model, hw.with_gpu(gpu), gpu_count):
+            out.append(f"a bigger device: {gpu_count} {gpu.name} ({gpu.memory_bytes / GiB:.0f} GiB) "
+                       "would fit")
+            break
+    s = model.sequence_length // 2
+    while s >= 128:
+        if fits(replace(model, sequence_length=s), hw, gpu_count):
+            out.append(f"shorter sequences: sequenceLength {s} would fit on {gpu_count} devices")
+            break
+        s //= 2
+    if not out:
+        out.append("nothing simple fits: the model needs more devices than the cluster has")
+    return out
+
+
+def replan_after_oom(job: TrainingJob, cluster: Cluster, failed: Plan, *,
+                     memory_fraction: float = 0.9, top_k: int = 5) -> PlanResult:
+    """Plan again after `failed` ran out of device memory: the estimate that OOMed was too low,
+    so demand 10 % less than it (smaller micro-batches, more recomputation, more sharding)."""
+    hw = hardware_for(cluster, job.spec.hardware.gpu_type)
+    if not failed.memory_per_gpu_bytes:
+        raise ValueError("the failed plan carries no memory estimate to re-plan against")
+    fraction = min(memory_fraction, 0.9 * failed.memory_per_gpu_bytes / hw.memory_bytes)
+    return plan_job(job, cluster, memory_fraction=fraction, top_k=top_k)

@@ -1,0 +1,229 @@
+"""The search over layouts: every valid combination of TP, CP, PP, DP, EP, interleaving, ZeRO
+stage, micro-batch size, recomputation and sequence parallelism; keep what fits, rank by step
+time, break ties towards the simpler layout.
+
+Validity: TP divides the query and KV heads and the FFN width and fits in a node; PP divides
+the layers; DP = GPUs / (TP·PP·CP) divides the global batch, micro-batch × micro-batches × DP
+= global batch; a pipeline needs at least pp micro-batches, interleaving a multiple of pp and
+virtual stages that divide a stage's layers; CP is searched for sequences of 16k tokens or
+more, in chunks of at least 4k (load-balanced causal ring attention needs s divisible by 2·cp).
+
+Pruning without losing plans: for a given (tp, cp, pp, ep) the least-memory variant of a
+micro-batch size (ZeRO-3, full recomputation, sequence parallel, no interleaving) is checked
+first; if it does not fit, neither does any variant of that micro-batch size nor of any larger
+one (in-flight activations min(p, m)·mbs only grow with mbs), so they are counted as rejected
+for memory without being evaluated. `plans_considered` counts every combination,
+`plans_evaluated` those whose memory (and, when they fit, time) was actually computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+from plugins.advisor.estimate import Estimate, Evaluator
+from plugins.advisor.hardware import Hardware
+from plugins.advisor.layout import PYTORCH, Implementation, Layout
+from plugins.advisor.model import ModelProfile
+
+TIE_TOLERANCE = 0.01
+"""Step times within 1 % are a tie; the simpler layout wins it."""
+MAX_VIRTUAL_STAGES = 8
+CP_DEGREES = (1, 2, 4, 8, 16, 32)
+MIN_CP_SEQUENCE = 16384
+"""Context parallelism is searched only for long sequences (as Llama 3 and torchtitan use it);
+below this the model's CP costs (kernel efficiency of split attention) are not worth trusting.
+A spec can still pin `contextParallel`."""
+MIN_CP_CHUNK = 4096
+
+REJECT_MEMORY = "exceeds_memory"
+REJECT_BATCH = "batch_indivisible"
+REJECT_FEW_MICRO = "micro_batches_below_pp"
+REJECT_INTERLEAVE = "interleave_needs_micro_batches_multiple_of_pp"
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Degrees the spec fixes; None leaves the dimension to the search."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    cp: int | None = None
+    vpp: int | None = None
+    zero_stage: int | None = None
+    micro_batch_size: int | None = None
+    recompute: str | None = None
+    sequence_parallel: bool | None = None
+    ep: int | None = None
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Estimate]
+    """Fitting layouts, best first (ties resolved towards the simpler one)."""
+    rejected: dict[str, int]
+    plans_considered: int
+    plans_evaluated: int
+    smallest: Estimate | None = None
+    """The least-memory layout evaluated (for 'nothing fits' messages)."""
+    budget_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Estimate | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _options(pinned: object, default: list) -> list:
+    return [pinned] if pinned is not None else default
+
+
+def _tp_options(model: ModelProfile, hw: Hardware, gpus: int, pins: Pins) -> list[int]:
+    if pins.tp is not None:
+        return [pins.tp]
+    return [t for t in divisors(gpus) if t <= hw.gpus_per_node and model.num_heads % t == 0
+            and model.num_kv_heads % t == 0 and model.ffn_hidden_size % t == 0
+            and model.hidden_size % t == 0]
+
+
+def _cp_options(model: ModelProfile, pins: Pins) -> list[int]:
+    if pins.cp is not None:
+        return [pins.cp]
+    s = model.sequence_length
+    if s < MIN_CP_SEQUENCE:
+        return [1]
+    return [c for c in CP_DEGREES if c == 1 or (s % (2 * c) == 0 and s // c >= MIN_CP_CHUNK)]
+
+
+def _vpp_options(model: ModelProfile, pp: int, pins: Pins) -> list[int]:
+    if pins.vpp is not None:
+        return [pins.vpp]
+    if pp == 1:
+        return [1]
+    per_stage = model.num_layers // pp
+    return [1] + [v for v in divisors(per_stage) if 2 <= v <= MAX_VIRTUAL_STAGES]
+
+
+def _inner_variants(layout: Layout, vpps: list[int], pins: Pins) -> Iterator[Layout]:
+    """Every (vpp, sp, recompute, zero) variant of a layout, least memory first per knob."""
+    sps = _options(pins.sequence_parallel, [False, True] if layout.tp > 1 else [False])
+    recomputes = _options(pins.recompute, ["none", "selective", "full"])
+    zeros = _options(pins.zero_stage, [0, 1, 2, 3] if layout.shard_group > 1 else [0])
+    for vpp in vpps:
+        for sp in sps:
+            for ac in recomputes:
+                for zero in zeros:
+                    yield replace(layout, vpp=vpp, sequence_parallel=sp, recompute=ac,  # type: ignore[arg-type]
+                                  zero_stage=zero)
+
+
+def _least_memory(layout: Layout, pins: Pins) -> Layout:
+    sp = pins.sequence_parallel if pins.sequence_parallel is not None else layout.tp > 1
+    return replace(layout, vpp=pins.vpp or 1, sequence_parallel=sp,
+                   recompute=pins.recompute or "full",  # type: ignore[arg-type]
+                   zero_stage=pins.zero_stage if pins.zero_stage is not None else
+                   (3 if layout.shard_group > 1 else 0))
+
+
+def _structures(model: ModelProfile, hw: Hardware, gpus: int, pins: Pins,
+                rejected: dict[str, int]) -> Iterator[tuple[int, int, int, int, int]]:
+    """(tp, cp, pp, dp, ep) combinations that tile `gpus` and the global batch."""
+    for tp in _tp_options(model, hw, gpus, pins):
+        for cp in _cp_options(model, pins):
+            pps = _options(pins.pp, [p for p in divisors(model.num_layers) if p <= gpus])
+            for pp in pps:
+                if gpus % (tp * cp * pp):
+                    continue
+                dp = gpus // (tp * cp * pp)
+                if pins.dp is not None and pins.dp != dp:
+                    continue
+                if model.global_batch_size % dp:
+                    rejected[REJECT_BATCH] = rejected.get(REJECT_BATCH, 0) + 1
+                    continue
+                eps = _options(pins.ep, [e for e in divisors(model.num_experts or 1)
+                                         if (dp * cp) % e == 0] if model.is_moe else [1])
+                for ep in eps:
+                    yield tp, cp, pp, dp, ep
+
+
+def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | None = None,
+           impl: Implementation = PYTORCH, memory_fraction: float = 0.9, top_k: int = 5,
+           first_fit: bool = False) -> SearchResult:
+    """Rank every valid layout of `model` on `gpu_count` devices of `hw` that fits.
+
+    `first_fit` stops at the first layout that fits (used to answer 'would it fit with …?').
+    """
+    pins = pins or Pins()
+    evaluator = Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction)
+    budget = evaluator.budget
+    rejected: dict[str, int] = {}
+    fitting: list[Estimate] = []
+    considered = evaluated = 0
+    smallest: Estimate | None = None
+
+    def reject(reason: str, n: int = 1) -> None:
+        rejected[reason] = rejected.get(reason, 0) + n
+
+    for tp, cp, pp, dp, ep in _structures(model, hw, gpu_count, pins, rejected):
+        local = model.global_batch_size // dp
+        mbss = _options(pins.micro_batch_size, divisors(local))
+        vpps = _vpp_options(model, pp, pins)
+        for i, mbs in enumerate(mbss):
+            if local % mbs:
+                reject(REJECT_BATCH)
+                continue
+            m = local // mbs
+            base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch_size=mbs, num_micro_batches=m)
+            variants = list(_inner_variants(base, vpps, pins))
+            considered += len(variants)
+            if pp > 1 and m < pp:
+                reject(REJECT_FEW_MICRO, len(variants))
+                continue
+            least = _least_memory(base, pins)
+            least_bytes = evaluator.memory_bytes(least)
+            evaluated += 1
+            if least_bytes > budget:
+                if smallest is None or least_bytes < smallest.memory_bytes:
+                    smallest = evaluator.evaluate(least, always_time=False)
+                reject(REJECT_MEMORY, len(variants))
+                for bigger in mbss[i + 1:]:  # more micro-batch only needs more memory
+                    n = len(list(_inner_variants(replace(base, micro_batch_size=bigger,
+                                                         num_micro_batches=local // bigger),
+                                                 vpps, pins)))
+                    considered += n
+                    reject(REJECT_MEMORY if not (pp > 1 and local // bigger < pp) else REJECT_FEW_MICRO, n)
+                break
+            for layout in variants:
+                if layout.vpp > 1 and m % pp:
+                    reject(REJECT_INTERLEAVE)
+                    continue
+                evaluated += 1
+                if evaluator.memory_bytes(layout) > budget:
+                    reject(REJECT_MEMORY)
+                    continue
+                est = evaluator.evaluate(layout)
+                if smallest is None or est.memory_bytes < smallest.memory_bytes:
+                    smallest = est
+                fitting.append(est)
+                if first_fit:
+                    return SearchResult(fitting, rejected, considered, evaluated, smallest, budget)
+    return SearchResult(rank(fitting, top_k), rejected, considered, evaluated, smallest, budget)
+
+
+def rank(estimates: list[Estimate], top_k: int) -> list[Estimate]:
+    """Best first by step time; among those within `TIE_TOLERANCE` of the fastest, the simplest
+    layout leads. Returns the best and up to `top_k` alternatives."""
+    if not estimates:
+        return []
+    ordered = sorted(estimates, key=lambda e: (e.step_s, e.layout.complexity()))
+    fastest = ordered[0].step_s
+    tied = [e for e in ordered if e.step_s <= fastest * (1 + TIE_TOLERANCE)]
+    best = min(tied, key=lambda e: (e.layout.complexity(), e.step_s))
+    rest = [e for e in ordered if e is not best]
+    return [best, *rest[:top_k]]
