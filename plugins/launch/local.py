@@ -122,11 +122,11 @@ class LocalLauncher:
             return existing
         if not worker_env.run_dir:
             worker_env = worker_env.model_copy(update={"run_dir": str(run_dir)})
+        entry = self._entrypoint(job)
+        env = self._environment(job, plan, worker_env, gpu=placement.gpu_type != "cpu")
         for sub in ("agents", "ranks"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         Path(worker_env.heartbeat_dir).mkdir(parents=True, exist_ok=True)
-        entry = self._entrypoint(job)
-        env = self._environment(job, plan, worker_env, gpu=placement.gpu_type != "cpu")
         port = _free_port()
         agents: list[AgentRecord] = []
         try:

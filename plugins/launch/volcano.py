@@ -117,7 +117,7 @@ class KubernetesLauncher:
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         retrying = Retrying(
             retry=retry_if_exception(is_transient), stop=stop_after_attempt(self.attempts),
-            wait=wait_retry_after(wait_exponential_jitter(initial=0.5, max=self.max_wait_s), self.max_wait_s),
+            wait=wait_retry_after(wait_exponential_jitter(multiplier=0.5, max=self.max_wait_s), self.max_wait_s),
             sleep=self.sleep, reraise=True,
         )
         return retrying(fn, *args, **kwargs)

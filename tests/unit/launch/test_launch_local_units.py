@@ -1,0 +1,171 @@
+"""LocalLauncher logic that needs no torchrun: status verdicts from a run folder's records,
+process liveness from /proc, submit's checks, logs, exit-code names."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from config.cluster import load_cluster
+from config.settings import Settings
+from config.spec import TrainingJob
+from node_agent.heartbeat import Heartbeat, write_heartbeat
+from plugins.advisor.plan import Plan
+from plugins.launch import processes
+from plugins.launch.environment import build_worker_env
+from plugins.launch.exit_codes import describe, known_codes
+from plugins.launch.local import LocalLauncher, tail_lines
+from plugins.launch.model import AgentRecord, RunHandle, RunStatus
+from plugins.placement.gang import place_gang
+from plugins.placement.inventory import Inventory
+from plugins.placement.model import GangRequest
+
+
+def dead_pid() -> tuple[int, int | None]:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    ticks = processes.start_ticks(proc.pid)
+    proc.wait()
+    return proc.pid, ticks
+
+
+def make_run(tmp_path: Path, *, world: int = 2, max_restarts: int = 0) -> RunHandle:
+    run = tmp_path / "run"
+    for sub in ("agents", "ranks", "heartbeats"):
+        (run / sub).mkdir(parents=True, exist_ok=True)
+    agents = []
+    for i in range(2):
+        pid, ticks = dead_pid()
+        agents.append(AgentRecord(node=f"local-{i}", node_rank=i, pid=pid, pgid=pid, start_ticks=ticks, nproc=1))
+    return RunHandle(kind="local", job="j", attempt=0, world_size=world, run_dir=str(run),
+                     heartbeat_dir=str(run / "heartbeats"), max_restarts=max_restarts, agents=agents)
+
+
+def agent_exit(handle: RunHandle, node: str, code: int) -> None:
+    Path(handle.run_dir, "agents", f"{node}.exit.json").write_text(json.dumps({"exit_code": code}))
+
+
+def rank_record(handle: RunHandle, rank: int, code: int | None, ended_at: float = 0.0, restart: int = 0) -> None:
+    pid, ticks = dead_pid()
+    record = {"rank": rank, "node": f"local-{rank}", "pid": pid, "pgid": pid, "child_pid": pid,
+              "child_start_ticks": ticks, "restart": restart}
+    if code is not None:
+        record.update(exit_code=code, ended_at=ended_at)
+    Path(handle.run_dir, "ranks", f"rank-{rank:05d}.json").write_text(json.dumps(record))
+
+
+def test_all_agents_exit_zero_is_success(tmp_path: Path) -> None:
+    handle = make_run(tmp_path)
+    for i in range(2):
+        agent_exit(handle, f"local-{i}", 0)
+        rank_record(handle, i, 0)
+    write_heartbeat(handle.heartbeat_dir, Heartbeat(job="j", rank=0, pid=1, step=7, time=time.time()))
+    write_heartbeat(handle.heartbeat_dir, Heartbeat(job="j", rank=1, pid=1, step=9, time=time.time()))
+    status = LocalLauncher(tmp_path).poll(handle)
+    assert (status.state, status.exit_code, status.step, status.processes_alive) == ("succeeded", 0, 7, False)
+    assert [r.outcome for r in status.ranks] == ["completed", "completed"]
+    assert RunStatus.model_validate_json(status.model_dump_json()) == status
+
+
+def test_the_first_failing_rank_is_the_culprit(tmp_path: Path) -> None:
+    handle = make_run(tmp_path)
+    rank_record(handle, 0, -15, ended_at=200.0)  # torn down afterwards
+    rank_record(handle, 1, -9, ended_at=100.0)   # killed first
+    agent_exit(handle, "local-0", 1)
+    agent_exit(handle, "local-1", 1)
+    status = LocalLauncher(tmp_path).poll(handle)
+    assert status.state == "failed" and status.failed_rank == 1 and status.exit_code == -9
+    assert status.message == "rank 1 on local-1 failed: killed by SIGKILL (exit code -9)"
+
+
+def test_a_rank_failure_with_restarts_left_is_not_final(tmp_path: Path) -> None:
+    handle = make_run(tmp_path, max_restarts=2)
+    rank_record(handle, 0, 1, ended_at=1.0, restart=0)
+    status = LocalLauncher(tmp_path).poll(handle)
+    # Agents are gone without exit records here, which is a failure of its own kind.
+    assert status.state == "failed" and status.failed_rank is None
+    assert "gone without an exit record" in status.message
+
+
+def test_stopped_marker_wins(tmp_path: Path) -> None:
+    handle = make_run(tmp_path)
+    rank_record(handle, 0, 43, ended_at=1.0)
+    rank_record(handle, 1, 43, ended_at=1.0)
+    Path(handle.run_dir, "stopped.json").write_text("{}")
+    status = LocalLauncher(tmp_path).poll(handle)
+    assert status.state == "stopped" and [r.exit_code for r in status.ranks] == [43, 43]
+
+
+def test_liveness_ignores_zombies_and_recycled_pids() -> None:
+    assert processes.is_alive(os.getpid(), processes.start_ticks(os.getpid()))
+    assert not processes.is_alive(os.getpid(), (processes.start_ticks(os.getpid()) or 0) + 1)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while (processes._stat_fields(proc.pid) or ["Z"])[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not processes.is_alive(proc.pid)  # a zombie: exited, not reaped
+    processes.reap(proc.pid)
+    assert processes._stat_fields(proc.pid) is None
+
+
+def test_marked_processes_finds_a_run_by_its_variable(tmp_path: Path) -> None:
+    env = dict(os.environ, TRAINYARD_RUN_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True)
+    try:
+        assert processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path)) == [proc.pid]
+        assert processes.group_members([proc.pid]) == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path)) == []
+
+
+def test_tail_lines(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    path.write_text("".join(f"line {i}\n" for i in range(20000)))
+    assert tail_lines(path, 3) == "line 19997\nline 19998\nline 19999"
+    assert tail_lines(tmp_path / "missing", 3) == ""
+
+
+def test_exit_code_names() -> None:
+    assert describe(0) == "completed" and describe(None) == ""
+    assert describe(-9) == "killed by SIGKILL" and describe(137) == "exit 137 (killed by SIGKILL)"
+    assert describe(3) == known_codes().get(3, "exit 3")
+
+
+def local_job(tmp_path: Path, **hardware: object) -> tuple[TrainingJob, Plan, object, object]:
+    job = TrainingJob.model_validate({
+        "apiVersion": "training.platform/v1", "kind": "TrainingJob",
+        "metadata": {"name": "unit-job", "team": "demo"},
+        "spec": {"source": {"entrypoint": "tests/integration/launch/tiny_job.py"},
+                 "hardware": {"gpuType": "cpu", "gpuCount": 2, **hardware},
+                 "parallelism": {"strategy": "manual"}, "dataset": {"source": "datasets/x/"},
+                 "training": {"maxSteps": 1}},
+    })
+    plan = Plan(dp=2)
+    placement = place_gang(GangRequest.for_job(job, plan), Inventory.from_cluster(load_cluster("local")))
+    env = build_worker_env(job, plan, Settings(home=tmp_path), attempt=0)
+    return job, plan, placement, env
+
+
+def test_submit_checks_before_starting_anything(tmp_path: Path) -> None:
+    from tests.support.procs import REPO_ROOT
+
+    launcher = LocalLauncher(tmp_path / "runs", source_dir=REPO_ROOT)
+    job, plan, placement, env = local_job(tmp_path)
+    with pytest.raises(ValueError, match=r"attempt 1 != worker env attempt 0"):
+        launcher.submit(job, plan, placement, env, attempt=1)
+    with pytest.raises(ValueError, match=r"Invalid parallel dims: .* = 4 != WORLD_SIZE\(2\)"):
+        launcher.submit(job, Plan(dp=4), placement, env, attempt=0)
+    remote = placement.model_copy(update={"nodes": [n.model_copy(update={"address": "10.0.0.7"})
+                                                    for n in placement.nodes]})
+    with pytest.raises(ValueError, match=r"runs on this host only; placement uses \['10.0.0.7'\]"):
+        launcher.submit(job, plan, remote, env, attempt=0)
+    with pytest.raises(ValueError, match=r"entrypoint 'tests/integration/launch/tiny_job\.py' not found"):
+        LocalLauncher(tmp_path / "runs", source_dir=tmp_path).submit(job, plan, placement, env, attempt=0)
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,178 @@
+"""Rendered Kubernetes manifests, validated against the real schemas: the Volcano CRDs'
+OpenAPI schemas (strict: unknown fields rejected) and Kubernetes' own (kubernetes-validate)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from config.teams import load_teams
+from config.worker_env import WorkerEnv
+from plugins.launch.manifests import (
+    KubernetesOptions,
+    render_all,
+    render_node_agent_daemonset,
+    render_priority_classes,
+    render_queues,
+    render_volcano_job,
+)
+from tests.unit.launch.launch_fixtures import gpu_job, pod_of, validate_k8s, validate_volcano
+
+JOBS_CRD = "batch.volcano.sh_jobs.yaml"
+QUEUES_CRD = "scheduling.volcano.sh_queues.yaml"
+
+
+@pytest.fixture(scope="module")
+def rendered() -> tuple[dict[str, Any], Any]:
+    job, plan, placement, env = gpu_job()
+    return render_volcano_job(job, plan, placement, env, attempt=2), placement
+
+
+def test_volcano_job_validates_against_the_crd(rendered: tuple[dict[str, Any], Any]) -> None:
+    body, _ = rendered
+    validate_volcano(body, JOBS_CRD)
+
+
+def test_every_pod_template_validates_as_a_kubernetes_pod(rendered: tuple[dict[str, Any], Any]) -> None:
+    body, _ = rendered
+    for task in body["spec"]["tasks"]:
+        validate_k8s(pod_of(task))
+
+
+def test_strict_schema_rejects_a_typo(rendered: tuple[dict[str, Any], Any]) -> None:
+    body, _ = rendered
+    broken = copy.deepcopy(body)
+    broken["spec"]["minAvailble"] = broken["spec"].pop("minAvailable")
+    with pytest.raises(jsonschema.ValidationError, match="minAvailble"):
+        validate_volcano(broken, JOBS_CRD)
+    pod = pod_of(broken["spec"]["tasks"][0])
+    pod["spec"]["containers"][0]["resource"] = pod["spec"]["containers"][0].pop("resources")
+    with pytest.raises(kubernetes_validate.ValidationError, match="resource"):
+        validate_k8s(pod)
+
+
+def test_gang_queue_priority_and_node_pinning(rendered: tuple[dict[str, Any], Any]) -> None:
+    body, placement = rendered
+    spec = body["spec"]
+    assert spec["minAvailable"] == len(spec["tasks"]) == len(placement.nodes) == 32
+    assert spec["queue"] == "foundation" and spec["priorityClassName"] == "trainyard-critical"
+    assert spec["schedulerName"] == "volcano" and "svc" in spec["plugins"]
+    for i, task in enumerate(spec["tasks"]):
+        pod = task["template"]["spec"]
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [placement.nodes[i].name]
+        command = pod["containers"][0]["command"]
+        assert command[:3] == ["python", "-m", "torch.distributed.run"]
+        args = dict(zip(command[3:-5:2], command[4:-5:2], strict=False))
+        assert args["--nnodes"] == "32" and args["--node-rank"] == str(i) and args["--nproc-per-node"] == "8"
+        assert args["--rdzv-endpoint"] == "gpt-200b-worker-0-0.gpt-200b:29500"
+        assert command[-5:] == ["pretrain.py", "--config", "200b.yaml", "--lr", "0.0003"]
+        assert task["template"]["metadata"]["labels"]["trainyard.io/rack"] == placement.nodes[i].rack
+
+
+def test_resources_shm_security_and_environment(rendered: tuple[dict[str, Any], Any]) -> None:
+    body, _ = rendered
+    pod = body["spec"]["tasks"][0]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/rdma_shared_device_a": "1"}
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
+    sc = container["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_ALGO"] == "Ring"  # defaults + the plan's
+    assert env["MY_FLAG"] == "1"
+    contract = WorkerEnv.from_env({k: v for k, v in env.items() if v is not None})
+    assert contract.job == "gpt-200b" and contract.attempt == 2
+    assert contract.heartbeat_dir == "/var/run/trainyard/heartbeats/gpt-200b/2"
+    assert contract.checkpoint_uri == "s3://trainyard/objects/jobs/gpt-200b/checkpoints"
+    assert any(e["name"] == "TRAINYARD_NODE" and e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+               for e in container["env"])
+
+
+def _privileged_anywhere(obj: Any) -> bool:
+    if isinstance(obj, dict):
+        return obj.get("privileged") is True or any(_privileged_anywhere(v) for v in obj.values())
+    if isinstance(obj, list):
+        return any(_privileged_anywhere(v) for v in obj)
+    return False
+
+
+def test_everything_rendered_validates_and_nothing_is_privileged() -> None:
+    job, plan, placement, env = gpu_job()
+    docs = render_all(job, plan, placement, env, load_teams(), attempt=0, total_gpus=10_000)
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["PriorityClass"] * 5 + ["Queue"] * 6 + ["DaemonSet", "Job"]
+    for doc in docs:
+        if doc["kind"] == "Queue":
+            validate_volcano(doc, QUEUES_CRD)
+        elif doc["kind"] == "Job":
+            validate_volcano(doc, JOBS_CRD)
+        else:
+            validate_k8s(doc)
+    assert not _privileged_anywhere(docs)
+
+
+def test_queues_carry_shares_and_quotas() -> None:
+    queues = {q["metadata"]["name"]: q["spec"] for q in render_queues(load_teams(), 10_000)}
+    assert queues["foundation"] == {"weight": 40, "reclaimable": True, "deserved": {"nvidia.com/gpu": "4000"},
+                                    "capability": {"nvidia.com/gpu": "6000"}}
+    assert queues["demo"]["capability"] == {"nvidia.com/gpu": "8"}
+    classes = {c["metadata"]["name"]: c["value"] for c in render_priority_classes()}
+    assert classes["trainyard-critical"] > classes["trainyard-normal"] > classes["trainyard-preemptible"]
+
+
+def test_node_agent_daemonset_runs_the_agent_as_specified() -> None:
+    ds = render_node_agent_daemonset(KubernetesOptions(namespace="ops"))
+    validate_k8s(ds)
+    pod = ds["spec"]["template"]["spec"]
+    agent = pod["containers"][0]
+    assert agent["command"] == ["trainyard-node-agent", "--node", "$(NODE_NAME)", "--port", "9400",
+                                "--heartbeat-dir", "/var/run/trainyard/heartbeats"]
+    assert agent["env"][0] == {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    assert agent["readinessProbe"]["httpGet"] == {"path": "/health", "port": 9400}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # Only the init container that makes the heartbeat root writable runs as root, with no capabilities.
+    init = pod["initContainers"][0]["securityContext"]
+    assert init["runAsUser"] == 0 and init["capabilities"] == {"drop": ["ALL"]}
+    assert init["allowPrivilegeEscalation"] is False
+
+
+def test_cpu_job_requests_cpus_without_nccl_or_rdma() -> None:
+    from config.cluster import load_cluster
+    from config.loader import load_spec_file
+    from plugins.advisor.plan import Plan
+    from plugins.launch.environment import build_worker_env
+    from plugins.placement.gang import place_gang
+    from plugins.placement.inventory import Inventory
+    from plugins.placement.model import GangRequest
+
+    job = load_spec_file("config/jobs/demo-tiny-lm.yaml").model_copy(deep=True)
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"image": "trainyard:demo"})})
+    plan = Plan(dp=2)
+    placement = place_gang(GangRequest.for_job(job, plan), Inventory.from_cluster(load_cluster("local")))
+    from config.settings import Settings
+
+    env = build_worker_env(job, plan, Settings(home="/tmp/unused-trainyard-home"), attempt=0)
+    body = render_volcano_job(job, plan, placement, env, attempt=0)
+    validate_volcano(body, JOBS_CRD)
+    container = body["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"cpu": "2"}
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not any(e["name"].startswith("NCCL_") for e in container["env"])
+
+
+def test_refuses_without_image_or_beyond_the_object_size_limit() -> None:
+    job, plan, placement, env = gpu_job(image=None)
+    with pytest.raises(ValueError, match=r"spec\.image is required"):
+        render_volcano_job(job, plan, placement, env, attempt=0)
+    big = gpu_job(hardware={"gpuType": "H100", "gpuCount": 4096})
+    with pytest.raises(ValueError, match=r"the Volcano Job for 512 nodes is [\d,]+ bytes"):
+        render_volcano_job(*big[:4], attempt=0)
