@@ -184,8 +184,7 @@ def report_problems(report: DataQualityReport) -> list[Problem]:
         message = o.describe() + (f" — e.g. {examples}" if examples else "")
         problems.append(Problem(
             code=Code.DATA_QUALITY, path=o.setting, message=message,
-            hint=f"fix the shards under {report.dataset_uri}, or change {o.setting} "
-                 "(spec.dataset.quality.enabled: false turns the checks off)",
+            hint=f"fix the data under {report.dataset_uri} or adjust {o.setting}",
         ))
     return problems
 
