@@ -54,6 +54,9 @@ class GpuSpec:
     """Fraction of a link's bandwidth NCCL's collectives reach (bus bandwidth)."""
     intra_node_latency_s: float = 5e-6
     inter_node_latency_s: float = 10e-6
+    layer_overhead_s: float = 30e-6
+    """Fixed cost per layer and micro-batch (kernel launches, dispatch), forward + backward:
+    what makes many tiny micro-batches slower than a few big ones at equal FLOPs."""
     framework_bytes: int = 2 * GiB
     """Fixed per-device overhead: CUDA context, cuBLAS workspace, NCCL buffers."""
     comm_overlap: float = 0.9
@@ -83,7 +86,7 @@ CATALOG: dict[str, GpuSpec] = {
         memory_bandwidth=10 * GB, intra_node_bandwidth=1.5 * GB, inter_node_bandwidth=1.5 * GB,
         gpus_per_node=2, nodes_per_rack=2, gemm_efficiency=0.6, attention_efficiency=0.3,
         link_efficiency=1.0, intra_node_latency_s=5e-4, inter_node_latency_s=5e-4,
-        framework_bytes=384 * 1024**2, comm_overlap=0.0),
+        layer_overhead_s=3e-4, framework_bytes=384 * 1024**2, comm_overlap=0.0),
 }
 """Built-in accelerator types. `H100` is the 80 GB SXM part."""
 

@@ -110,11 +110,14 @@ def _vpp_options(model: ModelProfile, pp: int, pins: Pins) -> list[int]:
     return [1] + [v for v in divisors(per_stage) if 2 <= v <= MAX_VIRTUAL_STAGES]
 
 
-def _inner_variants(layout: Layout, vpps: list[int], pins: Pins) -> Iterator[Layout]:
-    """Every (vpp, sp, recompute, zero) variant of a layout, least memory first per knob."""
+def _inner_variants(layout: Layout, vpps: list[int], pins: Pins,
+                    impl: Implementation = PYTORCH) -> Iterator[Layout]:
+    """Every (vpp, sp, recompute, zero) variant of a layout. ZeRO-2 is skipped where the
+    implementation runs ZeRO-1 as ZeRO-2 (FSDP2): the two would be the same program."""
     sps = _options(pins.sequence_parallel, [False, True] if layout.tp > 1 else [False])
     recomputes = _options(pins.recompute, ["none", "selective", "full"])
-    zeros = _options(pins.zero_stage, [0, 1, 2, 3] if layout.shard_group > 1 else [0])
+    stages = [0, 1, 3] if impl.zero1_as_zero2 else [0, 1, 2, 3]
+    zeros = _options(pins.zero_stage, stages if layout.shard_group > 1 else [0])
     for vpp in vpps:
         for sp in sps:
             for ac in recomputes:
@@ -180,22 +183,22 @@ def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | No
                 continue
             m = local // mbs
             base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch_size=mbs, num_micro_batches=m)
-            variants = list(_inner_variants(base, vpps, pins))
+            variants = list(_inner_variants(base, vpps, pins, impl))
             considered += len(variants)
             if pp > 1 and m < pp:
                 reject(REJECT_FEW_MICRO, len(variants))
                 continue
             least = _least_memory(base, pins)
             least_bytes = evaluator.memory_bytes(least)
-            evaluated += 1
             if least_bytes > budget:
+                evaluated += 1
                 if smallest is None or least_bytes < smallest.memory_bytes:
                     smallest = evaluator.evaluate(least, always_time=False)
                 reject(REJECT_MEMORY, len(variants))
                 for bigger in mbss[i + 1:]:  # more micro-batch only needs more memory
                     n = len(list(_inner_variants(replace(base, micro_batch_size=bigger,
                                                          num_micro_batches=local // bigger),
-                                                 vpps, pins)))
+                                                 vpps, pins, impl)))
                     considered += n
                     reject(REJECT_MEMORY if not (pp > 1 and local // bigger < pp) else REJECT_FEW_MICRO, n)
                 break

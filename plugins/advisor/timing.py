@@ -122,8 +122,9 @@ def layer_cost(model: ModelProfile, hw: Hardware, impl: Implementation, micro_ba
     elem_bytes = tokens * h * e * (outside_passes / outside
                                    + (2 * (1 + model.kv_ratio) + kv_copy + act_passes) / tp)
     elem_fwd = elem_bytes / hw.gpu.memory_bandwidth
-    forward = gemms + attn_fwd + elem_fwd
-    backward = 2 * gemms + attn_bwd + 2 * elem_fwd
+    overhead = hw.gpu.layer_overhead_s
+    forward = gemms + attn_fwd + elem_fwd + overhead / 3
+    backward = 2 * gemms + attn_bwd + 2 * elem_fwd + 2 * overhead / 3
     tp_levels = group_levels(hw, ((tp, 1),))
     tp_coll = all_reduce_s(tp_levels, tokens * h * e) if tp > 1 else 0.0
     cp_exposed = 0.0
