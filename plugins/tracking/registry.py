@@ -22,6 +22,7 @@ Lineage lives in the version's tags, so "which model versions were trained on da
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import importlib
 import logging
@@ -118,22 +119,28 @@ def register_checkpoint(
     mode: Literal["min", "max"] = "min",
     model_name: str | None = None,
     alias: str = DEFAULT_ALIAS,
+    endpoint_url: str | None = None,
     export: ExportFn | None = None,
 ) -> ModelVersionInfo:
-    """Export the final or best checkpoint of a run to safetensors and register it."""
+    """Export the final (or best by `metric`) checkpoint the run recorded to safetensors and
+    register it. The default export is the checkpoint engine's `export_safetensors`, held to
+    the job's own prefix (seed §14: a job reads only its own checkpoints)."""
     record = select_checkpoint(run_id, tracking_uri=tracking_uri, metric=metric, mode=mode)
-    export = export or find_export()
+    if export is None:
+        job = client_for(tracking_uri).get_run(run_id).data.tags.get(TAG + "job")
+        export = functools.partial(find_export(), endpoint_url=endpoint_url, job=job)
     with tempfile.TemporaryDirectory(prefix="trainyard-export-") as tmp:
         weights = Path(tmp) / "model.safetensors"
         export(record.manifest_uri, weights)
         if not weights.is_file():
             raise FileNotFoundError(f"exporting {record.manifest_uri} wrote no file at {weights}")
+        _check_manifest_digest(weights, record)
         return register_safetensors(weights, run_id=run_id, checkpoint=record, tracking_uri=tracking_uri,
                                     model_name=model_name, alias=alias)
 
 
-def find_export() -> ExportFn:
-    """The checkpoint engine's `export_safetensors(manifest_uri, dest)`."""
+def find_export() -> Callable[..., object]:
+    """The checkpoint engine's `export_safetensors(manifest_uri, dest, *, endpoint_url, job)`."""
     for module in ("plugins.checkpoint.export", "plugins.checkpoint"):
         try:
             fn = getattr(importlib.import_module(module), "export_safetensors", None)
@@ -141,8 +148,20 @@ def find_export() -> ExportFn:
             continue
         if fn is not None:
             return fn
-    raise RuntimeError("plugins.checkpoint provides no export_safetensors(manifest_uri, dest) yet; "
+    raise RuntimeError("plugins.checkpoint provides no export_safetensors(manifest_uri, dest); "
                        "pass export= or register a safetensors file with register_safetensors()")
+
+
+def _check_manifest_digest(weights: Path, record: CheckpointRecord) -> None:
+    """The export stamps the manifest's SHA-256 into the file's header: it must be the one the
+    run recorded, or the checkpoint changed after it was committed."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="numpy") as f:
+        stamped = (f.metadata() or {}).get("trainyard.manifest_sha256")
+    if stamped is not None and stamped != record.sha256:
+        raise ValueError(f"checkpoint {record.manifest_uri} has manifest SHA-256 {stamped}, but the run "
+                         f"recorded {record.sha256} when it was committed; refusing to register it")
 
 
 def register_safetensors(

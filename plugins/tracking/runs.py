@@ -379,6 +379,21 @@ def log_checkpoint(
     return record
 
 
+def log_committed_checkpoint(
+    run_id: str, manifest_uri: str, *, tracking_uri: str, endpoint_url: str | None = None
+) -> CheckpointRecord:
+    """`log_checkpoint` for a manifest in the object store: reads it, hashes its bytes, takes its
+    step and metrics (what the checkpoint watcher calls for each new commit)."""
+    import hashlib
+
+    from plugins.checkpoint.catalog import open_manifest_uri
+    from plugins.checkpoint.manifest import MANIFEST_NAME
+
+    store, record = open_manifest_uri(manifest_uri, endpoint_url=endpoint_url)
+    digest = hashlib.sha256(store.get_bytes(f"{record.folder}/{MANIFEST_NAME}")).hexdigest()
+    return log_checkpoint(run_id, manifest_uri, digest, record.step, record.metrics, tracking_uri=tracking_uri)
+
+
 def checkpoints(run_id: str, *, tracking_uri: str) -> list[CheckpointRecord]:
     """Every checkpoint the run recorded, by step."""
     tags = client_for(tracking_uri).get_run(run_id).data.tags

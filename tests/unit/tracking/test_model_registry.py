@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
-from config.settings import Settings
 from plugins.tracking import registry, runs
 from plugins.tracking.datasets import DatasetRef
 from tests.unit.tracking.factories import (
@@ -114,10 +114,19 @@ def test_a_pickle_named_safetensors_is_refused(sqlite_tracking_uri: str, tmp_pat
                                       tracking_uri=sqlite_tracking_uri)
 
 
-def test_without_an_export_engine_the_error_says_what_to_do(settings: Settings) -> None:
-    try:
-        registry.find_export()
-    except RuntimeError as e:
-        assert "export_safetensors" in str(e)
-    else:  # the checkpoint engine has landed: it must be the real function
-        assert callable(registry.find_export())
+def test_the_default_export_is_the_checkpoint_engines() -> None:
+    from plugins.checkpoint.export import export_safetensors
+
+    assert registry.find_export() is export_safetensors
+
+
+def test_an_export_whose_manifest_hash_differs_from_the_recorded_one_is_refused(sqlite_tracking_uri: str) -> None:
+    rid = trained_run(sqlite_tracking_uri, "reg-tampered", dataset("v1"), {7: 1.0})
+
+    def export_of_a_changed_checkpoint(manifest_uri: str, dest: Path) -> None:
+        save_file({"w": np.ones(2, np.float32)}, str(dest), metadata={"trainyard.manifest_sha256": "0" * 64})
+
+    with pytest.raises(ValueError, match="refusing to register it"):
+        registry.register_checkpoint(rid, tracking_uri=sqlite_tracking_uri, export=export_of_a_changed_checkpoint)
+    found = registry.models_trained_on("s3://datasets/wiki", "v1", tracking_uri=sqlite_tracking_uri)
+    assert "reg-tampered" not in {m.name for m in found}
