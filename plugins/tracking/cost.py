@@ -44,7 +44,7 @@ from plugins.tracking.rates import Rates, load_rates
 
 if TYPE_CHECKING:
     from config.cluster import Cluster
-    from config.spec import ModelHints
+    from config.spec import ModelHints, TrainingJob
     from plugins.advisor.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,27 @@ def _flops_per_token_from_hints(hints: ModelHints) -> float:
     mlp = (3 if hints.activation == "swiglu" else 2) * h * hints.effective_ffn_hidden_size()
     n = layers * (2 * h * h + 2 * h * kv + mlp) + hints.vocab_size * h
     return 6.0 * n + 12.0 * layers * h * s
+
+
+def job_flops_per_token(job: TrainingJob) -> float | None:
+    """FLOPs per token of a job's model: from its hints (advisor), else 6·N from a declared
+    parameter count, else None (MFU cannot be computed)."""
+    hints = job.spec.parallelism.hints
+    if hints is None:
+        return None
+    try:
+        return flops_per_token(hints)
+    except ValueError:
+        return flops_per_token_6n(hints.model_parameters) if hints.model_parameters else None
+
+
+def run_mfu(job: TrainingJob, tokens_per_s: float, *, cluster: Cluster | None = None) -> float | None:
+    """MFU of a job at a measured whole-job throughput, on its declared devices."""
+    fpt = job_flops_per_token(job)
+    if fpt is None:
+        return None
+    hw = job.spec.hardware
+    return mfu(tokens_per_s, fpt, hw.gpu_count, peak_flops_per_gpu(hw.gpu_type, cluster))
 
 
 def peak_flops_per_gpu(gpu_type: str, cluster: Cluster | None = None) -> float:

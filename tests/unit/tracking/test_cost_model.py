@@ -171,3 +171,13 @@ def test_chargeback_csv_and_html() -> None:
     assert "<tfoot><tr><td>Total</td>" in page
     empty = cost.chargeback_html([])
     assert "<tbody>\n\n</tbody>" in empty
+
+
+def test_run_mfu_uses_the_jobs_hints_and_devices() -> None:
+    job = make_job(gpu_type="H100", gpu_count=8)
+    fpt = cost.job_flops_per_token(job)
+    assert fpt == cost.flops_per_token(job.spec.parallelism.hints)  # type: ignore[arg-type]
+    assert cost.run_mfu(job, 1e6) == pytest.approx(1e6 * fpt / (8 * 989e12))  # type: ignore[operator]
+    local = load_cluster("local")  # the cluster sets no peak for cpu: the advisor's catalog does
+    assert cost.run_mfu(make_job(), 1e4, cluster=local) == pytest.approx(
+        1e4 * fpt / (2 * cost.peak_flops_per_gpu("cpu")))  # type: ignore[operator]
