@@ -129,7 +129,7 @@ def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse
     started = last_renew = time.monotonic()
     status = launcher.poll(handle)
     with Live(_progress(status, handle, 0.0), console=err_console, refresh_per_second=2, transient=True) as live:
-        while not (status.finished and not status.processes_alive):
+        while True:
             time.sleep(0.5)
             now = time.monotonic()
             if now - last_renew > RENEW_EVERY_S:
@@ -140,16 +140,10 @@ def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse
             if args.timeout_s is not None and now - started > args.timeout_s:
                 err_console.print(f"[yellow]timeout after {args.timeout_s:g}s; stopping[/]")
                 return launcher.stop(handle, grace_s=args.grace_s)
-            if status.finished and status.processes_alive and status.state == "failed":
-                # One rank failed; torchrun tears the others down — give it a moment, then make sure.
-                deadline = now + 30.0
-                while time.monotonic() < deadline and launcher.poll(handle).processes_alive:
-                    time.sleep(0.5)
-                launcher.stop(handle, grace_s=0)
-                return launcher.poll(handle)
+            if status.finished:
+                return launcher.settle(handle, status)
             status = launcher.poll(handle)
             live.update(_progress(status, handle, now - started))
-    return status
 
 
 def _progress(status: RunStatus, handle: Any, elapsed: float) -> Any:

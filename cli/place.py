@@ -149,7 +149,7 @@ def render_map(placement: Placement, inventory: Inventory, free: dict[str, int],
     for column in ("node rank", "node", "rack", "ranks", "TP groups", "PP stages", "DP replicas"):
         table.add_column(column, no_wrap=column in ("node", "rack", "ranks"))
     for p in placement.nodes:
-        table.add_row(str(p.node_rank), p.name, p.rack, f"{p.first_rank}–{p.first_rank + p.slots - 1}",
+        table.add_row(str(p.node_rank), p.name, p.rack, _span(list(p.ranks)),
                       _span(p.tp_groups), _span(p.pp_stages), _span(p.dp_replicas),
                       style=_colour(p.dp_replicas[0]))
     legend = Text("cells: [node:DP replica/PP stage] this job · [node] free · busy · ✗ unhealthy", style="dim")

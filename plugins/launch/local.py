@@ -267,9 +267,13 @@ class LocalLauncher:
 
     def _verdict(self, handle: RunHandle, run_dir: Path, agents: list[AgentStatus], ranks: list[RankStatus],
                  records: Mapping[int, Mapping[str, Any]], alive: bool) -> tuple[str, str, int | None, int | None]:
-        stopped = (run_dir / "stopped.json").exists()
+        stop = _read_json(run_dir / "stopped.json")
         final = [r for r in ranks if r.exit_code not in (None, 0) and r.restart >= handle.max_restarts]
         first = min(final, key=lambda r: records[r.rank].get("ended_at", 0.0)) if final else None
+        if stop is not None and first is not None and \
+                records[first.rank].get("ended_at", 0.0) < float(stop.get("requested_at_s", 0.0)):
+            stop = None  # it had failed before the stop, which only cleaned up
+        stopped = stop is not None
         if stopped and not alive:
             return "stopped", "stopped on request", (first.exit_code if first else None), None
         if first is not None and not stopped:
@@ -301,8 +305,9 @@ class LocalLauncher:
         may kill a worker that is exiting after its emergency checkpoint.
         """
         run_dir = Path(handle.run_dir)
-        _write_json(run_dir / "stopped.json", json.dumps({"requested_at": datetime.now(UTC).isoformat(),
-                                                          "grace_s": grace_s}))
+        if not (run_dir / "stopped.json").exists():
+            _write_json(run_dir / "stopped.json", json.dumps({
+                "requested_at": datetime.now(UTC).isoformat(), "requested_at_s": time.time(), "grace_s": grace_s}))
         self._terminate(handle)
         deadline = time.monotonic() + max(grace_s, 0.0)
         while time.monotonic() < deadline and self._members(handle):
@@ -353,12 +358,30 @@ class LocalLauncher:
     # --- convenience ------------------------------------------------------------------------
 
     def wait(self, handle: RunHandle, *, timeout_s: float, interval_s: float = 0.5) -> RunStatus:
-        """Poll until the run finishes and its processes are gone, or `timeout_s` passes."""
+        """Poll until the run finishes (then `settle` it), or `timeout_s` passes."""
         deadline = time.monotonic() + timeout_s
         status = self.poll(handle)
-        while not (status.finished and not status.processes_alive) and time.monotonic() < deadline:
+        while not status.finished and time.monotonic() < deadline:
             time.sleep(interval_s)
             status = self.poll(handle)
+        return self.settle(handle, status) if status.finished else status
+
+    def settle(self, handle: RunHandle, status: RunStatus | None = None, *, linger_s: float = 5.0,
+               grace_s: float = 5.0) -> RunStatus:
+        """Make sure nothing of a finished run lingers.
+
+        After one rank fails for good, torchrun tears down that node's ranks, but an agent
+        whose own ranks succeeded waits in its exit barrier for the lost peer (5 minutes by
+        default). Give the run `linger_s` to end by itself, then `stop` the rest; the verdict
+        stays "failed" (the stop only cleans up).
+        """
+        status = status or self.poll(handle)
+        deadline = time.monotonic() + linger_s
+        while status.finished and status.processes_alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = self.poll(handle)
+        if status.finished and status.processes_alive:
+            status = self.stop(handle, grace_s=grace_s)
         return status
 
 

@@ -4,7 +4,7 @@ The search (`plugins/placement/gang.py`) builds candidates that already satisfy 
 constraints; this module ranks them. Terms, each kept in the breakdown so `trainyard place`
 can explain a choice:
 
-- `tp_in_node`     +100 per TP group (always all of them: TP inside a node is hard).
+- `tp_in_node`     +100 per TP group (tp > 1; always all of them: TP inside a node is hard).
 - `pp_in_rack`     +50 per PP group (pp > 1) whose stages share one rack; −20 per extra rack
                    for one that spans racks (stage-to-stage traffic crosses the spine).
 - `dp_spread`      +10 per distinct rack used (fault isolation: a rack loss takes fewer replicas),
@@ -74,7 +74,7 @@ def score_candidate(
         f = whole_free_before.get(rack, 0)
         loss += f * f - max(f - taken, 0) ** 2
     breakdown = {
-        "tp_in_node": weights.tp_in_node * (layout.world_size // layout.tp),
+        "tp_in_node": weights.tp_in_node * (layout.world_size // layout.tp) if layout.tp > 1 else 0.0,
         "pp_in_rack": weights.pp_in_rack * pp_in_rack - weights.pp_extra_rack * pp_extra,
         "dp_spread": weights.dp_rack * len(set(racks)) if layout.nodes_per_pipeline() > 1 else 0.0,
         "fragmentation": -weights.fragmentation * loss,

@@ -1,0 +1,151 @@
+"""LocalLauncher with real torchrun processes: 2 nodes × 1 process on this machine (c10d on
+127.0.0.1, gloo), started through `trainyard launch --local` and through the engine.
+
+The job is `tiny_job.py` beside this file, not worker/train.py: the launcher is tested alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from config.cluster import load_cluster
+from config.loader import load_spec_file
+from config.settings import Settings
+from plugins.advisor.plan import Plan
+from plugins.launch import processes
+from plugins.launch.environment import build_worker_env
+from plugins.launch.exit_codes import describe
+from plugins.launch.local import RUN_MARKER, LocalLauncher
+from plugins.launch.model import RunHandle, RunStatus
+from plugins.placement.gang import place_gang
+from plugins.placement.inventory import Inventory
+from plugins.placement.model import GangRequest
+from plugins.placement.state import usage_by_team
+from tests.support import procs
+from tests.support.procs import REPO_ROOT, check
+
+pytestmark = pytest.mark.slow
+ENTRYPOINT = "tests/integration/launch/tiny_job.py"
+
+
+def write_spec(path: Path, name: str, args: list[str]) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "training.platform/v1", "kind": "TrainingJob",
+        "metadata": {"name": name, "team": "demo"},
+        "spec": {
+            "source": {"entrypoint": ENTRYPOINT, "args": args},
+            "hardware": {"gpuType": "cpu", "gpuCount": 2, "nodesPreferred": 2},
+            "parallelism": {"strategy": "manual"},
+            "dataset": {"source": "datasets/none/"},
+            "training": {"maxSteps": 3, "learningRate": 0.01},
+            "faultTolerance": {"hangTimeout": "5m"},
+        },
+    }))
+    return path
+
+
+def cli(home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = procs.test_env({"TRAINYARD_HOME": str(home), "TRAINYARD_CLUSTER": "local", "COLUMNS": "200"})
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def wait_for(launcher: LocalLauncher, handle: RunHandle, predicate, timeout: float = 180) -> RunStatus:
+    deadline = time.monotonic() + timeout
+    status = launcher.poll(handle)
+    while not predicate(status):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out; last status {status}\n{launcher.logs(handle)}")
+        time.sleep(0.2)
+        status = launcher.poll(handle)
+    return status
+
+
+def start(tmp_path: Path, name: str, args: list[str]) -> tuple[LocalLauncher, RunHandle]:
+    job = load_spec_file(write_spec(tmp_path / f"{name}.yaml", name, args))
+    settings = Settings(home=tmp_path / "home")
+    plan = Plan(dp=2)
+    placement = place_gang(GangRequest.for_job(job, plan), Inventory.from_cluster(load_cluster("local")))
+    launcher = LocalLauncher(settings.runs_dir, source_dir=REPO_ROOT,
+                             base_env=procs.test_env({"OMP_NUM_THREADS": "1"}))
+    env = build_worker_env(job, plan, settings, attempt=0)
+    return launcher, launcher.submit(job, plan, placement, env, attempt=0)
+
+
+def test_detached_job_completes_after_the_launching_process_exits(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path / "ok.yaml", "tiny-ok", ["--steps", "3", "--sleep", "0.3"])
+    result = check(cli(home, "launch", "--local", "--detach", str(spec)))
+    handle = RunHandle.model_validate_json(result.stdout)  # the launching process has exited
+    assert [a.node for a in handle.agents] == ["local-0", "local-1"]
+    settings = Settings(home=home)
+    assert usage_by_team(settings.state_db) == {"demo": 2}  # the reservation stays with the job
+    launcher = LocalLauncher(settings.runs_dir)
+    status = launcher.wait(handle, timeout_s=180)
+    assert status.state == "succeeded", f"{status}\n{launcher.logs(handle)}"
+    assert [(r.rank, r.node, r.exit_code, r.step) for r in status.ranks] == [
+        (0, "local-0", 0, 3), (1, "local-1", 0, 3)]
+    log = launcher.logs(handle, rank=1)
+    assert "hello rank=1 world=2 job=tiny-ok attempt=0 node=local-1 lr=0.01" in log
+    assert "step 3 sum=3" in log
+    assert Path(handle.run_dir, "ranks", "rank-00000.log").is_file()
+    assert Path(handle.run_dir).parent.parent == settings.runs_dir
+
+
+def test_cli_reports_the_failing_rank_and_exits_with_its_code(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path / "bad.yaml", "tiny-bad", ["--steps", "2", "--fail-rank", "1", "--exit-code", "7"])
+    result = cli(home, "launch", "--local", str(spec))
+    assert result.returncode == 7, result.stdout + result.stderr
+    assert f"rank 1 on local-1 failed: {describe(7)} (exit code 7)" in result.stdout
+    assert "rank 1 failing on purpose with 7" in result.stdout  # the failed rank's log tail
+    assert usage_by_team(Settings(home=home).state_db) == {}  # released
+
+
+def test_killing_one_rank_is_reported_with_that_ranks_exit_code(tmp_path: Path) -> None:
+    launcher, handle = start(tmp_path, "tiny-kill", ["--steps", "100000", "--sleep", "0.1"])
+    try:
+        running = wait_for(launcher, handle, lambda s: s.step is not None and s.step >= 2)
+        assert running.state == "running" and running.ranks[1].pid
+        os.kill(running.ranks[1].pid, signal.SIGKILL)
+        status = launcher.wait(handle, timeout_s=180)
+        assert status.state == "failed", status
+        assert (status.failed_rank, status.exit_code) == (1, -signal.SIGKILL)
+        assert status.ranks[1].outcome == "killed by SIGKILL"
+        assert status.message == "rank 1 on local-1 failed: killed by SIGKILL (exit code -9)"
+        assert not status.processes_alive
+    finally:
+        launcher.stop(handle, grace_s=0)
+
+
+def test_stop_leaves_no_process_behind_and_submit_is_idempotent(tmp_path: Path) -> None:
+    launcher, handle = start(tmp_path, "tiny-stop", ["--steps", "100000", "--sleep", "0.1"])
+    wait_for(launcher, handle, lambda s: s.step is not None and s.step >= 2)
+    job = load_spec_file(tmp_path / "tiny-stop.yaml")
+    settings = Settings(home=tmp_path / "home")
+    plan = Plan(dp=2)
+    placement = place_gang(GangRequest.for_job(job, plan), Inventory.from_cluster(load_cluster("local")))
+    again = launcher.submit(job, plan, placement, build_worker_env(job, plan, settings, attempt=0), attempt=0)
+    assert again == handle  # a retry re-attaches; it never starts a second copy
+    records = LocalLauncher._rank_records(Path(handle.run_dir))
+    pids = [a.pid for a in handle.agents] + [r["pid"] for r in records.values()] + [
+        r["child_pid"] for r in records.values()]
+
+    status = launcher.stop(handle, grace_s=20)
+    assert status.state == "stopped" and not status.processes_alive
+    assert processes.marked_processes(RUN_MARKER, handle.run_dir) == []
+    assert processes.group_members([a.pgid for a in handle.agents] + [r["pgid"] for r in records.values()]) == []
+    assert not any(processes.is_alive(pid) for pid in pids)
+    codes = [r.exit_code for r in status.ranks]
+    # SIGTERM gave each rank its "emergency checkpoint" exit (43); a rank caught inside an
+    # all-reduce whose peer had already left may end with 1 instead.
+    assert 43 in codes and set(codes) <= {43, 1}, codes
+    assert launcher.poll(handle).state == "stopped"
