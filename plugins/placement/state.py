@@ -337,6 +337,11 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # let us emit BEGIN ourselves
+        # WAL: readers never wait for the writer, and a commit is one sequential append
+        # (synchronous=NORMAL: durable across a process crash, at most the last commits lost
+        # on power loss — the reservations are leases, re-made by the next attempt).
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
