@@ -40,10 +40,12 @@ from plugins.launch.manifests import (
     render_volcano_job,
 )
 from plugins.launch.model import AgentStatus, RunHandle, RunStatus
+from plugins.placement.inventory import cluster_from_k8s_nodes
 
 if TYPE_CHECKING:
     from kubernetes.client import CoreV1Api, CustomObjectsApi
 
+    from config.cluster import Cluster
     from config.spec import TrainingJob
     from config.teams import Teams
     from config.worker_env import WorkerEnv
@@ -125,6 +127,15 @@ class KubernetesLauncher:
     @property
     def _ns(self) -> str:
         return self.options.namespace
+
+    # --- inventory --------------------------------------------------------------------------
+
+    def cluster(self, name: str = "kubernetes") -> Cluster:
+        """The fleet as the API server sees it: GPU nodes by rack label, health from conditions."""
+        if self.core_api is None:
+            raise ValueError("reading the node inventory needs a CoreV1Api (pass core_api=…)")
+        nodes = self._call(self.core_api.list_node)
+        return cluster_from_k8s_nodes(nodes.items, name=name)
 
     # --- queues -----------------------------------------------------------------------------
 

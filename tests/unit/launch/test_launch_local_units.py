@@ -169,3 +169,15 @@ def test_submit_checks_before_starting_anything(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"entrypoint 'tests/integration/launch/tiny_job\.py' not found"):
         LocalLauncher(tmp_path / "runs", source_dir=tmp_path).submit(job, plan, placement, env, attempt=0)
     assert not (tmp_path / "runs").exists()
+
+
+def test_both_launchers_implement_the_interface(tmp_path: Path) -> None:
+    from unittest.mock import create_autospec
+
+    from kubernetes.client import CustomObjectsApi
+
+    from plugins.launch.base import Launcher
+    from plugins.launch.volcano import KubernetesLauncher
+
+    assert isinstance(LocalLauncher(tmp_path), Launcher)
+    assert isinstance(KubernetesLauncher(create_autospec(CustomObjectsApi, instance=True)), Launcher)

@@ -1,0 +1,83 @@
+"""The inventory from Kubernetes node objects (real `V1Node` models, as `list_node` returns them)."""
+
+from __future__ import annotations
+
+from unittest.mock import create_autospec
+
+import pytest
+from kubernetes.client import (
+    CoreV1Api,
+    CustomObjectsApi,
+    V1Node,
+    V1NodeAddress,
+    V1NodeCondition,
+    V1NodeList,
+    V1NodeSpec,
+    V1NodeStatus,
+    V1ObjectMeta,
+    V1Taint,
+)
+
+from plugins.launch.volcano import KubernetesLauncher
+from plugins.placement.gang import place_gang
+from plugins.placement.inventory import Inventory, cluster_from_k8s_nodes, gpu_type_from_product
+from plugins.placement.model import GangRequest
+
+
+def node(name: str, rack: str | None, *, product: str = "NVIDIA-H100-80GB-HBM3", gpus: int | None = 8,
+         ready: bool = True, cordoned: bool = False, taint: str | None = None, xid: str | None = None) -> V1Node:
+    labels = {"kubernetes.io/hostname": name}
+    if rack:
+        labels["topology.kubernetes.io/rack"] = rack
+    if gpus is not None:
+        labels |= {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus)}
+    return V1Node(
+        metadata=V1ObjectMeta(name=name, labels=labels,
+                              annotations={"trainyard.io/xid-errors-7d": xid} if xid else None),
+        spec=V1NodeSpec(unschedulable=cordoned or None,
+                        taints=[V1Taint(key="node.kubernetes.io/unreachable", effect=taint)] if taint else None),
+        status=V1NodeStatus(conditions=[V1NodeCondition(type="Ready", status="True" if ready else "False")],
+                            addresses=[V1NodeAddress(type="InternalIP", address=f"10.0.0.{len(name)}")]))
+
+
+NODES = [
+    node("a1", "rack-a"), node("a2", "rack-a", xid="4"), node("a3", "rack-a", ready=False),
+    node("b1", "rack-b"), node("b2", "rack-b", cordoned=True), node("b3", "rack-b", taint="NoExecute"),
+    node("c1", "rack-c", product="NVIDIA-A100-SXM4-80GB"), node("cpu-only", "rack-c", gpus=None),
+    node("loose", None),
+]
+
+
+def test_nodes_become_a_cluster_with_racks_types_and_health() -> None:
+    cluster = cluster_from_k8s_nodes(NODES, name="prod")
+    assert cluster.spec.mode == "kubernetes"
+    by_name = {n.name: n for n in cluster.nodes}
+    assert "cpu-only" not in by_name
+    assert by_name["loose"].rack == "rack-unknown"
+    assert {n: by_name[n].rack for n in ("a1", "b1", "c1")} == {"a1": "rack-a", "b1": "rack-b", "c1": "rack-c"}
+    assert by_name["c1"].gpu_type == "A100_80GB" and by_name["a1"].gpu_type == "H100"
+    assert [n for n, v in by_name.items() if not v.healthy] == ["a3", "b2", "b3"]
+    assert by_name["a2"].xid_errors_7d == 4 and by_name["a1"].address == "10.0.0.2"
+
+
+def test_placement_on_the_label_inventory_avoids_unhealthy_and_xid_nodes() -> None:
+    inv = Inventory.from_cluster(cluster_from_k8s_nodes(NODES))
+    # Eligible H100 nodes: a1, a2 (4 Xid errors), b1, loose. Three are needed: a2 is left out.
+    placement = place_gang(GangRequest(job="j", gpu_type="H100", tp=8, dp=3), inv)
+    assert sorted(placement.node_names) == ["a1", "b1", "loose"]
+
+
+def test_launcher_reads_the_inventory_through_core_v1() -> None:
+    core = create_autospec(CoreV1Api, instance=True)
+    core.list_node.return_value = V1NodeList(items=NODES)
+    launcher = KubernetesLauncher(create_autospec(CustomObjectsApi, instance=True), core_api=core)
+    assert len(launcher.cluster().nodes) == 8
+    core.list_node.assert_called_once_with()
+
+
+def test_no_gpu_nodes_is_an_error_and_products_map_to_spec_names() -> None:
+    with pytest.raises(ValueError, match=r"no node carries the 'nvidia\.com/gpu\.count' label"):
+        cluster_from_k8s_nodes([node("x", "r", gpus=None)])
+    assert gpu_type_from_product("NVIDIA-H200") == "H200"
+    assert gpu_type_from_product("NVIDIA-A100-SXM4-40GB") == "A100_40GB"
+    assert gpu_type_from_product("Tesla-T4") == "Tesla-T4"
