@@ -198,7 +198,8 @@ SPEC_KEYS = {"recompute": "activationCheckpointing", "zero_stage": "zeroStage",
 
 
 def manual_fixes(evaluator: Evaluator, layout: Layout) -> list[str]:
-    """Single changes to a manual configuration that make it fit, smallest change first."""
+    """Changes to a manual configuration that make it fit: single changes first, pairs when no
+    single change is enough (at most three suggestions)."""
     local = layout.micro_batch_size * layout.num_micro_batches
     changes: list[dict[str, Any]] = [{"recompute": "selective"}, {"recompute": "full"}]
     if layout.shard_group > 1:
@@ -207,17 +208,19 @@ def manual_fixes(evaluator: Evaluator, layout: Layout) -> list[str]:
         changes.append({"sequence_parallel": True})
     if layout.micro_batch_size > 1:
         changes.append({"micro_batch_size": 1, "num_micro_batches": local})
-    out = []
-    for change in changes:
-        if all(getattr(layout, k) == v for k, v in change.items()):
-            continue
-        candidate = replace(layout, **change)
-        bytes_ = evaluator.memory_bytes(candidate)
-        if bytes_ <= evaluator.budget:
-            said = ", ".join(f"{SPEC_KEYS[k]}: {str(v).lower() if isinstance(v, bool) else v}"
-                             for k, v in change.items() if k in SPEC_KEYS)
-            out.append(f"{said} would fit ({bytes_ / GiB:.1f} GiB)")
-    return out[:3]
+    changes = [c for c in changes if any(getattr(layout, k) != v for k, v in c.items())]
+    pairs = [a | b for i, a in enumerate(changes) for b in changes[i + 1:] if not set(a) & set(b)]
+    for group in (changes, pairs):
+        out = []
+        for change in group:
+            bytes_ = evaluator.memory_bytes(replace(layout, **change))
+            if bytes_ <= evaluator.budget:
+                said = ", ".join(f"{SPEC_KEYS[k]}: {str(v).lower() if isinstance(v, bool) else v}"
+                                 for k, v in change.items() if k in SPEC_KEYS)
+                out.append(f"{said} would fit ({bytes_ / GiB:.1f} GiB)")
+        if out:
+            return out[:3]
+    return []
 
 
 def what_would_fit(model: ModelProfile, hw: Hardware, gpu_count: int, found: SearchResult, *,

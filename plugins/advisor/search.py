@@ -19,7 +19,7 @@ for memory without being evaluated. `plans_considered` counts every combination,
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from plugins.advisor.estimate import Estimate, Evaluator
 from plugins.advisor.hardware import Hardware
@@ -68,7 +68,7 @@ class SearchResult:
     smallest: Estimate | None = None
     """The least-memory layout evaluated (for 'nothing fits' messages)."""
     budget_bytes: int = 0
-    notes: list[str] = field(default_factory=list)
+    plans_fitting: int = 0
 
     @property
     def best(self) -> Estimate | None:
@@ -215,8 +215,9 @@ def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | No
                     smallest = est
                 fitting.append(est)
                 if first_fit:
-                    return SearchResult(fitting, rejected, considered, evaluated, smallest, budget)
-    return SearchResult(rank(fitting, top_k), rejected, considered, evaluated, smallest, budget)
+                    return SearchResult(fitting, rejected, considered, evaluated, smallest, budget, 1)
+    return SearchResult(rank(fitting, top_k), rejected, considered, evaluated, smallest, budget,
+                        len(fitting))
 
 
 def rank(estimates: list[Estimate], top_k: int) -> list[Estimate]:

@@ -1,0 +1,99 @@
+"""The seed's worked examples under the seed's own assumptions, the seed heuristic's known
+mistakes, and the published configurations: every one of them ran, so none may be judged
+not to fit; the throughput model stays within its documented error on the Megatron rows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from plugins.advisor.estimate import evaluate
+from plugins.advisor.hardware import CATALOG, hardware_from_spec
+from plugins.advisor.layout import PYTORCH, Layout
+from plugins.advisor.model import ModelProfile
+from plugins.advisor.published import compare, published_runs
+from plugins.advisor.seed import (
+    SEED_EXAMPLE_2_PRINTED,
+    seed_example_1,
+    seed_example_2,
+    seed_greedy_plan,
+    seed_layer_params,
+)
+
+
+def test_seed_example_1_is_17_5_gb() -> None:
+    items = seed_example_1()
+    assert items["weights"] + items["gradients"] + items["optimizer"] == pytest.approx(13.4e9)
+    # The seed writes 128 MB/layer (MiB) × 32 = "4.1 GB": 4 GiB, i.e. 4.29e9 bytes.
+    assert items["activations"] == 4 * 1024**3
+    assert sum(items.values()) == pytest.approx(17.5e9, rel=0.015)
+
+
+def test_seed_example_2_printed_figures_halve_the_per_gpu_parameters() -> None:
+    """Seed §3 prints 6.25 / 6.25 / 37.5 / 1.15 GB ('~51.4 GB'); its formulas give twice that
+    model state (200e9 / (8·4) = 6.25e9 parameters, not bytes) and twice the activations."""
+    items = seed_example_2()
+    assert items["weights"] == pytest.approx(12.5e9)
+    assert items["optimizer"] == pytest.approx(75e9)
+    for key in ("weights", "gradients", "optimizer"):
+        assert items[key] == pytest.approx(2 * SEED_EXAMPLE_2_PRINTED[key])
+    # 24·2·4096·4·12288·2/8 = 2.42e9 B; the seed prints 1.15 GB (half of it, rounded down).
+    assert items["activations"] == pytest.approx(2 * SEED_EXAMPLE_2_PRINTED["activations"], rel=0.06)
+    assert sum(SEED_EXAMPLE_2_PRINTED.values()) == pytest.approx(51.4e9, rel=0.01)
+    assert sum(items.values()) > 80e9  # as written, the seed's layout does not fit an H100
+
+
+def test_seed_layout_for_200b_fits_only_with_a_sharded_optimizer() -> None:
+    """What our model says of the seed's TP=8, PP=4, DP=8 (micro-batch 4, 32 micro-batches,
+    checkpointing): no fit with replicated optimizer state, a fit once it is sharded."""
+    model = ModelProfile(hidden_size=12288, num_layers=96, num_heads=96, num_kv_heads=96,
+                         ffn_hidden_size=49152, vocab_size=50304, sequence_length=4096,
+                         global_batch_size=1024, activation="gelu")
+    h100 = hardware_from_spec(CATALOG["H100"])
+    layout = Layout(tp=8, pp=4, dp=8, micro_batch_size=4, num_micro_batches=32, recompute="full",
+                    sequence_parallel=True)
+    assert not evaluate(model, h100, layout, impl=PYTORCH).fits
+    assert evaluate(model, h100, replace(layout, zero_stage=1), impl=PYTORCH).fits
+
+
+def test_seed_heuristic_cannot_plan_its_own_200b_example() -> None:
+    # One 200B layer fits at TP=1, so TP stays 1 and PP would have to exceed 32.
+    assert seed_layer_params(12288, 49152) * 16 < 80e9 * 0.85
+    with pytest.raises(ValueError, match="PP=32"):
+        seed_greedy_plan(params=200e9, hidden=12288, layers=96, ffn=49152, seq=4096,
+                         global_batch=1024, gpus=256)
+
+
+def test_seed_heuristic_ignores_the_global_batch() -> None:
+    plan = seed_greedy_plan(params=6.7e9, hidden=4096, layers=32, ffn=11008, seq=4096,
+                            global_batch=256, gpus=8)
+    assert (plan.tp, plan.pp, plan.dp) == (1, 2, 4)  # its prose example says FSDP over 8
+    assert plan.micro_batch_size * plan.num_micro_batches * plan.dp != 256
+
+
+RUNS = published_runs()
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda r: f"{r.source}-{r.name}-{r.gpus}")
+def test_configurations_that_ran_are_never_judged_not_to_fit(run) -> None:
+    comparison = compare(run, memory_fraction=1.0)
+    assert comparison.estimate.fits, (
+        f"{run.name} ran on {run.hardware.gpu.name}, but the advisor estimates "
+        f"{comparison.estimate.memory_bytes / 2**30:.1f} GiB")
+
+
+@pytest.mark.parametrize("run", [r for r in RUNS if r.source in ("[N21] Table 1", "[K22] Tables 3, 5")],
+                         ids=lambda r: f"{r.name}-{r.gpus}")
+def test_megatron_throughput_within_the_documented_error(run) -> None:
+    comparison = compare(run)
+    for metric in ("tflops_per_gpu", "mfu"):
+        error = comparison.error(metric)
+        if error is not None:
+            assert abs(error) < 0.25, f"{metric}: {error:+.0%}"
+
+
+def test_torchtitan_memory_within_the_documented_error() -> None:
+    for run in (r for r in RUNS if "memory_gib" in r.reported):
+        error = compare(run).error("memory_gib")
+        assert error is not None and abs(error) < 0.2

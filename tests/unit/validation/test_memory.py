@@ -1,0 +1,85 @@
+"""The dry run's memory check: INSUFFICIENT_GPU_MEMORY (auto and manual) with the estimate,
+the budget and what would fit; MODEL_SIZE_MISMATCH past 5 %; silence where the rules speak."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from config.cluster import load_cluster
+from config.loader import parse_spec_text
+from config.problems import Code
+from config.spec import TrainingJob
+from plugins.advisor.model import ModelProfile
+from plugins.validation.memory import check_memory
+
+JOBS = Path(__file__).resolve().parents[3] / "config" / "jobs"
+FLEET = load_cluster("h100-fleet")
+
+
+def job_from(name: str, **replacements: str) -> TrainingJob:
+    text = (JOBS / name).read_text()
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    job, problems = parse_spec_text(text)
+    assert job is not None, problems
+    return job
+
+
+def test_the_example_specs_fit() -> None:
+    assert check_memory(job_from("demo-tiny-lm.yaml"), load_cluster("local"), memory_fraction=0.9) == []
+    assert check_memory(job_from("llama-7b-finetune.yaml"), FLEET, memory_fraction=0.9) == []
+
+
+def test_auto_strategy_that_cannot_fit_names_need_budget_and_what_would_fit() -> None:
+    job = job_from("llama-7b-finetune.yaml", **{"gpuCount: 64": "gpuCount: 1", "minGpuCount: 32": "minGpuCount: 1"})
+    [problem] = check_memory(job, FLEET, memory_fraction=0.9)
+    assert problem.code == Code.INSUFFICIENT_GPU_MEMORY and problem.severity == "error"
+    assert problem.path == "spec.hardware.gpuCount"
+    assert "72.0 GiB" in problem.message and "90% of 80 GiB H100" in problem.message
+    need = int(re.search(r"\(([\d,]+) bytes\)", problem.message).group(1).replace(",", ""))
+    assert need > 72 * 1024**3
+    assert "more devices:" in problem.hint
+
+
+def test_manual_configuration_that_does_not_fit_is_an_error_with_fixes() -> None:
+    job = job_from("llama-7b-finetune.yaml", **{"strategy: auto": "strategy: manual\n    microBatchSize: 4"})
+    [problem] = check_memory(job, FLEET, memory_fraction=0.9)
+    assert problem.code == Code.INSUFFICIENT_GPU_MEMORY and problem.path == "spec.parallelism"
+    assert "TP1·PP1·DP64 ZeRO-0 mbs4×1" in problem.message and "GiB" in problem.message
+    assert "would fit" in problem.hint
+
+
+def test_a_smaller_budget_turns_a_fit_into_an_error() -> None:
+    job = job_from("llama-7b-finetune.yaml", **{"strategy: auto": "strategy: manual\n    zeroStage: 3\n"
+                                                                   "    activationCheckpointing: full"})
+    assert check_memory(job, FLEET, memory_fraction=0.9) == []
+    [problem] = check_memory(job, FLEET, memory_fraction=0.1)
+    assert problem.code == Code.INSUFFICIENT_GPU_MEMORY
+
+
+@pytest.mark.parametrize("factor,warned", [(1.049, False), (0.951, False), (1.06, True), (0.9, True)])
+def test_model_size_mismatch_is_a_warning_past_five_percent(factor: float, warned: bool) -> None:
+    job = job_from("llama-7b-finetune.yaml")
+    actual = ModelProfile.from_hints(job.spec.parallelism.hints).parameter_count()
+    job = job_from("llama-7b-finetune.yaml", **{"modelParameters: 6.7e9": f"modelParameters: {int(actual * factor)}"})
+    problems = check_memory(job, FLEET, memory_fraction=0.9)
+    mismatch = [p for p in problems if p.code == Code.MODEL_SIZE_MISMATCH]
+    assert bool(mismatch) == warned
+    if warned:
+        assert mismatch[0].severity == "warning"
+        assert f"{int(actual * factor):,}" in mismatch[0].message and f"{actual:,}" in mismatch[0].message
+
+
+def test_specs_the_rules_reject_are_left_to_the_rules() -> None:
+    no_hints = job_from("demo-tiny-lm.yaml")
+    no_hints = no_hints.model_copy(update={"spec": no_hints.spec.model_copy(update={
+        "parallelism": no_hints.spec.parallelism.model_copy(update={"hints": None})})})
+    assert check_memory(no_hints, load_cluster("local"), memory_fraction=0.9) == []
+    wrong_type = job_from("demo-tiny-lm.yaml")
+    assert check_memory(wrong_type, FLEET, memory_fraction=0.9) == []  # no cpu devices there
+    bad_manual = job_from("demo-tiny-lm.yaml", **{"strategy: auto": "strategy: manual\n    dataParallel: 3"})
+    assert check_memory(bad_manual, load_cluster("local"), memory_fraction=0.9) == []
