@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.tracking.runs import TAG, CheckpointRecord, checkpoints, client_for
+from plugins.tracking.runs import TAG, CheckpointRecord, checkpoints, client_for, quote_filter_value
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -215,11 +215,11 @@ def models_trained_on(
     `version`, or with exactly this content `digest`), newest first."""
     if not dataset_uri:
         raise ValueError("dataset_uri is empty")
-    clauses = [f"tags.`{TAG}dataset.uri` = {_quote(dataset_uri.rstrip('/'))}"]
+    clauses = [f"tags.`{TAG}dataset.uri` = {quote_filter_value(dataset_uri.rstrip('/'))}"]
     if version:
-        clauses.append(f"tags.`{TAG}dataset.version` = {_quote(version)}")
+        clauses.append(f"tags.`{TAG}dataset.version` = {quote_filter_value(version)}")
     if digest:
-        clauses.append(f"tags.`{TAG}dataset.digest` = {_quote(digest)}")
+        clauses.append(f"tags.`{TAG}dataset.digest` = {quote_filter_value(digest)}")
     client = client_for(tracking_uri)
     found: list[ModelVersion] = []
     token = None
@@ -321,8 +321,3 @@ def _sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(8 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _quote(value: str) -> str:
-    """A single-quoted literal for MLflow's search filter."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -61,6 +61,7 @@ MAX_PARAMS_TAGS_PER_BATCH = 100
 RunStatus = Literal["pending", "running", "recovering", "completed", "failed", "cancelled"]
 _TERMINAL = {"completed": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_CHECKPOINT_TAG = re.compile(re.escape(TAG) + r"checkpoint\.\d{10}$")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -129,22 +130,27 @@ def start_or_resume_run(
     attempt: int,
     dataset: DatasetRef | None = None,
     artifact_location: str | None = None,
+    trigger_id: str | None = None,
 ) -> str:
     """Create the job's run (attempt 0) or resume it (a later attempt); returns the run id.
 
-    `run_id` resumes that run. Without it, attempt 0 starts a new run, and a later attempt
-    resumes the newest run of the same job in its experiment (the control plane lost the id)
-    or starts a new one if there is none.
+    `run_id` resumes that run. Without it, attempt 0 starts a new run — unless a run with the
+    same `trigger_id` (the Airflow run that started the chain) exists, which makes a retried
+    task idempotent — and a later attempt resumes the newest run of the same job in its
+    experiment (the control plane lost the id), or starts a new one if there is none.
     """
     if attempt < 0:
         raise ValueError(f"attempt must be >= 0, got {attempt}")
     client = client_for(tracking_uri)
     name = experiment_name(job)
-    run = _existing_run(client, job, run_id, attempt, name)
+    run = _existing_run(client, job, run_id, attempt, name, trigger_id)
     if run is None:
         exp_id = ensure_experiment(
             client, name, artifact_location=artifact_location or default_artifact_location(tracking_uri, name))
-        run = client.create_run(exp_id, run_name=job.name, tags=_identity_tags(job))
+        tags = _identity_tags(job)
+        if trigger_id:
+            tags[TAG + "trigger_id"] = trigger_id
+        run = client.create_run(exp_id, run_name=job.name, tags=tags)
         log.info("MLflow run %s created for job %s in experiment %s", run.info.run_id, job.name, name)
     elif run.info.status != "RUNNING":
         client.update_run(run.info.run_id, status="RUNNING")
@@ -180,19 +186,22 @@ def start_or_resume_run(
 
 
 def _existing_run(client: MlflowClient, job: TrainingJob, run_id: str | None, attempt: int,
-                  experiment: str) -> Run | None:
+                  experiment: str, trigger_id: str | None) -> Run | None:
     if run_id:
         run = client.get_run(run_id)
         owner = run.data.tags.get(TAG + "job")
         if owner is not None and owner != job.name:
             raise ValueError(f"MLflow run {run_id} belongs to job {owner!r}, not {job.name!r}")
         return run
-    if attempt == 0:
+    if attempt == 0 and not trigger_id:
         return None
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG}job` = '{job.name}'",
+    query = f"tags.`{TAG}job` = {quote_filter_value(job.name)}"
+    if attempt == 0:
+        query += f" AND tags.`{TAG}trigger_id` = {quote_filter_value(trigger_id or '')}"
+    runs = client.search_runs([exp.experiment_id], filter_string=query,
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0] if runs else None
 
@@ -288,6 +297,8 @@ class RecoveryEvent(BaseModel):
     at: str
     duration_s: float | None = None
     """Seconds of lost time (detection + restart + restore), when measured."""
+    key: str | None = None
+    """Idempotency key given by the caller (e.g. `<dag run>:<attempt>:<kind>`)."""
 
 
 def log_recovery_event(
@@ -299,17 +310,26 @@ def log_recovery_event(
     *,
     tracking_uri: str,
     duration_s: float | None = None,
+    key: str | None = None,
 ) -> RecoveryEvent:
     """Append a recovery event: a JSON tag `recovery.NNNN`, the cause appended to
     `failure_causes`, and metrics `recovery/<kind>` (= 1 at the step, a mark on the charts),
-    `recovery_events` (running count) and `recovery_seconds`."""
+    `recovery_events` (running count) and `recovery_seconds`.
+
+    `key` makes it idempotent: an event with the same key already on the run is returned and
+    nothing is logged again (an Airflow task that retries records its event once).
+    """
     if not kind or not re.fullmatch(r"[A-Za-z0-9_\-.]+", kind):
         raise ValueError(f"kind must be a word like 'worker_crash', got {kind!r}")
     client = client_for(tracking_uri)
     tags = client.get_run(run_id).data.tags
+    if key is not None:
+        for k in sorted(tags):
+            if k.startswith(TAG + "recovery.") and (seen := RecoveryEvent.model_validate_json(tags[k])).key == key:
+                return seen
     seq = int(tags.get(TAG + "recovery_count", "0"))
     event = RecoveryEvent(kind=kind, attempt=attempt, step=step, detail=truncate(detail, 4000),
-                          at=_now_iso(), duration_s=duration_s)
+                          at=_now_iso(), duration_s=duration_s, key=key)
     causes = [*_split(tags.get(TAG + "failure_causes")), kind]
     total_s = float(tags.get(TAG + "recovery_seconds", "0")) + (duration_s or 0.0)
     new_tags = {
@@ -364,13 +384,18 @@ def log_checkpoint(
     record = CheckpointRecord(step=step, manifest_uri=manifest_uri, sha256=sha256,
                               metrics={k: float(v) for k, v in (metrics or {}).items()})
     client = client_for(tracking_uri)
-    count = int(client.get_run(run_id).data.tags.get(TAG + "checkpoint_count", "0"))
+    tags_now = client.get_run(run_id).data.tags
+    step_tag = f"{TAG}checkpoint.{step:010d}"
+    if step_tag in tags_now and CheckpointRecord.model_validate_json(tags_now[step_tag]) == record:
+        return record  # already recorded (a retried watcher): log nothing twice
+    # A step saved again after a rollback replaces its record; the count is of distinct steps.
+    count = sum(1 for k in tags_now if _CHECKPOINT_TAG.match(k)) + (step_tag not in tags_now)
     tags = {
-        f"{TAG}checkpoint.{step:010d}": record.model_dump_json(),
+        step_tag: record.model_dump_json(),
         TAG + "checkpoint.latest.uri": manifest_uri,
         TAG + "checkpoint.latest.sha256": sha256,
         TAG + "checkpoint.latest.step": str(step),
-        TAG + "checkpoint_count": str(count + 1),
+        TAG + "checkpoint_count": str(count),
     }
     _log_params_and_tags(client, run_id, {}, tags)
     _log_metrics(client, run_id, {"checkpoint/step": float(step),
@@ -397,8 +422,7 @@ def log_committed_checkpoint(
 def checkpoints(run_id: str, *, tracking_uri: str) -> list[CheckpointRecord]:
     """Every checkpoint the run recorded, by step."""
     tags = client_for(tracking_uri).get_run(run_id).data.tags
-    pattern = re.compile(re.escape(TAG) + r"checkpoint\.\d{10}$")
-    return sorted((CheckpointRecord.model_validate_json(v) for k, v in tags.items() if pattern.match(k)),
+    return sorted((CheckpointRecord.model_validate_json(v) for k, v in tags.items() if _CHECKPOINT_TAG.match(k)),
                   key=lambda r: r.step)
 
 
@@ -424,6 +448,11 @@ def _log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float]
     ts = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), ts, step) for k, v in metrics.items()],
                      synchronous=True)
+
+
+def quote_filter_value(value: str) -> str:
+    """A single-quoted literal for MLflow's search filter grammar."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _split(value: str | None) -> list[str]:

@@ -189,3 +189,30 @@ def test_bad_status_and_kind_are_refused(sqlite_tracking_uri: str) -> None:
         runs.set_run_status("r", "exploded", tracking_uri=sqlite_tracking_uri)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="kind must be a word"):
         runs.log_recovery_event("r", "two words", 0, 1, tracking_uri=sqlite_tracking_uri)
+
+
+def test_retried_control_plane_tasks_record_things_once(sqlite_tracking_uri: str, request: pytest.FixtureRequest) -> None:
+    uri = sqlite_tracking_uri
+    job = make_job(unique(request))
+    trigger = "manual__2026-11-29T14:00:00+00:00"
+    rid = runs.start_or_resume_run(job, make_plan(), tracking_uri=uri, attempt=0, trigger_id=trigger)
+    # The task that created the run crashed before handing the id on and is retried:
+    assert runs.start_or_resume_run(job, make_plan(), tracking_uri=uri, attempt=0, trigger_id=trigger) == rid
+    assert runs.start_or_resume_run(job, make_plan(), tracking_uri=uri, attempt=0, trigger_id="other") != rid
+
+    key = f"{trigger}:0:worker_crash"
+    first = runs.log_recovery_event(rid, "worker_crash", 0, 5, "exit 1", tracking_uri=uri, key=key)
+    again = runs.log_recovery_event(rid, "worker_crash", 0, 5, "exit 1", tracking_uri=uri, key=key)
+    assert again == first
+    assert [e.key for e in runs.recovery_events(rid, tracking_uri=uri)] == [key]
+    assert client(uri).get_run(rid).data.tags["trainyard.failure_causes"] == "worker_crash"
+
+    manifest = "file:///c/step-00000010/MANIFEST.json"
+    runs.log_checkpoint(rid, manifest, SHA, 10, {"loss": 1.0}, tracking_uri=uri)
+    runs.log_checkpoint(rid, manifest, SHA, 10, {"loss": 1.0}, tracking_uri=uri)  # the watcher retried
+    assert len(client(uri).get_metric_history(rid, "checkpoint/step")) == 1
+    # After a rollback the same step is saved again with other bytes: the record is replaced.
+    runs.log_checkpoint(rid, manifest, "cd" * 32, 10, {"loss": 0.9}, tracking_uri=uri)
+    (record,) = runs.checkpoints(rid, tracking_uri=uri)
+    assert (record.sha256, record.metrics) == ("cd" * 32, {"loss": 0.9})
+    assert client(uri).get_run(rid).data.tags["trainyard.checkpoint_count"] == "1"
