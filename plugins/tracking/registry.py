@@ -21,13 +21,14 @@ Lineage lives in the version's tags, so "which model versions were trained on da
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import hashlib
 import importlib
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -262,7 +263,7 @@ def _save_and_upload(client: MlflowClient, model_id: str, artifact_location: str
     import mlflow.pyfunc
     from mlflow.models import Model
 
-    with tempfile.TemporaryDirectory(prefix="trainyard-model-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="trainyard-model-") as tmp, _no_progress_bars():
         local = Path(tmp) / "model"
         mlflow.pyfunc.save_model(
             str(local), python_model=str(MODEL_CODE), artifacts={"weights": str(weights)},
@@ -274,6 +275,23 @@ def _save_and_upload(client: MlflowClient, model_id: str, artifact_location: str
         if pickles:
             raise RuntimeError(f"the model folder holds pickles {pickles}; refusing to register it")
         client.log_model_artifacts(model_id, str(local))
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """MLflow draws a progress bar per artifact copy: noise in task logs. Off while we save."""
+    import os
+
+    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _ensure_registered_model(client: MlflowClient, name: str) -> None:
