@@ -1,1 +1,14 @@
-"""Trainyard."""
+"""Launchers: start a placed job, find it again from its `RunHandle`, stop it, read its logs.
+
+- `base.py`         the `Launcher` protocol
+- `model.py`        `RunHandle`, `RunStatus` (JSON: XCom and deferrable sensors carry them)
+- `local.py`        `LocalLauncher`: detached torchrun agents on this host
+- `agent.py`, `rank_exec.py`  the tiny wrappers that record exit codes, pids and logs
+- `processes.py`    liveness from /proc (zombies and recycled pids are not "alive")
+- `manifests.py`    Volcano Job, Queues, PriorityClasses, node-agent DaemonSet
+- `volcano.py`      `KubernetesLauncher` over the `kubernetes` client (passed in)
+- `environment.py`  the `WorkerEnv` and process environment of a launch
+- `exit_codes.py`   what a rank's exit code means (reads `worker/exit_codes.py`)
+
+No Airflow imports here; this package must stay importable from inside every rank.
+"""

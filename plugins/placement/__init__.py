@@ -1,1 +1,16 @@
-"""Trainyard."""
+"""Gang placement: where a job's ranks go, who may use the cluster, and what is reserved.
+
+- `layout.py`      the rank convention (TP innermost, DP outermost) and process groups
+- `model.py`       `GangRequest`, `Placement` (nodes in rank order + group → node map),
+                   `Unschedulable` / `PendingReason` (why, in numbers)
+- `inventory.py`   the placer's view of a cluster (from `config/clusters/*.yaml` or node labels)
+- `gang.py`        the search: all or nothing, best fit over racks, candidates scored by
+                   `scoring.py`; `baseline.py` is first-fit, for comparison
+- `constraints.py` an independent check of the hard constraints
+- `fairshare.py`   effective priority (seed §4) and whole-gang preemption
+- `state.py`       allocations in the platform state DB (SQLAlchemy): reserve, lease, release;
+                   `usage_by_team()` for the quota check
+- `plans.py`       a `Plan` for a spec (the advisor's `plan_job` when present, else the degrees)
+
+No Airflow imports here.
+"""
