@@ -170,9 +170,11 @@ def test_the_dry_run_entry_point_resolves_the_source_in_the_object_store(setting
 
 def test_importing_is_cheap_and_gx_logs_stay_quiet(tmp_path: Path) -> None:
     root = dataset(tmp_path, {"s.jsonl": clean_rows(5)})
+    # Airflow's logging config first (the situation of a DAG task), then our module and GX.
     code = f"""
 import logging, sys
-logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+import airflow  # noqa: F401
+logging.getLogger().setLevel(logging.INFO)
 import plugins.validation.data_quality as dq
 print("GX_IMPORTED", "great_expectations" in sys.modules)
 from plugins.checkpoint.store import open_store
@@ -180,7 +182,8 @@ from tests.unit.tracking.factories import make_job
 r = dq.check_data_quality(make_job(source={root.as_uri()!r}), store=open_store({root.as_uri()!r}))
 print("SUCCESS", r.success)
 """
-    out = subprocess.run([sys.executable, "-c", code], cwd=procs.REPO_ROOT, env=procs.test_env(),
+    env = procs.test_env({"AIRFLOW_HOME": str(tmp_path / "airflow")})
+    out = subprocess.run([sys.executable, "-c", code], cwd=procs.REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=300, check=True)
     assert "GX_IMPORTED False" in out.stdout and "SUCCESS True" in out.stdout
     noise = [line for line in (out.stdout + out.stderr).splitlines() if "great_expectations" in line]
