@@ -126,8 +126,17 @@ def test_data_quality_report_is_logged_as_an_artifact(mlflow_server: MlflowServe
 def test_chargeback_is_logged_through_the_server(mlflow_server: MlflowServer, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    rows = cost.chargeback(fleet())
-    rid = cost.log_chargeback(rows, tracking_uri=mlflow_server.uri, period="2026-11")
+    uri = mlflow_server.uri
+    job = make_job("srv-costed", team="finance", project="q4")
+    run_id = runs.start_or_resume_run(job, make_plan(), tracking_uri=uri, attempt=0)
+    (a2,) = [a for a in fleet() if a.job == "a2"]
+    acct = a2.model_copy(update={"job": "srv-costed", "team": "finance", "project": "q4", "run_id": run_id})
+    cost.log_job_cost(run_id, acct, cost.job_cost(acct), tracking_uri=uri)
+    assert cost.accounting_from_mlflow(uri, experiments=["finance/q4"]) == [acct]
+
+    rows = cost.chargeback([*fleet(), acct])
+    assert ("finance", "q4") in {(r.team, r.project) for r in rows}
+    rid = cost.log_chargeback(rows, tracking_uri=uri, period="2026-11")
     client = MlflowClient(mlflow_server.uri)
     html = Path(client.download_artifacts(rid, "chargeback.html", str(tmp_path))).read_text()
     assert "<table>" in html and "nlp" in html
