@@ -50,11 +50,10 @@ def run(args: argparse.Namespace) -> int:
     from plugins.launch.base import LaunchError
     from plugins.launch.environment import build_worker_env
     from plugins.launch.local import LocalLauncher
-    from plugins.placement.gang import place_gang
-    from plugins.placement.inventory import Inventory
-    from plugins.placement.model import GangRequest, Unschedulable
+    from plugins.placement.model import Unschedulable
     from plugins.placement.plans import plan_for_job
-    from plugins.placement.state import ReservationConflict, free_devices, open_state
+    from plugins.placement.service import place_and_reserve
+    from plugins.placement.state import ReservationConflict, open_state
 
     settings = get_settings()
     try:
@@ -77,13 +76,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     err_console.print(f"plan: {plan.describe()} ({source})")
 
-    inventory = Inventory.from_cluster(cluster)
     store = open_state(settings.state_db)
-    request = GangRequest.for_job(job, plan, attempt=args.attempt)
     lease = args.lease_s or (DETACHED_LEASE_S if args.detach else ATTACHED_LEASE_S)
     try:
-        placement = place_gang(request, inventory, free_devices(store, {n.name: n.gpus for n in inventory.nodes}))
-        placement = store.reserve(placement, lease_s=lease)
+        placement = place_and_reserve(job, plan, cluster, store, attempt=args.attempt, lease_s=lease)
     except Unschedulable as e:
         err_console.print(f"[red]unschedulable[/]: {e.reason.message}")
         return 1

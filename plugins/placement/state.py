@@ -146,7 +146,10 @@ class StateStore:
         self.engine = _make_engine(url, schema)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         if create:
-            Base.metadata.create_all(self.engine)
+            try:
+                Base.metadata.create_all(self.engine)
+            except (IntegrityError, DBAPIError):  # another process created them meanwhile
+                Base.metadata.create_all(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()

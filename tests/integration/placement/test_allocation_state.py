@@ -197,3 +197,33 @@ def test_concurrent_processes_never_double_book_on_postgres(postgres_url: str) -
         with engine.begin() as conn:
             conn.execute(sqlalchemy.text(f'DROP SCHEMA "{schema}" CASCADE'))
         engine.dispose()
+
+
+def test_place_and_reserve_re_places_after_losing_a_race(store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from config.cluster import load_cluster
+    from config.loader import load_spec_file
+    from plugins.advisor.plan import Plan
+    from plugins.placement import service
+
+    job = load_spec_file("config/jobs/demo-tiny-lm.yaml")
+    cluster = load_cluster("local")
+    real_free = service.free_devices
+    calls = {"n": 0}
+
+    def stale_then_real(*args: object, **kwargs: object) -> dict[str, int]:
+        # The first look sees local-0 free, but a rival books it before our commit.
+        calls["n"] += 1
+        if calls["n"] == 1:
+            rival = placement("rival", {"local-0": 2}, capacity=2)
+            rival = rival.model_copy(update={"gpu_type": "cpu"})
+            answer = real_free(*args, **kwargs)
+            store.reserve(rival)
+            return answer
+        return real_free(*args, **kwargs)
+
+    monkeypatch.setattr(service, "free_devices", stale_then_real)
+    placed = service.place_and_reserve(job, Plan(dp=2), cluster, store, attempt=0)
+    assert placed.node_names == ["local-1"] and placed.nodes[0].devices == [0, 1]
+    assert calls["n"] == 2
+    # Idempotent: the same (job, attempt) again returns the reservation it holds.
+    assert service.place_and_reserve(job, Plan(dp=2), cluster, store, attempt=0) == placed
