@@ -157,10 +157,11 @@ def _structures(model: ModelProfile, hw: Hardware, gpus: int, pins: Pins,
 
 def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | None = None,
            impl: Implementation = PYTORCH, memory_fraction: float = 0.9, top_k: int = 5,
-           first_fit: bool = False) -> SearchResult:
+           first_fit: bool = False, prune: bool = True) -> SearchResult:
     """Rank every valid layout of `model` on `gpu_count` devices of `hw` that fits.
 
-    `first_fit` stops at the first layout that fits (used to answer 'would it fit with …?').
+    `first_fit` stops at the first layout that fits (used to answer 'would it fit with …?');
+    `prune=False` evaluates every combination (the benchmark's baseline, same answer).
     """
     pins = pins or Pins()
     evaluator = Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction)
@@ -189,7 +190,7 @@ def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | No
                 reject(REJECT_FEW_MICRO, len(variants))
                 continue
             least = _least_memory(base, pins)
-            least_bytes = evaluator.memory_bytes(least)
+            least_bytes = evaluator.memory_bytes(least) if prune else 0.0
             if least_bytes > budget:
                 evaluated += 1
                 if smallest is None or least_bytes < smallest.memory_bytes:

@@ -1,0 +1,99 @@
+"""Advisor benchmark: planning time and plans evaluated for three model/cluster sizes.
+
+    .venv/bin/python benchmarks/advisor.py [--repeat 5]
+
+Cases, on the H100 fleet's hardware (`config/clusters/h100-fleet.yaml`): Llama 2 7B on 8 GPUs
+(seq 4096, 256 sequences per step), Llama 3 70B on 512 GPUs and Llama 3 405B on 16,384 GPUs
+(seq 8192, 16M tokens per step), plus a 128-layer variant of the 405B model whose layer count
+lets the search try every pipeline depth (the real 405B has 126 layers, so only PP 1 and 2
+tile 16,384 GPUs).
+
+Per case: `ms` is the median wall time of `plan_auto` (search, ranking, building the top five
+`Plan`s) over `--repeat` runs; `plans_evaluated` the layouts whose memory (and, when they fit,
+time) was computed; `plans_considered` every combination counted. The baseline, measured in
+the same run, is the same search without pruning (`baseline_ms`, `baseline_plans_evaluated`);
+both must return the same best plan (`same_best`). Target: < 1000 ms for 16,384 GPUs.
+
+Every run starts with cold caches. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from config.cluster import load_cluster
+from plugins.advisor.comm import group_levels
+from plugins.advisor.hardware import hardware_for
+from plugins.advisor.memory import layer_activation_bytes
+from plugins.advisor.model import ModelProfile
+from plugins.advisor.planner import plan_auto
+from plugins.advisor.search import search
+from plugins.advisor.timing import layer_cost
+
+TARGET_MS = 1000.0
+
+
+def llama3(layers: int, hidden: int, heads: int, ffn: int, batch: int) -> ModelProfile:
+    return ModelProfile(hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=8,
+                        ffn_hidden_size=ffn, vocab_size=128256, sequence_length=8192,
+                        global_batch_size=batch)
+
+
+CASES = [
+    ("llama2-7b", 8, ModelProfile(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32,
+                                  ffn_hidden_size=11008, vocab_size=32000, sequence_length=4096,
+                                  global_batch_size=256)),
+    ("llama3-70b", 512, llama3(80, 8192, 64, 28672, 2048)),
+    ("llama3-405b", 16384, llama3(126, 16384, 128, 53248, 2048)),
+    ("405b-128-layers", 16384, llama3(128, 16384, 128, 53248, 2048)),
+]
+
+
+def cold_caches() -> None:
+    """Each run starts from empty shape caches, so neither search profits from the other."""
+    for cached in (layer_activation_bytes, layer_cost, group_levels):
+        cached.cache_clear()
+
+
+def timed(fn, repeat: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeat):
+        cold_caches()
+        start = time.perf_counter()
+        result = fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times), result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    hw = hardware_for(load_cluster("h100-fleet"), "H100")
+    hw = replace(hw, total_gpus=None)  # what-if sizes: do not cap at the fleet's healthy count
+    cases = []
+    for name, gpus, model in CASES:
+        ms, result = timed(lambda m=model, g=gpus: plan_auto(m, hw, g), args.repeat)
+        base_ms, base = timed(lambda m=model, g=gpus: search(m, hw, g, prune=False), max(1, args.repeat // 2))
+        best = result.best.describe() if result.best else None
+        cases.append({
+            "name": name, "gpus": gpus, "plans_evaluated": result.plans_evaluated, "ms": round(ms, 1),
+            "plans_considered": result.plans_considered, "best": best,
+            "baseline_ms": round(base_ms, 1), "baseline_plans_evaluated": base.plans_evaluated,
+            "same_best": (base.best.layout.describe() if base.best else None) == best,
+        })
+    worst = max(c["ms"] for c in cases if c["gpus"] == 16384)
+    print(json.dumps({"cases": cases, "target_ms": TARGET_MS, "met": worst < TARGET_MS}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
