@@ -272,11 +272,14 @@ class MetricsStreamer:
                 item.done.set()
                 deadline = time.monotonic() + self.flush_every_s
                 continue
-            if item is not None:
-                pending.extend(self._to_metrics(item))
-            if len(pending) >= self.max_batch or time.monotonic() >= deadline:
-                self._send(client, pending)
-                deadline = time.monotonic() + self.flush_every_s
+            try:
+                if item is not None:
+                    pending.extend(self._to_metrics(item))
+                if len(pending) >= self.max_batch or time.monotonic() >= deadline:
+                    self._send(client, pending)
+                    deadline = time.monotonic() + self.flush_every_s
+            except Exception:  # the thread must outlive any one bad item
+                logger.exception("MLflow metrics streamer: unexpected error; carrying on")
 
     def _drain_into(self, pending: list[Metric]) -> None:
         while True:
