@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCAL_ADDRESSES = frozenset({"127.0.0.1", "localhost", "::1", socket.gethostname()})
 RUN_MARKER = "TRAINYARD_RUN_DIR"
+INHERITED_TORCH_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                 "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
 
 
 def _free_port() -> int:
@@ -177,7 +179,10 @@ class LocalLauncher:
         return str(path) if entry.endswith(".py") else entry
 
     def _environment(self, job: TrainingJob, plan: Plan, worker_env: WorkerEnv, *, gpu: bool) -> dict[str, str]:
-        env = dict(self.base_env)
+        # torchrun sets the torch.distributed variables itself; ones inherited from an enclosing
+        # torchrun (a launch from inside a job) would mislead the new agents.
+        env = {k: v for k, v in self.base_env.items()
+               if not (k in INHERITED_TORCH_ENV or k.startswith("TORCHELASTIC_"))}
         paths = [str(self.source_dir), str(REPO_ROOT)]
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])

@@ -181,3 +181,18 @@ def test_both_launchers_implement_the_interface(tmp_path: Path) -> None:
 
     assert isinstance(LocalLauncher(tmp_path), Launcher)
     assert isinstance(KubernetesLauncher(create_autospec(CustomObjectsApi, instance=True)), Launcher)
+
+
+def test_environment_layers_spec_env_under_the_contract_and_drops_inherited_torch_vars(tmp_path: Path) -> None:
+    from tests.support.procs import REPO_ROOT
+
+    job, plan, _, env = local_job(tmp_path)
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "training": job.spec.training.model_copy(update={"env": {"MY_FLAG": "on"}})})})
+    launcher = LocalLauncher(tmp_path, source_dir=REPO_ROOT, base_env={
+        "PATH": "/usr/bin", "RANK": "3", "MASTER_PORT": "1", "TORCHELASTIC_RUN_ID": "outer", "PYTHONPATH": "/x"})
+    out = launcher._environment(job, plan, env, gpu=False)
+    assert "RANK" not in out and "MASTER_PORT" not in out and "TORCHELASTIC_RUN_ID" not in out
+    assert out["MY_FLAG"] == "on" and out["PATH"] == "/usr/bin"
+    assert out["TRAINYARD_JOB"] == "unit-job" and out["TRAINYARD_PLAN"] == plan.model_dump_json()
+    assert out["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT), "/x"]
