@@ -171,3 +171,26 @@ def test_first_fit_stops_early() -> None:
     full = search(LLAMA7B, H100, 8)
     first = search(LLAMA7B, H100, 8, first_fit=True)
     assert first.best is not None and first.plans_evaluated < full.plans_evaluated
+
+
+def test_mixture_of_experts_plans_use_expert_parallelism() -> None:
+    moe = replace(SMALL, num_experts=8, expert_top_k=2, global_batch_size=64)
+    result = plan_auto(moe, H100, 16, top_k=10)
+    assert result.best is not None
+    for plan in (result.best, *result.alternatives):
+        assert moe.num_experts % plan.ep == 0 and (plan.dp * plan.cp) % plan.ep == 0
+    with_ep = [p for p in (result.best, *result.alternatives) if p.ep > 1]
+    assert with_ep and all(p.communication_s["ep"] > 0 for p in with_ep)
+
+
+def test_replanning_after_an_oom_demands_less_memory() -> None:
+    from plugins.advisor.planner import replan_after_oom
+
+    job = load_spec_file(JOBS / "llama-7b-finetune.yaml")
+    fleet = load_cluster("h100-fleet")
+    first = plan_job(job, fleet).best
+    assert first is not None and first.memory_per_gpu_bytes is not None
+    again = replan_after_oom(job, fleet, first).best
+    assert again is not None
+    assert again.memory_per_gpu_bytes is not None
+    assert again.memory_per_gpu_bytes <= 0.9 * first.memory_per_gpu_bytes
