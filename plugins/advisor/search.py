@@ -2,7 +2,8 @@
 stage, micro-batch size, recomputation and sequence parallelism; keep what fits, rank by step
 time, break ties towards the simpler layout.
 
-Validity: TP divides the query and KV heads and the FFN width and fits in a node; PP divides
+Validity: TP divides the query and KV heads, the FFN width and the vocabulary (the worker
+splits the output head by columns) and fits in a node; PP divides
 the layers; DP = GPUs / (TP·PP·CP) divides the global batch, micro-batch × micro-batches × DP
 = global batch; a pipeline needs at least pp micro-batches, interleaving a multiple of pp and
 virtual stages that divide a stage's layers; CP is searched for sequences of 16k tokens or
@@ -89,7 +90,7 @@ def _tp_options(model: ModelProfile, hw: Hardware, gpus: int, pins: Pins) -> lis
         return [pins.tp]
     return [t for t in divisors(gpus) if t <= hw.gpus_per_node and model.num_heads % t == 0
             and model.num_kv_heads % t == 0 and model.ffn_hidden_size % t == 0
-            and model.hidden_size % t == 0]
+            and model.hidden_size % t == 0 and model.vocab_size % t == 0]
 
 
 def _cp_options(model: ModelProfile, pins: Pins) -> list[int]:
