@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     job, _ = loaded
     try:
-        plan, source = plan_for_job(job, cluster)
+        plan, source = plan_for_job(job, cluster, memory_fraction=settings.memory_fraction)
     except ValueError as e:
         err_console.print(f"[red]no plan[/]: {e}")
         return 1

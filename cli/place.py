@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     job, cluster = loaded
     try:
-        plan, source = plan_for_job(job, cluster)
+        plan, source = plan_for_job(job, cluster, memory_fraction=get_settings().memory_fraction,
+                                      allow_unfit=True)
     except ValueError as e:
         err_console.print(f"[red]no plan[/]: {e}")
         return 1

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     options = KubernetesOptions(namespace=args.namespace, **(
         {"platform_image": args.platform_image} if args.platform_image else {}))
     try:
-        plan, _ = plan_for_job(job, cluster)
+        plan, _ = plan_for_job(job, cluster, memory_fraction=settings.memory_fraction)
         inventory = Inventory.from_cluster(cluster)
         placement = place_gang(GangRequest.for_job(job, plan, attempt=args.attempt), inventory)
         worker_env = build_worker_env(job, plan, settings, attempt=args.attempt)

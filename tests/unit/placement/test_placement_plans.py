@@ -1,0 +1,42 @@
+"""Where the placer's plan comes from: the advisor, or the spec's degrees without model hints."""
+
+from __future__ import annotations
+
+import pytest
+
+from config.cluster import load_cluster
+from config.loader import load_spec_file
+from config.spec import TrainingJob
+from plugins.placement.plans import manual_plan, plan_for_job
+
+
+def with_parallelism(job: TrainingJob, **changes: object) -> TrainingJob:
+    par = job.spec.parallelism.model_copy(update=changes)
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"parallelism": par})})
+
+
+def test_the_advisor_plans_specs_with_hints() -> None:
+    plan, source = plan_for_job(load_spec_file("config/jobs/demo-tiny-lm.yaml"), load_cluster("local"))
+    assert source == "advisor, strategy auto" and plan.world_size == 2
+    assert plan.memory_per_gpu_bytes  # an advisor plan carries its estimates
+
+
+def test_manual_specs_without_hints_keep_their_degrees() -> None:
+    job = load_spec_file("config/jobs/gpt-200b-pretrain.yaml")
+    job = with_parallelism(job, strategy="manual", hints=None, tensor_parallel=8, pipeline_parallel=4)
+    plan, source = plan_for_job(job, load_cluster("h100-fleet"))
+    assert (plan.tp, plan.pp, plan.dp) == (8, 4, 8) and "no model hints" in source
+    assert manual_plan(job) == plan
+    with pytest.raises(ValueError, match=r"strategy 'auto' needs parallelism\.hints"):
+        plan_for_job(with_parallelism(job, strategy="auto"), load_cluster("h100-fleet"))
+
+
+def test_nothing_fits_is_an_error_unless_previewing_a_manual_configuration() -> None:
+    job = load_spec_file("config/jobs/gpt-200b-pretrain.yaml")
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "hardware": job.spec.hardware.model_copy(update={"gpu_count": 8})})})
+    with pytest.raises(ValueError, match=r"no plan fits 8 × H100"):
+        plan_for_job(job, load_cluster("h100-fleet"))
+    manual = with_parallelism(job, strategy="manual", tensor_parallel=8)
+    plan, source = plan_for_job(manual, load_cluster("h100-fleet"), allow_unfit=True)
+    assert plan.tp == 8 and "does not fit memory" in source
