@@ -136,6 +136,8 @@ def test_exit_code_names() -> None:
     assert describe(0) == "completed" and describe(None) == ""
     assert describe(-9) == "killed by SIGKILL" and describe(137) == "exit 137 (killed by SIGKILL)"
     assert describe(3) == known_codes().get(3, "exit 3")
+    # The worker runtime's codes (worker/exit_codes.py), read, not copied.
+    assert (describe(42), describe(43), describe(44)) == ("diverged", "preempted", "preempted_no_checkpoint")
 
 
 def local_job(tmp_path: Path, **hardware: object) -> tuple[TrainingJob, Plan, object, object]:
