@@ -126,6 +126,7 @@ class LocalLauncher:
             worker_env = worker_env.model_copy(update={"run_dir": str(run_dir)})
         entry = self._entrypoint(job)
         env = self._environment(job, plan, worker_env, gpu=placement.gpu_type != "cpu")
+        self._sweep_half_started(run_dir)
         for sub in ("agents", "ranks"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         Path(worker_env.heartbeat_dir).mkdir(parents=True, exist_ok=True)
@@ -170,6 +171,17 @@ class LocalLauncher:
         except (OSError, ValidationError) as e:
             raise LaunchError(f"{path} exists but is not a RunHandle ({e}); remove the run folder "
                               "or use another attempt number") from e
+
+    @staticmethod
+    def _sweep_half_started(run_dir: Path) -> None:
+        """A submit that died between starting agents and writing `handle.json` left processes
+        no handle knows; kill them (they carry this run's marker) so a retry never runs twice."""
+        leftovers = processes.marked_processes(RUN_MARKER, str(run_dir))
+        if leftovers:
+            processes.signal_pids(leftovers, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while processes.marked_processes(RUN_MARKER, str(run_dir)) and time.monotonic() < deadline:
+                time.sleep(0.1)
 
     def _entrypoint(self, job: TrainingJob) -> str:
         entry = job.spec.source.entrypoint

@@ -198,3 +198,14 @@ def test_environment_layers_spec_env_under_the_contract_and_drops_inherited_torc
     assert out["MY_FLAG"] == "on" and out["PATH"] == "/usr/bin"
     assert out["TRAINYARD_JOB"] == "unit-job" and out["TRAINYARD_PLAN"] == plan.model_dump_json()
     assert out["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT), "/x"]
+
+
+def test_a_half_started_submit_is_swept_before_a_retry(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "unit-job" / "0"
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env=dict(os.environ, TRAINYARD_RUN_DIR=str(run_dir)), start_new_session=True)
+    try:
+        LocalLauncher._sweep_half_started(run_dir)
+        assert orphan.wait(timeout=10) == -9
+    finally:
+        orphan.kill()
