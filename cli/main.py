@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 COMMANDS: tuple[str, ...] = (
     "cli.validate",
+    "cli.data",
     "cli.plan",
     "cli.checkpoints",
     "cli.place",

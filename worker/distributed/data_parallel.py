@@ -1,0 +1,80 @@
+"""Data parallelism: DDP (ZeRO-0) or FSDP2 (`fully_shard`, ZeRO-1/2/3).
+
+FSDP2 shards every transformer block as its own communication group, then the root (the
+embeddings, final norm and head). ZeRO stages map onto FSDP2 as the plan contract says:
+stage 3 reshards parameters after forward (all-gather again in backward: least memory);
+stages 1 and 2 keep the gathered parameters from forward to backward (one all-gather per
+step, like ZeRO-2, whose sharded gradients and optimizer states FSDP2 keeps as well).
+On GPU parameters are computed in bf16 and gradients reduced in fp32; on CPU everything stays
+in the model's dtype.
+
+ZeRO-0 is `DistributedDataParallel`; with tensor parallelism through torch's own bridge
+(`_pre_dp_module_transform`), which turns the DTensor parameters into local tensors for DDP's
+bucketing and back for the forward. A pipeline stage cannot use DDP: its reducer records the
+order gradients become ready on the first step, and a pipeline's several micro-batch
+backwards per step make it fail ("rebuilt parameter indices size is not same as original
+model parameters size"). Pipeline stages therefore replicate with FSDP2's replicate mode
+(`replicate_with_fsdp.replicate`: parameters replicated, gradients all-reduced once per step,
+micro-batch accumulation handled by the schedule) — what torchtitan does for PP×DP.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
+    """bf16 compute with fp32 gradient reduction on accelerators; full precision on CPU."""
+    if device_type == "cpu":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int,
+               is_pipeline_stage: bool = False) -> None:
+    """`fully_shard` each block, then the root, in place (`model` becomes an `FSDPModule`)."""
+    if zero_stage not in (1, 2, 3):
+        raise ValueError(f"FSDP2 applies ZeRO stages 1-3, got zero_stage {zero_stage}")
+    policy = mixed_precision(dp_mesh.device_type)
+    reshard = zero_stage == 3
+    blocks = list(model.layers.values())  # type: ignore[union-attr]
+    for i, block in enumerate(blocks):
+        # Backward needs the last block first: keeping it gathered saves one all-gather. Not in
+        # a pipeline stage, whose micro-batch backwards come long after their forwards.
+        keep = i == len(blocks) - 1 and not is_pipeline_stage
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard and not keep, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, is_pipeline_stage: bool = False) -> nn.Module:
+    """Replicate `model` over `dp_mesh` (ZeRO-0); returns the module to train."""
+    if is_pipeline_stage:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        policy = mixed_precision(dp_mesh.device_type)
+        for block in model.layers.values():  # type: ignore[union-attr]
+            replicate(block, mesh=dp_mesh, mp_policy=policy)
+        replicate(model, mesh=dp_mesh, mp_policy=policy)
+        return model
+    params = list(model.parameters())
+    if any(_is_dtensor(p) for p in params):
+        from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+
+        _pre_dp_module_transform(model)
+    device_ids = None if dp_mesh.device_type == "cpu" else [torch.cuda.current_device()]
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
+                                   forward_sync_buffers=False, bucket_cap_mb=100)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)

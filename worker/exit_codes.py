@@ -1,0 +1,24 @@
+"""Exit codes of a training process, read by the launcher and the control plane's outcome
+classifier (`plugins/launch/exit_codes.py` reads the integer constants below).
+
+A crash is any other non-zero exit (a Python exception exits 1; a signal shows as
+128 + signal number, or as a negative code from `subprocess`). The codes are above the range
+Python, torchrun and shells use for themselves, and below 128 (signals).
+"""
+
+from __future__ import annotations
+
+COMPLETED = 0
+"""Training reached `training.maxSteps` (the final checkpoint is committed)."""
+
+DIVERGED = 42
+"""Loss became NaN/inf, or stayed above `divergenceFactor` × its running baseline for
+`divergenceSteps` steps. No checkpoint is written: the control plane rolls back to the last
+checkpoint before the onset (`<run_dir>/diverged.json` names it)."""
+
+PREEMPTED = 43
+"""SIGTERM (preemption, spot notice, `trainyard stop`): an emergency checkpoint of the last
+finished step was committed, then the process exited. Requeue and resume from it."""
+
+PREEMPTED_NO_CHECKPOINT = 44
+"""SIGTERM, but the emergency checkpoint failed: resume from the previous committed one."""

@@ -1,0 +1,415 @@
+"""`TrainingSession`: the platform callback a training script calls (seed Appendix B), so that
+the script is a good citizen of the platform without the platform editing it.
+
+    with TrainingSession(SessionConfig.from_env(...)) as session:   # process group, signals
+        session.attach(model=..., optimizer=..., extra={"sampler": ..., "scheduler": ...})
+        for step in range(session.restore(), max_steps + 1):        # resume where we left off
+            ...one training step...
+            session.step_end(step, loss=..., grad_norm=..., lr=..., tokens=..., data_stall_s=...)
+        session.finish(max_steps)                                   # final checkpoint, exit 0
+
+What it does, per DESIGN §5–§8:
+- initialises torch.distributed (`cpu:gloo,cuda:nccl` on GPU machines, gloo on CPU) from
+  torchrun's variables, or a one-process group when run without torchrun;
+- restores the checkpoint named by `TRAINYARD_RESUME_FROM`, else the newest valid one, else
+  starts fresh — model, optimizer, scheduler, sampler, RNG states and the step;
+- saves asynchronously through `plugins.checkpoint.CheckpointManager` every
+  `checkpoint.intervalSteps` steps or `intervalMinutes` minutes, whichever comes first;
+- writes this rank's heartbeat file every step (step, time, loss, tokens/s, NaN flag, phase);
+- stops with `exit_codes.DIVERGED` when the loss is NaN/inf or stays above its baseline
+  (`worker.divergence`), writing `<run_dir>/diverged.json` with the onset step;
+- on SIGTERM finishes the current step, takes an emergency checkpoint and exits with
+  `exit_codes.PREEMPTED`;
+- streams loss, grad_norm, lr, tokens_per_second, step_time_s, data_stall_s and mfu from rank 0
+  to MLflow (`plugins.tracking.metrics.MetricsStreamer`: async, batched, never raises).
+
+Every decision to stop or to save on the clock is taken by all ranks at the same step: the
+loss is global (the same on all ranks), and a SIGTERM or a due time-based checkpoint seen by any
+rank is shared by one tiny all-reduce per step. A rank that stopped alone would leave the others
+hanging in their next collective.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from node_agent.heartbeat import Heartbeat, write_heartbeat
+from worker import exit_codes
+from worker.divergence import Divergence, DivergenceDetector
+from worker.faults import Faults
+
+if TYPE_CHECKING:
+    from config.spec import TrainingJob
+    from plugins.advisor.plan import Plan
+    from plugins.checkpoint.manager import CheckpointManager, SaveResult
+    from plugins.tracking.metrics import MetricsStreamer
+
+log = logging.getLogger(__name__)
+
+
+class StopTraining(SystemExit):
+    """Raised by the session to end the process with one of `worker.exit_codes`."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(code)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Everything a session needs, resolved: from the launcher's `WorkerEnv`, or defaults."""
+
+    job: str
+    spec: TrainingJob
+    plan: Plan
+    object_store: str
+    checkpoint_uri: str
+    heartbeat_dir: Path
+    run_dir: Path
+    attempt: int = 0
+    resume_from: str = ""
+    endpoint_url: str | None = None
+    hang_timeout_s: float = 600.0
+    mlflow_tracking_uri: str = ""
+    mlflow_run_id: str = ""
+    checkpoint_interval_steps: int | None = None
+    checkpoint_interval_s: float | None = None
+    faults: Faults = field(default_factory=Faults)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, spec: TrainingJob | None = None,
+                 plan: Plan | None = None, world_size: int = 1) -> SessionConfig:
+        """The launcher's contract (`config.worker_env.WorkerEnv`) when `TRAINYARD_JOB` is set;
+        otherwise a standalone run of `spec` with defaults: plain data parallelism over the
+        world size, the configured object store (`config.settings`), a run folder under it."""
+        from config.settings import Settings
+        from config.spec import TrainingJob
+        from config.worker_env import WorkerEnv
+        from plugins.advisor.plan import Plan
+        from plugins.checkpoint.uris import default_checkpoint_uri
+
+        env = os.environ if environ is None else environ
+        settings = Settings()
+        faults = Faults.from_env(env)
+        if env.get("TRAINYARD_JOB"):
+            w = WorkerEnv.from_env(env)
+            job = spec or TrainingJob.model_validate_json(w.spec)
+            return cls._from_job(
+                job, plan or Plan.model_validate_json(w.plan), job_name=w.job, attempt=w.attempt,
+                resume_from=w.resume_from, object_store=w.object_store,
+                checkpoint_uri=w.checkpoint_uri, heartbeat_dir=Path(w.heartbeat_dir),
+                run_dir=Path(w.run_dir) if w.run_dir else Path(w.heartbeat_dir).parent,
+                endpoint_url=settings.s3_endpoint_url, hang_timeout_s=w.hang_timeout_s,
+                mlflow_tracking_uri=w.mlflow_tracking_uri, mlflow_run_id=w.mlflow_run_id, faults=faults)
+        if spec is None:
+            raise ValueError("no TRAINYARD_JOB in the environment: give the spec (--spec FILE) "
+                             "to run standalone")
+        if plan is None:
+            plan = default_plan_for(spec, world_size)
+        run_dir = settings.runs_dir / spec.metadata.name / "standalone"
+        return cls._from_job(
+            spec, plan, job_name=spec.metadata.name, attempt=0, resume_from="",
+            object_store=settings.object_store,
+            checkpoint_uri=(spec.spec.checkpoint.storage
+                            or default_checkpoint_uri(settings.object_store, spec.metadata.name)),
+            heartbeat_dir=run_dir / "heartbeats", run_dir=run_dir,
+            endpoint_url=settings.s3_endpoint_url,
+            hang_timeout_s=spec.spec.fault_tolerance.hang_timeout.total_seconds(),
+            mlflow_tracking_uri=env.get("MLFLOW_TRACKING_URI", ""),
+            mlflow_run_id=env.get("MLFLOW_RUN_ID", ""), faults=faults)
+
+    @classmethod
+    def _from_job(cls, job: TrainingJob, plan: Plan, *, job_name: str, **kwargs: Any) -> SessionConfig:
+        ckpt = job.spec.checkpoint
+        return cls(job=job_name, spec=job, plan=plan,
+                   checkpoint_interval_steps=ckpt.interval_steps,
+                   checkpoint_interval_s=ckpt.interval_minutes * 60 if ckpt.interval_minutes else None,
+                   **kwargs)
+
+
+def default_plan_for(spec: TrainingJob, world_size: int) -> Plan:
+    """Plain data parallelism (DDP) over `world_size` for the spec's batch and sequence."""
+    from worker.distributed.mesh import default_plan
+
+    hints = spec.spec.parallelism.hints
+    if hints is None:
+        raise ValueError("the spec has no parallelism.hints: the batch size and the model's "
+                         "shape are unknown")
+    return default_plan(world_size, global_batch_size=hints.global_batch_size,
+                        sequence_length=hints.sequence_length)
+
+
+def init_distributed() -> tuple[int, int, int, torch.device]:
+    """Start torch.distributed: (rank, world_size, local_rank, device)."""
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+        if "RANK" in os.environ:
+            dist.init_process_group(backend=backend, device_id=device if cuda else None)
+        else:  # `python worker/train.py` without torchrun: a group of one
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    return dist.get_rank(), dist.get_world_size(), local_rank, device
+
+
+class TrainingSession:
+    """See the module docstring. One per process; all ranks call every method together."""
+
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        self.rank, self.world_size, self.local_rank, self.device = init_distributed()
+        self.plan = config.plan
+        config.plan.check_world_size(self.world_size)
+        self.node = os.environ.get("TRAINYARD_NODE") or socket.gethostname()
+        self.faults = config.faults
+        ft = config.spec.spec.fault_tolerance
+        self.divergence = DivergenceDetector(factor=ft.divergence_factor, patience=ft.divergence_steps)
+        self._sigterm = False
+        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._model: Any = None
+        self._optimizer: Any = None
+        self._extra: dict[str, Any] = {}
+        self._checkpoints: CheckpointManager | None = None
+        self._metrics: MetricsStreamer | None = self._open_metrics() if self.rank == 0 else None
+        self._flops_per_token, self._peak_flops = self._mfu_terms()
+        self._last_saved_step: int | None = None
+        self._last_save_time = time.monotonic()
+        self._last_step_time = time.perf_counter()
+        self._loss: float | None = None
+        self._tokens_per_s: float | None = None
+        self._step = 0
+        self.beat(0, phase="start")
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> TrainingSession:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close()
+
+    def attach(self, *, model: torch.nn.Module, optimizer: Any,
+               extra: Mapping[str, Any] | None = None) -> None:
+        """What a checkpoint holds: the model (as `ParallelModel.state_module`), the optimizer,
+        and `extra` objects with `state_dict()`/`load_state_dict()` (scheduler, sampler). The
+        session adds its divergence detector; the manager adds RNG states and the step."""
+        self._model, self._optimizer = model, optimizer
+        self._extra = {**(extra or {}), "divergence": self.divergence}
+
+    def restore(self) -> int:
+        """Restore the checkpoint to resume from, if any; returns the first step to run."""
+        self.beat(0, phase="restore")
+        manager = self.checkpoints
+        manifest = manager.restore(model=self._model, optimizer=self._optimizer, extra=self._extra,
+                                   manifest_uri=self.config.resume_from or None)
+        start = 1 if manifest is None else manifest.step + 1
+        if manifest is not None:
+            self._last_saved_step = manifest.step
+            if self.rank == 0:
+                log.info("resumed from step %d (%s)", manifest.step,
+                         self.config.resume_from or "latest valid checkpoint")
+        self._step = start - 1
+        self._last_step_time = time.perf_counter()
+        self._last_save_time = time.monotonic()
+        return start
+
+    def before_step(self, step: int) -> None:
+        """Optional hook before a step (only the test fault injection uses it)."""
+        self.faults.before_step(step, self.rank)
+
+    def step_end(self, step: int, *, loss: float, grad_norm: float | None = None,
+                 lr: float | None = None, tokens: int | None = None,
+                 data_stall_s: float | None = None) -> None:
+        """After step `step` (the global loss): heartbeat, metrics, divergence, checkpoints,
+        SIGTERM. Raises `StopTraining` when the process must end."""
+        now = time.perf_counter()
+        step_time = now - self._last_step_time
+        self._last_step_time = now
+        self._step = step
+        loss = self.faults.loss(step, loss)
+        self._loss = loss
+        self._tokens_per_s = tokens / step_time if tokens and step_time > 0 else None
+        diverged = self.divergence.update(step, loss)
+        self.beat(step, phase="diverged" if diverged else "train")
+        self._log_metrics(step, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=step_time,
+                          data_stall_s=data_stall_s)
+        if diverged is not None:
+            self._diverged(diverged)
+        sigterm, time_due = self._agree(self._sigterm, self._time_due())
+        if sigterm:
+            self._preempted(step)
+        interval = self.config.checkpoint_interval_steps
+        if time_due or (interval and step % interval == 0):
+            self.save(step)
+
+    def finish(self, step: int) -> None:
+        """Training reached its last step: commit its checkpoint, mark the rank done."""
+        if self._last_saved_step != step:
+            self.save(step, sync=True)
+        else:
+            self.checkpoints.wait()
+        self.beat(step, phase="done")
+        if self.rank == 0:
+            log.info("training finished at step %d", step)
+
+    def close(self) -> None:
+        """Flush metrics, wait for an in-flight checkpoint, leave the process group."""
+        if self._checkpoints is not None:
+            self._checkpoints.close()
+            self._checkpoints = None
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        signal.signal(signal.SIGTERM, self._previous_handler)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    @property
+    def checkpoints(self) -> CheckpointManager:
+        if self._checkpoints is None:
+            from plugins.checkpoint.manager import CheckpointManager
+
+            run_dir = self.config.run_dir
+            self._checkpoints = CheckpointManager(
+                checkpoint_uri=self.config.checkpoint_uri, job=self.config.job, rank=self.rank,
+                world_size=self.world_size, staging_dir=run_dir / "staging",
+                compression=self.config.spec.spec.checkpoint.compression,
+                endpoint_url=self.config.endpoint_url, plan_json=self.plan.model_dump_json())
+        return self._checkpoints
+
+    def save(self, step: int, *, sync: bool = False) -> SaveResult:
+        """Checkpoint the attached state after `step` (asynchronously unless `sync`)."""
+        metrics = {"loss": self._loss} if self._loss is not None and math.isfinite(self._loss) else {}
+        if sync:
+            self.beat(step, phase="checkpoint")
+            result = self.checkpoints.save_sync(step, model=self._model, optimizer=self._optimizer,
+                                                extra=self._extra, metrics=metrics)
+        else:
+            result = self.checkpoints.save(step, model=self._model, optimizer=self._optimizer,
+                                           extra=self._extra, metrics=metrics)
+        self._last_saved_step = step
+        self._last_save_time = time.monotonic()
+        if self._metrics is not None:
+            self._metrics.log(step, {"checkpoint_blocking_s": result.blocking_s})
+        if self.faults.due("sigkill_after_checkpoint", step):
+            self.checkpoints.wait()
+            self.faults.after_checkpoint(step)
+        return result
+
+    def _time_due(self) -> bool:
+        interval = self.config.checkpoint_interval_s
+        return bool(interval) and time.monotonic() - self._last_save_time >= interval  # type: ignore[operator]
+
+    # --- stopping -------------------------------------------------------------------------
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # Only a flag: the step in progress finishes, then all ranks agree to stop (step_end).
+        self._sigterm = True
+
+    def _agree(self, *flags: bool) -> tuple[bool, ...]:
+        """Logical OR of each flag over all ranks (one all-reduce of a few ints, on the CPU)."""
+        t = torch.tensor([int(f) for f in flags], dtype=torch.int32)
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return tuple(bool(v) for v in t.tolist())
+
+    def _preempted(self, step: int) -> None:
+        if self.rank == 0:
+            log.warning("SIGTERM: emergency checkpoint of step %d", step)
+        try:
+            if self._last_saved_step == step:
+                self.checkpoints.wait()
+            else:
+                self.save(step, sync=True)
+        except Exception as e:
+            log.exception("emergency checkpoint of step %d failed", step)
+            raise StopTraining(exit_codes.PREEMPTED_NO_CHECKPOINT,
+                               f"SIGTERM; emergency checkpoint failed: {e}") from e
+        raise StopTraining(exit_codes.PREEMPTED, f"SIGTERM; checkpointed step {step}")
+
+    def _diverged(self, d: Divergence) -> None:
+        if self.rank == 0:
+            log.error("diverged: %s", d.describe())
+            self.config.run_dir.mkdir(parents=True, exist_ok=True)
+            report = {"job": self.config.job, "attempt": self.config.attempt, "step": d.step,
+                      "onset_step": d.onset_step, "reason": d.reason, "loss": repr(d.loss),
+                      "baseline": d.baseline, "last_checkpoint_step": self._last_saved_step,
+                      "message": d.describe()}
+            tmp = self.config.run_dir / ".diverged.json.tmp"
+            tmp.write_text(json.dumps(report, indent=2))
+            tmp.replace(self.config.run_dir / "diverged.json")
+        raise StopTraining(exit_codes.DIVERGED, d.describe())
+
+    # --- heartbeats and metrics -----------------------------------------------------------
+
+    def beat(self, step: int, *, phase: str) -> None:
+        """Write this rank's heartbeat (never raises: a full disk must not stop training)."""
+        loss = self._loss
+        try:
+            write_heartbeat(self.config.heartbeat_dir, Heartbeat(
+                job=self.config.job, attempt=self.config.attempt, rank=self.rank,
+                local_rank=self.local_rank, node=self.node, pid=os.getpid(), step=step,
+                time=time.time(), loss=loss if loss is None or math.isfinite(loss) else None,
+                tokens_per_s=self._tokens_per_s, nan=loss is not None and not math.isfinite(loss),
+                hang_timeout_s=self.config.hang_timeout_s, phase=phase))
+        except OSError as e:
+            log.warning("could not write the heartbeat of step %d: %s", step, e)
+
+    def _open_metrics(self) -> MetricsStreamer | None:
+        uri, run_id = self.config.mlflow_tracking_uri, self.config.mlflow_run_id
+        if not uri or not run_id:
+            return None
+        from plugins.tracking.metrics import MetricsStreamer
+
+        return MetricsStreamer(uri, run_id)
+
+    def _mfu_terms(self) -> tuple[float | None, float | None]:
+        hints = self.config.spec.spec.parallelism.hints
+        if hints is None:
+            return None, None
+        from worker.flops import flops_per_token, peak_flops_per_device
+
+        try:
+            return (flops_per_token(hints),
+                    peak_flops_per_device(self.config.spec.spec.hardware.gpu_type, hints.mixed_precision))
+        except ValueError as e:  # an accelerator the catalog does not know: no MFU, say why once
+            log.info("no MFU metric: %s", e)
+            return None, None
+
+    def _log_metrics(self, step: int, *, loss: float, grad_norm: float | None, lr: float | None,
+                     step_time_s: float, data_stall_s: float | None) -> None:
+        if self._metrics is None:
+            return
+        values = {"loss": loss, "step_time_s": step_time_s}
+        if grad_norm is not None:
+            values["grad_norm"] = grad_norm
+        if lr is not None:
+            values["lr"] = lr
+        if data_stall_s is not None:
+            values["data_stall_s"] = data_stall_s
+        if self._tokens_per_s is not None:
+            values["tokens_per_second"] = self._tokens_per_s
+            if self._flops_per_token and self._peak_flops:
+                from worker.flops import mfu
+
+                values["mfu"] = mfu(self._tokens_per_s, self._flops_per_token, self.world_size,
+                                    self._peak_flops)
+        self._metrics.log(step, values)
