@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 PREFIX = "TRAINYARD_"
+NODE_VAR = "TRAINYARD_NODE"
+"""Set per node by the launcher (not per job, so not a `WorkerEnv` field): the placement's node
+name for the local launcher, `spec.nodeName` on Kubernetes. Heartbeats carry it."""
 
 RESERVED_ENV = frozenset({
     "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
