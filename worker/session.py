@@ -202,6 +202,12 @@ class TrainingSession:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if isinstance(exc, StopTraining):
+            # Exiting on purpose with a code the control plane reads: a launcher's SIGTERM to
+            # the whole gang (sent as soon as a first rank exits non-zero) must not turn the
+            # slower ranks' exit into "killed by SIGTERM". SIG_IGN survives interpreter
+            # shutdown, unlike a Python handler.
+            self._previous_handler = signal.SIG_IGN
         self.close()
 
     def attach(self, *, model: torch.nn.Module, optimizer: Any,

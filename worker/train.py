@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     with TrainingSession(config) as session:
         torch.manual_seed(job.training.seed)  # the same initial weights on every rank
         mesh = build_mesh(plan, session.device.type)
-        model = parallelize(Llama(LlamaConfig.from_hints(hints)), plan, mesh)
+        model = parallelize(Llama(LlamaConfig.from_hints(hints)), plan, mesh, precision=hints.mixed_precision)
         lr = args.lr or job.training.learning_rate or 3e-4
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
         scheduler = warmup_cosine(optimizer, job.training.max_steps)

@@ -5,8 +5,8 @@ embeddings, final norm and head). ZeRO stages map onto FSDP2 as the plan contrac
 stage 3 reshards parameters after forward (all-gather again in backward: least memory);
 stages 1 and 2 keep the gathered parameters from forward to backward (one all-gather per
 step, like ZeRO-2, whose sharded gradients and optimizer states FSDP2 keeps as well).
-On GPU parameters are computed in bf16 and gradients reduced in fp32; on CPU everything stays
-in the model's dtype.
+With a `param_dtype` (bf16 on GPU, see `parallelize.compute_dtype`) parameters are gathered and
+computed in it while gradients are reduced in fp32 and the sharded master weights stay fp32.
 
 ZeRO-0 is `DistributedDataParallel`; with tensor parallelism through torch's own bridge
 (`_pre_dp_module_transform`), which turns the DTensor parameters into local tensors for DDP's
@@ -31,19 +31,19 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
-def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
-    """bf16 compute with fp32 gradient reduction on accelerators; full precision on CPU."""
-    if device_type == "cpu":
+def mixed_precision(param_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+    """Compute in `param_dtype` with fp32 gradient reduction; None: the parameters' own dtype."""
+    if param_dtype is None:
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int,
-               is_pipeline_stage: bool = False) -> None:
+               is_pipeline_stage: bool = False, param_dtype: torch.dtype | None = None) -> None:
     """`fully_shard` each block, then the root, in place (`model` becomes an `FSDPModule`)."""
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"FSDP2 applies ZeRO stages 1-3, got zero_stage {zero_stage}")
-    policy = mixed_precision(dp_mesh.device_type)
+    policy = mixed_precision(param_dtype)
     reshard = zero_stage == 3
     blocks = list(model.layers.values())  # type: ignore[union-attr]
     for i, block in enumerate(blocks):
@@ -54,12 +54,15 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int,
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
 
 
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, is_pipeline_stage: bool = False) -> nn.Module:
-    """Replicate `model` over `dp_mesh` (ZeRO-0); returns the module to train."""
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, is_pipeline_stage: bool = False,
+              param_dtype: torch.dtype | None = None) -> nn.Module:
+    """Replicate `model` over `dp_mesh` (ZeRO-0); returns the module to train. Plain DDP
+    computes in the parameters' dtype (the caller autocasts); the pipeline-stage replicate
+    applies `param_dtype` itself."""
     if is_pipeline_stage:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        policy = mixed_precision(dp_mesh.device_type)
+        policy = mixed_precision(param_dtype)
         for block in model.layers.values():  # type: ignore[union-attr]
             replicate(block, mesh=dp_mesh, mp_policy=policy)
         replicate(model, mesh=dp_mesh, mp_policy=policy)

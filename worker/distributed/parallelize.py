@@ -39,6 +39,17 @@ def mesh_device(mesh: DeviceMesh) -> torch.device:
     return torch.device(mesh.device_type, torch.accelerator.current_device_index())
 
 
+def compute_dtype(device_type: str, precision: str = "bf16") -> torch.dtype | None:
+    """The dtype matmuls run in: bf16 on accelerators unless the job trains in fp32; on CPU
+    always the parameters' fp32 (CPU bf16 matmuls are slow, and tests compare exact numbers)."""
+    if device_type == "cpu" or precision == "fp32":
+        return None
+    if precision == "fp16":
+        raise ValueError("fp16 training needs loss scaling, which the worker runtime does not do; "
+                         "use mixedPrecision bf16 (same memory, no scaler needed) or fp32")
+    return torch.bfloat16
+
+
 def check_plan(plan: Plan, model: Llama) -> None:
     """Raise `ValueError` when `plan` cannot be applied to `model` (before any collective)."""
     if plan.cp > 1:
@@ -66,6 +77,9 @@ class ParallelModel:
     """The `torch.distributed.pipelining` schedule, or None without pipeline parallelism."""
     is_first_stage: bool = True
     is_last_stage: bool = True
+    autocast_dtype: torch.dtype | None = None
+    """Set when mixed precision is not FSDP2's (DDP, TP alone, one process): forward and
+    backward run under `torch.autocast` in this dtype."""
     _loss_fn: Any = field(default=cross_entropy_loss, repr=False)
 
     @property
@@ -97,6 +111,12 @@ class ParallelModel:
         sequences), accumulating mean-loss gradients. Returns the batch's mean loss (detached)
         and whether this rank computed it (False on pipeline stages before the last)."""
         inputs, targets = inputs.to(self.device), targets.to(self.device)
+        if self.autocast_dtype is None:
+            return self._forward_backward(inputs, targets)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+            return self._forward_backward(inputs, targets)
+
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
         if self.schedule is not None:
             return self._pipeline_step(inputs, targets)
         model, n = self.model, self.plan.num_micro_batches
@@ -141,14 +161,17 @@ class StagesView(nn.Module):
         raise RuntimeError("StagesView holds pipeline stages for checkpointing; it does not run")
 
 
-def parallelize(model: Llama, plan: Plan, mesh: DeviceMesh) -> ParallelModel:
+def parallelize(model: Llama, plan: Plan, mesh: DeviceMesh, *, precision: str = "bf16") -> ParallelModel:
     """Apply `plan` to `model` over `mesh` (built by `worker.distributed.mesh.build_mesh`).
 
     `model` must hold the same initial weights on every rank (build it after seeding the same
     way everywhere); it is moved to the mesh's device and may be consumed (pipeline stages are
-    copies of it).
+    copies of it). `precision` is the job's `mixedPrecision` (see `compute_dtype`): on GPU,
+    bf16 compute with fp32 master weights — through FSDP2's mixed-precision policy when the
+    plan shards or replicates with FSDP2, else through autocast.
     """
     check_plan(plan, model)
+    dtype = compute_dtype(mesh.device_type, precision)
     device = mesh_device(mesh)
     model.to(device)
     if plan.pp > 1:
@@ -156,8 +179,10 @@ def parallelize(model: Llama, plan: Plan, mesh: DeviceMesh) -> ParallelModel:
         parts, indices = build_stages(model, plan, pp_mesh, device)
     else:
         parts, indices = [model], [0]
-    parts = [_parallelize_part(part, plan, mesh) for part in parts]
-    pm = ParallelModel(parts=parts, plan=plan, mesh=mesh, device=device)
+    parts = [_parallelize_part(part, plan, mesh, dtype) for part in parts]
+    fsdp_casts = plan.dp > 1 and (plan.zero_stage > 0 or plan.pp > 1)
+    pm = ParallelModel(parts=parts, plan=plan, mesh=mesh, device=device,
+                       autocast_dtype=None if fsdp_casts else dtype)
     if plan.pp > 1:
         num_stages = plan.pp * plan.vpp
         pm.schedule = build_schedule(parts, indices, plan, mesh["pp"], device, cross_entropy_loss)
@@ -166,12 +191,14 @@ def parallelize(model: Llama, plan: Plan, mesh: DeviceMesh) -> ParallelModel:
     return pm
 
 
-def _parallelize_part(part: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
+def _parallelize_part(part: nn.Module, plan: Plan, mesh: DeviceMesh,
+                      dtype: torch.dtype | None) -> nn.Module:
     if plan.tp > 1:
         apply_tp(part, mesh["tp"], sequence_parallel=plan.sequence_parallel)
     apply_ac(part, plan.activation_checkpointing)
     if plan.dp > 1:
         if plan.zero_stage == 0:
-            return apply_ddp(part, mesh["dp"], is_pipeline_stage=plan.pp > 1)
-        apply_fsdp(part, mesh["dp"], zero_stage=plan.zero_stage, is_pipeline_stage=plan.pp > 1)
+            return apply_ddp(part, mesh["dp"], is_pipeline_stage=plan.pp > 1, param_dtype=dtype)
+        apply_fsdp(part, mesh["dp"], zero_stage=plan.zero_stage, is_pipeline_stage=plan.pp > 1,
+                   param_dtype=dtype)
     return part

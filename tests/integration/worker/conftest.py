@@ -1,0 +1,98 @@
+"""Fixtures for running the example `worker/train.py` the way the local launcher does:
+torchrun → `plugins.launch.rank_exec` (which records each rank's exit code) → train.py, with
+the `TRAINYARD_*` contract of `config.worker_env.WorkerEnv` in the environment."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from config.spec import TrainingJob
+from config.worker_env import WorkerEnv
+from node_agent.heartbeat import Heartbeat, heartbeat_path
+from plugins.advisor.plan import Plan
+from tests.support.procs import REPO_ROOT, run_torchrun
+
+TINY_HINTS = {
+    "hiddenSize": 64, "numLayers": 2, "numAttentionHeads": 4, "numKeyValueHeads": 2,
+    "ffnHiddenSize": 128, "vocabSize": 256, "sequenceLength": 32, "globalBatchSize": 8,
+    "mixedPrecision": "fp32", "activation": "swiglu",
+}
+
+
+def tiny_job(name: str, *, max_steps: int, interval_steps: int, divergence_steps: int = 100) -> TrainingJob:
+    """A spec like the demo's, with a model and batch small enough for a test."""
+    doc = yaml.safe_load((REPO_ROOT / "config/jobs/demo-tiny-lm.yaml").read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"]["parallelism"]["hints"] = TINY_HINTS
+    doc["spec"]["checkpoint"] = {"intervalSteps": interval_steps, "maxKeep": 10}
+    doc["spec"]["training"] = {"maxSteps": max_steps, "seed": 7, "learningRate": 0.003}
+    doc["spec"]["faultTolerance"] = {"hangTimeout": "2m", "divergenceSteps": divergence_steps}
+    return TrainingJob.model_validate(doc)
+
+
+def fsdp_plan(world_size: int = 2) -> Plan:
+    return Plan(dp=world_size, zero_stage=3, micro_batch_size=8 // world_size,
+                global_batch_size=8, sequence_length=32)
+
+
+@dataclass
+class WorkerRun:
+    result: subprocess.CompletedProcess[str]
+    run_dir: Path
+    world_size: int
+
+    def exit_codes(self) -> list[int | None]:
+        codes = []
+        for rank in range(self.world_size):
+            path = self.run_dir / "ranks" / f"rank-{rank:05d}.json"
+            codes.append(json.loads(path.read_text()).get("exit_code") if path.exists() else None)
+        return codes
+
+    def heartbeat(self, rank: int) -> Heartbeat:
+        return Heartbeat.model_validate_json(heartbeat_path(self.run_dir / "heartbeats", rank).read_text())
+
+    def logs(self) -> str:
+        parts = [f"--- torchrun stdout ---\n{self.result.stdout[-3000:]}",
+                 f"--- torchrun stderr ---\n{self.result.stderr[-3000:]}"]
+        for log in sorted((self.run_dir / "ranks").glob("rank-*.log")):
+            parts.append(f"--- {log.name} ---\n{log.read_text()[-6000:]}")
+        return "\n".join(parts)
+
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A local object store holding the demo dataset (`trainyard data prepare-demo`)."""
+    from cli.main import main
+
+    uri = (tmp_path_factory.mktemp("objects")).as_uri()
+    assert main(["data", "prepare-demo", "--object-store", uri, "--shards", "4"]) == 0
+    return uri
+
+
+def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, attempt: int = 0,
+           resume_from: str = "", faults: str = "", env: Mapping[str, str] | None = None,
+           mlflow: tuple[str, str] = ("", "")) -> WorkerRun:
+    """Run train.py for `job` under `plan` with the launcher's env contract; wait for it."""
+    worker_env = WorkerEnv(
+        job=job.metadata.name, attempt=attempt, plan=plan.model_dump_json(),
+        spec=job.model_dump_json(by_alias=True), resume_from=resume_from, object_store=object_store,
+        checkpoint_uri=f"{object_store}/jobs/{job.metadata.name}/checkpoints",
+        heartbeat_dir=str(run_dir / "heartbeats"), hang_timeout_s=120, run_dir=str(run_dir),
+        mlflow_tracking_uri=mlflow[0], mlflow_run_id=mlflow[1])
+    full_env = {**worker_env.to_env(), "TRAINYARD_FAULTS": faults, **(env or {})}
+    result = run_torchrun("plugins.launch.rank_exec",
+                          ["--run-dir", str(run_dir), "--", "worker/train.py",
+                           "--summary", str(run_dir / "summary.json")],
+                          module=True, nproc=plan.world_size, env=full_env, timeout=300)
+    return WorkerRun(result, run_dir, plan.world_size)
