@@ -9,23 +9,30 @@ uses `torch.load(weights_only=False)`). A checkpoint is data, so here:
 - non-tensor values are loaded with `torch.load(weights_only=True)`;
 - tensors are already loaded with `weights_only=True` by DCP itself.
 
-Both readers are used only after the files' SHA-256 matched the manifest. This module imports
-torch at the top: import it only where torch is wanted (the manager, export).
+Both readers are used only after the files' SHA-256 matched the manifest. On the writing side,
+`HashingFileSystemWriter` computes each file's SHA-256 as DCP writes it, so the upload never
+reads the file again just to hash it. This module imports torch at the top: import it only
+where torch is wanted (the manager, export).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
+import os
 import pickle
+import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
@@ -97,3 +104,84 @@ def files_needed(state_dict: Mapping[str, Any], metadata: Metadata) -> set[str]:
     plan = planner.create_local_plan()
     storage = metadata.storage_data or {}
     return {storage[item.storage_index].relative_path for item in plan.items}
+
+
+class _HashingStream(io.RawIOBase):
+    """Write-through wrapper that hashes and counts every byte on its way to the file.
+    Not seekable: DCP and torch.save write strictly in order, and a seek would make the
+    digest describe something other than the file."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        n = self._raw.write(b)
+        view = memoryview(b).cast("B")
+        n = len(view) if n is None else n
+        self.digest.update(view[:n])
+        self.size += n
+        return n
+
+    def tell(self) -> int:
+        return int(self._raw.tell())
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def fileno(self) -> int:
+        return int(self._raw.fileno())
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system, remembering (size, SHA-256) of every file it writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: dict[str, tuple[int, str]] = {}
+        self._lock = threading.Lock()  # DCP may write several files from several threads
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str
+                      ) -> Generator[io.IOBase, None, None]:
+        if "w" not in mode or "+" in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as raw:
+            tap = _HashingStream(raw)
+            yield tap
+            tap.flush()
+            with self._lock:
+                self.digests[os.fspath(path)] = (tap.size, tap.digest.hexdigest())
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            if os.fspath(path) in self.digests:
+                self.digests[os.fspath(new_path)] = self.digests.pop(os.fspath(path))
+
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
+        super().rm_file(path)
+        with self._lock:
+            self.digests.pop(os.fspath(path), None)
+
+
+class HashingFileSystemWriter(FileSystemWriter):
+    """`FileSystemWriter` that knows each written file's size and SHA-256 afterwards."""
+
+    def __init__(self, path: str | os.PathLike[str], **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.fs = _HashingFileSystem()
+        self.path = self.fs.init_path(path)
+
+    def digest_of(self, path: Path) -> tuple[int, str] | None:
+        """(size, sha256) of a file this writer wrote; None if unknown or its size changed."""
+        known = self.fs.digests.get(os.fspath(path))  # type: ignore[attr-defined]
+        if known is None or path.stat().st_size != known[0]:
+            return None
+        return known

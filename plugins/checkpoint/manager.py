@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import shutil
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -51,18 +50,19 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from plugins.checkpoint import state_json
-from plugins.checkpoint.catalog import CheckpointRecord, list_checkpoints, open_manifest_uri, verify
+from plugins.checkpoint.catalog import CheckpointRecord, list_checkpoints, open_manifest_uri
 from plugins.checkpoint.dcp_io import (
-    METADATA_NAME,
+    HashingFileSystemWriter,
     SafeFileSystemReader,
     SafeLoadPlanner,
-    files_needed,
-    load_metadata,
 )
-from plugins.checkpoint.errors import (
-    CheckpointSaveError,
-    IntegrityError,
-    NoValidCheckpointError,
+from plugins.checkpoint.errors import CheckpointSaveError, NoValidCheckpointError
+from plugins.checkpoint.fetch import (
+    FetchPlan,
+    assign_verifiers,
+    materialize,
+    plan_fetch,
+    same_bytes_everywhere,
 )
 from plugins.checkpoint.manifest import (
     MANIFEST_NAME,
@@ -73,7 +73,7 @@ from plugins.checkpoint.manifest import (
 )
 from plugins.checkpoint.rng import capture_rng_state, restore_rng_state
 from plugins.checkpoint.store import ObjectStore, open_store
-from plugins.checkpoint.transfer import download_verified, upload_file
+from plugins.checkpoint.transfer import upload_file
 from plugins.checkpoint.uris import check_job_name, require_job_prefix, split_manifest_uri
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,9 @@ class SaveResult:
     error: str | None = None
     previous: SaveResult | None = None
     """The earlier save this one had to wait for, final."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Background phases, slowest rank: `queued_s` (save call → background start),
+    `write_s` (dcp.save into staging), `upload_s` (hash + upload of this rank's files)."""
 
     @property
     def committed(self) -> bool:
@@ -152,6 +155,8 @@ class CheckpointManager:
         self._inflight: tuple[SaveResult, Future[SaveResult]] | None = None
         self._stager: Any = None
         self._closed = False
+        self.last_restore_phases: dict[str, float] = {}
+        """This rank's timings of the last restore: catalog, fetch + verify, load (diagnostics)."""
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -185,7 +190,9 @@ class CheckpointManager:
         self._finish_inflight(raise_on_error=False)
         if manifest_uri:
             require_job_prefix(manifest_uri, self.job)
+        t0 = time.perf_counter()
         candidates = self._candidates(manifest_uri)
+        self.last_restore_phases = {"catalog_s": time.perf_counter() - t0}
         if not candidates:
             log.info("no checkpoint under %s; starting from scratch", self.checkpoint_uri)
             return None
@@ -197,20 +204,23 @@ class CheckpointManager:
                 open_manifest_uri(uri, endpoint_url=self.endpoint_url)[0]
             local = self.staging_dir / f"restore-rank{self.rank:05d}" / record.folder
             extra_path = self._extra_file_for_me(record.manifest)
+            t_fetch = time.perf_counter()
             problem = self._fetch_verified(store, record, state, local, extra_path)
-            problems = [p for p in self._all_gather(problem) if p]
-            if not problems:
+            self.last_restore_phases["fetch_verify_s"] = time.perf_counter() - t_fetch
+            if problem is None:
                 if rejected and self.rank == 0:
                     log.warning("restoring step %d after rejecting newer checkpoints: %s",
                                 record.step, " | ".join(rejected))
+                t_load = time.perf_counter()
                 try:
                     self._load(record, state, local / extra_path, model, optimizer, extra, local)
                 finally:
+                    self.last_restore_phases["load_s"] = time.perf_counter() - t_load
                     shutil.rmtree(local.parent, ignore_errors=True)
                 log.info("restored checkpoint step %d from %s", record.step, uri)
                 return record.manifest
             shutil.rmtree(local.parent, ignore_errors=True)
-            reason = f"step {record.step}: {'; '.join(problems)}"
+            reason = f"step {record.step}: {problem}"
             rejected.append(reason)
             if manifest_uri:
                 raise NoValidCheckpointError(f"requested checkpoint {uri} does not verify: {reason}")
@@ -325,6 +335,7 @@ class CheckpointManager:
         local = self.staging_dir / f"{folder}-rank{self.rank:05d}"
         files: list[ManifestFile] = []
         error: str | None = None
+        phases: dict[str, float] = {"queued_s": time.perf_counter() - t0}
         try:
             shutil.rmtree(local, ignore_errors=True)
             local.mkdir(parents=True)
@@ -333,15 +344,16 @@ class CheckpointManager:
         except Exception as e:
             log.exception("rank %d could not prepare checkpoint step %d", self.rank, step)
             error = f"rank {self.rank}: preparing: {type(e).__name__}: {e}"
+        t_write = time.perf_counter()
+        writer = HashingFileSystemWriter(local, single_file_per_rank=True, sync_files=False)
         try:
-            from torch.distributed.checkpoint import FileSystemWriter
-
-            writer = FileSystemWriter(local, single_file_per_rank=True, sync_files=False)
             dcp.save(staged, storage_writer=writer, process_group=self._group,
                      no_dist=self._group is None)
         except Exception as e:
             log.exception("rank %d: dcp.save of checkpoint step %d failed", self.rank, step)
             error = error or f"rank {self.rank}: dcp.save: {type(e).__name__}: {e}"
+        t_upload = time.perf_counter()
+        phases["write_s"] = t_upload - t_write
         if error is None:
             try:
                 extra_file = local / extra_state_path(self.rank)
@@ -349,29 +361,34 @@ class CheckpointManager:
                 extra_file.write_bytes(extra_blob)
                 for path in sorted(p for p in local.rglob("*") if p.is_file()):
                     rel = path.relative_to(local).as_posix()
-                    files.append(upload_file(self.store, folder, rel, path,
-                                             compression=self.compression, rank=self.rank))
+                    known = writer.digest_of(path)
+                    files.append(upload_file(self.store, folder, rel, path, move=True,
+                                             compression=self.compression, rank=self.rank,
+                                             sha256=known[1] if known else None))
             except Exception as e:
                 error = f"rank {self.rank}: upload: {type(e).__name__}: {e}"
                 log.exception("rank %d could not upload checkpoint step %d", self.rank, step)
         shutil.rmtree(local, ignore_errors=True)
+        phases["upload_s"] = time.perf_counter() - t_upload
 
-        outcomes = self._gather((files, error))
+        outcomes = self._gather((files, error, phases))
         summary: dict[str, Any] = {}
         if self.rank == 0:
             summary = self._commit(step, outcomes, metrics, t0)
         summary = self._broadcast(summary)
         return SaveResult(step, summary["status"], self.manifest_uri(step),
-                          commit_s=summary.get("commit_s"),
+                          commit_s=summary.get("commit_s"), phases=summary.get("phases", {}),
                           stored_bytes=summary.get("stored_bytes", 0),
                           state_bytes=summary.get("state_bytes", 0), error=summary.get("error"))
 
-    def _commit(self, step: int, outcomes: list[tuple[list[ManifestFile], str | None]],
+    def _commit(self, step: int,
+                outcomes: list[tuple[list[ManifestFile], str | None, dict[str, float]]],
                 metrics: dict[str, float], t0: float) -> dict[str, Any]:
-        errors = [e for _, e in outcomes if e]
+        phases = {k: max(p.get(k, 0.0) for _, _, p in outcomes) for k in outcomes[0][2]}
+        errors = [e for _, e, _ in outcomes if e]
         if errors:
-            return {"status": "failed", "error": " | ".join(errors)}
-        all_files = sorted((f for files, _ in outcomes for f in files), key=lambda f: f.path)
+            return {"status": "failed", "error": " | ".join(errors), "phases": phases}
+        all_files = sorted((f for files, _, _ in outcomes for f in files), key=lambda f: f.path)
         try:
             manifest = CheckpointManifest(
                 job=self.job, step=step, created_at=utc_now(), world_size=self.world_size,
@@ -381,11 +398,12 @@ class CheckpointManager:
             self.store.put_bytes(f"{step_dir(step)}/{MANIFEST_NAME}", manifest.to_json_bytes())
         except Exception as e:
             log.exception("could not write the manifest of step %d", step)
-            return {"status": "failed", "error": f"manifest: {type(e).__name__}: {e}"}
+            return {"status": "failed", "error": f"manifest: {type(e).__name__}: {e}",
+                    "phases": phases}
         commit_s = time.perf_counter() - t0
         log.info("checkpoint step %d committed: %.1f MB in %.2f s", step,
                  manifest.stored_bytes / 1e6, commit_s)
-        return {"status": "committed", "commit_s": commit_s,
+        return {"status": "committed", "commit_s": commit_s, "phases": phases,
                 "stored_bytes": manifest.stored_bytes, "state_bytes": manifest.state_bytes}
 
     # -- restoring ----------------------------------------------------------------------------
@@ -404,26 +422,31 @@ class CheckpointManager:
 
     def _fetch_verified(self, store: ObjectStore, record: CheckpointRecord,
                         state: dict[str, Any], local: Path, extra_path: str) -> str | None:
-        """Download what this rank needs, verified; None when all is well, else why not."""
-        shutil.rmtree(local, ignore_errors=True)
-        try:
-            listing = verify(store, record, hashes=False)  # every file present, sizes right
-            if not listing.ok:
-                return f"rank {self.rank}: {listing.reason}"
-            manifest = record.manifest
-            download_verified(store, record.folder, manifest.file(METADATA_NAME),
-                              local / METADATA_NAME)
-            needed = files_needed(state, load_metadata(local / METADATA_NAME))
-            needed.add(extra_path)
-            for path in sorted(needed):
-                download_verified(store, record.folder, manifest.file(path), local / path)
-        except IntegrityError as e:
-            return f"rank {self.rank}: {e}"
-        except KeyError as e:
-            return f"rank {self.rank}: {e.args[0] if e.args else e}"
-        except (OSError, ValueError, EOFError, pickle.UnpicklingError) as e:
-            return f"rank {self.rank}: {type(e).__name__}: {e}"
-        return None
+        """Get the files this rank needs, verified (see `fetch`); the same verdict on every
+        rank: None when all is well, else why not."""
+        plan = plan_fetch(store, record, state, local, extra_path, self.rank)
+        plans: list[FetchPlan] = self._all_gather(plan)
+        fatal = [p.problem for p in plans if p.fatal]
+        if fatal:
+            raise RuntimeError(f"cannot restore step {record.step}: {' | '.join(map(str, fatal))}")
+        problems = [p.problem for p in plans if p.problem]
+        if problems:
+            return "; ".join(map(str, problems))
+        link = all(p.can_link for p in plans)
+        sizes = {f.path: f.size for f in record.manifest.files}
+        if link:
+            verifier = assign_verifiers([p.needed for p in plans], sizes)
+            to_hash = {path for path, r in verifier.items() if r == self.rank}
+        else:
+            to_hash = set(plan.needed)
+        problem, identities = materialize(store, record, plan.needed, local, link=link,
+                                          to_hash=to_hash, rank=self.rank)
+        outcomes = self._all_gather((problem, identities))
+        problems = [p for p, _ in outcomes if p]
+        changed = same_bytes_everywhere([ids for _, ids in outcomes])
+        if changed:
+            problems.append(f"changed in the store while restoring: {', '.join(changed)}")
+        return "; ".join(problems) if problems else None
 
     def _extra_file_for_me(self, manifest: CheckpointManifest) -> str:
         mine = extra_state_path(self.rank)

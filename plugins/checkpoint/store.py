@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from plugins.checkpoint.errors import ObjectNotFoundError, UnsafeKeyError
+from plugins.checkpoint.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
@@ -108,8 +108,16 @@ class ObjectStore(ABC):
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo: ...
 
     @abstractmethod
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> ObjectInfo:
-        """Upload a local file; the returned SHA-256 is computed while streaming it."""
+    def put_file(self, key: str, path: str | os.PathLike[str], *, move: bool = False,
+                 sha256: str | None = None) -> ObjectInfo:
+        """Upload a local file; the returned SHA-256 is computed while streaming it.
+
+        With `move=True` the caller gives the file up: it is gone afterwards, and a local
+        store on the same file system adopts it by rename instead of copying the bytes.
+        `sha256`, when the caller computed it as it wrote the file, is checked against the
+        bytes a store streams (mismatch: `IntegrityError`), and spares a local store that
+        adopts the file from reading it at all.
+        """
 
     @abstractmethod
     def put_stream(self, key: str, stream: IO[bytes]) -> ObjectInfo:
@@ -171,6 +179,12 @@ def _copy_hashing(src: IO[bytes], dst: IO[bytes] | None) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def read_ahead(f: IO[bytes]) -> None:
+    """Ask the kernel to read the whole file ahead, so the disk works while we hash."""
+    with contextlib.suppress(AttributeError, OSError, io.UnsupportedOperation):
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+
+
 def sha256_of_stream(stream: IO[bytes]) -> tuple[int, str]:
     """(size, SHA-256) of everything left in `stream`."""
     return _copy_hashing(stream, None)
@@ -217,9 +231,54 @@ class LocalStore(ObjectStore):
             f.write(data)
         return ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())
 
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> ObjectInfo:
-        with open(path, "rb", buffering=0) as src:
-            return self.put_stream(key, src)
+    def put_file(self, key: str, path: str | os.PathLike[str], *, move: bool = False,
+                 sha256: str | None = None) -> ObjectInfo:
+        source = Path(path)
+        if move and self._same_file_system(source):
+            return self._adopt(key, source, sha256)
+        with open(source, "rb", buffering=0) as src:
+            info = self.put_stream(key, src)
+        _check_expected(info, sha256)
+        if move:
+            source.unlink()
+        return info
+
+    def _same_file_system(self, source: Path) -> bool:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return source.stat().st_dev == self.root.stat().st_dev
+
+    def _adopt(self, key: str, source: Path, sha256: str | None) -> ObjectInfo:
+        """fsync and rename into place: the bytes are written once, by whoever produced the
+        file, never copied. Hashed here (one read, usually from the page cache) unless the
+        producer already did."""
+        final = self.path_of(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with open(source, "rb", buffering=0) as f:
+            if sha256 is None:
+                read_ahead(f)
+                size, sha = _copy_hashing(f, None)
+            else:
+                size, sha = os.fstat(f.fileno()).st_size, sha256
+            os.fsync(f.fileno())
+        os.replace(source, final)
+        _fsync_dir(final.parent)
+        return ObjectInfo(key, size, sha)
+
+    def link_to(self, key: str, dest: str | os.PathLike[str]) -> bool:
+        """Hard-link the object at `dest` (replacing it) instead of copying; False where the
+        file systems differ or links are not allowed. Objects are only ever replaced by rename,
+        never rewritten in place, so the link keeps the bytes it was made with."""
+        src = self.path_of(key)
+        if not src.is_file():
+            raise ObjectNotFoundError(f"no object {key!r} in {self.uri}")
+        dest = Path(dest)
+        with contextlib.suppress(FileNotFoundError):
+            dest.unlink()
+        try:
+            os.link(src, dest)
+        except OSError:
+            return False
+        return True
 
     def put_stream(self, key: str, stream: IO[bytes]) -> ObjectInfo:
         with self._atomic(key) as f:
@@ -239,9 +298,11 @@ class LocalStore(ObjectStore):
     def open_read(self, key: str) -> IO[bytes]:
         path = self.path_of(key)
         try:
-            return open(path, "rb", buffering=0)
+            f = open(path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             raise ObjectNotFoundError(f"no object {key!r} in {self.uri}") from e
+        read_ahead(f)
+        return f
 
     def exists(self, key: str) -> bool:
         return self.path_of(key).is_file()
@@ -286,6 +347,12 @@ class LocalStore(ObjectStore):
     def child(self, prefix: str) -> LocalStore:
         check_key(prefix.rstrip("/"))
         return LocalStore(self.root.joinpath(*prefix.strip("/").split("/")))
+
+
+def _check_expected(info: ObjectInfo, sha256: str | None) -> None:
+    if sha256 is not None and info.sha256 != sha256:
+        raise IntegrityError(f"{info.key}: streamed SHA-256 {info.sha256} != the writer's "
+                             f"{sha256}; the file changed before it was uploaded")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -503,13 +570,19 @@ class S3Store(ObjectStore):
         _retrying(self.client.put_object)(Bucket=self.bucket, Key=full, Body=data)
         return ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())
 
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> ObjectInfo:
+    def put_file(self, key: str, path: str | os.PathLike[str], *, move: bool = False,
+                 sha256: str | None = None) -> ObjectInfo:
         @_retrying
         def attempt() -> ObjectInfo:
             with open(path, "rb") as f:
+                read_ahead(f)
                 return self._upload_stream(key, f)
 
-        return attempt()
+        info = attempt()
+        _check_expected(info, sha256)
+        if move:
+            Path(path).unlink()
+        return info
 
     def put_stream(self, key: str, stream: IO[bytes]) -> ObjectInfo:
         # No whole-object retry: a consumed stream cannot be replayed (botocore still retries

@@ -17,19 +17,28 @@ from typing import IO
 
 from plugins.checkpoint.errors import IntegrityError, ObjectNotFoundError
 from plugins.checkpoint.manifest import Compression, ManifestFile
-from plugins.checkpoint.store import CHUNK_BYTES, ObjectStore
+from plugins.checkpoint.store import (
+    CHUNK_BYTES,
+    LocalStore,
+    ObjectStore,
+    read_ahead,
+    sha256_of_stream,
+)
 
 ZSTD_LEVEL = 3
 """zstd's default: ~300+ MB/s per core; fp32 weights shrink little, bf16/sparse state more."""
 
 
 def upload_file(store: ObjectStore, folder: str, rel_path: str, path: Path, *,
-                compression: Compression = "none", rank: int | None = None) -> ManifestFile:
-    """Upload `path` to `<folder>/<rel_path>` and describe it for the manifest."""
+                compression: Compression = "none", rank: int | None = None,
+                move: bool = False, sha256: str | None = None) -> ManifestFile:
+    """Upload `path` to `<folder>/<rel_path>` and describe it for the manifest. With `move`
+    the local file is given up (a local store on the same disk adopts it without a copy);
+    `sha256` is the file's hash if its writer computed it (see `ObjectStore.put_file`)."""
     key = f"{folder}/{rel_path}"
     raw_size = path.stat().st_size
     if compression == "none":
-        info = store.put_file(key, path)
+        info = store.put_file(key, path, move=move, sha256=sha256)
         if info.size != raw_size:
             raise IntegrityError(f"{path}: uploaded {info.size} bytes, file has {raw_size} "
                                  "(it changed while uploading)")
@@ -40,6 +49,8 @@ def upload_file(store: ObjectStore, folder: str, rel_path: str, path: Path, *,
             compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
             reader = compressor.stream_reader(src, size=raw_size, read_size=CHUNK_BYTES)
             info = store.put_stream(key, reader)
+        if move:
+            path.unlink()
     else:
         raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
     if info.sha256 is None:
@@ -56,6 +67,9 @@ def download_verified(store: ObjectStore, folder: str, entry: ManifestFile, dest
     digest = hashlib.sha256()
     stored = 0
     try:
+        if entry.compression == "none" and isinstance(store, LocalStore) \
+                and store.link_to(key, tmp):
+            return _verify_linked(entry, tmp, dest)
         with store.open_read(key) as src, open(tmp, "wb", buffering=0) as out:
             counted = _HashTap(src, digest)
             if entry.compression == "zstd":
@@ -81,6 +95,18 @@ def download_verified(store: ObjectStore, folder: str, entry: ManifestFile, dest
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     return stored
+
+
+def _verify_linked(entry: ManifestFile, tmp: Path, dest: Path) -> int:
+    """Hash a hard link to the stored file (no copy) and move it into place if it matches."""
+    with open(tmp, "rb", buffering=0) as f:
+        read_ahead(f)
+        size, sha = sha256_of_stream(f)
+    problem = _mismatch(entry, size, sha, size)
+    if problem:
+        raise IntegrityError(f"{entry.path}: {problem}")
+    os.replace(tmp, dest)
+    return size
 
 
 def _mismatch(entry: ManifestFile, stored: int, sha: str, local_size: int) -> str | None:

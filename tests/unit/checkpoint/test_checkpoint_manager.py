@@ -193,7 +193,7 @@ def test_a_failed_save_is_reported_not_hidden(root: str, tmp_path: Path) -> None
     with _manager(root, tmp_path) as mgr:
         real_put = mgr.store.put_file
 
-        def broken_put(key: str, path: Any) -> Any:
+        def broken_put(key: str, path: Any, **kwargs: Any) -> Any:
             raise OSError("bucket is read-only")
 
         mgr.store.put_file = broken_put  # type: ignore[method-assign]
@@ -217,10 +217,10 @@ def test_at_most_one_save_in_flight_and_the_wait_is_reported(root: str, tmp_path
         real_put = mgr.store.put_file
         calls = []
 
-        def gated_put(key: str, path: Any) -> Any:
+        def gated_put(key: str, path: Any, **kwargs: Any) -> Any:
             calls.append(key)
             release.wait(timeout=60)
-            return real_put(key, path)
+            return real_put(key, path, **kwargs)
 
         mgr.store.put_file = gated_put  # type: ignore[method-assign]
         mgr.save(1, model=t.model, optimizer=t.optimizer)

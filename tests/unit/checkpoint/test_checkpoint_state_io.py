@@ -107,3 +107,22 @@ def test_metadata_unpickler_refuses_anything_off_the_allow_list(tmp_path: Path) 
     with pytest.raises(pickle.UnpicklingError, match="not DCP Metadata"):
         load_metadata(path)
     assert not Path("/tmp/trainyard-pwned").exists()
+
+
+def test_hashing_writer_knows_each_file_hash(tmp_path: Path) -> None:
+    import hashlib
+
+    import torch.distributed.checkpoint as dcp
+
+    from plugins.checkpoint.dcp_io import HashingFileSystemWriter
+
+    model = torch.nn.Linear(64, 32)
+    writer = HashingFileSystemWriter(tmp_path, single_file_per_rank=True, sync_files=False)
+    dcp.save({"model": model.state_dict(), "note": {"x": 1}}, storage_writer=writer, no_dist=True)
+    files = sorted(p for p in tmp_path.iterdir() if p.is_file())
+    assert {p.name for p in files} == {".metadata", "__0_0.distcp"}
+    for path in files:
+        data = path.read_bytes()
+        assert writer.digest_of(path) == (len(data), hashlib.sha256(data).hexdigest())
+    (tmp_path / "__0_0.distcp").write_bytes(b"changed")  # a later change is noticed
+    assert writer.digest_of(tmp_path / "__0_0.distcp") is None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint.errors import ObjectNotFoundError, UnsafeKeyError
+from plugins.checkpoint.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
 from plugins.checkpoint.store import (
     PARTIAL_MARKER,
     LocalStore,
@@ -208,3 +208,29 @@ def test_check_key_and_split_uri() -> None:
     assert split_uri("s3://b/jobs/j/step-1/MANIFEST.json") == ("s3://b/jobs/j/step-1", "MANIFEST.json")
     with pytest.raises(ValueError):
         split_uri("s3://")
+
+
+def test_put_file_move_and_known_hash(store: ObjectStore, tmp_path: Path) -> None:
+    data = os.urandom(1 << 20)
+    src = tmp_path / "staged.bin"
+    src.write_bytes(data)
+    with pytest.raises(IntegrityError, match="changed before it was uploaded"):
+        store.put_file("k", src, sha256="0" * 64)  # a copy/stream checks the writer's hash
+    info = store.put_file("k", src, move=True, sha256=_sha(data))
+    assert (info.size, info.sha256) == (len(data), _sha(data))
+    assert not src.exists(), "move=True gives the file up"
+    assert store.get_bytes("k") == data
+
+
+def test_local_store_adopts_a_moved_file_without_copying(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    src = tmp_path / "staged.bin"
+    src.write_bytes(b"x" * 1000)
+    inode = src.stat().st_ino
+    store.put_file("a/b", src, move=True)
+    assert store.path_of("a/b").stat().st_ino == inode
+    link = tmp_path / "restore" / "b"
+    link.parent.mkdir()
+    assert store.link_to("a/b", link) and link.stat().st_ino == inode
+    store.put_bytes("a/b", b"new")  # replaced by rename: the link keeps the old bytes
+    assert link.read_bytes() == b"x" * 1000

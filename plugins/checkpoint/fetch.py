@@ -1,0 +1,148 @@
+"""Getting a checkpoint's files onto one rank, verified, before DCP may read any of them.
+
+Restore is collective; each step below runs on every rank, with an all-gather between steps
+(done by the caller), so all ranks reach the same verdict:
+
+1. `plan_fetch` — check the folder listing (every file present, sizes right), fetch the
+   verified `.metadata`, and ask DCP's own load plan which data files this rank will read.
+2. `assign_verifiers` — on a local store every rank can hard-link the stored files instead of
+   copying them, and a hard link is the very same bytes for every rank on the file system
+   (stored objects are only ever replaced by rename, never rewritten). Then each file needs
+   hashing once, not once per rank that reads it: files are dealt out to the ranks that need
+   them, largest first, to whoever has the fewest bytes to hash so far.
+3. `materialize` — link (or download) what this rank needs, hash what it was dealt (or, for
+   downloads, everything it fetched) and report the identity of each link, so the caller can
+   check that all ranks hold the same inode that was hashed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plugins.checkpoint.catalog import CheckpointRecord, verify
+from plugins.checkpoint.dcp_io import METADATA_NAME, files_needed, load_metadata
+from plugins.checkpoint.errors import IntegrityError
+from plugins.checkpoint.store import LocalStore, ObjectStore, read_ahead, sha256_of_stream
+from plugins.checkpoint.transfer import download_verified
+
+Identity = tuple[int, int]
+"""(st_dev, st_ino) of a hard link: equal identities are the same bytes."""
+
+
+@dataclass
+class FetchPlan:
+    needed: set[str] = field(default_factory=set)
+    can_link: bool = False
+    problem: str | None = None
+    fatal: bool = False
+    """The problem is not this checkpoint's fault (e.g. the model does not match what was
+    saved): every rank raises rather than falling back to an older checkpoint."""
+
+
+def plan_fetch(store: ObjectStore, record: CheckpointRecord, state: Mapping[str, Any],
+               local: Path, extra_path: str, rank: int) -> FetchPlan:
+    """Step 1 (see the module docstring). Never raises for a bad checkpoint."""
+    shutil.rmtree(local, ignore_errors=True)
+    try:
+        listing = verify(store, record, hashes=False)
+        if not listing.ok:
+            return FetchPlan(problem=f"rank {rank}: {listing.reason}")
+        download_verified(store, record.folder, record.manifest.file(METADATA_NAME),
+                          local / METADATA_NAME)
+        needed = files_needed(state, load_metadata(local / METADATA_NAME)) | {extra_path}
+        for path in needed:
+            record.manifest.file(path)  # KeyError: DCP wants a file the manifest does not list
+    except Exception as e:  # noqa: BLE001 - reported to every rank before anyone raises
+        problem, fatal = _describe(e, rank)
+        return FetchPlan(problem=problem, fatal=fatal)
+    return FetchPlan(needed, _can_link(store, record, local))
+
+
+def assign_verifiers(needed_by_rank: Sequence[set[str]], sizes: Mapping[str, int]
+                     ) -> dict[str, int]:
+    """Step 2: file → the one rank that hashes it (only ranks that read a file may hash it)."""
+    load = [0] * len(needed_by_rank)
+    readers: dict[str, list[int]] = {}
+    for rank, needed in enumerate(needed_by_rank):
+        for path in needed:
+            readers.setdefault(path, []).append(rank)
+    assignment: dict[str, int] = {}
+    for path in sorted(readers, key=lambda p: (-sizes[p], p)):
+        rank = min(readers[path], key=lambda r: (load[r], r))
+        assignment[path] = rank
+        load[rank] += sizes[path]
+    return assignment
+
+
+def materialize(store: ObjectStore, record: CheckpointRecord, needed: set[str], local: Path,
+                *, link: bool, to_hash: set[str], rank: int
+                ) -> tuple[str | None, dict[str, Identity]]:
+    """Step 3: (problem or None, identities of this rank's links). Never raises."""
+    identities: dict[str, Identity] = {}
+    try:
+        for path in sorted(needed):
+            entry = record.manifest.file(path)
+            dest = local / path
+            if path == METADATA_NAME:
+                continue  # fetched and verified by this rank in step 1
+            if not (link and entry.compression == "none"):
+                download_verified(store, record.folder, entry, dest)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if not isinstance(store, LocalStore) or not store.link_to(
+                    f"{record.folder}/{path}", dest):
+                raise IntegrityError(f"{path}: could not hard-link it from the store")
+            st = dest.stat()
+            identities[path] = (st.st_dev, st.st_ino)
+            if path in to_hash:
+                _check_hash(entry.path, entry.size, entry.sha256, dest)
+    except Exception as e:  # noqa: BLE001 - reported to every rank, then all reject together
+        return _describe(e, rank)[0], identities
+    return None, identities
+
+
+def same_bytes_everywhere(identities_by_rank: Sequence[Mapping[str, Identity]]) -> list[str]:
+    """Files whose links differ between ranks (replaced in the store mid-restore)."""
+    seen: dict[str, set[Identity]] = {}
+    for identities in identities_by_rank:
+        for path, identity in identities.items():
+            seen.setdefault(path, set()).add(identity)
+    return sorted(path for path, ids in seen.items() if len(ids) > 1)
+
+
+def _check_hash(name: str, size: int, sha256: str, path: Path) -> None:
+    with open(path, "rb", buffering=0) as f:
+        read_ahead(f)
+        got_size, got_sha = sha256_of_stream(f)
+    if got_size != size:
+        raise IntegrityError(f"{name}: size {got_size} != manifest {size}")
+    if got_sha != sha256:
+        raise IntegrityError(f"{name}: SHA-256 {got_sha[:12]}… != manifest {sha256[:12]}… "
+                             "(corrupt)")
+
+
+def _can_link(store: ObjectStore, record: CheckpointRecord, local: Path) -> bool:
+    if not isinstance(store, LocalStore):
+        return False
+    try:
+        return os.stat(store.path_of(record.folder)).st_dev == os.stat(local).st_dev
+    except OSError:
+        return False
+
+
+def _describe(error: BaseException, rank: int) -> tuple[str, bool]:
+    """(message, fatal): integrity and I/O problems reject the checkpoint; anything else
+    (a model that does not match the checkpoint, a bug) is fatal."""
+    if isinstance(error, IntegrityError):
+        return f"rank {rank}: {error}", False
+    if isinstance(error, KeyError):
+        return f"rank {rank}: {error.args[0] if error.args else error}", False
+    if isinstance(error, OSError | ValueError | EOFError | pickle.UnpicklingError):
+        return f"rank {rank}: {type(error).__name__}: {error}", False
+    return f"rank {rank}: {type(error).__name__}: {error}", True
