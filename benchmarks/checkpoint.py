@@ -1,15 +1,16 @@
 """Checkpoint benchmark: our async writer against plain DCP and torch.save, on this machine.
 
-    .venv/bin/python benchmarks/checkpoint.py [--size-mb 1000] [--nproc 2] [--saves 3] [--dir D]
+    .venv/bin/python benchmarks/checkpoint.py [--size-mb 1000] [--nproc 2] [--rounds 3] [--dir D]
 
 Starts `torchrun --nproc-per-node N` on itself. Every rank holds an FSDP2-sharded stack of
 Linear layers plus its AdamW state (`--size-mb` of fp32 state in total, params + 2 moments),
-then, in one run, measures:
+then runs `--rounds` rounds; each round runs every method once (so bursts of load from other
+processes hit them all alike) and each figure is the median over the rounds:
 
-- `blocking_s`: how long `CheckpointManager.save()` holds training (median over saves 2..N,
-  with warm staging buffers; `blocking_first_s` is the first save, which allocates them);
-- `commit_s`: save() call → `MANIFEST.json` written (staging, DCP write, SHA-256 while
-  uploading to a `file://` store with fsync), median; `save_MBps` = state bytes / `commit_s`;
+- `blocking_s`: how long `CheckpointManager.save()` holds training (rounds 2..N, with warm
+  staging buffers; `blocking_first_s` is round 1, which allocates them);
+- `commit_s`: save() call → `MANIFEST.json` written (staging, DCP write with SHA-256 computed
+  on the way, fsync into a `file://` store); `save_MBps` = state bytes / `commit_s`;
 - `restore_s`: latest-valid restore into the live model and optimizer with every needed file
   verified, from a cold page cache (the store's files are dropped with POSIX_FADV_DONTNEED);
   `restore_MBps` = state bytes / `restore_s`;
@@ -18,12 +19,11 @@ then, in one run, measures:
   (`torch_save_s`); all times are the slowest rank's;
 - `disk_write_MBps` / `disk_read_MBps`: raw `os.write` + `fsync` of a file of the same size,
   then a cold `os.read` of it (rank 0 alone, the other ranks idle);
-- `peak_rss_MB`: the largest resident set of any rank after our save + restore phase
-  (model + optimizer + staging buffers), before the baselines run.
+- `peak_rss_MB`: the largest resident set of any rank after the first round of ours
+  (model + optimizer + staging buffers), before any baseline runs.
 
-Before timing, each rank touches and frees 3× its share of the state, so no method pays for
-the VM's first-touch page faults that the others then enjoy (see `_warm_memory`); the peak RSS
-is therefore that of the warm-up if the warm-up is larger.
+Before starting the ranks, the launcher touches and frees 3× the state in memory, so no method
+pays for the VM's first-touch page faults that the others then enjoy (see `_warm_memory`).
 
 Prints one JSON line; `targets` compares with the issue's goals (blocking ≤ 0.1 × sync DCP,
 save ≥ 0.5 × disk write, restore ≥ 0.5 × disk read).
@@ -53,7 +53,8 @@ def main() -> int:
     parser.add_argument("--size-mb", type=float, default=1000.0,
                         help="model + AdamW state, MB (1e6 bytes), all ranks together")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--saves", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of every measurement; figures are medians over rounds")
     parser.add_argument("--dir", type=Path, default=None, help="scratch folder (default: a temp "
                         "folder beside the repo's .trainyard, on the same disk as the store)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -66,10 +67,11 @@ def main() -> int:
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="checkpoint-", dir=base))
     out = work / "result.json"
+    _warm_memory(int(3 * args.size_mb * 1e6))
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.nproc}", __file__, "--worker", "--out", str(out),
-           "--size-mb", str(args.size_mb), "--saves", str(args.saves), "--dir", str(work)]
+           "--size-mb", str(args.size_mb), "--rounds", str(args.rounds), "--dir", str(work)]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not out.exists():
@@ -88,43 +90,73 @@ def main() -> int:
 
 
 def worker(args: argparse.Namespace) -> int:
-    import torch
+    """Round-robin: every round runs every method once, so a burst of load from other
+    processes hits all of them alike; each figure is the median over the rounds."""
     import torch.distributed as dist
+
+    from plugins.checkpoint.manager import CheckpointManager
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optimizer = _build(args.size_mb, world)
     state_bytes = _all_sum(_local_state_bytes(model, optimizer))
-    _warm_memory(3 * state_bytes // world)
     work: Path = args.dir
-    ours = _measure_ours(model, optimizer, work, args.saves, rank, world)
-    peak_rss = _all_max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KB → MB
-    baselines = _measure_baselines(model, optimizer, work, rank)
-    disk = _measure_disk(work, state_bytes, rank)
+    root = work / "store" / "jobs" / "bench" / "checkpoints"
+    manager = CheckpointManager(checkpoint_uri=root.as_uri(), job="bench", rank=rank,
+                                world_size=world, staging_dir=work / "staging" / f"rank{rank}")
+    samples: dict[str, list[float]] = {}
+    peak_rss = 0.0
+    for round_ in range(1, args.rounds + 1):
+        for key, value in _round_of_ours(manager, model, optimizer, root, round_, rank).items():
+            samples.setdefault(key, []).append(value)
+        if round_ == 1:  # ours only: model + optimizer + staging buffers (+ the warm-up)
+            peak_rss = _all_max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        for key, value in {**_round_of_baselines(model, optimizer, work, rank),
+                           **_round_of_disk(work, state_bytes, rank)}.items():
+            samples.setdefault(key, []).append(value)
+    manager.close()
     if rank == 0:
-        mb = state_bytes / 1e6
-        result = {
-            "state_MB": round(mb, 1), "nproc": world, "saves": args.saves,
-            **ours, **baselines, **disk, "peak_rss_MB": round(peak_rss, 1),
-            "save_MBps": round(mb / ours["commit_s"], 1),
-            "restore_MBps": round(mb / ours["restore_s"], 1),
-        }
-        result["targets"] = {
-            "blocking_le_0.1x_sync_dcp": result["blocking_s"] <= 0.1 * result["sync_dcp_s"],
-            "blocking_lt_async_dcp": result["blocking_s"] < result["async_dcp_blocking_s"],
-            "save_ge_0.5x_disk_write": result["save_MBps"] >= 0.5 * result["disk_write_MBps"],
-            "restore_ge_0.5x_disk_read": result["restore_MBps"] >= 0.5 * result["disk_read_MBps"],
-        }
-        result["ratios"] = {
-            "blocking/sync_dcp": round(result["blocking_s"] / result["sync_dcp_s"], 3),
-            "save/disk_write": round(result["save_MBps"] / result["disk_write_MBps"], 2),
-            "restore/disk_read": round(result["restore_MBps"] / result["disk_read_MBps"], 2),
-        }
+        result = _summarise(samples, state_bytes, world, args.rounds, peak_rss)
         args.out.write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
-    del torch
     return 0
+
+
+def _summarise(samples: dict[str, list[float]], state_bytes: int, world: int, rounds: int,
+               peak_rss: float) -> dict[str, Any]:
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    steady = samples["blocking_s"][1:] or samples["blocking_s"]
+    mb = state_bytes / 1e6
+    result: dict[str, Any] = {
+        "state_MB": round(mb, 1), "nproc": world, "rounds": rounds,
+        "blocking_s": round(statistics.median(steady), 4),
+        "blocking_first_s": round(samples["blocking_s"][0], 4),
+        "sync_dcp_s": round(med["sync_dcp_s"], 3),
+        "async_dcp_blocking_s": round(med["async_dcp_blocking_s"], 4),
+        "torch_save_s": round(med["torch_save_s"], 3),
+        "commit_s": round(med["commit_s"], 3),
+        "restore_s": round(med["restore_s"], 3),
+        "peak_rss_MB": round(peak_rss, 1),
+        "disk_write_MBps": round(med["disk_write_MBps"], 1),
+        "disk_read_MBps": round(med["disk_read_MBps"], 1),
+        "save_MBps": round(mb / med["commit_s"], 1),
+        "restore_MBps": round(mb / med["restore_s"], 1),
+    }
+    result["ratios"] = {
+        "blocking/sync_dcp": round(result["blocking_s"] / result["sync_dcp_s"], 3),
+        "blocking/async_dcp": round(result["blocking_s"] / result["async_dcp_blocking_s"], 3),
+        "save/disk_write": round(result["save_MBps"] / result["disk_write_MBps"], 2),
+        "restore/disk_read": round(result["restore_MBps"] / result["disk_read_MBps"], 2),
+    }
+    result["targets"] = {
+        "blocking_le_0.1x_sync_dcp": result["blocking_s"] <= 0.1 * result["sync_dcp_s"],
+        "blocking_lt_async_dcp": result["blocking_s"] < result["async_dcp_blocking_s"],
+        "save_ge_0.5x_disk_write": result["save_MBps"] >= 0.5 * result["disk_write_MBps"],
+        "restore_ge_0.5x_disk_read": result["restore_MBps"] >= 0.5 * result["disk_read_MBps"],
+    }
+    result["samples"] = {k: [round(x, 4) for x in v] for k, v in samples.items()}
+    return result
 
 
 def _build(size_mb: float, world: int) -> tuple[Any, Any]:
@@ -149,10 +181,10 @@ def _build(size_mb: float, world: int) -> tuple[Any, Any]:
 
 
 def _warm_memory(nbytes: int) -> None:
-    """Touch and free `nbytes` of memory before timing anything. On a VM (this one is
-    Firecracker) the first touch of a guest page costs a host page fault: the first 4 GB
-    written here went at ~0.4 GB/s, the next at ~3.4 GB/s. Without this, whichever method runs
-    first pays for warming the machine."""
+    """Touch and free `nbytes` of memory (in the launcher, so the ranks' RSS stays theirs).
+    On a VM (this one is Firecracker) the first touch of a guest page costs a host page
+    fault: a first 4 GB written went at ~0.4 GB/s, the next at ~3.4 GB/s. Without this,
+    whichever method runs first pays for warming the machine."""
     import numpy as np
 
     block = np.ones(nbytes, dtype=np.uint8)
@@ -188,55 +220,40 @@ def _local_state_bytes(model: Any, optimizer: Any) -> int:
     return total
 
 
-def _measure_ours(model: Any, optimizer: Any, work: Path, saves: int, rank: int,
-                  world: int) -> dict[str, float]:
+def _round_of_ours(manager: Any, model: Any, optimizer: Any, root: Path, step: int,
+                   rank: int) -> dict[str, float]:
+    """One save (blocking time, then commit time) and one cold, verified restore."""
     import torch.distributed as dist
 
-    from plugins.checkpoint.catalog import list_checkpoints
-    from plugins.checkpoint.manager import CheckpointManager
+    from plugins.checkpoint.catalog import delete_checkpoint, list_checkpoints
 
-    root = work / "store" / "jobs" / "bench" / "checkpoints"
-    manager = CheckpointManager(checkpoint_uri=root.as_uri(), job="bench", rank=rank,
-                                world_size=world, staging_dir=work / "staging" / f"rank{rank}")
-    blocking: list[float] = []
-    commits: list[float] = []
-    for step in range(1, saves + 1):
-        dist.barrier()
-        t0 = time.perf_counter()
-        manager.save(step, model=model, optimizer=optimizer)
-        blocking.append(_all_max(time.perf_counter() - t0))
-        result = manager.wait()
-        if result is None or result.commit_s is None:
-            raise RuntimeError(f"save {step} did not commit: {result}")
-        commits.append(result.commit_s)
-        if rank == 0:
-            print(f"save {step}: staging {result.staging_s:.3f}s {result.phases}", file=sys.stderr)
     dist.barrier()
-    if rank == 0:  # cold page cache for the restore, like a fresh node
-        for path in root.rglob("*"):
+    t0 = time.perf_counter()
+    manager.save(step, model=model, optimizer=optimizer)
+    blocking = _all_max(time.perf_counter() - t0)
+    result = manager.wait()
+    if result is None or result.commit_s is None:
+        raise RuntimeError(f"save {step} did not commit: {result}")
+    if rank == 0:
+        print(f"save {step}: staging {result.staging_s:.3f}s {result.phases}", file=sys.stderr)
+        for path in root.rglob("*"):  # cold page cache for the restore, like a fresh node
             if path.is_file():
                 _drop_cache(path)
     dist.barrier()
     t0 = time.perf_counter()
     manifest = manager.restore(model=model, optimizer=optimizer)
     restore_s = _all_max(time.perf_counter() - t0)
-    print(f"rank {rank} restore phases {manager.last_restore_phases}", file=sys.stderr)
-    if manifest is None or manifest.step != saves:
-        raise RuntimeError(f"restored {manifest}")
-    manager.close()
-    if rank == 0 and len(list_checkpoints(root.as_uri())) != saves:
-        raise RuntimeError("not every save committed")
+    print(f"rank {rank} restore {step}: {manager.last_restore_phases}", file=sys.stderr)
+    if manifest is None or manifest.step != step:
+        raise RuntimeError(f"restored {manifest}, expected step {step}")
     dist.barrier()
     if rank == 0:
-        shutil.rmtree(work / "store", ignore_errors=True)
-    steady = blocking[1:] or blocking
-    return {"blocking_s": round(statistics.median(steady), 4),
-            "blocking_first_s": round(blocking[0], 4),
-            "commit_s": round(statistics.median(commits), 3),
-            "restore_s": round(restore_s, 3)}
+        for record in list_checkpoints(root.as_uri()):
+            delete_checkpoint(manager.store, record.folder)
+    return {"blocking_s": blocking, "commit_s": result.commit_s, "restore_s": restore_s}
 
 
-def _measure_baselines(model: Any, optimizer: Any, work: Path, rank: int) -> dict[str, float]:
+def _round_of_baselines(model: Any, optimizer: Any, work: Path, rank: int) -> dict[str, float]:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -273,11 +290,12 @@ def _measure_baselines(model: Any, optimizer: Any, work: Path, rank: int) -> dic
         for name in ("dcp-sync", "dcp-async"):
             shutil.rmtree(work / name, ignore_errors=True)
     path.unlink()
-    return {"sync_dcp_s": round(sync_s, 3), "async_dcp_blocking_s": round(async_blocking, 4),
-            "torch_save_s": round(torch_save_s, 3)}
+    return {"sync_dcp_s": sync_s, "async_dcp_blocking_s": async_blocking,
+            "torch_save_s": torch_save_s}
 
 
-def _measure_disk(work: Path, size: int, rank: int) -> dict[str, float]:
+def _round_of_disk(work: Path, size: int, rank: int) -> dict[str, float]:
+    """Raw `os.write` + `fsync` of a file of the state's size, then a cold `os.read` of it."""
     import torch.distributed as dist
 
     result = [0.0, 0.0]
@@ -303,7 +321,7 @@ def _measure_disk(work: Path, size: int, rank: int) -> dict[str, float]:
         path.unlink()
         result = [size / 1e6 / write_s, size / 1e6 / read_s]
     dist.barrier()
-    return {"disk_write_MBps": round(result[0], 1), "disk_read_MBps": round(result[1], 1)}
+    return {"disk_write_MBps": result[0], "disk_read_MBps": result[1]}
 
 
 def _drop_cache(path: Path) -> None:

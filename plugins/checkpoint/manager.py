@@ -463,8 +463,10 @@ class CheckpointManager:
               local: Path) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
+        t0 = time.perf_counter()
         dcp.load(state, storage_reader=SafeFileSystemReader(local), planner=SafeLoadPlanner(),
                  process_group=self._group, no_dist=self._group is None)
+        self.last_restore_phases["dcp_load_s"] = time.perf_counter() - t0
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:

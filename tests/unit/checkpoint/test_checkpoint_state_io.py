@@ -109,6 +109,7 @@ def test_metadata_unpickler_refuses_anything_off_the_allow_list(tmp_path: Path) 
     assert not Path("/tmp/trainyard-pwned").exists()
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_hashing_writer_knows_each_file_hash(tmp_path: Path) -> None:
     import hashlib
 
