@@ -41,22 +41,27 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from plugins.checkpoint import state_json
 from plugins.checkpoint.catalog import CheckpointRecord, list_checkpoints, open_manifest_uri
+from plugins.checkpoint.collectives import RankGroup
 from plugins.checkpoint.dcp_io import (
     HashingFileSystemWriter,
     SafeFileSystemReader,
     SafeLoadPlanner,
 )
 from plugins.checkpoint.errors import CheckpointSaveError, NoValidCheckpointError
+from plugins.checkpoint.extra_state import (
+    Stateful,
+    apply_extra_state,
+    encode_extra_state,
+    extra_file_for,
+    extra_state_path,
+)
 from plugins.checkpoint.fetch import (
     FetchPlan,
     assign_verifiers,
@@ -71,25 +76,11 @@ from plugins.checkpoint.manifest import (
     step_dir,
     utc_now,
 )
-from plugins.checkpoint.rng import capture_rng_state, restore_rng_state
 from plugins.checkpoint.store import ObjectStore, open_store
 from plugins.checkpoint.transfer import upload_file
 from plugins.checkpoint.uris import check_job_name, require_job_prefix, split_manifest_uri
 
 log = logging.getLogger(__name__)
-
-EXTRA_FORMAT = 1
-
-
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
-
-
-def extra_state_path(rank: int) -> str:
-    return f"extra/rank-{rank:05d}.json"
-
 
 @dataclass(frozen=True)
 class SaveResult:
@@ -148,7 +139,7 @@ class CheckpointManager:
         self.endpoint_url = endpoint_url
         self.store: ObjectStore = open_store(self.checkpoint_uri, endpoint_url=endpoint_url)
         self.rank, self.world_size = rank, world_size
-        self._group = self._checkpoint_group(process_group, rank, world_size)
+        self._ranks = RankGroup(process_group, rank, world_size)
         self.staging_dir = Path(staging_dir)
         self.plan: dict[str, Any] | None = json.loads(plan_json) if plan_json else None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainyard-ckpt")
@@ -203,7 +194,7 @@ class CheckpointManager:
             store = self.store if uri.startswith(self.checkpoint_uri + "/") else \
                 open_manifest_uri(uri, endpoint_url=self.endpoint_url)[0]
             local = self.staging_dir / f"restore-rank{self.rank:05d}" / record.folder
-            extra_path = self._extra_file_for_me(record.manifest)
+            extra_path = extra_file_for(record.manifest, self.rank)
             t_fetch = time.perf_counter()
             problem = self._fetch_verified(store, record, state, local, extra_path)
             self.last_restore_phases["fetch_verify_s"] = time.perf_counter() - t_fetch
@@ -265,7 +256,8 @@ class CheckpointManager:
         if previous is not None:  # report one level only: a chain would grow for the whole run
             previous = replace(previous, previous=None)
         waited = time.perf_counter() - t0
-        extra_blob = self._extra_blob(step, extra)
+        extra_blob = encode_extra_state(job=self.job, step=step, rank=self.rank,
+                                        world_size=self.world_size, extra=extra)
         state = self._state_dict(model, optimizer)
         t_stage = time.perf_counter()
         staged = self._stage(state)
@@ -307,17 +299,6 @@ class CheckpointManager:
                 raise CheckpointSaveError(f"checkpoint step {result.step} failed: {result.error}")
         return result
 
-    def _extra_blob(self, step: int, extra: Mapping[str, Any] | None) -> bytes:
-        states: dict[str, Any] = {}
-        for name, obj in (extra or {}).items():
-            if not callable(getattr(obj, "state_dict", None)):
-                raise TypeError(f"extra[{name!r}] ({type(obj).__name__}) has no state_dict()")
-            states[name] = obj.state_dict()
-        return state_json.dumps({
-            "format_version": EXTRA_FORMAT, "job": self.job, "step": step, "rank": self.rank,
-            "world_size": self.world_size, "rng": capture_rng_state(), "state": states,
-        })
-
     def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
         if self._stager is None:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -347,8 +328,8 @@ class CheckpointManager:
         t_write = time.perf_counter()
         writer = HashingFileSystemWriter(local, single_file_per_rank=True, sync_files=False)
         try:
-            dcp.save(staged, storage_writer=writer, process_group=self._group,
-                     no_dist=self._group is None)
+            dcp.save(staged, storage_writer=writer, process_group=self._ranks.group,
+                     no_dist=not self._ranks.distributed)
         except Exception as e:
             log.exception("rank %d: dcp.save of checkpoint step %d failed", self.rank, step)
             error = error or f"rank {self.rank}: dcp.save: {type(e).__name__}: {e}"
@@ -371,11 +352,11 @@ class CheckpointManager:
         shutil.rmtree(local, ignore_errors=True)
         phases["upload_s"] = time.perf_counter() - t_upload
 
-        outcomes = self._gather((files, error, phases))
+        outcomes = self._ranks.gather((files, error, phases))
         summary: dict[str, Any] = {}
         if self.rank == 0:
             summary = self._commit(step, outcomes, metrics, t0)
-        summary = self._broadcast(summary)
+        summary = self._ranks.broadcast(summary)
         return SaveResult(step, summary["status"], self.manifest_uri(step),
                           commit_s=summary.get("commit_s"), phases=summary.get("phases", {}),
                           stored_bytes=summary.get("stored_bytes", 0),
@@ -410,22 +391,31 @@ class CheckpointManager:
 
     def _candidates(self, manifest_uri: str | None) -> list[tuple[str, str]]:
         """(manifest JSON, manifest URI), newest first — read by rank 0, the same on all ranks."""
-        found: list[tuple[str, str]] = []
+        found: list[tuple[str, str]] | str = []
         if self.rank == 0:
+            try:
+                if manifest_uri:
+                    _, record = open_manifest_uri(manifest_uri, endpoint_url=self.endpoint_url)
+                    records = [record]
+                else:
+                    records = list(reversed(list_checkpoints(self.store)))
+                found = [(r.manifest.model_dump_json(), r.manifest_uri) for r in records]
+            except Exception as e:  # every rank must raise, not wait in the broadcast below
+                log.exception("could not read the checkpoint catalog")
+                found = f"{type(e).__name__}: {e}"
+        found = self._ranks.broadcast(found)
+        if isinstance(found, str):
             if manifest_uri:
-                _, record = open_manifest_uri(manifest_uri, endpoint_url=self.endpoint_url)
-                records = [record]
-            else:
-                records = list(reversed(list_checkpoints(self.store)))
-            found = [(r.manifest.model_dump_json(), r.manifest_uri) for r in records]
-        return self._broadcast(found)
+                raise NoValidCheckpointError(f"cannot read {manifest_uri}: {found}")
+            raise RuntimeError(f"cannot list checkpoints under {self.checkpoint_uri}: {found}")
+        return found
 
     def _fetch_verified(self, store: ObjectStore, record: CheckpointRecord,
                         state: dict[str, Any], local: Path, extra_path: str) -> str | None:
         """Get the files this rank needs, verified (see `fetch`); the same verdict on every
         rank: None when all is well, else why not."""
         plan = plan_fetch(store, record, state, local, extra_path, self.rank)
-        plans: list[FetchPlan] = self._all_gather(plan)
+        plans: list[FetchPlan] = self._ranks.all_gather(plan)
         fatal = [p.problem for p in plans if p.fatal]
         if fatal:
             raise RuntimeError(f"cannot restore step {record.step}: {' | '.join(map(str, fatal))}")
@@ -441,22 +431,12 @@ class CheckpointManager:
             to_hash = set(plan.needed)
         problem, identities = materialize(store, record, plan.needed, local, link=link,
                                           to_hash=to_hash, rank=self.rank)
-        outcomes = self._all_gather((problem, identities))
+        outcomes = self._ranks.all_gather((problem, identities))
         problems = [p for p, _ in outcomes if p]
         changed = same_bytes_everywhere([ids for _, ids in outcomes])
         if changed:
             problems.append(f"changed in the store while restoring: {', '.join(changed)}")
         return "; ".join(problems) if problems else None
-
-    def _extra_file_for_me(self, manifest: CheckpointManifest) -> str:
-        mine = extra_state_path(self.rank)
-        if mine in manifest.extra_state:
-            return mine
-        fallback = extra_state_path(self.rank % manifest.world_size)
-        log.warning("checkpoint step %d was written by %d ranks; rank %d restores the extra "
-                    "state (RNG, sampler, scheduler) of rank %d", manifest.step,
-                    manifest.world_size, self.rank, self.rank % manifest.world_size)
-        return fallback
 
     def _load(self, record: CheckpointRecord, state: dict[str, Any], extra_file: Path,
               model: torch.nn.Module, optimizer: Any, extra: Mapping[str, Stateful] | None,
@@ -465,22 +445,14 @@ class CheckpointManager:
 
         t0 = time.perf_counter()
         dcp.load(state, storage_reader=SafeFileSystemReader(local), planner=SafeLoadPlanner(),
-                 process_group=self._group, no_dist=self._group is None)
+                 process_group=self._ranks.group, no_dist=not self._ranks.distributed)
         self.last_restore_phases["dcp_load_s"] = time.perf_counter() - t0
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
             set_state_dict(model, optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optim"])
-        blob = state_json.loads(extra_file.read_bytes())
-        restore_rng_state(blob["rng"])
-        saved = blob.get("state", {})
-        for name, obj in (extra or {}).items():
-            if name in saved:
-                obj.load_state_dict(saved[name])
-            else:
-                log.warning("checkpoint step %d has no state for extra[%r]; left as is",
-                            record.step, name)
+        apply_extra_state(extra_file.read_bytes(), extra, record.step)
 
     # -- state and collectives ----------------------------------------------------------------
 
@@ -492,45 +464,6 @@ class CheckpointManager:
             return {"model": get_model_state_dict(model)}
         model_sd, optim_sd = get_state_dict(model, optimizer)
         return {"model": model_sd, "optim": optim_sd}
-
-    @staticmethod
-    def _checkpoint_group(process_group: Any, rank: int, world_size: int) -> Any:
-        """A gloo group over the checkpointing ranks, for DCP and our own collectives."""
-        if not (dist.is_available() and dist.is_initialized()):
-            if world_size != 1 or rank != 0:
-                raise ValueError(f"rank {rank} of world_size {world_size} needs torch.distributed "
-                                 "to be initialised first (single-process use is rank 0 of 1)")
-            if process_group is not None:
-                raise ValueError("process_group given but torch.distributed is not initialised")
-            return None
-        group = process_group or dist.group.WORLD
-        actual = (dist.get_rank(group), dist.get_world_size(group))
-        if actual != (rank, world_size):
-            raise ValueError(f"rank/world_size given as {rank}/{world_size} but the process group "
-                             f"says {actual[0]}/{actual[1]}")
-        return dist.new_group(ranks=dist.get_process_group_ranks(group), backend="gloo",
-                              timeout=timedelta(minutes=30))
-
-    def _gather(self, obj: Any) -> list[Any]:
-        if self._group is None:
-            return [obj]
-        out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(obj, out, group=self._group, group_dst=0)
-        return out or []
-
-    def _broadcast(self, obj: Any) -> Any:
-        if self._group is None:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, group=self._group, group_src=0)
-        return box[0]
-
-    def _all_gather(self, obj: Any) -> list[Any]:
-        if self._group is None:
-            return [obj]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self._group)
-        return out
 
     def _check_open(self) -> None:
         if self._closed:

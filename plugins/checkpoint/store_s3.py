@@ -1,0 +1,292 @@
+"""`S3Store`: `s3://bucket/prefix` through boto3 (imported lazily); large objects go up as
+s3transfer multipart uploads, hashed in order while they stream."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from plugins.checkpoint.errors import ObjectNotFoundError
+from plugins.checkpoint.store_api import (
+    ObjectInfo,
+    ObjectStore,
+    check_expected,
+    check_key,
+    join_key,
+    read_ahead,
+    write_local_atomic,
+)
+
+if TYPE_CHECKING:
+    from boto3.s3.transfer import TransferConfig
+
+
+def _is_transient(error: BaseException) -> bool:
+    """Errors worth retrying a whole transfer for. botocore already retries each request
+    (standard mode); this covers what it cannot: a connection dropped while a body streams."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionClosedError,
+        EndpointConnectionError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+    )
+
+    if isinstance(error, ConnectionClosedError | EndpointConnectionError | ReadTimeoutError
+                  | IncompleteReadError | ResponseStreamingError):
+        return True
+    if isinstance(error, ClientError):
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        code = error.response.get("Error", {}).get("Code", "")
+        return status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout")
+    return False
+
+
+def _retrying(fn: Any) -> Any:
+    """Retry a whole-object operation on transient errors (tenacity; exponential backoff)."""
+    from tenacity import (
+        retry,
+        retry_if_exception,
+        stop_after_attempt,
+        wait_exponential,
+    )
+
+    return retry(
+        retry=retry_if_exception(_is_transient),
+        stop=stop_after_attempt(4),
+        wait=wait_exponential(multiplier=0.5, max=8),
+        reraise=True,
+    )(fn)
+
+
+def _is_not_found(error: BaseException) -> bool:
+    from botocore.exceptions import ClientError
+
+    if not isinstance(error, ClientError):
+        return False
+    code = str(error.response.get("Error", {}).get("Code", ""))
+    return code in ("404", "NoSuchKey", "NotFound")
+
+
+class _HashingReader(io.RawIOBase):
+    """Wraps a stream, hashing and counting what is read. Deliberately *not seekable*: that
+    makes s3transfer read it strictly in order (one reader, parts uploaded concurrently), so
+    the hash sees the bytes in the order they are stored."""
+
+    def __init__(self, inner: IO[bytes]) -> None:
+        self._inner = inner
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            data = self._inner.read()
+        else:
+            # s3transfer takes a short read for the end of the stream, but streams such as
+            # decompressors return short reads anywhere: fill the request or reach the end.
+            pieces: list[bytes] = []
+            wanted = size
+            while wanted > 0:
+                piece = self._inner.read(wanted)
+                if not piece:
+                    break
+                pieces.append(piece)
+                wanted -= len(piece)
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        self.digest.update(data)
+        self.size += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class _S3Body(io.RawIOBase):
+    """A `get_object` body as a readable binary stream (and context manager)."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        return self._body.read(None if size is None or size < 0 else size)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._body.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._body.close()
+        super().close()
+
+
+class S3Store(ObjectStore):
+    """`s3://bucket/prefix` through boto3; large objects use s3transfer multipart uploads."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        multipart_threshold: int = 64 << 20,
+        multipart_chunksize: int = 16 << 20,
+        max_concurrency: int = 8,
+        client: Any | None = None,
+    ) -> None:
+        if len(bucket) < 3:
+            raise ValueError(f"S3 bucket names need at least 3 characters, got {bucket!r}")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        if self.prefix:
+            check_key(self.prefix)
+        self.endpoint_url = endpoint_url
+        self._multipart = (multipart_threshold, multipart_chunksize, max_concurrency)
+        self._client = client
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    @cached_property
+    def client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        import boto3
+        from botocore.config import Config
+
+        config = Config(
+            retries={"max_attempts": 8, "mode": "standard"},
+            max_pool_connections=max(10, self._multipart[2] * 2),
+            connect_timeout=10,
+            read_timeout=120,
+        )
+        session = boto3.session.Session()
+        return session.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            config=config,
+            region_name=session.region_name or "us-east-1",
+        )
+
+    @cached_property
+    def transfer_config(self) -> TransferConfig:
+        from boto3.s3.transfer import TransferConfig
+
+        threshold, chunksize, concurrency = self._multipart
+        return TransferConfig(
+            multipart_threshold=threshold,
+            multipart_chunksize=chunksize,
+            max_concurrency=concurrency,
+            use_threads=True,
+        )
+
+    def _key(self, key: str) -> str:
+        return join_key(self.prefix, check_key(key))
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        full = self._key(key)
+        _retrying(self.client.put_object)(Bucket=self.bucket, Key=full, Body=data)
+        return ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())
+
+    def put_file(self, key: str, path: str | os.PathLike[str], *, move: bool = False,
+                 sha256: str | None = None) -> ObjectInfo:
+        @_retrying
+        def attempt() -> ObjectInfo:
+            with open(path, "rb") as f:
+                read_ahead(f)
+                return self._upload_stream(key, f)
+
+        info = attempt()
+        check_expected(info, sha256)
+        if move:
+            Path(path).unlink()
+        return info
+
+    def put_stream(self, key: str, stream: IO[bytes]) -> ObjectInfo:
+        # No whole-object retry: a consumed stream cannot be replayed (botocore still retries
+        # each part, whose bytes s3transfer holds in memory).
+        return self._upload_stream(key, stream)
+
+    def _upload_stream(self, key: str, stream: IO[bytes]) -> ObjectInfo:
+        reader = _HashingReader(stream)
+        self.client.upload_fileobj(reader, self.bucket, self._key(key), Config=self.transfer_config)
+        return ObjectInfo(key, reader.size, reader.digest.hexdigest())
+
+    def get_bytes(self, key: str) -> bytes:
+        @_retrying
+        def attempt() -> bytes:
+            with self.open_read(key) as body:
+                return body.read()
+
+        return attempt()
+
+    def get_file(self, key: str, dest: str | os.PathLike[str]) -> ObjectInfo:
+        # One ordered stream rather than s3transfer's parallel ranged GETs: the hash must see
+        # the bytes in order, and a second read of the file is what we promised not to do.
+        @_retrying
+        def attempt() -> ObjectInfo:
+            with self.open_read(key) as body:
+                return write_local_atomic(Path(dest), body, key)
+
+        return attempt()
+
+    def open_read(self, key: str) -> IO[bytes]:
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except Exception as e:
+            if _is_not_found(e):
+                raise ObjectNotFoundError(f"no object {key!r} in {self.uri}") from e
+            raise
+        return io.BufferedReader(_S3Body(response["Body"]), buffer_size=1 << 20)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except Exception as e:
+            if _is_not_found(e):
+                return False
+            raise
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        check_key(prefix, prefix=True)
+        root = self.prefix + "/" if self.prefix else ""
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
+            for obj in page.get("Contents", []):
+                key = obj["Key"][len(root):]
+                yield ObjectInfo(key, int(obj["Size"]), None, obj["LastModified"].timestamp())
+
+    def delete(self, key: str) -> None:
+        try:
+            _retrying(self.client.delete_object)(Bucket=self.bucket, Key=self._key(key))
+        except Exception as e:
+            if not _is_not_found(e):
+                raise
+
+    def child(self, prefix: str) -> S3Store:
+        check_key(prefix.rstrip("/"))
+        store = S3Store(self.bucket, join_key(self.prefix, prefix), endpoint_url=self.endpoint_url,
+                        client=self.client)
+        store._multipart = self._multipart
+        return store
