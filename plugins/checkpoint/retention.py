@@ -193,18 +193,22 @@ def apply_retention(
     verify_hashes: bool = True,
     orphan_grace: timedelta | None = timedelta(hours=6),
     endpoint_url: str | None = None,
+    known_valid: int | None = None,
 ) -> RetentionReport:
     """List, find the newest valid checkpoint (verified), decide, and delete.
 
     Deletion removes each checkpoint's manifest first. Folders without a manifest (a save that
     crashed before its commit) are removed once their newest object is older than
     `orphan_grace` — a save still uploading is younger than that; `None` leaves them alone.
+    `known_valid` names a step the caller has just verified (a sensor that verifies each new
+    checkpoint): it is protected as the newest valid one without hashing it again.
     """
     store = as_store(store_or_uri, endpoint_url=endpoint_url)
     now = now or utc_now()
     found = scan(store)
     protect = dict(protected) if isinstance(protected, Mapping) else dict.fromkeys(protected, "protected")
-    newest_valid = _newest_valid(store, found.committed, verify_hashes)
+    newest_valid = known_valid if known_valid is not None else \
+        _newest_valid(store, found.committed, verify_hashes)
     if newest_valid is not None:
         protect.setdefault(newest_valid, "newest valid checkpoint (never deleted)")
     decisions = plan_retention(policy, found.committed, now, protect)

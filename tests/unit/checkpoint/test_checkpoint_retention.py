@@ -180,3 +180,13 @@ def test_orphans_are_removed_only_after_the_grace_period(tmp_path: Path) -> None
     assert report.orphans["step-00000003"].startswith("kept: no manifest yet")
     assert list(scan(store).uncommitted) == ["step-00000003"]
     assert [r.step for r in list_checkpoints(store)] == [1]
+
+
+def test_a_known_valid_step_is_protected_without_hashing(store: ObjectStore) -> None:
+    old = NOW - timedelta(days=1)
+    for step in (1, 2, 3):
+        make_checkpoint(store, step, created_at=old)
+    report = apply_retention(store, RetentionPolicy(keep_last=1), now=NOW, dry_run=True,
+                             known_valid=2)
+    assert report.newest_valid == 2
+    assert [(d.step, d.keep) for d in report.decisions] == [(1, False), (2, True), (3, True)]

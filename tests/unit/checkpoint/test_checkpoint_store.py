@@ -234,3 +234,37 @@ def test_local_store_adopts_a_moved_file_without_copying(tmp_path: Path) -> None
     assert store.link_to("a/b", link) and link.stat().st_ino == inode
     store.put_bytes("a/b", b"new")  # replaced by rename: the link keeps the old bytes
     assert link.read_bytes() == b"x" * 1000
+
+
+def test_transient_s3_errors_are_told_apart_and_retried(s3_server: object) -> None:
+    """botocore retries each request; a body that breaks mid-stream is retried whole."""
+    from botocore.exceptions import ClientError, ReadTimeoutError
+
+    from plugins.checkpoint.store_s3 import _is_transient
+
+    def client_error(status: int, code: str) -> ClientError:
+        return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                           "GetObject")
+
+    assert _is_transient(client_error(503, "SlowDown"))
+    assert _is_transient(client_error(500, "InternalError"))
+    assert not _is_transient(client_error(404, "NoSuchKey"))
+    assert not _is_transient(client_error(403, "AccessDenied"))
+    assert _is_transient(ReadTimeoutError(endpoint_url="http://x"))
+    assert not _is_transient(ValueError("bad"))
+
+    server = s3_server  # a real endpoint; only the first read of a body fails
+    store = S3Store(server.new_bucket(), "p", endpoint_url=server.endpoint_url)  # type: ignore[attr-defined]
+    store.put_bytes("k", b"payload")
+    real_get = store.client.get_object
+    calls = []
+
+    def flaky_get(**kwargs: object) -> object:
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise ReadTimeoutError(endpoint_url=server.endpoint_url)  # type: ignore[attr-defined]
+        return real_get(**kwargs)
+
+    store.client.get_object = flaky_get  # type: ignore[method-assign]
+    assert store.get_bytes("k") == b"payload"
+    assert len(calls) == 2
