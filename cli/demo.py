@@ -1,0 +1,359 @@
+"""`make demo` (`python -m cli.demo`): the main job, end to end, on the embedded default.
+
+What a team sees when Trainyard runs their job, on this machine, with real parts only:
+prepare the dataset → validate the spec (schema, rules, memory, quota, data quality) → plan
+the parallelism → open the job's MLflow run → place and launch it with torchrun (2 CPU
+processes, gloo) → **kill one rank mid-run** (a worker crash) → resume from the latest
+verified checkpoint as attempt 1, in the same MLflow run → register the best checkpoint as a
+model version with lineage → show the loss curve, the recovery timeline and the cost.
+
+This is the control plane's sequence without Airflow (the Airflow DAG runs the same engines).
+`--no-crash` skips the injected failure. Exit 0 when the job completed and was registered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from config.cluster import Cluster
+    from config.settings import Settings
+    from config.spec import TrainingJob
+    from plugins.advisor.plan import Plan
+    from plugins.launch.model import RunStatus
+
+DEMO_SPEC = Path(__file__).resolve().parents[1] / "config" / "jobs" / "demo-tiny-lm.yaml"
+
+
+@dataclass
+class Timeline:
+    """What happened when, for the recovery timeline at the end."""
+
+    start: float = field(default_factory=time.monotonic)
+    events: list[tuple[float, str]] = field(default_factory=list)
+    attempts: list[tuple[float, float]] = field(default_factory=list)
+    """(launched, ended) of each attempt, seconds since start: device time by phase for cost."""
+
+    def add(self, what: str) -> None:
+        self.events.append((time.monotonic() - self.start, what))
+
+
+class DemoFailed(RuntimeError):
+    pass
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--spec", type=Path, default=DEMO_SPEC, help="the job to run (default: the demo)")
+    p.add_argument("--no-crash", action="store_true", help="do not inject the mid-run worker crash")
+    p.add_argument("--crash-at-step", type=int, default=120, help="kill rank 1 once training passes this step")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cli.output import console
+
+    args = parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        run_demo(args)
+    except DemoFailed as e:
+        console.print(f"[bold red]demo failed:[/] {e}")
+        return 1
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> None:
+    from config.cluster import load_cluster
+    from config.loader import load_spec_file
+    from config.settings import get_settings
+    from plugins.tracking.runs import set_run_status
+
+    settings = get_settings()
+    cluster = load_cluster(settings.cluster)
+    job = load_spec_file(args.spec)
+    timeline = Timeline()
+
+    _step("1/7 dataset", f"object store {settings.object_store}")
+    _prepare_data(settings)
+    _step("2/7 validate", "schema, rules, memory fit, quota, dataset, data quality (Great Expectations)")
+    _validate(job, cluster, settings)
+    _step("3/7 plan", f"the advisor, for {job.spec.hardware.gpu_count} × {job.spec.hardware.gpu_type}")
+    plan = _plan(job, cluster, settings)
+    _step("4/7 track", f"MLflow {settings.mlflow_tracking_uri}")
+    run_id = _open_run(job, plan, settings)
+    timeline.add("submitted")
+
+    _step("5/7 train", "torchrun, detached; progress from the ranks' heartbeats")
+    crash_at = None if args.no_crash else args.crash_at_step
+    status, attempt = _train(job, plan, cluster, settings, run_id, crash_at, timeline)
+    if not status.succeeded:
+        set_run_status(run_id, "failed", tracking_uri=settings.mlflow_tracking_uri)
+        raise DemoFailed(f"attempt {attempt} ended {status.state}: {status.message}")
+    set_run_status(run_id, "completed", tracking_uri=settings.mlflow_tracking_uri)
+
+    _step("6/7 register", "best checkpoint → safetensors → MLflow model version (alias 'candidate')")
+    version = _register(job, settings, run_id)
+    timeline.add(f"registered {version.name} v{version.version}")
+    _step("7/7 results", "")
+    _results(job, plan, cluster, settings, run_id, timeline, version)
+
+
+def _step(title: str, detail: str) -> None:
+    from cli.output import console
+
+    console.rule(f"[bold]{title}[/]  [dim]{detail}[/]", align="left")
+
+
+def _prepare_data(settings: Settings) -> None:
+    from cli.output import console
+    from plugins.checkpoint.store import open_store
+    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+
+    store = open_store(settings.object_store, endpoint_url=settings.s3_endpoint_url).child(DEMO_PREFIX.rstrip("/"))
+    result = prepare_demo_dataset(store)
+    console.print(f"{result.rows} rows ({result.bytes / 1e3:.0f} kB) in {len(result.shards)} JSONL shards "
+                  f"at {result.uri}")
+
+
+def _validate(job: TrainingJob, cluster: Cluster, settings: Settings) -> None:
+    from cli.output import console
+    from plugins.validation.dry_run import validate_job
+
+    problems = validate_job(job, cluster=cluster, settings=settings, data_quality=True)
+    for p in problems:
+        console.print(f"  [{'red' if p.severity == 'error' else 'yellow'}]{p.code.value}[/] {p.render()}")
+    if any(p.severity == "error" for p in problems):
+        raise DemoFailed("the spec did not validate")
+    console.print(f"[green]✓[/] {job.name} is valid on cluster '{cluster.name}'")
+
+
+def _plan(job: TrainingJob, cluster: Cluster, settings: Settings) -> Plan:
+    from cli.output import console
+    from plugins.advisor import plan_job
+
+    result = plan_job(job, cluster, memory_fraction=settings.memory_fraction)
+    if result.best is None:
+        raise DemoFailed("no plan fits: " + "; ".join(result.suggestions))
+    best = result.best
+    memory = (best.memory_per_gpu_bytes or 0) / 2**20
+    console.print(f"[green]✓[/] {best.describe()}  ·  {memory:.0f} MiB per device  ·  "
+                  f"{result.plans_evaluated} plans evaluated")
+    return best
+
+
+def _open_run(job: TrainingJob, plan: Plan, settings: Settings) -> str:
+    from cli.output import console
+    from plugins.tracking.datasets import describe_dataset, open_dataset_store
+    from plugins.tracking.runs import start_or_resume_run
+
+    dataset = describe_dataset(open_dataset_store(job.spec.dataset.source, settings), job.spec.dataset)
+    run_id = start_or_resume_run(job, plan, tracking_uri=settings.mlflow_tracking_uri, attempt=0,
+                                 dataset=dataset)
+    console.print(f"MLflow run {run_id} (experiment {job.metadata.team}/{job.metadata.project}), "
+                  f"dataset digest {dataset.digest[:12]}…")
+    return run_id
+
+
+def _train(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run_id: str,
+           crash_at: int | None, timeline: Timeline) -> tuple[RunStatus, int]:
+    """Attempts until the job completes or the restart budget is spent."""
+    from cli.output import console
+    from plugins.checkpoint.catalog import latest_valid
+    from plugins.launch.environment import checkpoint_uri
+    from plugins.tracking.runs import log_recovery_event
+
+    attempt, resume_from = 0, ""
+    while True:
+        status = _run_attempt(job, plan, cluster, settings, run_id, attempt, resume_from,
+                              crash_at if attempt == 0 else None, timeline)
+        _log_checkpoints(job, settings, run_id)
+        if status.succeeded or attempt >= job.spec.fault_tolerance.max_restarts:
+            return status, attempt
+        record = latest_valid(checkpoint_uri(job, settings.object_store), endpoint_url=settings.s3_endpoint_url)
+        resume_from = record.manifest_uri if record is not None else ""
+        restored = f"step {record.step}" if record is not None else "scratch"
+        console.print(f"[yellow]worker_crash[/]: rank {status.failed_rank} exited {status.exit_code} "
+                      f"({status.message}); restarting from {restored}")
+        log_recovery_event(run_id, "worker_crash", attempt=attempt, step=status.step or 0,
+                           detail=f"rank {status.failed_rank} exit {status.exit_code}; resume from {restored}",
+                           tracking_uri=settings.mlflow_tracking_uri)
+        timeline.add(f"attempt {attempt} failed (worker_crash); resume from {restored}")
+        attempt += 1
+
+
+def _run_attempt(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run_id: str,
+                 attempt: int, resume_from: str, crash_at: int | None, timeline: Timeline) -> RunStatus:
+    from plugins.launch.environment import build_worker_env
+    from plugins.launch.local import LocalLauncher
+    from plugins.placement.service import place_and_reserve
+    from plugins.placement.state import open_state
+    from plugins.tracking.runs import start_or_resume_run
+
+    if attempt:
+        start_or_resume_run(job, plan, tracking_uri=settings.mlflow_tracking_uri, run_id=run_id, attempt=attempt)
+    state = open_state(settings.state_db)
+    placement = place_and_reserve(job, plan, cluster, state, attempt=attempt, lease_s=3600)
+    try:
+        launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd())
+        worker_env = build_worker_env(job, plan, settings, attempt=attempt, resume_from=resume_from,
+                                      mlflow_run_id=run_id)
+        handle = launcher.submit(job, plan, placement, worker_env, attempt=attempt)
+        timeline.add(f"attempt {attempt} launched on {', '.join(n.name for n in placement.nodes)}")
+        launched = time.monotonic() - timeline.start
+        status = _follow(launcher, handle, job.spec.training.max_steps, crash_at, timeline)
+        timeline.attempts.append((launched, time.monotonic() - timeline.start))
+        timeline.add(f"attempt {attempt} {status.state}")
+        return status
+    finally:
+        state.release(job.metadata.name, attempt)
+
+
+def _follow(launcher: Any, handle: Any, max_steps: int, crash_at: int | None, timeline: Timeline) -> RunStatus:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cli.output import console
+
+    killed = False
+    with Progress(TextColumn("attempt {task.fields[attempt]}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("train", total=max_steps, attempt=handle.attempt, note="starting")
+        while True:
+            status = launcher.poll(handle)
+            steps = [r.step for r in status.ranks if r.step is not None]
+            if steps:
+                bar.update(task, completed=min(steps), note=status.state)
+            if status.finished:
+                return launcher.settle(handle, status)
+            if crash_at is not None and not killed and steps and min(steps) >= crash_at:
+                victim = next((r for r in status.ranks if r.rank == 1 and r.pid), None)
+                if victim is not None:
+                    os.kill(victim.pid, signal.SIGKILL)
+                    killed = True
+                    timeline.add(f"SIGKILL rank 1 (pid {victim.pid}) at step {min(steps)}")
+                    bar.update(task, note="[red]rank 1 killed[/]")
+            time.sleep(0.5)
+
+
+def _log_checkpoints(job: TrainingJob, settings: Settings, run_id: str) -> None:
+    from plugins.checkpoint.catalog import list_checkpoints
+    from plugins.launch.environment import checkpoint_uri
+    from plugins.tracking.runs import log_committed_checkpoint
+
+    root = checkpoint_uri(job, settings.object_store).rstrip("/")
+    for record in list_checkpoints(root, endpoint_url=settings.s3_endpoint_url):
+        log_committed_checkpoint(run_id, record.manifest_uri, tracking_uri=settings.mlflow_tracking_uri,
+                                 endpoint_url=settings.s3_endpoint_url)
+
+
+def _register(job: TrainingJob, settings: Settings, run_id: str) -> Any:
+    from cli.output import console
+    from plugins.tracking.registry import register_checkpoint
+
+    metric = job.spec.checkpoint.keep_best_metric
+    version = register_checkpoint(run_id, tracking_uri=settings.mlflow_tracking_uri, metric=metric,
+                                  endpoint_url=settings.s3_endpoint_url)
+    console.print(f"[green]✓[/] model {version.name} version {version.version} (alias 'candidate') "
+                  f"from step {version.checkpoint_step}")
+    return version
+
+
+def _results(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run_id: str,
+             timeline: Timeline, version: Any) -> None:
+    from rich.table import Table
+
+    from cli.output import console
+    from plugins.tracking.runs import client_for
+
+    history = sorted(client_for(settings.mlflow_tracking_uri).get_metric_history(run_id, "loss"),
+                     key=lambda m: (m.step, m.timestamp))
+    losses = {m.step: m.value for m in history}  # a replayed step keeps its latest value
+    if not losses:
+        raise DemoFailed("no loss was recorded in MLflow")
+    curve = Table(title="loss (from MLflow)", title_justify="left")
+    curve.add_column("step", justify="right")
+    curve.add_column("loss", justify="right")
+    curve.add_column("")
+    steps = sorted(losses)
+    top = max(losses.values())
+    shown = steps[:: max(1, len(steps) // 10)]
+    for s in shown + ([steps[-1]] if shown[-1] != steps[-1] else []):
+        curve.add_row(str(s), f"{losses[s]:.3f}", "█" * max(1, round(30 * losses[s] / top)))
+    console.print(curve)
+    png = _plot(losses, timeline, settings.home / "demo" / "loss.png")
+
+    events = Table(title="recovery timeline", title_justify="left")
+    events.add_column("t", justify="right")
+    events.add_column("event")
+    for t, what in timeline.events:
+        events.add_row(f"{t:6.1f}s", what)
+    console.print(events)
+
+    wall_s = time.monotonic() - timeline.start
+    cost = _cost(job, cluster, settings, run_id, timeline)
+    first, last = losses[steps[0]], losses[steps[-1]]
+    console.print(
+        f"loss {first:.3f} → {last:.3f} over {steps[-1]} steps · {wall_s:.0f}s wall · "
+        f"{cost}\nmodel {version.name} v{version.version} · plot {png}\n"
+        f"compare runs: .venv/bin/mlflow ui --backend-store-uri {settings.mlflow_tracking_uri}")
+    if not last < first:
+        raise DemoFailed(f"the loss did not fall ({first:.3f} → {last:.3f})")
+
+
+def _plot(losses: dict[int, float], timeline: Timeline, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(list(losses), list(losses.values()), lw=1.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("demo-tiny-lm: one MLflow run across attempts")
+    for _, what in timeline.events:
+        if what.startswith("SIGKILL") and " at step " in what:
+            ax.axvline(int(what.rsplit(" ", 1)[1]), color="red", ls="--", lw=1, label="rank 1 killed")
+        if "resume from step " in what:
+            ax.axvline(int(what.rsplit(" ", 1)[1]), color="green", ls=":", lw=1.5,
+                       label="resumed from this checkpoint")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _cost(job: TrainingJob, cluster: Cluster, settings: Settings, run_id: str, timeline: Timeline) -> str:
+    """Device time by phase: attempts are training; the gaps between them are recovery."""
+    from datetime import timedelta
+
+    from plugins.tracking.cost import RunAccounting, job_cost, log_job_cost
+    from plugins.tracking.rates import load_rates
+
+    training = sum(end - start for start, end in timeline.attempts)
+    recovery = sum(nxt[0] - prev[1] for prev, nxt in zip(timeline.attempts, timeline.attempts[1:], strict=False))
+    submitted = datetime.now(UTC) - timedelta(seconds=time.monotonic() - timeline.start)
+    acct = RunAccounting(job=job.name, team=job.metadata.team, project=job.metadata.project,
+                         gpu_type=job.spec.hardware.gpu_type, gpu_count=job.spec.hardware.gpu_count,
+                         submitted_at=submitted, started_at=submitted + timedelta(seconds=timeline.attempts[0][0]),
+                         ended_at=submitted + timedelta(seconds=timeline.attempts[-1][1]),
+                         training_s=training, recovery_s=recovery, run_id=run_id)
+    cost = job_cost(acct, load_rates(), cluster=cluster)
+    log_job_cost(run_id, acct, cost, tracking_uri=settings.mlflow_tracking_uri)
+    return (f"{cost.total_gpu_hours:.4f} device-hours ({cost.recovery_gpu_hours:.4f} in recovery), "
+            f"${cost.total_cost_usd:.4f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
