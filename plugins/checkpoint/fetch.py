@@ -21,6 +21,7 @@ import os
 import pickle
 import shutil
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,27 +82,33 @@ def assign_verifiers(needed_by_rank: Sequence[set[str]], sizes: Mapping[str, int
 
 
 def materialize(store: ObjectStore, record: CheckpointRecord, needed: set[str], local: Path,
-                *, link: bool, to_hash: set[str], rank: int
+                *, link: bool, to_hash: set[str], rank: int, threads: int = 1
                 ) -> tuple[str | None, dict[str, Identity]]:
-    """Step 3: (problem or None, identities of this rank's links). Never raises."""
+    """Step 3: (problem or None, identities of this rank's links). Never raises. Files are
+    fetched or hashed `threads` at a time (hashlib and file I/O release the GIL)."""
     identities: dict[str, Identity] = {}
+
+    def one(path: str) -> None:
+        entry = record.manifest.file(path)
+        dest = local / path
+        if not (link and entry.compression == "none"):
+            download_verified(store, record.folder, entry, dest)
+            return
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not isinstance(store, LocalStore) or not store.link_to(f"{record.folder}/{path}", dest):
+            raise IntegrityError(f"{path}: could not hard-link it from the store")
+        st = dest.stat()
+        identities[path] = (st.st_dev, st.st_ino)
+        if path in to_hash:
+            _check_hash(entry.path, entry.size, entry.sha256, dest)
+
+    # METADATA_NAME was fetched and verified by this rank in step 1; biggest files first.
+    sizes = {f.path: f.size for f in record.manifest.files}
+    order = sorted((p for p in needed if p != METADATA_NAME), key=lambda p: -sizes.get(p, 0))
     try:
-        for path in sorted(needed):
-            entry = record.manifest.file(path)
-            dest = local / path
-            if path == METADATA_NAME:
-                continue  # fetched and verified by this rank in step 1
-            if not (link and entry.compression == "none"):
-                download_verified(store, record.folder, entry, dest)
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if not isinstance(store, LocalStore) or not store.link_to(
-                    f"{record.folder}/{path}", dest):
-                raise IntegrityError(f"{path}: could not hard-link it from the store")
-            st = dest.stat()
-            identities[path] = (st.st_dev, st.st_ino)
-            if path in to_hash:
-                _check_hash(entry.path, entry.size, entry.sha256, dest)
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            for future in [pool.submit(one, path) for path in order]:
+                future.result()
     except Exception as e:  # noqa: BLE001 - reported to every rank, then all reject together
         return _describe(e, rank)[0], identities
     return None, identities

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -130,6 +131,7 @@ class CheckpointManager:
         endpoint_url: str | None = None,
         process_group: Any = None,
         plan_json: str | None = None,
+        io_threads: int | None = None,
     ) -> None:
         self.job = check_job_name(job)
         self.checkpoint_uri = require_job_prefix(checkpoint_uri, job).rstrip("/")
@@ -142,6 +144,9 @@ class CheckpointManager:
         self._ranks = RankGroup(process_group, rank, world_size)
         self.staging_dir = Path(staging_dir)
         self.plan: dict[str, Any] | None = json.loads(plan_json) if plan_json else None
+        self.io_threads = io_threads or default_io_threads()
+        """Files each rank writes (DCP `thread_count`) and hashes at once; default: the cores
+        this rank can count on (CPU count / ranks on this node), 1 to 4."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainyard-ckpt")
         self._inflight: tuple[SaveResult, Future[SaveResult]] | None = None
         self._stager: Any = None
@@ -326,7 +331,8 @@ class CheckpointManager:
             log.exception("rank %d could not prepare checkpoint step %d", self.rank, step)
             error = f"rank {self.rank}: preparing: {type(e).__name__}: {e}"
         t_write = time.perf_counter()
-        writer = HashingFileSystemWriter(local, single_file_per_rank=True, sync_files=False)
+        writer = HashingFileSystemWriter(local, single_file_per_rank=True, sync_files=False,
+                                         thread_count=self.io_threads)
         try:
             dcp.save(staged, storage_writer=writer, process_group=self._ranks.group,
                      no_dist=not self._ranks.distributed)
@@ -430,7 +436,8 @@ class CheckpointManager:
         else:
             to_hash = set(plan.needed)
         problem, identities = materialize(store, record, plan.needed, local, link=link,
-                                          to_hash=to_hash, rank=self.rank)
+                                          to_hash=to_hash, rank=self.rank,
+                                          threads=self.io_threads)
         outcomes = self._ranks.all_gather((problem, identities))
         problems = [p for p, _ in outcomes if p]
         changed = same_bytes_everywhere([ids for _, ids in outcomes])
@@ -468,6 +475,12 @@ class CheckpointManager:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("CheckpointManager is closed")
+
+
+def default_io_threads() -> int:
+    """CPU cores per rank on this node (torchrun's LOCAL_WORLD_SIZE), clamped to 1..4."""
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, min(4, (os.cpu_count() or 1) // local_ranks))
 
 
 def _merge(final: SaveResult, pending: SaveResult) -> SaveResult:

@@ -298,3 +298,16 @@ def test_s3_store_with_zstd_and_export(s3_server: S3Server, tmp_path: Path) -> N
     with pytest.raises(OutsideJobPrefixError):
         export_safetensors(result.manifest_uri, tmp_path / "x.safetensors",
                            endpoint_url=s3_server.endpoint_url, job="other-job")
+
+
+def test_several_io_threads_write_and_verify_several_files(root: str, tmp_path: Path) -> None:
+    t = Trainer()
+    t.step()
+    with _manager(root, tmp_path, io_threads=3) as mgr:
+        mgr.save_sync(1, model=t.model, optimizer=t.optimizer, extra=t.extra)
+        shards = sorted(f.path for f in list_checkpoints(root)[0].manifest.files
+                        if f.path.endswith(".distcp"))
+        assert shards == ["__0_0.distcp", "__0_1.distcp", "__0_2.distcp"]
+        fresh = Trainer(seed=2)
+        assert mgr.restore(model=fresh.model, optimizer=fresh.optimizer, extra=fresh.extra)
+    assert _same(fresh.snapshot(), t.snapshot())
