@@ -14,8 +14,9 @@ from cli import checkpoints as cli_checkpoints
 from config.settings import get_settings
 from plugins.checkpoint.catalog import list_checkpoints
 from plugins.checkpoint.manifest import step_dir
-from plugins.checkpoint.store import LocalStore
+from plugins.checkpoint.store import LocalStore, open_store
 from tests.unit.checkpoint.fabricate import make_checkpoint
+from tests.unit.checkpoint.s3_server import S3Server
 
 JOB = "demo"
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -139,3 +140,17 @@ def test_export_writes_safetensors(store: LocalStore, tmp_path: Path,
 
 def test_uri_outside_the_job_is_a_usage_error(store: LocalStore) -> None:
     assert run_cli("checkpoints", "list", JOB, "--uri", "file:///tmp/jobs/other/checkpoints") == 2
+
+
+def test_list_and_verify_against_s3(store: LocalStore, s3_server: S3Server,
+                                    monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The endpoint comes from TRAINYARD_S3_ENDPOINT_URL, as in the docker-compose stack."""
+    bucket = s3_server.new_bucket()
+    root = f"s3://{bucket}/trainyard/jobs/{JOB}/checkpoints"
+    make_checkpoint(open_store(root, endpoint_url=s3_server.endpoint_url), 9)
+    monkeypatch.setenv("TRAINYARD_S3_ENDPOINT_URL", s3_server.endpoint_url)
+    get_settings.cache_clear()
+    assert run_cli("checkpoints", "list", JOB, "--uri", root, "--json") == 0
+    assert [c["step"] for c in json.loads(capsys.readouterr().out)["checkpoints"]] == [9]
+    assert run_cli("checkpoints", "verify", JOB, "--uri", root) == 0
