@@ -46,10 +46,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from node_agent.heartbeat import Heartbeat, write_heartbeat
+from node_agent.heartbeat import Heartbeat
 from worker import exit_codes
 from worker.divergence import Divergence, DivergenceDetector
 from worker.faults import Faults
+from worker.heartbeats import HeartbeatWriter
 
 if TYPE_CHECKING:
     from config.spec import TrainingJob
@@ -194,6 +195,7 @@ class TrainingSession:
         self._loss: float | None = None
         self._tokens_per_s: float | None = None
         self._step = 0
+        self._heartbeats = HeartbeatWriter(config.heartbeat_dir)
         self.beat(0, phase="start")
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -234,6 +236,15 @@ class TrainingSession:
         self._last_step_time = time.perf_counter()
         self._last_save_time = time.monotonic()
         return start
+
+    def flush_metrics(self, timeout_s: float = 30.0) -> bool:
+        """Wait until rank 0's metrics so far reached MLflow (True; also without tracking)."""
+        return self._metrics.flush(timeout_s) if self._metrics is not None else True
+
+    def reset_step_timer(self) -> None:
+        """Start the next step's clock now: after a pause that is not training (an evaluation,
+        a benchmark's bare loop), so its step time and tokens/s do not include the pause."""
+        self._last_step_time = time.perf_counter()
 
     def before_step(self, step: int) -> None:
         """Optional hook before a step (only the test fault injection uses it)."""
@@ -282,6 +293,7 @@ class TrainingSession:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        self._heartbeats.close()
         signal.signal(signal.SIGTERM, self._previous_handler)
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -367,17 +379,17 @@ class TrainingSession:
     # --- heartbeats and metrics -----------------------------------------------------------
 
     def beat(self, step: int, *, phase: str) -> None:
-        """Write this rank's heartbeat (never raises: a full disk must not stop training)."""
+        """Hand this rank's heartbeat to the writer thread (`worker.heartbeats`); a phase other
+        than `train` is waited for, so readers see it before the long operation it announces."""
         loss = self._loss
-        try:
-            write_heartbeat(self.config.heartbeat_dir, Heartbeat(
-                job=self.config.job, attempt=self.config.attempt, rank=self.rank,
-                local_rank=self.local_rank, node=self.node, pid=os.getpid(), step=step,
-                time=time.time(), loss=loss if loss is None or math.isfinite(loss) else None,
-                tokens_per_s=self._tokens_per_s, nan=loss is not None and not math.isfinite(loss),
-                hang_timeout_s=self.config.hang_timeout_s, phase=phase))
-        except OSError as e:
-            log.warning("could not write the heartbeat of step %d: %s", step, e)
+        finite = loss is None or math.isfinite(loss)
+        self._heartbeats.submit(Heartbeat(
+            job=self.config.job, attempt=self.config.attempt, rank=self.rank,
+            local_rank=self.local_rank, node=self.node, pid=os.getpid(), step=step,
+            time=time.time(), loss=loss if finite else None, tokens_per_s=self._tokens_per_s,
+            nan=not finite, hang_timeout_s=self.config.hang_timeout_s, phase=phase))
+        if phase != "train":
+            self._heartbeats.flush()
 
     def _open_metrics(self) -> MetricsStreamer | None:
         uri, run_id = self.config.mlflow_tracking_uri, self.config.mlflow_run_id

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from plugins.advisor.plan import Plan
 from plugins.checkpoint import list_checkpoints, open_store
 from tests.integration.worker.conftest import fsdp_plan, launch, tiny_job
 
@@ -35,3 +36,23 @@ def test_sigkill_and_resume_ends_bit_identical(object_store: str, tmp_path: Path
     assert [b["losses"][str(s)] for s in range(21, 41)] == [a["losses"][str(s)] for s in range(21, 41)]
     assert b["params_sha256"] == a["params_sha256"]
     assert a["losses"]["40"] < a["losses"]["1"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "plugins/checkpoint/manager.py saves the optimizer with get_state_dict(model, optimizer) "
+    "without StateDictOptions(flatten_optimizer_state_dict=True): pipeline ranks hold different "
+    "parameters, so their optimizer param_groups collide under one DCP key and the restore loses "
+    "them (KeyError: 'lr'). With the option (tried locally) this test passes bit-identically."))
+def test_interleaved_pipeline_resume_ends_bit_identical(object_store: str, tmp_path: Path) -> None:
+    """Pipeline stages restore through `ParallelModel.state_module` (several stages per rank)."""
+    plan = Plan(pp=2, vpp=2, micro_batch_size=2, num_micro_batches=4, global_batch_size=8)
+    straight = launch(tiny_job("pp-straight", max_steps=12, interval_steps=6, numLayers=4), plan,
+                      object_store=object_store, run_dir=tmp_path / "straight")
+    assert straight.exit_codes() == [0, 0], straight.logs()
+    job = tiny_job("pp-interrupted", max_steps=12, interval_steps=6, numLayers=4)
+    killed = launch(job, plan, object_store=object_store, run_dir=tmp_path / "attempt-0",
+                    faults="sigkill_after_checkpoint@6")
+    assert killed.exit_codes() == [-9, -9], killed.logs()
+    resumed = launch(job, plan, object_store=object_store, run_dir=tmp_path / "attempt-1", attempt=1)
+    assert resumed.exit_codes() == [0, 0], resumed.logs()
+    assert resumed.summary()["params_sha256"] == straight.summary()["params_sha256"]

@@ -57,11 +57,13 @@ def test_sigterm_checkpoints_exits_preempted_and_resumes_on_one_process(
     assert all(m.value > 0 for m in client.get_metric_history(run_id, "tokens_per_second"))
 
     # The 2-process FSDP checkpoint restores onto one process (DCP reshards, the sampler's global
-    # position is world-size free), which runs the remaining steps 8..30 and exits 0.
+    # position is world-size free), which runs the remaining steps 8..30 and exits 0. The
+    # checkpoint is named explicitly, as the control plane does (TRAINYARD_RESUME_FROM).
+    manifest = f"{object_store}/jobs/preempt/checkpoints/step-00000007/MANIFEST.json"
     second = launch(job, fsdp_plan(world_size=1), object_store=object_store,
-                    run_dir=tmp_path / "a1", attempt=1)
+                    run_dir=tmp_path / "a1", attempt=1, resume_from=manifest)
     assert second.exit_codes() == [exit_codes.COMPLETED], second.logs()
-    assert "resumed from step 7" in second.logs()
+    assert f"resumed from step 7 ({manifest})" in second.logs()
     assert sorted(map(int, second.summary()["losses"])) == list(range(8, 31))
     assert committed_steps(object_store, "preempt") == [7, 20, 30]
     assert second.heartbeat(0).phase == "done"
