@@ -18,8 +18,8 @@ is the next `world_size · batch_size` positions, and data-parallel rank r takes
 parallel peers of one replica must read the same samples.
 
 Permutations come from `torch.randperm` with a CPU generator seeded with
-`seed · 1_000_003 + epoch`, so they are the same on every machine and torch build that keeps
-the CPU generator's stream (torch has kept it stable across releases).
+`seed · 1_000_003 + epoch`: the same on every rank and machine for a given torch version (a
+resume on another torch version could see another order; the checkpoint records the version).
 """
 
 from __future__ import annotations

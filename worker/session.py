@@ -222,6 +222,8 @@ class TrainingSession:
 
     def restore(self) -> int:
         """Restore the checkpoint to resume from, if any; returns the first step to run."""
+        if self._model is None:
+            raise RuntimeError("TrainingSession.restore() needs attach(model=..., optimizer=...) first")
         self.beat(0, phase="restore")
         manager = self.checkpoints
         manifest = manager.restore(model=self._model, optimizer=self._optimizer, extra=self._extra,

@@ -8,14 +8,16 @@ step, like ZeRO-2, whose sharded gradients and optimizer states FSDP2 keeps as w
 With a `param_dtype` (bf16 on GPU, see `parallelize.compute_dtype`) parameters are gathered and
 computed in it while gradients are reduced in fp32 and the sharded master weights stay fp32.
 
-ZeRO-0 is `DistributedDataParallel`; with tensor parallelism through torch's own bridge
-(`_pre_dp_module_transform`), which turns the DTensor parameters into local tensors for DDP's
-bucketing and back for the forward. A pipeline stage cannot use DDP: its reducer records the
-order gradients become ready on the first step, and a pipeline's several micro-batch
-backwards per step make it fail ("rebuilt parameter indices size is not same as original
-model parameters size"). Pipeline stages therefore replicate with FSDP2's replicate mode
-(`replicate_with_fsdp.replicate`: parameters replicated, gradients all-reduced once per step,
-micro-batch accumulation handled by the schedule) — what torchtitan does for PP×DP.
+ZeRO-0 is `DistributedDataParallel` for plain data parallelism. Two cases cannot use DDP and
+replicate with FSDP2's replicate mode instead (`replicate_with_fsdp.replicate`: parameters
+replicated, gradients all-reduced once per step — what torchtitan does):
+- a pipeline stage: DDP's reducer records the order gradients become ready on the first step,
+  and a pipeline's several micro-batch backwards per step make it fail ("rebuilt parameter
+  indices size is not same as original model parameters size");
+- tensor-parallel parameters: DDP needs them turned into plain local tensors
+  (`_pre_dp_module_transform`), after which gradient clipping sees only this rank's shard and
+  a checkpoint saves every rank's different shard under the same name. Replicate keeps them
+  DTensors (Replicate over dp, Shard over tp), which clipping and DCP understand.
 """
 
 from __future__ import annotations
@@ -57,9 +59,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int,
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, is_pipeline_stage: bool = False,
               param_dtype: torch.dtype | None = None) -> nn.Module:
     """Replicate `model` over `dp_mesh` (ZeRO-0); returns the module to train. Plain DDP
-    computes in the parameters' dtype (the caller autocasts); the pipeline-stage replicate
-    applies `param_dtype` itself."""
-    if is_pipeline_stage:
+    computes in the parameters' dtype (the caller autocasts); replicate applies `param_dtype`."""
+    if is_pipeline_stage or any(_is_dtensor(p) for p in model.parameters()):
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
         policy = mixed_precision(param_dtype)
@@ -67,11 +68,6 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, is_pipeline_stage: bool 
             replicate(block, mesh=dp_mesh, mp_policy=policy)
         replicate(model, mesh=dp_mesh, mp_policy=policy)
         return model
-    params = list(model.parameters())
-    if any(_is_dtensor(p) for p in params):
-        from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
-
-        _pre_dp_module_transform(model)
     device_ids = None if dp_mesh.device_type == "cpu" else [torch.cuda.current_device()]
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
                                    forward_sync_buffers=False, bucket_cap_mb=100)

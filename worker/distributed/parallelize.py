@@ -180,7 +180,7 @@ def parallelize(model: Llama, plan: Plan, mesh: DeviceMesh, *, precision: str = 
     else:
         parts, indices = [model], [0]
     parts = [_parallelize_part(part, plan, mesh, dtype) for part in parts]
-    fsdp_casts = plan.dp > 1 and (plan.zero_stage > 0 or plan.pp > 1)
+    fsdp_casts = plan.dp > 1 and (plan.zero_stage > 0 or plan.pp > 1 or plan.tp > 1)
     pm = ParallelModel(parts=parts, plan=plan, mesh=mesh, device=device,
                        autocast_dtype=None if fsdp_casts else dtype)
     if plan.pp > 1:

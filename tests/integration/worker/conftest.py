@@ -60,6 +60,10 @@ class WorkerRun:
     def heartbeat(self, rank: int) -> Heartbeat:
         return Heartbeat.model_validate_json(heartbeat_path(self.run_dir / "heartbeats", rank).read_text())
 
+    def rank_log(self, rank: int) -> str:
+        """The whole output of one rank (`logs()` shortens each, for failure messages)."""
+        return (self.run_dir / "ranks" / f"rank-{rank:05d}.log").read_text()
+
     def logs(self) -> str:
         parts = [f"--- torchrun stdout ---\n{self.result.stdout[-3000:]}",
                  f"--- torchrun stderr ---\n{self.result.stderr[-3000:]}"]

@@ -35,6 +35,16 @@ PLANS: dict[str, Plan] = {
     "pp_1f1b": Plan(pp=2, micro_batch_size=2, num_micro_batches=4),
     "pp_interleaved": Plan(pp=2, vpp=2, micro_batch_size=2, num_micro_batches=4),
 }
+"""Plans for 2 processes."""
+
+PLANS_2D: dict[str, Plan] = {
+    "fsdp_x_tp": Plan(dp=2, tp=2, zero_stage=3, micro_batch_size=4, sequence_parallel=True),
+    "ddp_x_tp": Plan(dp=2, tp=2, micro_batch_size=4),
+    "pp_x_ddp": Plan(pp=2, dp=2, micro_batch_size=2, num_micro_batches=2),
+    "pp_x_fsdp": Plan(pp=2, dp=2, zero_stage=3, micro_batch_size=2, num_micro_batches=2),
+    "pp_x_tp": Plan(pp=2, tp=2, micro_batch_size=4, num_micro_batches=2, sequence_parallel=True),
+}
+"""Two-dimensional plans, for 4 processes."""
 
 
 def batches() -> torch.Tensor:
@@ -82,7 +92,7 @@ def main() -> None:
     data = batches()
     results = {"reference": reference(data)}
     for name in names:
-        results[name] = parallel(PLANS[name], data)
+        results[name] = parallel({**PLANS, **PLANS_2D}[name], data)
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)

@@ -29,7 +29,7 @@ def test_sigkill_and_resume_ends_bit_identical(object_store: str, tmp_path: Path
 
     resumed = launch(job, plan, object_store=object_store, run_dir=tmp_path / "attempt-1", attempt=1)
     assert resumed.exit_codes() == [0, 0], resumed.logs()
-    assert "resumed from step 20" in resumed.logs()
+    assert "resumed from step 20" in resumed.rank_log(0), resumed.logs()
 
     a, b = straight.summary(), resumed.summary()
     assert sorted(map(int, b["losses"])) == list(range(21, 41)), "the resumed run must run steps 21..40"

@@ -63,7 +63,7 @@ def test_sigterm_checkpoints_exits_preempted_and_resumes_on_one_process(
     second = launch(job, fsdp_plan(world_size=1), object_store=object_store,
                     run_dir=tmp_path / "a1", attempt=1, resume_from=manifest)
     assert second.exit_codes() == [exit_codes.COMPLETED], second.logs()
-    assert f"resumed from step 7 ({manifest})" in second.logs()
+    assert f"resumed from step 7 ({manifest})" in second.rank_log(0), second.logs()
     assert sorted(map(int, second.summary()["losses"])) == list(range(8, 31))
     assert committed_steps(object_store, "preempt") == [7, 20, 30]
     assert second.heartbeat(0).phase == "done"
