@@ -196,6 +196,7 @@ class TrainingSession:
         self._tokens_per_s: float | None = None
         self._step = 0
         self._heartbeats = HeartbeatWriter(config.heartbeat_dir)
+        self._closed = False
         self.beat(0, phase="start")
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -288,7 +289,10 @@ class TrainingSession:
             log.info("training finished at step %d", step)
 
     def close(self) -> None:
-        """Flush metrics, wait for an in-flight checkpoint, leave the process group."""
+        """Flush metrics, wait for an in-flight checkpoint, leave the process group (once)."""
+        if self._closed:
+            return
+        self._closed = True
         if self._checkpoints is not None:
             self._checkpoints.close()
             self._checkpoints = None

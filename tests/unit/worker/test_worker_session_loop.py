@@ -1,0 +1,107 @@
+"""The session's decisions, in this process (a one-rank gloo group, a real checkpoint manager on
+a local store): clock-based saves, restore, the divergence stop, the SIGTERM stop. The
+multi-process versions of the stops run in tests/integration/worker."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from config.loader import load_spec_file
+from node_agent.heartbeat import Heartbeat, heartbeat_path
+from plugins.checkpoint import list_checkpoints, open_store
+from tests.support.procs import REPO_ROOT
+from worker import exit_codes
+from worker.session import SessionConfig, StopTraining, TrainingSession
+
+SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SessionConfig:
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path))
+    for name in ("RANK", "WORLD_SIZE", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    return dataclasses.replace(SessionConfig.from_env({}, spec=SPEC, world_size=1),
+                               checkpoint_interval_steps=None, checkpoint_interval_s=None)
+
+
+@pytest.fixture
+def session_for(config: SessionConfig) -> Iterator:
+    opened: list[TrainingSession] = []
+
+    def make(**changes: object) -> TrainingSession:
+        session = TrainingSession(dataclasses.replace(config, **changes))
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        session.attach(model=model, optimizer=torch.optim.AdamW(model.parameters()), extra={})
+        opened.append(session)
+        return session
+
+    yield make
+    for session in opened:
+        session.close()
+
+
+def steps(config: SessionConfig) -> list[int]:
+    return [r.manifest.step for r in list_checkpoints(open_store(config.checkpoint_uri))]
+
+
+def beat(config: SessionConfig) -> Heartbeat:
+    return Heartbeat.model_validate_json(heartbeat_path(config.heartbeat_dir, 0).read_text())
+
+
+def test_clock_based_checkpoint_and_restore(session_for, config: SessionConfig) -> None:
+    session = session_for(checkpoint_interval_s=0.2)
+    assert session.restore() == 1
+    session.step_end(1, loss=2.0)
+    time.sleep(0.3)
+    session.step_end(2, loss=1.9)  # 0.3 s since the start: due
+    session.finish(3)
+    session.close()
+    assert steps(config) == [2, 3]
+    again = session_for()
+    assert again.restore() == 4
+    assert again.divergence.baseline is not None  # the detector's state came back too
+
+
+def test_nan_stops_with_the_diverged_code(session_for, config: SessionConfig) -> None:
+    session = session_for(checkpoint_interval_steps=2)
+    session.restore()
+    for step in (1, 2):
+        session.step_end(step, loss=3.0)
+    with pytest.raises(StopTraining) as stop:
+        session.step_end(3, loss=float("inf"))
+    assert stop.value.code == exit_codes.DIVERGED
+    assert (beat(config).phase, beat(config).nan, beat(config).step) == ("diverged", True, 3)
+    report = json.loads((config.run_dir / "diverged.json").read_text())
+    assert (report["onset_step"], report["last_checkpoint_step"]) == (3, 2)
+
+
+def test_sigterm_checkpoints_then_stops_with_the_preempted_code(session_for, config: SessionConfig) -> None:
+    session = session_for()
+    session.restore()
+    session.step_end(1, loss=3.0)
+    os.kill(os.getpid(), signal.SIGTERM)  # handled: the step in progress finishes
+    with pytest.raises(StopTraining) as stop:
+        session.step_end(2, loss=2.9)
+    assert stop.value.code == exit_codes.PREEMPTED
+    assert steps(config) == [2]
+    assert (beat(config).phase, beat(config).step) == ("checkpoint", 2)
+
+
+def test_restore_needs_attach(config: SessionConfig) -> None:
+    session = TrainingSession(config)
+    try:
+        with pytest.raises(RuntimeError, match="attach"):
+            session.restore()
+    finally:
+        session.close()
