@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,19 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     uri = (tmp_path_factory.mktemp("objects")).as_uri()
     assert main(["data", "prepare-demo", "--object-store", uri, "--shards", "4"]) == 0
     return uri
+
+
+@pytest.fixture(scope="module")
+def s3_object_store() -> Iterator[tuple[str, str]]:
+    """(store URI, endpoint) of a real S3 endpoint (moto server) holding the demo dataset."""
+    from cli.main import main
+    from tests.unit.checkpoint.s3_server import running_s3_server
+
+    with running_s3_server() as server:
+        uri = f"s3://{server.new_bucket('objects')}/trainyard"
+        assert main(["data", "prepare-demo", "--object-store", uri, "--endpoint-url",
+                     server.endpoint_url, "--shards", "4"]) == 0
+        yield uri, server.endpoint_url
 
 
 def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, attempt: int = 0,

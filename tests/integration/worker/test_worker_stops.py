@@ -18,20 +18,25 @@ pytestmark = pytest.mark.slow
 STREAMED = {"loss", "grad_norm", "lr", "tokens_per_second", "step_time_s", "data_stall_s", "mfu"}
 
 
-def committed_steps(object_store: str, job: str) -> list[int]:
-    return [r.manifest.step for r in list_checkpoints(open_store(f"{object_store}/jobs/{job}/checkpoints"))]
+def committed_steps(object_store: str, job: str, endpoint_url: str | None = None) -> list[int]:
+    store = open_store(f"{object_store}/jobs/{job}/checkpoints", endpoint_url=endpoint_url)
+    return [r.manifest.step for r in list_checkpoints(store)]
 
 
-def test_nan_loss_exits_diverged_with_flagged_heartbeats(object_store: str, tmp_path: Path) -> None:
+def test_nan_loss_exits_diverged_with_flagged_heartbeats(s3_object_store: tuple[str, str],
+                                                         tmp_path: Path) -> None:
+    """On an S3 object store (moto server): dataset and checkpoints go through the S3 API."""
+    object_store, endpoint = s3_object_store
     run = launch(tiny_job("nan-run", max_steps=20, interval_steps=4), fsdp_plan(),
-                 object_store=object_store, run_dir=tmp_path, faults="nan_loss@6")
+                 object_store=object_store, run_dir=tmp_path, faults="nan_loss@6",
+                 env={"TRAINYARD_S3_ENDPOINT_URL": endpoint})
     assert run.exit_codes() == [exit_codes.DIVERGED] * 2, run.logs()
     for rank in (0, 1):
         beat = run.heartbeat(rank)
         assert (beat.step, beat.phase, beat.nan, beat.loss) == (6, "diverged", True, None)
     report = json.loads((tmp_path / "diverged.json").read_text())
     assert (report["onset_step"], report["reason"], report["last_checkpoint_step"]) == (6, "non_finite", 4)
-    assert committed_steps(object_store, "nan-run") == [4], "nothing after the onset may be saved"
+    assert committed_steps(object_store, "nan-run", endpoint) == [4], "nothing after the onset may be saved"
 
 
 def test_sigterm_checkpoints_exits_preempted_and_resumes_on_one_process(
