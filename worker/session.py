@@ -194,7 +194,6 @@ class TrainingSession:
         self._last_step_time = time.perf_counter()
         self._loss: float | None = None
         self._tokens_per_s: float | None = None
-        self._step = 0
         self._heartbeats = HeartbeatWriter(config.heartbeat_dir)
         self._closed = False
         self.beat(0, phase="start")
@@ -235,7 +234,6 @@ class TrainingSession:
             if self.rank == 0:
                 log.info("resumed from step %d (%s)", manifest.step,
                          self.config.resume_from or "latest valid checkpoint")
-        self._step = start - 1
         self._last_step_time = time.perf_counter()
         self._last_save_time = time.monotonic()
         return start
@@ -261,7 +259,6 @@ class TrainingSession:
         now = time.perf_counter()
         step_time = now - self._last_step_time
         self._last_step_time = now
-        self._step = step
         loss = self.faults.loss(step, loss)
         self._loss = loss
         self._tokens_per_s = tokens / step_time if tokens and step_time > 0 else None
