@@ -9,7 +9,8 @@ Restore is collective; each step below runs on every rank, with an all-gather be
    copying them, and a hard link is the very same bytes for every rank on the file system
    (stored objects are only ever replaced by rename, never rewritten). Then each file needs
    hashing once, not once per rank that reads it: files are dealt out to the ranks that need
-   them, largest first, to whoever has the fewest bytes to hash so far.
+   them (files only one rank reads first, then shared ones largest first) to whoever has the
+   fewest bytes to hash so far.
 3. `materialize` — link (or download) what this rank needs, hash what it was dealt (or, for
    downloads, everything it fetched) and report the identity of each link, so the caller can
    check that all ranks hold the same inode that was hashed.
@@ -29,7 +30,7 @@ from typing import Any
 from plugins.checkpoint.catalog import CheckpointRecord, verify
 from plugins.checkpoint.dcp_io import METADATA_NAME, files_needed, load_metadata
 from plugins.checkpoint.errors import IntegrityError
-from plugins.checkpoint.store import LocalStore, ObjectStore, read_ahead, sha256_of_stream
+from plugins.checkpoint.store import LocalStore, ObjectStore, sha256_of_file
 from plugins.checkpoint.transfer import download_verified
 
 Identity = tuple[int, int]
@@ -74,7 +75,9 @@ def assign_verifiers(needed_by_rank: Sequence[set[str]], sizes: Mapping[str, int
         for path in needed:
             readers.setdefault(path, []).append(rank)
     assignment: dict[str, int] = {}
-    for path in sorted(readers, key=lambda p: (-sizes[p], p)):
+    # Files only one rank reads are that rank's anyway: place them first, then deal out the
+    # shared ones, largest first, to whichever of their readers has the least to hash.
+    for path in sorted(readers, key=lambda p: (len(readers[p]), -sizes[p], p)):
         rank = min(readers[path], key=lambda r: (load[r], r))
         assignment[path] = rank
         load[rank] += sizes[path]
@@ -124,9 +127,7 @@ def same_bytes_everywhere(identities_by_rank: Sequence[Mapping[str, Identity]]) 
 
 
 def _check_hash(name: str, size: int, sha256: str, path: Path) -> None:
-    with open(path, "rb", buffering=0) as f:
-        read_ahead(f)
-        got_size, got_sha = sha256_of_stream(f)
+    got_size, got_sha = sha256_of_file(path)
     if got_size != size:
         raise IntegrityError(f"{name}: size {got_size} != manifest {size}")
     if got_sha != sha256:

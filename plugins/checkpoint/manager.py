@@ -420,7 +420,9 @@ class CheckpointManager:
                         state: dict[str, Any], local: Path, extra_path: str) -> str | None:
         """Get the files this rank needs, verified (see `fetch`); the same verdict on every
         rank: None when all is well, else why not."""
+        t0 = time.perf_counter()
         plan = plan_fetch(store, record, state, local, extra_path, self.rank)
+        self.last_restore_phases["plan_s"] = time.perf_counter() - t0
         plans: list[FetchPlan] = self._ranks.all_gather(plan)
         fatal = [p.problem for p in plans if p.fatal]
         if fatal:
@@ -435,9 +437,11 @@ class CheckpointManager:
             to_hash = {path for path, r in verifier.items() if r == self.rank}
         else:
             to_hash = set(plan.needed)
+        t0 = time.perf_counter()
         problem, identities = materialize(store, record, plan.needed, local, link=link,
                                           to_hash=to_hash, rank=self.rank,
                                           threads=self.io_threads)
+        self.last_restore_phases["materialize_s"] = time.perf_counter() - t0
         outcomes = self._ranks.all_gather((problem, identities))
         problems = [p for p, _ in outcomes if p]
         changed = same_bytes_everywhere([ids for _, ids in outcomes])

@@ -32,6 +32,7 @@ from plugins.checkpoint.store_api import (
     check_key,
     join_key,
     read_ahead,
+    sha256_of_file,
     sha256_of_stream,
 )
 from plugins.checkpoint.store_local import LocalStore
@@ -48,6 +49,7 @@ __all__ = [
     "join_key",
     "open_store",
     "read_ahead",
+    "sha256_of_file",
     "sha256_of_stream",
     "split_uri",
 ]

@@ -21,8 +21,7 @@ from plugins.checkpoint.store import (
     CHUNK_BYTES,
     LocalStore,
     ObjectStore,
-    read_ahead,
-    sha256_of_stream,
+    sha256_of_file,
 )
 
 ZSTD_LEVEL = 3
@@ -99,9 +98,7 @@ def download_verified(store: ObjectStore, folder: str, entry: ManifestFile, dest
 
 def _verify_linked(entry: ManifestFile, tmp: Path, dest: Path) -> int:
     """Hash a hard link to the stored file (no copy) and move it into place if it matches."""
-    with open(tmp, "rb", buffering=0) as f:
-        read_ahead(f)
-        size, sha = sha256_of_stream(f)
+    size, sha = sha256_of_file(tmp)
     problem = _mismatch(entry, size, sha, size)
     if problem:
         raise IntegrityError(f"{entry.path}: {problem}")

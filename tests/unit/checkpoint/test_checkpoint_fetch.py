@@ -11,8 +11,9 @@ from plugins.checkpoint.fetch import assign_verifiers, same_bytes_everywhere
 def test_each_shared_file_is_hashed_once_by_a_rank_that_reads_it() -> None:
     needed = [{"__0_0.distcp", "__1_0.distcp", "extra/rank-00000.json"},
               {"__1_0.distcp", "extra/rank-00001.json"}]
-    sizes = {"__0_0.distcp": 500, "__1_0.distcp": 500, "extra/rank-00000.json": 1,
-             "extra/rank-00001.json": 1}
+    sizes = {"__0_0.distcp": 500, "__1_0.distcp": 510, "extra/rank-00000.json": 1,
+             "extra/rank-00001.json": 1}  # the shared file is the bigger one (it holds the
+    # replicated optimizer step counters), which fooled a plain largest-first deal
     assert assign_verifiers(needed, sizes) == {
         "__0_0.distcp": 0, "__1_0.distcp": 1,  # rank 0 would otherwise hash both big files
         "extra/rank-00000.json": 0, "extra/rank-00001.json": 1}
