@@ -462,7 +462,7 @@ class CheckpointManager:
             set_model_state_dict(model, state["model"])
         else:
             set_state_dict(model, optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+                           optim_state_dict=state["optim"], options=_state_dict_options())
         apply_extra_state(extra_file.read_bytes(), extra, record.step)
 
     # -- state and collectives ----------------------------------------------------------------
@@ -473,12 +473,22 @@ class CheckpointManager:
 
         if optimizer is None:
             return {"model": get_model_state_dict(model)}
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_dict_options())
         return {"model": model_sd, "optim": optim_sd}
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("CheckpointManager is closed")
+
+
+def _state_dict_options() -> Any:
+    """Optimizer state flattened to one key per parameter (`state.<fqn>.exp_avg`,
+    `param_groups.<fqn>.lr`): with pipeline parallelism each rank holds other parameters, and
+    unflattened `param_groups` of different ranks would collide under one DCP key (one rank's
+    list wins, the others' learning rates are lost). torchtitan saves the same way."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def default_io_threads() -> int:

@@ -135,3 +135,13 @@ def test_s3_zstd_checkpoint_restores_on_four_ranks(s3_server: S3Server, tmp_path
     out = check(job.run("resume", nproc=4))
     assert "RESTORED step=4 world=4 saved_by=2" in out.stdout
     assert "MATCH_RESTORE step=4" in out.stdout
+
+
+def test_ranks_with_different_parameters_keep_their_own_optimizer_state(tmp_path: Path) -> None:
+    """Pipeline stages: each rank's parameters, AdamW state and param_groups (its own lr and
+    betas) come back to that rank — nothing collides under a shared DCP key."""
+    root = (tmp_path / "objects" / "jobs" / JOB / "checkpoints").as_uri()
+    out = check(run_torchrun(Path(__file__).with_name("stages_job.py"),
+                             [root, JOB, str(tmp_path / "staging")], timeout=TIMEOUT))
+    assert "STAGE_MATCH rank=0 lr=0.01" in out.stdout
+    assert "STAGE_MATCH rank=1 lr=0.02" in out.stdout
