@@ -38,11 +38,6 @@ def test_sigkill_and_resume_ends_bit_identical(object_store: str, tmp_path: Path
     assert a["losses"]["40"] < a["losses"]["1"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "plugins/checkpoint/manager.py saves the optimizer with get_state_dict(model, optimizer) "
-    "without StateDictOptions(flatten_optimizer_state_dict=True): pipeline ranks hold different "
-    "parameters, so their optimizer param_groups collide under one DCP key and the restore loses "
-    "them (KeyError: 'lr'). With the option (tried locally) this test passes bit-identically."))
 def test_interleaved_pipeline_resume_ends_bit_identical(object_store: str, tmp_path: Path) -> None:
     """Pipeline stages restore through `ParallelModel.state_module` (several stages per rank)."""
     plan = Plan(pp=2, vpp=2, micro_batch_size=2, num_micro_batches=4, global_batch_size=8)
