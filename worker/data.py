@@ -27,19 +27,18 @@ log = logging.getLogger(__name__)
 DOCUMENT_SEPARATOR = 0
 """Byte between two rows: a document boundary the model learns to predict."""
 
-SHARD_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "jsonl": (".jsonl", ".jsonl.zst"),
-    "text": (".txt",),
-}
-"""Which objects under a dataset's prefix are shards (others — manifests, READMEs — are not)."""
+READABLE_FORMATS = ("jsonl", "text")
+"""What the byte-level loader reads (parquet shards validate, but are not read here)."""
 
 
 def shard_keys(store: ObjectStore, fmt: str) -> list[str]:
     """The dataset's shard keys, sorted (the order that defines the byte stream)."""
-    if fmt not in SHARD_SUFFIXES:
+    from plugins.validation.dataset import list_shards
+
+    if fmt not in READABLE_FORMATS:
         raise ValueError(f"dataset format {fmt!r} is not readable by the byte-level loader; "
-                         f"use one of {sorted(SHARD_SUFFIXES)}")
-    keys = sorted(o.key for o in store.list("") if o.key.endswith(SHARD_SUFFIXES[fmt]))
+                         f"use one of {list(READABLE_FORMATS)}")
+    keys = [o.key for o in list_shards(store, fmt)]
     if not keys:
         raise FileNotFoundError(f"no {fmt} shards under {store.uri}")
     return keys

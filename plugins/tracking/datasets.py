@@ -24,19 +24,14 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from plugins.validation.dataset import list_shards, open_dataset
+
 if TYPE_CHECKING:
     from config.settings import Settings
     from config.spec import Dataset
-    from plugins.checkpoint.store import ObjectInfo, ObjectStore
+    from plugins.checkpoint.store import ObjectStore
 
 DatasetFormat = Literal["jsonl", "parquet", "text"]
-
-SHARD_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "jsonl": (".jsonl", ".jsonl.zst"),
-    "parquet": (".parquet",),
-    "text": (".txt",),
-}
-"""Which files of a dataset's prefix are shards, per format (others — READMEs, manifests — are not)."""
 
 CONTENT_DIGEST_MAX_BYTES = 1 << 30
 """Hash shard contents for datasets up to 1 GiB; list-based digest above."""
@@ -66,20 +61,12 @@ class DatasetRef(BaseModel):
 
 def open_dataset_store(source: str, settings: Settings) -> ObjectStore:
     """The store rooted at a spec's `dataset.source` (a URI or a prefix in the object store)."""
-    from plugins.validation.dataset import open_dataset
-
     return open_dataset(source, object_store=settings.object_store, endpoint_url=settings.s3_endpoint_url)
 
 
 def canonical_dataset_uri(source: str, settings: Settings) -> str:
     """The URI lineage records for `source`; opening a store touches no network."""
     return open_dataset_store(source, settings).uri.rstrip("/")
-
-
-def list_shards(store: ObjectStore, fmt: str) -> list[ObjectInfo]:
-    """The dataset's shard files, sorted by key."""
-    suffixes = SHARD_SUFFIXES[fmt]
-    return [o for o in store.list("") if o.key.endswith(suffixes)]
 
 
 def describe_dataset(

@@ -16,11 +16,16 @@ from config.settings import Settings
 from config.spec import TrainingJob
 
 if TYPE_CHECKING:
-    from plugins.checkpoint.store import ObjectStore
+    from plugins.checkpoint.store import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
 
-_SUFFIXES = {"jsonl": (".jsonl", ".jsonl.zst"), "parquet": (".parquet",), "text": (".txt",)}
+SHARD_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "jsonl": (".jsonl", ".jsonl.zst"),
+    "parquet": (".parquet",),
+    "text": (".txt",),
+}
+"""Which objects under a dataset's prefix are shards, per format (others — READMEs, manifests — are not)."""
 
 
 def open_dataset(source: str, *, object_store: str, endpoint_url: str | None = None) -> ObjectStore:
@@ -32,30 +37,35 @@ def open_dataset(source: str, *, object_store: str, endpoint_url: str | None = N
     return open_store(object_store, endpoint_url=endpoint_url).child(source.strip("/"))
 
 
+def list_shards(store: ObjectStore, fmt: str) -> list[ObjectInfo]:
+    """The dataset's shard files, sorted by key (the order that defines the data)."""
+    return sorted((o for o in store.list("") if o.key.endswith(SHARD_SUFFIXES[fmt])), key=lambda o: o.key)
+
+
 def check_dataset(job: TrainingJob, settings: Settings) -> list[Problem]:
     ds = job.spec.dataset
     path = "spec.dataset.source"
     try:
         store = open_dataset(ds.source, object_store=settings.object_store,
                              endpoint_url=settings.s3_endpoint_url)
-        shards = [o for o in store.list("") if o.key.endswith(_SUFFIXES[ds.format])]
+        shards = list_shards(store, ds.format)
     except Exception as e:
         if _is_missing(e):
-            return [_not_found(ds.source, ds.format, f"the store says: {_short(e)}")]
+            return [_not_found(ds.source, ds.format, f" (the store says: {_short(e)})")]
         log.debug("dataset check failed", exc_info=True)
         return [Problem(code=Code.DATASET_NOT_FOUND, path=path, severity="warning",
                         message=f"could not check '{ds.source}': {_short(e)}",
                         hint="check the object store's address and credentials "
                              "(TRAINYARD_OBJECT_STORE, TRAINYARD_S3_ENDPOINT_URL, AWS_*)")]
     if not shards:
-        return [_not_found(ds.source, ds.format, "no shards there")]
+        return [_not_found(ds.source, ds.format, "")]
     return []
 
 
 def _not_found(source: str, fmt: str, detail: str) -> Problem:
     return Problem(code=Code.DATASET_NOT_FOUND, path="spec.dataset.source",
-                   message=f"no {fmt} shards at '{source}' ({detail})",
-                   hint="check the URI, or prepare the data first (the demo: `trainyard data prepare-demo`)")
+                   message=f"no {fmt} shards at '{source}'{detail}",
+                   hint="check the URI, or prepare the data first; for the demo: trainyard data prepare-demo")
 
 
 def _is_missing(error: Exception) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.unit.checkpoint.s3_server import S3Server, running_s3_server
+from tests.support.s3_server import S3Server, running_s3_server
 
 
 @pytest.fixture(scope="session")

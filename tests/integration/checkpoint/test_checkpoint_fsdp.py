@@ -13,7 +13,7 @@ from plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan
 from plugins.checkpoint.manifest import MANIFEST_NAME
 from plugins.checkpoint.store import LocalStore
 from tests.support.procs import check, run_torchrun
-from tests.unit.checkpoint.s3_server import S3Server
+from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.slow
 

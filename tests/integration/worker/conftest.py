@@ -89,7 +89,7 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> str:
 def s3_object_store() -> Iterator[tuple[str, str]]:
     """(store URI, endpoint) of a real S3 endpoint (moto server) holding the demo dataset."""
     from cli.main import main
-    from tests.unit.checkpoint.s3_server import running_s3_server
+    from tests.support.s3_server import running_s3_server
 
     with running_s3_server() as server:
         uri = f"s3://{server.new_bucket('objects')}/trainyard"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from plugins.checkpoint.store import ObjectStore, S3Store, open_store
-from tests.unit.checkpoint.s3_server import S3Server, running_s3_server
+from tests.support.s3_server import S3Server, running_s3_server
 
 
 @pytest.fixture(scope="session")

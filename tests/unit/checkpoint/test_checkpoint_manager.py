@@ -24,7 +24,7 @@ from plugins.checkpoint.errors import (
 from plugins.checkpoint.export import export_safetensors
 from plugins.checkpoint.manager import CheckpointManager
 from plugins.checkpoint.manifest import step_dir
-from tests.unit.checkpoint.s3_server import S3Server
+from tests.support.s3_server import S3Server
 
 JOB = "unit-job"
 
