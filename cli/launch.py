@@ -43,8 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cli.common import load_checked_job
     from cli.output import err_console, print_json
-    from cli.place import load_checked_job
     from config.cluster import load_cluster
     from config.settings import get_settings
     from plugins.launch.base import LaunchError

@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
-    from config.spec import TrainingJob
     from plugins.placement.inventory import Inventory
     from plugins.placement.model import Placement
 
@@ -33,32 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_checked_job(spec: Path, cluster_name: str | None) -> tuple[TrainingJob, Cluster] | None:
-    """Load a spec and check it (spec rules + cluster rules); print problems and return None
-    when it has errors."""
-    from cli.output import err_console
-    from config.cluster import cluster_for, load_cluster
-    from config.loader import read_spec_file
-    from config.rules import check_against_cluster, check_spec
-    from config.settings import get_settings
-
-    job, problems = read_spec_file(spec)
-    if job is not None:
-        settings = get_settings()
-        cluster = load_cluster(cluster_name) if cluster_name else cluster_for(
-            job.spec.hardware.gpu_type, settings.cluster)
-        problems = check_spec(job) + check_against_cluster(job, cluster)
-    errors = [p for p in problems if p.severity == "error"]
-    if job is None or errors:
-        from rich.markup import escape
-
-        for p in errors:
-            err_console.print(f"[red]{p.code.value}[/] {escape(p.render())}")
-        return None
-    return job, cluster
-
-
 def run(args: argparse.Namespace) -> int:
+    from cli.common import load_checked_job
     from cli.output import console, err_console, print_json
     from config.settings import get_settings
     from plugins.placement.gang import place_gang

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from config.problems import Problem
     from plugins.advisor.plan import Plan
     from plugins.advisor.planner import PlanResult
 
@@ -55,27 +54,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from config.cluster import cluster_for, load_cluster
-    from config.loader import read_spec_file
-    from config.problems import errors_only
-    from config.rules import check_against_cluster, check_spec
+    from cli.common import load_checked_job
     from config.settings import get_settings
 
     settings = get_settings()
     try:
-        explicit = load_cluster(args.cluster) if args.cluster else None
+        loaded = load_checked_job(args.spec, args.cluster)
     except (FileNotFoundError, ValueError) as e:
         _usage_error(str(e))
         return 2
-    job, problems = read_spec_file(args.spec)
-    if job is None:
-        _print_problems(problems)
+    if loaded is None:
         return 1
-    cluster = explicit or cluster_for(job.spec.hardware.gpu_type, settings.cluster)
-    problems = check_spec(job) + check_against_cluster(job, cluster)
-    if errors_only(problems):
-        _print_problems(problems)
-        return 1
+    job, cluster = loaded
 
     from plugins.advisor.planner import plan_job
 
@@ -98,13 +88,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_human(result, job_name=job.name, cluster_name=cluster.name, spec=args.spec)
     return 0 if result.feasible else 1
-
-
-def _print_problems(problems: list[Problem]) -> None:
-    from cli.output import err_console
-
-    for p in problems:
-        err_console.print(("warning: " if p.severity == "warning" else "") + p.render(), markup=False)
 
 
 def _usage_error(message: str) -> None:

@@ -30,8 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
+    from cli.common import load_checked_job
     from cli.output import err_console
-    from cli.place import load_checked_job
     from config.settings import get_settings
     from config.teams import load_teams
     from plugins.launch.environment import build_worker_env

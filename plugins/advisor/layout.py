@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from plugins.advisor.plan import layout_label
+
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
 
@@ -55,18 +57,10 @@ class Layout:
                 + int(self.sequence_parallel))
 
     def describe(self) -> str:
-        parts = [f"TP{self.tp}", f"PP{self.pp}" + (f"(v{self.vpp})" if self.vpp > 1 else ""),
-                 f"DP{self.dp}"]
-        if self.cp > 1:
-            parts.append(f"CP{self.cp}")
-        if self.ep > 1:
-            parts.append(f"EP{self.ep}")
-        text = "·".join(parts) + f" ZeRO-{self.zero_stage} mbs{self.micro_batch_size}×{self.num_micro_batches}"
-        if self.recompute != "none":
-            text += f" AC={self.recompute}"
-        if self.sequence_parallel:
-            text += " SP"
-        return text
+        return layout_label(tp=self.tp, pp=self.pp, vpp=self.vpp, dp=self.dp, cp=self.cp, ep=self.ep,
+                            zero_stage=self.zero_stage, micro_batch_size=self.micro_batch_size,
+                            num_micro_batches=self.num_micro_batches, recompute=self.recompute,
+                            sequence_parallel=self.sequence_parallel)
 
 
 @dataclass(frozen=True)

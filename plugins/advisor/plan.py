@@ -95,15 +95,24 @@ class Plan(BaseModel):
 
     def describe(self) -> str:
         """`TP2·PP1·DP4 ZeRO-3 mbs2×8 AC=selective` — a one-line label for tables and logs."""
-        parts = [f"TP{self.tp}", f"PP{self.pp}" + (f"(v{self.vpp})" if self.vpp > 1 else ""),
-                 f"DP{self.dp}"]
-        if self.cp > 1:
-            parts.append(f"CP{self.cp}")
-        if self.ep > 1:
-            parts.append(f"EP{self.ep}")
-        label = "·".join(parts) + f" ZeRO-{self.zero_stage} mbs{self.micro_batch_size}×{self.num_micro_batches}"
-        if self.activation_checkpointing != "none":
-            label += f" AC={self.activation_checkpointing}"
-        if self.sequence_parallel:
-            label += " SP"
-        return label
+        return layout_label(tp=self.tp, pp=self.pp, vpp=self.vpp, dp=self.dp, cp=self.cp, ep=self.ep,
+                            zero_stage=self.zero_stage, micro_batch_size=self.micro_batch_size,
+                            num_micro_batches=self.num_micro_batches,
+                            recompute=self.activation_checkpointing, sequence_parallel=self.sequence_parallel)
+
+
+def layout_label(*, tp: int, pp: int, vpp: int, dp: int, cp: int, ep: int, zero_stage: int,
+                 micro_batch_size: int, num_micro_batches: int, recompute: str,
+                 sequence_parallel: bool) -> str:
+    """The one spelling of a layout people see, for plans and for the advisor's candidates."""
+    parts = [f"TP{tp}", f"PP{pp}" + (f"(v{vpp})" if vpp > 1 else ""), f"DP{dp}"]
+    if cp > 1:
+        parts.append(f"CP{cp}")
+    if ep > 1:
+        parts.append(f"EP{ep}")
+    label = "·".join(parts) + f" ZeRO-{zero_stage} mbs{micro_batch_size}×{num_micro_batches}"
+    if recompute != "none":
+        label += f" AC={recompute}"
+    if sequence_parallel:
+        label += " SP"
+    return label

@@ -1,0 +1,45 @@
+"""What several subcommands do the same way: load a spec, check it against its cluster, and
+say what is wrong in the `validate` format before doing anything else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from config.cluster import Cluster
+    from config.problems import Problem
+    from config.spec import TrainingJob
+
+
+def load_checked_job(spec: Path, cluster_name: str | None) -> tuple[TrainingJob, Cluster] | None:
+    """Load a spec and check it (spec rules + cluster rules). Prints its problems to stderr and
+    returns None when it has errors. Without `cluster_name`, the configured cluster is used if
+    it has the spec's GPU type, else the first cluster that does. A cluster that does not
+    exist raises FileNotFoundError (a usage error for the caller)."""
+    from config.cluster import cluster_for, load_cluster
+    from config.loader import read_spec_file
+    from config.rules import check_against_cluster, check_spec
+    from config.settings import get_settings
+
+    explicit = load_cluster(cluster_name) if cluster_name else None
+    job, problems = read_spec_file(spec)
+    cluster = None
+    if job is not None:
+        cluster = explicit or cluster_for(job.spec.hardware.gpu_type, get_settings().cluster)
+        problems = check_spec(job) + check_against_cluster(job, cluster)
+    if job is None or cluster is None or any(p.severity == "error" for p in problems):
+        print_problems(problems)
+        return None
+    return job, cluster
+
+
+def print_problems(problems: list[Problem]) -> None:
+    """Problems on stderr, one per line, as `trainyard validate` prints them."""
+    from rich.markup import escape
+
+    from cli.output import err_console
+
+    for p in problems:
+        style = "red" if p.severity == "error" else "yellow"
+        err_console.print(f"[{style}]{p.code.value}[/] {escape(p.render())}")
