@@ -15,8 +15,8 @@ from config.settings import get_settings
 from plugins.checkpoint.catalog import list_checkpoints
 from plugins.checkpoint.manifest import step_dir
 from plugins.checkpoint.store import LocalStore, open_store
-from tests.unit.checkpoint.fabricate import make_checkpoint
 from tests.support.s3_server import S3Server
+from tests.unit.checkpoint.fabricate import make_checkpoint
 
 JOB = "demo"
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
