@@ -4,9 +4,6 @@ check never silently skips everything."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-
 import pytest
 import torch
 from torch import nn
@@ -72,17 +69,11 @@ def test_count_matches_reference_torch_model(cfg: dict) -> None:
     assert sum(profile.parameter_breakdown().values()) == profile.parameter_count()
 
 
-def _worker_llama():
-    if importlib.util.find_spec("worker.models.llama") is None:
-        pytest.skip("worker.models.llama is not in this tree yet (the worker engineer's module); "
-                    "the reference-model test above still checks the formula")
-    return importlib.import_module("worker.models.llama")
-
-
 @pytest.mark.parametrize("cfg", [c for c in CONFIGS if c.get("activation", "swiglu") == "swiglu"],
                          ids=lambda c: f"h{c['hidden_size']}-L{c['num_layers']}")
 def test_count_matches_the_workers_llama(cfg: dict) -> None:
-    llama = _worker_llama()
+    from worker.models import llama
+
     h = hints(**cfg)
     torch.manual_seed(0)
     model = llama.Llama(llama.LlamaConfig.from_hints(h))

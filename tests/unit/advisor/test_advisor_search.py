@@ -44,9 +44,9 @@ def test_demo_spec_plans_plain_data_parallelism_on_the_local_cluster() -> None:
     assert plan.micro_batch_size * plan.num_micro_batches * plan.dp == 16
     assert plan.memory_per_gpu_bytes is not None and plan.memory_per_gpu_bytes <= result.budget_bytes
     assert plan.nccl_env == {}  # gloo on CPU
-    worker = pytest.importorskip("worker.distributed.parallelize",
-                                 reason="the worker runtime is not in this tree")
-    llama = pytest.importorskip("worker.models.llama")
+    from worker.distributed import parallelize as worker
+    from worker.models import llama
+
     job = load_spec_file(JOBS / "demo-tiny-lm.yaml")
     worker.check_plan(plan, llama.Llama(llama.LlamaConfig.from_hints(job.spec.parallelism.hints)))
 
