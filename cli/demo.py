@@ -79,7 +79,8 @@ def run_demo(args: argparse.Namespace) -> None:
 
     settings = get_settings()
     cluster = load_cluster(settings.cluster)
-    job = load_spec_file(args.spec)
+    spec = load_spec_file(args.spec)
+    job = _new_run_of(spec)
     timeline = Timeline()
 
     _step("1/7 dataset", f"object store {settings.object_store}")
@@ -88,7 +89,7 @@ def run_demo(args: argparse.Namespace) -> None:
     _validate(job, cluster, settings)
     _step("3/7 plan", f"the advisor, for {job.spec.hardware.gpu_count} × {job.spec.hardware.gpu_type}")
     plan = _plan(job, cluster, settings)
-    _step("4/7 track", f"MLflow {settings.mlflow_tracking_uri}")
+    _step("4/7 track", f"MLflow {settings.mlflow_tracking_uri}; this run is job {job.name}")
     run_id = _open_run(job, plan, settings)
     timeline.add("submitted")
 
@@ -101,10 +102,19 @@ def run_demo(args: argparse.Namespace) -> None:
     set_run_status(run_id, "completed", tracking_uri=settings.mlflow_tracking_uri)
 
     _step("6/7 register", "best checkpoint → safetensors → MLflow model version (alias 'candidate')")
-    version = _register(job, settings, run_id)
+    version = _register(job, settings, run_id, model_name=spec.name)
     timeline.add(f"registered {version.name} v{version.version}")
     _step("7/7 results", "")
     _results(job, plan, cluster, settings, run_id, timeline, version)
+
+
+def _new_run_of(spec: TrainingJob) -> TrainingJob:
+    """A job of its own for this demo run (`demo-tiny-lm-20261129153000`): its own checkpoints,
+    run folder and reservation, so a second `make demo` trains again instead of finding the
+    first run's final checkpoint and resuming past the end. Runs still share the experiment
+    and the registered model."""
+    name = f"{spec.name}-{datetime.now(UTC):%Y%m%d%H%M%S}"
+    return spec.model_copy(update={"metadata": spec.metadata.model_copy(update={"name": name})})
 
 
 def _step(title: str, detail: str) -> None:
@@ -254,13 +264,13 @@ def _log_checkpoints(job: TrainingJob, settings: Settings, run_id: str) -> None:
                                  endpoint_url=settings.s3_endpoint_url)
 
 
-def _register(job: TrainingJob, settings: Settings, run_id: str) -> Any:
+def _register(job: TrainingJob, settings: Settings, run_id: str, *, model_name: str) -> Any:
     from cli.output import console
     from plugins.tracking.registry import register_checkpoint
 
     metric = job.spec.checkpoint.keep_best_metric
     version = register_checkpoint(run_id, tracking_uri=settings.mlflow_tracking_uri, metric=metric,
-                                  endpoint_url=settings.s3_endpoint_url)
+                                  model_name=model_name, endpoint_url=settings.s3_endpoint_url)
     console.print(f"[green]✓[/] model {version.name} version {version.version} (alias 'candidate') "
                   f"from step {version.checkpoint_step}")
     return version
@@ -288,7 +298,7 @@ def _results(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings,
     for s in shown + ([steps[-1]] if shown[-1] != steps[-1] else []):
         curve.add_row(str(s), f"{losses[s]:.3f}", "█" * max(1, round(30 * losses[s] / top)))
     console.print(curve)
-    png = _plot(losses, timeline, settings.home / "demo" / "loss.png")
+    png = _plot(losses, timeline, settings.home / "demo" / f"{job.name}.png", title=job.name)
 
     events = Table(title="recovery timeline", title_justify="left")
     events.add_column("t", justify="right")
@@ -308,7 +318,7 @@ def _results(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings,
         raise DemoFailed(f"the loss did not fall ({first:.3f} → {last:.3f})")
 
 
-def _plot(losses: dict[int, float], timeline: Timeline, path: Path) -> Path:
+def _plot(losses: dict[int, float], timeline: Timeline, path: Path, *, title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -319,7 +329,7 @@ def _plot(losses: dict[int, float], timeline: Timeline, path: Path) -> Path:
     ax.plot(list(losses), list(losses.values()), lw=1.5)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title("demo-tiny-lm: one MLflow run across attempts")
+    ax.set_title(f"{title}: one MLflow run across attempts")
     for _, what in timeline.events:
         if what.startswith("SIGKILL") and " at step " in what:
             ax.axvline(int(what.rsplit(" ", 1)[1]), color="red", ls="--", lw=1, label="rank 1 killed")

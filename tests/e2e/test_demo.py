@@ -18,12 +18,16 @@ from tests.support import procs
 pytestmark = pytest.mark.slow
 
 
+def _demo(home: Path, *args: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "cli.demo", *args], cwd=procs.REPO_ROOT, capture_output=True,
+                            text=True, env=procs.test_env({"TRAINYARD_HOME": str(home), "COLUMNS": "120"}),
+                            timeout=900, check=False)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+
+
 def test_demo_recovers_from_a_worker_crash_and_registers_the_model(tmp_path: Path) -> None:
     home = tmp_path / ".trainyard"
-    result = subprocess.run([sys.executable, "-m", "cli.demo"], cwd=procs.REPO_ROOT, capture_output=True, text=True,
-                            env=procs.test_env({"TRAINYARD_HOME": str(home), "COLUMNS": "120"}), timeout=900,
-                            check=False)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    _demo(home)
 
     from mlflow import MlflowClient
 
@@ -38,7 +42,9 @@ def test_demo_recovers_from_a_worker_crash_and_registers_the_model(tmp_path: Pat
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
     assert max(steps) == 200 and len(set(steps)) == 200
 
-    root = (home / "objects" / "jobs" / "demo-tiny-lm" / "checkpoints").as_uri()
+    job = tags["trainyard.job"]
+    assert job.startswith("demo-tiny-lm-")  # each demo run is a job of its own
+    root = (home / "objects" / "jobs" / job / "checkpoints").as_uri()
     checkpoints = list_checkpoints(root)
     assert checkpoints[-1].step == 200 and verify(root, checkpoints[-1]).ok
 
@@ -46,4 +52,11 @@ def test_demo_recovers_from_a_worker_crash_and_registers_the_model(tmp_path: Pat
     assert version.run_id == run.info.run_id
     assert version.tags["trainyard.dataset.version"] == "v1"
     assert version.tags["trainyard.checkpoint.step"] == "200"
-    assert (home / "demo" / "loss.png").stat().st_size > 10_000
+    assert (home / "demo" / f"{job}.png").stat().st_size > 10_000
+
+    # A second demo trains again (it does not find the first run's final checkpoint) and
+    # registers the next version of the same model.
+    _demo(home, "--no-crash")
+    assert str(client.get_model_version_by_alias("demo-tiny-lm", "candidate").version) == "2"
+    runs = client.search_runs([run.info.experiment_id])
+    assert len(runs) == 2 and all(r.data.tags["trainyard.status"] == "completed" for r in runs)
