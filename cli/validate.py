@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from config.problems import Problem
+if TYPE_CHECKING:
+    from config.problems import Problem
 
 
 def register(sub: argparse._SubParsersAction) -> None:
