@@ -45,7 +45,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cli.common import load_checked_job
     from cli.output import err_console, print_json
-    from config.cluster import load_cluster
     from config.settings import get_settings
     from plugins.launch.base import LaunchError
     from plugins.launch.environment import build_worker_env
@@ -57,18 +56,17 @@ def run(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     try:
-        cluster = load_cluster(settings.cluster)
         loaded = load_checked_job(args.spec, settings.cluster)
     except (FileNotFoundError, ValueError) as e:
         err_console.print(f"trainyard launch: error: {e}")
         return 2
     if loaded is None:
         return 1
+    job, cluster = loaded
     if cluster.spec.mode != "local":
         err_console.print(f"trainyard launch: error: cluster '{cluster.name}' is a {cluster.spec.mode} cluster; "
                           "--local launches need a local one (TRAINYARD_CLUSTER=local)")
         return 2
-    job, _ = loaded
     try:
         plan, source = plan_for_job(job, cluster, memory_fraction=settings.memory_fraction)
     except ValueError as e:
