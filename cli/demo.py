@@ -258,7 +258,7 @@ def _log_checkpoints(job: TrainingJob, settings: Settings, run_id: str) -> None:
     from plugins.launch.environment import checkpoint_uri
     from plugins.tracking.runs import log_committed_checkpoint
 
-    root = checkpoint_uri(job, settings.object_store).rstrip("/")
+    root = checkpoint_uri(job, settings.object_store)
     for record in list_checkpoints(root, endpoint_url=settings.s3_endpoint_url):
         log_committed_checkpoint(run_id, record.manifest_uri, tracking_uri=settings.mlflow_tracking_uri,
                                  endpoint_url=settings.s3_endpoint_url)

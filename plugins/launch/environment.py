@@ -19,10 +19,14 @@ if TYPE_CHECKING:
 
 
 def checkpoint_uri(job: TrainingJob, object_store: str) -> str:
+    """The spec's `checkpoint.storage`, else the checkpoint engine's default root (imported
+    here: the checkpoint package loads its catalog, which a launcher import should not pay for)."""
+    from plugins.checkpoint.uris import default_checkpoint_uri
+
     storage = job.spec.checkpoint.storage
     if storage:
         return storage.rstrip("/")
-    return f"{object_store.rstrip('/')}/jobs/{job.metadata.name}/checkpoints"
+    return default_checkpoint_uri(object_store, job.metadata.name)
 
 
 def run_dir_for(runs_dir: str | Path, job: str, attempt: int) -> Path:
