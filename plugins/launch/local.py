@@ -45,6 +45,7 @@ from plugins.launch.base import LaunchError
 from plugins.launch.environment import job_environment, learning_rate_args, run_dir_for
 from plugins.launch.exit_codes import describe
 from plugins.launch.model import AgentRecord, AgentStatus, RankStatus, RunHandle, RunStatus
+from plugins.launch.rank_exec import log_path
 
 if TYPE_CHECKING:
     from config.spec import TrainingJob
@@ -367,7 +368,7 @@ class LocalLauncher:
         if rank is not None:
             if not 0 <= rank < handle.world_size:
                 raise ValueError(f"rank {rank} is outside the job's world size {handle.world_size}")
-            return tail_lines(run_dir / "ranks" / f"rank-{rank:05d}.log", tail)
+            return tail_lines(log_path(run_dir, rank), tail)
         parts = [f"==> {a.node} (torchrun agent) <==\n" + tail_lines(run_dir / "agents" / f"{a.node}.log", tail)
                  for a in handle.agents]
         return "\n".join(parts)

@@ -1,16 +1,17 @@
-"""Per-rank wrapper: torchrun starts this instead of the user's script (stdlib only: it runs
-once per rank and must start fast).
+"""Per-rank wrapper: torchrun starts this instead of the user's script (stdlib and the
+stdlib-only `processes.py`: it runs once per rank and must start fast).
 
 It runs the entrypoint as a child, with stdout/stderr in `<run_dir>/ranks/rank-NNNNN.log`,
 and records in `<run_dir>/ranks/rank-NNNNN.json` the pids, the process group and — when the
 child ends — its exit code (negative = killed by that signal), so any process can later tell
-which rank failed and how, even after torchrun and the launcher are gone. It finally exits the way the child did, so torchrun sees the real outcome.
+which rank failed and how, even after torchrun and the launcher are gone. It finally exits the
+way the child did, so torchrun sees the real outcome.
 
 Signals: torchrun and the launcher signal the rank's whole process group, which holds this
 wrapper and the child, so the child already gets every SIGTERM; the wrapper only survives them
 (to record the exit code) and never forwards — a duplicate SIGTERM can kill a Python process
 that is already exiting (CPython resets handlers to SIG_DFL during finalisation), turning a
-clean emergency-checkpoint exit into "killed by SIGTERM"
+clean emergency-checkpoint exit into "killed by SIGTERM".
 
 Usage (by the launcher): `torchrun … -m plugins.launch.rank_exec --run-dir DIR -- script.py args…`
 """
@@ -24,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from plugins.launch.processes import start_ticks
 
 SURVIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -40,14 +43,6 @@ def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-        return int(raw[raw.rfind(b")") + 2:].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _command(argv: list[str]) -> list[str]:
@@ -79,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{' '.join(command[2:])}\n".encode())
         out.flush()
         child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    record.update(child_pid=child.pid, child_start_ticks=_start_ticks(child.pid))
+    record.update(child_pid=child.pid, child_start_ticks=start_ticks(child.pid))
     _write_json(path, record)
 
     for sig in SURVIVED:
