@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from plugins.launch.environment import job_environment, learning_rate_args
+from plugins.placement.fairshare import BASE_PRIORITY
 
 if TYPE_CHECKING:
     from config.spec import TrainingJob
@@ -46,8 +47,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MAX_OBJECT_BYTES = 1_400_000
 """etcd's default request limit is 1.5 MiB; stay below it with room for status."""
 
-PRIORITY_VALUES = {"critical": 1000, "high": 800, "normal": 500, "low": 200, "preemptible": 50}
-"""Seed §4's base priorities, as Kubernetes PriorityClass values (Volcano preempts by them)."""
+PRIORITY_VALUES = {name: int(value) for name, value in BASE_PRIORITY.items()}
+"""Seed §4's base priorities (the placer's fair-share table), as Kubernetes PriorityClass values
+(Volcano preempts by them)."""
 
 DEFAULT_NCCL_ENV = {
     "NCCL_IB_DISABLE": "0",
