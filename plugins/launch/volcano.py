@@ -166,7 +166,7 @@ class KubernetesLauncher:
         except ApiException as e:
             if e.status != 409:
                 raise LaunchError(f"cannot create Volcano Job {self._ns}/{name}: {e.status} {e.reason}") from e
-            created = self._get_job(name)
+            created = self._get_job(self._ns, name)
             existing = (created.get("metadata", {}).get("labels") or {}).get("trainyard.io/attempt")
             if existing != str(attempt):
                 raise LaunchError(f"Volcano Job {self._ns}/{name} already exists for attempt {existing}; "
@@ -176,17 +176,16 @@ class KubernetesLauncher:
                          uid=str(created.get("metadata", {}).get("uid") or ""),
                          nodes=placement.node_names, ranks_per_node=placement.ranks_per_node)
 
-    def _get_job(self, name: str) -> dict[str, Any]:
+    def _get_job(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call(self.api.get_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,
-                          self._ns, VOLCANO_PLURAL, name)
+                          namespace, VOLCANO_PLURAL, name)
 
     # --- poll -------------------------------------------------------------------------------
 
     def poll(self, handle: RunHandle) -> RunStatus:
         self._check_handle(handle)
         try:
-            obj = self._call(self.api.get_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,
-                             handle.namespace, VOLCANO_PLURAL, handle.name)
+            obj = self._get_job(handle.namespace, handle.name)
         except ApiException as e:
             if e.status == 404:
                 return RunStatus(state="unknown", message=f"Volcano Job {handle.namespace}/{handle.name} is "
