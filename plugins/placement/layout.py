@@ -66,10 +66,6 @@ class RankLayout:
     def rank(self, dp_idx: int, pp_idx: int, cp_idx: int, tp_idx: int) -> int:
         return ((dp_idx * self.pp + pp_idx) * self.cp + cp_idx) * self.tp + tp_idx
 
-    def node_of(self, rank: int) -> int:
-        """Index (in placement order) of the node that holds `rank`."""
-        return rank // self.ranks_per_node
-
     def groups(self, kind: GroupKind) -> list[list[int]]:
         """Every process group of one kind, as lists of global ranks, in a stable order.
 
