@@ -7,11 +7,15 @@ All pydantic and JSON-serialisable: a `Placement` travels through Airflow XCom f
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 from plugins.placement.layout import GroupKind, RankLayout
+
+if TYPE_CHECKING:
+    from config.spec import TrainingJob
+    from plugins.advisor.plan import Plan
 
 
 class _Model(BaseModel):
@@ -44,17 +48,17 @@ class GangRequest(_Model):
         return self.tp * self.pp * self.dp * self.cp
 
     @classmethod
-    def for_job(cls, job: object, plan: object, *, attempt: int = 0,
+    def for_job(cls, job: TrainingJob, plan: Plan, *, attempt: int = 0,
                 exclude: frozenset[str] | set[str] = frozenset(), **overrides: object) -> GangRequest:
         """Build a request from a `TrainingJob` and a `Plan`; the plan must cover gpuCount."""
-        hw = job.spec.hardware  # type: ignore[attr-defined]
-        plan.check_world_size(hw.gpu_count)  # type: ignore[attr-defined]
+        hw = job.spec.hardware
+        plan.check_world_size(hw.gpu_count)
         values: dict[str, object] = dict(
-            job=job.metadata.name, attempt=attempt, team=job.metadata.team,  # type: ignore[attr-defined]
-            priority=job.metadata.priority, gpu_type=hw.gpu_type,  # type: ignore[attr-defined]
-            tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,  # type: ignore[attr-defined]
+            job=job.metadata.name, attempt=attempt, team=job.metadata.team,
+            priority=job.metadata.priority, gpu_type=hw.gpu_type,
+            tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,
             nodes_preferred=hw.nodes_preferred, exclude=frozenset(exclude),
-            dataset=job.spec.dataset.source,  # type: ignore[attr-defined]
+            dataset=job.spec.dataset.source,
         )
         values.update(overrides)
         return cls.model_validate(values)
@@ -147,9 +151,6 @@ class Placement(_Model):
         """(PP groups whose stages share one rack, all PP groups)."""
         groups = self.groups_of("pp")
         return sum(1 for g in groups if len(g.racks) == 1), len(groups)
-
-    def gpus_by_node(self) -> dict[str, int]:
-        return {n.name: n.slots for n in self.nodes}
 
 
 Shortfall = Literal["no_gpu_type", "tp_exceeds_node", "not_enough_nodes", "pp_blocks", "world_size"]
