@@ -27,6 +27,7 @@ import functools
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -323,8 +324,6 @@ def _make_engine(url: str, schema: str | None) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         _sqlite_immediate_transactions(engine)
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-            from pathlib import Path
-
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     else:
         engine = create_engine(url, pool_pre_ping=True)
