@@ -1,39 +1,26 @@
 """What a rank's exit code means.
 
 The worker runtime owns the codes (`worker/exit_codes.py`: 0 completed, 42 diverged,
-43 emergency-checkpointed after SIGTERM, …). This module reads its integer constants when the
-module exists, so the launcher reports `diverged` rather than `exit 42` without hard-coding the
-worker's numbers; without it only the universal meanings are known.
+43 emergency-checkpointed after SIGTERM, …). This module reads its integer constants, so the
+launcher reports `diverged` rather than `exit 42` without a second copy of the worker's numbers.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import signal
 
-_FALLBACK = {0: "completed"}
+from worker import exit_codes as worker_codes
 
 
 @functools.cache
 def known_codes() -> dict[int, str]:
-    """Exit code → lower-case name, from `worker.exit_codes` when present."""
-    try:
-        module = importlib.import_module("worker.exit_codes")
-    except ImportError:
-        return dict(_FALLBACK)
+    """Exit code → lower-case constant name (`DIVERGED = 42` → `diverged`)."""
     names: dict[int, str] = {}
-    for name, value in vars(module).items():
+    for name, value in vars(worker_codes).items():
         if name.isupper() and isinstance(value, int) and not isinstance(value, bool):
-            names.setdefault(int(value), name.lower())
-    # An IntEnum of codes is read as well.
-    for value in vars(module).values():
-        members = getattr(value, "__members__", None)
-        if isinstance(members, dict):
-            for name, member in members.items():
-                if isinstance(member, int):
-                    names.setdefault(int(member), name.lower())
-    return names or dict(_FALLBACK)
+            names.setdefault(value, name.lower())
+    return names
 
 
 def describe(code: int | None) -> str:
