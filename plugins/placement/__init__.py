@@ -10,7 +10,9 @@
 - `fairshare.py`   effective priority (seed §4) and whole-gang preemption
 - `state.py`       allocations in the platform state DB (SQLAlchemy): reserve, lease, release;
                    `usage_by_team()` for the quota check
-- `plans.py`       a `Plan` for a spec (the advisor's `plan_job` when present, else the degrees)
+- `service.py`     place and reserve in one call, re-placing after a lost race
+- `plans.py`       a `Plan` for a spec (the advisor's `plan_job`, or the manual degrees when
+                   the spec gives no model hints)
 
 No Airflow imports here.
 """
