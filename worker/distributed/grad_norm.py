@@ -31,12 +31,8 @@ def _params_by_mesh(parameters: Iterable[torch.Tensor]) -> list[list[torch.Tenso
     return list(groups.values())
 
 
-def total_grad_norm(parameters: Iterable[torch.Tensor], *, pp_group: ProcessGroup | None = None) -> torch.Tensor:
-    """The L2 norm of every gradient of the model (a plain scalar tensor, equal on all ranks)."""
-    return _total_norm(_params_by_mesh(parameters), pp_group)
-
-
 def _total_norm(groups: list[list[torch.Tensor]], pp_group: ProcessGroup | None) -> torch.Tensor:
+    """The L2 norm of every gradient of the model (a plain scalar tensor, equal on all ranks)."""
     squares = []
     for params in groups:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
