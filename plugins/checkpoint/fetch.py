@@ -30,8 +30,8 @@ from typing import Any
 from plugins.checkpoint.catalog import CheckpointRecord, verify
 from plugins.checkpoint.dcp_io import METADATA_NAME, files_needed, load_metadata
 from plugins.checkpoint.errors import IntegrityError
-from plugins.checkpoint.store import LocalStore, ObjectStore, sha256_of_file
-from plugins.checkpoint.transfer import download_verified
+from plugins.checkpoint.store import LocalStore, ObjectStore
+from plugins.checkpoint.transfer import download_verified, verify_local_file
 
 Identity = tuple[int, int]
 """(st_dev, st_ino) of a hard link: equal identities are the same bytes."""
@@ -103,7 +103,7 @@ def materialize(store: ObjectStore, record: CheckpointRecord, needed: set[str], 
         st = dest.stat()
         identities[path] = (st.st_dev, st.st_ino)
         if path in to_hash:
-            _check_hash(entry.path, entry.size, entry.sha256, dest)
+            verify_local_file(entry, dest)
 
     # METADATA_NAME was fetched and verified by this rank in step 1; biggest files first.
     sizes = {f.path: f.size for f in record.manifest.files}
@@ -124,15 +124,6 @@ def same_bytes_everywhere(identities_by_rank: Sequence[Mapping[str, Identity]]) 
         for path, identity in identities.items():
             seen.setdefault(path, set()).add(identity)
     return sorted(path for path, ids in seen.items() if len(ids) > 1)
-
-
-def _check_hash(name: str, size: int, sha256: str, path: Path) -> None:
-    got_size, got_sha = sha256_of_file(path)
-    if got_size != size:
-        raise IntegrityError(f"{name}: size {got_size} != manifest {size}")
-    if got_sha != sha256:
-        raise IntegrityError(f"{name}: SHA-256 {got_sha[:12]}… != manifest {sha256[:12]}… "
-                             "(corrupt)")
 
 
 def _can_link(store: ObjectStore, record: CheckpointRecord, local: Path) -> bool:

@@ -67,8 +67,10 @@ def download_verified(store: ObjectStore, folder: str, entry: ManifestFile, dest
     stored = 0
     try:
         if entry.compression == "none" and isinstance(store, LocalStore) \
-                and store.link_to(key, tmp):
-            return _verify_linked(entry, tmp, dest)
+                and store.link_to(key, tmp):  # a hard link: hashed in place, never copied
+            size = verify_local_file(entry, tmp)
+            os.replace(tmp, dest)
+            return size
         with store.open_read(key) as src, open(tmp, "wb", buffering=0) as out:
             counted = _HashTap(src, digest)
             if entry.compression == "zstd":
@@ -96,13 +98,14 @@ def download_verified(store: ObjectStore, folder: str, entry: ManifestFile, dest
     return stored
 
 
-def _verify_linked(entry: ManifestFile, tmp: Path, dest: Path) -> int:
-    """Hash a hard link to the stored file (no copy) and move it into place if it matches."""
-    size, sha = sha256_of_file(tmp)
+def verify_local_file(entry: ManifestFile, path: Path) -> int:
+    """Hash an uncompressed local copy (or hard link) of a stored file against its manifest
+    entry; returns its size, raises `IntegrityError` on a mismatch. The one check for every
+    file that reaches a rank without streaming through `download_verified`'s hash."""
+    size, sha = sha256_of_file(path)
     problem = _mismatch(entry, size, sha, size)
     if problem:
         raise IntegrityError(f"{entry.path}: {problem}")
-    os.replace(tmp, dest)
     return size
 
 
