@@ -83,6 +83,7 @@ from plugins.checkpoint.uris import check_job_name, require_job_prefix, split_ma
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class SaveResult:
     """What one save did. `save()` returns it `pending`; `wait()` returns it final."""
@@ -195,9 +196,12 @@ class CheckpointManager:
         state = self._state_dict(model, optimizer)
         rejected: list[str] = []
         for manifest_json, uri in candidates:
-            record = _record(manifest_json, uri)
-            store = self.store if uri.startswith(self.checkpoint_uri + "/") else \
-                open_manifest_uri(uri, endpoint_url=self.endpoint_url)[0]
+            root_uri, folder, _ = split_manifest_uri(uri)
+            record = CheckpointRecord(CheckpointManifest.model_validate_json(manifest_json),
+                                      uri, folder)
+            # Rank 0 read and checked the manifest; the other ranks only need its store.
+            store = self.store if root_uri == self.store.uri else \
+                open_store(root_uri, endpoint_url=self.endpoint_url)
             local = self.staging_dir / f"restore-rank{self.rank:05d}" / record.folder
             extra_path = extra_file_for(record.manifest, self.rank)
             t_fetch = time.perf_counter()
@@ -501,9 +505,3 @@ def _merge(final: SaveResult, pending: SaveResult) -> SaveResult:
     """The background result with the foreground timings of the call that started it."""
     return replace(final, blocking_s=pending.blocking_s, waited_s=pending.waited_s,
                    staging_s=pending.staging_s, previous=pending.previous)
-
-
-def _record(manifest_json: str, uri: str) -> CheckpointRecord:
-    manifest = CheckpointManifest.model_validate_json(manifest_json)
-    _, folder, _ = split_manifest_uri(uri)
-    return CheckpointRecord(manifest, uri, folder)
