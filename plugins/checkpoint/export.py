@@ -19,6 +19,7 @@ from pathlib import Path
 
 from plugins.checkpoint.catalog import open_manifest_uri
 from plugins.checkpoint.manifest import MANIFEST_NAME
+from plugins.checkpoint.store import sha256_of_file
 from plugins.checkpoint.transfer import download_verified
 from plugins.checkpoint.uris import require_job_prefix
 
@@ -87,11 +88,8 @@ def export_safetensors(manifest_uri: str, dest: str | os.PathLike[str], *,
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    digest = hashlib.sha256()
-    with open(dest, "rb") as f:
-        for chunk in iter(lambda: f.read(8 << 20), b""):
-            digest.update(chunk)
-    result = ExportResult(dest, manifest.step, len(tensors), dest.stat().st_size, digest.hexdigest())
+    size, sha256 = sha256_of_file(dest)
+    result = ExportResult(dest, manifest.step, len(tensors), size, sha256)
     log.info("exported %d tensors of step %d to %s (%d bytes)", result.tensors, result.step,
              dest, result.bytes)
     return result
