@@ -108,7 +108,7 @@ def plan_retention(
     steps = [c.step for c in checkpoints]
     if len(set(steps)) != len(steps):
         raise ValueError(f"checkpoint steps must be unique, got {sorted(steps)}")
-    protect = dict(protected) if isinstance(protected, Mapping) else dict.fromkeys(protected, "protected")
+    protect = _reasons(protected)
     ordered = sorted(checkpoints, key=lambda c: c.step)
     newest = ordered[-1].step if ordered else None
     last_n = {c.step for c in ordered[-policy.keep_last:]} if policy.keep_last else set()
@@ -136,6 +136,13 @@ def plan_retention(
         else:
             decisions.append(RetentionDecision(c.step, False, (_why_not(policy, c, age),)))
     return decisions
+
+
+def _reasons(protected: Mapping[int, str] | Collection[int]) -> dict[int, str]:
+    """`protected` as step → why it is kept (a plain collection of steps says "protected")."""
+    if isinstance(protected, Mapping):
+        return dict(protected)
+    return dict.fromkeys(protected, "protected")
 
 
 def _best_steps(policy: RetentionPolicy, ordered: Sequence[RetentionCandidate]) -> set[int]:
@@ -206,7 +213,7 @@ def apply_retention(
     store = as_store(store_or_uri, endpoint_url=endpoint_url)
     now = now or utc_now()
     found = scan(store)
-    protect = dict(protected) if isinstance(protected, Mapping) else dict.fromkeys(protected, "protected")
+    protect = _reasons(protected)
     newest_valid = known_valid if known_valid is not None else \
         _newest_valid(store, found.committed, verify_hashes)
     if newest_valid is not None:
