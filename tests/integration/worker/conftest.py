@@ -18,6 +18,8 @@ from config.spec import TrainingJob
 from config.worker_env import WorkerEnv
 from node_agent.heartbeat import Heartbeat, heartbeat_path
 from plugins.advisor.plan import Plan
+from plugins.checkpoint import list_checkpoints, open_store
+from plugins.checkpoint.uris import default_checkpoint_uri
 from tests.support.procs import REPO_ROOT, run_torchrun
 
 TINY_HINTS = {
@@ -105,7 +107,7 @@ def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, at
     worker_env = WorkerEnv(
         job=job.metadata.name, attempt=attempt, plan=plan.model_dump_json(),
         spec=job.model_dump_json(by_alias=True), resume_from=resume_from, object_store=object_store,
-        checkpoint_uri=f"{object_store}/jobs/{job.metadata.name}/checkpoints",
+        checkpoint_uri=default_checkpoint_uri(object_store, job.metadata.name),
         heartbeat_dir=str(run_dir / "heartbeats"), hang_timeout_s=120, run_dir=str(run_dir),
         mlflow_tracking_uri=mlflow[0], mlflow_run_id=mlflow[1])
     full_env = {**worker_env.to_env(), "TRAINYARD_FAULTS": faults, **(env or {})}
@@ -114,3 +116,9 @@ def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, at
                            "--summary", str(run_dir / "summary.json")],
                           module=True, nproc=plan.world_size, env=full_env, timeout=300)
     return WorkerRun(result, run_dir, plan.world_size)
+
+
+def committed_steps(object_store: str, job: str, endpoint_url: str | None = None) -> list[int]:
+    """Steps of `job`'s committed checkpoints, where `launch` put them."""
+    store = open_store(default_checkpoint_uri(object_store, job), endpoint_url=endpoint_url)
+    return [r.manifest.step for r in list_checkpoints(store)]

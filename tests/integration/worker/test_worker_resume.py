@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from plugins.advisor.plan import Plan
-from plugins.checkpoint import list_checkpoints, open_store
-from tests.integration.worker.conftest import fsdp_plan, launch, tiny_job
+from tests.integration.worker.conftest import committed_steps, fsdp_plan, launch, tiny_job
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +23,7 @@ def test_sigkill_and_resume_ends_bit_identical(object_store: str, tmp_path: Path
     killed = launch(job, plan, object_store=object_store, run_dir=tmp_path / "attempt-0",
                     faults="sigkill_after_checkpoint@20")
     assert killed.exit_codes() == [-9, -9], killed.logs()
-    steps = [r.manifest.step for r in list_checkpoints(open_store(f"{object_store}/jobs/interrupted/checkpoints"))]
+    steps = committed_steps(object_store, "interrupted")
     assert steps == [20], f"expected only step 20 committed before the kill, found {steps}"
 
     resumed = launch(job, plan, object_store=object_store, run_dir=tmp_path / "attempt-1", attempt=1)

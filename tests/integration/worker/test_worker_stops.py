@@ -9,18 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint import list_checkpoints, open_store
-from tests.integration.worker.conftest import fsdp_plan, launch, tiny_job
+from tests.integration.worker.conftest import committed_steps, fsdp_plan, launch, tiny_job
 from worker import exit_codes
 
 pytestmark = pytest.mark.slow
 
 STREAMED = {"loss", "grad_norm", "lr", "tokens_per_second", "step_time_s", "data_stall_s", "mfu"}
-
-
-def committed_steps(object_store: str, job: str, endpoint_url: str | None = None) -> list[int]:
-    store = open_store(f"{object_store}/jobs/{job}/checkpoints", endpoint_url=endpoint_url)
-    return [r.manifest.step for r in list_checkpoints(store)]
 
 
 def test_nan_loss_exits_diverged_with_flagged_heartbeats(s3_object_store: tuple[str, str],
