@@ -135,12 +135,14 @@ def _prepare_data(settings: Settings) -> None:
 
 
 def _validate(job: TrainingJob, cluster: Cluster, settings: Settings) -> None:
+    from rich.markup import escape
+
     from cli.output import console
     from plugins.validation.dry_run import validate_job
 
     problems = validate_job(job, cluster=cluster, settings=settings, data_quality=True)
     for p in problems:
-        console.print(f"  [{'red' if p.severity == 'error' else 'yellow'}]{p.code.value}[/] {p.render()}")
+        console.print(f"  [{'red' if p.severity == 'error' else 'yellow'}]{p.code.value}[/] {escape(p.render())}")
     if any(p.severity == "error" for p in problems):
         raise DemoFailed("the spec did not validate")
     console.print(f"[green]✓[/] {job.name} is valid on cluster '{cluster.name}'")
