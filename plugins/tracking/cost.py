@@ -50,9 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SECONDS_PER_HOUR = 3600.0
-FALLBACK_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100_80GB": 312e12}
-"""Dense bf16 peak per device, used only when neither the cluster nor the advisor's catalog
-knows the type."""
 
 
 # -- the seed's arithmetic, one quantity per function -------------------------------------------
@@ -110,21 +107,10 @@ def flops_per_token_6n(num_parameters: float) -> float:
 
 def flops_per_token(hints: ModelHints) -> float:
     """Training FLOPs per token for a model described by spec hints: the advisor's count
-    (6·N + 12·L·h·s, see the module docstring), or the same formula from the hints alone
-    if the advisor is unavailable."""
-    try:
-        from plugins.advisor.model import ModelProfile
-    except ImportError:
-        return _flops_per_token_from_hints(hints)
+    (6·N + 12·L·h·s, see the module docstring), so measured and planned MFU agree."""
+    from plugins.advisor.model import ModelProfile
+
     return ModelProfile.from_hints(hints).model_flops_per_token()
-
-
-def _flops_per_token_from_hints(hints: ModelHints) -> float:
-    h, layers, s = hints.hidden_size, hints.num_layers, hints.sequence_length
-    kv = h * hints.effective_kv_heads() // hints.num_attention_heads
-    mlp = (3 if hints.activation == "swiglu" else 2) * h * hints.effective_ffn_hidden_size()
-    n = layers * (2 * h * h + 2 * h * kv + mlp) + hints.vocab_size * h
-    return 6.0 * n + 12.0 * layers * h * s
 
 
 def job_flops_per_token(job: TrainingJob) -> float | None:
@@ -149,21 +135,18 @@ def run_mfu(job: TrainingJob, tokens_per_s: float, *, cluster: Cluster | None = 
 
 
 def peak_flops_per_gpu(gpu_type: str, cluster: Cluster | None = None) -> float:
-    """Dense bf16 peak FLOP/s of one device: the cluster's figure, the advisor's catalog, or a
-    small built-in table, in that order."""
+    """Dense bf16 peak FLOP/s of one device: the cluster's figure, else the advisor's catalog."""
     if cluster is not None:
         acc = cluster.spec.accelerators.get(gpu_type)
         if acc is not None and acc.peak_tflops:
             return float(acc.peak_tflops) * 1e12
-    try:
-        from plugins.advisor.hardware import gpu_spec
+    from plugins.advisor.hardware import gpu_spec
 
+    try:
         return float(gpu_spec(gpu_type).peak_flops)
-    except (ImportError, ValueError):
-        pass
-    if gpu_type in FALLBACK_PEAK_FLOPS:
-        return FALLBACK_PEAK_FLOPS[gpu_type]
-    raise ValueError(f"no peak FLOP/s known for accelerator type {gpu_type!r}; set peakTflops in the cluster")
+    except ValueError as e:
+        raise ValueError(f"no peak FLOP/s known for accelerator type {gpu_type!r}; "
+                         "set peakTflops in the cluster") from e
 
 
 # -- one job ----------------------------------------------------------------------------------------
@@ -415,7 +398,7 @@ ACCOUNTING_TAG = "trainyard.accounting"
 def log_job_cost(run_id: str, acct: RunAccounting, cost: JobCost, *, tracking_uri: str) -> None:
     """Put a job's accounting (JSON tag) and its cost (metrics) on its run, so runs compare by
     cost in the MLflow UI and the chargeback can be rebuilt from MLflow alone."""
-    from plugins.tracking.runs import client_for
+    from plugins.tracking.runs import client_for, log_metrics
 
     metrics = {
         "gpu_hours/training": cost.training_gpu_hours, "gpu_hours/waiting": cost.waiting_gpu_hours,
@@ -427,12 +410,7 @@ def log_job_cost(run_id: str, acct: RunAccounting, cost: JobCost, *, tracking_ur
         metrics["mfu"] = cost.mfu
     client = client_for(tracking_uri)
     client.set_tag(run_id, ACCOUNTING_TAG, acct.model_dump_json(exclude_none=True))
-    import time
-
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()], synchronous=True)
+    log_metrics(client, run_id, metrics, step=0)
 
 
 def log_chargeback(
@@ -444,7 +422,12 @@ def log_chargeback(
 ) -> str:
     """A run in `experiment` holding the report as `chargeback.csv` and `chargeback.html` plus
     total metrics; returns its id."""
-    from plugins.tracking.runs import client_for, default_artifact_location, ensure_experiment
+    from plugins.tracking.runs import (
+        client_for,
+        default_artifact_location,
+        ensure_experiment,
+        log_metrics,
+    )
 
     client = client_for(tracking_uri)
     exp = ensure_experiment(client, experiment,
@@ -454,11 +437,10 @@ def log_chargeback(
     rid = run.info.run_id
     client.log_text(rid, chargeback_csv(rows), "chargeback.csv")
     client.log_text(rid, chargeback_html(rows, period=period), "chargeback.html")
-    for name, value in {"total_cost_usd": sum(r.total_cost_usd for r in rows),
-                        "total_gpu_hours": sum(r.total_gpu_hours for r in rows),
-                        "recovery_gpu_hours": sum(r.recovery_gpu_hours for r in rows),
-                        "num_jobs": sum(r.num_jobs for r in rows)}.items():
-        client.log_metric(rid, name, float(value))
+    log_metrics(client, rid, {"total_cost_usd": sum(r.total_cost_usd for r in rows),
+                              "total_gpu_hours": sum(r.total_gpu_hours for r in rows),
+                              "recovery_gpu_hours": sum(r.recovery_gpu_hours for r in rows),
+                              "num_jobs": sum(r.num_jobs for r in rows)}, step=0)
     client.set_terminated(rid, "FINISHED")
     return rid
 

@@ -105,7 +105,6 @@ def test_flops_per_token_from_hints_adds_the_attention_term() -> None:
     kv = h * hints.effective_kv_heads() // hints.num_attention_heads
     n = layers * (2 * h * h + 2 * h * kv + 3 * h * hints.effective_ffn_hidden_size()) + v * h
     assert cost.flops_per_token(hints) == pytest.approx(6 * n + 12 * layers * h * s)
-    assert cost._flops_per_token_from_hints(hints) == pytest.approx(6 * n + 12 * layers * h * s)
 
 
 # -- rates -------------------------------------------------------------------------------------------
