@@ -35,7 +35,7 @@ import re
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict
@@ -176,7 +176,7 @@ def start_or_resume_run(
     if dataset is not None:
         tags.update(dataset_tags(dataset))
     _log_params_and_tags(client, rid, new_params, tags)
-    _log_metrics(client, rid, {"trainyard.attempt": float(attempt)}, step=attempt)
+    log_metrics(client, rid, {"trainyard.attempt": float(attempt)}, step=attempt)
     if changed:
         log.info("run %s attempt %d: %d param(s) changed since the first attempt (kept as tags): %s",
                  rid, attempt, len(changed), ", ".join(sorted(changed)[:10]))
@@ -342,7 +342,7 @@ def log_recovery_event(
     metrics = {f"recovery/{kind}": 1.0, "recovery_events": float(seq + 1)}
     if duration_s is not None:
         metrics["recovery_seconds"] = float(duration_s)
-    _log_metrics(client, run_id, metrics, step=step or 0)
+    log_metrics(client, run_id, metrics, step=step or 0)
     return event
 
 
@@ -398,7 +398,7 @@ def log_checkpoint(
         TAG + "checkpoint_count": str(count),
     }
     _log_params_and_tags(client, run_id, {}, tags)
-    _log_metrics(client, run_id, {"checkpoint/step": float(step),
+    log_metrics(client, run_id, {"checkpoint/step": float(step),
                                   **{safe_key(f"checkpoint/{k}"): v for k, v in record.metrics.items()}},
                  step=step)
     return record
@@ -440,7 +440,8 @@ def _log_params_and_tags(client: MlflowClient, run_id: str, params: Mapping[str,
                          tags=[e for e in chunk if isinstance(e, RunTag)], synchronous=True)
 
 
-def _log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float], *, step: int) -> None:
+def log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float], *, step: int) -> None:
+    """All `metrics` at `step` in one synchronous batch (one round trip, one timestamp)."""
     import time
 
     from mlflow.entities import Metric
@@ -461,9 +462,3 @@ def _split(value: str | None) -> list[str]:
 
 def _now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def run_tags(run_id: str, *, tracking_uri: str) -> dict[str, Any]:
-    """The run's tags (for the CLI and tests)."""
-    return dict(client_for(tracking_uri).get_run(run_id).data.tags)
-

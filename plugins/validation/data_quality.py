@@ -208,7 +208,7 @@ def data_quality_problems(job: TrainingJob, settings: Settings) -> list[Problem]
 
 def log_report(report: DataQualityReport, run_id: str, *, tracking_uri: str) -> None:
     """The report as the run's artifact `data_quality/report.json`, a tag and a few metrics."""
-    from plugins.tracking.runs import client_for
+    from plugins.tracking.runs import client_for, log_metrics
 
     client = client_for(tracking_uri)
     client.log_text(run_id, report.model_dump_json(indent=2), "data_quality/report.json")
@@ -218,8 +218,8 @@ def log_report(report: DataQualityReport, run_id: str, *, tracking_uri: str) -> 
         client.set_tag(run_id, "trainyard.data_quality.failed",
                        ",".join(sorted({o.expectation for o in report.failures}))[:8000])
     if not report.skipped:
-        client.log_metric(run_id, "data_quality/rows_checked", float(report.rows_checked))
-        client.log_metric(run_id, "data_quality/failed_checks", float(len(report.failures)))
+        log_metrics(client, run_id, {"data_quality/rows_checked": report.rows_checked,
+                                     "data_quality/failed_checks": len(report.failures)}, step=0)
 
 
 # -- the checks -----------------------------------------------------------------------------------
