@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
-import hashlib
-import importlib
 import logging
 import tempfile
 from collections.abc import Callable, Iterator
@@ -142,15 +140,9 @@ def register_checkpoint(
 
 def find_export() -> Callable[..., object]:
     """The checkpoint engine's `export_safetensors(manifest_uri, dest, *, endpoint_url, job)`."""
-    for module in ("plugins.checkpoint.export", "plugins.checkpoint"):
-        try:
-            fn = getattr(importlib.import_module(module), "export_safetensors", None)
-        except ImportError:
-            continue
-        if fn is not None:
-            return fn
-    raise RuntimeError("plugins.checkpoint provides no export_safetensors(manifest_uri, dest); "
-                       "pass export= or register a safetensors file with register_safetensors()")
+    from plugins.checkpoint.export import export_safetensors
+
+    return export_safetensors
 
 
 def _check_manifest_digest(weights: Path, record: CheckpointRecord) -> None:
@@ -184,7 +176,11 @@ def register_safetensors(
     name = model_name or run.data.tags.get(TAG + "job") or run.info.run_name
     if not name:
         raise ValueError(f"run {run_id} has no job tag; pass model_name")
-    lineage = _lineage_tags(run.data.tags, run_id, checkpoint, _sha256_file(weights))
+    from plugins.checkpoint.store import sha256_of_stream
+
+    with weights.open("rb") as f:
+        _, weights_sha = sha256_of_stream(f)
+    lineage = _lineage_tags(run.data.tags, run_id, checkpoint, weights_sha)
 
     model = client.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id, tags=lineage)
     try:
@@ -331,11 +327,3 @@ def _check_safetensors(path: Path) -> None:
         raise
     except Exception as e:
         raise ValueError(f"{path} is not a safetensors file: {e}") from e
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(8 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
