@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from plugins.advisor.plan import layout_label
+from plugins.advisor.plan import Recompute, layout_label
 
-Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
 
 
@@ -146,5 +145,3 @@ DEEPSPEED_ZERO3 = Implementation(
 TORCHTITAN = Implementation(
     name="torchtitan", composite_norm=True, flash_attention=True, kv_expanded=True, dropout=False,
     fused_swiglu=False, selective_policy="alternate_matmuls", zero1_as_zero2=True)
-
-IMPLEMENTATIONS = {i.name: i for i in (PYTORCH, FUSED, MEGATRON, DEEPSPEED_ZERO3, TORCHTITAN)}

@@ -263,7 +263,3 @@ class TimeModel:
                     exposed_s(gather_s, fwd_window, overlap=overlap))
         return (exposed_s(gather_s, fwd_window, overlap=overlap)
                 + exposed_s(gather_s + reduce_s, bwd_window, overlap=overlap)), 0.0
-
-
-def step_time(model: ModelProfile, hw: Hardware, impl: Implementation, layout: Layout) -> StepTime:
-    return TimeModel(model, hw, impl).step(layout)
