@@ -35,25 +35,19 @@ from plugins.advisor.hardware import hardware_for
 from plugins.advisor.memory import layer_activation_bytes
 from plugins.advisor.model import ModelProfile
 from plugins.advisor.planner import plan_auto
+from plugins.advisor.published import llama3
 from plugins.advisor.search import search
 from plugins.advisor.timing import layer_cost
 
 TARGET_MS = 1000.0
 
-
-def llama3(layers: int, hidden: int, heads: int, ffn: int, batch: int) -> ModelProfile:
-    return ModelProfile(hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=8,
-                        ffn_hidden_size=ffn, vocab_size=128256, sequence_length=8192,
-                        global_batch_size=batch)
-
-
 CASES = [
     ("llama2-7b", 8, ModelProfile(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32,
                                   ffn_hidden_size=11008, vocab_size=32000, sequence_length=4096,
                                   global_batch_size=256)),
-    ("llama3-70b", 512, llama3(80, 8192, 64, 28672, 2048)),
-    ("llama3-405b", 16384, llama3(126, 16384, 128, 53248, 2048)),
-    ("405b-128-layers", 16384, llama3(128, 16384, 128, 53248, 2048)),
+    ("llama3-70b", 512, llama3("70B", batch=2048)),
+    ("llama3-405b", 16384, llama3("405B", batch=2048)),
+    ("405b-128-layers", 16384, replace(llama3("405B", batch=2048), num_layers=128)),
 ]
 
 
