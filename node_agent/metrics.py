@@ -11,11 +11,12 @@ federated or service-level scrape keeps them apart.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from node_agent.models import NodeHealth, RankStatus
+from node_agent.models import NodeHealth, RankStatus, VerdictKind
 from node_agent.monitor import Monitor
 
 _GPU_GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -64,7 +65,7 @@ def _node_metrics(health: NodeHealth) -> Iterator[Metric]:
     healthy.add_metric([node], 1.0 if health.healthy else 0.0)
     yield healthy
     verdicts = GaugeMetricFamily("trainyard_node_verdicts", "Verdicts holding now, by kind.", labels=["node", "kind"])
-    for kind in ("gpu_failed", "thermal", "hang", "node_unhealthy", "no_gpu"):
+    for kind in get_args(VerdictKind):
         verdicts.add_metric([node, kind], float(sum(1 for v in health.verdicts if v.kind == kind)))
     yield verdicts
     devices = GaugeMetricFamily("trainyard_node_devices", "Training devices the node offers.",
