@@ -32,6 +32,11 @@ def is_reserved(name: str) -> bool:
     return name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES)
 
 
+def _variable(field: str) -> str:
+    """The environment variable that carries a `WorkerEnv` field."""
+    return field.upper() if field in _UNPREFIXED else PREFIX + field.upper()
+
+
 class WorkerEnv(BaseModel):
     """What every training process receives besides torchrun's own variables."""
 
@@ -51,18 +56,10 @@ class WorkerEnv(BaseModel):
     mlflow_run_id: str = ""
 
     def to_env(self) -> dict[str, str]:
-        env: dict[str, str] = {}
-        for name, value in self.model_dump().items():
-            key = name.upper() if name in _UNPREFIXED else PREFIX + name.upper()
-            env[key] = str(value)
-        return env
+        return {_variable(name): str(value) for name, value in self.model_dump().items()}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
         environ = os.environ if environ is None else environ
-        values: dict[str, str] = {}
-        for name in cls.model_fields:
-            key = name.upper() if name in _UNPREFIXED else PREFIX + name.upper()
-            if key in environ:
-                values[name] = environ[key]
+        values = {name: environ[_variable(name)] for name in cls.model_fields if _variable(name) in environ}
         return cls.model_validate(values)
