@@ -1,0 +1,222 @@
+"""The recovery engine's contracts (DESIGN §1, §4, §5): what ended an attempt, what to do about
+it, and what the next attempt receives.
+
+- `FailureReport`   what `classify()` concluded from the evidence of one attempt;
+- `RecoveryAction`  what `decide()` chose, with the reason (restart, replace a node, roll back,
+                    fall back, re-plan, requeue, give up, register);
+- `AttemptRecord`   one line of a run's history (the attempt, its outcome, the action taken);
+- `AttemptConf`     the conf of the DAG run that starts an attempt — the only way state crosses
+                    from one attempt to the next, so the chain of DAG runs is the history.
+
+A *training run* is one trigger of a job (the UI, `trainyard submit`, a schedule, an Asset). It
+has an id (`run`); all its attempts share it, and so do its reservation, its checkpoints
+(`jobs/<job>/runs/<run>/checkpoints`), its heartbeats and its MLflow run.
+
+Everything is JSON (XCom and DAG-run conf carry these, never pickles). Airflow renders
+templated conf values as strings (`"1"` for an attempt), so every model parses in pydantic's
+lax mode and rejects unknown keys: a typo in a hand-written conf fails with the field's name.
+Pure pydantic: importing this module from a DAG file, a sensor or a trigger costs nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from datetime import UTC, datetime
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+FailureClass = Literal[
+    "worker_crash", "node_lost", "hang", "diverged", "checkpoint_corrupt", "oom", "preempted",
+]
+"""DESIGN §5's failure classes, in the order the DAG shows their branches."""
+
+Outcome = Literal[
+    "completed", "cancelled",
+    "worker_crash", "node_lost", "hang", "diverged", "checkpoint_corrupt", "oom", "preempted",
+]
+"""How an attempt ended: completed, cancelled on request, or one failure class."""
+
+FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
+
+ActionKind = Literal[
+    "register", "restart", "replace_node", "rollback", "fall_back", "replan", "requeue",
+    "give_up", "cancel",
+]
+"""- `register`: the attempt completed; export and register the model.
+- `restart`: same gang, from the newest valid checkpoint (worker crash, hang).
+- `replace_node`: re-place excluding the failed nodes (node lost), then restart.
+- `rollback`: restart from the newest valid checkpoint *before the divergence onset*.
+- `fall_back`: restart from the valid checkpoint before the corrupt one (quarantined, kept).
+- `replan`: restart with a plan that needs less memory (OOM).
+- `requeue`: wait for capacity, then resume from the emergency checkpoint (preempted); does
+  not count against the restart budget.
+- `give_up`: the restart budget is spent, or the failure cannot be fixed by restarting.
+- `cancel`: stopped on request; nothing to do."""
+
+LifecycleState = Literal[
+    "pending", "scheduling", "starting", "running", "recovering", "completed", "failed", "cancelled",
+]
+"""A training run's lifecycle (seed §7): the platform state records each change."""
+
+FINAL_LIFECYCLE_STATES: tuple[str, ...] = ("completed", "failed", "cancelled")
+
+_RUN_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """`20261130t235959-3fa2c1`: sortable by start time, unique, and a safe path segment and
+    Kubernetes label value (lower case, digits, `-`)."""
+    now = now or datetime.now(UTC)
+    return f"{now:%Y%m%dt%H%M%S}-{secrets.token_hex(3)}"
+
+
+def check_run_id(run: str) -> str:
+    """A run id is a path segment of the job's area; refuse anything that could escape it."""
+    if not _RUN_ID.match(run):
+        raise ValueError(f"run id {run!r} must be 3-63 lower-case letters, digits or '-', "
+                         "starting with a letter or digit (e.g. 20261130t235959-3fa2c1)")
+    return run
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FailureReport(_Model):
+    """What ended one attempt, with the evidence a person needs to believe it."""
+
+    job: str
+    run: str
+    attempt: int = Field(ge=0)
+    outcome: Outcome
+    reason: str
+    """One line: `rank 1 on local-0 was killed by SIGKILL at step 120`."""
+    evidence: list[str] = Field(default_factory=list)
+    """Each fact that led to the verdict (exit codes, verdicts, log lines, records)."""
+    rank: int | None = None
+    """The first rank that failed (the one to look at)."""
+    node: str | None = None
+    step: int | None = None
+    """The last step every rank reached."""
+    onset_step: int | None = None
+    """`diverged`: the first bad step (the rollback goes before it)."""
+    exit_code: int | None = None
+    failed_nodes: list[str] = Field(default_factory=list)
+    """`node_lost`: nodes to exclude from the next placement."""
+    corrupt_checkpoint: str = ""
+    """`checkpoint_corrupt`: the manifest URI that failed verification."""
+    restarts_in_place: int = 0
+    """torchrun's own restarts inside this attempt (the fast path), counted against the budget."""
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    detected_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome not in ("completed", "cancelled")
+
+
+class RecoveryAction(_Model):
+    """What to do after an attempt, and why."""
+
+    kind: ActionKind
+    reason: str
+    resume_from: str = ""
+    """Manifest URI the next attempt restores; empty = the run's newest valid checkpoint."""
+    exclude_nodes: list[str] = Field(default_factory=list)
+    plan: str = ""
+    """`replan`: the new Plan as JSON."""
+    quarantine: list[str] = Field(default_factory=list)
+    """Manifest URIs to quarantine (kept, never restored again, never deleted)."""
+    counts_against_budget: bool = True
+
+    @property
+    def retries(self) -> bool:
+        """True when the action starts another attempt."""
+        return self.kind not in ("register", "give_up", "cancel")
+
+
+class AttemptRecord(_Model):
+    """One attempt of a run, as the history shows it."""
+
+    attempt: int = Field(ge=0)
+    outcome: Outcome
+    reason: str = ""
+    action: ActionKind | None = None
+    action_reason: str = ""
+    step: int | None = None
+    restarts_in_place: int = 0
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+class FaultParams(_Model):
+    """Fault injection from the DAG's Params (tests and game days); all off by default.
+    Applied to attempt 0 only, so the recovery that follows runs clean."""
+
+    kill_rank: int | None = None
+    kill_at_step: int | None = None
+    hang_rank: int | None = None
+    hang_at_step: int | None = None
+    nan_at_step: int | None = None
+    oom_at_step: int | None = None
+    corrupt_newest_checkpoint: bool = False
+    fail_gpu_node: str = ""
+
+    @property
+    def any(self) -> bool:
+        return any(v not in (None, False, "") for v in self.model_dump().values())
+
+
+class AttemptConf(_Model):
+    """The conf of one attempt's DAG run (and the trigger form's Params on the first one).
+
+    The first trigger leaves `run` empty: the run is opened then, and every later attempt gets
+    the same `run`, the same `mlflow_run_id`, and the history so far.
+    """
+
+    run: str = ""
+    attempt: int = Field(default=0, ge=0)
+    mlflow_run_id: str = ""
+    resume_from: str = ""
+    """Manifest URI to restore; empty = the run's newest valid checkpoint (a fresh start on
+    attempt 0)."""
+    start_from: str = ""
+    """Attempt 0 only: start from another checkpoint (a manifest URI) or a registered model
+    (`models:/<name>@<alias>`) instead of from scratch."""
+    exclude_nodes: list[str] = Field(default_factory=list)
+    plan: str = ""
+    """A Plan JSON that overrides the planner (set after an OOM re-plan)."""
+    max_steps: int | None = Field(default=None, gt=0)
+    learning_rate: float | None = Field(default=None, gt=0)
+    dry_run: bool = False
+    """Validate, plan and place, then release without launching."""
+    faults: FaultParams = Field(default_factory=FaultParams)
+    history: list[AttemptRecord] = Field(default_factory=list)
+    restarts_used: int = Field(default=0, ge=0)
+    """Restarts counted against `faultTolerance.maxRestarts` so far (in-place ones included)."""
+
+    @field_validator("run")
+    @classmethod
+    def _run_id(cls, value: str) -> str:
+        return check_run_id(value) if value else value
+
+    def next_attempt(self, report: FailureReport, action: RecoveryAction) -> AttemptConf:
+        """The conf of the attempt that carries out `action` after `report`."""
+        record = AttemptRecord(
+            attempt=self.attempt, outcome=report.outcome, reason=report.reason, action=action.kind,
+            action_reason=action.reason, step=report.step, restarts_in_place=report.restarts_in_place,
+            started_at=report.started_at, ended_at=report.ended_at)
+        used = self.restarts_used + report.restarts_in_place + (1 if action.counts_against_budget else 0)
+        return self.model_copy(update={
+            "attempt": self.attempt + 1,
+            "resume_from": action.resume_from,
+            "start_from": "",
+            "exclude_nodes": sorted({*self.exclude_nodes, *action.exclude_nodes}),
+            "plan": action.plan or self.plan,
+            "faults": FaultParams(),
+            "history": [*self.history, record],
+            "restarts_used": used,
+        })
