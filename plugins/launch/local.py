@@ -1,6 +1,6 @@
 """`LocalLauncher`: one detached torchrun agent per node of the placement, on this host.
 
-Layout of one attempt's run folder (`<runs_dir>/<job>/<attempt>/`):
+Layout of one attempt's run folder (`<runs_dir>/<job>/<run>/<attempt>/`):
 
     handle.json                  the RunHandle (a second submit re-attaches to it)
     agents/<node>.log            torchrun's own output for that node
@@ -119,7 +119,7 @@ class LocalLauncher:
                *, attempt: int) -> RunHandle:
         self._check(job, plan, placement, worker_env, attempt)
         run_dir = Path(worker_env.run_dir) if worker_env.run_dir else run_dir_for(
-            self.runs_dir, job.metadata.name, attempt)
+            self.runs_dir, job.metadata.name, worker_env.run, attempt)
         existing = self._existing_handle(run_dir)
         if existing is not None:
             return existing
@@ -140,7 +140,7 @@ class LocalLauncher:
             self._kill_agents(agents)
             raise LaunchError(f"could not start torchrun for {job.metadata.name}: {e}") from e
         handle = RunHandle(
-            kind="local", job=job.metadata.name, attempt=attempt, world_size=placement.world_size,
+            kind="local", job=job.metadata.name, run=worker_env.run, attempt=attempt, world_size=placement.world_size,
             run_dir=str(run_dir), heartbeat_dir=worker_env.heartbeat_dir,
             rdzv_endpoint=f"127.0.0.1:{port}", max_restarts=self.max_restarts, agents=agents,
             nodes=placement.node_names, ranks_per_node=placement.ranks_per_node,
@@ -157,6 +157,8 @@ class LocalLauncher:
         if placement.job != name or worker_env.job != name:
             raise ValueError(f"job names disagree: spec {name!r}, placement {placement.job!r}, "
                              f"worker env {worker_env.job!r}")
+        if placement.run != worker_env.run:
+            raise ValueError(f"runs disagree: placement {placement.run!r}, worker env {worker_env.run!r}")
         if worker_env.attempt != attempt:
             raise ValueError(f"attempt {attempt} != worker env attempt {worker_env.attempt}")
         remote = sorted({n.address for n in placement.nodes} - LOCAL_ADDRESSES)
@@ -212,7 +214,7 @@ class LocalLauncher:
             "--nnodes", str(len(placement.nodes)), "--node-rank", str(node.node_rank),
             "--nproc-per-node", str(node.slots),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--rdzv-id", f"{job.metadata.name}-{attempt}", "--local-addr", "127.0.0.1",
+            "--rdzv-id", f"{job.metadata.name}-{placement.run}-{attempt}", "--local-addr", "127.0.0.1",
             "--max-restarts", str(self.max_restarts),
             "-m", "plugins.launch.rank_exec", "--run-dir", str(run_dir), "--",
             entry, *job.spec.source.args, *learning_rate_args(job),

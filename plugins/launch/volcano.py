@@ -171,7 +171,7 @@ class KubernetesLauncher:
             if existing != str(attempt):
                 raise LaunchError(f"Volcano Job {self._ns}/{name} already exists for attempt {existing}; "
                                   f"stop it before launching attempt {attempt}") from e
-        return RunHandle(kind="kubernetes", job=job.metadata.name, attempt=attempt,
+        return RunHandle(kind="kubernetes", job=job.metadata.name, run=worker_env.run, attempt=attempt,
                          world_size=placement.world_size, namespace=self._ns, name=name,
                          uid=str(created.get("metadata", {}).get("uid") or ""),
                          nodes=placement.node_names, ranks_per_node=placement.ranks_per_node)
