@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from airflow.sdk.definitions.retry_policy import ExceptionRetryPolicy, RetryAction, RetryRule
 
 if TYPE_CHECKING:
+    from airflow.sdk import Context
     from pydantic import BaseModel
 
-    from airflow.sdk import Context
     from config.settings import Settings
 
 M = TypeVar("M", bound="BaseModel")

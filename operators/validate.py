@@ -17,6 +17,7 @@ from operators.common import attempt_of, settings, to_xcom
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
     from config.problems import Problem
 
 

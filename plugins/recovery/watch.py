@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from plugins.checkpoint.catalog import CheckpointRecord
+    from plugins.launch.local import LocalLauncher
     from plugins.launch.model import RunHandle, RunStatus
 
 STOP_REASON_FILE = "stop-reason.json"
@@ -38,7 +39,7 @@ class StopReason(BaseModel):
     at: float = Field(default_factory=time.time)
 
 
-def launcher_for(handle: RunHandle):  # noqa: ANN201 - LocalLauncher; typed loosely to stay import-light
+def launcher_for(handle: RunHandle) -> LocalLauncher:
     """A launcher that can poll and stop `handle` from any process."""
     if handle.kind != "local":
         raise NotImplementedError("watching Kubernetes runs from Airflow is not built yet "
