@@ -30,7 +30,7 @@ class LaunchTrainingOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from plugins.advisor.plan import Plan
         from plugins.placement.model import Placement
-        from plugins.recovery.control import launch_attempt, resume_point
+        from plugins.recovery.steps import launch_attempt, resume_point
         from plugins.tracking.runs import start_or_resume_run
 
         job, conf = attempt_of(context)

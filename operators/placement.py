@@ -31,7 +31,7 @@ class PlanParallelismOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from config.cluster import cluster_for
-        from plugins.recovery.control import plan_attempt
+        from plugins.recovery.steps import plan_attempt
 
         job, conf = attempt_of(context)
         config = settings()

@@ -41,7 +41,7 @@ class ValidateSpecOperator(BaseOperator):
         from config.cluster import cluster_for
         from config.loader import load_spec_file
         from config.problems import SpecError
-        from plugins.recovery.control import effective_job, open_attempt, trigger_conf
+        from plugins.recovery.steps import effective_job, open_attempt, trigger_conf
         from plugins.validation.dry_run import validate_job
 
         dag_run = context["dag_run"]
