@@ -59,6 +59,9 @@ class ValidateSpecOperator(BaseOperator):
             (self.log.error if p.severity == "error" else self.log.warning)("%s %s", p.code.value, p.render())
         if any(p.severity == "error" for p in problems):
             raise AirflowFailException(_report(problems, what=f"{job.name} is invalid"))
+        from plugins.recovery.steps import begin
+
+        begin(job, conf, config, trigger_key=f"{dag_run.dag_id}/{dag_run.run_id}")
         context["ti"].xcom_push(key="job", value=job.model_dump(mode="json", by_alias=True))
         context["ti"].xcom_push(key="conf", value=to_xcom(conf))
         self.log.info("run %s attempt %d of %s: valid on cluster %r", conf.run, conf.attempt, job.name, cluster.name)
