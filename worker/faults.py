@@ -8,7 +8,9 @@ chosen step instead of racing a timer.
 - `sigkill_after_checkpoint@N` — after the checkpoint of step N is committed, every rank
   SIGKILLs itself (a hard crash: no handler, no cleanup);
 - `sigterm@N` — rank 0 alone sends itself SIGTERM before step N, as a preemption notice that
-  reaches one rank first (the ranks must still agree on when to stop).
+  reaches one rank first (the ranks must still agree on when to stop);
+- `oom@N` — every rank raises `torch.OutOfMemoryError` in step N (inside the session's
+  `stop_on_oom()`, where a real one would surface).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 ENV = "TRAINYARD_FAULTS"
-KINDS = frozenset({"nan_loss", "sigkill_after_checkpoint", "sigterm"})
+KINDS = frozenset({"nan_loss", "sigkill_after_checkpoint", "sigterm", "oom"})
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,12 @@ class Faults:
     def before_step(self, step: int, rank: int) -> None:
         if rank == 0 and self.due("sigterm", step):
             os.kill(os.getpid(), signal.SIGTERM)
+
+    def oom(self, step: int) -> None:
+        if self.due("oom", step):
+            import torch
+
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {ENV} at step {step})")
 
     def after_checkpoint(self, step: int) -> None:
         if self.due("sigkill_after_checkpoint", step):
