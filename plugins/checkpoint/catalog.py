@@ -5,15 +5,21 @@ so it imports neither torch nor Airflow. A checkpoint is *committed* when its fo
 `MANIFEST.json` that parses; it is *valid* when every file the manifest lists exists with the
 listed size and SHA-256. `latest_valid` walks from the newest committed checkpoint backwards
 and logs why it skipped each one it could not trust.
+
+A committed checkpoint can be *quarantined* (`quarantine`): a `QUARANTINED.json` beside its
+manifest, written by the control plane when a restore from it failed verification. It is kept
+(evidence; never deleted by a recovery or by retention) but no longer listed as committed, so
+no restore, fallback or retention rule ever picks it again; `Scan.quarantined` still shows it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from plugins.checkpoint.errors import ObjectNotFoundError
 from plugins.checkpoint.manifest import (
@@ -27,6 +33,9 @@ from plugins.checkpoint.store import ObjectInfo, ObjectStore, open_store, sha256
 from plugins.checkpoint.uris import split_manifest_uri
 
 log = logging.getLogger(__name__)
+
+QUARANTINE_NAME = "QUARANTINED.json"
+"""Beside `MANIFEST.json`: this checkpoint must never be restored again (see the docstring)."""
 
 HASH_THREADS = 4
 """Files hashed in parallel by `verify` (hashlib releases the GIL; S3 reads overlap)."""
@@ -79,6 +88,8 @@ class Scan:
     """Folder → why its manifest was rejected (unreadable JSON, unsafe path, wrong step, …)."""
     uncommitted: dict[str, list[ObjectInfo]] = field(default_factory=dict)
     """Folders with objects but no manifest: saves in flight, or crashed before the commit."""
+    quarantined: dict[str, str] = field(default_factory=dict)
+    """Folder → why it was quarantined (kept, never restored; see `quarantine`)."""
 
 
 @dataclass(frozen=True)
@@ -121,8 +132,12 @@ def scan(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None) ->
     result = Scan()
     for folder in sorted(by_folder, key=lambda f: parse_step_dir(f) or 0):
         objects = by_folder[folder]
-        if not any(o.key == f"{folder}/{MANIFEST_NAME}" for o in objects):
+        keys = {o.key for o in objects}
+        if f"{folder}/{MANIFEST_NAME}" not in keys:
             result.uncommitted[folder] = objects
+            continue
+        if f"{folder}/{QUARANTINE_NAME}" in keys:
+            result.quarantined[folder] = _quarantine_reason(store, folder)
             continue
         try:
             result.committed.append(read_manifest(store, folder))
@@ -134,9 +149,32 @@ def scan(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None) ->
     return result
 
 
+def quarantine(manifest_uri: str, reason: str, *, endpoint_url: str | None = None,
+               by: str = "") -> str:
+    """Mark the checkpoint of `manifest_uri` quarantined: write `QUARANTINED.json` beside its
+    manifest (reason, time, who), delete nothing. Idempotent (the first reason stays);
+    returns the marker's URI."""
+    root_uri, folder, _ = split_manifest_uri(manifest_uri)
+    store = open_store(root_uri, endpoint_url=endpoint_url)
+    if store.exists(f"{folder}/{QUARANTINE_NAME}"):
+        return store.key_uri(f"{folder}/{QUARANTINE_NAME}")
+    body = {"manifest_uri": manifest_uri, "reason": reason, "by": by,
+            "quarantined_at": datetime.now(UTC).isoformat()}
+    store.put_bytes(f"{folder}/{QUARANTINE_NAME}", json.dumps(body, indent=2).encode())
+    return store.key_uri(f"{folder}/{QUARANTINE_NAME}")
+
+
+def _quarantine_reason(store: ObjectStore, folder: str) -> str:
+    try:
+        return str(json.loads(store.get_bytes(f"{folder}/{QUARANTINE_NAME}")).get("reason", ""))
+    except (ObjectNotFoundError, ValueError, AttributeError) as e:
+        return f"(unreadable {QUARANTINE_NAME}: {e})"
+
+
 def list_checkpoints(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None
                      ) -> list[CheckpointRecord]:
-    """Committed checkpoints (those with a manifest that parses), oldest step first."""
+    """Committed checkpoints (those with a manifest that parses), oldest step first; quarantined
+    ones are left out."""
     return scan(store_or_uri, endpoint_url=endpoint_url).committed
 
 
