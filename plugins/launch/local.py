@@ -9,7 +9,7 @@ Layout of one attempt's run folder (`<runs_dir>/<job>/<attempt>/`):
     ranks/rank-NNNNN.json        each rank's pids, process group, exit code (`rank_exec`)
     exits.jsonl                  every rank exit, restarts included
     heartbeats/rank-NNNNN.json   the worker runtime's heartbeats (DESIGN §8)
-    stopped.json                 written by `stop`
+    stopped.json                 written by `stop` (when, grace, and the caller's reason)
 
 Agents start in their own session (`start_new_session=True`), so they outlive the launching
 process and a signal to the launcher's terminal never reaches them; torchrun itself starts
@@ -315,8 +315,9 @@ class LocalLauncher:
 
     # --- stop -------------------------------------------------------------------------------
 
-    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
+    def stop(self, handle: RunHandle, grace_s: float = 30.0, *, reason: str = "") -> RunStatus:
         """SIGTERM the run, wait up to `grace_s`, then SIGKILL every process group of it.
+        The first stop's `reason` is recorded in `stopped.json` (see `Launcher.stop`).
 
         SIGTERM goes to the live agents (torchrun passes it on to its ranks' groups) and straight
         to the ranks of agents that are gone — never twice to the same rank: a second SIGTERM
@@ -325,7 +326,8 @@ class LocalLauncher:
         run_dir = Path(handle.run_dir)
         if not (run_dir / "stopped.json").exists():
             _write_json(run_dir / "stopped.json", json.dumps({
-                "requested_at": datetime.now(UTC).isoformat(), "requested_at_s": time.time(), "grace_s": grace_s}))
+                "requested_at": datetime.now(UTC).isoformat(), "requested_at_s": time.time(), "grace_s": grace_s,
+                "reason": reason}))
         self._terminate(handle)
         deadline = time.monotonic() + max(grace_s, 0.0)
         while time.monotonic() < deadline and self._members(handle):

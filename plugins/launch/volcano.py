@@ -256,8 +256,10 @@ class KubernetesLauncher:
 
     # --- stop -------------------------------------------------------------------------------
 
-    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
+    def stop(self, handle: RunHandle, grace_s: float = 30.0, *, reason: str = "") -> RunStatus:
         """Delete the Volcano Job (its pods get SIGTERM and `grace_s` before SIGKILL).
+        `reason` is not recorded yet on Kubernetes (partial: the classifier then sees a plain
+        stop on request).
 
         A 404 means it is already gone: done. The uid precondition makes sure a newer Job of
         the same name (a later attempt) is never deleted by a stale handle (409: also done)."""
