@@ -14,6 +14,7 @@ no restore, fallback or retention rule ever picks it again; `Scan.quarantined` s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Iterable, Iterator
@@ -137,8 +138,10 @@ def scan(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None) ->
             result.uncommitted[folder] = objects
             continue
         if f"{folder}/{QUARANTINE_NAME}" in keys:
-            result.quarantined[folder] = _quarantine_reason(store, folder)
-            continue
+            why = _quarantine_reason(store, folder)
+            if why is not None:
+                result.quarantined[folder] = why
+                continue
         try:
             result.committed.append(read_manifest(store, folder))
         except ObjectNotFoundError:  # deleted between the listing and the read
@@ -152,23 +155,40 @@ def scan(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None) ->
 def quarantine(manifest_uri: str, reason: str, *, endpoint_url: str | None = None,
                by: str = "") -> str:
     """Mark the checkpoint of `manifest_uri` quarantined: write `QUARANTINED.json` beside its
-    manifest (reason, time, who), delete nothing. Idempotent (the first reason stays);
-    returns the marker's URI."""
+    manifest (reason, time, who, and the SHA-256 of the manifest it condemns), delete nothing.
+    Idempotent (the first reason stays); returns the marker's URI.
+
+    The marker names the manifest's digest because a step can be committed again (a run
+    rolled back before a divergence saves the same step numbers anew): a marker whose digest
+    no longer matches the manifest beside it condemns nothing."""
     root_uri, folder, _ = split_manifest_uri(manifest_uri)
     store = open_store(root_uri, endpoint_url=endpoint_url)
-    if store.exists(f"{folder}/{QUARANTINE_NAME}"):
-        return store.key_uri(f"{folder}/{QUARANTINE_NAME}")
-    body = {"manifest_uri": manifest_uri, "reason": reason, "by": by,
+    marker = f"{folder}/{QUARANTINE_NAME}"
+    digest = hashlib.sha256(store.get_bytes(f"{folder}/{MANIFEST_NAME}")).hexdigest()
+    if store.exists(marker) and _quarantine_reason(store, folder) is not None:
+        return store.key_uri(marker)
+    body = {"manifest_uri": manifest_uri, "manifest_sha256": digest, "reason": reason, "by": by,
             "quarantined_at": datetime.now(UTC).isoformat()}
-    store.put_bytes(f"{folder}/{QUARANTINE_NAME}", json.dumps(body, indent=2).encode())
-    return store.key_uri(f"{folder}/{QUARANTINE_NAME}")
+    store.put_bytes(marker, json.dumps(body, indent=2).encode())
+    return store.key_uri(marker)
 
 
-def _quarantine_reason(store: ObjectStore, folder: str) -> str:
+def _quarantine_reason(store: ObjectStore, folder: str) -> str | None:
+    """Why the folder's current manifest is quarantined, or None when the marker condemns an
+    earlier manifest of the same step (committed again since)."""
     try:
-        return str(json.loads(store.get_bytes(f"{folder}/{QUARANTINE_NAME}")).get("reason", ""))
-    except (ObjectNotFoundError, ValueError, AttributeError) as e:
+        marker = json.loads(store.get_bytes(f"{folder}/{QUARANTINE_NAME}"))
+        digest = hashlib.sha256(store.get_bytes(f"{folder}/{MANIFEST_NAME}")).hexdigest()
+    except ObjectNotFoundError:
+        return None
+    except (ValueError, AttributeError) as e:  # an unreadable marker still quarantines
         return f"(unreadable {QUARANTINE_NAME}: {e})"
+    if not isinstance(marker, dict):
+        return f"(unreadable {QUARANTINE_NAME})"
+    if marker.get("manifest_sha256") not in (None, digest):
+        log.info("checkpoint %s was committed again after its quarantine; the marker is stale", folder)
+        return None
+    return str(marker.get("reason", ""))
 
 
 def list_checkpoints(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None

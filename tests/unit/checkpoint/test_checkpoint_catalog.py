@@ -127,3 +127,15 @@ def test_a_quarantined_checkpoint_is_kept_but_never_chosen(store: ObjectStore) -
     assert verify(store, 30).ok
     quarantine(newest.manifest_uri, "again", endpoint_url=endpoint)  # idempotent
     assert scan(store).quarantined == {"step-00000030": "restore failed: SHA-256 mismatch"}
+
+
+def test_a_step_committed_again_after_its_quarantine_counts_again(store: ObjectStore) -> None:
+    from plugins.checkpoint.catalog import quarantine
+
+    for step in (10, 20):
+        make_checkpoint(store, step)
+    quarantine(list_checkpoints(store)[-1].manifest_uri, "after the divergence onset",
+               endpoint_url=getattr(store, "endpoint_url", None))
+    assert latest_valid(store).step == 10
+    make_checkpoint(store, 20, files={"__0_0.distcp": b"the rolled-back run's step 20"})
+    assert latest_valid(store).step == 20 and scan(store).quarantined == {}
