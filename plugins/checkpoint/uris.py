@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from urllib.parse import unquote, urlsplit
 
+from config.runs import check_run_id
 from plugins.checkpoint.errors import OutsideJobPrefixError, UnsafeKeyError
 from plugins.checkpoint.manifest import MANIFEST_NAME, parse_step_dir
 from plugins.checkpoint.store import split_uri
@@ -41,9 +42,27 @@ def require_job_prefix(uri: str, job: str) -> str:
     return uri
 
 
-def default_checkpoint_uri(object_store_uri: str, job: str) -> str:
-    """`<object store>/jobs/<job>/checkpoints` — the layout of DESIGN §6."""
-    return f"{object_store_uri.rstrip('/')}/jobs/{check_job_name(job)}/checkpoints"
+def job_area_uri(object_store_uri: str, job: str) -> str:
+    """`<object store>/jobs/<job>`: everything of one job, all its training runs."""
+    return f"{object_store_uri.rstrip('/')}/jobs/{check_job_name(job)}"
+
+
+def checkpoint_root(object_store_uri: str, job: str, run: str, *, storage: str = "") -> str:
+    """Where one training run of `job` keeps its checkpoints — the one definition (DESIGN §4, §6).
+
+    `<object store>/jobs/<job>/runs/<run>/checkpoints`; when the spec names its own
+    `checkpoint.storage` (the job's folder elsewhere), `<storage>/runs/<run>`. Keyed by run so a
+    second trigger of the same job starts fresh instead of resuming the first run's final step.
+    """
+    check_run_id(run)
+    if storage:
+        return f"{storage.rstrip('/')}/runs/{run}"
+    return f"{job_area_uri(object_store_uri, job)}/runs/{run}/checkpoints"
+
+
+def runs_uri(object_store_uri: str, job: str, *, storage: str = "") -> str:
+    """The folder that holds one sub-folder per training run of `job`."""
+    return f"{storage.rstrip('/')}/runs" if storage else f"{job_area_uri(object_store_uri, job)}/runs"
 
 
 def split_manifest_uri(manifest_uri: str) -> tuple[str, str, int]:

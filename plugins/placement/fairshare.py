@@ -69,6 +69,7 @@ class RunningGang(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     job: str
+    run: str = ""
     attempt: NonNegativeInt = 0
     team: str
     priority: str = "normal"

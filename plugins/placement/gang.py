@@ -260,7 +260,7 @@ def build_placement(
             pp_stages=sorted({c[1] for c in coords}), dp_replicas=sorted({c[0] for c in coords}),
         ))
     return Placement(
-        job=request.job, attempt=request.attempt, team=request.team, priority=request.priority,
+        job=request.job, run=request.run, attempt=request.attempt, team=request.team, priority=request.priority,
         gpu_type=request.gpu_type, tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
         ranks_per_node=k, nodes=placed, groups=list(_groups(layout, nodes)),
         score=round(score, 3), score_breakdown={key: round(v, 3) for key, v in breakdown.items()},

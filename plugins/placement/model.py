@@ -26,6 +26,8 @@ class GangRequest(_Model):
     """One gang to place: the job's identity, its device type and its parallel layout."""
 
     job: str
+    run: str = ""
+    """The training run (one trigger of the job); empty for a one-off placement."""
     attempt: NonNegativeInt = 0
     team: str = ""
     priority: str = "normal"
@@ -48,13 +50,13 @@ class GangRequest(_Model):
         return self.tp * self.pp * self.dp * self.cp
 
     @classmethod
-    def for_job(cls, job: TrainingJob, plan: Plan, *, attempt: int = 0,
+    def for_job(cls, job: TrainingJob, plan: Plan, *, run: str = "", attempt: int = 0,
                 exclude: frozenset[str] | set[str] = frozenset(), **overrides: object) -> GangRequest:
         """Build a request from a `TrainingJob` and a `Plan`; the plan must cover gpuCount."""
         hw = job.spec.hardware
         plan.check_world_size(hw.gpu_count)
         values: dict[str, object] = dict(
-            job=job.metadata.name, attempt=attempt, team=job.metadata.team,
+            job=job.metadata.name, run=run, attempt=attempt, team=job.metadata.team,
             priority=job.metadata.priority, gpu_type=hw.gpu_type,
             tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,
             nodes_preferred=hw.nodes_preferred, exclude=frozenset(exclude),
@@ -103,6 +105,7 @@ class Placement(_Model):
     """A gang placed on concrete nodes: nodes in rank order plus the group → node map."""
 
     job: str
+    run: str = ""
     attempt: NonNegativeInt = 0
     team: str = ""
     priority: str = "normal"

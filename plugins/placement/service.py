@@ -2,7 +2,7 @@
 
 Between reading the free devices and committing the reservation another job may take some of
 them; the reservation then fails with `ReservationConflict` (never double-books), and the gang
-is placed again on the new state. An existing live reservation of the same (job, attempt) is
+is placed again on the new state. An existing live reservation of the same (job, run, attempt) is
 returned as it is, so a retried task re-attaches instead of booking twice.
 """
 
@@ -25,6 +25,7 @@ def place_and_reserve(
     cluster: Cluster,
     store: StateStore,
     *,
+    run: str = "",
     attempt: int = 0,
     exclude: Iterable[str] = (),
     lease_s: float = DEFAULT_LEASE_S,
@@ -32,11 +33,11 @@ def place_and_reserve(
     require_pp_in_rack: bool = False,
 ) -> Placement:
     """Raises `Unschedulable` (with the numbers) or, after `tries` lost races, `ReservationConflict`."""
-    existing = store.placement(job.metadata.name, attempt)
+    existing = store.placement(job.metadata.name, attempt, run=run)
     if existing is not None:
         return existing
     inventory = Inventory.from_cluster(cluster)
-    request = GangRequest.for_job(job, plan, attempt=attempt, exclude=frozenset(exclude),
+    request = GangRequest.for_job(job, plan, run=run, attempt=attempt, exclude=frozenset(exclude),
                                   require_pp_in_rack=require_pp_in_rack)
     capacity = {n.name: n.gpus for n in inventory.nodes}
     last: ReservationConflict | None = None

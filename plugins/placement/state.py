@@ -3,7 +3,7 @@
 SQLite file by default (`Settings.state_db`), PostgreSQL by URL. Three tables, prefixed
 `trainyard_` so they can share a database with Airflow or MLflow:
 
-- `trainyard_gangs`        one row per reserved (job, attempt): team, priority, the placement
+- `trainyard_gangs`        one row per reserved (job, run, attempt): team, priority, the placement
                            JSON, lease expiry, last checkpoint time (for preemption).
 - `trainyard_allocations`  one row per (gang, node): team, node, gpus, device indices, lease.
 - `trainyard_gpu_slots`    one row per device held, UNIQUE (node, slot).
@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import (
+    Engine,
     ForeignKey,
     Integer,
     String,
@@ -36,12 +37,14 @@ from sqlalchemy import (
     UniqueConstraint,
     delete,
     func,
+    inspect,
     select,
     update,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from plugins.errors import FatalError, TransientError
 from plugins.placement.fairshare import RunningGang
 from plugins.placement.model import Placement
 from plugins.state_db import TABLE_PREFIX, UTCDateTime, make_engine, retrying
@@ -49,8 +52,12 @@ from plugins.state_db import TABLE_PREFIX, UTCDateTime, make_engine, retrying
 DEFAULT_LEASE_S = 600.0
 
 
-class ReservationConflict(Exception):
+class ReservationConflict(TransientError):
     """The devices the placement wants are (no longer) free; re-place and try again."""
+
+
+class StateSchemaOutdated(FatalError):
+    """The state database was written by an older Trainyard; it must be recreated."""
 
 
 class Base(DeclarativeBase):
@@ -59,10 +66,12 @@ class Base(DeclarativeBase):
 
 class GangRow(Base):
     __tablename__ = f"{TABLE_PREFIX}gangs"
-    __table_args__ = (UniqueConstraint("job", "attempt", name=f"{TABLE_PREFIX}gangs_job_attempt"),)
+    __table_args__ = (UniqueConstraint("job", "run", "attempt", name=f"{TABLE_PREFIX}gangs_job_run_attempt"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job: Mapped[str] = mapped_column(String(128), index=True)
+    run: Mapped[str] = mapped_column(String(64), default="")
+    """The training run (one trigger of the job): two runs of a job are independent gangs."""
     attempt: Mapped[int] = mapped_column(Integer)
     team: Mapped[str] = mapped_column(String(128), index=True)
     priority: Mapped[str] = mapped_column(String(32))
@@ -112,6 +121,7 @@ class StateStore:
                 Base.metadata.create_all(self.engine)
             except (IntegrityError, DBAPIError):  # another process created them meanwhile
                 Base.metadata.create_all(self.engine)
+            _check_schema(self.engine, schema)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -127,7 +137,7 @@ class StateStore:
                 now: datetime | None = None) -> Placement:
         """Reserve every device of `placement` in one transaction, or none.
 
-        Idempotent per (job, attempt): reserving again while the lease is live returns the
+        Idempotent per (job, run, attempt): reserving again while the lease is live returns the
         stored placement (an Airflow retry re-attaches, it never books twice). Returns the
         placement with each node's device indices filled in. Raises `ReservationConflict`.
         """
@@ -140,12 +150,13 @@ class StateStore:
         expires = now + timedelta(seconds=lease_s)
         with self._transaction() as s:
             self._purge_expired(s, now)
-            live = s.scalars(select(GangRow).where(GangRow.job == placement.job)).all()
+            live = s.scalars(select(GangRow).where(GangRow.job == placement.job,
+                                                   GangRow.run == placement.run)).all()
             for gang in live:
                 if gang.attempt == placement.attempt:
                     return Placement.model_validate_json(gang.placement)
                 raise ReservationConflict(
-                    f"job {placement.job!r} attempt {gang.attempt} still holds {gang.gpus} devices "
+                    f"job {placement.job!r} run {placement.run!r} attempt {gang.attempt} still holds {gang.gpus} devices "
                     f"until {gang.lease_expires_at:%Y-%m-%d %H:%M:%S}Z; release it before reserving "
                     f"attempt {placement.attempt}")
             nodes = sorted(placement.nodes, key=lambda n: n.name)
@@ -160,7 +171,7 @@ class StateStore:
                 devices[node.name] = free[: node.slots]
             reserved = placement.model_copy(update={"nodes": [
                 n.model_copy(update={"devices": devices[n.name]}) for n in placement.nodes]})
-            gang = GangRow(job=placement.job, attempt=placement.attempt, team=placement.team,
+            gang = GangRow(job=placement.job, run=placement.run, attempt=placement.attempt, team=placement.team,
                            priority=placement.priority, gpu_type=placement.gpu_type,
                            gpus=placement.world_size, placement=reserved.model_dump_json(),
                            created_at=now, lease_expires_at=expires)
@@ -177,14 +188,15 @@ class StateStore:
                 s.flush()
             return reserved
 
-    def renew(self, job: str, attempt: int, *, lease_s: float = DEFAULT_LEASE_S,
+    def renew(self, job: str, attempt: int, *, run: str = "", lease_s: float = DEFAULT_LEASE_S,
               now: datetime | None = None) -> datetime | None:
         """Extend a live lease; None when the reservation is gone or already expired (its
         devices may belong to someone else by now: the caller must stop the job)."""
         now = now or datetime.now(UTC)
         expires = now + timedelta(seconds=lease_s)
         with self._transaction() as s:
-            gang = s.scalars(select(GangRow).where(GangRow.job == job, GangRow.attempt == attempt,
+            gang = s.scalars(select(GangRow).where(GangRow.job == job, GangRow.run == run,
+                                                   GangRow.attempt == attempt,
                                                    GangRow.lease_expires_at > now)).first()
             if gang is None:
                 return None
@@ -193,17 +205,20 @@ class StateStore:
                       .values(lease_expires_at=expires))
             return expires
 
-    def record_checkpoint(self, job: str, attempt: int, at: datetime | None = None) -> None:
+    def record_checkpoint(self, job: str, attempt: int, at: datetime | None = None, *, run: str = "") -> None:
         """Note a committed checkpoint, so preemption prefers gangs that lose the least work."""
         with self._transaction() as s:
-            s.execute(update(GangRow).where(GangRow.job == job, GangRow.attempt == attempt)
+            s.execute(update(GangRow).where(GangRow.job == job, GangRow.run == run, GangRow.attempt == attempt)
                       .values(last_checkpoint_at=at or datetime.now(UTC)))
 
-    def release(self, job: str, attempt: int | None = None) -> int:
-        """Free a job's devices (one attempt, or all); returns how many were freed. Releasing
-        something not reserved is not an error (teardown tasks run after any failure)."""
+    def release(self, job: str, attempt: int | None = None, *, run: str | None = None) -> int:
+        """Free a job's devices (one run's attempt, one run, or all runs); returns how many were
+        freed. Releasing something not reserved is not an error (teardown tasks run after any
+        failure)."""
         with self._transaction() as s:
             query = select(GangRow).where(GangRow.job == job)
+            if run is not None:
+                query = query.where(GangRow.run == run)
             if attempt is not None:
                 query = query.where(GangRow.attempt == attempt)
             gangs = s.scalars(query).all()
@@ -240,11 +255,13 @@ class StateStore:
                              .where(GangRow.lease_expires_at > now).group_by(GangRow.team)).all()
         return {team: int(gpus) for team, gpus in rows}
 
-    def placement(self, job: str, attempt: int, now: datetime | None = None) -> Placement | None:
+    def placement(self, job: str, attempt: int, now: datetime | None = None, *, run: str = ""
+                  ) -> Placement | None:
         now = now or datetime.now(UTC)
         with self._session() as s:
             text = s.scalars(select(GangRow.placement).where(
-                GangRow.job == job, GangRow.attempt == attempt, GangRow.lease_expires_at > now)).first()
+                GangRow.job == job, GangRow.run == run, GangRow.attempt == attempt,
+                GangRow.lease_expires_at > now)).first()
         return Placement.model_validate_json(text) if text else None
 
     def running_gangs(self, now: datetime | None = None) -> list[RunningGang]:
@@ -256,7 +273,7 @@ class StateStore:
         nodes: dict[int, dict[str, int]] = {}
         for a in allocs:
             nodes.setdefault(a.gang_id, {})[a.node] = a.gpus
-        return [RunningGang(job=g.job, attempt=g.attempt, team=g.team, priority=g.priority,
+        return [RunningGang(job=g.job, run=g.run, attempt=g.attempt, team=g.team, priority=g.priority,
                             gpu_type=g.gpu_type, nodes=nodes.get(g.id, {}), started_at=g.created_at,
                             last_checkpoint_at=g.last_checkpoint_at) for g in gangs]
 
@@ -276,6 +293,17 @@ def _delete_gangs(s: Session, gang_ids: list[int]) -> None:
     s.execute(delete(SlotRow).where(SlotRow.allocation_id.in_(alloc_ids)))
     s.execute(delete(AllocationRow).where(AllocationRow.gang_id.in_(gang_ids)))
     s.execute(delete(GangRow).where(GangRow.id.in_(gang_ids)))
+
+
+def _check_schema(engine: Engine, schema: str | None) -> None:
+    """`create_all` adds missing tables, never missing columns: a state database written before
+    training runs had ids would fail on every query with an SQL error. Say what to do instead."""
+    columns = {c["name"] for c in inspect(engine).get_columns(GangRow.__tablename__, schema=schema)}
+    if "run" not in columns:
+        raise StateSchemaOutdated(
+            f"the platform state at {engine.url!r} predates training-run ids (table "
+            f"{GangRow.__tablename__} has no 'run' column). It holds only device leases: stop its "
+            "jobs, then drop the trainyard_* tables (or delete the SQLite file) and start again")
 
 
 @functools.lru_cache(maxsize=8)

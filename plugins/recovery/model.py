@@ -20,12 +20,13 @@ Pure pydantic: importing this module from a DAG file, a sensor or a trigger cost
 
 from __future__ import annotations
 
-import re
-import secrets
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from config.runs import check_run_id
+from config.runs import new_run_id as new_run_id  # re-exported: the run id is part of this contract
 
 FailureClass = Literal[
     "worker_crash", "node_lost", "hang", "diverged", "checkpoint_corrupt", "oom", "preempted",
@@ -61,24 +62,6 @@ LifecycleState = Literal[
 """A training run's lifecycle (seed §7): the platform state records each change."""
 
 FINAL_LIFECYCLE_STATES: tuple[str, ...] = ("completed", "failed", "cancelled")
-
-_RUN_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
-
-
-def new_run_id(now: datetime | None = None) -> str:
-    """`20261130t235959-3fa2c1`: sortable by start time, unique, and a safe path segment and
-    Kubernetes label value (lower case, digits, `-`)."""
-    now = now or datetime.now(UTC)
-    return f"{now:%Y%m%dt%H%M%S}-{secrets.token_hex(3)}"
-
-
-def check_run_id(run: str) -> str:
-    """A run id is a path segment of the job's area; refuse anything that could escape it."""
-    if not _RUN_ID.match(run):
-        raise ValueError(f"run id {run!r} must be 3-63 lower-case letters, digits or '-', "
-                         "starting with a letter or digit (e.g. 20261130t235959-3fa2c1)")
-    return run
-
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -34,6 +34,7 @@ from sqlalchemy import Integer, String, Text, UniqueConstraint, delete, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from config.runs import check_run_id, new_run_id
 from plugins.errors import FatalError
 from plugins.launch.model import RunHandle
 from plugins.recovery.model import (
@@ -42,8 +43,6 @@ from plugins.recovery.model import (
     FailureReport,
     LifecycleState,
     RecoveryAction,
-    check_run_id,
-    new_run_id,
 )
 from plugins.state_db import TABLE_PREFIX, UTCDateTime, make_engine, retrying
 

@@ -94,8 +94,18 @@ def test_reserve_is_idempotent_per_attempt_and_refuses_a_second_live_attempt(sto
     first = store.reserve(placement("a", {"n0": 2}), now=T0)
     again = store.reserve(placement("a", {"n1": 2}), now=T0)  # an Airflow retry: same answer
     assert again == first and store.used_by_node(T0) == {"n0": 2}
-    with pytest.raises(ReservationConflict, match="job 'a' attempt 0 still holds 2 devices"):
+    with pytest.raises(ReservationConflict, match="job 'a' run '' attempt 0 still holds 2 devices"):
         store.reserve(placement("a", {"n1": 2}, attempt=1), now=T0)
+
+
+def test_two_runs_of_one_job_are_independent_gangs(store: StateStore) -> None:
+    first = store.reserve(placement("a", {"n0": 2}).model_copy(update={"run": "r-one"}), now=T0)
+    second = store.reserve(placement("a", {"n1": 2}).model_copy(update={"run": "r-two"}), now=T0)
+    assert (first.run, second.run) == ("r-one", "r-two")
+    assert store.used_by_node(T0) == {"n0": 2, "n1": 2}
+    assert store.placement("a", 0, T0, run="r-two") == second
+    assert store.release("a", 0, run="r-one") == 2
+    assert store.used_by_node(T0) == {"n1": 2}
 
 
 def test_all_or_nothing(store: StateStore) -> None:
