@@ -401,8 +401,8 @@ class JobStateStore:
         query = query.where(RunRow.run == run) if run else query.order_by(RunRow.created_at.desc(), RunRow.id.desc())
         row = s.scalars(query.limit(1)).first()
         if row is None:
-            what = f"run {run!r} of job {job!r}" if run else f"any run of job {job!r}"
-            raise RunNotFound(f"no {what} in the platform state (`trainyard jobs` lists the runs)")
+            what = f"no run {run!r} of job {job!r}" if run else f"job {job!r} has no run"
+            raise RunNotFound(f"{what} in the platform state (`trainyard jobs` lists the runs)")
         return row
 
     @staticmethod
