@@ -223,3 +223,33 @@ def test_the_same_divergence_after_a_rollback_gives_up(store: ObjectStore, ctx: 
     assert action.kind == "rollback"
     again = decide(report("diverged", attempt=1, onset_step=61), job(), AttemptConf().next_attempt(first, action), ctx)
     assert again.kind == "give_up" and "diverges at step 61 again" in again.reason
+
+
+def test_after_attempt_quarantines_cordons_and_records(tmp_path: Path, store: ObjectStore, ctx: DecisionContext) -> None:
+    from plugins.recovery.engine import after_attempt, begin_attempt
+    from plugins.recovery.evidence import NodeObservation
+    from plugins.recovery.state import JobStateStore
+    from tests.unit.recovery.runs import Rank, evidence
+
+    state = JobStateStore(f"sqlite:///{tmp_path / 'state.db'}")
+    run = state.open_run("tiny", trigger_key="t").run
+    begin_attempt(state, "tiny", run, 0)
+    state.transition("tiny", run, "running")
+    for step in (50, 100, 150):
+        make_checkpoint(store, step)
+    ev, _ = evidence(tmp_path / "a0", [Rank(42, step=160)] * 2, run=run,
+                     diverged={"step": 160, "onset_step": 120, "message": "loss 30 above 2"})
+    result = after_attempt(ev, job(), AttemptConf(run=run), ctx, state=state)
+    assert (result.report.outcome, result.action.kind, result.run.state) == ("diverged", "rollback", "recovering")
+    assert result.quarantined and set(scan(store).quarantined) == {"step-00000150"}
+    assert result.next_conf.resume_from == uri(store, 100) and result.next_conf.attempt == 1
+
+    begin_attempt(state, "tiny", run, 1)
+    state.transition("tiny", run, "running")
+    lost = NodeObservation(node="local-1", missed_heartbeats=3, error="refused")
+    ev, _ = evidence(tmp_path / "a1", [Rank(0), Rank(-9)], attempt=1, run=run, nodes=[lost])
+    result = after_attempt(ev, job(), result.next_conf, ctx, state=state)
+    assert (result.action.kind, result.cordoned, list(state.cordoned())) == ("replace_node", ("local-1",), ["local-1"])
+    assert result.next_conf.exclude_nodes == ["local-1"] and result.next_conf.restarts_used == 2
+    assert [a.outcome for a in state.attempts("tiny", run)] == ["diverged", "node_lost"]
+    state.close()
