@@ -1,8 +1,9 @@
 """`trainyard checkpoints list|verify|prune|export JOB`: a job's checkpoints, for people.
 
-The checkpoint root is the job spec's `checkpoint.storage` when the spec is found (`--spec`,
-or a spec named JOB under the jobs folder), else `<object store>/jobs/JOB/checkpoints`; `--uri`
-overrides both. `prune` takes the retention policy from the spec, flags override it, and
+The checkpoint root is one training run's: `--run R`, or the job's latest run (run ids sort by
+start time), under the spec's `checkpoint.storage` when the spec is found (`--spec`, or a spec
+named JOB under the jobs folder), else under `<object store>/jobs/JOB/runs/`; `--uri` overrides
+all of them. `prune` takes the retention policy from the spec, flags override it, and
 `--dry-run` shows what would be deleted and why. Exit codes: 0 OK, 1 a checkpoint does not
 verify / nothing to export, 2 usage errors.
 """
@@ -29,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         a.add_argument("job", metavar="JOB", help="job name (metadata.name of its spec)")
         a.add_argument("--spec", type=Path, help="the job's spec file (default: look for JOB "
                                                  "under the jobs folder)")
-        a.add_argument("--uri", help="checkpoint root URI (overrides the spec and the default)")
+        a.add_argument("--run", help="the training run (default: the job's latest run)")
+        a.add_argument("--uri", help="checkpoint root URI (overrides the spec, the run and the default)")
         a.add_argument("--endpoint-url", help="S3 endpoint (default: TRAINYARD_S3_ENDPOINT_URL)")
         a.add_argument("--json", action="store_true", help="machine-readable output")
         a.set_defaults(func=run)
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     settings = get_settings()
     try:
         spec = _find_spec(args, settings.jobs_dir)
-        root = _checkpoint_root(args, spec, settings.object_store)
+        root = _checkpoint_root(args, spec, settings.object_store, args.endpoint_url or settings.s3_endpoint_url)
     except (FileNotFoundError, ValueError) as e:
         _error(str(e))
         return 2
@@ -85,16 +87,22 @@ def _find_spec(args: argparse.Namespace, jobs_dir: Path) -> TrainingJob | None:
     return None
 
 
-def _checkpoint_root(args: argparse.Namespace, spec: TrainingJob | None, object_store: str) -> str:
-    from plugins.checkpoint.uris import default_checkpoint_uri, require_job_prefix
+def _checkpoint_root(args: argparse.Namespace, spec: TrainingJob | None, object_store: str,
+                     endpoint: str | None) -> str:
+    from plugins.checkpoint.catalog import list_runs
+    from plugins.checkpoint.uris import checkpoint_root, require_job_prefix
 
     if args.uri:
-        root = args.uri
-    elif spec is not None and spec.spec.checkpoint.storage:
-        root = spec.spec.checkpoint.storage
-    else:
-        root = default_checkpoint_uri(object_store, args.job)
-    return require_job_prefix(root.rstrip("/"), args.job)
+        return require_job_prefix(args.uri.rstrip("/"), args.job)
+    storage = (spec.spec.checkpoint.storage or "") if spec is not None else ""
+    run = args.run
+    if not run:
+        runs = list_runs(object_store, args.job, storage=storage, endpoint_url=endpoint)
+        if not runs:
+            raise FileNotFoundError(f"job {args.job!r} has no training runs with checkpoints under "
+                                    f"{object_store}")
+        run = runs[-1]
+    return require_job_prefix(checkpoint_root(object_store, args.job, run, storage=storage), args.job)
 
 
 def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:

@@ -79,8 +79,10 @@ def run_demo(args: argparse.Namespace) -> None:
 
     settings = get_settings()
     cluster = load_cluster(settings.cluster)
-    spec = load_spec_file(args.spec)
-    job = _new_run_of(spec)
+    from config.runs import new_run_id
+
+    job = load_spec_file(args.spec)
+    run = new_run_id()
     timeline = Timeline()
 
     _step("1/7 dataset", f"object store {settings.object_store}")
@@ -89,32 +91,23 @@ def run_demo(args: argparse.Namespace) -> None:
     _validate(job, cluster, settings)
     _step("3/7 plan", f"the advisor, for {job.spec.hardware.gpu_count} × {job.spec.hardware.gpu_type}")
     plan = _plan(job, cluster, settings)
-    _step("4/7 track", f"MLflow {settings.mlflow_tracking_uri}; this run is job {job.name}")
-    run_id = _open_run(job, plan, settings)
+    _step("4/7 track", f"MLflow {settings.mlflow_tracking_uri}; this is run {run} of job {job.name}")
+    run_id = _open_run(job, plan, settings, run)
     timeline.add("submitted")
 
     _step("5/7 train", "torchrun, detached; progress from the ranks' heartbeats")
     crash_at = None if args.no_crash else args.crash_at_step
-    status, attempt = _train(job, plan, cluster, settings, run_id, crash_at, timeline)
+    status, attempt = _train(job, plan, cluster, settings, run, run_id, crash_at, timeline)
     if not status.succeeded:
         set_run_status(run_id, "failed", tracking_uri=settings.mlflow_tracking_uri)
         raise DemoFailed(f"attempt {attempt} ended {status.state}: {status.message}")
     set_run_status(run_id, "completed", tracking_uri=settings.mlflow_tracking_uri)
 
     _step("6/7 register", "best checkpoint → safetensors → MLflow model version (alias 'candidate')")
-    version = _register(job, settings, run_id, model_name=spec.name)
+    version = _register(job, settings, run_id, model_name=job.name)
     timeline.add(f"registered {version.name} v{version.version}")
     _step("7/7 results", "")
-    _results(job, plan, cluster, settings, run_id, timeline, version)
-
-
-def _new_run_of(spec: TrainingJob) -> TrainingJob:
-    """A job of its own for this demo run (`demo-tiny-lm-20261129153000`): its own checkpoints,
-    run folder and reservation, so a second `make demo` trains again instead of finding the
-    first run's final checkpoint and resuming past the end. Runs still share the experiment
-    and the registered model."""
-    name = f"{spec.name}-{datetime.now(UTC):%Y%m%d%H%M%S}"
-    return spec.model_copy(update={"metadata": spec.metadata.model_copy(update={"name": name})})
+    _results(job, plan, cluster, settings, run, run_id, timeline, version)
 
 
 def _step(title: str, detail: str) -> None:
@@ -162,20 +155,20 @@ def _plan(job: TrainingJob, cluster: Cluster, settings: Settings) -> Plan:
     return best
 
 
-def _open_run(job: TrainingJob, plan: Plan, settings: Settings) -> str:
+def _open_run(job: TrainingJob, plan: Plan, settings: Settings, run: str) -> str:
     from cli.output import console
     from plugins.tracking.datasets import describe_dataset, open_dataset_store
     from plugins.tracking.runs import start_or_resume_run
 
     dataset = describe_dataset(open_dataset_store(job.spec.dataset.source, settings), job.spec.dataset)
     run_id = start_or_resume_run(job, plan, tracking_uri=settings.mlflow_tracking_uri, attempt=0,
-                                 dataset=dataset)
+                                 dataset=dataset, trigger_id=run)
     console.print(f"MLflow run {run_id} (experiment {job.metadata.team}/{job.metadata.project}), "
                   f"dataset digest {dataset.digest[:12]}…")
     return run_id
 
 
-def _train(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run_id: str,
+def _train(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run: str, run_id: str,
            crash_at: int | None, timeline: Timeline) -> tuple[RunStatus, int]:
     """Attempts until the job completes or the restart budget is spent."""
     from cli.output import console
@@ -185,12 +178,12 @@ def _train(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, r
 
     attempt, resume_from = 0, ""
     while True:
-        status = _run_attempt(job, plan, cluster, settings, run_id, attempt, resume_from,
+        status = _run_attempt(job, plan, cluster, settings, run, run_id, attempt, resume_from,
                               crash_at if attempt == 0 else None, timeline)
-        _log_checkpoints(job, settings, run_id)
+        _log_checkpoints(job, settings, run, run_id)
         if status.succeeded or attempt >= job.spec.fault_tolerance.max_restarts:
             return status, attempt
-        record = latest_valid(checkpoint_uri(job, settings.object_store), endpoint_url=settings.s3_endpoint_url)
+        record = latest_valid(checkpoint_uri(job, settings.object_store, run), endpoint_url=settings.s3_endpoint_url)
         resume_from = record.manifest_uri if record is not None else ""
         restored = f"step {record.step}" if record is not None else "scratch"
         console.print(f"[yellow]worker_crash[/]: rank {status.failed_rank} exited {status.exit_code} "
@@ -202,7 +195,7 @@ def _train(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, r
         attempt += 1
 
 
-def _run_attempt(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run_id: str,
+def _run_attempt(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run: str, run_id: str,
                  attempt: int, resume_from: str, crash_at: int | None, timeline: Timeline) -> RunStatus:
     from plugins.launch.environment import build_worker_env
     from plugins.launch.local import LocalLauncher
@@ -213,10 +206,10 @@ def _run_attempt(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Setti
     if attempt:
         start_or_resume_run(job, plan, tracking_uri=settings.mlflow_tracking_uri, run_id=run_id, attempt=attempt)
     state = open_state(settings.state_db)
-    placement = place_and_reserve(job, plan, cluster, state, attempt=attempt, lease_s=3600)
+    placement = place_and_reserve(job, plan, cluster, state, run=run, attempt=attempt, lease_s=3600)
     try:
         launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd())
-        worker_env = build_worker_env(job, plan, settings, attempt=attempt, resume_from=resume_from,
+        worker_env = build_worker_env(job, plan, settings, run=run, attempt=attempt, resume_from=resume_from,
                                       mlflow_run_id=run_id)
         handle = launcher.submit(job, plan, placement, worker_env, attempt=attempt)
         timeline.add(f"attempt {attempt} launched on {', '.join(n.name for n in placement.nodes)}")
@@ -226,7 +219,7 @@ def _run_attempt(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Setti
         timeline.add(f"attempt {attempt} {status.state}")
         return status
     finally:
-        state.release(job.metadata.name, attempt)
+        state.release(job.metadata.name, attempt, run=run)
 
 
 def _follow(launcher: Any, handle: Any, max_steps: int, crash_at: int | None, timeline: Timeline) -> RunStatus:
@@ -255,12 +248,12 @@ def _follow(launcher: Any, handle: Any, max_steps: int, crash_at: int | None, ti
             time.sleep(0.5)
 
 
-def _log_checkpoints(job: TrainingJob, settings: Settings, run_id: str) -> None:
+def _log_checkpoints(job: TrainingJob, settings: Settings, run: str, run_id: str) -> None:
     from plugins.checkpoint.catalog import list_checkpoints
     from plugins.launch.environment import checkpoint_uri
     from plugins.tracking.runs import log_committed_checkpoint
 
-    root = checkpoint_uri(job, settings.object_store)
+    root = checkpoint_uri(job, settings.object_store, run)
     for record in list_checkpoints(root, endpoint_url=settings.s3_endpoint_url):
         log_committed_checkpoint(run_id, record.manifest_uri, tracking_uri=settings.mlflow_tracking_uri,
                                  endpoint_url=settings.s3_endpoint_url)
@@ -278,7 +271,7 @@ def _register(job: TrainingJob, settings: Settings, run_id: str, *, model_name: 
     return version
 
 
-def _results(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run_id: str,
+def _results(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run: str, run_id: str,
              timeline: Timeline, version: Any) -> None:
     from rich.table import Table
 
@@ -300,7 +293,7 @@ def _results(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings,
     for s in shown + ([steps[-1]] if shown[-1] != steps[-1] else []):
         curve.add_row(str(s), f"{losses[s]:.3f}", "█" * max(1, round(30 * losses[s] / top)))
     console.print(curve)
-    png = _plot(losses, timeline, settings.home / "demo" / f"{job.name}.png", title=job.name)
+    png = _plot(losses, timeline, settings.home / "demo" / f"{job.name}-{run}.png", title=f"{job.name} run {run}")
 
     events = Table(title="recovery timeline", title_justify="left")
     events.add_column("t", justify="right")

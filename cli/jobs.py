@@ -182,10 +182,8 @@ def show_status(info: RunInfo, attempts: list[AttemptInfo]) -> None:
 
 def run_stop(args: argparse.Namespace) -> int:
     from cli.output import console, err_console
-    from config.settings import get_settings
-    from plugins.launch.local import LocalLauncher
-    from plugins.recovery.control import stop_run
     from plugins.recovery.state import RunNotFound
+    from plugins.recovery.stop import stop_run
 
     store = _store()
     try:
@@ -195,8 +193,7 @@ def run_stop(args: argparse.Namespace) -> int:
             err_console.print(f"[red]attempt {live.attempt} runs on Kubernetes; stop it from Airflow "
                               "(the local CLI only stops local runs)[/]")
             return 1
-        result = stop_run(store, LocalLauncher(get_settings().runs_dir), info.job, info.run,
-                          grace_s=args.grace_s)
+        result = stop_run(store, info.job, info.run, grace_s=args.grace_s)
     except RunNotFound as e:
         return _not_found(e)
     if result.already_final:

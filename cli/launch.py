@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local", action="store_true", required=True,
                    help="launch on this host (the only mode without Airflow)")
     p.add_argument("spec", type=Path, metavar="SPEC", help="TrainingJob spec (YAML)")
+    p.add_argument("--run", default="", metavar="RUN",
+                   help="the training run to launch an attempt of (default: a new run)")
     p.add_argument("--attempt", type=int, default=0, help="attempt number (default 0)")
     p.add_argument("--resume-from", default="", metavar="URI", help="checkpoint manifest to restore")
     p.add_argument("--detach", action="store_true", help="print the RunHandle JSON and return")
@@ -74,20 +76,28 @@ def run(args: argparse.Namespace) -> int:
         return 1
     err_console.print(f"plan: {plan.describe()} ({source})")
 
+    from config.runs import check_run_id, new_run_id
+
+    try:
+        run_id = check_run_id(args.run) if args.run else new_run_id()
+    except ValueError as e:
+        err_console.print(f"trainyard launch: error: {e}")
+        return 2
     store = open_state(settings.state_db)
     lease = args.lease_s or (DETACHED_LEASE_S if args.detach else ATTACHED_LEASE_S)
     try:
-        placement = place_and_reserve(job, plan, cluster, store, attempt=args.attempt, lease_s=lease)
+        placement = place_and_reserve(job, plan, cluster, store, run=run_id, attempt=args.attempt, lease_s=lease)
     except Unschedulable as e:
         err_console.print(f"[red]unschedulable[/]: {e.reason.message}")
         return 1
     except ReservationConflict as e:
         err_console.print(f"[red]cannot reserve[/]: {e}")
         return 1
-    err_console.print("placed: " + ", ".join(f"{n.name}×{n.slots}" for n in placement.nodes))
+    err_console.print(f"run {run_id} placed: " + ", ".join(f"{n.name}×{n.slots}" for n in placement.nodes))
 
     launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd(), max_restarts=args.max_restarts)
-    worker_env = build_worker_env(job, plan, settings, attempt=args.attempt, resume_from=args.resume_from)
+    worker_env = build_worker_env(job, plan, settings, run=run_id, attempt=args.attempt,
+                                  resume_from=args.resume_from)
     handle = None
     status = None
     keep_reservation = False
@@ -109,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         if not keep_reservation:
-            store.release(job.metadata.name, args.attempt)
+            store.release(job.metadata.name, args.attempt, run=run_id)
     _summary(status, launcher, handle)
     return exit_status(status)
 
@@ -127,7 +137,7 @@ def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse
             time.sleep(0.5)
             now = time.monotonic()
             if now - last_renew > RENEW_EVERY_S:
-                if store.renew(handle.job, handle.attempt, lease_s=lease) is None:
+                if store.renew(handle.job, handle.attempt, run=handle.run, lease_s=lease) is None:
                     err_console.print("[red]the reservation's lease was lost; stopping the job[/]")
                     return launcher.stop(handle, grace_s=args.grace_s)
                 last_renew = now

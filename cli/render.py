@@ -56,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         plan, _ = plan_for_job(job, cluster, memory_fraction=settings.memory_fraction)
         inventory = Inventory.from_cluster(cluster)
         placement = place_gang(GangRequest.for_job(job, plan, attempt=args.attempt), inventory)
-        worker_env = build_worker_env(job, plan, settings, attempt=args.attempt)
+        from config.runs import new_run_id
+
+        worker_env = build_worker_env(job, plan, settings, run=new_run_id(), attempt=args.attempt)
         if args.job_only:
             docs = [render_volcano_job(job, plan, placement, worker_env, attempt=args.attempt, options=options)]
         else:

@@ -43,6 +43,7 @@ class WorkerEnv(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     job: str
+    run: str = Field(description="The training run (one trigger of the job); all attempts share it")
     attempt: int = 0
     plan: str = Field(description="Plan JSON (plugins.advisor.plan.Plan)")
     spec: str = Field(description="The TrainingJob as JSON (camelCase)")

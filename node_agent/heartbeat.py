@@ -26,6 +26,8 @@ class Heartbeat(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     job: str
+    run: str = ""
+    """The training run (one trigger of the job), so two runs of a job never look alike."""
     attempt: int = 0
     rank: int
     local_rank: int = 0

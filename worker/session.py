@@ -84,6 +84,8 @@ class SessionConfig:
     checkpoint_uri: str
     heartbeat_dir: Path
     run_dir: Path
+    run: str = "standalone"
+    """The training run (one trigger of the job); `standalone` outside the platform."""
     attempt: int = 0
     resume_from: str = ""
     endpoint_url: str | None = None
@@ -104,7 +106,7 @@ class SessionConfig:
         from config.spec import TrainingJob
         from config.worker_env import WorkerEnv
         from plugins.advisor.plan import Plan
-        from plugins.checkpoint.uris import default_checkpoint_uri
+        from plugins.checkpoint.uris import checkpoint_root
 
         env = os.environ if environ is None else environ
         settings = Settings()
@@ -113,7 +115,7 @@ class SessionConfig:
             w = WorkerEnv.from_env(env)
             job = spec or TrainingJob.model_validate_json(w.spec)
             return cls._from_job(
-                job, plan or Plan.model_validate_json(w.plan), job_name=w.job, attempt=w.attempt,
+                job, plan or Plan.model_validate_json(w.plan), job_name=w.job, run=w.run, attempt=w.attempt,
                 resume_from=w.resume_from, object_store=w.object_store,
                 checkpoint_uri=w.checkpoint_uri, heartbeat_dir=Path(w.heartbeat_dir),
                 run_dir=Path(w.run_dir) if w.run_dir else Path(w.heartbeat_dir).parent,
@@ -124,12 +126,13 @@ class SessionConfig:
                              "to run standalone")
         if plan is None:
             plan = default_plan_for(spec, world_size)
-        run_dir = settings.runs_dir / spec.metadata.name / "standalone"
+        run = "standalone"
+        run_dir = settings.runs_dir / spec.metadata.name / run
         return cls._from_job(
-            spec, plan, job_name=spec.metadata.name, attempt=0, resume_from="",
+            spec, plan, job_name=spec.metadata.name, run=run, attempt=0, resume_from="",
             object_store=settings.object_store,
-            checkpoint_uri=(spec.spec.checkpoint.storage
-                            or default_checkpoint_uri(settings.object_store, spec.metadata.name)),
+            checkpoint_uri=checkpoint_root(settings.object_store, spec.metadata.name, run,
+                                           storage=spec.spec.checkpoint.storage or ""),
             heartbeat_dir=run_dir / "heartbeats", run_dir=run_dir,
             endpoint_url=settings.s3_endpoint_url,
             hang_timeout_s=spec.spec.fault_tolerance.hang_timeout.total_seconds(),
@@ -422,7 +425,7 @@ class TrainingSession:
         loss = self._loss
         finite = loss is None or math.isfinite(loss)
         self._heartbeats.submit(Heartbeat(
-            job=self.config.job, attempt=self.config.attempt, rank=self.rank,
+            job=self.config.job, run=self.config.run, attempt=self.config.attempt, rank=self.rank,
             local_rank=self.local_rank, node=self.node, pid=os.getpid(), step=step,
             time=time.time(), loss=loss if finite else None, tokens_per_s=self._tokens_per_s,
             nan=not finite, hang_timeout_s=self.config.hang_timeout_s, phase=phase))

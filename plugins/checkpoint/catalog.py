@@ -305,3 +305,20 @@ def delete_checkpoint(store: ObjectStore, folder: str) -> int:
         count += 1
     return count
 
+
+def list_runs(object_store_uri: str, job: str, *, storage: str = "", endpoint_url: str | None = None
+              ) -> list[str]:
+    """The training runs of `job` that stored anything, oldest first (run ids sort by start
+    time), so `trainyard checkpoints … JOB` can default to the latest run."""
+    from config.runs import check_run_id
+    from plugins.checkpoint.uris import runs_uri
+
+    store = open_store(runs_uri(object_store_uri, job, storage=storage), endpoint_url=endpoint_url)
+    runs: set[str] = set()
+    for info in store.list():
+        head = info.key.split("/", 1)[0]
+        try:
+            runs.add(check_run_id(head))
+        except ValueError:
+            continue
+    return sorted(runs)

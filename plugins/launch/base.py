@@ -30,10 +30,8 @@ class Launcher(Protocol):
 
     def poll(self, handle: RunHandle) -> RunStatus: ...
 
-    def stop(self, handle: RunHandle, grace_s: float = 30.0, *, reason: str = "") -> RunStatus:
-        """SIGTERM (time for an emergency checkpoint), wait `grace_s`, then kill what is left.
-        `reason` says who stopped it and why (`hang: …`, `node_lost: …`, `user: …`); the
-        recovery engine's classifier reads it (`plugins/recovery/evidence.py`)."""
+    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
+        """SIGTERM (time for an emergency checkpoint), wait `grace_s`, then kill what is left."""
         ...
 
     def logs(self, handle: RunHandle, rank: int | None = None, tail: int = 200) -> str: ...

@@ -1,8 +1,9 @@
 """Build the `WorkerEnv` (DESIGN §7) and the process environment of a launch.
 
-One place decides where a job's checkpoints, heartbeats and logs go, so the CLI, the Airflow
-operator and the tests agree: checkpoints under `<object store>/jobs/<job>/checkpoints` unless
-the spec names `checkpoint.storage`; heartbeats under the attempt's run folder.
+One place decides where a run's checkpoints, heartbeats and logs go, so the CLI, the Airflow
+operator and the tests agree: checkpoints under `<object store>/jobs/<job>/runs/<run>/checkpoints`
+(`plugins.checkpoint.uris.checkpoint_root`); heartbeats under the attempt's run folder
+`<runs_dir>/<job>/<run>/<attempt>/`.
 """
 
 from __future__ import annotations
@@ -18,20 +19,18 @@ if TYPE_CHECKING:
     from plugins.advisor.plan import Plan
 
 
-def checkpoint_uri(job: TrainingJob, object_store: str) -> str:
-    """The spec's `checkpoint.storage`, else the checkpoint engine's default root (imported
-    here: the checkpoint package loads its catalog, which a launcher import should not pay for)."""
-    from plugins.checkpoint.uris import default_checkpoint_uri
+def checkpoint_uri(job: TrainingJob, object_store: str, run: str) -> str:
+    """This run's checkpoint root: `plugins.checkpoint.uris.checkpoint_root` with the spec's
+    `checkpoint.storage` (imported here: the checkpoint package loads its catalog, which a
+    launcher import should not pay for)."""
+    from plugins.checkpoint.uris import checkpoint_root
 
-    storage = job.spec.checkpoint.storage
-    if storage:
-        return storage.rstrip("/")
-    return default_checkpoint_uri(object_store, job.metadata.name)
+    return checkpoint_root(object_store, job.metadata.name, run, storage=job.spec.checkpoint.storage or "")
 
 
-def run_dir_for(runs_dir: str | Path, job: str, attempt: int) -> Path:
-    """`<runs_dir>/<job>/<attempt>/`: logs, pid records, heartbeats of one attempt."""
-    return Path(runs_dir) / job / str(attempt)
+def run_dir_for(runs_dir: str | Path, job: str, run: str, attempt: int) -> Path:
+    """`<runs_dir>/<job>/<run>/<attempt>/`: logs, pid records, heartbeats of one attempt."""
+    return Path(runs_dir) / job / run / str(attempt)
 
 
 def build_worker_env(
@@ -39,19 +38,20 @@ def build_worker_env(
     plan: Plan,
     settings: Settings,
     *,
+    run: str,
     attempt: int,
     resume_from: str = "",
     mlflow_run_id: str = "",
     run_dir: str | Path | None = None,
 ) -> WorkerEnv:
-    run = Path(run_dir) if run_dir is not None else run_dir_for(settings.runs_dir, job.metadata.name, attempt)
+    folder = Path(run_dir) if run_dir is not None else run_dir_for(settings.runs_dir, job.metadata.name, run, attempt)
     return WorkerEnv(
-        job=job.metadata.name, attempt=attempt, plan=plan.model_dump_json(),
+        job=job.metadata.name, run=run, attempt=attempt, plan=plan.model_dump_json(),
         spec=job.model_dump_json(by_alias=True), resume_from=resume_from,
-        object_store=settings.object_store, checkpoint_uri=checkpoint_uri(job, settings.object_store),
-        heartbeat_dir=str(run / "heartbeats"),
+        object_store=settings.object_store, checkpoint_uri=checkpoint_uri(job, settings.object_store, run),
+        heartbeat_dir=str(folder / "heartbeats"),
         hang_timeout_s=job.spec.fault_tolerance.hang_timeout.total_seconds(),
-        run_dir=str(run), mlflow_tracking_uri=settings.mlflow_tracking_uri, mlflow_run_id=mlflow_run_id,
+        run_dir=str(folder), mlflow_tracking_uri=settings.mlflow_tracking_uri, mlflow_run_id=mlflow_run_id,
     )
 
 

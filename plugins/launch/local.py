@@ -1,6 +1,6 @@
 """`LocalLauncher`: one detached torchrun agent per node of the placement, on this host.
 
-Layout of one attempt's run folder (`<runs_dir>/<job>/<attempt>/`):
+Layout of one attempt's run folder (`<runs_dir>/<job>/<run>/<attempt>/`):
 
     handle.json                  the RunHandle (a second submit re-attaches to it)
     agents/<node>.log            torchrun's own output for that node
@@ -9,7 +9,7 @@ Layout of one attempt's run folder (`<runs_dir>/<job>/<attempt>/`):
     ranks/rank-NNNNN.json        each rank's pids, process group, exit code (`rank_exec`)
     exits.jsonl                  every rank exit, restarts included
     heartbeats/rank-NNNNN.json   the worker runtime's heartbeats (DESIGN §8)
-    stopped.json                 written by `stop` (when, grace, and the caller's reason)
+    stopped.json                 written by `stop`
 
 Agents start in their own session (`start_new_session=True`), so they outlive the launching
 process and a signal to the launcher's terminal never reaches them; torchrun itself starts
@@ -119,7 +119,7 @@ class LocalLauncher:
                *, attempt: int) -> RunHandle:
         self._check(job, plan, placement, worker_env, attempt)
         run_dir = Path(worker_env.run_dir) if worker_env.run_dir else run_dir_for(
-            self.runs_dir, job.metadata.name, attempt)
+            self.runs_dir, job.metadata.name, worker_env.run, attempt)
         existing = self._existing_handle(run_dir)
         if existing is not None:
             return existing
@@ -140,7 +140,7 @@ class LocalLauncher:
             self._kill_agents(agents)
             raise LaunchError(f"could not start torchrun for {job.metadata.name}: {e}") from e
         handle = RunHandle(
-            kind="local", job=job.metadata.name, attempt=attempt, world_size=placement.world_size,
+            kind="local", job=job.metadata.name, run=worker_env.run, attempt=attempt, world_size=placement.world_size,
             run_dir=str(run_dir), heartbeat_dir=worker_env.heartbeat_dir,
             rdzv_endpoint=f"127.0.0.1:{port}", max_restarts=self.max_restarts, agents=agents,
             nodes=placement.node_names, ranks_per_node=placement.ranks_per_node,
@@ -157,6 +157,8 @@ class LocalLauncher:
         if placement.job != name or worker_env.job != name:
             raise ValueError(f"job names disagree: spec {name!r}, placement {placement.job!r}, "
                              f"worker env {worker_env.job!r}")
+        if placement.run != worker_env.run:
+            raise ValueError(f"runs disagree: placement {placement.run!r}, worker env {worker_env.run!r}")
         if worker_env.attempt != attempt:
             raise ValueError(f"attempt {attempt} != worker env attempt {worker_env.attempt}")
         remote = sorted({n.address for n in placement.nodes} - LOCAL_ADDRESSES)
@@ -212,7 +214,7 @@ class LocalLauncher:
             "--nnodes", str(len(placement.nodes)), "--node-rank", str(node.node_rank),
             "--nproc-per-node", str(node.slots),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--rdzv-id", f"{job.metadata.name}-{attempt}", "--local-addr", "127.0.0.1",
+            "--rdzv-id", f"{job.metadata.name}-{placement.run}-{attempt}", "--local-addr", "127.0.0.1",
             "--max-restarts", str(self.max_restarts),
             "-m", "plugins.launch.rank_exec", "--run-dir", str(run_dir), "--",
             entry, *job.spec.source.args, *learning_rate_args(job),
@@ -315,9 +317,8 @@ class LocalLauncher:
 
     # --- stop -------------------------------------------------------------------------------
 
-    def stop(self, handle: RunHandle, grace_s: float = 30.0, *, reason: str = "") -> RunStatus:
+    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
         """SIGTERM the run, wait up to `grace_s`, then SIGKILL every process group of it.
-        The first stop's `reason` is recorded in `stopped.json` (see `Launcher.stop`).
 
         SIGTERM goes to the live agents (torchrun passes it on to its ranks' groups) and straight
         to the ranks of agents that are gone — never twice to the same rank: a second SIGTERM
@@ -326,8 +327,7 @@ class LocalLauncher:
         run_dir = Path(handle.run_dir)
         if not (run_dir / "stopped.json").exists():
             _write_json(run_dir / "stopped.json", json.dumps({
-                "requested_at": datetime.now(UTC).isoformat(), "requested_at_s": time.time(), "grace_s": grace_s,
-                "reason": reason}))
+                "requested_at": datetime.now(UTC).isoformat(), "requested_at_s": time.time(), "grace_s": grace_s}))
         self._terminate(handle)
         deadline = time.monotonic() + max(grace_s, 0.0)
         while time.monotonic() < deadline and self._members(handle):

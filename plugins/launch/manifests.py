@@ -88,7 +88,7 @@ class KubernetesOptions(BaseModel):
     extra_labels: dict[str, str] = Field(default_factory=dict)
 
 
-def job_labels(job: TrainingJob, attempt: int) -> dict[str, str]:
+def job_labels(job: TrainingJob, attempt: int, run: str = "") -> dict[str, str]:
     labels = {k: v for k, v in job.metadata.labels.items() if _label_ok(k, v)}
     labels.update({
         "app.kubernetes.io/name": "trainyard-job",
@@ -97,6 +97,8 @@ def job_labels(job: TrainingJob, attempt: int) -> dict[str, str]:
         "trainyard.io/team": _label_value(job.metadata.team),
         "trainyard.io/attempt": str(attempt),
     })
+    if run:
+        labels["trainyard.io/run"] = run
     return labels
 
 
@@ -119,10 +121,11 @@ def render_volcano_job(
     _check(job, plan, placement, attempt)
     name = job.metadata.name
     worker_env = worker_env.model_copy(update={
-        "heartbeat_dir": f"{options.heartbeat_root}/{name}/{attempt}",
+        "heartbeat_dir": "/".join([options.heartbeat_root, name, *([worker_env.run] if worker_env.run else []),
+                                   str(attempt)]),
         "run_dir": "/var/run/trainyard/run",
     })
-    labels = job_labels(job, attempt) | options.extra_labels
+    labels = job_labels(job, attempt, worker_env.run) | options.extra_labels
     tasks = [_task(job, plan, placement, worker_env, node, labels, options) for node in placement.nodes]
     body = {
         "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
@@ -200,7 +203,8 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         "--nnodes", str(len(placement.nodes)), "--node-rank", str(node.node_rank),
         "--nproc-per-node", str(node.slots),
         "--rdzv-backend", "static", "--rdzv-endpoint", f"{master_host(job.metadata.name)}:{options.master_port}",
-        "--rdzv-id", f"{job.metadata.name}-{worker_env.attempt}",
+        "--rdzv-id", "-".join([job.metadata.name, *([worker_env.run] if worker_env.run else []),
+                                str(worker_env.attempt)]),
         "--max-restarts", str(options.torchrun_max_restarts),
         job.spec.source.entrypoint, *job.spec.source.args, *learning_rate_args(job),
     ]

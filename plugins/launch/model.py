@@ -38,6 +38,7 @@ class AgentRecord(_Model):
 class RunHandle(_Model):
     kind: Literal["local", "kubernetes"]
     job: str
+    run: str = ""
     attempt: int
     world_size: int
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))

@@ -171,7 +171,7 @@ class KubernetesLauncher:
             if existing != str(attempt):
                 raise LaunchError(f"Volcano Job {self._ns}/{name} already exists for attempt {existing}; "
                                   f"stop it before launching attempt {attempt}") from e
-        return RunHandle(kind="kubernetes", job=job.metadata.name, attempt=attempt,
+        return RunHandle(kind="kubernetes", job=job.metadata.name, run=worker_env.run, attempt=attempt,
                          world_size=placement.world_size, namespace=self._ns, name=name,
                          uid=str(created.get("metadata", {}).get("uid") or ""),
                          nodes=placement.node_names, ranks_per_node=placement.ranks_per_node)
@@ -256,10 +256,8 @@ class KubernetesLauncher:
 
     # --- stop -------------------------------------------------------------------------------
 
-    def stop(self, handle: RunHandle, grace_s: float = 30.0, *, reason: str = "") -> RunStatus:
+    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
         """Delete the Volcano Job (its pods get SIGTERM and `grace_s` before SIGKILL).
-        `reason` is not recorded yet on Kubernetes (partial: the classifier then sees a plain
-        stop on request).
 
         A 404 means it is already gone: done. The uid precondition makes sure a newer Job of
         the same name (a later attempt) is never deleted by a stale handle (409: also done)."""

@@ -8,13 +8,14 @@ symptoms of the others still appear in the report's evidence lines.
 Precedence (first match wins):
 
 1. **completed** — every rank exited 0. Work done is done, whatever happens to a node after.
-2. **cancelled** — the gang was stopped on purpose (`stopped.json` cause `user`, `timeout`,
-   or no cause: a plain `stop`). A person's stop wins over any failure: never restart what a
-   user stopped.
-3. **preempted** (requested) — the platform stopped it to make room (cause `preempted`).
+2. **cancelled** — the gang was stopped on purpose: `stop-reason.json` says `requested` or
+   `timeout`, or the launcher was stopped with no reason recorded (`trainyard stop`, Ctrl-C).
+   A person's stop wins over any failure: never restart what a user stopped.
+3. **preempted** (by the platform) — the control plane stopped it because its reservation
+   lease was lost (`lease_lost`): the devices may be someone else's now; not the job's fault.
 4. **node_lost** — a node of the gang has a fatal verdict (`gpu_failed`, `node_unhealthy`),
    its agent missed `MISSED_HEARTBEATS_LOST` heartbeats, or the health watcher stopped the
-   gang (cause `node_lost`). Above every rank-level class: their symptoms are its effects.
+   gang (`node_lost`, with the nodes it names). Above every rank-level class: their symptoms are its effects.
 5. **checkpoint_corrupt** — exit `CHECKPOINT_CORRUPT`, the worker's record, or a restore
    verification error in the failing rank's log: the attempt never trained, restarting the
    same way fails the same way.
@@ -22,7 +23,7 @@ Precedence (first match wins):
 7. **diverged** — exit `DIVERGED` (the onset from `diverged.json`).
 8. **preempted** — exit `PREEMPTED` / `PREEMPTED_NO_CHECKPOINT` without a stop by a user: a
    SIGTERM from outside (a spot notice, a node drain).
-9. **hang** — the hang watcher stopped the gang (cause `hang`), or a rank is flagged `hung`.
+9. **hang** — the hang watcher stopped the gang (`hang`), or a rank is flagged `hung`.
 10. **worker_crash** — any other failure (non-zero exit, a signal, a torchrun agent that died).
 
 A stop that came *after* a rank had already failed only cleaned up (the launcher reports the
@@ -59,7 +60,8 @@ def classify(ev: Evidence) -> FailureReport:
     """The verdict on one attempt (see the module docstring for the order of the rules)."""
     status = ev.status
     facts = _facts(ev)
-    stop_cause = ev.stop.cause if ev.stop is not None else None
+    stop_cause = ev.stop_cause
+    why_stopped = ev.stop_reason.detail if ev.stop_reason is not None else ""
     stopped = status.state == "stopped"
     first = _first_failed(ev)
     code = first[1] if first else status.exit_code
@@ -77,15 +79,16 @@ def classify(ev: Evidence) -> FailureReport:
     if status.state == "succeeded":
         return report("completed", status.message or "every rank completed")
     if stop_cause in STOP_CAUSES_CANCEL:
-        return report("cancelled", f"stopped on request ({ev.stop.reason or 'no reason given'})")
-    if stop_cause == "preempted":
-        return report("preempted", f"preempted by the platform: {ev.stop.reason}")
+        return report("cancelled", f"stopped on request ({why_stopped or stop_cause})")
+    if stop_cause == "lease_lost":
+        return report("preempted", f"stopped by the platform, its reservation lost: {why_stopped}")
 
     lost = {o.node: o.fatal_reasons() for o in ev.nodes if o.node in ev.gang_nodes or not ev.gang_nodes}
     lost = {node: why for node, why in lost.items() if why}
     if lost or stop_cause == "node_lost":
-        why = "; ".join(r for rs in lost.values() for r in rs) or ev.stop.reason  # type: ignore[union-attr]
-        return report("node_lost", f"node lost: {why}", failed_nodes=sorted(lost) or _nodes_named(ev))
+        why = "; ".join(r for rs in lost.values() for r in rs) or why_stopped
+        named = ev.stop_reason.nodes if ev.stop_reason is not None and stop_cause == "node_lost" else []
+        return report("node_lost", f"node lost: {why}", failed_nodes=sorted({*lost, *named}))
 
     if not status.finished and not _hung(ev):
         raise AttemptStillRunning(f"attempt {ev.attempt} of {ev.job} is {status.state} "
@@ -117,14 +120,15 @@ def classify(ev: Evidence) -> FailureReport:
 
     hung = [r for r in status.ranks if r.hung]
     if (stopped and stop_cause == "hang") or (hung and first is None):
-        detail = ev.stop.reason if ev.stop is not None and stop_cause == "hang" else \
+        detail = why_stopped if stop_cause == "hang" and why_stopped else \
             f"rank {hung[0].rank} has no step progress for {hung[0].heartbeat_age_s:.0f} s"
-        ranks = [r.rank for r in hung]
+        ranks = [r.rank for r in hung] or (ev.stop_reason.ranks if ev.stop_reason is not None else [])
+        rank = ranks[0] if ranks else None
         return report("hang", f"hang: {detail}" + (f" (hung ranks {ranks})" if ranks else ""),
-                      rank=hung[0].rank if hung else None, node=(hung[0].node or None) if hung else None)
+                      rank=rank, node=_node_of(ev, rank) if rank is not None else None)
 
     if stopped:  # a platform stop with a cause this engine does not know: report it, as a crash
-        return report("worker_crash", f"stopped by the platform: {ev.stop.reason if ev.stop else ''}")
+        return report("worker_crash", f"stopped by the platform ({stop_cause}): {why_stopped}")
     return report("worker_crash", _crash_reason(ev, first, tail))
 
 
@@ -193,12 +197,6 @@ def _ended(ev: Evidence) -> datetime | None:
     return utc_from_s(max(ends)) if ends else None
 
 
-def _nodes_named(ev: Evidence) -> list[str]:
-    """Gang nodes named in a `node_lost: …` stop reason."""
-    text = ev.stop.reason if ev.stop is not None else ""
-    return [n for n in ev.gang_nodes if n in text]
-
-
 def _facts(ev: Evidence) -> list[str]:
     """The evidence lines a person reads: the status, each failed rank, the records, the nodes."""
     s = ev.status
@@ -215,8 +213,10 @@ def _facts(ev: Evidence) -> list[str]:
     if ev.restarts_in_place:
         facts.append(f"torchrun restarted the workers in place {ev.restarts_in_place} time(s) "
                      f"(of {ev.max_restarts_in_place})")
-    if ev.stop is not None:
-        facts.append(f"stopped.json: {ev.stop.reason or 'stop on request (no reason)'}")
+    if ev.stop_reason is not None:
+        facts.append(f"stop-reason.json: {ev.stop_reason.reason}: {ev.stop_reason.detail}")
+    elif ev.stop is not None:
+        facts.append("stopped.json: stopped on request (no reason recorded)")
     if ev.diverged is not None:
         facts.append(f"diverged.json: {ev.diverged.message or ev.diverged.reason} "
                      f"(onset {ev.diverged.onset_step}, last checkpoint {ev.diverged.last_checkpoint_step})")

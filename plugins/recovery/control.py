@@ -1,52 +1,171 @@
-"""Stopping a training run on request: the gang of its live attempt, then its lifecycle.
+"""The control plane's steps for one attempt of a training run (DESIGN §4), as plain functions.
 
-`trainyard stop` and an Airflow "cancel" both call `stop_run`. The live attempt's processes
-are found through the launcher handle stored in the job state (`plugins/recovery/state.py`),
-so the stop works from any process, long after the one that launched them is gone.
+Each Airflow task of a job's DAG is one of these, wrapped by a thin operator; `trainyard launch`
+and the demo call the same ones. What each step decides (which run this trigger opened, which
+plan the attempt runs, where it resumes, what the worker is told) is decided here, once:
+
+- `open_attempt`     the attempt's conf: a first trigger opens a new run (its id derived from the
+                     Airflow run, so a retried task gets the same one); later attempts carry theirs;
+- `effective_job`    the spec with the trigger's overrides (max steps, learning rate);
+- `plan_attempt`     the plan: the one a re-plan handed over, else the advisor's / the manual one;
+- `resume_point`     the manifest the attempt restores (explicit, a registered model's, or none:
+                     the run's newest valid checkpoint, which is a fresh start for a new run);
+- `launch_attempt`   the worker environment (faults included) and a detached, idempotent submit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import hashlib
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from plugins.recovery.model import FailureReport
-from plugins.recovery.state import JobStateStore, RunInfo
+from config.runs import check_run_id
+from plugins.errors import FatalError
+from plugins.recovery.model import AttemptConf
 
 if TYPE_CHECKING:
-    from plugins.launch.base import Launcher
-    from plugins.launch.model import RunStatus
-
-USER_STOP = "user: trainyard stop"
-"""The stop reason recorded in `stopped.json`: its `user` cause makes the classifier call the
-attempt `cancelled` (never restarted)."""
-
-
-@dataclass(frozen=True)
-class StopResult:
-    run: RunInfo
-    attempt: int | None
-    """The attempt whose gang was stopped (None: no live attempt)."""
-    status: RunStatus | None
-    already_final: bool = False
+    from config.cluster import Cluster
+    from config.settings import Settings
+    from config.spec import TrainingJob
+    from plugins.advisor.plan import Plan
+    from plugins.launch.local import LocalLauncher
+    from plugins.launch.model import RunHandle
+    from plugins.placement.model import Placement
 
 
-def stop_run(store: JobStateStore, launcher: Launcher, job: str, run: str = "", *,
-             grace_s: float = 30.0, reason: str = USER_STOP) -> StopResult:
-    """Stop the live attempt's gang (SIGTERM → emergency checkpoint → SIGKILL after `grace_s`),
-    record the attempt as cancelled and the run as `cancelled`. A run already completed,
-    failed or cancelled is left as it is."""
-    info = store.get_run(job, run)
-    if info.final:
-        return StopResult(info, None, None, already_final=True)
-    live = store.live_attempt(job, info.run)
-    status = None
-    if live is not None and live.run_handle is not None:
-        status = launcher.stop(live.run_handle, grace_s, reason=reason)
-    if live is not None:
-        store.end_attempt(FailureReport(job=job, run=info.run, attempt=live.attempt, outcome="cancelled",
-                                        reason=f"stopped on request ({reason})",
-                                        step=status.step if status else None,
-                                        evidence=[f"launcher: {status.state} — {status.message}"] if status else []))
-    info = store.transition(job, info.run, "cancelled", reason=f"stopped on request ({reason})")
-    return StopResult(info, live.attempt if live else None, status)
+class InvalidConf(FatalError):
+    """A DAG run's conf (or trigger form) that does not parse as an `AttemptConf`."""
+
+
+class NoPlan(FatalError):
+    """Nothing fits: the advisor's suggestions say what to change."""
+
+
+def run_id_for_trigger(dag_id: str, trigger_run_id: str, when: datetime) -> str:
+    """The training run a first trigger opens: its start time plus a digest of the Airflow run,
+    so every task (and every retry) of that DAG run derives the same id without a lookup."""
+    digest = hashlib.sha256(f"{dag_id}/{trigger_run_id}".encode()).hexdigest()[:6]
+    return check_run_id(f"{when:%Y%m%dt%H%M%S}-{digest}")
+
+
+FAULT_PARAM_PREFIX = "fault_"
+"""The trigger form shows each `FaultParams` field as a flat Param `fault_<field>`."""
+
+
+def trigger_conf(params: dict[str, Any], conf: dict[str, Any] | None) -> dict[str, Any]:
+    """One conf from the trigger form's Params and the DAG run's conf (the conf wins): the flat
+    `fault_*` Params become the nested `faults`, unset (None) values are dropped."""
+    merged = {**params, **(conf or {})}
+    faults = dict(merged.get("faults") or {})
+    for key in [k for k in merged if k.startswith(FAULT_PARAM_PREFIX)]:
+        value = merged.pop(key)
+        if value not in (None, "", False):
+            faults[key.removeprefix(FAULT_PARAM_PREFIX)] = value
+    merged["faults"] = faults
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+def open_attempt(conf: dict[str, Any] | None, *, dag_id: str, trigger_run_id: str, when: datetime
+                 ) -> AttemptConf:
+    """Parse a DAG run's conf (Airflow hands Params and conf over together; unknown keys are
+    errors, templated strings are coerced) and give a first attempt its run id."""
+    from pydantic import ValidationError
+
+    try:
+        parsed = AttemptConf.model_validate({k: v for k, v in (conf or {}).items() if v is not None})
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'conf'}: {err['msg']} "
+                             f"(got {err.get('input')!r})" for err in e.errors())
+        raise InvalidConf(f"the run's conf is invalid: {problems}") from e
+    if parsed.run:
+        return parsed
+    if parsed.attempt:
+        raise InvalidConf(f"attempt {parsed.attempt} names no run: only a first attempt opens one")
+    return parsed.model_copy(update={"run": run_id_for_trigger(dag_id, trigger_run_id, when)})
+
+
+def effective_job(job: TrainingJob, conf: AttemptConf) -> TrainingJob:
+    """The spec as this run trains it: the trigger form's overrides applied, revalidated."""
+    from config.spec import TrainingJob as Model
+
+    training: dict[str, Any] = {}
+    if conf.max_steps is not None:
+        training["maxSteps"] = conf.max_steps
+    if conf.learning_rate is not None:
+        training["learningRate"] = conf.learning_rate
+    if not training:
+        return job
+    data = job.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["spec"]["training"] = {**data["spec"].get("training", {}), **training}
+    return Model.model_validate(data)
+
+
+def plan_attempt(job: TrainingJob, cluster: Cluster, conf: AttemptConf, *, memory_fraction: float
+                 ) -> tuple[Plan, str]:
+    """(plan, where it came from): a re-plan handed over by the previous attempt wins."""
+    from plugins.advisor.plan import Plan
+    from plugins.placement.plans import plan_for_job
+
+    if conf.plan:
+        plan = Plan.model_validate_json(conf.plan)
+        plan.check_world_size(job.spec.hardware.gpu_count)
+        return plan, f"re-planned after attempt {conf.attempt - 1}"
+    try:
+        return plan_for_job(job, cluster, memory_fraction=memory_fraction)
+    except ValueError as e:
+        raise NoPlan(str(e)) from e
+
+
+def resume_point(conf: AttemptConf, *, tracking_uri: str) -> str:
+    """The manifest URI the attempt restores, or '' for the run's newest valid checkpoint.
+
+    A later attempt restores what the recovery decision named (a rollback, a fall-back) or, with
+    nothing named, the newest valid checkpoint of its own run. A first attempt starts fresh unless
+    its trigger asked to start from a checkpoint or a registered model (`models:/name@alias`:
+    the checkpoint the version was exported from, recorded in its lineage tags).
+    """
+    if conf.attempt > 0:
+        return conf.resume_from
+    start = conf.start_from.strip()
+    if not start.startswith("models:/"):
+        return start
+    from plugins.tracking.runs import client_for
+
+    name, sep, alias = start.removeprefix("models:/").partition("@")
+    if not sep or not name or not alias:
+        raise InvalidConf(f"start_from {start!r}: write models:/<name>@<alias>")
+    version = client_for(tracking_uri).get_model_version_by_alias(name, alias)
+    uri = version.tags.get("trainyard.checkpoint.uri", "")
+    if not uri:
+        raise InvalidConf(f"model {name} version {version.version} (alias {alias!r}) records no "
+                          "checkpoint it was exported from (tag trainyard.checkpoint.uri)")
+    return uri
+
+
+def launcher(settings: Settings, *, max_restarts: int = 0) -> LocalLauncher:
+    """The launcher of the embedded default (Kubernetes goes through `KubernetesLauncher`)."""
+    from plugins.launch.local import REPO_ROOT, LocalLauncher
+
+    return LocalLauncher(settings.runs_dir, source_dir=REPO_ROOT, max_restarts=max_restarts)
+
+
+def launch_attempt(job: TrainingJob, plan: Plan, placement: Placement, conf: AttemptConf,
+                   settings: Settings, *, mlflow_run_id: str, resume_from: str,
+                   source_dir: Path | None = None) -> RunHandle:
+    """Start the attempt's gang detached; a second call for the same attempt re-attaches."""
+    from plugins.launch.environment import build_worker_env
+    from plugins.launch.local import LocalLauncher
+    from worker.faults import ENV as FAULTS_ENV
+
+    worker_env = build_worker_env(job, plan, settings, run=conf.run, attempt=conf.attempt,
+                                  resume_from=resume_from, mlflow_run_id=mlflow_run_id)
+    faults = conf.faults.worker_faults() if conf.attempt == 0 else ""
+    base = None
+    if faults:
+        import os
+
+        base = {**os.environ, FAULTS_ENV: faults}
+    local = LocalLauncher(settings.runs_dir, source_dir=source_dir or launcher(settings).source_dir,
+                          base_env=base)
+    return local.submit(job, plan, placement, worker_env, attempt=conf.attempt)

@@ -6,8 +6,9 @@ again later (an Airflow task on another worker, `trainyard status`, a test):
 
 - the launcher's `RunStatus` (state, each rank's exit code, restart count, heartbeat, `hung`);
 - the run folder (`plugins/launch/local.py` documents its layout): `exits.jsonl` (every rank
-  exit, torchrun's in-place restarts included), `stopped.json` (who stopped the gang and why),
-  `diverged.json` and `checkpoint_corrupt.json` (written by `worker/session.py` before it
+  exit, torchrun's in-place restarts included), `stopped.json` (the launcher was asked to stop
+  the gang) and `stop-reason.json` (why the control plane stopped it: `plugins/recovery/watch.py`
+  writes it before the stop; no reason = a stop a person asked for), `diverged.json` and `checkpoint_corrupt.json` (written by `worker/session.py` before it
   exits with `DIVERGED` / `CHECKPOINT_CORRUPT`), and the tail of each failed rank's log;
 - the health of the gang's nodes, as their node agents reported it (`NodeObservation`: a
   `NodeHealth`, or the number of heartbeats the agent has missed in a row). The caller polls
@@ -33,14 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from node_agent.models import NodeHealth
 from plugins.launch.model import RunHandle, RunStatus
+from plugins.recovery.watch import FATAL_VERDICTS, StopReason, read_stop_reason
 
 MISSED_HEARTBEATS_LOST = 3
 """A node whose agent missed this many heartbeats in a row is lost (DESIGN §5)."""
-
-FATAL_VERDICTS: tuple[str, ...] = ("gpu_failed", "node_unhealthy")
-"""Node-agent verdicts that make the node's ranks unreliable: the node is replaced. (`thermal`
-makes a node unfit for new work but does not break a running job; it is reported, not acted
-on here.)"""
 
 LOG_TAIL_LINES = 60
 MAX_LOGS = 8
@@ -89,23 +86,16 @@ class CheckpointCorruptRecord(_Record):
 
 
 class StopRecord(_Record):
-    """`<run_dir>/stopped.json`, written by `LocalLauncher.stop`."""
+    """`<run_dir>/stopped.json`, written by `LocalLauncher.stop` (that a stop was asked, when)."""
 
     requested_at: datetime | None = None
     requested_at_s: float = 0.0
     grace_s: float = 0.0
-    reason: str = ""
-    """`<cause>: <detail>`, e.g. `hang: rank 1 no step for 620 s`; empty for an older record."""
-
-    @property
-    def cause(self) -> str:
-        """`user`, `hang`, `node_lost`, `preempted`, `timeout`… (`user` when not given)."""
-        cause = self.reason.partition(":")[0].strip().lower()
-        return cause or "user"
 
 
-STOP_CAUSES_CANCEL = ("user", "cancel", "cancelled", "timeout")
-"""Stop causes that end the run on purpose: nothing to recover."""
+STOP_CAUSES_CANCEL = ("requested", "timeout")
+"""`StopReason.reason`s that end the run on purpose: nothing to recover. (A stop without a
+`stop-reason.json` counts as `requested`.)"""
 
 
 class RankExit(_Record):
@@ -157,6 +147,8 @@ class Evidence(_Record):
     """torchrun's `--max-restarts` for this attempt."""
     exits: list[RankExit] = Field(default_factory=list)
     stop: StopRecord | None = None
+    stop_reason: StopReason | None = None
+    """Why the control plane stopped the gang (`plugins/recovery/watch.py`)."""
     diverged: DivergedRecord | None = None
     checkpoint_corrupt: CheckpointCorruptRecord | None = None
     log_tails: dict[int, str] = Field(default_factory=dict)
@@ -166,6 +158,14 @@ class Evidence(_Record):
     """The checkpoint this attempt was told to restore (empty = the newest valid one)."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
+
+    @property
+    def stop_cause(self) -> str | None:
+        """None when nobody stopped the gang; else `StopReason.reason` (`requested` when the
+        launcher was stopped without a recorded reason: a person's stop, a Ctrl-C)."""
+        if self.stop_reason is not None:
+            return self.stop_reason.reason
+        return "requested" if self.stop is not None else None
 
     @property
     def restarts_in_place(self) -> int:
@@ -198,6 +198,7 @@ def gather(handle: RunHandle, status: RunStatus, *, run: str = "",
         status=status, gang_nodes=list(handle.nodes) or [a.node for a in handle.agents],
         max_restarts_in_place=handle.max_restarts, exits=exits,
         stop=_read_model(run_dir / "stopped.json", StopRecord) if run_dir else None,
+        stop_reason=read_stop_reason(run_dir) if run_dir else None,
         diverged=_read_model(run_dir / "diverged.json", DivergedRecord) if run_dir else None,
         checkpoint_corrupt=(_read_model(run_dir / "checkpoint_corrupt.json", CheckpointCorruptRecord)
                             if run_dir else None),

@@ -169,6 +169,21 @@ class FaultParams(_Model):
     def any(self) -> bool:
         return any(v not in (None, False, "") for v in self.model_dump().values())
 
+    def worker_faults(self) -> str:
+        """The faults the training processes inject themselves (`worker.faults`' `TRAINYARD_FAULTS`
+        syntax); the others are carried out by the control plane (corrupting a checkpoint, failing
+        a GPU through the node agent)."""
+        items = []
+        if self.kill_at_step is not None:
+            items.append(f"sigkill@{self.kill_at_step}:{self.kill_rank or 0}")
+        if self.hang_at_step is not None:
+            items.append(f"hang@{self.hang_at_step}:{self.hang_rank or 0}")
+        if self.nan_at_step is not None:
+            items.append(f"nan_loss@{self.nan_at_step}")
+        if self.oom_at_step is not None:
+            items.append(f"oom@{self.oom_at_step}")
+        return ",".join(items)
+
 
 class AttemptConf(_Model):
     """The conf of one attempt's DAG run (and the trigger form's Params on the first one).

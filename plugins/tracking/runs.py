@@ -150,6 +150,7 @@ def start_or_resume_run(
         tags = _identity_tags(job)
         if trigger_id:
             tags[TAG + "trigger_id"] = trigger_id
+            tags[TAG + "run"] = trigger_id  # the training run: one trigger, all its attempts
         run = client.create_run(exp_id, run_name=job.name, tags=tags)
         log.info("MLflow run %s created for job %s in experiment %s", run.info.run_id, job.name, name)
     elif run.info.status != "RUNNING":

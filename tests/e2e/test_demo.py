@@ -42,9 +42,9 @@ def test_demo_recovers_from_a_worker_crash_and_registers_the_model(tmp_path: Pat
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
     assert max(steps) == 200 and len(set(steps)) == 200
 
-    job = tags["trainyard.job"]
-    assert job.startswith("demo-tiny-lm-")  # each demo run is a job of its own
-    root = (home / "objects" / "jobs" / job / "checkpoints").as_uri()
+    job, training_run = tags["trainyard.job"], tags["trainyard.run"]
+    assert job == "demo-tiny-lm"  # each demo is a training run of the same job
+    root = (home / "objects" / "jobs" / job / "runs" / training_run / "checkpoints").as_uri()
     checkpoints = list_checkpoints(root)
     assert checkpoints[-1].step == 200 and verify(root, checkpoints[-1]).ok
 
@@ -52,7 +52,7 @@ def test_demo_recovers_from_a_worker_crash_and_registers_the_model(tmp_path: Pat
     assert version.run_id == run.info.run_id
     assert version.tags["trainyard.dataset.version"] == "v1"
     assert version.tags["trainyard.checkpoint.step"] == "200"
-    assert (home / "demo" / f"{job}.png").stat().st_size > 10_000
+    assert (home / "demo" / f"{job}-{training_run}.png").stat().st_size > 10_000
 
     # A second demo trains again (it does not find the first run's final checkpoint) and
     # registers the next version of the same model.
@@ -60,3 +60,4 @@ def test_demo_recovers_from_a_worker_crash_and_registers_the_model(tmp_path: Pat
     assert str(client.get_model_version_by_alias("demo-tiny-lm", "candidate").version) == "2"
     runs = client.search_runs([run.info.experiment_id])
     assert len(runs) == 2 and all(r.data.tags["trainyard.status"] == "completed" for r in runs)
+    assert len({r.data.tags["trainyard.run"] for r in runs}) == 2

@@ -73,10 +73,10 @@ def start(tmp_path: Path, name: str, args: list[str]) -> tuple[LocalLauncher, Ru
     job = load_spec_file(write_spec(tmp_path / f"{name}.yaml", name, args))
     settings = Settings(home=tmp_path / "home")
     plan = Plan(dp=2)
-    placement = place_gang(GangRequest.for_job(job, plan), Inventory.from_cluster(load_cluster("local")))
+    placement = place_gang(GangRequest.for_job(job, plan, run="r-test"), Inventory.from_cluster(load_cluster("local")))
     launcher = LocalLauncher(settings.runs_dir, source_dir=REPO_ROOT,
                              base_env=procs.test_env({"OMP_NUM_THREADS": "1"}))
-    env = build_worker_env(job, plan, settings, attempt=0)
+    env = build_worker_env(job, plan, settings, run="r-test", attempt=0)
     return launcher, launcher.submit(job, plan, placement, env, attempt=0)
 
 
@@ -97,7 +97,7 @@ def test_detached_job_completes_after_the_launching_process_exits(tmp_path: Path
     assert "hello rank=1 world=2 job=tiny-ok attempt=0 node=local-1 lr=0.01" in log
     assert "step 3 sum=3" in log
     assert Path(handle.run_dir, "ranks", "rank-00000.log").is_file()
-    assert Path(handle.run_dir).parent.parent == settings.runs_dir
+    assert Path(handle.run_dir) == settings.runs_dir / "tiny-ok" / handle.run / "0"  # job / run / attempt
 
 
 def test_cli_reports_the_failing_rank_and_exits_with_its_code(tmp_path: Path) -> None:
@@ -132,8 +132,8 @@ def test_stop_leaves_no_process_behind_and_submit_is_idempotent(tmp_path: Path) 
     job = load_spec_file(tmp_path / "tiny-stop.yaml")
     settings = Settings(home=tmp_path / "home")
     plan = Plan(dp=2)
-    placement = place_gang(GangRequest.for_job(job, plan), Inventory.from_cluster(load_cluster("local")))
-    again = launcher.submit(job, plan, placement, build_worker_env(job, plan, settings, attempt=0), attempt=0)
+    placement = place_gang(GangRequest.for_job(job, plan, run="r-test"), Inventory.from_cluster(load_cluster("local")))
+    again = launcher.submit(job, plan, placement, build_worker_env(job, plan, settings, run="r-test", attempt=0), attempt=0)
     assert again == handle  # a retry re-attaches; it never starts a second copy
     records = LocalLauncher._rank_records(Path(handle.run_dir))
     pids = [a.pid for a in handle.agents] + [r["pid"] for r in records.values()] + [

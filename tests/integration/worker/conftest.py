@@ -19,8 +19,11 @@ from config.worker_env import WorkerEnv
 from node_agent.heartbeat import Heartbeat, heartbeat_path
 from plugins.advisor.plan import Plan
 from plugins.checkpoint import list_checkpoints, open_store
-from plugins.checkpoint.uris import default_checkpoint_uri
+from plugins.checkpoint.uris import checkpoint_root
 from tests.support.procs import REPO_ROOT, run_torchrun
+
+RUN = "r-test"
+"""The one training run these tests launch attempts of."""
 
 TINY_HINTS = {
     "hiddenSize": 64, "numLayers": 2, "numAttentionHeads": 4, "numKeyValueHeads": 2,
@@ -105,9 +108,9 @@ def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, at
            mlflow: tuple[str, str] = ("", "")) -> WorkerRun:
     """Run train.py for `job` under `plan` with the launcher's env contract; wait for it."""
     worker_env = WorkerEnv(
-        job=job.metadata.name, attempt=attempt, plan=plan.model_dump_json(),
+        job=job.metadata.name, run=RUN, attempt=attempt, plan=plan.model_dump_json(),
         spec=job.model_dump_json(by_alias=True), resume_from=resume_from, object_store=object_store,
-        checkpoint_uri=default_checkpoint_uri(object_store, job.metadata.name),
+        checkpoint_uri=checkpoint_root(object_store, job.metadata.name, RUN),
         heartbeat_dir=str(run_dir / "heartbeats"), hang_timeout_s=120, run_dir=str(run_dir),
         mlflow_tracking_uri=mlflow[0], mlflow_run_id=mlflow[1])
     full_env = {**worker_env.to_env(), "TRAINYARD_FAULTS": faults, **(env or {})}
@@ -120,5 +123,5 @@ def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, at
 
 def committed_steps(object_store: str, job: str, endpoint_url: str | None = None) -> list[int]:
     """Steps of `job`'s committed checkpoints, where `launch` put them."""
-    store = open_store(default_checkpoint_uri(object_store, job), endpoint_url=endpoint_url)
+    store = open_store(checkpoint_root(object_store, job, RUN), endpoint_url=endpoint_url)
     return [r.manifest.step for r in list_checkpoints(store)]

@@ -19,6 +19,7 @@ from tests.support.s3_server import S3Server
 from tests.unit.checkpoint.fabricate import make_checkpoint
 
 JOB = "demo"
+OLDER_RUN, RUN = "20261129t100000-aaaaaa", "20261130t100000-bbbbbb"
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
@@ -33,14 +34,17 @@ def run_cli(*argv: str) -> int:
 
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalStore]:
-    """Settings rooted in tmp_path (empty jobs folder); the job's default checkpoint root."""
+    """Settings rooted in tmp_path (empty jobs folder); the checkpoint root of the job's latest
+    run (an older run beside it holds one checkpoint the commands must not see)."""
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TRAINYARD_OBJECT_STORE", raising=False)
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     monkeypatch.setenv("TRAINYARD_JOBS_DIR", str(jobs))
     get_settings.cache_clear()
-    yield LocalStore(tmp_path / "home" / "objects" / "jobs" / JOB / "checkpoints")
+    runs = tmp_path / "home" / "objects" / "jobs" / JOB / "runs"
+    make_checkpoint(LocalStore(runs / OLDER_RUN / "checkpoints"), 900)
+    yield LocalStore(runs / RUN / "checkpoints")
     get_settings.cache_clear()
 
 

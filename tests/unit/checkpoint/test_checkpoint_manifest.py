@@ -19,7 +19,7 @@ from plugins.checkpoint.manifest import (
 )
 from plugins.checkpoint.store import ObjectStore
 from plugins.checkpoint.uris import (
-    default_checkpoint_uri,
+    checkpoint_root,
     require_job_prefix,
     split_manifest_uri,
 )
@@ -119,8 +119,12 @@ def test_step_dirs_sort_lexically_as_numbers_up_to_eight_digits(store: ObjectSto
 
 
 def test_job_prefix_rule() -> None:
-    root = default_checkpoint_uri("s3://bucket/trainyard", "llama")
-    assert root == "s3://bucket/trainyard/jobs/llama/checkpoints"
+    root = checkpoint_root("s3://bucket/trainyard", "llama", "20261130t120000-abc123")
+    assert root == "s3://bucket/trainyard/jobs/llama/runs/20261130t120000-abc123/checkpoints"
+    assert checkpoint_root("s3://b/t", "llama", "r-1", storage="s3://own/llama/") == "s3://own/llama/runs/r-1"
+    for bad in ("", "..", "a/b", "UPPER"):
+        with pytest.raises(ValueError, match="run id"):
+            checkpoint_root("s3://b/t", "llama", bad)
     assert require_job_prefix(root, "llama") == root
     assert require_job_prefix("file:///data/jobs/llama/checkpoints", "llama")
     for uri in ["s3://bucket/trainyard/jobs/other/checkpoints", "s3://llama/checkpoints",

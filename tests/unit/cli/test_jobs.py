@@ -104,10 +104,10 @@ def test_stop_stops_the_live_gang_and_cancels_the_run(store: JobStateStore, tmp_
             proc.wait()
     out = capsys.readouterr().out
     assert f"run {run} of demo-tiny-lm cancelled (attempt 1: stopped)" in out
-    stopped = json.loads((run_dir / "stopped.json").read_text())
-    assert stopped["reason"] == "user: trainyard stop"
+    assert (run_dir / "stopped.json").exists()
+    assert json.loads((run_dir / "stop-reason.json").read_text())["reason"] == "requested"
     info = store.get_run("demo-tiny-lm", run)
-    assert (info.state, info.final_reason) == ("cancelled", "stopped on request (user: trainyard stop)")
+    assert (info.state, info.final_reason) == ("cancelled", "stopped on request (trainyard stop)")
     assert store.attempts("demo-tiny-lm", run)[1].outcome == "cancelled"
     assert main(["stop", "demo-tiny-lm"]) == 0
     assert "already cancelled" in capsys.readouterr().out

@@ -35,7 +35,7 @@ def test_teams_file_loads_and_shares_fit() -> None:
 
 
 def test_worker_env_round_trip() -> None:
-    env = WorkerEnv(job="j", attempt=2, plan="{}", spec="{}", object_store="file:///o",
+    env = WorkerEnv(job="j", run="r-test", attempt=2, plan="{}", spec="{}", object_store="file:///o",
                     checkpoint_uri="file:///o/jobs/j/checkpoints", heartbeat_dir="/tmp/hb",
                     mlflow_run_id="abc")
     variables = env.to_env()

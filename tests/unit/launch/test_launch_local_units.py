@@ -150,8 +150,8 @@ def local_job(tmp_path: Path, **hardware: object) -> tuple[TrainingJob, Plan, ob
                  "training": {"maxSteps": 1}},
     })
     plan = Plan(dp=2)
-    placement = place_gang(GangRequest.for_job(job, plan), Inventory.from_cluster(load_cluster("local")))
-    env = build_worker_env(job, plan, Settings(home=tmp_path), attempt=0)
+    placement = place_gang(GangRequest.for_job(job, plan, run="r-test"), Inventory.from_cluster(load_cluster("local")))
+    env = build_worker_env(job, plan, Settings(home=tmp_path), run="r-test", attempt=0)
     return job, plan, placement, env
 
 
@@ -162,6 +162,8 @@ def test_submit_checks_before_starting_anything(tmp_path: Path) -> None:
     job, plan, placement, env = local_job(tmp_path)
     with pytest.raises(ValueError, match=r"attempt 1 != worker env attempt 0"):
         launcher.submit(job, plan, placement, env, attempt=1)
+    with pytest.raises(ValueError, match=r"runs disagree: placement 'r-other', worker env 'r-test'"):
+        launcher.submit(job, plan, placement.model_copy(update={"run": "r-other"}), env, attempt=0)
     with pytest.raises(ValueError, match=r"Invalid parallel dims: .* = 4 != WORLD_SIZE\(2\)"):
         launcher.submit(job, Plan(dp=4), placement, env, attempt=0)
     remote = placement.model_copy(update={"nodes": [n.model_copy(update={"address": "10.0.0.7"})

@@ -91,8 +91,8 @@ def test_resources_shm_security_and_environment(rendered: tuple[dict[str, Any], 
     assert env["MY_FLAG"] == "1"
     contract = WorkerEnv.from_env({k: v for k, v in env.items() if v is not None})
     assert contract.job == "gpt-200b" and contract.attempt == 2
-    assert contract.heartbeat_dir == "/var/run/trainyard/heartbeats/gpt-200b/2"
-    assert contract.checkpoint_uri == "s3://trainyard/objects/jobs/gpt-200b/checkpoints"
+    assert contract.heartbeat_dir == "/var/run/trainyard/heartbeats/gpt-200b/r-test/2"
+    assert contract.checkpoint_uri == "s3://trainyard/objects/jobs/gpt-200b/runs/r-test/checkpoints"
     assert any(e["name"] == "TRAINYARD_NODE" and e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
                for e in container["env"])
 
@@ -160,7 +160,7 @@ def test_cpu_job_requests_cpus_without_nccl_or_rdma() -> None:
     placement = place_gang(GangRequest.for_job(job, plan), Inventory.from_cluster(load_cluster("local")))
     from config.settings import Settings
 
-    env = build_worker_env(job, plan, Settings(home="/tmp/unused-trainyard-home"), attempt=0)
+    env = build_worker_env(job, plan, Settings(home="/tmp/unused-trainyard-home"), run="r-test", attempt=0)
     body = render_volcano_job(job, plan, placement, env, attempt=0)
     validate_volcano(body, JOBS_CRD)
     container = body["spec"]["tasks"][0]["template"]["spec"]["containers"][0]

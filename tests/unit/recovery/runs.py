@@ -3,7 +3,7 @@ the real `LocalLauncher.poll`: the classifier is tested on statuses the launcher
 produces, not on hand-written `RunStatus` objects.
 
 Files written here are the ones `rank_exec`, the torchrun agent wrapper, the worker runtime
-and `LocalLauncher.stop` write; no process runs (every recorded pid is given a start time
+and `LocalLauncher.stop` and `plugins.recovery.watch.stop_gang` write; no process runs (every recorded pid is given a start time
 that cannot match, so it reads as gone).
 """
 
@@ -19,6 +19,7 @@ from node_agent.heartbeat import Heartbeat, write_heartbeat
 from plugins.launch.local import LocalLauncher
 from plugins.launch.model import AgentRecord, RunHandle, RunStatus
 from plugins.recovery.evidence import Evidence, NodeObservation, gather
+from plugins.recovery.watch import STOP_REASON_FILE, StopReason
 
 DEAD = -1
 """A start time no process has: `processes.is_alive` reads the pid as gone."""
@@ -39,7 +40,7 @@ class Rank:
 def fabricate(root: Path, ranks: list[Rank], *, job: str = "tiny", attempt: int = 0, nodes_per_rank: int = 1,
               agent_exit: int | None = None, stop_reason: str | None = None, stop_after: float = 100.0,
               diverged: dict | None = None, corrupt: dict | None = None, max_restarts: int = 0,
-              alive_hung: bool = False) -> RunHandle:
+              alive_hung: bool = False, stop_nodes: tuple[str, ...] = ()) -> RunHandle:
     """A finished attempt: one node per `nodes_per_rank` ranks (`local-0`, `local-1`, …)."""
     run_dir = root / job / str(attempt)
     (run_dir / "ranks").mkdir(parents=True)
@@ -72,9 +73,12 @@ def fabricate(root: Path, ranks: list[Rank], *, job: str = "tiny", attempt: int 
         beat_time = time.time() - (900 if alive_hung and r.exit_code is None else 1)
         write_heartbeat(beats, Heartbeat(job=job, attempt=attempt, rank=rank, node=node, pid=os.getpid(),
                                          step=r.step, time=beat_time, hang_timeout_s=60.0, phase="train"))
-    if stop_reason is not None:
-        (run_dir / "stopped.json").write_text(json.dumps({
-            "requested_at_s": t0 + stop_after, "grace_s": 5.0, "reason": stop_reason}))
+    if stop_reason is not None:  # `hang: detail` → stop-reason.json as watch.stop_gang writes it
+        if stop_reason:
+            cause, _, detail = stop_reason.partition(":")
+            (run_dir / STOP_REASON_FILE).write_text(StopReason(
+                reason=cause, detail=detail.strip(), nodes=stop_nodes, at=t0 + stop_after).model_dump_json())
+        (run_dir / "stopped.json").write_text(json.dumps({"requested_at_s": t0 + stop_after, "grace_s": 5.0}))
     if diverged is not None:
         (run_dir / "diverged.json").write_text(json.dumps({"job": job, "attempt": attempt, **diverged}))
     if corrupt is not None:

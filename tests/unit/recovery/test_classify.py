@@ -144,18 +144,19 @@ def test_preempted_by_an_outside_sigterm(tmp_path: Path) -> None:
     assert "no emergency checkpoint" in classify(ev).reason
 
 
-def test_preempted_by_the_platform(tmp_path: Path) -> None:
+def test_preempted_by_the_platform_when_the_lease_was_lost(tmp_path: Path) -> None:
     ev, _ = evidence(tmp_path, [Rank(43, ended_at=101)] * 2,
-                     stop_reason="preempted: gang of job big-critical needs local-0")
-    assert classify(ev).outcome == "preempted"
+                     stop_reason="lease_lost: the reservation expired while the control plane was down")
+    report = classify(ev)
+    assert report.outcome == "preempted" and "reservation lost" in report.reason
 
 
 def test_cancelled_by_a_user_stop(tmp_path: Path) -> None:
-    ev, _ = evidence(tmp_path, [Rank(43, ended_at=101)] * 2, stop_reason="user: trainyard stop")
+    ev, _ = evidence(tmp_path, [Rank(43, ended_at=101)] * 2, stop_reason="requested: trainyard stop")
     report = classify(ev)
     assert (report.outcome, report.failed) == ("cancelled", False)
-    assert report.reason == "stopped on request (user: trainyard stop)"
-    # An old stopped.json without a reason is a plain stop on request too.
+    assert report.reason == "stopped on request (trainyard stop)"
+    # A stop with no reason recorded (Ctrl-C in `trainyard launch`) is a stop on request too.
     ev, _ = evidence(tmp_path / "b", [Rank(43, ended_at=101)] * 2, stop_reason="")
     assert classify(ev).outcome == "cancelled"
 
@@ -189,7 +190,7 @@ def test_node_lost_wins_over_a_hang_and_a_divergence(tmp_path: Path) -> None:
 
 
 def test_a_user_stop_wins_over_everything(tmp_path: Path) -> None:
-    ev, _ = evidence(tmp_path, [Rank(-9, ended_at=101)] * 2, stop_reason="user: stop it",
+    ev, _ = evidence(tmp_path, [Rank(-9, ended_at=101)] * 2, stop_reason="requested: stop it",
                      nodes=[health("local-1", GPU_FAILED)])
     assert classify(ev).outcome == "cancelled"
 
@@ -220,3 +221,12 @@ def test_oom_wins_over_the_crash_of_the_other_rank(tmp_path: Path) -> None:
     ev, _ = evidence(tmp_path, [Rank(1, log=TRACEBACK, ended_at=5), Rank(1, log=OOM_LOG, ended_at=9)])
     report = classify(ev)
     assert report.outcome == "oom" and report.rank == 0  # rank 0 failed first; rank 1's log says why
+
+
+def test_node_lost_named_by_the_health_watcher(tmp_path: Path) -> None:
+    ev, _ = evidence(tmp_path, [Rank(-9, ended_at=101)] * 2, stop_reason="node_lost: gpu_failed on local-1",
+                     stop_nodes=("local-1",))
+    report = classify(ev)
+    assert (report.outcome, report.failed_nodes) == ("node_lost", ["local-1"])
+    assert report.reason == "node lost: gpu_failed on local-1"
+    assert "stop-reason.json: node_lost: gpu_failed on local-1" in report.evidence

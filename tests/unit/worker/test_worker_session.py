@@ -22,7 +22,7 @@ SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
 
 def test_contract_environment_is_used_as_given(tmp_path: Path) -> None:
     plan = Plan(dp=2, zero_stage=3, micro_batch_size=8, global_batch_size=16)
-    env = WorkerEnv(job="demo-tiny-lm", attempt=3, plan=plan.model_dump_json(),
+    env = WorkerEnv(job="demo-tiny-lm", run="r-test", attempt=3, plan=plan.model_dump_json(),
                     spec=SPEC.model_dump_json(by_alias=True), resume_from="file:///x/step-00000050/MANIFEST.json",
                     object_store="file:///store", checkpoint_uri="file:///store/jobs/demo-tiny-lm/checkpoints",
                     heartbeat_dir=str(tmp_path / "hb"), hang_timeout_s=120, run_dir=str(tmp_path),
@@ -41,7 +41,7 @@ def test_standalone_fills_defaults_from_settings(tmp_path: Path, monkeypatch: py
     config = SessionConfig.from_env({}, spec=SPEC, world_size=2)
     assert config.plan.dp == 2 and config.plan.zero_stage == 0 and config.plan.micro_batch_size == 8
     assert config.object_store == (tmp_path / "objects").as_uri()
-    assert config.checkpoint_uri == f"{config.object_store}/jobs/demo-tiny-lm/checkpoints"
+    assert config.checkpoint_uri == f"{config.object_store}/jobs/demo-tiny-lm/runs/standalone/checkpoints"
     assert config.heartbeat_dir == tmp_path / "runs" / "demo-tiny-lm" / "standalone" / "heartbeats"
     assert config.mlflow_run_id == "" and config.hang_timeout_s == 120
     with pytest.raises(ValueError, match="--spec"):
@@ -62,6 +62,11 @@ def test_faults_parse_and_refuse_typos() -> None:
     assert faults.loss(3, 1.5) != faults.loss(3, 1.5)  # NaN
     assert faults.loss(4, 1.5) == 1.5
     assert Faults.from_env({}).at == {}
+    ranked = Faults.from_env({"TRAINYARD_FAULTS": "sigkill@120:1,hang@7:0"})
+    assert ranked.ranks == {"sigkill": 1, "hang": 0} and ranked.due("sigkill", 120)
+    for bad in ("sigkill@3", "nan_loss@3:1", "hang@3:x"):
+        with pytest.raises(ValueError, match="kind@step"):
+            Faults.from_env({"TRAINYARD_FAULTS": bad})
     with pytest.raises(ValueError, match="kind@step"):
         Faults.from_env({"TRAINYARD_FAULTS": "nan@3"})
 

@@ -1,0 +1,109 @@
+"""The embedded Airflow's settings, in one place (DESIGN §3, §9).
+
+`make airflow`, `make demo`, `trainyard submit` and the end-to-end tests all run Airflow with
+the environment `airflow_env()` returns, so they agree on where its state lives
+(`<TRAINYARD_HOME>/airflow`), which folders it reads (this repository's `dags/` and `plugins/`),
+and how its parts reach each other:
+
+- metadata on SQLite with the LocalExecutor (the embedded default; production uses PostgreSQL
+  and Celery — `AIRFLOW__*` variables set by the caller win over these);
+- examples off, new DAGs unpaused, the DAG folder re-listed every few seconds (the default
+  300 s hides a new spec for five minutes);
+- the API server on 127.0.0.1 only, with the simple auth manager letting every local user act
+  as admin, so the UI and the REST API need no login — never for a shared machine;
+- `execution_api_server_url` pointing at that API server (without it every task fails with
+  "Connection refused" on any port but 8080);
+- one JWT secret, `secret_key` and Fernet key shared by every component, generated once per home
+  into a file readable only by its owner (the parts of a multi-process Airflow 3 must share them
+  or tasks fail with "Invalid auth token"); never printed.
+
+Pure standard library: the Makefile and the tests call it before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PORT = 8080
+
+
+def airflow_home(trainyard_home: Path) -> Path:
+    return trainyard_home / "airflow"
+
+
+def _secrets(home: Path) -> dict[str, str]:
+    """The shared secrets of this embedded Airflow, made on first use (mode 0600)."""
+    path = home / "secrets.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    home.mkdir(parents=True, exist_ok=True)
+    values = {
+        "jwt_secret": secrets.token_urlsafe(32),
+        "secret_key": secrets.token_urlsafe(32),
+        "fernet_key": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(values, f)
+    os.replace(tmp, path)
+    return values
+
+
+def airflow_env(trainyard_home: Path, *, port: int = DEFAULT_PORT,
+                base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The full environment of an embedded Airflow component (and of `airflow` CLI calls).
+
+    `base` (default: this process's environment) is kept; `AIRFLOW__*` names it already sets win,
+    so the production configuration (PostgreSQL, Celery) is the same code with other variables.
+    """
+    env = dict(os.environ if base is None else base)
+    home = airflow_home(trainyard_home.resolve())
+    shared = _secrets(home)
+    venv_bin = str(Path(sys.executable).parent)
+    defaults = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "16",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__CORE__FERNET_KEY": shared["fernet_key"],
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API__SECRET_KEY": shared["secret_key"],
+        "AIRFLOW__API_AUTH__JWT_SECRET": shared["jwt_secret"],
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+        "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        # The scheduler's and the triggerer's log servers (8793/8794 by default) next to the API
+        # port, so two embedded stacks (a test beside `make airflow`) never collide.
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(port + 1),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(port + 2),
+    }
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+    env["AIRFLOW_HOME"] = defaults["AIRFLOW_HOME"]
+    env["TRAINYARD_HOME"] = str(trainyard_home.resolve())
+    # Airflow starts its parts as `airflow …` from PATH: this venv's first.
+    env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])
+    paths = [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
