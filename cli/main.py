@@ -20,6 +20,7 @@ COMMANDS: tuple[str, ...] = (
     "cli.checkpoints",
     "cli.place",
     "cli.launch",
+    "cli.jobs",
     "cli.render",
     "cli.models",
     "cli.cost",

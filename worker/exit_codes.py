@@ -22,3 +22,15 @@ finished step was committed, then the process exited. Requeue and resume from it
 
 PREEMPTED_NO_CHECKPOINT = 44
 """SIGTERM, but the emergency checkpoint failed: resume from the previous committed one."""
+
+CHECKPOINT_CORRUPT = 45
+"""The checkpoint to restore does not verify (SHA-256 mismatch, missing shard, unreadable
+manifest): the named resume point (`TRAINYARD_RESUME_FROM`) fails, or no committed checkpoint
+verifies at all. Rank 0 writes `<run_dir>/checkpoint_corrupt.json` with the reason; the
+control plane quarantines the bad manifest and falls back to the previous valid one. A
+newer checkpoint that fails while an older one verifies is not this: the worker falls back
+by itself and trains on."""
+
+OOM = 46
+"""`torch.OutOfMemoryError` in the training loop: the plan needs more device memory than
+there is. The log holds the allocator's message; the control plane re-plans with less."""

@@ -11,7 +11,9 @@ that hit one rank):
 - `sigterm@N` — rank 0 alone sends itself SIGTERM before step N, as a preemption notice that
   reaches one rank first (the ranks must still agree on when to stop);
 - `sigkill@N:R` — rank R SIGKILLs itself before step N (a worker crash mid-run);
-- `hang@N:R` — rank R stops itself with SIGSTOP before step N (alive, no progress: a hang).
+- `hang@N:R` — rank R stops itself with SIGSTOP before step N (alive, no progress: a hang);
+- `oom@N` — every rank raises `torch.OutOfMemoryError` in step N (inside the session's
+  `stop_on_oom()`, where a real one would surface).
 
 The DAG's fault Params (`plugins.recovery.model.FaultParams`) are turned into this variable.
 """
@@ -24,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 ENV = "TRAINYARD_FAULTS"
-KINDS = frozenset({"nan_loss", "sigkill_after_checkpoint", "sigterm", "sigkill", "hang"})
+KINDS = frozenset({"nan_loss", "sigkill_after_checkpoint", "sigterm", "sigkill", "hang", "oom"})
 RANKED = frozenset({"sigkill", "hang"})
 """Kinds that hit one rank, named after the step: `sigkill@120:1`."""
 
@@ -66,6 +68,12 @@ class Faults:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.ranks.get("hang") == rank and self.due("hang", step):
             os.kill(os.getpid(), signal.SIGSTOP)
+
+    def oom(self, step: int) -> None:
+        if self.due("oom", step):
+            import torch
+
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {ENV} at step {step})")
 
     def after_checkpoint(self, step: int) -> None:
         if self.due("sigkill_after_checkpoint", step):

@@ -20,6 +20,9 @@ What it does, per DESIGN §5–§8:
   (`worker.divergence`), writing `<run_dir>/diverged.json` with the onset step;
 - on SIGTERM finishes the current step, takes an emergency checkpoint and exits with
   `exit_codes.PREEMPTED`;
+- exits with `exit_codes.CHECKPOINT_CORRUPT` when the checkpoint to restore does not verify
+  (writing `<run_dir>/checkpoint_corrupt.json`), and with `exit_codes.OOM` on a
+  `torch.OutOfMemoryError` inside `stop_on_oom()`;
 - streams loss, grad_norm, lr, tokens_per_second, step_time_s, data_stall_s and mfu from rank 0
   to MLflow (`plugins.tracking.metrics.MetricsStreamer`: async, batched, never raises).
 
@@ -38,7 +41,8 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -193,6 +197,7 @@ class TrainingSession:
         self._metrics: MetricsStreamer | None = self._open_metrics() if self.rank == 0 else None
         self._flops_per_token, self._peak_flops = self._mfu_terms()
         self._last_saved_step: int | None = None
+        self._step = 0
         self._last_save_time = time.monotonic()
         self._last_step_time = time.perf_counter()
         self._loss: float | None = None
@@ -228,9 +233,14 @@ class TrainingSession:
         if self._model is None:
             raise RuntimeError("TrainingSession.restore() needs attach(model=..., optimizer=...) first")
         self.beat(0, phase="restore")
+        from plugins.checkpoint.errors import NoValidCheckpointError
+
         manager = self.checkpoints
-        manifest = manager.restore(model=self._model, optimizer=self._optimizer, extra=self._extra,
-                                   manifest_uri=self.config.resume_from or None)
+        try:
+            manifest = manager.restore(model=self._model, optimizer=self._optimizer, extra=self._extra,
+                                       manifest_uri=self.config.resume_from or None)
+        except NoValidCheckpointError as e:
+            self._checkpoint_corrupt(e)
         start = 1 if manifest is None else manifest.step + 1
         if manifest is not None:
             self._last_saved_step = manifest.step
@@ -252,13 +262,26 @@ class TrainingSession:
 
     def before_step(self, step: int) -> None:
         """Optional hook before a step (only the test fault injection uses it)."""
+        self._step = step
         self.faults.before_step(step, self.rank)
+
+    @contextmanager
+    def stop_on_oom(self) -> Iterator[None]:
+        """Around the training loop: a `torch.OutOfMemoryError` ends the process with
+        `exit_codes.OOM`, its message logged (the control plane reads it and re-plans)."""
+        try:
+            self.faults.oom(self._step)
+            yield
+        except torch.OutOfMemoryError as e:
+            log.error("torch.OutOfMemoryError after step %d: %s", self._step, e)
+            raise StopTraining(exit_codes.OOM, f"out of memory after step {self._step}: {e}") from e
 
     def step_end(self, step: int, *, loss: float, grad_norm: float | None = None,
                  lr: float | None = None, tokens: int | None = None,
                  data_stall_s: float | None = None) -> None:
         """After step `step` (the global loss): heartbeat, metrics, divergence, checkpoints,
         SIGTERM. Raises `StopTraining` when the process must end."""
+        self._step = step
         now = time.perf_counter()
         step_time = now - self._last_step_time
         self._last_step_time = now
@@ -368,6 +391,18 @@ class TrainingSession:
             raise StopTraining(exit_codes.PREEMPTED_NO_CHECKPOINT,
                                f"SIGTERM; emergency checkpoint failed: {e}") from e
         raise StopTraining(exit_codes.PREEMPTED, f"SIGTERM; checkpointed step {step}")
+
+    def _checkpoint_corrupt(self, error: Exception) -> None:
+        """The restore target does not verify (every rank sees the same verdict)."""
+        if self.rank == 0:
+            log.error("checkpoint_corrupt: %s", error)
+            self.config.run_dir.mkdir(parents=True, exist_ok=True)
+            record = {"job": self.config.job, "attempt": self.config.attempt,
+                      "resume_from": self.config.resume_from, "reason": str(error)}
+            tmp = self.config.run_dir / ".checkpoint_corrupt.json.tmp"
+            tmp.write_text(json.dumps(record, indent=2))
+            tmp.replace(self.config.run_dir / "checkpoint_corrupt.json")
+        raise StopTraining(exit_codes.CHECKPOINT_CORRUPT, str(error)) from error
 
     def _diverged(self, d: Divergence) -> None:
         if self.rank == 0:

@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             inputs, targets = data.batch(sampler.next_batch(batch))
             stall = time.perf_counter() - t0
             step_lr = optimizer.param_groups[0]["lr"]
-            stats = train_step(model, optimizer, scheduler, inputs, targets)
+            with session.stop_on_oom():  # exit_codes.OOM: the control plane re-plans
+                stats = train_step(model, optimizer, scheduler, inputs, targets)
             losses[step] = stats.loss
             session.step_end(step, loss=stats.loss, grad_norm=stats.grad_norm, lr=step_lr,
                              tokens=batch * plan.dp * hints.sequence_length, data_stall_s=stall)

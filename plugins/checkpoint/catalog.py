@@ -5,15 +5,22 @@ so it imports neither torch nor Airflow. A checkpoint is *committed* when its fo
 `MANIFEST.json` that parses; it is *valid* when every file the manifest lists exists with the
 listed size and SHA-256. `latest_valid` walks from the newest committed checkpoint backwards
 and logs why it skipped each one it could not trust.
+
+A committed checkpoint can be *quarantined* (`quarantine`): a `QUARANTINED.json` beside its
+manifest, written by the control plane when a restore from it failed verification. It is kept
+(evidence; never deleted by a recovery or by retention) but no longer listed as committed, so
+no restore, fallback or retention rule ever picks it again; `Scan.quarantined` still shows it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from plugins.checkpoint.errors import ObjectNotFoundError
 from plugins.checkpoint.manifest import (
@@ -27,6 +34,9 @@ from plugins.checkpoint.store import ObjectInfo, ObjectStore, open_store, sha256
 from plugins.checkpoint.uris import split_manifest_uri
 
 log = logging.getLogger(__name__)
+
+QUARANTINE_NAME = "QUARANTINED.json"
+"""Beside `MANIFEST.json`: this checkpoint must never be restored again (see the docstring)."""
 
 HASH_THREADS = 4
 """Files hashed in parallel by `verify` (hashlib releases the GIL; S3 reads overlap)."""
@@ -79,6 +89,8 @@ class Scan:
     """Folder → why its manifest was rejected (unreadable JSON, unsafe path, wrong step, …)."""
     uncommitted: dict[str, list[ObjectInfo]] = field(default_factory=dict)
     """Folders with objects but no manifest: saves in flight, or crashed before the commit."""
+    quarantined: dict[str, str] = field(default_factory=dict)
+    """Folder → why it was quarantined (kept, never restored; see `quarantine`)."""
 
 
 @dataclass(frozen=True)
@@ -121,9 +133,15 @@ def scan(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None) ->
     result = Scan()
     for folder in sorted(by_folder, key=lambda f: parse_step_dir(f) or 0):
         objects = by_folder[folder]
-        if not any(o.key == f"{folder}/{MANIFEST_NAME}" for o in objects):
+        keys = {o.key for o in objects}
+        if f"{folder}/{MANIFEST_NAME}" not in keys:
             result.uncommitted[folder] = objects
             continue
+        if f"{folder}/{QUARANTINE_NAME}" in keys:
+            why = _quarantine_reason(store, folder)
+            if why is not None:
+                result.quarantined[folder] = why
+                continue
         try:
             result.committed.append(read_manifest(store, folder))
         except ObjectNotFoundError:  # deleted between the listing and the read
@@ -134,9 +152,49 @@ def scan(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None) ->
     return result
 
 
+def quarantine(manifest_uri: str, reason: str, *, endpoint_url: str | None = None,
+               by: str = "") -> str:
+    """Mark the checkpoint of `manifest_uri` quarantined: write `QUARANTINED.json` beside its
+    manifest (reason, time, who, and the SHA-256 of the manifest it condemns), delete nothing.
+    Idempotent (the first reason stays); returns the marker's URI.
+
+    The marker names the manifest's digest because a step can be committed again (a run
+    rolled back before a divergence saves the same step numbers anew): a marker whose digest
+    no longer matches the manifest beside it condemns nothing."""
+    root_uri, folder, _ = split_manifest_uri(manifest_uri)
+    store = open_store(root_uri, endpoint_url=endpoint_url)
+    marker = f"{folder}/{QUARANTINE_NAME}"
+    digest = hashlib.sha256(store.get_bytes(f"{folder}/{MANIFEST_NAME}")).hexdigest()
+    if store.exists(marker) and _quarantine_reason(store, folder) is not None:
+        return store.key_uri(marker)
+    body = {"manifest_uri": manifest_uri, "manifest_sha256": digest, "reason": reason, "by": by,
+            "quarantined_at": datetime.now(UTC).isoformat()}
+    store.put_bytes(marker, json.dumps(body, indent=2).encode())
+    return store.key_uri(marker)
+
+
+def _quarantine_reason(store: ObjectStore, folder: str) -> str | None:
+    """Why the folder's current manifest is quarantined, or None when the marker condemns an
+    earlier manifest of the same step (committed again since)."""
+    try:
+        marker = json.loads(store.get_bytes(f"{folder}/{QUARANTINE_NAME}"))
+        digest = hashlib.sha256(store.get_bytes(f"{folder}/{MANIFEST_NAME}")).hexdigest()
+    except ObjectNotFoundError:
+        return None
+    except (ValueError, AttributeError) as e:  # an unreadable marker still quarantines
+        return f"(unreadable {QUARANTINE_NAME}: {e})"
+    if not isinstance(marker, dict):
+        return f"(unreadable {QUARANTINE_NAME})"
+    if marker.get("manifest_sha256") not in (None, digest):
+        log.info("checkpoint %s was committed again after its quarantine; the marker is stale", folder)
+        return None
+    return str(marker.get("reason", ""))
+
+
 def list_checkpoints(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None
                      ) -> list[CheckpointRecord]:
-    """Committed checkpoints (those with a manifest that parses), oldest step first."""
+    """Committed checkpoints (those with a manifest that parses), oldest step first; quarantined
+    ones are left out."""
     return scan(store_or_uri, endpoint_url=endpoint_url).committed
 
 
@@ -246,7 +304,6 @@ def delete_checkpoint(store: ObjectStore, folder: str) -> int:
         store.delete(info.key)
         count += 1
     return count
-
 
 
 def list_runs(object_store_uri: str, job: str, *, storage: str = "", endpoint_url: str | None = None

@@ -27,36 +27,29 @@ import functools
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
 
 from sqlalchemy import (
-    DateTime,
     Engine,
     ForeignKey,
     Integer,
     String,
     Text,
-    TypeDecorator,
     UniqueConstraint,
-    create_engine,
     delete,
-    event,
     func,
     inspect,
     select,
     update,
 )
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from plugins.errors import FatalError, TransientError
 from plugins.placement.fairshare import RunningGang
 from plugins.placement.model import Placement
+from plugins.state_db import TABLE_PREFIX, UTCDateTime, make_engine, retrying
 
 DEFAULT_LEASE_S = 600.0
-TABLE_PREFIX = "trainyard_"
 
 
 class ReservationConflict(TransientError):
@@ -65,26 +58,6 @@ class ReservationConflict(TransientError):
 
 class StateSchemaOutdated(FatalError):
     """The state database was written by an older Trainyard; it must be recreated."""
-
-
-class _UTCDateTime(TypeDecorator[datetime]):
-    """Timezone-aware UTC in and out; SQLite stores naive values, PostgreSQL timestamptz."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError(f"naive datetime {value!r}; pass a timezone-aware UTC time")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class Base(DeclarativeBase):
@@ -105,9 +78,9 @@ class GangRow(Base):
     gpu_type: Mapped[str] = mapped_column(String(64))
     gpus: Mapped[int] = mapped_column(Integer)
     placement: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(_UTCDateTime())
-    lease_expires_at: Mapped[datetime] = mapped_column(_UTCDateTime(), index=True)
-    last_checkpoint_at: Mapped[datetime | None] = mapped_column(_UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    lease_expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    last_checkpoint_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class AllocationRow(Base):
@@ -122,7 +95,7 @@ class AllocationRow(Base):
     gpus: Mapped[int] = mapped_column(Integer)
     devices: Mapped[str] = mapped_column(String(256))
     """Comma-separated device indices on the node."""
-    lease_expires_at: Mapped[datetime] = mapped_column(_UTCDateTime(), index=True)
+    lease_expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
 
 
 class SlotRow(Base):
@@ -136,23 +109,12 @@ class SlotRow(Base):
     slot: Mapped[int] = mapped_column(Integer)
 
 
-def _is_retryable(exc: BaseException) -> bool:
-    """Unique violations (someone took the device first), deadlocks, serialisation failures
-    and SQLite's busy database: all mean "try again against the new state"."""
-    if isinstance(exc, IntegrityError):
-        return True
-    if isinstance(exc, OperationalError | DBAPIError):
-        code = getattr(getattr(exc, "orig", None), "pgcode", None)
-        return code in ("40001", "40P01") or "database is locked" in str(exc)
-    return False
-
-
 class StateStore:
     """The allocation store; one per database URL (see `open_state`)."""
 
     def __init__(self, url: str, *, schema: str | None = None, create: bool = True) -> None:
         self.url = url
-        self.engine = _make_engine(url, schema)
+        self.engine = make_engine(url, schema)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         if create:
             try:
@@ -179,9 +141,7 @@ class StateStore:
         stored placement (an Airflow retry re-attaches, it never books twice). Returns the
         placement with each node's device indices filled in. Raises `ReservationConflict`.
         """
-        retrying = Retrying(retry=retry_if_exception(_is_retryable), stop=stop_after_attempt(8),
-                            wait=wait_random_exponential(multiplier=0.01, max=0.5), reraise=True)
-        for attempt in retrying:
+        for attempt in retrying():
             with attempt:
                 return self._reserve_once(placement, lease_s, now or datetime.now(UTC))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -344,37 +304,6 @@ def _check_schema(engine: Engine, schema: str | None) -> None:
             f"the platform state at {engine.url!r} predates training-run ids (table "
             f"{GangRow.__tablename__} has no 'run' column). It holds only device leases: stop its "
             "jobs, then drop the trainyard_* tables (or delete the SQLite file) and start again")
-
-
-def _make_engine(url: str, schema: str | None) -> Engine:
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
-        _sqlite_immediate_transactions(engine)
-        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    else:
-        engine = create_engine(url, pool_pre_ping=True)
-    if schema:
-        engine = engine.execution_options(schema_translate_map={None: schema})
-    return engine
-
-
-def _sqlite_immediate_transactions(engine: Engine) -> None:
-    """SQLite takes its write lock lazily, so two readers that both decide to write deadlock
-    into "database is locked". `BEGIN IMMEDIATE` takes it up front: writers queue instead."""
-
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None  # let us emit BEGIN ourselves
-        # WAL: readers never wait for the writer, and a commit is one sequential append
-        # (synchronous=NORMAL: durable across a process crash, at most the last commits lost
-        # on power loss — the reservations are leases, re-made by the next attempt).
-        dbapi_connection.execute("PRAGMA journal_mode=WAL")
-        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
-
-    @event.listens_for(engine, "begin")
-    def _begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 @functools.lru_cache(maxsize=8)

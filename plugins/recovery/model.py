@@ -86,6 +86,8 @@ class FailureReport(_Model):
     onset_step: int | None = None
     """`diverged`: the first bad step (the rollback goes before it)."""
     exit_code: int | None = None
+    log_line: str = ""
+    """The most telling line of the failing rank's log (the exception, the OOM message)."""
     failed_nodes: list[str] = Field(default_factory=list)
     """`node_lost`: nodes to exclude from the next placement."""
     corrupt_checkpoint: str = ""
@@ -133,6 +135,21 @@ class AttemptRecord(_Model):
     restarts_in_place: int = 0
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    rank: int | None = None
+    """The first failing rank, its exit code, its log line and the divergence onset: what
+    `decide` compares across attempts to spot a failure that repeats identically."""
+    exit_code: int | None = None
+    log_line: str = ""
+    onset_step: int | None = None
+
+    @classmethod
+    def of(cls, report: FailureReport, action: RecoveryAction | None = None) -> AttemptRecord:
+        """The history line of the attempt `report` describes, and the action taken after it."""
+        return cls(attempt=report.attempt, outcome=report.outcome, reason=report.reason,
+                   action=action.kind if action else None, action_reason=action.reason if action else "",
+                   step=report.step, restarts_in_place=report.restarts_in_place,
+                   started_at=report.started_at, ended_at=report.ended_at, rank=report.rank,
+                   exit_code=report.exit_code, log_line=report.log_line, onset_step=report.onset_step)
 
 
 class FaultParams(_Model):
@@ -163,6 +180,8 @@ class FaultParams(_Model):
             items.append(f"hang@{self.hang_at_step}:{self.hang_rank or 0}")
         if self.nan_at_step is not None:
             items.append(f"nan_loss@{self.nan_at_step}")
+        if self.oom_at_step is not None:
+            items.append(f"oom@{self.oom_at_step}")
         return ",".join(items)
 
 
@@ -201,10 +220,7 @@ class AttemptConf(_Model):
 
     def next_attempt(self, report: FailureReport, action: RecoveryAction) -> AttemptConf:
         """The conf of the attempt that carries out `action` after `report`."""
-        record = AttemptRecord(
-            attempt=self.attempt, outcome=report.outcome, reason=report.reason, action=action.kind,
-            action_reason=action.reason, step=report.step, restarts_in_place=report.restarts_in_place,
-            started_at=report.started_at, ended_at=report.ended_at)
+        record = AttemptRecord.of(report, action).model_copy(update={"attempt": self.attempt})
         used = self.restarts_used + report.restarts_in_place + (1 if action.counts_against_budget else 0)
         return self.model_copy(update={
             "attempt": self.attempt + 1,

@@ -104,3 +104,38 @@ def test_delete_removes_the_manifest_first(store: ObjectStore) -> None:
     assert list(store.list(step_dir(6))) == []
     with pytest.raises(ValueError, match="not a step folder"):
         delete_checkpoint(store, "jobs")
+
+
+def test_a_quarantined_checkpoint_is_kept_but_never_chosen(store: ObjectStore) -> None:
+    from plugins.checkpoint.catalog import QUARANTINE_NAME, quarantine
+
+    for step in (10, 20, 30):
+        make_checkpoint(store, step)
+    newest = list_checkpoints(store)[-1]
+    endpoint = getattr(store, "endpoint_url", None)
+    marker = quarantine(newest.manifest_uri, "restore failed: SHA-256 mismatch", by="test",
+                        endpoint_url=endpoint)
+    assert marker.endswith(f"step-00000030/{QUARANTINE_NAME}")
+    assert [r.step for r in list_checkpoints(store)] == [10, 20]
+    assert latest_valid(store).step == 20
+    assert select_latest_valid(store, before_step=40).chosen.step == 20
+    found = scan(store)
+    assert found.quarantined == {"step-00000030": "restore failed: SHA-256 mismatch"}
+    assert "step-00000030" not in found.uncommitted  # retention sweeps never see it
+    # Nothing deleted: the manifest and the shards are still there, and it still verifies.
+    assert store.exists(f"{step_dir(30)}/{MANIFEST_NAME}")
+    assert verify(store, 30).ok
+    quarantine(newest.manifest_uri, "again", endpoint_url=endpoint)  # idempotent
+    assert scan(store).quarantined == {"step-00000030": "restore failed: SHA-256 mismatch"}
+
+
+def test_a_step_committed_again_after_its_quarantine_counts_again(store: ObjectStore) -> None:
+    from plugins.checkpoint.catalog import quarantine
+
+    for step in (10, 20):
+        make_checkpoint(store, step)
+    quarantine(list_checkpoints(store)[-1].manifest_uri, "after the divergence onset",
+               endpoint_url=getattr(store, "endpoint_url", None))
+    assert latest_valid(store).step == 10
+    make_checkpoint(store, 20, files={"__0_0.distcp": b"the rolled-back run's step 20"})
+    assert latest_valid(store).step == 20 and scan(store).quarantined == {}

@@ -49,9 +49,11 @@ def test_standalone_fills_defaults_from_settings(tmp_path: Path, monkeypatch: py
 
 
 def test_exit_codes_are_distinct_and_named_for_the_launcher() -> None:
-    codes = [exit_codes.COMPLETED, exit_codes.DIVERGED, exit_codes.PREEMPTED, exit_codes.PREEMPTED_NO_CHECKPOINT]
-    assert len(set(codes)) == 4 and all(0 <= c < 128 for c in codes) and 1 not in codes
+    codes = [exit_codes.COMPLETED, exit_codes.DIVERGED, exit_codes.PREEMPTED, exit_codes.PREEMPTED_NO_CHECKPOINT,
+             exit_codes.CHECKPOINT_CORRUPT, exit_codes.OOM]
+    assert len(set(codes)) == 6 and all(0 <= c < 128 for c in codes) and 1 not in codes
     assert (describe(42), describe(43), describe(0)) == ("diverged", "preempted", "completed")
+    assert (describe(45), describe(46)) == ("checkpoint_corrupt", "oom")
 
 
 def test_faults_parse_and_refuse_typos() -> None:

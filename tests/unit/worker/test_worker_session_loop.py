@@ -105,3 +105,34 @@ def test_restore_needs_attach(config: SessionConfig) -> None:
             session.restore()
     finally:
         session.close()
+
+
+def test_a_corrupt_resume_point_stops_with_the_checkpoint_corrupt_code(session_for, config: SessionConfig) -> None:
+    first = session_for()
+    first.restore()
+    first.step_end(1, loss=3.0)
+    first.finish(2)
+    first.close()
+    store = open_store(config.checkpoint_uri)
+    shard = next(o.key for o in store.list("step-00000002/") if o.key.endswith(".distcp"))
+    store.put_bytes(shard, b"flipped bits")  # same name, wrong bytes: the SHA-256 fails
+    manifest = f"{config.checkpoint_uri}/step-00000002/MANIFEST.json"
+    session = session_for(resume_from=manifest)
+    with pytest.raises(StopTraining) as stop:
+        session.restore()
+    assert stop.value.code == exit_codes.CHECKPOINT_CORRUPT
+    record = json.loads((config.run_dir / "checkpoint_corrupt.json").read_text())
+    assert record["resume_from"] == manifest and "does not verify" in record["reason"]
+
+
+def test_out_of_memory_in_the_loop_stops_with_the_oom_code(session_for, config: SessionConfig,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    session = session_for()
+    session.restore()
+    session.before_step(5)
+    with pytest.raises(StopTraining) as stop, session.stop_on_oom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert stop.value.code == exit_codes.OOM and "after step 5" in stop.value.reason
+    assert "torch.OutOfMemoryError after step 5: CUDA out of memory" in caplog.text
+    with session.stop_on_oom():  # anything else passes through untouched
+        pass

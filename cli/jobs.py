@@ -1,0 +1,256 @@
+"""`trainyard jobs`, `trainyard status JOB`, `trainyard stop JOB`, `trainyard nodes …`: the job
+state of the platform (`plugins/recovery/state.py`), for people.
+
+- `jobs`: training runs, newest first — job, run, lifecycle state, attempts, last failure cause;
+- `status JOB [--run R]`: one run (its newest by default): its lifecycle and every attempt with
+  its outcome, action, step and timings, then each attempt's reason and the action's reason;
+- `stop JOB [--run R]`: stop the live attempt's gang through its stored launcher handle
+  (SIGTERM, emergency checkpoint, SIGKILL after `--grace-s`) and mark the run cancelled;
+- `nodes list | cordon NODE --reason … | uncordon NODE`: the cluster's nodes and which are out
+  of service.
+
+Presentation only: the state, the stop and the cordons are the recovery engine's. `--json`
+prints the records for scripts. Exit 0 done, 1 no such run / node, 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from plugins.recovery.state import AttemptInfo, JobStateStore, RunInfo
+
+STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "recovering": "magenta",
+               "running": "cyan", "starting": "cyan", "scheduling": "blue", "pending": "blue"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("jobs", help="list training runs, newest first", description=__doc__.split("\n\n")[0])
+    p.add_argument("--job", default="", help="only this job's runs")
+    p.add_argument("--limit", type=int, default=30, help="at most this many runs (default 30)")
+    p.add_argument("--json", action="store_true", help="print the runs as JSON")
+    p.set_defaults(func=run_jobs)
+
+    p = sub.add_parser("status", help="one training run: lifecycle and every attempt")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--run", default="", help="run id (default: the job's newest run)")
+    p.add_argument("--json", action="store_true", help="print the run and its attempts as JSON")
+    p.set_defaults(func=run_status)
+
+    p = sub.add_parser("stop", help="stop a training run (its live attempt) and mark it cancelled")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--run", default="", help="run id (default: the job's newest run)")
+    p.add_argument("--grace-s", type=float, default=30.0, help="SIGTERM → SIGKILL grace (default 30)")
+    p.set_defaults(func=run_stop)
+
+    p = sub.add_parser("nodes", help="the cluster's nodes and cordons (nodes out of service)")
+    nodes = p.add_subparsers(dest="nodes_command", metavar="ACTION", required=True)
+    q = nodes.add_parser("list", help="nodes, with their cordons")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=run_nodes_list)
+    q = nodes.add_parser("cordon", help="take a node out of service (no new placements)")
+    q.add_argument("node", metavar="NODE")
+    q.add_argument("--reason", required=True, help="why (shown by `nodes list` and kept with the cordon)")
+    q.set_defaults(func=run_cordon)
+    q = nodes.add_parser("uncordon", help="put a node back in service")
+    q.add_argument("node", metavar="NODE")
+    q.set_defaults(func=run_uncordon)
+
+
+def _store() -> JobStateStore:
+    from config.settings import get_settings
+    from plugins.recovery.state import open_job_state
+
+    return open_job_state(get_settings().state_db)
+
+
+def _ago(when: datetime | None, now: datetime | None = None) -> str:
+    if when is None:
+        return "—"
+    seconds = ((now or datetime.now(UTC)) - when).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{max(seconds, 0):.0f}s ago"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "running"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 60:.1f}m" if seconds >= 120 else f"{seconds:.0f}s"
+
+
+def _state(state: str) -> str:
+    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
+
+
+def _not_found(e: Exception) -> int:
+    from cli.output import err_console
+
+    err_console.print(f"[red]{e}[/]")
+    return 1
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from cli.output import console, print_json
+
+    runs = _store().list_runs(args.job, limit=args.limit)
+    if args.json:
+        print_json([r.model_dump(mode="json") for r in runs])
+        return 0
+    if not runs:
+        console.print("no training runs yet" + (f" of {args.job}" if args.job else ""))
+        return 0
+    table = Table(box=None, pad_edge=False)
+    for name, justify in (("job", "left"), ("run", "left"), ("state", "left"), ("att.", "right"),
+                          ("last cause", "left"), ("started", "right")):
+        table.add_column(name, justify=justify, no_wrap=name in ("run", "state"))
+    for r in runs:
+        table.add_row(r.job, r.run, _state(r.state), str(r.attempts), r.last_cause or "—", _ago(r.created_at))
+    console.print(table)
+    return 0
+
+
+# --- status -------------------------------------------------------------------------------------
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from cli.output import print_json
+    from plugins.recovery.state import RunNotFound
+
+    store = _store()
+    try:
+        info = store.get_run(args.job, args.run)
+    except RunNotFound as e:
+        return _not_found(e)
+    attempts = store.attempts(info.job, info.run)
+    if args.json:
+        print_json({"run": info.model_dump(mode="json"),
+                    "attempts": [a.model_dump(mode="json", exclude={"handle", "report"}) |
+                                 {"evidence": a.failure_report.evidence if a.failure_report else []}
+                                 for a in attempts]})
+        return 0
+    show_status(info, attempts)
+    return 0
+
+
+def show_status(info: RunInfo, attempts: list[AttemptInfo]) -> None:
+    """The run's header, a compact attempt table (fits 80 columns), then each attempt's why."""
+    from rich.markup import escape
+    from rich.padding import Padding
+    from rich.table import Table
+
+    from cli.output import console
+
+    console.print(f"[bold]{escape(info.job)}[/] run [bold]{info.run}[/]  {_state(info.state)}  "
+                  f"[dim]team {info.team or '—'} · project {info.project or '—'}[/]")
+    console.print(f"started {info.created_at:%Y-%m-%d %H:%M:%S}Z · updated {_ago(info.updated_at)}"
+                  + (f" · MLflow run {info.mlflow_run_id}" if info.mlflow_run_id else ""))
+    if info.final_reason:
+        console.print(f"[dim]final:[/] {escape(info.final_reason)}", soft_wrap=False)
+    if not attempts:
+        console.print("no attempt started yet")
+        return
+    table = Table(box=None, pad_edge=False)
+    for name, justify in (("#", "right"), ("outcome", "left"), ("action", "left"), ("step", "right"),
+                          ("started", "right"), ("took", "right"), ("restarts", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for a in attempts:
+        table.add_row(str(a.attempt), a.outcome or _state("running"), a.action or "—",
+                      "—" if a.step is None else str(a.step), f"{a.started_at:%H:%M:%S}",
+                      _duration(a.duration_s), str(a.restarts_in_place))
+    console.print(table)
+    for a in attempts:  # wrapped at the terminal's width, continuation lines indented
+        if a.reason or a.action_reason:
+            console.print(f"[bold]attempt {a.attempt}[/] {escape(a.reason or '')}", soft_wrap=False)
+            if a.action_reason:
+                console.print(Padding(f"[dim]→ {a.action}:[/] {escape(a.action_reason)}", (0, 0, 0, 2)),
+                              soft_wrap=False)
+
+
+# --- stop ---------------------------------------------------------------------------------------
+
+
+def run_stop(args: argparse.Namespace) -> int:
+    from cli.output import console, err_console
+    from plugins.recovery.state import RunNotFound
+    from plugins.recovery.stop import stop_run
+
+    store = _store()
+    try:
+        info = store.get_run(args.job, args.run)
+        live = store.live_attempt(info.job, info.run)
+        if live is not None and live.run_handle is not None and live.run_handle.kind != "local":
+            err_console.print(f"[red]attempt {live.attempt} runs on Kubernetes; stop it from Airflow "
+                              "(the local CLI only stops local runs)[/]")
+            return 1
+        result = stop_run(store, info.job, info.run, grace_s=args.grace_s)
+    except RunNotFound as e:
+        return _not_found(e)
+    if result.already_final:
+        console.print(f"run {result.run.run} of {result.run.job} is already {_state(result.run.state)}")
+        return 0
+    stopped = f"attempt {result.attempt}: {result.status.state}" if result.status else "no live attempt"
+    console.print(f"run {result.run.run} of {result.run.job} {_state(result.run.state)} ({stopped})")
+    return 0
+
+
+# --- nodes --------------------------------------------------------------------------------------
+
+
+def run_nodes_list(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from cli.output import console, print_json
+    from config.cluster import load_cluster
+    from config.settings import get_settings
+
+    cordons = _store().cordoned()
+    nodes: list[Any] = list(load_cluster(get_settings().cluster).nodes)
+    names = [n.name for n in nodes] + sorted(set(cordons) - {n.name for n in nodes})
+    if args.json:
+        print_json([{"node": name, "cordoned": name in cordons,
+                     **({"reason": cordons[name].reason, "since": cordons[name].since.isoformat(),
+                         "by": cordons[name].by} if name in cordons else {})} for name in names])
+        return 0
+    table = Table(box=None, pad_edge=False)
+    for column in ("node", "devices", "state", "since", "reason"):
+        table.add_column(column, no_wrap=column != "reason")
+    by_name = {n.name: n for n in nodes}
+    for name in names:
+        node = by_name.get(name)
+        devices = f"{node.gpus}× {node.gpu_type}" if node is not None else "(not in cluster)"
+        c = cordons.get(name)
+        table.add_row(name, devices, "[red]cordoned[/]" if c else "[green]ready[/]",
+                      _ago(c.since) if c else "", c.reason if c else "")
+    console.print(table)
+    return 0
+
+
+def run_cordon(args: argparse.Namespace) -> int:
+    import getpass
+
+    from cli.output import console
+
+    c = _store().cordon(args.node, args.reason, by=f"trainyard nodes cordon ({getpass.getuser()})")
+    console.print(f"{c.node} [red]cordoned[/] since {c.since:%Y-%m-%d %H:%M:%S}Z: {c.reason}")
+    return 0
+
+
+def run_uncordon(args: argparse.Namespace) -> int:
+    from cli.output import console, err_console
+
+    if not _store().uncordon(args.node):
+        err_console.print(f"{args.node} was not cordoned (`trainyard nodes list` shows the cordons)")
+        return 1
+    console.print(f"{args.node} [green]back in service[/]")
+    return 0

@@ -1,0 +1,237 @@
+"""`classify(evidence) -> FailureReport`: how one attempt ended, with the facts behind it.
+
+One failure often shows several symptoms at once: a node that loses a GPU makes its ranks
+crash (or hang, or produce NaNs), and the launcher's stop after a hang kills every rank with
+SIGTERM. So the classes are tried in a fixed order and the first that holds wins; the
+symptoms of the others still appear in the report's evidence lines.
+
+Precedence (first match wins):
+
+1. **completed** — every rank exited 0. Work done is done, whatever happens to a node after.
+2. **cancelled** — the gang was stopped on purpose: `stop-reason.json` says `requested` or
+   `timeout`, or the launcher was stopped with no reason recorded (`trainyard stop`, Ctrl-C).
+   A person's stop wins over any failure: never restart what a user stopped.
+3. **preempted** (by the platform) — the control plane stopped it because its reservation
+   lease was lost (`lease_lost`): the devices may be someone else's now; not the job's fault.
+4. **node_lost** — a node of the gang has a fatal verdict (`gpu_failed`, `node_unhealthy`),
+   its agent missed `MISSED_HEARTBEATS_LOST` heartbeats, or the health watcher stopped the
+   gang (`node_lost`, with the nodes it names). Above every rank-level class: their symptoms are its effects.
+5. **checkpoint_corrupt** — exit `CHECKPOINT_CORRUPT`, the worker's record, or a restore
+   verification error in the failing rank's log: the attempt never trained, restarting the
+   same way fails the same way.
+6. **oom** — exit `OOM`, or an out-of-memory line in a failed rank's log.
+7. **diverged** — exit `DIVERGED` (the onset from `diverged.json`).
+8. **preempted** — exit `PREEMPTED` / `PREEMPTED_NO_CHECKPOINT` without a stop by a user: a
+   SIGTERM from outside (a spot notice, a node drain).
+9. **hang** — the hang watcher stopped the gang (`hang`), or a rank is flagged `hung`.
+10. **worker_crash** — any other failure (non-zero exit, a signal, a torchrun agent that died).
+
+A stop that came *after* a rank had already failed only cleaned up (the launcher reports the
+run `failed`, not `stopped`): then the rank's failure is the cause (rules 8–10), except for a
+user's stop (rule 2).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from plugins.errors import FatalError
+from plugins.launch.exit_codes import describe
+from plugins.recovery.evidence import (
+    CORRUPT_PATTERNS,
+    OOM_PATTERNS,
+    STOP_CAUSES_CANCEL,
+    Evidence,
+    find_line,
+    telling_line,
+    utc_from_s,
+)
+from plugins.recovery.model import FailureReport, Outcome
+from worker import exit_codes
+
+PREEMPTED_CODES = (exit_codes.PREEMPTED, exit_codes.PREEMPTED_NO_CHECKPOINT)
+
+
+class AttemptStillRunning(FatalError):
+    """`classify` was asked about an attempt that is still running and shows no failure."""
+
+
+def classify(ev: Evidence) -> FailureReport:
+    """The verdict on one attempt (see the module docstring for the order of the rules)."""
+    status = ev.status
+    facts = _facts(ev)
+    stop_cause = ev.stop_cause
+    why_stopped = ev.stop_reason.detail if ev.stop_reason is not None else ""
+    stopped = status.state == "stopped"
+    first = _first_failed(ev)
+    code = first[1] if first else status.exit_code
+    tail = ev.log_tails.get(first[0], "") if first else ""
+
+    def report(outcome: Outcome, reason: str, **extra: object) -> FailureReport:
+        fields: dict = {"rank": first[0] if first else None, "node": _node_of(ev, first[0]) if first else None,
+                        "exit_code": code, "log_line": telling_line(tail) if tail else "",
+                        "step": status.step if status.step is not None else _min_step(ev),
+                        "restarts_in_place": ev.restarts_in_place, "started_at": ev.started_at,
+                        "ended_at": ev.ended_at or _ended(ev), **extra}
+        return FailureReport(job=ev.job, run=ev.run, attempt=ev.attempt, outcome=outcome, reason=reason,
+                             evidence=facts, **fields)
+
+    if status.state == "succeeded":
+        return report("completed", status.message or "every rank completed")
+    if stop_cause in STOP_CAUSES_CANCEL:
+        return report("cancelled", f"stopped on request ({why_stopped or stop_cause})")
+    if stop_cause == "lease_lost":
+        return report("preempted", f"stopped by the platform, its reservation lost: {why_stopped}")
+
+    lost = {o.node: o.fatal_reasons() for o in ev.nodes if o.node in ev.gang_nodes or not ev.gang_nodes}
+    lost = {node: why for node, why in lost.items() if why}
+    if lost or stop_cause == "node_lost":
+        why = "; ".join(r for rs in lost.values() for r in rs) or why_stopped
+        named = ev.stop_reason.nodes if ev.stop_reason is not None and stop_cause == "node_lost" else []
+        return report("node_lost", f"node lost: {why}", failed_nodes=sorted({*lost, *named}))
+
+    if not status.finished and not _hung(ev):
+        raise AttemptStillRunning(f"attempt {ev.attempt} of {ev.job} is {status.state} "
+                                  f"({status.message}): nothing to classify yet")
+
+    corrupt_line = find_line(tail, CORRUPT_PATTERNS) if tail else ""
+    if code == exit_codes.CHECKPOINT_CORRUPT or ev.checkpoint_corrupt is not None or corrupt_line:
+        record = ev.checkpoint_corrupt
+        uri = (record.resume_from if record else "") or ev.resume_from
+        why = (record.reason if record else "") or corrupt_line or "the checkpoint to restore does not verify"
+        return report("checkpoint_corrupt", f"restore failed: {why}", corrupt_checkpoint=uri)
+
+    oom_line = next((line for t in ev.log_tails.values() if (line := find_line(t, OOM_PATTERNS))), "")
+    if code == exit_codes.OOM or oom_line:
+        return report("oom", f"{_who(ev, first)} ran out of device memory"
+                             f"{_at(ev)}: {oom_line or describe(code)}", log_line=oom_line or telling_line(tail))
+
+    if code == exit_codes.DIVERGED or (ev.diverged is not None and ev.diverged.attempt == ev.attempt):
+        d = ev.diverged
+        if d is None:
+            return report("diverged", f"{_who(ev, first)} exited diverged, but no diverged.json says "
+                                      "where the divergence began")
+        return report("diverged", f"diverged: {d.message or d.reason} (onset step {d.onset_step})",
+                      onset_step=d.onset_step, step=d.step)
+
+    if code in PREEMPTED_CODES and not stopped:
+        saved = "emergency checkpoint committed" if code == exit_codes.PREEMPTED else "no emergency checkpoint"
+        return report("preempted", f"{_who(ev, first)} got SIGTERM from outside the platform ({saved})")
+
+    hung = [r for r in status.ranks if r.hung]
+    if (stopped and stop_cause == "hang") or (hung and first is None):
+        detail = why_stopped if stop_cause == "hang" and why_stopped else \
+            f"rank {hung[0].rank} has no step progress for {hung[0].heartbeat_age_s:.0f} s"
+        ranks = [r.rank for r in hung] or (ev.stop_reason.ranks if ev.stop_reason is not None else [])
+        rank = ranks[0] if ranks else None
+        return report("hang", f"hang: {detail}" + (f" (hung ranks {ranks})" if ranks else ""),
+                      rank=rank, node=_node_of(ev, rank) if rank is not None else None)
+
+    if stopped:  # a platform stop with a cause this engine does not know: report it, as a crash
+        return report("worker_crash", f"stopped by the platform ({stop_cause}): {why_stopped}")
+    return report("worker_crash", _crash_reason(ev, first, tail))
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _first_failed(ev: Evidence) -> tuple[int, int | None] | None:
+    """(rank, exit code) of the first rank that failed for good; None when none did."""
+    status = ev.status
+    if status.failed_rank is not None:
+        rank = next((r for r in status.ranks if r.rank == status.failed_rank), None)
+        return status.failed_rank, rank.exit_code if rank else status.exit_code
+    first = ev.first_failure()
+    if first is not None:
+        return first.rank, first.exit_code
+    failed = [r for r in status.ranks if r.exit_code not in (None, 0)]
+    return (failed[0].rank, failed[0].exit_code) if failed else None
+
+
+def _node_of(ev: Evidence, rank: int) -> str | None:
+    found = next((r.node for r in ev.status.ranks if r.rank == rank and r.node), "")
+    found = found or next((e.node for e in reversed(ev.exits) if e.rank == rank and e.node), "")
+    return found or None
+
+
+def _who(ev: Evidence, first: tuple[int, int | None] | None) -> str:
+    if first is None:
+        return "the job"
+    node = _node_of(ev, first[0])
+    return f"rank {first[0]}" + (f" on {node}" if node else "")
+
+
+def _at(ev: Evidence) -> str:
+    step = ev.status.step if ev.status.step is not None else _min_step(ev)
+    return f" at step {step}" if step is not None else ""
+
+
+def _crash_reason(ev: Evidence, first: tuple[int, int | None] | None, tail: str) -> str:
+    """`rank 1 on local-1 was killed by SIGKILL at step 120` / `… exited with code 1 at step 3:
+    ValueError: …`."""
+    if first is None:
+        return ev.status.message or f"the attempt {ev.status.state}"
+    code = first[1]
+    how = describe(code) if code is not None else ""
+    if not how:
+        how = "failed"
+    elif "killed" in how:
+        how = f"was {how}"
+    else:
+        how = f"exited with code {code}"
+    line = telling_line(tail) if tail else ""
+    return f"{_who(ev, first)} {how}{_at(ev)}" + (f": {line}" if line else "")
+
+
+def _min_step(ev: Evidence) -> int | None:
+    steps = [r.step for r in ev.status.ranks if r.step is not None]
+    return min(steps) if steps else None
+
+
+def _hung(ev: Evidence) -> bool:
+    return any(r.hung for r in ev.status.ranks)
+
+
+def _ended(ev: Evidence) -> datetime | None:
+    ends = [e.ended_at for e in ev.exits if e.ended_at]
+    return utc_from_s(max(ends)) if ends else None
+
+
+def _facts(ev: Evidence) -> list[str]:
+    """The evidence lines a person reads: the status, each failed rank, the records, the nodes."""
+    s = ev.status
+    facts = [f"launcher: {s.state}" + (f" — {s.message}" if s.message else "")]
+    for r in s.ranks:
+        if r.exit_code not in (None, 0) or r.hung:
+            where = f" on {r.node}" if r.node else ""
+            what = r.outcome or ("hung" if r.hung else "")
+            if r.exit_code is not None and not what.startswith("exit"):
+                what += f" (exit code {r.exit_code})"
+            age = f", heartbeat {r.heartbeat_age_s:.0f} s old" if r.hung and r.heartbeat_age_s is not None else ""
+            facts.append(f"rank {r.rank}{where}: {what} at step {r.step}{age}"
+                         + (f", restart {r.restart}" if r.restart else ""))
+    if ev.restarts_in_place:
+        facts.append(f"torchrun restarted the workers in place {ev.restarts_in_place} time(s) "
+                     f"(of {ev.max_restarts_in_place})")
+    if ev.stop_reason is not None:
+        facts.append(f"stop-reason.json: {ev.stop_reason.reason}: {ev.stop_reason.detail}")
+    elif ev.stop is not None:
+        facts.append("stopped.json: stopped on request (no reason recorded)")
+    if ev.diverged is not None:
+        facts.append(f"diverged.json: {ev.diverged.message or ev.diverged.reason} "
+                     f"(onset {ev.diverged.onset_step}, last checkpoint {ev.diverged.last_checkpoint_step})")
+    if ev.checkpoint_corrupt is not None:
+        facts.append(f"checkpoint_corrupt.json: {ev.checkpoint_corrupt.reason}")
+    for rank, tail in sorted(ev.log_tails.items()):
+        line = telling_line(tail)
+        if line:
+            facts.append(f"rank {rank} log: {line}")
+    for o in ev.nodes:
+        reasons = o.fatal_reasons()
+        if reasons:
+            facts.extend(reasons)
+        elif o.missed_heartbeats:
+            facts.append(f"node agent on {o.node} missed {o.missed_heartbeats} heartbeat(s)")
+        elif o.health is not None and o.health.verdicts:
+            facts.extend(f"{o.node}: {v.kind}: {v.reason}" for v in o.health.verdicts if v.kind != "no_gpu")
+    return facts

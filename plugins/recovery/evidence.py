@@ -1,0 +1,274 @@
+"""What is known about one attempt once it ended (or while it runs): the `Evidence` that
+`classify()` turns into a `FailureReport`.
+
+Everything here is read from what the attempt left behind, so any process can gather it
+again later (an Airflow task on another worker, `trainyard status`, a test):
+
+- the launcher's `RunStatus` (state, each rank's exit code, restart count, heartbeat, `hung`);
+- the run folder (`plugins/launch/local.py` documents its layout): `exits.jsonl` (every rank
+  exit, torchrun's in-place restarts included), `stopped.json` (the launcher was asked to stop
+  the gang) and `stop-reason.json` (why the control plane stopped it: `plugins/recovery/watch.py`
+  writes it before the stop; no reason = a stop a person asked for), `diverged.json` and `checkpoint_corrupt.json` (written by `worker/session.py` before it
+  exits with `DIVERGED` / `CHECKPOINT_CORRUPT`), and the tail of each failed rank's log;
+- the health of the gang's nodes, as their node agents reported it (`NodeObservation`: a
+  `NodeHealth`, or the number of heartbeats the agent has missed in a row). The caller polls
+  the agents (a sensor keeps the missed count across polls); `observe_node` is one probe.
+
+The two worker records are parsed with small models defined here (`DivergedRecord`,
+`CheckpointCorruptRecord`), which ignore unknown keys. If the worker runtime grows its own
+models for them, these should be replaced by imports of those (one source per record).
+
+Pure Python: no Airflow, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from node_agent.models import NodeHealth
+from plugins.launch.model import RunHandle, RunStatus
+from plugins.recovery.watch import FATAL_VERDICTS, StopReason, read_stop_reason
+
+MISSED_HEARTBEATS_LOST = 3
+"""A node whose agent missed this many heartbeats in a row is lost (DESIGN §5)."""
+
+LOG_TAIL_LINES = 60
+MAX_LOGS = 8
+"""Failed ranks whose log tails are read (the first failing rank always among them)."""
+
+OOM_PATTERNS = (re.compile(r"torch\.OutOfMemoryError"), re.compile(r"CUDA out of memory"),
+                re.compile(r"torch\.cuda\.OutOfMemoryError"))
+"""Log lines that mean the device ran out of memory (a rank may die of it without reaching
+the worker's `stop_on_oom`, e.g. during restore or in user code outside the loop)."""
+
+CORRUPT_PATTERNS = (re.compile(r"NoValidCheckpointError"), re.compile(r"does not verify"))
+"""Log lines that mean a restore target failed verification."""
+
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|Traceback|Killed|out of memory)", re.I)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class DivergedRecord(_Record):
+    """`<run_dir>/diverged.json`, written by rank 0 before it exits with `DIVERGED`."""
+
+    job: str = ""
+    attempt: int = 0
+    step: int
+    """The step at which the verdict was reached."""
+    onset_step: int
+    """The first bad step: the rollback goes to a checkpoint before it."""
+    reason: str = ""
+    loss: str = ""
+    baseline: float | None = None
+    last_checkpoint_step: int | None = None
+    message: str = ""
+
+
+class CheckpointCorruptRecord(_Record):
+    """`<run_dir>/checkpoint_corrupt.json`, written by rank 0 before it exits with
+    `CHECKPOINT_CORRUPT`: the explicit resume point (empty = the newest valid one) and why the
+    restore failed."""
+
+    job: str = ""
+    attempt: int = 0
+    resume_from: str = ""
+    reason: str = ""
+
+
+class StopRecord(_Record):
+    """`<run_dir>/stopped.json`, written by `LocalLauncher.stop` (that a stop was asked, when)."""
+
+    requested_at: datetime | None = None
+    requested_at_s: float = 0.0
+    grace_s: float = 0.0
+
+
+STOP_CAUSES_CANCEL = ("requested", "timeout")
+"""`StopReason.reason`s that end the run on purpose: nothing to recover. (A stop without a
+`stop-reason.json` counts as `requested`.)"""
+
+
+class RankExit(_Record):
+    """One line of `exits.jsonl` (`plugins/launch/rank_exec.py`)."""
+
+    rank: int
+    node: str = ""
+    restart: int = 0
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+class NodeObservation(_Record):
+    """One node of the gang as the control plane last saw it."""
+
+    node: str
+    health: NodeHealth | None = None
+    missed_heartbeats: int = 0
+    """Polls in a row that the agent did not answer (0 when `health` is fresh)."""
+    error: str = ""
+    """Why the last poll failed."""
+
+    def fatal_reasons(self) -> list[str]:
+        """Why this node is lost, one line each; empty when it is fine."""
+        reasons = []
+        if self.missed_heartbeats >= MISSED_HEARTBEATS_LOST:
+            detail = f": {self.error}" if self.error else ""
+            reasons.append(f"node agent on {self.node} missed {self.missed_heartbeats} heartbeats{detail}")
+        if self.health is not None:
+            for v in self.health.verdicts:
+                if v.kind in FATAL_VERDICTS:
+                    gpu = f" GPU {v.gpu}" if v.gpu is not None else ""
+                    xid = f" (Xid {v.xid})" if v.xid is not None else ""
+                    reasons.append(f"{self.node}{gpu}: {v.kind}{xid}: {v.reason}")
+        return reasons
+
+
+class Evidence(_Record):
+    """Everything `classify()` needs about one attempt."""
+
+    job: str
+    run: str = ""
+    attempt: int = 0
+    status: RunStatus
+    gang_nodes: list[str] = Field(default_factory=list)
+    """The placement's nodes, in node-rank order."""
+    max_restarts_in_place: int = 0
+    """torchrun's `--max-restarts` for this attempt."""
+    exits: list[RankExit] = Field(default_factory=list)
+    stop: StopRecord | None = None
+    stop_reason: StopReason | None = None
+    """Why the control plane stopped the gang (`plugins/recovery/watch.py`)."""
+    diverged: DivergedRecord | None = None
+    checkpoint_corrupt: CheckpointCorruptRecord | None = None
+    log_tails: dict[int, str] = Field(default_factory=dict)
+    """Rank → the last lines of its log (failed ranks only)."""
+    nodes: list[NodeObservation] = Field(default_factory=list)
+    resume_from: str = ""
+    """The checkpoint this attempt was told to restore (empty = the newest valid one)."""
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+    @property
+    def stop_cause(self) -> str | None:
+        """None when nobody stopped the gang; else `StopReason.reason` (`requested` when the
+        launcher was stopped without a recorded reason: a person's stop, a Ctrl-C)."""
+        if self.stop_reason is not None:
+            return self.stop_reason.reason
+        return "requested" if self.stop is not None else None
+
+    @property
+    def restarts_in_place(self) -> int:
+        """torchrun's restarts inside this attempt: the highest restart count any rank reached."""
+        counts = [r.restart for r in self.status.ranks] + [e.restart for e in self.exits]
+        return max(counts, default=0)
+
+    def first_failure(self) -> RankExit | None:
+        """The earliest non-zero exit of the attempt's last incarnation (torchrun restarts
+        before it were recovered in place)."""
+        last = self.restarts_in_place
+        failed = [e for e in self.exits if e.exit_code not in (None, 0) and e.restart == last]
+        return min(failed, key=lambda e: e.ended_at or 0.0) if failed else None
+
+
+def gather(handle: RunHandle, status: RunStatus, *, run: str = "",
+           nodes: Iterable[NodeObservation] = (), resume_from: str = "",
+           tail_lines: int = LOG_TAIL_LINES) -> Evidence:
+    """The evidence of the attempt `handle` names, from its run folder and `status`.
+
+    `status` is the launcher's poll (after `settle`, for a finished attempt). Works for local
+    handles; for a Kubernetes handle only the status and the node observations are known
+    (partial: pod logs and worker records are not fetched yet).
+    """
+    run_dir = Path(handle.run_dir) if handle.run_dir else None
+    exits = _read_exits(run_dir / "exits.jsonl") if run_dir else []
+    failed = _failed_ranks(status, exits)
+    return Evidence(
+        job=handle.job, run=run or getattr(handle, "run", "") or "", attempt=handle.attempt,
+        status=status, gang_nodes=list(handle.nodes) or [a.node for a in handle.agents],
+        max_restarts_in_place=handle.max_restarts, exits=exits,
+        stop=_read_model(run_dir / "stopped.json", StopRecord) if run_dir else None,
+        stop_reason=read_stop_reason(run_dir) if run_dir else None,
+        diverged=_read_model(run_dir / "diverged.json", DivergedRecord) if run_dir else None,
+        checkpoint_corrupt=(_read_model(run_dir / "checkpoint_corrupt.json", CheckpointCorruptRecord)
+                            if run_dir else None),
+        log_tails=_log_tails(run_dir, failed, tail_lines) if run_dir else {},
+        nodes=list(nodes), resume_from=resume_from, started_at=handle.created_at,
+        ended_at=status.updated_at if status.finished else None,
+    )
+
+
+def observe_node(node: str, url: str, *, missed_before: int = 0, timeout: float = 5.0) -> NodeObservation:
+    """Poll one node agent once: its health, or one more missed heartbeat."""
+    from node_agent.client import AgentResponseError, AgentUnreachable, fetch_health
+
+    try:
+        return NodeObservation(node=node, health=fetch_health(url, timeout=timeout))
+    except AgentUnreachable as e:
+        return NodeObservation(node=node, missed_heartbeats=missed_before + 1, error=str(e))
+    except AgentResponseError as e:  # it answered: alive, but says nothing usable
+        return NodeObservation(node=node, error=str(e))
+
+
+def find_line(text: str, patterns: Iterable[re.Pattern[str]]) -> str:
+    """The last line of `text` that matches one of `patterns`, stripped ('' when none)."""
+    for line in reversed(text.splitlines()):
+        if any(p.search(line) for p in patterns):
+            return line.strip()
+    return ""
+
+
+def telling_line(text: str) -> str:
+    """The line a person should read first: the last error-looking line ('' when none — the
+    last ordinary line of a killed rank says nothing about why it died)."""
+    return find_line(text, (_ERROR_LINE,))
+
+
+def _failed_ranks(status: RunStatus, exits: list[RankExit]) -> list[int]:
+    ranks = [status.failed_rank] if status.failed_rank is not None else []
+    ranks += [r.rank for r in status.ranks if r.exit_code not in (None, 0)]
+    ranks += [e.rank for e in exits if e.exit_code not in (None, 0)]
+    return list(dict.fromkeys(ranks))[:MAX_LOGS]
+
+
+def _log_tails(run_dir: Path, ranks: list[int], lines: int) -> dict[int, str]:
+    from plugins.launch.local import tail_lines
+    from plugins.launch.rank_exec import log_path
+
+    tails = {rank: tail_lines(log_path(run_dir, rank), lines) for rank in ranks}
+    return {rank: text for rank, text in tails.items() if text}
+
+
+def _read_exits(path: Path) -> list[RankExit]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    exits = []
+    for line in text.splitlines():
+        try:
+            exits.append(RankExit.model_validate(json.loads(line)))
+        except (ValueError, ValidationError):  # a line cut short by a crash mid-write
+            continue
+    return exits
+
+
+def _read_model(path: Path, model: type[_Record]) -> Any:
+    try:
+        return model.model_validate_json(path.read_text())
+    except (OSError, ValidationError):
+        return None
+
+
+def utc_from_s(seconds: float | None) -> datetime | None:
+    return datetime.fromtimestamp(seconds, UTC) if seconds else None

@@ -1,0 +1,90 @@
+"""The platform state database: one way to open it, shared by every engine that keeps state.
+
+SQLite file by default (`Settings.state_db`), PostgreSQL by URL. Placement's allocations
+(`plugins/placement/state.py`) and the job lifecycle (`plugins/recovery/state.py`) live in the
+same database, in tables prefixed `trainyard_` so they can share it with Airflow or MLflow.
+This module is the single home of what both need: the engine (SQLite pragmas, pool options,
+an optional schema for tests), a timezone-safe timestamp column, and the rule for which
+database errors are worth retrying.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import DateTime, Engine, TypeDecorator, create_engine, event
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+TABLE_PREFIX = "trainyard_"
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC in and out; SQLite stores naive values, PostgreSQL timestamptz."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}; pass a timezone-aware UTC time")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Unique violations (someone else wrote first), deadlocks, serialisation failures and
+    SQLite's busy database: all mean "try again against the new state"."""
+    if isinstance(exc, IntegrityError):
+        return True
+    if isinstance(exc, OperationalError | DBAPIError):
+        code = getattr(getattr(exc, "orig", None), "pgcode", None)
+        return code in ("40001", "40P01") or "database is locked" in str(exc)
+    return False
+
+
+def retrying(attempts: int = 8) -> Retrying:
+    """Retry a transaction on `is_retryable` errors only, with a short random back-off."""
+    return Retrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(attempts),
+                    wait=wait_random_exponential(multiplier=0.01, max=0.5), reraise=True)
+
+
+def make_engine(url: str, schema: str | None = None) -> Engine:
+    """An engine for the state DB; `schema` (PostgreSQL) maps the tables into that schema."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        _sqlite_immediate_transactions(engine)
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    if schema:
+        engine = engine.execution_options(schema_translate_map={None: schema})
+    return engine
+
+
+def _sqlite_immediate_transactions(engine: Engine) -> None:
+    """SQLite takes its write lock lazily, so two readers that both decide to write deadlock
+    into "database is locked". `BEGIN IMMEDIATE` takes it up front: writers queue instead."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # let us emit BEGIN ourselves
+        # WAL: readers never wait for the writer, and a commit is one sequential append
+        # (synchronous=NORMAL: durable across a process crash, at most the last commits lost
+        # on power loss).
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -1,0 +1,48 @@
+"""The recovery engine on real torchrun runs (2 nodes × 1 process, gloo, the launcher's tiny
+job): the evidence a real crash and a real hang stop leave behind classifies as it should, and
+a crash that repeats identically is given up on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from plugins.recovery.classify import classify
+from plugins.recovery.decide import DecisionContext, decide
+from plugins.recovery.evidence import gather
+from plugins.recovery.model import AttemptConf
+from tests.integration.launch.test_local_launcher import start, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_real_crash_is_a_worker_crash_and_the_same_crash_twice_gives_up(tmp_path: Path) -> None:
+    from config.loader import load_spec_file
+
+    conf, ctx = AttemptConf(), DecisionContext(checkpoint_uri=(tmp_path / "ckpt").as_uri())
+    actions = []
+    for attempt in (0, 1):
+        (tmp_path / str(attempt)).mkdir()
+        launcher, handle = start(tmp_path / str(attempt), "tiny-crash", ["--steps", "2", "--fail-rank", "1"])
+        status = launcher.wait(handle, timeout_s=120)
+        report = classify(gather(handle, status, run="r-crash"))
+        assert (report.outcome, report.rank, report.exit_code) == ("worker_crash", 1, 7), report
+        assert report.reason.startswith("rank 1 on local-1 exited with code 7 at step 2"), report.reason
+        report = report.model_copy(update={"attempt": attempt})
+        job = load_spec_file(tmp_path / str(attempt) / "tiny-crash.yaml")
+        action = decide(report, job, conf, ctx)
+        actions.append(action)
+        conf = conf.next_attempt(report, action)
+    assert actions[0].kind == "restart"
+    assert actions[1].kind == "give_up" and "fails the same way every time" in actions[1].reason
+
+
+def test_a_gang_stopped_for_a_hang_is_a_hang(tmp_path: Path) -> None:
+    launcher, handle = start(tmp_path, "tiny-hang", ["--steps", "400", "--sleep", "0.2"])
+    wait_for(launcher, handle, lambda s: s.step is not None and s.step >= 2)
+    status = launcher.stop(handle, grace_s=10, reason="hang: rank 1 made no step progress for 600 s")
+    assert status.state == "stopped", status
+    report = classify(gather(handle, status, run="r-hang"))
+    assert report.outcome == "hang" and "rank 1 made no step progress" in report.reason
+    assert any(line.startswith("stopped.json: hang:") for line in report.evidence)
