@@ -202,10 +202,10 @@ class TimeModel:
         extra, extra_coll = _recompute_s(cost, layout.recompute, impl)
         tp_per_layer = (4 + extra_coll) * cost.tp_collective
         layer_s = cost.forward + cost.backward + extra + tp_per_layer + cost.cp_exposed + cost.ep
-        counts = self.memory.stage_counts(pp)
+        counts = self.memory.stage_counts(pp, v)
         stages = {0: counts[0] * layer_s, pp - 1: counts[-1] * layer_s + self.head_s(layout)}
-        if pp > 2:
-            stages[1] = max(counts[1:-1]) * layer_s
+        if pp > 2:  # the busiest middle rank: an uneven split runs at its pace
+            stages[max(range(1, pp - 1), key=lambda i: counts[i])] = max(counts[1:-1]) * layer_s
         slow_stage = max(stages, key=lambda i: stages[i])
         mb_s = stages[slow_stage]
         layers = counts[slow_stage]
