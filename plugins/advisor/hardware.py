@@ -52,8 +52,10 @@ class GpuSpec:
     """Fraction of peak the fused (flash) attention kernels reach, forward and backward."""
     link_efficiency: float = 0.8
     """Fraction of a link's bandwidth NCCL's collectives reach (bus bandwidth)."""
-    intra_node_latency_s: float = 5e-6
-    inter_node_latency_s: float = 10e-6
+    intra_node_latency_s: float = 3.4e-6
+    """One NVLink hop of a ring (NCCL's `hwLat[NVLINK][RING][SIMPLE]`, `src/graph/tuning.cc`)."""
+    inter_node_latency_s: float = 14e-6
+    """One network hop of a ring (NCCL's `hwLat[NET][RING][SIMPLE]`); a spine hop counts 1.5×."""
     layer_overhead_s: float = 30e-6
     """Fixed cost per layer and micro-batch (kernel launches, dispatch), forward + backward:
     what makes many tiny micro-batches slower than a few big ones at equal FLOPs."""
