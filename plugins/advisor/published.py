@@ -211,6 +211,32 @@ def compare(run: PublishedRun, *, memory_fraction: float = 1.0) -> Comparison:
 METRICS = (("tflops_per_gpu", "TFLOP/s/GPU", "{:.0f}"), ("mfu", "MFU", "{:.1%}"),
            ("step_s", "step s", "{:.2f}"), ("tokens_per_s_per_gpu", "tokens/s/GPU", "{:,.0f}"),
            ("memory_gib", "memory GiB", "{:.1f}"))
+THROUGHPUT_METRICS = ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "step_s")
+"""Each is tokens/s times a constant of the row (FLOPs per token, peak, batch), so one row's
+throughput error is the same whichever of them its source reports (step time: inverted)."""
+WITHIN = 0.20
+
+
+def tokens_per_s_error(comparison: Comparison) -> float:
+    """advisor / reported − 1 of the row's tokens/s, from the first throughput figure it reports."""
+    for metric in THROUGHPUT_METRICS:
+        error = comparison.error(metric)
+        if error is not None:
+            return 1 / (1 + error) - 1 if metric == "step_s" else error
+    raise ValueError(f"{comparison.run.name} reports no throughput figure")
+
+
+def accuracy_summary(comparisons: list[Comparison]) -> dict[str, float]:
+    """`{"rows", "within_20pct", "median_abs_err", "false_oom"}` over the published runs: rows
+    with a throughput figure, how many are within ±20 % tokens/s, the median |error|, and how
+    many configurations that ran the advisor judges not to fit (at memory_fraction 1.0)."""
+    errors = sorted(abs(tokens_per_s_error(c)) for c in comparisons
+                    if any(m in c.run.reported for m in THROUGHPUT_METRICS))
+    n = len(errors)
+    median = (errors[n // 2] if n % 2 else (errors[n // 2 - 1] + errors[n // 2]) / 2) if n else 0.0
+    return {"rows": n, "within_20pct": sum(e <= WITHIN for e in errors),
+            "median_abs_err": round(median, 4),
+            "false_oom": sum(not c.estimate.fits for c in comparisons)}
 
 
 def markdown_table(comparisons: list[Comparison]) -> str:
@@ -237,6 +263,9 @@ def main() -> None:
           f"over {len(errors)} figures")
     misses = [c.run.name for c in comparisons if not c.estimate.fits]
     print("judged not to fit:", misses or "none")
+    summary = accuracy_summary(comparisons)
+    print(f"rows within ±20 % tokens/s: {summary['within_20pct']} of {summary['rows']}, median "
+          f"|error| {summary['median_abs_err']:.1%}")
 
 
 if __name__ == "__main__":
