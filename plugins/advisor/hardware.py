@@ -10,7 +10,9 @@ Units: bytes, FLOP/s, bytes/s, seconds. Link bandwidths are per GPU and per dire
 
 Sources: NVIDIA A100 / H100 / H200 data sheets (dense bf16 peaks 312 / 989 / 989 TFLOP/s,
 HBM 2.0 / 3.35 / 4.8 TB/s, NVLink 600 / 900 / 900 GB/s bidirectional); DGX A100 has one
-200 Gb/s HDR HCA per GPU, DGX H100/H200 one 400 Gb/s NDR HCA per GPU. The `cpu` entry was
+200 Gb/s HDR HCA per GPU, DGX H100/H200 one 400 Gb/s NDR HCA per GPU; SM counts 108 / 132 /
+132. Ring-hop latencies are NCCL's own tuning constants (`src/graph/tuning.cc`, Simple
+protocol: 3.4 µs per NVLink hop, 14 µs per network hop). The `cpu` entry was
 measured on this project's CI machine (one torch thread per slot: ~95 GFLOP/s fp32 matmul,
 gloo over loopback ~1.5 GB/s bus bandwidth with ~1 ms per small collective).
 """

@@ -6,9 +6,10 @@ Validity: TP divides the query and KV heads, the FFN width and the vocabulary (t
 splits the output head by columns) and fits in a node; PP is any degree up to the layer
 count — when it does not divide the layers the first and last stages get the fewer
 (`config.pipeline`) and the time model runs the pipeline at its busiest rank's pace; DP =
-GPUs / (TP·PP·CP) divides the global batch, micro-batch × micro-batches × DP = global batch; a pipeline needs at least pp micro-batches, interleaving a multiple of pp and
-virtual stages that divide a stage's layers (uneven splits: that leave the busiest rank no
-heavier than without interleaving); CP is searched for sequences of 16k tokens or
+GPUs / (TP·PP·CP) divides the global batch, micro-batch × micro-batches × DP = global batch;
+a pipeline needs at least pp micro-batches, interleaving a multiple of pp and virtual stages
+that divide a stage's layers (uneven splits: that leave the busiest rank no heavier than
+without interleaving); CP is searched for sequences of 16k tokens or
 more, in chunks of at least 4k (load-balanced causal ring attention needs s divisible by 2·cp).
 
 Pruning without losing plans: for a given (tp, cp, pp, ep) the least-memory variant of a

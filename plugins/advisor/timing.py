@@ -277,11 +277,14 @@ class TimeModel:
         """(exposed seconds per micro-batch, exposed seconds once per step)."""
         hw, overlap = self.hw, self.hw.gpu.comm_overlap
         levels = group_levels(hw, ((layout.cp, layout.tp), (layout.dp, self.impl.strides(layout)[0])))
+        zero = self.impl.effective_zero(layout.zero_stage)
+        if zero == 3:
+            return self._zero3_per_microbatch_s(layout, levels, n_params, layers, fwd_window / layers,
+                                                bwd_window / layers), 0.0
         grads_bytes, weight_bytes = self.memory.g * n_params, self.e * n_params
         units = layers * self.impl.collectives_per_layer + 1  # + the root (embedding, head)
         reduce_s = all_gather_s(levels, grads_bytes, count=units)
         gather_s = all_gather_s(levels, weight_bytes, count=units)
-        zero = self.impl.effective_zero(layout.zero_stage)
         if zero == 0:
             buckets = max(1, math.ceil(grads_bytes / self.impl.ddp_bucket_bytes))
             return 0.0, exposed_s(all_reduce_s(levels, grads_bytes, count=buckets), bwd_window,
@@ -289,11 +292,8 @@ class TimeModel:
         if zero == 1:
             return 0.0, (exposed_s(reduce_s, bwd_window, overlap=overlap)
                          + exposed_s(gather_s, fwd_window, overlap=overlap))
-        if zero == 2:
-            return (exposed_s(reduce_s, bwd_window, overlap=overlap),
-                    exposed_s(gather_s, fwd_window, overlap=overlap))
-        return self._zero3_per_microbatch_s(layout, levels, n_params, layers, fwd_window / layers,
-                                            bwd_window / layers), 0.0
+        return (exposed_s(reduce_s, bwd_window, overlap=overlap),  # ZeRO-2
+                exposed_s(gather_s, fwd_window, overlap=overlap))
 
     def _zero3_per_microbatch_s(self, layout: Layout, levels: tuple, n_params: float, layers: int,
                                 fwd_layer: float, bwd_layer: float) -> float:
