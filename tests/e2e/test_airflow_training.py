@@ -37,15 +37,29 @@ def _mlflow_run(s: RunningStack, run: str):
     return found
 
 
-def _weights(s: RunningStack, mlflow_run_id: str) -> tuple[str, str]:
+def _weights(s: RunningStack, mlflow_run_id: str, dest: Path) -> dict[str, object]:
+    """The registered version's tensors (the file's digest differs between runs: its header
+    names the checkpoint manifest it came from)."""
+    from safetensors.torch import load_file
+
+    from plugins.checkpoint.export import export_safetensors
     from plugins.tracking.runs import client_for
 
     client = client_for(s.settings.mlflow_tracking_uri)
     (version,) = client.search_model_versions(f"run_id = '{mlflow_run_id}'")
-    return version.tags["trainyard.weights.sha256"], version.tags["trainyard.checkpoint.step"]
+    export_safetensors(version.tags["trainyard.checkpoint.uri"], dest)
+    return {"step": version.tags["trainyard.checkpoint.step"], **load_file(str(dest))}
 
 
-def test_two_triggers_are_two_independent_runs_that_complete_and_register(stack: RunningStack) -> None:
+def _same(a: dict[str, object], b: dict[str, object]) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+def test_two_triggers_are_two_independent_runs_that_complete_and_register(stack: RunningStack,
+                                                                         tmp_path: Path) -> None:
     from plugins.checkpoint.catalog import list_checkpoints
     from plugins.launch.environment import checkpoint_uri
     from plugins.placement.state import usage_by_team
@@ -67,7 +81,7 @@ def test_two_triggers_are_two_independent_runs_that_complete_and_register(stack:
     from tests.e2e.airflow_stack import DEMO
 
     job = load_spec_file(DEMO)
-    weights = set()
+    weights = []
     for run in ids:
         info = state.get_run(DAG_ID, run)
         assert info.state == "completed"
@@ -75,12 +89,13 @@ def test_two_triggers_are_two_independent_runs_that_complete_and_register(stack:
         assert steps[-1] == STEPS  # each run trained from scratch into its own folder
         mlflow_run = _mlflow_run(stack, run)
         assert mlflow_run.data.tags["trainyard.status"] == "completed"
-        weights.add(_weights(stack, mlflow_run.info.run_id))
-    assert len(weights) == 1  # same spec, same seed, no failure: the same model, bit for bit
+        weights.append(_weights(stack, mlflow_run.info.run_id, tmp_path / f"{run}.safetensors"))
+    assert _same(*weights)  # same spec, same seed, no failure: the same model, bit for bit
     assert usage_by_team(stack.settings.state_db) == {}  # every device released
 
 
-def test_a_killed_worker_resumes_from_the_newest_checkpoint_in_the_same_mlflow_run(stack: RunningStack) -> None:
+def test_a_killed_worker_resumes_from_the_newest_checkpoint_in_the_same_mlflow_run(stack: RunningStack,
+                                                                                  tmp_path: Path) -> None:
     attempts = stack.train({"max_steps": STEPS, "fault_kill_rank": 1, "fault_kill_at_step": 55})
     assert [(a.outcome, a.action) for a in attempts] == [("worker_crash", "restart"), ("completed", "register")], \
         f"{attempts}\n{stack.logs()}"
@@ -100,7 +115,9 @@ def test_a_killed_worker_resumes_from_the_newest_checkpoint_in_the_same_mlflow_r
 
     # An uninterrupted run of the same spec (the first test's) registered the same weights.
     uninterrupted = stack.train({"max_steps": STEPS})
-    assert _weights(stack, mlflow_run.info.run_id) == _weights(stack, _mlflow_run(stack, uninterrupted[0].run).info.run_id)
+    straight = _mlflow_run(stack, uninterrupted[0].run).info.run_id
+    assert _same(_weights(stack, mlflow_run.info.run_id, tmp_path / "resumed.safetensors"),
+                 _weights(stack, straight, tmp_path / "straight.safetensors"))
 
 
 def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alone(stack: RunningStack) -> None:
