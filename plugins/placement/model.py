@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
-from plugins.placement.layout import GroupKind, RankLayout
+from plugins.advisor.rank_layout import GroupKind, RankLayout
 
 if TYPE_CHECKING:
     from config.spec import TrainingJob
@@ -134,7 +134,7 @@ class Placement(_Model):
 
     @property
     def layout(self) -> RankLayout:
-        return RankLayout(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ranks_per_node=self.ranks_per_node)
+        return RankLayout.of(self, ranks_per_node=self.ranks_per_node)
 
     @property
     def node_names(self) -> list[str]:
