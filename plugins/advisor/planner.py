@@ -6,6 +6,10 @@ This is what the DAG's planning step, the launcher, `trainyard launch --local`, 
 ranks every valid layout (degrees the spec gives are pinned); with `strategy: manual` exactly
 the spec's configuration is evaluated (missing degrees 1, data parallelism filling gpuCount,
 ZeRO 0, micro-batch 1, no recomputation).
+
+`plan_job` plans for the worker runtime (`runtime.WORKER_RUNTIME`): it never proposes a plan the
+worker would refuse, and raises `ValueError` for a spec that pins one. `plan_auto` and
+`plan_manual` model any stack unless given a `runtime`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from plugins.advisor.layout import PYTORCH, Implementation, Layout
 from plugins.advisor.model import ModelProfile
 from plugins.advisor.nccl import nccl_env
 from plugins.advisor.plan import Plan
+from plugins.advisor.runtime import WORKER_RUNTIME, RuntimeCapabilities
 from plugins.advisor.search import Pins, SearchResult, search
 
 if TYPE_CHECKING:
@@ -120,9 +125,11 @@ def manual_layout(par: Parallelism, model: ModelProfile, gpu_count: int) -> Layo
 
 
 def plan_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9, top_k: int = 5,
-             impl: Implementation = PYTORCH) -> PlanResult:
-    """Plan `job` on `cluster`. Raises `ValueError` when the spec cannot be planned at all (no
-    model hints, a GPU type the cluster lacks, an invalid manual configuration)."""
+             impl: Implementation = PYTORCH,
+             runtime: RuntimeCapabilities | None = WORKER_RUNTIME) -> PlanResult:
+    """Plan `job` on `cluster` for `runtime`. Raises `ValueError` when the spec cannot be
+    planned at all (no model hints, a GPU type the cluster lacks, an invalid manual
+    configuration, something the runtime cannot apply)."""
     par = job.spec.parallelism
     if par.hints is None:
         raise ValueError("the spec has no parallelism.hints: the advisor needs the model's shape "
@@ -130,11 +137,18 @@ def plan_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9
     model = ModelProfile.from_hints(par.hints)
     hw = hardware_for(cluster, job.spec.hardware.gpu_type)
     gpus = job.spec.hardware.gpu_count
+    if runtime is not None:
+        refused = runtime.refusals(
+            cp=par.degree("context_parallel"), tp=par.degree("tensor_parallel"),
+            pp=par.degree("pipeline_parallel"), precision=model.precision, moe=model.is_moe,
+            tie_embeddings=model.tie_embeddings)
+        if refused:
+            raise ValueError("; ".join(refused))
     if par.strategy == "manual":
         return plan_manual(model, hw, manual_layout(par, model, gpus), memory_fraction=memory_fraction,
-                           top_k=top_k, impl=impl)
+                           top_k=top_k, impl=impl, runtime=runtime)
     return plan_auto(model, hw, gpus, pins=pins_from_spec(par), memory_fraction=memory_fraction,
-                     top_k=top_k, impl=impl)
+                     top_k=top_k, impl=impl, runtime=runtime)
 
 
 def _warnings(model: ModelProfile) -> list[str]:
@@ -159,19 +173,20 @@ def _result(model: ModelProfile, hw: Hardware, found: SearchResult, *, strategy:
 
 
 def plan_auto(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | None = None,
-              memory_fraction: float = 0.9, top_k: int = 5,
-              impl: Implementation = PYTORCH) -> PlanResult:
+              memory_fraction: float = 0.9, top_k: int = 5, impl: Implementation = PYTORCH,
+              runtime: RuntimeCapabilities | None = None) -> PlanResult:
     found = search(model, hw, gpu_count, pins=pins, impl=impl, memory_fraction=memory_fraction,
-                   top_k=top_k)
+                   top_k=top_k, runtime=runtime)
     plans = [to_plan(est, model, hw) for est in found.ranked]
     suggestions = [] if plans else what_would_fit(model, hw, gpu_count, found, pins=pins, impl=impl,
-                                                  memory_fraction=memory_fraction)
+                                                  memory_fraction=memory_fraction, runtime=runtime)
     return _result(model, hw, found, strategy="auto", best=plans[0] if plans else None,
                    alternatives=plans[1:], suggestions=suggestions)
 
 
 def plan_manual(model: ModelProfile, hw: Hardware, layout: Layout, *, memory_fraction: float = 0.9,
-                top_k: int = 5, impl: Implementation = PYTORCH) -> PlanResult:
+                top_k: int = 5, impl: Implementation = PYTORCH,
+                runtime: RuntimeCapabilities | None = None) -> PlanResult:
     evaluator = Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction)
     est = evaluator.evaluate(layout)
     plan = to_plan(est, model, hw)
@@ -181,13 +196,14 @@ def plan_manual(model: ModelProfile, hw: Hardware, layout: Layout, *, memory_fra
     if est.fits:
         return _result(model, hw, found, strategy="manual", best=plan, alternatives=[], evaluated=plan)
     suggestions = manual_fixes(evaluator, layout)
-    auto = search(model, hw, layout.world_size, impl=impl, memory_fraction=memory_fraction, top_k=top_k)
+    auto = search(model, hw, layout.world_size, impl=impl, memory_fraction=memory_fraction, top_k=top_k,
+                  runtime=runtime)
     if auto.best is not None:
         suggestions.append(f"strategy: auto finds {auto.best.layout.describe()} "
                            f"({auto.best.memory_bytes / GiB:.1f} GiB)")
     else:
         suggestions += what_would_fit(model, hw, layout.world_size, auto, impl=impl,
-                                      memory_fraction=memory_fraction)
+                                      memory_fraction=memory_fraction, runtime=runtime)
     return _result(model, hw, found, strategy="manual", best=None,
                    alternatives=[to_plan(e, model, hw) for e in auto.ranked[:top_k]],
                    evaluated=plan, suggestions=suggestions)
@@ -225,7 +241,8 @@ def manual_fixes(evaluator: Evaluator, layout: Layout) -> list[str]:
 
 def what_would_fit(model: ModelProfile, hw: Hardware, gpu_count: int, found: SearchResult, *,
                    pins: Pins | None = None, impl: Implementation = PYTORCH,
-                   memory_fraction: float = 0.9) -> list[str]:
+                   memory_fraction: float = 0.9,
+                   runtime: RuntimeCapabilities | None = None) -> list[str]:
     """More devices, a bigger device or shorter sequences: the first of each that fits."""
     out: list[str] = []
     if found.plans_evaluated == 0:
@@ -236,7 +253,7 @@ def what_would_fit(model: ModelProfile, hw: Hardware, gpu_count: int, found: Sea
 
     def fits(m: ModelProfile, h: Hardware, n: int) -> bool:
         return search(m, h, n, pins=pins, impl=impl, memory_fraction=memory_fraction,
-                      first_fit=True).best is not None
+                      first_fit=True, runtime=runtime).best is not None
 
     for factor in (2, 4, 8, 16, 32, 64):
         n = gpu_count * factor
