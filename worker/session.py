@@ -406,7 +406,7 @@ class TrainingSession:
         hints = self.config.spec.spec.parallelism.hints
         if hints is None:
             return None, None
-        from worker.flops import flops_per_token, peak_flops_per_device
+        from plugins.advisor.flops import flops_per_token, peak_flops_per_device
 
         try:
             return (flops_per_token(hints),
@@ -429,7 +429,7 @@ class TrainingSession:
         if self._tokens_per_s is not None:
             values["tokens_per_second"] = self._tokens_per_s
             if self._flops_per_token and self._peak_flops:
-                from worker.flops import mfu
+                from plugins.advisor.flops import mfu
 
                 values["mfu"] = mfu(self._tokens_per_s, self._flops_per_token, self.world_size,
                                     self._peak_flops)

@@ -77,7 +77,7 @@ class LayerCost:
 
 
 def peak_flops(model: ModelProfile, hw: Hardware) -> float:
-    return hw.gpu.peak_flops_fp32 if model.precision == "fp32" else hw.gpu.peak_flops
+    return hw.gpu.peak_flops_at(model.precision)
 
 
 def _gemm_s(hw: Hardware, peak: float, e: int, m: float, k: float, n: float,
