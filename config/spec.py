@@ -147,6 +147,14 @@ class Parallelism(Section):
         value = getattr(self, name)
         return 1 if value is None else int(value)
 
+    def manual_degrees(self, gpu_count: int) -> tuple[int, int, int, int]:
+        """(tp, pp, dp, cp) as written, missing ones 1 and data parallelism filling `gpu_count`
+        when not given — the one statement of that rule (the spec rules check the product,
+        the advisor's `manual_layout` builds the plan from it)."""
+        tp, pp, cp = (self.degree(n) for n in ("tensor_parallel", "pipeline_parallel", "context_parallel"))
+        dp = self.data_parallel if self.data_parallel is not None else max(gpu_count // (tp * pp * cp), 1)
+        return tp, pp, dp, cp
+
 
 class DataQuality(Section):
     """Great Expectations checks run on the dataset's shards before any accelerator is placed."""

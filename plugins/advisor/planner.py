@@ -105,23 +105,44 @@ def pins_from_spec(par: Parallelism) -> Pins:
                 sequence_parallel=par.sequence_parallel)
 
 
-def manual_layout(par: Parallelism, model: ModelProfile, gpu_count: int) -> Layout:
-    """The spec's own configuration; raises `ValueError` naming the values when it is invalid."""
-    tp, pp, cp = par.degree("tensor_parallel"), par.degree("pipeline_parallel"), par.degree("context_parallel")
+def manual_layout(par: Parallelism, gpu_count: int, model: ModelProfile | None = None) -> Layout:
+    """The spec's own configuration — the one manual-plan builder: missing degrees 1, DP
+    filling gpuCount (`Parallelism.manual_degrees`), ZeRO 0, micro-batch 1, no recomputation.
+    With the model's shape the global batch and the split are checked too; without it (a spec
+    with no hints) one micro-batch per step. Raises `ValueError` naming the values when invalid."""
+    tp, pp, dp, cp = par.manual_degrees(gpu_count)
     if gpu_count % (tp * pp * cp) and par.data_parallel is None:
         raise ValueError(f"gpuCount {gpu_count} is not divisible by TP({tp}) * PP({pp}) * CP({cp})")
-    dp = par.data_parallel if par.data_parallel is not None else gpu_count // (tp * pp * cp)
+    if tp * pp * dp * cp != gpu_count:
+        raise ValueError(f"TP({tp}) * PP({pp}) * DP({dp}) * CP({cp}) = {tp * pp * dp * cp} "
+                         f"!= gpuCount({gpu_count})")
+    if par.sequence_parallel and tp == 1:
+        raise ValueError("sequenceParallel needs tensorParallel > 1 (it splits the norms' and "
+                         "dropout's activations over the TP group)")
     mbs = par.micro_batch_size or 1
-    if model.global_batch_size % (mbs * dp):
-        raise ValueError(f"globalBatchSize {model.global_batch_size} is not divisible by "
-                         f"microBatchSize({mbs}) * dataParallel({dp}) = {mbs * dp}")
+    micro = 1
+    if model is not None:
+        if model.global_batch_size % (mbs * dp):
+            raise ValueError(f"globalBatchSize {model.global_batch_size} is not divisible by "
+                             f"microBatchSize({mbs}) * dataParallel({dp}) = {mbs * dp}")
+        micro = model.global_batch_size // (mbs * dp)
     layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=par.degree("virtual_pipeline_stages"),
-                    zero_stage=par.zero_stage or 0, micro_batch_size=mbs,
-                    num_micro_batches=model.global_batch_size // (mbs * dp),
+                    zero_stage=par.zero_stage or 0, micro_batch_size=mbs, num_micro_batches=micro,
                     recompute=par.activation_checkpointing or "none",
                     sequence_parallel=bool(par.sequence_parallel))
-    check_layout(model, layout, gpu_count)
+    if model is not None:
+        check_layout(model, layout, gpu_count)
     return layout
+
+
+def manual_plan(job: TrainingJob) -> Plan:
+    """The plan of a `strategy: manual` spec the advisor cannot estimate (no model hints): its
+    degrees as written, DP filling gpuCount, no estimates."""
+    layout = manual_layout(job.spec.parallelism, job.spec.hardware.gpu_count)
+    return Plan(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, vpp=layout.vpp,
+                zero_stage=layout.zero_stage,  # type: ignore[arg-type]
+                micro_batch_size=layout.micro_batch_size, activation_checkpointing=layout.recompute,
+                sequence_parallel=layout.sequence_parallel)
 
 
 def plan_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9, top_k: int = 5,
@@ -145,7 +166,7 @@ def plan_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9
         if refused:
             raise ValueError("; ".join(refused))
     if par.strategy == "manual":
-        return plan_manual(model, hw, manual_layout(par, model, gpus), memory_fraction=memory_fraction,
+        return plan_manual(model, hw, manual_layout(par, gpus, model), memory_fraction=memory_fraction,
                            top_k=top_k, impl=impl, runtime=runtime)
     return plan_auto(model, hw, gpus, pins=pins_from_spec(par), memory_fraction=memory_fraction,
                      top_k=top_k, impl=impl, runtime=runtime)
