@@ -176,7 +176,7 @@ def register_safetensors(
     name = model_name or run.data.tags.get(TAG + "job") or run.info.run_name
     if not name:
         raise ValueError(f"run {run_id} has no job tag; pass model_name")
-    from plugins.checkpoint.store import sha256_of_stream
+    from plugins.storage.store import sha256_of_stream
 
     with weights.open("rb") as f:
         _, weights_sha = sha256_of_stream(f)

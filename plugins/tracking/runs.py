@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from config.spec import TrainingJob
     from plugins.advisor.plan import Plan
-    from plugins.tracking.datasets import DatasetRef
+    from plugins.data.datasets import DatasetRef
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,9 @@ from config.spec import TrainingJob
 from config.worker_env import WorkerEnv
 from node_agent.heartbeat import Heartbeat, heartbeat_path
 from plugins.advisor.plan import Plan
-from plugins.checkpoint import list_checkpoints, open_store
+from plugins.checkpoint import list_checkpoints
 from plugins.checkpoint.uris import default_checkpoint_uri
+from plugins.storage.store import open_store
 from tests.support.procs import REPO_ROOT, run_torchrun
 
 TINY_HINTS = {

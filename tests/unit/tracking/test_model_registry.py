@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from plugins.data.datasets import DatasetRef
 from plugins.tracking import registry, runs
-from plugins.tracking.datasets import DatasetRef
 from tests.unit.tracking.factories import (
     SHA,
     export_marking_the_step,
