@@ -76,7 +76,9 @@ class Source(Section):
     args: list[str] = Field(default_factory=list)
 
 
-class Hardware(Section):
+class HardwareRequest(Section):
+    """The devices a job asks for (the advisor's `Hardware` is a device type plus its topology)."""
+
     gpu_type: str = Field(min_length=1)
     """Accelerator type, as named in the cluster inventory (`H100`, `H200`, `A100_80GB`, `cpu`)."""
     gpu_count: PositiveInt
@@ -261,7 +263,7 @@ class JobBody(Section):
     framework_version: str | None = None
     image: str | None = None
     """Container image for Kubernetes launches; ignored by the local launcher."""
-    hardware: Hardware
+    hardware: HardwareRequest
     parallelism: Parallelism = Field(default_factory=Parallelism)
     dataset: Dataset
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from plugins.advisor.plan import Recompute, layout_label
+from config.spec import Recompute
+from plugins.advisor.plan import layout_label
 from plugins.advisor.rank_layout import RankLayout
 
 RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
