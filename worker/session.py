@@ -31,7 +31,6 @@ hanging in their next collective.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -369,14 +368,13 @@ class TrainingSession:
     def _diverged(self, d: Divergence) -> None:
         if self.rank == 0:
             log.error("diverged: %s", d.describe())
-            self.config.run_dir.mkdir(parents=True, exist_ok=True)
-            report = {"job": self.config.job, "attempt": self.config.attempt, "step": d.step,
-                      "onset_step": d.onset_step, "reason": d.reason, "loss": repr(d.loss),
-                      "baseline": d.baseline, "last_checkpoint_step": self._last_saved_step,
-                      "message": d.describe()}
-            tmp = self.config.run_dir / ".diverged.json.tmp"
-            tmp.write_text(json.dumps(report, indent=2))
-            tmp.replace(self.config.run_dir / "diverged.json")
+            from plugins.launch.files import DIVERGED_FILE, DivergenceRecord
+
+            DivergenceRecord(
+                job=self.config.job, attempt=self.config.attempt, step=d.step,
+                onset_step=d.onset_step, reason=d.reason, loss=repr(d.loss), baseline=d.baseline,
+                last_checkpoint_step=self._last_saved_step, message=d.describe(),
+            ).write(self.config.run_dir / DIVERGED_FILE)
         raise StopTraining(exit_codes.DIVERGED, d.describe())
 
     # --- heartbeats and metrics -----------------------------------------------------------
