@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from plugins.errors import FatalError  # a leaf module with no imports, not an engine
+
 
 class Code(StrEnum):
     """Stable problem codes. Never rename one: users grep for them."""
@@ -70,8 +72,9 @@ class Problem(BaseModel):
         return f"{self.path}: {self.message}{hint}"
 
 
-class SpecError(ValueError):
-    """Raised when a spec has errors; carries every problem found, not just the first."""
+class SpecError(FatalError, ValueError):
+    """Raised when a spec has errors; carries every problem found, not just the first. Fatal:
+    the same spec fails the same way until someone edits it."""
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems

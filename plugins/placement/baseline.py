@@ -27,5 +27,5 @@ def place_first_fit(request: GangRequest, inventory: Inventory, free: Mapping[st
                 if len(chosen) == layout.num_nodes:
                     return build_placement(request, layout, chosen, inventory, free,
                                            weights=ScoreWeights(), strategy="first-fit")
-    raise Unschedulable(PendingReason(code="not_enough_nodes", gpu_type=request.gpu_type,
+    raise Unschedulable.of(PendingReason(code="not_enough_nodes", gpu_type=request.gpu_type,
                                       message="first-fit found too few free nodes"))

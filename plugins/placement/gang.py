@@ -108,7 +108,8 @@ def place_gang(
         return best
     if first_reason is None:  # slots_per_node_options always yields tp itself
         raise RuntimeError(f"no ranks-per-node option for {request!r}")
-    raise Unschedulable(first_reason)
+    too_big = request.world_size > inventory.total_gpus(request.gpu_type)
+    raise Unschedulable.of(first_reason.model_copy(update={"permanent": too_big}))
 
 
 def slots_per_node_options(request: GangRequest, per_node: int) -> list[int]:
@@ -134,12 +135,12 @@ def slots_per_node_options(request: GangRequest, per_node: int) -> list[int]:
 def _check_feasible_at_all(request: GangRequest, inventory: Inventory, per_node: int) -> None:
     if per_node == 0:
         types = sorted({n.gpu_type for n in inventory.nodes})
-        raise Unschedulable(PendingReason(
-            code="no_gpu_type", gpu_type=request.gpu_type,
+        raise Unschedulable.of(PendingReason(
+            code="no_gpu_type", gpu_type=request.gpu_type, permanent=True,
             message=f"no {request.gpu_type} nodes in this cluster (it has: {', '.join(types)})"))
     if request.tp > per_node:
-        raise Unschedulable(PendingReason(
-            code="tp_exceeds_node", gpu_type=request.gpu_type,
+        raise Unschedulable.of(PendingReason(
+            code="tp_exceeds_node", gpu_type=request.gpu_type, permanent=True,
             message=f"TP degree {request.tp} exceeds the {per_node} {request.gpu_type} devices of the "
                     f"largest node; a TP group must sit inside one node"))
 

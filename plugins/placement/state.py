@@ -50,6 +50,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from plugins.errors import TransientError
 from plugins.placement.fairshare import RunningGang
 from plugins.placement.model import Placement
 
@@ -57,7 +58,7 @@ DEFAULT_LEASE_S = 600.0
 TABLE_PREFIX = "trainyard_"
 
 
-class ReservationConflict(Exception):
+class ReservationConflict(TransientError):
     """The devices the placement wants are (no longer) free; re-place and try again."""
 
 
