@@ -57,7 +57,7 @@ def launch(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(REPO))
     from mlflow import MlflowClient
 
-    from plugins.checkpoint.store import open_store
+    from plugins.storage.store import open_store
     from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     with tempfile.TemporaryDirectory(prefix="worker-overhead-") as tmp:

@@ -238,9 +238,9 @@ def _export(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any
     try:
         result = export_safetensors(manifest_uri, args.out, endpoint_url=endpoint, job=args.job)
     except Exception as e:  # an integrity failure is an answer, not a traceback
-        from plugins.checkpoint.errors import CheckpointError
+        from plugins.errors import TrainyardError
 
-        if not isinstance(e, CheckpointError | ValueError | KeyError):
+        if not isinstance(e, TrainyardError | ValueError | KeyError):
             raise
         _error(f"export failed: {e}")
         return 1

@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def prepare_demo(args: argparse.Namespace) -> int:
     from cli.output import console, err_console, print_json
     from config.settings import get_settings
-    from plugins.checkpoint.store import open_store
+    from plugins.storage.store import open_store
     from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     settings = get_settings()

@@ -118,7 +118,7 @@ def _step(title: str, detail: str) -> None:
 
 def _prepare_data(settings: Settings) -> None:
     from cli.output import console
-    from plugins.checkpoint.store import open_store
+    from plugins.storage.store import open_store
     from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     store = open_store(settings.object_store, endpoint_url=settings.s3_endpoint_url).child(DEMO_PREFIX.rstrip("/"))
@@ -157,7 +157,7 @@ def _plan(job: TrainingJob, cluster: Cluster, settings: Settings) -> Plan:
 
 def _open_run(job: TrainingJob, plan: Plan, settings: Settings, run: str) -> str:
     from cli.output import console
-    from plugins.tracking.datasets import describe_dataset, open_dataset_store
+    from plugins.data.datasets import describe_dataset, open_dataset_store
     from plugins.tracking.runs import start_or_resume_run
 
     dataset = describe_dataset(open_dataset_store(job.spec.dataset.source, settings), job.spec.dataset)

@@ -33,7 +33,7 @@ def split_dataset_arg(text: str) -> tuple[str, str | None]:
 
 def run(args: argparse.Namespace) -> int:
     from config.settings import get_settings
-    from plugins.tracking.datasets import canonical_dataset_uri
+    from plugins.data.datasets import canonical_dataset_uri
     from plugins.tracking.registry import models_trained_on
 
     settings = get_settings()

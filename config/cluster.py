@@ -80,7 +80,7 @@ class RackTemplate(_Section):
     nodes: list[NodeTemplate] = Field(min_length=1)
 
 
-class NodeHealth(_Section):
+class NodeHistory(_Section):
     """Sparse per-node overrides: what the fleet's history says about one node."""
 
     healthy: bool = True
@@ -111,7 +111,7 @@ class ClusterSpec(_Section):
     accelerators: dict[str, Accelerator] = Field(default_factory=dict)
     network: Network = Field(default_factory=Network)
     racks: list[RackTemplate] = Field(min_length=1)
-    health: dict[str, NodeHealth] = Field(default_factory=dict)
+    health: dict[str, NodeHistory] = Field(default_factory=dict)
 
 
 class ClusterMetadata(_Section):
@@ -150,7 +150,7 @@ class Cluster(_Section):
                 for node_t in rack_t.nodes:
                     for i in range(node_t.start, node_t.start + node_t.count):
                         name = node_t.name.format(rack=rack, index=i)
-                        h = self.spec.health.get(name, NodeHealth())
+                        h = self.spec.health.get(name, NodeHistory())
                         out.append(Node(
                             name=name, rack=rack, gpu_type=node_t.gpu_type, gpus=node_t.gpus_per_node,
                             address=node_t.address or name, healthy=h.healthy,

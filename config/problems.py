@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from plugins.errors import FatalError  # a leaf module with no imports, not an engine
+
 
 class Code(StrEnum):
     """Stable problem codes. Never rename one: users grep for them."""
@@ -47,6 +49,7 @@ class Code(StrEnum):
     UNKNOWN_TEAM = "UNKNOWN_TEAM"
     DATA_QUALITY = "DATA_QUALITY"
     MODEL_SIZE_MISMATCH = "MODEL_SIZE_MISMATCH"
+    UNSUPPORTED_BY_RUNTIME = "UNSUPPORTED_BY_RUNTIME"
 
 
 class Problem(BaseModel):
@@ -69,8 +72,9 @@ class Problem(BaseModel):
         return f"{self.path}: {self.message}{hint}"
 
 
-class SpecError(ValueError):
-    """Raised when a spec has errors; carries every problem found, not just the first."""
+class SpecError(FatalError, ValueError):
+    """Raised when a spec has errors; carries every problem found, not just the first. Fatal:
+    the same spec fails the same way until someone edits it."""
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems

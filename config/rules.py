@@ -40,14 +40,13 @@ def job_name(job: TrainingJob) -> Iterable[Problem]:
 
 def manual_degrees(job: TrainingJob) -> Iterable[Problem]:
     par, gpus = job.spec.parallelism, job.spec.hardware.gpu_count
-    tp, pp, cp = par.degree("tensor_parallel"), par.degree("pipeline_parallel"), par.degree("context_parallel")
+    tp, pp, dp, cp = par.manual_degrees(gpus)
     if par.strategy != "manual" and par.data_parallel is None:
         if gpus % (tp * pp * cp):
             yield Problem(code=Code.PARALLELISM_MISMATCH, path="spec.parallelism",
                           message=f"gpuCount {gpus} is not divisible by TP({tp}) * PP({pp}) * CP({cp}) = {tp * pp * cp}",
                           hint="change gpuCount or the fixed degrees")
         return
-    dp = par.data_parallel if par.data_parallel is not None else max(gpus // (tp * pp * cp), 1)
     product = tp * pp * dp * cp
     if product != gpus:
         yield Problem(code=Code.PARALLELISM_MISMATCH, path="spec.parallelism",

@@ -76,7 +76,9 @@ class Source(Section):
     args: list[str] = Field(default_factory=list)
 
 
-class Hardware(Section):
+class HardwareRequest(Section):
+    """The devices a job asks for (the advisor's `Hardware` is a device type plus its topology)."""
+
     gpu_type: str = Field(min_length=1)
     """Accelerator type, as named in the cluster inventory (`H100`, `H200`, `A100_80GB`, `cpu`)."""
     gpu_count: PositiveInt
@@ -146,6 +148,14 @@ class Parallelism(Section):
         """A manual degree, with 1 for the ones not given."""
         value = getattr(self, name)
         return 1 if value is None else int(value)
+
+    def manual_degrees(self, gpu_count: int) -> tuple[int, int, int, int]:
+        """(tp, pp, dp, cp) as written, missing ones 1 and data parallelism filling `gpu_count`
+        when not given — the one statement of that rule (the spec rules check the product,
+        the advisor's `manual_layout` builds the plan from it)."""
+        tp, pp, cp = (self.degree(n) for n in ("tensor_parallel", "pipeline_parallel", "context_parallel"))
+        dp = self.data_parallel if self.data_parallel is not None else max(gpu_count // (tp * pp * cp), 1)
+        return tp, pp, dp, cp
 
 
 class DataQuality(Section):
@@ -253,7 +263,7 @@ class JobBody(Section):
     framework_version: str | None = None
     image: str | None = None
     """Container image for Kubernetes launches; ignored by the local launcher."""
-    hardware: Hardware
+    hardware: HardwareRequest
     parallelism: Parallelism = Field(default_factory=Parallelism)
     dataset: Dataset
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)

@@ -18,9 +18,10 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import ValidationError
 
 from node_agent.models import FaultRequest, NodeHealth
+from plugins.errors import FatalError, TrainyardError, TransientError
 
 
-class NodeAgentError(Exception):
+class NodeAgentError(TrainyardError):
     """Base of the client's errors; `url` names the agent."""
 
     def __init__(self, url: str, message: str) -> None:
@@ -28,12 +29,14 @@ class NodeAgentError(Exception):
         self.url = url
 
 
-class AgentUnreachable(NodeAgentError):
-    """No answer: refused, timed out, DNS failure. Counts as a missed node heartbeat."""
+class AgentUnreachable(NodeAgentError, TransientError):
+    """No answer: refused, timed out, DNS failure. Counts as a missed node heartbeat; asking
+    again later may get one."""
 
 
-class AgentResponseError(NodeAgentError):
-    """The agent answered, but with an error status or a body that is not the expected JSON."""
+class AgentResponseError(NodeAgentError, FatalError):
+    """The agent answered, but with an error status or a body that is not the expected JSON
+    (a refused request, a bug, a version skew): asking again gets the same answer."""
 
     def __init__(self, url: str, message: str, status: int | None = None) -> None:
         super().__init__(url, message)

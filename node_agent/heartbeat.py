@@ -9,8 +9,6 @@ and skip it with a warning.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -47,15 +45,7 @@ class Heartbeat(BaseModel):
 
 
 def write_heartbeat(directory: str | Path, beat: Heartbeat) -> Path:
-    """Atomically replace this rank's heartbeat file."""
-    path = heartbeat_path(directory, beat.rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".hb-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(beat.model_dump_json())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Atomically replace this rank's heartbeat file (`plugins.files.write_atomic`)."""
+    from plugins.files import write_atomic
+
+    return write_atomic(heartbeat_path(directory, beat.rank), beat.model_dump_json())

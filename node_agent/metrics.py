@@ -16,7 +16,7 @@ from typing import get_args
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from node_agent.models import NodeHealth, RankStatus, VerdictKind
+from node_agent.models import NodeHealth, RankHeartbeat, VerdictKind
 from node_agent.monitor import Monitor
 
 _GPU_GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -128,5 +128,5 @@ def _rank_metrics(health: NodeHealth) -> Iterator[Metric]:
         yield family
 
 
-def _rank_key(node: str, rank: RankStatus) -> list[str]:
+def _rank_key(node: str, rank: RankHeartbeat) -> list[str]:
     return [node, rank.job, str(rank.attempt), str(rank.rank)]

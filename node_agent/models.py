@@ -74,7 +74,7 @@ class GpuStatus(_Model):
     """NVML answered `GPU is lost` for this GPU."""
 
 
-class RankStatus(_Model):
+class RankHeartbeat(_Model):
     """The latest heartbeat of one training rank on this node, judged against its job."""
 
     job: str
@@ -111,7 +111,7 @@ class NodeHealth(_Model):
     driver_version: str | None = None
     probe_error: str | None = None
     """Why NVML is not usable here (e.g. `NVMLError_LibraryNotFound: …`), else None."""
-    ranks: list[RankStatus] = Field(default_factory=list)
+    ranks: list[RankHeartbeat] = Field(default_factory=list)
     invalid_heartbeat_files: int = 0
     """Files named like heartbeats that did not parse (skipped, warned about once each)."""
     uptime_s: float

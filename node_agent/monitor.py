@@ -25,7 +25,7 @@ from node_agent.models import (
     FaultRequest,
     GpuStatus,
     NodeHealth,
-    RankStatus,
+    RankHeartbeat,
     Verdict,
 )
 from node_agent.verdicts import ThermalWatch, ecc_verdict, hang_verdict, rank_status, xid_verdict
@@ -151,7 +151,7 @@ class Monitor:
             beats = self._reader.scan()
             invalid = self._reader.invalid_files
         forget = self.config.forget_after_s
-        newest: dict[tuple[str, int, int], RankStatus] = {}
+        newest: dict[tuple[str, int, int], RankHeartbeat] = {}
         for path, beat in beats:  # one entry per (job, attempt, rank): the newest file wins
             key = (beat.job, beat.attempt, beat.rank)
             if (not forget or now - beat.time <= forget) and (key not in newest or beat.time > newest[key].time):

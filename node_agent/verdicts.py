@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from node_agent.heartbeat import Heartbeat
-from node_agent.models import GpuStatus, RankStatus, Verdict
+from node_agent.models import GpuStatus, RankHeartbeat, Verdict
 
 FATAL_XIDS: dict[int, str] = {
     48: "double-bit (uncorrectable) ECC error",
@@ -94,19 +94,19 @@ FINISHED_PHASES = frozenset({"done", "diverged"})
 """Phases after which a rank stops beating on purpose: its old file is not a hang."""
 
 
-def rank_status(beat: Heartbeat, now: float, path: str = "") -> RankStatus:
+def rank_status(beat: Heartbeat, now: float, path: str = "") -> RankHeartbeat:
     """Judge one heartbeat at `now`. A non-finite loss counts as `nan` even if the writer did
     not set the flag (a hand-written loop or an older runtime)."""
     age = max(0.0, now - beat.time)
     stale = age > beat.hang_timeout_s and beat.phase not in FINISHED_PHASES
     nan = beat.nan or (beat.loss is not None and not math.isfinite(beat.loss))
-    return RankStatus(job=beat.job, attempt=beat.attempt, rank=beat.rank, local_rank=beat.local_rank,
+    return RankHeartbeat(job=beat.job, attempt=beat.attempt, rank=beat.rank, local_rank=beat.local_rank,
                       pid=beat.pid, phase=beat.phase, step=beat.step, time=beat.time, age_s=age,
                       loss=beat.loss, tokens_per_s=beat.tokens_per_s, nan=nan,
                       hang_timeout_s=beat.hang_timeout_s, stale=stale, path=path)
 
 
-def hang_verdict(rank: RankStatus) -> Verdict | None:
+def hang_verdict(rank: RankHeartbeat) -> Verdict | None:
     if not rank.stale:
         return None
     return Verdict(kind="hang", job=rank.job, attempt=rank.attempt, rank=rank.rank, since=rank.time,

@@ -40,7 +40,7 @@ class LaunchTrainingOperator(BaseOperator):
         plan, placement = pull(context, PLAN, Plan), pull(context, PLACE, Placement)
         dataset = None
         if conf.attempt == 0:
-            from plugins.tracking.datasets import describe_dataset, open_dataset_store
+            from plugins.data.datasets import describe_dataset, open_dataset_store
 
             dataset = describe_dataset(open_dataset_store(job.spec.dataset.source, config), job.spec.dataset)
         mlflow_run_id = start_or_resume_run(

@@ -12,7 +12,7 @@ to a few GB) fits; a streaming reader for larger data would keep this module's i
 
 from __future__ import annotations
 
-import json
+import io
 import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from plugins.checkpoint.store import ObjectStore
+    from plugins.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ READABLE_FORMATS = ("jsonl", "text")
 
 def shard_keys(store: ObjectStore, fmt: str) -> list[str]:
     """The dataset's shard keys, sorted (the order that defines the byte stream)."""
-    from plugins.validation.dataset import list_shards
+    from plugins.data.shards import list_shards
 
     if fmt not in READABLE_FORMATS:
         raise ValueError(f"dataset format {fmt!r} is not readable by the byte-level loader; "
@@ -45,22 +45,20 @@ def shard_keys(store: ObjectStore, fmt: str) -> list[str]:
 
 
 def iter_rows(raw: bytes, key: str, fmt: str, text_field: str) -> Iterator[bytes]:
-    """UTF-8 bytes of each row of one shard (its whole content in `raw`)."""
-    if key.endswith(".zst"):
-        import zstandard
+    """UTF-8 bytes of each row of one shard (its whole content in `raw`). A text shard is one
+    document; a JSONL shard is parsed by `plugins.data.rows` (the parser validation uses), and
+    this loader's policy is strict: blank lines are skipped, any bad line stops the run."""
+    from plugins.data.rows import BLANK, BadRow, open_shard, read_rows
 
-        raw = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
     if fmt == "text":
-        yield raw
+        yield open_shard(io.BytesIO(raw), key).read()
         return
-    for number, line in enumerate(raw.splitlines(), start=1):
-        if not line.strip():
+    for number, row in read_rows(io.BytesIO(raw), key, fmt):
+        if row is BLANK:
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{key}:{number}: not JSON ({e.msg})") from e
-        text = row.get(text_field) if isinstance(row, dict) else None
+        if isinstance(row, BadRow):
+            raise ValueError(row.describe())
+        text = row.get(text_field)  # type: ignore[union-attr]
         if not isinstance(text, str):
             raise ValueError(f"{key}:{number}: row has no string field {text_field!r}")
         yield text.encode("utf-8")
@@ -108,7 +106,7 @@ def open_dataset_windows(source: str, *, object_store: str, seq_len: int, fmt: s
                          text_field: str = "text", endpoint_url: str | None = None) -> TokenWindows:
     """Resolve a spec's `dataset.source` (a URI, or a prefix under the object store) the way
     the dry run does, and load it as windows."""
-    from plugins.validation.dataset import open_dataset
+    from plugins.data.shards import open_dataset
 
     store = open_dataset(source, object_store=object_store, endpoint_url=endpoint_url)
     tokens = load_bytes(store, fmt=fmt, text_field=text_field)

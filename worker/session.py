@@ -34,7 +34,6 @@ hanging in their next collective.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -396,25 +395,25 @@ class TrainingSession:
         """The restore target does not verify (every rank sees the same verdict)."""
         if self.rank == 0:
             log.error("checkpoint_corrupt: %s", error)
-            self.config.run_dir.mkdir(parents=True, exist_ok=True)
+            import json
+
+            from plugins.files import write_atomic
+
             record = {"job": self.config.job, "attempt": self.config.attempt,
                       "resume_from": self.config.resume_from, "reason": str(error)}
-            tmp = self.config.run_dir / ".checkpoint_corrupt.json.tmp"
-            tmp.write_text(json.dumps(record, indent=2))
-            tmp.replace(self.config.run_dir / "checkpoint_corrupt.json")
+            write_atomic(self.config.run_dir / "checkpoint_corrupt.json", json.dumps(record, indent=2))
         raise StopTraining(exit_codes.CHECKPOINT_CORRUPT, str(error)) from error
 
     def _diverged(self, d: Divergence) -> None:
         if self.rank == 0:
             log.error("diverged: %s", d.describe())
-            self.config.run_dir.mkdir(parents=True, exist_ok=True)
-            report = {"job": self.config.job, "attempt": self.config.attempt, "step": d.step,
-                      "onset_step": d.onset_step, "reason": d.reason, "loss": repr(d.loss),
-                      "baseline": d.baseline, "last_checkpoint_step": self._last_saved_step,
-                      "message": d.describe()}
-            tmp = self.config.run_dir / ".diverged.json.tmp"
-            tmp.write_text(json.dumps(report, indent=2))
-            tmp.replace(self.config.run_dir / "diverged.json")
+            from plugins.launch.files import DIVERGED_FILE, DivergenceRecord
+
+            DivergenceRecord(
+                job=self.config.job, attempt=self.config.attempt, step=d.step,
+                onset_step=d.onset_step, reason=d.reason, loss=repr(d.loss), baseline=d.baseline,
+                last_checkpoint_step=self._last_saved_step, message=d.describe(),
+            ).write(self.config.run_dir / DIVERGED_FILE)
         raise StopTraining(exit_codes.DIVERGED, d.describe())
 
     # --- heartbeats and metrics -----------------------------------------------------------
@@ -444,7 +443,7 @@ class TrainingSession:
         hints = self.config.spec.spec.parallelism.hints
         if hints is None:
             return None, None
-        from worker.flops import flops_per_token, peak_flops_per_device
+        from plugins.advisor.flops import flops_per_token, peak_flops_per_device
 
         try:
             return (flops_per_token(hints),
@@ -467,7 +466,7 @@ class TrainingSession:
         if self._tokens_per_s is not None:
             values["tokens_per_second"] = self._tokens_per_s
             if self._flops_per_token and self._peak_flops:
-                from worker.flops import mfu
+                from plugins.advisor.flops import mfu
 
                 values["mfu"] = mfu(self._tokens_per_s, self._flops_per_token, self.world_size,
                                     self._peak_flops)

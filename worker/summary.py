@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from plugins.files import write_atomic
+
 if TYPE_CHECKING:
     from worker.distributed.parallelize import ParallelModel
 
@@ -47,6 +49,5 @@ def write_summary(path: Path, model: ParallelModel, *, step: int, losses: dict[i
     digest = param_digest(model)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"step": step, "params_sha256": digest,
-                                "losses": {str(k): v for k, v in sorted(losses.items())}}, indent=1))
+    write_atomic(path, json.dumps({"step": step, "params_sha256": digest,
+                                   "losses": {str(k): v for k, v in sorted(losses.items())}}, indent=1))

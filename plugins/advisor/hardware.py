@@ -76,6 +76,17 @@ class GpuSpec:
     def is_cpu(self) -> bool:
         return self.name == "cpu"
 
+    def peak_flops_at(self, precision: str) -> float:
+        """The MFU denominator at a training precision: `peak_flops_fp32` for fp32 training,
+        the dense bf16/fp16 peak otherwise."""
+        return float(self.peak_flops_fp32 if precision == "fp32" else self.peak_flops)
+
+
+def with_peak(gpu: GpuSpec, peak_flops: float) -> GpuSpec:
+    """`gpu` with another dense bf16 peak (a cluster's `peakTflops`); fp32 scales with it."""
+    return replace(gpu, peak_flops=peak_flops,
+                   peak_flops_fp32=gpu.peak_flops_fp32 * peak_flops / gpu.peak_flops)
+
 
 CATALOG: dict[str, GpuSpec] = {
     "A100_80GB": GpuSpec(
@@ -179,13 +190,12 @@ def hardware_for(cluster: Cluster, gpu_type: str) -> Hardware:
         if accel.memory is None or accel.peak_tflops is None:
             raise
         base = replace(CATALOG["H100"], name=gpu_type)
-    peak = base.peak_flops if accel.peak_tflops is None else accel.peak_tflops * 1e12
+    if accel.peak_tflops is not None:
+        base = with_peak(base, accel.peak_tflops * 1e12)
     net = cluster.spec.network
     gpu = replace(
         base,
         memory_bytes=int(accel.memory) if accel.memory is not None else base.memory_bytes,
-        peak_flops=peak,
-        peak_flops_fp32=base.peak_flops_fp32 * peak / base.peak_flops,
         memory_bandwidth=(accel.memory_bandwidth_gbps * GB if accel.memory_bandwidth_gbps
                           else base.memory_bandwidth),
         intra_node_bandwidth=(net.intra_node_gbps * GB if net.intra_node_gbps

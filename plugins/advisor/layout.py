@@ -5,10 +5,10 @@ layout needs.
 A `Layout` is the plain, hashable core of a `Plan` (no estimates), cheap enough to create
 tens of thousands of times during a search.
 
-Rank order (fastest-varying first): tp, cp, dp, pp — the worker's device mesh
-(`worker/distributed/mesh.py`, torchtitan's `ParallelDims`). TP groups are consecutive ranks,
-so they sit inside one node; a DP group's stride is tp·cp; a PP group's stride is tp·cp·dp.
-An `Implementation` may say otherwise (Llama 3 put pipeline inside data parallelism).
+Rank order: `RankLayout` (`plugins/advisor/rank_layout.py`), the worker's device mesh —
+fastest-varying first tp, cp, dp, pp. TP groups are consecutive ranks, so they sit inside one
+node; a DP group's stride is tp·cp; a PP group's stride is tp·cp·dp. An `Implementation` may
+model another stack's order (Llama 3 put pipeline inside data parallelism).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from plugins.advisor.plan import Recompute, layout_label
+from config.spec import Recompute
+from plugins.advisor.plan import layout_label
+from plugins.advisor.rank_layout import RankLayout
 
 RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
 
@@ -122,10 +124,11 @@ under DeepSpeed's ZeRO-3 (Narayanan et al. 2021, Table 2).
 
     def strides(self, layout: Layout) -> tuple[int, int]:
         """(dp stride, pp stride) in ranks for `layout` under this rank order."""
-        inner = layout.tp * layout.cp
         if self.pipeline_inside_data:
+            inner = layout.tp * layout.cp
             return inner * layout.pp, inner
-        return inner, inner * layout.dp
+        order = RankLayout.of(layout)
+        return order.stride("dp"), order.stride("pp")
 
 
 PYTORCH = Implementation(

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from config.spec import ModelHints
-
-Precision = Literal["bf16", "fp16", "fp32"]
+    from config.spec import ModelHints, Precision
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ This is what the DAG's planning step, the launcher, `trainyard launch --local`, 
 ranks every valid layout (degrees the spec gives are pinned); with `strategy: manual` exactly
 the spec's configuration is evaluated (missing degrees 1, data parallelism filling gpuCount,
 ZeRO 0, micro-batch 1, no recomputation).
+
+`plan_job` plans for the worker runtime (`runtime.WORKER_RUNTIME`): it never proposes a plan the
+worker would refuse, and raises `ValueError` for a spec that pins one. `plan_auto` and
+`plan_manual` model any stack unless given a `runtime`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from plugins.advisor.layout import PYTORCH, Implementation, Layout
 from plugins.advisor.model import ModelProfile
 from plugins.advisor.nccl import nccl_env
 from plugins.advisor.plan import Plan
+from plugins.advisor.runtime import WORKER_RUNTIME, RuntimeCapabilities
 from plugins.advisor.search import Pins, SearchResult, search
 
 if TYPE_CHECKING:
@@ -100,29 +105,52 @@ def pins_from_spec(par: Parallelism) -> Pins:
                 sequence_parallel=par.sequence_parallel)
 
 
-def manual_layout(par: Parallelism, model: ModelProfile, gpu_count: int) -> Layout:
-    """The spec's own configuration; raises `ValueError` naming the values when it is invalid."""
-    tp, pp, cp = par.degree("tensor_parallel"), par.degree("pipeline_parallel"), par.degree("context_parallel")
+def manual_layout(par: Parallelism, gpu_count: int, model: ModelProfile | None = None) -> Layout:
+    """The spec's own configuration — the one manual-plan builder: missing degrees 1, DP
+    filling gpuCount (`Parallelism.manual_degrees`), ZeRO 0, micro-batch 1, no recomputation.
+    With the model's shape the global batch and the split are checked too; without it (a spec
+    with no hints) one micro-batch per step. Raises `ValueError` naming the values when invalid."""
+    tp, pp, dp, cp = par.manual_degrees(gpu_count)
     if gpu_count % (tp * pp * cp) and par.data_parallel is None:
         raise ValueError(f"gpuCount {gpu_count} is not divisible by TP({tp}) * PP({pp}) * CP({cp})")
-    dp = par.data_parallel if par.data_parallel is not None else gpu_count // (tp * pp * cp)
+    if tp * pp * dp * cp != gpu_count:
+        raise ValueError(f"TP({tp}) * PP({pp}) * DP({dp}) * CP({cp}) = {tp * pp * dp * cp} "
+                         f"!= gpuCount({gpu_count})")
+    if par.sequence_parallel and tp == 1:
+        raise ValueError("sequenceParallel needs tensorParallel > 1 (it splits the norms' and "
+                         "dropout's activations over the TP group)")
     mbs = par.micro_batch_size or 1
-    if model.global_batch_size % (mbs * dp):
-        raise ValueError(f"globalBatchSize {model.global_batch_size} is not divisible by "
-                         f"microBatchSize({mbs}) * dataParallel({dp}) = {mbs * dp}")
+    micro = 1
+    if model is not None:
+        if model.global_batch_size % (mbs * dp):
+            raise ValueError(f"globalBatchSize {model.global_batch_size} is not divisible by "
+                             f"microBatchSize({mbs}) * dataParallel({dp}) = {mbs * dp}")
+        micro = model.global_batch_size // (mbs * dp)
     layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=par.degree("virtual_pipeline_stages"),
-                    zero_stage=par.zero_stage or 0, micro_batch_size=mbs,
-                    num_micro_batches=model.global_batch_size // (mbs * dp),
+                    zero_stage=par.zero_stage or 0, micro_batch_size=mbs, num_micro_batches=micro,
                     recompute=par.activation_checkpointing or "none",
                     sequence_parallel=bool(par.sequence_parallel))
-    check_layout(model, layout, gpu_count)
+    if model is not None:
+        check_layout(model, layout, gpu_count)
     return layout
 
 
+def manual_plan(job: TrainingJob) -> Plan:
+    """The plan of a `strategy: manual` spec the advisor cannot estimate (no model hints): its
+    degrees as written, DP filling gpuCount, no estimates."""
+    layout = manual_layout(job.spec.parallelism, job.spec.hardware.gpu_count)
+    return Plan(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, vpp=layout.vpp,
+                zero_stage=layout.zero_stage,  # type: ignore[arg-type]
+                micro_batch_size=layout.micro_batch_size, activation_checkpointing=layout.recompute,
+                sequence_parallel=layout.sequence_parallel)
+
+
 def plan_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9, top_k: int = 5,
-             impl: Implementation = PYTORCH) -> PlanResult:
-    """Plan `job` on `cluster`. Raises `ValueError` when the spec cannot be planned at all (no
-    model hints, a GPU type the cluster lacks, an invalid manual configuration)."""
+             impl: Implementation = PYTORCH,
+             runtime: RuntimeCapabilities | None = WORKER_RUNTIME) -> PlanResult:
+    """Plan `job` on `cluster` for `runtime`. Raises `ValueError` when the spec cannot be
+    planned at all (no model hints, a GPU type the cluster lacks, an invalid manual
+    configuration, something the runtime cannot apply)."""
     par = job.spec.parallelism
     if par.hints is None:
         raise ValueError("the spec has no parallelism.hints: the advisor needs the model's shape "
@@ -130,11 +158,18 @@ def plan_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9
     model = ModelProfile.from_hints(par.hints)
     hw = hardware_for(cluster, job.spec.hardware.gpu_type)
     gpus = job.spec.hardware.gpu_count
+    if runtime is not None:
+        refused = runtime.refusals(
+            cp=par.degree("context_parallel"), tp=par.degree("tensor_parallel"),
+            pp=par.degree("pipeline_parallel"), precision=model.precision, moe=model.is_moe,
+            tie_embeddings=model.tie_embeddings)
+        if refused:
+            raise ValueError("; ".join(refused))
     if par.strategy == "manual":
-        return plan_manual(model, hw, manual_layout(par, model, gpus), memory_fraction=memory_fraction,
-                           top_k=top_k, impl=impl)
+        return plan_manual(model, hw, manual_layout(par, gpus, model), memory_fraction=memory_fraction,
+                           top_k=top_k, impl=impl, runtime=runtime)
     return plan_auto(model, hw, gpus, pins=pins_from_spec(par), memory_fraction=memory_fraction,
-                     top_k=top_k, impl=impl)
+                     top_k=top_k, impl=impl, runtime=runtime)
 
 
 def _warnings(model: ModelProfile) -> list[str]:
@@ -159,19 +194,20 @@ def _result(model: ModelProfile, hw: Hardware, found: SearchResult, *, strategy:
 
 
 def plan_auto(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | None = None,
-              memory_fraction: float = 0.9, top_k: int = 5,
-              impl: Implementation = PYTORCH) -> PlanResult:
+              memory_fraction: float = 0.9, top_k: int = 5, impl: Implementation = PYTORCH,
+              runtime: RuntimeCapabilities | None = None) -> PlanResult:
     found = search(model, hw, gpu_count, pins=pins, impl=impl, memory_fraction=memory_fraction,
-                   top_k=top_k)
+                   top_k=top_k, runtime=runtime)
     plans = [to_plan(est, model, hw) for est in found.ranked]
     suggestions = [] if plans else what_would_fit(model, hw, gpu_count, found, pins=pins, impl=impl,
-                                                  memory_fraction=memory_fraction)
+                                                  memory_fraction=memory_fraction, runtime=runtime)
     return _result(model, hw, found, strategy="auto", best=plans[0] if plans else None,
                    alternatives=plans[1:], suggestions=suggestions)
 
 
 def plan_manual(model: ModelProfile, hw: Hardware, layout: Layout, *, memory_fraction: float = 0.9,
-                top_k: int = 5, impl: Implementation = PYTORCH) -> PlanResult:
+                top_k: int = 5, impl: Implementation = PYTORCH,
+                runtime: RuntimeCapabilities | None = None) -> PlanResult:
     evaluator = Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction)
     est = evaluator.evaluate(layout)
     plan = to_plan(est, model, hw)
@@ -181,13 +217,14 @@ def plan_manual(model: ModelProfile, hw: Hardware, layout: Layout, *, memory_fra
     if est.fits:
         return _result(model, hw, found, strategy="manual", best=plan, alternatives=[], evaluated=plan)
     suggestions = manual_fixes(evaluator, layout)
-    auto = search(model, hw, layout.world_size, impl=impl, memory_fraction=memory_fraction, top_k=top_k)
+    auto = search(model, hw, layout.world_size, impl=impl, memory_fraction=memory_fraction, top_k=top_k,
+                  runtime=runtime)
     if auto.best is not None:
         suggestions.append(f"strategy: auto finds {auto.best.layout.describe()} "
                            f"({auto.best.memory_bytes / GiB:.1f} GiB)")
     else:
         suggestions += what_would_fit(model, hw, layout.world_size, auto, impl=impl,
-                                      memory_fraction=memory_fraction)
+                                      memory_fraction=memory_fraction, runtime=runtime)
     return _result(model, hw, found, strategy="manual", best=None,
                    alternatives=[to_plan(e, model, hw) for e in auto.ranked[:top_k]],
                    evaluated=plan, suggestions=suggestions)
@@ -225,7 +262,8 @@ def manual_fixes(evaluator: Evaluator, layout: Layout) -> list[str]:
 
 def what_would_fit(model: ModelProfile, hw: Hardware, gpu_count: int, found: SearchResult, *,
                    pins: Pins | None = None, impl: Implementation = PYTORCH,
-                   memory_fraction: float = 0.9) -> list[str]:
+                   memory_fraction: float = 0.9,
+                   runtime: RuntimeCapabilities | None = None) -> list[str]:
     """More devices, a bigger device or shorter sequences: the first of each that fits."""
     out: list[str] = []
     if found.plans_evaluated == 0:
@@ -236,7 +274,7 @@ def what_would_fit(model: ModelProfile, hw: Hardware, gpu_count: int, found: Sea
 
     def fits(m: ModelProfile, h: Hardware, n: int) -> bool:
         return search(m, h, n, pins=pins, impl=impl, memory_fraction=memory_fraction,
-                      first_fit=True).best is not None
+                      first_fit=True, runtime=runtime).best is not None
 
     for factor in (2, 4, 8, 16, 32, 64):
         n = gpu_count * factor

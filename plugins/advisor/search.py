@@ -11,6 +11,8 @@ a pipeline needs at least pp micro-batches, interleaving a multiple of pp and vi
 that divide a stage's layers (uneven splits: that leave the busiest rank no heavier than
 without interleaving); CP is searched for sequences of 16k tokens or
 more, in chunks of at least 4k (load-balanced causal ring attention needs s divisible by 2·cp).
+Given a `runtime` (`plugins/advisor/runtime.py`; `plan_job` passes the worker's), degrees the
+runtime cannot apply are skipped and counted as `unsupported_by_runtime`.
 
 Pruning without losing plans: for a given (tp, cp, pp, ep) the least-memory variant of a
 micro-batch size (ZeRO-3, full recomputation, sequence parallel, no interleaving) is checked
@@ -30,6 +32,7 @@ from plugins.advisor.estimate import Estimate, Evaluator
 from plugins.advisor.hardware import Hardware
 from plugins.advisor.layout import PYTORCH, Implementation, Layout
 from plugins.advisor.model import ModelProfile
+from plugins.advisor.runtime import RuntimeCapabilities
 
 TIE_TOLERANCE = 0.01
 """Step times within 1 % are a tie; the simpler layout wins it."""
@@ -45,6 +48,7 @@ REJECT_MEMORY = "exceeds_memory"
 REJECT_BATCH = "batch_indivisible"
 REJECT_FEW_MICRO = "micro_batches_below_pp"
 REJECT_INTERLEAVE = "interleave_needs_micro_batches_multiple_of_pp"
+REJECT_RUNTIME = "unsupported_by_runtime"
 
 
 @dataclass(frozen=True)
@@ -145,8 +149,10 @@ def _least_memory(layout: Layout, pins: Pins) -> Layout:
 
 
 def _structures(model: ModelProfile, hw: Hardware, gpus: int, pins: Pins,
-                rejected: dict[str, int]) -> Iterator[tuple[int, int, int, int, int]]:
-    """(tp, cp, pp, dp, ep) combinations that tile `gpus` and the global batch."""
+                rejected: dict[str, int], runtime: RuntimeCapabilities | None = None,
+                ) -> Iterator[tuple[int, int, int, int, int]]:
+    """(tp, cp, pp, dp, ep) combinations that tile `gpus` and the global batch (and that
+    `runtime`, when given, can apply)."""
     for tp in _tp_options(model, hw, gpus, pins):
         for cp in _cp_options(model, pins):
             pps = _options(pins.pp, [p for p in divisors(gpus) if p <= model.num_layers])
@@ -162,13 +168,19 @@ def _structures(model: ModelProfile, hw: Hardware, gpus: int, pins: Pins,
                 eps = _options(pins.ep, [e for e in divisors(model.num_experts or 1)
                                          if (dp * cp) % e == 0] if model.is_moe else [1])
                 for ep in eps:
+                    if runtime is not None and not runtime.allows_degrees(
+                            cp=cp, ep=ep, tp=tp, pp=pp, tie_embeddings=model.tie_embeddings):
+                        rejected[REJECT_RUNTIME] = rejected.get(REJECT_RUNTIME, 0) + 1
+                        continue
                     yield tp, cp, pp, dp, ep
 
 
 def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | None = None,
            impl: Implementation = PYTORCH, memory_fraction: float = 0.9, top_k: int = 5,
-           first_fit: bool = False, prune: bool = True) -> SearchResult:
-    """Rank every valid layout of `model` on `gpu_count` devices of `hw` that fits.
+           first_fit: bool = False, prune: bool = True,
+           runtime: RuntimeCapabilities | None = None) -> SearchResult:
+    """Rank every valid layout of `model` on `gpu_count` devices of `hw` that fits (and that
+    `runtime` can apply; None models any stack, as the published-number checks do).
 
     `first_fit` stops at the first layout that fits (used to answer 'would it fit with …?');
     `prune=False` evaluates every combination (the benchmark's baseline, same answer).
@@ -184,7 +196,7 @@ def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | No
     def reject(reason: str, n: int = 1) -> None:
         rejected[reason] = rejected.get(reason, 0) + n
 
-    for tp, cp, pp, dp, ep in _structures(model, hw, gpu_count, pins, rejected):
+    for tp, cp, pp, dp, ep in _structures(model, hw, gpu_count, pins, rejected, runtime):
         local = model.global_batch_size // dp
         mbss = _options(pins.micro_batch_size, divisors(local))
         vpps = _vpp_options(model, pp, pins)

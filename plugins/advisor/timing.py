@@ -78,7 +78,7 @@ class LayerCost:
 
 
 def peak_flops(model: ModelProfile, hw: Hardware) -> float:
-    return hw.gpu.peak_flops_fp32 if model.precision == "fp32" else hw.gpu.peak_flops
+    return hw.gpu.peak_flops_at(model.precision)
 
 
 GEMM_TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))

@@ -1,7 +1,8 @@
-"""Checkpoints: object store, async sharded writer, SHA-256 manifests, catalog, retention.
+"""Checkpoints: async sharded writer, SHA-256 manifests, catalog, retention (the object store
+they live in is `plugins/storage/`).
 
-The control plane imports the torch-free modules (`store`, `manifest`, `catalog`,
-`retention`, `uris`) directly; the names below that need torch (`CheckpointManager`,
+The control plane imports the torch-free modules (`manifest`, `catalog`, `retention`,
+`uris`) directly; the names below that need torch (`CheckpointManager`,
 `SaveResult`, `export_safetensors`) are loaded on first use, so `import plugins.checkpoint`
 stays cheap for Airflow sensors and DAG files.
 """
@@ -26,7 +27,6 @@ from plugins.checkpoint.retention import (
     apply_retention,
     plan_retention,
 )
-from plugins.checkpoint.store import ObjectInfo, ObjectStore, open_store
 
 if TYPE_CHECKING:
     from plugins.checkpoint.export import export_safetensors
@@ -50,8 +50,6 @@ __all__ = [
     "CheckpointManifest",
     "CheckpointRecord",
     "ManifestFile",
-    "ObjectInfo",
-    "ObjectStore",
     "RetentionDecision",
     "RetentionPolicy",
     "SaveResult",
@@ -60,7 +58,6 @@ __all__ = [
     "export_safetensors",
     "latest_valid",
     "list_checkpoints",
-    "open_store",
     "plan_retention",
     "select_latest_valid",
     "verify",

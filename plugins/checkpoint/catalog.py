@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from plugins.checkpoint.errors import ObjectNotFoundError
 from plugins.checkpoint.manifest import (
     MANIFEST_NAME,
     CheckpointManifest,
@@ -30,8 +29,9 @@ from plugins.checkpoint.manifest import (
     parse_step_dir,
     step_dir,
 )
-from plugins.checkpoint.store import ObjectInfo, ObjectStore, open_store, sha256_of_stream
 from plugins.checkpoint.uris import split_manifest_uri
+from plugins.storage.errors import ObjectNotFoundError
+from plugins.storage.store import ObjectInfo, ObjectStore, open_store, sha256_of_stream
 
 log = logging.getLogger(__name__)
 

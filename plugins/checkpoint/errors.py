@@ -1,35 +1,42 @@
 """The checkpoint engine's exceptions, in one place so callers can catch them by kind.
 
-`ObjectNotFoundError` is also a `FileNotFoundError` and `UnsafeKeyError` also a `ValueError`,
-so code that knows nothing about this module still handles them sensibly.
+Each derives from `plugins.errors`' fatal or transient base (retry or not). The object store's
+errors (`ObjectNotFoundError`, `UnsafeKeyError`, `IntegrityError`) live with the store in
+`plugins/storage/errors.py`; a checkpoint whose files fail verification raises the store's
+`IntegrityError`.
 """
 
 from __future__ import annotations
 
+from plugins.errors import FatalError, TrainyardError, TransientError
 
-class CheckpointError(Exception):
+
+class CheckpointError(TrainyardError):
     """Base of every error this engine raises on purpose."""
 
 
-class ObjectNotFoundError(CheckpointError, FileNotFoundError):
-    """A key that does not exist in the object store."""
-
-
-class UnsafeKeyError(CheckpointError, ValueError):
-    """A key or manifest path that could escape its folder (`..`, absolute, backslashes)."""
-
-
-class IntegrityError(CheckpointError):
-    """Stored bytes do not match the manifest (size or SHA-256), or a file is missing."""
-
-
-class OutsideJobPrefixError(CheckpointError, ValueError):
+class OutsideJobPrefixError(CheckpointError, FatalError, ValueError):
     """A URI a job's writer or reader may not use: it lies outside the job's own prefix."""
 
 
-class CheckpointSaveError(CheckpointError):
-    """A save did not commit (some rank failed to stage, upload or the manifest write failed)."""
+class CheckpointSaveError(CheckpointError, TransientError):
+    """A save did not commit (some rank failed to stage or upload, or the manifest write
+    failed). Nothing was committed, so saving again — the next interval, or a restarted
+    attempt — may succeed."""
 
 
-class NoValidCheckpointError(CheckpointError):
+class NoValidCheckpointError(CheckpointError, FatalError):
     """An explicit restore target that does not verify (no fallback for an explicit choice)."""
+
+
+class CheckpointMismatchError(CheckpointError, FatalError):
+    """A checkpoint that verifies but cannot fill this model or optimizer (other parameter
+    names or shapes): falling back to an older checkpoint of the same job would not help."""
+
+
+class CheckpointCatalogError(CheckpointError, TransientError):
+    """The job's checkpoints could not be listed (the store did not answer): retry later."""
+
+
+class ManagerClosedError(CheckpointError, FatalError):
+    """The checkpoint manager was used after `close()`: a bug in the caller."""

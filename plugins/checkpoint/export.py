@@ -19,9 +19,9 @@ from pathlib import Path
 
 from plugins.checkpoint.catalog import open_manifest_uri
 from plugins.checkpoint.manifest import MANIFEST_NAME
-from plugins.checkpoint.store import sha256_of_file
 from plugins.checkpoint.transfer import download_verified
 from plugins.checkpoint.uris import require_job_prefix
+from plugins.storage.store import sha256_of_file
 
 log = logging.getLogger(__name__)
 

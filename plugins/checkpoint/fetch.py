@@ -29,9 +29,9 @@ from typing import Any
 
 from plugins.checkpoint.catalog import CheckpointRecord, verify
 from plugins.checkpoint.dcp_io import METADATA_NAME, files_needed, load_metadata
-from plugins.checkpoint.errors import IntegrityError
-from plugins.checkpoint.store import LocalStore, ObjectStore
 from plugins.checkpoint.transfer import download_verified, verify_local_file
+from plugins.storage.errors import IntegrityError
+from plugins.storage.store import LocalStore, ObjectStore
 
 Identity = tuple[int, int]
 """(st_dev, st_ino) of a hard link: equal identities are the same bytes."""

@@ -55,7 +55,13 @@ from plugins.checkpoint.dcp_io import (
     SafeFileSystemReader,
     SafeLoadPlanner,
 )
-from plugins.checkpoint.errors import CheckpointSaveError, NoValidCheckpointError
+from plugins.checkpoint.errors import (
+    CheckpointCatalogError,
+    CheckpointMismatchError,
+    CheckpointSaveError,
+    ManagerClosedError,
+    NoValidCheckpointError,
+)
 from plugins.checkpoint.extra_state import (
     Stateful,
     apply_extra_state,
@@ -77,9 +83,9 @@ from plugins.checkpoint.manifest import (
     step_dir,
     utc_now,
 )
-from plugins.checkpoint.store import ObjectStore, open_store
 from plugins.checkpoint.transfer import upload_file
 from plugins.checkpoint.uris import check_job_name, require_job_prefix, split_manifest_uri
+from plugins.storage.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +423,7 @@ class CheckpointManager:
         if isinstance(found, str):
             if manifest_uri:
                 raise NoValidCheckpointError(f"cannot read {manifest_uri}: {found}")
-            raise RuntimeError(f"cannot list checkpoints under {self.checkpoint_uri}: {found}")
+            raise CheckpointCatalogError(f"cannot list checkpoints under {self.checkpoint_uri}: {found}")
         return found
 
     def _fetch_verified(self, store: ObjectStore, record: CheckpointRecord,
@@ -430,7 +436,7 @@ class CheckpointManager:
         plans: list[FetchPlan] = self._ranks.all_gather(plan)
         fatal = [p.problem for p in plans if p.fatal]
         if fatal:
-            raise RuntimeError(f"cannot restore step {record.step}: {' | '.join(map(str, fatal))}")
+            raise CheckpointMismatchError(f"cannot restore step {record.step}: {' | '.join(map(str, fatal))}")
         problems = [p.problem for p in plans if p.problem]
         if problems:
             return "; ".join(map(str, problems))
@@ -482,7 +488,7 @@ class CheckpointManager:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("CheckpointManager is closed")
+            raise ManagerClosedError("CheckpointManager is closed")
 
 
 def _state_dict_options() -> Any:

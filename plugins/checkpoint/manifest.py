@@ -28,8 +28,8 @@ from pydantic import (
     model_validator,
 )
 
-from plugins.checkpoint.errors import UnsafeKeyError
-from plugins.checkpoint.store import check_key
+from plugins.storage.errors import UnsafeKeyError
+from plugins.storage.store import check_key
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"

@@ -31,7 +31,7 @@ from plugins.checkpoint.catalog import (
     verify,
 )
 from plugins.checkpoint.manifest import utc_now
-from plugins.checkpoint.store import ObjectStore
+from plugins.storage.store import ObjectStore
 
 if TYPE_CHECKING:
     from config.spec import Checkpoint as CheckpointSpec

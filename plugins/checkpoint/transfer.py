@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import IO
 
-from plugins.checkpoint.errors import IntegrityError, ObjectNotFoundError
 from plugins.checkpoint.manifest import Compression, ManifestFile
-from plugins.checkpoint.store import (
+from plugins.storage.errors import IntegrityError, ObjectNotFoundError
+from plugins.storage.store import (
     CHUNK_BYTES,
     LocalStore,
     ObjectStore,

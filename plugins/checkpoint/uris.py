@@ -11,9 +11,10 @@ from __future__ import annotations
 from urllib.parse import unquote, urlsplit
 
 from config.runs import check_run_id
-from plugins.checkpoint.errors import OutsideJobPrefixError, UnsafeKeyError
+from plugins.checkpoint.errors import OutsideJobPrefixError
 from plugins.checkpoint.manifest import MANIFEST_NAME, parse_step_dir
-from plugins.checkpoint.store import split_uri
+from plugins.storage.errors import UnsafeKeyError
+from plugins.storage.store import split_uri
 
 
 def uri_segments(uri: str) -> list[str]:

@@ -2,20 +2,21 @@
 
 The launcher starts `python -m plugins.launch.agent --exit-file F -- <torchrun args>` in a new
 session. Running torchrun in this very process (not as a child) keeps one process per agent and
-makes the agent's pid the one the launcher recorded; the `finally` writes
-`{"exit_code", "failures", "ended_at"}` to F whatever happens short of SIGKILL — including the
+makes the agent's pid the one the launcher recorded; the `finally` writes an `AgentExit`
+(`plugins/launch/files.py`) to F whatever happens short of SIGKILL — including the
 per-rank exit codes torchrun collected (`ChildFailedError.failures`). A process that is gone
 without that file was killed hard.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
+
+from plugins.launch.files import AgentExit
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,10 +45,8 @@ def main(argv: list[str] | None = None) -> None:
         traceback.print_exc()
         error = f"{type(e).__name__}: {e}"
     finally:
-        tmp = exit_file.with_name(f".{exit_file.name}.tmp")
-        tmp.write_text(json.dumps({"exit_code": code, "failures": failures, "error": error,
-                                   "ended_at": time.time(), "pid": os.getpid()}))
-        os.replace(tmp, exit_file)
+        AgentExit(exit_code=code, failures=failures, error=error, ended_at=time.time(),
+                  pid=os.getpid()).write(exit_file)
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)  # torchrun may leave non-daemon threads (store clients) behind

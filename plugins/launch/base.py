@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from plugins.errors import FatalError
+
 if TYPE_CHECKING:
     from config.spec import TrainingJob
     from config.worker_env import WorkerEnv
@@ -16,8 +18,10 @@ if TYPE_CHECKING:
     from plugins.placement.model import Placement
 
 
-class LaunchError(Exception):
-    """The job could not be started (bad placement for this launcher, API refused, …)."""
+class LaunchError(FatalError):
+    """The job could not be started (bad placement for this launcher, API refused, a Job of
+    another attempt in the way, …). Fatal: the launchers retry transient API errors themselves
+    (honouring Retry-After), so what reaches the caller would fail the same way again."""
 
 
 @runtime_checkable
@@ -35,3 +39,8 @@ class Launcher(Protocol):
         ...
 
     def logs(self, handle: RunHandle, rank: int | None = None, tail: int = 200) -> str: ...
+
+    def settle(self, handle: RunHandle, status: RunStatus | None = None) -> RunStatus:
+        """Make sure nothing of a finished run lingers (a peer waiting in torchrun's exit
+        barrier, pods a policy left behind), keeping the run's verdict; returns the status."""
+        ...

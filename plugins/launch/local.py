@@ -4,12 +4,15 @@ Layout of one attempt's run folder (`<runs_dir>/<job>/<run>/<attempt>/`):
 
     handle.json                  the RunHandle (a second submit re-attaches to it)
     agents/<node>.log            torchrun's own output for that node
-    agents/<node>.exit.json      the agent's outcome (written by `plugins.launch.agent`)
+    agents/<node>.exit.json      the agent's outcome, an `AgentExit` (`plugins.launch.agent`)
     ranks/rank-NNNNN.log         each rank's stdout + stderr
-    ranks/rank-NNNNN.json        each rank's pids, process group, exit code (`rank_exec`)
+    ranks/rank-NNNNN.json        each rank's pids, process group, exit code: a `RankRecord`
     exits.jsonl                  every rank exit, restarts included
     heartbeats/rank-NNNNN.json   the worker runtime's heartbeats (DESIGN §8)
-    stopped.json                 written by `stop`
+    stopped.json                 a `StopRequest`, written by `stop`
+    diverged.json                a `DivergenceRecord`, written by the worker
+
+(the models are in `plugins/launch/files.py`)
 
 Agents start in their own session (`start_new_session=True`), so they outlive the launching
 process and a signal to the launcher's terminal never reaches them; torchrun itself starts
@@ -25,7 +28,6 @@ hence ranks — follow the placement. Each rank records the node it actually ran
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -40,10 +42,19 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from node_agent.heartbeat import Heartbeat, heartbeat_path
+from plugins.files import write_atomic
 from plugins.launch import processes
 from plugins.launch.base import LaunchError
 from plugins.launch.environment import job_environment, learning_rate_args, run_dir_for
 from plugins.launch.exit_codes import describe
+from plugins.launch.files import (
+    STOPPED_FILE,
+    AgentExit,
+    RankRecord,
+    StopRequest,
+    read_model,
+    read_rank_records,
+)
 from plugins.launch.model import AgentRecord, AgentStatus, RankStatus, RunHandle, RunStatus
 from plugins.launch.rank_exec import log_path
 
@@ -64,19 +75,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _write_json(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def tail_lines(path: Path, lines: int) -> str:
@@ -145,7 +143,7 @@ class LocalLauncher:
             rdzv_endpoint=f"127.0.0.1:{port}", max_restarts=self.max_restarts, agents=agents,
             nodes=placement.node_names, ranks_per_node=placement.ranks_per_node,
         )
-        _write_json(run_dir / "handle.json", handle.model_dump_json(indent=2))
+        write_atomic(run_dir / "handle.json", handle.model_dump_json(indent=2))
         return handle
 
     def _check(self, job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv,
@@ -242,7 +240,7 @@ class LocalLauncher:
         records = self._rank_records(run_dir)
         ranks = [self._rank_status(handle, rank, records.get(rank)) for rank in range(handle.world_size)]
         alive = any(a.alive for a in agents) or any(
-            processes.is_alive(r.get("child_pid"), r.get("child_start_ticks")) for r in records.values())
+            processes.is_alive(r.child_pid, r.child_start_ticks) for r in records.values())
         steps = [r.step for r in ranks if r.step is not None]
         state, message, code, failed = self._verdict(handle, run_dir, agents, ranks, records, alive)
         return RunStatus(state=state, message=message, exit_code=code, failed_rank=failed, ranks=ranks,
@@ -253,45 +251,40 @@ class LocalLauncher:
     def _agent_status(run_dir: Path, agent: AgentRecord) -> AgentStatus:
         processes.reap(agent.pid)
         alive = processes.is_alive(agent.pid, agent.start_ticks)
-        outcome = _read_json(run_dir / "agents" / f"{agent.node}.exit.json")
+        outcome = read_model(run_dir / "agents" / f"{agent.node}.exit.json", AgentExit)
         if outcome is not None:
-            return AgentStatus(node=agent.node, alive=alive, exit_code=int(outcome["exit_code"]),
-                               message=outcome.get("error", ""))
+            return AgentStatus(node=agent.node, alive=alive, exit_code=outcome.exit_code,
+                               message=outcome.error)
         message = "" if alive else "the agent is gone without an exit record (killed by SIGKILL?)"
         return AgentStatus(node=agent.node, alive=alive, message=message)
 
     @staticmethod
-    def _rank_records(run_dir: Path) -> dict[int, dict[str, Any]]:
-        records: dict[int, dict[str, Any]] = {}
-        for path in sorted((run_dir / "ranks").glob("rank-*.json")):
-            data = _read_json(path)
-            if data is not None and "rank" in data:
-                records[int(data["rank"])] = data
-        return records
+    def _rank_records(run_dir: Path) -> dict[int, RankRecord]:
+        return read_rank_records(run_dir)
 
     @staticmethod
-    def _rank_status(handle: RunHandle, rank: int, record: dict[str, Any] | None) -> RankStatus:
+    def _rank_status(handle: RunHandle, rank: int, record: RankRecord | None) -> RankStatus:
         beat = _read_heartbeat(handle.heartbeat_dir, rank)
         now = time.time()
         age = round(now - beat.time, 3) if beat else None
         if record is None:
             return RankStatus(rank=rank, step=beat.step if beat else None, heartbeat_age_s=age)
-        code = record.get("exit_code")
-        alive = code is None and processes.is_alive(record.get("child_pid"), record.get("child_start_ticks"))
+        code = record.exit_code
+        alive = code is None and processes.is_alive(record.child_pid, record.child_start_ticks)
         return RankStatus(
-            rank=rank, node=record.get("node", ""), pid=record.get("child_pid"),
-            restart=int(record.get("restart", 0)), exit_code=code, outcome=describe(code),
+            rank=rank, node=record.node, pid=record.child_pid,
+            restart=record.restart, exit_code=code, outcome=describe(code),
             step=beat.step if beat else None, phase=beat.phase if beat else "",
             heartbeat_age_s=age, hung=bool(alive and beat and age is not None and age > beat.hang_timeout_s),
         )
 
     def _verdict(self, handle: RunHandle, run_dir: Path, agents: list[AgentStatus], ranks: list[RankStatus],
-                 records: Mapping[int, Mapping[str, Any]], alive: bool) -> tuple[str, str, int | None, int | None]:
-        stop = _read_json(run_dir / "stopped.json")
+                 records: Mapping[int, RankRecord], alive: bool) -> tuple[str, str, int | None, int | None]:
+        stop = read_model(run_dir / STOPPED_FILE, StopRequest)
         final = [r for r in ranks if r.exit_code not in (None, 0) and r.restart >= handle.max_restarts]
-        first = min(final, key=lambda r: records[r.rank].get("ended_at", 0.0)) if final else None
+        first = min(final, key=lambda r: records[r.rank].ended_at or 0.0) if final else None
         if stop is not None and first is not None and \
-                records[first.rank].get("ended_at", 0.0) < float(stop.get("requested_at_s", 0.0)):
+                (records[first.rank].ended_at or 0.0) < stop.requested_at_s:
             stop = None  # it had failed before the stop, which only cleaned up
         stopped = stop is not None
         if stopped and not alive:
@@ -325,9 +318,9 @@ class LocalLauncher:
         may kill a worker that is exiting after its emergency checkpoint.
         """
         run_dir = Path(handle.run_dir)
-        if not (run_dir / "stopped.json").exists():
-            _write_json(run_dir / "stopped.json", json.dumps({
-                "requested_at": datetime.now(UTC).isoformat(), "requested_at_s": time.time(), "grace_s": grace_s}))
+        if not (run_dir / STOPPED_FILE).exists():
+            StopRequest(requested_at=datetime.now(UTC).isoformat(), requested_at_s=time.time(),
+                        grace_s=grace_s).write(run_dir / STOPPED_FILE)
         self._terminate(handle)
         deadline = time.monotonic() + max(grace_s, 0.0)
         while time.monotonic() < deadline and self._members(handle):
@@ -341,7 +334,7 @@ class LocalLauncher:
 
     def _groups(self, handle: RunHandle) -> list[int]:
         groups = [a.pgid for a in handle.agents]
-        groups += [int(r["pgid"]) for r in self._rank_records(Path(handle.run_dir)).values() if r.get("pgid")]
+        groups += [r.pgid for r in self._rank_records(Path(handle.run_dir)).values()]
         return groups
 
     def _members(self, handle: RunHandle) -> list[int]:
@@ -354,8 +347,8 @@ class LocalLauncher:
     def _terminate(self, handle: RunHandle) -> None:
         live = {a.node for a in handle.agents if processes.is_alive(a.pid, a.start_ticks)}
         processes.signal_groups([a.pgid for a in handle.agents if a.node in live], signal.SIGTERM)
-        orphans = [int(r["pgid"]) for r in self._rank_records(Path(handle.run_dir)).values()
-                   if r.get("pgid") and r.get("node") not in live and r.get("exit_code") is None]
+        orphans = [r.pgid for r in self._rank_records(Path(handle.run_dir)).values()
+                   if r.node not in live and r.exit_code is None]
         processes.signal_groups(orphans, signal.SIGTERM)
 
     def _signal_all(self, handle: RunHandle, sig: signal.Signals) -> None:

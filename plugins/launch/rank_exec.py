@@ -1,5 +1,6 @@
 """Per-rank wrapper: torchrun starts this instead of the user's script (stdlib and the
-stdlib-only `processes.py`: it runs once per rank and must start fast).
+stdlib-only `processes.py` and `plugins/files.py`: it runs once per rank and must start fast,
+so it writes plain JSON that the launcher validates with `plugins.launch.files.RankRecord`).
 
 It runs the entrypoint as a child, with stdout/stderr in `<run_dir>/ranks/rank-NNNNN.log`,
 and records in `<run_dir>/ranks/rank-NNNNN.json` the pids, the process group and — when the
@@ -26,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from plugins.files import write_atomic
 from plugins.launch.processes import start_ticks
 
 SURVIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -37,12 +39,6 @@ def record_path(run_dir: Path, rank: int) -> Path:
 
 def log_path(run_dir: Path, rank: int) -> Path:
     return run_dir / "ranks" / f"rank-{rank:05d}.log"
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 def _command(argv: list[str]) -> list[str]:
@@ -75,13 +71,13 @@ def main(argv: list[str] | None = None) -> None:
         out.flush()
         child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     record.update(child_pid=child.pid, child_start_ticks=start_ticks(child.pid))
-    _write_json(path, record)
+    write_atomic(path, json.dumps(record))
 
     for sig in SURVIVED:
         signal.signal(sig, lambda *_: None)
     code = child.wait()
     record.update(exit_code=code, ended_at=time.time())
-    _write_json(path, record)
+    write_atomic(path, json.dumps(record))
     with (run_dir / "exits.jsonl").open("a") as history:
         history.write(json.dumps(record) + "\n")
     if code < 0:  # die of the same signal, so torchrun reports it as such

@@ -279,6 +279,16 @@ class KubernetesLauncher:
         return RunStatus(state="stopped", message=f"deleted {handle.namespace}/{handle.name} "
                          f"(grace {grace}s, foreground)", processes_alive=True)
 
+    def settle(self, handle: RunHandle, status: RunStatus | None = None, *, grace_s: float = 5.0) -> RunStatus:
+        """Volcano's job policies end the pods of a finished job themselves (its terminal phases
+        report no live process). A finished status that still reports live pods has its Job
+        deleted; the verdict stays the one given (the deletion only cleans up)."""
+        status = status or self.poll(handle)
+        if status.finished and status.processes_alive:
+            stopped = self.stop(handle, grace_s=grace_s)
+            return status.model_copy(update={"message": f"{status.message}; cleaned up: {stopped.message}"})
+        return status
+
     # --- logs -------------------------------------------------------------------------------
 
     def logs(self, handle: RunHandle, rank: int | None = None, tail: int = 200) -> str:

@@ -1,6 +1,7 @@
 """Gang placement: where a job's ranks go, who may use the cluster, and what is reserved.
 
-- `layout.py`      the rank convention (TP innermost, DP outermost) and process groups
+- rank order and process groups: `plugins/advisor/rank_layout.py` (`RankLayout`, the worker's
+  mesh order pp, dp, cp, tp), shared with the advisor and the worker
 - `model.py`       `GangRequest`, `Placement` (nodes in rank order + group → node map),
                    `Unschedulable` / `PendingReason` (why, in numbers)
 - `inventory.py`   the placer's view of a cluster (from `config/clusters/*.yaml` or node labels)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from plugins.advisor.rank_layout import RankLayout
 from plugins.placement.gang import build_placement, slots_per_node_options
 from plugins.placement.inventory import Inventory
-from plugins.placement.layout import RankLayout
 from plugins.placement.model import GangRequest, PendingReason, Placement, Unschedulable
 from plugins.placement.scoring import ScoreWeights
 
@@ -18,7 +18,7 @@ from plugins.placement.scoring import ScoreWeights
 def place_first_fit(request: GangRequest, inventory: Inventory, free: Mapping[str, int]) -> Placement:
     per_node = inventory.gpus_per_node(request.gpu_type)
     for k in slots_per_node_options(request, per_node) if request.tp <= per_node else ():
-        layout = RankLayout(tp=request.tp, pp=request.pp, dp=request.dp, cp=request.cp, ranks_per_node=k)
+        layout = RankLayout.of(request, ranks_per_node=k)
         chosen = []
         for node in inventory.nodes:
             if (node.gpu_type == request.gpu_type and node.healthy and node.name not in request.exclude
@@ -27,5 +27,5 @@ def place_first_fit(request: GangRequest, inventory: Inventory, free: Mapping[st
                 if len(chosen) == layout.num_nodes:
                     return build_placement(request, layout, chosen, inventory, free,
                                            weights=ScoreWeights(), strategy="first-fit")
-    raise Unschedulable(PendingReason(code="not_enough_nodes", gpu_type=request.gpu_type,
+    raise Unschedulable.of(PendingReason(code="not_enough_nodes", gpu_type=request.gpu_type,
                                       message="first-fit found too few free nodes"))

@@ -166,7 +166,7 @@ def plan_preemption(
         if placement is not None:
             break
     if placement is None:
-        raise Unschedulable(_no_room(blocked, candidates, pending))
+        raise Unschedulable.of(_no_room(blocked, candidates, pending))
     # Drop victims the placement does not need, most valuable first.
     for candidate in sorted(chosen, key=lambda pair: (-pair[0], -pair[1].work_at_risk_s(now))):
         rest = [g for p, g in chosen if (p, g) != candidate]

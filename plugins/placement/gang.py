@@ -3,23 +3,25 @@
 Hard constraints (a candidate that breaks one is never built):
   * every node has the job's GPU type, is healthy and is not excluded;
   * every node has at least `k` free devices, `k` = ranks per node, the same on every node;
-  * `k` is a multiple of `tp`, so each TP group (tp consecutive ranks, see `layout.py`) sits on
-    one node;
+  * `k` is a multiple of `tp`, so each TP group (tp consecutive ranks, see
+    `plugins/advisor/rank_layout.py`) sits on one node;
   * the whole world size is placed, or nothing is (`Unschedulable`).
 
-Preferences (ranked by `scoring.score_candidate`): each pipeline (DP replica = PP group's nodes)
-inside one rack, replicas spread over racks, least fragmentation (best fit), fewest recent Xid
-errors, warm dataset cache.
+Preferences (ranked by `scoring.score_candidate`): each model replica's nodes (the nodes its
+TP, CP and PP groups touch, `RankLayout.replica_nodes()`) inside one rack, replicas spread over
+racks, least fragmentation (best fit), fewest recent Xid errors, warm dataset cache.
 
 The search, for each admissible `k` (largest first, so jobs use as few nodes as possible):
   1. Pool the eligible nodes per rack, best nodes first (fewest Xid errors, warm cache,
      partially used before wholly free so small jobs fill holes).
-  2. A pipeline needs `m = pp·cp·tp / k` nodes (1 when several replicas share a node). Build
-     candidates by assigning pipelines to racks:
+  2. A replica needs the `m` nodes of one `replica_nodes()` set (the worker's mesh puts PP
+     outermost, so with `k` dividing dp·cp·tp that is `pp` nodes spaced dp·cp·tp/k apart in
+     rank order). Build candidates by assigning replica sets ("pipelines") to racks:
        - `spread`: best-fit over racks this job does not use yet, then over all racks;
        - `pack`:   best-fit over all racks (fills one rack before the next).
      A pipeline no rack can hold whole is split over the fewest racks (largest first).
-  3. Score each candidate; keep the best.
+  3. Put each unit's nodes at its set's positions in rank order (`_in_rank_order`), score each
+     candidate, keep the best.
 If no `k` has enough free nodes, `Unschedulable` explains the shortfall in numbers, for the
 preferred `k`.
 """
@@ -30,8 +32,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from config.cluster import Node
+from plugins.advisor.rank_layout import GroupKind, RankLayout
 from plugins.placement.inventory import Inventory
-from plugins.placement.layout import GroupKind, RankLayout
 from plugins.placement.model import (
     GangRequest,
     Group,
@@ -85,7 +87,7 @@ def place_gang(
     _check_feasible_at_all(request, inventory, per_node)
     first_reason: PendingReason | None = None
     for k in slots_per_node_options(request, per_node):
-        layout = RankLayout(tp=request.tp, pp=request.pp, dp=request.dp, cp=request.cp, ranks_per_node=k)
+        layout = RankLayout.of(request, ranks_per_node=k)
         pools = _eligible(request, inventory, free, k)
         m = layout.nodes_per_pipeline()
         units = layout.num_nodes // m
@@ -95,8 +97,8 @@ def place_gang(
             continue
         best: Placement | None = None
         for strategy in strategies:
-            chosen = _assign(strategy, pools.by_rack, inventory.rack_order, m, units,
-                             strict=request.require_pp_in_rack)
+            chosen = _in_rank_order(layout, _assign(strategy, pools.by_rack, inventory.rack_order,
+                                                    m, units, strict=request.require_pp_in_rack))
             candidate = build_placement(request, layout, chosen, inventory, free,
                                         weights=weights, strategy=strategy)
             if best is None or candidate.score > best.score:
@@ -106,20 +108,22 @@ def place_gang(
         return best
     if first_reason is None:  # slots_per_node_options always yields tp itself
         raise RuntimeError(f"no ranks-per-node option for {request!r}")
-    raise Unschedulable(first_reason)
+    too_big = request.world_size > inventory.total_gpus(request.gpu_type)
+    raise Unschedulable.of(first_reason.model_copy(update={"permanent": too_big}))
 
 
 def slots_per_node_options(request: GangRequest, per_node: int) -> list[int]:
     """Admissible ranks-per-node values, preferred first.
 
     `k` must divide the world size, be a multiple of `tp` (TP inside a node), fit a node, and
-    either divide a pipeline's rank count or be a multiple of it (so pipelines map onto whole
-    nodes). `tp` itself always qualifies. A valid `nodesPreferred` hint goes first; then the
-    largest `k` (fewest nodes).
+    cut the replicas into node sets of one size (`RankLayout.replicas_tile_nodes`, so they can
+    be placed as interchangeable units). `tp` itself always qualifies (it divides dp·cp·tp, the
+    PP stride). A valid `nodesPreferred` hint goes first; then the largest `k` (fewest nodes).
     """
-    world, replica, tp = request.world_size, request.tp * request.pp * request.cp, request.tp
+    world, tp = request.world_size, request.tp
     options = [k for k in range(min(per_node, world), tp - 1, -1)
-               if k % tp == 0 and world % k == 0 and (replica % k == 0 or k % replica == 0)]
+               if k % tp == 0 and world % k == 0
+               and RankLayout.of(request, ranks_per_node=k).replicas_tile_nodes()]
     if request.nodes_preferred and world % request.nodes_preferred == 0:
         hinted = world // request.nodes_preferred
         if hinted in options:
@@ -131,12 +135,12 @@ def slots_per_node_options(request: GangRequest, per_node: int) -> list[int]:
 def _check_feasible_at_all(request: GangRequest, inventory: Inventory, per_node: int) -> None:
     if per_node == 0:
         types = sorted({n.gpu_type for n in inventory.nodes})
-        raise Unschedulable(PendingReason(
-            code="no_gpu_type", gpu_type=request.gpu_type,
+        raise Unschedulable.of(PendingReason(
+            code="no_gpu_type", gpu_type=request.gpu_type, permanent=True,
             message=f"no {request.gpu_type} nodes in this cluster (it has: {', '.join(types)})"))
     if request.tp > per_node:
-        raise Unschedulable(PendingReason(
-            code="tp_exceeds_node", gpu_type=request.gpu_type,
+        raise Unschedulable.of(PendingReason(
+            code="tp_exceeds_node", gpu_type=request.gpu_type, permanent=True,
             message=f"TP degree {request.tp} exceeds the {per_node} {request.gpu_type} devices of the "
                     f"largest node; a TP group must sit inside one node"))
 
@@ -207,6 +211,17 @@ def _assign(
     return chosen
 
 
+def _in_rank_order(layout: RankLayout, chosen: Sequence[Node]) -> list[Node]:
+    """`chosen` holds the units one after another (`m` nodes each); return the nodes in rank
+    order, unit `u` at the positions of the layout's `u`-th replica node set."""
+    ordered: list[Node | None] = [None] * len(chosen)
+    position = iter(chosen)
+    for unit in layout.replica_nodes():
+        for index in unit:
+            ordered[index] = next(position)
+    return [node for node in ordered if node is not None]
+
+
 def _best_fit(racks: list[str], pools: Mapping[str, list[Node]], order: Mapping[str, int]) -> str:
     return min(racks, key=lambda r: (len(pools[r]), order[r]))
 
@@ -257,7 +272,7 @@ def build_placement(
             name=node.name, rack=node.rack, address=node.address, gpu_type=node.gpu_type,
             node_gpus=node.gpus, node_rank=i, first_rank=i * k, slots=k,
             tp_groups=sorted({r // layout.tp for r in ranks}),
-            pp_stages=sorted({c[1] for c in coords}), dp_replicas=sorted({c[0] for c in coords}),
+            pp_stages=sorted({c.pp for c in coords}), dp_replicas=sorted({c.dp for c in coords}),
         ))
     return Placement(
         job=request.job, run=request.run, attempt=request.attempt, team=request.team, priority=request.priority,

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
-from plugins.placement.layout import GroupKind, RankLayout
+from plugins.advisor.rank_layout import GroupKind, RankLayout
+from plugins.errors import FatalError, TrainyardError, TransientError
 
 if TYPE_CHECKING:
     from config.spec import TrainingJob
@@ -137,7 +138,7 @@ class Placement(_Model):
 
     @property
     def layout(self) -> RankLayout:
-        return RankLayout(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ranks_per_node=self.ranks_per_node)
+        return RankLayout.of(self, ranks_per_node=self.ranks_per_node)
 
     @property
     def node_names(self) -> list[str]:
@@ -176,11 +177,28 @@ class PendingReason(_Model):
     excluded_nodes: NonNegativeInt = 0
     largest_free_block_in_rack: NonNegativeInt = 0
     pipelines_that_fit_in_racks: NonNegativeInt = 0
+    permanent: bool = False
+    """True when waiting cannot help on this cluster (the type is missing, TP exceeds a node,
+    the job wants more devices of the type than the cluster has at all, healthy or not)."""
 
 
-class Unschedulable(Exception):
-    """The gang cannot be placed now; `reason` says why, in numbers."""
+class Unschedulable(TrainyardError):
+    """The gang cannot be placed; `reason` says why, in numbers. Raise it through `of`, which
+    picks the subclass that says whether waiting helps: for a gang scheduler "not now" is
+    transient (devices free up, nodes heal), "never on this cluster" is fatal."""
 
     def __init__(self, reason: PendingReason) -> None:
         self.reason = reason
         super().__init__(reason.message)
+
+    @staticmethod
+    def of(reason: PendingReason) -> Unschedulable:
+        return NeverSchedulable(reason) if reason.permanent else NotSchedulableNow(reason)
+
+
+class NotSchedulableNow(Unschedulable, TransientError):
+    """The devices exist but are busy, unhealthy or excluded right now: retry later."""
+
+
+class NeverSchedulable(Unschedulable, FatalError):
+    """This cluster can never run the gang as asked: change the spec or the cluster."""

@@ -3,8 +3,9 @@ when the advisor cannot plan it.
 
 The advisor needs the model's shape (`parallelism.hints`). A `strategy: manual` spec without
 hints — a debugging job, a script the platform knows nothing about — is run with its degrees
-as written, data parallelism filling `gpuCount` (the rule of `config/rules.py`'s
-`manual_degrees`). An `auto` spec without hints is refused by the spec rules before this point.
+as written, data parallelism filling `gpuCount` (the advisor's one manual-plan builder,
+`plugins.advisor.planner.manual_plan`). An `auto` spec without hints is refused by the spec
+rules before this point.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 from config.cluster import Cluster
 from config.spec import TrainingJob
 from plugins.advisor.plan import Plan
+from plugins.advisor.planner import manual_plan
+
+__all__ = ["manual_plan", "plan_for_job"]
 
 
 def plan_for_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9,
@@ -33,19 +37,3 @@ def plan_for_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float =
     hints = "; ".join(result.suggestions) or "no suggestion"
     raise ValueError(f"no plan fits {job.spec.hardware.gpu_count} × {job.spec.hardware.gpu_type} "
                      f"({result.hardware}): {hints}")
-
-
-def manual_plan(job: TrainingJob) -> Plan:
-    """The spec's degrees as written; DP fills the rest of `gpuCount`."""
-    par, gpus = job.spec.parallelism, job.spec.hardware.gpu_count
-    tp, pp, cp = par.degree("tensor_parallel"), par.degree("pipeline_parallel"), par.degree("context_parallel")
-    dp = par.data_parallel if par.data_parallel is not None else max(gpus // (tp * pp * cp), 1)
-    mbs = par.micro_batch_size or 1
-    plan = Plan(
-        tp=tp, pp=pp, dp=dp, cp=cp, vpp=par.degree("virtual_pipeline_stages"),
-        zero_stage=par.zero_stage or 0, micro_batch_size=mbs,
-        activation_checkpointing=par.activation_checkpointing or "none",
-        sequence_parallel=bool(par.sequence_parallel) and tp > 1,
-    )
-    plan.check_world_size(gpus)
-    return plan

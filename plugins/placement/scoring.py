@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from config.cluster import Node
-from plugins.placement.layout import RankLayout
+from plugins.advisor.rank_layout import RankLayout
 
 
 class ScoreWeights(BaseModel):

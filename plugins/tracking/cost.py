@@ -12,11 +12,10 @@ whether or not it trains. We split that time in three phases, because each has i
 
 cost = GPU-hours × the type's rate (`config/rates.yaml`, or the cluster's `hourlyRateUsd`).
 
-MFU (model FLOP/s utilisation) = tokens/s × model FLOPs per token ÷ (devices × peak FLOP/s).
-FLOPs per token come from the advisor's `ModelProfile.model_flops_per_token()` when a job has
-model hints: 6·N + 12·L·h·s (PaLM's convention — N the non-embedding matmul parameters, the
-attention-score term with the full, not causal-halved, s×s product). With only a parameter
-count, 6·N (the seed's §7 formula; it omits the attention term, ~3 % at s = 4096, h = 12288).
+MFU (model FLOP/s utilisation) = tokens/s × model FLOPs per token ÷ (devices × peak FLOP/s),
+with the numerator, the denominator (at the job's precision) and the ratio from
+`plugins/advisor/flops.py` — the same the worker streams and the advisor predicts. Seed §7:
+100k tok/s · 6·200e9 / (256 · 989e12) = 0.474.
 """
 
 from __future__ import annotations
@@ -40,11 +39,13 @@ from pydantic import (
     model_validator,
 )
 
+from config.spec import Precision
+from plugins.advisor.flops import flops_per_token, flops_per_token_6n, mfu, peak_flops_per_device
 from plugins.tracking.rates import Rates, load_rates
 
 if TYPE_CHECKING:
     from config.cluster import Cluster
-    from config.spec import ModelHints, TrainingJob
+    from config.spec import TrainingJob
     from plugins.advisor.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -92,27 +93,6 @@ def amortized_gpu_hour_usd(annual_cost_per_node: float, gpus_per_node: int, util
     return annual_cost_per_node / (gpus_per_node * 24 * 365) / utilization
 
 
-def mfu(tokens_per_s: float, flops_per_token: float, num_gpus: int, peak_flops_per_gpu: float) -> float:
-    """Achieved model FLOP/s over peak FLOP/s. `tokens_per_s` is the whole job's throughput.
-    Seed §7: 100k tok/s · 6·200e9 / (256 · 989e12) = 0.474."""
-    if num_gpus < 1 or peak_flops_per_gpu <= 0:
-        raise ValueError(f"num_gpus must be >= 1 and peak_flops_per_gpu > 0, got {num_gpus}, {peak_flops_per_gpu}")
-    return tokens_per_s * flops_per_token / (num_gpus * peak_flops_per_gpu)
-
-
-def flops_per_token_6n(num_parameters: float) -> float:
-    """6·N: forward 2·N, backward 4·N (the seed's §7 approximation)."""
-    return 6.0 * num_parameters
-
-
-def flops_per_token(hints: ModelHints) -> float:
-    """Training FLOPs per token for a model described by spec hints: the advisor's count
-    (6·N + 12·L·h·s, see the module docstring), so measured and planned MFU agree."""
-    from plugins.advisor.model import ModelProfile
-
-    return ModelProfile.from_hints(hints).model_flops_per_token()
-
-
 def job_flops_per_token(job: TrainingJob) -> float | None:
     """FLOPs per token of a job's model: from its hints (advisor), else 6·N from a declared
     parameter count, else None (MFU cannot be computed)."""
@@ -130,23 +110,9 @@ def run_mfu(job: TrainingJob, tokens_per_s: float, *, cluster: Cluster | None = 
     fpt = job_flops_per_token(job)
     if fpt is None:
         return None
-    hw = job.spec.hardware
-    return mfu(tokens_per_s, fpt, hw.gpu_count, peak_flops_per_gpu(hw.gpu_type, cluster))
-
-
-def peak_flops_per_gpu(gpu_type: str, cluster: Cluster | None = None) -> float:
-    """Dense bf16 peak FLOP/s of one device: the cluster's figure, else the advisor's catalog."""
-    if cluster is not None:
-        acc = cluster.spec.accelerators.get(gpu_type)
-        if acc is not None and acc.peak_tflops:
-            return float(acc.peak_tflops) * 1e12
-    from plugins.advisor.hardware import gpu_spec
-
-    try:
-        return float(gpu_spec(gpu_type).peak_flops)
-    except ValueError as e:
-        raise ValueError(f"no peak FLOP/s known for accelerator type {gpu_type!r}; "
-                         "set peakTflops in the cluster") from e
+    hw, hints = job.spec.hardware, job.spec.parallelism.hints
+    precision = hints.mixed_precision if hints is not None else "bf16"
+    return mfu(tokens_per_s, fpt, hw.gpu_count, peak_flops_per_device(hw.gpu_type, precision, cluster))
 
 
 # -- one job ----------------------------------------------------------------------------------------
@@ -171,6 +137,8 @@ class RunAccounting(BaseModel):
     recovery_s: NonNegativeFloat = 0.0
     tokens: NonNegativeInt | None = None
     """Tokens trained on (over all attempts, counting recomputed steps once)."""
+    precision: Precision = "bf16"
+    """The job's training precision: picks the peak FLOP/s MFU is measured against."""
     mfu: float | None = Field(default=None, ge=0, le=1)
     """Measured MFU, if the run reported one; otherwise computed from tokens when possible."""
     run_id: str | None = None
@@ -236,7 +204,7 @@ def job_cost(
     measured = acct.mfu
     if measured is None and flops_per_token and acct.tokens_per_s:
         measured = mfu(acct.tokens_per_s, flops_per_token, acct.gpu_count,
-                       peak_flops_per_gpu(acct.gpu_type, cluster))
+                       peak_flops_per_device(acct.gpu_type, acct.precision, cluster))
     return JobCost(
         job=acct.job, team=acct.team, project=acct.project, gpu_type=acct.gpu_type, gpu_count=acct.gpu_count,
         rate_usd_per_gpu_hour=rate, training_gpu_hours=t, waiting_gpu_hours=w, recovery_gpu_hours=r,

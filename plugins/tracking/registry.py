@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.tracking.runs import TAG, CheckpointRecord, checkpoints, client_for, quote_filter_value
+from plugins.tracking.runs import TAG, LoggedCheckpoint, checkpoints, client_for, quote_filter_value
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -94,7 +94,7 @@ class ModelVersionInfo(BaseModel):
 
 def select_checkpoint(
     run_id: str, *, tracking_uri: str, metric: str | None = None, mode: Literal["min", "max"] = "min"
-) -> CheckpointRecord:
+) -> LoggedCheckpoint:
     """The run's final checkpoint (highest step), or with `metric` the best one by it (ties go
     to the later step). Raises LookupError when the run recorded none (or none with the metric)."""
     records = checkpoints(run_id, tracking_uri=tracking_uri)
@@ -145,7 +145,7 @@ def find_export() -> Callable[..., object]:
     return export_safetensors
 
 
-def _check_manifest_digest(weights: Path, record: CheckpointRecord) -> None:
+def _check_manifest_digest(weights: Path, record: LoggedCheckpoint) -> None:
     """The export stamps the manifest's SHA-256 into the file's header: it must be the one the
     run recorded, or the checkpoint changed after it was committed."""
     from safetensors import safe_open
@@ -161,7 +161,7 @@ def register_safetensors(
     weights_path: str | Path,
     *,
     run_id: str,
-    checkpoint: CheckpointRecord,
+    checkpoint: LoggedCheckpoint,
     tracking_uri: str,
     model_name: str | None = None,
     alias: str = DEFAULT_ALIAS,
@@ -176,7 +176,7 @@ def register_safetensors(
     name = model_name or run.data.tags.get(TAG + "job") or run.info.run_name
     if not name:
         raise ValueError(f"run {run_id} has no job tag; pass model_name")
-    from plugins.checkpoint.store import sha256_of_stream
+    from plugins.storage.store import sha256_of_stream
 
     with weights.open("rb") as f:
         _, weights_sha = sha256_of_stream(f)
@@ -241,7 +241,7 @@ def models_trained_on(
 
 # -- helpers --------------------------------------------------------------------------------------
 
-def _lineage_tags(run_tags: dict[str, str], run_id: str, ckpt: CheckpointRecord, weights_sha: str) -> dict[str, str]:
+def _lineage_tags(run_tags: dict[str, str], run_id: str, ckpt: LoggedCheckpoint, weights_sha: str) -> dict[str, str]:
     tags = {TAG + k: run_tags[TAG + k] for k in _RUN_TAGS_COPIED if run_tags.get(TAG + k)}
     tags.update({
         TAG + "run_id": run_id,

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from config.spec import TrainingJob
     from plugins.advisor.plan import Plan
-    from plugins.tracking.datasets import DatasetRef
+    from plugins.data.datasets import DatasetRef
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,9 @@ MAX_TAG_VALUE_CHARS = 8000
 MAX_PARAMS_TAGS_PER_BATCH = 100
 """`mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH`."""
 
-RunStatus = Literal["pending", "running", "recovering", "completed", "failed", "cancelled"]
+RunLifecycleState = Literal["pending", "running", "recovering", "completed", "failed", "cancelled"]
+"""Where a training run is in its life, as its MLflow run records it (the launcher's
+`RunStatus` is a different thing: what the processes of one attempt are doing now)."""
 _TERMINAL = {"completed": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CHECKPOINT_TAG = re.compile(re.escape(TAG) + r"checkpoint\.\d{10}$")
@@ -274,7 +276,7 @@ def log_dataset_input(
         run_id, datasets=[DatasetInput(dataset=meta._to_mlflow_entity(), tags=input_tags)])
 
 
-def set_run_status(run_id: str, status: RunStatus, *, tracking_uri: str) -> None:
+def set_run_status(run_id: str, status: RunLifecycleState, *, tracking_uri: str) -> None:
     """Record the job's status; completed/failed/cancelled also end the MLflow run."""
     if status not in {"pending", "running", "recovering", *_TERMINAL}:
         raise ValueError(f"status must be one of pending, running, recovering, completed, failed, "
@@ -353,8 +355,9 @@ def recovery_events(run_id: str, *, tracking_uri: str) -> list[RecoveryEvent]:
     return [RecoveryEvent.model_validate_json(tags[k]) for k in sorted(tags) if k.startswith(prefix)]
 
 
-class CheckpointRecord(BaseModel):
-    """A committed checkpoint as the run remembers it: where and which bytes, never the bytes."""
+class LoggedCheckpoint(BaseModel):
+    """A committed checkpoint as the MLflow run remembers it: where and which bytes, never the
+    bytes (the store's own view of a checkpoint is `plugins.checkpoint.catalog.CheckpointRecord`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -373,7 +376,7 @@ def log_checkpoint(
     metrics: Mapping[str, float] | None = None,
     *,
     tracking_uri: str,
-) -> CheckpointRecord:
+) -> LoggedCheckpoint:
     """Record a committed checkpoint: tag `checkpoint.<step>` (JSON), `checkpoint.latest.*`,
     and metrics `checkpoint/step` plus `checkpoint/<metric>` at the step."""
     if not manifest_uri:
@@ -382,12 +385,12 @@ def log_checkpoint(
         raise ValueError(f"sha256 must be 64 lowercase hex digits, got {sha256!r}")
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    record = CheckpointRecord(step=step, manifest_uri=manifest_uri, sha256=sha256,
+    record = LoggedCheckpoint(step=step, manifest_uri=manifest_uri, sha256=sha256,
                               metrics={k: float(v) for k, v in (metrics or {}).items()})
     client = client_for(tracking_uri)
     tags_now = client.get_run(run_id).data.tags
     step_tag = f"{TAG}checkpoint.{step:010d}"
-    if step_tag in tags_now and CheckpointRecord.model_validate_json(tags_now[step_tag]) == record:
+    if step_tag in tags_now and LoggedCheckpoint.model_validate_json(tags_now[step_tag]) == record:
         return record  # already recorded (a retried watcher): log nothing twice
     # A step saved again after a rollback replaces its record; the count is of distinct steps.
     count = sum(1 for k in tags_now if _CHECKPOINT_TAG.match(k)) + (step_tag not in tags_now)
@@ -407,7 +410,7 @@ def log_checkpoint(
 
 def log_committed_checkpoint(
     run_id: str, manifest_uri: str, *, tracking_uri: str, endpoint_url: str | None = None
-) -> CheckpointRecord:
+) -> LoggedCheckpoint:
     """`log_checkpoint` for a manifest in the object store: reads it, hashes its bytes, takes its
     step and metrics (what the checkpoint watcher calls for each new commit)."""
     import hashlib
@@ -420,10 +423,10 @@ def log_committed_checkpoint(
     return log_checkpoint(run_id, manifest_uri, digest, record.step, record.metrics, tracking_uri=tracking_uri)
 
 
-def checkpoints(run_id: str, *, tracking_uri: str) -> list[CheckpointRecord]:
+def checkpoints(run_id: str, *, tracking_uri: str) -> list[LoggedCheckpoint]:
     """Every checkpoint the run recorded, by step."""
     tags = client_for(tracking_uri).get_run(run_id).data.tags
-    return sorted((CheckpointRecord.model_validate_json(v) for k, v in tags.items() if _CHECKPOINT_TAG.match(k)),
+    return sorted((LoggedCheckpoint.model_validate_json(v) for k, v in tags.items() if _CHECKPOINT_TAG.match(k)),
                   key=lambda r: r.step)
 
 

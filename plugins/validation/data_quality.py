@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 
     from config.settings import Settings
     from config.spec import DataQuality, TrainingJob
-    from plugins.checkpoint.store import ObjectStore
-    from plugins.tracking.datasets import RowSample
+    from plugins.data.datasets import RowSample
+    from plugins.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def check_data_quality(
 
     With `run_id` (and `tracking_uri`) the report is logged to that MLflow run.
     """
-    from plugins.tracking.datasets import sample_rows as read_sample
+    from plugins.data.datasets import sample_rows as read_sample
 
     quality = job.spec.dataset.quality
     uri = store.uri.rstrip("/")
@@ -191,7 +191,7 @@ def report_problems(report: DataQualityReport) -> list[Problem]:
 
 def data_quality_problems(job: TrainingJob, settings: Settings) -> list[Problem]:
     """The dry run's entry point: check the spec's dataset, return its problems."""
-    from plugins.tracking.datasets import open_dataset_store
+    from plugins.data.datasets import open_dataset_store
 
     try:
         store = open_dataset_store(job.spec.dataset.source, settings)

@@ -1,46 +1,18 @@
 """DATASET_NOT_FOUND: is the dataset where the spec says, before any accelerator is placed?
 
-A dataset `source` is a full URI (`s3://bucket/prefix/`, `file:///path/`) or a prefix inside
-the platform's object store (`datasets/pydoc-topics/`). `open_dataset` is the one place that
-resolves it, for the dry run, data validation and the worker alike.
+The dataset is located the way the worker and lineage locate it (`plugins/data/shards.py`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
-from urllib.parse import urlparse
 
 from config.problems import Code, Problem
 from config.settings import Settings
 from config.spec import TrainingJob
-
-if TYPE_CHECKING:
-    from plugins.checkpoint.store import ObjectInfo, ObjectStore
+from plugins.data.shards import list_shards, open_dataset
 
 log = logging.getLogger(__name__)
-
-SHARD_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "jsonl": (".jsonl", ".jsonl.zst"),
-    "parquet": (".parquet",),
-    "text": (".txt",),
-}
-"""Which objects under a dataset's prefix are shards, per format (others — READMEs, manifests — are not)."""
-
-
-def open_dataset(source: str, *, object_store: str, endpoint_url: str | None = None) -> ObjectStore:
-    """The store rooted at the dataset's prefix."""
-    from plugins.checkpoint.store import open_store
-
-    if urlparse(source).scheme:
-        return open_store(source, endpoint_url=endpoint_url)
-    return open_store(object_store, endpoint_url=endpoint_url).child(source.strip("/"))
-
-
-def list_shards(store: ObjectStore, fmt: str) -> list[ObjectInfo]:
-    """The dataset's shard files, sorted by key (the order that defines the data)."""
-    return sorted((o for o in store.list("") if o.key.endswith(SHARD_SUFFIXES[fmt])), key=lambda o: o.key)
-
 
 def check_dataset(job: TrainingJob, settings: Settings) -> list[Problem]:
     ds = job.spec.dataset

@@ -1,7 +1,7 @@
 """The dry run: every check that must pass before an accelerator is allocated (seed App. A).
 
-`validate_job` runs the spec's own rules, the rules against the cluster, and — unless told to
-stay offline — the checks that need the world: memory fit (the advisor), the dataset in the
+`validate_job` runs the spec's own rules, the rules against the cluster, what the worker runtime
+can apply (`runtime.py`, needs no world), and — unless told to stay offline — the checks that need the world: memory fit (the advisor), the dataset in the
 object store, the team's quota, and optionally data quality (Great Expectations). It never
 raises for a bad spec; it returns every problem found.
 """
@@ -20,6 +20,7 @@ from config.teams import Teams, load_teams
 from plugins.validation.dataset import check_dataset
 from plugins.validation.memory import check_memory
 from plugins.validation.quota import check_quota
+from plugins.validation.runtime import check_runtime
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def validate_job(
     problems = check_spec(job)
     cluster_problems = check_against_cluster(job, cluster)
     problems += cluster_problems
+    problems += check_runtime(job)
     if offline:
         return problems
     if not any(p.severity == "error" for p in cluster_problems):

@@ -54,7 +54,7 @@ def running_stack(home: Path) -> Iterator[RunningStack]:
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     settings = Settings(home=home)
-    from plugins.checkpoint.store import open_store
+    from plugins.storage.store import open_store
 
     prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")))
     stack = Stack(home, port=procs.free_port())

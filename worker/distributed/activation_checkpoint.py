@@ -14,7 +14,7 @@ checkpointing are identical (the unit tests compare them).
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -22,6 +22,8 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from config.spec import Recompute
 
 _SAVE_OPS = frozenset({
     torch.ops.aten.mm.default,
@@ -43,7 +45,7 @@ def _selective_context() -> tuple[object, object]:
     return create_selective_checkpoint_contexts(_selective_policy)
 
 
-def apply_ac(model: nn.Module, mode: Literal["none", "selective", "full"]) -> None:
+def apply_ac(model: nn.Module, mode: Recompute) -> None:
     """Wrap every block of `model.layers` (in place) according to `mode`."""
     if mode == "none":
         return

@@ -3,7 +3,8 @@
 The mesh always has the four named dimensions `pp`, `dp`, `cp`, `tp` (size 1 when a technique
 is off), outermost first: tensor parallelism talks most and gets the innermost (fastest,
 intra-node) dimension, pipeline parallelism the outermost — the same order as torchtitan's
-`ParallelDims` and the seed document's placement rule (TP in a node, PP in a rack, DP across).
+`ParallelDims`. The order is `RankLayout`'s (`plugins/advisor/rank_layout.py`), which the
+placer uses too, so the ranks it keeps in a node or a rack are the ranks this mesh groups.
 """
 
 from __future__ import annotations
@@ -11,15 +12,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from plugins.advisor.plan import Plan
+from plugins.advisor.rank_layout import MESH_DIMS, RankLayout
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-MESH_DIMS: tuple[str, ...] = ("pp", "dp", "cp", "tp")
+__all__ = ["MESH_DIMS", "build_mesh", "default_plan", "mesh_shape"]
 
 
 def mesh_shape(plan: Plan) -> tuple[int, ...]:
-    return (plan.pp, plan.dp, plan.cp, plan.tp)
+    return RankLayout.of(plan).shape
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from plugins.advisor.runtime import WORKER_RUNTIME
 from worker.distributed.activation_checkpoint import apply_ac
 from worker.distributed.data_parallel import apply_ddp, apply_fsdp
 from worker.distributed.pipeline_parallel import build_schedule, build_stages, check_pipeline_plan
@@ -44,21 +45,23 @@ def compute_dtype(device_type: str, precision: str = "bf16") -> torch.dtype | No
     always the parameters' fp32 (CPU bf16 matmuls are slow, and tests compare exact numbers)."""
     if device_type == "cpu" or precision == "fp32":
         return None
-    if precision == "fp16":
-        raise ValueError("fp16 training needs loss scaling, which the worker runtime does not do; "
-                         "use mixedPrecision bf16 (same memory, no scaler needed) or fp32")
+    if precision not in WORKER_RUNTIME.precisions:
+        raise ValueError(f"{precision} training is not supported by the worker runtime (fp16 needs "
+                         "loss scaling, which it does not do); use mixedPrecision bf16 (same "
+                         "memory, no scaler needed) or fp32")
     return torch.bfloat16
 
 
 def check_plan(plan: Plan, model: Llama) -> None:
-    """Raise `ValueError` when `plan` cannot be applied to `model` (before any collective)."""
-    if plan.cp > 1:
-        raise ValueError(f"context parallelism is not supported by the worker runtime yet; "
-                         f"the plan asks for cp({plan.cp})")
+    """Raise `ValueError` when `plan` cannot be applied to `model` (before any collective).
+    What the runtime supports at all is `WORKER_RUNTIME`, which the advisor and the dry run
+    honour too; the rest depends on the model's shape."""
+    refused = WORKER_RUNTIME.refusals(cp=plan.cp, ep=plan.ep, tp=plan.tp, pp=plan.pp,
+                                      tie_embeddings=model.config.tie_embeddings)
+    if refused:
+        raise ValueError("; ".join(refused))
     check_tp_degree(model.config, plan.tp)
     check_pipeline_plan(plan, model.config.num_layers)
-    if plan.pp > 1 and model.config.tie_embeddings:
-        raise ValueError(f"tied embeddings cannot span pipeline stages; pp is {plan.pp}")
     if plan.sequence_parallel and plan.sequence_length and plan.sequence_length % plan.tp:
         raise ValueError(f"sequence parallelism needs sequence_length ({plan.sequence_length}) "
                          f"divisible by tp ({plan.tp})")

@@ -11,7 +11,7 @@ import pytest
 
 from plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan
 from plugins.checkpoint.manifest import MANIFEST_NAME
-from plugins.checkpoint.store import LocalStore
+from plugins.storage.store import LocalStore
 from tests.support.procs import check, run_torchrun
 from tests.support.s3_server import S3Server
 

@@ -23,6 +23,7 @@ from plugins.advisor.plan import Plan
 from plugins.launch import processes
 from plugins.launch.environment import build_worker_env
 from plugins.launch.exit_codes import describe
+from plugins.launch.files import read_rank_records
 from plugins.launch.local import RUN_MARKER, LocalLauncher
 from plugins.launch.model import RunHandle, RunStatus
 from plugins.placement.gang import place_gang
@@ -135,14 +136,14 @@ def test_stop_leaves_no_process_behind_and_submit_is_idempotent(tmp_path: Path) 
     placement = place_gang(GangRequest.for_job(job, plan, run="r-test"), Inventory.from_cluster(load_cluster("local")))
     again = launcher.submit(job, plan, placement, build_worker_env(job, plan, settings, run="r-test", attempt=0), attempt=0)
     assert again == handle  # a retry re-attaches; it never starts a second copy
-    records = LocalLauncher._rank_records(Path(handle.run_dir))
-    pids = [a.pid for a in handle.agents] + [r["pid"] for r in records.values()] + [
-        r["child_pid"] for r in records.values()]
+    records = read_rank_records(Path(handle.run_dir))
+    pids = [a.pid for a in handle.agents] + [r.pid for r in records.values()] + [
+        r.child_pid for r in records.values() if r.child_pid]
 
     status = launcher.stop(handle, grace_s=20)
     assert status.state == "stopped" and not status.processes_alive
     assert processes.marked_processes(RUN_MARKER, handle.run_dir) == []
-    assert processes.group_members([a.pgid for a in handle.agents] + [r["pgid"] for r in records.values()]) == []
+    assert processes.group_members([a.pgid for a in handle.agents] + [r.pgid for r in records.values()]) == []
     assert not any(processes.is_alive(pid) for pid in pids)
     codes = [r.exit_code for r in status.ranks]
     # SIGTERM gave each rank its "emergency checkpoint" exit (43); a rank caught inside an

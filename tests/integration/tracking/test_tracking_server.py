@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from config.settings import Settings
+from plugins.data.datasets import describe_dataset, open_dataset_store
 from plugins.tracking import cost, registry, runs
-from plugins.tracking.datasets import describe_dataset, open_dataset_store
 from plugins.tracking.metrics import MetricsStreamer
 from plugins.validation.data_quality import check_data_quality
 from tests.integration.tracking.mlflow_servers import MlflowServer
@@ -105,7 +105,7 @@ def test_registry_and_lineage_query_through_the_server(
 def test_data_quality_report_is_logged_as_an_artifact(mlflow_server: MlflowServer, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from plugins.checkpoint.store import open_store
+    from plugins.storage.store import open_store
 
     uri = mlflow_server.uri
     root = tmp_path / "dirty"

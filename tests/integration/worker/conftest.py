@@ -18,8 +18,10 @@ from config.spec import TrainingJob
 from config.worker_env import WorkerEnv
 from node_agent.heartbeat import Heartbeat, heartbeat_path
 from plugins.advisor.plan import Plan
-from plugins.checkpoint import list_checkpoints, open_store
+from plugins.checkpoint import list_checkpoints
 from plugins.checkpoint.uris import checkpoint_root
+from plugins.launch.files import read_rank_records
+from plugins.storage.store import open_store
 from tests.support.procs import REPO_ROOT, run_torchrun
 
 RUN = "r-test"
@@ -56,11 +58,8 @@ class WorkerRun:
     world_size: int
 
     def exit_codes(self) -> list[int | None]:
-        codes = []
-        for rank in range(self.world_size):
-            path = self.run_dir / "ranks" / f"rank-{rank:05d}.json"
-            codes.append(json.loads(path.read_text()).get("exit_code") if path.exists() else None)
-        return codes
+        records = read_rank_records(self.run_dir)
+        return [records[r].exit_code if r in records else None for r in range(self.world_size)]
 
     def heartbeat(self, rank: int) -> Heartbeat:
         return Heartbeat.model_validate_json(heartbeat_path(self.run_dir / "heartbeats", rank).read_text())

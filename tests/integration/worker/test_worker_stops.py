@@ -4,11 +4,11 @@ exit 43) and its resume on a different world size, and the metrics streamed to M
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from plugins.launch.files import DIVERGED_FILE, DivergenceRecord, read_model
 from tests.integration.worker.conftest import committed_steps, fsdp_plan, launch, tiny_job
 from worker import exit_codes
 
@@ -28,8 +28,9 @@ def test_nan_loss_exits_diverged_with_flagged_heartbeats(s3_object_store: tuple[
     for rank in (0, 1):
         beat = run.heartbeat(rank)
         assert (beat.step, beat.phase, beat.nan, beat.loss) == (6, "diverged", True, None)
-    report = json.loads((tmp_path / "diverged.json").read_text())
-    assert (report["onset_step"], report["reason"], report["last_checkpoint_step"]) == (6, "non_finite", 4)
+    report = read_model(tmp_path / DIVERGED_FILE, DivergenceRecord)
+    assert report is not None and report.loss == "nan"
+    assert (report.onset_step, report.reason, report.last_checkpoint_step) == (6, "non_finite", 4)
     assert committed_steps(object_store, "nan-run", endpoint) == [4], "nothing after the onset may be saved"
 
 

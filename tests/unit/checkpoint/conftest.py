@@ -1,31 +1,7 @@
-"""Fixtures for the checkpoint engine's unit tests: both object stores, one parametrised fixture."""
+"""The checkpoint engine's unit tests run against both object stores: the storage fixtures."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from tests.unit.storage.conftest import s3_server, store
 
-import pytest
-
-from plugins.checkpoint.store import ObjectStore, S3Store, open_store
-from tests.support.s3_server import S3Server, running_s3_server
-
-
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    with running_s3_server() as server:
-        yield server
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
-    """The same tests run against a local folder and a real S3 endpoint (moto over HTTP).
-
-    The S3 store uses 5 MiB multipart parts (S3's minimum) so tests exercise multipart uploads.
-    """
-    if request.param == "local":
-        return open_store((tmp_path / "objects").as_uri())
-    server: S3Server = request.getfixturevalue("s3_server")
-    bucket = server.new_bucket()
-    return S3Store(bucket, "root/prefix", endpoint_url=server.endpoint_url,
-                   multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+__all__ = ["s3_server", "store"]

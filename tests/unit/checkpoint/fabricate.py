@@ -6,7 +6,7 @@ import hashlib
 from datetime import UTC, datetime
 
 from plugins.checkpoint.manifest import MANIFEST_NAME, CheckpointManifest, ManifestFile, step_dir
-from plugins.checkpoint.store import ObjectStore
+from plugins.storage.store import ObjectStore
 
 
 def make_checkpoint(

@@ -15,7 +15,7 @@ from plugins.checkpoint.catalog import (
     verify,
 )
 from plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
-from plugins.checkpoint.store import ObjectStore
+from plugins.storage.store import ObjectStore
 from tests.unit.checkpoint.fabricate import make_checkpoint
 
 

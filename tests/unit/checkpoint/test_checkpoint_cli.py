@@ -14,7 +14,7 @@ from cli import checkpoints as cli_checkpoints
 from config.settings import get_settings
 from plugins.checkpoint.catalog import list_checkpoints
 from plugins.checkpoint.manifest import step_dir
-from plugins.checkpoint.store import LocalStore, open_store
+from plugins.storage.store import LocalStore, open_store
 from tests.support.s3_server import S3Server
 from tests.unit.checkpoint.fabricate import make_checkpoint
 

@@ -18,6 +18,7 @@ from torch import nn
 from plugins.checkpoint.catalog import list_checkpoints
 from plugins.checkpoint.errors import (
     CheckpointSaveError,
+    ManagerClosedError,
     NoValidCheckpointError,
     OutsideJobPrefixError,
 )
@@ -269,7 +270,7 @@ def test_bad_arguments_fail_fast(root: str, tmp_path: Path) -> None:
     with _manager(root, tmp_path) as mgr, pytest.raises(TypeError, match="no state_dict"):
         mgr.save(1, model=t.model, optimizer=t.optimizer, extra={"x": object()})
     mgr.close()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ManagerClosedError, match="closed"):
         mgr.save(1, model=t.model, optimizer=t.optimizer)
 
 

@@ -17,12 +17,12 @@ from plugins.checkpoint.manifest import (
     parse_step_dir,
     step_dir,
 )
-from plugins.checkpoint.store import ObjectStore
 from plugins.checkpoint.uris import (
     checkpoint_root,
     require_job_prefix,
     split_manifest_uri,
 )
+from plugins.storage.store import ObjectStore
 from tests.unit.checkpoint.fabricate import make_checkpoint
 
 SHA = "0" * 64

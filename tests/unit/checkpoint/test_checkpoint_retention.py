@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from plugins.checkpoint.catalog import list_checkpoints, scan
 from plugins.checkpoint.manifest import step_dir
 from plugins.checkpoint.retention import RetentionPolicy, apply_retention, plan_retention
-from plugins.checkpoint.store import LocalStore, ObjectStore
+from plugins.storage.store import LocalStore, ObjectStore
 from tests.unit.checkpoint.fabricate import make_checkpoint
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

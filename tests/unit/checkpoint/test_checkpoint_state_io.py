@@ -14,10 +14,10 @@ import torch
 
 from plugins.checkpoint import state_json
 from plugins.checkpoint.dcp_io import load_metadata
-from plugins.checkpoint.errors import IntegrityError
 from plugins.checkpoint.rng import capture_rng_state, restore_rng_state
-from plugins.checkpoint.store import ObjectStore
 from plugins.checkpoint.transfer import download_verified, upload_file
+from plugins.storage.errors import IntegrityError
+from plugins.storage.store import ObjectStore
 
 
 def test_state_json_round_trips_what_state_dicts_hold() -> None:

@@ -3,7 +3,6 @@ process liveness from /proc, submit's checks, logs, exit-code names."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from plugins.advisor.plan import Plan
 from plugins.launch import processes
 from plugins.launch.environment import build_worker_env
 from plugins.launch.exit_codes import describe, known_codes
+from plugins.launch.files import AgentExit, RankRecord, StopRequest
 from plugins.launch.local import LocalLauncher, tail_lines
 from plugins.launch.model import AgentRecord, RunHandle, RunStatus
 from plugins.placement.gang import place_gang
@@ -47,16 +47,16 @@ def make_run(tmp_path: Path, *, world: int = 2, max_restarts: int = 0) -> RunHan
 
 
 def agent_exit(handle: RunHandle, node: str, code: int) -> None:
-    Path(handle.run_dir, "agents", f"{node}.exit.json").write_text(json.dumps({"exit_code": code}))
+    AgentExit(exit_code=code, ended_at=time.time(), pid=1).write(
+        Path(handle.run_dir, "agents", f"{node}.exit.json"))
 
 
 def rank_record(handle: RunHandle, rank: int, code: int | None, ended_at: float = 0.0, restart: int = 0) -> None:
     pid, ticks = dead_pid()
-    record = {"rank": rank, "node": f"local-{rank}", "pid": pid, "pgid": pid, "child_pid": pid,
-              "child_start_ticks": ticks, "restart": restart}
-    if code is not None:
-        record.update(exit_code=code, ended_at=ended_at)
-    Path(handle.run_dir, "ranks", f"rank-{rank:05d}.json").write_text(json.dumps(record))
+    record = RankRecord(rank=rank, node=f"local-{rank}", pid=pid, pgid=pid, started_at=0.0, child_pid=pid,
+                        child_start_ticks=ticks, restart=restart, exit_code=code,
+                        ended_at=ended_at if code is not None else None)
+    record.write(Path(handle.run_dir, "ranks", f"rank-{rank:05d}.json"))
 
 
 def test_all_agents_exit_zero_is_success(tmp_path: Path) -> None:
@@ -96,7 +96,8 @@ def test_stopped_marker_wins(tmp_path: Path) -> None:
     handle = make_run(tmp_path)
     rank_record(handle, 0, 43, ended_at=1.0)
     rank_record(handle, 1, 43, ended_at=1.0)
-    Path(handle.run_dir, "stopped.json").write_text("{}")
+    # The ranks ended (at 1.0) after the stop was asked for (at 0.5): the stop explains them.
+    StopRequest(requested_at="t", requested_at_s=0.5, grace_s=0).write(Path(handle.run_dir, "stopped.json"))
     status = LocalLauncher(tmp_path).poll(handle)
     assert status.state == "stopped" and [r.exit_code for r in status.ranks] == [43, 43]
 

@@ -231,3 +231,25 @@ def test_retry_after_accepts_an_http_date() -> None:
 def test_a_local_handle_is_refused(launcher: KubernetesLauncher) -> None:
     with pytest.raises(ValueError, match="cannot use a 'local' handle"):
         launcher.poll(RunHandle(kind="local", job="j", attempt=0, world_size=1))
+
+
+def test_both_launchers_meet_the_protocol_settle_included(launcher: KubernetesLauncher, tmp_path: Any) -> None:
+    from plugins.launch.base import Launcher
+    from plugins.launch.local import LocalLauncher
+
+    assert isinstance(launcher, Launcher) and isinstance(LocalLauncher(tmp_path), Launcher)
+    assert "settle" in Launcher.__dict__
+
+
+def test_settle_keeps_the_verdict_and_cleans_up_only_what_lingers(launcher: KubernetesLauncher, api: Any,
+                                                                   core: Any) -> None:
+    api.get_namespaced_custom_object.return_value = volcano_status("Failed", failed=1)
+    core.list_namespaced_pod.return_value = V1PodList(items=[])
+    settled = launcher.settle(handle())
+    assert settled.state == "failed" and not settled.processes_alive
+    assert api.delete_namespaced_custom_object.call_count == 0  # Volcano ended the pods itself
+    lingering = settled.model_copy(update={"processes_alive": True})
+    api.delete_namespaced_custom_object.return_value = {"status": "Success"}
+    cleaned = launcher.settle(handle(), lingering)
+    assert cleaned.state == "failed" and "cleaned up: deleted trainyard/gpt-200b" in cleaned.message
+    assert api.delete_namespaced_custom_object.call_count == 1

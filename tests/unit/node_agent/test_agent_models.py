@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from node_agent.models import GpuStatus, NodeHealth, RankStatus, Verdict
+from node_agent.models import GpuStatus, NodeHealth, RankHeartbeat, Verdict
 from tests.support import procs
 
 
@@ -18,7 +18,7 @@ def _health() -> NodeHealth:
             Verdict(kind="hang", job="other", attempt=0, rank=0, since=300.0, reason="stale"),
         ],
         gpus=[GpuStatus(index=3, temperature_celsius=71.0, xid_events={79: 1, 13: 2})],
-        ranks=[RankStatus(job="llama", attempt=1, rank=5, pid=9, phase="train", step=40, time=300.0,
+        ranks=[RankHeartbeat(job="llama", attempt=1, rank=5, pid=9, phase="train", step=40, time=300.0,
                           age_s=700.0, hang_timeout_s=600.0, stale=True)],
     )
 

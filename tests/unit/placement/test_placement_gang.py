@@ -43,12 +43,14 @@ def test_group_map_matches_rank_layout(fleet: Inventory) -> None:
     tp = placement.groups_of("tp")
     assert len(tp) == 32 and all(g.nodes == [names[g.index]] for g in tp)
     pp = placement.groups_of("pp")
-    assert pp[0].ranks == [0, 8, 16, 24] and pp[0].nodes == names[0:4]
+    # The worker's mesh order (pp, dp, cp, tp): a pipeline's stages are dp·tp = 64 ranks apart.
+    assert pp[0].ranks == [0, 64, 128, 192] and pp[0].nodes == names[0:32:8]
+    assert len(pp[0].racks) == 1
     dp = placement.groups_of("dp")
-    assert dp[0].ranks == [0, 32, 64, 96, 128, 160, 192, 224]
+    assert dp[0].ranks == [0, 8, 16, 24, 32, 40, 48, 56]
     assert len(dp[0].racks) == 8
     node = placement.nodes[5]
-    assert (node.first_rank, node.pp_stages, node.dp_replicas, node.tp_groups) == (40, [1], [1], [5])
+    assert (node.first_rank, node.pp_stages, node.dp_replicas, node.tp_groups) == (40, [0], [5], [5])
 
 
 def test_placement_json_round_trips(fleet: Inventory) -> None:

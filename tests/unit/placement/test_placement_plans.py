@@ -40,3 +40,21 @@ def test_nothing_fits_is_an_error_unless_previewing_a_manual_configuration() -> 
     manual = with_parallelism(job, strategy="manual", tensor_parallel=8)
     plan, source = plan_for_job(manual, load_cluster("h100-fleet"), allow_unfit=True)
     assert plan.tp == 8 and "does not fit memory" in source
+
+
+def test_one_manual_builder_for_specs_with_and_without_hints() -> None:
+    from plugins.advisor.model import ModelProfile
+    from plugins.advisor.planner import manual_layout
+
+    job = load_spec_file("config/jobs/gpt-200b-pretrain.yaml")
+    par = with_parallelism(job, strategy="manual", tensor_parallel=8, pipeline_parallel=4).spec.parallelism
+    with_model = manual_layout(par, 256, ModelProfile.from_hints(par.hints))  # type: ignore[arg-type]
+    without = manual_layout(par, 256)
+    assert (with_model.tp, with_model.pp, with_model.dp) == (without.tp, without.pp, without.dp) == (8, 4, 8)
+    assert par.manual_degrees(256) == (8, 4, 8, 1)  # the spec rules read the same rule
+    with pytest.raises(ValueError, match=r"gpuCount 100 is not divisible by TP\(8\) \* PP\(4\) \* CP\(1\)"):
+        manual_layout(par, 100)
+    with pytest.raises(ValueError, match=r"TP\(8\) \* PP\(4\) \* DP\(2\) \* CP\(1\) = 64 != gpuCount\(256\)"):
+        manual_layout(par.model_copy(update={"data_parallel": 2}), 256)
+    with pytest.raises(ValueError, match="sequenceParallel needs tensorParallel > 1"):
+        manual_layout(par.model_copy(update={"tensor_parallel": 1, "sequence_parallel": True}), 32)

@@ -13,6 +13,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from node_agent.heartbeat import Heartbeat, write_heartbeat
@@ -53,7 +54,8 @@ def fabricate(root: Path, ranks: list[Rank], *, job: str = "tiny", attempt: int 
         agent_exit = 0 if all(c == 0 for c in codes) else next(c for c in codes if c not in (0, None))
     for node in nodes:
         if agent_exit is not None:
-            (run_dir / "agents" / f"{node}.exit.json").write_text(json.dumps({"exit_code": agent_exit}))
+            (run_dir / "agents" / f"{node}.exit.json").write_text(json.dumps(  # as plugins/launch/agent.py
+                {"exit_code": agent_exit, "failures": {}, "error": "", "ended_at": t0 + 1, "pid": os.getpid()}))
     for rank, r in enumerate(ranks):
         node = nodes[rank // nodes_per_rank]
         ended = None if r.exit_code is None else t0 + r.ended_at
@@ -78,7 +80,9 @@ def fabricate(root: Path, ranks: list[Rank], *, job: str = "tiny", attempt: int 
             cause, _, detail = stop_reason.partition(":")
             (run_dir / STOP_REASON_FILE).write_text(StopReason(
                 reason=cause, detail=detail.strip(), nodes=stop_nodes, at=t0 + stop_after).model_dump_json())
-        (run_dir / "stopped.json").write_text(json.dumps({"requested_at_s": t0 + stop_after, "grace_s": 5.0}))
+        (run_dir / "stopped.json").write_text(json.dumps({  # as LocalLauncher.stop writes it
+            "requested_at": datetime.fromtimestamp(t0 + stop_after, UTC).isoformat(),
+            "requested_at_s": t0 + stop_after, "grace_s": 5.0}))
     if diverged is not None:
         (run_dir / "diverged.json").write_text(json.dumps({"job": job, "attempt": attempt, **diverged}))
     if corrupt is not None:

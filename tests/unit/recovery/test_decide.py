@@ -13,9 +13,9 @@ from config.spec import TrainingJob
 from plugins.advisor import plan_job
 from plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan, verify
 from plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
-from plugins.checkpoint.store import ObjectStore, open_store
 from plugins.recovery.decide import DecisionContext, apply_quarantine, decide
 from plugins.recovery.model import AttemptConf, FailureReport
+from plugins.storage.store import ObjectStore, open_store
 from tests.support.procs import REPO_ROOT
 from tests.unit.checkpoint.fabricate import make_checkpoint
 

@@ -14,8 +14,8 @@ from safetensors.numpy import save_file
 
 from config.spec import TrainingJob
 from plugins.advisor.plan import Plan
+from plugins.data.datasets import DatasetRef
 from plugins.tracking import runs
-from plugins.tracking.datasets import DatasetRef
 from tests.support.procs import REPO_ROOT
 
 _DEMO = yaml.safe_load((REPO_ROOT / "config/jobs/demo-tiny-lm.yaml").read_text())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from config.cluster import load_cluster
+from plugins.advisor import flops
 from plugins.tracking import cost
 from plugins.tracking.rates import Rates, load_rates
 from tests.unit.tracking.factories import make_job, make_plan
@@ -83,17 +84,38 @@ def test_lost_compute_of_a_gpu_failure_costs_33_60() -> None:
 # -- seed §7 MFU -------------------------------------------------------------------------------------
 
 def test_mfu_of_a_200b_model_on_256_h100_is_47_4_percent() -> None:
-    fpt = cost.flops_per_token_6n(200e9)
+    fpt = flops.flops_per_token_6n(200e9)
     assert fpt == 1.2e12
-    peak = cost.peak_flops_per_gpu("H100")
+    peak = flops.peak_flops_per_device("H100")
     assert peak == 989e12
-    assert cost.mfu(100_000, fpt, 256, peak) == pytest.approx(0.474, abs=5e-4)
-    assert cost.mfu(1_200, fpt, 256, peak) == pytest.approx(0.0057, abs=5e-5)  # the seed's "0.57 %"
+    assert flops.mfu(100_000, fpt, 256, peak) == pytest.approx(0.474, abs=5e-4)
+    assert flops.mfu(1_200, fpt, 256, peak) == pytest.approx(0.0057, abs=5e-5)  # the seed's "0.57 %"
+
+
+def with_precision(job, precision: str):  # type: ignore[no-untyped-def]
+    par = job.spec.parallelism
+    hints = par.hints.model_copy(update={"mixed_precision": precision})
+    spec = job.spec.model_copy(update={"parallelism": par.model_copy(update={"hints": hints})})
+    return job.model_copy(update={"spec": spec})
+
+
+def test_an_fp32_jobs_cost_mfu_uses_the_fp32_peak_as_the_streamed_metric_does() -> None:
+    # One denominator for the report and the worker's metric (plugins/advisor/flops.py).
+    fp32 = with_precision(make_job(gpu_type="H100", gpu_count=8), "fp32")
+    bf16 = with_precision(fp32, "bf16")
+    fpt = cost.job_flops_per_token(fp32)
+    assert fpt is not None
+    streamed = flops.mfu(1e6, fpt, 8, flops.peak_flops_per_device("H100", "fp32"))
+    assert cost.run_mfu(fp32, 1e6) == pytest.approx(streamed)
+    assert streamed == pytest.approx(2 * cost.run_mfu(bf16, 1e6))  # the TF32 peak is half the bf16 one
+    billed = cost.job_cost(acct(gpus=8, training_h=1, tokens=int(1e6 * H), precision="fp32"),
+                           load_rates(), flops_per_token=fpt)
+    assert billed.mfu == pytest.approx(streamed)
 
 
 def test_mfu_is_computed_from_tokens_when_the_run_did_not_report_it() -> None:
     job = acct(gpus=256, training_h=1, tokens=int(100_000 * H))
-    c = cost.job_cost(job, load_rates(), flops_per_token=cost.flops_per_token_6n(200e9))
+    c = cost.job_cost(job, load_rates(), flops_per_token=flops.flops_per_token_6n(200e9))
     assert c.mfu == pytest.approx(0.474, abs=5e-4)
     assert cost.job_cost(acct(mfu=0.41), load_rates()).mfu == 0.41
 
@@ -104,7 +126,7 @@ def test_flops_per_token_from_hints_adds_the_attention_term() -> None:
     h, layers, s, v = hints.hidden_size, hints.num_layers, hints.sequence_length, hints.vocab_size
     kv = h * hints.effective_kv_heads() // hints.num_attention_heads
     n = layers * (2 * h * h + 2 * h * kv + 3 * h * hints.effective_ffn_hidden_size()) + v * h
-    assert cost.flops_per_token(hints) == pytest.approx(6 * n + 12 * layers * h * s)
+    assert flops.flops_per_token(hints) == pytest.approx(6 * n + 12 * layers * h * s)
 
 
 # -- rates -------------------------------------------------------------------------------------------
@@ -175,8 +197,8 @@ def test_chargeback_csv_and_html() -> None:
 def test_run_mfu_uses_the_jobs_hints_and_devices() -> None:
     job = make_job(gpu_type="H100", gpu_count=8)
     fpt = cost.job_flops_per_token(job)
-    assert fpt == cost.flops_per_token(job.spec.parallelism.hints)  # type: ignore[arg-type]
-    assert cost.run_mfu(job, 1e6) == pytest.approx(1e6 * fpt / (8 * 989e12))  # type: ignore[operator]
+    assert fpt == flops.flops_per_token(job.spec.parallelism.hints)  # type: ignore[arg-type]
+    assert cost.run_mfu(with_precision(job, "bf16"), 1e6) == pytest.approx(1e6 * fpt / (8 * 989e12))  # type: ignore[operator]
     local = load_cluster("local")  # the cluster sets no peak for cpu: the advisor's catalog does
     assert cost.run_mfu(make_job(), 1e4, cluster=local) == pytest.approx(
-        1e4 * fpt / (2 * cost.peak_flops_per_gpu("cpu")))  # type: ignore[operator]
+        1e4 * fpt / (2 * flops.peak_flops_per_device("cpu")))  # type: ignore[operator]

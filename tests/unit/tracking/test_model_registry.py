@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from plugins.data.datasets import DatasetRef
 from plugins.tracking import registry, runs
-from plugins.tracking.datasets import DatasetRef
 from tests.unit.tracking.factories import (
     SHA,
     export_marking_the_step,
@@ -106,7 +106,7 @@ def test_a_pickle_named_safetensors_is_refused(sqlite_tracking_uri: str, tmp_pat
 
     fake = tmp_path / "model.safetensors"  # a pickle under a safetensors name (written, never loaded)
     fake.write_bytes(pickle.dumps({"w": [1.0, 1.0]}))
-    ckpt = runs.CheckpointRecord(step=1, manifest_uri="file:///x/MANIFEST.json", sha256=SHA)
+    ckpt = runs.LoggedCheckpoint(step=1, manifest_uri="file:///x/MANIFEST.json", sha256=SHA)
     with pytest.raises(ValueError, match="not a safetensors file"):
         registry.register_safetensors(fake, run_id="r", checkpoint=ckpt, tracking_uri=sqlite_tracking_uri)
     with pytest.raises(ValueError, match=r"existing \.safetensors file"):

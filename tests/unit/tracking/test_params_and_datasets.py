@@ -10,8 +10,8 @@ import pytest
 
 from config.settings import Settings
 from config.spec import Dataset
-from plugins.checkpoint.store import open_store
-from plugins.tracking.datasets import canonical_dataset_uri, describe_dataset, sample_rows
+from plugins.data.datasets import canonical_dataset_uri, describe_dataset, sample_rows
+from plugins.storage.store import open_store
 from plugins.tracking.params import MAX_KEY_CHARS, flatten, param_value, safe_key, spec_params
 from tests.support import procs
 from tests.unit.tracking.factories import make_job, write_jsonl
@@ -80,7 +80,8 @@ def test_sample_takes_from_each_shard_and_records_origins(tmp_path: Path) -> Non
 
 def test_tracking_and_validation_modules_import_no_heavy_library() -> None:
     modules = ["plugins.tracking.metrics", "plugins.tracking.runs", "plugins.tracking.registry",
-               "plugins.tracking.cost", "plugins.tracking.datasets", "plugins.tracking.system_metrics",
+               "plugins.tracking.cost", "plugins.data.datasets", "plugins.data.rows", "plugins.data.shards",
+               "plugins.storage.store", "plugins.tracking.system_metrics",
                "plugins.validation.data_quality", "cli.models", "cli.cost"]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
             + "print(sorted(m for m in ('mlflow', 'great_expectations', 'torch', 'pandas') if m in sys.modules))")

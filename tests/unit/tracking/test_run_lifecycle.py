@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from config.settings import Settings
+from plugins.data.datasets import describe_dataset, open_dataset_store
 from plugins.tracking import runs
-from plugins.tracking.datasets import describe_dataset, open_dataset_store
 from plugins.tracking.metrics import MetricsStreamer
 from plugins.tracking.params import REDACTED
 from tests.support.procs import REPO_ROOT

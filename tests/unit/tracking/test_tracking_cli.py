@@ -14,8 +14,8 @@ from cli.cost import parse_period
 from cli.main import main
 from cli.models import split_dataset_arg
 from config.settings import get_settings
+from plugins.data.datasets import DatasetRef
 from plugins.tracking import cost, registry, runs
-from plugins.tracking.datasets import DatasetRef
 from tests.unit.tracking.factories import export_marking_the_step, make_job, make_plan, trained_run
 from tests.unit.tracking.factories import registry_dataset as dataset
 from tests.unit.tracking.test_cost_model import fleet

@@ -10,7 +10,7 @@ from typing import Any
 
 from config.problems import Code
 from config.settings import Settings
-from plugins.checkpoint.store import open_store
+from plugins.storage.store import open_store
 from plugins.validation.data_quality import (
     CheckOutcome,
     DataQualityReport,
@@ -177,7 +177,7 @@ import airflow  # noqa: F401
 logging.getLogger().setLevel(logging.INFO)
 import plugins.validation.data_quality as dq
 print("GX_IMPORTED", "great_expectations" in sys.modules)
-from plugins.checkpoint.store import open_store
+from plugins.storage.store import open_store
 from tests.unit.tracking.factories import make_job
 r = dq.check_data_quality(make_job(source={root.as_uri()!r}), store=open_store({root.as_uri()!r}))
 print("SUCCESS", r.success)

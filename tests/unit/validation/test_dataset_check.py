@@ -10,8 +10,9 @@ import pytest
 from config.loader import load_spec_file
 from config.problems import Code
 from config.settings import Settings
-from plugins.checkpoint.store import open_store
-from plugins.validation.dataset import check_dataset, list_shards, open_dataset
+from plugins.data.shards import list_shards, open_dataset
+from plugins.storage.store import open_store
+from plugins.validation.dataset import check_dataset
 from tests.support.s3_server import S3Server, running_s3_server
 
 DEMO = load_spec_file(Path(__file__).resolve().parents[3] / "config" / "jobs" / "demo-tiny-lm.yaml")

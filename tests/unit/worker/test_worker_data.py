@@ -14,7 +14,7 @@ import zstandard
 
 from cli.main import main
 from config.loader import load_spec_file
-from plugins.checkpoint.store import open_store
+from plugins.storage.store import open_store
 from plugins.validation.dataset import check_dataset
 from tests.support.procs import REPO_ROOT
 from worker.data import DOCUMENT_SEPARATOR, TokenWindows, load_bytes, open_dataset_windows

@@ -9,12 +9,12 @@ import pytest
 
 from config.loader import load_spec_file
 from config.worker_env import WorkerEnv
+from plugins.advisor.flops import flops_per_token, mfu, peak_flops_per_device
 from plugins.advisor.plan import Plan
 from plugins.launch.exit_codes import describe
 from tests.support.procs import REPO_ROOT
 from worker import exit_codes
 from worker.faults import Faults
-from worker.flops import flops_per_token, mfu, peak_flops_per_device
 from worker.session import SessionConfig
 
 SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")

@@ -17,7 +17,8 @@ import torch
 
 from config.loader import load_spec_file
 from node_agent.heartbeat import Heartbeat, heartbeat_path
-from plugins.checkpoint import list_checkpoints, open_store
+from plugins.checkpoint import list_checkpoints
+from plugins.storage.store import open_store
 from tests.support.procs import REPO_ROOT
 from worker import exit_codes
 from worker.session import SessionConfig, StopTraining, TrainingSession

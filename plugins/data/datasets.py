@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.validation.dataset import list_shards, open_dataset
+from plugins.data.rows import BLANK, BadRow, read_rows
+from plugins.data.shards import list_shards, open_dataset
 
 if TYPE_CHECKING:
     from config.settings import Settings
     from config.spec import Dataset
-    from plugins.checkpoint.store import ObjectStore
+    from plugins.storage.store import ObjectStore
 
 DatasetFormat = Literal["jsonl", "parquet", "text"]
 
@@ -86,7 +86,7 @@ def describe_dataset(
     for shard in shards:
         sha = shard.sha256
         if by_content and sha is None:
-            from plugins.checkpoint.store import sha256_of_stream
+            from plugins.storage.store import sha256_of_stream
 
             with store.open_read(shard.key) as f:
                 _, sha = sha256_of_stream(f)
@@ -100,23 +100,13 @@ def describe_dataset(
 
 
 @dataclass
-class InvalidLine:
-    """A line that is not a JSON object (kept short: it goes into reports)."""
-
-    shard: str
-    line: int
-    snippet: str
-    error: str
-
-
-@dataclass
 class RowSample:
     """Rows read from the shards, and what could not be read."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     origins: list[tuple[str, int]] = field(default_factory=list)
     """(shard key, line number) of each row, for examples in reports (parquet: row number)."""
-    invalid: list[InvalidLine] = field(default_factory=list)
+    invalid: list[BadRow] = field(default_factory=list)
     invalid_count: int = 0
     shards_read: int = 0
     shards_total: int = 0
@@ -154,34 +144,15 @@ def _read_rows(
         frame = pd.read_parquet(io.BytesIO(raw.read()))
         yield from enumerate(frame.head(quota).to_dict(orient="records"), start=1)
         return
-    stream: IO[bytes] = raw
-    if key.endswith(".zst"):
-        import zstandard
-
-        stream = zstandard.ZstdDecompressor().stream_reader(raw)
-    text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="")
     produced = 0
-    for number, line in enumerate(text, start=1):
+    for number, row in read_rows(raw, key, fmt):
         if produced >= quota:
             return
-        line = line.rstrip("\r\n")
-        if fmt == "text":
-            produced += 1
-            yield number, {"text": line}
-            continue
-        if not line.strip():
-            # A blank line in JSONL is an empty row, which the schema check should report.
-            produced += 1
-            yield number, {}
-            continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError(f"a JSON {type(row).__name__}, not an object")
-        except ValueError as e:
+        if isinstance(row, BadRow):
             sample.invalid_count += 1
             if len(sample.invalid) < max_examples:
-                sample.invalid.append(InvalidLine(key, number, line[:120], str(e)[:120]))
+                sample.invalid.append(row)
             continue
         produced += 1
-        yield number, row
+        # A blank line in JSONL is an empty row, which the schema check should report.
+        yield number, {} if row is BLANK else row  # type: ignore[misc]

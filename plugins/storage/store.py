@@ -23,8 +23,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from plugins.checkpoint.errors import UnsafeKeyError
-from plugins.checkpoint.store_api import (
+from plugins.storage.api import (
     CHUNK_BYTES,
     PARTIAL_MARKER,
     ObjectInfo,
@@ -35,8 +34,9 @@ from plugins.checkpoint.store_api import (
     sha256_of_file,
     sha256_of_stream,
 )
-from plugins.checkpoint.store_local import LocalStore
-from plugins.checkpoint.store_s3 import S3Store
+from plugins.storage.errors import UnsafeKeyError
+from plugins.storage.local import LocalStore
+from plugins.storage.s3 import S3Store
 
 __all__ = [
     "CHUNK_BYTES",

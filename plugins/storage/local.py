@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from plugins.checkpoint.errors import ObjectNotFoundError
-from plugins.checkpoint.store_api import (
+from plugins.storage.api import (
     PARTIAL_MARKER,
     ObjectInfo,
     ObjectStore,
@@ -22,6 +21,7 @@ from plugins.checkpoint.store_api import (
     read_ahead,
     write_local_atomic,
 )
+from plugins.storage.errors import ObjectNotFoundError
 
 
 class LocalStore(ObjectStore):

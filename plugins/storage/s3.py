@@ -12,8 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from plugins.checkpoint.errors import ObjectNotFoundError
-from plugins.checkpoint.store_api import (
+from plugins.storage.api import (
     ObjectInfo,
     ObjectStore,
     check_expected,
@@ -22,6 +21,7 @@ from plugins.checkpoint.store_api import (
     read_ahead,
     write_local_atomic,
 )
+from plugins.storage.errors import ObjectNotFoundError
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig

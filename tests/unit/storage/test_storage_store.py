@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
-from plugins.checkpoint.store import (
+from plugins.storage.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
+from plugins.storage.store import (
     PARTIAL_MARKER,
     LocalStore,
     ObjectStore,
@@ -240,7 +240,7 @@ def test_transient_s3_errors_are_told_apart_and_retried(s3_server: object) -> No
     """botocore retries each request; a body that breaks mid-stream is retried whole."""
     from botocore.exceptions import ClientError, ReadTimeoutError
 
-    from plugins.checkpoint.store_s3 import _is_transient
+    from plugins.storage.s3 import _is_transient
 
     def client_error(status: int, code: str) -> ClientError:
         return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}},

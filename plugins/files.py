@@ -1,0 +1,36 @@
+"""`write_atomic`: replace a small file so that a reader sees the old content or the new, never
+half of either — the one implementation for every file one process writes and another reads
+(rank records, agent exit files, the divergence record, heartbeats, the run handle).
+
+Write to a unique temporary name in the same folder (same filesystem, so the rename is atomic on
+POSIX), optionally fsync, then `os.replace` it over the target; on any failure the temporary
+file is removed. Standard library only: `plugins/launch/rank_exec.py` imports it and must start
+fast. Object-store writes have their own streaming, hashing version (`plugins/storage/`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, fsync: bool = False) -> Path:
+    """Atomically replace `path` with `data` (str is written as UTF-8); creates the folder.
+    `fsync` makes the new content survive a power loss, not just a crash of this process."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return target
