@@ -162,10 +162,12 @@ class Evidence(_Record):
     @property
     def stop_cause(self) -> str | None:
         """None when nobody stopped the gang; else `StopReason.reason` (`requested` when the
-        launcher was stopped without a recorded reason: a person's stop, a Ctrl-C)."""
+        launcher was stopped without a recorded reason: a person's stop, a Ctrl-C). A stop with
+        no reason on an attempt that had already failed is the launcher's clean-up of the
+        failed gang (`LocalLauncher.settle`), not a request: None."""
         if self.stop_reason is not None:
             return self.stop_reason.reason
-        return "requested" if self.stop is not None else None
+        return "requested" if self.stop is not None and self.status.state == "stopped" else None
 
     @property
     def restarts_in_place(self) -> int:
