@@ -8,8 +8,9 @@ again later (an Airflow task on another worker, `trainyard status`, a test):
 - the run folder (`plugins/launch/local.py` documents its layout): `exits.jsonl` (every rank
   exit, torchrun's in-place restarts included), `stopped.json` (the launcher was asked to stop
   the gang) and `stop-reason.json` (why the control plane stopped it: `plugins/recovery/watch.py`
-  writes it before the stop; no reason = a stop a person asked for), `diverged.json` and `checkpoint_corrupt.json` (written by `worker/session.py` before it
-  exits with `DIVERGED` / `CHECKPOINT_CORRUPT`), and the tail of each failed rank's log;
+  writes it before the stop; no reason = a stop a person asked for), `diverged.json` and
+  `checkpoint_corrupt.json` (written by `worker/session.py` before it exits with `DIVERGED` /
+  `CHECKPOINT_CORRUPT`), and the tail of each failed rank's log;
 - the health of the gang's nodes, as their node agents reported it (`NodeObservation`: a
   `NodeHealth`, or the number of heartbeats the agent has missed in a row). The caller polls
   the agents (a sensor keeps the missed count across polls); `observe_node` is one probe.
