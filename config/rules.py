@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from urllib.parse import urlparse
 
 from config.cluster import Cluster
+from config.pipeline import describe_split, rank_layer_counts, split_imbalance
 from config.problems import Code, Problem
 from config.spec import TrainingJob
 from config.worker_env import is_reserved
@@ -63,11 +64,7 @@ def model_divisibility(job: TrainingJob) -> Iterable[Problem]:
     tp, pp = par.degree("tensor_parallel"), par.degree("pipeline_parallel")
     vpp = par.degree("virtual_pipeline_stages")
     if hints.num_layers % (pp * vpp):
-        divisors = [d for d in range(1, hints.num_layers + 1) if hints.num_layers % d == 0]
-        yield Problem(code=Code.PP_LAYER_MISMATCH, path="spec.parallelism.pipelineParallel",
-                      message=f"{hints.num_layers} layers are not divisible by PP({pp})"
-                              + (f" * virtual stages({vpp})" if vpp > 1 else ""),
-                      hint=f"use a degree that divides {hints.num_layers}: {divisors[:8]}")
+        yield pipeline_split_problem(hints.num_layers, pp, vpp)
     for heads, label in ((hints.num_attention_heads, "numAttentionHeads"),
                          (hints.effective_kv_heads(), "numKeyValueHeads")):
         if heads % tp:
@@ -84,6 +81,28 @@ def model_divisibility(job: TrainingJob) -> Iterable[Problem]:
         yield Problem(code=Code.INVALID_VALUE, path="spec.parallelism.hints.hiddenSize",
                       message=f"hiddenSize {hints.hidden_size} is not divisible by numAttentionHeads "
                               f"{hints.num_attention_heads}", hint="the head dimension must be a whole number")
+
+
+def pipeline_split_problem(layers: int, pp: int, vpp: int) -> Problem:
+    """PP_LAYER_MISMATCH: an error when a stage would get no layer; otherwise a warning naming
+    the uneven split (`config/pipeline.py`) — Llama 3 405B (126 layers on PP16) and BLOOM-176B
+    (70 layers on PP12) trained that way, so it is valid, only slower than an even split."""
+    stages = f"PP({pp})" + (f" * virtual stages({vpp})" if vpp > 1 else "")
+    divisors = [d for d in range(1, layers + 1) if layers % d == 0]
+    if pp * vpp > layers:
+        return Problem(code=Code.PP_LAYER_MISMATCH, path="spec.parallelism.pipelineParallel",
+                       message=f"{layers} layers cannot fill {stages} = {pp * vpp} stages; "
+                               "every stage needs at least one layer",
+                       hint=f"use at most {layers} stages, e.g. a degree that divides {layers}: {divisors[:8]}")
+    imbalance = split_imbalance(layers, pp, vpp)
+    return Problem(code=Code.PP_LAYER_MISMATCH, path="spec.parallelism.pipelineParallel",
+                   severity="warning",
+                   message=f"{layers} layers are not divisible by {stages}: stages of "
+                           f"{describe_split(layers, pp, vpp)} layers; the busiest pipeline rank holds "
+                           f"{max(rank_layer_counts(layers, pp, vpp))} where an even split would hold "
+                           f"{layers / pp:.3g} ({imbalance - 1:+.1%} step time)",
+                   hint=f"fine when intended (first and last stages lighter, as Llama 3 ran); a degree "
+                        f"that divides {layers} balances exactly: {divisors[:8]}")
 
 
 def hints_present(job: TrainingJob) -> Iterable[Problem]:

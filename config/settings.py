@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     """Cluster name under `config/clusters/` or a path to a cluster file."""
     jobs_dir: Path = CONFIG_DIR / "jobs"
     teams_file: Path = CONFIG_DIR / "teams.yaml"
+    node_agents: dict[str, str] = Field(default_factory=dict)
+    """Node name → its node agent's base URL (JSON: `{"local-0": "http://127.0.0.1:9420"}`). The
+    health watch of a job's DAG polls the agents of the job's nodes; a node without one is not
+    watched (and the watch says so)."""
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     """Share of device memory a plan may use (the rest is left for fragmentation and spikes)."""
 

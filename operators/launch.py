@@ -30,7 +30,7 @@ class LaunchTrainingOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from plugins.advisor.plan import Plan
         from plugins.placement.model import Placement
-        from plugins.recovery.control import launch_attempt, resume_point
+        from plugins.recovery.steps import launch_attempt, launched, resume_point
         from plugins.tracking.runs import start_or_resume_run
 
         job, conf = attempt_of(context)
@@ -53,5 +53,6 @@ class LaunchTrainingOperator(BaseOperator):
                       "rank logs under %s/ranks", conf.run, conf.attempt, handle.world_size,
                       ", ".join(a.node for a in handle.agents), resume_from or "the run's newest valid checkpoint",
                       mlflow_run_id, handle.run_dir)
+        launched(job, conf, config, handle, mlflow_run_id)
         context["ti"].xcom_push(key="mlflow_run_id", value=mlflow_run_id)
         return to_xcom(handle)

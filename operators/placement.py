@@ -31,7 +31,7 @@ class PlanParallelismOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from config.cluster import cluster_for
-        from plugins.recovery.control import plan_attempt
+        from plugins.recovery.steps import plan_attempt
 
         job, conf = attempt_of(context)
         config = settings()
@@ -55,15 +55,18 @@ class PlaceGangOperator(BaseOperator):
         from plugins.advisor.plan import Plan
         from plugins.placement.service import place_and_reserve
         from plugins.placement.state import open_state
+        from plugins.recovery.steps import excluded_nodes
 
         job, conf = attempt_of(context)
         config = settings()
         plan = pull(context, PLAN, Plan)
+        exclude = excluded_nodes(conf, config.state_db)
         cluster = cluster_for(job.spec.hardware.gpu_type, config.cluster)
         placement = place_and_reserve(job, plan, cluster, open_state(config.state_db), run=conf.run,
-                                      attempt=conf.attempt, exclude=conf.exclude_nodes, lease_s=LEASE_S)
-        self.log.info("placed run %s attempt %d on %s (%s)", conf.run, conf.attempt,
-                      ", ".join(f"{n.name}×{n.slots}" for n in placement.nodes), placement.strategy)
+                                      attempt=conf.attempt, exclude=exclude, lease_s=LEASE_S)
+        self.log.info("placed run %s attempt %d on %s (%s); excluded: %s", conf.run, conf.attempt,
+                      ", ".join(f"{n.name}×{n.slots}" for n in placement.nodes), placement.strategy,
+                      ", ".join(exclude) or "none")
         return to_xcom(placement)
 
 

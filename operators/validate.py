@@ -41,7 +41,7 @@ class ValidateSpecOperator(BaseOperator):
         from config.cluster import cluster_for
         from config.loader import load_spec_file
         from config.problems import SpecError
-        from plugins.recovery.control import effective_job, open_attempt, trigger_conf
+        from plugins.recovery.steps import effective_job, open_attempt, trigger_conf
         from plugins.validation.dry_run import validate_job
 
         dag_run = context["dag_run"]
@@ -59,6 +59,9 @@ class ValidateSpecOperator(BaseOperator):
             (self.log.error if p.severity == "error" else self.log.warning)("%s %s", p.code.value, p.render())
         if any(p.severity == "error" for p in problems):
             raise AirflowFailException(_report(problems, what=f"{job.name} is invalid"))
+        from plugins.recovery.steps import begin
+
+        begin(job, conf, config, trigger_key=f"{dag_run.dag_id}/{dag_run.run_id}")
         context["ti"].xcom_push(key="job", value=job.model_dump(mode="json", by_alias=True))
         context["ti"].xcom_push(key="conf", value=to_xcom(conf))
         self.log.info("run %s attempt %d of %s: valid on cluster %r", conf.run, conf.attempt, job.name, cluster.name)

@@ -3,16 +3,26 @@
 A process group is described by the mesh dimensions it spans — (size, stride) pairs in the
 rank order tp, cp, dp, pp (`plugins/advisor/layout.py`). From the strides we know how many of
 its members share a node (NVLink), how many more share a rack (InfiniBand under one leaf) and
-how many racks it crosses (InfiniBand through the spine, divided by its oversubscription).
+how many racks it crosses (InfiniBand through the spine, divided by its oversubscription):
+levels of k₁ (node), k₂ (nodes in a rack), k₃ (racks) members, p = k₁·k₂·k₃.
 
-Collectives are modelled as hierarchical rings (NCCL's behaviour on a DGX-style fabric with
-one HCA per GPU): an all-reduce of B bytes over levels of k₁ (node), k₂ (rack), k₃ (racks)
-members costs Σᵢ 2·(kᵢ−1)/kᵢ · Bᵢ / bwᵢ with B₁ = B and Bᵢ₊₁ = Bᵢ/kᵢ — each level reduces
-what the level below left. All-gather and reduce-scatter move half the bytes of an all-reduce.
-Latency: NCCL all-reduces switch to trees at scale (2·⌈log₂ kᵢ⌉ hops per level), but its
-all-gathers and reduce-scatters are rings: n − 1 hops per collective, which is what makes
-per-layer ZeRO-3 collectives over thousands of ranks slow. Bandwidths are the links' bus
-bandwidth (data sheet × `link_efficiency`).
+Every collective costs a latency term plus a bandwidth term, α·(p − 1) + bytes/bandwidth,
+with both split over the levels (NCCL's own cost model, `src/graph/tuning.cc`):
+
+- **Ring** (NCCL's all-gather and reduce-scatter at every size, and its all-reduce for large
+  messages): a pipelined ring through all p members. Latency: the sum of its p − 1 hops, each
+  at the latency of the link it crosses — k₃·k₂·(k₁−1) NVLink hops, k₃·(k₂−1) leaf hops,
+  k₃ − 1 spine hops (NCCL: (nRanks − nNodes)·intraLat + (nNodes − 1)·interLat) — plus NCCL's
+  fixed `baseLat`. Bandwidth: the slowest level's links. Each node has one HCA per GPU, so a
+  level's links carry what the level below left: (kᵢ−1)/kᵢ · Bᵢ with B₁ = B, Bᵢ₊₁ = Bᵢ/kᵢ; the
+  pipelined ring runs at the slowest of those, max over i of (kᵢ−1)/kᵢ·Bᵢ/bwᵢ.
+- **Tree / hierarchical** (NCCL's all-reduce at scale): 2·⌈log₂ kᵢ⌉ hops per level, and the
+  levels one after the other (reduce inside the node, across nodes, broadcast back): the
+  per-level bandwidth terms add up.
+
+All-gather and reduce-scatter move half the bytes of an all-reduce. Bandwidths are the links'
+bus bandwidth (data sheet × `link_efficiency`); the per-hop latencies are NCCL's tuning
+constants for the Simple protocol (`GpuSpec.intra_node_latency_s`, `inter_node_latency_s`).
 """
 
 from __future__ import annotations
@@ -59,37 +69,53 @@ def group_levels(hw: Hardware, dims: tuple[tuple[int, int], ...]) -> tuple[Level
     return tuple(levels)
 
 
-def _ring_hops_latency(levels: tuple[Level, ...]) -> float:
-    """Latency of one pass around a flat ring through every member: NCCL's all-gather and
-    reduce-scatter are rings (no tree), so their latency grows with the group's size."""
-    total, inner = 0.0, 1
-    for level in levels:
-        outer = inner * level.size
-        total += (outer - inner) * level.latency  # hops that cross this level's links
-        inner = outer
+COLLECTIVE_BASE_LATENCY_S = 8.4e-6
+"""NCCL's `baseLat` for the Simple protocol (ring and tree, `src/graph/tuning.cc`): the fixed
+cost of launching one collective, whatever its size or group."""
+
+
+def ring_latency_s(levels: tuple[Level, ...]) -> float:
+    """α·(p − 1) of one pass around a pipelined ring through every member, by level: the ring
+    crosses level i's links (kᵢ − 1)·kᵢ₊₁·…·k_top times (NCCL: (nRanks − nNodes) NVLink hops and
+    nNodes − 1 network hops), plus the collective's base latency."""
+    if not levels:
+        return 0.0
+    total, outer = COLLECTIVE_BASE_LATENCY_S, 1
+    for level in reversed(levels):
+        total += outer * (level.size - 1) * level.latency
+        outer *= level.size
     return total
+
+
+def ring_bandwidth_s(levels: tuple[Level, ...], nbytes: float) -> float:
+    """Bandwidth term of a ring all-gather (or reduce-scatter) of `nbytes` (the unsharded size):
+    the slowest level, max over i of (kᵢ−1)/kᵢ · Bᵢ / bwᵢ with Bᵢ₊₁ = Bᵢ/kᵢ (one HCA per GPU: the
+    k₁ GPUs of a node share the inter-node traffic)."""
+    worst, chunk = 0.0, nbytes
+    for level in levels:
+        k = level.size
+        worst = max(worst, (k - 1) / k * chunk / level.bandwidth)
+        chunk /= k
+    return worst
 
 
 def all_reduce_s(levels: tuple[Level, ...], nbytes: float, *, count: int = 1) -> float:
-    """`count` all-reduces that together move `nbytes` (NCCL picks trees at scale: log latency)."""
-    total, chunk = 0.0, nbytes
-    for level in levels:
-        k = level.size
-        total += 2 * (k - 1) / k * chunk / level.bandwidth + count * 2 * math.ceil(math.log2(k)) * level.latency
-        chunk /= k
-    return total
+    """`count` all-reduces that together move `nbytes`: a reduce-scatter and an all-gather's
+    bytes over the ring's bottleneck (2·(k−1)/k·B/bw), and NCCL's tree latency, 2·⌈log₂ kᵢ⌉ hops
+    per level, which it picks over the ring's 2·(p − 1) hops once groups grow."""
+    if not levels:
+        return 0.0
+    latency = COLLECTIVE_BASE_LATENCY_S + sum(2 * math.ceil(math.log2(lv.size)) * lv.latency
+                                              for lv in levels)
+    return 2 * ring_bandwidth_s(levels, nbytes) + count * latency
 
 
 def all_gather_s(levels: tuple[Level, ...], nbytes: float, *, count: int = 1) -> float:
-    """`count` all-gathers (or reduce-scatters) whose unsharded results total `nbytes`."""
+    """`count` all-gathers (or reduce-scatters) whose unsharded results total `nbytes`: NCCL runs
+    them as rings at every size, so each pays the ring's α·(p − 1)."""
     if not levels:
         return 0.0
-    bandwidth, chunk = 0.0, nbytes
-    for level in levels:
-        k = level.size
-        bandwidth += (k - 1) / k * chunk / level.bandwidth
-        chunk /= k
-    return bandwidth + count * _ring_hops_latency(levels)
+    return ring_bandwidth_s(levels, nbytes) + count * ring_latency_s(levels)
 
 
 def all_to_all_s(levels: tuple[Level, ...], nbytes: float) -> float:

@@ -10,7 +10,9 @@ Units: bytes, FLOP/s, bytes/s, seconds. Link bandwidths are per GPU and per dire
 
 Sources: NVIDIA A100 / H100 / H200 data sheets (dense bf16 peaks 312 / 989 / 989 TFLOP/s,
 HBM 2.0 / 3.35 / 4.8 TB/s, NVLink 600 / 900 / 900 GB/s bidirectional); DGX A100 has one
-200 Gb/s HDR HCA per GPU, DGX H100/H200 one 400 Gb/s NDR HCA per GPU. The `cpu` entry was
+200 Gb/s HDR HCA per GPU, DGX H100/H200 one 400 Gb/s NDR HCA per GPU; SM counts 108 / 132 /
+132. Ring-hop latencies are NCCL's own tuning constants (`src/graph/tuning.cc`, Simple
+protocol: 3.4 µs per NVLink hop, 14 µs per network hop). The `cpu` entry was
 measured on this project's CI machine (one torch thread per slot: ~95 GFLOP/s fp32 matmul,
 gloo over loopback ~1.5 GB/s bus bandwidth with ~1 ms per small collective).
 """
@@ -46,14 +48,21 @@ class GpuSpec:
     """InfiniBand/RoCE per GPU (one HCA per GPU), bytes/s, inside a rack's leaf switch."""
     gpus_per_node: int = 8
     nodes_per_rack: int = 8
+    sm_count: int | None = None
+    """Streaming multiprocessors (A100 108, H100/H200 SXM 132: data sheets): a GEMM runs in
+    waves of one output tile per SM, so small GEMMs leave SMs idle (`timing.wave_efficiency`).
+    None (CPU): no such quantisation."""
     gemm_efficiency: float = 0.75
-    """Fraction of `peak_flops` large matmuls reach (cuBLAS on big bf16 GEMMs)."""
+    """Fraction of `peak_flops` large matmuls reach (cuBLAS on big bf16 GEMMs); smaller ones
+    reach this times their wave efficiency (`timing.wave_efficiency`)."""
     attention_efficiency: float = 0.5
     """Fraction of peak the fused (flash) attention kernels reach, forward and backward."""
     link_efficiency: float = 0.8
     """Fraction of a link's bandwidth NCCL's collectives reach (bus bandwidth)."""
-    intra_node_latency_s: float = 5e-6
-    inter_node_latency_s: float = 10e-6
+    intra_node_latency_s: float = 3.4e-6
+    """One NVLink hop of a ring (NCCL's `hwLat[NVLINK][RING][SIMPLE]`, `src/graph/tuning.cc`)."""
+    inter_node_latency_s: float = 14e-6
+    """One network hop of a ring (NCCL's `hwLat[NET][RING][SIMPLE]`); a spine hop counts 1.5×."""
     layer_overhead_s: float = 30e-6
     """Fixed cost per layer and micro-batch (kernel launches, dispatch), forward + backward:
     what makes many tiny micro-batches slower than a few big ones at equal FLOPs."""
@@ -72,15 +81,15 @@ CATALOG: dict[str, GpuSpec] = {
     "A100_80GB": GpuSpec(
         name="A100_80GB", memory_bytes=80 * GiB, peak_flops=312e12, peak_flops_fp32=156e12,
         memory_bandwidth=2039 * GB, intra_node_bandwidth=300 * GB, inter_node_bandwidth=25 * GB,
-        gemm_efficiency=0.70, attention_efficiency=0.5),
+        gemm_efficiency=0.70, attention_efficiency=0.5, sm_count=108),
     "H100": GpuSpec(
         name="H100", memory_bytes=80 * GiB, peak_flops=989e12, peak_flops_fp32=494.5e12,
         memory_bandwidth=3350 * GB, intra_node_bandwidth=450 * GB, inter_node_bandwidth=50 * GB,
-        gemm_efficiency=0.62, attention_efficiency=0.45),
+        gemm_efficiency=0.62, attention_efficiency=0.45, sm_count=132),
     "H200": GpuSpec(
         name="H200", memory_bytes=140 * GiB, peak_flops=989e12, peak_flops_fp32=494.5e12,
         memory_bandwidth=4800 * GB, intra_node_bandwidth=450 * GB, inter_node_bandwidth=50 * GB,
-        gemm_efficiency=0.64, attention_efficiency=0.47),
+        gemm_efficiency=0.64, attention_efficiency=0.47, sm_count=132),
     "cpu": GpuSpec(
         name="cpu", memory_bytes=4 * GiB, peak_flops=0.1e12, peak_flops_fp32=0.1e12,
         memory_bandwidth=10 * GB, intra_node_bandwidth=1.5 * GB, inter_node_bandwidth=1.5 * GB,

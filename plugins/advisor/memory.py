@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from config.pipeline import rank_layer_counts
 from plugins.advisor.hardware import Hardware
 from plugins.advisor.layout import Implementation, Layout
 from plugins.advisor.model import ModelProfile
@@ -145,20 +146,6 @@ def layer_activation_bytes(model: ModelProfile, impl: Implementation, micro_batc
     return kept, max(full - kept, 0.0)
 
 
-def stage_layer_counts(num_layers: int, pp: int) -> list[int]:
-    """Layers per pipeline stage. Even splits when pp divides the layers; otherwise the first
-    and last stages (which carry the embedding and the head) get the fewer layers, as Llama 3
-    did (126 layers on 16 stages: 7, 8, …, 8, 7)."""
-    if pp > num_layers:
-        raise ValueError(f"pp({pp}) exceeds num_layers({num_layers})")
-    base, extra = divmod(num_layers, pp)
-    counts = [base] * pp
-    order = [*range(1, pp - 1), 0, pp - 1] if pp > 2 else list(range(pp))
-    for i in order[:extra]:
-        counts[i] += 1
-    return counts
-
-
 def inflight_layer_microbatches(layers: int, stage: int, layout: Layout) -> float:
     """Layer-micro-batches of activations stage `stage` holds at its peak."""
     p, v, m = layout.pp, layout.vpp, layout.num_micro_batches
@@ -203,12 +190,14 @@ class MemoryModel:
         self.head = model.head_parameters()
         self._activations: dict[tuple, tuple[float, float]] = {}
         self._params: dict[tuple, StageParams] = {}
-        self._counts: dict[int, list[int]] = {}
+        self._counts: dict[tuple[int, int], list[int]] = {}
 
-    def stage_counts(self, pp: int) -> list[int]:
-        counts = self._counts.get(pp)
+    def stage_counts(self, pp: int, vpp: int = 1) -> list[int]:
+        """Layers each pipeline rank holds (`config.pipeline.rank_layer_counts`: uneven splits
+        give the first and last stages the fewer layers)."""
+        counts = self._counts.get((pp, vpp))
         if counts is None:
-            counts = self._counts[pp] = stage_layer_counts(self.model.num_layers, pp)
+            counts = self._counts[(pp, vpp)] = rank_layer_counts(self.model.num_layers, pp, vpp)
         return counts
 
     def activations(self, layout: Layout) -> tuple[float, float]:
@@ -268,8 +257,11 @@ class MemoryModel:
         out["framework"] = self.hw.gpu.framework_bytes
         return out
 
-    def stages_to_check(self, pp: int) -> list[int]:
-        counts = self.stage_counts(pp)
+    def stages_to_check(self, pp: int, vpp: int = 1) -> list[int]:
+        """The first and last rank (embedding; head and logits) and the busiest middle one:
+        1F1B keeps the most micro-batches in flight on early ranks, so the earliest of the
+        busiest."""
+        counts = self.stage_counts(pp, vpp)
         stages = {0, pp - 1}
         if pp > 2:
             stages.add(max(range(1, pp - 1), key=lambda i: (counts[i], -i)))
@@ -277,14 +269,15 @@ class MemoryModel:
 
     def total(self, layout: Layout) -> float:
         """Bytes on the device that needs the most (no itemisation: the search's fast path)."""
-        counts = self.stage_counts(layout.pp)
+        counts = self.stage_counts(layout.pp, layout.vpp)
         return max(sum(self.stage(layout, i, counts[i]).values())
-                   for i in self.stages_to_check(layout.pp))
+                   for i in self.stages_to_check(layout.pp, layout.vpp))
 
     def breakdown(self, layout: Layout) -> tuple[dict[str, int], int]:
         """The itemised bytes of the device that needs the most, and its pipeline stage."""
-        counts = self.stage_counts(layout.pp)
-        per_stage = [(self.stage(layout, i, counts[i]), i) for i in self.stages_to_check(layout.pp)]
+        counts = self.stage_counts(layout.pp, layout.vpp)
+        per_stage = [(self.stage(layout, i, counts[i]), i)
+                     for i in self.stages_to_check(layout.pp, layout.vpp)]
         items, stage = max(per_stage, key=lambda item: sum(item[0].values()))
         return {k: int(v) for k, v in items.items()}, stage
 

@@ -16,6 +16,11 @@ Sources
   16,384 H100 80 GB; 8K sequences trained without activation checkpointing, §3.3.2).
 - [TT] torchtitan docs/performance.md (Liang et al., "TorchTitan", ICLR 2025): Llama 3.1 8B,
   FSDP, bf16, H100 96 GB HBM2e at 500 W, local batch 2, selective (op) AC.
+- [B22] BigScience, "BLOOM: A 176B-Parameter Open-Access Multilingual Language Model", arXiv
+  2211.05100, §3.4: 384 A100 80 GB (48 nodes), TP4 · PP12 · DP8, ZeRO stage 1, bf16; 70
+  layers, h 14336, 112 heads, vocabulary 250,880, sequence 2048, global batch 2048. A
+  feasibility row only (no throughput figure is used): 70 layers on 12 stages is an uneven
+  split (5, 6 ×10, 5), the kind `PP_LAYER_MISMATCH` used to refuse.
 """
 
 from __future__ import annotations
@@ -190,8 +195,21 @@ def _torchtitan_rows() -> list[PublishedRun]:
     return rows
 
 
+def _bloom_rows() -> list[PublishedRun]:
+    model = replace(gpt(70, 14336, 112, vocab=250880, batch=2048), precision="bf16")
+    return [PublishedRun(
+        name="BLOOM-176B", source="[B22] §3.4", model=model, hardware=A100_SELENE, impl=MEGATRON,
+        # Jean Zay's network differs from Selene's; only memory is compared, which it does not touch.
+        layout=Layout(tp=4, pp=12, dp=8, zero_stage=1, micro_batch_size=1, num_micro_batches=256,
+                      recompute="full"),
+        reported={},
+        assumed="micro-batch 1 and full recomputation (the least memory; not used for throughput)",
+        note="70 layers on 12 stages: 5, 6 ×10, 5")]
+
+
 def published_runs() -> list[PublishedRun]:
-    return _megatron_rows() + _korthikanti_rows() + _llama3_rows() + _torchtitan_rows()
+    return (_megatron_rows() + _korthikanti_rows() + _llama3_rows() + _torchtitan_rows()
+            + _bloom_rows())
 
 
 def compare(run: PublishedRun, *, memory_fraction: float = 1.0) -> Comparison:
@@ -211,12 +229,43 @@ def compare(run: PublishedRun, *, memory_fraction: float = 1.0) -> Comparison:
 METRICS = (("tflops_per_gpu", "TFLOP/s/GPU", "{:.0f}"), ("mfu", "MFU", "{:.1%}"),
            ("step_s", "step s", "{:.2f}"), ("tokens_per_s_per_gpu", "tokens/s/GPU", "{:,.0f}"),
            ("memory_gib", "memory GiB", "{:.1f}"))
+THROUGHPUT_METRICS = ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "step_s")
+"""Each is tokens/s times a constant of the row (FLOPs per token, peak, batch), so one row's
+throughput error is the same whichever of them its source reports (step time: inverted)."""
+WITHIN = 0.20
+
+
+def tokens_per_s_error(comparison: Comparison) -> float:
+    """advisor / reported − 1 of the row's tokens/s, from the first throughput figure it reports."""
+    for metric in THROUGHPUT_METRICS:
+        error = comparison.error(metric)
+        if error is not None:
+            return 1 / (1 + error) - 1 if metric == "step_s" else error
+    raise ValueError(f"{comparison.run.name} reports no throughput figure")
+
+
+def accuracy_summary(comparisons: list[Comparison]) -> dict[str, float]:
+    """`{"rows", "within_20pct", "median_abs_err", "false_oom"}` over the published runs: rows
+    with a throughput figure, how many are within ±20 % tokens/s, the median |error|, and how
+    many configurations that ran the advisor judges not to fit (at memory_fraction 1.0)."""
+    errors = sorted(abs(tokens_per_s_error(c)) for c in comparisons
+                    if any(m in c.run.reported for m in THROUGHPUT_METRICS))
+    n = len(errors)
+    median = (errors[n // 2] if n % 2 else (errors[n // 2 - 1] + errors[n // 2]) / 2) if n else 0.0
+    return {"rows": n, "within_20pct": sum(e <= WITHIN for e in errors),
+            "median_abs_err": round(median, 4),
+            "false_oom": sum(not c.estimate.fits for c in comparisons)}
 
 
 def markdown_table(comparisons: list[Comparison]) -> str:
     lines = ["| run | source | GPUs | layout | metric | reported | advisor | error | est. memory GiB |",
              "|---|---|---:|---|---|---:|---:|---:|---:|"]
     for c in comparisons:
+        if not c.run.reported:  # a feasibility row: it ran, so it must fit
+            lines.append(
+                f"| {c.run.name} | {c.run.source} | {c.run.gpus:,} | {c.run.layout.describe()} | fits | "
+                f"ran | {'fits' if c.estimate.fits else 'does not fit'} | — | "
+                f"{c.estimate.memory_bytes / GiB:.1f} |")
         for key, label, fmt in METRICS:
             if key not in c.run.reported:
                 continue
@@ -237,6 +286,9 @@ def main() -> None:
           f"over {len(errors)} figures")
     misses = [c.run.name for c in comparisons if not c.estimate.fits]
     print("judged not to fit:", misses or "none")
+    summary = accuracy_summary(comparisons)
+    print(f"rows within ±20 % tokens/s: {summary['within_20pct']} of {summary['rows']}, median "
+          f"|error| {summary['median_abs_err']:.1%}")
 
 
 if __name__ == "__main__":

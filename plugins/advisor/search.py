@@ -3,10 +3,13 @@ stage, micro-batch size, recomputation and sequence parallelism; keep what fits,
 time, break ties towards the simpler layout.
 
 Validity: TP divides the query and KV heads, the FFN width and the vocabulary (the worker
-splits the output head by columns) and fits in a node; PP divides
-the layers; DP = GPUs / (TP·PP·CP) divides the global batch, micro-batch × micro-batches × DP
-= global batch; a pipeline needs at least pp micro-batches, interleaving a multiple of pp and
-virtual stages that divide a stage's layers; CP is searched for sequences of 16k tokens or
+splits the output head by columns) and fits in a node; PP is any degree up to the layer
+count — when it does not divide the layers the first and last stages get the fewer
+(`config.pipeline`) and the time model runs the pipeline at its busiest rank's pace; DP =
+GPUs / (TP·PP·CP) divides the global batch, micro-batch × micro-batches × DP = global batch;
+a pipeline needs at least pp micro-batches, interleaving a multiple of pp and virtual stages
+that divide a stage's layers (uneven splits: that leave the busiest rank no heavier than
+without interleaving); CP is searched for sequences of 16k tokens or
 more, in chunks of at least 4k (load-balanced causal ring attention needs s divisible by 2·cp).
 
 Pruning without losing plans: for a given (tp, cp, pp, ep) the least-memory variant of a
@@ -22,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from config.pipeline import rank_layer_counts
 from plugins.advisor.estimate import Estimate, Evaluator
 from plugins.advisor.hardware import Hardware
 from plugins.advisor.layout import PYTORCH, Implementation, Layout
@@ -107,8 +111,13 @@ def _vpp_options(model: ModelProfile, pp: int, pins: Pins) -> list[int]:
         return [pins.vpp]
     if pp == 1:
         return [1]
-    per_stage = model.num_layers // pp
-    return [1] + [v for v in divisors(per_stage) if 2 <= v <= MAX_VIRTUAL_STAGES]
+    layers = model.num_layers
+    if layers % pp == 0:
+        return [1] + [v for v in divisors(layers // pp) if 2 <= v <= MAX_VIRTUAL_STAGES]
+    # Uneven: interleave only where it keeps the busiest rank as light as the plain split does.
+    busiest = max(rank_layer_counts(layers, pp))
+    return [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
+                  if pp * v <= layers and max(rank_layer_counts(layers, pp, v)) == busiest]
 
 
 def _inner_variants(layout: Layout, vpps: list[int], pins: Pins,
@@ -140,7 +149,7 @@ def _structures(model: ModelProfile, hw: Hardware, gpus: int, pins: Pins,
     """(tp, cp, pp, dp, ep) combinations that tile `gpus` and the global batch."""
     for tp in _tp_options(model, hw, gpus, pins):
         for cp in _cp_options(model, pins):
-            pps = _options(pins.pp, [p for p in divisors(model.num_layers) if p <= gpus])
+            pps = _options(pins.pp, [p for p in divisors(gpus) if p <= model.num_layers])
             for pp in pps:
                 if gpus % (tp * cp * pp):
                     continue

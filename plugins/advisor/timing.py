@@ -22,9 +22,10 @@ Communication (times from `plugins.advisor.comm`), with the overlap we assume:
 - DP: DDP all-reduces the gradients once per step, overlapped with the last micro-batch's
   backward; ZeRO-1 reduce-scatters the gradients and all-gathers the parameters once per step;
   ZeRO-2 reduce-scatters every micro-batch; ZeRO-3 all-gathers parameters in forward and in
-  backward and reduce-scatters gradients, every micro-batch. Each is overlapped with the
-  compute it can hide behind, at most `comm_overlap` of it (90 % on GPUs, none on CPU where
-  gloo and compute share the cores; `comm.exposed_s`).
+  backward and reduce-scatters gradients, every micro-batch, layer by layer with one layer of
+  prefetch (`TimeModel._zero3_per_microbatch_s`). Each is overlapped with the compute it can
+  hide behind, at most `comm_overlap` of it (90 % on GPUs, none on CPU where gloo and compute
+  share the cores; `comm.exposed_s`).
 
 Pipeline: compute time (m + (p−1)/v) · t_microbatch, i.e. the bubble (p−1)/(v·m) of 1F1B and
 interleaved 1F1B (Narayanan et al. 2021), on the slowest stage.
@@ -80,11 +81,41 @@ def peak_flops(model: ModelProfile, hw: Hardware) -> float:
     return hw.gpu.peak_flops_fp32 if model.precision == "fp32" else hw.gpu.peak_flops
 
 
+GEMM_TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
+"""Output tile shapes cuBLAS/CUTLASS choose among for bf16 GEMMs on Ampere and Hopper (NVIDIA,
+"Matrix Multiplication Background User's Guide": tile and wave quantization)."""
+
+
+@lru_cache(maxsize=65536)
+def wave_efficiency(m: int, n: int, sm_count: int | None) -> float:
+    """Fraction of the SMs' time an m×n GEMM output keeps busy, for the best tile shape.
+
+    A GEMM is cut into ⌈m/tm⌉·⌈n/tn⌉ output tiles, run in waves of one tile per SM; the last
+    wave and the tiles' padding do no useful work, so the efficiency is
+    m·n / (⌈tiles/SMs⌉ · SMs · tm·tn) (NVIDIA's tile and wave quantization). Large GEMMs are
+    close to 1 whatever the tile; small ones (a micro-batch of a few hundred tokens, a narrow
+    matrix split 8 ways by TP) fill only part of a wave — the small-GEMM inefficiency one
+    constant cannot express. Smaller tiles quantise better; we take the best shape and do not
+    charge them their lower data reuse (the roofline's bytes term covers bandwidth)."""
+    if sm_count is None:
+        return 1.0
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        waves = math.ceil(tiles / sm_count)
+        best = max(best, m * n / (waves * sm_count * tm * tn))
+    return best
+
+
 def _gemm_s(hw: Hardware, peak: float, e: int, m: float, k: float, n: float,
             weight_copies: float = 1.0) -> float:
+    """One matmul (m×k)·(k×n): a roofline of its FLOPs at the GEMM efficiency of its size
+    (`gemm_efficiency` × `wave_efficiency`) and of its bytes at the HBM bandwidth."""
     flops = 2 * m * k * n
     traffic = e * (m * k + k * n * weight_copies + m * n)
-    return max(flops / (peak * hw.gpu.gemm_efficiency), traffic / hw.gpu.memory_bandwidth)
+    efficiency = hw.gpu.gemm_efficiency * wave_efficiency(max(1, round(m)), max(1, round(n)),
+                                                         hw.gpu.sm_count)
+    return max(flops / (peak * efficiency), traffic / hw.gpu.memory_bandwidth)
 
 
 @lru_cache(maxsize=65536)
@@ -202,10 +233,10 @@ class TimeModel:
         extra, extra_coll = _recompute_s(cost, layout.recompute, impl)
         tp_per_layer = (4 + extra_coll) * cost.tp_collective
         layer_s = cost.forward + cost.backward + extra + tp_per_layer + cost.cp_exposed + cost.ep
-        counts = self.memory.stage_counts(pp)
+        counts = self.memory.stage_counts(pp, v)
         stages = {0: counts[0] * layer_s, pp - 1: counts[-1] * layer_s + self.head_s(layout)}
-        if pp > 2:
-            stages[1] = max(counts[1:-1]) * layer_s
+        if pp > 2:  # the busiest middle rank: an uneven split runs at its pace
+            stages[max(range(1, pp - 1), key=lambda i: counts[i])] = max(counts[1:-1]) * layer_s
         slow_stage = max(stages, key=lambda i: stages[i])
         mb_s = stages[slow_stage]
         layers = counts[slow_stage]
@@ -246,11 +277,14 @@ class TimeModel:
         """(exposed seconds per micro-batch, exposed seconds once per step)."""
         hw, overlap = self.hw, self.hw.gpu.comm_overlap
         levels = group_levels(hw, ((layout.cp, layout.tp), (layout.dp, self.impl.strides(layout)[0])))
+        zero = self.impl.effective_zero(layout.zero_stage)
+        if zero == 3:
+            return self._zero3_per_microbatch_s(layout, levels, n_params, layers, fwd_window / layers,
+                                                bwd_window / layers), 0.0
         grads_bytes, weight_bytes = self.memory.g * n_params, self.e * n_params
         units = layers * self.impl.collectives_per_layer + 1  # + the root (embedding, head)
         reduce_s = all_gather_s(levels, grads_bytes, count=units)
         gather_s = all_gather_s(levels, weight_bytes, count=units)
-        zero = self.impl.effective_zero(layout.zero_stage)
         if zero == 0:
             buckets = max(1, math.ceil(grads_bytes / self.impl.ddp_bucket_bytes))
             return 0.0, exposed_s(all_reduce_s(levels, grads_bytes, count=buckets), bwd_window,
@@ -258,8 +292,37 @@ class TimeModel:
         if zero == 1:
             return 0.0, (exposed_s(reduce_s, bwd_window, overlap=overlap)
                          + exposed_s(gather_s, fwd_window, overlap=overlap))
-        if zero == 2:
-            return (exposed_s(reduce_s, bwd_window, overlap=overlap),
-                    exposed_s(gather_s, fwd_window, overlap=overlap))
-        return (exposed_s(gather_s, fwd_window, overlap=overlap)
-                + exposed_s(gather_s + reduce_s, bwd_window, overlap=overlap)), 0.0
+        return (exposed_s(reduce_s, bwd_window, overlap=overlap),  # ZeRO-2
+                exposed_s(gather_s, fwd_window, overlap=overlap))
+
+    def _zero3_per_microbatch_s(self, layout: Layout, levels: tuple, n_params: float, layers: int,
+                                fwd_layer: float, bwd_layer: float) -> float:
+        """ZeRO-3 / FSDP communication left exposed in one micro-batch, layer by layer.
+
+        FSDP gathers each layer's parameters just before it runs and prefetches one ahead
+        (FSDP2's implicit prefetch, DeepSpeed's prefetch bucket): layer i+1's all-gather hides
+        behind layer i's compute, so per layer only max(g − f, (1 − overlap)·g) is exposed, and
+        the first gather of each pass is not hidden at all. Backward gathers again (parameters
+        were resharded after forward) and reduce-scatters each layer's gradients behind the next
+        layer's backward; the last reduce-scatter is exposed. With g = α·(p − 1)·c + bytes/bw per
+        layer (c collectives per layer, `comm.all_gather_s`), the latency term grows with the
+        data-parallel group while the compute per layer shrinks with the micro-batch: once
+        g > f the step is communication-bound, which is how ZeRO-3 throughput falls with scale.
+
+            forward  = g + (L − 1)·exposed(g, f)
+            backward = g + (L − 1)·exposed(g + r, b) + r
+        plus the embedding and head (one unit each way, hidden like a layer).
+        """
+        overlap, per = self.hw.gpu.comm_overlap, self.impl.collectives_per_layer
+        layer_params = (self.memory.layer_dense + self.memory.layer_experts / layout.ep) / layout.tp
+        root = max(n_params - layers * layer_params, 0.0)
+        gather = all_gather_s(levels, self.e * layer_params, count=per)
+        reduce = all_gather_s(levels, self.memory.g * layer_params, count=per)
+        forward = gather + (layers - 1) * exposed_s(gather, fwd_layer, overlap=overlap)
+        backward = gather + (layers - 1) * exposed_s(gather + reduce, bwd_layer, overlap=overlap) + reduce
+        if root:
+            root_gather = all_gather_s(levels, self.e * root)
+            root_reduce = all_gather_s(levels, self.memory.g * root)
+            forward += exposed_s(root_gather, fwd_layer, overlap=overlap)
+            backward += exposed_s(root_gather + root_reduce, bwd_layer, overlap=overlap)
+        return forward + backward

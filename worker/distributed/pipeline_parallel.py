@@ -3,7 +3,8 @@ layer, then run 1F1B or interleaved 1F1B over the plan's micro-batches.
 
 The split is manual, as in torchtitan: each stage is a copy of the model that keeps only its
 own contiguous run of layers (the first stage also the embeddings, the last the final norm and
-the head). `layers` is a `ModuleDict`, so the surviving layers keep their original names and
+the head). Stages need not divide the layers: `config.pipeline.stage_layer_counts` gives the
+first and last stages the fewer (5 layers on PP2 run as 3 + 2; Llama 3 ran 126 on 16). `layers` is a `ModuleDict`, so the surviving layers keep their original names and
 checkpoints stay addressable by the same keys whatever the pipeline layout.
 
 With `vpp` virtual stages per rank there are `pp·vpp` stages, placed round-robin ("loop"):
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
+from config.pipeline import stage_layer_counts
+
 if TYPE_CHECKING:
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
@@ -30,15 +33,11 @@ if TYPE_CHECKING:
 
 
 def stage_layer_ranges(num_layers: int, num_stages: int) -> list[range]:
-    """Contiguous layer indices per stage, as even as possible (earlier stages take the extra
-    layers; the last stage already carries the head)."""
-    if num_stages > num_layers:
-        raise ValueError(f"pipeline stages ({num_stages} = pp·vpp) exceed the model's "
-                         f"num_layers ({num_layers}); every stage needs at least one layer")
-    base, extra = divmod(num_layers, num_stages)
+    """Contiguous layer indices per stage. The sizes are `config.pipeline.stage_layer_counts`
+    — the split the advisor's memory and time models assume: even when the stages divide the
+    layers, otherwise the first and last stages (embedding; head and loss) get the fewer."""
     ranges, start = [], 0
-    for s in range(num_stages):
-        size = base + (1 if s < extra else 0)
+    for size in stage_layer_counts(num_layers, num_stages):
         ranges.append(range(start, start + size))
         start += size
     return ranges

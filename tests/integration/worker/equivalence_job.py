@@ -2,13 +2,15 @@
 several plans, plus a single-process reference on every rank, and writes the loss
 trajectories (rank 0) to the JSON file named on the command line.
 
-Run as `torchrun --nproc-per-node 2 equivalence_job.py OUT.json PLAN_NAME...`.
+Run as `torchrun --nproc-per-node 2 equivalence_job.py OUT.json [--layers=N] PLAN_NAME...`;
+`--layers` changes the model's depth (5 layers on PP2 exercise the uneven pipeline split).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -46,6 +48,13 @@ PLANS_2D: dict[str, Plan] = {
 }
 """Two-dimensional plans, for 4 processes."""
 
+PLANS_UNEVEN: dict[str, Plan] = {
+    "pp_uneven_1f1b": Plan(pp=2, micro_batch_size=2, num_micro_batches=4),
+    "pp_uneven_interleaved": Plan(pp=2, vpp=2, micro_batch_size=2, num_micro_batches=4),
+}
+"""Pipelines whose stages do not divide the layers, for 2 processes and `--layers=5`
+(stages of 3 + 2 layers; interleaved: 1, 2, 1, 1)."""
+
 
 def batches() -> torch.Tensor:
     """STEPS global batches of real text (Python's docs), so the loss visibly falls."""
@@ -57,10 +66,10 @@ def batches() -> torch.Tensor:
     return tokens.view(STEPS, GLOBAL_BATCH, SEQ + 1)
 
 
-def reference(data: torch.Tensor) -> list[float]:
+def reference(data: torch.Tensor, config: LlamaConfig = CONFIG) -> list[float]:
     """One process, the whole global batch, no torch.distributed involved."""
     torch.manual_seed(1)
-    model = Llama(CONFIG)
+    model = Llama(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
     for step in range(STEPS):
@@ -73,10 +82,10 @@ def reference(data: torch.Tensor) -> list[float]:
     return losses
 
 
-def parallel(plan: Plan, data: torch.Tensor) -> list[float]:
+def parallel(plan: Plan, data: torch.Tensor, config: LlamaConfig = CONFIG) -> list[float]:
     torch.manual_seed(1)
     mesh = build_mesh(plan, "cpu")
-    model = parallelize(Llama(CONFIG), plan, mesh)
+    model = parallelize(Llama(config), plan, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     dp_rank, per_replica = mesh["dp"].get_local_rank(), GLOBAL_BATCH // plan.dp
     losses = []
@@ -88,11 +97,14 @@ def parallel(plan: Plan, data: torch.Tensor) -> list[float]:
 
 def main() -> None:
     out, names = sys.argv[1], sys.argv[2:]
+    config = CONFIG
+    if names and names[0].startswith("--layers="):
+        config = replace(CONFIG, num_layers=int(names.pop(0).split("=", 1)[1]))
     dist.init_process_group("gloo")
     data = batches()
-    results = {"reference": reference(data)}
+    results = {"reference": reference(data, config)}
     for name in names:
-        results[name] = parallel({**PLANS, **PLANS_2D}[name], data)
+        results[name] = parallel({**PLANS, **PLANS_2D, **PLANS_UNEVEN}[name], data, config)
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)

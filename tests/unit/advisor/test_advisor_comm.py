@@ -7,11 +7,13 @@ from dataclasses import replace
 import pytest
 
 from plugins.advisor.comm import (
+    COLLECTIVE_BASE_LATENCY_S,
     all_gather_s,
     all_reduce_s,
     exposed_s,
     group_levels,
     p2p_s,
+    ring_latency_s,
 )
 from plugins.advisor.hardware import CATALOG, hardware_from_spec
 from plugins.advisor.layout import PYTORCH
@@ -42,7 +44,33 @@ def test_hierarchical_all_reduce_divides_inter_node_traffic_by_gpus_per_node() -
     one_level = group_levels(H100, ((4, 8),))
     k = 4
     assert all_reduce_s(one_level, nbytes) == pytest.approx(
-        2 * (k - 1) / k * nbytes / one_level[0].bandwidth + 2 * 2 * one_level[0].latency)
+        2 * (k - 1) / k * nbytes / one_level[0].bandwidth + COLLECTIVE_BASE_LATENCY_S
+        + 2 * 2 * one_level[0].latency)
+
+
+def test_ring_latency_is_alpha_times_hops_by_level_as_nccl_counts_them() -> None:
+    """NCCL's ring all-gather latency (src/graph/tuning.cc): baseLat + (nRanks − nNodes)·intra
+    + (nNodes − 1)·inter. 512 ranks packed 8 per node in one rack of 64 nodes."""
+    hw = hardware_from_spec(CATALOG["H100"], nodes_per_rack=64)
+    levels = group_levels(hw, ((512, 1),))
+    assert [lv.size for lv in levels] == [8, 64]
+    nccl = (COLLECTIVE_BASE_LATENCY_S + (512 - 64) * hw.gpu.intra_node_latency_s
+            + (64 - 1) * hw.gpu.inter_node_latency_s)
+    assert ring_latency_s(levels) == pytest.approx(nccl)
+    # α·(p − 1) grows linearly with the group: twice the ranks, about twice the latency.
+    double = group_levels(replace(hw, nodes_per_rack=128), ((1024, 1),))
+    assert ring_latency_s(double) == pytest.approx(2 * ring_latency_s(levels), rel=0.01)
+
+
+def test_ring_bandwidth_is_the_slowest_level() -> None:
+    """A pipelined ring runs at its bottleneck: with 8 GPUs (and 8 HCAs) per node, each HCA
+    carries 1/8 of the bytes, so the network level costs (B/8)/bw_IB, NVLink (7/8)·B/bw_NVL,
+    and the ring takes the larger, not their sum."""
+    levels = group_levels(H100, ((32, 1),))  # 4 nodes of 8
+    nbytes = 8e9
+    nvlink = 7 / 8 * nbytes / H100.intra_node_bandwidth
+    network = 3 / 4 * (nbytes / 8) / H100.intra_rack_bandwidth
+    assert all_gather_s(levels, nbytes) == pytest.approx(max(nvlink, network) + ring_latency_s(levels))
 
 
 def test_all_gather_is_half_an_all_reduce_in_bytes_but_a_ring_in_latency() -> None:
@@ -75,4 +103,6 @@ def test_tp_collectives_cost_nothing_without_tp_and_grow_across_nodes() -> None:
     in_node = layer_cost(model, H100, PYTORCH, 1, 8, 1, False, 1).tp_collective
     small_nodes = replace(H100, gpus_per_node=4)
     across = layer_cost(model, small_nodes, PYTORCH, 1, 8, 1, False, 1).tp_collective
-    assert across > 2 * in_node
+    # A ring over 2 nodes of 4: each of the 4 HCAs carries half of a GPU's bytes at 1/9 of
+    # NVLink's bandwidth — the network level is the ring's bottleneck.
+    assert across > 1.25 * in_node

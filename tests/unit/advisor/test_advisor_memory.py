@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from config.pipeline import rank_layer_counts, stage_layer_counts
 from plugins.advisor.estimate import evaluate
 from plugins.advisor.hardware import CATALOG, GiB, hardware_from_spec
 from plugins.advisor.layout import FUSED, MEGATRON, PYTORCH, Layout
@@ -11,7 +12,6 @@ from plugins.advisor.memory import (
     MemoryModel,
     inflight_layer_microbatches,
     memory_breakdown,
-    stage_layer_counts,
     state_bytes_per_param,
 )
 from plugins.advisor.model import ModelProfile
@@ -90,8 +90,28 @@ def test_uneven_stages_give_the_fewer_layers_to_the_ends() -> None:
     assert stage_layer_counts(126, 16) == [7] + [8] * 14 + [7]
     assert stage_layer_counts(32, 4) == [8, 8, 8, 8]
     assert stage_layer_counts(10, 3) == [3, 4, 3]
-    with pytest.raises(ValueError, match="pp\\(8\\) exceeds num_layers\\(4\\)"):
+    assert stage_layer_counts(5, 2) == [3, 2]
+    with pytest.raises(ValueError, match="exceed the model's num_layers \\(4\\)"):
         stage_layer_counts(4, 8)
+    # Interleaved: 126 layers on 16 ranks × 2 virtual stages = 32 stages of 3, 4 ×30, 3; rank 0
+    # holds stages 0 and 16 (3 + 4), rank 15 stages 15 and 31 (4 + 3), the others 8.
+    assert rank_layer_counts(126, 16, 2) == [7] + [8] * 14 + [7]
+
+
+def test_uneven_split_memory_is_the_busiest_stage() -> None:
+    """5 layers on PP2: the first rank holds 3 layers (and the embedding), the last 2 (and the
+    head); the memory reported is the larger of the two, with the right layer count."""
+    model = ModelProfile(hidden_size=1024, num_layers=5, num_heads=8, num_kv_heads=8,
+                         ffn_hidden_size=4096, vocab_size=1024, sequence_length=1024,
+                         global_batch_size=8)
+    mem = MemoryModel(model, H100, PYTORCH)
+    layout = Layout(pp=2, micro_batch_size=1, num_micro_batches=8)
+    assert mem.stage_counts(2) == [3, 2]
+    first, last = (sum(mem.stage(layout, i, n).values()) for i, n in enumerate(mem.stage_counts(2)))
+    assert mem.total(layout) == max(first, last)
+    items, stage = mem.breakdown(layout)
+    kept, _ = mem.activations(layout)
+    assert stage == 0 and items["activations"] == int(kept * 3 * 2)  # 3 layers × 2 in flight
 
 
 def test_more_micro_batch_or_less_recomputation_never_needs_less_memory() -> None:

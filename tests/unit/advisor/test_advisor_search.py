@@ -194,3 +194,30 @@ def test_replanning_after_an_oom_demands_less_memory() -> None:
     assert again is not None
     assert again.memory_per_gpu_bytes is not None
     assert again.memory_per_gpu_bytes <= 0.9 * first.memory_per_gpu_bytes
+
+
+def test_search_offers_uneven_pipeline_splits() -> None:
+    """Llama 3 405B's 126 layers: PP16 (7, 8 ×14, 7) is a candidate, as Meta ran it, and so is
+    interleaving that keeps the busiest rank at 8 layers (every v up to 7; v = 8 would need
+    128 stages)."""
+    from plugins.advisor.published import llama3
+    from plugins.advisor.search import _vpp_options
+
+    model = llama3("405B", batch=2048)
+    found = search(model, H100, 16384, pins=Pins(tp=8, pp=16), top_k=50)
+    assert found.ranked and all(e.layout.pp == 16 for e in found.ranked)
+    assert _vpp_options(model, 16, Pins()) == [1, 2, 3, 4, 5, 6, 7]
+    unpinned = search(model, H100, 16384, top_k=200)
+    assert {e.layout.pp for e in unpinned.ranked} - {1, 2}  # uneven depths are ranked too
+
+
+def test_five_layers_on_two_stages_is_a_plan() -> None:
+    """The worker's uneven split (3 + 2): the search ranks it and `plan_manual` builds it."""
+    model = ModelProfile(hidden_size=64, num_layers=5, num_heads=4, num_kv_heads=2,
+                         ffn_hidden_size=128, vocab_size=256, sequence_length=32,
+                         global_batch_size=8, precision="fp32")
+    cpu = hardware_from_spec(CATALOG["cpu"])
+    found = search(model, cpu, 2, pins=Pins(pp=2), top_k=20)
+    assert found.ranked and all(e.layout.pp == 2 for e in found.ranked)
+    result = plan_manual(model, cpu, Layout(pp=2, micro_batch_size=2, num_micro_batches=4))
+    assert result.feasible and result.best is not None and result.best.pp == 2

@@ -12,7 +12,13 @@ from plugins.advisor.estimate import evaluate
 from plugins.advisor.hardware import CATALOG, hardware_from_spec
 from plugins.advisor.layout import PYTORCH, Layout
 from plugins.advisor.model import ModelProfile
-from plugins.advisor.published import compare, published_runs
+from plugins.advisor.published import (
+    accuracy_summary,
+    compare,
+    published_runs,
+    tokens_per_s_error,
+)
+from plugins.advisor.search import TIE_TOLERANCE, search
 from plugins.advisor.seed import (
     SEED_EXAMPLE_2_PRINTED,
     seed_example_1,
@@ -97,3 +103,43 @@ def test_torchtitan_memory_within_the_documented_error() -> None:
     for run in (r for r in RUNS if "memory_gib" in r.reported):
         error = compare(run).error("memory_gib")
         assert error is not None and abs(error) < 0.2
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda r: f"{r.source}-{r.name}-{r.gpus}")
+def test_auto_mode_is_at_least_as_fast_as_the_published_configuration(run) -> None:
+    """By its own estimate, `strategy: auto` on the same model, devices and implementation
+    finds a layout no slower than what the authors ran (up to the 1 % tie the simpler layout
+    wins). Llama 3 405B needs the uneven split: 126 layers on PP16."""
+    published = compare(run).estimate
+    result = search(run.model, run.hardware, run.gpus, impl=run.impl, memory_fraction=1.0, top_k=0)
+    assert result.best is not None
+    assert result.best.step_s <= published.step_s * (1 + TIE_TOLERANCE), (
+        f"auto picks {result.best.layout.describe()} at {result.best.step_s:.2f} s; "
+        f"{run.layout.describe()} runs in {published.step_s:.2f} s")
+
+
+def test_accuracy_over_the_published_table() -> None:
+    """The table's summary (benchmarks/advisor.py prints it too). The issue's target is 80 % of
+    rows within ±20 % tokens/s; we reach 15 of 26 (58 %): every Megatron-LM model-parallel row
+    ([N21] Table 1, [K22]) is within, while DeepSpeed's 2021 ZeRO-3 rows, the Llama 3 8K rows
+    and torchtitan's 500 W rows are not (docs/advisor.md says why). This floor keeps what we
+    reach from slipping back; it is not the target."""
+    summary = accuracy_summary([compare(run) for run in RUNS])
+    assert summary["rows"] == sum(1 for r in RUNS if r.reported) == 26
+    assert summary["false_oom"] == 0
+    assert summary["within_20pct"] >= 15
+    assert summary["median_abs_err"] < 0.15
+
+
+def test_step_time_errors_count_as_inverse_throughput_errors() -> None:
+    """[K22] rows report MFU and step time: the MFU error is the row's; a row with only a step
+    time gets the inverse, and the two agree (same configuration, same FLOPs)."""
+    comparison = compare(next(r for r in RUNS if r.source.startswith("[K22]")))
+    mfu_error, step_error = comparison.error("mfu"), comparison.error("step_s")
+    assert mfu_error is not None and step_error is not None
+    assert tokens_per_s_error(comparison) == mfu_error
+    # A row reporting only its step time: 10 % too slow is −9.1 % tokens/s.
+    only_step = replace(comparison.run, reported={"step_s": comparison.run.reported["step_s"]})
+    derived = tokens_per_s_error(replace(comparison, run=only_step))
+    assert derived == pytest.approx(1 / (1 + step_error) - 1)
+    assert derived == pytest.approx(mfu_error, rel=0.05)

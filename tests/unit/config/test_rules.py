@@ -67,16 +67,32 @@ def test_tp_exceeds_node(h100_doc: dict[str, Any]) -> None:
     assert check_against_cluster(ok, fleet) == []
 
 
-def test_pp_layer_mismatch(h100_doc: dict[str, Any]) -> None:
+def test_pp_without_a_layer_per_stage_is_an_error(h100_doc: dict[str, Any]) -> None:
     (p,) = [p for p in check_spec(_job(_manual(h100_doc, pipelineParallel=64, dataParallel=1)))
             if p.code == Code.PP_LAYER_MISMATCH]
-    assert p.message == "32 layers are not divisible by PP(64)" and "[1, 2, 4, 8, 16, 32]" in p.hint
+    assert p.severity == "error"
+    assert p.message == ("32 layers cannot fill PP(64) = 64 stages; every stage needs at least one layer")
+    assert "[1, 2, 4, 8, 16, 32]" in p.hint
     assert Code.PP_LAYER_MISMATCH not in _codes(check_spec(_job(_manual(h100_doc, pipelineParallel=4))))
 
 
-def test_pp_with_virtual_stages_must_divide_layers(h100_doc: dict[str, Any]) -> None:
+def test_uneven_pipeline_split_is_a_warning_naming_the_stages(h100_doc: dict[str, Any]) -> None:
+    """Llama 3 405B ran 126 layers on PP16: valid, first and last stages one layer lighter."""
+    h100_doc["spec"]["parallelism"]["hints"]["numLayers"] = 126
+    problems = check_spec(_job(_manual(h100_doc, pipelineParallel=16, dataParallel=4, tensorParallel=1)))
+    (p,) = [p for p in problems if p.code == Code.PP_LAYER_MISMATCH]
+    assert p.severity == "warning"
+    assert "stages of 7, 8 ×14, 7 layers" in p.message
+    assert "holds 8 where an even split would hold 7.88 (+1.6% step time)" in p.message
+    assert Code.PP_LAYER_MISMATCH not in _codes(problems)
+
+
+def test_pp_with_virtual_stages_must_leave_a_layer_per_stage(h100_doc: dict[str, Any]) -> None:
     job = _job(_manual(h100_doc, pipelineParallel=8, virtualPipelineStages=8))
     assert Code.PP_LAYER_MISMATCH in _codes(check_spec(job))
+    uneven = _job(_manual(h100_doc, pipelineParallel=8, virtualPipelineStages=3))
+    (p,) = [p for p in check_spec(uneven) if p.code == Code.PP_LAYER_MISMATCH]
+    assert p.severity == "warning" and "virtual stages(3)" in p.message
 
 
 def test_tp_head_mismatch(h100_doc: dict[str, Any]) -> None:

@@ -52,6 +52,10 @@ def test_tied_embeddings_refuse_tp_and_pp() -> None:
 def test_layer_ranges_cover_every_layer_once() -> None:
     assert stage_layer_ranges(4, 2) == [range(0, 2), range(2, 4)]
     assert stage_layer_ranges(5, 3) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert stage_layer_ranges(5, 2) == [range(0, 3), range(3, 5)]
+    # Llama 3 405B: 126 layers on 16 stages, the first and last one layer lighter.
+    sizes = [len(r) for r in stage_layer_ranges(126, 16)]
+    assert sizes == [7] + [8] * 14 + [7] and stage_layer_ranges(126, 16)[-1].stop == 126
     assert stage_indices(1, pp=2, vpp=3) == [1, 3, 5]
 
 

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from config.spec import TrainingJob
     from plugins.advisor.plan import Plan
     from plugins.launch.local import LocalLauncher
-    from plugins.launch.model import RunHandle
+    from plugins.launch.model import RunHandle, RunStatus
     from plugins.placement.model import Placement
+    from plugins.recovery.engine import AttemptResult
 
 
 class InvalidConf(FatalError):
@@ -169,3 +170,91 @@ def launch_attempt(job: TrainingJob, plan: Plan, placement: Placement, conf: Att
     local = LocalLauncher(settings.runs_dir, source_dir=source_dir or launcher(settings).source_dir,
                           base_env=base)
     return local.submit(job, plan, placement, worker_env, attempt=conf.attempt)
+
+
+def excluded_nodes(conf: AttemptConf, state_db: str) -> list[str]:
+    """Nodes the attempt must not be placed on: those the run lost, and every cordoned node."""
+    from plugins.recovery.state import JobStateStore
+
+    return sorted({*conf.exclude_nodes, *JobStateStore(state_db).cordoned()})
+
+
+def begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_key: str) -> None:
+    """Record the run (opened once per trigger) and the attempt's start in the job state."""
+    from plugins.recovery.engine import begin_attempt
+    from plugins.recovery.state import JobStateStore
+
+    state = JobStateStore(settings.state_db)
+    if conf.attempt == 0:
+        state.open_run(job.name, trigger_key=trigger_key, team=job.metadata.team,
+                       project=job.metadata.project, run=conf.run)
+    begin_attempt(state, job.name, conf.run, conf.attempt, dag_run_id=trigger_key)
+
+
+def launched(job: TrainingJob, conf: AttemptConf, settings: Settings, handle: RunHandle, mlflow_run_id: str) -> None:
+    """The gang runs: its handle (so `trainyard stop` finds it) and the lifecycle in the job state."""
+    from plugins.recovery.state import JobStateStore
+
+    state = JobStateStore(settings.state_db)
+    state.set_handle(job.name, conf.run, conf.attempt, handle)
+    state.set_mlflow_run(job.name, conf.run, mlflow_run_id)
+    state.transition(job.name, conf.run, "running")
+
+
+def conclude_attempt(job: TrainingJob, conf: AttemptConf, handle: RunHandle, settings: Settings, *,
+                     status: RunStatus | None, plan: Plan, mlflow_run_id: str, by: str) -> AttemptResult:
+    """After the watchers: the evidence, `after_attempt` (classify, decide, bookkeeping) and the
+    record of it in the run's MLflow run."""
+    from config.cluster import cluster_for
+    from plugins.launch.environment import checkpoint_uri
+    from plugins.recovery import watch
+    from plugins.recovery.decide import DecisionContext
+    from plugins.recovery.engine import after_attempt
+    from plugins.recovery.evidence import gather, observe_node
+    from plugins.recovery.state import JobStateStore
+
+    if status is None or not status.finished:
+        status = watch.poll(handle)
+        if status.finished:
+            status = watch.settle(handle, status)
+    gang = set(handle.nodes or [a.node for a in handle.agents])
+    nodes = [observe_node(n, url) for n, url in sorted(settings.node_agents.items()) if n in gang]
+    evidence = gather(handle, status, run=conf.run, nodes=nodes, resume_from=conf.resume_from)
+    ctx = DecisionContext(checkpoint_uri=checkpoint_uri(job, settings.object_store, conf.run),
+                          endpoint_url=settings.s3_endpoint_url, plan=plan,
+                          cluster=cluster_for(job.spec.hardware.gpu_type, settings.cluster))
+    result = after_attempt(evidence, job, conf, ctx, state=JobStateStore(settings.state_db), by=by)
+    if mlflow_run_id:
+        record_in_mlflow(result, mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri)
+    return result
+
+
+def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri: str) -> None:
+    """A failure becomes a recovery event of the run (cause, step, what was done); a final
+    action sets the run's status."""
+    from plugins.tracking.runs import log_recovery_event, set_run_status
+
+    report, action = result.report, result.action
+    if report.failed:
+        detail = f"{report.reason}; {action.kind}: {action.reason}"
+        log_recovery_event(mlflow_run_id, report.outcome, attempt=report.attempt, step=report.step or 0,
+                           detail=detail, tracking_uri=tracking_uri)
+    if action.retries:
+        set_run_status(mlflow_run_id, "recovering", tracking_uri=tracking_uri)
+    elif action.kind == "give_up":
+        set_run_status(mlflow_run_id, "failed", tracking_uri=tracking_uri)
+    elif action.kind == "cancel":
+        set_run_status(mlflow_run_id, "cancelled", tracking_uri=tracking_uri)
+
+
+def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) -> Any:
+    """Export the run's best valid checkpoint (by the spec's `keepBestMetric`, else the newest)
+    and register it as the next version of the job's model, alias `candidate`."""
+    from plugins.tracking.registry import register_checkpoint
+    from plugins.tracking.runs import set_run_status
+
+    version = register_checkpoint(mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri,
+                                  metric=job.spec.checkpoint.keep_best_metric, model_name=job.name,
+                                  endpoint_url=settings.s3_endpoint_url)
+    set_run_status(mlflow_run_id, "completed", tracking_uri=settings.mlflow_tracking_uri)
+    return version

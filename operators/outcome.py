@@ -1,0 +1,167 @@
+"""After the watchers: `classify_outcome`, the `choose_action` branch, the recovery actions,
+`register_model`, `give_up`, `cancelled` and the hand-over `resume_next_attempt`.
+
+All the deciding is `plugins.recovery.engine.after_attempt` (classify → decide → quarantine,
+cordon, job state → the next attempt's conf); `classify_outcome` calls it once and pushes the
+`FailureReport`, the `RecoveryAction` and the next `AttemptConf`. The branch only maps the
+action's kind to the task of the same name, so the graph shows which path each attempt took.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import BaseBranchOperator, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from operators.common import attempt_of, pull, pull_optional, settings, to_xcom
+from operators.launch import LAUNCH
+from operators.placement import PLAN
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from plugins.recovery.model import RecoveryAction
+
+CLASSIFY = "classify_outcome"
+RECOVERY_ACTIONS = ("restart", "replace_node", "rollback", "fall_back", "replan", "requeue")
+"""The actions that start another attempt; each is a task of the same name."""
+FINAL_ACTIONS = {"register": "register_model", "give_up": "give_up", "cancel": "cancelled"}
+
+
+class ClassifyOutcomeOperator(BaseOperator):
+    """Runs whatever the watchers concluded (trigger rule `all_done`): gathers the attempt's
+    evidence, classifies it, decides, records it (job state, MLflow) and pushes the verdict."""
+
+    ui_color = "#fadbd8"
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from plugins.advisor.plan import Plan
+        from plugins.launch.model import RunHandle, RunStatus
+        from plugins.recovery.steps import conclude_attempt
+
+        handle = pull_optional(context, LAUNCH, RunHandle)
+        if handle is None:
+            raise AirflowSkipException("nothing was launched (a dry run, or a step before launch failed)")
+        job, conf = attempt_of(context)
+        final = pull_optional(context, "watch_training", RunStatus)
+        mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id") or ""
+        result = conclude_attempt(job, conf, handle, settings(), status=final, plan=pull(context, PLAN, Plan),
+                                  mlflow_run_id=mlflow_run_id, by=context["dag_run"].run_id)
+        report, action = result.report, result.action
+        self.log.info("attempt %d of run %s: %s — %s", conf.attempt, conf.run, report.outcome, report.reason)
+        for line in report.evidence:
+            self.log.info("  evidence: %s", line)
+        self.log.info("action: %s — %s", action.kind, action.reason)
+        ti = context["ti"]
+        ti.xcom_push(key="report", value=to_xcom(report))
+        ti.xcom_push(key="action", value=to_xcom(action))
+        if result.next_conf is not None:
+            ti.xcom_push(key="next_conf", value=to_xcom(result.next_conf))
+        return {"outcome": report.outcome, "action": action.kind}
+
+
+def _action(context: Context) -> RecoveryAction:
+    from plugins.recovery.model import RecoveryAction
+
+    return pull(context, CLASSIFY, RecoveryAction, key="action")
+
+
+class ChooseActionOperator(BaseBranchOperator):
+    """The branch: the task named after the decided action (nothing is decided here)."""
+
+    ui_color = "#fadbd8"
+
+    def choose_branch(self, context: Context) -> str:
+        from plugins.recovery.model import RecoveryAction
+
+        action = pull_optional(context, CLASSIFY, RecoveryAction, key="action")
+        if action is None:
+            raise AirflowSkipException("no outcome to act on: nothing was launched")
+        return FINAL_ACTIONS.get(action.kind, action.kind)
+
+
+class RecoveryActionOperator(BaseOperator):
+    """One recovery path (`restart`, `replace_node`, `rollback`, `fall_back`, `replan`,
+    `requeue`): says what the next attempt will do differently; the bookkeeping it implies
+    (quarantine, cordon) was done by the engine when it decided."""
+
+    ui_color = "#f5cba7"
+
+    def __init__(self, *, action: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.action = action
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from plugins.recovery.model import AttemptConf
+
+        action = _action(context)
+        if action.kind != self.action:  # the branch chose another path: a bug in the DAG
+            raise AirflowFailException(f"task {self.task_id} runs action {self.action!r}, decided was {action.kind!r}")
+        nxt = pull(context, CLASSIFY, AttemptConf, key="next_conf")
+        self.log.info("%s: %s", action.kind, action.reason)
+        self.log.info("attempt %d will resume from %s; excluded nodes: %s; restarts used %d",
+                      nxt.attempt, nxt.resume_from or "the run's newest valid checkpoint",
+                      ", ".join(nxt.exclude_nodes) or "none", nxt.restarts_used)
+        return {"action": action.kind, "next_attempt": nxt.attempt, "resume_from": nxt.resume_from}
+
+
+class RegisterModelOperator(BaseOperator):
+    """The attempt completed: export the best valid checkpoint to safetensors, register it as a
+    model version (alias `candidate`) with lineage, close the MLflow run as completed."""
+
+    ui_color = "#abebc6"
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from plugins.recovery.steps import register_model
+
+        job, conf = attempt_of(context)
+        mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
+        version = register_model(job, settings(), mlflow_run_id=mlflow_run_id)
+        self.log.info("registered %s version %s (alias 'candidate') from step %s of run %s",
+                      version.name, version.version, version.checkpoint_step, conf.run)
+        return {"model": version.name, "version": str(version.version), "step": version.checkpoint_step}
+
+
+class GiveUpOperator(BaseOperator):
+    """Fails the DAG run with every attempt of the run and its cause (no retry can help)."""
+
+    ui_color = "#e74c3c"
+
+    def execute(self, context: Context) -> None:
+        from plugins.recovery.decide import history_lines
+        from plugins.recovery.model import FailureReport
+
+        _, conf = attempt_of(context)
+        report = pull(context, CLASSIFY, FailureReport, key="report")
+        lines = "\n".join(history_lines(conf.history, report))
+        raise AirflowFailException(f"run {conf.run} gave up: {_action(context).reason}\nattempts:\n{lines}")
+
+
+class CancelledOperator(BaseOperator):
+    """The run was stopped on request: nothing more to do."""
+
+    ui_color = "#d5d8dc"
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        _, conf = attempt_of(context)
+        self.log.info("run %s was cancelled: %s", conf.run, _action(context).reason)
+        return {"cancelled": conf.run}
+
+
+class ResumeNextAttemptOperator(TriggerDagRunOperator):
+    """The hand-over: triggers this same DAG with the next attempt's conf. The new DAG run's id
+    is derived from (run, attempt), so a retried hand-over never starts two attempts."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(trigger_dag_id="{{ dag.dag_id }}", skip_when_already_exists=True, **kwargs)
+
+    def execute(self, context: Context) -> Any:
+        from plugins.recovery.model import AttemptConf
+
+        nxt = pull(context, CLASSIFY, AttemptConf, key="next_conf")
+        self.conf = to_xcom(nxt)
+        self.trigger_run_id = f"{nxt.run}__attempt-{nxt.attempt}"
+        self.log.info("handing run %s over to attempt %d (DAG run %s)", nxt.run, nxt.attempt, self.trigger_run_id)
+        return super().execute(context)

@@ -1,0 +1,106 @@
+"""The DAG folder as Airflow's own loader sees it: one DAG per spec with DESIGN §4's graph,
+an invalid spec reported as an import error carrying its validation report, one DAG built when
+a task's parse names it, and every DAG serialisable (what the dag-processor stores)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = sorted((REPO / "config" / "jobs").glob("*.yaml"))
+
+
+@pytest.fixture
+def jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    for spec in EXAMPLES:
+        shutil.copy(spec, folder / spec.name)
+    monkeypatch.setenv("TRAINYARD_JOBS_DIR", str(folder))
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
+    from config.settings import get_settings
+
+    get_settings.cache_clear()
+    yield folder
+    get_settings.cache_clear()
+
+
+def dagbag() -> object:
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(str(REPO / "dags"))
+
+
+def names(specs: list[Path]) -> set[str]:
+    from config.loader import load_spec_file
+
+    return {load_spec_file(p).name for p in specs}
+
+
+def test_every_example_spec_is_a_dag_with_the_designed_graph(jobs: Path) -> None:
+    bag = dagbag()
+    assert bag.import_errors == {}
+    assert set(bag.dags) == names(EXAMPLES)
+    dag = bag.dags["demo-tiny-lm"]
+    down = {t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks}
+    assert down["validate_spec"] == ["validate_data"]
+    assert down["plan_parallelism"] == ["place_gang"]
+    assert down["launch_training"] == ["watch_checkpoints", "watch_health", "watch_training"]
+    for watcher in ("watch_training", "watch_checkpoints", "watch_health"):
+        assert down[watcher] == ["classify_outcome"]
+    assert down["release_gang"] == ["choose_action"]
+    assert down["choose_action"] == sorted(["register_model", "give_up", "cancelled", "restart", "replace_node",
+                                            "rollback", "fall_back", "replan", "requeue"])
+    for action in ("restart", "replace_node", "rollback", "fall_back", "replan", "requeue"):
+        assert down[action] == ["resume_next_attempt"]
+    tasks = dag.task_dict
+    assert tasks["place_gang"].is_setup and tasks["release_gang"].is_teardown
+    assert tasks["classify_outcome"].trigger_rule == "all_done"
+    assert tasks["resume_next_attempt"].trigger_rule == "none_failed_min_one_success"
+    assert {"team:demo", "project:tiny-lm"} <= set(dag.tags)
+    assert {"max_steps", "learning_rate", "start_from", "dry_run", "fault_kill_rank"} <= set(dag.params)
+
+
+def test_every_dag_serialises_as_the_dag_processor_stores_it(jobs: Path) -> None:
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    for dag in dagbag().dags.values():
+        data = DagSerialization.to_dict(dag)
+        restored = DagSerialization.from_dict(data)
+        assert set(restored.task_dict) == set(dag.task_dict)
+        assert restored.task_dict["validate_spec"].has_retry_policy  # evaluated in the worker
+
+
+def test_an_invalid_spec_is_an_import_error_with_its_report_and_the_others_stay(jobs: Path) -> None:
+    broken = (jobs / "demo-tiny-lm.yaml").read_text().replace("gpuCount: 2", "gpuCuont: 2")
+    (jobs / "broken.yaml").write_text(broken.replace("name: demo-tiny-lm", "name: broken-job"))
+    bag = dagbag()
+    assert set(bag.dags) == names(EXAMPLES)  # the valid ones are all there
+    ((path, error),) = bag.import_errors.items()
+    assert path.endswith("invalid_specs.py")
+    assert "broken.yaml" in error and "gpuCuont" in error and "did you mean 'gpuCount'" in error
+
+
+def test_a_tasks_parse_builds_only_its_dag(jobs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "demo-tiny-lm")
+    (jobs / "broken.yaml").write_text("apiVersion: nope\n")
+    bag = dagbag()
+    assert set(bag.dags) == {"demo-tiny-lm"} and bag.import_errors == {}
+
+
+def test_the_dag_files_import_nothing_heavy(jobs: Path) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, runpy; runpy.run_path('dags/training_jobs.py'); "
+            "heavy = sorted(m for m in ('torch', 'mlflow', 'boto3', 'great_expectations') if m in sys.modules); "
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr[-2000:]
