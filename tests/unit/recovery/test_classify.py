@@ -239,3 +239,9 @@ def test_the_launchers_clean_up_of_a_failed_gang_is_not_a_request(tmp_path: Path
                           stop_after=100)
     assert status.state == "failed" and ev.stop is not None and ev.stop_cause is None
     assert classify(ev).outcome == "worker_crash"
+
+
+def test_a_hang_stop_without_detail_still_reads(tmp_path: Path) -> None:
+    ev, _ = evidence(tmp_path, [Rank(-9, ended_at=101)] * 2, stop_reason="hang:")
+    report = classify(ev)
+    assert (report.outcome, report.reason) == ("hang", "hang: the hang watcher stopped the gang")
