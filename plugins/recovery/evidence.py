@@ -120,10 +120,10 @@ class NodeObservation(_Record):
     error: str = ""
     """Why the last poll failed."""
 
-    def fatal_reasons(self) -> list[str]:
+    def fatal_reasons(self, *, max_misses: int = MISSED_HEARTBEATS_LOST) -> list[str]:
         """Why this node is lost, one line each; empty when it is fine."""
         reasons = []
-        if self.missed_heartbeats >= MISSED_HEARTBEATS_LOST:
+        if self.missed_heartbeats >= max_misses:
             detail = f": {self.error}" if self.error else ""
             reasons.append(f"node agent on {self.node} missed {self.missed_heartbeats} heartbeats{detail}")
         if self.health is not None:

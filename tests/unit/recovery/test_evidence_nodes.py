@@ -38,3 +38,17 @@ def test_missed_heartbeats_add_up_to_a_lost_node() -> None:
         seen = observe_node("node-9", url, missed_before=seen.missed_heartbeats, timeout=1.0)
     assert seen.missed_heartbeats == MISSED_HEARTBEATS_LOST
     assert seen.fatal_reasons()[0].startswith("node agent on node-9 missed 3 heartbeats")
+
+
+def test_the_health_watcher_judges_nodes_the_same_way(agent: Agent) -> None:
+    from plugins.launch.model import RunHandle
+    from plugins.recovery.watch import lost_nodes
+
+    handle = RunHandle(kind="local", job="tiny", attempt=0, world_size=2, nodes=["node-7", "node-8"])
+    agents = {"node-7": agent.url, "node-8": f"http://127.0.0.1:{free_port()}"}
+    misses: dict[str, int] = {}
+    assert lost_nodes(handle, agents, misses=misses, max_misses=2) == [] and misses == {"node-7": 0, "node-8": 1}
+    client.inject_fault(agent.url, FaultRequest(gpu=0, xid=48))
+    lost = dict(lost_nodes(handle, agents, misses=misses, max_misses=2))
+    assert lost["node-7"].startswith("node-7 GPU 0: gpu_failed (Xid 48)")
+    assert lost["node-8"].startswith("node agent on node-8 missed 2 heartbeats")
