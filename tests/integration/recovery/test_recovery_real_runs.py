@@ -49,3 +49,16 @@ def test_a_gang_stopped_for_a_hang_is_a_hang(tmp_path: Path) -> None:
     report = classify(gather(handle, status, run="r-hang"))
     assert report.outcome == "hang" and "rank 1 made no step progress" in report.reason
     assert report.rank == 1 and "stop-reason.json: hang: rank 1 made no step progress for 600 s" in report.evidence
+
+
+def test_launch_timeout_is_recorded_as_the_stop_reason(tmp_path: Path) -> None:
+    """`trainyard launch --timeout-s` stops the gang the control plane's way: the reason is on
+    disk before the stop, and the verdict is a stop on request, not a crash."""
+    from tests.integration.launch.test_local_launcher import cli, write_spec
+
+    spec = write_spec(tmp_path / "slow.yaml", "tiny-slow", ["--steps", "100000", "--sleep", "0.1"])
+    result = cli(tmp_path / "home", "launch", "--local", "--timeout-s", "8", "--grace-s", "5", str(spec))
+    assert "timeout after 8s; stopping" in result.stderr, result.stdout + result.stderr
+    assert "verdict: cancelled — stopped on request (--timeout-s 8 reached)" in result.stdout, result.stdout
+    reasons = list((tmp_path / "home" / "runs" / "tiny-slow").glob("*/0/stop-reason.json"))
+    assert len(reasons) == 1 and StopReason.model_validate_json(reasons[0].read_text()).reason == "timeout"
