@@ -25,8 +25,10 @@ MAX_SPEC_BYTES = 1_000_000
 """A spec is a page of YAML; anything over 1 MB is a wrong file, not a big spec."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """SafeLoader that refuses duplicate keys instead of keeping the last one. On libyaml's C
+    parser where PyYAML has it (about 8× faster: the DAG folder parses every spec), with the
+    same constructors and the same error marks."""
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:

@@ -108,13 +108,14 @@ class CheckpointTrigger(BaseTrigger):
                                           endpoint_url=self.endpoint_url)
             if new:
                 yield TriggerEvent({"status": "checkpoint", "message": f"step {new[0].step} committed",
-                                    "step": new[0].step, "manifest_uri": new[0].manifest_uri})
+                                    "after_step": self.after_step, "step": new[0].step,
+                                    "manifest_uri": new[0].manifest_uri})
                 return
             if status.finished:
-                yield TriggerEvent({"status": "finished", "message": status.message, "step": self.after_step})
+                yield TriggerEvent({"status": "finished", "message": status.message, "after_step": self.after_step})
                 return
             if watch.checkpoint_overdue(status, self.after_step, self.interval_steps):
-                yield TriggerEvent({"status": "overdue", "step": self.after_step, "message": (
+                yield TriggerEvent({"status": "overdue", "after_step": self.after_step, "message": (
                     f"every rank is past step {status.step} but the newest checkpoint is step "
                     f"{self.after_step}: more than 2 × {self.interval_steps} steps without a save")})
                 return

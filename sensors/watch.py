@@ -108,8 +108,9 @@ class WatchCheckpointsSensor(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         if event["status"] == "overdue":
             raise AirflowException(f"checkpoint alarm: {event['message']}")
-        # a new checkpoint or the end: record what is new, then watch on (or finish)
-        return self.execute(context, after_step=int(event["step"]))
+        # a new checkpoint or the end: record everything new since the trigger started, then
+        # watch on (or finish)
+        return self.execute(context, after_step=int(event["after_step"]))
 
     def _record(self, context: Context, root: str, manifest_uri: str, step: int) -> None:
         from plugins.checkpoint.catalog import verify

@@ -15,6 +15,7 @@ plan the attempt runs, where it resumes, what the worker is told) is decided her
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from datetime import datetime
 from pathlib import Path
@@ -224,6 +225,9 @@ def conclude_attempt(job: TrainingJob, conf: AttemptConf, handle: RunHandle, set
                           endpoint_url=settings.s3_endpoint_url, plan=plan,
                           cluster=cluster_for(job.spec.hardware.gpu_type, settings.cluster))
     result = after_attempt(evidence, job, conf, ctx, state=JobStateStore(settings.state_db), by=by)
+    if result.next_conf is not None and mlflow_run_id:  # every attempt continues the same MLflow run
+        result = dataclasses.replace(result, next_conf=result.next_conf.model_copy(
+            update={"mlflow_run_id": mlflow_run_id}))
     if mlflow_run_id:
         record_in_mlflow(result, mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri)
     return result

@@ -200,7 +200,7 @@ def _existing_run(client: MlflowClient, job: TrainingJob, run_id: str | None, at
     if exp is None:
         return None
     query = f"tags.`{TAG}job` = {quote_filter_value(job.name)}"
-    if attempt == 0:
+    if trigger_id or attempt == 0:  # a training run's attempts share its MLflow run, never another's
         query += f" AND tags.`{TAG}trigger_id` = {quote_filter_value(trigger_id or '')}"
     runs = client.search_runs([exp.experiment_id], filter_string=query,
                               order_by=["attributes.start_time DESC"], max_results=1)

@@ -1,0 +1,165 @@
+"""A small client of Airflow's REST API v2: what `trainyard submit`, the demo and the end-to-end
+tests need (trigger a job's DAG, follow its DAG runs and tasks), with errors a person can act on.
+
+The embedded stack answers without a token (local-only simple auth, `config/airflow.py`); a real
+deployment takes a bearer token (`TRAINYARD_AIRFLOW_TOKEN`). Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class AirflowUnavailable(RuntimeError):
+    """Airflow does not answer at the URL: say where it was looked for and how to start it."""
+
+
+class AirflowRequestFailed(RuntimeError):
+    """Airflow answered with an error status (the body's `detail` is in the message)."""
+
+    def __init__(self, method: str, url: str, status: int, detail: str) -> None:
+        super().__init__(f"{method} {url}: HTTP {status}: {detail}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class AirflowClient:
+    url: str
+    token: str = ""
+    timeout_s: float = 15.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+              query: dict[str, Any] | None = None) -> Any:
+        url = f"{self.url.rstrip('/')}/api/v2/{path.lstrip('/')}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query, doseq=True)
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Accept": "application/json", **self.headers}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode("utf-8", "replace")
+            with contextlib.suppress(ValueError, AttributeError):
+                detail = str(json.loads(detail).get("detail", detail))
+            raise AirflowRequestFailed(method, url, e.code, detail[:2000]) from e
+        except (urllib.error.URLError, OSError) as e:
+            raise AirflowUnavailable(
+                f"Airflow does not answer at {self.url} ({e}); start it with `make airflow` "
+                "(or set TRAINYARD_AIRFLOW_URL)") from e
+        return json.loads(raw) if raw else None
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, *, run_id: str | None = None,
+                note: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"logical_date": None, "conf": conf or {}}
+        if run_id:
+            body["dag_run_id"] = run_id
+        if note:
+            body["note"] = note
+        return self._call("POST", f"dags/{urllib.parse.quote(dag_id)}/dagRuns", body)
+
+    def dag_runs(self, dag_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
+        data = self._call("GET", f"dags/{urllib.parse.quote(dag_id)}/dagRuns",
+                          query={"limit": limit, "order_by": "run_after"})
+        return list(data["dag_runs"])
+
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        return self._call("GET", f"dags/{urllib.parse.quote(dag_id)}/dagRuns/{urllib.parse.quote(run_id)}")
+
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+        data = self._call("GET", f"dags/{urllib.parse.quote(dag_id)}/dagRuns/{urllib.parse.quote(run_id)}"
+                                 "/taskInstances", query={"limit": 100})
+        return {t["task_id"]: t for t in data["task_instances"]}
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        data = self._call("GET", f"dags/{urllib.parse.quote(dag_id)}/dagRuns/{urllib.parse.quote(run_id)}"
+                                 f"/taskInstances/{urllib.parse.quote(task_id)}/xcomEntries/{urllib.parse.quote(key)}",
+                          query={"deserialize": "true"})
+        return data.get("value")
+
+    def dags(self) -> list[str]:
+        return [d["dag_id"] for d in self._call("GET", "dags", query={"limit": 1000})["dags"]]
+
+    def import_errors(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "importErrors")["import_errors"])
+
+
+FINAL_DAG_RUN_STATES = ("success", "failed")
+
+
+@dataclass(frozen=True)
+class AttemptRun:
+    """One attempt of a training run, as its DAG run shows it."""
+
+    dag_run_id: str
+    state: str
+    attempt: int
+    run: str
+    outcome: str = ""
+    action: str = ""
+    reason: str = ""
+
+
+def attempt_dag_run_id(run: str, attempt: int) -> str:
+    """The DAG run of a later attempt (`resume_next_attempt` names it so)."""
+    return f"{run}__attempt-{attempt}"
+
+
+def follow_training_run(client: AirflowClient, dag_id: str, first_dag_run_id: str, *, timeout_s: float,
+                        poll_s: float = 2.0, on_poll: Any = None) -> list[AttemptRun]:
+    """Wait until the training run that `first_dag_run_id` started has ended — through every
+    attempt the recovery hands it to — and return its attempts. `on_poll(attempts, tasks)` is
+    called on every poll (a progress display)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    attempts: list[AttemptRun] = []
+    dag_run_id, attempt, run = first_dag_run_id, 0, ""
+    while True:
+        try:
+            state = client.dag_run(dag_id, dag_run_id)["state"]
+        except AirflowRequestFailed as e:
+            if e.status != 404 or time.monotonic() > deadline:  # the hand-over may not be there yet
+                raise
+            state = "queued"
+        tasks = client.task_instances(dag_id, dag_run_id) if state != "queued" else {}
+        if not run and tasks.get("validate_spec", {}).get("state") == "success":
+            run = (client.xcom(dag_id, dag_run_id, "validate_spec") or {}).get("run", "")
+        current = AttemptRun(dag_run_id, state, attempt, run)
+        if state in FINAL_DAG_RUN_STATES:
+            current = _with_outcome(client, dag_id, current, tasks)
+            attempts.append(current)
+            if current.action in ("register", "give_up", "cancel", "") or not run:
+                return attempts
+            dag_run_id, attempt = attempt_dag_run_id(run, attempt + 1), attempt + 1
+            continue
+        if on_poll is not None:
+            on_poll([*attempts, current], tasks)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"training run {run or first_dag_run_id} of {dag_id} still {state} "
+                               f"(attempt {attempt}) after {timeout_s:g}s")
+        time.sleep(poll_s)
+
+
+def _with_outcome(client: AirflowClient, dag_id: str, attempt: AttemptRun, tasks: dict[str, dict[str, Any]]
+                  ) -> AttemptRun:
+    from dataclasses import replace
+
+    if tasks.get("classify_outcome", {}).get("state") != "success":
+        return attempt
+    report = client.xcom(dag_id, attempt.dag_run_id, "classify_outcome", key="report") or {}
+    action = client.xcom(dag_id, attempt.dag_run_id, "classify_outcome", key="action") or {}
+    return replace(attempt, outcome=report.get("outcome", ""), action=action.get("kind", ""),
+                   reason=report.get("reason", ""))

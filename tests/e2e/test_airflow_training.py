@@ -1,0 +1,133 @@
+"""The product as users meet it: a job's DAG in a real Airflow (scheduler, dag-processor,
+triggerer, api-server), triggered through the REST API, training the tiny 2-rank CPU job.
+
+One stack for the module (it takes ~40 s to come up); each test is a training run of its own.
+What is checked is what the run left behind — the platform state, the object store, MLflow —
+not what was printed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.airflow_stack import DAG_ID, RunningStack, running_stack
+
+pytestmark = pytest.mark.slow
+
+STEPS = 60
+"""Checkpoints every 50 steps (the demo spec): a crash after step 50 resumes from step 50."""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    with running_stack(tmp_path_factory.mktemp("airflow-e2e") / "home") as s:
+        yield s
+
+
+def _mlflow_run(s: RunningStack, run: str):
+    from plugins.tracking.runs import client_for
+
+    client = client_for(s.settings.mlflow_tracking_uri)
+    exp = client.get_experiment_by_name("demo/tiny-lm")
+    (found,) = client.search_runs([exp.experiment_id], filter_string=f"tags.`trainyard.run` = '{run}'")
+    return found
+
+
+def _weights(s: RunningStack, mlflow_run_id: str) -> tuple[str, str]:
+    from plugins.tracking.runs import client_for
+
+    client = client_for(s.settings.mlflow_tracking_uri)
+    (version,) = client.search_model_versions(f"run_id = '{mlflow_run_id}'")
+    return version.tags["trainyard.weights.sha256"], version.tags["trainyard.checkpoint.step"]
+
+
+def test_two_triggers_are_two_independent_runs_that_complete_and_register(stack: RunningStack) -> None:
+    from plugins.checkpoint.catalog import list_checkpoints
+    from plugins.launch.environment import checkpoint_uri
+    from plugins.placement.state import usage_by_team
+    from plugins.recovery.state import JobStateStore
+
+    first = stack.client.trigger(DAG_ID, {"max_steps": STEPS})["dag_run_id"]
+    second = stack.client.trigger(DAG_ID, {"max_steps": STEPS})["dag_run_id"]
+    from cli.airflow_api import follow_training_run
+
+    runs = [follow_training_run(stack.client, DAG_ID, r, timeout_s=600) for r in (first, second)]
+    for attempts in runs:
+        assert [(a.state, a.outcome, a.action) for a in attempts] == [("success", "completed", "register")], \
+            f"{attempts}\n{stack.logs()}"
+    ids = [attempts[0].run for attempts in runs]
+    assert len(set(ids)) == 2  # two training runs, not one re-attached to the other
+
+    state = JobStateStore(stack.settings.state_db)
+    from config.loader import load_spec_file
+    from tests.e2e.airflow_stack import DEMO
+
+    job = load_spec_file(DEMO)
+    weights = set()
+    for run in ids:
+        info = state.get_run(DAG_ID, run)
+        assert info.state == "completed"
+        steps = [r.step for r in list_checkpoints(checkpoint_uri(job, stack.settings.object_store, run))]
+        assert steps[-1] == STEPS  # each run trained from scratch into its own folder
+        mlflow_run = _mlflow_run(stack, run)
+        assert mlflow_run.data.tags["trainyard.status"] == "completed"
+        weights.add(_weights(stack, mlflow_run.info.run_id))
+    assert len(weights) == 1  # same spec, same seed, no failure: the same model, bit for bit
+    assert usage_by_team(stack.settings.state_db) == {}  # every device released
+
+
+def test_a_killed_worker_resumes_from_the_newest_checkpoint_in_the_same_mlflow_run(stack: RunningStack) -> None:
+    attempts = stack.train({"max_steps": STEPS, "fault_kill_rank": 1, "fault_kill_at_step": 55})
+    assert [(a.outcome, a.action) for a in attempts] == [("worker_crash", "restart"), ("completed", "register")], \
+        f"{attempts}\n{stack.logs()}"
+    assert "rank 1" in attempts[0].reason and "SIGKILL" in attempts[0].reason
+    run = attempts[0].run
+    assert attempts[1].dag_run_id == f"{run}__attempt-1"
+
+    mlflow_run = _mlflow_run(stack, run)  # exactly one MLflow run for both attempts
+    tags = mlflow_run.data.tags
+    assert tags["trainyard.attempts"] == "0,1" and tags["trainyard.failure_causes"] == "worker_crash"
+    from plugins.tracking.runs import client_for
+
+    history = client_for(stack.settings.mlflow_tracking_uri).get_metric_history(mlflow_run.info.run_id, "loss")
+    assert {m.step for m in history} == set(range(1, STEPS + 1))
+    resumed = stack.client.xcom(DAG_ID, attempts[0].dag_run_id, "classify_outcome", key="action")
+    assert resumed["kind"] == "restart" and "step 50" in resumed["reason"]
+
+    # An uninterrupted run of the same spec (the first test's) registered the same weights.
+    uninterrupted = stack.train({"max_steps": STEPS})
+    assert _weights(stack, mlflow_run.info.run_id) == _weights(stack, _mlflow_run(stack, uninterrupted[0].run).info.run_id)
+
+
+def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alone(stack: RunningStack) -> None:
+    from cli.airflow_api import follow_training_run
+    from plugins.launch.model import RunHandle
+    from plugins.recovery import watch
+
+    first = stack.client.trigger(DAG_ID, {"max_steps": 120})["dag_run_id"]
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        tasks = stack.client.task_instances(DAG_ID, first)
+        if tasks.get("watch_training", {}).get("state") == "deferred":
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"watch_training never deferred\n{stack.logs()}")
+    handle = RunHandle.model_validate(stack.client.xcom(DAG_ID, first, "launch_training"))
+    stack.stack.stop("triggerer")
+    stack.stack.stop("scheduler")
+    before = watch.poll(handle).step or 0
+    time.sleep(8)
+    during = watch.poll(handle)
+    assert during.state == "running" and (during.step or 0) > before  # training went on alone
+    stack.stack.start("scheduler")
+    stack.stack.start("triggerer")
+    attempts = follow_training_run(stack.client, DAG_ID, first, timeout_s=600)
+    assert [(a.outcome, a.action) for a in attempts] == [("completed", "register")], f"{attempts}\n{stack.logs()}"
+    tasks = stack.client.task_instances(DAG_ID, first)
+    assert tasks["launch_training"]["try_number"] == 1  # re-attached, never launched twice
+    assert Path(handle.run_dir, "handle.json").exists()
