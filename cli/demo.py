@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from config.spec import TrainingJob
     from plugins.advisor.plan import Plan
     from plugins.launch.model import RunHandle, RunStatus
+    from plugins.recovery.model import AttemptConf
     from plugins.recovery.state import JobStateStore
 
 DEMO_SPEC = Path(__file__).resolve().parents[1] / "config" / "jobs" / "demo-tiny-lm.yaml"
@@ -175,6 +176,7 @@ def _train(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, r
     outcome is classified and the next step decided by `plugins.recovery` (the same calls the
     DAG makes), and the run's lifecycle is recorded in the platform state (`trainyard status`)."""
     from cli.output import console
+    from plugins.advisor.plan import Plan
     from plugins.checkpoint.catalog import latest_valid
     from plugins.checkpoint.uris import split_manifest_uri
     from plugins.launch.environment import checkpoint_uri
@@ -192,9 +194,11 @@ def _train(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, r
     ctx = DecisionContext(checkpoint_uri=root, endpoint_url=settings.s3_endpoint_url, cluster=cluster, plan=plan)
     conf = AttemptConf(run=run, mlflow_run_id=run_id)
     while True:
+        if conf.plan:  # an OOM re-plan hands the next attempt a plan that needs less memory
+            plan = Plan.model_validate_json(conf.plan)
+            ctx = replace(ctx, plan=plan)
         begin_attempt(jobs, job.name, run, conf.attempt)
-        status, handle = _run_attempt(job, plan, cluster, settings, run, run_id, conf.attempt, conf.resume_from,
-                                      crash_at if conf.attempt == 0 else None, timeline, jobs)
+        status, handle = _run_attempt(job, plan, cluster, settings, run, run_id, conf, crash_at, timeline, jobs)
         _log_checkpoints(job, settings, run, run_id)
         result = after_attempt(gather(handle, status, run=run, resume_from=conf.resume_from), job, conf, ctx,
                                state=jobs, by="make demo")
@@ -218,18 +222,23 @@ def _train(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, r
 
 
 def _run_attempt(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run: str, run_id: str,
-                 attempt: int, resume_from: str, crash_at: int | None, timeline: Timeline,
+                 conf: AttemptConf, crash_at: int | None, timeline: Timeline,
                  jobs: JobStateStore) -> tuple[RunStatus, RunHandle]:
+    """One attempt as `conf` says (resume point, excluded nodes); the crash is injected into
+    attempt 0 only."""
     from plugins.launch.environment import build_worker_env
     from plugins.launch.local import LocalLauncher
     from plugins.placement.service import place_and_reserve
     from plugins.placement.state import open_state
     from plugins.tracking.runs import start_or_resume_run
 
+    attempt, resume_from = conf.attempt, conf.resume_from
+    crash_at = crash_at if attempt == 0 else None
     if attempt:
         start_or_resume_run(job, plan, tracking_uri=settings.mlflow_tracking_uri, run_id=run_id, attempt=attempt)
     state = open_state(settings.state_db)
-    placement = place_and_reserve(job, plan, cluster, state, run=run, attempt=attempt, lease_s=3600)
+    placement = place_and_reserve(job, plan, cluster, state, run=run, attempt=attempt, exclude=conf.exclude_nodes,
+                                  lease_s=3600)
     try:
         launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd())
         worker_env = build_worker_env(job, plan, settings, run=run, attempt=attempt, resume_from=resume_from,
