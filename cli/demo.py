@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from config.settings import Settings
     from config.spec import TrainingJob
     from plugins.advisor.plan import Plan
-    from plugins.launch.model import RunStatus
+    from plugins.launch.model import RunHandle, RunStatus
+    from plugins.recovery.model import AttemptConf
+    from plugins.recovery.state import JobStateStore
 
 DEMO_SPEC = Path(__file__).resolve().parents[1] / "config" / "jobs" / "demo-tiny-lm.yaml"
 
@@ -170,54 +172,86 @@ def _open_run(job: TrainingJob, plan: Plan, settings: Settings, run: str) -> str
 
 def _train(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run: str, run_id: str,
            crash_at: int | None, timeline: Timeline) -> tuple[RunStatus, int]:
-    """Attempts until the job completes or the restart budget is spent."""
+    """Attempts until the job completes or the recovery engine gives up: each attempt's
+    outcome is classified and the next step decided by `plugins.recovery` (the same calls the
+    DAG makes), and the run's lifecycle is recorded in the platform state (`trainyard status`)."""
     from cli.output import console
+    from plugins.advisor.plan import Plan
     from plugins.checkpoint.catalog import latest_valid
+    from plugins.checkpoint.uris import split_manifest_uri
     from plugins.launch.environment import checkpoint_uri
+    from plugins.recovery.decide import DecisionContext
+    from plugins.recovery.engine import after_attempt, begin_attempt
+    from plugins.recovery.evidence import gather
+    from plugins.recovery.model import AttemptConf
+    from plugins.recovery.state import open_job_state
     from plugins.tracking.runs import log_recovery_event
 
-    attempt, resume_from = 0, ""
+    jobs = open_job_state(settings.state_db)
+    jobs.open_run(job.name, trigger_key=f"demo/{run}", run=run, team=job.metadata.team,
+                  project=job.metadata.project, mlflow_run_id=run_id)
+    root = checkpoint_uri(job, settings.object_store, run)
+    ctx = DecisionContext(checkpoint_uri=root, endpoint_url=settings.s3_endpoint_url, cluster=cluster, plan=plan)
+    conf = AttemptConf(run=run, mlflow_run_id=run_id)
     while True:
-        status = _run_attempt(job, plan, cluster, settings, run, run_id, attempt, resume_from,
-                              crash_at if attempt == 0 else None, timeline)
+        if conf.plan:  # an OOM re-plan hands the next attempt a plan that needs less memory
+            plan = Plan.model_validate_json(conf.plan)
+            ctx = replace(ctx, plan=plan)
+        begin_attempt(jobs, job.name, run, conf.attempt)
+        status, handle = _run_attempt(job, plan, cluster, settings, run, run_id, conf, crash_at, timeline, jobs)
         _log_checkpoints(job, settings, run, run_id)
-        if status.succeeded or attempt >= job.spec.fault_tolerance.max_restarts:
-            return status, attempt
-        record = latest_valid(checkpoint_uri(job, settings.object_store, run), endpoint_url=settings.s3_endpoint_url)
-        resume_from = record.manifest_uri if record is not None else ""
-        restored = f"step {record.step}" if record is not None else "scratch"
-        console.print(f"[yellow]worker_crash[/]: rank {status.failed_rank} exited {status.exit_code} "
+        result = after_attempt(gather(handle, status, run=run, resume_from=conf.resume_from), job, conf, ctx,
+                               state=jobs, by="make demo")
+        report, action = result.report, result.action
+        if result.next_conf is None:
+            if action.kind == "give_up":
+                console.print(f"[red]{report.outcome}[/]: {report.reason}; giving up: {action.reason}")
+            return status, conf.attempt
+        if action.resume_from:
+            restored = f"step {split_manifest_uri(action.resume_from)[2]}"
+        else:
+            record = latest_valid(root, endpoint_url=settings.s3_endpoint_url)
+            restored = f"step {record.step}" if record is not None else "scratch"
+        console.print(f"[yellow]{report.outcome}[/]: rank {status.failed_rank} exited {status.exit_code} "
                       f"({status.message}); restarting from {restored}")
-        log_recovery_event(run_id, "worker_crash", attempt=attempt, step=status.step or 0,
+        log_recovery_event(run_id, report.outcome, attempt=conf.attempt, step=status.step or 0,
                            detail=f"rank {status.failed_rank} exit {status.exit_code}; resume from {restored}",
                            tracking_uri=settings.mlflow_tracking_uri)
-        timeline.add(f"attempt {attempt} failed (worker_crash); resume from {restored}")
-        attempt += 1
+        timeline.add(f"attempt {conf.attempt} failed ({report.outcome}); resume from {restored}")
+        conf = result.next_conf
 
 
 def _run_attempt(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run: str, run_id: str,
-                 attempt: int, resume_from: str, crash_at: int | None, timeline: Timeline) -> RunStatus:
+                 conf: AttemptConf, crash_at: int | None, timeline: Timeline,
+                 jobs: JobStateStore) -> tuple[RunStatus, RunHandle]:
+    """One attempt as `conf` says (resume point, excluded nodes); the crash is injected into
+    attempt 0 only."""
     from plugins.launch.environment import build_worker_env
     from plugins.launch.local import LocalLauncher
     from plugins.placement.service import place_and_reserve
     from plugins.placement.state import open_state
     from plugins.tracking.runs import start_or_resume_run
 
+    attempt, resume_from = conf.attempt, conf.resume_from
+    crash_at = crash_at if attempt == 0 else None
     if attempt:
         start_or_resume_run(job, plan, tracking_uri=settings.mlflow_tracking_uri, run_id=run_id, attempt=attempt)
     state = open_state(settings.state_db)
-    placement = place_and_reserve(job, plan, cluster, state, run=run, attempt=attempt, lease_s=3600)
+    placement = place_and_reserve(job, plan, cluster, state, run=run, attempt=attempt, exclude=conf.exclude_nodes,
+                                  lease_s=3600)
     try:
         launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd())
         worker_env = build_worker_env(job, plan, settings, run=run, attempt=attempt, resume_from=resume_from,
                                       mlflow_run_id=run_id)
         handle = launcher.submit(job, plan, placement, worker_env, attempt=attempt)
+        jobs.set_handle(job.name, run, attempt, handle)
+        jobs.transition(job.name, run, "running")
         timeline.add(f"attempt {attempt} launched on {', '.join(n.name for n in placement.nodes)}")
         launched = time.monotonic() - timeline.start
         status = _follow(launcher, handle, job.spec.training.max_steps, crash_at, timeline)
         timeline.attempts.append((launched, time.monotonic() - timeline.start))
         timeline.add(f"attempt {attempt} {status.state}")
-        return status
+        return status, handle
     finally:
         state.release(job.metadata.name, attempt, run=run)
 

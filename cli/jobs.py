@@ -2,8 +2,9 @@
 state of the platform (`plugins/recovery/state.py`), for people.
 
 - `jobs`: training runs, newest first — job, run, lifecycle state, attempts, last failure cause;
-- `status JOB [--run R]`: one run (its newest by default): its lifecycle and every attempt with
-  its outcome, action, step and timings, then each attempt's reason and the action's reason;
+- `status JOB [--run R] [--evidence]`: one run (its newest by default): its lifecycle and every
+  attempt with its outcome, action, step and timings, then each attempt's reason, the action's
+  reason and (`--evidence`) the facts the verdict rests on;
 - `stop JOB [--run R]`: stop the live attempt's gang through its stored launcher handle
   (SIGTERM, emergency checkpoint, SIGKILL after `--grace-s`) and mark the run cancelled;
 - `nodes list | cordon NODE --reason … | uncordon NODE`: the cluster's nodes and which are out
@@ -36,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="one training run: lifecycle and every attempt")
     p.add_argument("job", metavar="JOB")
     p.add_argument("--run", default="", help="run id (default: the job's newest run)")
+    p.add_argument("--evidence", action="store_true", help="also list the facts behind each verdict")
     p.add_argument("--json", action="store_true", help="print the run and its attempts as JSON")
     p.set_defaults(func=run_status)
 
@@ -139,11 +141,11 @@ def run_status(args: argparse.Namespace) -> int:
                                  {"evidence": a.failure_report.evidence if a.failure_report else []}
                                  for a in attempts]})
         return 0
-    show_status(info, attempts)
+    show_status(info, attempts, evidence=args.evidence)
     return 0
 
 
-def show_status(info: RunInfo, attempts: list[AttemptInfo]) -> None:
+def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = False) -> None:
     """The run's header, a compact attempt table (fits 80 columns), then each attempt's why."""
     from rich.markup import escape
     from rich.padding import Padding
@@ -175,6 +177,9 @@ def show_status(info: RunInfo, attempts: list[AttemptInfo]) -> None:
             if a.action_reason:
                 console.print(Padding(f"[dim]→ {a.action}:[/] {escape(a.action_reason)}", (0, 0, 0, 2)),
                               soft_wrap=False)
+        report = a.failure_report if evidence else None
+        for fact in report.evidence if report else []:
+            console.print(Padding(f"[dim]· {escape(fact)}[/]", (0, 0, 0, 4)), soft_wrap=False)
 
 
 # --- stop ---------------------------------------------------------------------------------------

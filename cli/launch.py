@@ -3,7 +3,8 @@
 Validates the spec, plans it (the advisor when available), places it on the local cluster and
 reserves the devices in the platform state, starts one detached torchrun agent per node, then
 shows progress until the job ends, releases the reservation and exits with the job's status
-(0 completed; the failing rank's exit code otherwise, 128+N for a rank killed by signal N).
+(0 completed; the failing rank's exit code otherwise, 128+N for a rank killed by signal N),
+with the recovery engine's verdict on a failure and what the control plane would do about it.
 `--detach` prints the RunHandle JSON and returns at once; the job keeps running and its
 reservation holds until its lease expires (`--lease-s`). Ctrl-C stops the job (SIGTERM, then
 SIGKILL after `--grace-s`). Exit 1 also for an invalid spec or an unschedulable job.
@@ -115,12 +116,13 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         err_console.print(f"interrupted: stopping (grace {args.grace_s:g}s)…")
         if handle is not None:
-            launcher.stop(handle, grace_s=args.grace_s)
+            _stop(handle, "requested", "Ctrl-C in trainyard launch", args.grace_s)
         return 130
     finally:
         if not keep_reservation:
             store.release(job.metadata.name, args.attempt, run=run_id)
     _summary(status, launcher, handle)
+    _verdict(job, plan, cluster, settings, handle, status)
     return exit_status(status)
 
 
@@ -139,15 +141,47 @@ def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse
             if now - last_renew > RENEW_EVERY_S:
                 if store.renew(handle.job, handle.attempt, run=handle.run, lease_s=lease) is None:
                     err_console.print("[red]the reservation's lease was lost; stopping the job[/]")
-                    return launcher.stop(handle, grace_s=args.grace_s)
+                    return _stop(handle, "lease_lost", "the reservation's lease could not be renewed",
+                                 args.grace_s)
                 last_renew = now
             if args.timeout_s is not None and now - started > args.timeout_s:
                 err_console.print(f"[yellow]timeout after {args.timeout_s:g}s; stopping[/]")
-                return launcher.stop(handle, grace_s=args.grace_s)
+                return _stop(handle, "timeout", f"--timeout-s {args.timeout_s:g} reached", args.grace_s)
             if status.finished:
                 return launcher.settle(handle, status)
             status = launcher.poll(handle)
             live.update(_progress(status, handle, now - started))
+
+
+def _stop(handle: Any, reason: str, detail: str, grace_s: float) -> RunStatus:
+    """Stop the gang the control plane's way: the reason first (`classify` reads it), then the stop."""
+    from plugins.recovery.watch import StopReason, stop_gang
+
+    return stop_gang(handle, StopReason(reason=reason, detail=detail), grace_s=grace_s)  # type: ignore[arg-type]
+
+
+def _verdict(job: Any, plan: Any, cluster: Any, settings: Any, handle: Any, status: RunStatus | None) -> None:
+    """How the recovery engine reads the attempt, and what the control plane would do next
+    (`trainyard launch` runs one attempt; the Airflow DAG carries the action out)."""
+    from rich.markup import escape
+
+    from cli.output import console
+    from plugins.launch.environment import checkpoint_uri
+    from plugins.recovery.decide import DecisionContext
+    from plugins.recovery.engine import after_attempt
+    from plugins.recovery.evidence import gather
+    from plugins.recovery.model import AttemptConf
+
+    if status is None or handle is None or not status.finished:
+        return
+    ctx = DecisionContext(checkpoint_uri=checkpoint_uri(job, settings.object_store, handle.run),
+                          endpoint_url=settings.s3_endpoint_url, cluster=cluster, plan=plan)
+    conf = AttemptConf(run=handle.run, attempt=handle.attempt)
+    result = after_attempt(gather(handle, status, run=handle.run), job, conf, ctx, apply=False)
+    if result.report.outcome == "completed":
+        return
+    console.print(f"verdict: [bold]{result.report.outcome}[/] — {escape(result.report.reason)}")
+    console.print(f"the control plane would {result.action.kind}: {escape(result.action.reason)}")
 
 
 def _progress(status: RunStatus, handle: Any, elapsed: float) -> Any:

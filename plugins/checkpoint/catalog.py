@@ -160,7 +160,9 @@ def quarantine(manifest_uri: str, reason: str, *, endpoint_url: str | None = Non
 
     The marker names the manifest's digest because a step can be committed again (a run
     rolled back before a divergence saves the same step numbers anew): a marker whose digest
-    no longer matches the manifest beside it condemns nothing."""
+    no longer matches the manifest beside it condemns nothing. The new save overwrites the
+    condemned files of that step (the writer owns its step folder): the bad bytes are kept
+    until then, not forever."""
     root_uri, folder, _ = split_manifest_uri(manifest_uri)
     store = open_store(root_uri, endpoint_url=endpoint_url)
     marker = f"{folder}/{QUARANTINE_NAME}"

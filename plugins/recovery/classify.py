@@ -120,8 +120,12 @@ def classify(ev: Evidence) -> FailureReport:
 
     hung = [r for r in status.ranks if r.hung]
     if (stopped and stop_cause == "hang") or (hung and first is None):
-        detail = why_stopped if stop_cause == "hang" and why_stopped else \
-            f"rank {hung[0].rank} has no step progress for {hung[0].heartbeat_age_s:.0f} s"
+        if stop_cause == "hang" and why_stopped:
+            detail = why_stopped
+        elif hung:
+            detail = f"rank {hung[0].rank} has no step progress for {hung[0].heartbeat_age_s or 0:.0f} s"
+        else:
+            detail = "the hang watcher stopped the gang"
         ranks = [r.rank for r in hung] or (ev.stop_reason.ranks if ev.stop_reason is not None else [])
         rank = ranks[0] if ranks else None
         return report("hang", f"hang: {detail}" + (f" (hung ranks {ranks})" if ranks else ""),

@@ -64,8 +64,13 @@ def after_attempt(evidence: Evidence, job: TrainingJob, conf: AttemptConf, ctx: 
 
 def begin_attempt(state: JobStateStore, job: str, run: str, attempt: int, *, dag_run_id: str = "") -> RunInfo:
     """The lifecycle up to `starting` for `attempt` (from `pending`, or from `recovering` for a
-    later attempt), and its attempt row. Idempotent."""
+    later attempt), and its attempt row. Idempotent. A run that is already completed, failed or
+    cancelled (`trainyard stop` during a hand-over) starts nothing: `IllegalTransition`."""
+    from plugins.recovery.state import IllegalTransition
+
     info = state.get_run(job, run)
+    if info.final:
+        raise IllegalTransition(job, run, info.state, "starting")
     if info.state in ("pending", "recovering"):
         info = state.transition(job, run, "scheduling")
     if info.state == "scheduling":

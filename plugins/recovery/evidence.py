@@ -8,8 +8,9 @@ again later (an Airflow task on another worker, `trainyard status`, a test):
 - the run folder (`plugins/launch/local.py` documents its layout): `exits.jsonl` (every rank
   exit, torchrun's in-place restarts included), `stopped.json` (the launcher was asked to stop
   the gang) and `stop-reason.json` (why the control plane stopped it: `plugins/recovery/watch.py`
-  writes it before the stop; no reason = a stop a person asked for), `diverged.json` and `checkpoint_corrupt.json` (written by `worker/session.py` before it
-  exits with `DIVERGED` / `CHECKPOINT_CORRUPT`), and the tail of each failed rank's log;
+  writes it before the stop; no reason = a stop a person asked for), `diverged.json` and
+  `checkpoint_corrupt.json` (written by `worker/session.py` before it exits with `DIVERGED` /
+  `CHECKPOINT_CORRUPT`), and the tail of each failed rank's log;
 - the health of the gang's nodes, as their node agents reported it (`NodeObservation`: a
   `NodeHealth`, or the number of heartbeats the agent has missed in a row). The caller polls
   the agents (a sensor keeps the missed count across polls); `observe_node` is one probe.
@@ -119,10 +120,10 @@ class NodeObservation(_Record):
     error: str = ""
     """Why the last poll failed."""
 
-    def fatal_reasons(self) -> list[str]:
+    def fatal_reasons(self, *, max_misses: int = MISSED_HEARTBEATS_LOST) -> list[str]:
         """Why this node is lost, one line each; empty when it is fine."""
         reasons = []
-        if self.missed_heartbeats >= MISSED_HEARTBEATS_LOST:
+        if self.missed_heartbeats >= max_misses:
             detail = f": {self.error}" if self.error else ""
             reasons.append(f"node agent on {self.node} missed {self.missed_heartbeats} heartbeats{detail}")
         if self.health is not None:
@@ -162,10 +163,12 @@ class Evidence(_Record):
     @property
     def stop_cause(self) -> str | None:
         """None when nobody stopped the gang; else `StopReason.reason` (`requested` when the
-        launcher was stopped without a recorded reason: a person's stop, a Ctrl-C)."""
+        launcher was stopped without a recorded reason: a person's stop, a Ctrl-C). A stop with
+        no reason on an attempt that had already failed is the launcher's clean-up of the
+        failed gang (`LocalLauncher.settle`), not a request: None."""
         if self.stop_reason is not None:
             return self.stop_reason.reason
-        return "requested" if self.stop is not None else None
+        return "requested" if self.stop is not None and self.status.state == "stopped" else None
 
     @property
     def restarts_in_place(self) -> int:

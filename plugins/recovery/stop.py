@@ -31,8 +31,8 @@ class StopResult:
 def stop_run(store: JobStateStore, job: str, run: str = "", *, grace_s: float = 30.0,
              detail: str = "trainyard stop") -> StopResult:
     """Stop the live attempt's gang (SIGTERM → emergency checkpoint → SIGKILL after `grace_s`),
-    record the attempt as cancelled and the run as `cancelled`. A run already completed,
-    failed or cancelled is left as it is."""
+    record the attempt as cancelled and the run as `cancelled`, and release the attempt's
+    reservation. A run already completed, failed or cancelled is left as it is."""
     from plugins.recovery.watch import StopReason, stop_gang
 
     info = store.get_run(job, run)
@@ -48,4 +48,8 @@ def stop_run(store: JobStateStore, job: str, run: str = "", *, grace_s: float = 
             step=status.step if status else None,
             evidence=[f"launcher: {status.state} — {status.message}"] if status else []))
     info = store.transition(job, info.run, "cancelled", reason=reason)
+    if live is not None:  # the devices are free once the gang is gone (a teardown task may repeat it)
+        from plugins.placement.state import open_state
+
+        open_state(store.url).release(job, live.attempt, run=info.run)
     return StopResult(info, live.attempt if live else None, status)

@@ -95,25 +95,21 @@ def checkpoint_overdue(status: RunStatus, last_step: int, interval_steps: int | 
 def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, int], max_misses: int = 3
                ) -> list[tuple[str, str]]:
     """(node, why) for each node of the gang whose agent reports a fatal verdict or missed
-    `max_misses` polls in a row (`misses` carries the count between polls)."""
-    from node_agent.client import NodeAgentError, fetch_health
+    `max_misses` polls in a row (`misses` carries the count between polls). One probe and one
+    judgement per node: `evidence.observe_node` and `NodeObservation.fatal_reasons`, the same
+    ones `classify` reads (an agent that answers with garbage is alive: not a missed beat)."""
+    from plugins.recovery.evidence import observe_node
 
     lost = []
     for node in handle.nodes or sorted({a.node for a in handle.agents}):
         url = agents.get(node)
         if not url:
             continue
-        try:
-            health = fetch_health(url, timeout=3.0)
-        except NodeAgentError as e:
-            misses[node] = misses.get(node, 0) + 1
-            if misses[node] >= max_misses:
-                lost.append((node, f"node agent at {url} missed {misses[node]} heartbeats: {e}"))
-            continue
-        misses[node] = 0
-        fatal = [v for v in health.verdicts if v.kind in FATAL_VERDICTS]
-        if fatal:
-            lost.append((node, "; ".join(f"{v.kind}: {v.reason}" for v in fatal)))
+        seen = observe_node(node, url, missed_before=misses.get(node, 0), timeout=3.0)
+        misses[node] = seen.missed_heartbeats
+        reasons = seen.fatal_reasons(max_misses=max_misses)
+        if reasons:
+            lost.append((node, "; ".join(reasons)))
     return lost
 
 

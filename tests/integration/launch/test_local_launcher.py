@@ -108,6 +108,8 @@ def test_cli_reports_the_failing_rank_and_exits_with_its_code(tmp_path: Path) ->
     assert result.returncode == 7, result.stdout + result.stderr
     assert f"rank 1 on local-1 failed: {describe(7)} (exit code 7)" in result.stdout
     assert "rank 1 failing on purpose with 7" in result.stdout  # the failed rank's log tail
+    assert "verdict: worker_crash — rank 1 on local-1 exited with code 7 at step 2" in result.stdout
+    assert "the control plane would restart: worker_crash: restart the same gang from scratch" in result.stdout
     assert usage_by_team(Settings(home=home).state_db) == {}  # released
 
 

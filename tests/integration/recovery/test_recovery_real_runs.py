@@ -12,6 +12,7 @@ from plugins.recovery.classify import classify
 from plugins.recovery.decide import DecisionContext, decide
 from plugins.recovery.evidence import gather
 from plugins.recovery.model import AttemptConf
+from plugins.recovery.watch import StopReason, stop_gang
 from tests.integration.launch.test_local_launcher import start, wait_for
 
 pytestmark = pytest.mark.slow
@@ -27,6 +28,7 @@ def test_a_real_crash_is_a_worker_crash_and_the_same_crash_twice_gives_up(tmp_pa
         launcher, handle = start(tmp_path / str(attempt), "tiny-crash", ["--steps", "2", "--fail-rank", "1"])
         status = launcher.wait(handle, timeout_s=120)
         report = classify(gather(handle, status, run="r-crash"))
+        # the settle() that cleaned up the gang wrote stopped.json: a clean-up, not a request
         assert (report.outcome, report.rank, report.exit_code) == ("worker_crash", 1, 7), report
         assert report.reason.startswith("rank 1 on local-1 exited with code 7 at step 2"), report.reason
         report = report.model_copy(update={"attempt": attempt})
@@ -41,8 +43,22 @@ def test_a_real_crash_is_a_worker_crash_and_the_same_crash_twice_gives_up(tmp_pa
 def test_a_gang_stopped_for_a_hang_is_a_hang(tmp_path: Path) -> None:
     launcher, handle = start(tmp_path, "tiny-hang", ["--steps", "400", "--sleep", "0.2"])
     wait_for(launcher, handle, lambda s: s.step is not None and s.step >= 2)
-    status = launcher.stop(handle, grace_s=10, reason="hang: rank 1 made no step progress for 600 s")
+    status = stop_gang(handle, StopReason(reason="hang", detail="rank 1 made no step progress for 600 s",
+                                          ranks=[1]), grace_s=10)
     assert status.state == "stopped", status
     report = classify(gather(handle, status, run="r-hang"))
     assert report.outcome == "hang" and "rank 1 made no step progress" in report.reason
-    assert any(line.startswith("stopped.json: hang:") for line in report.evidence)
+    assert report.rank == 1 and "stop-reason.json: hang: rank 1 made no step progress for 600 s" in report.evidence
+
+
+def test_launch_timeout_is_recorded_as_the_stop_reason(tmp_path: Path) -> None:
+    """`trainyard launch --timeout-s` stops the gang the control plane's way: the reason is on
+    disk before the stop, and the verdict is a stop on request, not a crash."""
+    from tests.integration.launch.test_local_launcher import cli, write_spec
+
+    spec = write_spec(tmp_path / "slow.yaml", "tiny-slow", ["--steps", "100000", "--sleep", "0.1"])
+    result = cli(tmp_path / "home", "launch", "--local", "--timeout-s", "8", "--grace-s", "5", str(spec))
+    assert "timeout after 8s; stopping" in result.stderr, result.stdout + result.stderr
+    assert "verdict: cancelled — stopped on request (--timeout-s 8 reached)" in result.stdout, result.stdout
+    reasons = list((tmp_path / "home" / "runs" / "tiny-slow").glob("*/0/stop-reason.json"))
+    assert len(reasons) == 1 and StopReason.model_validate_json(reasons[0].read_text()).reason == "timeout"

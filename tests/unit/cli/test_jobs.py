@@ -17,6 +17,8 @@ from cli.main import main
 from config.settings import get_settings
 from plugins.launch import processes
 from plugins.launch.model import AgentRecord, RunHandle
+from plugins.placement.model import PlacedNode, Placement
+from plugins.placement.state import open_state
 from plugins.recovery.model import FailureReport, RecoveryAction
 from plugins.recovery.state import JobStateStore, open_job_state
 
@@ -77,6 +79,8 @@ def test_status_shows_every_attempt_in_80_columns(store: JobStateStore, capsys: 
     table = [line.split() for line in out.splitlines() if line.strip().startswith(("0 ", "1 "))]
     assert table[0][:4] == ["0", "worker_crash", "restart", "120"] and table[0][5] == "95s"
     assert table[1][:2] == ["1", "running"]
+    assert main(["status", "demo-tiny-lm", "--evidence"]) == 0
+    assert "    · launcher: failed" in capsys.readouterr().out
     assert main(["status", "demo-tiny-lm", "--run", run, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["attempts"][0]["evidence"] == ["launcher: failed"]
@@ -96,7 +100,14 @@ def test_stop_stops_the_live_gang_and_cancels_the_run(store: JobStateStore, tmp_
                            agents=[AgentRecord(node="local-0", node_rank=0, pid=proc.pid, pgid=proc.pid,
                                                start_ticks=processes.start_ticks(proc.pid), nproc=1)])
         store.set_handle("demo-tiny-lm", run, 1, handle)
+        devices = open_state(store.url)
+        node = PlacedNode(name="local-0", rack="r", address="127.0.0.1", gpu_type="cpu", node_gpus=2, node_rank=0,
+                          first_rank=0, slots=1)
+        devices.reserve(Placement(job="demo-tiny-lm", run=run, attempt=1, team="demo", gpu_type="cpu", tp=1, pp=1,
+                                  dp=1, ranks_per_node=1, nodes=[node]))
+        assert devices.used_by_node() == {"local-0": 1}
         assert main(["stop", "demo-tiny-lm", "--grace-s", "5"]) == 0
+        assert devices.used_by_node() == {}  # the reservation went with the gang
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:

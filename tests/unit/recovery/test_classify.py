@@ -230,3 +230,18 @@ def test_node_lost_named_by_the_health_watcher(tmp_path: Path) -> None:
     assert (report.outcome, report.failed_nodes) == ("node_lost", ["local-1"])
     assert report.reason == "node lost: gpu_failed on local-1"
     assert "stop-reason.json: node_lost: gpu_failed on local-1" in report.evidence
+
+
+def test_the_launchers_clean_up_of_a_failed_gang_is_not_a_request(tmp_path: Path) -> None:
+    """`settle` stops what a failed attempt left running (stopped.json, no reason) after the
+    failure: the failure is the cause."""
+    ev, status = evidence(tmp_path, [Rank(7, ended_at=50), Rank(-15, ended_at=150)], stop_reason="",
+                          stop_after=100)
+    assert status.state == "failed" and ev.stop is not None and ev.stop_cause is None
+    assert classify(ev).outcome == "worker_crash"
+
+
+def test_a_hang_stop_without_detail_still_reads(tmp_path: Path) -> None:
+    ev, _ = evidence(tmp_path, [Rank(-9, ended_at=101)] * 2, stop_reason="hang:")
+    report = classify(ev)
+    assert (report.outcome, report.reason) == ("hang", "hang: the hang watcher stopped the gang")

@@ -172,3 +172,15 @@ def test_shares_the_database_with_placement(tmp_path: Path) -> None:
     JobStateStore(url).close()
     tables = set(sqlalchemy.inspect(sqlalchemy.create_engine(url)).get_table_names())
     assert {"trainyard_gangs", "trainyard_runs", "trainyard_attempts", "trainyard_node_cordons"} <= tables
+
+
+def test_begin_attempt_walks_the_lifecycle_and_refuses_a_final_run(store: JobStateStore) -> None:
+    from plugins.recovery.engine import begin_attempt
+
+    run = store.open_run("tiny", trigger_key="b").run
+    assert begin_attempt(store, "tiny", run, 0).state == "starting"
+    assert begin_attempt(store, "tiny", run, 0).state == "starting"  # a retried task
+    store.transition("tiny", run, "cancelled", reason="trainyard stop")
+    with pytest.raises(IllegalTransition, match="'cancelled' to 'starting'"):
+        begin_attempt(store, "tiny", run, 1)
+    assert [a.attempt for a in store.attempts("tiny", run)] == [0]

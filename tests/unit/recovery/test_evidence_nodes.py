@@ -1,0 +1,54 @@
+"""`observe_node` against a real node agent (in-process HTTP server over a fake NVML, as in
+tests/unit/node_agent): a failed GPU makes the node lost; a silent agent counts missed
+heartbeats until the third."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from node_agent import client
+from node_agent.models import FaultRequest
+from plugins.recovery.evidence import MISSED_HEARTBEATS_LOST, observe_node
+from tests.support.procs import free_port
+from tests.unit.node_agent.test_agent_server import Agent, _start
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Agent]:
+    yield from _start(tmp_path, gpus=2, faults=True)
+
+
+def test_a_failed_gpu_makes_the_node_lost(agent: Agent) -> None:
+    healthy = observe_node("node-7", agent.url)
+    assert healthy.health is not None and healthy.fatal_reasons() == []
+    client.inject_fault(agent.url, FaultRequest(gpu=1, xid=79))
+    lost = observe_node("node-7", agent.url)
+    (reason,) = lost.fatal_reasons()
+    assert reason.startswith("node-7 GPU 1: gpu_failed (Xid 79)")
+
+
+def test_missed_heartbeats_add_up_to_a_lost_node() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nobody listens
+    seen = observe_node("node-9", url, timeout=1.0)
+    for _ in range(MISSED_HEARTBEATS_LOST - 1):
+        assert seen.fatal_reasons() == []
+        seen = observe_node("node-9", url, missed_before=seen.missed_heartbeats, timeout=1.0)
+    assert seen.missed_heartbeats == MISSED_HEARTBEATS_LOST
+    assert seen.fatal_reasons()[0].startswith("node agent on node-9 missed 3 heartbeats")
+
+
+def test_the_health_watcher_judges_nodes_the_same_way(agent: Agent) -> None:
+    from plugins.launch.model import RunHandle
+    from plugins.recovery.watch import lost_nodes
+
+    handle = RunHandle(kind="local", job="tiny", attempt=0, world_size=2, nodes=["node-7", "node-8"])
+    agents = {"node-7": agent.url, "node-8": f"http://127.0.0.1:{free_port()}"}
+    misses: dict[str, int] = {}
+    assert lost_nodes(handle, agents, misses=misses, max_misses=2) == [] and misses == {"node-7": 0, "node-8": 1}
+    client.inject_fault(agent.url, FaultRequest(gpu=0, xid=48))
+    lost = dict(lost_nodes(handle, agents, misses=misses, max_misses=2))
+    assert lost["node-7"].startswith("node-7 GPU 0: gpu_failed (Xid 48)")
+    assert lost["node-8"].startswith("node agent on node-8 missed 2 heartbeats")
