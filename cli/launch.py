@@ -12,11 +12,14 @@ SIGKILL after `--grace-s`). Exit 1 also for an invalid spec or an unschedulable 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from plugins.launch.model import RunStatus
 
 RENEW_EVERY_S = 30.0
@@ -39,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grace-s", type=float, default=30.0, help="SIGTERM → SIGKILL grace on Ctrl-C")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun's in-place restarts (default 0)")
     p.add_argument("--timeout-s", type=float, default=None, help="stop the job after this long")
+    p.add_argument("--mlflow-run-id", default=None, metavar="ID",
+                   help="continue this MLflow run (default: a new run for attempt 0, the job's newest "
+                        "run for a later attempt)")
     p.set_defaults(func=run)
 
 
@@ -87,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     err_console.print("placed: " + ", ".join(f"{n.name}×{n.slots}" for n in placement.nodes))
 
     launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd(), max_restarts=args.max_restarts)
-    worker_env = build_worker_env(job, plan, settings, attempt=args.attempt, resume_from=args.resume_from)
+    run_id = _open_tracking(job, plan, cluster, settings, args, source)
+    worker_env = build_worker_env(job, plan, settings, attempt=args.attempt, resume_from=args.resume_from,
+                                  mlflow_run_id=run_id or "")
     handle = None
     status = None
     keep_reservation = False
@@ -98,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             print_json(handle.model_dump(mode="json"))
             err_console.print(f"detached; logs under {handle.run_dir}; the reservation's lease ends in {lease:g}s")
             return 0
-        status = _follow(launcher, handle, store, lease, args)
+        with _system_metrics(run_id, settings):
+            status = _follow(launcher, handle, store, lease, args)
     except (LaunchError, ValueError) as e:
         err_console.print(f"[red]launch failed[/]: {e}")
         return 1
@@ -111,7 +120,46 @@ def run(args: argparse.Namespace) -> int:
         if not keep_reservation:
             store.release(job.metadata.name, args.attempt)
     _summary(status, launcher, handle)
+    _close_tracking(run_id, status, settings, job.name)
     return exit_status(status)
+
+
+def _open_tracking(job: Any, plan: Any, cluster: Any, settings: Any, args: argparse.Namespace,
+                   source: str) -> str | None:
+    """The job's MLflow run (new for attempt 0, `--mlflow-run-id` or the job's newest run
+    otherwise) with its start artifacts; None, said once, when the tracking store is down."""
+    from cli.output import err_console
+    from plugins.tracking.lifecycle import open_tracked_run
+
+    try:
+        run_id = open_tracked_run(job, plan, settings, attempt=args.attempt, run_id=args.mlflow_run_id,
+                                  cluster=cluster, plan_source=source)
+    except Exception as e:  # noqa: BLE001 - a debugging launch runs without tracking rather than not at all
+        err_console.print(f"[yellow]no MLflow run[/] ({settings.mlflow_tracking_uri}): {type(e).__name__}: {e}")
+        return None
+    err_console.print(f"MLflow run {run_id} ({settings.mlflow_tracking_uri})")
+    return run_id
+
+
+@contextlib.contextmanager
+def _system_metrics(run_id: str | None, settings: Any) -> Iterator[None]:
+    from plugins.tracking.system_metrics import start_system_metrics
+
+    monitor = start_system_metrics(run_id, tracking_uri=settings.mlflow_tracking_uri) if run_id else None
+    try:
+        yield
+    finally:
+        if monitor is not None:
+            monitor.finish()
+
+
+def _close_tracking(run_id: str | None, status: RunStatus | None, settings: Any, title: str) -> None:
+    from plugins.tracking.lifecycle import close_tracked_run
+
+    if run_id is None or status is None:
+        return
+    close_tracked_run(run_id, "completed" if status.succeeded else "failed",
+                      tracking_uri=settings.mlflow_tracking_uri, title=title)
 
 
 def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse.Namespace) -> RunStatus:

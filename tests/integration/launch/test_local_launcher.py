@@ -108,6 +108,17 @@ def test_cli_reports_the_failing_rank_and_exits_with_its_code(tmp_path: Path) ->
     assert f"rank 1 on local-1 failed: {describe(7)} (exit code 7)" in result.stdout
     assert "rank 1 failing on purpose with 7" in result.stdout  # the failed rank's log tail
     assert usage_by_team(Settings(home=home).state_db) == {}  # released
+    # The launch opened an MLflow run like the demo's, and ended it FAILED with its artifacts.
+    from mlflow import MlflowClient
+
+    from plugins.tracking.artifacts import artifact_paths
+
+    uri = Settings(home=home).mlflow_tracking_uri
+    (run,) = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("demo/default").experiment_id])
+    assert (run.info.status, run.data.tags["trainyard.job"]) == ("FAILED", "tiny-bad")
+    assert f"MLflow run {run.info.run_id}" in result.stderr
+    assert {"spec/tiny-bad.yaml", "plan/explanation.txt", "recovery/timeline.txt"} <= set(
+        artifact_paths(MlflowClient(uri), run.info.run_id))
 
 
 def test_killing_one_rank_is_reported_with_that_ranks_exit_code(tmp_path: Path) -> None:
