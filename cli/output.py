@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -15,3 +18,40 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 def print_json(data: Any) -> None:
     """Machine output: one JSON document on stdout, nothing else."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def table(title: str, columns: list[tuple[str, str]], *, wide: bool = False,
+          wide_only: tuple[str, ...] = ()) -> tuple[Table, list[str]]:
+    """A compact table (no vertical rules: three characters saved per column) with `columns`
+    as (header, "left" | "right"); the headers in `wide_only` only with `--wide`. Returns the
+    table and the headers shown, so rows can be filtered by `row(...)`. Long cells wrap inside
+    their column (`overflow="fold"`) instead of pushing the table past the terminal."""
+    from rich import box
+    from rich.table import Table
+
+    shown = [name for name, _ in columns if wide or name not in wide_only]
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for name, justify in columns:
+        if name in shown:
+            t.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    return t, shown
+
+
+def row(shown: list[str], cells: dict[str, str]) -> list[str]:
+    """The cells of one row, in `shown` order (the headers `table` kept)."""
+    return [cells[name] for name in shown]
+
+
+def format_age(seconds: float | None) -> str:
+    """One spelling of an age everywhere: `45s`, `1m57s`, `3h05m`, `2d04h` (None: `-`): the two
+    largest units, so ages sort by eye and `2m` never sits beside `117s`."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

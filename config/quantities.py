@@ -56,6 +56,15 @@ def parse_count(value: Any) -> int:
     return round(number)
 
 
+def readable_number(value: float, decimals: int) -> str:
+    """`value` with thousands separators and `decimals` places — unless that would print a
+    non-zero value as 0 (0.0042 GPU-hours as `0.0`, $0.004 as `0.00`): then two significant
+    digits, so a small run reads as small, not as free."""
+    if value != 0 and abs(value) < 0.5 * 10 ** -decimals:
+        return f"{value:.2g}" if abs(value) >= 1e-4 else f"{value:.1e}"
+    return f"{value:,.{decimals}f}"
+
+
 def _format_duration(value: timedelta) -> str:
     seconds = value.total_seconds()
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):

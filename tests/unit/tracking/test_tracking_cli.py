@@ -132,3 +132,44 @@ def test_parse_period_month_bounds() -> None:
     since, until, label = parse_period("2026-12", None, None)
     assert (since.isoformat(), until.isoformat(), label) == (  # type: ignore[union-attr]
         "2026-12-01T00:00:00+00:00", "2027-01-01T00:00:00+00:00", "2026-12")
+
+
+def test_cost_report_takes_mfu_and_throughput_from_the_run_and_prints_small_values(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime as dt
+
+    from plugins.tracking.metrics import MetricsStreamer
+
+    uri = f"sqlite:///{tmp_path / 'own.db'}"
+    job = make_job("tiny-costed", team="demo", project="tiny", gpu_type="cpu", gpu_count=2)
+    rid = runs.start_or_resume_run(job, make_plan(), tracking_uri=uri, attempt=0)
+    with MetricsStreamer(uri, rid, flush_every_s=60) as s:  # what the demo's rank 0 streams
+        s.log(1, {"mfu": 0.17, "tokens_per_s": 15000.0})
+        s.log(2, {"mfu": 0.185, "tokens_per_s": 16000.0})
+    t0 = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)
+    # What the demo records: times only; it never knew MFU or throughput.
+    acct = cost.RunAccounting(job=job.name, team="demo", project="tiny", gpu_type="cpu", gpu_count=2,
+                              submitted_at=t0, started_at=t0, ended_at=t0 + dt.timedelta(seconds=75),
+                              training_s=60, recovery_s=15, run_id=rid)
+    cost.log_job_cost(rid, acct, cost.job_cost(acct), tracking_uri=uri)
+    recorded = cost.RunAccounting.model_validate_json(
+        runs.client_for(uri).get_run(rid).data.tags[cost.ACCOUNTING_TAG])
+    assert (recorded.mfu, recorded.tokens_per_s) == (0.185, 16000.0)  # the tag now records them
+    assert [m.step for m in runs.client_for(uri).get_metric_history(rid, "mfu")] == [1, 2]  # no step-0 point
+
+    assert main(["cost", "report", "--tracking-uri", uri, "--json"]) == 0
+    (r,) = json.loads(capsys.readouterr().out)["rows"]
+    assert r["avg_mfu_pct"] == pytest.approx(18.5) and r["avg_tokens_per_s"] == pytest.approx(16000)
+
+    monkeypatch.setenv("COLUMNS", "80")
+    from cli import output
+
+    monkeypatch.setattr(output, "console", output.Console(width=80, highlight=False))
+    assert main(["cost", "report", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 80, out
+    (line,) = [x for x in lines if x.lstrip().startswith("demo")]
+    # 2 devices × 75 s = 0.042 GPU-hours (15 s of it recovery) at $0.05 an hour: none prints as 0
+    assert line.split()[:9] == ["demo", "tiny", "1", "0.042", "0.0083", "0.0021", "20.0", "18.5", "16,000"], out
