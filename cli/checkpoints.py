@@ -3,8 +3,7 @@
 The checkpoint root is the job spec's `checkpoint.storage` when the spec is found (`--spec`,
 or a spec named JOB under the jobs folder), else `<object store>/jobs/JOB/checkpoints`; `--uri`
 overrides both. `prune` takes the retention policy from the spec, flags override it, and
-`--dry-run` shows what would be deleted and why. Exit codes: 0 OK, 1 a checkpoint does not
-verify / nothing to export, 2 usage errors.
+`--dry-run` shows what would be deleted and why.
 """
 
 from __future__ import annotations
@@ -20,12 +19,18 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from cli.output import exit_codes_epilog
+
+    epilog = exit_codes_epilog({1: "a checkpoint does not verify, nothing to export, or no job has this "
+                                   "name (no spec and nothing under its checkpoint root)"})
     p = sub.add_parser("checkpoints", help="list, verify, prune and export a job's checkpoints",
-                       description=__doc__.split("\n\n")[0])
+                       description=__doc__.split("\n\n")[0], epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def common(name: str, help_: str) -> argparse.ArgumentParser:
-        a = actions.add_parser(name, help=help_)
+        a = actions.add_parser(name, help=help_, description=help_, epilog=epilog,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
         a.add_argument("job", metavar="JOB", help="job name (metadata.name of its spec)")
         a.add_argument("--spec", type=Path, help="the job's spec file (default: look for JOB "
                                                  "under the jobs folder)")
@@ -35,17 +40,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         a.set_defaults(func=run)
         return a
 
-    common("list", "committed checkpoints, newest last (plus folders without a manifest)")
+    ls = common("list", "committed checkpoints, newest last (plus folders without a manifest)")
+    ls.add_argument("--wide", action="store_true", help="every column, whatever the terminal's width")
     v = common("verify", "check every file's size and SHA-256 against the manifest")
     v.add_argument("--step", type=int, help="only this step (default: every checkpoint)")
     v.add_argument("--no-hashes", action="store_true", help="sizes only (no reading of data)")
     pr = common("prune", "apply the retention policy (keep last N, best K, every M, min age)")
     pr.add_argument("--dry-run", action="store_true", help="show what would be deleted and why")
-    pr.add_argument("--keep-last", type=int)
-    pr.add_argument("--best-metric")
-    pr.add_argument("--keep-best", type=int)
-    pr.add_argument("--keep-every", type=int, help="keep steps that are multiples of this")
-    pr.add_argument("--min-age-minutes", type=float)
+    pr.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest checkpoints "
+                    "(default: the spec's checkpoint.maxKeep)")
+    pr.add_argument("--best-metric", metavar="NAME", help="metric that ranks checkpoints for "
+                    "--keep-best, lower is better (default: the spec's checkpoint.keepBestMetric)")
+    pr.add_argument("--keep-best", type=int, metavar="K", help="keep the K best by --best-metric "
+                    "(default: the spec's checkpoint.keepBestCount)")
+    pr.add_argument("--keep-every", type=int, metavar="M", help="keep steps that are multiples of M")
+    pr.add_argument("--min-age-minutes", type=float, metavar="MIN",
+                    help="never delete a checkpoint younger than this")
     pr.add_argument("--protect", type=int, action="append", default=[], metavar="STEP",
                     help="never delete this step (e.g. one being restored); repeatable")
     pr.add_argument("--orphan-grace-minutes", type=float, default=360.0,
@@ -66,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
         _error(str(e))
         return 2
     endpoint = args.endpoint_url or settings.s3_endpoint_url
+    if spec is None and not args.uri and _is_empty(root, endpoint):
+        known = sorted(_spec_names(settings.jobs_dir))
+        _error(f"no job named {args.job!r}: no spec for it under {settings.jobs_dir} and nothing under {root}"
+               + (f"; jobs with a spec: {', '.join(known[:10])}" if known else "")
+               + " (give --spec or --uri for a job stored elsewhere)")
+        return 1
     handler = {"list": _list, "verify": _verify, "prune": _prune, "export": _export}[args.action]
     return handler(args, root, endpoint, spec)
 
@@ -83,6 +99,21 @@ def _find_spec(args: argparse.Namespace, jobs_dir: Path) -> TrainingJob | None:
         if job is not None and job.metadata.name == args.job:
             return job
     return None
+
+
+def _spec_names(jobs_dir: Path) -> list[str]:
+    from config.loader import read_spec_file
+
+    return [job.metadata.name for path in sorted(Path(jobs_dir).glob("*.y*ml"))
+            if (job := read_spec_file(path)[0]) is not None]
+
+
+def _is_empty(root: str, endpoint: str | None) -> bool:
+    """Nothing at all under the root: no checkpoint, no save in flight, no broken manifest."""
+    from plugins.checkpoint.catalog import scan
+
+    found = scan(root, endpoint_url=endpoint)
+    return not (found.committed or found.uncommitted or found.invalid)
 
 
 def _checkpoint_root(args: argparse.Namespace, spec: TrainingJob | None, object_store: str) -> str:
@@ -112,20 +143,20 @@ def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) 
             "invalid": found.invalid,
         })
         return 0
-    from rich.table import Table
-
-    from cli.output import console
+    from cli.output import console, format_age, row, table
 
     now = utc_now()
-    table = Table(title=f"checkpoints of {args.job} — {root}", title_justify="left")
-    for column in ("step", "created (UTC)", "age", "size", "files", "ranks", "metrics"):
-        table.add_column(column, justify="right" if column in ("step", "size", "files") else "left")
+    t, shown = table(f"checkpoints of {args.job}\n{root}", [
+        ("step", "right"), ("created (UTC)", "left"), ("age", "right"), ("size", "right"), ("files", "right"),
+        ("ranks", "right"), ("metrics", "left")], wide=args.wide, wide_only=("created (UTC)", "files"))
     for r in found.committed:
         m = r.manifest
-        table.add_row(str(m.step), m.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                      _age(now - m.created_at), _size(m.stored_bytes), str(len(m.files)),
-                      str(m.world_size), " ".join(f"{k}={v:g}" for k, v in m.metrics.items()))
-    console.print(table)
+        t.add_row(*row(shown, {
+            "step": str(m.step), "created (UTC)": m.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            "age": format_age((now - m.created_at).total_seconds()), "size": _size(m.stored_bytes),
+            "files": str(len(m.files)), "ranks": str(m.world_size),
+            "metrics": " ".join(f"{k}={v:g}" for k, v in m.metrics.items())}))
+    console.print(t)
     for folder, objs in found.uncommitted.items():
         console.print(f"[yellow]{folder}[/]: no manifest ({len(objs)} objects) — a save in "
                       "flight or one that never committed; not a checkpoint")
@@ -265,11 +296,6 @@ def _policy_text(policy: Any) -> str:
     if policy.min_age:
         parts.append(f"younger than {policy.min_age}")
     return "keep " + ", ".join(parts)
-
-
-def _age(delta: timedelta) -> str:
-    s = int(delta.total_seconds())
-    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
 
 
 def _size(n: int) -> str:

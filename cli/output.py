@@ -30,7 +30,8 @@ def table(title: str, columns: list[tuple[str, str]], *, wide: bool = False,
     from rich.table import Table
 
     shown = [name for name, _ in columns if wide or name not in wide_only]
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+              collapse_padding=True)
     for name, justify in columns:
         if name in shown:
             t.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
@@ -55,3 +56,18 @@ def format_age(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+EXIT_CODES = {0: "success", 1: "the thing checked is not OK (see the command's own codes)",
+              2: "usage error: a bad option, file or value", 130: "interrupted (Ctrl-C)"}
+"""What every `trainyard` command returns; a command adds or refines its own (README: Exit codes)."""
+
+
+def exit_codes_epilog(own: dict[int, str] | None = None) -> str:
+    """The `exit codes:` block at the end of a command's `--help`."""
+    import textwrap
+
+    codes = {**EXIT_CODES, **(own or {})}
+    return "exit codes:\n" + "\n".join(
+        textwrap.fill(codes[code], width=78, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
+        for code in sorted(codes))
