@@ -143,7 +143,7 @@ def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) 
             "invalid": found.invalid,
         })
         return 0
-    from cli.output import console, format_age, row, table
+    from cli.output import console, format_age, print_table, row, table
 
     now = utc_now()
     t, shown = table(f"checkpoints of {args.job}\n{root}", [
@@ -156,7 +156,7 @@ def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) 
             "age": format_age((now - m.created_at).total_seconds()), "size": _size(m.stored_bytes),
             "files": str(len(m.files)), "ranks": str(m.world_size),
             "metrics": " ".join(f"{k}={v:g}" for k, v in m.metrics.items())}))
-    console.print(t)
+    print_table(t, wide=args.wide)
     for folder, objs in found.uncommitted.items():
         console.print(f"[yellow]{folder}[/]: no manifest ({len(objs)} objects) — a save in "
                       "flight or one that never committed; not a checkpoint")

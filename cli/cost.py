@@ -105,7 +105,7 @@ def report(args: argparse.Namespace) -> int:
 def _print_table(rows: list, label: str, run_id: str | None, *, wide: bool = False) -> None:
     from rich.markup import escape
 
-    from cli.output import console, row, table
+    from cli.output import console, print_table, row, table
     from config.quantities import readable_number as num
 
     if not rows:
@@ -123,7 +123,7 @@ def _print_table(rows: list, label: str, run_id: str | None, *, wide: bool = Fal
             "cost $": num(r.total_cost_usd, 2), "idle %": f"{r.idle_pct:.1f}",
             "MFU %": "-" if r.avg_mfu_pct is None else num(r.avg_mfu_pct, 1),
             "tokens/s": "-" if r.avg_tokens_per_s is None else num(r.avg_tokens_per_s, 0)}))
-    console.print(t)
+    print_table(t, wide=wide)
     if not wide:
         console.print("[dim]--wide adds GPU-hours training and waiting[/]")
     if run_id:

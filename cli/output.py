@@ -38,6 +38,23 @@ def table(title: str, columns: list[tuple[str, str]], *, wide: bool = False,
     return t, shown
 
 
+def print_table(t: Table, *, wide: bool = False) -> None:
+    """Print `t` on stdout; with `wide`, at its natural width even past the terminal's (for
+    `less -S`, files and wide windows) instead of folding its cells."""
+    from rich.measure import Measurement
+
+    if not wide:
+        console.print(t)
+        return
+    natural = Measurement.get(console, console.options.update(width=10_000), t).maximum
+    if natural <= console.width:
+        console.print(t)
+        return
+    # Console.print caps `width` at the console's own: a console of the table's width instead.
+    Console(file=console.file, width=natural, highlight=False, soft_wrap=True,
+            force_terminal=console.is_terminal, no_color=console.no_color).print(t)
+
+
 def row(shown: list[str], cells: dict[str, str]) -> list[str]:
     """The cells of one row, in `shown` order (the headers `table` kept)."""
     return [cells[name] for name in shown]
