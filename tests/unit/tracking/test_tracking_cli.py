@@ -41,8 +41,11 @@ def test_dataset_argument_splits_off_the_version(arg: str, expected: tuple[str, 
 
 
 def test_models_lists_versions_trained_on_a_dataset_version(
-    sqlite_tracking_uri: str, home: Path, capsys: pytest.CaptureFixture[str]
+    sqlite_tracking_uri: str, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from cli import output
+
+    monkeypatch.setattr(output, "console", output.Console(width=80, highlight=False))
     rid = trained_run(sqlite_tracking_uri, "cli-models", dataset("v3", "e" * 64), {10: 1.0})
     registry.register_checkpoint(rid, tracking_uri=sqlite_tracking_uri, export=export_marking_the_step)
     assert main(["models", "--dataset", "s3://datasets/wiki/@v3", "--tracking-uri", sqlite_tracking_uri,
@@ -52,7 +55,9 @@ def test_models_lists_versions_trained_on_a_dataset_version(
         "cli-models", rid, "v3", ["candidate"])
     assert main(["models", "--dataset", "s3://datasets/wiki@v3", "--tracking-uri", sqlite_tracking_uri]) == 0
     out = capsys.readouterr().out
-    assert "cli-models" in out and "candidate" in out and "step 10" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("cli-models")]
+    assert line.split()[:5] == ["cli-models", "1", "candidate", rid[:8], "10"], out
+    assert max(map(len, out.splitlines())) <= 80, out
     assert main(["models", "--dataset", "s3://datasets/wiki@v99", "--tracking-uri", sqlite_tracking_uri]) == 0
     assert "no registered model version was trained on s3://datasets/wiki@v99" in capsys.readouterr().out
 
