@@ -18,19 +18,19 @@ if TYPE_CHECKING:
     from plugins.checkpoint.catalog import CheckpointRecord
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from cli.output import exit_codes_epilog
+EXIT_CODES: dict[int, str] = {
+    1: "a checkpoint does not verify, nothing to export, or no job has this name (no spec and nothing "
+       "under its checkpoint root)"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
 
-    epilog = exit_codes_epilog({1: "a checkpoint does not verify, nothing to export, or no job has this "
-                                   "name (no spec and nothing under its checkpoint root)"})
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("checkpoints", help="list, verify, prune and export a job's checkpoints",
-                       description=__doc__.split("\n\n")[0], epilog=epilog,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__.split("\n\n")[0])
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def common(name: str, help_: str) -> argparse.ArgumentParser:
-        a = actions.add_parser(name, help=help_, description=help_, epilog=epilog,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+        a = actions.add_parser(name, help=help_, description=help_)
         a.add_argument("job", metavar="JOB", help="job name (metadata.name of its spec)")
         a.add_argument("--spec", type=Path, help="the job's spec file (default: look for JOB "
                                                  "under the jobs folder)")

@@ -1,4 +1,4 @@
-"""`trainyard cost report`: GPU-hours and dollars per team and project (chargeback, seed §11).
+"""`trainyard cost report`: GPU-hours and dollars per team and project (chargeback).
 
 Runs come from MLflow (every Trainyard run in the tracking store) or from a JSON file of
 `RunAccounting` records exported by the control plane (`--from-json`). Prices come from
@@ -12,6 +12,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from pathlib import Path
+
+EXIT_CODES: dict[int, str | None] = {1: None}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,4 @@
-"""`trainyard launch --local SPEC`: run a job on this machine without Airflow (for debugging).
+"""`trainyard launch SPEC`: run a job on this machine without Airflow (for debugging).
 
 Validates the spec, plans it (the advisor when available), places it on the local cluster and
 reserves the devices in the platform state, starts one detached torchrun agent per node, then
@@ -27,11 +27,24 @@ ATTACHED_LEASE_S = 300.0
 DETACHED_LEASE_S = 24 * 3600.0
 
 
+EXIT_CODES: dict[int, str] = {
+    0: "the job completed",
+    1: "the spec has errors, no plan fits, the gang cannot be placed or reserved, or the launch failed",
+    42: "a rank stopped because the loss diverged (the failing rank's own code, as for any code)",
+    43: "a rank took an emergency checkpoint after SIGTERM and stopped (e.g. after --timeout-s)",
+    44: "a rank stopped after SIGTERM without a checkpoint",
+    137: "a rank was killed by signal N gives 128+N: 137 SIGKILL (e.g. the kernel's OOM killer), "
+         "143 SIGTERM",
+}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("launch", help="run a job with torchrun on this machine (no Airflow)",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--local", action="store_true", required=True,
-                   help="launch on this host (the only mode without Airflow)")
+    p.add_argument("--local", action="store_true",
+                   help="launch on this host: the only mode without Airflow, so the default; "
+                        "accepted for scripts that pass it")
     p.add_argument("spec", type=Path, metavar="SPEC", help="TrainingJob spec (YAML)")
     p.add_argument("--attempt", type=int, default=0, help="attempt number (default 0)")
     p.add_argument("--resume-from", default="", metavar="URI", help="checkpoint manifest to restore")

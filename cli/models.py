@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+EXIT_CODES: dict[int, str] = {0: "success, whether or not a version was found"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="registered model versions and their lineage (by dataset)",

@@ -80,11 +80,13 @@ EXIT_CODES = {0: "success", 1: "the thing checked is not OK (see the command's o
 """What every `trainyard` command returns; a command adds or refines its own (README: Exit codes)."""
 
 
-def exit_codes_epilog(own: dict[int, str] | None = None) -> str:
-    """The `exit codes:` block at the end of a command's `--help`."""
+def exit_codes_epilog(own: dict[int, str | None] | None = None) -> str:
+    """The `exit codes:` block at the end of a command's `--help`: the common codes, refined
+    by the command's own (a None removes a common code the command never returns)."""
     import textwrap
 
-    codes = {**EXIT_CODES, **(own or {})}
+    merged: dict[int, str | None] = {**EXIT_CODES, **(own or {})}
+    codes = {k: v for k, v in merged.items() if v is not None}
     return "exit codes:\n" + "\n".join(
         textwrap.fill(codes[code], width=78, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
         for code in sorted(codes))

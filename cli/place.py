@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from plugins.placement.model import Placement
 
 
+EXIT_CODES: dict[int, str] = {1: "the spec has errors, or the gang cannot be placed (the output says why)"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("place", help="show where a job's gang would be placed (racks, nodes, groups)",
                        description=__doc__.split("\n\n")[0])

@@ -38,6 +38,10 @@ def _fraction(text: str) -> float:
     return value
 
 
+EXIT_CODES: dict[int, str] = {1: "nothing fits (the output says what would), or the spec has errors"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan the parallelism of a TrainingJob (TP/PP/DP/FSDP, "
                                     "micro-batches, recomputation) and explain it",

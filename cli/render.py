@@ -12,6 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
+EXIT_CODES: dict[int, str] = {1: "the spec has errors, the gang cannot be placed, or a setting cannot work in a cluster"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("render", help="render deployment manifests for a job (Kubernetes / Volcano)",
