@@ -4,6 +4,7 @@ reading the Volcano CRDs from `../shared/schemas/` (never copied into the projec
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from plugins.placement.inventory import Inventory
 from plugins.placement.model import GangRequest, Placement
 from tests.support.procs import REPO_ROOT
 
-SCHEMAS = REPO_ROOT.parent / "shared" / "schemas"
+SCHEMAS = Path(os.environ.get("TRAINYARD_SHARED_SCHEMAS") or REPO_ROOT.parent / "shared" / "schemas")
+"""`../shared/schemas` beside the checkout; a git worktree elsewhere names it with the variable."""
 VOLCANO = SCHEMAS / "volcano"
 
 GPU_SPEC: dict[str, Any] = {
