@@ -15,6 +15,7 @@ is this very attempt (an Airflow retry), and refuses otherwise.
 from __future__ import annotations
 
 import email.utils
+import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from tenacity.wait import wait_base
 from urllib3.exceptions import HTTPError as Urllib3HTTPError
 
 from plugins.launch.base import LaunchError
+from plugins.launch.cluster_settings import check_cluster_settings
 from plugins.launch.exit_codes import describe
 from plugins.launch.manifests import (
     QUEUE_GROUP,
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
     from config.worker_env import WorkerEnv
     from plugins.advisor.plan import Plan
     from plugins.placement.model import Placement
+
+log = logging.getLogger(__name__)
 
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 PODGROUP_VERSION = "v1beta1"
@@ -158,6 +162,10 @@ class KubernetesLauncher:
 
     def submit(self, job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv,
                *, attempt: int) -> RunHandle:
+        """Create the attempt's Volcano Job. Raises `UnsafeForCluster` (fatal) before any API
+        call when a setting cannot work in pods (`plugins.launch.cluster_settings`)."""
+        for warning in check_cluster_settings(job, worker_env):
+            log.warning("%s", warning.render())
         body = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=self.options)
         name = body["metadata"]["name"]
         try:

@@ -47,7 +47,9 @@ def gpu_job(**spec_overrides: Any) -> tuple[TrainingJob, Plan, Placement, Worker
     plan = Plan(tp=8, pp=4, dp=job.spec.hardware.gpu_count // 32, nccl_env={"NCCL_ALGO": "Ring"})
     placement = place_gang(GangRequest.for_job(job, plan), fleet())
     env = build_worker_env(job, plan, Settings(home=Path("/tmp/unused-trainyard-home"),
-                                               object_store="s3://trainyard/objects"), attempt=2)
+                                               object_store="s3://trainyard/objects",
+                                               mlflow_tracking_uri="http://mlflow.ml.svc:5000"),
+                           attempt=2, mlflow_run_id="0123456789abcdef0123456789abcdef")
     return job, plan, placement, env
 
 
