@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     """Cluster name under `config/clusters/` or a path to a cluster file."""
     jobs_dir: Path = CONFIG_DIR / "jobs"
     teams_file: Path = CONFIG_DIR / "teams.yaml"
+    kubernetes_conn_id: str = "kubernetes_default"
+    """Airflow connection of the Kubernetes cluster (cncf-kubernetes provider's `KubernetesHook`);
+    without Airflow, the kubeconfig is used."""
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     """Share of device memory a plan may use (the rest is left for fragmentation and spikes)."""
 

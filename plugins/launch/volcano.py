@@ -2,9 +2,10 @@
 
 The engine takes the `kubernetes` client's API objects as arguments — `CustomObjectsApi` for the
 Volcano objects, optionally `CoreV1Api` for pods and logs — so credentials and connections stay
-with the caller: the Airflow operator builds them from the cncf-kubernetes provider's
-`KubernetesHook` (`hook.api_client`), tests pass `create_autospec` mocks, and this package never
-imports Airflow.
+with the caller: Airflow tasks build them from the cncf-kubernetes provider's `KubernetesHook`
+(`operators.kubernetes_clients`, connection id from `TRAINYARD_KUBERNETES_CONN_ID`), other
+callers from a kubeconfig (`KubernetesLauncher.from_kubeconfig`), tests pass `create_autospec`
+mocks, and this package never imports Airflow.
 
 API habits of Airflow's providers: transient errors (429, 5xx, dropped connections) are retried
 with tenacity, waiting what `Retry-After` asks when the server says; everything else fails at
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from config.teams import Teams
     from config.worker_env import WorkerEnv
     from plugins.advisor.plan import Plan
+    from plugins.launch.kube_clients import KubeClients
     from plugins.placement.model import Placement
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,20 @@ class KubernetesLauncher:
         self.attempts = attempts
         self.max_wait_s = max_wait_s
         self.sleep = sleep
+
+    @classmethod
+    def from_clients(cls, clients: KubeClients, **kwargs: Any) -> KubernetesLauncher:
+        """A launcher over `clients` (`plugins.launch.kube_clients`, or the Airflow adapter
+        `operators.kubernetes_clients`, which builds them from `KubernetesHook`)."""
+        return cls(clients.custom, core_api=clients.core, **kwargs)
+
+    @classmethod
+    def from_kubeconfig(cls, config_file: str | None = None, context: str | None = None,
+                        **kwargs: Any) -> KubernetesLauncher:
+        """The default outside Airflow: the kubeconfig's context, or the pod's service account."""
+        from plugins.launch.kube_clients import clients_from_kubeconfig
+
+        return cls.from_clients(clients_from_kubeconfig(config_file, context), **kwargs)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         retrying = Retrying(
