@@ -419,6 +419,9 @@ def _cell(value: Any, fmt: str) -> str:
 # -- MLflow -----------------------------------------------------------------------------------------
 
 ACCOUNTING_TAG = "trainyard.accounting"
+RUN_COST_METRICS = ("training_gpu_hours", "waiting_gpu_hours", "recovery_gpu_hours", "total_gpu_hours",
+                    "total_cost_usd", "recovery_cost_usd", "idle_pct")
+"""What a job's run records of its cost, named as in `JobCost`, the CSV and the chargeback run."""
 
 
 def log_job_cost(run_id: str, acct: RunAccounting, cost: JobCost, *, tracking_uri: str) -> None:
@@ -432,12 +435,8 @@ def log_job_cost(run_id: str, acct: RunAccounting, cost: JobCost, *, tracking_ur
 
     client = client_for(tracking_uri)
     acct = acct.with_run_metrics(client.get_run(run_id).data.metrics)
-    metrics = {
-        "gpu_hours/training": cost.training_gpu_hours, "gpu_hours/waiting": cost.waiting_gpu_hours,
-        "gpu_hours/recovery": cost.recovery_gpu_hours, "gpu_hours/total": cost.total_gpu_hours,
-        "cost_usd/total": cost.total_cost_usd, "cost_usd/recovery": cost.recovery_cost_usd,
-        "idle_pct": cost.idle_pct,
-    }
+    # The field names of JobCost and the chargeback report: one name per quantity everywhere.
+    metrics = {name: getattr(cost, name) for name in RUN_COST_METRICS}
     client.set_tag(run_id, ACCOUNTING_TAG, acct.model_dump_json(exclude_none=True))
     log_metrics(client, run_id, metrics, step=0)
 

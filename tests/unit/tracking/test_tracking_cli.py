@@ -178,3 +178,24 @@ def test_cost_report_takes_mfu_and_throughput_from_the_run_and_prints_small_valu
     (line,) = [x for x in lines if x.lstrip().startswith("demo")]
     # 2 devices × 75 s = 0.042 GPU-hours (15 s of it recovery) at $0.05 an hour: none prints as 0
     assert line.split()[:9] == ["demo", "tiny", "1", "0.042", "0.0083", "0.0021", "20.0", "18.5", "16,000"], out
+
+
+def test_one_name_per_quantity_across_params_metrics_and_reports(tmp_path: Path) -> None:
+    """The plan's estimate is the param `plan.<name>`, the measurement the metric `<name>`, and
+    the reports' columns the same words."""
+    import datetime as dt
+
+    from plugins.tracking.params import plan_params
+
+    plan = make_plan(tokens_per_s=15000.0, mfu=0.4, step_time_s=0.1)
+    assert {"plan.tokens_per_s", "plan.mfu", "plan.step_time_s"} <= set(plan_params(plan))
+    session = (Path(__file__).resolve().parents[3] / "worker" / "session.py").read_text()
+    assert '"tokens_per_s"' in session and "tokens_per_second" not in session
+    uri = f"sqlite:///{tmp_path / 'names.db'}"
+    rid = runs.start_or_resume_run(make_job("names"), plan, tracking_uri=uri, attempt=0)
+    t0 = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
+    acct = cost.RunAccounting(job="names", team="demo", gpu_type="cpu", gpu_count=2, submitted_at=t0,
+                              training_s=10, run_id=rid)
+    cost.log_job_cost(rid, acct, cost.job_cost(acct), tracking_uri=uri)
+    logged = set(runs.client_for(uri).get_run(rid).data.metrics)
+    assert set(cost.RUN_COST_METRICS) <= logged and set(cost.RUN_COST_METRICS) <= set(cost.CSV_COLUMNS)
