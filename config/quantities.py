@@ -36,7 +36,10 @@ def parse_duration(value: Any) -> timedelta:
         raise ValueError(f"expected a duration like 30m, 48h or 90s, got {value!r}")
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"a duration must be positive, got {value!r}")
-    return timedelta(seconds=seconds)
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError as e:  # beyond timedelta's 999,999,999 days
+        raise ValueError(f"a duration must be shorter than a million years, got {value!r}") from e
 
 
 def parse_count(value: Any) -> int:
