@@ -116,9 +116,11 @@ def _print_human(result: PlanResult, *, job_name: str, cluster_name: str, spec: 
 
     from cli.output import console
 
-    console.print(f"[bold]{escape(job_name)}[/] on [bold]{escape(cluster_name)}[/]: {escape(result.hardware)}; "
-                  f"{_count(result.parameter_count)} parameters; strategy {result.strategy}; "
-                  f"budget {_gib(result.budget_bytes)} per device "
+    # One fact per line: the console does not wrap (soft_wrap), and 80 columns must do.
+    console.print(f"[bold]{escape(job_name)}[/] on [bold]{escape(cluster_name)}[/]\n"
+                  f"  [dim]hardware[/]  {escape(result.hardware)}\n"
+                  f"  [dim]model[/]     {_count(result.parameter_count)} parameters; strategy {result.strategy}\n"
+                  f"  [dim]budget[/]    {_gib(result.budget_bytes)} per device "
                   f"({result.budget_bytes / result.device_memory_bytes:.0%} of {_gib(result.device_memory_bytes)})")
     for line in result.warnings:
         console.print(f"[yellow]warning[/] {escape(line)}")
