@@ -204,12 +204,14 @@ def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse
 def _progress(status: RunStatus, handle: Any, elapsed: float) -> Any:
     from rich.table import Table
 
+    from cli.output import format_age
+
     table = Table(title=f"{handle.job} attempt {handle.attempt} — {status.state} ({elapsed:.0f}s): "
                         f"{status.message}", title_justify="left")
     for column in ("rank", "node", "step", "heartbeat age", "exit"):
         table.add_column(column)
     for r in status.ranks:
-        age = f"{r.heartbeat_age_s:.1f}s" if r.heartbeat_age_s is not None else "-"
+        age = format_age(r.heartbeat_age_s)
         table.add_row(str(r.rank), r.node or "-", "-" if r.step is None else str(r.step),
                       age + (" (hung)" if r.hung else ""), r.outcome or "")
     return table
