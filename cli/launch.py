@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(f"interrupted: stopping (grace {args.grace_s:g}s)…")
         if handle is not None:
             launcher.stop(handle, grace_s=args.grace_s)
+        _close_tracking(run_id, "cancelled", settings, job.name)
         return 130
     finally:
         if not keep_reservation:
@@ -166,13 +167,14 @@ def _system_metrics(run_id: str | None, settings: Any) -> Iterator[None]:
             monitor.finish()
 
 
-def _close_tracking(run_id: str | None, status: RunStatus | None, settings: Any, title: str) -> None:
+def _close_tracking(run_id: str | None, status: RunStatus | str | None, settings: Any, title: str) -> None:
+    """End the MLflow run: completed or failed by the job's status, `cancelled` on Ctrl-C."""
     from plugins.tracking.lifecycle import close_tracked_run
 
     if run_id is None or status is None:
         return
-    close_tracked_run(run_id, "completed" if status.succeeded else "failed",
-                      tracking_uri=settings.mlflow_tracking_uri, title=title)
+    outcome = status if isinstance(status, str) else ("completed" if status.succeeded else "failed")
+    close_tracked_run(run_id, outcome, tracking_uri=settings.mlflow_tracking_uri, title=title)  # type: ignore[arg-type]
 
 
 def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse.Namespace) -> RunStatus:
