@@ -4,8 +4,7 @@ The checkpoint root is one training run's: `--run R`, or the job's latest run (r
 start time), under the spec's `checkpoint.storage` when the spec is found (`--spec`, or a spec
 named JOB under the jobs folder), else under `<object store>/jobs/JOB/runs/`; `--uri` overrides
 all of them. `prune` takes the retention policy from the spec, flags override it, and
-`--dry-run` shows what would be deleted and why. Exit codes: 0 OK, 1 a checkpoint does not
-verify / nothing to export, 2 usage errors.
+`--dry-run` shows what would be deleted and why.
 """
 
 from __future__ import annotations
@@ -20,13 +19,19 @@ if TYPE_CHECKING:
     from plugins.checkpoint.catalog import CheckpointRecord
 
 
+EXIT_CODES: dict[int, str] = {
+    1: "a checkpoint does not verify, nothing to export, or no job has this name (no spec and nothing "
+       "under its checkpoint root)"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("checkpoints", help="list, verify, prune and export a job's checkpoints",
                        description=__doc__.split("\n\n")[0])
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def common(name: str, help_: str) -> argparse.ArgumentParser:
-        a = actions.add_parser(name, help=help_)
+        a = actions.add_parser(name, help=help_, description=help_)
         a.add_argument("job", metavar="JOB", help="job name (metadata.name of its spec)")
         a.add_argument("--spec", type=Path, help="the job's spec file (default: look for JOB "
                                                  "under the jobs folder)")
@@ -37,17 +42,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         a.set_defaults(func=run)
         return a
 
-    common("list", "committed checkpoints, newest last (plus folders without a manifest)")
+    ls = common("list", "committed checkpoints, newest last (plus folders without a manifest)")
+    ls.add_argument("--wide", action="store_true", help="every column, whatever the terminal's width")
     v = common("verify", "check every file's size and SHA-256 against the manifest")
     v.add_argument("--step", type=int, help="only this step (default: every checkpoint)")
     v.add_argument("--no-hashes", action="store_true", help="sizes only (no reading of data)")
     pr = common("prune", "apply the retention policy (keep last N, best K, every M, min age)")
     pr.add_argument("--dry-run", action="store_true", help="show what would be deleted and why")
-    pr.add_argument("--keep-last", type=int)
-    pr.add_argument("--best-metric")
-    pr.add_argument("--keep-best", type=int)
-    pr.add_argument("--keep-every", type=int, help="keep steps that are multiples of this")
-    pr.add_argument("--min-age-minutes", type=float)
+    pr.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest checkpoints "
+                    "(default: the spec's checkpoint.maxKeep)")
+    pr.add_argument("--best-metric", metavar="NAME", help="metric that ranks checkpoints for "
+                    "--keep-best, lower is better (default: the spec's checkpoint.keepBestMetric)")
+    pr.add_argument("--keep-best", type=int, metavar="K", help="keep the K best by --best-metric "
+                    "(default: the spec's checkpoint.keepBestCount)")
+    pr.add_argument("--keep-every", type=int, metavar="M", help="keep steps that are multiples of M")
+    pr.add_argument("--min-age-minutes", type=float, metavar="MIN",
+                    help="never delete a checkpoint younger than this")
     pr.add_argument("--protect", type=int, action="append", default=[], metavar="STEP",
                     help="never delete this step (e.g. one being restored); repeatable")
     pr.add_argument("--orphan-grace-minutes", type=float, default=360.0,
@@ -68,6 +78,19 @@ def run(args: argparse.Namespace) -> int:
         _error(str(e))
         return 2
     endpoint = args.endpoint_url or settings.s3_endpoint_url
+    if spec is None and not args.uri and _is_empty(root, endpoint):
+        known = sorted(_spec_names(settings.jobs_dir))
+        where = root or f"{settings.object_store}/jobs/{args.job}/runs"
+        _error(f"no job named {args.job!r}: no spec for it under {settings.jobs_dir} and nothing under {where}"
+               + (f"; jobs with a spec: {', '.join(known[:10])}" if known else "")
+               + " (give --spec or --uri for a job stored elsewhere)")
+        return 1
+    if root is None:  # a known job that has not saved anything yet: nothing to show, not an error
+        from cli.output import console
+
+        console.print(f"no committed checkpoints: job {args.job} has no training run with checkpoints "
+                      f"yet (under {settings.object_store}/jobs/{args.job}/runs/)")
+        return 0 if args.action == "list" else 1
     handler = {"list": _list, "verify": _verify, "prune": _prune, "export": _export}[args.action]
     return handler(args, root, endpoint, spec)
 
@@ -87,8 +110,26 @@ def _find_spec(args: argparse.Namespace, jobs_dir: Path) -> TrainingJob | None:
     return None
 
 
+def _spec_names(jobs_dir: Path) -> list[str]:
+    from config.loader import read_spec_file
+
+    return [job.metadata.name for path in sorted(Path(jobs_dir).glob("*.y*ml"))
+            if (job := read_spec_file(path)[0]) is not None]
+
+
+def _is_empty(root: str | None, endpoint: str | None) -> bool:
+    """Nothing at all under the root: no checkpoint, no save in flight, no broken manifest."""
+    from plugins.checkpoint.catalog import scan
+
+    if root is None:
+        return True
+    found = scan(root, endpoint_url=endpoint)
+    return not (found.committed or found.uncommitted or found.invalid)
+
+
 def _checkpoint_root(args: argparse.Namespace, spec: TrainingJob | None, object_store: str,
-                     endpoint: str | None) -> str:
+                     endpoint: str | None) -> str | None:
+    """The run's checkpoint root; None when the job has no run that stored anything."""
     from plugins.checkpoint.catalog import list_runs
     from plugins.checkpoint.uris import checkpoint_root, require_job_prefix
 
@@ -99,8 +140,7 @@ def _checkpoint_root(args: argparse.Namespace, spec: TrainingJob | None, object_
     if not run:
         runs = list_runs(object_store, args.job, storage=storage, endpoint_url=endpoint)
         if not runs:
-            raise FileNotFoundError(f"job {args.job!r} has no training runs with checkpoints under "
-                                    f"{object_store}")
+            return None
         run = runs[-1]
     return require_job_prefix(checkpoint_root(object_store, args.job, run, storage=storage), args.job)
 
@@ -120,20 +160,20 @@ def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) 
             "invalid": found.invalid,
         })
         return 0
-    from rich.table import Table
-
-    from cli.output import console
+    from cli.output import console, format_age, print_table, row, table
 
     now = utc_now()
-    table = Table(title=f"checkpoints of {args.job} — {root}", title_justify="left")
-    for column in ("step", "created (UTC)", "age", "size", "files", "ranks", "metrics"):
-        table.add_column(column, justify="right" if column in ("step", "size", "files") else "left")
+    t, shown = table(f"checkpoints of {args.job}\n{root}", [
+        ("step", "right"), ("created (UTC)", "left"), ("age", "right"), ("size", "right"), ("files", "right"),
+        ("ranks", "right"), ("metrics", "left")], wide=args.wide, wide_only=("created (UTC)", "files"))
     for r in found.committed:
         m = r.manifest
-        table.add_row(str(m.step), m.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                      _age(now - m.created_at), _size(m.stored_bytes), str(len(m.files)),
-                      str(m.world_size), " ".join(f"{k}={v:g}" for k, v in m.metrics.items()))
-    console.print(table)
+        t.add_row(*row(shown, {
+            "step": str(m.step), "created (UTC)": m.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            "age": format_age((now - m.created_at).total_seconds()), "size": _size(m.stored_bytes),
+            "files": str(len(m.files)), "ranks": str(m.world_size),
+            "metrics": " ".join(f"{k}={v:g}" for k, v in m.metrics.items())}))
+    print_table(t, wide=args.wide)
     for folder, objs in found.uncommitted.items():
         console.print(f"[yellow]{folder}[/]: no manifest ({len(objs)} objects) — a save in "
                       "flight or one that never committed; not a checkpoint")
@@ -273,11 +313,6 @@ def _policy_text(policy: Any) -> str:
     if policy.min_age:
         parts.append(f"younger than {policy.min_age}")
     return "keep " + ", ".join(parts)
-
-
-def _age(delta: timedelta) -> str:
-    s = int(delta.total_seconds())
-    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
 
 
 def _size(n: int) -> str:

@@ -1,4 +1,4 @@
-"""`trainyard cost report`: GPU-hours and dollars per team and project (chargeback, seed §11).
+"""`trainyard cost report`: GPU-hours and dollars per team and project (chargeback).
 
 Runs come from MLflow (every Trainyard run in the tracking store) or from a JSON file of
 `RunAccounting` records exported by the control plane (`--from-json`). Prices come from
@@ -12,6 +12,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from pathlib import Path
+
+EXIT_CODES: dict[int, str | None] = {1: None}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--log-mlflow", action="store_true", help="log CSV and HTML to MLflow (trainyard/chargeback)")
     r.add_argument("--tracking-uri", help="MLflow tracking URI (default: TRAINYARD_MLFLOW_TRACKING_URI)")
     r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.add_argument("--wide", action="store_true", help="every column, whatever the terminal's width")
     r.set_defaults(func=report)
 
 
@@ -97,27 +101,33 @@ def report(args: argparse.Namespace) -> int:
 
         print_json({"period": label, "rows": [r.model_dump() for r in rows], "mlflow_run_id": run_id})
     else:
-        _print_table(rows, label, run_id)
+        _print_table(rows, label, run_id, wide=args.wide)
     return 0
 
 
-def _print_table(rows: list, label: str, run_id: str | None) -> None:
+def _print_table(rows: list, label: str, run_id: str | None, *, wide: bool = False) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
-    from cli.output import console
+    from cli.output import console, print_table, row, table
+    from config.quantities import readable_number as num
 
     if not rows:
         console.print(f"no jobs in {escape(label)}")
         return
-    table = Table(title=f"GPU chargeback, {escape(label)}", title_justify="left")
-    for column in ("team", "project", "jobs", "GPU-h", "training", "waiting", "recovery", "cost $", "idle %", "MFU %"):
-        table.add_column(column, justify="left" if column in ("team", "project") else "right")
+    t, shown = table(f"GPU chargeback, {escape(label)} (GPU-hours, US$)", [
+        ("team", "left"), ("project", "left"), ("jobs", "right"), ("GPU-h", "right"), ("training", "right"),
+        ("waiting", "right"), ("recovery", "right"), ("cost $", "right"), ("idle %", "right"),
+        ("MFU %", "right"), ("tokens/s", "right")], wide=wide, wide_only=("training", "waiting"))
     for r in rows:
-        table.add_row(escape(r.team), escape(r.project), str(r.num_jobs), f"{r.total_gpu_hours:,.1f}",
-                      f"{r.training_gpu_hours:,.1f}", f"{r.waiting_gpu_hours:,.1f}", f"{r.recovery_gpu_hours:,.1f}",
-                      f"{r.total_cost_usd:,.2f}", f"{r.idle_pct:.1f}",
-                      "" if r.avg_mfu_pct is None else f"{r.avg_mfu_pct:.1f}")
-    console.print(table)
+        t.add_row(*row(shown, {
+            "team": escape(r.team), "project": escape(r.project), "jobs": str(r.num_jobs),
+            "GPU-h": num(r.total_gpu_hours, 1), "training": num(r.training_gpu_hours, 1),
+            "waiting": num(r.waiting_gpu_hours, 1), "recovery": num(r.recovery_gpu_hours, 1),
+            "cost $": num(r.total_cost_usd, 2), "idle %": f"{r.idle_pct:.1f}",
+            "MFU %": "-" if r.avg_mfu_pct is None else num(r.avg_mfu_pct, 1),
+            "tokens/s": "-" if r.avg_tokens_per_s is None else num(r.avg_tokens_per_s, 0)}))
+    print_table(t, wide=wide)
+    if not wide:
+        console.print("[dim]--wide adds GPU-hours training and waiting[/]")
     if run_id:
         console.print(f"logged to MLflow run {run_id} (experiment trainyard/chargeback)")

@@ -19,6 +19,10 @@ def _positive(text: str) -> int:
     return value
 
 
+EXIT_CODES: dict[int, str] = {1: "the object store cannot be written"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="prepare datasets in the object store",
                        description="Prepare datasets in the object store.")

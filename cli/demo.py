@@ -14,6 +14,7 @@ This is the control plane's sequence without Airflow (the Airflow DAG runs the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from config.cluster import Cluster
     from config.settings import Settings
     from config.spec import TrainingJob
@@ -95,11 +98,13 @@ def run_demo(args: argparse.Namespace) -> None:
     plan = _plan(job, cluster, settings)
     _step("4/7 track", f"MLflow {settings.mlflow_tracking_uri}; this is run {run} of job {job.name}")
     run_id = _open_run(job, plan, settings, run)
+    _log_start_artifacts(job, plan, cluster, settings, run_id)
     timeline.add("submitted")
 
     _step("5/7 train", "torchrun, detached; progress from the ranks' heartbeats")
     crash_at = None if args.no_crash else args.crash_at_step
-    status, attempt = _train(job, plan, cluster, settings, run, run_id, crash_at, timeline)
+    with _system_metrics(run_id, settings):
+        status, attempt = _train(job, plan, cluster, settings, run, run_id, crash_at, timeline)
     if not status.succeeded:
         set_run_status(run_id, "failed", tracking_uri=settings.mlflow_tracking_uri)
         raise DemoFailed(f"attempt {attempt} ended {status.state}: {status.message}")
@@ -168,6 +173,31 @@ def _open_run(job: TrainingJob, plan: Plan, settings: Settings, run: str) -> str
     console.print(f"MLflow run {run_id} (experiment {job.metadata.team}/{job.metadata.project}), "
                   f"dataset digest {dataset.digest[:12]}…")
     return run_id
+
+
+def _log_start_artifacts(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run_id: str) -> None:
+    """The run's spec, plan explanation and data-quality report (`plugins.tracking.artifacts`).
+    The quality checks run again here: the dry run keeps only their problems, not the report."""
+    from plugins.data.datasets import open_dataset_store
+    from plugins.tracking.artifacts import log_start_artifacts
+    from plugins.validation.data_quality import check_data_quality
+
+    quality = check_data_quality(job, store=open_dataset_store(job.spec.dataset.source, settings))
+    log_start_artifacts(run_id, job, plan, tracking_uri=settings.mlflow_tracking_uri, cluster=cluster,
+                        memory_fraction=settings.memory_fraction, plan_source="advisor", quality=quality)
+
+
+@contextlib.contextmanager
+def _system_metrics(run_id: str, settings: Settings) -> Iterator[None]:
+    """MLflow's system metrics (CPU, memory, disk, network, GPUs) on the run while it trains."""
+    from plugins.tracking.system_metrics import start_system_metrics
+
+    monitor = start_system_metrics(run_id, tracking_uri=settings.mlflow_tracking_uri, sampling_interval_s=5.0)
+    try:
+        yield
+    finally:
+        if monitor is not None:
+            monitor.finish()
 
 
 def _train(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings, run: str, run_id: str,
@@ -327,7 +357,7 @@ def _results(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings,
     for s in shown + ([steps[-1]] if shown[-1] != steps[-1] else []):
         curve.add_row(str(s), f"{losses[s]:.3f}", "█" * max(1, round(30 * losses[s] / top)))
     console.print(curve)
-    png = _plot(losses, timeline, settings.home / "demo" / f"{job.name}-{run}.png", title=f"{job.name} run {run}")
+    png = _log_end_artifacts(job, settings, run, run_id, timeline)
 
     events = Table(title="recovery timeline", title_justify="left")
     events.add_column("t", justify="right")
@@ -347,29 +377,15 @@ def _results(job: TrainingJob, plan: Plan, cluster: Cluster, settings: Settings,
         raise DemoFailed(f"the loss did not fall ({first:.3f} → {last:.3f})")
 
 
-def _plot(losses: dict[int, float], timeline: Timeline, path: Path, *, title: str) -> Path:
-    import matplotlib
+def _log_end_artifacts(job: TrainingJob, settings: Settings, run: str, run_id: str, timeline: Timeline) -> Path:
+    """The loss plot and recovery timeline as run artifacts; the plot also under .trainyard/demo/."""
+    from plugins.tracking.artifacts import log_end_artifacts, loss_plot
+    from plugins.tracking.runs import client_for, recovery_events
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.plot(list(losses), list(losses.values()), lw=1.5)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(f"{title}: one MLflow run across attempts")
-    for _, what in timeline.events:
-        if what.startswith("SIGKILL") and " at step " in what:
-            ax.axvline(int(what.rsplit(" ", 1)[1]), color="red", ls="--", lw=1, label="rank 1 killed")
-        if "resume from step " in what:
-            ax.axvline(int(what.rsplit(" ", 1)[1]), color="green", ls=":", lw=1.5,
-                       label="resumed from this checkpoint")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    log_end_artifacts(run_id, tracking_uri=settings.mlflow_tracking_uri, timeline=timeline.events, title=job.name)
+    path = settings.home / "demo" / f"{job.name}-{run}.png"
+    loss_plot(client_for(settings.mlflow_tracking_uri), run_id, path, title=job.name,
+              events=recovery_events(run_id, tracking_uri=settings.mlflow_tracking_uri))
     return path
 
 

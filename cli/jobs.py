@@ -27,6 +27,12 @@ STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "re
                "running": "cyan", "starting": "cyan", "scheduling": "blue", "pending": "blue"}
 
 
+EXIT_CODES: dict[int, str] = {
+    1: "no such job, run or node, or nothing to stop (the message says which)",
+}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("jobs", help="list training runs, newest first", description=__doc__.split("\n\n")[0])
     p.add_argument("--job", default="", help="only this job's runs")
@@ -35,14 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_jobs)
 
     p = sub.add_parser("status", help="one training run: lifecycle and every attempt")
-    p.add_argument("job", metavar="JOB")
+    p.add_argument("job", metavar="JOB", help="job name (metadata.name of its spec)")
     p.add_argument("--run", default="", help="run id (default: the job's newest run)")
     p.add_argument("--evidence", action="store_true", help="also list the facts behind each verdict")
     p.add_argument("--json", action="store_true", help="print the run and its attempts as JSON")
     p.set_defaults(func=run_status)
 
     p = sub.add_parser("stop", help="stop a training run (its live attempt) and mark it cancelled")
-    p.add_argument("job", metavar="JOB")
+    p.add_argument("job", metavar="JOB", help="job name (metadata.name of its spec)")
     p.add_argument("--run", default="", help="run id (default: the job's newest run)")
     p.add_argument("--grace-s", type=float, default=30.0, help="SIGTERM → SIGKILL grace (default 30)")
     p.set_defaults(func=run_stop)
@@ -50,14 +56,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("nodes", help="the cluster's nodes and cordons (nodes out of service)")
     nodes = p.add_subparsers(dest="nodes_command", metavar="ACTION", required=True)
     q = nodes.add_parser("list", help="nodes, with their cordons")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the nodes as JSON")
     q.set_defaults(func=run_nodes_list)
     q = nodes.add_parser("cordon", help="take a node out of service (no new placements)")
-    q.add_argument("node", metavar="NODE")
+    q.add_argument("node", metavar="NODE", help="node name (as in the cluster file)")
     q.add_argument("--reason", required=True, help="why (shown by `nodes list` and kept with the cordon)")
     q.set_defaults(func=run_cordon)
     q = nodes.add_parser("uncordon", help="put a node back in service")
-    q.add_argument("node", metavar="NODE")
+    q.add_argument("node", metavar="NODE", help="node name (as in the cluster file)")
     q.set_defaults(func=run_uncordon)
 
 

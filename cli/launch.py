@@ -1,4 +1,4 @@
-"""`trainyard launch --local SPEC`: run a job on this machine without Airflow (for debugging).
+"""`trainyard launch SPEC`: run a job on this machine without Airflow (for debugging).
 
 Validates the spec, plans it (the advisor when available), places it on the local cluster and
 reserves the devices in the platform state, starts one detached torchrun agent per node, then
@@ -13,11 +13,14 @@ SIGKILL after `--grace-s`). Exit 1 also for an invalid spec or an unschedulable 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from plugins.launch.model import RunStatus
 
 RENEW_EVERY_S = 30.0
@@ -25,11 +28,24 @@ ATTACHED_LEASE_S = 300.0
 DETACHED_LEASE_S = 24 * 3600.0
 
 
+EXIT_CODES: dict[int, str] = {
+    0: "the job completed",
+    1: "the spec has errors, no plan fits, the gang cannot be placed or reserved, or the launch failed",
+    42: "a rank stopped because the loss diverged (the failing rank's own code, as for any code)",
+    43: "a rank took an emergency checkpoint after SIGTERM and stopped (e.g. after --timeout-s)",
+    44: "a rank stopped after SIGTERM without a checkpoint",
+    137: "a rank was killed by signal N gives 128+N: 137 SIGKILL (e.g. the kernel's OOM killer), "
+         "143 SIGTERM",
+}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("launch", help="run a job with torchrun on this machine (no Airflow)",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--local", action="store_true", required=True,
-                   help="launch on this host (the only mode without Airflow)")
+    p.add_argument("--local", action="store_true",
+                   help="launch on this host: the only mode without Airflow, so the default; "
+                        "accepted for scripts that pass it")
     p.add_argument("spec", type=Path, metavar="SPEC", help="TrainingJob spec (YAML)")
     p.add_argument("--run", default="", metavar="RUN",
                    help="the training run to launch an attempt of (default: a new run)")
@@ -42,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grace-s", type=float, default=30.0, help="SIGTERM → SIGKILL grace on Ctrl-C")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun's in-place restarts (default 0)")
     p.add_argument("--timeout-s", type=float, default=None, help="stop the job after this long")
+    p.add_argument("--mlflow-run-id", default=None, metavar="ID",
+                   help="continue this MLflow run (default: a new run for attempt 0, the job's newest "
+                        "run for a later attempt)")
     p.set_defaults(func=run)
 
 
@@ -80,25 +99,27 @@ def run(args: argparse.Namespace) -> int:
     from config.runs import check_run_id, new_run_id
 
     try:
-        run_id = check_run_id(args.run) if args.run else new_run_id()
+        training_run = check_run_id(args.run) if args.run else new_run_id()
     except ValueError as e:
         err_console.print(f"trainyard launch: error: {e}")
         return 2
     store = open_state(settings.state_db)
     lease = args.lease_s or (DETACHED_LEASE_S if args.detach else ATTACHED_LEASE_S)
     try:
-        placement = place_and_reserve(job, plan, cluster, store, run=run_id, attempt=args.attempt, lease_s=lease)
+        placement = place_and_reserve(job, plan, cluster, store, run=training_run, attempt=args.attempt,
+                                      lease_s=lease)
     except Unschedulable as e:
         err_console.print(f"[red]unschedulable[/]: {e.reason.message}")
         return 1
     except ReservationConflict as e:
         err_console.print(f"[red]cannot reserve[/]: {e}")
         return 1
-    err_console.print(f"run {run_id} placed: " + ", ".join(f"{n.name}×{n.slots}" for n in placement.nodes))
+    err_console.print(f"run {training_run} placed: " + ", ".join(f"{n.name}×{n.slots}" for n in placement.nodes))
 
     launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd(), max_restarts=args.max_restarts)
-    worker_env = build_worker_env(job, plan, settings, run=run_id, attempt=args.attempt,
-                                  resume_from=args.resume_from)
+    run_id = _open_tracking(job, plan, cluster, settings, args, source, training_run)
+    worker_env = build_worker_env(job, plan, settings, run=training_run, attempt=args.attempt,
+                                  resume_from=args.resume_from, mlflow_run_id=run_id or "")
     handle = None
     status = None
     keep_reservation = False
@@ -109,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
             print_json(handle.model_dump(mode="json"))
             err_console.print(f"detached; logs under {handle.run_dir}; the reservation's lease ends in {lease:g}s")
             return 0
-        status = _follow(launcher, handle, store, lease, args)
+        with _system_metrics(run_id, settings):
+            status = _follow(launcher, handle, store, lease, args)
     except (LaunchError, ValueError) as e:
         err_console.print(f"[red]launch failed[/]: {e}")
         return 1
@@ -117,13 +139,54 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(f"interrupted: stopping (grace {args.grace_s:g}s)…")
         if handle is not None:
             _stop(handle, "requested", "Ctrl-C in trainyard launch", args.grace_s)
+        _close_tracking(run_id, "cancelled", settings, job.name)
         return 130
     finally:
         if not keep_reservation:
-            store.release(job.metadata.name, args.attempt, run=run_id)
+            store.release(job.metadata.name, args.attempt, run=training_run)
     _summary(status, launcher, handle)
     _verdict(job, plan, cluster, settings, handle, status)
+    _close_tracking(run_id, status, settings, job.name)
     return exit_status(status)
+
+
+def _open_tracking(job: Any, plan: Any, cluster: Any, settings: Any, args: argparse.Namespace,
+                   source: str, training_run: str) -> str | None:
+    """The job's MLflow run (new for attempt 0, `--mlflow-run-id` or the job's newest run
+    otherwise) with its start artifacts; None, said once, when the tracking store is down."""
+    from cli.output import err_console
+    from plugins.tracking.lifecycle import open_tracked_run
+
+    try:
+        run_id = open_tracked_run(job, plan, settings, attempt=args.attempt, run_id=args.mlflow_run_id,
+                                  run=training_run, cluster=cluster, plan_source=source)
+    except Exception as e:  # noqa: BLE001 - a debugging launch runs without tracking rather than not at all
+        err_console.print(f"[yellow]no MLflow run[/] ({settings.mlflow_tracking_uri}): {type(e).__name__}: {e}")
+        return None
+    err_console.print(f"MLflow run {run_id} ({settings.mlflow_tracking_uri})")
+    return run_id
+
+
+@contextlib.contextmanager
+def _system_metrics(run_id: str | None, settings: Any) -> Iterator[None]:
+    from plugins.tracking.system_metrics import start_system_metrics
+
+    monitor = start_system_metrics(run_id, tracking_uri=settings.mlflow_tracking_uri) if run_id else None
+    try:
+        yield
+    finally:
+        if monitor is not None:
+            monitor.finish()
+
+
+def _close_tracking(run_id: str | None, status: RunStatus | str | None, settings: Any, title: str) -> None:
+    """End the MLflow run: completed or failed by the job's status, `cancelled` on Ctrl-C."""
+    from plugins.tracking.lifecycle import close_tracked_run
+
+    if run_id is None or status is None:
+        return
+    outcome = status if isinstance(status, str) else ("completed" if status.succeeded else "failed")
+    close_tracked_run(run_id, outcome, tracking_uri=settings.mlflow_tracking_uri, title=title)  # type: ignore[arg-type]
 
 
 def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse.Namespace) -> RunStatus:
@@ -187,12 +250,14 @@ def _verdict(job: Any, plan: Any, cluster: Any, settings: Any, handle: Any, stat
 def _progress(status: RunStatus, handle: Any, elapsed: float) -> Any:
     from rich.table import Table
 
+    from cli.output import format_age
+
     table = Table(title=f"{handle.job} attempt {handle.attempt} — {status.state} ({elapsed:.0f}s): "
                         f"{status.message}", title_justify="left")
     for column in ("rank", "node", "step", "heartbeat age", "exit"):
         table.add_column(column)
     for r in status.ranks:
-        age = f"{r.heartbeat_age_s:.1f}s" if r.heartbeat_age_s is not None else "-"
+        age = format_age(r.heartbeat_age_s)
         table.add_row(str(r.rank), r.node or "-", "-" if r.step is None else str(r.step),
                       age + (" (hung)" if r.hung else ""), r.outcome or "")
     return table

@@ -3,7 +3,8 @@
 Each subcommand lives in its own module under `cli/` with a `register(subparsers)` function;
 modules import their engines inside the handler so `trainyard --help` stays instant.
 Exit codes: 0 success, 1 the thing checked is not OK (invalid spec, plan does not fit, …),
-2 usage errors (argparse's convention).
+2 usage errors (argparse's convention), 130 interrupted; each command lists its own in its
+`--help` (a module's `EXIT_CODES`) and the README lists them all.
 """
 
 from __future__ import annotations
@@ -29,14 +30,57 @@ COMMANDS: tuple[str, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from cli.output import exit_codes_epilog
+
     parser = argparse.ArgumentParser(
         prog="trainyard",
         description="Validate, plan, place, launch and track parallel PyTorch training jobs.",
+        epilog=exit_codes_epilog(), formatter_class=HelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMANDS:
-        importlib.import_module(module).register(sub)
+    for name in COMMANDS:
+        module = importlib.import_module(name)
+        before = set(sub.choices)
+        module.register(sub)
+        for added in set(sub.choices) - before:
+            _add_exit_codes(sub.choices[added], exit_codes_epilog(getattr(module, "EXIT_CODES", {})))
     return parser
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter (descriptions filled to the terminal) that keeps the exit-code
+    table's own layout."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("exit codes:\n"):
+            return text
+        return super()._fill_text(text, width, indent)
+
+
+def _add_exit_codes(parser: argparse.ArgumentParser, epilog: str) -> None:
+    """The command's exit codes at the end of its --help and of each of its actions'."""
+    parser.epilog = epilog
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                _add_exit_codes(child, epilog)
+
+
+def version() -> str:
+    """The installed distribution's version, else pyproject's (a checkout run without install)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("trainyard")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """`trainyard models --dataset URI[@VERSION]`: which registered model versions saw this data?
 
-Seed §14: an erasure request that must reach models becomes a query. The dataset is given as
+An erasure request that must reach models becomes a query. The dataset is given as
 the spec writes it — a URI (`s3://datasets/wiki/`) or a prefix in the object store
 (`datasets/wiki/`) — optionally with `@version` (`datasets/wiki/@v3`) or `--digest`.
 Human output is a table; `--json` prints a list of model versions with their lineage.
@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+EXIT_CODES: dict[int, str] = {0: "success, whether or not a version was found"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="registered model versions and their lineage (by dataset)",
@@ -20,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--digest", help="only versions trained on exactly this content digest")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: TRAINYARD_MLFLOW_TRACKING_URI)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--wide", action="store_true", help="every column, whatever the terminal's width")
     p.set_defaults(func=run)
 
 
@@ -52,31 +56,30 @@ def run(args: argparse.Namespace) -> int:
 
         print_json([v.model_dump() for v in versions])
         return 0
-    _print_table(versions, uri, version)
+    _print_table(versions, uri, version, wide=args.wide)
     return 0
 
 
-def _print_table(versions: list, uri: str, version: str | None) -> None:
+def _print_table(versions: list, uri: str, version: str | None, *, wide: bool = False) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
-    from cli.output import console
+    from cli.output import console, print_table, row, table
 
     label = escape(uri + (f"@{version}" if version else ""))
     if not versions:
         console.print(f"no registered model version was trained on {label}")
         return
-    # Narrow terminals fold cells rather than cut them: a digest cut short is worse than none.
-    table = Table(title=f"Model versions trained on {label}", title_justify="left")
-    table.add_column("model", no_wrap=True)
-    for column in ("ver", "aliases", "run", "checkpoint", "dataset", "created"):
-        table.add_column(column, overflow="fold")
+    # Ids are cut to 8 characters (as git does) and dates to the minute; --wide shows the job,
+    # the checkpoint's and the data's digests.
+    t, shown = table(f"Model versions trained on\n{label}", [
+        ("model", "left"), ("ver", "right"), ("aliases", "left"), ("job", "left"), ("run", "left"),
+        ("step", "right"), ("checkpoint sha256", "left"), ("data", "left"), ("data digest", "left"),
+        ("created (UTC)", "left")], wide=wide, wide_only=("job", "checkpoint sha256", "data digest"))
     for v in versions:
-        model = v.name if not v.job or v.job == v.name else f"{v.name} (job {v.job})"
-        ckpt = f"step {v.checkpoint_step}" if v.checkpoint_step is not None else ""
-        if v.checkpoint_sha256:
-            ckpt += f" {v.checkpoint_sha256[:8]}"
-        data = (v.dataset_version or "") + (f" {v.dataset_digest[:8]}" if v.dataset_digest else "")
-        table.add_row(escape(model), v.version, escape(",".join(v.aliases)), (v.run_id or "")[:8],
-                      escape(ckpt.strip()), escape(data.strip()), v.created_at[:16].replace("T", " "))
-    console.print(table)
+        t.add_row(*row(shown, {
+            "model": escape(v.name), "ver": v.version, "aliases": escape(",".join(v.aliases)),
+            "job": escape(v.job or ""), "run": (v.run_id or "")[:8],
+            "step": "" if v.checkpoint_step is None else str(v.checkpoint_step),
+            "checkpoint sha256": (v.checkpoint_sha256 or "")[:12], "data": escape(v.dataset_version or ""),
+            "data digest": (v.dataset_digest or "")[:12], "created (UTC)": v.created_at[:16].replace("T", " ")}))
+    print_table(t, wide=wide)

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from plugins.placement.model import Placement
 
 
+EXIT_CODES: dict[int, str] = {1: "the spec has errors, or the gang cannot be placed (the output says why)"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("place", help="show where a job's gang would be placed (racks, nodes, groups)",
                        description=__doc__.split("\n\n")[0])
@@ -88,17 +92,24 @@ def render_map(placement: Placement, inventory: Inventory, free: dict[str, int],
 
     placed = {n.name: n for n in placement.nodes}
     in_rack, pp_total = placement.pp_groups_in_one_rack()
+    # Short labelled lines (80 columns); only the score terms that counted; "placement policy"
+    # for the placer's choice, never a second "strategy" beside the advisor's.
+    import textwrap
+
+    terms = ", ".join(f"{k} {v:+g}" for k, v in placement.score_breakdown.items() if v != 0) or "no term"
+    score = textwrap.fill(f"{placement.score + 0:g} = {terms}", width=80 - 11, subsequent_indent=" " * 11)
+    nodes, racks_used = len(placement.nodes), len(placement.racks)
     head = Text.assemble(
-        ("Placement ", "bold"), (placement.job, "bold cyan"), f" on {cluster_name}: {plan_label} — ",
-        f"{placement.world_size} ranks on {len(placement.nodes)} nodes × {placement.ranks_per_node}, "
-        f"{len(placement.racks)} rack(s)\n",
-        ("plan: ", "dim"), plan_source, ("   strategy: ", "dim"), placement.strategy,
-        ("   score: ", "dim"), f"{placement.score:g} ",
-        (" ".join(f"{k}={v:g}" for k, v in placement.score_breakdown.items()), "dim"),
+        ("Placement ", "bold"), (placement.job, "bold cyan"), f" on {cluster_name}\n",
+        ("  plan     ", "dim"), f"{plan_label}\n           {plan_source}\n",
+        ("  gang     ", "dim"), f"{placement.world_size} ranks: {_plural(nodes, 'node')} × "
+                               f"{placement.ranks_per_node}, {_plural(racks_used, 'rack')}\n",
+        ("  policy   ", "dim"), f"{placement.strategy}\n",
+        ("  score    ", "dim"), score,
     )
     if pp_total:
         style = "green" if in_rack == pp_total else "yellow"
-        head.append(f"\nPP groups inside one rack: {in_rack}/{pp_total}", style=style)
+        head.append(f"\n  PP groups inside one rack: {in_rack}/{pp_total}", style=style)
 
     racks = Table.grid(padding=(0, 1))
     racks.add_column(style="bold")
@@ -120,15 +131,20 @@ def render_map(placement: Placement, inventory: Inventory, free: dict[str, int],
             cells.append(" ")
         racks.add_row(rack, cells)
 
-    table = Table(title="nodes in rank order", title_justify="left", show_lines=False)
-    for column in ("node rank", "node", "rack", "ranks", "TP groups", "PP stages", "DP replicas"):
-        table.add_column(column, no_wrap=column in ("node", "rack", "ranks"))
+    from cli.output import table as compact_table
+
+    columns = ("node rank", "node", "rack", "ranks", "TP groups", "PP stages", "DP replicas")
+    table, _ = compact_table("nodes in rank order", [(c, "right" if c == "node rank" else "left") for c in columns])
     for p in placement.nodes:
         table.add_row(str(p.node_rank), p.name, p.rack, _span(list(p.ranks)),
                       _span(p.tp_groups), _span(p.pp_stages), _span(p.dp_replicas),
                       style=_colour(p.dp_replicas[0]))
     legend = Text("cells: [node:DP replica/PP stage] this job · [node] free · busy · ✗ unhealthy", style="dim")
     return Group(head, Text(""), racks, legend, Text(""), table)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _span(values: list[int]) -> str:

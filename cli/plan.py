@@ -38,6 +38,10 @@ def _fraction(text: str) -> float:
     return value
 
 
+EXIT_CODES: dict[int, str] = {1: "nothing fits (the output says what would), or the spec has errors"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan the parallelism of a TrainingJob (TP/PP/DP/FSDP, "
                                     "micro-batches, recomputation) and explain it",
@@ -112,9 +116,11 @@ def _print_human(result: PlanResult, *, job_name: str, cluster_name: str, spec: 
 
     from cli.output import console
 
-    console.print(f"[bold]{escape(job_name)}[/] on [bold]{escape(cluster_name)}[/]: {escape(result.hardware)}; "
-                  f"{_count(result.parameter_count)} parameters; strategy {result.strategy}; "
-                  f"budget {_gib(result.budget_bytes)} per device "
+    # One fact per line: the console does not wrap (soft_wrap), and 80 columns must do.
+    console.print(f"[bold]{escape(job_name)}[/] on [bold]{escape(cluster_name)}[/]\n"
+                  f"  [dim]hardware[/]  {escape(result.hardware)}\n"
+                  f"  [dim]model[/]     {_count(result.parameter_count)} parameters; strategy {result.strategy}\n"
+                  f"  [dim]budget[/]    {_gib(result.budget_bytes)} per device "
                   f"({result.budget_bytes / result.device_memory_bytes:.0%} of {_gib(result.device_memory_bytes)})")
     for line in result.warnings:
         console.print(f"[yellow]warning[/] {escape(line)}")

@@ -2,8 +2,12 @@
 
 PriorityClasses, the teams' Volcano Queues, the node-agent DaemonSet and the job's Volcano
 Job, in apply order (`trainyard render k8s job.yaml | kubectl apply -f -`). The job is placed
-on the cluster inventory first (nothing is reserved), so each pod is pinned to its node.
-Exit 0 rendered, 1 invalid spec / unschedulable / not renderable, 2 usage error.
+on the cluster inventory first (nothing is reserved): each pod requires the rack the placer
+chose and prefers its node (`--pin-nodes` requires the node).
+
+The pods get this machine's settings (object store, MLflow). Settings that cannot work in a
+pod — a `file://` store, a SQLite MLflow URI, an S3 endpoint on localhost, an unpinned
+`spec.source.git` — are refused with the fix; `--force` renders anyway (to read, not to apply).
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+EXIT_CODES: dict[int, str] = {1: "the spec has errors, the gang cannot be placed, or a setting cannot work in a cluster"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,18 +31,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--platform-image", default=None, help="image of the node agent")
     p.add_argument("--job-only", action="store_true", help="only the Volcano Job (no queues, classes, agent)")
     p.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    p.add_argument("--mlflow-run-id", default="", metavar="ID",
+                   help="the MLflow run the pods log into (the DAG's launch task sets it)")
+    p.add_argument("--pin-nodes", action="store_true",
+                   help="require each pod's node (default: require its rack, prefer its node)")
+    p.add_argument("--force", action="store_true",
+                   help="render even with settings that cannot work in a cluster (to read them)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
-
     from cli.common import load_checked_job
     from cli.output import err_console
     from config.settings import get_settings
     from config.teams import load_teams
+    from plugins.launch.cluster_settings import cluster_setting_problems
     from plugins.launch.environment import build_worker_env
-    from plugins.launch.manifests import KubernetesOptions, render_all, render_volcano_job
+    from plugins.launch.manifests import KubernetesOptions, render_all, render_volcano_job, to_yaml
     from plugins.placement.gang import place_gang
     from plugins.placement.inventory import Inventory
     from plugins.placement.model import GangRequest, Unschedulable
@@ -50,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     job, cluster = loaded
     settings = get_settings()
-    options = KubernetesOptions(namespace=args.namespace, **(
+    options = KubernetesOptions(namespace=args.namespace, pin_to="node" if args.pin_nodes else "rack", **(
         {"platform_image": args.platform_image} if args.platform_image else {}))
     try:
         plan, _ = plan_for_job(job, cluster, memory_fraction=settings.memory_fraction)
@@ -58,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
         placement = place_gang(GangRequest.for_job(job, plan, attempt=args.attempt), inventory)
         from config.runs import new_run_id
 
-        worker_env = build_worker_env(job, plan, settings, run=new_run_id(), attempt=args.attempt)
+        worker_env = build_worker_env(job, plan, settings, run=new_run_id(), attempt=args.attempt,
+                                      mlflow_run_id=args.mlflow_run_id)
+        problems = cluster_setting_problems(job, worker_env, s3_endpoint_url=settings.s3_endpoint_url)
+        if not _report(problems, force=args.force):
+            return 1
         if args.job_only:
             docs = [render_volcano_job(job, plan, placement, worker_env, attempt=args.attempt, options=options)]
         else:
@@ -70,10 +86,29 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         err_console.print(f"[red]cannot render[/]: {e}")
         return 1
-    text = yaml.safe_dump_all(docs, sort_keys=False, width=120)
+    text = to_yaml(docs)
     if args.output:
         args.output.write_text(text)
         err_console.print(f"wrote {len(docs)} manifests to {args.output}")
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _report(problems: list, *, force: bool) -> bool:
+    """Print the settings that cannot (error) or may not (warning) work in pods; False when an
+    error stops the rendering."""
+    from rich.markup import escape
+
+    from cli.output import err_console
+
+    errors = [p for p in problems if p.severity == "error"]
+    for p in problems:
+        style = "red" if p.severity == "error" and not force else "yellow"
+        err_console.print(f"[{style}]{p.severity}[/] {escape(p.setting)}={escape(repr(p.value))}: "
+                          f"{escape(p.message)}\n  fix: {escape(p.fix)}")
+    if errors and not force:
+        err_console.print(f"[red]not rendered[/]: {len(errors)} setting(s) cannot work in a cluster "
+                          "(--force renders anyway, for reading)")
+        return False
+    return True

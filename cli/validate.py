@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from config.problems import Problem
 
 
+EXIT_CODES: dict[int, str] = {1: "a spec has an error (warnings alone exit 0)"}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="validate TrainingJob specs (schema, rules, dry run)",
                        description=__doc__.split("\n\n")[0])

@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from config.quantities import Bytes
+from config.quantities import Bandwidth, Bytes
 
 CLUSTERS_DIR = Path(__file__).parent / "clusters"
 
@@ -44,22 +44,48 @@ class Accelerator(_Section):
     """Device memory (HBM), e.g. `80GiB`."""
     peak_tflops: PositiveFloat | None = None
     """Peak dense bf16 TFLOP/s per device."""
-    memory_bandwidth_gbps: PositiveFloat | None = None
-    """HBM bandwidth, GB/s."""
+    memory_bandwidth: Bandwidth | None = None
+    """HBM bandwidth with its unit (`3.35TB/s`), bytes/s once read."""
     hourly_rate_usd: PositiveFloat | None = None
     """Cost of one device-hour, for chargeback."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: object) -> object:
+        return refuse_renamed(data, "accelerators.<type>", {"memoryBandwidthGbps": "memoryBandwidth"})
+
 
 class Network(_Section):
-    """Bandwidths per GPU, unidirectional, in GB/s. Unset values come from the advisor's
-    catalog for the node's GPU type."""
+    """Bandwidths per GPU, unidirectional, each written with its unit (`450GB/s`, `400Gb/s`)
+    and held in bytes/s. Unset values come from the advisor's catalog for the node's GPU type."""
 
-    intra_node_gbps: PositiveFloat | None = None
-    """NVLink (NVSwitch) bandwidth per GPU."""
-    intra_rack_gbps: PositiveFloat | None = None
-    """InfiniBand / RoCE per GPU between nodes of one rack (leaf switch, full bisection)."""
+    intra_node_bandwidth: Bandwidth | None = None
+    """NVLink (NVSwitch) bandwidth per GPU (`450GB/s` for NVLink 4)."""
+    intra_rack_bandwidth: Bandwidth | None = None
+    """InfiniBand / RoCE per GPU between nodes of one rack (leaf switch, full bisection):
+    `400Gb/s` for one NDR port per GPU (= 50 GB/s)."""
     cross_rack_oversubscription: PositiveFloat = 1.0
     """Spine oversubscription: cross-rack bandwidth = intra-rack / this."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: object) -> object:
+        return refuse_renamed(data, "network", {"intraNodeGbps": "intraNodeBandwidth",
+                                                "intraRackGbps": "intraRackBandwidth"})
+
+
+def refuse_renamed(data: object, where: str, renamed: dict[str, str]) -> object:
+    """Refuse the old `…Gbps` fields, which held gigaBYTES per second (`Gbps` means gigabits
+    to every network engineer), naming the field, its value and the new spelling."""
+    if isinstance(data, dict):
+        for old, new in renamed.items():
+            if old in data:
+                value = data[old]
+                raise ValueError(
+                    f"{where}.{old} ({value!r}) is no longer read: it held GB/s under a name that says "
+                    f"gigabits. Write `{new}: {value}GB/s` if {value} was gigabytes per second "
+                    f"(as this field meant), or `{new}: {value}Gb/s` for gigabits")
+    return data
 
 
 class NodeTemplate(_Section):

@@ -45,6 +45,10 @@ class Code(StrEnum):
     # the dry run (plugins/validation)
     INSUFFICIENT_GPU_MEMORY = "INSUFFICIENT_GPU_MEMORY"
     DATASET_NOT_FOUND = "DATASET_NOT_FOUND"
+    STORE_CREDENTIALS = "STORE_CREDENTIALS"
+    """The object store cannot be read with the credentials at hand (none found, or refused)."""
+    STORE_UNREACHABLE = "STORE_UNREACHABLE"
+    """The object store did not answer: nothing is known about the dataset (a warning)."""
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     UNKNOWN_TEAM = "UNKNOWN_TEAM"
     DATA_QUALITY = "DATA_QUALITY"

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     """Node name → its node agent's base URL (JSON: `{"local-0": "http://127.0.0.1:9420"}`). The
     health watch of a job's DAG polls the agents of the job's nodes; a node without one is not
     watched (and the watch says so)."""
+    kubernetes_conn_id: str = "kubernetes_default"
+    """Airflow connection of the Kubernetes cluster (cncf-kubernetes provider's `KubernetesHook`);
+    without Airflow, the kubeconfig is used."""
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     """Share of device memory a plan may use (the rest is left for fragmentation and spikes)."""
 

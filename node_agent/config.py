@@ -30,6 +30,10 @@ class AgentConfig(BaseModel):
     forget_after_s: float = Field(default=86400.0, ge=0)
     """Heartbeats older than this are left out of reports (0 keeps them forever): a job that
     died without cleaning up must not show as hung on this node for ever."""
+    forget_finished_after_s: float = Field(default=600.0, ge=0)
+    """An attempt whose ranks all finished (`done`, `diverged`) is left out of reports this
+    long after its last heartbeat; an attempt followed by a newer one of the same job on this
+    node is left out at once (it ended before the next could start)."""
     xid_wait_ms: int = Field(default=1000, ge=1)
     """How long one NVML event wait blocks; bounds how long `stop()` takes."""
     enable_fault_injection: bool = False

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from node_agent.config import AgentConfig
 from node_agent.gpu_probe import NvmlProbe, XidWatcher
@@ -28,9 +28,38 @@ from node_agent.models import (
     RankHeartbeat,
     Verdict,
 )
-from node_agent.verdicts import ThermalWatch, ecc_verdict, hang_verdict, rank_status, xid_verdict
+from node_agent.verdicts import (
+    FINISHED_PHASES,
+    ThermalWatch,
+    ecc_verdict,
+    hang_verdict,
+    rank_status,
+    xid_verdict,
+)
 
 log = logging.getLogger(__name__)
+
+
+def current_ranks(ranks: Iterable[RankHeartbeat], now: float, *, finished_after_s: float) -> list[RankHeartbeat]:
+    """The ranks worth reporting, by (job, attempt, rank). An attempt is over, and forgotten,
+    when a newer attempt of its job beats on this node (the control plane starts attempt N+1
+    only after attempt N ended: a rank of N killed mid-step is a crash already handled, not a
+    hang), or when all its ranks finished more than `finished_after_s` ago (0: kept)."""
+    ranks = list(ranks)
+    newest_attempt: dict[str, int] = {}
+    for r in ranks:
+        newest_attempt[r.job] = max(r.attempt, newest_attempt.get(r.job, r.attempt))
+    by_attempt: dict[tuple[str, int], list[RankHeartbeat]] = {}
+    for r in ranks:
+        if r.attempt == newest_attempt[r.job]:
+            by_attempt.setdefault((r.job, r.attempt), []).append(r)
+    kept = []
+    for group in by_attempt.values():
+        finished = all(r.phase in FINISHED_PHASES for r in group)
+        if finished and finished_after_s and now - max(r.time for r in group) > finished_after_s:
+            continue
+        kept += group
+    return sorted(kept, key=lambda r: (r.job, r.attempt, r.rank))
 
 
 class Monitor:
@@ -156,7 +185,7 @@ class Monitor:
             key = (beat.job, beat.attempt, beat.rank)
             if (not forget or now - beat.time <= forget) and (key not in newest or beat.time > newest[key].time):
                 newest[key] = rank_status(beat, now, str(path))
-        ranks = sorted(newest.values(), key=lambda r: (r.job, r.attempt, r.rank))
+        ranks = current_ranks(newest.values(), now, finished_after_s=self.config.forget_finished_after_s)
         with self._lock:
             gpus = [g.model_copy(update={"xid_events": dict(self._xid_counts.get(g.index, {}))})
                     for g in self._gpus]

@@ -23,7 +23,7 @@ What it does, per DESIGN §5–§8:
 - exits with `exit_codes.CHECKPOINT_CORRUPT` when the checkpoint to restore does not verify
   (writing `<run_dir>/checkpoint_corrupt.json`), and with `exit_codes.OOM` on a
   `torch.OutOfMemoryError` inside `stop_on_oom()`;
-- streams loss, grad_norm, lr, tokens_per_second, step_time_s, data_stall_s and mfu from rank 0
+- streams loss, grad_norm, lr, tokens_per_s, step_time_s, data_stall_s and mfu from rank 0
   to MLflow (`plugins.tracking.metrics.MetricsStreamer`: async, batched, never raises).
 
 Every decision to stop or to save on the clock is taken by all ranks at the same step: the
@@ -464,7 +464,7 @@ class TrainingSession:
         if data_stall_s is not None:
             values["data_stall_s"] = data_stall_s
         if self._tokens_per_s is not None:
-            values["tokens_per_second"] = self._tokens_per_s
+            values["tokens_per_s"] = self._tokens_per_s
             if self._flops_per_token and self._peak_flops:
                 from plugins.advisor.flops import mfu
 

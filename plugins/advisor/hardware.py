@@ -196,12 +196,9 @@ def hardware_for(cluster: Cluster, gpu_type: str) -> Hardware:
     gpu = replace(
         base,
         memory_bytes=int(accel.memory) if accel.memory is not None else base.memory_bytes,
-        memory_bandwidth=(accel.memory_bandwidth_gbps * GB if accel.memory_bandwidth_gbps
-                          else base.memory_bandwidth),
-        intra_node_bandwidth=(net.intra_node_gbps * GB if net.intra_node_gbps
-                              else base.intra_node_bandwidth),
-        inter_node_bandwidth=(net.intra_rack_gbps * GB if net.intra_rack_gbps
-                              else base.inter_node_bandwidth),
+        memory_bandwidth=accel.memory_bandwidth or base.memory_bandwidth,
+        intra_node_bandwidth=net.intra_node_bandwidth or base.intra_node_bandwidth,
+        inter_node_bandwidth=net.intra_rack_bandwidth or base.inter_node_bandwidth,
     )
     nodes = [n for n in cluster.nodes if n.gpu_type == gpu_type]
     per_rack: dict[str, int] = {}

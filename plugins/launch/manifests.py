@@ -4,11 +4,20 @@
 Pure functions from validated models to plain dicts (what the `kubernetes` client's
 custom-objects API sends, and what `trainyard render k8s` prints as YAML).
 
-The Volcano Job has one task per placed node (`worker-<i>`, one pod each), pinned to that node
-by required node affinity, with torchrun's node rank `i` baked into its command and a static
-rendezvous on pod 0 (`<job>-worker-0-0.<job>`, a DNS name from Volcano's `svc` plugin). That is
-what makes the placement real: rank r runs on `placement.nodes[r // k]`, so each TP group stays
-inside a node and each pipeline inside the rack the placer chose. Volcano contributes gang
+The Volcano Job has one task per placed node (`worker-<i>`, one pod each, a whole node's
+devices), with torchrun's node rank `i` baked into its command and a static rendezvous on pod 0
+(`<job>-worker-0-0.<job>`, a DNS name from Volcano's `svc` plugin). That is what makes the
+placement real: rank r runs on the node of task `r // k`, so each TP group stays inside a node.
+Where the cluster labels its nodes by rack (`topology.kubernetes.io/rack`, what the inventory
+is built from), each task *requires* its rack and *prefers* the node the placer chose, and the
+job's pods repel each other per host: each pipeline stays inside the rack the placer chose, and
+a node taken or drained meanwhile is replaced by another of that rack instead of leaving the
+gang pending. Without rack labels (or with `pin_to="node"`) each task requires its node.
+
+With `spec.source.git`, an init container fetches the pinned commit into an `emptyDir` and
+torchrun runs the entrypoint from there (the image provides the environment, not the code);
+without it, the entrypoint comes from the image. `to_yaml` writes the documents as plain YAML
+(no anchors, UTF-8 as is) for `kubectl apply -f -`. Volcano contributes gang
 admission (`minAvailable` = every worker: all pods start or none) and the team queues' fair share.
 A pod template is ~3 KB, so one Job holds a few hundred nodes before reaching the API server's
 object size limit; `render_volcano_job` refuses larger ones with the numbers.
@@ -22,12 +31,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+import shlex
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from plugins.launch.environment import job_environment, learning_rate_args
 from plugins.placement.fairshare import BASE_PRIORITY
+from plugins.placement.inventory import RACK_LABEL, UNKNOWN_RACK
 
 if TYPE_CHECKING:
     from config.spec import TrainingJob
@@ -86,6 +97,13 @@ class KubernetesOptions(BaseModel):
     torchrun_max_restarts: int = 0
     ttl_after_finished_s: int = 86400
     extra_labels: dict[str, str] = Field(default_factory=dict)
+    pin_to: Literal["rack", "node"] = "rack"
+    """`rack`: require the placer's rack, prefer its node (needs rack labels on the nodes);
+    `node`: require the placer's node (a hard host name)."""
+    git_image: str = "alpine/git:2.47.2"
+    """Image of the init container that fetches `spec.source.git` (needs only `git`)."""
+    source_root: str = "/workspace/source"
+    """Where the fetched source is mounted; the trainer's working directory."""
 
 
 def job_labels(job: TrainingJob, attempt: int, run: str = "") -> dict[str, str]:
@@ -242,9 +260,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         "securityContext": {"runAsNonRoot": True, "runAsUser": options.run_as_user,
                             "runAsGroup": options.run_as_user, "fsGroup": options.run_as_user,
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [
-                {"key": HOSTNAME_LABEL, "operator": "In", "values": [node.name]}]}]}}},
+        "affinity": affinity(job.metadata.name, node, options),
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
@@ -256,7 +272,65 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     if options.service_account:
         spec["serviceAccountName"] = options.service_account
+    git = job.spec.source.git
+    if git is not None:
+        spec["initContainers"] = [source_init_container(git.repo, git.commit, options)]
+        spec["volumes"] += [{"name": "source", "emptyDir": {}}, {"name": "git-tmp", "emptyDir": {}}]
+        container["volumeMounts"].append({"name": "source", "mountPath": options.source_root, "readOnly": True})
+        container["workingDir"] = options.source_root
     return spec
+
+
+def affinity(job_name: str, node: Any, options: KubernetesOptions) -> dict[str, Any]:
+    """Where task `node.node_rank` may run (see the module docstring)."""
+    def on(key: str, value: str) -> dict[str, Any]:
+        return {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+
+    if options.pin_to == "node" or node.rack == UNKNOWN_RACK:
+        return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [on(HOSTNAME_LABEL, node.name)]}}}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [on(RACK_LABEL, node.rack)]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": on(HOSTNAME_LABEL, node.name)}],
+        },
+        # One pod of this job per node: a node rank owns a whole node's devices.
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {"trainyard.io/job": job_name}},
+            "topologyKey": HOSTNAME_LABEL}]},
+    }
+
+
+def source_init_container(repo: str, commit: str | None, options: KubernetesOptions) -> dict[str, Any]:
+    """Fetch `commit` of `repo` (only that commit, depth 1) into the source volume and check
+    that HEAD is that commit. `cluster_settings` refuses a spec without a pinned commit."""
+    if not commit:
+        raise ValueError("spec.source.git.commit is required on Kubernetes: a branch moves between pods "
+                         "and attempts (pin the commit)")
+    root = options.source_root
+    quoted = shlex.quote(commit)
+    script = "\n".join([
+        "set -eu",
+        f"git init -q {root}",
+        f"cd {root}",
+        f"git remote add origin {shlex.quote(repo)}",
+        f"git fetch -q --depth 1 origin {quoted}",
+        "git checkout -q --detach FETCH_HEAD",
+        'head="$(git rev-parse HEAD)"',
+        f'case "$head" in {quoted}*) echo "source at $head" ;; '
+        f'*) echo "fetched $head, not {commit}" >&2; exit 1 ;; esac',
+    ])
+    return {
+        "name": "source",
+        "image": options.git_image,
+        "command": ["sh", "-c", script],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "securityContext": {"privileged": False, "allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "source", "mountPath": root}, {"name": "git-tmp", "mountPath": "/tmp"}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+    }
 
 
 def priority_class_name(priority: str) -> str:
@@ -307,7 +381,11 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
     options = options or KubernetesOptions()
     labels = {"app.kubernetes.io/name": "trainyard-node-agent", "app.kubernetes.io/managed-by": "trainyard"}
     port = options.node_agent_port
+    # /livez answers while the process serves; /health is the full report (NVML, heartbeats),
+    # fine to gate traffic on, too slow and too rich to kill the agent by.
     probe = {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 10, "timeoutSeconds": 5}
+    liveness = {"httpGet": {"path": "/livez", "port": port}, "periodSeconds": 10, "timeoutSeconds": 5,
+                "initialDelaySeconds": 10}
     pod: dict[str, Any] = {
         "securityContext": {"runAsNonRoot": True, "runAsUser": options.run_as_user,
                             "runAsGroup": options.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
@@ -335,7 +413,7 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
             ],
             "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
             "readinessProbe": probe,
-            "livenessProbe": probe | {"initialDelaySeconds": 10},
+            "livenessProbe": liveness,
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
             "securityContext": {"privileged": False, "allowPrivilegeEscalation": False,
                                 "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
@@ -367,6 +445,18 @@ def render_all(job: TrainingJob, plan: Plan, placement: Placement, worker_env: W
     return [*render_priority_classes(), *render_queues(teams, total_gpus),
             render_node_agent_daemonset(options),
             render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=options)]
+
+
+def to_yaml(docs: list[dict[str, Any]]) -> str:
+    """Multi-document YAML as people write it: no `&id001` anchors for repeated values, non-ASCII
+    as is (`TP1·PP1`, not `TP1\\xB7PP1`), keys in the order built."""
+    import yaml
+
+    class PlainDumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump_all(docs, Dumper=PlainDumper, sort_keys=False, allow_unicode=True, width=120)
 
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

@@ -2,9 +2,10 @@
 
 The engine takes the `kubernetes` client's API objects as arguments — `CustomObjectsApi` for the
 Volcano objects, optionally `CoreV1Api` for pods and logs — so credentials and connections stay
-with the caller: the Airflow operator builds them from the cncf-kubernetes provider's
-`KubernetesHook` (`hook.api_client`), tests pass `create_autospec` mocks, and this package never
-imports Airflow.
+with the caller: Airflow tasks build them from the cncf-kubernetes provider's `KubernetesHook`
+(`operators.kubernetes_clients`, connection id from `TRAINYARD_KUBERNETES_CONN_ID`), other
+callers from a kubeconfig (`KubernetesLauncher.from_kubeconfig`), tests pass `create_autospec`
+mocks, and this package never imports Airflow.
 
 API habits of Airflow's providers: transient errors (429, 5xx, dropped connections) are retried
 with tenacity, waiting what `Retry-After` asks when the server says; everything else fails at
@@ -15,6 +16,7 @@ is this very attempt (an Airflow retry), and refuses otherwise.
 from __future__ import annotations
 
 import email.utils
+import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -27,6 +29,7 @@ from tenacity.wait import wait_base
 from urllib3.exceptions import HTTPError as Urllib3HTTPError
 
 from plugins.launch.base import LaunchError
+from plugins.launch.cluster_settings import check_cluster_settings
 from plugins.launch.exit_codes import describe
 from plugins.launch.manifests import (
     QUEUE_GROUP,
@@ -50,7 +53,10 @@ if TYPE_CHECKING:
     from config.teams import Teams
     from config.worker_env import WorkerEnv
     from plugins.advisor.plan import Plan
+    from plugins.launch.kube_clients import KubeClients
     from plugins.placement.model import Placement
+
+log = logging.getLogger(__name__)
 
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 PODGROUP_VERSION = "v1beta1"
@@ -116,6 +122,20 @@ class KubernetesLauncher:
         self.max_wait_s = max_wait_s
         self.sleep = sleep
 
+    @classmethod
+    def from_clients(cls, clients: KubeClients, **kwargs: Any) -> KubernetesLauncher:
+        """A launcher over `clients` (`plugins.launch.kube_clients`, or the Airflow adapter
+        `operators.kubernetes_clients`, which builds them from `KubernetesHook`)."""
+        return cls(clients.custom, core_api=clients.core, **kwargs)
+
+    @classmethod
+    def from_kubeconfig(cls, config_file: str | None = None, context: str | None = None,
+                        **kwargs: Any) -> KubernetesLauncher:
+        """The default outside Airflow: the kubeconfig's context, or the pod's service account."""
+        from plugins.launch.kube_clients import clients_from_kubeconfig
+
+        return cls.from_clients(clients_from_kubeconfig(config_file, context), **kwargs)
+
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         retrying = Retrying(
             retry=retry_if_exception(is_transient), stop=stop_after_attempt(self.attempts),
@@ -158,6 +178,10 @@ class KubernetesLauncher:
 
     def submit(self, job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv,
                *, attempt: int) -> RunHandle:
+        """Create the attempt's Volcano Job. Raises `UnsafeForCluster` (fatal) before any API
+        call when a setting cannot work in pods (`plugins.launch.cluster_settings`)."""
+        for warning in check_cluster_settings(job, worker_env):
+            log.warning("%s", warning.render())
         body = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=self.options)
         name = body["metadata"]["name"]
         try:

@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from config.quantities import readable_number
 from config.spec import Precision
 from plugins.advisor.flops import flops_per_token, flops_per_token_6n, mfu, peak_flops_per_device
 from plugins.tracking.rates import Rates, load_rates
@@ -139,8 +140,12 @@ class RunAccounting(BaseModel):
     """Tokens trained on (over all attempts, counting recomputed steps once)."""
     precision: Precision = "bf16"
     """The job's training precision: picks the peak FLOP/s MFU is measured against."""
+    tokens_per_s: NonNegativeFloat | None = None
+    """Whole-job training throughput the run measured (its `tokens_per_s` metric); when absent,
+    `tokens / training_s` where both are known (`throughput()`)."""
     mfu: float | None = Field(default=None, ge=0, le=1)
-    """Measured MFU, if the run reported one; otherwise computed from tokens when possible."""
+    """Measured MFU, if the run reported one (its `mfu` metric); otherwise computed from the
+    throughput when possible."""
     run_id: str | None = None
     checkpoint_storage_gb: NonNegativeFloat = 0.0
     """Average checkpoint storage held over the period, GB."""
@@ -157,9 +162,21 @@ class RunAccounting(BaseModel):
     def held_s(self) -> float:
         return self.training_s + self.waiting_s + self.recovery_s
 
-    @property
-    def tokens_per_s(self) -> float | None:
+    def throughput(self) -> float | None:
+        """Tokens per second: as measured, else tokens over training time, else None."""
+        if self.tokens_per_s is not None:
+            return self.tokens_per_s
         return self.tokens / self.training_s if self.tokens and self.training_s > 0 else None
+
+    def with_run_metrics(self, metrics: dict[str, float]) -> RunAccounting:
+        """Fill what the control plane did not measure from the run's latest `mfu` and
+        `tokens_per_s` (what the training processes streamed); a value already set stays."""
+        update: dict[str, float] = {}
+        if self.mfu is None and metrics.get("mfu") is not None and 0 <= metrics["mfu"] <= 1:
+            update["mfu"] = float(metrics["mfu"])
+        if self.tokens_per_s is None and metrics.get("tokens_per_s") is not None and metrics["tokens_per_s"] >= 0:
+            update["tokens_per_s"] = float(metrics["tokens_per_s"])
+        return self.model_copy(update=update) if update else self
 
 
 class JobCost(BaseModel):
@@ -184,6 +201,7 @@ class JobCost(BaseModel):
     idle_pct: float
     """(waiting + recovery) / total, in percent."""
     mfu: float | None = None
+    tokens_per_s: float | None = None
     checkpoint_storage_cost_usd: float = 0.0
 
 
@@ -202,15 +220,16 @@ def job_cost(
     t, w, r = (gpu_hours(acct.gpu_count, s) for s in (acct.training_s, acct.waiting_s, acct.recovery_s))
     total = t + w + r
     measured = acct.mfu
-    if measured is None and flops_per_token and acct.tokens_per_s:
-        measured = mfu(acct.tokens_per_s, flops_per_token, acct.gpu_count,
+    throughput = acct.throughput()
+    if measured is None and flops_per_token and throughput:
+        measured = mfu(throughput, flops_per_token, acct.gpu_count,
                        peak_flops_per_device(acct.gpu_type, acct.precision, cluster))
     return JobCost(
         job=acct.job, team=acct.team, project=acct.project, gpu_type=acct.gpu_type, gpu_count=acct.gpu_count,
         rate_usd_per_gpu_hour=rate, training_gpu_hours=t, waiting_gpu_hours=w, recovery_gpu_hours=r,
         total_gpu_hours=total, training_cost_usd=t * rate, waiting_cost_usd=w * rate,
         recovery_cost_usd=r * rate, total_cost_usd=total * rate,
-        idle_pct=(w + r) / total * 100 if total else 0.0, mfu=measured,
+        idle_pct=(w + r) / total * 100 if total else 0.0, mfu=measured, tokens_per_s=throughput,
         checkpoint_storage_cost_usd=acct.checkpoint_storage_gb * rates.storage_gb_month_usd * months,
     )
 
@@ -238,6 +257,8 @@ class ChargebackRow(BaseModel):
     counts for what it cost (the seed averages per-job percentages instead)."""
     avg_mfu_pct: float | None
     """MFU weighted by training GPU-hours, over the jobs that have one."""
+    avg_tokens_per_s: float | None = None
+    """Throughput of a job, weighted by training GPU-hours, over the jobs that have one."""
     checkpoint_storage_cost_usd: float
 
 
@@ -278,6 +299,8 @@ def _row(team: str, project: str, costs: Sequence[JobCost]) -> ChargebackRow:
     gpu_h = total("total_gpu_hours")
     with_mfu = [c for c in costs if c.mfu is not None and c.training_gpu_hours > 0]
     weight = sum(c.training_gpu_hours for c in with_mfu)
+    with_tps = [c for c in costs if c.tokens_per_s is not None and c.training_gpu_hours > 0]
+    tps_weight = sum(c.training_gpu_hours for c in with_tps)
     return ChargebackRow(
         team=team, project=project, num_jobs=len(costs), total_gpu_hours=gpu_h,
         training_gpu_hours=total("training_gpu_hours"), waiting_gpu_hours=total("waiting_gpu_hours"),
@@ -286,6 +309,8 @@ def _row(team: str, project: str, costs: Sequence[JobCost]) -> ChargebackRow:
         recovery_cost_usd=total("recovery_cost_usd"),
         idle_pct=(total("waiting_gpu_hours") + total("recovery_gpu_hours")) / gpu_h * 100 if gpu_h else 0.0,
         avg_mfu_pct=(sum(c.mfu * c.training_gpu_hours for c in with_mfu) / weight * 100) if weight else None,  # type: ignore[operator]
+        avg_tokens_per_s=(sum(c.tokens_per_s * c.training_gpu_hours for c in with_tps) / tps_weight  # type: ignore[operator]
+                          if tps_weight else None),
         checkpoint_storage_cost_usd=total("checkpoint_storage_cost_usd"),
     )
 
@@ -305,7 +330,7 @@ _HTML_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("total_gpu_hours", "GPU-h", ",.1f"), ("training_gpu_hours", "training", ",.1f"),
     ("waiting_gpu_hours", "waiting", ",.1f"), ("recovery_gpu_hours", "recovery", ",.1f"),
     ("total_cost_usd", "Cost $", ",.2f"), ("recovery_cost_usd", "recovery $", ",.2f"),
-    ("idle_pct", "idle %", ".1f"), ("avg_mfu_pct", "MFU %", ".1f"),
+    ("idle_pct", "idle %", ".1f"), ("avg_mfu_pct", "MFU %", ".1f"), ("avg_tokens_per_s", "tokens/s", ",.0f"),
     ("checkpoint_storage_cost_usd", "storage $", ",.2f"),
 )
 
@@ -343,7 +368,7 @@ resumed training, plus recomputed steps). Idle % = (waiting + recovery) / total.
 def _totals(rows: Sequence[ChargebackRow]) -> dict[str, Any]:
     if not rows:
         return {"team": "Total"}
-    summed = [k for k, _, fmt in _HTML_COLUMNS if fmt != "s" and k not in ("idle_pct", "avg_mfu_pct")]
+    summed = [k for k, _, fmt in _HTML_COLUMNS if fmt != "s" and k not in ("idle_pct", "avg_mfu_pct", "avg_tokens_per_s")]
     sums: dict[str, Any] = {k: sum(getattr(r, k) for r in rows) for k in summed}
     gpu_h = sums["total_gpu_hours"]
     sums["idle_pct"] = (sums["waiting_gpu_hours"] + sums["recovery_gpu_hours"]) / gpu_h * 100 if gpu_h else 0.0
@@ -355,28 +380,32 @@ def _cell(value: Any, fmt: str) -> str:
         return "<td></td>"
     if fmt == "s":
         return f"<td>{html.escape(str(value))}</td>"
-    return f'<td class="n">{format(value, fmt)}</td>'
+    if fmt == "d":
+        return f'<td class="n">{value:d}</td>'
+    return f'<td class="n">{readable_number(value, int(fmt.split(".")[1][0]))}</td>'
 
 
 # -- MLflow -----------------------------------------------------------------------------------------
 
 ACCOUNTING_TAG = "trainyard.accounting"
+RUN_COST_METRICS = ("training_gpu_hours", "waiting_gpu_hours", "recovery_gpu_hours", "total_gpu_hours",
+                    "total_cost_usd", "recovery_cost_usd", "idle_pct")
+"""What a job's run records of its cost, named as in `JobCost`, the CSV and the chargeback run."""
 
 
 def log_job_cost(run_id: str, acct: RunAccounting, cost: JobCost, *, tracking_uri: str) -> None:
     """Put a job's accounting (JSON tag) and its cost (metrics) on its run, so runs compare by
-    cost in the MLflow UI and the chargeback can be rebuilt from MLflow alone."""
+    cost in the MLflow UI and the chargeback can be rebuilt from MLflow alone.
+
+    The tag records the run's measured `mfu` and `tokens_per_s` (its latest points) when the
+    caller did not know them. Those two stay the training processes' series: the cost adds no
+    point to them (a step-0 point would draw a spike at the start of their charts)."""
     from plugins.tracking.runs import client_for, log_metrics
 
-    metrics = {
-        "gpu_hours/training": cost.training_gpu_hours, "gpu_hours/waiting": cost.waiting_gpu_hours,
-        "gpu_hours/recovery": cost.recovery_gpu_hours, "gpu_hours/total": cost.total_gpu_hours,
-        "cost_usd/total": cost.total_cost_usd, "cost_usd/recovery": cost.recovery_cost_usd,
-        "idle_pct": cost.idle_pct,
-    }
-    if cost.mfu is not None:
-        metrics["mfu"] = cost.mfu
     client = client_for(tracking_uri)
+    acct = acct.with_run_metrics(client.get_run(run_id).data.metrics)
+    # The field names of JobCost and the chargeback report: one name per quantity everywhere.
+    metrics = {name: getattr(cost, name) for name in RUN_COST_METRICS}
     client.set_tag(run_id, ACCOUNTING_TAG, acct.model_dump_json(exclude_none=True))
     log_metrics(client, run_id, metrics, step=0)
 
@@ -448,8 +477,8 @@ def accounting_from_mlflow(tracking_uri: str, *, experiments: Sequence[str] | No
 
 def _accounting_of(run: Any) -> RunAccounting | None:
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
-    if ACCOUNTING_TAG in tags:
-        return RunAccounting.model_validate_json(tags[ACCOUNTING_TAG])
+    if ACCOUNTING_TAG in tags:  # recorded; older tags lack the measured figures: the run has them
+        return RunAccounting.model_validate_json(tags[ACCOUNTING_TAG]).with_run_metrics(metrics)
     try:
         started = _from_ms(run.info.start_time)
         ended = _from_ms(run.info.end_time) if run.info.end_time else None
@@ -461,8 +490,8 @@ def _accounting_of(run: Any) -> RunAccounting | None:
             gpu_count=int(params["spec.hardware.gpuCount"]), submitted_at=started, started_at=started,
             ended_at=ended, training_s=max(wall - recovery, 0.0), recovery_s=recovery,
             tokens=int(metrics["tokens_total"]) if "tokens_total" in metrics else None,
-            mfu=metrics.get("mfu"), run_id=run.info.run_id,
-        )
+            run_id=run.info.run_id,
+        ).with_run_metrics(metrics)
     except (KeyError, ValueError) as e:
         log.warning("run %s has no usable accounting (%s); left out of the report", run.info.run_id, e)
         return None

@@ -21,6 +21,14 @@ outage is acceptable, a training step blocked or crashed by tracking is not. So:
   so one bad key never sinks the batch it travels in.
 - `close()` flushes what is left within a deadline and reports what could not be sent.
 
+**Replayed steps.** A resumed attempt restarts from its checkpoint and trains again the steps
+the failed attempt had already logged (checkpoint at 100, crash at 120: steps 101–120 twice).
+MLflow cannot delete a point, and two `loss` values at one step draw a zig-zag. So, by
+default (`mark_replay=True`), the streamer reads once, when it starts, the last step each key
+already has in the run, and logs a point at or below it as `replay/<key>`: `loss` keeps one
+value per step (the first attempt's, the one the crash interrupted), and `replay/loss` shows
+the recomputed stretch beside it — which, for a deterministic resume, overlays it exactly.
+
 mlflow is imported in the background thread: importing it costs about a second, which a
 training process should not pay before its first step, and importing this module stays cheap.
 """
@@ -66,6 +74,9 @@ TRANSIENT_ERROR_CODES = frozenset({
 """MLflow error codes worth retrying; anything else (INVALID_PARAMETER_VALUE,
 RESOURCE_DOES_NOT_EXIST, …) will fail the same way again."""
 
+REPLAY_PREFIX = "replay/"
+"""Name prefix of the points of a step the run had already logged (a resumed attempt's replay)."""
+
 
 @dataclass(frozen=True)
 class StreamerStats:
@@ -82,6 +93,8 @@ class StreamerStats:
     """Points in batches the store refused, or that failed after every retry."""
     pending: int
     """Points still in memory (queued or being sent); non-zero after a `close()` that timed out."""
+    replayed: int = 0
+    """Points of steps the run already had, logged as `replay/<key>` (see the module docstring)."""
 
 
 class _Stop:
@@ -121,6 +134,7 @@ class MetricsStreamer:
         max_queue: int = 100_000,
         retry_attempts: int = 5,
         retry_max_wait_s: float = 10.0,
+        mark_replay: bool = True,
     ) -> None:
         if not tracking_uri:
             raise ValueError(f"tracking_uri must be a tracking store URI, got {tracking_uri!r}")
@@ -144,6 +158,10 @@ class MetricsStreamer:
         self.max_queue = int(max_queue)
         self.retry_attempts = int(retry_attempts)
         self.retry_max_wait_s = float(retry_max_wait_s)
+        self.mark_replay = bool(mark_replay)
+        self._logged_through: dict[str, int] = {}
+        """Last step each key had in the run when the streamer started (see "Replayed steps")."""
+        self._replayed = 0
 
         # Unbounded queue with a soft bound checked in log(): close() must always be able to
         # enqueue its sentinel, even when the queue is "full".
@@ -228,7 +246,8 @@ class MetricsStreamer:
     def stats(self) -> StreamerStats:
         with self._lock:
             pending = self._logged - self._sent - self._failed - self._skipped
-            return StreamerStats(self._logged, self._sent, self._dropped, self._failed, max(0, pending))
+            return StreamerStats(self._logged, self._sent, self._dropped, self._failed, max(0, pending),
+                                 self._replayed)
 
     def __enter__(self) -> MetricsStreamer:
         return self
@@ -256,6 +275,8 @@ class MetricsStreamer:
         except Exception:
             logger.exception("MLflow metrics streamer could not start; metrics are dropped")
             client = None
+        if client is not None and self.mark_replay:
+            self._logged_through = self._read_logged_through(client)
         pending: list[Metric] = []
         deadline = time.monotonic() + self.flush_every_s
         while True:
@@ -280,6 +301,22 @@ class MetricsStreamer:
                     deadline = time.monotonic() + self.flush_every_s
             except Exception:  # the thread must outlive any one bad item
                 logger.exception("MLflow metrics streamer: unexpected error; carrying on")
+
+    def _read_logged_through(self, client: MlflowClient) -> dict[str, int]:
+        """{key: last step} of the run's metrics now: MLflow keeps each key's latest point, the
+        one with the highest step. Unreadable (server down): {} — a replay then logs as usual."""
+        try:
+            run = client.get_run(self.run_id)
+        except Exception as e:  # noqa: BLE001 - marking replays is a nicety, never a failure
+            logger.info("MLflow metrics for run %s: could not read its last steps (%s); replayed "
+                        "steps, if any, are logged under their own names", self.run_id, e)
+            return {}
+        # `_metric_objs`: the latest points with their steps (`data.metrics` keeps only values).
+        through = {m.key: int(m.step) for m in run.data._metric_objs if not m.key.startswith(REPLAY_PREFIX)}
+        if through:
+            logger.info("MLflow metrics for run %s: steps up to %d already logged; a replay of them "
+                        "is logged as %s<key>", self.run_id, max(through.values()), REPLAY_PREFIX)
+        return through
 
     def _drain_into(self, pending: list[Metric]) -> None:
         while True:
@@ -310,6 +347,10 @@ class MetricsStreamer:
                     self._skipped += 1  # accepted by log(), so it leaves `pending` here
                 self._count_drop(1, reason or "invalid value")
                 continue
+            if step <= self._logged_through.get(key, -1):
+                key = REPLAY_PREFIX + key
+                with self._lock:
+                    self._replayed += 1
             out.append(Metric(key=key, value=value, timestamp=ts, step=step))
         return out
 

@@ -35,15 +35,22 @@ _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
 
 def spec_params(job: TrainingJob) -> dict[str, str]:
     """The whole spec, flattened: `metadata.team`, `spec.hardware.gpuCount`, …"""
-    doc = job.to_yaml_dict()
+    doc = redacted_spec(job)
     doc.pop("apiVersion", None)
     doc.pop("kind", None)
+    return flatten(doc)
+
+
+def redacted_spec(job: TrainingJob) -> dict[str, Any]:
+    """The spec as its YAML document, credential-like env values replaced by `<redacted>`:
+    what params and the run's `spec/` artifact show to everyone who can open the experiment."""
+    doc = job.to_yaml_dict()
     env = doc.get("spec", {}).get("training", {}).get("env")
     if env:
         doc["spec"]["training"]["env"] = {
             k: (REDACTED if _SECRET_NAME.search(k) else v) for k, v in env.items()
         }
-    return flatten(doc)
+    return doc
 
 
 def plan_params(plan: Plan) -> dict[str, str]:

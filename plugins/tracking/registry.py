@@ -12,7 +12,7 @@ Lineage lives in the version's tags, so "which model versions were trained on da
 | tag | value |
 |---|---|
 | `trainyard.run_id`, `trainyard.job` | the run and job that trained it |
-| `trainyard.model_id` | the MLflow 3 LoggedModel holding the files |
+| `trainyard.model_id` | the MLflow 3 LoggedModel holding the files (also the version's source, `models:/<id>`) |
 | `trainyard.checkpoint.uri`, `.sha256`, `.step` | the checkpoint's manifest and its digest |
 | `trainyard.dataset.uri`, `.version`, `.digest` | the data it saw |
 | `trainyard.weights.sha256` | the exported safetensors file |
@@ -82,7 +82,8 @@ class ModelVersionInfo(BaseModel):
         return cls(
             name=mv.name, version=str(mv.version), aliases=sorted(mv.aliases or []), status=str(mv.status or ""),
             created_at=created.isoformat(timespec="seconds") if created else "",
-            model_id=getattr(mv, "model_id", None) or t.get(TAG + "model_id"), run_id=mv.run_id or t.get(TAG + "run_id"),
+            model_id=getattr(mv, "model_id", None) or t.get(TAG + "model_id") or model_id_of(mv.source),
+            run_id=mv.run_id or t.get(TAG + "run_id"),
             job=t.get(TAG + "job"), checkpoint_uri=t.get(TAG + "checkpoint.uri"),
             checkpoint_sha256=t.get(TAG + "checkpoint.sha256"),
             checkpoint_step=int(step) if step and step.isdigit() else None,
@@ -90,6 +91,22 @@ class ModelVersionInfo(BaseModel):
             dataset_digest=t.get(TAG + "dataset.digest"), weights_sha256=t.get(TAG + "weights.sha256"),
             git_commit=t.get(TAG + "git.commit"),
         )
+
+
+def logged_model_uri(model_id: str) -> str:
+    """`models:/<model_id>`: the registry source that names a LoggedModel (MLflow 3)."""
+    if not model_id or "/" in model_id:
+        raise ValueError(f"model_id must be a LoggedModel id like 'm-0123abcd', got {model_id!r}")
+    return f"models:/{model_id}"
+
+
+def model_id_of(source: str | None) -> str | None:
+    """The LoggedModel id of a version whose source is `models:/<model_id>`, else None
+    (`models:/<name>/<version>` and artifact paths name no logged model)."""
+    if not source or not source.startswith("models:/"):
+        return None
+    rest = source.removeprefix("models:/")
+    return rest if rest.startswith("m-") and "/" not in rest else None
 
 
 def select_checkpoint(
@@ -193,12 +210,16 @@ def register_safetensors(
 
     client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=checkpoint.step)])
     _ensure_registered_model(client, name)
-    # The source is the logged model's artifact folder: a `models:/<id>` source would be resolved
-    # through the *default* tracking URI by the registry store, not ours.
-    # MLflow's SQL registry keeps no model id on a version: record it as a tag too.
-    mv = client.create_model_version(name, source=model.artifact_location, run_id=run_id,
-                                     tags={**lineage, TAG + "model_id": model.model_id},
-                                     model_id=model.model_id)
+    # The source is `models:/<model_id>`, as `mlflow.register_model` writes it: the UI links the
+    # version to its logged model through it. MLflow's SQL registry resolves that URI through
+    # the *process-wide* tracking URI (a TODO in its store), so ours is made the default for
+    # the call. That registry keeps no model id column either: the tag records it as well.
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    with _use_tracking_uri(tracking_uri):
+        mv = client.create_model_version(name, source=logged_model_uri(model.model_id), run_id=run_id,
+                                         tags={**lineage, TAG + "model_id": model.model_id},
+                                         model_id=model.model_id)
     if alias:
         client.set_registered_model_alias(name, alias, mv.version)
     log.info("registered %s version %s (run %s, checkpoint step %d)", name, mv.version, run_id, checkpoint.step)

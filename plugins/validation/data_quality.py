@@ -137,12 +137,10 @@ def check_data_quality(
     *,
     store: ObjectStore,
     sample_rows: int | None = None,
-    run_id: str | None = None,
-    tracking_uri: str | None = None,
 ) -> DataQualityReport:
     """Run the spec's data-quality checks on the dataset in `store` (opened at its root).
 
-    With `run_id` (and `tracking_uri`) the report is logged to that MLflow run.
+    Logging it to a run is tracking's (`plugins.tracking.artifacts.log_data_quality`).
     """
     from plugins.data.datasets import sample_rows as read_sample
 
@@ -169,10 +167,6 @@ def check_data_quality(
             dataset_uri=uri, success=all(o.success for o in outcomes), rows_checked=len(sample.rows),
             shards_read=sample.shards_read, shards_total=sample.shards_total, outcomes=outcomes,
             checked_at=_now(), engine=engine)
-    if run_id:
-        if not tracking_uri:
-            raise ValueError("run_id given without tracking_uri")
-        log_report(report, run_id, tracking_uri=tracking_uri)
     return report
 
 
@@ -204,22 +198,6 @@ def data_quality_problems(job: TrainingJob, settings: Settings) -> list[Problem]
     if report.success:
         log.info("%s", report.summary())
     return report_problems(report)
-
-
-def log_report(report: DataQualityReport, run_id: str, *, tracking_uri: str) -> None:
-    """The report as the run's artifact `data_quality/report.json`, a tag and a few metrics."""
-    from plugins.tracking.runs import client_for, log_metrics
-
-    client = client_for(tracking_uri)
-    client.log_text(run_id, report.model_dump_json(indent=2), "data_quality/report.json")
-    state = "skipped" if report.skipped else ("passed" if report.success else "failed")
-    client.set_tag(run_id, "trainyard.data_quality", state)
-    if report.failures:
-        client.set_tag(run_id, "trainyard.data_quality.failed",
-                       ",".join(sorted({o.expectation for o in report.failures}))[:8000])
-    if not report.skipped:
-        log_metrics(client, run_id, {"data_quality/rows_checked": report.rows_checked,
-                                     "data_quality/failed_checks": len(report.failures)}, step=0)
 
 
 # -- the checks -----------------------------------------------------------------------------------

@@ -1,5 +1,10 @@
 """DATASET_NOT_FOUND: is the dataset where the spec says, before any accelerator is placed?
 
+Three answers besides "yes": DATASET_NOT_FOUND (the store answered: no shards there, no such
+bucket), STORE_CREDENTIALS (an error: no credentials, or the store refused them — the data may
+be there, but nothing here or in the job can read it) and STORE_UNREACHABLE (a warning: the
+store did not answer, nothing is known).
+
 The dataset is located the way the worker and lineage locate it (`plugins/data/shards.py`).
 """
 
@@ -25,10 +30,18 @@ def check_dataset(job: TrainingJob, settings: Settings) -> list[Problem]:
         if _is_missing(e):
             return [_not_found(ds.source, ds.format, f" (the store says: {_short(e)})")]
         log.debug("dataset check failed", exc_info=True)
-        return [Problem(code=Code.DATASET_NOT_FOUND, path=path, severity="warning",
+        if _is_credentials(e):
+            # Not "no dataset": the data may well be there; this machine cannot read it, and a
+            # job started with the same settings could not either.
+            return [Problem(code=Code.STORE_CREDENTIALS, path=path,
+                            message=f"cannot read '{ds.source}': {_short(e)}",
+                            hint="give the object store's credentials (AWS_ACCESS_KEY_ID and "
+                                 "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role), or "
+                                 "validate with --offline to skip the dataset check")]
+        return [Problem(code=Code.STORE_UNREACHABLE, path=path, severity="warning",
                         message=f"could not check '{ds.source}': {_short(e)}",
-                        hint="check the object store's address and credentials "
-                             "(TRAINYARD_OBJECT_STORE, TRAINYARD_S3_ENDPOINT_URL, AWS_*)")]
+                        hint="check the object store's address (TRAINYARD_OBJECT_STORE, "
+                             "TRAINYARD_S3_ENDPOINT_URL) and that it is up")]
     if not shards:
         return [_not_found(ds.source, ds.format, "")]
     return []
@@ -43,6 +56,22 @@ def _not_found(source: str, fmt: str, detail: str) -> Problem:
 def _is_missing(error: Exception) -> bool:
     code = getattr(error, "response", {}).get("Error", {}).get("Code", "") if hasattr(error, "response") else ""
     return isinstance(error, FileNotFoundError) or code in {"NoSuchBucket", "NoSuchKey", "404"}
+
+
+_CREDENTIAL_CODES = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+                               "InvalidToken", "TokenRefreshRequired", "403", "AllAccessDisabled"})
+"""S3 error codes that mean "these credentials may not read this", not "nothing is there"."""
+
+
+def _is_credentials(error: Exception) -> bool:
+    """botocore's NoCredentialsError / PartialCredentialsError / a refused signature (by class
+    name, so this module does not import botocore), or S3's access error codes."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    if names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+                "ProfileNotFound", "NoAuthTokenError"}:
+        return True
+    code = getattr(error, "response", {}).get("Error", {}).get("Code", "") if hasattr(error, "response") else ""
+    return code in _CREDENTIAL_CODES
 
 
 def _short(error: Exception) -> str:

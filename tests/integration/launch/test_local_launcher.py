@@ -111,6 +111,17 @@ def test_cli_reports_the_failing_rank_and_exits_with_its_code(tmp_path: Path) ->
     assert "verdict: worker_crash — rank 1 on local-1 exited with code 7 at step 2" in result.stdout
     assert "the control plane would restart: worker_crash: restart the same gang from scratch" in result.stdout
     assert usage_by_team(Settings(home=home).state_db) == {}  # released
+    # The launch opened an MLflow run like the demo's, and ended it FAILED with its artifacts.
+    from mlflow import MlflowClient
+
+    from plugins.tracking.artifacts import artifact_paths
+
+    uri = Settings(home=home).mlflow_tracking_uri
+    (run,) = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("demo/default").experiment_id])
+    assert (run.info.status, run.data.tags["trainyard.job"]) == ("FAILED", "tiny-bad")
+    assert f"MLflow run {run.info.run_id}" in result.stderr
+    assert {"spec/tiny-bad.yaml", "plan/explanation.txt", "recovery/timeline.txt"} <= set(
+        artifact_paths(MlflowClient(uri), run.info.run_id))
 
 
 def test_killing_one_rank_is_reported_with_that_ranks_exit_code(tmp_path: Path) -> None:

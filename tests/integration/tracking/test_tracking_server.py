@@ -106,13 +106,15 @@ def test_data_quality_report_is_logged_as_an_artifact(mlflow_server: MlflowServe
     from mlflow import MlflowClient
 
     from plugins.storage.store import open_store
+    from plugins.tracking.artifacts import log_data_quality
 
     uri = mlflow_server.uri
     root = tmp_path / "dirty"
     write_jsonl(root / "s.jsonl", [{"text": "ok"}, {"text": None}, {"text": "ok"}])
     job = make_job("srv-dq", source=root.as_uri())
     rid = runs.start_or_resume_run(job, make_plan(), tracking_uri=uri, attempt=0)
-    report = check_data_quality(job, store=open_store(root.as_uri()), run_id=rid, tracking_uri=uri)
+    report = check_data_quality(job, store=open_store(root.as_uri()))
+    log_data_quality(rid, report, tracking_uri=uri)
     assert not report.success
     client = MlflowClient(uri)
     logged = json.loads(Path(client.download_artifacts(rid, "data_quality/report.json", str(tmp_path))).read_text())

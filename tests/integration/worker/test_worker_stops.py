@@ -14,7 +14,7 @@ from worker import exit_codes
 
 pytestmark = pytest.mark.slow
 
-STREAMED = {"loss", "grad_norm", "lr", "tokens_per_second", "step_time_s", "data_stall_s", "mfu"}
+STREAMED = {"loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "data_stall_s", "mfu"}
 
 
 def test_nan_loss_exits_diverged_with_flagged_heartbeats(s3_object_store: tuple[str, str],
@@ -54,7 +54,7 @@ def test_sigterm_checkpoints_exits_preempted_and_resumes_on_one_process(
     assert set(metrics) >= STREAMED, f"missing metrics: {STREAMED - set(metrics)}"
     losses = client.get_metric_history(run_id, "loss")
     assert sorted(m.step for m in losses) == list(range(1, 8))
-    assert all(m.value > 0 for m in client.get_metric_history(run_id, "tokens_per_second"))
+    assert all(m.value > 0 for m in client.get_metric_history(run_id, "tokens_per_s"))
 
     # The 2-process FSDP checkpoint restores onto one process (DCP reshards, the sampler's global
     # position is world-size free), which runs the remaining steps 8..30 and exits 0. The

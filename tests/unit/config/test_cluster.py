@@ -59,3 +59,26 @@ def test_cluster_files_validate() -> None:
     for name in known_clusters():
         path = Path(__file__).resolve().parents[3] / "config" / "clusters" / f"{name}.yaml"
         Cluster.model_validate(yaml.safe_load(path.read_text()))
+
+
+def test_bandwidths_are_read_with_their_unit_and_the_old_gbps_names_are_refused(tmp_path: Path) -> None:
+    fleet = load_cluster("h100-fleet")
+    assert fleet.spec.network.intra_node_bandwidth == 450e9  # 450GB/s
+    assert fleet.spec.network.intra_rack_bandwidth == 50e9  # 400Gb/s: gigabits
+    assert fleet.model_dump(mode="json", by_alias=True)["spec"]["network"]["intraRackBandwidth"] == "50GB/s"
+    doc = yaml.safe_load(Path("config/clusters/h100-fleet.yaml").resolve().read_text())
+    doc["spec"]["network"] = {"intraNodeGbps": 450}
+    with pytest.raises(ValidationError, match=r"network.intraNodeGbps \(450\) is no longer read.*"
+                                              r"Write `intraNodeBandwidth: 450GB/s`"):
+        Cluster.model_validate(doc)
+    doc["spec"]["network"] = {}
+    doc["spec"]["accelerators"]["H100"]["memoryBandwidthGbps"] = 3350
+    with pytest.raises(ValidationError, match=r"memoryBandwidthGbps.*`memoryBandwidth: 3350GB/s`"):
+        Cluster.model_validate(doc)
+
+
+def test_the_advisor_uses_the_clusters_bandwidths() -> None:
+    from plugins.advisor.hardware import hardware_for
+
+    hw = hardware_for(load_cluster("h100-fleet"), "H100")
+    assert (hw.gpu.intra_node_bandwidth, hw.gpu.inter_node_bandwidth) == (450e9, 50e9)

@@ -15,7 +15,7 @@ def test_durations(text: object, seconds: float) -> None:
     assert parse_duration(text) == timedelta(seconds=seconds)
 
 
-@pytest.mark.parametrize("bad", ["soon", "-5m", "0s", "", True, None, "5 parsecs", float("inf")])
+@pytest.mark.parametrize("bad", ["soon", "-5m", "0s", "", True, None, "5 parsecs", float("inf"), "1000000000d"])
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_duration(bad)
@@ -33,3 +33,25 @@ def test_counts(text: object, count: int) -> None:
 def test_bad_counts(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_count(bad)
+
+
+@pytest.mark.parametrize(("text", "bytes_per_s"), [
+    ("450GB/s", 450e9), ("3.35TB/s", 3.35e12), ("400Gb/s", 50e9), ("50GBps", 50e9), ("100 MB/s", 1e8),
+    ("25Gbps", 25e9 / 8),
+])
+def test_bandwidths_carry_their_unit(text: str, bytes_per_s: float) -> None:
+    from config.quantities import parse_bandwidth
+
+    assert parse_bandwidth(text) == pytest.approx(bytes_per_s)
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (450, "needs its unit: write 450GB/s for gigabytes or 450Gb/s for gigabits"),
+    ("450", "expected a bandwidth like 450GB/s"), ("0GB/s", "must be positive"), ("fast", "expected a bandwidth"),
+    (True, "expected a bandwidth"),
+])
+def test_bad_bandwidths(bad: object, message: str) -> None:
+    from config.quantities import parse_bandwidth
+
+    with pytest.raises(ValueError, match=message):
+        parse_bandwidth(bad)

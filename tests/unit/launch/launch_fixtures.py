@@ -4,6 +4,7 @@ reading the Volcano CRDs from `../shared/schemas/` (never copied into the projec
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from plugins.placement.inventory import Inventory
 from plugins.placement.model import GangRequest, Placement
 from tests.support.procs import REPO_ROOT
 
-SCHEMAS = REPO_ROOT.parent / "shared" / "schemas"
+SCHEMAS = Path(os.environ.get("TRAINYARD_SHARED_SCHEMAS") or REPO_ROOT.parent / "shared" / "schemas")
+"""`../shared/schemas` beside the checkout; a git worktree elsewhere names it with the variable."""
 VOLCANO = SCHEMAS / "volcano"
 
 GPU_SPEC: dict[str, Any] = {
@@ -45,7 +47,9 @@ def gpu_job(**spec_overrides: Any) -> tuple[TrainingJob, Plan, Placement, Worker
     plan = Plan(tp=8, pp=4, dp=job.spec.hardware.gpu_count // 32, nccl_env={"NCCL_ALGO": "Ring"})
     placement = place_gang(GangRequest.for_job(job, plan), fleet())
     env = build_worker_env(job, plan, Settings(home=Path("/tmp/unused-trainyard-home"),
-                                               object_store="s3://trainyard/objects"), run="r-test", attempt=2)
+                                               object_store="s3://trainyard/objects",
+                                               mlflow_tracking_uri="http://mlflow.ml.svc:5000"),
+                           run="r-test", attempt=2, mlflow_run_id="0123456789abcdef0123456789abcdef")
     return job, plan, placement, env
 
 

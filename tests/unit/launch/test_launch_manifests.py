@@ -63,8 +63,16 @@ def test_gang_queue_priority_and_node_pinning(rendered: tuple[dict[str, Any], An
     assert spec["schedulerName"] == "volcano" and "svc" in spec["plugins"]
     for i, task in enumerate(spec["tasks"]):
         pod = task["template"]["spec"]
-        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [placement.nodes[i].name]
+        # The placer's rack is required, its node preferred, and the job's pods repel per host.
+        node_affinity = pod["affinity"]["nodeAffinity"]
+        (required,) = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert required["matchExpressions"] == [
+            {"key": "topology.kubernetes.io/rack", "operator": "In", "values": [placement.nodes[i].rack]}]
+        (preferred,) = node_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert preferred["preference"]["matchExpressions"][0]["values"] == [placement.nodes[i].name]
+        (apart,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert apart == {"labelSelector": {"matchLabels": {"trainyard.io/job": "gpt-200b"}},
+                         "topologyKey": "kubernetes.io/hostname"}
         command = pod["containers"][0]["command"]
         assert command[:3] == ["python", "-m", "torch.distributed.run"]
         args = dict(zip(command[3:-5:2], command[4:-5:2], strict=False))
@@ -176,3 +184,57 @@ def test_refuses_without_image_or_beyond_the_object_size_limit() -> None:
     big = gpu_job(hardware={"gpuType": "H100", "gpuCount": 4096})
     with pytest.raises(ValueError, match=r"the Volcano Job for 512 nodes is [\d,]+ bytes"):
         render_volcano_job(*big[:4], attempt=0)
+
+
+def test_hard_node_pinning_on_request() -> None:
+    job, plan, placement, env = gpu_job()
+    body = render_volcano_job(job, plan, placement, env, attempt=0, options=KubernetesOptions(pin_to="node"))
+    for node, task in zip(placement.nodes, body["spec"]["tasks"], strict=True):
+        affinity = task["template"]["spec"]["affinity"]
+        assert list(affinity) == ["nodeAffinity"]
+        terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"][0] == {"key": "kubernetes.io/hostname", "operator": "In",
+                                                   "values": [node.name]}
+    validate_volcano(body, JOBS_CRD)
+
+
+def test_the_source_is_fetched_at_the_pinned_commit() -> None:
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    job, plan, placement, env = gpu_job(source={"entrypoint": "pretrain.py", "git": {
+        "repo": "https://example.com/acme/train.git", "branch": "main", "commit": commit}})
+    body = render_volcano_job(job, plan, placement, env, attempt=0)
+    validate_volcano(body, JOBS_CRD)
+    pod = pod_of(body["spec"]["tasks"][0])
+    validate_k8s(pod)
+    (init,) = pod["spec"]["initContainers"]
+    script = init["command"][2]
+    assert "git remote add origin https://example.com/acme/train.git" in script
+    assert f"git fetch -q --depth 1 origin {commit}" in script and "case \"$head\" in " + commit in script
+    assert init["securityContext"]["runAsNonRoot"] is True
+    trainer = pod["spec"]["containers"][0]
+    assert trainer["workingDir"] == "/workspace/source"
+    assert {"name": "source", "mountPath": "/workspace/source", "readOnly": True} in trainer["volumeMounts"]
+    unpinned = job.model_copy(update={"spec": job.spec.model_copy(update={"source": job.spec.source.model_copy(
+        update={"git": job.spec.source.git.model_copy(update={"commit": None})})})})
+    with pytest.raises(ValueError, match=r"spec\.source\.git\.commit is required"):
+        render_volcano_job(unpinned, plan, placement, env, attempt=0)
+
+
+def test_the_agents_liveness_probe_is_livez() -> None:
+    container = render_node_agent_daemonset()["spec"]["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_yaml_is_plain_no_anchors_and_utf8() -> None:
+    import yaml
+
+    from plugins.launch.manifests import to_yaml
+
+    job, plan, placement, env = gpu_job()
+    docs = render_all(job, plan, placement, env, load_teams(), attempt=0, total_gpus=10_000)
+    shared = {"a": 1}
+    text = to_yaml([*docs, {"x": shared, "y": shared, "label": "TP1·PP1"}])
+    assert "&id" not in text and "*id" not in text
+    assert "TP1·PP1" in text and "\\x" not in text
+    assert list(yaml.safe_load_all(text))[:-1] == docs

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from cli.main import main
+from config.settings import get_settings
 from tests.unit.launch.launch_fixtures import GPU_SPEC, validate_volcano
+
+
+@pytest.fixture(autouse=True)
+def cluster_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Settings a cluster's pods can use: an S3 store and an MLflow server."""
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRAINYARD_OBJECT_STORE", "s3://trainyard/objects")
+    monkeypatch.setenv("TRAINYARD_MLFLOW_TRACKING_URI", "http://mlflow.ml.svc:5000")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
 
 
 def test_renders_every_manifest_in_apply_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,3 +46,36 @@ def test_job_only_to_a_file_and_errors(tmp_path: Path, capsys: pytest.CaptureFix
     spec.write_text(yaml.safe_dump(no_image))
     assert main(["render", "k8s", str(spec), "--cluster", "h100-fleet"]) == 1
     assert "spec.image is required" in capsys.readouterr().err
+
+
+def test_settings_that_cannot_work_in_pods_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(GPU_SPEC))
+    monkeypatch.delenv("TRAINYARD_OBJECT_STORE")  # the embedded default: a local folder
+    monkeypatch.setenv("TRAINYARD_MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    get_settings.cache_clear()
+    assert main(["render", "k8s", str(spec), "--cluster", "h100-fleet"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "error TRAINYARD_OBJECT_STORE='file://" in captured.err and "s3://bucket/prefix" in captured.err
+    assert "error MLFLOW_TRACKING_URI='sqlite:" in captured.err and "MLflow server" in captured.err
+    # --force renders them (to read), saying the same
+    assert main(["render", "k8s", str(spec), "--cluster", "h100-fleet", "--force", "--job-only"]) == 0
+    captured = capsys.readouterr()
+    assert "error TRAINYARD_OBJECT_STORE" in captured.err and "kind: Job" in captured.out
+
+
+def test_an_mlflow_run_id_goes_into_the_pods_and_the_yaml_is_plain(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(GPU_SPEC))
+    assert main(["render", "k8s", str(spec), "--cluster", "h100-fleet", "--job-only"]) == 0
+    assert "warning MLFLOW_RUN_ID=''" in capsys.readouterr().err  # rendered, but said
+    assert main(["render", "k8s", str(spec), "--cluster", "h100-fleet", "--mlflow-run-id", "abc123"]) == 0
+    captured = capsys.readouterr()
+    assert "MLFLOW_RUN_ID" not in captured.err
+    assert "&id0" not in captured.out and "\\x" not in captured.out
+    job = list(yaml.safe_load_all(captured.out))[-1]
+    env = {e["name"]: e.get("value") for e in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]}
+    assert (env["MLFLOW_RUN_ID"], env["MLFLOW_TRACKING_URI"]) == ("abc123", "http://mlflow.ml.svc:5000")

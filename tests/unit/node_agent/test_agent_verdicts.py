@@ -114,7 +114,7 @@ def test_stale_heartbeat_is_a_hang_of_the_job_not_of_the_node(tmp_path: Path) ->
     try:
         write_heartbeat(hb, _beat(0, time=clock.now - 5, hang_timeout_s=10))
         write_heartbeat(hb, _beat(1, time=clock.now - 11, hang_timeout_s=10, step=3))
-        write_heartbeat(tmp_path / "hb" / "old", _beat(0, job="old", time=clock.now - 3600, phase="done"))
+        write_heartbeat(tmp_path / "hb" / "old", _beat(0, job="old", time=clock.now - 300, phase="done", hang_timeout_s=10))
         health = monitor.health()
     finally:
         monitor.close()
@@ -179,3 +179,24 @@ def test_rank_status_ages_and_flags_non_finite_losses() -> None:
     assert (status.age_s, status.nan, status.stale) == (0.0, True, False)
     assert rank_status(beat, now=130.5).stale is True
     assert rank_status(beat.model_copy(update={"phase": "diverged"}), now=1e9).stale is False
+
+
+def test_an_attempt_followed_by_a_newer_one_is_forgotten_and_no_hang_is_reported(tmp_path: Path) -> None:
+    # Attempt 0: rank 1 was killed at step 120 (its heartbeat stopped); attempt 1 resumed and
+    # finished. Six minutes later the crashed attempt must not show as a hang.
+    clock = Clock()
+    monitor, _ = _monitor(tmp_path, clock=clock, forget_finished_after_s=600)
+    try:
+        write_heartbeat(tmp_path / "hb" / "j" / "attempt-0", _beat(0, time=clock.now - 400, step=120, hang_timeout_s=120))
+        write_heartbeat(tmp_path / "hb" / "j" / "attempt-0", _beat(1, time=clock.now - 420, step=120, hang_timeout_s=120))
+        for rank in (0, 1):
+            write_heartbeat(tmp_path / "hb" / "j" / "attempt-1",
+                            _beat(rank, attempt=1, time=clock.now - 360, step=200, phase="done", hang_timeout_s=120))
+        write_heartbeat(tmp_path / "hb" / "k", _beat(0, job="k", time=clock.now - 400, hang_timeout_s=120))
+        health = monitor.health()
+        assert [(r.job, r.attempt, r.rank) for r in health.ranks] == [("j", 1, 0), ("j", 1, 1), ("k", 0, 0)]
+        assert [(v.kind, v.job) for v in health.verdicts if v.kind == "hang"] == [("hang", "k")]  # k has no successor
+        clock.now += 300  # the finished attempt is dropped once past its grace
+        assert [(r.job, r.attempt) for r in monitor.health().ranks] == [("k", 0)]
+    finally:
+        monitor.close()

@@ -100,7 +100,9 @@ def test_a_hung_server_fills_the_queue_and_log_drops_instead_of_blocking(monkeyp
 
     threading.Thread(target=accept, daemon=True).start()
     uri = f"http://127.0.0.1:{server.getsockname()[1]}"
-    s = MetricsStreamer(uri, "0123456789abcdef0123456789abcdef", max_batch=1, max_queue=3, retry_attempts=1)
+    # mark_replay=False: the first call is then the stuck log_batch (not the get_run before it).
+    s = MetricsStreamer(uri, "0123456789abcdef0123456789abcdef", max_batch=1, max_queue=3, retry_attempts=1,
+                        mark_replay=False)
     try:
         s.log(0, {"loss": 1.0})
         assert accepted.wait(120), "the streamer never reached the server"
@@ -157,3 +159,27 @@ def test_importing_the_module_does_not_import_mlflow() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=procs.REPO_ROOT, env=procs.test_env(),
                          capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_resumed_attempt_logs_its_replayed_steps_apart(sqlite_tracking_uri: str, mlflow_run: str) -> None:
+    # Attempt 0 logged steps 1..12 and crashed; attempt 1 restored step 8 and trains 9..15.
+    with MetricsStreamer(sqlite_tracking_uri, mlflow_run, flush_every_s=60) as s:
+        for step in range(1, 13):
+            s.log(step, {"loss": 10.0 - step})
+    with MetricsStreamer(sqlite_tracking_uri, mlflow_run, flush_every_s=60) as s:
+        for step in range(9, 16):
+            s.log(step, {"loss": 10.0 - step + 0.5, "lr": 0.1})
+    stats = s.stats
+    loss = history(sqlite_tracking_uri, mlflow_run, "loss")
+    assert [step for step, _ in loss] == list(range(1, 16))  # one value per step
+    assert dict(loss)[12] == -2.0 and dict(loss)[13] == -2.5  # attempt 0's up to 12, then attempt 1's
+    assert [step for step, _ in history(sqlite_tracking_uri, mlflow_run, "replay/loss")] == [9, 10, 11, 12]
+    assert len(history(sqlite_tracking_uri, mlflow_run, "lr")) == 7  # a key new in this attempt: no replay
+    assert (stats.sent, stats.replayed) == (14, 4)
+
+
+def test_replay_marking_can_be_turned_off(sqlite_tracking_uri: str, mlflow_run: str) -> None:
+    for _ in range(2):
+        with MetricsStreamer(sqlite_tracking_uri, mlflow_run, flush_every_s=60, mark_replay=False) as s:
+            s.log(3, {"loss": 1.0})
+    assert len(history(sqlite_tracking_uri, mlflow_run, "loss")) == 2

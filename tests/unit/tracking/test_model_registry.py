@@ -44,6 +44,10 @@ def test_best_checkpoint_becomes_a_candidate_version_with_lineage(
     model = client.get_logged_model(info.model_id)
     assert model.source_run_id == rid and str(model.status) in {"READY", "LoggedModelStatus.READY"}
     assert [o.model_id for o in client.get_run(rid).outputs.model_outputs] == [info.model_id]
+    # Registered from the logged model (what links the version to it in the UI), not a path.
+    version = client.get_model_version("reg-best", "1")
+    assert version.source == f"models:/{info.model_id}"
+    assert registry.model_id_of(version.source) == info.model_id
 
     # The registered model loads through the alias; its files hold no pickle.
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri="models:/reg-best@candidate",

@@ -41,8 +41,11 @@ def test_dataset_argument_splits_off_the_version(arg: str, expected: tuple[str, 
 
 
 def test_models_lists_versions_trained_on_a_dataset_version(
-    sqlite_tracking_uri: str, home: Path, capsys: pytest.CaptureFixture[str]
+    sqlite_tracking_uri: str, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from cli import output
+
+    monkeypatch.setattr(output, "console", output.Console(width=80, highlight=False))
     rid = trained_run(sqlite_tracking_uri, "cli-models", dataset("v3", "e" * 64), {10: 1.0})
     registry.register_checkpoint(rid, tracking_uri=sqlite_tracking_uri, export=export_marking_the_step)
     assert main(["models", "--dataset", "s3://datasets/wiki/@v3", "--tracking-uri", sqlite_tracking_uri,
@@ -52,7 +55,9 @@ def test_models_lists_versions_trained_on_a_dataset_version(
         "cli-models", rid, "v3", ["candidate"])
     assert main(["models", "--dataset", "s3://datasets/wiki@v3", "--tracking-uri", sqlite_tracking_uri]) == 0
     out = capsys.readouterr().out
-    assert "cli-models" in out and "candidate" in out and "step 10" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("cli-models")]
+    assert line.split()[:5] == ["cli-models", "1", "candidate", rid[:8], "10"], out
+    assert max(map(len, out.splitlines())) <= 80, out
     assert main(["models", "--dataset", "s3://datasets/wiki@v99", "--tracking-uri", sqlite_tracking_uri]) == 0
     assert "no registered model version was trained on s3://datasets/wiki@v99" in capsys.readouterr().out
 
@@ -132,3 +137,65 @@ def test_parse_period_month_bounds() -> None:
     since, until, label = parse_period("2026-12", None, None)
     assert (since.isoformat(), until.isoformat(), label) == (  # type: ignore[union-attr]
         "2026-12-01T00:00:00+00:00", "2027-01-01T00:00:00+00:00", "2026-12")
+
+
+def test_cost_report_takes_mfu_and_throughput_from_the_run_and_prints_small_values(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime as dt
+
+    from plugins.tracking.metrics import MetricsStreamer
+
+    uri = f"sqlite:///{tmp_path / 'own.db'}"
+    job = make_job("tiny-costed", team="demo", project="tiny", gpu_type="cpu", gpu_count=2)
+    rid = runs.start_or_resume_run(job, make_plan(), tracking_uri=uri, attempt=0)
+    with MetricsStreamer(uri, rid, flush_every_s=60) as s:  # what the demo's rank 0 streams
+        s.log(1, {"mfu": 0.17, "tokens_per_s": 15000.0})
+        s.log(2, {"mfu": 0.185, "tokens_per_s": 16000.0})
+    t0 = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)
+    # What the demo records: times only; it never knew MFU or throughput.
+    acct = cost.RunAccounting(job=job.name, team="demo", project="tiny", gpu_type="cpu", gpu_count=2,
+                              submitted_at=t0, started_at=t0, ended_at=t0 + dt.timedelta(seconds=75),
+                              training_s=60, recovery_s=15, run_id=rid)
+    cost.log_job_cost(rid, acct, cost.job_cost(acct), tracking_uri=uri)
+    recorded = cost.RunAccounting.model_validate_json(
+        runs.client_for(uri).get_run(rid).data.tags[cost.ACCOUNTING_TAG])
+    assert (recorded.mfu, recorded.tokens_per_s) == (0.185, 16000.0)  # the tag now records them
+    assert [m.step for m in runs.client_for(uri).get_metric_history(rid, "mfu")] == [1, 2]  # no step-0 point
+
+    assert main(["cost", "report", "--tracking-uri", uri, "--json"]) == 0
+    (r,) = json.loads(capsys.readouterr().out)["rows"]
+    assert r["avg_mfu_pct"] == pytest.approx(18.5) and r["avg_tokens_per_s"] == pytest.approx(16000)
+
+    monkeypatch.setenv("COLUMNS", "80")
+    from cli import output
+
+    monkeypatch.setattr(output, "console", output.Console(width=80, highlight=False))
+    assert main(["cost", "report", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 80, out
+    (line,) = [x for x in lines if x.lstrip().startswith("demo")]
+    # 2 devices × 75 s = 0.042 GPU-hours (15 s of it recovery) at $0.05 an hour: none prints as 0
+    assert line.split()[:9] == ["demo", "tiny", "1", "0.042", "0.0083", "0.0021", "20.0", "18.5", "16,000"], out
+
+
+def test_one_name_per_quantity_across_params_metrics_and_reports(tmp_path: Path) -> None:
+    """The plan's estimate is the param `plan.<name>`, the measurement the metric `<name>`, and
+    the reports' columns the same words."""
+    import datetime as dt
+
+    from plugins.tracking.params import plan_params
+
+    plan = make_plan(tokens_per_s=15000.0, mfu=0.4, step_time_s=0.1)
+    assert {"plan.tokens_per_s", "plan.mfu", "plan.step_time_s"} <= set(plan_params(plan))
+    session = (Path(__file__).resolve().parents[3] / "worker" / "session.py").read_text()
+    assert '"tokens_per_s"' in session and "tokens_per_second" not in session
+    uri = f"sqlite:///{tmp_path / 'names.db'}"
+    rid = runs.start_or_resume_run(make_job("names"), plan, tracking_uri=uri, attempt=0)
+    t0 = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
+    acct = cost.RunAccounting(job="names", team="demo", gpu_type="cpu", gpu_count=2, submitted_at=t0,
+                              training_s=10, run_id=rid)
+    cost.log_job_cost(rid, acct, cost.job_cost(acct), tracking_uri=uri)
+    logged = set(runs.client_for(uri).get_run(rid).data.metrics)
+    assert set(cost.RUN_COST_METRICS) <= logged and set(cost.RUN_COST_METRICS) <= set(cost.CSV_COLUMNS)

@@ -65,5 +65,21 @@ def test_s3_source(settings: Settings, s3: S3Server) -> None:
 def test_an_unreachable_store_is_a_warning_not_a_verdict(settings: Settings) -> None:
     settings = settings.model_copy(update={"s3_endpoint_url": "http://127.0.0.1:9"})
     (p,) = check_dataset(_with_source("s3://bucket/x/"), settings)
-    assert p.code == Code.DATASET_NOT_FOUND and p.severity == "warning"
+    assert p.code == Code.STORE_UNREACHABLE and p.severity == "warning"
     assert "could not check" in p.message
+
+
+def test_missing_s3_credentials_are_said_as_such(settings: Settings, s3: S3Server, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    bucket = s3.new_bucket("data")
+    open_store(f"s3://{bucket}/corpus", endpoint_url=s3.endpoint_url).put_bytes("s-0.jsonl", b'{"text":"a"}\n')
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    settings = settings.model_copy(update={"s3_endpoint_url": s3.endpoint_url})
+    (p,) = check_dataset(_with_source(f"s3://{bucket}/corpus/"), settings)  # the shard is there
+    assert (p.code, p.severity) == (Code.STORE_CREDENTIALS, "error")
+    assert p.message == f"cannot read 's3://{bucket}/corpus/': Unable to locate credentials"
+    assert "AWS_ACCESS_KEY_ID" in p.hint and "--offline" in p.hint

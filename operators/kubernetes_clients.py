@@ -1,0 +1,44 @@
+"""Kubernetes clients for the launcher from Airflow's `KubernetesHook`, when Airflow is here.
+
+A thin adapter, outside the engines (DESIGN §1: engines never import Airflow): it turns an
+Airflow connection (`TRAINYARD_KUBERNETES_CONN_ID`, default `kubernetes_default`, which the
+provider resolves to the in-cluster service account or the kubeconfig when the connection
+does not exist) into the API clients `plugins.launch.volcano.KubernetesLauncher` takes. Where
+Airflow or the cncf-kubernetes provider is not installed — `trainyard` on a laptop — the
+clients come from the kubeconfig (`plugins.launch.kube_clients`).
+
+Airflow is imported inside the function, never at module level: a DAG file may import this
+module cheaply.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from plugins.launch.kube_clients import KubeClients
+    from plugins.launch.manifests import KubernetesOptions
+    from plugins.launch.volcano import KubernetesLauncher
+
+
+def kubernetes_clients(conn_id: str | None = None) -> KubeClients:
+    """From `KubernetesHook(conn_id)` when the provider imports, else from the kubeconfig."""
+    from plugins.launch.kube_clients import KubeClients, clients_from_kubeconfig
+
+    try:
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+    except ImportError:
+        return clients_from_kubeconfig()
+    if conn_id is None:
+        from config.settings import get_settings
+
+        conn_id = get_settings().kubernetes_conn_id
+    hook = KubernetesHook(conn_id=conn_id)
+    return KubeClients(custom=hook.custom_object_client, core=hook.core_v1_client)
+
+
+def kubernetes_launcher(options: KubernetesOptions | None = None, conn_id: str | None = None) -> KubernetesLauncher:
+    """The launcher the DAG's launch and watch tasks use."""
+    from plugins.launch.volcano import KubernetesLauncher
+
+    return KubernetesLauncher.from_clients(kubernetes_clients(conn_id), options=options)

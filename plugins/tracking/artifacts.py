@@ -1,0 +1,256 @@
+"""What a run keeps as files in MLflow, so the run page answers "what was this job?" alone.
+
+Params hold the spec and the plan flattened, column by column, for comparing runs; the
+artifacts hold the documents a person opens to understand one run. Every path that starts a
+run (`make demo`, `trainyard launch --local`, the DAG's tasks) calls these functions, so every
+run has the same files:
+
+| artifact | written by | what |
+|---|---|---|
+| `spec/<job>.yaml` | `log_start_artifacts` | the TrainingJob as run (credential-like env redacted) |
+| `plan/explanation.txt`, `plan/explanation.json` | `log_start_artifacts` | the plan in words and as JSON, with the advisor's alternatives and rejections |
+| `data_quality/report.json`, `data_quality/report.html` | `log_start_artifacts` (given a report) | the data-quality checks and their failing rows |
+| `plots/loss.png` | `log_end_artifacts` | `loss` by step from the run itself, `replay/loss` (steps a resumed attempt recomputed) dotted, a line at each recovery event |
+| `recovery/timeline.json`, `recovery/timeline.txt` | `log_end_artifacts` | the recovery events the run recorded, with the caller's own timeline if it has one |
+
+Logging the same artifact again replaces it (a retried task, a resumed attempt): each file is
+the latest truth, never a duplicate. Nothing here raises for a missing optional part; an
+artifact that cannot be built (no `loss` yet for a plot) is left out and said in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from config.cluster import Cluster
+    from config.spec import TrainingJob
+    from plugins.advisor.plan import Plan
+    from plugins.advisor.planner import PlanResult
+    from plugins.tracking.runs import RecoveryEvent
+    from plugins.validation.data_quality import DataQualityReport
+
+log = logging.getLogger(__name__)
+
+LOSS_PLOT = "plots/loss.png"
+TIMELINE_JSON = "recovery/timeline.json"
+TIMELINE_TEXT = "recovery/timeline.txt"
+
+
+class TimelineEntry(BaseModel):
+    """One moment of a run as its caller saw it (`attempt 0 launched on local-0`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at_s: float
+    """Seconds since the run was submitted."""
+    event: str
+
+
+def log_start_artifacts(
+    run_id: str,
+    job: TrainingJob,
+    plan: Plan,
+    *,
+    tracking_uri: str,
+    cluster: Cluster | None = None,
+    memory_fraction: float = 0.9,
+    plan_source: str = "",
+    quality: DataQualityReport | None = None,
+) -> list[str]:
+    """The spec, the plan's explanation and (given) the data-quality report; returns the paths.
+
+    With `cluster`, the advisor is asked again for its alternatives and rejections (pure
+    Python, milliseconds); without it, or for a spec the advisor cannot plan, the explanation
+    holds the plan alone."""
+    import yaml
+
+    from plugins.advisor.explain import explanation_json, explanation_text
+    from plugins.tracking.params import redacted_spec
+    from plugins.tracking.runs import client_for
+
+    client = client_for(tracking_uri)
+    spec_path = f"spec/{job.name}.yaml"
+    client.log_text(run_id, yaml.safe_dump(redacted_spec(job), sort_keys=False, allow_unicode=True), spec_path)
+    result = _advisor_result(job, cluster, memory_fraction)
+    client.log_text(run_id, explanation_text(plan, result, source=plan_source), "plan/explanation.txt")
+    client.log_dict(run_id, explanation_json(plan, result), "plan/explanation.json")
+    paths = [spec_path, "plan/explanation.txt", "plan/explanation.json"]
+    if quality is not None:
+        paths += log_data_quality(run_id, quality, tracking_uri=tracking_uri)
+    return paths
+
+
+def log_data_quality(run_id: str, report: DataQualityReport, *, tracking_uri: str) -> list[str]:
+    """The report as JSON (with its tag and metrics, `log_report`) and as a page a browser shows
+    in the MLflow UI's artifact view."""
+    from plugins.tracking.runs import client_for
+
+    log_report(report, run_id, tracking_uri=tracking_uri)
+    client_for(tracking_uri).log_text(run_id, data_quality_html(report), "data_quality/report.html")
+    return ["data_quality/report.json", "data_quality/report.html"]
+
+
+def log_end_artifacts(
+    run_id: str, *, tracking_uri: str, timeline: Sequence[TimelineEntry | tuple[float, str]] = (),
+    title: str | None = None,
+) -> list[str]:
+    """The loss plot and the recovery timeline, from what the run recorded; returns the paths."""
+    from plugins.tracking.runs import client_for, recovery_events
+
+    client = client_for(tracking_uri)
+    events = recovery_events(run_id, tracking_uri=tracking_uri)
+    entries = [e if isinstance(e, TimelineEntry) else TimelineEntry(at_s=e[0], event=e[1]) for e in timeline]
+    client.log_dict(run_id, {"recovery_events": [e.model_dump(exclude_none=True) for e in events],
+                             "timeline": [e.model_dump() for e in entries]}, TIMELINE_JSON)
+    client.log_text(run_id, timeline_text(events, entries), TIMELINE_TEXT)
+    paths = [TIMELINE_JSON, TIMELINE_TEXT]
+    with tempfile.TemporaryDirectory(prefix="trainyard-plot-") as tmp:
+        png = loss_plot(client, run_id, Path(tmp) / "loss.png", events=events, title=title)
+        if png is not None:
+            client.log_artifact(run_id, str(png), LOSS_PLOT.rsplit("/", 1)[0])
+            paths.append(LOSS_PLOT)
+    return paths
+
+
+def log_run_artifacts(
+    run_id: str, job: TrainingJob, plan: Plan, *, tracking_uri: str, cluster: Cluster | None = None,
+    memory_fraction: float = 0.9, quality: DataQualityReport | None = None,
+    timeline: Sequence[TimelineEntry | tuple[float, str]] = (),
+) -> list[str]:
+    """Everything at once, for a caller that logs at the end only."""
+    return (log_start_artifacts(run_id, job, plan, tracking_uri=tracking_uri, cluster=cluster,
+                                memory_fraction=memory_fraction, quality=quality)
+            + log_end_artifacts(run_id, tracking_uri=tracking_uri, timeline=timeline, title=job.name))
+
+
+# -- the documents ----------------------------------------------------------------------------------
+
+def timeline_text(events: Sequence[RecoveryEvent], entries: Sequence[TimelineEntry] = ()) -> str:
+    """Recovery events (what the run recorded) and the caller's timeline, one line each."""
+    lines = [f"{len(events)} recovery event(s)"]
+    for e in events:
+        lost = f", {e.duration_s:.1f} s lost" if e.duration_s is not None else ""
+        step = f" at step {e.step}" if e.step is not None else ""
+        lines.append(f"  {e.at}  attempt {e.attempt}  {e.kind}{step}{lost}" + (f": {e.detail}" if e.detail else ""))
+    if entries:
+        lines += ["", "timeline (seconds since submission)"]
+        lines += [f"  {e.at_s:8.1f}  {e.event}" for e in entries]
+    return "\n".join(lines) + "\n"
+
+
+def data_quality_html(report: DataQualityReport) -> str:
+    """A self-contained page (inline CSS, no script): every check, its rows, failing examples."""
+    import html
+
+    state = "skipped" if report.skipped else ("passed" if report.success else "FAILED")
+    rows = []
+    for o in report.outcomes:
+        examples = "".join(f"<li><code>{html.escape(x)}</code></li>" for x in o.examples)
+        rows.append(
+            f"<tr class=\"{'ok' if o.success else 'fail'}\"><td>{'✓' if o.success else '✗'}</td>"
+            f"<td>{html.escape(o.check)}</td><td><code>{html.escape(o.expectation)}</code></td>"
+            f"<td class=\"n\">{o.failing_rows} / {o.rows_checked}</td><td>{html.escape(o.observed)}"
+            f"{f'<ul>{examples}</ul>' if examples else ''}</td><td><code>{html.escape(o.setting)}</code></td></tr>")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>data quality: {html.escape(report.dataset_uri)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; }} th, td {{ padding: 4px 10px; border-bottom: 1px solid #ddd; vertical-align: top; }}
+th {{ background: #f3f3f3; text-align: left; }} td.n {{ text-align: right; }}
+tr.fail td:first-child {{ color: #b00; }} tr.ok td:first-child {{ color: #070; }}
+</style></head>
+<body><h1>Data quality {state}</h1>
+<p>{html.escape(report.dataset_uri)}: {report.rows_checked} rows from {report.shards_read} of
+{report.shards_total} shard(s), checked {html.escape(report.checked_at)} with {html.escape(report.engine or "-")}.</p>
+<table><thead><tr><th></th><th>check</th><th>expectation</th><th>failing rows</th><th>observed</th><th>spec setting</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
+</tbody></table>
+</body></html>
+"""
+
+
+def loss_plot(client: MlflowClient, run_id: str, path: Path, *, events: Sequence[RecoveryEvent] = (),
+              title: str | None = None) -> Path | None:
+    """`loss` by step, `replay/loss` dotted over it, a dashed line at each recovery event's step.
+    None when the run has no `loss` (a job that failed before its first step)."""
+    from plugins.tracking.metrics import REPLAY_PREFIX
+
+    loss = _series(client, run_id, "loss")
+    if not loss:
+        log.info("run %s has no loss metric yet: no loss plot", run_id)
+        return None
+    replay = _series(client, run_id, REPLAY_PREFIX + "loss")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(list(loss), list(loss.values()), lw=1.5, label="loss")
+    if replay:
+        ax.plot(list(replay), list(replay.values()), lw=1.5, ls=":", color="tab:green",
+                label="replayed after resume")
+    for i, e in enumerate(events):
+        if e.step is not None:
+            ax.axvline(e.step, color="red", ls="--", lw=1, label=e.kind if i == 0 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{title or run_id}: one MLflow run across attempts")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _series(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
+    """{step: value}; for a step logged twice, the later point."""
+    history = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+    return {m.step: m.value for m in history}
+
+
+def _advisor_result(job: TrainingJob, cluster: Cluster | None, memory_fraction: float) -> PlanResult | None:
+    if cluster is None or job.spec.parallelism.hints is None:
+        return None
+    from plugins.advisor import plan_job
+
+    try:
+        return plan_job(job, cluster, memory_fraction=memory_fraction)
+    except ValueError as e:
+        log.info("no advisor explanation for %s: %s", job.name, e)
+        return None
+
+
+def artifact_paths(client: MlflowClient, run_id: str, folder: str = "") -> list[str]:
+    """Every artifact file of the run under `folder`, recursively (for tests and `status`)."""
+    out: list[str] = []
+    for info in client.list_artifacts(run_id, folder or None):
+        out += artifact_paths(client, run_id, info.path) if info.is_dir else [info.path]
+    return sorted(out)
+
+
+def log_report(report: DataQualityReport, run_id: str, *, tracking_uri: str) -> None:
+    """The report as the run's artifact `data_quality/report.json`, a tag and a few metrics."""
+    from plugins.tracking.runs import client_for, log_metrics
+
+    client = client_for(tracking_uri)
+    client.log_text(run_id, report.model_dump_json(indent=2), "data_quality/report.json")
+    state = "skipped" if report.skipped else ("passed" if report.success else "failed")
+    client.set_tag(run_id, "trainyard.data_quality", state)
+    if report.failures:
+        client.set_tag(run_id, "trainyard.data_quality.failed",
+                       ",".join(sorted({o.expectation for o in report.failures}))[:8000])
+    if not report.skipped:
+        log_metrics(client, run_id, {"data_quality/rows_checked": report.rows_checked,
+                                     "data_quality/failed_checks": len(report.failures)}, step=0)

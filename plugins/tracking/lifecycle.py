@@ -1,0 +1,71 @@
+"""Open and close a job's MLflow run with everything a run should hold: one call each.
+
+`start_or_resume_run` (runs.py) records params and tags; a run also needs its dataset input,
+its start artifacts (spec, plan explanation, data-quality report), system metrics while it
+trains and, at the end, its status, loss plot and recovery timeline. `trainyard launch --local`
+and the Airflow tasks call these two functions so that their runs hold what the demo's do.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from config.cluster import Cluster
+    from config.settings import Settings
+    from config.spec import TrainingJob
+    from plugins.advisor.plan import Plan
+    from plugins.tracking.artifacts import TimelineEntry
+
+log = logging.getLogger(__name__)
+
+
+def open_tracked_run(
+    job: TrainingJob, plan: Plan, settings: Settings, *, attempt: int, run_id: str | None = None,
+    run: str = "", cluster: Cluster | None = None, plan_source: str = "", check_quality: bool = True,
+) -> str:
+    """Create (attempt 0) or resume the job's run, record its dataset and, on the attempt that
+    creates it, its start artifacts; returns the run id. A dataset that cannot be described or
+    checked is said in the log and left out: tracking never stops a launch that validated."""
+    from plugins.tracking.artifacts import log_start_artifacts
+    from plugins.tracking.runs import start_or_resume_run
+
+    uri = settings.mlflow_tracking_uri
+    dataset, store = None, None
+    try:
+        from plugins.data.datasets import describe_dataset, open_dataset_store
+
+        store = open_dataset_store(job.spec.dataset.source, settings)
+        dataset = describe_dataset(store, job.spec.dataset)
+    except Exception as e:  # noqa: BLE001 - lineage is best effort here; validate checks the data
+        log.warning("dataset %s not recorded on the run: %s", job.spec.dataset.source, e)
+    rid = start_or_resume_run(job, plan, tracking_uri=uri, run_id=run_id, attempt=attempt, dataset=dataset,
+                              trigger_id=run or None)
+    quality = None
+    if check_quality and store is not None:
+        from plugins.validation.data_quality import check_data_quality
+
+        try:
+            quality = check_data_quality(job, store=store)
+        except Exception as e:  # noqa: BLE001 - see above
+            log.warning("data quality of %s not recorded on the run: %s", job.spec.dataset.source, e)
+    log_start_artifacts(rid, job, plan, tracking_uri=uri, cluster=cluster, memory_fraction=settings.memory_fraction,
+                        plan_source=plan_source, quality=quality)
+    return rid
+
+
+def close_tracked_run(
+    run_id: str, status: Literal["completed", "failed", "cancelled"], *, tracking_uri: str,
+    timeline: Sequence[TimelineEntry | tuple[float, str]] = (), title: str | None = None,
+) -> list[str]:
+    """The end artifacts (loss plot, recovery timeline), then the status that ends the run."""
+    from plugins.tracking.artifacts import log_end_artifacts
+    from plugins.tracking.runs import set_run_status
+
+    paths = log_end_artifacts(run_id, tracking_uri=tracking_uri, timeline=timeline, title=title)
+    set_run_status(run_id, status, tracking_uri=tracking_uri)
+    return paths
+

@@ -1,0 +1,39 @@
+"""Opening and closing a job's run as `trainyard launch` and the DAG do: a real SQLite store,
+the demo dataset in a local object store, Great Expectations for real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from config.cluster import load_cluster
+from config.settings import Settings
+from plugins.storage.store import open_store
+from plugins.tracking import runs
+from plugins.tracking.artifacts import artifact_paths
+from plugins.tracking.lifecycle import close_tracked_run, open_tracked_run
+from tests.unit.tracking.factories import make_job, make_plan
+from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+
+
+def test_a_launch_opens_a_run_with_its_dataset_and_quality_and_closes_it(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home")
+    prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")), shards=2)
+    job = make_job("launched", team="lc", project="open")
+    rid = open_tracked_run(job, make_plan(), settings, attempt=0, cluster=load_cluster("local"), plan_source="advisor")
+    client = runs.client_for(settings.mlflow_tracking_uri)
+    run = client.get_run(rid)
+    assert run.data.tags["trainyard.data_quality"] == "passed"
+    assert run.data.tags["trainyard.dataset.uri"].endswith("datasets/pydoc-topics")
+    assert [d.dataset.digest for d in run.inputs.dataset_inputs]  # the dataset is the run's input
+    close_tracked_run(rid, "completed", tracking_uri=settings.mlflow_tracking_uri, timeline=[(0.0, "submitted")])
+    assert client.get_run(rid).info.status == "FINISHED"
+    assert artifact_paths(client, rid) == sorted([
+        "spec/launched.yaml", "plan/explanation.txt", "plan/explanation.json", "data_quality/report.json",
+        "data_quality/report.html", "recovery/timeline.json", "recovery/timeline.txt"])
+
+
+def test_a_missing_dataset_is_said_and_the_run_still_opens(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home")
+    rid = open_tracked_run(make_job("no-data", team="lc", project="open"), make_plan(), settings, attempt=0)
+    tags = runs.client_for(settings.mlflow_tracking_uri).get_run(rid).data.tags
+    assert "trainyard.dataset.uri" not in tags and tags["trainyard.status"] == "running"
