@@ -6,7 +6,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     TRAINYARD_HOME=/var/lib/trainyard PYTHONPATH=/opt/trainyard
 WORKDIR /opt/trainyard
 
-RUN apt-get update && apt-get install -y --no-install-recommends git tini \
+RUN apt-get update && apt-get install -y --no-install-recommends git tini curl \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 50000 trainyard \
     && mkdir -p /var/lib/trainyard /var/run/trainyard/heartbeats \

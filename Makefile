@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trainyard-installed
 
-.PHONY: venv test test-fast lint demo lock clean
+.PHONY: venv test test-fast lint demo up down airflow lock clean
 
 venv: $(STAMP)
 
@@ -24,8 +24,19 @@ test: $(STAMP) lint
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
+# The product end to end: the embedded stack (Airflow, MLflow UI, node agents) comes up in the
+# background and stays up for browsing (STOP=1 stops it at the end; `make down` later).
 demo: $(STAMP)
 	$(PY) -m cli.demo
+
+# The embedded stack alone: Airflow on :8080 (no login), MLflow UI on :5000, node agents.
+up: $(STAMP)
+	$(PY) -m cli.stack up
+
+airflow: up
+
+down: $(STAMP)
+	$(PY) -m cli.stack down
 
 # Refresh the lock from the working venv after changing pyproject.toml's dependencies.
 lock: $(STAMP)

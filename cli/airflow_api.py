@@ -110,6 +110,8 @@ class AttemptRun:
     outcome: str = ""
     action: str = ""
     reason: str = ""
+    tasks: dict[str, str] = field(default_factory=dict)
+    """Task id → state of the attempt's DAG run (what the grid shows)."""
 
 
 def attempt_dag_run_id(run: str, attempt: int) -> str:
@@ -137,7 +139,8 @@ def follow_training_run(client: AirflowClient, dag_id: str, first_dag_run_id: st
         tasks = client.task_instances(dag_id, dag_run_id) if state != "queued" else {}
         if not run and tasks.get("validate_spec", {}).get("state") == "success":
             run = (client.xcom(dag_id, dag_run_id, "validate_spec") or {}).get("run", "")
-        current = AttemptRun(dag_run_id, state, attempt, run)
+        current = AttemptRun(dag_run_id, state, attempt, run,
+                             tasks={t: str(v.get("state")) for t, v in tasks.items()})
         if state in FINAL_DAG_RUN_STATES:
             current = _with_outcome(client, dag_id, current, tasks)
             attempts.append(current)

@@ -1,14 +1,14 @@
-"""The embedded Airflow stack on this machine: start, check, stop (`make airflow`, `make demo`,
-the end-to-end tests).
+"""The embedded stack on this machine: start, check, stop (`make up`, `make demo`, the end-to-end
+tests) — Airflow (`api-server`, `scheduler`, `dag-processor`, `triggerer`), the MLflow UI
+(`mlflow server` over the same store the tasks write) and one node agent per local node.
 
-Each component (`api-server`, `scheduler`, `dag-processor`, `triggerer`) runs as its own
-process in its own session, with its log in `<TRAINYARD_HOME>/logs/<component>.log` and its pid
+Each component runs as its own process in its own session, with its log in `<TRAINYARD_HOME>/logs/<component>.log` and its pid
 in `<TRAINYARD_HOME>/pids/<component>.pid`, so it outlives the command that started it and any
 later command (`make down`, a test) can find and stop it. Separate processes rather than
 `airflow standalone`, so one part can be restarted alone — the way a deployment loses a
 scheduler — while training goes on.
 
-Usage: `python -m cli.stack up|down|status [--port P]`.
+Usage: `python -m cli.stack up|down|status [--port P] [--airflow-only]`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ from pathlib import Path
 
 from config.airflow import DEFAULT_PORT, airflow_env
 
-COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+AIRFLOW = ("api-server", "scheduler", "dag-processor", "triggerer")
+MLFLOW_PORT = 5000
+AGENT_PORT = 9420
+"""The first node agent's port (the next node's is one higher)."""
 
 
 @dataclass(frozen=True)
@@ -37,13 +40,58 @@ class Stack:
 
     home: Path
     port: int = DEFAULT_PORT
+    mlflow_port: int = 0
+    """0: no MLflow UI (the tests); `make up` uses `MLFLOW_PORT`."""
+    agent_port: int = 0
+    """0: no node agents; else the first local node's agent listens here, the next one above."""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://127.0.0.1:{self.mlflow_port}"
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        agents = tuple(f"node-agent-{node}" for node in self.agents()) if self.agent_port else ()
+        return AIRFLOW + (("mlflow",) if self.mlflow_port else ()) + agents
+
+    def agents(self) -> dict[str, str]:
+        """Local node → its agent's URL (empty without agents)."""
+        if not self.agent_port:
+            return {}
+        from config.cluster import load_cluster
+
+        nodes = [n.name for n in load_cluster("local").nodes]
+        return {node: f"http://127.0.0.1:{self.agent_port + i}" for i, node in enumerate(nodes)}
+
     def env(self) -> dict[str, str]:
-        return airflow_env(self.home, port=self.port)
+        env = airflow_env(self.home, port=self.port)
+        if self.agent_port:  # the health watch of every job's DAG polls them
+            env.setdefault("TRAINYARD_NODE_AGENTS", json.dumps(self.agents()))
+        env["TRAINYARD_AIRFLOW_URL"] = self.url
+        if self.mlflow_port:
+            env.setdefault("TRAINYARD_MLFLOW_UI_URL", self.mlflow_url)
+        return env
+
+    def _command(self, component: str) -> list[str]:
+        if component in AIRFLOW:
+            args = [sys.executable, "-m", "airflow", component]
+            return args + (["--port", str(self.port), "--host", "127.0.0.1"] if component == "api-server" else [])
+        if component == "mlflow":
+            from config.settings import Settings
+
+            store = Settings(home=self.home).mlflow_tracking_uri
+            return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
+                    "--default-artifact-root", (self.home / "mlartifacts").as_uri(),
+                    "--host", "127.0.0.1", "--port", str(self.mlflow_port), "--workers", "1",
+                    "--allowed-hosts", f"127.0.0.1:{self.mlflow_port},localhost:{self.mlflow_port}"]
+        node = component.removeprefix("node-agent-")
+        url = self.agents()[node]
+        return [sys.executable, "-m", "node_agent", "--node", node, "--host", "127.0.0.1",
+                "--port", url.rsplit(":", 1)[1], "--heartbeat-dir", str(self.home / "runs")]
 
     def _pid_file(self, component: str) -> Path:
         return self.home / "pids" / f"{component}.pid"
@@ -71,16 +119,15 @@ class Stack:
 
     def start(self, component: str) -> int:
         """Start one component unless it runs already; returns its pid."""
-        if component not in COMPONENTS:
-            raise ValueError(f"unknown component {component!r}; one of {COMPONENTS}")
+        if component not in self.components:
+            raise ValueError(f"unknown component {component!r}; one of {self.components}")
         running = self.pid(component)
         if running is not None:
             return running
         for folder in (self._pid_file(component).parent, self.log_file(component).parent):
             folder.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "airflow", component]
-        if component == "api-server":
-            args += ["--port", str(self.port), "--host", "127.0.0.1"]
+        args = self._command(component)
+        (self.home / "runs").mkdir(parents=True, exist_ok=True)
         with self.log_file(component).open("ab") as log:
             proc = subprocess.Popen(args, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.home)
@@ -106,12 +153,16 @@ class Stack:
 
     def up(self, *, timeout_s: float = 180.0) -> None:
         self.migrate()
-        for component in COMPONENTS:
+        for component in self.components:
             self.start(component)
         self.wait_healthy(timeout_s=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        for url in [*([self.mlflow_url + "/health"] if self.mlflow_port else []),
+                    *(u + "/livez" for u in self.agents().values())]:
+            _wait_http(url, deadline)
 
     def down(self) -> None:
-        for component in reversed(COMPONENTS):
+        for component in reversed(self.components):
             self.stop(component)
 
     def health(self) -> dict[str, str]:
@@ -136,6 +187,19 @@ class Stack:
                            f"logs under {self.home / 'logs'}")
 
 
+def _wait_http(url: str, deadline: float) -> None:
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=3) as response:
+                if response.status == 200:
+                    return
+        except (OSError, urllib.error.URLError) as e:
+            last = str(e)
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer: {last}")
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -144,22 +208,37 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def default_stack(home: Path, *, port: int = DEFAULT_PORT, airflow_only: bool = False) -> Stack:
+    """The stack `make up` and `make demo` run: Airflow, the MLflow UI, the node agents."""
+    if airflow_only:
+        return Stack(home, port=port)
+    return Stack(home, port=port, mlflow_port=int(os.environ.get("TRAINYARD_MLFLOW_PORT", MLFLOW_PORT)),
+                 agent_port=int(os.environ.get("TRAINYARD_AGENT_PORT", AGENT_PORT)))
+
+
 def main(argv: list[str] | None = None) -> int:
     from config.settings import get_settings
 
     p = argparse.ArgumentParser(prog="python -m cli.stack", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--port", type=int, default=int(os.environ.get("TRAINYARD_AIRFLOW_PORT", DEFAULT_PORT)))
+    p.add_argument("--port", type=int, default=int(os.environ.get("TRAINYARD_AIRFLOW_PORT", DEFAULT_PORT)),
+                   help="Airflow's API server port (default 8080)")
+    p.add_argument("--airflow-only", action="store_true", help="no MLflow UI, no node agents")
     args = p.parse_args(argv)
-    stack = Stack(get_settings().home, port=args.port)
+    stack = default_stack(get_settings().home, port=args.port, airflow_only=args.airflow_only)
     if args.action == "up":
         stack.up()
-        print(f"Airflow is up: {stack.url} (no login: local-only simple auth); logs in {stack.home / 'logs'}")
+        print(f"Airflow   {stack.url}  (no login: local-only simple auth)")
+        if stack.mlflow_port:
+            print(f"MLflow    {stack.mlflow_url}")
+        for node, url in stack.agents().items():
+            print(f"agent     {url}  ({node})")
+        print(f"logs in {stack.home / 'logs'}; stop with `make down`")
     elif args.action == "down":
         stack.down()
-        print("Airflow stopped")
+        print("stopped")
     else:
-        for component in COMPONENTS:
+        for component in stack.components:
             print(f"{component:14} {'running, pid ' + str(stack.pid(component)) if stack.pid(component) else 'stopped'}")
         with contextlib.suppress(OSError, ValueError):
             print(json.dumps(stack.health()))

@@ -38,6 +38,25 @@ def airflow_home(trainyard_home: Path) -> Path:
     return trainyard_home / "airflow"
 
 
+def new_secrets() -> dict[str, str]:
+    """What every component of one Airflow must share: the JWT secret (task tokens), the API
+    server's secret key (sessions) and the Fernet key (connections and variables at rest)."""
+    return {
+        "jwt_secret": secrets.token_urlsafe(32),
+        "secret_key": secrets.token_urlsafe(32),
+        "fernet_key": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
+    }
+
+
+def shared_config(values: dict[str, str]) -> str:
+    """An `airflow.cfg` holding only the shared secrets; everything else comes from `AIRFLOW__*`
+    variables. The compose stack's init service writes it once into a volume every component
+    mounts (`python -m config.airflow > airflow.cfg`)."""
+    return (f"[api]\nsecret_key = {values['secret_key']}\n\n"
+            f"[api_auth]\njwt_secret = {values['jwt_secret']}\n\n"
+            f"[core]\nfernet_key = {values['fernet_key']}\n")
+
+
 def _secrets(home: Path) -> dict[str, str]:
     """The shared secrets of this embedded Airflow, made on first use (mode 0600)."""
     path = home / "secrets.json"
@@ -46,11 +65,7 @@ def _secrets(home: Path) -> dict[str, str]:
     except (OSError, ValueError):
         pass
     home.mkdir(parents=True, exist_ok=True)
-    values = {
-        "jwt_secret": secrets.token_urlsafe(32),
-        "secret_key": secrets.token_urlsafe(32),
-        "fernet_key": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
-    }
+    values = new_secrets()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -107,3 +122,7 @@ def airflow_env(trainyard_home: Path, *, port: int = DEFAULT_PORT,
     paths = [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
+
+
+if __name__ == "__main__":
+    sys.stdout.write(shared_config(new_secrets()))

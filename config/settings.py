@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CONFIG_DIR = Path(__file__).parent
@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     kubernetes_conn_id: str = "kubernetes_default"
     """Airflow connection of the Kubernetes cluster (cncf-kubernetes provider's `KubernetesHook`);
     without Airflow, the kubeconfig is used."""
+    airflow_url: str = "http://127.0.0.1:8080"
+    """Airflow's API server, for `trainyard submit` and `trainyard status --airflow` (the embedded
+    stack of `make airflow` / `make demo` listens here)."""
+    airflow_token: SecretStr | None = None
+    """Bearer token for Airflow's REST API; the embedded stack needs none (local-only auth)."""
+    mlflow_ui_url: str = "http://127.0.0.1:5000"
+    """Where people open the MLflow UI (the embedded stack's `mlflow server`)."""
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     """Share of device memory a plan may use (the rest is left for fragmentation and spikes)."""
 

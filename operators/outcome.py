@@ -114,14 +114,17 @@ class RegisterModelOperator(BaseOperator):
     ui_color = "#abebc6"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.recovery.steps import register_model
+        from plugins.recovery.steps import close_run, register_model
 
         job, conf = attempt_of(context)
         mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
         version = register_model(job, settings(), mlflow_run_id=mlflow_run_id)
         self.log.info("registered %s version %s (alias 'candidate') from step %s of run %s",
                       version.name, version.version, version.checkpoint_step, conf.run)
-        return {"model": version.name, "version": str(version.version), "step": version.checkpoint_step}
+        cost = close_run(job, settings(), run=conf.run, mlflow_run_id=mlflow_run_id)
+        self.log.info("run %s: %s", conf.run, ", ".join(f"{k} {v:.4g}" for k, v in cost.items()))
+        return {"model": version.name, "version": str(version.version), "step": version.checkpoint_step,
+                "mlflow_run_id": mlflow_run_id, **cost}
 
 
 class GiveUpOperator(BaseOperator):
@@ -132,10 +135,14 @@ class GiveUpOperator(BaseOperator):
     def execute(self, context: Context) -> None:
         from plugins.recovery.decide import history_lines
         from plugins.recovery.model import FailureReport
+        from plugins.recovery.steps import close_run
 
-        _, conf = attempt_of(context)
+        job, conf = attempt_of(context)
         report = pull(context, CLASSIFY, FailureReport, key="report")
         lines = "\n".join(history_lines(conf.history, report))
+        mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
+        if mlflow_run_id:  # the loss plot, the timeline and the cost of what was spent
+            close_run(job, settings(), run=conf.run, mlflow_run_id=mlflow_run_id)
         raise AirflowFailException(f"run {conf.run} gave up: {_action(context).reason}\nattempts:\n{lines}")
 
 

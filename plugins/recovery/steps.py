@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -175,17 +176,17 @@ def launch_attempt(job: TrainingJob, plan: Plan, placement: Placement, conf: Att
 
 def excluded_nodes(conf: AttemptConf, state_db: str) -> list[str]:
     """Nodes the attempt must not be placed on: those the run lost, and every cordoned node."""
-    from plugins.recovery.state import JobStateStore
+    from plugins.recovery.state import open_job_state
 
-    return sorted({*conf.exclude_nodes, *JobStateStore(state_db).cordoned()})
+    return sorted({*conf.exclude_nodes, *open_job_state(state_db).cordoned()})
 
 
 def begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_key: str) -> None:
     """Record the run (opened once per trigger) and the attempt's start in the job state."""
     from plugins.recovery.engine import begin_attempt
-    from plugins.recovery.state import JobStateStore
+    from plugins.recovery.state import open_job_state
 
-    state = JobStateStore(settings.state_db)
+    state = open_job_state(settings.state_db)
     if conf.attempt == 0:
         state.open_run(job.name, trigger_key=trigger_key, team=job.metadata.team,
                        project=job.metadata.project, run=conf.run)
@@ -194,9 +195,9 @@ def begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_ke
 
 def launched(job: TrainingJob, conf: AttemptConf, settings: Settings, handle: RunHandle, mlflow_run_id: str) -> None:
     """The gang runs: its handle (so `trainyard stop` finds it) and the lifecycle in the job state."""
-    from plugins.recovery.state import JobStateStore
+    from plugins.recovery.state import open_job_state
 
-    state = JobStateStore(settings.state_db)
+    state = open_job_state(settings.state_db)
     state.set_handle(job.name, conf.run, conf.attempt, handle)
     state.set_mlflow_run(job.name, conf.run, mlflow_run_id)
     state.transition(job.name, conf.run, "running")
@@ -212,7 +213,7 @@ def conclude_attempt(job: TrainingJob, conf: AttemptConf, handle: RunHandle, set
     from plugins.recovery.decide import DecisionContext
     from plugins.recovery.engine import after_attempt
     from plugins.recovery.evidence import gather, observe_node
-    from plugins.recovery.state import JobStateStore
+    from plugins.recovery.state import open_job_state
 
     if status is None or not status.finished:
         status = watch.poll(handle)
@@ -224,7 +225,7 @@ def conclude_attempt(job: TrainingJob, conf: AttemptConf, handle: RunHandle, set
     ctx = DecisionContext(checkpoint_uri=checkpoint_uri(job, settings.object_store, conf.run),
                           endpoint_url=settings.s3_endpoint_url, plan=plan,
                           cluster=cluster_for(job.spec.hardware.gpu_type, settings.cluster))
-    result = after_attempt(evidence, job, conf, ctx, state=JobStateStore(settings.state_db), by=by)
+    result = after_attempt(evidence, job, conf, ctx, state=open_job_state(settings.state_db), by=by)
     if result.next_conf is not None and mlflow_run_id:  # every attempt continues the same MLflow run
         result = dataclasses.replace(result, next_conf=result.next_conf.model_copy(
             update={"mlflow_run_id": mlflow_run_id}))
@@ -262,3 +263,56 @@ def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) 
                                   endpoint_url=settings.s3_endpoint_url)
     set_run_status(mlflow_run_id, "completed", tracking_uri=settings.mlflow_tracking_uri)
     return version
+
+
+def run_timeline(job: str, run: str, settings: Settings) -> list[tuple[float, str]]:
+    """What happened to a training run, from the job state: (seconds since the run opened, event)."""
+    from plugins.recovery.state import open_job_state
+
+    state = open_job_state(settings.state_db)
+    info = state.get_run(job, run)
+    t0 = info.created_at
+    events: list[tuple[float, str]] = [(0.0, f"run {run} opened")]
+    for a in state.attempts(job, run):
+        handle = a.run_handle
+        nodes = f" on {', '.join(handle.nodes)}" if handle and handle.nodes else ""
+        events.append(((a.started_at - t0).total_seconds(), f"attempt {a.attempt} started{nodes}"))
+        if a.ended_at is not None:
+            what = f"attempt {a.attempt} {a.outcome or 'ended'}"
+            what += f" at step {a.step}" if a.step is not None else ""
+            what += f": {a.reason}" if a.reason and a.outcome != "completed" else ""
+            what += f" → {a.action}" if a.action else ""
+            events.append(((a.ended_at - t0).total_seconds(), what))
+    return events
+
+
+def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: str) -> dict[str, float]:
+    """The run's end artifacts (loss plot, recovery timeline) and its cost on its MLflow run:
+    device time by phase from the job state (attempts are training, the gaps between them
+    recovery), MFU and tokens/s from what the workers streamed. Returns the cost figures."""
+    from config.cluster import cluster_for
+    from plugins.recovery.state import open_job_state
+    from plugins.tracking.artifacts import log_end_artifacts
+    from plugins.tracking.cost import RunAccounting, job_cost, log_job_cost
+    from plugins.tracking.rates import load_rates
+    from plugins.tracking.runs import client_for
+
+    log_end_artifacts(mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri,
+                      timeline=run_timeline(job.name, run, settings), title=f"{job.name} run {run}")
+    state = open_job_state(settings.state_db)
+    info, attempts = state.get_run(job.name, run), state.attempts(job.name, run)
+    spans = [(a.started_at, a.ended_at) for a in attempts if a.ended_at is not None]
+    if not spans:
+        return {}
+    training = sum((end - start).total_seconds() for start, end in spans)
+    recovery = sum(max((nxt[0] - prev[1]).total_seconds(), 0.0) for prev, nxt in itertools.pairwise(spans))
+    acct = RunAccounting(
+        job=job.name, team=job.metadata.team, project=job.metadata.project, gpu_type=job.spec.hardware.gpu_type,
+        gpu_count=job.spec.hardware.gpu_count, submitted_at=info.created_at, started_at=spans[0][0],
+        ended_at=spans[-1][1], training_s=training, recovery_s=recovery, run_id=mlflow_run_id,
+        precision=job.spec.parallelism.hints.mixed_precision if job.spec.parallelism.hints else "bf16",
+    ).with_run_metrics(dict(client_for(settings.mlflow_tracking_uri).get_run(mlflow_run_id).data.metrics))
+    cost = job_cost(acct, load_rates(), cluster=cluster_for(job.spec.hardware.gpu_type, settings.cluster))
+    log_job_cost(mlflow_run_id, acct, cost, tracking_uri=settings.mlflow_tracking_uri)
+    return {"device_hours": cost.total_gpu_hours, "recovery_device_hours": cost.recovery_gpu_hours,
+            "cost_usd": cost.total_cost_usd}

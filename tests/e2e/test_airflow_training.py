@@ -54,8 +54,12 @@ def _weights(s: RunningStack, mlflow_run_id: str, dest: Path) -> dict[str, objec
 def _same(a: dict[str, object], b: dict[str, object]) -> bool:
     import torch
 
-    return a.keys() == b.keys() and all(
+    same = a.keys() == b.keys() and all(
         torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+    if not same:  # say how far apart, for the failure message
+        print("steps", a.get("step"), b.get("step"), {k: float((a[k] - b[k]).abs().max()) for k in a
+                                                       if isinstance(a[k], torch.Tensor) and k in b})
+    return same
 
 
 def test_two_triggers_are_two_independent_runs_that_complete_and_register(stack: RunningStack,

@@ -1,0 +1,209 @@
+"""`trainyard submit SPEC [--wait] [--param k=v]`: run a job through Airflow, as the UI's trigger
+button does.
+
+The spec is checked first (schema, rules, cluster — the offline dry run) and put in the jobs
+folder Airflow reads (`TRAINYARD_JOBS_DIR`) when it is not there yet; once the DAG processor
+has the job's DAG, one DAG run is triggered through the REST API with the `--param`s as its
+conf (the trigger form's fields: `max_steps`, `learning_rate`, `start_from`, `dry_run`,
+`fault_*`). `--wait` follows the training run through every attempt the recovery hands it to,
+with the step and loss from MLflow, and exits with its outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cli.airflow_api import AirflowClient, AttemptRun
+    from config.settings import Settings
+
+EXIT_CODES: dict[int, str] = {
+    1: "the spec is invalid, or (with --wait) the training run did not complete",
+    3: "Airflow does not answer (start it with `make airflow`)",
+}
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+DAG_WAIT_S = 90.0
+"""How long to wait for the DAG processor to pick up a spec new to the jobs folder."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("submit", help="run a job through Airflow (trigger its DAG)",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("spec", type=Path, metavar="SPEC", help="TrainingJob spec (YAML)")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a trigger-form field, e.g. max_steps=100 or fault_kill_rank=1 (repeatable)")
+    p.add_argument("--wait", action="store_true", help="follow the run until it ends; exit with its outcome")
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="give up waiting after this long")
+    p.set_defaults(func=run)
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """`key=value` pairs; values are JSON when they parse (numbers, true/false, null), else text."""
+    conf: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--param {item!r}: write KEY=VALUE")
+        try:
+            conf[key.strip()] = json.loads(value)
+        except ValueError:
+            conf[key.strip()] = value
+    return conf
+
+
+def run(args: argparse.Namespace) -> int:
+    from cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
+    from cli.common import load_checked_job
+    from cli.output import console, err_console
+    from config.settings import get_settings
+
+    settings = get_settings()
+    try:
+        conf = parse_params(args.param)
+        loaded = load_checked_job(args.spec, None)
+    except (FileNotFoundError, ValueError) as e:
+        err_console.print(f"trainyard submit: error: {e}")
+        return 2
+    if loaded is None:
+        return 1
+    job, _ = loaded
+    try:
+        placed = _into_jobs_folder(args.spec, job.name, settings.jobs_dir)
+    except ValueError as e:
+        err_console.print(f"trainyard submit: error: {e}")
+        return 1
+    token = settings.airflow_token.get_secret_value() if settings.airflow_token else ""
+    client = AirflowClient(settings.airflow_url, token=token)
+    try:
+        _wait_for_dag(client, job.name, placed)
+        dag_run = client.trigger(job.name, conf, note=f"trainyard submit {args.spec}")
+    except AirflowUnavailable as e:
+        err_console.print(f"[red]{e}[/]")
+        return 3
+    except (AirflowRequestFailed, TimeoutError) as e:
+        err_console.print(f"[red]cannot trigger {job.name}[/]: {e}")
+        return 1
+    url = f"{settings.airflow_url.rstrip('/')}/dags/{job.name}/runs/{dag_run['dag_run_id']}"
+    console.print(f"submitted {job.name}: DAG run {dag_run['dag_run_id']}\n  {url}")
+    if not args.wait:
+        return 0
+    try:
+        attempts = _follow(client, settings, job.name, dag_run["dag_run_id"], args.timeout_s)
+    except AirflowUnavailable as e:
+        err_console.print(f"[red]{e}[/]")
+        return 3
+    except TimeoutError as e:
+        err_console.print(f"[yellow]{e}[/]; it goes on in Airflow")
+        return 1
+    _summary(attempts)
+    return 0 if attempts and attempts[-1].action == "register" else 1
+
+
+def _into_jobs_folder(spec: Path, name: str, jobs_dir: Path) -> Path:
+    """The spec's place in the folder Airflow's DAG factory reads (copied as `<job>.yaml` when
+    it is not there yet; a different spec of the same job already there is an error)."""
+    spec, jobs_dir = spec.resolve(), jobs_dir.resolve()
+    if spec.parent == jobs_dir:
+        return spec
+    from config.loader import read_spec_file
+
+    for existing in sorted(jobs_dir.glob("*.y*ml")):
+        other, _ = read_spec_file(existing)
+        if other is not None and other.name == name:
+            if existing.read_bytes() != spec.read_bytes():
+                raise ValueError(f"{existing} already defines job {name!r} with other content; "
+                                 f"edit that file, or rename the job in {spec}")
+            return existing
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    target = jobs_dir / f"{name}.yaml"
+    shutil.copyfile(spec, target)
+    return target
+
+
+def _wait_for_dag(client: AirflowClient, dag_id: str, spec: Path) -> None:
+    deadline = time.monotonic() + DAG_WAIT_S
+    while dag_id not in client.dags():
+        broken = [e for e in client.import_errors() if spec.name in e.get("stack_trace", "")]
+        if broken:
+            raise TimeoutError(f"Airflow cannot build the DAG: {broken[0]['stack_trace'][-2000:]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Airflow has no DAG {dag_id!r} after {DAG_WAIT_S:g}s: is its jobs folder "
+                               f"{spec.parent}? (TRAINYARD_JOBS_DIR of the Airflow components)")
+        time.sleep(2)
+
+
+def _follow(client: AirflowClient, settings: Settings, dag_id: str, first: str, timeout_s: float
+            ) -> list[AttemptRun]:
+    from rich.live import Live
+
+    from cli.airflow_api import follow_training_run
+    from cli.output import err_console
+
+    progress = _Progress(client, settings, dag_id)
+    with Live(progress.table([], {}), console=err_console, refresh_per_second=2, transient=True) as live:
+        return follow_training_run(client, dag_id, first, timeout_s=timeout_s,
+                                   on_poll=lambda attempts, tasks: live.update(progress.table(attempts, tasks)))
+
+
+class _Progress:
+    """The live table: one row per attempt — its DAG run's state, the running task, and the
+    step and loss the workers streamed to MLflow."""
+
+    def __init__(self, client: AirflowClient, settings: Settings, dag_id: str) -> None:
+        self.client, self.settings, self.dag_id = client, settings, dag_id
+        self.mlflow_run_id = ""
+        self.last = 0.0
+        self.metrics = ("-", "-")
+
+    def table(self, attempts: list[AttemptRun], tasks: dict[str, dict[str, Any]]) -> Any:
+        from rich.table import Table
+
+        if attempts and tasks and time.monotonic() - self.last > 3:
+            self.last = time.monotonic()
+            self.metrics = self._metrics(attempts[-1].dag_run_id, tasks)
+        table = Table(title=f"{self.dag_id} run {attempts[-1].run if attempts else ''}", title_justify="left")
+        for column in ("attempt", "state", "now", "step", "loss", "outcome"):
+            table.add_column(column)
+        for a in attempts:
+            current = a is attempts[-1]
+            running = [t for t, v in tasks.items() if v.get("state") in ("running", "deferred")] if current else []
+            step, loss = self.metrics if current else ("", "")
+            table.add_row(str(a.attempt), a.state, ", ".join(running)[:30], step, loss,
+                          f"{a.outcome} → {a.action}" if a.outcome else "")
+        return table
+
+    def _metrics(self, dag_run_id: str, tasks: dict[str, dict[str, Any]]) -> tuple[str, str]:
+        try:
+            if not self.mlflow_run_id and tasks.get("launch_training", {}).get("state") == "success":
+                self.mlflow_run_id = self.client.xcom(self.dag_id, dag_run_id, "launch_training",
+                                                      key="mlflow_run_id") or ""
+            if not self.mlflow_run_id:
+                return self.metrics
+            from plugins.tracking.runs import client_for
+
+            history = client_for(self.settings.mlflow_tracking_uri).get_metric_history(self.mlflow_run_id, "loss")
+        except Exception:  # noqa: BLE001 - progress is best effort; the run's outcome is not
+            return self.metrics
+        if not history:
+            return self.metrics
+        last = max(history, key=lambda m: (m.step, m.timestamp))
+        return str(last.step), f"{last.value:.3f}"
+
+
+def _summary(attempts: list[AttemptRun]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from cli.output import console
+
+    table = Table(title="attempts", title_justify="left")
+    for column in ("#", "DAG run", "outcome", "action", "why"):
+        table.add_column(column, overflow="fold")
+    for a in attempts:
+        table.add_row(str(a.attempt), a.dag_run_id, a.outcome or a.state, a.action, escape(a.reason))
+    console.print(table)
