@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from config.airflow import DEFAULT_PORT, airflow_env
@@ -44,6 +44,13 @@ class Stack:
     """0: no MLflow UI (the tests); `make up` uses `MLFLOW_PORT`."""
     agent_port: int = 0
     """0: no node agents; else the first local node's agent listens here, the next one above."""
+    overrides: dict[str, str] = field(default_factory=dict)
+    """Environment that wins over the embedded defaults: the production path (PostgreSQL metadata,
+    `AIRFLOW__CORE__EXECUTOR=CeleryExecutor` with its broker) is the same stack with these."""
+
+    @property
+    def celery(self) -> bool:
+        return self.overrides.get("AIRFLOW__CORE__EXECUTOR") == "CeleryExecutor"
 
     @property
     def url(self) -> str:
@@ -56,7 +63,8 @@ class Stack:
     @property
     def components(self) -> tuple[str, ...]:
         agents = tuple(f"node-agent-{node}" for node in self.agents()) if self.agent_port else ()
-        return AIRFLOW + (("mlflow",) if self.mlflow_port else ()) + agents
+        workers = ("celery-worker",) if self.celery else ()
+        return AIRFLOW + workers + (("mlflow",) if self.mlflow_port else ()) + agents
 
     def agents(self) -> dict[str, str]:
         """Local node → its agent's URL (empty without agents)."""
@@ -68,7 +76,7 @@ class Stack:
         return {node: f"http://127.0.0.1:{self.agent_port + i}" for i, node in enumerate(nodes)}
 
     def env(self) -> dict[str, str]:
-        env = airflow_env(self.home, port=self.port)
+        env = airflow_env(self.home, port=self.port, base={**os.environ, **self.overrides})
         if self.agent_port:  # the health watch of every job's DAG polls them
             env.setdefault("TRAINYARD_NODE_AGENTS", json.dumps(self.agents()))
         env["TRAINYARD_AIRFLOW_URL"] = self.url
@@ -77,6 +85,8 @@ class Stack:
         return env
 
     def _command(self, component: str) -> list[str]:
+        if component == "celery-worker":
+            return [sys.executable, "-m", "airflow", "celery", "worker", "--concurrency", "8"]
         if component in AIRFLOW:
             args = [sys.executable, "-m", "airflow", component]
             return args + (["--port", str(self.port), "--host", "127.0.0.1"] if component == "api-server" else [])

@@ -124,7 +124,7 @@ def build_dag(job: TrainingJob, spec_path: Path) -> DAG:
     with DAG(
         dag_id=job.name, schedule=schedule, start_date=START, catchup=False, max_active_runs=16,
         tags=[f"team:{meta.team}", f"project:{meta.project}", "trainyard"],
-        default_args=task_defaults(), doc_md=doc, render_template_as_native_obj=False,
+        default_args=task_defaults(meta.team), doc_md=doc, render_template_as_native_obj=False,
         dagrun_timeout=None,
     ) as dag:
         validate = ValidateSpecOperator(task_id="validate_spec", spec_path=str(spec_path))

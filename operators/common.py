@@ -37,11 +37,11 @@ RETRY_POLICY = ExceptionRetryPolicy(rules=[
 ])
 
 
-def task_defaults() -> dict[str, Any]:
-    """Default arguments of every task of a job's DAG: one retry (DESIGN §9: a deferrable task
+def task_defaults(owner: str = "trainyard") -> dict[str, Any]:
+    """Default arguments of every task of a job's DAG: retries (DESIGN §9: a deferrable task
     can be failed by Airflow itself right after a fast trigger; every task is idempotent, so a
-    retry re-attaches), the engine-error retry policy."""
-    return {"retries": 2, "retry_delay": timedelta(seconds=5), "retry_policy": RETRY_POLICY}
+    retry re-attaches), the engine-error retry policy, the owning team."""
+    return {"owner": owner, "retries": 2, "retry_delay": timedelta(seconds=5), "retry_policy": RETRY_POLICY}
 
 
 def settings() -> Settings:

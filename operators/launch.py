@@ -28,24 +28,24 @@ class LaunchTrainingOperator(BaseOperator):
     ui_color = "#d5f5e3"
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from config.cluster import cluster_for
         from plugins.advisor.plan import Plan
         from plugins.placement.model import Placement
         from plugins.recovery.steps import launch_attempt, launched, resume_point
-        from plugins.tracking.runs import start_or_resume_run
+        from plugins.tracking.lifecycle import open_tracked_run
 
         job, conf = attempt_of(context)
         if conf.dry_run:
             raise AirflowSkipException("dry run: validated, planned and placed; nothing launched")
         config = settings()
         plan, placement = pull(context, PLAN, Plan), pull(context, PLACE, Placement)
-        dataset = None
-        if conf.attempt == 0:
-            from plugins.data.datasets import describe_dataset, open_dataset_store
-
-            dataset = describe_dataset(open_dataset_store(job.spec.dataset.source, config), job.spec.dataset)
-        mlflow_run_id = start_or_resume_run(
-            job, plan, tracking_uri=config.mlflow_tracking_uri, run_id=conf.mlflow_run_id or None,
-            attempt=conf.attempt, dataset=dataset, trigger_id=conf.run)
+        # the same MLflow run, with the same start artifacts (spec, plan explanation, data-quality
+        # report) as `trainyard launch`; every later attempt continues it
+        mlflow_run_id = open_tracked_run(
+            job, plan, config, attempt=conf.attempt, run_id=conf.mlflow_run_id or None, run=conf.run,
+            check_quality=conf.attempt == 0,
+            cluster=cluster_for(job.spec.hardware.gpu_type, config.cluster),
+            plan_source=f"re-planned after attempt {conf.attempt - 1}" if conf.plan else "advisor")
         resume_from = resume_point(conf, tracking_uri=config.mlflow_tracking_uri)
         handle = launch_attempt(job, plan, placement, conf, config, mlflow_run_id=mlflow_run_id,
                                 resume_from=resume_from)

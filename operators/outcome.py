@@ -142,7 +142,7 @@ class GiveUpOperator(BaseOperator):
         lines = "\n".join(history_lines(conf.history, report))
         mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
         if mlflow_run_id:  # the loss plot, the timeline and the cost of what was spent
-            close_run(job, settings(), run=conf.run, mlflow_run_id=mlflow_run_id)
+            close_run(job, settings(), run=conf.run, mlflow_run_id=mlflow_run_id, status="failed")
         raise AirflowFailException(f"run {conf.run} gave up: {_action(context).reason}\nattempts:\n{lines}")
 
 

@@ -20,7 +20,7 @@ import hashlib
 import itertools
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from config.runs import check_run_id
 from plugins.errors import FatalError
@@ -256,13 +256,10 @@ def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) 
     """Export the run's best valid checkpoint (by the spec's `keepBestMetric`, else the newest)
     and register it as the next version of the job's model, alias `candidate`."""
     from plugins.tracking.registry import register_checkpoint
-    from plugins.tracking.runs import set_run_status
 
-    version = register_checkpoint(mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri,
-                                  metric=job.spec.checkpoint.keep_best_metric, model_name=job.name,
-                                  endpoint_url=settings.s3_endpoint_url)
-    set_run_status(mlflow_run_id, "completed", tracking_uri=settings.mlflow_tracking_uri)
-    return version
+    return register_checkpoint(mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri,
+                               metric=job.spec.checkpoint.keep_best_metric, model_name=job.name,
+                               endpoint_url=settings.s3_endpoint_url)
 
 
 def run_timeline(job: str, run: str, settings: Settings) -> list[tuple[float, str]]:
@@ -286,23 +283,24 @@ def run_timeline(job: str, run: str, settings: Settings) -> list[tuple[float, st
     return events
 
 
-def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: str) -> dict[str, float]:
-    """The run's end artifacts (loss plot, recovery timeline) and its cost on its MLflow run:
+def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: str,
+              status: Literal["completed", "failed", "cancelled"] = "completed") -> dict[str, float]:
+    """End the run's MLflow run: its end artifacts (loss plot, recovery timeline), its cost —
     device time by phase from the job state (attempts are training, the gaps between them
-    recovery), MFU and tokens/s from what the workers streamed. Returns the cost figures."""
+    recovery), MFU and tokens/s from what the workers streamed — and its final status.
+    Returns the cost figures."""
     from config.cluster import cluster_for
     from plugins.recovery.state import open_job_state
-    from plugins.tracking.artifacts import log_end_artifacts
     from plugins.tracking.cost import RunAccounting, job_cost, log_job_cost
+    from plugins.tracking.lifecycle import close_tracked_run
     from plugins.tracking.rates import load_rates
     from plugins.tracking.runs import client_for
 
-    log_end_artifacts(mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri,
-                      timeline=run_timeline(job.name, run, settings), title=f"{job.name} run {run}")
     state = open_job_state(settings.state_db)
     info, attempts = state.get_run(job.name, run), state.attempts(job.name, run)
     spans = [(a.started_at, a.ended_at) for a in attempts if a.ended_at is not None]
     if not spans:
+        close_tracked_run(mlflow_run_id, status, tracking_uri=settings.mlflow_tracking_uri, title=job.name)
         return {}
     training = sum((end - start).total_seconds() for start, end in spans)
     recovery = sum(max((nxt[0] - prev[1]).total_seconds(), 0.0) for prev, nxt in itertools.pairwise(spans))
@@ -314,5 +312,7 @@ def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: 
     ).with_run_metrics(dict(client_for(settings.mlflow_tracking_uri).get_run(mlflow_run_id).data.metrics))
     cost = job_cost(acct, load_rates(), cluster=cluster_for(job.spec.hardware.gpu_type, settings.cluster))
     log_job_cost(mlflow_run_id, acct, cost, tracking_uri=settings.mlflow_tracking_uri)
+    close_tracked_run(mlflow_run_id, status, tracking_uri=settings.mlflow_tracking_uri,
+                      timeline=run_timeline(job.name, run, settings), title=f"{job.name} run {run}")
     return {"device_hours": cost.total_gpu_hours, "recovery_device_hours": cost.recovery_gpu_hours,
             "cost_usd": cost.total_cost_usd}

@@ -153,7 +153,8 @@ def start_or_resume_run(
         if trigger_id:
             tags[TAG + "trigger_id"] = trigger_id
             tags[TAG + "run"] = trigger_id  # the training run: one trigger, all its attempts
-        run = client.create_run(exp_id, run_name=job.name, tags=tags)
+        # the name the MLflow UI lists: the job and, for a training run, its id (runs tell apart)
+        run = client.create_run(exp_id, run_name=f"{job.name} {trigger_id}" if trigger_id else job.name, tags=tags)
         log.info("MLflow run %s created for job %s in experiment %s", run.info.run_id, job.name, name)
     elif run.info.status != "RUNNING":
         client.update_run(run.info.run_id, status="RUNNING")

@@ -44,20 +44,23 @@ class RunningStack:
 
 
 @contextmanager
-def running_stack(home: Path) -> Iterator[RunningStack]:
+def running_stack(home: Path, *, overrides: dict[str, str] | None = None) -> Iterator[RunningStack]:
+    """The stack over `home`; `overrides` (also set in this process, for its own checks) switch
+    it to the production path: metadata, state and MLflow on PostgreSQL, the CeleryExecutor."""
     from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     jobs = home / "jobs"
     jobs.mkdir(parents=True)
     shutil.copy(DEMO, jobs / DEMO.name)
-    env = {"TRAINYARD_HOME": str(home), "TRAINYARD_JOBS_DIR": str(jobs), "OMP_NUM_THREADS": "1"}
+    env = {"TRAINYARD_HOME": str(home), "TRAINYARD_JOBS_DIR": str(jobs), "OMP_NUM_THREADS": "1",
+           **(overrides or {})}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    settings = Settings(home=home)
+    settings = Settings()
     from plugins.storage.store import open_store
 
     prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")))
-    stack = Stack(home, port=procs.free_port())
+    stack = Stack(home, port=procs.free_port(), overrides=dict(overrides or {}))
     try:
         stack.up(timeout_s=240)
         yield RunningStack(stack, settings, AirflowClient(stack.url))

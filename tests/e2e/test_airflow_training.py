@@ -37,18 +37,26 @@ def _mlflow_run(s: RunningStack, run: str):
     return found
 
 
-def _weights(s: RunningStack, mlflow_run_id: str, dest: Path) -> dict[str, object]:
-    """The registered version's tensors (the file's digest differs between runs: its header
-    names the checkpoint manifest it came from)."""
+def _final_weights(s: RunningStack, run: str, dest: Path) -> dict[str, object]:
+    """The model tensors of the run's final checkpoint (exported; the exported file's digest would
+    differ between runs: its header names the manifest it came from)."""
     from safetensors.torch import load_file
 
+    from config.loader import load_spec_file
+    from plugins.checkpoint.catalog import list_checkpoints
     from plugins.checkpoint.export import export_safetensors
+    from plugins.launch.environment import checkpoint_uri
+    from tests.e2e.airflow_stack import DEMO
+
+    final = list_checkpoints(checkpoint_uri(load_spec_file(DEMO), s.settings.object_store, run))[-1]
+    export_safetensors(final.manifest_uri, dest)
+    return {"step": final.step, **load_file(str(dest))}
+
+
+def client_for_versions(s: RunningStack, mlflow_run_id: str) -> list[object]:
     from plugins.tracking.runs import client_for
 
-    client = client_for(s.settings.mlflow_tracking_uri)
-    (version,) = client.search_model_versions(f"run_id = '{mlflow_run_id}'")
-    export_safetensors(version.tags["trainyard.checkpoint.uri"], dest)
-    return {"step": version.tags["trainyard.checkpoint.step"], **load_file(str(dest))}
+    return client_for(s.settings.mlflow_tracking_uri).search_model_versions(f"run_id = '{mlflow_run_id}'")
 
 
 def _same(a: dict[str, object], b: dict[str, object]) -> bool:
@@ -93,7 +101,8 @@ def test_two_triggers_are_two_independent_runs_that_complete_and_register(stack:
         assert steps[-1] == STEPS  # each run trained from scratch into its own folder
         mlflow_run = _mlflow_run(stack, run)
         assert mlflow_run.data.tags["trainyard.status"] == "completed"
-        weights.append(_weights(stack, mlflow_run.info.run_id, tmp_path / f"{run}.safetensors"))
+        assert client_for_versions(stack, mlflow_run.info.run_id)  # a version was registered
+        weights.append(_final_weights(stack, run, tmp_path / f"{run}.safetensors"))
     assert _same(*weights)  # same spec, same seed, no failure: the same model, bit for bit
     assert usage_by_team(stack.settings.state_db) == {}  # every device released
 
@@ -119,9 +128,8 @@ def test_a_killed_worker_resumes_from_the_newest_checkpoint_in_the_same_mlflow_r
 
     # An uninterrupted run of the same spec (the first test's) registered the same weights.
     uninterrupted = stack.train({"max_steps": STEPS})
-    straight = _mlflow_run(stack, uninterrupted[0].run).info.run_id
-    assert _same(_weights(stack, mlflow_run.info.run_id, tmp_path / "resumed.safetensors"),
-                 _weights(stack, straight, tmp_path / "straight.safetensors"))
+    assert _same(_final_weights(stack, run, tmp_path / "resumed.safetensors"),
+                 _final_weights(stack, uninterrupted[0].run, tmp_path / "straight.safetensors"))
 
 
 def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alone(stack: RunningStack) -> None:
