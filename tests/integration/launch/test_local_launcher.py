@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 ENTRYPOINT = "tests/integration/launch/tiny_job.py"
 
 
-def write_spec(path: Path, name: str, args: list[str]) -> Path:
+def write_spec(path: Path, name: str, args: list[str], *, hang_timeout: str = "5m") -> Path:
     path.write_text(yaml.safe_dump({
         "apiVersion": "training.platform/v1", "kind": "TrainingJob",
         "metadata": {"name": name, "team": "demo"},
@@ -47,7 +47,7 @@ def write_spec(path: Path, name: str, args: list[str]) -> Path:
             "parallelism": {"strategy": "manual"},
             "dataset": {"source": "datasets/none/"},
             "training": {"maxSteps": 3, "learningRate": 0.01},
-            "faultTolerance": {"hangTimeout": "5m"},
+            "faultTolerance": {"hangTimeout": hang_timeout},
         },
     }))
     return path
@@ -70,8 +70,9 @@ def wait_for(launcher: LocalLauncher, handle: RunHandle, predicate, timeout: flo
     return status
 
 
-def start(tmp_path: Path, name: str, args: list[str]) -> tuple[LocalLauncher, RunHandle]:
-    job = load_spec_file(write_spec(tmp_path / f"{name}.yaml", name, args))
+def start(tmp_path: Path, name: str, args: list[str], *, hang_timeout: str = "5m"
+          ) -> tuple[LocalLauncher, RunHandle]:
+    job = load_spec_file(write_spec(tmp_path / f"{name}.yaml", name, args, hang_timeout=hang_timeout))
     settings = Settings(home=tmp_path / "home")
     plan = Plan(dp=2)
     placement = place_gang(GangRequest.for_job(job, plan, run="r-test"), Inventory.from_cluster(load_cluster("local")))

@@ -1,0 +1,74 @@
+"""The deferrable sensors' triggers: `serialize()` mirrors `__init__` exactly (the triggerer
+re-creates them from it after a restart), and `run()` fires the right event on run folders the
+real `LocalLauncher.poll` reads back (fabricated: no process runs, so nothing can be stopped by
+mistake). The hang path, which stops real processes, is tested with torchrun in
+tests/integration/sensors/."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+from sensors.triggers import CheckpointTrigger, HealthTrigger, TrainingTrigger
+from tests.unit.checkpoint.fabricate import make_checkpoint
+from tests.unit.recovery.runs import Rank, fabricate
+
+
+def _first_event(trigger) -> dict:
+    async def first() -> dict:
+        return (await trigger.run().asend(None)).payload
+
+    return asyncio.run(asyncio.wait_for(first(), timeout=60))
+
+
+@pytest.mark.parametrize("trigger", [
+    TrainingTrigger({"kind": "local"}, state_db="sqlite:///x.db", lease_s=60.0, poll_interval_s=0.5),
+    CheckpointTrigger({"kind": "local"}, checkpoint_root="file:///c", after_step=50, interval_steps=10,
+                      endpoint_url="http://s3", poll_interval_s=1.0),
+    HealthTrigger({"kind": "local"}, agents={"n0": "http://a:9420"}, poll_interval_s=2.0, max_misses=4),
+])
+def test_serialize_mirrors_init(trigger) -> None:
+    path, kwargs = trigger.serialize()
+    module, name = path.rsplit(".", 1)
+    again = getattr(importlib.import_module(module), name)(**kwargs)
+    assert again.serialize() == (path, kwargs)
+    assert set(kwargs) == set(inspect.signature(type(trigger).__init__).parameters) - {"self"}
+
+
+def test_training_trigger_fires_finished_with_the_settled_status(tmp_path: Path) -> None:
+    handle = fabricate(tmp_path, [Rank(exit_code=0, step=20), Rank(exit_code=0, step=20)])
+    event = _first_event(TrainingTrigger(handle.model_dump(mode="json"), poll_interval_s=0.1))
+    assert event["status"] == "finished"
+    assert event["run_status"]["state"] == "succeeded" and event["run_status"]["step"] == 20
+
+
+def test_training_trigger_reports_a_failed_run_as_finished_too(tmp_path: Path) -> None:
+    handle = fabricate(tmp_path, [Rank(exit_code=0, step=7), Rank(exit_code=-9, step=7)])
+    event = _first_event(TrainingTrigger(handle.model_dump(mode="json"), poll_interval_s=0.1))
+    assert event["status"] == "finished"  # what the failure means is classify_outcome's to say
+    assert event["run_status"]["state"] == "failed" and event["run_status"]["failed_rank"] == 1
+
+
+def test_checkpoint_trigger_fires_per_new_checkpoint_then_finished(tmp_path: Path) -> None:
+    from plugins.storage.store import open_store
+
+    handle = fabricate(tmp_path / "runs", [Rank(exit_code=0, step=30), Rank(exit_code=0, step=30)])
+    root = (tmp_path / "objects" / "checkpoints").as_uri()
+    for step in (10, 20):
+        make_checkpoint(open_store(root), step)
+    kwargs = {"checkpoint_root": root, "interval_steps": 10, "poll_interval_s": 0.1}
+    event = _first_event(CheckpointTrigger(handle.model_dump(mode="json"), after_step=10, **kwargs))
+    assert (event["status"], event["step"], event["after_step"]) == ("checkpoint", 20, 10)
+    assert event["manifest_uri"].endswith("step-00000020/MANIFEST.json")
+    event = _first_event(CheckpointTrigger(handle.model_dump(mode="json"), after_step=20, **kwargs))
+    assert (event["status"], event["after_step"]) == ("finished", 20)
+
+
+def test_health_trigger_ends_with_the_run(tmp_path: Path) -> None:
+    handle = fabricate(tmp_path, [Rank(exit_code=0), Rank(exit_code=0)])
+    event = _first_event(HealthTrigger(handle.model_dump(mode="json"), agents={}, poll_interval_s=0.1))
+    assert event["status"] == "finished"
