@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, TypeDecorator, create_engine, event
+from sqlalchemy import DateTime, Engine, MetaData, TypeDecorator, create_engine, event
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
@@ -70,6 +70,15 @@ def make_engine(url: str, schema: str | None = None) -> Engine:
     if schema:
         engine = engine.execution_options(schema_translate_map={None: schema})
     return engine
+
+
+def create_tables(metadata: MetaData, engine: Engine) -> None:
+    """`create_all`, tolerating the race where another process creates the same tables first
+    (two Airflow tasks opening a fresh state database at once)."""
+    try:
+        metadata.create_all(engine)
+    except (IntegrityError, DBAPIError):
+        metadata.create_all(engine)
 
 
 def _sqlite_immediate_transactions(engine: Engine) -> None:

@@ -41,13 +41,12 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from plugins.errors import FatalError, TransientError
 from plugins.placement.fairshare import RunningGang
 from plugins.placement.model import Placement
-from plugins.state_db import TABLE_PREFIX, UTCDateTime, make_engine, retrying
+from plugins.state_db import TABLE_PREFIX, UTCDateTime, create_tables, make_engine, retrying
 
 DEFAULT_LEASE_S = 600.0
 
@@ -117,10 +116,7 @@ class StateStore:
         self.engine = make_engine(url, schema)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         if create:
-            try:
-                Base.metadata.create_all(self.engine)
-            except (IntegrityError, DBAPIError):  # another process created them meanwhile
-                Base.metadata.create_all(self.engine)
+            create_tables(Base.metadata, self.engine)
             _check_schema(self.engine, schema)
 
     def close(self) -> None:

@@ -31,7 +31,6 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Integer, String, Text, UniqueConstraint, delete, select
-from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from config.runs import check_run_id, new_run_id
@@ -44,7 +43,7 @@ from plugins.recovery.model import (
     LifecycleState,
     RecoveryAction,
 )
-from plugins.state_db import TABLE_PREFIX, UTCDateTime, make_engine, retrying
+from plugins.state_db import TABLE_PREFIX, UTCDateTime, create_tables, make_engine, retrying
 
 ALLOWED: dict[str, frozenset[str]] = {
     "pending": frozenset({"scheduling", "failed", "cancelled"}),
@@ -216,10 +215,7 @@ class JobStateStore:
         self.engine = make_engine(url, schema)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         if create:
-            try:
-                _Base.metadata.create_all(self.engine)
-            except (IntegrityError, DBAPIError):  # another process created them meanwhile
-                _Base.metadata.create_all(self.engine)
+            create_tables(_Base.metadata, self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
