@@ -85,3 +85,24 @@ def test_weights_that_differ_from_the_registered_ones_are_refused(
     with pytest.raises(evaluate.EvaluationError, match="was registered from 000000000000"):
         evaluate.compare_with_production(job, version, tracking_uri=sqlite_tracking_uri, object_store=objects,
                                          samples=4)
+
+
+def test_a_retraining_run_starts_from_the_alias_once_a_version_holds_it(
+        sqlite_tracking_uri: str, tmp_path: Path, objects: str) -> None:
+    from config.spec import TrainingJob
+    from plugins.recovery.model import AttemptConf
+    from plugins.recovery.steps import resume_point
+
+    base = make_job("eval-start")
+    doc = base.model_dump(mode="json", by_alias=True, exclude_none=True)
+    doc["spec"]["retrain"] = {"startFromAlias": "production"}
+    job = TrainingJob.model_validate(doc)
+    first = AttemptConf(run="20260101t000000-abcdef")
+    assert resume_point(first, tracking_uri=sqlite_tracking_uri, job=job) == ""  # nothing promoted yet
+    version = _registered(sqlite_tracking_uri, tmp_path, base, objects, train_steps=0, alias="candidate")
+    registry.move_alias(job.name, "production", version, tracking_uri=sqlite_tracking_uri)
+    start = resume_point(first, tracking_uri=sqlite_tracking_uri, job=job)
+    assert start.endswith("/step-00000001/MANIFEST.json") and f"/jobs/{job.name}/" in start
+    explicit = first.model_copy(update={"start_from": "file:///x/jobs/eval-start/step-00000009/MANIFEST.json"})
+    assert resume_point(explicit, tracking_uri=sqlite_tracking_uri, job=job) == explicit.start_from
+    assert resume_point(first, tracking_uri=sqlite_tracking_uri, job=base) == ""  # no retrain section
