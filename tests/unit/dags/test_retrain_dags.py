@@ -91,3 +91,29 @@ def test_asset_uri_of_a_dataset() -> None:
     assert dataset_asset_uri("s3://lake/text/") == "s3://lake/text"
     with pytest.raises(ValueError, match="names no dataset"):
         dataset_asset_uri("/")
+
+
+def test_the_data_preparation_task_emits_the_datasets_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk import Asset
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from config.settings import Settings
+    from operators.datasets import prepare_demo_version
+    from plugins.data.publish import PublishedVersion
+    from plugins.storage.store import open_store
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
+    dag = DagBag(str(REPO / "dags" / "datasets.py")).dags["trainyard_prepare_demo_data"]
+    (task,) = dag.tasks
+    asset = Asset("trainyard://datasets/pydoc-topics")
+    assert task.outlets == [asset] and dag.schedule is None
+    settings = Settings(home=tmp_path / "home")
+    events = OutletEventAccessors()
+    out = prepare_demo_version("v7", outlet_events=events, settings=settings)
+    assert out["asset_uri"] == asset.uri
+    extra = events[asset].extra
+    assert (extra["version"], extra["digest"]) == ("v7", out["digest"]) and extra["num_shards"] >= 1
+    record = open_store(settings.object_store).get_bytes("dataset-versions/datasets/pydoc-topics/v7.json")
+    assert PublishedVersion.model_validate_json(record).dataset.digest == out["digest"]

@@ -37,8 +37,10 @@ def dagbag() -> object:
     return DagBag(str(REPO / "dags"))
 
 
-MAINTENANCE = {"trainyard_checkpoint_audit", "trainyard_retention_sweep", "trainyard_chargeback"}
-"""The maintenance DAGs of `dags/maintenance.py` (tested in `test_maintenance_dags.py`)."""
+MAINTENANCE = {"trainyard_checkpoint_audit", "trainyard_retention_sweep", "trainyard_chargeback",
+               "trainyard_prepare_demo_data"}
+"""The platform's own DAGs: `dags/maintenance.py` (tested in `test_maintenance_dags.py`) and
+`dags/datasets.py` (`test_retrain_dags.py`)."""
 
 
 def training_dags(bag: object) -> dict[str, object]:
