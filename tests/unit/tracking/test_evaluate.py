@@ -8,33 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from plugins.tracking import evaluate, registry, runs
-from tests.unit.tracking.factories import make_job, make_plan
+from plugins.tracking import evaluate, registry
+from tests.unit.tracking.factories import make_job, register_llama_version
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-
-def _registered(uri: str, tmp_path: Path, job, objects: str, *, train_steps: int, alias: str) -> str:
-    import torch
-
-    from plugins.checkpoint.manager import CheckpointManager
-    from worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
-
-    torch.manual_seed(0)
-    model = Llama(LlamaConfig.from_hints(job.spec.parallelism.hints))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    inputs, targets, _ = evaluate.eval_windows(job, object_store=objects, samples=8)
-    for _ in range(train_steps):  # fit the held-out slice itself: the loss there must drop
-        cross_entropy_loss(model(inputs), targets).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    rid = runs.start_or_resume_run(job, make_plan(), tracking_uri=uri, attempt=0)
-    root = f"{objects}/jobs/{job.name}/runs/r{train_steps}/checkpoints"
-    with CheckpointManager(checkpoint_uri=root, job=job.name, rank=0, world_size=1,
-                           staging_dir=tmp_path / f"staging-{train_steps}") as mgr:
-        result = mgr.save_sync(train_steps + 1, model=model, optimizer=optimizer, metrics={"loss": 1.0})
-    runs.log_committed_checkpoint(rid, result.manifest_uri, tracking_uri=uri)
-    return registry.register_checkpoint(rid, tracking_uri=uri, model_name=job.name, alias=alias).version
 
 
 @pytest.fixture
@@ -52,13 +29,13 @@ def test_the_candidate_is_scored_against_production_on_the_same_samples(
     from mlflow import MlflowClient
 
     job = make_job("eval-gate")
-    first = _registered(sqlite_tracking_uri, tmp_path, job, objects, train_steps=0, alias="")
+    first = register_llama_version(sqlite_tracking_uri, tmp_path, job, objects, train_steps=0, alias="")
     # no version holds production yet: the candidate is scored alone
     alone = evaluate.compare_with_production(job, first, tracking_uri=sqlite_tracking_uri,
                                              object_store=objects, samples=8)
     assert alone.production is None and alone.improves and "no version holds `production`" in alone.approval_body()
     assert registry.move_alias(job.name, "production", first, tracking_uri=sqlite_tracking_uri, by="alice") is None
-    second = _registered(sqlite_tracking_uri, tmp_path, job, objects, train_steps=30, alias="candidate")
+    second = register_llama_version(sqlite_tracking_uri, tmp_path, job, objects, train_steps=30, alias="candidate")
     result = evaluate.compare_with_production(job, second, tracking_uri=sqlite_tracking_uri,
                                               object_store=objects, samples=8)
     assert (result.candidate.version, result.production.version) == (second, first)
@@ -80,7 +57,7 @@ def test_weights_that_differ_from_the_registered_ones_are_refused(
     from mlflow import MlflowClient
 
     job = make_job("eval-tamper")
-    version = _registered(sqlite_tracking_uri, tmp_path, job, objects, train_steps=0, alias="candidate")
+    version = register_llama_version(sqlite_tracking_uri, tmp_path, job, objects, train_steps=0, alias="candidate")
     MlflowClient(sqlite_tracking_uri).set_model_version_tag(job.name, version, "trainyard.checkpoint.sha256", "0" * 64)
     with pytest.raises(evaluate.EvaluationError, match="was registered from 000000000000"):
         evaluate.compare_with_production(job, version, tracking_uri=sqlite_tracking_uri, object_store=objects,
@@ -99,7 +76,7 @@ def test_a_retraining_run_starts_from_the_alias_once_a_version_holds_it(
     job = TrainingJob.model_validate(doc)
     first = AttemptConf(run="20260101t000000-abcdef")
     assert resume_point(first, tracking_uri=sqlite_tracking_uri, job=job) == ""  # nothing promoted yet
-    version = _registered(sqlite_tracking_uri, tmp_path, base, objects, train_steps=0, alias="candidate")
+    version = register_llama_version(sqlite_tracking_uri, tmp_path, base, objects, train_steps=0, alias="candidate")
     registry.move_alias(job.name, "production", version, tracking_uri=sqlite_tracking_uri)
     start = resume_point(first, tracking_uri=sqlite_tracking_uri, job=job)
     assert start.endswith("/step-00000001/MANIFEST.json") and f"/jobs/{job.name}/" in start
