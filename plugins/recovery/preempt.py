@@ -82,13 +82,13 @@ def place_preempting(job: TrainingJob, plan: Plan, cluster: Cluster, store: Stat
             placement = place_and_reserve(job, plan, cluster, store, run=run, attempt=attempt,
                                           exclude=exclude, lease_s=lease_s)
             return PlaceResult(placement, waited_s=time.monotonic() - started)
-        except NotSchedulableNow as busy:
+        except NotSchedulableNow:
             try:
                 evicted = make_room(job, plan, cluster, store, jobs, teams, run=run, attempt=attempt,
                                     exclude=exclude, grace_s=grace_s, now=now)
-            except NotSchedulableNow:
+            except NotSchedulableNow:  # its message: what is busy, and why preempting cannot help
                 if time.monotonic() - started + poll_s > wait_s:
-                    raise busy from None
+                    raise
                 log.info("%s run %s attempt %d: no capacity and nothing to preempt; waiting %.0f s",
                          job.name, run, attempt, poll_s)
                 time.sleep(poll_s)
