@@ -3,7 +3,9 @@
 - `trainyard_checkpoint_audit` (@daily): re-hash a random sample of committed checkpoints across
   every job and run; the task fails, naming each bad checkpoint, when one does not verify.
 - `trainyard_retention_sweep` (@hourly): each job's spec retention policy on each finished run
-  (never the newest valid checkpoint; quarantined ones are never deleted).
+  (never the newest valid checkpoint; quarantined ones are never deleted). It deletes data, so it
+  is created paused: a person turns it on (the embedded stack and the tests' stacks never sweep
+  behind a test's back).
 - `trainyard_chargeback` (@daily): the chargeback of the runs that ended in the DAG run's data
   interval, as CSV + HTML under `<home>/reports/` and a run of MLflow's `trainyard/chargeback`.
 
@@ -41,7 +43,7 @@ if _build("trainyard_checkpoint_audit"):
 
 if _build("trainyard_retention_sweep"):
     with DAG(dag_id="trainyard_retention_sweep", schedule="@hourly", start_date=START, catchup=False,
-             max_active_runs=1, tags=TAGS, default_args=DEFAULTS,
+             max_active_runs=1, tags=TAGS, default_args=DEFAULTS, is_paused_upon_creation=True,
              doc_md="Apply each job's spec retention policy to its finished runs. Never deletes the "
                     "newest valid checkpoint nor a quarantined one.") as retention_sweep:
         PythonOperator(task_id="sweep_retention", python_callable=sweep_retention)

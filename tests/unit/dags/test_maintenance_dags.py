@@ -54,6 +54,7 @@ def test_three_maintenance_dags_on_presets_with_one_task_each(env: object) -> No
         dag = bag.dags[dag_id]
         assert (dag.schedule, list(dag.task_dict)) == (schedule, [task])
         assert DagSerialization.from_dict(DagSerialization.to_dict(dag)).task_dict[task].has_retry_policy
+    assert bag.dags["trainyard_retention_sweep"].is_paused_upon_creation is True  # it deletes: opt-in
 
 
 def test_a_tasks_parse_builds_only_its_maintenance_dag(env: object, monkeypatch: pytest.MonkeyPatch) -> None:
