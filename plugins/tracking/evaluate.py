@@ -9,7 +9,7 @@ registry holds. The model
 is the example worker's Llama (`worker/models/llama.py`) built from the spec's hints, on CPU.
 
 Held-out samples: the *last* `eval_samples` windows of `sequenceLength + 1` tokens of the job's
-dataset (as the worker reads it). Partial, and said so: the demo has a single dataset, so these
+dataset (as the worker reads it; only the last shards are read). Partial, and said so: the demo has a single dataset, so these
 windows are not excluded from training — the numbers compare versions on a fixed slice, they do
 not measure generalisation. A job with a separate eval split would point `source` at it.
 
@@ -100,16 +100,30 @@ class EvalComparison(BaseModel):
 
 def eval_windows(job: TrainingJob, *, object_store: str, endpoint_url: str | None = None,
                  samples: int = 32) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """(inputs, targets, dataset URI): the last `samples` windows of the job's dataset."""
+    """(inputs, targets, dataset URI): the last `samples` windows of the job's dataset as the
+    worker reads it (byte tokens, documents joined by its separator). Only the last shards are
+    read — as many as hold those windows — so a large dataset is not loaded to score 32 samples."""
+    import torch
+
     from plugins.data.shards import open_dataset
-    from worker.data import TokenWindows, load_bytes
+    from worker.data import DOCUMENT_SEPARATOR, TokenWindows, iter_rows, shard_keys
 
     hints = job.spec.parallelism.hints
     if hints is None:
         raise EvaluationError(f"job {job.name} has no parallelism.hints: the model to evaluate is unknown")
-    store = open_dataset(job.spec.dataset.source, object_store=object_store, endpoint_url=endpoint_url)
-    windows = TokenWindows(load_bytes(store, fmt=job.spec.dataset.format,
-                                      text_field=job.spec.dataset.quality.text_field), hints.sequence_length)
+    if samples < 1:
+        raise ValueError(f"samples must be ≥ 1, got {samples}")
+    ds = job.spec.dataset
+    store = open_dataset(ds.source, object_store=object_store, endpoint_url=endpoint_url)
+    need = samples * hints.sequence_length + 1
+    chunks: list[bytes] = []
+    for key in reversed(shard_keys(store, ds.format)):
+        rows = iter_rows(store.get_bytes(key), key, ds.format, ds.quality.text_field)
+        chunks.insert(0, b"".join(row + bytes([DOCUMENT_SEPARATOR]) for row in rows))
+        if sum(map(len, chunks)) >= need:
+            break
+    tail = b"".join(chunks)[-need:]
+    windows = TokenWindows(torch.frombuffer(bytearray(tail), dtype=torch.uint8), hints.sequence_length)
     count = min(samples, len(windows))
     inputs, targets = windows.batch(range(len(windows) - count, len(windows)))
     return inputs, targets, store.uri.rstrip("/")

@@ -83,3 +83,22 @@ def test_a_retraining_run_starts_from_the_alias_once_a_version_holds_it(
     explicit = first.model_copy(update={"start_from": "file:///x/jobs/eval-start/step-00000009/MANIFEST.json"})
     assert resume_point(explicit, tracking_uri=sqlite_tracking_uri, job=job) == explicit.start_from
     assert resume_point(first, tracking_uri=sqlite_tracking_uri, job=base) == ""  # no retrain section
+
+
+def test_the_held_out_samples_are_the_tail_of_the_data_as_the_worker_reads_it(tmp_path: Path) -> None:
+    import torch
+
+    from plugins.storage.store import open_store
+    from worker.data import load_bytes
+    from worker.demo_data import prepare_demo_dataset
+
+    objects = (tmp_path / "objects").as_uri()
+    store = open_store(objects).child("datasets/pydoc-topics")
+    prepare_demo_dataset(store, shards=8)
+    job = make_job("eval-tail")
+    seq = job.spec.parallelism.hints.sequence_length
+    inputs, targets, uri = evaluate.eval_windows(job, object_store=objects, samples=5)
+    assert inputs.shape == targets.shape == (5, seq) and uri == store.uri.rstrip("/")
+    everything = load_bytes(store).long()
+    tail = everything[-(5 * seq + 1):]
+    assert torch.equal(inputs.flatten(), tail[:-1]) and torch.equal(targets[-1], tail[-seq:])
