@@ -28,7 +28,6 @@ REGISTER = "register_model"
 EVALUATE = "evaluate"
 APPROVE = "approve_promotion"
 PROMOTE = "promote_model"
-PRODUCTION = "production"
 APPROVAL_TIMEOUT = timedelta(days=7)
 """Unanswered for a week: the default answer (Reject) applies and `production` stays."""
 
@@ -40,6 +39,7 @@ class EvaluateModelOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from plugins.tracking.evaluate import compare_with_production
+        from plugins.tracking.registry import PRODUCTION_ALIAS
 
         job, _ = attempt_of(context)
         registered = context["ti"].xcom_pull(task_ids=REGISTER) or {}
@@ -49,7 +49,7 @@ class EvaluateModelOperator(BaseOperator):
         samples = job.spec.retrain.eval_samples if job.spec.retrain else 32
         result = compare_with_production(job, registered["version"], tracking_uri=config.mlflow_tracking_uri,
                                          object_store=config.object_store, endpoint_url=config.s3_endpoint_url,
-                                         samples=samples, baseline_alias=PRODUCTION)
+                                         samples=samples, baseline_alias=PRODUCTION_ALIAS)
         body = result.approval_body()
         self.log.info("%s", body)
         context["ti"].xcom_push(key="approval_body", value=body)
@@ -73,14 +73,14 @@ class PromoteModelOperator(BaseOperator):
     ui_color = "#abebc6"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.tracking.registry import move_alias
+        from plugins.tracking.registry import PRODUCTION_ALIAS, move_alias
 
         job, _ = attempt_of(context)
         evaluated = context["ti"].xcom_pull(task_ids=EVALUATE) or {}
         answer = context["ti"].xcom_pull(task_ids=APPROVE) or {}
         version = str(evaluated["candidate"]["version"])
         by = str((answer.get("responded_by_user") or {}).get("name", ""))
-        before = move_alias(job.name, PRODUCTION, version, tracking_uri=settings().mlflow_tracking_uri, by=by)
+        before = move_alias(job.name, PRODUCTION_ALIAS, version, tracking_uri=settings().mlflow_tracking_uri, by=by)
         self.log.info("%s: production moved from version %s to %s, approved by %s", job.name, before, version,
                       by or "(unknown)")
-        return {"model": job.name, "alias": PRODUCTION, "version": version, "previous": before, "by": by}
+        return {"model": job.name, "alias": PRODUCTION_ALIAS, "version": version, "previous": before, "by": by}

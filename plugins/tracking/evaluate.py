@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from plugins.errors import FatalError
-from plugins.tracking.registry import ModelVersionInfo
+from plugins.tracking.registry import PRODUCTION_ALIAS, ModelVersionInfo
 from plugins.tracking.runs import TAG, client_for
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PRODUCTION = "production"
 EVAL_TAG = TAG + "eval."
 """Each evaluated version keeps its numbers as tags (`trainyard.eval.loss`, …)."""
 
@@ -193,7 +192,7 @@ def version_at(name: str, alias: str, *, tracking_uri: str) -> ModelVersionInfo 
 
 def compare_with_production(job: TrainingJob, version: str, *, tracking_uri: str, object_store: str,
                             endpoint_url: str | None = None, samples: int = 32,
-                            baseline_alias: str = PRODUCTION) -> EvalComparison:
+                            baseline_alias: str = PRODUCTION_ALIAS) -> EvalComparison:
     """Score `version` of the job's model and the version at `baseline_alias` on the same
     held-out samples; record each score as tags of its version."""
     client = client_for(tracking_uri)

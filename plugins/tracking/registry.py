@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 MODEL_CODE = Path(__file__).with_name("safetensors_pyfunc.py")
 DEFAULT_ALIAS = "candidate"
+PRODUCTION_ALIAS = "production"
+"""The alias serving reads; only an approved promotion moves it (`operators/retrain.py`)."""
 _RUN_TAGS_COPIED = ("job", "team", "project", "git.commit", "dataset.uri", "dataset.version",
                     "dataset.digest", "dataset.digest_method")
 _PIP_REQUIREMENTS = ("safetensors", "numpy")
