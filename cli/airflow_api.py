@@ -89,6 +89,28 @@ class AirflowClient:
                           query={"deserialize": "true"})
         return data.get("value")
 
+    def asset_by_uri(self, uri: str) -> dict[str, Any] | None:
+        """The asset Airflow knows under exactly `uri` (it learns one from a DAG that schedules on
+        it or declares it as an outlet), or None."""
+        data = self._call("GET", "assets", query={"uri_pattern": uri, "limit": 100})
+        return next((a for a in data["assets"] if a["uri"] == uri), None)
+
+    def create_asset_event(self, asset_id: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`POST /api/v2/assets/events`: the asset was updated; DAGs scheduled on it are queued."""
+        return self._call("POST", "assets/events", {"asset_id": asset_id, "extra": extra or {}})
+
+    def hitl_detail(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any]:
+        """The human-in-the-loop request of a task (subject, body, options, response)."""
+        return self._call("GET", f"dags/{urllib.parse.quote(dag_id)}/dagRuns/{urllib.parse.quote(run_id)}"
+                                 f"/taskInstances/{urllib.parse.quote(task_id)}/{map_index}/hitlDetails")
+
+    def respond_hitl(self, dag_id: str, run_id: str, task_id: str, options: list[str], *,
+                     params: dict[str, Any] | None = None, map_index: int = -1) -> dict[str, Any]:
+        """Answer a human-in-the-loop task (e.g. `["Approve"]`), as the UI's Required actions does."""
+        return self._call("PATCH", f"dags/{urllib.parse.quote(dag_id)}/dagRuns/{urllib.parse.quote(run_id)}"
+                                   f"/taskInstances/{urllib.parse.quote(task_id)}/{map_index}/hitlDetails",
+                          {"chosen_options": options, "params_input": params or {}})
+
     def dags(self) -> list[str]:
         return [d["dag_id"] for d in self._call("GET", "dags", query={"limit": 1000})["dags"]]
 

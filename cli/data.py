@@ -1,5 +1,7 @@
 """`trainyard data prepare-demo [--object-store URI] [--shards N] [--json]`: write the demo
 dataset (Python's `pydoc_data.topics`, ~465 kB) as JSONL shards into the object store.
+`trainyard data publish SOURCE --version V`: record a dataset version and announce it to Airflow
+(the asset event that starts every DAG whose spec says `retrain.onAsset` for it).
 
 The shards go to `datasets/pydoc-topics/shard-NNNNN.jsonl` (`{"text": …}` rows of a few KB)
 with a `_manifest.json` of row counts and SHA-256 digests, under `--object-store` or the
@@ -19,7 +21,8 @@ def _positive(text: str) -> int:
     return value
 
 
-EXIT_CODES: dict[int, str] = {1: "the object store cannot be written"}
+EXIT_CODES: dict[int, str] = {1: "the object store cannot be written, or the dataset has no shards",
+                              3: "publish: the version is recorded but Airflow did not take the asset event"}
 """This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
 
 
@@ -34,6 +37,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--shards", type=_positive, default=8, help="number of shard files (default 8)")
     demo.add_argument("--json", action="store_true", help="machine-readable output")
     demo.set_defaults(func=prepare_demo)
+    pub = actions.add_parser("publish", help="record a dataset version and emit its Airflow asset event",
+                             description="Record a dataset version (its digest, shards, bytes) in the object store "
+                                         "and emit the dataset's asset event through Airflow's REST API, so every "
+                                         "DAG scheduled on it (retrain.onAsset) starts a run.")
+    pub.add_argument("source", help="the dataset: a prefix in the object store (datasets/<name>/) or a URI")
+    pub.add_argument("--version", required=True, help="version tag, e.g. v3 (one tag names one set of bytes)")
+    pub.add_argument("--format", default="jsonl", choices=("jsonl", "parquet", "text"), help="shard format (default jsonl)")
+    pub.add_argument("--object-store", help="object store root URI (default: the configured store)")
+    pub.add_argument("--endpoint-url", help="S3 endpoint (default: TRAINYARD_S3_ENDPOINT_URL)")
+    pub.add_argument("--airflow-url", help="Airflow's URL (default: TRAINYARD_AIRFLOW_URL, else the embedded stack's)")
+    pub.add_argument("--no-event", action="store_true", help="record the version only")
+    pub.add_argument("--json", action="store_true", help="machine-readable output")
+    pub.set_defaults(func=publish)
 
 
 def prepare_demo(args: argparse.Namespace) -> int:
@@ -62,3 +78,60 @@ def prepare_demo(args: argparse.Namespace) -> int:
         console.print(f"wrote {result.rows} rows ({result.bytes / 1e3:.0f} kB) in "
                       f"{len(result.shards)} shards to {result.uri}  sha256 {result.sha256[:16]}…")
     return 0
+
+
+def airflow_url(explicit: str | None) -> str:
+    import os
+
+    from config.airflow import DEFAULT_PORT
+
+    return explicit or os.environ.get("TRAINYARD_AIRFLOW_URL") or \
+        f"http://127.0.0.1:{os.environ.get('TRAINYARD_AIRFLOW_PORT', DEFAULT_PORT)}"
+
+
+def publish(args: argparse.Namespace) -> int:
+    import os
+
+    from cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
+    from cli.output import console, err_console, print_json
+    from config.settings import get_settings
+    from plugins.data.publish import VersionConflict, publish_version
+
+    settings = get_settings()
+    try:
+        record = publish_version(args.source, version=args.version, object_store=args.object_store or
+                                 settings.object_store, fmt=args.format,
+                                 endpoint_url=args.endpoint_url or settings.s3_endpoint_url)
+    except (ValueError, VersionConflict) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        return 2
+    except FileNotFoundError as e:
+        err_console.print(f"[red]error:[/red] {e}; write the shards first (e.g. `trainyard data prepare-demo`)")
+        return 1
+    out: dict[str, object] = {"asset_uri": record.asset_uri, "version": args.version,
+                              "digest": record.dataset.digest, "record": record.record_uri, "event": None}
+    code = 0
+    if not args.no_event:
+        url = airflow_url(args.airflow_url)
+        client = AirflowClient(url, token=os.environ.get("TRAINYARD_AIRFLOW_TOKEN", ""))
+        try:
+            asset = client.asset_by_uri(record.asset_uri)
+            if asset is None:
+                err_console.print(f"[yellow]no event:[/yellow] Airflow at {url} knows no asset {record.asset_uri}: "
+                                  "no DAG schedules on it (a spec's retrain.onAsset) or emits it yet")
+                code = 3
+            else:
+                event = client.create_asset_event(asset["id"], record.event_extra())
+                out["event"] = {"id": event.get("id"), "asset_id": asset["id"], "timestamp": event.get("timestamp")}
+        except (AirflowUnavailable, AirflowRequestFailed) as e:
+            err_console.print(f"[yellow]no event:[/yellow] {e}. The version is recorded; run the same "
+                              "command again once Airflow answers (publishing a version twice is safe).")
+            code = 3
+    if args.json:
+        print_json(out)
+    else:
+        console.print(f"published {record.asset_uri} version {args.version} (digest {record.dataset.digest[:16]}…, "
+                      f"{record.dataset.num_shards} shards) → {record.record_uri}")
+        if out["event"]:
+            console.print(f"asset event {out['event']['id']} emitted: DAGs scheduled on it start a run")  # type: ignore[index]
+    return code

@@ -152,6 +152,13 @@ def schedule(job: TrainingJob) -> Iterable[Problem]:
     if expr is None:
         return
     presets = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
+    if expr in ("@once", "@continuous") and job.spec.retrain is not None and job.spec.retrain.on_asset:
+        yield Problem(code=Code.INVALID_SCHEDULE, path="spec.schedule",
+                      message=f"'{expr}' cannot be combined with retrain.onAsset (a run on either the "
+                              "clock or the data needs a recurring clock)",
+                      hint="use a cron expression or @hourly/@daily/@weekly, or drop schedule to retrain "
+                           "on data only")
+        return
     if expr in presets:
         return
     from croniter import croniter  # light; imported here so config stays cheap to import

@@ -252,8 +252,24 @@ class FaultTolerance(Section):
 
 
 class Retrain(Section):
-    on_asset: str = Field(min_length=1)
-    """Retrain when this Airflow asset (e.g. the dataset URI) is updated."""
+    """Retraining: what starts a new training run besides `schedule:`, where it starts from, and
+    how its model reaches the `production` alias (DESIGN §4)."""
+
+    on_asset: str | None = Field(default=None, min_length=1)
+    """Retrain whenever this Airflow asset is updated. A URI with a scheme (`s3://bucket/data/`,
+    `trainyard://datasets/pydoc-topics`) is the asset as written; a dataset source under the object
+    store (`datasets/pydoc-topics/`) names that dataset's asset, `trainyard://datasets/pydoc-topics`
+    — what `trainyard data publish` emits when a new version of it lands."""
+    start_from_alias: str | None = Field(default=None, min_length=1)
+    """Start each new run from the job's registered model at this alias (e.g. `production`): the
+    checkpoint that version was exported from. While no version holds the alias, runs start fresh.
+    A trigger's explicit `start_from` wins."""
+    promote: Literal["manual", "none"] = "manual"
+    """`manual`: after `register_model`, `evaluate` scores the new version and the `production`
+    one on held-out data, and moving `production` to the new version waits for a person to approve
+    it in the Airflow UI (both versions' metrics shown). `none`: register only (alias `candidate`)."""
+    eval_samples: PositiveInt = 32
+    """Held-out sequences (of `sequenceLength` tokens) the evaluation scores each version on."""
 
 
 class JobBody(Section):
@@ -272,6 +288,7 @@ class JobBody(Section):
     schedule: str | None = None
     """Cron expression or preset (`@daily`): a scheduled retraining DAG."""
     retrain: Retrain | None = None
+    """Data-triggered retraining and the promotion gate; omit for a job trained on demand only."""
 
 
 class TrainingJob(Section):

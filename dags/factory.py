@@ -11,6 +11,9 @@ validate_spec ─ validate_data ─ plan_parallelism ─ place_gang(setup) ─ l
                                              └─ cancelled
 ```
 
+With `retrain.promote: manual`, `register_model ─ evaluate ─ approve_promotion ─ promote_model`
+follows (`operators/retrain.py`); `schedule:` / `retrain.onAsset:` become the DAG's schedule.
+
 One deviation from the seed's picture: the gang is released *before* the branch, so the
 attempt that `resume_next_attempt` starts can place on the devices this one held.
 Cheap to call: it imports the operators (which import nothing heavy at module level) and reads
@@ -25,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow.sdk import DAG, Param, ParamsDict
+from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, ParamsDict
 
 from operators.common import task_defaults
 from operators.launch import LaunchTrainingOperator
@@ -113,6 +116,29 @@ def params(job: TrainingJob) -> dict[str, Param]:
     }
 
 
+def dag_schedule(job: TrainingJob) -> str | Asset | AssetOrTimeSchedule | None:
+    """`schedule:` (cron or preset) and/or `retrain.onAsset:` → the DAG's schedule: the cron, the
+    Asset, or both (a run on either, Airflow's `AssetOrTimeSchedule`)."""
+    cron = job.spec.schedule
+    on_asset = job.spec.retrain.on_asset if job.spec.retrain is not None else None
+    if on_asset is None:
+        return cron
+    from plugins.data.assets import dataset_asset_uri
+
+    asset = Asset(dataset_asset_uri(on_asset))
+    if cron is None:
+        return asset
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=asset)
+
+
+def promotion_gate(job: TrainingJob, register: RegisterModelOperator) -> None:
+    """`retrain.promote: manual`: register_model ─ evaluate ─ approve_promotion ─ promote_model."""
+    from operators.retrain import EvaluateModelOperator, PromoteModelOperator, approval
+
+    register >> EvaluateModelOperator(task_id="evaluate") >> approval(job.name) >> \
+        PromoteModelOperator(task_id="promote_model")
+
+
 def build_dag(job: TrainingJob, spec_path: Path) -> DAG:
     meta = job.metadata
     doc = (f"**{job.name}** — team `{meta.team}`, project `{meta.project}`, priority `{meta.priority}`.\n\n"
@@ -120,9 +146,8 @@ def build_dag(job: TrainingJob, spec_path: Path) -> DAG:
            f"{job.spec.training.max_steps} steps, up to {job.spec.fault_tolerance.max_restarts} restarts.\n\n"
            f"Spec: `{spec_path}`. Each attempt of a training run is one DAG run; "
            "`resume_next_attempt` hands the run to the next one.")
-    schedule = job.spec.schedule
     with DAG(
-        dag_id=job.name, schedule=schedule, start_date=START, catchup=False, max_active_runs=16,
+        dag_id=job.name, schedule=dag_schedule(job), start_date=START, catchup=False, max_active_runs=16,
         tags=[f"team:{meta.team}", f"project:{meta.project}", "trainyard"],
         default_args=task_defaults(meta.team), doc_md=doc, render_template_as_native_obj=False,
         dagrun_timeout=None,
@@ -146,8 +171,10 @@ def build_dag(job: TrainingJob, spec_path: Path) -> DAG:
         classify >> choose  # a failed classification fails the run (not only the teardown's path)
         for action in RECOVERY_ACTIONS:
             choose >> RecoveryActionOperator(task_id=action, action=action) >> resume
-        choose >> [RegisterModelOperator(task_id="register_model"), GiveUpOperator(task_id="give_up", retries=0),
-                   CancelledOperator(task_id="cancelled")]
+        register = RegisterModelOperator(task_id="register_model")
+        choose >> [register, GiveUpOperator(task_id="give_up", retries=0), CancelledOperator(task_id="cancelled")]
+        if job.spec.retrain is not None and job.spec.retrain.promote == "manual":
+            promotion_gate(job, register)
     # The trigger form's Params, set once the tasks exist: every operator built inside the DAG
     # deep-copies the DAG's params (Airflow's `get_merged_defaults`), which was 40 % of the parse
     # of 100 specs. The tasks do not need them — `validate_spec` reads the run's conf, where the

@@ -46,7 +46,7 @@ class LaunchTrainingOperator(BaseOperator):
             check_quality=conf.attempt == 0,
             cluster=cluster_for(job.spec.hardware.gpu_type, config.cluster),
             plan_source=f"re-planned after attempt {conf.attempt - 1}" if conf.plan else "advisor")
-        resume_from = resume_point(conf, tracking_uri=config.mlflow_tracking_uri)
+        resume_from = resume_point(conf, tracking_uri=config.mlflow_tracking_uri, job=job)
         handle = launch_attempt(job, plan, placement, conf, config, mlflow_run_id=mlflow_run_id,
                                 resume_from=resume_from)
         self.log.info("run %s attempt %d: %d ranks started (%s), resuming from %s; MLflow run %s; "

@@ -24,6 +24,11 @@ LEASE_S = 900.0
 plane that is down for longer than this frees the devices rather than leaking them."""
 
 
+REQUEUE_WAIT_S = 3600.0
+"""A requeued attempt (after preemption) waits this long for capacity in `place_gang` — holding a
+worker slot while it polls; a deferrable wait would free it (not built yet)."""
+
+
 class PlanParallelismOperator(BaseOperator):
     """The attempt's plan — the advisor's, the spec's manual one, or a re-plan handed over."""
 
@@ -46,15 +51,18 @@ class PlanParallelismOperator(BaseOperator):
 
 
 class PlaceGangOperator(BaseOperator):
-    """Place the gang (topology-aware, excluding lost nodes) and reserve its devices."""
+    """Place the gang (topology-aware, excluding lost nodes) and reserve its devices; when it does
+    not fit, evict lower-priority gangs after their emergency checkpoint (`plugins/recovery/preempt.py`)."""
 
     ui_color = "#eee8d5"
 
     def execute(self, context: Context) -> dict[str, Any]:
         from config.cluster import cluster_for
+        from config.teams import load_teams
         from plugins.advisor.plan import Plan
-        from plugins.placement.service import place_and_reserve
         from plugins.placement.state import open_state
+        from plugins.recovery.preempt import place_preempting
+        from plugins.recovery.state import JobStateStore
         from plugins.recovery.steps import excluded_nodes
 
         job, conf = attempt_of(context)
@@ -62,8 +70,16 @@ class PlaceGangOperator(BaseOperator):
         plan = pull(context, PLAN, Plan)
         exclude = excluded_nodes(conf, config.state_db)
         cluster = cluster_for(job.spec.hardware.gpu_type, config.cluster)
-        placement = place_and_reserve(job, plan, cluster, open_state(config.state_db), run=conf.run,
-                                      attempt=conf.attempt, exclude=exclude, lease_s=LEASE_S)
+        requeued = bool(conf.history) and conf.history[-1].action == "requeue"
+        result = place_preempting(job, plan, cluster, open_state(config.state_db), JobStateStore(config.state_db),
+                                  load_teams(config.teams_file), run=conf.run, attempt=conf.attempt,
+                                  exclude=exclude, lease_s=LEASE_S, wait_s=REQUEUE_WAIT_S if requeued else 0.0)
+        placement = result.placement
+        for e in result.evicted:
+            self.log.warning("preempted %s run %s attempt %d (%d devices): %s", e.victim.job, e.victim.run,
+                             e.victim.attempt, e.freed, e.status.message if e.status else "no status")
+        if result.waited_s >= 1:
+            self.log.info("waited %.0f s for capacity (requeued after preemption)", result.waited_s)
         self.log.info("placed run %s attempt %d on %s (%s); excluded: %s", conf.run, conf.attempt,
                       ", ".join(f"{n.name}×{n.slots}" for n in placement.nodes), placement.strategy,
                       ", ".join(exclude) or "none")

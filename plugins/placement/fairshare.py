@@ -93,6 +93,8 @@ class Victim(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     job: str
+    run: str = ""
+    """The training run whose attempt holds the devices (with `attempt`, the reservation's key)."""
     attempt: int
     team: str
     gpus: int
@@ -174,7 +176,7 @@ def plan_preemption(
         if attempt is not None:
             chosen.remove(candidate)
             placement = attempt
-    victims = [Victim(job=g.job, attempt=g.attempt, team=g.team, gpus=g.gpus, nodes=dict(g.nodes),
+    victims = [Victim(job=g.job, run=g.run, attempt=g.attempt, team=g.team, gpus=g.gpus, nodes=dict(g.nodes),
                       effective_priority=round(p, 3), work_at_risk_s=round(g.work_at_risk_s(now), 3))
                for p, g in chosen]
     return PreemptionPlan(pending_priority=round(pending, 3), victims=victims, placement=placement)

@@ -12,7 +12,8 @@ Precedence (first match wins):
    `timeout`, or the launcher was stopped with no reason recorded (`trainyard stop`, Ctrl-C).
    A person's stop wins over any failure: never restart what a user stopped.
 3. **preempted** (by the platform) — the control plane stopped it because its reservation
-   lease was lost (`lease_lost`): the devices may be someone else's now; not the job's fault.
+   lease was lost (`lease_lost`), or evicted it for a higher-priority gang (`preempted`, after
+   SIGTERM gave it an emergency checkpoint): not the job's fault.
 4. **node_lost** — a node of the gang has a fatal verdict (`gpu_failed`, `node_unhealthy`),
    its agent missed `MISSED_HEARTBEATS_LOST` heartbeats, or the health watcher stopped the
    gang (`node_lost`, with the nodes it names). Above every rank-level class: their symptoms are its effects.
@@ -82,6 +83,11 @@ def classify(ev: Evidence) -> FailureReport:
         return report("cancelled", f"stopped on request ({why_stopped or stop_cause})")
     if stop_cause == "lease_lost":
         return report("preempted", f"stopped by the platform, its reservation lost: {why_stopped}")
+    if stop_cause == "preempted":
+        codes = {r.exit_code for r in status.ranks}
+        saved = ("emergency checkpoint committed" if exit_codes.PREEMPTED in codes
+                 else "no emergency checkpoint: resumes from the newest one")
+        return report("preempted", f"preempted by the platform: {why_stopped} ({saved})")
 
     lost = {o.node: o.fatal_reasons() for o in ev.nodes if o.node in ev.gang_nodes or not ev.gang_nodes}
     lost = {node: why for node, why in lost.items() if why}

@@ -120,17 +120,18 @@ def plan_attempt(job: TrainingJob, cluster: Cluster, conf: AttemptConf, *, memor
         raise NoPlan(str(e)) from e
 
 
-def resume_point(conf: AttemptConf, *, tracking_uri: str) -> str:
+def resume_point(conf: AttemptConf, *, tracking_uri: str, job: TrainingJob | None = None) -> str:
     """The manifest URI the attempt restores, or '' for the run's newest valid checkpoint.
 
     A later attempt restores what the recovery decision named (a rollback, a fall-back) or, with
     nothing named, the newest valid checkpoint of its own run. A first attempt starts fresh unless
     its trigger asked to start from a checkpoint or a registered model (`models:/name@alias`:
-    the checkpoint the version was exported from, recorded in its lineage tags).
+    the checkpoint the version was exported from, recorded in its lineage tags) — or, with no
+    `start_from`, `job`'s `retrain.startFromAlias` names an alias some version of its model holds.
     """
     if conf.attempt > 0:
         return conf.resume_from
-    start = conf.start_from.strip()
+    start = conf.start_from.strip() or _retrain_start(job, tracking_uri=tracking_uri)
     if not start.startswith("models:/"):
         return start
     from plugins.tracking.runs import client_for
@@ -144,6 +145,17 @@ def resume_point(conf: AttemptConf, *, tracking_uri: str) -> str:
         raise InvalidConf(f"model {name} version {version.version} (alias {alias!r}) records no "
                           "checkpoint it was exported from (tag trainyard.checkpoint.uri)")
     return uri
+
+
+def _retrain_start(job: TrainingJob | None, *, tracking_uri: str) -> str:
+    """`models:/<job>@<alias>` when the spec's `retrain.startFromAlias` is held by a version, else
+    '' (a first retraining run, before anything was promoted, starts fresh)."""
+    alias = job.spec.retrain.start_from_alias if job is not None and job.spec.retrain is not None else None
+    if not alias:
+        return ""
+    from plugins.tracking.evaluate import version_at
+
+    return f"models:/{job.name}@{alias}" if version_at(job.name, alias, tracking_uri=tracking_uri) else ""
 
 
 def launcher(settings: Settings, *, max_restarts: int = 0) -> LocalLauncher:

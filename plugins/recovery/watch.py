@@ -32,7 +32,8 @@ class StopReason(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    reason: Literal["hang", "node_lost", "requested", "lease_lost", "timeout"]
+    reason: Literal["hang", "node_lost", "requested", "lease_lost", "timeout", "preempted"]
+    """`preempted`: a higher-priority gang needed the devices (`plugins/recovery/preempt.py`)."""
     detail: str
     nodes: list[str] = Field(default_factory=list)
     ranks: list[int] = Field(default_factory=list)

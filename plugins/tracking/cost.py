@@ -27,6 +27,7 @@ import io
 import json
 import logging
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import (
@@ -440,6 +441,18 @@ def log_chargeback(
                               "num_jobs": sum(r.num_jobs for r in rows)}, step=0)
     client.set_terminated(rid, "FINISHED")
     return rid
+
+
+def write_chargeback(rows: Sequence[ChargebackRow], out_dir: str | Path, *, period: str, stem: str = "chargeback"
+                     ) -> tuple[Path, Path]:
+    """Write the report as `<stem>.csv` and `<stem>.html` under `out_dir` (the maintenance DAG
+    keeps one pair per period beside MLflow's copy); returns both paths."""
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_path, html_path = folder / f"{stem}.csv", folder / f"{stem}.html"
+    csv_path.write_text(chargeback_csv(rows))
+    html_path.write_text(chargeback_html(rows, period=period))
+    return csv_path, html_path
 
 
 def accounting_from_mlflow(tracking_uri: str, *, experiments: Sequence[str] | None = None) -> list[RunAccounting]:

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 MODEL_CODE = Path(__file__).with_name("safetensors_pyfunc.py")
 DEFAULT_ALIAS = "candidate"
+PRODUCTION_ALIAS = "production"
+"""The alias serving reads; only an approved promotion moves it (`operators/retrain.py`)."""
 _RUN_TAGS_COPIED = ("job", "team", "project", "git.commit", "dataset.uri", "dataset.version",
                     "dataset.digest", "dataset.digest_method")
 _PIP_REQUIREMENTS = ("safetensors", "numpy")
@@ -224,6 +226,28 @@ def register_safetensors(
         client.set_registered_model_alias(name, alias, mv.version)
     log.info("registered %s version %s (run %s, checkpoint step %d)", name, mv.version, run_id, checkpoint.step)
     return ModelVersionInfo.from_mlflow(client.get_model_version(name, mv.version))
+
+
+def move_alias(name: str, alias: str, version: str, *, tracking_uri: str, by: str = "") -> str | None:
+    """Point `alias` (e.g. `production`) of model `name` at `version`; returns the version that
+    held it before (None if none did). The version records who moved it there and when
+    (`trainyard.alias.<alias>.by` / `.at`), so the registry shows each promotion's approver."""
+    from mlflow.exceptions import MlflowException
+
+    client = client_for(tracking_uri)
+    client.get_model_version(name, version)  # a version that does not exist fails here, by name
+    try:
+        before: str | None = str(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        before = None
+    client.set_registered_model_alias(name, alias, version)
+    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    client.set_model_version_tag(name, version, f"{TAG}alias.{alias}.at", stamp)
+    if by:
+        client.set_model_version_tag(name, version, f"{TAG}alias.{alias}.by", by)
+    log.info("model %s: alias %r moved from version %s to %s%s", name, alias, before, version,
+             f" (by {by})" if by else "")
+    return before
 
 
 def models_trained_on(

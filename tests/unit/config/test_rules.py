@@ -193,6 +193,17 @@ def test_schedule(demo_doc: dict[str, Any], expr: str, ok: bool) -> None:
     assert (Code.INVALID_SCHEDULE not in _codes(check_spec(_job(demo_doc)))) is ok
 
 
+@pytest.mark.parametrize(("expr", "ok"), [("@daily", True), ("0 3 * * 1", True), ("@once", False),
+                                          ("@continuous", False)])
+def test_schedule_beside_a_retraining_asset(demo_doc: dict[str, Any], expr: str, ok: bool) -> None:
+    demo_doc["spec"]["schedule"] = expr
+    demo_doc["spec"]["retrain"] = {"onAsset": "datasets/pydoc-topics/"}
+    problems = [p for p in check_spec(_job(demo_doc)) if p.code == Code.INVALID_SCHEDULE]
+    assert (problems == []) is ok
+    if not ok:
+        assert "retrain.onAsset" in problems[0].message and problems[0].path == "spec.schedule"
+
+
 def test_unimplemented_features_are_warnings_not_silence(h100_doc: dict[str, Any]) -> None:
     h100_doc["spec"]["faultTolerance"]["redundantCompute"] = True
     problems = check_spec(_job(h100_doc))

@@ -90,3 +90,31 @@ def write_jsonl(path: Path, rows: Iterable[dict[str, Any] | str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path
+
+
+def register_llama_version(uri: str, tmp_path: Path, job: TrainingJob, objects: str, *, train_steps: int,
+                           alias: str) -> str:
+    """A real model version of `job`'s Llama: `train_steps` AdamW steps on the last 8 windows of
+    its dataset (0: the initial weights), committed by the CheckpointManager under the job's
+    prefix, recorded on a run and registered through the real export. Returns the version."""
+    import torch
+
+    from plugins.checkpoint.manager import CheckpointManager
+    from plugins.tracking import evaluate, registry
+    from worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.from_hints(job.spec.parallelism.hints))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    inputs, targets, _ = evaluate.eval_windows(job, object_store=objects, samples=8)
+    for _ in range(train_steps):  # fit the held-out slice itself: the loss there must drop
+        cross_entropy_loss(model(inputs), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    rid = runs.start_or_resume_run(job, make_plan(), tracking_uri=uri, attempt=0)
+    root = f"{objects}/jobs/{job.name}/runs/r{train_steps}/checkpoints"
+    with CheckpointManager(checkpoint_uri=root, job=job.name, rank=0, world_size=1,
+                           staging_dir=tmp_path / f"staging-{train_steps}") as mgr:
+        result = mgr.save_sync(train_steps + 1, model=model, optimizer=optimizer, metrics={"loss": 1.0})
+    runs.log_committed_checkpoint(rid, result.manifest_uri, tracking_uri=uri)
+    return registry.register_checkpoint(rid, tracking_uri=uri, model_name=job.name, alias=alias).version

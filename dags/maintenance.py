@@ -1,0 +1,57 @@
+"""The platform's maintenance DAGs (DESIGN §4): thin schedules over engine functions.
+
+- `trainyard_checkpoint_audit` (@daily): re-hash a random sample of committed checkpoints across
+  every job and run; the task fails, naming each bad checkpoint, when one does not verify.
+- `trainyard_retention_sweep` (@hourly): each job's spec retention policy on each finished run
+  (never the newest valid checkpoint; quarantined ones are never deleted). It deletes data, so it
+  is created paused: a person turns it on (the embedded stack and the tests' stacks never sweep
+  behind a test's back).
+- `trainyard_chargeback` (@daily): the chargeback of the runs that ended in the DAG run's data
+  interval, as CSV + HTML under `<home>/reports/` and a run of MLflow's `trainyard/chargeback`.
+
+The callables are `operators/maintenance.py`; the logic is in `plugins/checkpoint/maintenance.py`
+and `plugins/tracking/cost.py`. Nothing heavy is imported here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG, get_parsing_context
+
+from operators.common import RETRY_POLICY
+from operators.maintenance import audit_checkpoints, chargeback_report, sweep_retention
+
+START = datetime(2026, 1, 1)
+TAGS = ["trainyard", "trainyard:maintenance"]
+DEFAULTS = {"retries": 1, "retry_delay": timedelta(minutes=5), "retry_policy": RETRY_POLICY}
+_wanted = get_parsing_context().dag_id
+
+
+def _build(dag_id: str) -> bool:
+    """A task's parse names its DAG: build only that one (as `training_jobs.py` does)."""
+    return _wanted is None or _wanted == dag_id
+
+
+if _build("trainyard_checkpoint_audit"):
+    with DAG(dag_id="trainyard_checkpoint_audit", schedule="@daily", start_date=START, catchup=False,
+             max_active_runs=1, tags=TAGS, default_args=DEFAULTS,
+             doc_md="Re-hash a random sample of committed checkpoints of every job and run; fail "
+                    "loudly, naming each one that does not verify.") as checkpoint_audit:
+        PythonOperator(task_id="audit_checkpoints", python_callable=audit_checkpoints, op_kwargs={"sample": 20})
+
+if _build("trainyard_retention_sweep"):
+    with DAG(dag_id="trainyard_retention_sweep", schedule="@hourly", start_date=START, catchup=False,
+             max_active_runs=1, tags=TAGS, default_args=DEFAULTS, is_paused_upon_creation=True,
+             doc_md="Apply each job's spec retention policy to its finished runs. Never deletes the "
+                    "newest valid checkpoint nor a quarantined one.") as retention_sweep:
+        PythonOperator(task_id="sweep_retention", python_callable=sweep_retention)
+
+if _build("trainyard_chargeback"):
+    with DAG(dag_id="trainyard_chargeback", schedule="@daily", start_date=START, catchup=False,
+             max_active_runs=1, tags=TAGS, default_args=DEFAULTS,
+             doc_md="GPU-hours and cost per team and project over the run's data interval "
+                    "(CSV + HTML, and an MLflow run of `trainyard/chargeback`).") as chargeback:
+        PythonOperator(task_id="chargeback_report", python_callable=chargeback_report,
+                       op_kwargs={"since": "{{ data_interval_start }}", "until": "{{ data_interval_end }}"})

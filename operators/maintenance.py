@@ -1,0 +1,120 @@
+"""The maintenance DAGs' task callables (`dags/maintenance.py`): read the settings and the specs,
+call the engine, log what it found. Each is a plain function so a test can run it against a real
+store without Airflow; all the deciding is in `plugins/checkpoint/maintenance.py` and
+`plugins/tracking/cost.py`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from config.settings import Settings
+    from plugins.checkpoint.retention import RetentionPolicy
+
+log = logging.getLogger(__name__)
+
+
+def _settings(settings: Settings | None) -> Settings:
+    if settings is not None:
+        return settings
+    from config.settings import get_settings
+
+    return get_settings()
+
+
+def spec_policies(jobs_dir: Path) -> tuple[dict[str, RetentionPolicy], dict[str, str]]:
+    """(job → retention policy, job → `checkpoint.storage` where set) of every spec that parses;
+    a spec that does not is left out (its DAG is not built either, `invalid_specs.py` says why)."""
+    from config.loader import read_spec_file
+    from plugins.checkpoint.retention import RetentionPolicy
+
+    policies: dict[str, RetentionPolicy] = {}
+    storage: dict[str, str] = {}
+    for path in sorted(Path(jobs_dir).glob("*.y*ml")):
+        job, _ = read_spec_file(path)
+        if job is None:
+            continue
+        policies[job.name] = RetentionPolicy.from_spec(job.spec.checkpoint)
+        if job.spec.checkpoint.storage:
+            storage[job.name] = job.spec.checkpoint.storage
+    return policies, storage
+
+
+def audit_checkpoints(*, sample: int = 20, seed: int | None = None, settings: Settings | None = None
+                      ) -> dict[str, Any]:
+    """Re-hash a random sample of committed checkpoints across all jobs and runs; fail (a
+    `FatalError` naming each bad one) when any does not verify."""
+    from plugins.checkpoint.maintenance import audit, run_roots
+
+    s = _settings(settings)
+    _, storage = spec_policies(s.jobs_dir)
+    roots = run_roots(s.object_store, storage=storage, endpoint_url=s.s3_endpoint_url)
+    report = audit(roots, sample=sample, seed=seed, endpoint_url=s.s3_endpoint_url)
+    log.info("audited %d of %d committed checkpoints in %d runs", len(report.findings),
+             report.population, len(roots))
+    report.raise_if_bad()
+    return {"runs": len(roots), "population": report.population, "sampled": len(report.findings),
+            "hashed_bytes": sum(f.hashed_bytes for f in report.findings)}
+
+
+def sweep_retention(*, dry_run: bool = False, settings: Settings | None = None) -> dict[str, Any]:
+    """Apply each job's spec retention policy to every finished run of it."""
+    from plugins.checkpoint.maintenance import run_roots, sweep
+
+    s = _settings(settings)
+    policies, storage = spec_policies(s.jobs_dir)
+    roots = run_roots(s.object_store, storage=storage, endpoint_url=s.s3_endpoint_url)
+    live = live_runs_of(s.state_db, sorted({r.job for r in roots}))
+    report = sweep(roots, policies, live_runs=live, dry_run=dry_run, endpoint_url=s.s3_endpoint_url)
+    for uri, why in sorted(report.skipped.items()):
+        log.info("skipped %s: %s", uri, why)
+    for uri, steps in sorted(report.deleted.items()):
+        log.info("deleted steps %s under %s", steps, uri)
+    return {"swept": len(report.runs), "skipped": len(report.skipped),
+            "deleted": {uri: steps for uri, steps in sorted(report.deleted.items())}}
+
+
+def live_runs_of(state_db: str, jobs: list[str]) -> dict[str, set[str]]:
+    """Runs of `jobs` the job state does not show as final (the sweep leaves them alone)."""
+    from plugins.recovery.state import JobStateStore
+
+    store = JobStateStore(state_db)
+    try:
+        return {job: {r.run for r in store.list_runs(job, limit=1000) if not r.final} for job in jobs}
+    finally:
+        store.close()
+
+
+def chargeback_report(since: str | dt.datetime | None = None, until: str | dt.datetime | None = None, *,
+                      settings: Settings | None = None, log_to_mlflow: bool = True) -> dict[str, Any]:
+    """The chargeback of the runs that ended in [since, until) (the DAG passes its data
+    interval): CSV + HTML under `<home>/reports/chargeback/<period>/`, and (by default) a run
+    of the MLflow experiment `trainyard/chargeback` holding both."""
+    from plugins.tracking.cost import (
+        accounting_from_mlflow,
+        chargeback,
+        log_chargeback,
+        write_chargeback,
+    )
+
+    s = _settings(settings)
+    start, end = _when(since), _when(until)
+    period = f"{f'{start:%Y-%m-%dT%H%M}' if start else 'start'}_{f'{end:%Y-%m-%dT%H%M}' if end else 'now'}"
+    rows = chargeback(accounting_from_mlflow(s.mlflow_tracking_uri), since=start, until=end)
+    csv_path, html_path = write_chargeback(rows, s.home / "reports" / "chargeback" / period, period=period)
+    run_id = log_chargeback(rows, tracking_uri=s.mlflow_tracking_uri, period=period) if log_to_mlflow else ""
+    log.info("chargeback %s: %d team/project rows, %.2f USD; %s, %s; MLflow run %s", period, len(rows),
+             sum(r.total_cost_usd for r in rows), csv_path, html_path, run_id or "(not logged)")
+    return {"period": period, "rows": len(rows), "csv": str(csv_path), "html": str(html_path),
+            "mlflow_run_id": run_id}
+
+
+def _when(value: str | dt.datetime | None) -> dt.datetime | None:
+    if value is None or str(value) in ("", "None"):  # a manual run may have no data interval
+        return None
+    moment = value if isinstance(value, dt.datetime) else dt.datetime.fromisoformat(str(value))
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)

@@ -1,0 +1,144 @@
+"""Preemption (seed §4, DESIGN §5 `preempted`): make room for a gang that does not fit by evicting
+whole lower-priority gangs — each after an emergency checkpoint — and place it.
+
+`place_preempting` is what the `place_gang` step calls:
+
+1. place and reserve as usual (`place_and_reserve`); done if it fits;
+2. otherwise ask the fair-share engine (`plugins.placement.fairshare.plan_preemption`) which
+   running gangs to evict: only gangs strictly below the pending one's effective priority, the
+   fewest that make room, those that lose the least work first. Only gangs the control plane can
+   stop are candidates — a live attempt whose launcher handle is in the job state; a reservation
+   without one (placed, not launched yet) is left alone, so a device is never freed while
+   something still runs on it;
+3. stop each victim the one way the control plane stops gangs (`watch.stop_gang`) with the reason
+   `preempted`: SIGTERM, the worker commits an emergency checkpoint of its last completed step
+   and exits 43 (`worker.exit_codes.PREEMPTED`), SIGKILL after `grace_s`. A victim so loses at
+   most the time since that checkpoint (the step in flight). Its reservation is released here,
+   so the pending gang can take the devices at once;
+4. place and reserve again.
+
+The victim's own DAG sees its gang end: `classify` reads the stop reason (`preempted`), `decide`
+requeues it (not counted against its restart budget), and its next attempt's `place_gang` waits
+for capacity (`wait_s`) instead of failing, then resumes from the emergency checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from plugins.placement.model import NotSchedulableNow, Placement
+
+if TYPE_CHECKING:
+    from config.cluster import Cluster
+    from config.spec import TrainingJob
+    from config.teams import Teams
+    from plugins.advisor.plan import Plan
+    from plugins.launch.model import RunHandle, RunStatus
+    from plugins.placement.fairshare import RunningGang, Victim
+    from plugins.placement.state import StateStore
+    from plugins.recovery.state import JobStateStore
+
+log = logging.getLogger(__name__)
+
+PREEMPT_GRACE_S = 60.0
+"""SIGTERM → SIGKILL: time for the victim's emergency checkpoint (a save of the last step)."""
+
+
+@dataclass(frozen=True)
+class Eviction:
+    victim: Victim
+    status: RunStatus | None
+    """The victim's gang once stopped (its ranks' exit codes say whether the checkpoint landed)."""
+    freed: int
+    """Devices released from its reservation."""
+
+
+@dataclass(frozen=True)
+class PlaceResult:
+    placement: Placement
+    evicted: list[Eviction] = field(default_factory=list)
+    waited_s: float = 0.0
+
+
+def place_preempting(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore, jobs: JobStateStore,
+                     teams: Teams, *, run: str, attempt: int, exclude: Iterable[str] = (),
+                     lease_s: float = 900.0, grace_s: float = PREEMPT_GRACE_S, wait_s: float = 0.0,
+                     poll_s: float = 5.0, now: datetime | None = None) -> PlaceResult:
+    """Place and reserve the gang, evicting lower-priority gangs when it does not fit (see the
+    module docstring). With `wait_s`, a gang that fits neither way (nothing lower to evict) is
+    tried again every `poll_s` until it fits or `wait_s` has passed — a requeued attempt waits for
+    capacity instead of failing. Raises `NotSchedulableNow` / `NeverSchedulable` otherwise."""
+    from plugins.placement.service import place_and_reserve
+
+    exclude = frozenset(exclude)
+    started = time.monotonic()
+    while True:
+        try:
+            placement = place_and_reserve(job, plan, cluster, store, run=run, attempt=attempt,
+                                          exclude=exclude, lease_s=lease_s)
+            return PlaceResult(placement, waited_s=time.monotonic() - started)
+        except NotSchedulableNow:
+            try:
+                evicted = make_room(job, plan, cluster, store, jobs, teams, run=run, attempt=attempt,
+                                    exclude=exclude, grace_s=grace_s, now=now)
+            except NotSchedulableNow:  # its message: what is busy, and why preempting cannot help
+                if time.monotonic() - started + poll_s > wait_s:
+                    raise
+                log.info("%s run %s attempt %d: no capacity and nothing to preempt; waiting %.0f s",
+                         job.name, run, attempt, poll_s)
+                time.sleep(poll_s)
+                continue
+        placement = place_and_reserve(job, plan, cluster, store, run=run, attempt=attempt,
+                                      exclude=exclude, lease_s=lease_s)
+        return PlaceResult(placement, evicted, waited_s=time.monotonic() - started)
+
+
+def make_room(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore, jobs: JobStateStore,
+              teams: Teams, *, run: str, attempt: int, exclude: frozenset[str] = frozenset(),
+              grace_s: float = PREEMPT_GRACE_S, now: datetime | None = None) -> list[Eviction]:
+    """Decide the victims for the gang (fair share) and evict them. Raises `Unschedulable` when
+    evicting every stoppable lower-priority gang would not make room (then nothing is evicted)."""
+    from plugins.placement.fairshare import plan_preemption
+    from plugins.placement.inventory import Inventory
+    from plugins.placement.model import GangRequest
+    from plugins.placement.state import free_devices
+
+    inventory = Inventory.from_cluster(cluster)
+    request = GangRequest.for_job(job, plan, run=run, attempt=attempt, exclude=exclude)
+    handles = {(g.job, g.run, g.attempt): h for g in store.running_gangs() if (h := live_handle(jobs, g))}
+    candidates = [g for g in store.running_gangs() if (g.job, g.run, g.attempt) in handles]
+    free = free_devices(store, {n.name: n.gpus for n in inventory.nodes})
+    decision = plan_preemption(request, inventory, free, candidates, teams, now=now)
+    by = f"{job.name} run {run} (priority {job.metadata.priority}, effective {decision.pending_priority:g})"
+    return [evict(v, handles[(v.job, v.run, v.attempt)], store, by=by, grace_s=grace_s) for v in decision.victims]
+
+
+def live_handle(jobs: JobStateStore, gang: RunningGang) -> RunHandle | None:
+    """The launcher handle of the attempt holding `gang`'s reservation, if the job state has it."""
+    from plugins.recovery.state import RunNotFound
+
+    try:
+        live = jobs.live_attempt(gang.job, gang.run)
+    except RunNotFound:
+        return None
+    return live.run_handle if live is not None and live.attempt == gang.attempt else None
+
+
+def evict(victim: Victim, handle: RunHandle, store: StateStore, *, by: str, grace_s: float = PREEMPT_GRACE_S
+          ) -> Eviction:
+    """Stop the victim's gang (`preempted`: SIGTERM → emergency checkpoint → exit 43), then free
+    its reservation."""
+    from plugins.recovery.watch import StopReason, stop_gang
+
+    reason = StopReason(reason="preempted", detail=f"evicted for {by}", nodes=sorted(victim.nodes))
+    status = stop_gang(handle, reason, grace_s=grace_s)
+    freed = store.release(victim.job, victim.attempt, run=victim.run)
+    log.warning("preempted %s run %s attempt %d (%d devices, effective priority %g) for %s: %s",
+                victim.job, victim.run, victim.attempt, victim.gpus, victim.effective_priority, by,
+                status.message)
+    return Eviction(victim, status, freed)

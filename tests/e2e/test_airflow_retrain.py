@@ -1,0 +1,94 @@
+"""Data-triggered retraining with its promotion gate, in a real Airflow: `trainyard data publish`
+emits the dataset's asset event → the job scheduled on it (`retrain.onAsset`) trains the tiny
+2-rank CPU job → `register_model` → `evaluate` scores the new version against `production` →
+`approve_promotion` waits for a person (Airflow's HITL `awaiting_input`) → the test answers
+Approve through the REST API, as the UI's Required actions does → `production` moves.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.airflow_stack import DEMO, running_stack
+
+pytestmark = pytest.mark.slow
+
+JOB = "demo-retrain"
+
+
+def _spec() -> str:
+    doc = yaml.safe_load(DEMO.read_text())
+    doc["metadata"]["name"] = JOB
+    doc["spec"]["training"]["maxSteps"] = 20
+    doc["spec"]["checkpoint"]["intervalSteps"] = 10
+    doc["spec"]["retrain"] = {"onAsset": "datasets/pydoc-topics/", "promote": "manual", "evalSamples": 8}
+    return yaml.safe_dump(doc)
+
+
+def _until(what: str, check: Any, *, timeout_s: float, logs: Any) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(2)
+    raise AssertionError(f"timed out waiting for {what}\n{logs()}")
+
+
+def test_publish_trains_evaluates_waits_for_approval_and_promotes(tmp_path: Path) -> None:
+    from cli.main import main
+    from config.settings import Settings
+    from plugins.storage.store import open_store
+    from plugins.tracking.evaluate import version_at
+    from plugins.tracking.registry import move_alias
+    from tests.unit.tracking.factories import make_job, register_llama_version
+    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+
+    home = tmp_path / "home"
+    settings = Settings(home=home)
+    uri = settings.mlflow_tracking_uri
+    # Before the stack starts (one process migrates the fresh MLflow store): production already
+    # holds an untrained version, so the approval shows both versions.
+    prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")))
+    seeded = register_llama_version(uri, tmp_path, make_job(JOB), settings.object_store, train_steps=0, alias="")
+    move_alias(JOB, "production", seeded, tracking_uri=uri, by="seed")
+    with running_stack(home) as s:
+        (home / "jobs" / f"{JOB}.yaml").write_text(_spec())
+        _until("the retraining DAG to be parsed", lambda: JOB in s.client.dags(), timeout_s=120, logs=s.logs)
+        assert s.client.dag_runs(JOB) == []  # nothing runs until data lands
+        assert main(["data", "publish", "datasets/pydoc-topics/", "--version", "v2",
+                     "--airflow-url", s.stack.url]) == 0
+        runs = _until("an asset-triggered run", lambda: s.client.dag_runs(JOB), timeout_s=120, logs=s.logs)
+        (run,) = runs
+        assert run["run_type"] == "asset_triggered"
+        run_id = run["dag_run_id"]
+
+        def awaiting() -> dict[str, Any] | None:
+            tasks = s.client.task_instances(JOB, run_id)
+            failed = {t: v["state"] for t, v in tasks.items() if v["state"] in ("failed", "upstream_failed")}
+            assert not failed, f"{failed}\n{s.logs()}"
+            return tasks if tasks.get("approve_promotion", {}).get("state") == "awaiting_input" else None
+
+        tasks = _until("the approval to wait", awaiting, timeout_s=900, logs=s.logs)
+        assert tasks["register_model"]["state"] == tasks["evaluate"]["state"] == "success"
+        assert tasks["promote_model"]["state"] in (None, "none", "scheduled", "queued")
+        new = str(s.client.xcom(JOB, run_id, "register_model")["version"])
+        detail = s.client.hitl_detail(JOB, run_id, "approve_promotion")
+        assert detail["options"] == ["Approve", "Reject"]
+        assert f"version **{new}**" in detail["body"] and f"production (v{seeded})" in detail["body"]
+        evaluated = s.client.xcom(JOB, run_id, "evaluate")
+        assert f"{evaluated['candidate']['loss']:.4f}" in detail["body"]
+        assert f"{evaluated['production']['loss']:.4f}" in detail["body"]
+        assert version_at(JOB, "production", tracking_uri=uri).version == seeded  # nothing moved yet
+
+        answer = s.client.respond_hitl(JOB, run_id, "approve_promotion", ["Approve"])
+        assert answer["chosen_options"] == ["Approve"]
+        _until("the run to succeed", lambda: s.client.dag_run(JOB, run_id)["state"] == "success",
+               timeout_s=180, logs=s.logs)
+        assert s.client.task_instances(JOB, run_id)["promote_model"]["state"] == "success"
+        assert version_at(JOB, "production", tracking_uri=uri).version == new

@@ -1,0 +1,131 @@
+"""The maintenance DAGs (`dags/maintenance.py`) as Airflow's loader sees them, and each task's
+callable run against a real local object store with fabricated checkpoints (and a real SQLite
+MLflow store for the chargeback)."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from plugins.checkpoint.catalog import list_checkpoints, quarantine
+from plugins.checkpoint.manifest import step_dir
+from plugins.checkpoint.uris import checkpoint_root
+from plugins.errors import FatalError
+from plugins.storage.store import open_store
+from tests.unit.checkpoint.fabricate import make_checkpoint
+
+REPO = Path(__file__).resolve().parents[3]
+OLD = datetime(2026, 1, 1, tzinfo=UTC)
+RUN = "20260101t000000-abcdef"
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    shutil.copy(REPO / "config" / "jobs" / "demo-tiny-lm.yaml", jobs)
+    monkeypatch.setenv("TRAINYARD_JOBS_DIR", str(jobs))
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
+    from config.settings import get_settings
+
+    get_settings.cache_clear()
+    yield get_settings()
+    get_settings.cache_clear()
+
+
+def test_three_maintenance_dags_on_presets_with_one_task_each(env: object) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    bag = DagBag(str(REPO / "dags" / "maintenance.py"))
+    assert bag.import_errors == {}
+    expected = {"trainyard_checkpoint_audit": ("@daily", "audit_checkpoints"),
+                "trainyard_retention_sweep": ("@hourly", "sweep_retention"),
+                "trainyard_chargeback": ("@daily", "chargeback_report")}
+    assert set(bag.dags) == set(expected)
+    for dag_id, (schedule, task) in expected.items():
+        dag = bag.dags[dag_id]
+        assert (dag.schedule, list(dag.task_dict)) == (schedule, [task])
+        assert DagSerialization.from_dict(DagSerialization.to_dict(dag)).task_dict[task].has_retry_policy
+    assert bag.dags["trainyard_retention_sweep"].is_paused_upon_creation is True  # it deletes: opt-in
+
+
+def test_a_tasks_parse_builds_only_its_maintenance_dag(env: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "trainyard_retention_sweep")
+    assert set(DagBag(str(REPO / "dags" / "maintenance.py")).dags) == {"trainyard_retention_sweep"}
+
+
+def _fabricate(settings: object, job: str, steps: list[int]) -> str:
+    root = checkpoint_root(settings.object_store, job, RUN)  # type: ignore[attr-defined]
+    store = open_store(root)
+    for step in steps:
+        make_checkpoint(store, step, job=job, created_at=OLD + timedelta(minutes=step))
+    return root
+
+
+def test_audit_callable_passes_then_fails_naming_the_corrupt_checkpoint(env: object) -> None:
+    from operators.maintenance import audit_checkpoints
+
+    root = _fabricate(env, "demo-tiny-lm", [10, 20])
+    _fabricate(env, "orphan-job", [7])  # no spec: audited all the same
+    assert audit_checkpoints(sample=10, seed=1) == {"runs": 2, "population": 3, "sampled": 3,
+                                                    "hashed_bytes": sum(len(f"shard of {s}") * 100 + len(b"meta")
+                                                                     for s in (10, 20, 7))}
+    shard = Path(open_store(root).key_uri(f"{step_dir(20)}/__0_0.distcp").removeprefix("file://"))
+    shard.write_bytes(b"X" + shard.read_bytes()[1:])
+    with pytest.raises(FatalError, match=r"(?s)1 of 3 .*step-00000020/MANIFEST.json: __0_0.distcp: SHA-256"):
+        audit_checkpoints(sample=10)
+
+
+def test_sweep_callable_applies_the_spec_policy_and_keeps_quarantined(env: object) -> None:
+    from operators.maintenance import sweep_retention
+
+    steps = list(range(10, 90, 10))  # 8 checkpoints; the demo spec keeps the last maxKeep
+    root = _fabricate(env, "demo-tiny-lm", steps)
+    quarantine(f"{root}/{step_dir(10)}/MANIFEST.json", "restore failed verification")
+    other = _fabricate(env, "orphan-job", [1, 2, 3])
+    from config.loader import load_spec_file
+
+    keep = load_spec_file(REPO / "config" / "jobs" / "demo-tiny-lm.yaml").spec.checkpoint.max_keep
+    result = sweep_retention()
+    kept = [r.step for r in list_checkpoints(root)]
+    assert kept == steps[-keep:]
+    assert result["deleted"] == {root: steps[1:-keep]}
+    assert open_store(root).exists(f"{step_dir(10)}/QUARANTINED.json")  # evidence stays
+    assert open_store(root).exists(f"{step_dir(10)}/MANIFEST.json")
+    assert [r.step for r in list_checkpoints(other)] == [1, 2, 3]  # no spec: no policy, untouched
+
+
+def test_chargeback_callable_writes_csv_html_and_an_mlflow_run(env: object) -> None:
+    from mlflow import MlflowClient
+
+    from operators.maintenance import chargeback_report
+    from plugins.tracking import cost, runs
+    from tests.unit.tracking.factories import make_job, make_plan
+
+    uri = env.mlflow_tracking_uri  # type: ignore[attr-defined]
+    job = make_job("billed", team="acct", project="p1", gpu_type="H100", gpu_count=8)
+    rid = runs.start_or_resume_run(job, make_plan(dp=8, micro_batch_size=1, num_micro_batches=2),
+                                   tracking_uri=uri, attempt=0)
+    t0 = datetime(2026, 11, 2, tzinfo=UTC)
+    acct = cost.RunAccounting(job="billed", team="acct", project="p1", gpu_type="H100", gpu_count=8,
+                              submitted_at=t0, started_at=t0, ended_at=t0 + timedelta(hours=2),
+                              training_s=7200, run_id=rid)
+    cost.log_job_cost(rid, acct, cost.job_cost(acct), tracking_uri=uri)
+    out = chargeback_report("2026-11-02T00:00:00+00:00", "2026-11-03T00:00:00+00:00")
+    rows = list(csv.DictReader(Path(out["csv"]).read_text().splitlines()))
+    assert [(r["team"], r["project"], float(r["total_gpu_hours"])) for r in rows] == [("acct", "p1", 16.0)]
+    assert "acct" in Path(out["html"]).read_text()
+    logged = MlflowClient(uri).get_run(out["mlflow_run_id"])
+    assert logged.data.metrics["total_gpu_hours"] == pytest.approx(16.0)
+    empty = chargeback_report("2026-10-01T00:00:00", "2026-10-02T00:00:00", log_to_mlflow=False)
+    assert (empty["rows"], empty["mlflow_run_id"]) == (0, "")

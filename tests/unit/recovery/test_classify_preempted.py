@@ -1,0 +1,30 @@
+"""A gang evicted for a higher-priority one (`StopReason` `preempted`, `plugins/recovery/preempt.py`)
+classifies as `preempted` — with or without its emergency checkpoint — and is requeued outside the
+restart budget; a person's stop still wins over it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from plugins.recovery.classify import classify
+from plugins.recovery.decide import DecisionContext, decide
+from plugins.recovery.model import AttemptConf
+from tests.unit.recovery.runs import Rank, evidence
+
+
+def test_an_evicted_gang_with_its_emergency_checkpoint_is_preempted_and_requeued(tmp_path: Path) -> None:
+    from config.loader import load_spec_file
+
+    ev, _ = evidence(tmp_path, [Rank(43, ended_at=101)] * 2, stop_reason="preempted: evicted for big-job run r-1")
+    report = classify(ev)
+    assert report.outcome == "preempted"
+    assert report.reason == "preempted by the platform: evicted for big-job run r-1 (emergency checkpoint committed)"
+    job = load_spec_file(Path(__file__).resolve().parents[3] / "config" / "jobs" / "demo-tiny-lm.yaml")
+    action = decide(report, job, AttemptConf(run="r-0001"), DecisionContext(checkpoint_uri=(tmp_path / "c").as_uri()))
+    assert action.kind == "requeue" and not action.counts_against_budget
+
+
+def test_an_evicted_gang_killed_before_its_checkpoint_says_so(tmp_path: Path) -> None:
+    ev, _ = evidence(tmp_path, [Rank(-9, ended_at=101)] * 2, stop_reason="preempted: evicted for big-job run r-1")
+    report = classify(ev)
+    assert report.outcome == "preempted" and "no emergency checkpoint" in report.reason
