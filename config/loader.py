@@ -19,37 +19,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from config.problems import Code, Problem, SpecError
+from config.safe_yaml import YamlLimitError, load_documents, preview_value
 from config.spec import API_VERSION, KIND, TrainingJob
 
 MAX_SPEC_BYTES = 1_000_000
 """A spec is a page of YAML; anything over 1 MB is a wrong file, not a big spec."""
-
-
-class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """SafeLoader that refuses duplicate keys instead of keeping the last one. On libyaml's C
-    parser where PyYAML has it (about 8× faster: the DAG folder parses every spec), with the
-    same constructors and the same error marks."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, yaml.Node] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if isinstance(key, typing.Hashable) and key in seen:
-            first = seen[key].start_mark.line + 1
-            raise yaml.constructor.ConstructorError(
-                None, None,
-                f"duplicate key {key!r} (first defined on line {first})",
-                key_node.start_mark,
-            )
-        if isinstance(key, typing.Hashable):
-            seen[key] = key_node
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
-)
 
 
 def load_spec_file(path: str | Path) -> TrainingJob:
@@ -133,7 +107,11 @@ def _parse_yaml(raw: bytes | str, where: str) -> tuple[Any, list[Problem]]:
                                   message="a tab is used for indentation; YAML allows only spaces",
                                   hint="replace the tabs at the start of the line with spaces")]
     try:
-        documents = list(yaml.load_all(text, Loader=_UniqueKeyLoader))
+        documents = load_documents(text)
+    except YamlLimitError as e:
+        return None, [Problem(code=Code.NOT_YAML, path=where, message=f"refused: {e}",
+                              hint="write the values out; anchors and aliases are for a few "
+                                   "repeated blocks, not for generating large documents")]
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -143,6 +121,9 @@ def _parse_yaml(raw: bytes | str, where: str) -> tuple[Any, list[Problem]]:
                               hint="fix the YAML syntax at that line")]
     except RecursionError:
         return None, [Problem(code=Code.NOT_YAML, path=where, message="the YAML nests too deeply")]
+    except (ValueError, TypeError, OverflowError) as e:  # a constructor refusing a value
+        return None, [Problem(code=Code.NOT_YAML, path=where,
+                              message=f"a value cannot be read: {preview_value(str(e), 200)}")]
     documents = [d for d in documents if d is not None]
     if len(documents) > 1:
         return None, [Problem(code=Code.NOT_A_MAPPING, path=where,
@@ -207,8 +188,8 @@ def _dotted(loc: Iterable[Any]) -> str:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A bounded preview: the input can be a huge (or alias-shared) value."""
+    return preview_value(value)
 
 
 def _unwrap(annotation: Any) -> Any:
