@@ -70,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from cli.common import load_checked_job
     from cli.output import err_console, print_json
     from config.settings import get_settings
@@ -90,6 +92,13 @@ def run(args: argparse.Namespace) -> int:
     if loaded is None:
         return 1
     job, cluster = loaded
+    from plugins.recovery.steps import InvalidConf, check_resume_point
+
+    try:  # another job's checkpoint is refused here, before anything is placed or started
+        check_resume_point(args.resume_from, job, settings.object_store)
+    except InvalidConf as e:
+        err_console.print(f"trainyard launch: error: --resume-from: {escape(str(e))}")
+        return 2
     if cluster.spec.mode != "local":
         err_console.print(f"trainyard launch: error: cluster '{cluster.name}' is a {cluster.spec.mode} cluster; "
                           "--local launches need a local one (TRAINYARD_CLUSTER=local)")

@@ -43,10 +43,11 @@ class LaunchTrainingOperator(BaseOperator):
             from plugins.data.datasets import describe_dataset, open_dataset_store
 
             dataset = describe_dataset(open_dataset_store(job.spec.dataset.source, config), job.spec.dataset)
+        resume_from = resume_point(conf, job, tracking_uri=config.mlflow_tracking_uri,
+                                   object_store=config.object_store)  # refused before anything starts
         mlflow_run_id = start_or_resume_run(
             job, plan, tracking_uri=config.mlflow_tracking_uri, run_id=conf.mlflow_run_id or None,
             attempt=conf.attempt, dataset=dataset, trigger_id=conf.run)
-        resume_from = resume_point(conf, tracking_uri=config.mlflow_tracking_uri)
         handle = launch_attempt(job, plan, placement, conf, config, mlflow_run_id=mlflow_run_id,
                                 resume_from=resume_from)
         self.log.info("run %s attempt %d: %d ranks started (%s), resuming from %s; MLflow run %s; "

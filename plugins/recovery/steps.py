@@ -119,14 +119,22 @@ def plan_attempt(job: TrainingJob, cluster: Cluster, conf: AttemptConf, *, memor
         raise NoPlan(str(e)) from e
 
 
-def resume_point(conf: AttemptConf, *, tracking_uri: str) -> str:
+def resume_point(conf: AttemptConf, job: TrainingJob, *, tracking_uri: str, object_store: str) -> str:
     """The manifest URI the attempt restores, or '' for the run's newest valid checkpoint.
 
     A later attempt restores what the recovery decision named (a rollback, a fall-back) or, with
     nothing named, the newest valid checkpoint of its own run. A first attempt starts fresh unless
     its trigger asked to start from a checkpoint or a registered model (`models:/name@alias`:
     the checkpoint the version was exported from, recorded in its lineage tags).
+
+    Whatever its source, the point must lie inside the job's own area (`uris.resolve_for_job`:
+    `<store>/jobs/<job>/…` by path structure, or the spec's storage folder) or be the spec's
+    read-only `checkpoint.initFrom`; anything else is `InvalidConf` here, before a gang starts.
     """
+    return check_resume_point(_named_point(conf, tracking_uri=tracking_uri), job, object_store)
+
+
+def _named_point(conf: AttemptConf, *, tracking_uri: str) -> str:
     if conf.attempt > 0:
         return conf.resume_from
     start = conf.start_from.strip()
@@ -136,13 +144,28 @@ def resume_point(conf: AttemptConf, *, tracking_uri: str) -> str:
 
     name, sep, alias = start.removeprefix("models:/").partition("@")
     if not sep or not name or not alias:
-        raise InvalidConf(f"start_from {start!r}: write models:/<name>@<alias>")
+        raise InvalidConf(f"start_from {start[:200]!r}: write models:/<name>@<alias>")
     version = client_for(tracking_uri).get_model_version_by_alias(name, alias)
     uri = version.tags.get("trainyard.checkpoint.uri", "")
     if not uri:
         raise InvalidConf(f"model {name} version {version.version} (alias {alias!r}) records no "
                           "checkpoint it was exported from (tag trainyard.checkpoint.uri)")
     return uri
+
+
+def check_resume_point(uri: str, job: TrainingJob, object_store: str) -> str:
+    """`uri` when it names a manifest inside the job's area (or is its `initFrom`), '' for '';
+    else `InvalidConf` naming the URI and why (`trainyard launch --resume-from` calls it too)."""
+    if not uri:
+        return ""
+    from plugins.checkpoint.uris import resolve_for_job, split_manifest_uri
+    from plugins.errors import TrainyardError
+
+    try:
+        split_manifest_uri(uri)
+        return resolve_for_job(uri, job, object_store)
+    except (TrainyardError, ValueError) as e:
+        raise InvalidConf(f"resume point {uri[:300]!r} refused: {str(e)[:400]}") from e
 
 
 def launcher(settings: Settings, *, max_restarts: int = 0) -> LocalLauncher:
