@@ -146,7 +146,11 @@ class CheckpointManifest(BaseModel):
         """Parse untrusted manifest bytes (size-capped, JSON only)."""
         if len(data) > MAX_MANIFEST_BYTES:
             raise ValueError(f"manifest is {len(data)} bytes; the limit is {MAX_MANIFEST_BYTES}")
-        return cls.model_validate(json.loads(data))
+        try:
+            document = json.loads(data)
+        except RecursionError as e:  # `[[[[…` nested past the parser's stack: not a manifest
+            raise ValueError("manifest JSON nests too deeply") from e
+        return cls.model_validate(document)
 
 
 def utc_now() -> datetime:

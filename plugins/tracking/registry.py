@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 MODEL_CODE = Path(__file__).with_name("safetensors_pyfunc.py")
 DEFAULT_ALIAS = "candidate"
 _RUN_TAGS_COPIED = ("job", "team", "project", "git.commit", "dataset.uri", "dataset.version",
-                    "dataset.digest", "dataset.digest_method")
+                    "dataset.digest", "dataset.digest_method", "init_from")
 _PIP_REQUIREMENTS = ("safetensors", "numpy")
 """What loading the registered model needs (pinned to the versions installed here), so MLflow
 does not infer requirements by importing and tracing the model."""
