@@ -74,12 +74,18 @@ def open_attempt(conf: dict[str, Any] | None, *, dag_id: str, trigger_run_id: st
     errors, templated strings are coerced) and give a first attempt its run id."""
     from pydantic import ValidationError
 
+    from config.safe_yaml import preview_value
+
+    if conf is not None and not isinstance(conf, dict):
+        raise InvalidConf(f"the run's conf is {type(conf).__name__}, not a mapping: {preview_value(conf)}")
     try:
         parsed = AttemptConf.model_validate({k: v for k, v in (conf or {}).items() if v is not None})
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'conf'}: {err['msg']} "
-                             f"(got {err.get('input')!r})" for err in e.errors())
-        raise InvalidConf(f"the run's conf is invalid: {problems}") from e
+        errors = e.errors(include_url=False)
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))[:100] or 'conf'}: {err['msg']} "
+                             f"(got {preview_value(err.get('input'))})" for err in errors[:5])
+        more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise InvalidConf(f"the run's conf is invalid: {problems}{more}") from e
     if parsed.run:
         return parsed
     if parsed.attempt:
