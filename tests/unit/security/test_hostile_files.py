@@ -13,7 +13,14 @@ from config.cluster import ClusterFileError, load_cluster, parse_cluster
 from config.loader import read_spec_file
 from config.problems import Code
 from config.rules import check_spec
-from tests.unit.security.hostile import ALIAS_BOMB, MERGE_BOMB, TIMEOUT_S, World, spec_doc, write_spec
+from tests.unit.security.hostile import (
+    ALIAS_BOMB,
+    MERGE_BOMB,
+    TIMEOUT_S,
+    World,
+    spec_doc,
+    write_spec,
+)
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
