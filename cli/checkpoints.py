@@ -350,5 +350,6 @@ def _error(message: str) -> None:
     from rich.markup import escape
 
     from cli.output import err_console
+    from config.problems import preview
 
-    err_console.print(f"[red]error:[/] {escape(message)}")
+    err_console.print(f"[red]error:[/] {escape(preview(message, 2000))}")

@@ -53,14 +53,14 @@ def check_job_name(job: str) -> str:
     """A job name is one path segment of the area; refuse anything that could escape it."""
     if not isinstance(job, str) or not job or "/" in job or "\\" in job or "\x00" in job \
             or job in (".", "..") or job != job.strip():
-        raise ValueError(f"job name {job!r} cannot be a path segment")
+        raise ValueError(f"job name {str(job)[:80]!r} cannot be a path segment")
     return job
 
 
 def locate(uri: str) -> Location:
     """Split `file://`, `s3://` or a plain path; raise `UnsafePath` for what cannot be trusted."""
     if not isinstance(uri, str) or not uri.strip():
-        raise UnsafePath(f"expected a URI or path, got {uri!r}")
+        raise UnsafePath(f"expected a URI or path, got {str(uri)[:80]!r}")
     if len(uri) > MAX_URI_CHARS:
         raise UnsafePath(f"URI of {len(uri)} characters (limit {MAX_URI_CHARS}): {uri[:80]!r}…")
     if "\x00" in uri:
