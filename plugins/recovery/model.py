@@ -214,8 +214,8 @@ class AttemptConf(_Model):
     dry_run: bool = False
     """Validate, plan and place, then release without launching."""
     faults: FaultParams = Field(default_factory=FaultParams)
-    history: list[AttemptRecord] = Field(default_factory=list)
-    restarts_used: int = Field(default=0, ge=0)
+    history: list[AttemptRecord] = Field(default_factory=list, max_length=MAX_ATTEMPTS)
+    restarts_used: int = Field(default=0, ge=0, le=MAX_ATTEMPTS)
     """Restarts counted against `faultTolerance.maxRestarts` so far (in-place ones included)."""
 
     @field_validator("run")
