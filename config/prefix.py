@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
+from plugins.errors import FatalError  # a leaf module with no imports, not an engine
+
 SCHEMES = ("file", "s3")
 AREA_FOLDERS = ("jobs", "runs")
 """Segments with a meaning in the layout: `checkpoint.storage` may not nest under them (except
@@ -45,7 +47,7 @@ class Location:
             self.segments[:len(other.segments)] == other.segments
 
 
-class UnsafePath(ValueError):
+class UnsafePath(FatalError, ValueError):
     """A URI that cannot be compared structurally (`..`, NUL, unknown scheme, too long)."""
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from plugins.errors import FatalError  # a leaf module with no imports, not an engine
+
 MAX_DEPTH = 64
 """Nesting levels; a spec uses about 6, a cluster file about 8."""
 MAX_NODES = 100_000
@@ -24,7 +26,7 @@ MAX_ALIASES = 1_000
 """Alias uses (`*name`): anchors are a convenience, not a compression scheme."""
 
 
-class YamlLimitError(ValueError):
+class YamlLimitError(FatalError, ValueError):
     """A document over the alias, depth or size limits (or with a recursive alias)."""
 
 
