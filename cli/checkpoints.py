@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 
 EXIT_CODES: dict[int, str] = {
     1: "a checkpoint does not verify or a manifest is invalid (it claims another job or run than its "
-       "folder), nothing to export, or no job has this name (no spec and nothing under its checkpoint root)",
-    2: "a usage error, or a URI, run or job name outside the job's own area (<store>/jobs/JOB/)"}
+       "folder), nothing to export, or no job has this name (no spec and nothing under its checkpoint root)"}
 """This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
 
 
