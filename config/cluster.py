@@ -284,7 +284,7 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     `FileNotFoundError` for a name or path that does not exist and `ClusterFileError` for a
     file that is not a valid cluster — each a one-line message, never a parser traceback."""
     path = Path(name_or_path)
-    if not path.suffix and not path.is_dir():
+    if not path.suffix and "/" not in str(name_or_path):  # a name; anything with a '/' is a path
         path = CLUSTERS_DIR / f"{name_or_path}.yaml"
     if not path.exists():
         raise FileNotFoundError(
@@ -293,12 +293,17 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
 
 
 def _read_cluster_bytes(path: Path) -> bytes:
+    import stat
+
     where = preview(str(path), 200)
     if path.is_dir():
         raise ClusterFileError(f"cluster file {where} is a folder; give a cluster YAML file or a name "
                                f"({', '.join(known_clusters())})")
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open, a device never ends
+            raise ClusterFileError(f"cluster file {where} is not a regular file")
+        size = st.st_size
         if size > MAX_CLUSTER_BYTES:
             raise ClusterFileError(f"cluster file {where} is {size / 1e6:.1f} MB; a cluster file is at "
                                    f"most {MAX_CLUSTER_BYTES // 1_000_000} MB of templates")

@@ -9,6 +9,7 @@ into the spec's own spelling with a did-you-mean for unknown keys.
 from __future__ import annotations
 
 import difflib
+import stat
 import types
 import typing
 from collections.abc import Iterable
@@ -40,19 +41,31 @@ def read_spec_file(path: str | Path) -> tuple[TrainingJob | None, list[Problem]]
     path = Path(path)
     where = str(path)
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a folder, a FIFO (open would block), a device
+            return None, [Problem(code=Code.FILE_UNREADABLE, path=where,
+                                  message=f"not a regular file ({_file_kind(st.st_mode)})",
+                                  hint="pass the spec's YAML file")]
+        size = st.st_size
         if size > MAX_SPEC_BYTES:
             return None, [Problem(
                 code=Code.FILE_TOO_LARGE, path=where,
                 message=f"the file is {size / 1e6:.1f} MB; a spec is at most {MAX_SPEC_BYTES // 1_000_000} MB",
                 hint="is this the right file? A TrainingJob spec is a short YAML document",
             )]
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)  # the file may grow between the stat and the read
     except OSError as e:
         return None, [Problem(code=Code.FILE_UNREADABLE, path=where,
                               message=f"cannot read the file: {e.strerror or e}",
                               hint="check the path and its permissions")]
     return parse_spec_text(raw, where=where)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a file")
 
 
 def parse_spec_text(raw: bytes | str, *, where: str = "<spec>") -> tuple[TrainingJob | None, list[Problem]]:

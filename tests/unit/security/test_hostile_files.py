@@ -3,6 +3,7 @@ usage exit (a cluster), within the time bound — never a hang, never a tracebac
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -70,10 +71,15 @@ def test_a_huge_value_in_a_field_is_previewed_not_rendered(tmp_path: Path) -> No
     assert len(problem.message) < 300, problem.message
 
 
-def test_a_spec_file_that_is_a_folder_or_missing_is_one_problem(tmp_path: Path) -> None:
-    for path in (tmp_path, tmp_path / "missing.yaml"):
+def test_a_spec_file_that_is_a_folder_fifo_device_or_missing_is_one_problem(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # opening it would wait for a writer forever
+    for path in (tmp_path, tmp_path / "missing.yaml", fifo, Path("/dev/zero")):
         job, problems = read_spec_file(path)
-        assert job is None and [p.code for p in problems] == [Code.FILE_UNREADABLE]
+        assert job is None and [p.code for p in problems] == [Code.FILE_UNREADABLE], problems
+    for path in (fifo, Path("/dev/zero"), tmp_path):
+        with pytest.raises(ClusterFileError, match=r"not a regular file|is a folder"):
+            load_cluster(path)
 
 
 @pytest.mark.parametrize(("storage", "words"), [
