@@ -140,6 +140,15 @@ def resume_point(conf: AttemptConf, job: TrainingJob, *, tracking_uri: str, obje
     return check_resume_point(_named_point(conf, tracking_uri=tracking_uri), job, object_store)
 
 
+def check_conf_points(conf: AttemptConf, job: TrainingJob, *, object_store: str) -> None:
+    """Refuse (`InvalidConf`) a conf whose resume or start point is a URI outside the job's
+    area, at `validate_spec` — before a gang is placed. A `models:/` alias needs the registry
+    and is resolved (and checked the same way) by `resume_point` at launch."""
+    point = conf.resume_from if conf.attempt > 0 else conf.start_from.strip()
+    if point and not point.startswith("models:/"):
+        check_resume_point(point, job, object_store)
+
+
 def _named_point(conf: AttemptConf, *, tracking_uri: str) -> str:
     if conf.attempt > 0:
         return conf.resume_from

@@ -5,6 +5,7 @@ the field — unknown keys, run ids that are paths, absurd numbers — within th
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +56,21 @@ def test_a_good_conf_still_opens_its_run() -> None:
     conf = open_attempt({"max_steps": "60", "fault_kill_rank": None}, dag_id="mallory",
                         trigger_run_id="manual__1", when=WHEN)
     assert conf.max_steps == 60 and conf.run.startswith("20261130t120000-") and conf.attempt == 0
+
+
+def test_a_conf_pointing_into_another_jobs_area_is_refused_before_placement(tmp_path: Path) -> None:
+    from config.spec import TrainingJob
+    from plugins.recovery.model import AttemptConf
+    from plugins.recovery.steps import check_conf_points
+    from tests.unit.security.hostile import spec_doc
+
+    job = TrainingJob.model_validate(spec_doc("mallory"))
+    store = tmp_path.as_uri()
+    theirs = f"{store}/jobs/victim/runs/r-1/checkpoints/step-00000005/MANIFEST.json"
+    ours = f"{store}/jobs/mallory/runs/r-1/checkpoints/step-00000005/MANIFEST.json"
+    check_conf_points(AttemptConf(start_from=ours), job, object_store=store)
+    check_conf_points(AttemptConf(start_from="models:/m@prod"), job, object_store=store)  # at launch
+    for conf in (AttemptConf(start_from=theirs), AttemptConf(run="r-1", attempt=1, resume_from=theirs),
+                 AttemptConf(start_from=ours.replace("/jobs/mallory/", "/jobs/mallory/../victim/"))):
+        with pytest.raises(InvalidConf, match="refused"):
+            check_conf_points(conf, job, object_store=store)
