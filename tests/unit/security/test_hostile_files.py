@@ -170,3 +170,23 @@ def test_plan_and_launch_with_a_bomb_as_spec_end_with_its_problem(
     captured = capsys.readouterr()
     assert "expands to more than" in captured.err + captured.out and "Traceback" not in captured.err
     assert not (world.home / "runs").exists()  # nothing was launched
+
+
+@pytest.mark.parametrize("cluster", ["folder", "binary", "alias bomb"])
+def test_a_bad_configured_cluster_is_one_line_for_any_command(
+        world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`TRAINYARD_CLUSTER` naming a bad file reaches commands that do not catch it: the CLI's
+    net turns the refusal into one line and the usage exit."""
+    from config.settings import get_settings
+
+    path = tmp_path / "cluster-folder" if cluster == "folder" else tmp_path / "cluster.yaml"
+    if cluster == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes({name: content for name, content, _ in CLUSTERS}[cluster])
+    monkeypatch.setenv("TRAINYARD_CLUSTER", str(path))
+    get_settings.cache_clear()
+    assert main(["nodes", "list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainyard nodes: error: cluster file") and err.count("\n") == 1, err
