@@ -150,15 +150,23 @@ def identity_of(root_uri: str) -> tuple[str, str | None] | None:
 
 def claimed_area(uri: str, job: str) -> str | None:
     """The area of `job` that `uri` lies in by its own structure, for a reader handed only a
-    URI (no object store): up to the *first* `jobs/` segment, which must be followed by `job`
-    (`…/jobs/<job>/…`), or a storage folder `…/<job>/runs/<run>…` with no `jobs/`/`runs/` above
-    it. None when the URI claims no area of `job` (`jobs/other/checkpoints/<job>` is other's)."""
+    URI (no object store). With `jobs/` segments: the *last* one must be followed by `job`
+    (`…/jobs/<job>/…`; a store may itself sit under a folder called `jobs`), and no earlier
+    one may be shaped like an area (`jobs/<x>/runs`, `jobs/<x>/checkpoints`), which would put
+    the URI inside `x`'s area. Without: a storage folder `…/<job>/runs/<run>…` with no `runs/`
+    above it. None when the URI claims no area of `job` (`jobs/other/checkpoints/<job>` is
+    other's). Raises `UnsafePath` for what cannot be compared."""
     check_job_name(job)
-    loc = locate(uri)  # UnsafePath for what cannot be compared
+    loc = locate(uri)
     s = loc.segments
-    if "jobs" in s:
-        i = s.index("jobs")
-        return loc.uri(i + 2) if i + 1 < len(s) and s[i + 1] == job else None
+    marks = [i for i, segment in enumerate(s) if segment == "jobs"]
+    if marks:
+        last = marks[-1]
+        if last + 1 >= len(s) or s[last + 1] != job:
+            return None
+        if any(i + 2 < len(s) and s[i + 2] in ("runs", "checkpoints") for i in marks[:-1]):
+            return None
+        return loc.uri(last + 2)
     if "runs" in s:
         i = s.index("runs")
         return loc.uri(i) if i >= 1 and s[i - 1] == job else None

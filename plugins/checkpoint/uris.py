@@ -90,7 +90,8 @@ def require_job_prefix(uri: str, job: str, *, area: str | None = None,
                        allowed: tuple[str, ...] = ()) -> str:
     """`resolve_in_area` against `area`; without one (a reader handed only a URI), against the
     area `uri` claims by its own structure, which must be `job`'s (`config.prefix.claimed_area`:
-    `<…>/jobs/<job>/…` up to the first `jobs/` segment, or `<…>/<job>/runs/…`)."""
+    `<…>/jobs/<job>/…` at the last `jobs/` segment and inside no other job's area, or
+    `<…>/<job>/runs/…`). Callers that know the store pass `area` (`area_for`)."""
     check_job_name(job)
     if area is None:
         try:

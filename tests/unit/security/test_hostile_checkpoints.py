@@ -62,8 +62,13 @@ def test_an_unsafe_uri_is_refused_before_any_comparison(uri: str) -> None:
 
 def test_a_uri_claiming_the_job_only_by_a_segment_is_not_the_jobs() -> None:
     assert require_job_prefix(f"{AREA}/runs/{RUN}/checkpoints", MALLORY)
+    # a store that itself lives under a folder named `jobs`
+    assert require_job_prefix(f"file:///srv/jobs/objects/jobs/mallory/runs/{RUN}/checkpoints", MALLORY)
     for uri in ("s3://store/jobs/victim/checkpoints/mallory", "s3://store/victim/mallory/checkpoints",
-                "s3://mallory/checkpoints"):
+                "s3://mallory/checkpoints",
+                f"s3://store/jobs/victim/runs/{RUN}/checkpoints/jobs/mallory/runs/{RUN}/checkpoints",
+                "s3://store/jobs/victim/checkpoints/jobs/mallory",
+                "s3://store/jobs/mallory/runs/r/jobs/victim"):
         with pytest.raises(OutsideJobPrefixError):
             require_job_prefix(uri, MALLORY)
     for job in ("../victim", "a/b", "", ".", "x\x00"):
