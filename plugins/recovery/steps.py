@@ -292,11 +292,13 @@ def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri:
 def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) -> Any:
     """Export the run's best valid checkpoint (by the spec's `keepBestMetric`, else the newest)
     and register it as the next version of the job's model, alias `candidate`."""
+    from plugins.checkpoint.uris import area_for
     from plugins.tracking.registry import register_checkpoint
     from plugins.tracking.runs import set_run_status
 
     version = register_checkpoint(mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri,
                                   metric=job.spec.checkpoint.keep_best_metric, model_name=job.name,
-                                  endpoint_url=settings.s3_endpoint_url)
+                                  endpoint_url=settings.s3_endpoint_url,
+                                  area=area_for(job, settings.object_store))
     set_run_status(mlflow_run_id, "completed", tracking_uri=settings.mlflow_tracking_uri)
     return version
