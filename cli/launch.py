@@ -92,7 +92,12 @@ def run(args: argparse.Namespace) -> int:
     if loaded is None:
         return 1
     job, cluster = loaded
+    from plugins.recovery.model import MAX_ATTEMPTS
     from plugins.recovery.steps import InvalidConf, check_resume_point
+
+    if not 0 <= args.attempt <= MAX_ATTEMPTS:
+        err_console.print(f"trainyard launch: error: --attempt {args.attempt}: give 0 to {MAX_ATTEMPTS}")
+        return 2
 
     try:  # another job's checkpoint is refused here, before anything is placed or started
         check_resume_point(args.resume_from, job, settings.object_store)

@@ -184,6 +184,20 @@ def test_launch_with_a_foreign_resume_point_stops_before_anything_starts(
         assert not (world.home / "runs").exists() and not (world.home / "state.db").exists()
 
 
+@pytest.mark.parametrize("argv", [
+    ["--run", "../victim"], ["--run", "victim/runs/x"], ["--run", "x" * 10_000],
+    ["--attempt", "-1"], ["--attempt", str(10**30)],
+])
+def test_launch_with_hostile_run_or_attempt_exits_2_before_anything_starts(
+        world: World, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with recording() as touched:
+        assert main(["launch", "--local", *argv, str(world.jobs_dir / f"{MALLORY}.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "error" in err and "Traceback" not in err and len(err) < 3000, err
+    assert touched_under(touched, world.area(VICTIM)) == []
+    assert not (world.home / "runs").exists() and not (world.home / "state.db").exists()
+
+
 def test_resume_points_of_a_run_stay_in_the_area_or_are_the_specs_init_from(world: World) -> None:
     from config.loader import load_spec_file
     from plugins.recovery.model import AttemptConf
