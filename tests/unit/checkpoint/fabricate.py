@@ -24,9 +24,9 @@ def make_checkpoint(
     """Job and run default to those of the store's root (`…/jobs/<job>/runs/<run>/…`), else
     `demo` and no run — what the writer would record there."""
     identity = identity_of(store.uri)
-    if job is None:
-        job = identity[0] if identity else "demo"
-        run = run if run is not None else (identity[1] if identity else None)
+    job = job if job is not None else (identity[0] if identity else "demo")
+    if run is None and identity and identity[0] == job:
+        run = identity[1]
     files = files if files is not None else {"__0_0.distcp": f"shard of {step}".encode() * 100,
                                              ".metadata": b"meta"}
     entries = []
