@@ -169,7 +169,7 @@ def _problem_for(err: Any, root: type[BaseModel]) -> Problem:
     kind, value = err["type"], err.get("input")
     if kind == "extra_forbidden":
         parent = _model_at(root, loc[:-1])
-        key = str(loc[-1])
+        key = str(loc[-1])[:80]  # a key is user input too: bounded, like values
         allowed = _aliases(parent) if parent else []
         close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
         if close:
@@ -196,7 +196,8 @@ def _problem_for(err: Any, root: type[BaseModel]) -> Problem:
 def _dotted(loc: Iterable[Any]) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        part = part if isinstance(part, int) else str(part)[:80]
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out or "<root>"
 
 

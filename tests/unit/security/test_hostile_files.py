@@ -71,6 +71,14 @@ def test_a_huge_value_in_a_field_is_previewed_not_rendered(tmp_path: Path) -> No
     assert len(problem.message) < 300, problem.message
 
 
+def test_a_huge_unknown_key_is_previewed(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(_valid_spec_text().replace("metadata:", "? " + "k" * 500_000 + "\n: 1\nmetadata:", 1))
+    job, problems = read_spec_file(path)
+    assert job is None and [p.code for p in problems] == [Code.UNKNOWN_FIELD], problems
+    assert len(problems[0].render()) < 1000
+
+
 def test_a_spec_file_that_is_a_folder_fifo_device_or_missing_is_one_problem(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)  # opening it would wait for a writer forever
