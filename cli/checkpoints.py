@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 
 EXIT_CODES: dict[int, str] = {
-    1: "a checkpoint does not verify, nothing to export, or no job has this name (no spec and nothing "
-       "under its checkpoint root)"}
+    1: "a checkpoint does not verify or a manifest is invalid (it claims another job or run than its "
+       "folder), nothing to export, or no job has this name (no spec and nothing under its checkpoint root)"}
 """This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
 
 
@@ -133,16 +133,24 @@ def _checkpoint_root(args: argparse.Namespace, spec: TrainingJob | None, object_
     from plugins.checkpoint.catalog import list_runs
     from plugins.checkpoint.uris import checkpoint_root, require_job_prefix
 
-    if args.uri:
-        return require_job_prefix(args.uri.rstrip("/"), args.job)
     storage = (spec.spec.checkpoint.storage or "") if spec is not None else ""
+    if args.uri:  # inside the spec's area when the spec is known, else the area it claims
+        return require_job_prefix(args.uri.rstrip("/"), args.job,
+                                  area=_area(args.job, spec, object_store) if spec else None)
     run = args.run
     if not run:
         runs = list_runs(object_store, args.job, storage=storage, endpoint_url=endpoint)
         if not runs:
             return None
         run = runs[-1]
-    return require_job_prefix(checkpoint_root(object_store, args.job, run, storage=storage), args.job)
+    return require_job_prefix(checkpoint_root(object_store, args.job, run, storage=storage), args.job,
+                              area=_area(args.job, spec, object_store))
+
+
+def _area(job: str, spec: TrainingJob | None, object_store: str) -> str:
+    from plugins.checkpoint.uris import job_area_uri
+
+    return job_area_uri(object_store, job, storage=(spec.spec.checkpoint.storage or "") if spec else "")
 
 
 def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:
@@ -185,20 +193,28 @@ def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) 
 
 
 def _verify(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:
-    from plugins.checkpoint.catalog import as_store, list_checkpoints, verify
+    from plugins.checkpoint.catalog import VerifyReport, as_store, scan, verify
+    from plugins.checkpoint.manifest import parse_step_dir
 
     store = as_store(root, endpoint_url=endpoint)
-    records = list_checkpoints(store)
+    found = scan(store)
+    records = found.committed
+    # An invalid manifest (unreadable, unsafe, or claiming another job or run than its folder)
+    # is a failed check, named — not a log line beside an exit status of 0.
+    invalid = [VerifyReport(parse_step_dir(folder) or 0, folder, (f"invalid manifest: {why}",))
+               for folder, why in found.invalid.items()]
     if args.step is not None:
         records = [r for r in records if r.step == args.step]
-        if not records:
+        invalid = [r for r in invalid if r.step == args.step]
+        if not records and not invalid:
             _error(f"no committed checkpoint at step {args.step} under {root}")
             return 1
-    reports = [verify(store, r, hashes=not args.no_hashes) for r in records]
+    reports = sorted([verify(store, r, hashes=not args.no_hashes) for r in records] + invalid,
+                     key=lambda r: r.step)
     if args.json:
         from cli.output import print_json
 
-        print_json([{"step": r.step, "ok": r.ok, "problems": list(r.problems),
+        print_json([{"step": r.step, "folder": r.folder, "ok": r.ok, "problems": list(r.problems),
                      "hashed_bytes": r.hashed_bytes} for r in reports])
     else:
         from rich.markup import escape
@@ -207,7 +223,7 @@ def _verify(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any
 
         for rep in reports:
             mark = "[green]✓[/]" if rep.ok else "[red]✗[/]"
-            console.print(f"{mark} step {rep.step}: {escape(rep.reason)}")
+            console.print(f"{mark} step {rep.step} ({rep.folder}): {escape(rep.reason)}")
         if not reports:
             console.print("no committed checkpoints")
     return 0 if all(r.ok for r in reports) else 1
@@ -276,7 +292,8 @@ def _export(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any
             return 1
         manifest_uri = store.key_uri(f"{step_dir(args.step)}/{MANIFEST_NAME}")
     try:
-        result = export_safetensors(manifest_uri, args.out, endpoint_url=endpoint, job=args.job)
+        result = export_safetensors(manifest_uri, args.out, endpoint_url=endpoint, job=args.job,
+                                    area=_area(args.job, spec, _object_store()) if spec else None)
     except Exception as e:  # an integrity failure is an answer, not a traceback
         from plugins.errors import TrainyardError
 
@@ -295,6 +312,12 @@ def _export(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any
         console.print(f"exported step {result.step}: {result.tensors} tensors, "
                       f"{_size(result.bytes)} → {result.path} (sha256 {result.sha256[:16]}…)")
     return 0
+
+
+def _object_store() -> str:
+    from config.settings import get_settings
+
+    return get_settings().object_store
 
 
 def _record_json(r: CheckpointRecord) -> dict[str, Any]:
@@ -327,5 +350,6 @@ def _error(message: str) -> None:
     from rich.markup import escape
 
     from cli.output import err_console
+    from config.problems import preview
 
-    err_console.print(f"[red]error:[/] {escape(message)}")
+    err_console.print(f"[red]error:[/] {escape(preview(message, 2000))}")

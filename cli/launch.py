@@ -7,7 +7,9 @@ shows progress until the job ends, releases the reservation and exits with the j
 with the recovery engine's verdict on a failure and what the control plane would do about it.
 `--detach` prints the RunHandle JSON and returns at once; the job keeps running and its
 reservation holds until its lease expires (`--lease-s`). Ctrl-C stops the job (SIGTERM, then
-SIGKILL after `--grace-s`). Exit 1 also for an invalid spec or an unschedulable job.
+SIGKILL after `--grace-s`). A rank that hangs (no step progress for `hangTimeout`) makes it
+stop the gang the control plane's way and exit 124. Exit 1 also for an invalid spec or an
+unschedulable job.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
 
     from plugins.launch.model import RunStatus
 
+EXIT_HANG = 124
+"""A rank hung and the gang was stopped (as `timeout(1)` says "timed out")."""
 RENEW_EVERY_S = 30.0
 ATTACHED_LEASE_S = 300.0
 DETACHED_LEASE_S = 24 * 3600.0
@@ -34,6 +38,7 @@ EXIT_CODES: dict[int, str] = {
     42: "a rank stopped because the loss diverged (the failing rank's own code, as for any code)",
     43: "a rank took an emergency checkpoint after SIGTERM and stopped (e.g. after --timeout-s)",
     44: "a rank stopped after SIGTERM without a checkpoint",
+    124: "a rank hung (no step progress for the spec's hangTimeout): the gang was stopped",
     137: "a rank was killed by signal N gives 128+N: 137 SIGKILL (e.g. the kernel's OOM killer), "
          "143 SIGTERM",
 }
@@ -65,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from cli.common import load_checked_job
     from cli.output import err_console, print_json
     from config.settings import get_settings
@@ -85,6 +92,18 @@ def run(args: argparse.Namespace) -> int:
     if loaded is None:
         return 1
     job, cluster = loaded
+    from plugins.recovery.model import MAX_ATTEMPTS
+    from plugins.recovery.steps import InvalidConf, check_resume_point
+
+    if not 0 <= args.attempt <= MAX_ATTEMPTS:
+        err_console.print(f"trainyard launch: error: --attempt {args.attempt}: give 0 to {MAX_ATTEMPTS}")
+        return 2
+
+    try:  # another job's checkpoint is refused here, before anything is placed or started
+        check_resume_point(args.resume_from, job, settings.object_store)
+    except InvalidConf as e:
+        err_console.print(f"trainyard launch: error: --resume-from: {escape(str(e))}")
+        return 2
     if cluster.spec.mode != "local":
         err_console.print(f"trainyard launch: error: cluster '{cluster.name}' is a {cluster.spec.mode} cluster; "
                           "--local launches need a local one (TRAINYARD_CLUSTER=local)")
@@ -147,7 +166,15 @@ def run(args: argparse.Namespace) -> int:
     _summary(status, launcher, handle)
     _verdict(job, plan, cluster, settings, handle, status)
     _close_tracking(run_id, status, settings, job.name)
-    return exit_status(status)
+    return EXIT_HANG if _stopped_for_hang(handle) else exit_status(status)
+
+
+def _stopped_for_hang(handle: Any) -> bool:
+    """The gang was stopped because a rank hung (the stop reason recorded beside the run)."""
+    from plugins.recovery.watch import read_stop_reason
+
+    stop = read_stop_reason(handle.run_dir) if handle is not None else None
+    return stop is not None and stop.reason == "hang"
 
 
 def _open_tracking(job: Any, plan: Any, cluster: Any, settings: Any, args: argparse.Namespace,
@@ -194,6 +221,7 @@ def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse
     from rich.live import Live
 
     from cli.output import err_console
+    from plugins.recovery.watch import hang_stop, stop_gang
 
     started = last_renew = time.monotonic()
     status = launcher.poll(handle)
@@ -212,6 +240,10 @@ def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse
                 return _stop(handle, "timeout", f"--timeout-s {args.timeout_s:g} reached", args.grace_s)
             if status.finished:
                 return launcher.settle(handle, status)
+            hang = hang_stop(status)
+            if hang is not None:
+                err_console.print(f"[red]hang[/]: {hang.detail}; stopping the gang")
+                return stop_gang(handle, hang, grace_s=args.grace_s)
             status = launcher.poll(handle)
             live.update(_progress(status, handle, now - started))
 

@@ -92,9 +92,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # the net under every command, for input an engine refused
+        code = refused_input_exit_code(e)
+        if code is None:
+            raise
+        from config.problems import preview
+
+        print(f"trainyard {args.command}: error: {preview(str(e), 2000)}", file=sys.stderr)
+        return code
     except BrokenPipeError:  # `trainyard … | head`
         sys.stderr.close()
         return 0
+
+
+def refused_input_exit_code(error: BaseException) -> int | None:
+    """A command that lets an engine's refusal of its input through still ends in one line:
+    2 for a bad file or argument (a cluster file, a URI outside the job's area), 1 for anything
+    else an engine refused on purpose (`FatalError`); None for a bug (its traceback stays)."""
+    from config.cluster import ClusterFileError
+    from plugins.errors import FatalError
+    from plugins.storage.errors import UnsafeKeyError
+
+    if isinstance(error, ClusterFileError | UnsafeKeyError | FileNotFoundError | IsADirectoryError):
+        return 2
+    if isinstance(error, FatalError):
+        return 1
+    return None
 
 
 if __name__ == "__main__":

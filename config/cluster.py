@@ -8,6 +8,7 @@ In Kubernetes mode the same `Cluster` is built from node labels (`plugins/placem
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -20,11 +21,14 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
+from config.problems import preview
 from config.quantities import Bandwidth, Bytes
+from plugins.errors import FatalError
 
 CLUSTERS_DIR = Path(__file__).parent / "clusters"
 
@@ -88,9 +92,40 @@ def refuse_renamed(data: object, where: str, renamed: dict[str, str]) -> object:
     return data
 
 
+def check_name_template(template: str, fields: frozenset[str]) -> str:
+    """A name pattern may use only its own placeholders, plainly (`{index:03d}`): no attribute
+    or item access (`{rack.__class__}`), no huge widths, no unknown names (a KeyError later)."""
+    import string
+
+    if len(template) > 200:
+        raise ValueError(f"name pattern of {len(template)} characters; at most 200")
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ValueError(f"name pattern {preview(template, 80)!r}: {e}") from e
+    for _, field, spec, conversion in parsed:
+        if field is None:
+            continue
+        if field not in fields or conversion or not _SAFE_SPEC.fullmatch(spec or ""):
+            raise ValueError(f"name pattern {preview(template, 80)!r}: placeholder "
+                             f"{{{field}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}} "
+                             f"is not allowed; use {', '.join('{' + f + '}' for f in sorted(fields))} "
+                             "with an optional width like :03d")
+    return template
+
+
+_SAFE_SPEC = re.compile(r"0?[1-9]?d?")
+
+
 class NodeTemplate(_Section):
     name: str = "{rack}-n{index}"
     """Node name pattern; `{rack}` is the rack's name, `{index}` counts from `start`."""
+
+    @field_validator("name")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        return check_name_template(value, frozenset({"rack", "index"}))
+
     count: PositiveInt = 1
     start: NonNegativeInt = 0
     gpu_type: str
@@ -101,6 +136,12 @@ class NodeTemplate(_Section):
 
 class RackTemplate(_Section):
     name: str = "rack-{index}"
+
+    @field_validator("name")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        return check_name_template(value, frozenset({"index"}))
+
     count: PositiveInt = 1
     start: NonNegativeInt = 0
     nodes: list[NodeTemplate] = Field(min_length=1)
@@ -152,6 +193,9 @@ class Cluster(_Section):
 
     @model_validator(mode="after")
     def _names_unique(self) -> Cluster:
+        total = sum(r.count * sum(n.count for n in r.nodes) for r in self.spec.racks)
+        if total > MAX_NODES:
+            raise ValueError(f"the rack templates expand to {total:,} nodes; at most {MAX_NODES:,}")
         names = [n.name for n in self.nodes]
         if len(names) != len(set(names)):
             seen: set[str] = set()
@@ -224,13 +268,84 @@ def cluster_for(gpu_type: str, preferred: str | Path) -> Cluster:
     return first
 
 
+MAX_CLUSTER_BYTES = 1_000_000
+"""A cluster file is templates, not a node list: a 10k-GPU fleet is a few dozen lines."""
+MAX_NODES = 200_000
+"""Nodes after template expansion (10x the largest fleets); checked before expanding."""
+
+
+class ClusterFileError(FatalError, ValueError):
+    """A cluster file that cannot be used: a folder, unreadable, binary, not YAML, over the
+    limits, or not a Cluster. One line, naming the file; callers exit with a usage error."""
+
+
 def load_cluster(name_or_path: str | Path) -> Cluster:
-    """Load `config/clusters/<name>.yaml`, or a cluster file given by path."""
+    """Load `config/clusters/<name>.yaml`, or a cluster file given by path. Raises
+    `FileNotFoundError` for a name or path that does not exist and `ClusterFileError` for a
+    file that is not a valid cluster — each a one-line message, never a parser traceback."""
     path = Path(name_or_path)
-    if not path.suffix:
+    if not path.suffix and "/" not in str(name_or_path):  # a name; anything with a '/' is a path
         path = CLUSTERS_DIR / f"{name_or_path}.yaml"
     if not path.exists():
         raise FileNotFoundError(
-            f"no cluster {str(name_or_path)!r}; known clusters: {', '.join(known_clusters())}")
-    with path.open() as f:
-        return Cluster.model_validate(yaml.safe_load(f))
+            f"no cluster {preview(str(name_or_path), 200)!r}; known clusters: {', '.join(known_clusters())}")
+    return parse_cluster(_read_cluster_bytes(path), where=str(path))
+
+
+def _read_cluster_bytes(path: Path) -> bytes:
+    import stat
+
+    where = preview(str(path), 200)
+    if path.is_dir():
+        raise ClusterFileError(f"cluster file {where} is a folder; give a cluster YAML file or a name "
+                               f"({', '.join(known_clusters())})")
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open, a device never ends
+            raise ClusterFileError(f"cluster file {where} is not a regular file")
+        size = st.st_size
+        if size > MAX_CLUSTER_BYTES:
+            raise ClusterFileError(f"cluster file {where} is {size / 1e6:.1f} MB; a cluster file is at "
+                                   f"most {MAX_CLUSTER_BYTES // 1_000_000} MB of templates")
+        with path.open("rb") as f:
+            return f.read(MAX_CLUSTER_BYTES + 1)
+    except OSError as e:
+        raise ClusterFileError(f"cannot read cluster file {where}: {e.strerror or e}") from e
+
+
+def parse_cluster(raw: bytes, *, where: str = "<cluster>") -> Cluster:
+    """Parse and validate a cluster document; every failure is one `ClusterFileError` line."""
+    from pydantic import ValidationError
+
+    from config.safe_yaml import YamlLimitError, load_documents
+
+    where = preview(where, 200)
+    if len(raw) > MAX_CLUSTER_BYTES:
+        raise ClusterFileError(f"cluster file {where} is over {MAX_CLUSTER_BYTES // 1_000_000} MB")
+    if b"\x00" in raw:
+        raise ClusterFileError(f"cluster file {where} is binary (it contains NUL bytes), not YAML")
+    try:
+        documents = [d for d in load_documents(raw.decode("utf-8")) if d is not None]
+    except UnicodeDecodeError as e:
+        raise ClusterFileError(f"cluster file {where} is not UTF-8 text (bad byte at offset {e.start})") from e
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        detail = getattr(e, "problem", None) or str(e)
+        raise ClusterFileError(f"cluster file {where}{line} is not valid YAML: "
+                               f"{preview(str(detail), 200)}") from e
+    except (YamlLimitError, ValueError, TypeError, OverflowError, RecursionError) as e:
+        raise ClusterFileError(f"cluster file {where} refused: {preview(str(e), 200)}") from e
+    if len(documents) != 1 or not isinstance(documents[0], dict):
+        found = f"{len(documents)} documents" if len(documents) != 1 else f"a {type(documents[0]).__name__}"
+        raise ClusterFileError(f"cluster file {where} is not a Cluster: it holds {found}, not one "
+                               "mapping with 'kind: Cluster'")
+    try:
+        return Cluster.model_validate(documents[0])
+    except ValidationError as e:
+        first = e.errors(include_url=False)
+        shown = "; ".join(f"{'.'.join(map(str, err['loc'])) or '<root>'}: "
+                          f"{err['msg'].removeprefix('Value error, ')}" for err in first[:3])
+        more = f" (+{len(first) - 3} more)" if len(first) > 3 else ""
+        raise ClusterFileError(f"cluster file {where} is not a valid Cluster: "
+                               f"{preview(shown, 400)}{more}") from e

@@ -9,6 +9,7 @@ into the spec's own spelling with a did-you-mean for unknown keys.
 from __future__ import annotations
 
 import difflib
+import stat
 import types
 import typing
 from collections.abc import Iterable
@@ -19,37 +20,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from config.problems import Code, Problem, SpecError
+from config.safe_yaml import YamlLimitError, load_documents, preview_value
 from config.spec import API_VERSION, KIND, TrainingJob
 
 MAX_SPEC_BYTES = 1_000_000
 """A spec is a page of YAML; anything over 1 MB is a wrong file, not a big spec."""
-
-
-class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """SafeLoader that refuses duplicate keys instead of keeping the last one. On libyaml's C
-    parser where PyYAML has it (about 8× faster: the DAG folder parses every spec), with the
-    same constructors and the same error marks."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, yaml.Node] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if isinstance(key, typing.Hashable) and key in seen:
-            first = seen[key].start_mark.line + 1
-            raise yaml.constructor.ConstructorError(
-                None, None,
-                f"duplicate key {key!r} (first defined on line {first})",
-                key_node.start_mark,
-            )
-        if isinstance(key, typing.Hashable):
-            seen[key] = key_node
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
-)
 
 
 def load_spec_file(path: str | Path) -> TrainingJob:
@@ -66,19 +41,31 @@ def read_spec_file(path: str | Path) -> tuple[TrainingJob | None, list[Problem]]
     path = Path(path)
     where = str(path)
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a folder, a FIFO (open would block), a device
+            return None, [Problem(code=Code.FILE_UNREADABLE, path=where,
+                                  message=f"not a regular file ({_file_kind(st.st_mode)})",
+                                  hint="pass the spec's YAML file")]
+        size = st.st_size
         if size > MAX_SPEC_BYTES:
             return None, [Problem(
                 code=Code.FILE_TOO_LARGE, path=where,
                 message=f"the file is {size / 1e6:.1f} MB; a spec is at most {MAX_SPEC_BYTES // 1_000_000} MB",
                 hint="is this the right file? A TrainingJob spec is a short YAML document",
             )]
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)  # the file may grow between the stat and the read
     except OSError as e:
         return None, [Problem(code=Code.FILE_UNREADABLE, path=where,
                               message=f"cannot read the file: {e.strerror or e}",
                               hint="check the path and its permissions")]
     return parse_spec_text(raw, where=where)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a file")
 
 
 def parse_spec_text(raw: bytes | str, *, where: str = "<spec>") -> tuple[TrainingJob | None, list[Problem]]:
@@ -133,7 +120,11 @@ def _parse_yaml(raw: bytes | str, where: str) -> tuple[Any, list[Problem]]:
                                   message="a tab is used for indentation; YAML allows only spaces",
                                   hint="replace the tabs at the start of the line with spaces")]
     try:
-        documents = list(yaml.load_all(text, Loader=_UniqueKeyLoader))
+        documents = load_documents(text)
+    except YamlLimitError as e:
+        return None, [Problem(code=Code.NOT_YAML, path=where, message=f"refused: {e}",
+                              hint="write the values out; anchors and aliases are for a few "
+                                   "repeated blocks, not for generating large documents")]
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -143,6 +134,9 @@ def _parse_yaml(raw: bytes | str, where: str) -> tuple[Any, list[Problem]]:
                               hint="fix the YAML syntax at that line")]
     except RecursionError:
         return None, [Problem(code=Code.NOT_YAML, path=where, message="the YAML nests too deeply")]
+    except (ValueError, TypeError, OverflowError) as e:  # a constructor refusing a value
+        return None, [Problem(code=Code.NOT_YAML, path=where,
+                              message=f"a value cannot be read: {preview_value(str(e), 200)}")]
     documents = [d for d in documents if d is not None]
     if len(documents) > 1:
         return None, [Problem(code=Code.NOT_A_MAPPING, path=where,
@@ -175,7 +169,7 @@ def _problem_for(err: Any, root: type[BaseModel]) -> Problem:
     kind, value = err["type"], err.get("input")
     if kind == "extra_forbidden":
         parent = _model_at(root, loc[:-1])
-        key = str(loc[-1])
+        key = str(loc[-1])[:80]  # a key is user input too: bounded, like values
         allowed = _aliases(parent) if parent else []
         close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
         if close:
@@ -202,13 +196,14 @@ def _problem_for(err: Any, root: type[BaseModel]) -> Problem:
 def _dotted(loc: Iterable[Any]) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        part = part if isinstance(part, int) else str(part)[:80]
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out or "<root>"
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A bounded preview: the input can be a huge (or alias-shared) value."""
+    return preview_value(value)
 
 
 def _unwrap(annotation: Any) -> Any:

@@ -86,5 +86,10 @@ class SpecError(FatalError, ValueError):
         super().__init__(f"{len(problems)} problem(s) in the spec:\n{lines}")
 
 
+def preview(text: str, limit: int = 300) -> str:
+    """A message cut to `limit` characters: values in messages come from untrusted input."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def errors_only(problems: list[Problem]) -> list[Problem]:
     return [p for p in problems if p.severity == "error"]

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from urllib.parse import urlparse
 
 from config.cluster import Cluster
 from config.pipeline import describe_split, rank_layer_counts, split_imbalance
-from config.problems import Code, Problem
+from config.prefix import UnsafePath, locate, storage_problem
+from config.problems import Code, Problem, preview
 from config.spec import TrainingJob
 from config.worker_env import is_reserved
 
@@ -121,21 +121,33 @@ def min_gpu_count(job: TrainingJob) -> Iterable[Problem]:
 
 
 def checkpoint_prefix(job: TrainingJob) -> Iterable[Problem]:
-    storage = job.spec.checkpoint.storage
-    if storage is None:
+    """`checkpoint.storage` must be the job's own folder (by path structure, `config/prefix.py`),
+    never inside another job's area; `checkpoint.initFrom` must name a manifest."""
+    ckpt, name = job.spec.checkpoint, job.metadata.name
+    if ckpt.storage is not None:
+        problem = storage_problem(ckpt.storage, name)
+        if problem:
+            yield Problem(code=Code.CHECKPOINT_PREFIX, path="spec.checkpoint.storage",
+                          message=preview(problem),
+                          hint=f"use a folder named after the job, e.g. s3://checkpoints/{name}/, "
+                               "or leave it out for <object store>/jobs/<job>/")
+    if ckpt.init_from is not None:
+        yield from _init_from(ckpt.init_from, ckpt.storage, name)
+
+
+def _init_from(uri: str, storage: str | None, name: str) -> Iterable[Problem]:
+    hint = ("name another job's committed checkpoint, e.g. "
+            "s3://store/jobs/base-model/runs/<run>/checkpoints/step-00001000/MANIFEST.json")
+    try:
+        loc = locate(uri)
+    except UnsafePath as e:
+        yield Problem(code=Code.CHECKPOINT_PREFIX, path="spec.checkpoint.initFrom",
+                      message=preview(str(e)), hint=hint)
         return
-    name = job.metadata.name
-    parsed = urlparse(storage)
-    segments = [s for s in parsed.path.split("/") if s]
-    if parsed.scheme not in ("s3", "file", ""):
-        yield Problem(code=Code.CHECKPOINT_PREFIX, path="spec.checkpoint.storage",
-                      message=f"'{storage}' uses scheme '{parsed.scheme}'; only s3:// and file:// are supported",
-                      hint=f"e.g. s3://checkpoints/{name}/")
-    elif ".." in segments or name not in segments:
-        yield Problem(code=Code.CHECKPOINT_PREFIX, path="spec.checkpoint.storage",
-                      message=f"'{storage}' is outside the job's own prefix (no '{name}' path segment)",
-                      hint=f"use a folder named after the job, e.g. s3://checkpoints/{name}/, "
-                           "or leave it out for <object store>/jobs/<job>/checkpoints/")
+    tail = loc.segments[-2:]
+    if len(tail) < 2 or tail[1] != "MANIFEST.json" or not re.fullmatch(r"step-\d{8,}", tail[0]):
+        yield Problem(code=Code.CHECKPOINT_PREFIX, path="spec.checkpoint.initFrom",
+                      message=preview(f"'{uri}' does not name a step-NNNNNNNN/MANIFEST.json"), hint=hint)
 
 
 def reserved_env(job: TrainingJob) -> Iterable[Problem]:

@@ -25,6 +25,7 @@ def new_run_id(now: datetime | None = None) -> str:
 def check_run_id(run: str) -> str:
     """A run id is a path segment of the job's area; refuse anything that could escape it."""
     if not _RUN_ID.match(run):
-        raise ValueError(f"run id {run!r} must be 3-63 lower-case letters, digits or '-', "
+        shown = run if len(run) <= 80 else run[:77] + "..."
+        raise ValueError(f"run id {shown!r} must be 3-63 lower-case letters, digits or '-', "
                          "starting with a letter or digit (e.g. 20261130t235959-3fa2c1)")
     return run

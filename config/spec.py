@@ -200,8 +200,13 @@ class Checkpoint(Section):
     min_age_minutes: NonNegativeFloat = 0
     """Never delete a checkpoint younger than this."""
     storage: str | None = None
-    """Checkpoint root URI; must lie inside the job's own prefix. Default:
-    `<object store>/jobs/<job>/checkpoints/`."""
+    """The job's own checkpoint folder, named after the job (`s3://checkpoints/<job>`); runs
+    keep theirs under `<storage>/runs/<run>`. Default: `<object store>/jobs/<job>/`. It may not
+    lie inside another job's area (`config/prefix.py`)."""
+    init_from: str | None = Field(default=None, max_length=4096)
+    """Another job's checkpoint (its `…/step-NNNNNNNN/MANIFEST.json` URI) to start a new run
+    from — fine-tuning. Read-only: the only foreign URI the job may read, never written, and
+    recorded in the run's lineage (MLflow tag `trainyard.init_from`)."""
     async_save: bool = Field(default=True, alias="async")
     compression: Literal["none", "zstd"] = "none"
     """Per-file compression, recorded in the manifest."""

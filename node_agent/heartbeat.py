@@ -10,10 +10,20 @@ and skip it with a warning.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 FILE_PATTERN = "rank-*.json"
+
+MAX_STEP = 10**15
+"""Far past any training run, and exact as a float: a Prometheus sample is a float64, and a
+400-digit integer (valid JSON) would overflow `float()` and break every scrape of the node."""
+MAX_TIME = 1e11
+"""Unix seconds, year ~5100: anything larger is not a clock reading."""
+Name = Annotated[str, Field(max_length=253)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+"""Any finite float64 renders as a Prometheus sample; NaN/inf are said with `nan`."""
 
 
 def heartbeat_path(directory: str | Path, rank: int) -> Path:
@@ -21,26 +31,32 @@ def heartbeat_path(directory: str | Path, rank: int) -> Path:
 
 
 class Heartbeat(BaseModel):
+    """One rank's last step. Values are bounded (types, ranges, sizes): the file is written by
+    user training code's process and read by the node agent, whose `/metrics` must keep
+    answering whatever one file says; a file outside the bounds is skipped and named."""
+
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    job: str
-    run: str = ""
+    job: Name = Field(min_length=1)
+    run: str = Field(default="", max_length=63)
     """The training run (one trigger of the job), so two runs of a job never look alike."""
-    attempt: int = 0
-    rank: int
-    local_rank: int = 0
-    node: str = ""
-    pid: int
-    step: int
-    time: float
+    attempt: int = Field(default=0, ge=0, le=1_000_000)
+    rank: int = Field(ge=0, le=10_000_000)
+    local_rank: int = Field(default=0, ge=0, le=1_000_000)
+    node: Name = ""
+    pid: int = Field(ge=0, le=2**31)
+    step: int = Field(ge=0, le=MAX_STEP)
+    time: float = Field(ge=0, le=MAX_TIME, allow_inf_nan=False)
     """Unix time of the write."""
     loss: float | None = None
-    tokens_per_s: float | None = None
+    """NaN/inf allowed (an older or hand-written loop; the agent flags them): Prometheus
+    renders them. An integer too large for a float64 is refused by the parser."""
+    tokens_per_s: Finite | None = None
     nan: bool = False
     """The loss of this step was NaN or infinite."""
-    hang_timeout_s: float = 600.0
+    hang_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
     """The job's `faultTolerance.hangTimeout`: older than this means hung."""
-    phase: str = "train"
+    phase: str = Field(default="train", max_length=32)
     """`start`, `restore`, `train`, `checkpoint`, `done`, `diverged`."""
 
 

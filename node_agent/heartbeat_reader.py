@@ -28,10 +28,15 @@ MAX_HEARTBEAT_BYTES = 64 * 1024
 """A heartbeat is a few hundred bytes; anything far larger is not one (and is not read)."""
 
 
+MAX_NAMED_INVALID = 20
+"""Invalid files named in `/health` (the count is always whole): enough to find the culprit."""
+
+
 @dataclass(frozen=True)
 class _Entry:
     stamp: tuple[int, int, int]
     beat: Heartbeat | None
+    why: str = ""
 
 
 class HeartbeatReader:
@@ -41,13 +46,15 @@ class HeartbeatReader:
         self._once = OnceLog(log)
         self.invalid_files = 0
         """Files matching the pattern that did not parse at the last scan."""
+        self.invalid: dict[str, str] = {}
+        """Path → why it was skipped, at the last scan (the first `MAX_NAMED_INVALID`)."""
 
     def scan(self) -> list[tuple[Path, Heartbeat]]:
         """Every valid heartbeat under the root, sorted by path."""
         if not self.root.is_dir():
             self._once.info("no-root", "heartbeat dir %s does not exist (yet): no ranks to report", self.root)
             self._cache.clear()
-            self.invalid_files = 0
+            self.invalid_files, self.invalid = 0, {}
             return []
         self._once.forget("no-root")
         found: dict[Path, _Entry] = {}
@@ -61,15 +68,19 @@ class HeartbeatReader:
             stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
             entry = self._cache.get(path)
             if entry is None or entry.stamp != stamp:
-                entry = _Entry(stamp, self._parse(path, st.st_size))
+                beat, why = self._parse(path, st.st_size)
+                entry = _Entry(stamp, beat, why)
             found[path] = entry
         for gone in self._cache.keys() - found.keys():
             self._once.forget(gone)
         self._cache = found
-        self.invalid_files = sum(1 for e in found.values() if e.beat is None)
+        bad = [(str(path), e.why) for path, e in found.items() if e.beat is None]
+        self.invalid_files, self.invalid = len(bad), dict(bad[:MAX_NAMED_INVALID])
         return [(path, e.beat) for path, e in found.items() if e.beat is not None]
 
-    def _parse(self, path: Path, size: int) -> Heartbeat | None:
+    def _parse(self, path: Path, size: int) -> tuple[Heartbeat | None, str]:
+        """(the heartbeat, '') or (None, why it is not one). Values are bounded by the model
+        (`Heartbeat`: types, ranges, sizes), so what passes renders in `/metrics`."""
         if size > MAX_HEARTBEAT_BYTES:
             return self._skip(path, f"{size} bytes, more than a heartbeat's {MAX_HEARTBEAT_BYTES}")
         try:
@@ -82,12 +93,14 @@ class HeartbeatReader:
         try:
             beat = Heartbeat.model_validate_json(data)
         except ValidationError as e:
-            first = e.errors()[0]
+            first = e.errors(include_url=False)[0]
             where = ".".join(str(p) for p in first["loc"]) or "document"
-            return self._skip(path, f"not a heartbeat ({where}: {first['msg']})")
+            return self._skip(path, f"not a heartbeat ({where[:64]}: {first['msg'][:160]})")
+        except (ValueError, RecursionError) as e:  # defensive: JSON the parser refuses outright
+            return self._skip(path, f"not a heartbeat ({type(e).__name__})")
         self._once.forget(path)
-        return beat
+        return beat, ""
 
-    def _skip(self, path: Path, why: str) -> None:
+    def _skip(self, path: Path, why: str) -> tuple[None, str]:
         self._once.warning(path, "skipping heartbeat file %s: %s", path, why)
-        return None
+        return None, why

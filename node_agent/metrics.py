@@ -122,10 +122,21 @@ def _rank_metrics(health: NodeHealth) -> Iterator[Metric]:
     for name, field, doc in _RANK_GAUGES:
         family = GaugeMetricFamily(name, doc, labels=list(_RANK_LABELS))
         for rank in health.ranks:
-            value = getattr(rank, field)
+            value = _sample(getattr(rank, field))
             if value is not None:
-                family.add_metric(_rank_key(health.node, rank), float(value))
+                family.add_metric(_rank_key(health.node, rank), value)
         yield family
+
+
+def _sample(value: object) -> float | None:
+    """A float for Prometheus, or None: one rank's odd value must never fail the scrape of the
+    whole node (the heartbeat model bounds values already; this is the last guard)."""
+    if value is None:
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (OverflowError, TypeError, ValueError):
+        return None
 
 
 def _rank_key(node: str, rank: RankHeartbeat) -> list[str]:

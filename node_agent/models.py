@@ -114,6 +114,8 @@ class NodeHealth(_Model):
     ranks: list[RankHeartbeat] = Field(default_factory=list)
     invalid_heartbeat_files: int = 0
     """Files named like heartbeats that did not parse (skipped, warned about once each)."""
+    invalid_heartbeats: dict[str, str] = Field(default_factory=dict)
+    """Path → why it was skipped, for the first few of them: the file to look at."""
     uptime_s: float
     fault_injection: bool = False
 

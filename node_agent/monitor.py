@@ -178,7 +178,7 @@ class Monitor:
         now = self._clock()
         with self._scan_lock:
             beats = self._reader.scan()
-            invalid = self._reader.invalid_files
+            invalid, named = self._reader.invalid_files, self._reader.invalid
         forget = self.config.forget_after_s
         newest: dict[tuple[str, int, int], RankHeartbeat] = {}
         for path, beat in beats:  # one entry per (job, attempt, rank): the newest file wins
@@ -204,7 +204,7 @@ class Monitor:
             accelerator="nvidia" if self.has_gpus else "cpu",
             gpus=gpus, slots=0 if self.has_gpus else self.config.cpu_slots,
             driver_version=self._probe.driver_version, probe_error=self._probe.error,
-            ranks=ranks, invalid_heartbeat_files=invalid,
+            ranks=ranks, invalid_heartbeat_files=invalid, invalid_heartbeats=named,
             uptime_s=now - self._started, fault_injection=self.config.enable_fault_injection,
         )
 

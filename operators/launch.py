@@ -39,6 +39,8 @@ class LaunchTrainingOperator(BaseOperator):
             raise AirflowSkipException("dry run: validated, planned and placed; nothing launched")
         config = settings()
         plan, placement = pull(context, PLAN, Plan), pull(context, PLACE, Placement)
+        resume_from = resume_point(conf, job, tracking_uri=config.mlflow_tracking_uri,
+                                   object_store=config.object_store)  # refused before anything starts
         # the same MLflow run, with the same start artifacts (spec, plan explanation, data-quality
         # report) as `trainyard launch`; every later attempt continues it
         mlflow_run_id = open_tracked_run(
@@ -46,7 +48,6 @@ class LaunchTrainingOperator(BaseOperator):
             check_quality=conf.attempt == 0,
             cluster=cluster_for(job.spec.hardware.gpu_type, config.cluster),
             plan_source=f"re-planned after attempt {conf.attempt - 1}" if conf.plan else "advisor")
-        resume_from = resume_point(conf, tracking_uri=config.mlflow_tracking_uri, job=job)
         handle = launch_attempt(job, plan, placement, conf, config, mlflow_run_id=mlflow_run_id,
                                 resume_from=resume_from)
         self.log.info("run %s attempt %d: %d ranks started (%s), resuming from %s; MLflow run %s; "

@@ -59,7 +59,9 @@ class ValidateSpecOperator(BaseOperator):
             (self.log.error if p.severity == "error" else self.log.warning)("%s %s", p.code.value, p.render())
         if any(p.severity == "error" for p in problems):
             raise AirflowFailException(_report(problems, what=f"{job.name} is invalid"))
-        from plugins.recovery.steps import begin
+        from plugins.recovery.steps import begin, check_conf_points
+
+        check_conf_points(conf, job, object_store=config.object_store)  # another job's checkpoint: no
 
         begin(job, conf, config, trigger_key=f"{dag_run.dag_id}/{dag_run.run_id}")
         context["ti"].xcom_push(key="job", value=job.model_dump(mode="json", by_alias=True))

@@ -238,6 +238,13 @@ class TrainingSession:
         try:
             manifest = manager.restore(model=self._model, optimizer=self._optimizer, extra=self._extra,
                                        manifest_uri=self.config.resume_from or None)
+            init_from = self.config.spec.spec.checkpoint.init_from
+            if manifest is None and init_from:
+                # A fresh run of a fine-tuning job: the other job's weights only (read-only,
+                # `checkpoint.initFrom`), then step 1 with this job's own optimizer and data.
+                manager.restore(model=self._model, manifest_uri=init_from)
+                if self.rank == 0:
+                    log.info("initialised the weights from %s (checkpoint.initFrom)", init_from)
         except NoValidCheckpointError as e:
             self._checkpoint_corrupt(e)
         start = 1 if manifest is None else manifest.step + 1
@@ -332,13 +339,16 @@ class TrainingSession:
     def checkpoints(self) -> CheckpointManager:
         if self._checkpoints is None:
             from plugins.checkpoint.manager import CheckpointManager
+            from plugins.checkpoint.uris import area_for
 
             run_dir = self.config.run_dir
             self._checkpoints = CheckpointManager(
                 checkpoint_uri=self.config.checkpoint_uri, job=self.config.job, rank=self.rank,
                 world_size=self.world_size, staging_dir=run_dir / "staging",
                 compression=self.config.spec.spec.checkpoint.compression,
-                endpoint_url=self.config.endpoint_url, plan_json=self.plan.model_dump_json())
+                endpoint_url=self.config.endpoint_url, plan_json=self.plan.model_dump_json(),
+                area=area_for(self.config.spec, self.config.object_store),
+                init_from=self.config.spec.spec.checkpoint.init_from or "")
         return self._checkpoints
 
     def save(self, step: int, *, sync: bool = False) -> SaveResult:

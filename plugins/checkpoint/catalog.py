@@ -29,7 +29,7 @@ from plugins.checkpoint.manifest import (
     parse_step_dir,
     step_dir,
 )
-from plugins.checkpoint.uris import split_manifest_uri
+from plugins.checkpoint.uris import identity_of, split_manifest_uri
 from plugins.storage.errors import ObjectNotFoundError
 from plugins.storage.store import ObjectInfo, ObjectStore, open_store, sha256_of_stream
 
@@ -106,12 +106,34 @@ def as_store(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None
 
 
 def read_manifest(store: ObjectStore, folder: str) -> CheckpointRecord:
-    """Read and check one folder's manifest; raises `ObjectNotFoundError` / `ValueError`."""
+    """Read and check one folder's manifest; raises `ObjectNotFoundError` / `ValueError`.
+
+    Its identity must match the folder that holds it: the step of `step-NNNNNNNN`, and the job
+    and run of the root (`…/jobs/<job>/runs/<run>/checkpoints`, `<storage>/runs/<run>`), so a
+    manifest copied in from another job or run is invalid — never restored, never exported."""
     manifest = CheckpointManifest.from_json_bytes(store.get_bytes(f"{folder}/{MANIFEST_NAME}"))
     expected = parse_step_dir(folder)
     if expected != manifest.step:
         raise ValueError(f"manifest in {folder!r} says step {manifest.step}")
+    problem = identity_problem(manifest, store.uri)
+    if problem:
+        raise ValueError(problem)
     return CheckpointRecord(manifest, store.key_uri(f"{folder}/{MANIFEST_NAME}"), folder)
+
+
+def identity_problem(manifest: CheckpointManifest, root_uri: str) -> str | None:
+    """Why the manifest's job/run do not match the root that holds it, or None. A root with
+    no job structure (a scratch folder) is not compared."""
+    identity = identity_of(root_uri)
+    if identity is None:
+        return None
+    job, run = identity
+    if manifest.job != job:
+        return f"the manifest claims job {manifest.job[:80]!r} but lies in job {job!r}'s folder"
+    if manifest.run != run:
+        return (f"the manifest claims run {(manifest.run or '')[:80]!r} but lies in "
+                f"{'run ' + repr(run) if run else 'a folder without runs'}")
+    return None
 
 
 def open_manifest_uri(manifest_uri: str, *, endpoint_url: str | None = None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugins.checkpoint.catalog import open_manifest_uri
+from plugins.checkpoint.errors import OutsideJobPrefixError
 from plugins.checkpoint.manifest import MANIFEST_NAME
 from plugins.checkpoint.transfer import download_verified
 from plugins.checkpoint.uris import require_job_prefix
@@ -39,10 +40,13 @@ class ExportResult:
 
 def export_safetensors(manifest_uri: str, dest: str | os.PathLike[str], *,
                        endpoint_url: str | None = None, job: str | None = None,
+                       area: str | None = None,
                        scratch_dir: str | os.PathLike[str] | None = None) -> ExportResult:
     """Write the model weights of the checkpoint at `manifest_uri` to `dest` (.safetensors).
 
-    With `job`, the manifest must lie inside that job's prefix (what a job's own code uses).
+    With `job`, the manifest must lie inside that job's area (`area`, else the one the URI
+    claims by its structure) and say it is `job`'s. Whatever the caller, a manifest whose job
+    or run does not match its folder is invalid (`catalog.read_manifest`) and never exported.
     """
     import torch
     import torch.distributed.checkpoint as dcp
@@ -57,9 +61,12 @@ def export_safetensors(manifest_uri: str, dest: str | os.PathLike[str], *,
     )
 
     if job is not None:
-        require_job_prefix(manifest_uri, job)
+        require_job_prefix(manifest_uri, job, area=area)
     store, record = open_manifest_uri(manifest_uri, endpoint_url=endpoint_url)
     manifest = record.manifest
+    if job is not None and manifest.job != job:
+        raise OutsideJobPrefixError(f"{manifest_uri}: the manifest says job {manifest.job[:80]!r}, "
+                                    f"not {job!r}; refusing to export it")
     dest = Path(dest)
     work = Path(tempfile.mkdtemp(prefix="trainyard-export-", dir=scratch_dir))
     try:

@@ -84,7 +84,12 @@ from plugins.checkpoint.manifest import (
     utc_now,
 )
 from plugins.checkpoint.transfer import upload_file
-from plugins.checkpoint.uris import check_job_name, require_job_prefix, split_manifest_uri
+from plugins.checkpoint.uris import (
+    check_job_name,
+    identity_of,
+    require_job_prefix,
+    split_manifest_uri,
+)
 from plugins.storage.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
@@ -139,9 +144,19 @@ class CheckpointManager:
         process_group: Any = None,
         plan_json: str | None = None,
         io_threads: int | None = None,
+        area: str | None = None,
+        init_from: str = "",
     ) -> None:
         self.job = check_job_name(job)
-        self.checkpoint_uri = require_job_prefix(checkpoint_uri, job).rstrip("/")
+        self.checkpoint_uri = require_job_prefix(checkpoint_uri, job, area=area).rstrip("/")
+        self.area = area
+        """The job's area (`uris.area_for`): explicit restores must lie inside it. Without
+        one, the area the checkpoint root claims by its structure."""
+        self.init_from = init_from
+        """The spec's read-only `checkpoint.initFrom`: the one foreign manifest it may read."""
+        identity = identity_of(self.checkpoint_uri)
+        self.run = identity[1] if identity and identity[0] == job else None
+        """Written into every manifest beside the job: the folder's run (`…/runs/<run>/…`)."""
         if compression not in ("none", "zstd"):
             raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
         self.compression: Literal["none", "zstd"] = compression
@@ -192,7 +207,8 @@ class CheckpointManager:
         self._check_open()
         self._finish_inflight(raise_on_error=False)
         if manifest_uri:
-            require_job_prefix(manifest_uri, self.job)
+            require_job_prefix(manifest_uri, self.job, area=self.area,
+                               allowed=(self.init_from,) if self.init_from else ())
         t0 = time.perf_counter()
         candidates = self._candidates(manifest_uri)
         self.last_restore_phases = {"catalog_s": time.perf_counter() - t0}
@@ -388,7 +404,7 @@ class CheckpointManager:
         all_files = sorted((f for files, _, _ in outcomes for f in files), key=lambda f: f.path)
         try:
             manifest = CheckpointManifest(
-                job=self.job, step=step, created_at=utc_now(), world_size=self.world_size,
+                job=self.job, run=self.run, step=step, created_at=utc_now(), world_size=self.world_size,
                 plan=self.plan, metrics=metrics, files=all_files,
                 extra_state=[extra_state_path(r) for r in range(self.world_size)],
                 torch_version=torch.__version__)

@@ -92,7 +92,10 @@ class CheckpointManifest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
     format_version: Literal[1] = FORMAT_VERSION
-    job: str = Field(min_length=1)
+    job: str = Field(min_length=1, max_length=253)
+    run: str | None = Field(default=None, max_length=63)
+    """The training run that wrote it; with `job`, compared with the folder that holds the
+    manifest (`catalog.read_manifest`): a manifest claiming another job or run is invalid."""
     step: NonNegativeInt
     created_at: AwareDatetime
     world_size: PositiveInt
@@ -143,7 +146,11 @@ class CheckpointManifest(BaseModel):
         """Parse untrusted manifest bytes (size-capped, JSON only)."""
         if len(data) > MAX_MANIFEST_BYTES:
             raise ValueError(f"manifest is {len(data)} bytes; the limit is {MAX_MANIFEST_BYTES}")
-        return cls.model_validate(json.loads(data))
+        try:
+            document = json.loads(data)
+        except RecursionError as e:  # `[[[[…` nested past the parser's stack: not a manifest
+            raise ValueError("manifest JSON nests too deeply") from e
+        return cls.model_validate(document)
 
 
 def utc_now() -> datetime:

@@ -185,6 +185,10 @@ class FaultParams(_Model):
         return ",".join(items)
 
 
+MAX_ATTEMPTS = 10_000
+"""Far beyond any restart budget: a conf claiming more is not one of ours."""
+
+
 class AttemptConf(_Model):
     """The conf of one attempt's DAG run (and the trigger form's Params on the first one).
 
@@ -192,25 +196,26 @@ class AttemptConf(_Model):
     the same `run`, the same `mlflow_run_id`, and the history so far.
     """
 
-    run: str = ""
-    attempt: int = Field(default=0, ge=0)
-    mlflow_run_id: str = ""
-    resume_from: str = ""
+    run: str = Field(default="", max_length=63)
+    attempt: int = Field(default=0, ge=0, le=MAX_ATTEMPTS)
+    mlflow_run_id: str = Field(default="", max_length=64)
+    resume_from: str = Field(default="", max_length=4096)
     """Manifest URI to restore; empty = the run's newest valid checkpoint (a fresh start on
-    attempt 0)."""
-    start_from: str = ""
-    """Attempt 0 only: start from another checkpoint (a manifest URI) or a registered model
-    (`models:/<name>@<alias>`) instead of from scratch."""
-    exclude_nodes: list[str] = Field(default_factory=list)
-    plan: str = ""
+    attempt 0). Resolved against the job's area before launch (`steps.resume_point`)."""
+    start_from: str = Field(default="", max_length=4096)
+    """Attempt 0 only: start from another checkpoint of this job (a manifest URI) or a
+    registered model (`models:/<name>@<alias>`) instead of from scratch. Another job's
+    checkpoint is the spec's `checkpoint.initFrom`, never a conf value."""
+    exclude_nodes: list[str] = Field(default_factory=list, max_length=100_000)
+    plan: str = Field(default="", max_length=1_000_000)
     """A Plan JSON that overrides the planner (set after an OOM re-plan)."""
-    max_steps: int | None = Field(default=None, gt=0)
-    learning_rate: float | None = Field(default=None, gt=0)
+    max_steps: int | None = Field(default=None, gt=0, le=10**12)
+    learning_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     dry_run: bool = False
     """Validate, plan and place, then release without launching."""
     faults: FaultParams = Field(default_factory=FaultParams)
-    history: list[AttemptRecord] = Field(default_factory=list)
-    restarts_used: int = Field(default=0, ge=0)
+    history: list[AttemptRecord] = Field(default_factory=list, max_length=MAX_ATTEMPTS)
+    restarts_used: int = Field(default=0, ge=0, le=MAX_ATTEMPTS)
     """Restarts counted against `faultTolerance.maxRestarts` so far (in-place ones included)."""
 
     @field_validator("run")

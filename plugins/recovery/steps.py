@@ -75,12 +75,18 @@ def open_attempt(conf: dict[str, Any] | None, *, dag_id: str, trigger_run_id: st
     errors, templated strings are coerced) and give a first attempt its run id."""
     from pydantic import ValidationError
 
+    from config.safe_yaml import preview_value
+
+    if conf is not None and not isinstance(conf, dict):
+        raise InvalidConf(f"the run's conf is {type(conf).__name__}, not a mapping: {preview_value(conf)}")
     try:
         parsed = AttemptConf.model_validate({k: v for k, v in (conf or {}).items() if v is not None})
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'conf'}: {err['msg']} "
-                             f"(got {err.get('input')!r})" for err in e.errors())
-        raise InvalidConf(f"the run's conf is invalid: {problems}") from e
+        errors = e.errors(include_url=False)
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))[:100] or 'conf'}: {err['msg']} "
+                             f"(got {preview_value(err.get('input'))})" for err in errors[:5])
+        more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise InvalidConf(f"the run's conf is invalid: {problems}{more}") from e
     if parsed.run:
         return parsed
     if parsed.attempt:
@@ -120,7 +126,7 @@ def plan_attempt(job: TrainingJob, cluster: Cluster, conf: AttemptConf, *, memor
         raise NoPlan(str(e)) from e
 
 
-def resume_point(conf: AttemptConf, *, tracking_uri: str, job: TrainingJob | None = None) -> str:
+def resume_point(conf: AttemptConf, job: TrainingJob, *, tracking_uri: str, object_store: str) -> str:
     """The manifest URI the attempt restores, or '' for the run's newest valid checkpoint.
 
     A later attempt restores what the recovery decision named (a rollback, a fall-back) or, with
@@ -128,7 +134,24 @@ def resume_point(conf: AttemptConf, *, tracking_uri: str, job: TrainingJob | Non
     its trigger asked to start from a checkpoint or a registered model (`models:/name@alias`:
     the checkpoint the version was exported from, recorded in its lineage tags) — or, with no
     `start_from`, `job`'s `retrain.startFromAlias` names an alias some version of its model holds.
+
+    Whatever its source, the point must lie inside the job's own area (`uris.resolve_for_job`:
+    `<store>/jobs/<job>/…` by path structure, or the spec's storage folder) or be the spec's
+    read-only `checkpoint.initFrom`; anything else is `InvalidConf` here, before a gang starts.
     """
+    return check_resume_point(_named_point(conf, job, tracking_uri=tracking_uri), job, object_store)
+
+
+def check_conf_points(conf: AttemptConf, job: TrainingJob, *, object_store: str) -> None:
+    """Refuse (`InvalidConf`) a conf whose resume or start point is a URI outside the job's
+    area, at `validate_spec` — before a gang is placed. A `models:/` alias needs the registry
+    and is resolved (and checked the same way) by `resume_point` at launch."""
+    point = conf.resume_from if conf.attempt > 0 else conf.start_from.strip()
+    if point and not point.startswith("models:/"):
+        check_resume_point(point, job, object_store)
+
+
+def _named_point(conf: AttemptConf, job: TrainingJob, *, tracking_uri: str) -> str:
     if conf.attempt > 0:
         return conf.resume_from
     start = conf.start_from.strip() or _retrain_start(job, tracking_uri=tracking_uri)
@@ -138,7 +161,7 @@ def resume_point(conf: AttemptConf, *, tracking_uri: str, job: TrainingJob | Non
 
     name, sep, alias = start.removeprefix("models:/").partition("@")
     if not sep or not name or not alias:
-        raise InvalidConf(f"start_from {start!r}: write models:/<name>@<alias>")
+        raise InvalidConf(f"start_from {start[:200]!r}: write models:/<name>@<alias>")
     version = client_for(tracking_uri).get_model_version_by_alias(name, alias)
     uri = version.tags.get("trainyard.checkpoint.uri", "")
     if not uri:
@@ -156,6 +179,21 @@ def _retrain_start(job: TrainingJob | None, *, tracking_uri: str) -> str:
     from plugins.tracking.evaluate import version_at
 
     return f"models:/{job.name}@{alias}" if version_at(job.name, alias, tracking_uri=tracking_uri) else ""
+
+
+def check_resume_point(uri: str, job: TrainingJob, object_store: str) -> str:
+    """`uri` when it names a manifest inside the job's area (or is its `initFrom`), '' for '';
+    else `InvalidConf` naming the URI and why (`trainyard launch --resume-from` calls it too)."""
+    if not uri:
+        return ""
+    from plugins.checkpoint.uris import resolve_for_job, split_manifest_uri
+    from plugins.errors import TrainyardError
+
+    try:
+        split_manifest_uri(uri)
+        return resolve_for_job(uri, job, object_store)
+    except (TrainyardError, ValueError) as e:
+        raise InvalidConf(f"resume point {uri[:300]!r} refused: {str(e)[:400]}") from e
 
 
 def launcher(settings: Settings, *, max_restarts: int = 0) -> LocalLauncher:
@@ -267,11 +305,13 @@ def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri:
 def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) -> Any:
     """Export the run's best valid checkpoint (by the spec's `keepBestMetric`, else the newest)
     and register it as the next version of the job's model, alias `candidate`."""
+    from plugins.checkpoint.uris import area_for
     from plugins.tracking.registry import register_checkpoint
+
 
     return register_checkpoint(mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri,
                                metric=job.spec.checkpoint.keep_best_metric, model_name=job.name,
-                               endpoint_url=settings.s3_endpoint_url)
+                               endpoint_url=settings.s3_endpoint_url, area=area_for(job, settings.object_store))
 
 
 def run_timeline(job: str, run: str, settings: Settings) -> list[tuple[float, str]]:

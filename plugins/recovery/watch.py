@@ -76,6 +76,17 @@ def hung_ranks(status: RunStatus) -> list[int]:
     return [r.rank for r in status.ranks if r.hung]
 
 
+def hang_stop(status: RunStatus) -> StopReason | None:
+    """The stop a hang calls for — the reason naming the hung ranks — or None when no rank
+    hangs. Whoever follows a gang (the trigger, `trainyard launch`) stops it with this."""
+    hung = hung_ranks(status)
+    if not hung:
+        return None
+    return StopReason(reason="hang", ranks=hung,
+                      detail=f"ranks {hung} made no step progress for longer than the job's "
+                             f"hangTimeout (last step {status.step})")
+
+
 def settle(handle: RunHandle, status: RunStatus) -> RunStatus:
     """Clean up what a finished attempt left running (a peer waiting in torchrun's barrier)."""
     return launcher_for(handle).settle(handle, status)

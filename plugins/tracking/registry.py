@@ -45,7 +45,7 @@ DEFAULT_ALIAS = "candidate"
 PRODUCTION_ALIAS = "production"
 """The alias serving reads; only an approved promotion moves it (`operators/retrain.py`)."""
 _RUN_TAGS_COPIED = ("job", "team", "project", "git.commit", "dataset.uri", "dataset.version",
-                    "dataset.digest", "dataset.digest_method")
+                    "dataset.digest", "dataset.digest_method", "init_from")
 _PIP_REQUIREMENTS = ("safetensors", "numpy")
 """What loading the registered model needs (pinned to the versions installed here), so MLflow
 does not infer requirements by importing and tracing the model."""
@@ -139,14 +139,16 @@ def register_checkpoint(
     alias: str = DEFAULT_ALIAS,
     endpoint_url: str | None = None,
     export: ExportFn | None = None,
+    area: str | None = None,
 ) -> ModelVersionInfo:
     """Export the final (or best by `metric`) checkpoint the run recorded to safetensors and
     register it. The default export is the checkpoint engine's `export_safetensors`, held to
-    the job's own prefix (seed §14: a job reads only its own checkpoints)."""
+    the job's own area (`area`, `plugins.checkpoint.uris.area_for`; without it, the area the
+    checkpoint's URI claims by structure): a job reads only its own checkpoints."""
     record = select_checkpoint(run_id, tracking_uri=tracking_uri, metric=metric, mode=mode)
     if export is None:
         job = client_for(tracking_uri).get_run(run_id).data.tags.get(TAG + "job")
-        export = functools.partial(find_export(), endpoint_url=endpoint_url, job=job)
+        export = functools.partial(find_export(), endpoint_url=endpoint_url, job=job, area=area)
     with tempfile.TemporaryDirectory(prefix="trainyard-export-") as tmp:
         weights = Path(tmp) / "model.safetensors"
         export(record.manifest_uri, weights)

@@ -232,6 +232,8 @@ def _identity_tags(job: TrainingJob) -> dict[str, str]:
         tags[TAG + "git.branch"] = src.git.branch
         tags["mlflow.source.git.repoURL"] = src.git.repo
         tags["mlflow.source.git.branch"] = src.git.branch
+    if job.spec.checkpoint.init_from:  # lineage: the other job's checkpoint this one starts from
+        tags[TAG + "init_from"] = truncate(job.spec.checkpoint.init_from, MAX_TAG_VALUE_CHARS)
     return tags
 
 

@@ -6,6 +6,7 @@ import hashlib
 from datetime import UTC, datetime
 
 from plugins.checkpoint.manifest import MANIFEST_NAME, CheckpointManifest, ManifestFile, step_dir
+from plugins.checkpoint.uris import identity_of
 from plugins.storage.store import ObjectStore
 
 
@@ -16,9 +17,16 @@ def make_checkpoint(
     *,
     metrics: dict[str, float] | None = None,
     created_at: datetime | None = None,
-    job: str = "demo",
+    job: str | None = None,
+    run: str | None = None,
     commit: bool = True,
 ) -> CheckpointManifest:
+    """Job and run default to those of the store's root (`…/jobs/<job>/runs/<run>/…`), else
+    `demo` and no run — what the writer would record there."""
+    identity = identity_of(store.uri)
+    job = job if job is not None else (identity[0] if identity else "demo")
+    if run is None and identity and identity[0] == job:
+        run = identity[1]
     files = files if files is not None else {"__0_0.distcp": f"shard of {step}".encode() * 100,
                                              ".metadata": b"meta"}
     entries = []
@@ -26,7 +34,7 @@ def make_checkpoint(
         store.put_bytes(f"{step_dir(step)}/{path}", data)
         entries.append(ManifestFile(path=path, size=len(data),
                                     sha256=hashlib.sha256(data).hexdigest(), raw_size=len(data)))
-    manifest = CheckpointManifest(job=job, step=step, created_at=created_at or datetime.now(UTC),
+    manifest = CheckpointManifest(job=job, run=run, step=step, created_at=created_at or datetime.now(UTC),
                                   world_size=1, metrics=metrics or {}, files=entries)
     if commit:
         store.put_bytes(f"{step_dir(step)}/{MANIFEST_NAME}", manifest.to_json_bytes())

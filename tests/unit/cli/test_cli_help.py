@@ -53,7 +53,7 @@ def test_every_help_lists_exit_codes_and_every_option_has_help(
 def test_launch_documents_the_codes_it_returns() -> None:
     (launch,) = [p for path, p in ALL if path == "trainyard launch"]
     text = launch.format_help()
-    for code in ("42", "43", "44", "130", "137"):
+    for code in ("42", "43", "44", "124", "130", "137"):
         assert f"\n  {code}" in text, text
 
 

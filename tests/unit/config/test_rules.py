@@ -137,8 +137,16 @@ def test_cluster_too_small_and_memory_floor(h100_doc: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(("storage", "ok"), [
     ("s3://checkpoints/llama-7b-finetune-v3/", True),
-    ("s3://ckpt/teams/nlp/llama-7b-finetune-v3/run1/", True),
-    ("file:///data/jobs/llama-7b-finetune-v3/checkpoints", True),
+    ("s3://ckpt/teams/nlp/llama-7b-finetune-v3/", True),
+    ("file:///data/jobs/llama-7b-finetune-v3", True),
+    # The storage is the job's folder (runs go to <storage>/runs/<run>): its last segment
+    # names the job, and it never nests inside a job's area or a run's folder.
+    ("s3://ckpt/teams/nlp/llama-7b-finetune-v3/run1/", False),
+    ("file:///data/jobs/llama-7b-finetune-v3/checkpoints", False),
+    ("s3://ckpt/jobs/other-job/checkpoints/llama-7b-finetune-v3", False),
+    ("s3://ckpt/jobs/other-job/llama-7b-finetune-v3/", False),
+    ("s3://ckpt/other/runs/x/llama-7b-finetune-v3/", False),
+    ("s3://ckpt/llama-7b-finetune-v3/%2e%2e/llama-7b-finetune-v3/", False),
     ("s3://checkpoints/other-job/", False),
     ("s3://llama-7b-finetune-v3/", False),  # a bucket named like the job is not the job's prefix
     ("s3://checkpoints/llama-7b-finetune-v3/../other-job/", False),

@@ -75,14 +75,15 @@ def test_a_retraining_run_starts_from_the_alias_once_a_version_holds_it(
     doc["spec"]["retrain"] = {"startFromAlias": "production"}
     job = TrainingJob.model_validate(doc)
     first = AttemptConf(run="20260101t000000-abcdef")
-    assert resume_point(first, tracking_uri=sqlite_tracking_uri, job=job) == ""  # nothing promoted yet
+    assert resume_point(first, job, tracking_uri=sqlite_tracking_uri, object_store=objects) == ""  # nothing promoted yet
     version = register_llama_version(sqlite_tracking_uri, tmp_path, base, objects, train_steps=0, alias="candidate")
     registry.move_alias(job.name, "production", version, tracking_uri=sqlite_tracking_uri)
-    start = resume_point(first, tracking_uri=sqlite_tracking_uri, job=job)
+    start = resume_point(first, job, tracking_uri=sqlite_tracking_uri, object_store=objects)
     assert start.endswith("/step-00000001/MANIFEST.json") and f"/jobs/{job.name}/" in start
-    explicit = first.model_copy(update={"start_from": "file:///x/jobs/eval-start/step-00000009/MANIFEST.json"})
-    assert resume_point(explicit, tracking_uri=sqlite_tracking_uri, job=job) == explicit.start_from
-    assert resume_point(first, tracking_uri=sqlite_tracking_uri, job=base) == ""  # no retrain section
+    explicit = first.model_copy(update={
+        "start_from": f"{objects}/jobs/eval-start/runs/{first.run}/checkpoints/step-00000009/MANIFEST.json"})
+    assert resume_point(explicit, job, tracking_uri=sqlite_tracking_uri, object_store=objects) == explicit.start_from
+    assert resume_point(first, base, tracking_uri=sqlite_tracking_uri, object_store=objects) == ""  # no retrain section
 
 
 def test_the_held_out_samples_are_the_tail_of_the_data_as_the_worker_reads_it(tmp_path: Path) -> None:
