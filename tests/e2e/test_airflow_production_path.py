@@ -64,7 +64,7 @@ def test_the_tiny_job_runs_on_postgres_celery_and_redis(databases: dict[str, str
         "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": databases["airflow"],
         "AIRFLOW__CELERY__BROKER_URL": broker,
-        "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + databases["airflow"].replace("+psycopg2", ""),
+        "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + databases["airflow"],  # postgresql+psycopg2: SQLAlchemy 2.1 defaults to psycopg 3
         "TRAINYARD_STATE_DB": databases["state"],
         "TRAINYARD_MLFLOW_TRACKING_URI": databases["mlflow"],
     }
