@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     kubernetes_conn_id: str = "kubernetes_default"
     """Airflow connection of the Kubernetes cluster (cncf-kubernetes provider's `KubernetesHook`);
     without Airflow, the kubeconfig is used."""
+    data_cache_dir: Path | None = None
+    """The node's shard cache for streamed datasets (`plugins.data.cache`), shared by the ranks
+    of a node. Default: `<home>/data-cache`."""
+    data_cache_bytes: int = Field(default=8 << 30, gt=0)
+    """Size limit of the shard cache (least-recently-used shards are evicted above it)."""
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     """Share of device memory a plan may use (the rest is left for fragmentation and spikes)."""
 
