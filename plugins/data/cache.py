@@ -60,7 +60,9 @@ class CacheTooSmallError(FatalError, ValueError):
 
 @dataclass
 class CacheStats:
-    """This process's cache counters (cumulative)."""
+    """This process's cache counters (cumulative). A hit or miss is counted once per shard
+    access: when a reader prefetches a shard, the prefetch is the access (a miss if it had to
+    download), and its own later open is not counted again."""
 
     hits: int = 0
     misses: int = 0
@@ -122,19 +124,22 @@ class ShardCache:
 
     # --- reading ---------------------------------------------------------------------------
 
-    def open(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry) -> IO[bytes]:
-        """An open, verified local copy of `shard` (a hit, or filled now)."""
+    def open(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, *,
+             count: bool = True) -> IO[bytes]:
+        """An open, verified local copy of `shard` (a hit, or filled now). `count=False` leaves
+        hits and misses alone: a reader opening a shard it prefetched itself already counted
+        that access (bytes, evictions and corruption are always counted)."""
         f = self._open_hit(manifest, shard)
         if f is not None:
-            self._count(hits=1)
+            self._count(hits=int(count))
             return f
         name = self.entry_name(manifest, shard)
         with _flock(self.root / (name + LOCK_SUFFIX)):
             f = self._open_hit(manifest, shard)  # another rank filled it while we waited
             if f is not None:
-                self._count(hits=1)
+                self._count(hits=int(count))
                 return f
-            self._count(misses=1)
+            self._count(misses=int(count))
             self._fill(store, manifest, shard, name)
         f = self._open_hit(manifest, shard)
         if f is None:

@@ -26,7 +26,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from plugins.data.documents import ByteTokenizer, Tokenizer
 from plugins.data.manifest import ShardEntry, ShardManifest, list_manifest
@@ -74,6 +74,9 @@ class StreamingReader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+        self._prefetched: set[str] = set()
+        """Shards handed to the prefetch thread, which counts their access (cache hit/miss)."""
+        self._prefetch_lock = threading.Lock()
 
     # --- batches ----------------------------------------------------------------------------
 
@@ -101,7 +104,7 @@ class StreamingReader:
             log.info("dataset %s: %d shards, %d bytes, manifest %s", self.manifest.uri,
                      len(self.manifest.shards), self.manifest.total_bytes, self.manifest.digest[:12])
         manifest = self.manifest
-        stream = SampleStream(manifest, lambda shard: self.cache.open(self.store, manifest, shard),
+        stream = SampleStream(manifest, self._open_shard,
                               self.tokenizer, seq_len=self.seq_len, seed=self.seed,
                               text_field=self.text_field, shuffle_block=self.shuffle_block,
                               prefetch=self._prefetch)
@@ -125,10 +128,19 @@ class StreamingReader:
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
             self._queue.put(_Failed(e))
 
+    def _open_shard(self, shard: ShardEntry) -> IO[bytes]:
+        assert self.manifest is not None  # set by _start
+        with self._prefetch_lock:
+            prefetched = shard.key in self._prefetched
+            self._prefetched.discard(shard.key)
+        return self.cache.open(self.store, self.manifest, shard, count=not prefetched)
+
     def _prefetch(self, shard: ShardEntry) -> None:
         manifest = self.manifest
         if manifest is None:
             return
+        with self._prefetch_lock:
+            self._prefetched.add(shard.key)
 
         def fill() -> None:
             try:
