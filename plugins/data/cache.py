@@ -7,13 +7,14 @@ Every rank of a node opens the same folder. Two kinds of `fcntl.flock` locks kee
 - `.cache.lock` for the whole folder, held while space is made (eviction) and an entry committed.
 
 Fills are atomic: the shard is downloaded into `<name>.partial-<id>` by ranged GETs over parallel
-connections (`ObjectStore.read_range`, each chunk written at its offset), its SHA-256 computed,
-then renamed to `<name>`; `<name>.json` (key, size, etag, SHA-256) is written last and is the
-commit — data without it is a miss. A ranged GET carries the manifest's etag (`If-Match`), so a
+connections (`ObjectStore.read_range`, each chunk written at its offset and hashed as it arrives),
+then renamed to `<name>`; `<name>.json` (key, size, etag, chunk size, and the SHA-256 over the
+chunks' SHA-256 digests — `chunks_sha256`) is written last and is the commit — data without it
+is a miss. A ranged GET carries the manifest's etag (`If-Match`), so a
 shard overwritten mid-fill is not stitched from two versions.
 
-Integrity on every hit: the size and etag must match the run's manifest and the SHA-256 of the
-file the recorded one (a hash read runs at ~1.5 GB/s, far faster than the rows are parsed); a
+Integrity on every hit: the size and etag must match the run's manifest and the chunk hash of
+the file the recorded one (a hash read runs at ~1.5 GB/s, far faster than the rows are parsed); a
 mismatch counts as `corrupt`, the entry is dropped and fetched again. The hit hands back an
 open file, verified through that same descriptor, so an eviction by another rank (an unlink)
 cannot pull it away mid-read.
@@ -80,6 +81,15 @@ class CacheStats:
         if self.hit_rate is not None:
             out["cache_hit_rate"] = self.hit_rate
         return out
+
+
+def chunks_sha256(f: IO[bytes], chunk_bytes: int) -> str:
+    """SHA-256 over the SHA-256 digests of the file's consecutive `chunk_bytes` chunks: what a
+    fill computes as its parallel ranged GETs arrive (in any order), with no second read."""
+    digests = hashlib.sha256()
+    while chunk := f.read(chunk_bytes):
+        digests.update(hashlib.sha256(chunk).digest())
+    return digests.hexdigest()
 
 
 def _is_data(name: str) -> bool:
@@ -155,12 +165,10 @@ class ShardCache:
         except (FileNotFoundError, ValueError):
             return None
         ok = (meta.get("size") == shard.size == os.fstat(f.fileno()).st_size
-              and meta.get("etag") == shard.etag and meta.get("key") == shard.key)
+              and meta.get("etag") == shard.etag and meta.get("key") == shard.key
+              and isinstance(meta.get("chunk_bytes"), int) and meta["chunk_bytes"] > 0)
         if ok:
-            digest = hashlib.sha256()
-            while chunk := f.read(CHUNK_BYTES):
-                digest.update(chunk)
-            ok = digest.hexdigest() == meta.get("sha256")
+            ok = chunks_sha256(f, meta["chunk_bytes"]) == meta.get("chunks_sha256")
         if not ok:
             f.close()
             self._count(corrupt=1)
@@ -185,18 +193,17 @@ class ShardCache:
             with open(tmp, "r+b") as out:
                 fd = out.fileno()
 
-                def get(offset: int) -> int:
+                def get(offset: int) -> tuple[int, bytes]:
                     data = store.read_range(shard.key, offset, min(self.chunk_bytes, shard.size - offset),
                                             if_match=shard.etag)
                     os.pwrite(fd, data, offset)
-                    return len(data)
+                    return len(data), hashlib.sha256(data).digest()
 
-                got = sum(self._pool.map(get, range(0, shard.size, self.chunk_bytes)))
+                parts = list(self._pool.map(get, range(0, shard.size, self.chunk_bytes)))
+            got = sum(n for n, _ in parts)
             if got != shard.size:
                 raise manifest.gone(shard, f"now has {got} bytes, not the listed {shard.size}")
-            from plugins.storage.store import sha256_of_file
-
-            _, sha = sha256_of_file(tmp)
+            sha = hashlib.sha256(b"".join(d for _, d in parts)).hexdigest()
             path = self.root / name
             with _flock(self.root / ROOT_LOCK):
                 os.replace(tmp, path)
@@ -204,7 +211,7 @@ class ShardCache:
 
                 write_atomic(path.with_name(name + META_SUFFIX), json.dumps(
                     {"key": shard.key, "uri": manifest.uri, "size": shard.size, "etag": shard.etag,
-                     "sha256": sha}))
+                     "chunk_bytes": self.chunk_bytes, "chunks_sha256": sha}))
             self._count(bytes_fetched=got)
         except ObjectNotFoundError as e:
             raise manifest.gone(shard, "is missing from the store") from e

@@ -12,8 +12,8 @@
   node's cache (`plugins.data.cache`), tokenizes and packs, and puts whole batches into a
   queue of `prefetch_batches`; when the queue is full it waits (back-pressure), so memory is
   bounded by the queue, one shuffle block and the fill buffers — not by the dataset.
-- While a shard is read, the next one in the epoch's order is filled into the cache by a
-  second thread (ranged GETs over parallel connections), so downloads overlap parsing.
+- While a shard is read, the next `prefetch_shards` in the epoch's order are filled into the
+  cache by other threads (ranged GETs over parallel connections), so downloads overlap parsing.
 - The state in a checkpoint is the position *after the last batch handed out*, not where
   the producer has got to: batches still in the queue are produced again after a resume.
 - An error in the producer (a shard gone, a bad row) is raised by the next `next_batch()`.
@@ -52,7 +52,8 @@ class StreamingReader:
     def __init__(self, store: ObjectStore, fmt: str, *, cache: ShardCache, seq_len: int,
                  batch_size: int, dp_rank: int, dp_size: int, seed: int = 0,
                  text_field: str = "text", tokenizer: Tokenizer | None = None,
-                 tokenizer_name: str = "bytes", prefetch_batches: int = 4, shuffle_block: int = 256,
+                 tokenizer_name: str = "bytes", prefetch_batches: int = 4, prefetch_shards: int = 2,
+                 shuffle_block: int = 256,
                  agree: Callable[[Callable[[], ShardManifest]], ShardManifest] | None = None) -> None:
         if prefetch_batches <= 0:
             raise ValueError(f"prefetch_batches must be positive, got {prefetch_batches}")
@@ -73,7 +74,8 @@ class StreamingReader:
         self._queue: queue.Queue[Batch | _Failed] = queue.Queue(maxsize=prefetch_batches)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+        self.prefetch_shards = prefetch_shards
+        self._fill_pool = ThreadPoolExecutor(max_workers=max(1, prefetch_shards), thread_name_prefix="shard-prefetch")
         self._prefetched: set[str] = set()
         """Shards handed to the prefetch thread, which counts their access (cache hit/miss)."""
         self._prefetch_lock = threading.Lock()
@@ -107,7 +109,8 @@ class StreamingReader:
         stream = SampleStream(manifest, self._open_shard,
                               self.tokenizer, seq_len=self.seq_len, seed=self.seed,
                               text_field=self.text_field, shuffle_block=self.shuffle_block,
-                              prefetch=self._prefetch)
+                              prefetch=self._prefetch if self.prefetch_shards else None,
+                              prefetch_ahead=self.prefetch_shards)
         batches = global_batches(stream, self.position, batch_size=self.batch_size,
                                  dp_rank=self.dp_rank, dp_size=self.dp_size)
         self._thread = threading.Thread(target=self._produce, args=(batches,), daemon=True,
@@ -140,6 +143,8 @@ class StreamingReader:
         if manifest is None:
             return
         with self._prefetch_lock:
+            if shard.key in self._prefetched:
+                return  # already on its way
             self._prefetched.add(shard.key)
 
         def fill() -> None:

@@ -68,7 +68,7 @@ class SampleStream:
 
     def __init__(self, manifest: ShardManifest, open_shard: ShardOpener, tokenizer: Tokenizer, *,
                  seq_len: int, seed: int = 0, text_field: str = "text", shuffle_block: int = 256,
-                 prefetch: Callable[[ShardEntry], None] | None = None) -> None:
+                 prefetch: Callable[[ShardEntry], None] | None = None, prefetch_ahead: int = 1) -> None:
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         if shuffle_block <= 0:
@@ -81,6 +81,8 @@ class SampleStream:
         self.text_field = text_field
         self.shuffle_block = shuffle_block
         self.prefetch = prefetch
+        """Called with each of the next `prefetch_ahead` shards when a shard starts (to fill a cache)."""
+        self.prefetch_ahead = prefetch_ahead
         self._typecode = "B" if tokenizer.vocab_size <= 256 else "I"
 
     def samples(self, start: StreamPosition) -> Iterator[tuple[StreamPosition, Window]]:
@@ -93,8 +95,9 @@ class SampleStream:
             for i in range(pos.shard, n):
                 shard = self.manifest.shards[order[i]]
                 if self.prefetch is not None:
-                    nxt = order[i + 1] if i + 1 < n else epoch_order(n, self.seed, pos.epoch + 1)[0]
-                    self.prefetch(self.manifest.shards[nxt])
+                    ahead = (order + epoch_order(n, self.seed, pos.epoch + 1))[i + 1:i + 1 + self.prefetch_ahead]
+                    for nxt in ahead:
+                        self.prefetch(self.manifest.shards[nxt])
                 skip = pos.offset - produced_in_epoch if i == pos.shard else 0
                 count = 0
                 for count, window in enumerate(self.shard_windows(shard, pos.epoch), start=1):
@@ -135,7 +138,11 @@ class SampleStream:
                 if piece is END:
                     buf.append(self.tokenizer.end_of_document)
                 else:
-                    buf.extend(self.tokenizer.encode(piece))  # type: ignore[arg-type]
+                    tokens = self.tokenizer.encode(piece)  # type: ignore[arg-type]
+                    if isinstance(tokens, bytes) and self._typecode == "B":
+                        buf.frombytes(tokens)  # a memcpy; extend() would walk it int by int
+                    else:
+                        buf.extend(tokens)
                 while len(buf) - start >= span:
                     yield buf[start:start + span]
                     start += self.seq_len
