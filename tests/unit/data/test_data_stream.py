@@ -165,3 +165,41 @@ def test_formats_jsonl_zstd_text_and_parquet(tmp_path: Path) -> None:
     assert docs(buf.getvalue(), "x.parquet", "parquet") == [b"one", END, b"two", END, b"three", END]
     with pytest.raises(ValueError, match="no column 'body'"):
         list(iter_documents(io.BytesIO(buf.getvalue()), "x.parquet", "parquet", "body"))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl.zst", "text"])
+def test_every_format_streams_through_the_cache(store: ObjectStore, tmp_path: Path, fmt: str) -> None:
+    """The same documents as parquet row groups, zstd JSONL or text files give the same windows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [f"document {i} " + "x" * (40 + i) for i in range(30)]
+    if fmt == "parquet":
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"text": docs}), buf, row_group_size=7)
+        store.put_bytes("a.parquet", buf.getvalue())
+    elif fmt == "jsonl.zst":
+        import json
+
+        import zstandard
+
+        lines = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
+        store.put_bytes("a.jsonl.zst", zstandard.ZstdCompressor().compress(lines))
+    else:
+        # One text file is one document; to compare, write one file per document.
+        for i, d in enumerate(docs):
+            store.put_bytes(f"a-{i:03d}.txt", d.encode())
+    fmt_name = fmt.split(".")[0]
+    r = StreamingReader(store, fmt_name, cache=ShardCache(tmp_path / "c", 1 << 20), seq_len=15,
+                        batch_size=1, dp_rank=0, dp_size=1, seed=3, shuffle_block=1)
+    got = []
+    while r.position.epoch == 0:
+        got.append(bytes(r.next_batch().samples[0]))
+    r.close()
+    stream = b"".join(d.encode() + b"\x00" for d in docs)
+    if fmt_name == "text":  # shards are visited in a shuffled order and cut separately
+        expected = sorted(doc[k:k + 16] for doc in (d.encode() + b"\x00" for d in docs)
+                          for k in range(0, len(doc) - 15, 15))
+        assert sorted(got[:-1]) == expected
+    else:
+        assert got[:-1] == [stream[k:k + 16] for k in range(0, len(stream) - 15, 15)]
