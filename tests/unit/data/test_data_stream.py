@@ -66,7 +66,7 @@ def test_one_epoch_is_every_sample_once_in_a_shuffled_order(store: ObjectStore, 
     assert sorted(third) == sorted(epoch) and third != epoch  # epoch 1: same samples, new order
 
 
-@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 3)])
+@pytest.mark.parametrize(("before", "after"), [(2, 2), (2, 1), (1, 2), (2, 3)])
 def test_resume_on_another_data_parallel_size_continues_the_global_order(
         store: ObjectStore, tmp_path: Path, before: int, after: int) -> None:
     write_jsonl_dataset(store, shards=3, rows=10)
@@ -98,14 +98,20 @@ def test_a_dataset_larger_than_the_cache_streams_within_the_cache_limit(store: O
     assert stats.evictions > 0 and stats.misses >= 10 and stats.bytes_fetched >= total
 
 
-def test_a_shard_deleted_mid_epoch_is_named(store: ObjectStore, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("change", "message"), [("delete", "is missing from the store"),
+                                                ("overwrite", "has changed in the store")])
+def test_a_shard_deleted_or_overwritten_mid_epoch_is_named(store: ObjectStore, tmp_path: Path, change: str,
+                                                           message: str) -> None:
     write_jsonl_dataset(store, shards=6, rows=20)
     r = reader(store, tmp_path / "c", batch=2, prefetch_batches=1)
     r.next_batch()
     gone = [s.key for s in r.manifest.shards if not r.cache.path_of(r.manifest, s).exists()]  # type: ignore[union-attr]
     for key in gone:
-        store.delete(key)
-    with pytest.raises(ShardGoneError, match=r"shard 'shard-0000\d\.jsonl' of .* is missing from the store"):
+        if change == "delete":
+            store.delete(key)
+        else:
+            store.put_bytes(key, b'{"text": "other data"}\n')
+    with pytest.raises(ShardGoneError, match=rf"shard 'shard-0000\d\.jsonl' of .* {message}"):
         for _ in range(200):
             r.next_batch()
     r.close()
