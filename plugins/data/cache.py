@@ -150,11 +150,7 @@ class ShardCache:
                 self._count(hits=int(count))
                 return f
             self._count(misses=int(count))
-            self._fill(store, manifest, shard, name)
-        f = self._open_hit(manifest, shard)
-        if f is None:
-            raise RuntimeError(f"cache entry {name} for {shard.key!r} vanished right after its fill")
-        return f
+            return self._fill(store, manifest, shard, name)
 
     def _open_hit(self, manifest: ShardManifest, shard: ShardEntry) -> IO[bytes] | None:
         path = self.path_of(manifest, shard)
@@ -181,7 +177,9 @@ class ShardCache:
 
     # --- filling ---------------------------------------------------------------------------
 
-    def _fill(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, name: str) -> None:
+    def _fill(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, name: str) -> IO[bytes]:
+        """Download, commit, and return the new entry opened before its rename (so an eviction
+        by another rank right after the commit cannot take it from us)."""
         from plugins.storage.errors import IntegrityError, ObjectNotFoundError
 
         if shard.size > self.max_bytes:
@@ -205,14 +203,16 @@ class ShardCache:
                 raise manifest.gone(shard, f"now has {got} bytes, not the listed {shard.size}")
             sha = hashlib.sha256(b"".join(d for _, d in parts)).hexdigest()
             path = self.root / name
-            with _flock(self.root / ROOT_LOCK):
-                os.replace(tmp, path)
-                from plugins.files import write_atomic
-
-                write_atomic(path.with_name(name + META_SUFFIX), json.dumps(
-                    {"key": shard.key, "uri": manifest.uri, "size": shard.size, "etag": shard.etag,
-                     "chunk_bytes": self.chunk_bytes, "chunks_sha256": sha}))
+            result = open(tmp, "rb")  # noqa: SIM115 - handed to the caller
+            try:
+                self._commit(tmp, path, {"key": shard.key, "uri": manifest.uri, "size": shard.size,
+                                         "etag": shard.etag, "chunk_bytes": self.chunk_bytes,
+                                         "chunks_sha256": sha})
+            except BaseException:
+                result.close()
+                raise
             self._count(bytes_fetched=got)
+            return result
         except ObjectNotFoundError as e:
             raise manifest.gone(shard, "is missing from the store") from e
         except IntegrityError as e:
@@ -220,6 +220,14 @@ class ShardCache:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+
+    def _commit(self, tmp: Path, path: Path, meta: dict[str, object]) -> None:
+        """Data into place, then its commit file (what makes it a hit), under the folder lock."""
+        from plugins.files import write_atomic
+
+        with _flock(self.root / ROOT_LOCK):
+            os.replace(tmp, path)
+            write_atomic(path.with_name(path.name + META_SUFFIX), json.dumps(meta))
 
     def _reserve(self, name: str, size: int) -> Path:
         """Evict least-recently-used entries until `size` more bytes fit under `max_bytes`, and
