@@ -209,3 +209,31 @@ def test_every_format_streams_through_the_cache(store: ObjectStore, tmp_path: Pa
         assert sorted(got[:-1]) == expected
     else:
         assert got[:-1] == [stream[k:k + 16] for k in range(0, len(stream) - 15, 15)]
+
+
+def test_ranks_of_a_node_share_the_cache_and_fetch_each_shard_once(store: ObjectStore, tmp_path: Path) -> None:
+    """Four readers (as four ranks: separate `ShardCache` objects, separate lock descriptors —
+    `flock` excludes them as it does processes) open every shard at once: each shard is
+    downloaded once, the others wait on its entry lock and get a hit."""
+    import threading
+
+    total = write_jsonl_dataset(store, shards=6, rows=40)
+    manifest = list_manifest(store, "jsonl")
+    caches = [ShardCache(tmp_path / "shared", 1 << 30, chunk_bytes=1024) for _ in range(4)]
+    barrier = threading.Barrier(len(caches))
+    contents: list[list[bytes]] = [[] for _ in caches]
+
+    def rank(i: int) -> None:
+        barrier.wait()
+        for shard in manifest.shards:
+            with caches[i].open(store, manifest, shard) as f:
+                contents[i].append(f.read())
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(len(caches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(c == contents[0] for c in contents) and len(contents[0]) == 6
+    assert sum(c.stats.bytes_fetched for c in caches) == total
+    assert sum(c.stats.misses for c in caches) == 6 and sum(c.stats.hits for c in caches) == 18
