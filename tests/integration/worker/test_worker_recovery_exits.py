@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint import open_store
 from plugins.checkpoint.catalog import scan, verify
 from plugins.checkpoint.uris import checkpoint_root
 from plugins.launch.local import LocalLauncher
@@ -22,6 +21,7 @@ from plugins.recovery.classify import classify
 from plugins.recovery.decide import DecisionContext, apply_quarantine, decide
 from plugins.recovery.evidence import gather
 from plugins.recovery.model import AttemptConf, FailureReport
+from plugins.storage.store import open_store
 from tests.integration.worker.conftest import (
     RUN,
     WorkerRun,
