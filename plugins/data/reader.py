@@ -194,4 +194,4 @@ class StreamingReader:
                 raise ValueError("the checkpoint's shard manifest does not match its digest")
             self.manifest = manifest
         self.position = StreamPosition(int(state["epoch"]), int(state["offset"]), int(state["shard"]),
-                                       int(state["shard_start"]))
+                                       int(state["shard_start"])).checked()
