@@ -42,12 +42,17 @@ class Settings(BaseSettings):
     """Airflow connection of the Kubernetes cluster (cncf-kubernetes provider's `KubernetesHook`);
     without Airflow, the kubeconfig is used."""
     airflow_url: str = "http://127.0.0.1:8080"
-    """Airflow's API server, for `trainyard submit` and `trainyard status --airflow` (the embedded
-    stack of `make airflow` / `make demo` listens here)."""
+    """Airflow's API server, for `trainyard submit` (the embedded stack of `make up` / `make demo`
+    listens here)."""
     airflow_token: SecretStr | None = None
     """Bearer token for Airflow's REST API; the embedded stack needs none (local-only auth)."""
     mlflow_ui_url: str = "http://127.0.0.1:5000"
     """Where people open the MLflow UI (the embedded stack's `mlflow server`)."""
+    data_cache_dir: Path | None = None
+    """The node's shard cache for streamed datasets (`plugins.data.cache`), shared by the ranks
+    of a node. Default: `<home>/data-cache`."""
+    data_cache_bytes: int = Field(default=8 << 30, gt=0)
+    """Size limit of the shard cache (least-recently-used shards are evicted above it)."""
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     """Share of device memory a plan may use (the rest is left for fragmentation and spikes)."""
 

@@ -58,6 +58,16 @@ class Heartbeat(BaseModel):
     """The job's `faultTolerance.hangTimeout`: older than this means hung."""
     phase: str = Field(default="train", max_length=32)
     """`start`, `restore`, `train`, `checkpoint`, `done`, `diverged`."""
+    data_stall_s: float | None = None
+    """Seconds the last step waited for its batch."""
+    prefetch_depth: float | None = None
+    """Batches ready in the data reader's queue after the last step."""
+    cache_hit_rate: float | None = None
+    """Share of shard opens served by the node's data cache (this process, cumulative)."""
+    cache_hits: float | None = None
+    cache_misses: float | None = None
+    cache_bytes_fetched: float | None = None
+    cache_evictions: float | None = None
 
 
 def write_heartbeat(directory: str | Path, beat: Heartbeat) -> Path:

@@ -35,6 +35,13 @@ _RANK_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("trainyard_rank_hang_timeout_seconds", "hang_timeout_s", "The job's hang timeout."),
     ("trainyard_rank_nan", "nan", "1 when the rank's last loss was NaN or infinite."),
     ("trainyard_rank_stale", "stale", "1 when the heartbeat is older than the hang timeout."),
+    ("trainyard_rank_data_stall_seconds", "data_stall_s", "Seconds the rank's last step waited for data."),
+    ("trainyard_rank_data_prefetch_depth", "prefetch_depth", "Batches ready in the rank's data queue."),
+    ("trainyard_rank_data_cache_hit_ratio", "cache_hit_rate", "Share of shard opens the node cache served."),
+    ("trainyard_rank_data_cache_hits", "cache_hits", "Shard-cache hits of the rank's process so far."),
+    ("trainyard_rank_data_cache_misses", "cache_misses", "Shard-cache misses of the rank's process so far."),
+    ("trainyard_rank_data_cache_fetched_bytes", "cache_bytes_fetched", "Bytes the rank's process fetched into the cache."),
+    ("trainyard_rank_data_cache_evictions", "cache_evictions", "Shards the rank's process evicted from the cache."),
 )
 
 _RANK_LABELS = ("node", "job", "attempt", "rank")

@@ -94,6 +94,13 @@ class RankHeartbeat(_Model):
     stale: bool
     """Older than `hang_timeout_s` while the rank has not finished."""
     path: str = ""
+    data_stall_s: float | None = None
+    prefetch_depth: float | None = None
+    cache_hit_rate: float | None = None
+    cache_hits: float | None = None
+    cache_misses: float | None = None
+    cache_bytes_fetched: float | None = None
+    cache_evictions: float | None = None
 
 
 class NodeHealth(_Model):

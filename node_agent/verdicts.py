@@ -103,7 +103,13 @@ def rank_status(beat: Heartbeat, now: float, path: str = "") -> RankHeartbeat:
     return RankHeartbeat(job=beat.job, attempt=beat.attempt, rank=beat.rank, local_rank=beat.local_rank,
                       pid=beat.pid, phase=beat.phase, step=beat.step, time=beat.time, age_s=age,
                       loss=beat.loss, tokens_per_s=beat.tokens_per_s, nan=nan,
-                      hang_timeout_s=beat.hang_timeout_s, stale=stale, path=path)
+                      hang_timeout_s=beat.hang_timeout_s, stale=stale, path=path,
+                      **{name: getattr(beat, name) for name in DATA_FIELDS})
+
+
+DATA_FIELDS = ("data_stall_s", "prefetch_depth", "cache_hit_rate", "cache_hits", "cache_misses",
+               "cache_bytes_fetched", "cache_evictions")
+"""The data pipeline's figures a heartbeat carries (`plugins.data.reader`), passed through as is."""
 
 
 def hang_verdict(rank: RankHeartbeat) -> Verdict | None:

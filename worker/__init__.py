@@ -4,8 +4,11 @@
   checkpoint cadence, heartbeats, divergence, SIGTERM, MLflow metrics.
 - `worker.distributed.parallelize.parallelize(model, plan, mesh)` — apply an advisor `Plan`
   with torch's own DDP / FSDP2 / DTensor TP / pipelining / activation checkpointing.
-- `worker.sampler.ResumableSampler` — deterministic data order that resumes at the exact next
-  sample, on any world size.
+- `worker.data.open_streaming_data` — the dataset streamed from the object store through the
+  node's bounded cache (`plugins.data.reader`), prefetched in the background, resumable at the
+  exact next sample on any data-parallel size; `worker.sampler.ResumableSampler` does the same
+  for an in-memory dataset addressed by index (`worker.data.TokenWindows`).
+- `worker.stall.StallMonitor` — warns when the loop waits for data more than 5 % of the time.
 - `worker.models.llama` — the example model; `worker/train.py` — the example script.
 - `worker.exit_codes` — what a training process's exit code means to the control plane.
 

@@ -6,21 +6,29 @@ text), and the stream is cut into non-overlapping windows of `seq_len + 1` bytes
 window i, its input the first `seq_len` tokens and its target the last `seq_len` (shifted by
 one). Samples are addressed by index, so the sampler alone decides the order.
 
-The whole dataset is held in memory as one uint8 tensor: the demo's 466 kB (and anything up
-to a few GB) fits; a streaming reader for larger data would keep this module's interface.
+Two ways to read it:
+- `StreamingData` (what `worker/train.py` uses): the streaming reader of `plugins.data.reader`
+  — shards through the node's bounded cache, batches prepared ahead in a background thread,
+  resumable on any data-parallel size; memory does not grow with the dataset;
+- `TokenWindows` + `worker.sampler.ResumableSampler`: the whole dataset in memory as one uint8
+  tensor, samples addressed by index (kept for small in-memory experiments and the worker
+  overhead benchmark).
 """
 
 from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 if TYPE_CHECKING:
+    from plugins.data.reader import StreamingReader
     from plugins.storage.store import ObjectStore
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -45,23 +53,17 @@ def shard_keys(store: ObjectStore, fmt: str) -> list[str]:
 
 
 def iter_rows(raw: bytes, key: str, fmt: str, text_field: str) -> Iterator[bytes]:
-    """UTF-8 bytes of each row of one shard (its whole content in `raw`). A text shard is one
-    document; a JSONL shard is parsed by `plugins.data.rows` (the parser validation uses), and
-    this loader's policy is strict: blank lines are skipped, any bad line stops the run."""
-    from plugins.data.rows import BLANK, BadRow, open_shard, read_rows
+    """UTF-8 bytes of each document of one shard (its whole content in `raw`), by the one
+    training policy (`plugins.data.documents.iter_documents`: strict, blank lines skipped)."""
+    from plugins.data.documents import END, iter_documents
 
-    if fmt == "text":
-        yield open_shard(io.BytesIO(raw), key).read()
-        return
-    for number, row in read_rows(io.BytesIO(raw), key, fmt):
-        if row is BLANK:
-            continue
-        if isinstance(row, BadRow):
-            raise ValueError(row.describe())
-        text = row.get(text_field)  # type: ignore[union-attr]
-        if not isinstance(text, str):
-            raise ValueError(f"{key}:{number}: row has no string field {text_field!r}")
-        yield text.encode("utf-8")
+    pieces: list[bytes] = []
+    for piece in iter_documents(io.BytesIO(raw), key, fmt, text_field):
+        if piece is END:
+            yield b"".join(pieces)
+            pieces = []
+        else:
+            pieces.append(piece)  # type: ignore[arg-type]
 
 
 def load_bytes(store: ObjectStore, *, fmt: str = "jsonl", text_field: str = "text") -> torch.Tensor:
@@ -114,3 +116,65 @@ def open_dataset_windows(source: str, *, object_store: str, seq_len: int, fmt: s
     log.info("dataset %s: %d bytes, %d samples of %d tokens", store.uri, tokens.numel(),
              len(windows), seq_len)
     return windows
+
+
+class StreamingData:
+    """One data-parallel rank's batches from `plugins.data.reader.StreamingReader`, as tensors.
+
+    A `Stateful` for the checkpoint (the reader's state: epoch, samples consumed, cursor and
+    shard manifest — the same on every rank). `metrics()` is what `TrainingSession.step_end`
+    reports beside the data stall."""
+
+    def __init__(self, reader: StreamingReader) -> None:
+        self.reader = reader
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets), each (batch_size, seq_len) int64."""
+        samples = self.reader.next_batch().samples
+        dtype = torch.uint8 if samples[0].typecode == "B" else torch.int32
+        windows = torch.stack([torch.frombuffer(bytearray(s), dtype=dtype) for s in samples]).long()
+        return windows[:, :-1], windows[:, 1:]
+
+    def metrics(self) -> dict[str, float]:
+        return self.reader.metrics()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.reader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reader.load_state_dict(state)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.reader.cache.close()
+
+
+def broadcast_from_rank0(make: Callable[[], T]) -> T:
+    """Run `make` on global rank 0 and hand its result to every rank (one listing per run)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return make()
+    box: list[Any] = [make() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def open_streaming_data(source: str, *, object_store: str, seq_len: int, batch_size: int,
+                        dp_rank: int, dp_size: int, seed: int, fmt: str = "jsonl",
+                        text_field: str = "text", endpoint_url: str | None = None,
+                        prefetch_batches: int = 4) -> StreamingData:
+    """The streaming reader for a spec's `dataset.source` (resolved as the dry run does), with
+    the node's cache from the settings (`TRAINYARD_DATA_CACHE_DIR`, `TRAINYARD_DATA_CACHE_BYTES`)."""
+    from config.settings import Settings
+    from plugins.data.cache import ShardCache
+    from plugins.data.reader import StreamingReader
+    from plugins.data.shards import open_dataset
+
+    settings = Settings()
+    store = open_dataset(source, object_store=object_store, endpoint_url=endpoint_url)
+    cache = ShardCache(settings.data_cache_dir or settings.home / "data-cache", settings.data_cache_bytes)
+    reader = StreamingReader(store, fmt, cache=cache, seq_len=seq_len, batch_size=batch_size,
+                             dp_rank=dp_rank, dp_size=dp_size, seed=seed, text_field=text_field,
+                             prefetch_batches=prefetch_batches, agree=broadcast_from_rank0)
+    return StreamingData(reader)

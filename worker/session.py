@@ -54,6 +54,7 @@ from worker import exit_codes
 from worker.divergence import Divergence, DivergenceDetector
 from worker.faults import Faults
 from worker.heartbeats import HeartbeatWriter
+from worker.stall import StallMonitor
 
 if TYPE_CHECKING:
     from config.spec import TrainingJob
@@ -202,6 +203,8 @@ class TrainingSession:
         self._loss: float | None = None
         self._tokens_per_s: float | None = None
         self._heartbeats = HeartbeatWriter(config.heartbeat_dir)
+        self._stalls = StallMonitor()
+        self._data: dict[str, float] = {}
         self._closed = False
         self.beat(0, phase="start")
 
@@ -284,9 +287,12 @@ class TrainingSession:
 
     def step_end(self, step: int, *, loss: float, grad_norm: float | None = None,
                  lr: float | None = None, tokens: int | None = None,
-                 data_stall_s: float | None = None) -> None:
+                 data_stall_s: float | None = None,
+                 data_metrics: Mapping[str, float] | None = None) -> None:
         """After step `step` (the global loss): heartbeat, metrics, divergence, checkpoints,
-        SIGTERM. Raises `StopTraining` when the process must end."""
+        SIGTERM. Raises `StopTraining` when the process must end. `data_metrics` (prefetch
+        depth, cache counters: `plugins.data.reader.StreamingReader.metrics`) go beside
+        `data_stall_s` into the heartbeat and MLflow; stalls above 5 % warn (`worker.stall`)."""
         self._step = step
         now = time.perf_counter()
         step_time = now - self._last_step_time
@@ -294,10 +300,12 @@ class TrainingSession:
         loss = self.faults.loss(step, loss)
         self._loss = loss
         self._tokens_per_s = tokens / step_time if tokens and step_time > 0 else None
+        self._data = {**(data_metrics or {}), **({"data_stall_s": data_stall_s} if data_stall_s is not None else {})}
+        self._stalls.update(step, data_stall_s, step_time, self._data)
         diverged = self.divergence.update(step, loss)
         self.beat(step, phase="diverged" if diverged else "train")
         self._log_metrics(step, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=step_time,
-                          data_stall_s=data_stall_s)
+                          data_stall_s=data_stall_s, data_metrics=data_metrics)
         if diverged is not None:
             self._diverged(diverged)
         sigterm, time_due = self._agree(self._sigterm, self._time_due())
@@ -437,7 +445,8 @@ class TrainingSession:
             job=self.config.job, run=self.config.run, attempt=self.config.attempt, rank=self.rank,
             local_rank=self.local_rank, node=self.node, pid=os.getpid(), step=step,
             time=time.time(), loss=loss if finite else None, tokens_per_s=self._tokens_per_s,
-            nan=not finite, hang_timeout_s=self.config.hang_timeout_s, phase=phase))
+            nan=not finite, hang_timeout_s=self.config.hang_timeout_s, phase=phase,
+            **{k: v for k, v in self._data.items() if k in Heartbeat.model_fields}))
         if phase != "train":
             self._heartbeats.flush()
 
@@ -463,7 +472,8 @@ class TrainingSession:
             return None, None
 
     def _log_metrics(self, step: int, *, loss: float, grad_norm: float | None, lr: float | None,
-                     step_time_s: float, data_stall_s: float | None) -> None:
+                     step_time_s: float, data_stall_s: float | None,
+                     data_metrics: Mapping[str, float] | None = None) -> None:
         if self._metrics is None:
             return
         values = {"loss": loss, "step_time_s": step_time_s}
@@ -473,6 +483,7 @@ class TrainingSession:
             values["lr"] = lr
         if data_stall_s is not None:
             values["data_stall_s"] = data_stall_s
+        values.update({f"data/{k}": v for k, v in (data_metrics or {}).items()})
         if self._tokens_per_s is not None:
             values["tokens_per_s"] = self._tokens_per_s
             if self._flops_per_token and self._peak_flops:

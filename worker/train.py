@@ -26,11 +26,10 @@ import torch
 
 from config.loader import load_spec_file
 from plugins.advisor.plan import Plan
-from worker.data import open_dataset_windows
+from worker.data import open_streaming_data
 from worker.distributed.mesh import build_mesh
 from worker.distributed.parallelize import parallelize
 from worker.models.llama import Llama, LlamaConfig
-from worker.sampler import ResumableSampler
 from worker.session import SessionConfig, TrainingSession
 from worker.step import train_step
 from worker.summary import write_summary
@@ -83,31 +82,33 @@ def main(argv: list[str] | None = None) -> int:
         lr = args.lr or job.training.learning_rate or 3e-4
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
         scheduler = warmup_cosine(optimizer, job.training.max_steps)
-        data = open_dataset_windows(job.dataset.source, object_store=config.object_store,
-                                    seq_len=hints.sequence_length, fmt=job.dataset.format,
-                                    text_field=job.dataset.quality.text_field,
-                                    endpoint_url=config.endpoint_url)
-        sampler = ResumableSampler(len(data), rank=mesh["dp"].get_local_rank(), world_size=plan.dp,
-                                   seed=job.training.seed)
-        session.attach(model=model.state_module, optimizer=optimizer,
-                       extra={"scheduler": scheduler, "sampler": sampler})
         batch = plan.micro_batch_size * plan.num_micro_batches  # sequences per replica
+        data = open_streaming_data(job.dataset.source, object_store=config.object_store,
+                                   seq_len=hints.sequence_length, batch_size=batch,
+                                   dp_rank=mesh["dp"].get_local_rank(), dp_size=plan.dp,
+                                   seed=job.training.seed, fmt=job.dataset.format,
+                                   text_field=job.dataset.quality.text_field,
+                                   endpoint_url=config.endpoint_url)
+        session.attach(model=model.state_module, optimizer=optimizer,
+                       extra={"scheduler": scheduler, "sampler": data})
         losses: dict[int, float] = {}
         for step in range(session.restore(), job.training.max_steps + 1):
             session.before_step(step)
             t0 = time.perf_counter()
-            inputs, targets = data.batch(sampler.next_batch(batch))
+            inputs, targets = data.next_batch()
             stall = time.perf_counter() - t0
             step_lr = optimizer.param_groups[0]["lr"]
             with session.stop_on_oom():  # exit_codes.OOM: the control plane re-plans
                 stats = train_step(model, optimizer, scheduler, inputs, targets)
             losses[step] = stats.loss
             session.step_end(step, loss=stats.loss, grad_norm=stats.grad_norm, lr=step_lr,
-                             tokens=batch * plan.dp * hints.sequence_length, data_stall_s=stall)
+                             tokens=batch * plan.dp * hints.sequence_length, data_stall_s=stall,
+                             data_metrics=data.metrics())
             if session.rank == 0 and (step % 10 == 0 or step == 1):
                 log.info("step %d loss %.4f grad_norm %.3f lr %.2e", step, stats.loss,
                          stats.grad_norm, step_lr)
         session.finish(job.training.max_steps)
+        data.close()
         if args.summary:
             write_summary(args.summary, model, step=job.training.max_steps, losses=losses)
     return 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from plugins.storage.errors import IntegrityError, UnsafeKeyError
+from plugins.storage.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
 
 CHUNK_BYTES = 8 << 20
 """Read/write chunk for streaming copies: big enough that syscalls and hashing calls amortise,
@@ -37,6 +37,9 @@ class ObjectInfo:
     size: int
     sha256: str | None = None
     mtime: float | None = None
+    etag: str | None = None
+    """The store's version tag of the object (S3: the ETag without quotes; local: modification
+    time and size), so a reader can tell the object it listed from one written over it."""
 
 
 def check_key(key: str, *, prefix: bool = False) -> str:
@@ -113,6 +116,26 @@ class ObjectStore(ABC):
     @abstractmethod
     def open_read(self, key: str) -> IO[bytes]:
         """A binary stream of the object (use as a context manager)."""
+
+    def read_range(self, key: str, start: int, length: int, *, if_match: str | None = None) -> bytes:
+        """`length` bytes of the object from byte `start` (fewer at its end). With `if_match`,
+        raise `IntegrityError` when the object's etag is no longer that one (it was
+        overwritten since it was listed). Stores override this with a native ranged read."""
+        if start < 0 or length < 0:
+            raise ValueError(f"byte range must be non-negative, got start={start} length={length}")
+        if if_match is not None:
+            self._check_etag(key, if_match)
+        with self.open_read(key) as f:
+            f.seek(start)
+            return f.read(length)
+
+    def _check_etag(self, key: str, etag: str) -> None:
+        current = next((o.etag for o in self.list(key) if o.key == key), None)
+        if current is None:
+            raise ObjectNotFoundError(f"no object {key!r} in {self.uri}")
+        if current != etag:
+            raise IntegrityError(f"{key}: etag {current} != the expected {etag}; the object was "
+                                 "overwritten since it was listed")
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...

@@ -21,7 +21,7 @@ from plugins.storage.api import (
     read_ahead,
     write_local_atomic,
 )
-from plugins.storage.errors import ObjectNotFoundError
+from plugins.storage.errors import IntegrityError, ObjectNotFoundError
 
 
 class LocalStore(ObjectStore):
@@ -134,6 +134,15 @@ class LocalStore(ObjectStore):
         read_ahead(f)
         return f
 
+    def read_range(self, key: str, start: int, length: int, *, if_match: str | None = None) -> bytes:
+        if start < 0 or length < 0:
+            raise ValueError(f"byte range must be non-negative, got start={start} length={length}")
+        with self.open_read(key) as f:
+            if if_match is not None and local_etag(os.fstat(f.fileno())) != if_match:
+                raise IntegrityError(f"{key}: etag {local_etag(os.fstat(f.fileno()))} != the expected "
+                                     f"{if_match}; the object was overwritten since it was listed")
+            return os.pread(f.fileno(), length, start)
+
     def exists(self, key: str) -> bool:
         return self.path_of(key).is_file()
 
@@ -157,7 +166,7 @@ class LocalStore(ObjectStore):
                     st = os.stat(os.path.join(dirpath, name))
                 except FileNotFoundError:  # deleted while we walked
                     continue
-                found.append(ObjectInfo(key, st.st_size, None, st.st_mtime))
+                found.append(ObjectInfo(key, st.st_size, None, st.st_mtime, local_etag(st)))
         found.sort(key=lambda info: info.key)
         yield from found
 
@@ -177,6 +186,12 @@ class LocalStore(ObjectStore):
     def child(self, prefix: str) -> LocalStore:
         check_key(prefix.rstrip("/"))
         return LocalStore(self.root.joinpath(*prefix.strip("/").split("/")))
+
+
+def local_etag(st: os.stat_result) -> str:
+    """A local object's version tag: modification time (ns) and size. Every write replaces the
+    file by rename, so an overwrite changes the tag."""
+    return f"{st.st_mtime_ns:x}-{st.st_size:x}"
 
 
 def _fsync_dir(path: Path) -> None:

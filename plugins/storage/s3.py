@@ -21,7 +21,7 @@ from plugins.storage.api import (
     read_ahead,
     write_local_atomic,
 )
-from plugins.storage.errors import ObjectNotFoundError
+from plugins.storage.errors import IntegrityError, ObjectNotFoundError
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
@@ -73,6 +73,22 @@ def _is_not_found(error: BaseException) -> bool:
         return False
     code = str(error.response.get("Error", {}).get("Code", ""))
     return code in ("404", "NoSuchKey", "NotFound")
+
+
+def _error_code(error: BaseException) -> str:
+    from botocore.exceptions import ClientError
+
+    if not isinstance(error, ClientError):
+        return ""
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def _is_precondition_failed(error: BaseException) -> bool:
+    return _error_code(error) in ("412", "PreconditionFailed")
+
+
+def _is_range_not_satisfiable(error: BaseException) -> bool:
+    return _error_code(error) in ("416", "InvalidRange")
 
 
 class _HashingReader(io.RawIOBase):
@@ -259,6 +275,36 @@ class S3Store(ObjectStore):
             raise
         return io.BufferedReader(_S3Body(response["Body"]), buffer_size=1 << 20)
 
+    def read_range(self, key: str, start: int, length: int, *, if_match: str | None = None) -> bytes:
+        """One ranged GET (`Range: bytes=start-end`, `If-Match` the listed ETag); botocore
+        retries each request, this retries a body dropped mid-stream. Callers read a large
+        object as many such ranges over parallel connections (the client's pool holds
+        `2 · max_concurrency`)."""
+        if start < 0 or length < 0:
+            raise ValueError(f"byte range must be non-negative, got start={start} length={length}")
+        if length == 0:
+            return b""
+        extra = {"IfMatch": f'"{if_match}"'} if if_match is not None else {}
+
+        @_retrying
+        def attempt() -> bytes:
+            try:
+                response = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                                  Range=f"bytes={start}-{start + length - 1}", **extra)
+            except Exception as e:
+                if _is_not_found(e):
+                    raise ObjectNotFoundError(f"no object {key!r} in {self.uri}") from e
+                if _is_precondition_failed(e):
+                    raise IntegrityError(f"{key}: its ETag is no longer {if_match}; the object was "
+                                         "overwritten since it was listed") from e
+                if _is_range_not_satisfiable(e):
+                    return b""
+                raise
+            with contextlib.closing(response["Body"]) as body:
+                return body.read()
+
+        return attempt()
+
     def exists(self, key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(key))
@@ -275,7 +321,8 @@ class S3Store(ObjectStore):
         for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
             for obj in page.get("Contents", []):
                 key = obj["Key"][len(root):]
-                yield ObjectInfo(key, int(obj["Size"]), None, obj["LastModified"].timestamp())
+                yield ObjectInfo(key, int(obj["Size"]), None, obj["LastModified"].timestamp(),
+                                 str(obj.get("ETag", "")).strip('"') or None)
 
     def delete(self, key: str) -> None:
         try:

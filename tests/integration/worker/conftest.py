@@ -112,7 +112,8 @@ def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, at
         checkpoint_uri=checkpoint_root(object_store, job.metadata.name, RUN),
         heartbeat_dir=str(run_dir / "heartbeats"), hang_timeout_s=120, run_dir=str(run_dir),
         mlflow_tracking_uri=mlflow[0], mlflow_run_id=mlflow[1])
-    full_env = {**worker_env.to_env(), "TRAINYARD_FAULTS": faults, **(env or {})}
+    full_env = {**worker_env.to_env(), "TRAINYARD_FAULTS": faults,
+                "TRAINYARD_DATA_CACHE_DIR": str(run_dir.parent / "data-cache"), **(env or {})}
     result = run_torchrun("plugins.launch.rank_exec",
                           ["--run-dir", str(run_dir), "--", "worker/train.py",
                            "--summary", str(run_dir / "summary.json")],

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from plugins.checkpoint.uris import checkpoint_root
 from plugins.launch.files import DIVERGED_FILE, DivergenceRecord, read_model
-from tests.integration.worker.conftest import committed_steps, fsdp_plan, launch, tiny_job
+from tests.integration.worker.conftest import RUN, committed_steps, fsdp_plan, launch, tiny_job
 from worker import exit_codes
 
 pytestmark = pytest.mark.slow
@@ -59,7 +60,7 @@ def test_sigterm_checkpoints_exits_preempted_and_resumes_on_one_process(
     # The 2-process FSDP checkpoint restores onto one process (DCP reshards, the sampler's global
     # position is world-size free), which runs the remaining steps 8..30 and exits 0. The
     # checkpoint is named explicitly, as the control plane does (TRAINYARD_RESUME_FROM).
-    manifest = f"{object_store}/jobs/preempt/checkpoints/step-00000007/MANIFEST.json"
+    manifest = f"{checkpoint_root(object_store, 'preempt', RUN)}/step-00000007/MANIFEST.json"
     second = launch(job, fsdp_plan(world_size=1), object_store=object_store,
                     run_dir=tmp_path / "a1", attempt=1, resume_from=manifest)
     assert second.exit_codes() == [exit_codes.COMPLETED], second.logs()

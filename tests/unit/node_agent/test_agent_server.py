@@ -207,3 +207,20 @@ def test_client_builds_endpoints() -> None:
     assert client.endpoint("http://n:9420/health/", "faults") == "http://n:9420/faults"
     assert client.endpoint("n:9420", "health") == "http://n:9420/health"
     assert client.endpoint("https://proxy/agents/n1/", "health") == "https://proxy/agents/n1/health"
+
+
+def test_data_pipeline_figures_reach_prometheus(cpu_agent: Agent) -> None:
+    """A heartbeat's data figures (`worker.session`: stall, prefetch depth, cache counters)
+    become per-rank gauges; a heartbeat without them (an older runtime) exposes none."""
+    write_heartbeat(cpu_agent.heartbeats, Heartbeat(
+        job="llama", rank=0, pid=1, step=5, time=time.time(), data_stall_s=0.25, prefetch_depth=3,
+        cache_hit_rate=0.75, cache_hits=3, cache_misses=1, cache_bytes_fetched=4096, cache_evictions=2))
+    write_heartbeat(cpu_agent.heartbeats, Heartbeat(job="llama", rank=1, pid=2, step=5, time=time.time()))
+    m = _metrics(cpu_agent.url)
+    rank = {"job": "llama", "attempt": "0", "rank": "0"}
+    assert _value(m["trainyard_rank_data_stall_seconds"], **rank) == 0.25
+    assert _value(m["trainyard_rank_data_prefetch_depth"], **rank) == 3
+    assert _value(m["trainyard_rank_data_cache_hit_ratio"], **rank) == 0.75
+    assert _value(m["trainyard_rank_data_cache_fetched_bytes"], **rank) == 4096
+    assert _value(m["trainyard_rank_data_cache_evictions"], **rank) == 2
+    assert [lab["rank"] for lab, _ in m["trainyard_rank_data_cache_hits"]] == ["0"]

@@ -268,3 +268,20 @@ def test_transient_s3_errors_are_told_apart_and_retried(s3_server: object) -> No
     store.client.get_object = flaky_get  # type: ignore[method-assign]
     assert store.get_bytes("k") == b"payload"
     assert len(calls) == 2
+
+
+def test_ranged_reads_and_etags(store: ObjectStore) -> None:
+    """`read_range` returns the asked bytes (fewer at the end), and `if_match` with the listed
+    etag refuses an object overwritten since it was listed."""
+    data = bytes(range(256)) * 40
+    store.put_bytes("r/blob", data)
+    (info,) = list(store.list("r/"))
+    assert info.etag
+    assert store.read_range("r/blob", 100, 50, if_match=info.etag) == data[100:150]
+    assert store.read_range("r/blob", len(data) - 10, 100) == data[-10:]
+    assert store.read_range("r/blob", len(data), 10) == b""
+    store.put_bytes("r/blob", data[::-1] + b"x")
+    with pytest.raises(IntegrityError, match="r/blob"):
+        store.read_range("r/blob", 0, 10, if_match=info.etag)
+    with pytest.raises(ObjectNotFoundError, match="r/missing"):
+        store.read_range("r/missing", 0, 10)

@@ -137,3 +137,18 @@ def test_out_of_memory_in_the_loop_stops_with_the_oom_code(session_for, config: 
     assert "torch.OutOfMemoryError after step 5: CUDA out of memory" in caplog.text
     with session.stop_on_oom():  # anything else passes through untouched
         pass
+
+
+def test_data_figures_go_into_the_heartbeat(session_for, config: SessionConfig) -> None:
+    """`step_end(data_metrics=...)` (the streaming reader's figures) beside `data_stall_s`."""
+    session = session_for()
+    session.restore()
+    session.step_end(1, loss=3.0, data_stall_s=0.5,
+                     data_metrics={"prefetch_depth": 2.0, "cache_hit_rate": 0.5, "cache_misses": 4.0,
+                                   "not_a_heartbeat_field": 1.0})
+    session._heartbeats.flush()
+    b = beat(config)
+    assert (b.data_stall_s, b.prefetch_depth, b.cache_hit_rate, b.cache_misses) == (0.5, 2.0, 0.5, 4.0)
+    session.step_end(2, loss=2.9)  # a loop that reports none of them
+    session._heartbeats.flush()
+    assert beat(config).data_stall_s is None and beat(config).step == 2

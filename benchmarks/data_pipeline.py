@@ -1,0 +1,243 @@
+"""Data pipeline benchmark: the streaming reader against a plain sequential loop, in one run.
+
+    .venv/bin/python benchmarks/data_pipeline.py [--dataset-mb 64] [--seq-len 256] [--steps 60] [--rounds 3]
+
+Starts a real S3 endpoint (moto's server, in its own process as a remote store would be: in
+this process it would compete for the GIL with the reader it serves) and writes a synthetic
+JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one run:
+
+- `baseline_samples_s`: a plain sequential loop — for each shard, one `get_object` of the whole
+  shard, then the same parse/tokenise/pack code (`plugins.data.stream.SampleStream`) — over one
+  epoch;
+- `stream_samples_s`: `StreamingReader` (cold cache: shards fetched by parallel ranged GETs into
+  the cache, the next shard prefetched while one is parsed, batches packed by a background
+  thread into a bounded queue), one epoch, batches of 16;
+- `cached_samples_s`: the same again on the warm cache (every shard a verified hit);
+- `peak_rss_mb`: the peak resident set of a child process streaming one epoch with a cache of a
+  tenth of the dataset (`dataset_mb`), beside `peak_rss_quarter_mb` for a quarter of the data
+  under the same cache (flat memory: the two are close);
+- `stall_fraction`: the tiny training job (the demo's Llama on CPU, one process) reading the demo
+  dataset from the S3 endpoint through a cold cache for `--steps` steps: the time spent waiting
+  for batches over the time of the steps, first step excluded (`first_batch_s` beside it: the
+  listing and the first shard's fetch).
+
+The three throughputs are the medians of `--rounds` rounds (each round: baseline, cold stream,
+warm cache; `rounds` lists them all), so a burst of load from other processes does not decide
+a ratio. Every figure is from the same run. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.support.s3_server import S3Server
+
+REPO = Path(__file__).resolve().parent.parent
+SHARD_ROWS, ROW_BYTES = 500, 2000
+
+
+@contextlib.contextmanager
+def moto_process() -> Iterator[S3Server]:
+    """`python -m moto.server` on a free port, in a child process; dummy credentials."""
+    import urllib.request
+
+    from tests.support.procs import free_port
+    from tests.support.s3_server import CREDENTIALS, S3Server
+
+    os.environ.update(CREDENTIALS)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url, timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"moto server did not answer at {url}")
+        yield S3Server(url)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def sequential_baseline(store: object, seq_len: int) -> tuple[int, float]:
+    from plugins.data.documents import ByteTokenizer
+    from plugins.data.manifest import list_manifest
+    from plugins.data.stream import SampleStream, StreamPosition
+
+    manifest = list_manifest(store, "jsonl")  # type: ignore[arg-type]
+    stream = SampleStream(manifest, lambda shard: io.BytesIO(store.get_bytes(shard.key)),  # type: ignore[attr-defined]
+                          ByteTokenizer(), seq_len=seq_len, seed=0)
+    start, samples = time.perf_counter(), 0
+    for pos, _ in stream.samples(StreamPosition()):
+        if pos.epoch > 0:
+            break
+        samples += 1
+    return samples, time.perf_counter() - start
+
+
+def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int) -> tuple[int, float]:
+    from plugins.data.cache import ShardCache
+    from plugins.data.reader import StreamingReader
+
+    cache = ShardCache(cache_dir, cache_bytes)
+    reader = StreamingReader(store, "jsonl", cache=cache, seq_len=seq_len, batch_size=16,  # type: ignore[arg-type]
+                             dp_rank=0, dp_size=1, seed=0)
+    start, samples = time.perf_counter(), 0
+    while reader.position.epoch == 0:
+        samples += len(reader.next_batch().samples)
+    seconds = time.perf_counter() - start
+    reader.close()
+    cache.close()
+    return samples, seconds
+
+
+def child_rss(uri: str, endpoint: str, cache_dir: Path, cache_bytes: int, seq_len: int) -> dict:
+    done = subprocess.run([sys.executable, "-m", "tests.support.stream_rss", "--uri", uri,
+                           "--endpoint-url", endpoint, "--cache-dir", str(cache_dir),
+                           "--cache-bytes", str(cache_bytes), "--seq-len", str(seq_len)],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def train_child(args: argparse.Namespace) -> int:
+    """The tiny training job, one process, streaming the demo dataset; prints its stall figures."""
+    import torch
+
+    from config.loader import load_spec_file
+    from worker.data import open_streaming_data
+    from worker.distributed.mesh import build_mesh
+    from worker.distributed.parallelize import parallelize
+    from worker.models.llama import Llama, LlamaConfig
+    from worker.session import SessionConfig, TrainingSession
+    from worker.step import train_step
+
+    spec = load_spec_file(REPO / "config/jobs/demo-tiny-lm.yaml")
+    config = dataclasses.replace(SessionConfig.from_env({}, spec=spec, world_size=1),
+                                 checkpoint_interval_steps=None, checkpoint_interval_s=None)
+    hints, plan = spec.spec.parallelism.hints, config.plan
+    assert hints is not None
+    stalls, steps = [], []
+    with TrainingSession(config):
+        torch.manual_seed(0)
+        model = parallelize(Llama(LlamaConfig.from_hints(hints)), plan, build_mesh(plan, "cpu"),
+                            precision=hints.mixed_precision)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        batch = plan.micro_batch_size * plan.num_micro_batches
+        data = open_streaming_data(spec.spec.dataset.source, object_store=config.object_store,
+                                   seq_len=hints.sequence_length, batch_size=batch, dp_rank=0,
+                                   dp_size=1, seed=0, endpoint_url=config.endpoint_url)
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            inputs, targets = data.next_batch()
+            t1 = time.perf_counter()
+            train_step(model, optimizer, None, inputs, targets)
+            stalls.append(t1 - t0)
+            steps.append(time.perf_counter() - t0)
+        metrics = data.metrics()
+        data.close()
+    print(json.dumps({"first_batch_s": stalls[0], "stall_s": sum(stalls[1:]), "step_s": sum(steps[1:]),
+                      "data": metrics}))
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset-mb", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--train-child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    if args.train_child:
+        return train_child(args)
+
+    from plugins.storage.store import S3Store, open_store
+    from tests.support.datasets import write_jsonl_dataset
+    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+
+    shards = max(4, args.dataset_mb)  # ~1 MB each
+    with moto_process() as server, tempfile.TemporaryDirectory(prefix="data-pipeline-") as tmp:
+        root = Path(tmp)
+        bucket = server.new_bucket("bench")
+        full = S3Store(bucket, "full", endpoint_url=server.endpoint_url)
+        quarter = S3Store(bucket, "quarter", endpoint_url=server.endpoint_url)
+        dataset_bytes = write_jsonl_dataset(full, shards=shards, rows=SHARD_ROWS, row_bytes=ROW_BYTES)
+        quarter_bytes = write_jsonl_dataset(quarter, shards=shards // 4, rows=SHARD_ROWS, row_bytes=ROW_BYTES)
+
+        rates: dict[str, list[float]] = {"baseline": [], "stream": [], "cached": []}
+        for r in range(args.rounds):  # each round: baseline, cold stream, warm cache
+            base_n, base_s = sequential_baseline(full, args.seq_len)
+            stream_n, stream_s = streamed(full, args.seq_len, root / f"cache-{r}", 2 * dataset_bytes)
+            cached_n, cached_s = streamed(full, args.seq_len, root / f"cache-{r}", 2 * dataset_bytes)
+            if not 0 <= stream_n - base_n <= 16 or cached_n != stream_n:  # the last batch ends in epoch 1
+                raise RuntimeError(f"the passes read different sample counts: {base_n} {stream_n} {cached_n}")
+            for name, n, seconds in (("baseline", base_n, base_s), ("stream", stream_n, stream_s),
+                                     ("cached", cached_n, cached_s)):
+                rates[name].append(n / seconds)
+            shutil.rmtree(root / f"cache-{r}")
+        median = {name: statistics.median(values) for name, values in rates.items()}
+        cache_bytes = dataset_bytes // 10
+        big = child_rss(full.uri, server.endpoint_url, root / "rss-full", cache_bytes, args.seq_len)
+        small = child_rss(quarter.uri, server.endpoint_url, root / "rss-quarter", cache_bytes, args.seq_len)
+
+        objects = f"s3://{bucket}/objects"
+        prepare_demo_dataset(open_store(objects, endpoint_url=server.endpoint_url).child(DEMO_PREFIX.rstrip("/")))
+        env = dict(os.environ, PYTHONPATH=str(REPO), TRAINYARD_HOME=str(root / "home"),
+                   TRAINYARD_OBJECT_STORE=objects, TRAINYARD_S3_ENDPOINT_URL=server.endpoint_url)
+        for name in ("RANK", "WORLD_SIZE", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "TRAINYARD_JOB"):
+            env.pop(name, None)
+        done = subprocess.run([sys.executable, __file__, "--train-child", "--steps", str(args.steps)],
+                              cwd=REPO, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
+            return done.returncode
+        train = json.loads(done.stdout.strip().splitlines()[-1])
+
+    result = {
+        "stream_samples_s": round(median["stream"], 1),
+        "baseline_samples_s": round(median["baseline"], 1),
+        "cached_samples_s": round(median["cached"], 1),
+        "peak_rss_mb": big["peak_rss_mb"],
+        "dataset_mb": round(dataset_bytes / 2**20, 1),
+        "stall_fraction": round(train["stall_s"] / train["step_s"], 4),
+        "peak_rss_quarter_mb": small["peak_rss_mb"],
+        "quarter_dataset_mb": round(quarter_bytes / 2**20, 1),
+        "rss_cache_mb": round(cache_bytes / 2**20, 1),
+        "samples_per_epoch": base_n,
+        "seq_len": args.seq_len,
+        "first_batch_s": round(train["first_batch_s"], 3),
+        "train_steps": args.steps,
+        "train_cache_hit_rate": train["data"].get("cache_hit_rate"),
+        "stream_vs_baseline": round(median["stream"] / median["baseline"], 2),
+        "cached_vs_baseline": round(median["cached"] / median["baseline"], 2),
+        "rounds": {name: [round(v) for v in values] for name, values in rates.items()},
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

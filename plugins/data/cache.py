@@ -1,0 +1,284 @@
+"""The node's shard cache (the seed's L3 tier): verified local copies of shards, bounded in size.
+
+Every rank of a node opens the same folder. Two kinds of `fcntl.flock` locks keep them apart:
+
+- `<name>.lock` per entry, held while a shard is filled: a second rank that wants the same shard
+  waits for the first, then finds a hit (a shard is downloaded once per node, not once per rank);
+- `.cache.lock` for the whole folder, held while space is made (eviction) and an entry committed.
+
+Fills are atomic: the shard is downloaded into `<name>.partial-<id>` by ranged GETs over parallel
+connections (`ObjectStore.read_range`, each chunk written at its offset and hashed as it arrives),
+then renamed to `<name>`; `<name>.json` (key, size, etag, chunk size, and the SHA-256 over the
+chunks' SHA-256 digests — `chunks_sha256`) is written last and is the commit — data without it
+is a miss. A ranged GET carries the manifest's etag (`If-Match`), so a
+shard overwritten mid-fill is not stitched from two versions.
+
+Integrity on every hit: the size and etag must match the run's manifest and the chunk hash of
+the file the recorded one (a hash read runs at ~1.5 GB/s, far faster than the rows are parsed); a
+mismatch counts as `corrupt`, the entry is dropped and fetched again. The hit hands back an
+open file, verified through that same descriptor, so an eviction by another rank (an unlink)
+cannot pull it away mid-read.
+
+Eviction is least-recently-used by the commit file's mtime (touched on every hit), down to
+`max_bytes` before a fill. A file another rank still reads is unlinked but stays readable, so
+the disk may briefly hold one shard per reader beyond the limit. A shard larger than the whole
+cache is refused with both sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from plugins.errors import FatalError
+
+if TYPE_CHECKING:
+    from plugins.data.manifest import ShardEntry, ShardManifest
+    from plugins.storage.store import ObjectStore
+
+CHUNK_BYTES = 8 << 20
+"""One ranged GET: big enough to amortise a request, small enough to bound memory."""
+
+PARTIAL = ".partial-"
+META_SUFFIX = ".json"
+LOCK_SUFFIX = ".lock"
+ROOT_LOCK = ".cache.lock"
+
+
+class CacheTooSmallError(FatalError, ValueError):
+    """A shard does not fit in the cache at all."""
+
+
+@dataclass
+class CacheStats:
+    """This process's cache counters (cumulative). A hit or miss is counted once per shard
+    access: when a reader prefetches a shard, the prefetch is the access (a miss if it had to
+    download), and its own later open is not counted again."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_fetched: int = 0
+    evictions: int = 0
+    corrupt: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        total = self.hits + self.misses
+        return self.hits / total if total else None
+
+    def as_metrics(self) -> dict[str, float]:
+        out = {f"cache_{k}": float(v) for k, v in asdict(self).items()}
+        if self.hit_rate is not None:
+            out["cache_hit_rate"] = self.hit_rate
+        return out
+
+
+def chunks_sha256(f: IO[bytes], chunk_bytes: int) -> str:
+    """SHA-256 over the SHA-256 digests of the file's consecutive `chunk_bytes` chunks: what a
+    fill computes as its parallel ranged GETs arrive (in any order), with no second read."""
+    digests = hashlib.sha256()
+    while chunk := f.read(chunk_bytes):
+        digests.update(hashlib.sha256(chunk).digest())
+    return digests.hexdigest()
+
+
+def _is_data(name: str) -> bool:
+    """Shard data (committed or a fill); not locks, commit files or their temporaries."""
+    return not (name.startswith(".") or name.endswith((LOCK_SUFFIX, META_SUFFIX)))
+
+
+@contextlib.contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+class ShardCache:
+    """Verified local copies of shards under `root`, at most `max_bytes` of them (module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int, *, connections: int = 8,
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"cache max_bytes must be positive, got {max_bytes}")
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.chunk_bytes = chunk_bytes
+        self.stats = CacheStats()
+        self._stats_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="shard-get")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def entry_name(self, manifest: ShardManifest, shard: ShardEntry) -> str:
+        ident = f"{manifest.uri}\n{shard.key}\n{shard.size}\n{shard.etag or ''}"
+        return hashlib.sha256(ident.encode()).hexdigest()[:40]
+
+    def path_of(self, manifest: ShardManifest, shard: ShardEntry) -> Path:
+        return self.root / self.entry_name(manifest, shard)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def open(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, *,
+             count: bool = True) -> IO[bytes]:
+        """An open, verified local copy of `shard` (a hit, or filled now). `count=False` leaves
+        hits and misses alone: a reader opening a shard it prefetched itself already counted
+        that access (bytes, evictions and corruption are always counted)."""
+        f = self._open_hit(manifest, shard)
+        if f is not None:
+            self._count(hits=int(count))
+            return f
+        name = self.entry_name(manifest, shard)
+        with _flock(self.root / (name + LOCK_SUFFIX)):
+            f = self._open_hit(manifest, shard)  # another rank filled it while we waited
+            if f is not None:
+                self._count(hits=int(count))
+                return f
+            self._count(misses=int(count))
+            return self._fill(store, manifest, shard, name)
+
+    def _open_hit(self, manifest: ShardManifest, shard: ShardEntry) -> IO[bytes] | None:
+        path = self.path_of(manifest, shard)
+        meta_path = path.with_name(path.name + META_SUFFIX)
+        try:
+            meta = json.loads(meta_path.read_text())
+            f = open(path, "rb")  # noqa: SIM115 - handed to the caller
+        except (FileNotFoundError, ValueError):
+            return None
+        ok = (meta.get("size") == shard.size == os.fstat(f.fileno()).st_size
+              and meta.get("etag") == shard.etag and meta.get("key") == shard.key
+              and isinstance(meta.get("chunk_bytes"), int) and meta["chunk_bytes"] > 0)
+        if ok:
+            ok = chunks_sha256(f, meta["chunk_bytes"]) == meta.get("chunks_sha256")
+        if not ok:
+            f.close()
+            self._count(corrupt=1)
+            self._drop(path)
+            return None
+        f.seek(0)
+        with contextlib.suppress(OSError):
+            os.utime(meta_path)  # most recently used
+        return f
+
+    # --- filling ---------------------------------------------------------------------------
+
+    def _fill(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, name: str) -> IO[bytes]:
+        """Download, commit, and return the new entry opened before its rename (so an eviction
+        by another rank right after the commit cannot take it from us)."""
+        from plugins.storage.errors import IntegrityError, ObjectNotFoundError
+
+        if shard.size > self.max_bytes:
+            raise CacheTooSmallError(
+                f"shard {shard.key!r} is {shard.size} bytes, more than the whole data cache "
+                f"({self.max_bytes} bytes at {self.root}); raise TRAINYARD_DATA_CACHE_BYTES")
+        tmp = self._reserve(name, shard.size)
+        try:
+            with open(tmp, "r+b") as out:
+                fd = out.fileno()
+
+                def get(offset: int) -> tuple[int, bytes]:
+                    data = store.read_range(shard.key, offset, min(self.chunk_bytes, shard.size - offset),
+                                            if_match=shard.etag)
+                    os.pwrite(fd, data, offset)
+                    return len(data), hashlib.sha256(data).digest()
+
+                parts = list(self._pool.map(get, range(0, shard.size, self.chunk_bytes)))
+            got = sum(n for n, _ in parts)
+            if got != shard.size:
+                raise manifest.gone(shard, f"now has {got} bytes, not the listed {shard.size}")
+            sha = hashlib.sha256(b"".join(d for _, d in parts)).hexdigest()
+            path = self.root / name
+            result = open(tmp, "rb")  # noqa: SIM115 - handed to the caller
+            try:
+                self._commit(tmp, path, {"key": shard.key, "uri": manifest.uri, "size": shard.size,
+                                         "etag": shard.etag, "chunk_bytes": self.chunk_bytes,
+                                         "chunks_sha256": sha})
+            except BaseException:
+                result.close()
+                raise
+            self._count(bytes_fetched=got)
+            return result
+        except ObjectNotFoundError as e:
+            raise manifest.gone(shard, "is missing from the store") from e
+        except IntegrityError as e:
+            raise manifest.gone(shard, "has changed in the store") from e
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+    def _commit(self, tmp: Path, path: Path, meta: dict[str, object]) -> None:
+        """Data into place, then its commit file (what makes it a hit), under the folder lock."""
+        from plugins.files import write_atomic
+
+        with _flock(self.root / ROOT_LOCK):
+            os.replace(tmp, path)
+            write_atomic(path.with_name(path.name + META_SUFFIX), json.dumps(meta))
+
+    def _reserve(self, name: str, size: int) -> Path:
+        """Evict least-recently-used entries until `size` more bytes fit under `max_bytes`, and
+        create the fill's temporary file at its full size — under the folder lock, so two
+        fills never both count on the same free space."""
+        with _flock(self.root / ROOT_LOCK):
+            entries: list[tuple[float, Path, int]] = []
+            used = 0
+            for p in self.root.iterdir():
+                name = p.name
+                if not _is_data(name):
+                    continue
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                used += st.st_size
+                if PARTIAL in name:
+                    continue  # another rank's fill in progress: counted, never evicted
+                meta = p.with_name(name + META_SUFFIX)
+                try:
+                    used_at = meta.stat().st_mtime
+                except FileNotFoundError:
+                    used_at = 0.0  # data without its commit: evict first
+                entries.append((used_at, p, st.st_size))
+            for _, p, n in sorted(entries, key=lambda e: e[0]):
+                if used + size <= self.max_bytes:
+                    break
+                self._drop(p)
+                used -= n
+                self._count(evictions=1)
+            tmp = self.root / f"{name}{PARTIAL}{uuid.uuid4().hex[:12]}"
+            with open(tmp, "xb") as out:
+                out.truncate(size)
+            return tmp
+
+    def _drop(self, path: Path) -> None:
+        for p in (path.with_name(path.name + META_SUFFIX), path):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+
+    def _count(self, **deltas: int) -> None:
+        with self._stats_lock:
+            for k, v in deltas.items():
+                setattr(self.stats, k, getattr(self.stats, k) + v)
+
+    def used_bytes(self) -> int:
+        """Bytes of shard data (committed or being filled) in the folder now."""
+        total = 0
+        for p in self.root.iterdir():
+            if _is_data(p.name):
+                with contextlib.suppress(FileNotFoundError):
+                    total += p.stat().st_size
+        return total

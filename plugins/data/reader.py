@@ -1,0 +1,197 @@
+"""`StreamingReader`: one data-parallel rank's batches, prepared ahead in a background thread.
+
+    reader = StreamingReader(store, "jsonl", cache=ShardCache(dir, 8 << 30), seq_len=256,
+                             batch_size=8, dp_rank=r, dp_size=n, seed=0)
+    batch = reader.next_batch()        # this rank's windows of the next global batch
+    reader.state_dict()                # into the checkpoint (the same on every rank)
+
+- The shard manifest is listed on the first batch (or comes from the checkpoint, see
+  `plugins.data.manifest`); `agree` lets the ranks use one listing (the worker broadcasts
+  rank 0's).
+- A producer thread walks the stream (`plugins.data.stream`): it opens shards through the
+  node's cache (`plugins.data.cache`), tokenizes and packs, and puts whole batches into a
+  queue of `prefetch_batches`; when the queue is full it waits (back-pressure), so memory is
+  bounded by the queue, one shuffle block and the fill buffers — not by the dataset.
+- While a shard is read, the next `prefetch_shards` in the epoch's order are filled into the
+  cache by other threads (ranged GETs over parallel connections), so downloads overlap parsing.
+- The state in a checkpoint is the position *after the last batch handed out*, not where
+  the producer has got to: batches still in the queue are produced again after a resume.
+- An error in the producer (a shard gone, a bad row) is raised by the next `next_batch()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, TYPE_CHECKING, Any
+
+from plugins.data.documents import ByteTokenizer, Tokenizer
+from plugins.data.manifest import ShardEntry, ShardManifest, list_manifest
+from plugins.data.stream import Batch, SampleStream, StreamPosition, global_batches
+
+if TYPE_CHECKING:
+    from plugins.data.cache import ShardCache
+    from plugins.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT = 1
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class StreamingReader:
+    """See the module docstring. Not thread-safe: one consumer calls `next_batch`."""
+
+    def __init__(self, store: ObjectStore, fmt: str, *, cache: ShardCache, seq_len: int,
+                 batch_size: int, dp_rank: int, dp_size: int, seed: int = 0,
+                 text_field: str = "text", tokenizer: Tokenizer | None = None,
+                 tokenizer_name: str = "bytes", prefetch_batches: int = 4, prefetch_shards: int = 2,
+                 shuffle_block: int = 256,
+                 agree: Callable[[Callable[[], ShardManifest]], ShardManifest] | None = None) -> None:
+        if prefetch_batches <= 0:
+            raise ValueError(f"prefetch_batches must be positive, got {prefetch_batches}")
+        if dp_size <= 0 or not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank ({dp_rank}) must be in [0, dp_size={dp_size})")
+        self.store, self.format, self.cache = store, fmt, cache
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
+        self.text_field = text_field
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.tokenizer_name = tokenizer_name
+        self.prefetch_batches = prefetch_batches
+        self.shuffle_block = shuffle_block
+        self._agree = agree or (lambda make: make())
+        self.manifest: ShardManifest | None = None
+        self.position = StreamPosition()
+        """After the last batch handed out."""
+        self._queue: queue.Queue[Batch | _Failed] = queue.Queue(maxsize=prefetch_batches)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.prefetch_shards = prefetch_shards
+        self._fill_pool = ThreadPoolExecutor(max_workers=max(1, prefetch_shards), thread_name_prefix="shard-prefetch")
+        self._prefetched: set[str] = set()
+        """Shards handed to the prefetch thread, which counts their access (cache hit/miss)."""
+        self._prefetch_lock = threading.Lock()
+
+    # --- batches ----------------------------------------------------------------------------
+
+    def next_batch(self) -> Batch:
+        if self._thread is None:
+            self._start()
+        item = self._queue.get()
+        if isinstance(item, _Failed):
+            self._queue.put(item)  # every later call fails the same way
+            raise item.error
+        self.position = item.after
+        return item
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches ready in the queue now."""
+        return self._queue.qsize()
+
+    def metrics(self) -> dict[str, float]:
+        return {"prefetch_depth": float(self.prefetch_depth), **self.cache.stats.as_metrics()}
+
+    def _start(self) -> None:
+        if self.manifest is None:
+            self.manifest = self._agree(lambda: list_manifest(self.store, self.format))
+            log.info("dataset %s: %d shards, %d bytes, manifest %s", self.manifest.uri,
+                     len(self.manifest.shards), self.manifest.total_bytes, self.manifest.digest[:12])
+        manifest = self.manifest
+        stream = SampleStream(manifest, self._open_shard,
+                              self.tokenizer, seq_len=self.seq_len, seed=self.seed,
+                              text_field=self.text_field, shuffle_block=self.shuffle_block,
+                              prefetch=self._prefetch if self.prefetch_shards else None,
+                              prefetch_ahead=self.prefetch_shards)
+        batches = global_batches(stream, self.position, batch_size=self.batch_size,
+                                 dp_rank=self.dp_rank, dp_size=self.dp_size)
+        self._thread = threading.Thread(target=self._produce, args=(batches,), daemon=True,
+                                        name=f"data-producer-{self.dp_rank}")
+        self._thread.start()
+
+    def _produce(self, batches: Any) -> None:
+        try:
+            for batch in batches:
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(batch, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            self._queue.put(_Failed(e))
+
+    def _open_shard(self, shard: ShardEntry) -> IO[bytes]:
+        assert self.manifest is not None  # set by _start
+        with self._prefetch_lock:
+            prefetched = shard.key in self._prefetched
+            self._prefetched.discard(shard.key)
+        return self.cache.open(self.store, self.manifest, shard, count=not prefetched)
+
+    def _prefetch(self, shard: ShardEntry) -> None:
+        manifest = self.manifest
+        if manifest is None:
+            return
+        with self._prefetch_lock:
+            if shard.key in self._prefetched:
+                return  # already on its way
+            self._prefetched.add(shard.key)
+
+        def fill() -> None:
+            try:
+                self.cache.open(self.store, manifest, shard).close()
+            except Exception as e:  # noqa: BLE001 - the reader's own open reports it
+                log.debug("prefetch of %s failed: %s", shard.key, e)
+
+        self._fill_pool.submit(fill)
+
+    def close(self) -> None:
+        self._stop.set()
+        while True:  # unblock a producer waiting on a full queue
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._fill_pool.shutdown(wait=True, cancel_futures=True)
+
+    # --- checkpoint state -------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The same on every rank: epoch, samples consumed, the shard cursor and the manifest."""
+        p = self.position
+        return {"format": STATE_FORMAT, "seed": self.seed, "seq_len": self.seq_len,
+                "tokenizer": self.tokenizer_name, "epoch": p.epoch, "offset": p.offset,
+                "shard": p.shard, "shard_start": p.shard_start,
+                "manifest": self.manifest.model_dump(mode="json") if self.manifest else None,
+                "manifest_digest": self.manifest.digest if self.manifest else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._thread is not None:
+            raise RuntimeError("load_state_dict() after the first batch: restore before training")
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"the checkpoint's data state is not a streaming reader's (format "
+                             f"{state.get('format')!r}, keys {sorted(state)}); it was written by an "
+                             "older data loader: start this run fresh")
+        for name, mine in (("seed", self.seed), ("seq_len", self.seq_len), ("tokenizer", self.tokenizer_name)):
+            if state[name] != mine:
+                raise ValueError(f"the checkpoint's data {name} ({state[name]!r}) differs from this "
+                                 f"run's ({mine!r}); the samples would differ")
+        if state["manifest"] is not None:
+            manifest = ShardManifest.model_validate(state["manifest"])
+            if manifest.digest != state["manifest_digest"]:
+                raise ValueError("the checkpoint's shard manifest does not match its digest")
+            self.manifest = manifest
+        self.position = StreamPosition(int(state["epoch"]), int(state["offset"]), int(state["shard"]),
+                                       int(state["shard_start"])).checked()

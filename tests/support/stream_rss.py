@@ -1,0 +1,51 @@
+"""Stream one epoch of a dataset through `StreamingReader` in this process and print one JSON
+line: `{"samples", "peak_rss_mb", "seconds", "cache": {...}}`. Run as a child process by the
+memory test and `benchmarks/data_pipeline.py`, so its peak resident set is its own.
+
+    python -m tests.support.stream_rss --uri s3://bucket/ds --endpoint-url URL \\
+        --cache-dir DIR --cache-bytes N [--seq-len 256] [--batch 16] [--epochs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--uri", required=True)
+    p.add_argument("--endpoint-url")
+    p.add_argument("--cache-dir", required=True)
+    p.add_argument("--cache-bytes", type=int, required=True)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--epochs", type=int, default=1)
+    args = p.parse_args(argv)
+
+    from plugins.data.cache import ShardCache
+    from plugins.data.reader import StreamingReader
+    from plugins.storage.store import open_store
+
+    store = open_store(args.uri, endpoint_url=args.endpoint_url)
+    cache = ShardCache(args.cache_dir, args.cache_bytes)
+    reader = StreamingReader(store, "jsonl", cache=cache, seq_len=args.seq_len, batch_size=args.batch,
+                             dp_rank=0, dp_size=1, seed=0)
+    samples = 0
+    start = time.perf_counter()
+    while reader.position.epoch < args.epochs:
+        samples += len(reader.next_batch().samples)
+    seconds = time.perf_counter() - start
+    reader.close()
+    cache.close()
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"samples": samples, "peak_rss_mb": round(peak_kb / 1024, 1),
+                      "seconds": round(seconds, 3), "cache": cache.stats.as_metrics()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
