@@ -7,7 +7,8 @@ in a fresh interpreter with Airflow already imported (as in the dag-processor) s
 is timed, median of `--repeat`:
 
 - `full_parse_s`: `DagBag` of the whole `dags/` folder (`training_jobs.py` and
-  `invalid_specs.py`: every spec read, validated offline and built);
+  `invalid_specs.py`: every spec read, validated offline and built; the platform's maintenance
+  and data DAGs too — `dags` counts them all);
 - `single_dag_parse_s`: `training_jobs.py` with Airflow's parsing context naming one DAG (what a
   task's process parses);
 - `bare_factory_parse_s`: the baseline, in the same run — a factory that reads the same YAML
@@ -96,17 +97,19 @@ def main() -> None:
         env.pop("_AIRFLOW_PARSING_CONTEXT_DAG_ID", None)
         one = {**env, "_AIRFLOW_PARSING_CONTEXT_DAG_ID": "job-042"}
         full, single, base = [], [], []
+        dags_total = 0
         for _ in range(args.repeat):
             seconds, dags = _time(REPO / "dags", env)
-            assert dags == args.specs, f"{dags} DAGs from {args.specs} specs"
+            assert dags >= args.specs, f"{dags} DAGs from {args.specs} specs"  # + the platform's own DAGs
             full.append(seconds)
+            dags_total = dags
             seconds, dags = _time(REPO / "dags" / "training_jobs.py", one)
             assert dags == 1
             single.append(seconds)
             seconds, dags = _time(bare, env)
             assert dags == args.specs
             base.append(seconds)
-    result = {"specs": args.specs, "full_parse_s": round(statistics.median(full), 3),
+    result = {"specs": args.specs, "dags": dags_total, "full_parse_s": round(statistics.median(full), 3),
               "single_dag_parse_s": round(statistics.median(single), 3),
               "bare_factory_parse_s": round(statistics.median(base), 3)}
     result["full_over_bare"] = round(result["full_parse_s"] / result["bare_factory_parse_s"], 2)
