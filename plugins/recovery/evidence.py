@@ -108,6 +108,9 @@ class RankExit(_Record):
     exit_code: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    replayed: bool = False
+    """`rank_exec` handed back the previous incarnation's control-plane exit without running the
+    script: torchrun's restart did not recover anything, so it is not counted."""
 
 
 class NodeObservation(_Record):
@@ -172,9 +175,12 @@ class Evidence(_Record):
 
     @property
     def restarts_in_place(self) -> int:
-        """torchrun's restarts inside this attempt: the highest restart count any rank reached."""
+        """torchrun's restarts inside this attempt that ran the script again (the fast path): the
+        highest restart count any rank reached, leaving out incarnations that only replayed a
+        control-plane exit (`RankExit.replayed`)."""
+        replayed = {e.restart for e in self.exits if e.replayed}
         counts = [r.restart for r in self.status.ranks] + [e.restart for e in self.exits]
-        return max(counts, default=0)
+        return max((c for c in counts if c not in replayed), default=0)
 
     def first_failure(self) -> RankExit | None:
         """The earliest non-zero exit of the attempt's last incarnation (torchrun restarts

@@ -169,7 +169,7 @@ def launch_attempt(job: TrainingJob, plan: Plan, placement: Placement, conf: Att
 
         base = {**os.environ, FAULTS_ENV: faults}
     local = LocalLauncher(settings.runs_dir, source_dir=source_dir or launcher(settings).source_dir,
-                          base_env=base)
+                          base_env=base, max_restarts=job.spec.fault_tolerance.in_place_restarts)
     return local.submit(job, plan, placement, worker_env, attempt=conf.attempt)
 
 

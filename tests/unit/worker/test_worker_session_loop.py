@@ -137,3 +137,30 @@ def test_out_of_memory_in_the_loop_stops_with_the_oom_code(session_for, config: 
     assert "torch.OutOfMemoryError after step 5: CUDA out of memory" in caplog.text
     with session.stop_on_oom():  # anything else passes through untouched
         pass
+
+
+def test_an_in_place_restart_restores_the_runs_newest_checkpoint_not_the_named_one(
+        session_for, config: SessionConfig) -> None:
+    first = session_for(checkpoint_interval_steps=2)
+    first.restore()
+    for step in (1, 2, 3, 4):
+        first.step_end(step, loss=3.0)
+    first.close()
+    assert steps(config) == [2, 4]
+    named = f"{config.checkpoint_uri}/step-00000002/MANIFEST.json"
+    assert session_for(resume_from=named).restore() == 3  # the attempt's first incarnation
+    assert session_for(resume_from=named, restart=1).restore() == 5  # torchrun restarted it
+
+
+def test_an_in_place_restart_keeps_the_named_checkpoint_while_the_run_has_none(
+        session_for, config: SessionConfig, tmp_path: Path) -> None:
+    other = dataclasses.replace(config, checkpoint_uri=f"{config.checkpoint_uri}-other")
+    donor = TrainingSession(other)
+    model = torch.nn.Linear(4, 4)
+    donor.attach(model=model, optimizer=torch.optim.AdamW(model.parameters()), extra={})
+    donor.restore()
+    donor.finish(7)
+    donor.close()
+    named = f"{other.checkpoint_uri}/step-00000007/MANIFEST.json"
+    session = session_for(resume_from=named, restart=1)
+    assert session.resume_target() == named  # a crash before the attempt's first save
