@@ -79,8 +79,8 @@ def test_an_in_place_restart_after_a_control_plane_exit_replays_it_without_runni
     from plugins.launch.rank_exec import CONTROL_PLANE_CODES
     from worker import exit_codes
 
-    assert CONTROL_PLANE_CODES == {exit_codes.DIVERGED, exit_codes.PREEMPTED, exit_codes.OOM,
-                                   exit_codes.PREEMPTED_NO_CHECKPOINT, exit_codes.CHECKPOINT_CORRUPT}
+    assert {exit_codes.DIVERGED, exit_codes.PREEMPTED, exit_codes.OOM,
+                                   exit_codes.PREEMPTED_NO_CHECKPOINT, exit_codes.CHECKPOINT_CORRUPT} == CONTROL_PLANE_CODES
     marker = tmp_path / "ran"
     script = tmp_path / "train.py"
     script.write_text(f"import pathlib, sys; pathlib.Path({str(marker)!r}).touch(); sys.exit(42)\n")
