@@ -169,6 +169,13 @@ def test_in_place_restarts_are_counted(tmp_path: Path) -> None:
     assert any("restarted the workers in place 2 time(s) (of 2)" in line for line in report.evidence)
 
 
+def test_a_replayed_control_plane_exit_is_not_an_in_place_restart(tmp_path: Path) -> None:
+    ev, _ = evidence(tmp_path, [Rank(42, restart=1, earlier_exits=[42], replayed=True)] * 2, max_restarts=1,
+                     diverged={"step": 7, "onset_step": 7})
+    report = classify(ev)
+    assert (report.outcome, report.onset_step, report.restarts_in_place) == ("diverged", 7, 0)
+
+
 # --- precedence ---------------------------------------------------------------------------------
 
 
