@@ -160,6 +160,8 @@ class Evidence(_Record):
     nodes: list[NodeObservation] = Field(default_factory=list)
     resume_from: str = ""
     """The checkpoint this attempt was told to restore (empty = the newest valid one)."""
+    last_beats: dict[int, float] = Field(default_factory=dict)
+    """Rank → the time of its last heartbeat (dates a hang: when progress stopped)."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
 
@@ -213,6 +215,7 @@ def gather(handle: RunHandle, status: RunStatus, *, run: str = "",
                             if run_dir else None),
         log_tails=_log_tails(run_dir, failed, tail_lines) if run_dir else {},
         nodes=list(nodes), resume_from=resume_from, started_at=handle.created_at,
+        last_beats=_last_beats(handle.heartbeat_dir, handle.world_size) if handle.heartbeat_dir else {},
         ended_at=status.updated_at if status.finished else None,
     )
 
@@ -256,6 +259,18 @@ def _log_tails(run_dir: Path, ranks: list[int], lines: int) -> dict[int, str]:
 
     tails = {rank: tail_lines(log_path(run_dir, rank), lines) for rank in ranks}
     return {rank: text for rank, text in tails.items() if text}
+
+
+def _last_beats(heartbeat_dir: str, world_size: int) -> dict[int, float]:
+    from node_agent.heartbeat import Heartbeat, heartbeat_path
+
+    beats = {}
+    for rank in range(world_size):
+        try:
+            beats[rank] = Heartbeat.model_validate_json(heartbeat_path(heartbeat_dir, rank).read_text()).time
+        except (OSError, ValidationError):
+            continue
+    return beats
 
 
 def _read_exits(path: Path) -> list[RankExit]:
