@@ -4,7 +4,7 @@ ever deletes a committed checkpoint.
 
 One stack for the module, with a real node agent per local node (fault injection on) that the
 health watch polls. Two spec copies of the demo job check every 5 steps, keep every
-checkpoint and time a hang out after 20 s; one of them has no restart budget. The local
+checkpoint and time a hang out after 30 s; one of them has no restart budget. The local
 cluster has two nodes of two slots, so two training runs share the stack at a time:
 (NaN, hang + corrupt checkpoint), then (OOM, budget spent), then the failed GPU alone (its
 node is cordoned for every later placement). What is checked is what the runs left behind:
@@ -41,7 +41,7 @@ JOB = "recovery-tiny"
 NO_BUDGET = "recovery-tiny-nobudget"
 STEPS = 30
 INTERVAL = 5
-HANG_TIMEOUT_S = 20
+HANG_TIMEOUT_S = 30
 TRAINING_POLL_S = 2.0
 """`WatchTrainingSensor`'s poll interval (its trigger checks for hung ranks this often)."""
 NODES = ("local-0", "local-1")
