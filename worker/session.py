@@ -239,6 +239,7 @@ class TrainingSession:
 
         manager = self.checkpoints
         target = self.resume_target()
+        began = time.perf_counter()
         try:
             manifest = manager.restore(model=self._model, optimizer=self._optimizer, extra=self._extra,
                                        manifest_uri=target or None)
@@ -248,7 +249,8 @@ class TrainingSession:
         if manifest is not None:
             self._last_saved_step = manifest.step
             if self.rank == 0:
-                log.info("resumed from step %d (%s)", manifest.step, target or "latest valid checkpoint")
+                log.info("resumed from step %d (%s) in %.3fs", manifest.step, target or "latest valid checkpoint",
+                         time.perf_counter() - began)
         self._last_step_time = time.perf_counter()
         self._last_save_time = time.monotonic()
         return start
