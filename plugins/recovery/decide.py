@@ -14,7 +14,9 @@ The rules, in the order they are applied:
    (torchrun) restarts; when nothing is left, every retrying action becomes **give_up** with a
    reason listing every attempt and its cause. `preempted` never counts against it.
 4. The class's own action:
-   - `worker_crash`, `hang` → **restart** the same gang from the newest valid checkpoint;
+   - `worker_crash`, `hang` → **restart** the same gang from the newest valid checkpoint
+     (a newer committed one that fails verification is quarantined — kept — and named in the
+     reason, here and for every "newest valid" choice: replace_node, replan, requeue);
    - `node_lost` → **replace_node**: re-place excluding the failed nodes (the caller also
      cordons them in the platform state), then restart;
    - `diverged` → **rollback** to the newest valid checkpoint *before the onset*; every
@@ -28,7 +30,8 @@ The rules, in the order they are applied:
      when nothing fits in less memory;
    - `preempted` → **requeue**, resuming from the emergency checkpoint (the newest one).
 
-"Newest valid" restarts leave `resume_from` empty: the worker restores its newest valid
+Every retrying action says which step the next attempt resumes from (`resume_step`: the steps
+lost are counted from it). "Newest valid" restarts leave `resume_from` empty: the worker restores its newest valid
 checkpoint itself, and so does an in-place torchrun restart inside the next attempt; rollback
 and fall-back name their checkpoint explicitly. `decide` reads the checkpoint catalog (and
 writes nothing: quarantining is the caller's, see `apply_quarantine`), imports no Airflow.
