@@ -157,7 +157,7 @@ def _newest(ctx: DecisionContext) -> tuple[int, str, list[str], str]:
     selection = _select(ctx)
     newest = selection.chosen
     bad = [r for r, _ in selection.rejected]
-    note = "; ".join(f"checkpoint step {r.step} does not verify ({why}): quarantined"
+    note = "; ".join(f"checkpoint step {r.step} does not verify ({why.reason}): quarantined"
                      for r, why in selection.rejected)
     where = f"step {newest.step}" if newest is not None else "scratch (no valid checkpoint yet)"
     return (newest.step if newest is not None else 0), where, [r.manifest_uri for r in bad], note
