@@ -187,7 +187,10 @@ def bare_torchrun(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
            str(REPO / "worker" / "train.py"), "--spec", str(spec_file)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # Without this, torchrun's own restart fails here (the restarted ranks read their peers'
+    # addresses of the previous round from the shared rendezvous store; pytorch/pytorch#135712):
+    # the launcher sets it too (`LocalLauncher._environment`).
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     with (home / "torchrun.log").open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
