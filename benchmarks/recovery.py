@@ -25,7 +25,10 @@ Trainyard home with the demo dataset:
    Target < 60 s (the seed's node-loss figure).
 
 `steps_lost` is per path: the last step completed before the failure minus the step the
-recovery resumed from; target ≤ `checkpoint_interval_steps`. Prints one JSON line.
+recovery resumed from; target ≤ `checkpoint_interval_steps`. (On the control-plane path the
+injected GPU failure leaves the ranks running until the health watch stops them, and the
+stop's SIGTERM commits an emergency checkpoint: usually nothing is lost there. A real Xid 79
+kills the ranks on that GPU, and then up to one interval is.) Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -260,9 +263,13 @@ def control_plane(home: Path, args: argparse.Namespace) -> dict[str, Any]:
             from cli.airflow_api import follow_training_run
 
             follow_training_run(stack.client, JOB, first, timeout_s=600)
-            resumed = report.resume_step if report is not None and report.resume_step is not None else nxt.step - 1
-            return {"mttr_s": nxt.time - failed_at, "steps_lost": last_step - resumed, "run": handle.run,
-                    "first_dag_run": first}
+            # The injected fault does not kill the ranks (a real Xid 79 would): they train on
+            # until the health watch stops the gang, and that stop's SIGTERM commits an emergency
+            # checkpoint. So the steps lost are the job state's (last step reached − resume step).
+            if report is None or report.steps_lost is None:
+                raise RuntimeError(f"attempt 0 of run {handle.run} recorded no steps lost: {report}")
+            return {"mttr_s": nxt.time - failed_at, "steps_lost": report.steps_lost,
+                    "failed_at_step": last_step, "resumed_from_step": report.resume_step}
 
 
 if __name__ == "__main__":
