@@ -245,6 +245,10 @@ class Training(Section):
 class FaultTolerance(Section):
     max_restarts: NonNegativeInt = 3
     """Restart budget across all failure classes; the attempt chain stops when spent."""
+    in_place_restarts: NonNegativeInt = 1
+    """The fast path (DESIGN §5): torchrun's own `--max-restarts` inside one attempt. A worker
+    crash on a healthy node is relaunched in place from the newest verified checkpoint, in
+    seconds; each one counts against `maxRestarts`. 0 sends every crash to the control plane."""
     spot_instance_ok: bool = False
     in_memory_checkpoint_replicas: NonNegativeInt = 0
     redundant_compute: bool = False

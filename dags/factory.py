@@ -113,6 +113,15 @@ def params(job: TrainingJob) -> dict[str, Param]:
         "fault_hang_rank": Param(None, type=["null", "integer"], minimum=0, title="Hang rank", **fault),
         "fault_hang_at_step": Param(None, type=["null", "integer"], minimum=1, title="…at step", **fault),
         "fault_nan_at_step": Param(None, type=["null", "integer"], minimum=1, title="NaN loss at step", **fault),
+        "fault_oom_at_step": Param(None, type=["null", "integer"], minimum=1, title="Out of memory at step",
+                                   **fault),
+        "fault_corrupt_newest_checkpoint": Param(
+            False, type="boolean", title="Corrupt the newest checkpoint",
+            description="When attempt 0 ends (with another fault), before it is classified", **fault),
+        "fault_fail_gpu_node": Param(
+            "", type="string", title="Fail a GPU of node",
+            description="Right after the launch, through the node's agent (started with "
+                        "--enable-fault-injection); 'gang' = the attempt's first node", **fault),
     }
 
 

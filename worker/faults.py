@@ -16,6 +16,9 @@ that hit one rank):
   `stop_on_oom()`, where a real one would surface).
 
 The DAG's fault Params (`plugins.recovery.model.FaultParams`) are turned into this variable.
+A fault fires in torchrun's first incarnation only: the variable survives torchrun's in-place
+restarts (`TORCHELASTIC_RESTART_COUNT` > 0), and a fault that fired again after every restart
+would turn one injected crash into a crash loop that the fast path can never recover.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 
 ENV = "TRAINYARD_FAULTS"
 KINDS = frozenset({"nan_loss", "sigkill_after_checkpoint", "sigterm", "sigkill", "hang", "oom"})
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 RANKED = frozenset({"sigkill", "hang"})
 """Kinds that hit one rank, named after the step: `sigkill@120:1`."""
 
@@ -39,7 +43,10 @@ class Faults:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Faults:
-        raw = (os.environ if environ is None else environ).get(ENV, "").strip()
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV, "").strip()
+        if int(env.get(RESTART_COUNT_ENV, "0") or 0) > 0:  # fired already, before the restart
+            raw = ""
         at: dict[str, set[int]] = {}
         ranks: dict[str, int] = {}
         for item in filter(None, (s.strip() for s in raw.split(","))):

@@ -88,6 +88,8 @@ class SessionConfig:
     """The training run (one trigger of the job); `standalone` outside the platform."""
     attempt: int = 0
     resume_from: str = ""
+    restart: int = 0
+    """torchrun's in-place restarts before this process (`TORCHELASTIC_RESTART_COUNT`)."""
     endpoint_url: str | None = None
     hang_timeout_s: float = 600.0
     mlflow_tracking_uri: str = ""
@@ -111,12 +113,13 @@ class SessionConfig:
         env = os.environ if environ is None else environ
         settings = Settings()
         faults = Faults.from_env(env)
+        restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         if env.get("TRAINYARD_JOB"):
             w = WorkerEnv.from_env(env)
             job = spec or TrainingJob.model_validate_json(w.spec)
             return cls._from_job(
                 job, plan or Plan.model_validate_json(w.plan), job_name=w.job, run=w.run, attempt=w.attempt,
-                resume_from=w.resume_from, object_store=w.object_store,
+                resume_from=w.resume_from, restart=restart, object_store=w.object_store,
                 checkpoint_uri=w.checkpoint_uri, heartbeat_dir=Path(w.heartbeat_dir),
                 run_dir=Path(w.run_dir) if w.run_dir else Path(w.heartbeat_dir).parent,
                 endpoint_url=settings.s3_endpoint_url, hang_timeout_s=w.hang_timeout_s,
@@ -129,7 +132,7 @@ class SessionConfig:
         run = "standalone"
         run_dir = settings.runs_dir / spec.metadata.name / run
         return cls._from_job(
-            spec, plan, job_name=spec.metadata.name, run=run, attempt=0, resume_from="",
+            spec, plan, job_name=spec.metadata.name, run=run, attempt=0, resume_from="", restart=restart,
             object_store=settings.object_store,
             checkpoint_uri=checkpoint_root(settings.object_store, spec.metadata.name, run,
                                            storage=spec.spec.checkpoint.storage or ""),
@@ -238,9 +241,11 @@ class TrainingSession:
         from plugins.checkpoint.errors import NoValidCheckpointError
 
         manager = self.checkpoints
+        target = self.resume_target()
+        began = time.perf_counter()
         try:
             manifest = manager.restore(model=self._model, optimizer=self._optimizer, extra=self._extra,
-                                       manifest_uri=self.config.resume_from or None)
+                                       manifest_uri=target or None)
             init_from = self.config.spec.spec.checkpoint.init_from
             if manifest is None and init_from:
                 # A fresh run of a fine-tuning job: the other job's weights only (read-only,
@@ -254,11 +259,27 @@ class TrainingSession:
         if manifest is not None:
             self._last_saved_step = manifest.step
             if self.rank == 0:
-                log.info("resumed from step %d (%s)", manifest.step,
-                         self.config.resume_from or "latest valid checkpoint")
+                log.info("resumed from step %d (%s) in %.3fs", manifest.step, target or "latest valid checkpoint",
+                         time.perf_counter() - began)
         self._last_step_time = time.perf_counter()
         self._last_save_time = time.monotonic()
         return start
+
+    def resume_target(self) -> str:
+        """The manifest to restore ('' = the run's newest valid checkpoint).
+
+        The attempt's named resume point (`TRAINYARD_RESUME_FROM`: a rollback, a fall-back, a
+        start from another checkpoint) holds for its first incarnation. After an in-place torchrun
+        restart it would throw away everything this attempt committed since: the restarted
+        workers take the run's newest valid checkpoint instead — unless the run has none yet
+        (a crash before the first save of an attempt that started from elsewhere)."""
+        named = self.config.resume_from
+        if not named or self.config.restart == 0:
+            return named
+        from plugins.checkpoint.catalog import list_checkpoints
+
+        own = list_checkpoints(self.config.checkpoint_uri, endpoint_url=self.config.endpoint_url)
+        return "" if own else named
 
     def flush_metrics(self, timeout_s: float = 30.0) -> bool:
         """Wait until rank 0's metrics so far reached MLflow (True; also without tracking)."""

@@ -62,6 +62,9 @@ class RankRecord(_File):
     exit_code: int | None = None
     """Set when the training process ends; negative = killed by that signal."""
     ended_at: float | None = None
+    replayed: bool = False
+    """The script was not run: this incarnation handed back the previous one's control-plane
+    exit code (`rank_exec.replayed_exit`), so it is not an in-place restart that recovered."""
 
 
 class AgentExit(_File):

@@ -201,6 +201,11 @@ class LocalLauncher:
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # torchrun's in-place restart (the fast path) breaks when the workers share the c10d
+        # rendezvous store: a restarted rank reads its peer's address from the previous round
+        # and gloo/NCCL init fails ("Connection refused"; pytorch/pytorch#135712, seen here with
+        # torch 2.13). A store of their own per round costs one TCP listener.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env.update(job_environment(job, plan, worker_env, gpu=gpu))
         return env
 

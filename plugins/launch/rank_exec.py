@@ -8,6 +8,14 @@ child ends — its exit code (negative = killed by that signal), so any process 
 which rank failed and how, even after torchrun and the launcher are gone. It finally exits the
 way the child did, so torchrun sees the real outcome.
 
+The fast path is for crashes only (DESIGN §5). torchrun restarts the group after *any* non-zero
+exit, but a diverged, corrupt-checkpoint, OOM or preempted exit needs the control plane
+(a rollback, a fall-back, a re-plan, a requeue), and a blind restart would hide it: rerun from
+the newest checkpoint, a NaN or an OOM may not come back. So after an in-place restart the
+wrapper looks at how the previous incarnation ended (`exits.jsonl`): when its first failure was
+one of the worker's own exit codes, it does not start the script and exits with that code again
+(recorded with `"replayed": true`, which the control plane does not count as a restart).
+
 Signals: torchrun and the launcher signal the rank's whole process group, which holds this
 wrapper and the child, so the child already gets every SIGTERM; the wrapper only survives them
 (to record the exit code) and never forwards — a duplicate SIGTERM can kill a Python process
@@ -30,6 +38,10 @@ from pathlib import Path
 from plugins.files import write_atomic
 from plugins.launch.processes import start_ticks
 
+CONTROL_PLANE_CODES = frozenset({42, 43, 44, 45, 46})
+"""`worker.exit_codes`' DIVERGED, PREEMPTED, PREEMPTED_NO_CHECKPOINT, CHECKPOINT_CORRUPT, OOM
+(copied: this wrapper imports nothing heavy; a unit test holds the two in step)."""
+
 SURVIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -50,6 +62,30 @@ def _command(argv: list[str]) -> list[str]:
     return [sys.executable, "-u", "-m", entry, *args]
 
 
+def replayed_exit(run_dir: Path, restart: int) -> int | None:
+    """The worker exit code to hand back at once instead of running the script again: the
+    first failure of incarnation `restart - 1`, when it is a control-plane code."""
+    if restart == 0:
+        return None
+    previous = []
+    try:
+        lines = (run_dir / "exits.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except ValueError:  # a line cut short by a crash mid-write
+            continue
+        if e.get("restart") == restart - 1 and e.get("exit_code") not in (None, 0):
+            previous.append(e)
+    if not previous:
+        return None
+    first = min(previous, key=lambda e: e.get("ended_at") or 0.0)
+    code = first.get("exit_code")
+    return code if code in CONTROL_PLANE_CODES else None
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 3 or argv[0] != "--run-dir" or "--" not in argv:
@@ -65,6 +101,16 @@ def main(argv: list[str] | None = None) -> None:
         "node": os.environ.get("TRAINYARD_NODE", ""), "restart": restart,
         "pid": os.getpid(), "pgid": os.getpgid(0), "started_at": time.time(),
     }
+    replay = replayed_exit(run_dir, restart)
+    if replay is not None:
+        record.update(exit_code=replay, ended_at=time.time(), replayed=True)
+        write_atomic(path, json.dumps(record))
+        with (run_dir / "exits.jsonl").open("a") as history:
+            history.write(json.dumps(record) + "\n")
+        with log_path(run_dir, rank).open("ab") as out:
+            out.write(f"=== rank {rank} restart {restart}: not started; the previous incarnation "
+                      f"exited {replay}, a case for the control plane\n".encode())
+        sys.exit(replay)
     with log_path(run_dir, rank).open("ab") as out:
         out.write(f"=== rank {rank} restart {restart} {time.strftime('%Y-%m-%dT%H:%M:%S')} "
                   f"{' '.join(command[2:])}\n".encode())

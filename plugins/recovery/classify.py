@@ -48,6 +48,7 @@ from plugins.recovery.evidence import (
     utc_from_s,
 )
 from plugins.recovery.model import FailureReport, Outcome
+from plugins.recovery.watch import FATAL_VERDICTS
 from worker import exit_codes
 
 PREEMPTED_CODES = (exit_codes.PREEMPTED, exit_codes.PREEMPTED_NO_CHECKPOINT)
@@ -73,7 +74,7 @@ def classify(ev: Evidence) -> FailureReport:
                         "exit_code": code, "log_line": telling_line(tail) if tail else "",
                         "step": status.step if status.step is not None else _min_step(ev),
                         "restarts_in_place": ev.restarts_in_place, "started_at": ev.started_at,
-                        "ended_at": ev.ended_at or _ended(ev), **extra}
+                        "ended_at": ev.ended_at or _ended(ev), **_timing(ev, outcome, first), **extra}
         return FailureReport(job=ev.job, run=ev.run, attempt=ev.attempt, outcome=outcome, reason=reason,
                              evidence=facts, **fields)
 
@@ -191,6 +192,34 @@ def _crash_reason(ev: Evidence, first: tuple[int, int | None] | None, tail: str)
         how = f"exited with code {code}"
     line = telling_line(tail) if tail else ""
     return f"{_who(ev, first)} {how}{_at(ev)}" + (f": {line}" if line else "")
+
+
+def _timing(ev: Evidence, outcome: str, first: tuple[int, int | None] | None) -> dict[str, datetime]:
+    """`failed_at` (when it broke, as the evidence dates it) and `detected_at` (the control
+    plane's stop of the gang; else when the launcher saw the last rank exit)."""
+    failed: float | None = None
+    if outcome == "node_lost":
+        since = [v.since for o in ev.nodes if o.health is not None for v in o.health.verdicts
+                 if v.kind in FATAL_VERDICTS]
+        failed = min(since) if since else None
+    elif outcome == "hang":
+        hung = [r.rank for r in ev.status.ranks if r.hung] or (ev.stop_reason.ranks if ev.stop_reason else [])
+        beats = [ev.last_beats[r] for r in hung if r in ev.last_beats]
+        failed = min(beats) if beats else None
+    elif first is not None:
+        failure = ev.first_failure()
+        ends = [e.ended_at for e in ev.exits if e.rank == first[0] and e.ended_at]
+        failed = (failure.ended_at if failure is not None else None) or (max(ends) if ends else None)
+    out: dict[str, datetime] = {}
+    if (at := utc_from_s(failed)) is not None:
+        out["failed_at"] = at
+    detected = ev.stop_reason.at if ev.stop_reason is not None else None
+    if detected is None:
+        ends = [e.ended_at for e in ev.exits if e.ended_at]
+        detected = max(ends) if ends else None
+    if (at := utc_from_s(detected)) is not None:
+        out["detected_at"] = at
+    return out
 
 
 def _min_step(ev: Evidence) -> int | None:

@@ -14,7 +14,9 @@ The rules, in the order they are applied:
    (torchrun) restarts; when nothing is left, every retrying action becomes **give_up** with a
    reason listing every attempt and its cause. `preempted` never counts against it.
 4. The class's own action:
-   - `worker_crash`, `hang` → **restart** the same gang from the newest valid checkpoint;
+   - `worker_crash`, `hang` → **restart** the same gang from the newest valid checkpoint
+     (a newer committed one that fails verification is quarantined — kept — and named in the
+     reason, here and for every "newest valid" choice: replace_node, replan, requeue);
    - `node_lost` → **replace_node**: re-place excluding the failed nodes (the caller also
      cordons them in the platform state), then restart;
    - `diverged` → **rollback** to the newest valid checkpoint *before the onset*; every
@@ -28,7 +30,8 @@ The rules, in the order they are applied:
      when nothing fits in less memory;
    - `preempted` → **requeue**, resuming from the emergency checkpoint (the newest one).
 
-"Newest valid" restarts leave `resume_from` empty: the worker restores its newest valid
+Every retrying action says which step the next attempt resumes from (`resume_step`: the steps
+lost are counted from it). "Newest valid" restarts leave `resume_from` empty: the worker restores its newest valid
 checkpoint itself, and so does an in-place torchrun restart inside the next attempt; rollback
 and fall-back name their checkpoint explicitly. `decide` reads the checkpoint catalog (and
 writes nothing: quarantining is the caller's, see `apply_quarantine`), imports no Airflow.
@@ -145,18 +148,37 @@ def _give_up(reason: str) -> RecoveryAction:
 # --- one rule per class -------------------------------------------------------------------------
 
 
-def _restart(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> RecoveryAction:
-    newest = _select(ctx).chosen
+def _newest(ctx: DecisionContext) -> tuple[int, str, list[str], str]:
+    """(step, where, quarantine, note) for a restart from the run's newest valid checkpoint.
+
+    Newer committed checkpoints that fail verification are quarantined (kept, never restored
+    again) and named in the reason: the worker would skip them by itself, but silently, and a
+    later attempt (or retention) could meet them again."""
+    selection = _select(ctx)
+    newest = selection.chosen
+    bad = [r for r, _ in selection.rejected]
+    note = "; ".join(f"checkpoint step {r.step} does not verify ({why.reason}): quarantined"
+                     for r, why in selection.rejected)
     where = f"step {newest.step}" if newest is not None else "scratch (no valid checkpoint yet)"
-    return RecoveryAction(kind="restart", reason=f"{report.outcome}: restart the same gang from {where}")
+    return (newest.step if newest is not None else 0), where, [r.manifest_uri for r in bad], note
+
+
+def _with(note: str) -> str:
+    return f" ({note})" if note else ""
+
+
+def _restart(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> RecoveryAction:
+    step, where, bad, note = _newest(ctx)
+    return RecoveryAction(kind="restart", resume_step=step, quarantine=bad,
+                          reason=f"{report.outcome}: restart the same gang from {where}{_with(note)}")
 
 
 def _replace_node(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> RecoveryAction:
-    newest = _select(ctx).chosen
-    where = f"step {newest.step}" if newest is not None else "scratch"
+    step, where, bad, note = _newest(ctx)
     nodes = ", ".join(report.failed_nodes) or "(unnamed)"
-    return RecoveryAction(kind="replace_node", exclude_nodes=list(report.failed_nodes),
-                          reason=f"node lost: re-place without {nodes}, resume from {where}")
+    return RecoveryAction(kind="replace_node", exclude_nodes=list(report.failed_nodes), resume_step=step,
+                          quarantine=bad, reason=f"node lost: re-place without {nodes}, resume from {where}"
+                                                 f"{_with(note)}")
 
 
 def _rollback(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> RecoveryAction:
@@ -171,7 +193,8 @@ def _rollback(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> 
                         "replays the same steps with the same seed and would diverge again; lower the "
                         "learning rate or fix the data, then start a new run")
     return RecoveryAction(
-        kind="rollback", resume_from=selection.chosen.manifest_uri, quarantine=after,
+        kind="rollback", resume_from=selection.chosen.manifest_uri, resume_step=selection.chosen.step,
+        quarantine=list(dict.fromkeys([*after, *(r.manifest_uri for r, _ in selection.rejected)])),
         reason=(f"diverged at step {onset}: roll back to step {selection.chosen.step}, the newest valid "
                 f"checkpoint before the onset" + (f"; quarantine {len(after)} checkpoint(s) at or "
                                                   "after it" if after else "")))
@@ -188,7 +211,8 @@ def _fall_back(report: FailureReport, job: TrainingJob, ctx: DecisionContext) ->
                         "checkpoints`, then start a new run")
     named = f"step {bad_step}" if bad_step is not None else \
         ", ".join(f"step {r.step}" for r, _ in selection.rejected) or "the restore target"
-    return RecoveryAction(kind="fall_back", resume_from=selection.chosen.manifest_uri, quarantine=quarantine,
+    return RecoveryAction(kind="fall_back", resume_from=selection.chosen.manifest_uri,
+                          resume_step=selection.chosen.step, quarantine=quarantine,
                           reason=f"checkpoint {named} does not verify: quarantine it, fall back to step "
                                  f"{selection.chosen.step}")
 
@@ -210,17 +234,17 @@ def _replan(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> Re
                         f"(suggestions: {hints})")
     if best.describe() == ctx.plan.describe():
         return _give_up(f"out of memory with {ctx.plan.describe()}; the re-plan found nothing smaller")
-    return RecoveryAction(kind="replan", plan=best.model_dump_json(),
+    step, _, bad, note = _newest(ctx)
+    return RecoveryAction(kind="replan", plan=best.model_dump_json(), resume_step=step, quarantine=bad,
                           reason=f"out of memory with {ctx.plan.describe()} ({_mib(ctx.plan)}): re-planned "
-                                 f"to {best.describe()} ({_mib(best)})")
+                                 f"to {best.describe()} ({_mib(best)}){_with(note)}")
 
 
 def _requeue(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> RecoveryAction:
-    newest = _select(ctx).chosen
-    where = f"step {newest.step}" if newest is not None else "scratch"
-    return RecoveryAction(kind="requeue", counts_against_budget=False,
+    step, where, bad, note = _newest(ctx)
+    return RecoveryAction(kind="requeue", counts_against_budget=False, resume_step=step, quarantine=bad,
                           reason=f"preempted: requeue and resume from {where} (not counted against "
-                                 "the restart budget)")
+                                 f"the restart budget){_with(note)}")
 
 
 _RULES = {"worker_crash": _restart, "hang": _restart, "node_lost": _replace_node, "diverged": _rollback,

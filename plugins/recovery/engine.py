@@ -47,6 +47,8 @@ def after_attempt(evidence: Evidence, job: TrainingJob, conf: AttemptConf, ctx: 
     """See the module docstring."""
     report = classify(evidence)
     action = decide(report, job, conf, ctx)
+    if action.retries and action.resume_step is not None:  # steps lost, in the state and MLflow
+        report = report.model_copy(update={"resume_step": action.resume_step})
     quarantined: list[str] = []
     cordoned: list[str] = []
     if apply and action.quarantine:

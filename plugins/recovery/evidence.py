@@ -108,6 +108,9 @@ class RankExit(_Record):
     exit_code: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    replayed: bool = False
+    """`rank_exec` handed back the previous incarnation's control-plane exit without running the
+    script: torchrun's restart did not recover anything, so it is not counted."""
 
 
 class NodeObservation(_Record):
@@ -157,6 +160,8 @@ class Evidence(_Record):
     nodes: list[NodeObservation] = Field(default_factory=list)
     resume_from: str = ""
     """The checkpoint this attempt was told to restore (empty = the newest valid one)."""
+    last_beats: dict[int, float] = Field(default_factory=dict)
+    """Rank → the time of its last heartbeat (dates a hang: when progress stopped)."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
 
@@ -172,9 +177,12 @@ class Evidence(_Record):
 
     @property
     def restarts_in_place(self) -> int:
-        """torchrun's restarts inside this attempt: the highest restart count any rank reached."""
+        """torchrun's restarts inside this attempt that ran the script again (the fast path): the
+        highest restart count any rank reached, leaving out incarnations that only replayed a
+        control-plane exit (`RankExit.replayed`)."""
+        replayed = {e.restart for e in self.exits if e.replayed}
         counts = [r.restart for r in self.status.ranks] + [e.restart for e in self.exits]
-        return max(counts, default=0)
+        return max((c for c in counts if c not in replayed), default=0)
 
     def first_failure(self) -> RankExit | None:
         """The earliest non-zero exit of the attempt's last incarnation (torchrun restarts
@@ -207,6 +215,7 @@ def gather(handle: RunHandle, status: RunStatus, *, run: str = "",
                             if run_dir else None),
         log_tails=_log_tails(run_dir, failed, tail_lines) if run_dir else {},
         nodes=list(nodes), resume_from=resume_from, started_at=handle.created_at,
+        last_beats=_last_beats(handle.heartbeat_dir, handle.world_size) if handle.heartbeat_dir else {},
         ended_at=status.updated_at if status.finished else None,
     )
 
@@ -250,6 +259,18 @@ def _log_tails(run_dir: Path, ranks: list[int], lines: int) -> dict[int, str]:
 
     tails = {rank: tail_lines(log_path(run_dir, rank), lines) for rank in ranks}
     return {rank: text for rank, text in tails.items() if text}
+
+
+def _last_beats(heartbeat_dir: str, world_size: int) -> dict[int, float]:
+    from node_agent.heartbeat import Heartbeat, heartbeat_path
+
+    beats = {}
+    for rank in range(world_size):
+        try:
+            beats[rank] = Heartbeat.model_validate_json(heartbeat_path(heartbeat_dir, rank).read_text()).time
+        except (OSError, ValidationError):
+            continue
+    return beats
 
 
 def _read_exits(path: Path) -> list[RankExit]:

@@ -96,11 +96,40 @@ class FailureReport(_Model):
     """torchrun's own restarts inside this attempt (the fast path), counted against the budget."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    failed_at: datetime | None = None
+    """When the failure happened, as the evidence dates it: the first failing rank's exit, the
+    hung rank's last heartbeat, the node verdict's onset (None when nothing dates it)."""
     detected_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    """When the control plane knew: its stop of the gang (a hang, a lost node), else when the
+    launcher saw the attempt end."""
+    resume_step: int | None = None
+    """The checkpoint step the next attempt restores, as decided (0: from scratch; None: no
+    next attempt). Filled in by `engine.after_attempt` once the action is known."""
+    resumed_at: datetime | None = None
+    """When the next attempt's gang was started (`steps.launched` of that attempt)."""
 
     @property
     def failed(self) -> bool:
         return self.outcome not in ("completed", "cancelled")
+
+    @property
+    def time_to_detect_s(self) -> float | None:
+        """From the failure to its detection (None when the failure is not dated)."""
+        if self.failed_at is None:
+            return None
+        return max(0.0, (self.detected_at - self.failed_at).total_seconds())
+
+    @property
+    def time_to_resume_s(self) -> float | None:
+        """From the detection to the next attempt's start (restore and first step not included)."""
+        return None if self.resumed_at is None else (self.resumed_at - self.detected_at).total_seconds()
+
+    @property
+    def steps_lost(self) -> int | None:
+        """Steps trained and thrown away: the last step every rank reached minus the resume step."""
+        if self.resume_step is None or self.step is None:
+            return None
+        return max(0, self.step - self.resume_step)
 
 
 class RecoveryAction(_Model):
@@ -110,6 +139,9 @@ class RecoveryAction(_Model):
     reason: str
     resume_from: str = ""
     """Manifest URI the next attempt restores; empty = the run's newest valid checkpoint."""
+    resume_step: int | None = None
+    """The step of the checkpoint the next attempt restores (0: none, from scratch), as known
+    when deciding; None when no attempt follows or the action did not look."""
     exclude_nodes: list[str] = Field(default_factory=list)
     plan: str = ""
     """`replan`: the new Plan as JSON."""

@@ -337,6 +337,22 @@ class JobStateStore:
                 row.action, row.action_reason = action.kind, action.reason
             return AttemptInfo.model_validate(row)
 
+    def set_resumed(self, job: str, run: str, attempt: int, at: datetime) -> float | None:
+        """The next attempt's gang started at `at`: written into `attempt`'s report
+        (`FailureReport.resumed_at`, the first time only); its time to resume in seconds, or
+        None when that attempt has no report."""
+        def write() -> float | None:
+            with self._transaction() as s:
+                row = self._attempt_row(s, job, run, attempt, missing_ok=True)
+                if row is None or not row.report:
+                    return None
+                report = FailureReport.model_validate_json(row.report)
+                if report.resumed_at is None:
+                    report = report.model_copy(update={"resumed_at": at})
+                    row.report = report.model_dump_json()
+                return report.time_to_resume_s
+        return self._write(write)
+
     def finish_attempt(self, report: FailureReport, action: RecoveryAction, *,
                        now: datetime | None = None) -> RunInfo:
         """`end_attempt`, then the run's lifecycle change the action implies: `register` →

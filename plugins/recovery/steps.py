@@ -220,8 +220,19 @@ def launch_attempt(job: TrainingJob, plan: Plan, placement: Placement, conf: Att
 
         base = {**os.environ, FAULTS_ENV: faults}
     local = LocalLauncher(settings.runs_dir, source_dir=source_dir or launcher(settings).source_dir,
-                          base_env=base)
-    return local.submit(job, plan, placement, worker_env, attempt=conf.attempt)
+                          base_env=base, max_restarts=in_place_restarts(job, conf))
+    handle = local.submit(job, plan, placement, worker_env, attempt=conf.attempt)
+    from plugins.recovery.faults import fail_gpu
+
+    fail_gpu(conf, list(handle.nodes), settings.node_agents)
+    return handle
+
+
+def in_place_restarts(job: TrainingJob, conf: AttemptConf) -> int:
+    """torchrun's `--max-restarts` for the attempt: the spec's fast path, never more than the
+    restart budget has left (each in-place restart counts against it)."""
+    ft = job.spec.fault_tolerance
+    return max(0, min(ft.in_place_restarts, ft.max_restarts - conf.restarts_used))
 
 
 def excluded_nodes(conf: AttemptConf, state_db: str) -> list[str]:
@@ -251,6 +262,7 @@ def launched(job: TrainingJob, conf: AttemptConf, settings: Settings, handle: Ru
     state.set_handle(job.name, conf.run, conf.attempt, handle)
     state.set_mlflow_run(job.name, conf.run, mlflow_run_id)
     state.transition(job.name, conf.run, "running")
+    record_resumed(job, conf, settings, handle, mlflow_run_id)
 
 
 def conclude_attempt(job: TrainingJob, conf: AttemptConf, handle: RunHandle, settings: Settings, *,
@@ -269,10 +281,14 @@ def conclude_attempt(job: TrainingJob, conf: AttemptConf, handle: RunHandle, set
         status = watch.poll(handle)
         if status.finished:
             status = watch.settle(handle, status)
+    from plugins.recovery.faults import corrupt_newest_checkpoint
+
+    root = checkpoint_uri(job, settings.object_store, conf.run)
+    corrupt_newest_checkpoint(conf, root, endpoint_url=settings.s3_endpoint_url)
     gang = set(handle.nodes or [a.node for a in handle.agents])
     nodes = [observe_node(n, url) for n, url in sorted(settings.node_agents.items()) if n in gang]
     evidence = gather(handle, status, run=conf.run, nodes=nodes, resume_from=conf.resume_from)
-    ctx = DecisionContext(checkpoint_uri=checkpoint_uri(job, settings.object_store, conf.run),
+    ctx = DecisionContext(checkpoint_uri=root,
                           endpoint_url=settings.s3_endpoint_url, plan=plan,
                           cluster=cluster_for(job.spec.hardware.gpu_type, settings.cluster))
     result = after_attempt(evidence, job, conf, ctx, state=open_job_state(settings.state_db), by=by)
@@ -285,21 +301,49 @@ def conclude_attempt(job: TrainingJob, conf: AttemptConf, handle: RunHandle, set
 
 
 def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri: str) -> None:
-    """A failure becomes a recovery event of the run (cause, step, what was done); a final
-    action sets the run's status."""
-    from plugins.tracking.runs import log_recovery_event, set_run_status
+    """A failure becomes a recovery event of the run (cause, step, what was done, time to detect,
+    steps lost); each in-place torchrun restart of the attempt one more; a final action sets the
+    run's status. Keyed by run, attempt and cause, so a retried task records each once."""
+    from plugins.tracking.runs import log_recovery_event, log_recovery_timings, set_run_status
 
     report, action = result.report, result.action
+    if report.restarts_in_place:
+        log_recovery_event(mlflow_run_id, "worker_crash", attempt=report.attempt, step=report.step or 0,
+                           detail=f"fast path: torchrun restarted the workers in place "
+                                  f"{report.restarts_in_place} time(s) from the newest valid checkpoint, "
+                                  "counted against faultTolerance.maxRestarts",
+                           tracking_uri=tracking_uri, key=f"{report.run}/{report.attempt}/in_place")
     if report.failed:
         detail = f"{report.reason}; {action.kind}: {action.reason}"
         log_recovery_event(mlflow_run_id, report.outcome, attempt=report.attempt, step=report.step or 0,
-                           detail=detail, tracking_uri=tracking_uri)
+                           detail=detail, tracking_uri=tracking_uri, duration_s=report.time_to_detect_s,
+                           key=f"{report.run}/{report.attempt}/{report.outcome}")
+        log_recovery_timings(mlflow_run_id, step=report.step or 0, tracking_uri=tracking_uri,
+                             time_to_detect_s=report.time_to_detect_s, steps_lost=report.steps_lost)
     if action.retries:
         set_run_status(mlflow_run_id, "recovering", tracking_uri=tracking_uri)
     elif action.kind == "give_up":
         set_run_status(mlflow_run_id, "failed", tracking_uri=tracking_uri)
     elif action.kind == "cancel":
         set_run_status(mlflow_run_id, "cancelled", tracking_uri=tracking_uri)
+
+
+def record_resumed(job: TrainingJob, conf: AttemptConf, settings: Settings, handle: RunHandle,
+                   mlflow_run_id: str) -> float | None:
+    """A later attempt's gang started: the previous attempt's time to resume (its detection to
+    this start), in its job-state report and as the MLflow metric `recovery/time_to_resume_s`."""
+    from plugins.recovery.state import JobStateStore
+
+    if conf.attempt == 0:
+        return None
+    seconds = JobStateStore(settings.state_db).set_resumed(job.name, conf.run, conf.attempt - 1,
+                                                           handle.created_at)
+    if seconds is not None and mlflow_run_id:
+        from plugins.tracking.runs import log_recovery_timings
+
+        log_recovery_timings(mlflow_run_id, step=0, tracking_uri=settings.mlflow_tracking_uri,
+                             time_to_resume_s=seconds)
+    return seconds
 
 
 def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) -> Any:

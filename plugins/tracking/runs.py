@@ -352,6 +352,16 @@ def log_recovery_event(
     return event
 
 
+def log_recovery_timings(run_id: str, *, step: int, tracking_uri: str, time_to_detect_s: float | None = None,
+                         steps_lost: int | None = None, time_to_resume_s: float | None = None) -> None:
+    """The figures of one recovery as metrics `recovery/time_to_detect_s`, `recovery/steps_lost`
+    and `recovery/time_to_resume_s` (the ones given; a chart per figure across the run)."""
+    figures = {"time_to_detect_s": time_to_detect_s, "steps_lost": steps_lost, "time_to_resume_s": time_to_resume_s}
+    metrics = {f"recovery/{k}": float(v) for k, v in figures.items() if v is not None}
+    if metrics:
+        log_metrics(client_for(tracking_uri), run_id, metrics, step=step)
+
+
 def recovery_events(run_id: str, *, tracking_uri: str) -> list[RecoveryEvent]:
     tags = client_for(tracking_uri).get_run(run_id).data.tags
     prefix = TAG + "recovery."

@@ -107,24 +107,31 @@ def test_two_triggers_are_two_independent_runs_that_complete_and_register(stack:
     assert usage_by_team(stack.settings.state_db) == {}  # every device released
 
 
-def test_a_killed_worker_resumes_from_the_newest_checkpoint_in_the_same_mlflow_run(stack: RunningStack,
-                                                                                  tmp_path: Path) -> None:
+def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same_mlflow_run(
+        stack: RunningStack, tmp_path: Path) -> None:
+    """The fast path (DESIGN §5): torchrun's own restart, counted against the budget."""
+    from plugins.recovery.state import JobStateStore
+
     attempts = stack.train({"max_steps": STEPS, "fault_kill_rank": 1, "fault_kill_at_step": 55})
-    assert [(a.outcome, a.action) for a in attempts] == [("worker_crash", "restart"), ("completed", "register")], \
-        f"{attempts}\n{stack.logs()}"
-    assert "rank 1" in attempts[0].reason and "SIGKILL" in attempts[0].reason
+    assert [(a.outcome, a.action) for a in attempts] == [("completed", "register")], f"{attempts}\n{stack.logs()}"
     run = attempts[0].run
-    assert attempts[1].dag_run_id == f"{run}__attempt-1"
+    (attempt,) = JobStateStore(stack.settings.state_db).attempts(DAG_ID, run)
+    assert attempt.restarts_in_place == 1  # reported to the control plane, counted
 
-    mlflow_run = _mlflow_run(stack, run)  # exactly one MLflow run for both attempts
+    mlflow_run = _mlflow_run(stack, run)
     tags = mlflow_run.data.tags
-    assert tags["trainyard.attempts"] == "0,1" and tags["trainyard.failure_causes"] == "worker_crash"
-    from plugins.tracking.runs import client_for
+    assert tags["trainyard.attempts"] == "0" and tags["trainyard.failure_causes"] == "worker_crash"
+    from plugins.tracking.runs import client_for, recovery_events
 
+    (event,) = recovery_events(mlflow_run.info.run_id, tracking_uri=stack.settings.mlflow_tracking_uri)
+    assert "in place 1 time(s)" in event.detail
     history = client_for(stack.settings.mlflow_tracking_uri).get_metric_history(mlflow_run.info.run_id, "loss")
     assert {m.step for m in history} == set(range(1, STEPS + 1))
-    resumed = stack.client.xcom(DAG_ID, attempts[0].dag_run_id, "classify_outcome", key="action")
-    assert resumed["kind"] == "restart" and "step 50" in resumed["reason"]
+    from plugins.launch.model import RunHandle
+
+    handle = RunHandle.model_validate(stack.client.xcom(DAG_ID, attempts[0].dag_run_id, "launch_training"))
+    log = Path(handle.run_dir, "ranks", "rank-00000.log").read_text()
+    assert "restart 1" in log and "restored checkpoint step 50" in log  # the newest one, in place
 
     # An uninterrupted run of the same spec (the first test's) registered the same weights.
     uninterrupted = stack.train({"max_steps": STEPS})

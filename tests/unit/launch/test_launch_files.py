@@ -65,3 +65,37 @@ def test_the_divergence_record_keeps_non_finite_losses(tmp_path: Path) -> None:
                               baseline=None, last_checkpoint_step=4, message="loss is nan at step 9")
     record.write(tmp_path / "diverged.json")
     assert read_model(tmp_path / "diverged.json", DivergenceRecord) == record
+
+
+def _rank(tmp_path: Path, script: Path, restart: int) -> int:
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "TORCHELASTIC_RESTART_COUNT": str(restart),
+           "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-m", "plugins.launch.rank_exec", "--run-dir", str(tmp_path),
+                           "--", str(script)], env=env, cwd=REPO_ROOT, timeout=60, check=False).returncode
+
+
+def test_an_in_place_restart_after_a_control_plane_exit_replays_it_without_running_the_script(
+        tmp_path: Path) -> None:
+    from plugins.launch.rank_exec import CONTROL_PLANE_CODES
+    from worker import exit_codes
+
+    assert {exit_codes.DIVERGED, exit_codes.PREEMPTED, exit_codes.OOM,
+                                   exit_codes.PREEMPTED_NO_CHECKPOINT, exit_codes.CHECKPOINT_CORRUPT} == CONTROL_PLANE_CODES
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"import pathlib, sys; pathlib.Path({str(marker)!r}).touch(); sys.exit(42)\n")
+    assert _rank(tmp_path, script, 0) == 42 and marker.exists()
+    marker.unlink()
+    assert _rank(tmp_path, script, 1) == 42 and not marker.exists()  # diverged: not run again
+    replayed = list(read_exits(tmp_path))[-1]
+    assert (replayed.restart, replayed.exit_code, replayed.replayed) == (1, 42, True)
+
+
+def test_an_in_place_restart_after_a_crash_runs_the_script_again(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"import pathlib, sys; pathlib.Path({str(marker)!r}).touch(); sys.exit(1)\n")
+    assert _rank(tmp_path, script, 0) == 1
+    marker.unlink()
+    assert _rank(tmp_path, script, 1) == 1 and marker.exists()
+    assert [e.replayed for e in read_exits(tmp_path)] == [False, False]

@@ -36,6 +36,8 @@ class Rank:
     """Seconds after the fabricated start (orders the failures)."""
     earlier_exits: list[int] = field(default_factory=list)
     """Exit codes of earlier incarnations (torchrun in-place restarts)."""
+    replayed: bool = False
+    """The last incarnation only handed back the previous one's exit (`rank_exec.replayed_exit`)."""
 
 
 def fabricate(root: Path, ranks: list[Rank], *, job: str = "tiny", attempt: int = 0, nodes_per_rank: int = 1,
@@ -67,7 +69,7 @@ def fabricate(root: Path, ranks: list[Rank], *, job: str = "tiny", attempt: int 
                 history.write(json.dumps({**record, "restart": restart, "exit_code": code,
                                           "ended_at": t0 + restart}) + "\n")
             if r.exit_code is not None:
-                record.update(exit_code=r.exit_code, ended_at=ended)
+                record.update(exit_code=r.exit_code, ended_at=ended, **({"replayed": True} if r.replayed else {}))
                 history.write(json.dumps(record) + "\n")
         (run_dir / "ranks" / f"rank-{rank:05d}.json").write_text(json.dumps(record))
         (run_dir / "ranks" / f"rank-{rank:05d}.log").write_text(

@@ -89,6 +89,18 @@ def test_hang_while_running(tmp_path: Path) -> None:
     assert status.state == "running" and all(r.hung for r in status.ranks)
     report = classify(ev)
     assert report.outcome == "hang" and report.rank == 0 and "hung ranks [0, 1]" in report.reason
+    assert report.time_to_detect_s == pytest.approx(900, abs=30)  # dated by the last heartbeat
+
+
+def test_a_lost_node_is_dated_by_its_verdict_and_detected_by_the_stop(tmp_path: Path) -> None:
+    onset = time.time() - 1000
+    verdict = GPU_FAILED.model_copy(update={"since": onset})
+    ev, _ = evidence(tmp_path, [Rank(-15, ended_at=101)] * 2, stop_reason="node_lost: local-0 GPU 1",
+                     stop_after=100, stop_nodes=("local-0",), nodes=[health("local-0", verdict)])
+    report = classify(ev)
+    assert report.outcome == "node_lost"
+    assert report.failed_at.timestamp() == pytest.approx(onset)
+    assert report.detected_at.timestamp() == pytest.approx(ev.stop_reason.at)
 
 
 def test_a_running_attempt_without_symptoms_is_refused(tmp_path: Path) -> None:
@@ -167,6 +179,13 @@ def test_in_place_restarts_are_counted(tmp_path: Path) -> None:
     report = classify(ev)
     assert (report.outcome, report.restarts_in_place) == ("worker_crash", 2)
     assert any("restarted the workers in place 2 time(s) (of 2)" in line for line in report.evidence)
+
+
+def test_a_replayed_control_plane_exit_is_not_an_in_place_restart(tmp_path: Path) -> None:
+    ev, _ = evidence(tmp_path, [Rank(42, restart=1, earlier_exits=[42], replayed=True)] * 2, max_restarts=1,
+                     diverged={"step": 7, "onset_step": 7})
+    report = classify(ev)
+    assert (report.outcome, report.onset_step, report.restarts_in_place) == ("diverged", 7, 0)
 
 
 # --- precedence ---------------------------------------------------------------------------------

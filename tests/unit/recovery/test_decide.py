@@ -253,3 +253,42 @@ def test_after_attempt_quarantines_cordons_and_records(tmp_path: Path, store: Ob
     assert result.next_conf.exclude_nodes == ["local-1"] and result.next_conf.restarts_used == 2
     assert [a.outcome for a in state.attempts("tiny", run)] == ["diverged", "node_lost"]
     state.close()
+
+
+def test_a_restart_quarantines_a_newer_checkpoint_that_does_not_verify(store: ObjectStore, ctx: DecisionContext) -> None:
+    for step in (50, 100):
+        make_checkpoint(store, step)
+    corrupt(store, 100)
+    action = decide(report("worker_crash", step=120), job(), AttemptConf(), ctx)
+    assert (action.kind, action.resume_step, action.quarantine) == ("restart", 50, [uri(store, 100)])
+    assert "restart the same gang from step 50 (checkpoint step 100 does not verify" in action.reason
+    apply_quarantine(action, by="test")
+    assert [r.step for r in list_checkpoints(store)] == [50]
+    assert set(scan(store).quarantined) == {"step-00000100"}  # kept, not deleted
+
+
+def test_steps_lost_and_timings_land_in_the_report(tmp_path: Path, store: ObjectStore, ctx: DecisionContext) -> None:
+    from datetime import timedelta
+
+    from plugins.recovery.engine import after_attempt, begin_attempt
+    from plugins.recovery.state import JobStateStore
+    from tests.unit.recovery.runs import Rank, evidence
+
+    state = JobStateStore(f"sqlite:///{tmp_path / 'state.db'}")
+    run = state.open_run("tiny", trigger_key="t").run
+    begin_attempt(state, "tiny", run, 0)
+    state.transition("tiny", run, "running")
+    make_checkpoint(store, 50)
+    ev, _ = evidence(tmp_path / "a0", [Rank(0, step=63, ended_at=9), Rank(-9, step=63, ended_at=5)], run=run)
+    result = after_attempt(ev, job(), AttemptConf(run=run), ctx, state=state)
+    report = result.report
+    assert (report.outcome, report.step, report.resume_step, report.steps_lost) == ("worker_crash", 63, 50, 13)
+    first_exit = min(e.ended_at for e in ev.exits)
+    assert report.failed_at.timestamp() == pytest.approx(first_exit)  # rank 1's SIGKILL dates it
+    assert report.time_to_detect_s == pytest.approx(4.0)  # the last rank seen down 4 s later
+    stored = state.attempts("tiny", run)[0].failure_report
+    assert stored.steps_lost == 13 and stored.resumed_at is None
+    seconds = state.set_resumed("tiny", run, 0, report.detected_at + timedelta(seconds=7))
+    assert seconds == pytest.approx(7.0)
+    assert state.attempts("tiny", run)[0].failure_report.time_to_resume_s == pytest.approx(7.0)
+    state.close()

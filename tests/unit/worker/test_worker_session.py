@@ -79,3 +79,11 @@ def test_mfu_terms() -> None:
     assert mfu(100_000, 1.2e12, 256, 989e12) == pytest.approx(0.474, abs=1e-3)  # seed §7
     with pytest.raises(ValueError, match="num_devices"):
         mfu(1.0, 1.0, 0, 1.0)
+
+
+def test_faults_fire_in_torchruns_first_incarnation_only() -> None:
+    raw = {"TRAINYARD_FAULTS": "sigkill@5:1,nan_loss@3"}
+    assert Faults.from_env(raw).due("nan_loss", 3)
+    assert Faults.from_env({**raw, "TORCHELASTIC_RESTART_COUNT": "0"}).due("nan_loss", 3)
+    restarted = Faults.from_env({**raw, "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert restarted.at == {} and restarted.ranks == {}

@@ -152,3 +152,30 @@ def test_data_figures_go_into_the_heartbeat(session_for, config: SessionConfig) 
     session.step_end(2, loss=2.9)  # a loop that reports none of them
     session._heartbeats.flush()
     assert beat(config).data_stall_s is None and beat(config).step == 2
+
+
+def test_an_in_place_restart_restores_the_runs_newest_checkpoint_not_the_named_one(
+        session_for, config: SessionConfig) -> None:
+    first = session_for(checkpoint_interval_steps=2)
+    first.restore()
+    for step in (1, 2, 3, 4):
+        first.step_end(step, loss=3.0)
+    first.close()
+    assert steps(config) == [2, 4]
+    named = f"{config.checkpoint_uri}/step-00000002/MANIFEST.json"
+    assert session_for(resume_from=named).restore() == 3  # the attempt's first incarnation
+    assert session_for(resume_from=named, restart=1).restore() == 5  # torchrun restarted it
+
+
+def test_an_in_place_restart_keeps_the_named_checkpoint_while_the_run_has_none(
+        session_for, config: SessionConfig, tmp_path: Path) -> None:
+    other = dataclasses.replace(config, checkpoint_uri=f"{config.checkpoint_uri}-other")
+    donor = TrainingSession(other)
+    model = torch.nn.Linear(4, 4)
+    donor.attach(model=model, optimizer=torch.optim.AdamW(model.parameters()), extra={})
+    donor.restore()
+    donor.finish(7)
+    donor.close()
+    named = f"{other.checkpoint_uri}/step-00000007/MANIFEST.json"
+    session = session_for(resume_from=named, restart=1)
+    assert session.resume_target() == named  # a crash before the attempt's first save

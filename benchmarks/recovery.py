@@ -1,0 +1,276 @@
+"""Recovery benchmark (DESIGN §5): how long the tiny 2-rank job is down after a failure, on each
+path, against what the same job costs to restart bare, in the same run.
+
+    .venv/bin/python benchmarks/recovery.py [--kill-at 25] [--interval 10]
+
+Four measurements of the demo job (`config/jobs/demo-tiny-lm.yaml`: the tiny Llama, DDP over
+2 CPU processes, gloo; a copy that checkpoints every `--interval` steps), each in a temporary
+Trainyard home with the demo dataset:
+
+1. **fast path** — the platform's `LocalLauncher` with torchrun's in-place restart (the spec's
+   `faultTolerance.inPlaceRestarts`); once rank 0 reached step `--kill-at`, rank 1's process
+   is SIGKILLed from here. `fast_path_mttr_s` = from the kill to the first step the restarted
+   workers complete (their first `train` heartbeat). The restarted rank 0 logs how long its
+   restore took: `restore_s`.
+2. **bare torchrun** — `torchrun --max-restarts 1 worker/train.py --spec …` on its own (no
+   launcher, no rank wrapper, no control plane) with checkpoints off, killed the same way:
+   `torchrun_restart_s` = from the kill to the first step after torchrun's restart (nothing to
+   restore). Target: fast path ≤ 3 × (`torchrun_restart_s` + `restore_s`).
+3. **control plane** — a real embedded Airflow (`tests/e2e/airflow_stack.py`) with one real
+   node agent per local node (`tests/support/node_agents.py`, fault injection on); the job's
+   DAG is triggered, and once rank 0 reached `--kill-at` a GPU of the gang's node is marked
+   failed through its agent (Xid 79). `control_plane_mttr_s` = from that call to the first
+   step of the next attempt, placed elsewhere: detection by the health watch, stop, classify,
+   cordon, release, the hand-over to the next DAG run, placement, launch, restore, one step.
+   Target < 60 s (the seed's node-loss figure).
+
+`steps_lost` is per path: the last step completed before the failure minus the step the
+recovery resumed from; target ≤ `checkpoint_interval_steps`. (On the control-plane path the
+injected GPU failure leaves the ranks running until the health watch stops them, and the
+stop's SIGTERM commits an emergency checkpoint: usually nothing is lost there. A real Xid 79
+kills the ranks on that GPU, and then up to one interval is.) Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+DEMO = REPO / "config" / "jobs" / "demo-tiny-lm.yaml"
+JOB = "recovery-bench"
+RESTORED = re.compile(r"resumed from step (\d+) .* in ([0-9.]+)s")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kill-at", type=int, default=25, help="fail once rank 0 completed this step")
+    p.add_argument("--interval", type=int, default=10, help="checkpoint every N steps")
+    p.add_argument("--steps", type=int, default=50, help="max steps of each run")
+    p.add_argument("--skip-control-plane", action="store_true", help="only the fast path and bare torchrun")
+    args = p.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    out: dict[str, Any] = {"checkpoint_interval_steps": args.interval, "kill_at_step": args.kill_at}
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
+        fast = fast_path(Path(tmp) / "fast", args)
+        bare = bare_torchrun(Path(tmp) / "bare", args)
+        control = None if args.skip_control_plane else control_plane(Path(tmp) / "control", args)
+    out.update(fast_path_mttr_s=round(fast["mttr_s"], 2), restore_s=round(fast["restore_s"], 3),
+               torchrun_restart_s=round(bare["mttr_s"], 2),
+               control_plane_mttr_s=round(control["mttr_s"], 2) if control else None,
+               steps_lost={"fast_path": fast["steps_lost"], "control_plane": control["steps_lost"] if control else None})
+    out["fast_path_vs_bare"] = round(fast["mttr_s"] / (bare["mttr_s"] + fast["restore_s"]), 2)
+    print(json.dumps(out))
+    return 0
+
+
+# --- common -----------------------------------------------------------------------------------
+
+
+def spec(args: argparse.Namespace, *, checkpoints: bool = True) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(DEMO.read_text())
+    data["metadata"]["name"] = JOB
+    data["spec"]["training"]["maxSteps"] = args.steps
+    data["spec"]["checkpoint"] = ({"intervalSteps": args.interval, "maxKeep": 100} if checkpoints else
+                                  {"intervalSteps": None, "intervalMinutes": None, "maxKeep": 100})
+    data["spec"]["faultTolerance"] = {"maxRestarts": 3, "inPlaceRestarts": 1, "hangTimeout": "2m"}
+    return data
+
+
+def use_home(home: Path) -> None:
+    """Point this process (and its children) at a fresh Trainyard home with the demo dataset."""
+    from config.settings import Settings
+    from plugins.storage.store import open_store
+    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+
+    home.mkdir(parents=True)
+    os.environ["TRAINYARD_HOME"] = str(home)
+    prepare_demo_dataset(open_store(Settings(home=home).object_store).child(DEMO_PREFIX.rstrip("/")))
+
+
+def beat(heartbeat_dir: Path, rank: int) -> Any:
+    from node_agent.heartbeat import Heartbeat, heartbeat_path
+
+    try:
+        return Heartbeat.model_validate_json(heartbeat_path(heartbeat_dir, rank).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 600, poll_s: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(poll_s)
+    raise TimeoutError(f"benchmarks/recovery.py: no {what} after {timeout_s:g}s")
+
+
+def kill_and_time_next_step(heartbeats: Callable[[], Path], kill_at: int) -> tuple[float, dict[str, Any]]:
+    """SIGKILL rank 1 once rank 0 completed `kill_at`; (kill time, the first train heartbeat of
+    a new rank-0 process after it)."""
+    first = wait_for(f"rank 0 at step {kill_at}",
+                     lambda: (b := beat(heartbeats(), 0)) is not None and b.step >= kill_at and b)
+    victim = wait_for("rank 1's heartbeat", lambda: beat(heartbeats(), 1))
+    last_step = (beat(heartbeats(), 0) or first).step
+    killed_at = time.time()
+    os.kill(victim.pid, signal.SIGKILL)
+    nxt = wait_for("a step after the restart", lambda: (b := beat(heartbeats(), 0)) is not None and
+                   b.pid != first.pid and b.phase == "train" and b.time > killed_at and b)
+    return killed_at, {"last_step": max(last_step, first.step), "next": nxt}
+
+
+# --- 1. fast path ---------------------------------------------------------------------------------
+
+
+def fast_path(home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from config.cluster import cluster_for
+    from config.settings import Settings
+    from config.spec import TrainingJob
+    from plugins.launch.environment import build_worker_env
+    from plugins.launch.local import LocalLauncher
+    from plugins.placement.plans import plan_for_job
+    from plugins.placement.service import place_and_reserve
+    from plugins.placement.state import open_state
+    from plugins.recovery.model import AttemptConf
+    from plugins.recovery.steps import in_place_restarts
+
+    use_home(home)
+    settings = Settings(home=home)
+    job = TrainingJob.model_validate(spec(args))
+    cluster = cluster_for("cpu", "local")
+    plan, _ = plan_for_job(job, cluster, memory_fraction=settings.memory_fraction)
+    placement = place_and_reserve(job, plan, cluster, open_state(settings.state_db), run="bench-fast", attempt=0)
+    env = build_worker_env(job, plan, settings, run="bench-fast", attempt=0, resume_from="", mlflow_run_id="")
+    launcher = LocalLauncher(settings.runs_dir, source_dir=REPO,
+                             max_restarts=in_place_restarts(job, AttemptConf(run="bench-fast")))
+    handle = launcher.submit(job, plan, placement, env, attempt=0)
+    killed_at, seen = kill_and_time_next_step(lambda: Path(handle.heartbeat_dir), args.kill_at)
+    wait_for("the end of the run", lambda: launcher.poll(handle).finished, poll_s=0.5)
+    status = launcher.poll(handle)
+    if status.state != "succeeded":
+        raise RuntimeError(f"fast-path run ended {status.state}: {status.message} (logs: {handle.run_dir})")
+    log = (Path(handle.run_dir) / "ranks" / "rank-00000.log").read_text()
+    restored = RESTORED.findall(log)
+    if not restored:
+        raise RuntimeError(f"the restarted rank 0 logged no restore ({handle.run_dir}/ranks/rank-00000.log)")
+    resumed_step, restore_s = int(restored[-1][0]), float(restored[-1][1])
+    return {"mttr_s": seen["next"].time - killed_at, "restore_s": restore_s,
+            "steps_lost": seen["last_step"] - resumed_step}
+
+
+# --- 2. bare torchrun ----------------------------------------------------------------------------
+
+
+def bare_torchrun(home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import yaml
+
+    from config.settings import Settings
+
+    use_home(home)
+    spec_file = home / f"{JOB}.yaml"
+    spec_file.write_text(yaml.safe_dump(spec(args, checkpoints=False)))
+    heartbeats = Settings(home=home).runs_dir / JOB / "standalone" / "heartbeats"
+    with socket_port() as port:
+        pass  # free again for torchrun's rendezvous store
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+           str(REPO / "worker" / "train.py"), "--spec", str(spec_file)]
+    # Without this, torchrun's own restart fails here (the restarted ranks read their peers'
+    # addresses of the previous round from the shared rendezvous store; pytorch/pytorch#135712):
+    # the launcher sets it too (`LocalLauncher._environment`).
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    with (home / "torchrun.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        killed_at, seen = kill_and_time_next_step(lambda: heartbeats, args.kill_at)
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bare torchrun exited {proc.returncode} (log: {home / 'torchrun.log'})")
+    return {"mttr_s": seen["next"].time - killed_at}
+
+
+class socket_port:
+    """A free local port (closed again before torchrun takes it)."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        return int(self.sock.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
+# --- 3. control plane ----------------------------------------------------------------------------
+
+
+def control_plane(home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import yaml
+
+    from node_agent.client import inject_fault
+    from node_agent.models import FaultRequest
+    from plugins.recovery.state import JobStateStore
+    from tests.e2e.airflow_stack import running_stack
+    from tests.support.node_agents import node_agents
+
+    with node_agents(("local-0", "local-1"), home / "runs", home.parent / "agents") as agents:
+        os.environ["TRAINYARD_NODE_AGENTS"] = json.dumps(agents)
+        with running_stack(home) as stack:
+            (home / "jobs" / f"{JOB}.yaml").write_text(yaml.safe_dump(spec(args)))
+            wait_for("the benchmark's DAG", lambda: JOB in stack.client.dags(), timeout_s=180, poll_s=1)
+            first = stack.client.trigger(JOB, {})["dag_run_id"]
+            state = JobStateStore(stack.settings.state_db)
+
+            def live(attempt: int) -> Any:
+                for info in state.list_runs(JOB):
+                    found = state.live_attempt(JOB, info.run)
+                    if found is not None and found.attempt == attempt and found.run_handle is not None:
+                        return found.run_handle
+                return None
+
+            handle = wait_for("attempt 0's gang", lambda: live(0), poll_s=0.5)
+            beats0 = Path(handle.heartbeat_dir)
+            wait_for(f"rank 0 at step {args.kill_at}",
+                     lambda: (b := beat(beats0, 0)) is not None and b.step >= args.kill_at and b)
+            last_step = beat(beats0, 0).step
+            failed_at = time.time()
+            inject_fault(agents[handle.nodes[0]], FaultRequest(gpu=0, xid=79, reason="benchmarks/recovery.py"))
+            handle1 = wait_for("attempt 1's gang", lambda: live(1), poll_s=0.2)
+            beats1 = Path(handle1.heartbeat_dir)
+            nxt = wait_for("attempt 1's first step",
+                           lambda: (b := beat(beats1, 0)) is not None and b.phase == "train" and b)
+            report = state.attempts(JOB, handle.run)[0].failure_report
+            from cli.airflow_api import follow_training_run
+
+            follow_training_run(stack.client, JOB, first, timeout_s=600)
+            # The injected fault does not kill the ranks (a real Xid 79 would): they train on
+            # until the health watch stops the gang, and that stop's SIGTERM commits an emergency
+            # checkpoint. So the steps lost are the job state's (last step reached − resume step).
+            if report is None or report.steps_lost is None:
+                raise RuntimeError(f"attempt 0 of run {handle.run} recorded no steps lost: {report}")
+            return {"mttr_s": nxt.time - failed_at, "steps_lost": report.steps_lost,
+                    "failed_at_step": last_step, "resumed_from_step": report.resume_step}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The fast path (DESIGN §5) with real processes: the platform's `LocalLauncher` runs the real
+`worker/train.py` under torchrun with `--max-restarts`; a rank SIGKILLed mid-run is restarted in
+place from the newest checkpoint, the injected fault does not fire again, the attempt completes,
+and the control plane counts the in-place restart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from config.cluster import load_cluster
+from config.settings import Settings
+from plugins.advisor.plan import Plan
+from plugins.launch.environment import build_worker_env
+from plugins.launch.local import LocalLauncher
+from plugins.placement.gang import place_gang
+from plugins.placement.inventory import Inventory
+from plugins.placement.model import GangRequest
+from plugins.recovery.classify import classify
+from plugins.recovery.evidence import gather
+from tests.integration.worker.conftest import tiny_job
+from tests.support import procs
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_killed_rank_is_restarted_in_place_from_the_newest_checkpoint(tmp_path: Path) -> None:
+    from cli.main import main
+
+    settings = Settings(home=tmp_path / "home")
+    assert main(["data", "prepare-demo", "--object-store", settings.object_store, "--shards", "4"]) == 0
+    job = tiny_job("fast-path", max_steps=30, interval_steps=10)
+    plan = Plan(dp=2, micro_batch_size=4, global_batch_size=8, sequence_length=32)
+    placement = place_gang(GangRequest.for_job(job, plan, run="r-fast"), Inventory.from_cluster(load_cluster("local")))
+    launcher = LocalLauncher(settings.runs_dir, source_dir=procs.REPO_ROOT, max_restarts=1,
+                             base_env=procs.test_env({"TRAINYARD_FAULTS": "sigkill@25:1"}))
+    env = build_worker_env(job, plan, settings, run="r-fast", attempt=0)
+    handle = launcher.submit(job, plan, placement, env, attempt=0)
+    try:
+        status = launcher.wait(handle, timeout_s=300)
+    finally:
+        launcher.stop(handle, grace_s=0)
+    assert status.state == "succeeded", launcher.logs(handle)
+    exits = [json.loads(line) for line in (Path(handle.run_dir) / "exits.jsonl").read_text().splitlines()]
+    assert [(e["rank"], e["restart"], e["exit_code"]) for e in exits if e["rank"] == 1] == [(1, 0, -9), (1, 1, 0)]
+    log = (Path(handle.run_dir) / "ranks" / "rank-00000.log").read_text()
+    assert "resumed from step 20" in log.split("restart 1")[-1], log[-3000:]  # the newest, in place
+    report = classify(gather(handle, status, run="r-fast"))
+    assert (report.outcome, report.restarts_in_place) == ("completed", 1)
