@@ -53,7 +53,10 @@ def main() -> int:
         print(f"step {step} sum={value.item():.0f}", flush=True)
         if rank == args.fail_rank and step == args.steps:
             print(f"rank {rank} failing on purpose with {args.exit_code}", flush=True)
-            return args.exit_code
+            # leave now: returning through the interpreter's shutdown while gloo's threads still
+            # serve the peer can abort ("terminate called without an active exception", SIGABRT)
+            sys.stderr.flush()
+            os._exit(args.exit_code)
         if stop["requested"]:
             print(f"rank {rank}: SIGTERM, emergency checkpoint at step {step}", flush=True)
             return TERMINATED

@@ -63,7 +63,9 @@ def test_a_job_resumed_after_a_failure_is_one_run_with_both_attempts(
     assert run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == "search/ranker"
     history = client.get_metric_history(rid, "loss")
-    assert len(history) == 40 and {m.step for m in history} == set(range(30))
+    assert len(history) == 30 and {m.step for m in history} == set(range(30))  # one value per step
+    replayed = client.get_metric_history(rid, "replay/loss")  # attempt 1 trained steps 10-19 again
+    assert sorted(m.step for m in replayed) == list(range(10, 20))
     t = run.data.tags
     assert (t["trainyard.attempts"], t["trainyard.failure_causes"]) == ("0,1", "node_lost")
     assert t["trainyard.dataset.version"] == "v3" and t["trainyard.dataset.digest"] == ref.digest
