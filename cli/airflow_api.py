@@ -37,6 +37,22 @@ class AirflowClient:
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
               query: dict[str, Any] | None = None) -> Any:
+        """One request; a read that gets a server error (the embedded SQLite metadata busy under
+        load answers 500) is tried again a few times. Writes are sent once: a second trigger would
+        start a second training run."""
+        if method != "GET":
+            return self._request(method, path, body, query)
+        from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+        retrying = Retrying(retry=retry_if_exception(lambda e: isinstance(e, AirflowRequestFailed) and e.status >= 500),
+                            stop=stop_after_attempt(4), wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
+        for attempt in retrying:
+            with attempt:
+                return self._request(method, path, body, query)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None,
+                 query: dict[str, Any] | None) -> Any:
         url = f"{self.url.rstrip('/')}/api/v2/{path.lstrip('/')}"
         if query:
             url += "?" + urllib.parse.urlencode(query, doseq=True)
