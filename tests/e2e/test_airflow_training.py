@@ -144,7 +144,7 @@ def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alo
     from plugins.launch.model import RunHandle
     from plugins.recovery import watch
 
-    first = stack.client.trigger(DAG_ID, {"max_steps": 120})["dag_run_id"]
+    first = stack.client.trigger(DAG_ID, {"max_steps": 400})["dag_run_id"]  # long enough to outlive the restart
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         tasks = stack.client.task_instances(DAG_ID, first)
@@ -154,10 +154,10 @@ def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alo
     else:
         pytest.fail(f"watch_training never deferred\n{stack.logs()}")
     handle = RunHandle.model_validate(stack.client.xcom(DAG_ID, first, "launch_training"))
-    stack.stack.stop("triggerer")
-    stack.stack.stop("scheduler")
+    stack.stack.stop("triggerer", grace_s=5)
+    stack.stack.stop("scheduler", grace_s=5)
     before = watch.poll(handle).step or 0
-    time.sleep(8)
+    time.sleep(5)
     during = watch.poll(handle)
     assert during.state == "running" and (during.step or 0) > before  # training went on alone
     stack.stack.start("scheduler")
