@@ -89,9 +89,9 @@ def run_demo(args: argparse.Namespace) -> None:
         dag_run = client.trigger(job.name, conf, note="make demo")["dag_run_id"]
         _print(f"DAG run {dag_run}: {stack.url}/dags/{job.name}/runs/{dag_run}")
         _step("4/5 train", "attempts, steps and loss as Airflow and MLflow see them")
-        from cli.submit import _follow
+        from cli.submit import follow_with_progress
 
-        attempts = _follow(client, settings, job.name, dag_run, args.timeout_s)
+        attempts = follow_with_progress(client, settings, job.name, dag_run, args.timeout_s)
         _step("5/5 results", "")
         _results(job, settings, stack, client, attempts, crashed=not args.no_crash, started=started)
     finally:

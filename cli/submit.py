@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     try:
-        attempts = _follow(client, settings, job.name, dag_run["dag_run_id"], args.timeout_s)
+        attempts = follow_with_progress(client, settings, job.name, dag_run["dag_run_id"], args.timeout_s)
     except AirflowUnavailable as e:
         err_console.print(f"[red]{e}[/]")
         return 3
@@ -137,7 +137,7 @@ def _wait_for_dag(client: AirflowClient, dag_id: str, spec: Path) -> None:
         time.sleep(2)
 
 
-def _follow(client: AirflowClient, settings: Settings, dag_id: str, first: str, timeout_s: float
+def follow_with_progress(client: AirflowClient, settings: Settings, dag_id: str, first: str, timeout_s: float
             ) -> list[AttemptRun]:
     from rich.live import Live
 

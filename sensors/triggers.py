@@ -49,12 +49,8 @@ class TrainingTrigger(BaseTrigger):
                 yield TriggerEvent({"status": "finished", "message": status.message,
                                     "run_status": status.model_dump(mode="json")})
                 return
-            hung = watch.hung_ranks(status)
-            if hung:
-                reason = watch.StopReason(
-                    reason="hang", ranks=hung,
-                    detail=f"ranks {hung} made no step progress for longer than the job's hangTimeout "
-                           f"(last step {status.step})")
+            reason = watch.hang_stop(status)
+            if reason is not None:
                 status = await asyncio.to_thread(watch.stop_gang, handle, reason)
                 yield TriggerEvent({"status": "hang", "message": reason.detail,
                                     "run_status": status.model_dump(mode="json")})
