@@ -77,11 +77,15 @@ def test_failing_a_gpu_of_an_unknown_node_names_the_known_ones(agent: str) -> No
 
 
 def test_the_fast_path_never_restarts_more_than_the_budget_has_left() -> None:
-    from config.loader import load_spec_file
+    import yaml
+
+    from config.spec import TrainingJob
     from plugins.recovery.steps import in_place_restarts
     from tests.support.procs import REPO_ROOT
 
-    job = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")  # maxRestarts 3, inPlaceRestarts 1
+    doc = yaml.safe_load((REPO_ROOT / "config/jobs/demo-tiny-lm.yaml").read_text())  # maxRestarts 3
+    del doc["spec"]["faultTolerance"]["inPlaceRestarts"]  # the demo turns it off to show the DAG's hand-over
+    job = TrainingJob.model_validate(doc)
     assert job.spec.fault_tolerance.in_place_restarts == 1  # on by default
     assert in_place_restarts(job, AttemptConf(run="r-0001")) == 1
     assert in_place_restarts(job, AttemptConf(run="r-0001", attempt=2, restarts_used=3)) == 0
