@@ -20,21 +20,23 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 
 class TrainingTrigger(BaseTrigger):
-    """Fires when the attempt's workers have all exited, or when a rank hangs (then it stops the
-    gang first, with the reason). Renews the gang's reservation while it waits."""
+    """Fires when the attempt's workers have all exited, or when a rank hangs or the attempt
+    outlives `deadline` (`training.maxRuntime`) — then it stops the gang first, with the reason.
+    Renews the gang's reservation while it waits."""
 
     def __init__(self, handle: dict[str, Any], *, state_db: str = "", lease_s: float = 900.0,
-                 poll_interval_s: float = 2.0) -> None:
+                 poll_interval_s: float = 2.0, deadline: float | None = None) -> None:
         super().__init__()
         self.handle = handle
         self.state_db = state_db
         self.lease_s = lease_s
         self.poll_interval_s = poll_interval_s
+        self.deadline = deadline
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("sensors.triggers.TrainingTrigger", {
             "handle": self.handle, "state_db": self.state_db, "lease_s": self.lease_s,
-            "poll_interval_s": self.poll_interval_s})
+            "poll_interval_s": self.poll_interval_s, "deadline": self.deadline})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from plugins.launch.model import RunHandle
@@ -50,9 +52,11 @@ class TrainingTrigger(BaseTrigger):
                                     "run_status": status.model_dump(mode="json")})
                 return
             reason = watch.hang_stop(status)
+            if reason is None and self.deadline is not None and time.time() > self.deadline:
+                reason = watch.StopReason(reason="timeout", detail="the attempt outlived training.maxRuntime")
             if reason is not None:
                 status = await asyncio.to_thread(watch.stop_gang, handle, reason)
-                yield TriggerEvent({"status": "hang", "message": reason.detail,
+                yield TriggerEvent({"status": reason.reason, "message": reason.detail,
                                     "run_status": status.model_dump(mode="json")})
                 return
             if self.state_db and time.monotonic() - last_renew > min(60.0, self.lease_s / 3):

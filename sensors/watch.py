@@ -53,12 +53,14 @@ class WatchTrainingSensor(BaseOperator):
         if status.finished:
             return watch.settle(handle, status).model_dump(mode="json")
         job, _ = attempt_of(context)
-        runtime = job.spec.training.max_runtime
+        runtime = job.spec.training.max_runtime  # the trigger stops the gang past it (a timeout of
+        # the deferral itself would fail this task and leave the gang running)
+        deadline = (handle.created_at + runtime).timestamp() if runtime else None
         self.log.info("watching %s run %s attempt %d: %s", handle.job, handle.run, handle.attempt,
                       watch.describe_status(status))
         self.defer(trigger=TrainingTrigger(handle.model_dump(mode="json"), state_db=settings().state_db,
-                                           poll_interval_s=self.poll_interval_s),
-                   method_name="execute_complete", timeout=runtime)
+                                           poll_interval_s=self.poll_interval_s, deadline=deadline),
+                   method_name="execute_complete")
         raise AssertionError("defer() returns only by raising")  # pragma: no cover
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:

@@ -28,3 +28,19 @@ def test_a_hung_gang_is_stopped_with_the_reason_and_the_trigger_fires(tmp_path: 
     assert event["run_status"]["state"] in ("stopped", "failed") and not event["run_status"]["processes_alive"]
     reason = read_stop_reason(handle.run_dir)
     assert reason is not None and reason.reason == "hang" and reason.ranks
+
+
+def test_an_attempt_past_its_max_runtime_is_stopped_as_a_timeout(tmp_path: Path) -> None:
+    import time
+
+    launcher, handle = start(tmp_path, "tiny-long", ["--steps", "1000", "--sleep", "0.2"])
+    wait_for(launcher, handle, lambda s: s.step is not None)
+
+    async def first() -> dict:
+        trigger = TrainingTrigger(handle.model_dump(mode="json"), poll_interval_s=0.5, deadline=time.time())
+        return (await trigger.run().asend(None)).payload
+
+    event = asyncio.run(asyncio.wait_for(first(), timeout=120))
+    assert event["status"] == "timeout" and not event["run_status"]["processes_alive"], event
+    reason = read_stop_reason(handle.run_dir)
+    assert reason is not None and reason.reason == "timeout"

@@ -26,7 +26,8 @@ def _first_event(trigger) -> dict:
 
 
 @pytest.mark.parametrize("trigger", [
-    TrainingTrigger({"kind": "local"}, state_db="sqlite:///x.db", lease_s=60.0, poll_interval_s=0.5),
+    TrainingTrigger({"kind": "local"}, state_db="sqlite:///x.db", lease_s=60.0, poll_interval_s=0.5,
+                    deadline=1.8e9),
     CheckpointTrigger({"kind": "local"}, checkpoint_root="file:///c", after_step=50, interval_steps=10,
                       endpoint_url="http://s3", poll_interval_s=1.0),
     HealthTrigger({"kind": "local"}, agents={"n0": "http://a:9420"}, poll_interval_s=2.0, max_misses=4),
