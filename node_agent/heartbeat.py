@@ -30,7 +30,26 @@ def heartbeat_path(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"rank-{rank:05d}.json"
 
 
-class Heartbeat(BaseModel):
+class DataFigures(BaseModel):
+    """The data pipeline's figures (`plugins.data.reader`) a rank reports beside its step: in its
+    heartbeat file and, passed through as they are, in the node agent's report of it."""
+
+    data_stall_s: float | None = None
+    """Seconds the last step waited for its batch."""
+    prefetch_depth: float | None = None
+    """Batches ready in the data reader's queue after the last step."""
+    cache_hit_rate: float | None = None
+    """Share of shard opens served by the node's data cache (this process, cumulative)."""
+    cache_hits: float | None = None
+    cache_misses: float | None = None
+    cache_bytes_fetched: float | None = None
+    cache_evictions: float | None = None
+
+
+DATA_FIELDS: tuple[str, ...] = tuple(DataFigures.model_fields)
+
+
+class Heartbeat(DataFigures):
     """One rank's last step. Values are bounded (types, ranges, sizes): the file is written by
     user training code's process and read by the node agent, whose `/metrics` must keep
     answering whatever one file says; a file outside the bounds is skipped and named."""
@@ -58,16 +77,6 @@ class Heartbeat(BaseModel):
     """The job's `faultTolerance.hangTimeout`: older than this means hung."""
     phase: str = Field(default="train", max_length=32)
     """`start`, `restore`, `train`, `checkpoint`, `done`, `diverged`."""
-    data_stall_s: float | None = None
-    """Seconds the last step waited for its batch."""
-    prefetch_depth: float | None = None
-    """Batches ready in the data reader's queue after the last step."""
-    cache_hit_rate: float | None = None
-    """Share of shard opens served by the node's data cache (this process, cumulative)."""
-    cache_hits: float | None = None
-    cache_misses: float | None = None
-    cache_bytes_fetched: float | None = None
-    cache_evictions: float | None = None
 
 
 def write_heartbeat(directory: str | Path, beat: Heartbeat) -> Path:

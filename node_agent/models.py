@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from node_agent.heartbeat import DataFigures
+
 VerdictKind = Literal["gpu_failed", "thermal", "hang", "node_unhealthy", "no_gpu"]
 """
 - `gpu_failed`: a fatal Xid, an uncorrectable ECC error, or the GPU is lost (seed §5).
@@ -74,7 +76,7 @@ class GpuStatus(_Model):
     """NVML answered `GPU is lost` for this GPU."""
 
 
-class RankHeartbeat(_Model):
+class RankHeartbeat(_Model, DataFigures):
     """The latest heartbeat of one training rank on this node, judged against its job."""
 
     job: str
@@ -94,13 +96,6 @@ class RankHeartbeat(_Model):
     stale: bool
     """Older than `hang_timeout_s` while the rank has not finished."""
     path: str = ""
-    data_stall_s: float | None = None
-    prefetch_depth: float | None = None
-    cache_hit_rate: float | None = None
-    cache_hits: float | None = None
-    cache_misses: float | None = None
-    cache_bytes_fetched: float | None = None
-    cache_evictions: float | None = None
 
 
 class NodeHealth(_Model):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from node_agent.heartbeat import Heartbeat
+from node_agent.heartbeat import DATA_FIELDS, Heartbeat
 from node_agent.models import GpuStatus, RankHeartbeat, Verdict
 
 FATAL_XIDS: dict[int, str] = {
@@ -107,9 +107,6 @@ def rank_status(beat: Heartbeat, now: float, path: str = "") -> RankHeartbeat:
                       **{name: getattr(beat, name) for name in DATA_FIELDS})
 
 
-DATA_FIELDS = ("data_stall_s", "prefetch_depth", "cache_hit_rate", "cache_hits", "cache_misses",
-               "cache_bytes_fetched", "cache_evictions")
-"""The data pipeline's figures a heartbeat carries (`plugins.data.reader`), passed through as is."""
 
 
 def hang_verdict(rank: RankHeartbeat) -> Verdict | None:
