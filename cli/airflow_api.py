@@ -36,17 +36,13 @@ class AirflowClient:
     headers: dict[str, str] = field(default_factory=dict)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
-              query: dict[str, Any] | None = None) -> Any:
-        """One request; a read that gets a server error (the embedded SQLite metadata busy under
-        load answers 500) is tried again a few times. Writes are sent once: a second trigger would
-        start a second training run."""
-        if method != "GET":
+              query: dict[str, Any] | None = None, *, retry: bool | None = None) -> Any:
+        """One request. A read that gets a server error (the embedded SQLite metadata busy under
+        load answers 500) is tried again a few times; a write only when the caller says it is
+        idempotent (`retry=True`): a second plain trigger would start a second training run."""
+        if not (method == "GET" if retry is None else retry):
             return self._request(method, path, body, query)
-        from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
-
-        retrying = Retrying(retry=retry_if_exception(lambda e: isinstance(e, AirflowRequestFailed) and e.status >= 500),
-                            stop=stop_after_attempt(4), wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
-        for attempt in retrying:
+        for attempt in _retrying():
             with attempt:
                 return self._request(method, path, body, query)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -79,12 +75,27 @@ class AirflowClient:
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, *, run_id: str | None = None,
                 note: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"logical_date": None, "conf": conf or {}}
-        if run_id:
-            body["dag_run_id"] = run_id
+        """Start one DAG run, exactly once. The run id is chosen here (Airflow's own
+        `manual__<time>` form unless given), which makes the POST safe to repeat: after a server
+        error or a lost answer it is sent again, and a 409 for that id means the earlier try did
+        land — the run it made is returned, never a second one."""
+        run_id = run_id or new_manual_run_id()
+        body: dict[str, Any] = {"logical_date": None, "conf": conf or {}, "dag_run_id": run_id}
         if note:
             body["note"] = note
-        return self._call("POST", f"dags/{urllib.parse.quote(dag_id)}/dagRuns", body)
+        path = f"dags/{urllib.parse.quote(dag_id)}/dagRuns"
+        for attempt in _retrying():
+            with attempt:
+                try:
+                    return self._request("POST", path, body, None)
+                except AirflowRequestFailed as e:
+                    if e.status != 409 or attempt.retry_state.attempt_number == 1:
+                        raise
+                    existing = self.dag_run(dag_id, run_id)
+                    if existing.get("conf") != body["conf"]:
+                        raise
+                    return existing
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def dag_runs(self, dag_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
         data = self._call("GET", f"dags/{urllib.parse.quote(dag_id)}/dagRuns",
@@ -135,6 +146,32 @@ class AirflowClient:
 
 
 FINAL_DAG_RUN_STATES = ("success", "failed")
+
+
+def new_manual_run_id() -> str:
+    """A DAG run id in the form Airflow gives a manual trigger, to the microsecond."""
+    from datetime import UTC, datetime
+
+    return f"manual__{datetime.now(UTC).isoformat()}"
+
+
+def _retransmittable(error: BaseException) -> bool:
+    """A server error or a lost answer (reset, timed out) is worth asking again; a refused
+    connection is not — nothing listens, and the caller should say so at once."""
+    if isinstance(error, AirflowRequestFailed):
+        return error.status >= 500
+    if isinstance(error, AirflowUnavailable):
+        cause = error.__cause__
+        reason = getattr(cause, "reason", cause)
+        return not isinstance(reason, ConnectionRefusedError)
+    return False
+
+
+def _retrying() -> Any:
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    return Retrying(retry=retry_if_exception(_retransmittable), stop=stop_after_attempt(4),
+                    wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
 
 
 @dataclass(frozen=True)

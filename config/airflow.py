@@ -33,6 +33,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PORT = 8080
 
+# How long a connection to the embedded SQLite metadata waits for another process's write before
+# failing with "database is locked" (Python's default is 5 s). The scheduler, the API server, the
+# DAG processor, the triggerer and every task write to one file; on a loaded two-core machine a
+# trigger arriving while the scheduler commits a DAG run waited longer than 5 s and the API
+# answered HTTP 500. Airflow imports these by name (`[database] sql_alchemy_connect_args`).
+SQLITE_CONNECT_ARGS: dict[str, object] = {"timeout": 60}
+SQLITE_CONNECT_ARGS_ASYNC: dict[str, object] = {"timeout": 60}
+
 
 def airflow_home(trainyard_home: Path) -> Path:
     return trainyard_home / "airflow"
@@ -115,6 +123,10 @@ def airflow_env(trainyard_home: Path, *, port: int = DEFAULT_PORT,
     }
     for key, value in defaults.items():
         env.setdefault(key, value)
+    if env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite"):
+        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "config.airflow.SQLITE_CONNECT_ARGS")
+        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC",
+                       "config.airflow.SQLITE_CONNECT_ARGS_ASYNC")
     env["AIRFLOW_HOME"] = defaults["AIRFLOW_HOME"]
     env["TRAINYARD_HOME"] = str(trainyard_home.resolve())
     # Airflow starts its parts as `airflow …` from PATH: this venv's first.
