@@ -6,13 +6,17 @@ Starts a real S3 endpoint (moto's server, in its own process as a remote store w
 this process it would compete for the GIL with the reader it serves) and writes a synthetic
 JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one run:
 
-- `baseline_samples_s`: a plain sequential loop — for each shard, one `get_object` of the whole
-  shard, then the same parse/tokenise/pack code (`plugins.data.stream.SampleStream`) — over one
-  epoch;
+- `baseline_samples_s`: a plain sequential loop written out in this file (so it does not speed
+  up when the pipeline does) that makes the *same* batches of 16: one `get_object` per shard
+  in the epoch's order, `json.loads` per line, windows sliced one by one, blocks shuffled with
+  the pipeline's seeds — one epoch. The run checks that it and both streamed passes produce
+  byte-identical batches (a SHA-256 over all of them), so the ratios compare like with like;
+- `sequential_stream_samples_s` (context): the pipeline's own parser and cutter fed by one
+  sequential `get_object` per shard — what parsing alone gains, without overlap or cache;
 - `stream_samples_s`: `StreamingReader` (cold cache: shards fetched by parallel ranged GETs into
-  the cache, the next shard prefetched while one is parsed, batches packed by a background
-  thread into a bounded queue), one epoch, batches of 16;
-- `cached_samples_s`: the same again on the warm cache (every shard a verified hit);
+  the cache, the next shards opened while one is parsed, batches cut by a background thread
+  into a bounded queue), the same batches;
+- `cached_samples_s`: the same again on the warm cache (every shard a hash-verified hit);
 - `peak_rss_mb`: the peak resident set of a child process streaming one epoch with a cache of a
   tenth of the dataset (`dataset_mb`), beside `peak_rss_quarter_mb` for a quarter of the data
   under the same cache (flat memory: the two are close);
@@ -79,36 +83,84 @@ def moto_process() -> Iterator[S3Server]:
         proc.wait(timeout=30)
 
 
-def sequential_baseline(store: object, seq_len: int) -> tuple[int, float]:
+def sequential_baseline(store: object, seq_len: int, batch_size: int) -> tuple[int, float, str]:
+    """The plain way to make the same batches, written out here so it never changes with the
+    pipeline: one `get_object` per shard in the epoch's order, `json.loads` per line, tokens
+    in a bytearray, each window sliced, each block of 256 shuffled with the pipeline's seeds,
+    batches stacked into arrays. Returns (samples, seconds, digest of the batches)."""
+    import hashlib
+    import json
+    import random
+
+    import numpy as np
+
+    from plugins.data.manifest import list_manifest
+    from plugins.data.stream import epoch_order
+
+    start = time.perf_counter()
+    manifest = list_manifest(store, "jsonl")  # type: ignore[arg-type]
+    span, digest, samples = seq_len + 1, hashlib.sha256(), 0
+    pending: list[bytes] = []
+    for i in epoch_order(len(manifest.shards), 0, 0):
+        key = manifest.shards[i].key
+        tokens = bytearray()
+        for line in store.get_bytes(key).splitlines():  # type: ignore[attr-defined]
+            if line.strip():
+                tokens += json.loads(line)["text"].encode("utf-8")
+                tokens.append(0)
+        windows = [bytes(tokens[k:k + span]) for k in range(0, len(tokens) - span + 1, seq_len)]
+        for number, b in enumerate(range(0, len(windows), 256)):
+            block = windows[b:b + 256]
+            random.Random(f"0/0/{key}/{number}").shuffle(block)
+            pending.extend(block)
+        done = 0
+        while len(pending) - done >= batch_size:
+            batch = np.frombuffer(b"".join(pending[done:done + batch_size]), np.uint8).reshape(batch_size, span)
+            digest.update(batch.tobytes())
+            samples += batch_size
+            done += batch_size
+        pending = pending[done:]
+    return samples, time.perf_counter() - start, digest.hexdigest()
+
+
+def sequential_stream(store: object, seq_len: int) -> tuple[int, float]:
+    """The pipeline's own parser and cutter (`SampleStream`) fed by one whole-shard
+    `get_object` at a time, no cache, no prefetch: what the overlap of I/O and parsing adds."""
     from plugins.data.documents import ByteTokenizer
     from plugins.data.manifest import list_manifest
     from plugins.data.stream import SampleStream, StreamPosition
 
+    start, samples = time.perf_counter(), 0
     manifest = list_manifest(store, "jsonl")  # type: ignore[arg-type]
     stream = SampleStream(manifest, lambda shard: io.BytesIO(store.get_bytes(shard.key)),  # type: ignore[attr-defined]
                           ByteTokenizer(), seq_len=seq_len, seed=0)
-    start, samples = time.perf_counter(), 0
-    for pos, _ in stream.samples(StreamPosition()):
-        if pos.epoch > 0:
+    for block in stream.blocks(StreamPosition()):
+        if block.epoch > 0:
             break
-        samples += 1
+        samples += len(block.windows)
     return samples, time.perf_counter() - start
 
 
-def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int) -> tuple[int, float]:
+def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int,
+             batch_size: int, batches: int) -> tuple[int, float, str]:
+    """The streaming reader, `batches` batches; returns (samples, seconds, digest)."""
+    import hashlib
+
     from plugins.data.cache import ShardCache
     from plugins.data.reader import StreamingReader
 
     cache = ShardCache(cache_dir, cache_bytes)
-    reader = StreamingReader(store, "jsonl", cache=cache, seq_len=seq_len, batch_size=16,  # type: ignore[arg-type]
+    reader = StreamingReader(store, "jsonl", cache=cache, seq_len=seq_len, batch_size=batch_size,  # type: ignore[arg-type]
                              dp_rank=0, dp_size=1, seed=0)
-    start, samples = time.perf_counter(), 0
-    while reader.position.epoch == 0:
-        samples += len(reader.next_batch().samples)
+    start, samples, digest = time.perf_counter(), 0, hashlib.sha256()
+    for _ in range(batches):
+        batch = reader.next_batch().samples
+        digest.update(batch.tobytes())
+        samples += len(batch)
     seconds = time.perf_counter() - start
     reader.close()
     cache.close()
-    return samples, seconds
+    return samples, seconds, digest.hexdigest()
 
 
 def child_rss(uri: str, endpoint: str, cache_dir: Path, cache_bytes: int, seq_len: int) -> dict:
@@ -185,17 +237,22 @@ def main() -> int:
         dataset_bytes = write_jsonl_dataset(full, shards=shards, rows=SHARD_ROWS, row_bytes=ROW_BYTES)
         quarter_bytes = write_jsonl_dataset(quarter, shards=shards // 4, rows=SHARD_ROWS, row_bytes=ROW_BYTES)
 
-        rates: dict[str, list[float]] = {"baseline": [], "stream": [], "cached": []}
+        rates: dict[str, list[float]] = {"baseline": [], "sequential_stream": [], "stream": [], "cached": []}
+        batch = 16
         for r in range(args.rounds):  # each round: baseline, cold stream, warm cache
-            base_n, base_s = sequential_baseline(full, args.seq_len)
-            stream_n, stream_s = streamed(full, args.seq_len, root / f"cache-{r}", 2 * dataset_bytes)
-            cached_n, cached_s = streamed(full, args.seq_len, root / f"cache-{r}", 2 * dataset_bytes)
-            if not 0 <= stream_n - base_n <= 16 or cached_n != stream_n:  # the last batch ends in epoch 1
-                raise RuntimeError(f"the passes read different sample counts: {base_n} {stream_n} {cached_n}")
-            for name, n, seconds in (("baseline", base_n, base_s), ("stream", stream_n, stream_s),
-                                     ("cached", cached_n, cached_s)):
+            base_n, base_s, base_digest = sequential_baseline(full, args.seq_len, batch)
+            seq_n, seq_s = sequential_stream(full, args.seq_len)
+            cache_dir = root / f"cache-{r}"
+            stream_n, stream_s, stream_digest = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes,
+                                                         batch, base_n // batch)
+            cached_n, cached_s, cached_digest = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes,
+                                                         batch, base_n // batch)
+            if not stream_digest == cached_digest == base_digest or seq_n - base_n >= batch:
+                raise RuntimeError("the passes read different samples: the comparison would be unfair")
+            for name, n, seconds in (("baseline", base_n, base_s), ("sequential_stream", seq_n, seq_s),
+                                     ("stream", stream_n, stream_s), ("cached", cached_n, cached_s)):
                 rates[name].append(n / seconds)
-            shutil.rmtree(root / f"cache-{r}")
+            shutil.rmtree(cache_dir)
         median = {name: statistics.median(values) for name, values in rates.items()}
         cache_bytes = dataset_bytes // 10
         big = child_rss(full.uri, server.endpoint_url, root / "rss-full", cache_bytes, args.seq_len)
@@ -217,6 +274,7 @@ def main() -> int:
     result = {
         "stream_samples_s": round(median["stream"], 1),
         "baseline_samples_s": round(median["baseline"], 1),
+        "sequential_stream_samples_s": round(median["sequential_stream"], 1),
         "cached_samples_s": round(median["cached"], 1),
         "peak_rss_mb": big["peak_rss_mb"],
         "dataset_mb": round(dataset_bytes / 2**20, 1),

@@ -37,6 +37,7 @@ class Code(StrEnum):
     RESERVED_ENV = "RESERVED_ENV"
     HINTS_REQUIRED = "HINTS_REQUIRED"
     INVALID_SCHEDULE = "INVALID_SCHEDULE"
+    TOKENIZER = "TOKENIZER"
     # rules against the cluster (config/rules.py)
     UNKNOWN_GPU_TYPE = "UNKNOWN_GPU_TYPE"
     TP_EXCEEDS_NODE = "TP_EXCEEDS_NODE"

@@ -150,6 +150,27 @@ def _init_from(uri: str, storage: str | None, name: str) -> Iterable[Problem]:
                       message=preview(f"'{uri}' does not name a step-NNNNNNNN/MANIFEST.json"), hint=hint)
 
 
+def tokenizer(job: TrainingJob) -> Iterable[Problem]:
+    """`dataset.tokenizer` is `bytes` or a `.json` key inside the dataset's prefix (never a way
+    out of it), and a byte-level model has room for 256 ids. A file's vocabulary against
+    `vocabSize` needs the file: the dry run (`plugins/validation/dataset.py`)."""
+    name = job.spec.dataset.tokenizer
+    path = "spec.dataset.tokenizer"
+    hints = job.spec.parallelism.hints
+    if name == "bytes":
+        if hints is not None and hints.vocab_size < 256:
+            yield Problem(code=Code.TOKENIZER, path="spec.parallelism.hints.vocabSize",
+                          message=f"vocabSize {hints.vocab_size} cannot hold the byte tokenizer's 256 ids",
+                          hint="set vocabSize to at least 256, or name a tokenizer.json in spec.dataset.tokenizer")
+        return
+    parts = name.split("/")
+    if not name.endswith(".json") or "://" in name or name.startswith("/") or ".." in parts or "" in parts:
+        yield Problem(code=Code.TOKENIZER, path=path, message=f"tokenizer {preview(name)} is not 'bytes' or "
+                      "the key of a tokenizer.json inside the dataset's prefix",
+                      hint="use 'bytes', or upload the tokenizer beside the shards and name it by its key "
+                           "(e.g. tokenizer: tokenizer.json)")
+
+
 def reserved_env(job: TrainingJob) -> Iterable[Problem]:
     for key in sorted(job.spec.training.env):
         if is_reserved(key):
@@ -195,7 +216,7 @@ def warnings(job: TrainingJob) -> Iterable[Problem]:
 
 SPEC_RULES: tuple[Rule, ...] = (
     job_name, hints_present, manual_degrees, model_divisibility, min_gpu_count,
-    checkpoint_prefix, reserved_env, schedule, warnings,
+    checkpoint_prefix, tokenizer, reserved_env, schedule, warnings,
 )
 
 

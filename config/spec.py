@@ -183,6 +183,10 @@ class Dataset(Section):
     streaming: bool = False
     version: str | None = None
     """Version tag for lineage (`v3`); the content digest is computed and recorded as well."""
+    tokenizer: str = Field(default="bytes", min_length=1, max_length=512)
+    """`bytes` (UTF-8 bytes, vocabulary 256), or the key of a Hugging Face `tokenizer.json`
+    beside the shards (`tokenizer.json`, `tok/llama3.json`); `hints.vocabSize` must hold its
+    vocabulary (checked by `validate`)."""
     quality: DataQuality = Field(default_factory=DataQuality)
 
 

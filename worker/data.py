@@ -130,9 +130,7 @@ class StreamingData:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets), each (batch_size, seq_len) int64."""
-        samples = self.reader.next_batch().samples
-        dtype = torch.uint8 if samples[0].typecode == "B" else torch.int32
-        windows = torch.stack([torch.frombuffer(bytearray(s), dtype=dtype) for s in samples]).long()
+        windows = torch.from_numpy(self.reader.next_batch().samples).long()
         return windows[:, :-1], windows[:, 1:]
 
     def metrics(self) -> dict[str, float]:
@@ -163,18 +161,21 @@ def broadcast_from_rank0(make: Callable[[], T]) -> T:
 def open_streaming_data(source: str, *, object_store: str, seq_len: int, batch_size: int,
                         dp_rank: int, dp_size: int, seed: int, fmt: str = "jsonl",
                         text_field: str = "text", endpoint_url: str | None = None,
-                        prefetch_batches: int = 4) -> StreamingData:
+                        prefetch_batches: int = 4, tokenizer: str = "bytes") -> StreamingData:
     """The streaming reader for a spec's `dataset.source` (resolved as the dry run does), with
     the node's cache from the settings (`TRAINYARD_DATA_CACHE_DIR`, `TRAINYARD_DATA_CACHE_BYTES`)."""
     from config.settings import Settings
     from plugins.data.cache import ShardCache
+    from plugins.data.documents import load_tokenizer
     from plugins.data.reader import StreamingReader
     from plugins.data.shards import open_dataset
 
     settings = Settings()
     store = open_dataset(source, object_store=object_store, endpoint_url=endpoint_url)
+    loaded = load_tokenizer(tokenizer, store)
     cache = ShardCache(settings.data_cache_dir or settings.home / "data-cache", settings.data_cache_bytes)
     reader = StreamingReader(store, fmt, cache=cache, seq_len=seq_len, batch_size=batch_size,
                              dp_rank=dp_rank, dp_size=dp_size, seed=seed, text_field=text_field,
+                             tokenizer=loaded, tokenizer_name=getattr(loaded, "name", tokenizer),
                              prefetch_batches=prefetch_batches, agree=broadcast_from_rank0)
     return StreamingData(reader)

@@ -9,18 +9,33 @@
 - `parquet`: one document per row of the `text_field` column, read one row group at a time
   with pyarrow (never the whole file).
 
-A tokenizer turns pieces into token ids. `ByteTokenizer` (vocabulary 256, the identity on
-UTF-8 bytes; 0 never occurs in text and marks document ends) is the demo's. A tokenizer from
-the `tokenizers` library would plug in through the same `Tokenizer` protocol; that library is
-not installed here, so no adapter ships yet. No torch here.
+A tokenizer turns pieces into token ids; `token_pieces` hands a shard's ids out as NumPy
+arrays of a few MB of text each, the unit the sample stream cuts windows from. Two ship:
+
+- `ByteTokenizer` (vocabulary 256, the identity on UTF-8 bytes; 0 never occurs in text and marks
+  document ends) — the demo's;
+- `FileTokenizer`: any `tokenizer.json` of Hugging Face's `tokenizers` library (BPE, WordPiece,
+  Unigram), whose own end-of-text token ends documents; a batch of documents is encoded in
+  one call (the library's threads, outside the GIL).
+
+No torch here.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterator, Sequence
-from typing import IO, Final, Protocol
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Final, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from plugins.storage.store import ObjectStore
 
 TEXT_PIECE_BYTES = 1 << 20
+TOKEN_PIECE_BYTES = 4 << 20
+"""About how much text `token_pieces` tokenizes at once (memory: a few times this)."""
 
 
 class _End:
@@ -91,6 +106,38 @@ class Tokenizer(Protocol):
         ...
 
 
+def token_pieces(f: IO[bytes], key: str, fmt: str, tokenizer: Tokenizer,
+                 text_field: str = "text") -> Iterator[np.ndarray]:
+    """The shard's token ids, `end_of_document` after each document, as int64-or-narrower
+    arrays of about `TOKEN_PIECE_BYTES` of text each (bounded memory for any shard size)."""
+    batch: list[bytes | _End] = []
+    size = 0
+    for piece in iter_documents(f, key, fmt, text_field):
+        batch.append(piece)
+        if piece is not END:
+            size += len(piece)  # type: ignore[arg-type]
+            if size >= TOKEN_PIECE_BYTES:
+                yield encode_pieces(tokenizer, batch)
+                batch, size = [], 0
+    if batch:
+        yield encode_pieces(tokenizer, batch)
+
+
+def encode_pieces(tokenizer: Tokenizer, pieces: list[bytes | _End]) -> np.ndarray:
+    """Token ids of consecutive pieces (`END` → `end_of_document`), in one array. A tokenizer
+    with its own `encode_pieces` (batched) does it; others are asked piece by piece."""
+    own = getattr(tokenizer, "encode_pieces", None)
+    if own is not None:
+        return own(pieces)  # type: ignore[no-any-return]
+    ids: list[int] = []
+    for piece in pieces:
+        if piece is END:
+            ids.append(tokenizer.end_of_document)
+        else:
+            ids.extend(tokenizer.encode(piece))  # type: ignore[arg-type]
+    return np.asarray(ids, dtype=np.int64)
+
+
 class ByteTokenizer:
     """The identity on UTF-8 bytes (vocabulary 256); 0 ends a document."""
 
@@ -100,10 +147,94 @@ class ByteTokenizer:
     def encode(self, piece: bytes) -> bytes:
         return piece
 
+    def encode_pieces(self, pieces: list[bytes | _End]) -> np.ndarray:
+        end = b"\x00"
+        return np.frombuffer(b"".join(end if p is END else p for p in pieces), dtype=np.uint8)  # type: ignore[misc]
 
-def load_tokenizer(name: str) -> Tokenizer:
-    """`bytes` (the byte-level tokenizer); others are refused with what exists."""
-    if name == "bytes":
+
+END_OF_TEXT_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]", "<|eot_id|>")
+"""The special tokens a `tokenizer.json` may name its end of text with, in the order tried."""
+
+
+class FileTokenizer:
+    """A Hugging Face `tokenizers` tokenizer from the text of its `tokenizer.json`.
+
+    Documents end with the file's end-of-text token (the first of `END_OF_TEXT_TOKENS` it has).
+    Text arrives as UTF-8 pieces that may split a character (a text file is read 1 MB at a
+    time): an incremental decoder carries the split bytes to the next piece of the document.
+    `name` says which file, with the SHA-256 of its content (what a checkpoint records: a resume
+    with another tokenizer is refused).
+    """
+
+    def __init__(self, content: bytes, source: str) -> None:
+        import hashlib
+
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            self._tokenizer = HFTokenizer.from_str(content.decode("utf-8"))
+        except Exception as e:  # the library raises a bare Exception for a bad file
+            raise ValueError(f"{source}: not a tokenizers `tokenizer.json` ({str(e)[:200]})") from e
+        self.name = f"{source}@sha256:{hashlib.sha256(content).hexdigest()[:16]}"
+        self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        ends = [(t, self._tokenizer.token_to_id(t)) for t in END_OF_TEXT_TOKENS]
+        found = next(((t, i) for t, i in ends if i is not None), None)
+        if found is None:
+            raise ValueError(f"{source}: the tokenizer has none of the end-of-text tokens "
+                             f"{list(END_OF_TEXT_TOKENS)}; add one as a special token")
+        self.end_of_text, self.end_of_document = found
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> FileTokenizer:
+        return cls(Path(path).read_bytes(), str(path))
+
+    def encode(self, piece: bytes) -> list[int]:
+        return list(self._tokenizer.encode(piece.decode("utf-8", "replace"), add_special_tokens=False).ids)
+
+    def encode_pieces(self, pieces: list[bytes | _End]) -> np.ndarray:
+        texts: list[str] = []
+        ends: list[bool] = []  # after texts[k], does a document end?
+        for piece in pieces:
+            if piece is END:
+                tail = self._decoder.decode(b"", final=True)
+                self._decoder.reset()
+                if tail or not texts or ends[-1]:
+                    texts.append(tail)
+                    ends.append(True)
+                else:
+                    ends[-1] = True
+            else:
+                texts.append(self._decoder.decode(piece))  # type: ignore[arg-type]
+                ends.append(False)
+        out: list[int] = []
+        for encoding, end in zip(self._tokenizer.encode_batch(texts, add_special_tokens=False), ends, strict=True):
+            out.extend(encoding.ids)
+            if end:
+                out.append(self.end_of_document)
+        return np.asarray(out, dtype=np.int64)
+
+
+BYTES = "bytes"
+"""The spec's name of the byte-level tokenizer."""
+
+
+def load_tokenizer(name: str, store: ObjectStore | None = None) -> Tokenizer:
+    """The spec's `dataset.tokenizer`: `bytes`, or the key of a `tokenizer.json` in the
+    dataset's own prefix (read from `store`, the dataset's store), or — without a store — a
+    local path."""
+    if name == BYTES:
         return ByteTokenizer()
-    raise ValueError(f"unknown tokenizer {name!r}; available: 'bytes' (the `tokenizers` library "
-                     "is not installed in this environment)")
+    if not name.endswith(".json"):
+        raise ValueError(f"unknown tokenizer {name!r}; expected 'bytes' or a `tokenizer.json` file "
+                         "beside the dataset's shards (e.g. 'tokenizer.json')")
+    if store is None:
+        return FileTokenizer.from_file(name)
+    from plugins.storage.errors import ObjectNotFoundError
+
+    try:
+        content = store.get_bytes(name)
+    except ObjectNotFoundError as e:
+        raise ValueError(f"tokenizer {name!r} is not in the dataset at {store.uri}; upload it "
+                         "beside the shards") from e
+    return FileTokenizer(content, f"{store.uri.rstrip('/')}/{name}")

@@ -12,8 +12,10 @@
   node's cache (`plugins.data.cache`), tokenizes and packs, and puts whole batches into a
   queue of `prefetch_batches`; when the queue is full it waits (back-pressure), so memory is
   bounded by the queue, one shuffle block and the fill buffers — not by the dataset.
-- While a shard is read, the next `prefetch_shards` in the epoch's order are filled into the
-  cache by other threads (ranged GETs over parallel connections), so downloads overlap parsing.
+- While a shard is read, the next `prefetch_shards` in the epoch's order are opened through the
+  cache by other threads — filled by ranged GETs over parallel connections on a miss, hash-
+  verified on a hit — and the open, verified file is handed to the producer, so downloads and
+  verification overlap parsing and no shard is hashed twice.
 - The state in a checkpoint is the position *after the last batch handed out*, not where
   the producer has got to: batches still in the queue are produced again after a resume.
 - An error in the producer (a shard gone, a bad row) is raised by the next `next_batch()`.
@@ -25,7 +27,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
 from plugins.data.documents import ByteTokenizer, Tokenizer
@@ -76,8 +78,8 @@ class StreamingReader:
         self._thread: threading.Thread | None = None
         self.prefetch_shards = prefetch_shards
         self._fill_pool = ThreadPoolExecutor(max_workers=max(1, prefetch_shards), thread_name_prefix="shard-prefetch")
-        self._prefetched: set[str] = set()
-        """Shards handed to the prefetch thread, which counts their access (cache hit/miss)."""
+        self._prefetched: dict[str, Future[IO[bytes]]] = {}
+        """Shards being opened by the prefetch threads, which count their access (hit/miss)."""
         self._prefetch_lock = threading.Lock()
 
     # --- batches ----------------------------------------------------------------------------
@@ -134,26 +136,22 @@ class StreamingReader:
     def _open_shard(self, shard: ShardEntry) -> IO[bytes]:
         assert self.manifest is not None  # set by _start
         with self._prefetch_lock:
-            prefetched = shard.key in self._prefetched
-            self._prefetched.discard(shard.key)
-        return self.cache.open(self.store, self.manifest, shard, count=not prefetched)
+            opening = self._prefetched.pop(shard.key, None)
+        if opening is not None:
+            try:
+                return opening.result()
+            except Exception as e:  # noqa: BLE001 - opened again below, which raises it for the consumer
+                log.debug("prefetch of %s failed: %s", shard.key, e)
+        return self.cache.open(self.store, self.manifest, shard, count=opening is None)
 
     def _prefetch(self, shard: ShardEntry) -> None:
         manifest = self.manifest
-        if manifest is None:
+        if manifest is None or self._stop.is_set():
             return
         with self._prefetch_lock:
             if shard.key in self._prefetched:
                 return  # already on its way
-            self._prefetched.add(shard.key)
-
-        def fill() -> None:
-            try:
-                self.cache.open(self.store, manifest, shard).close()
-            except Exception as e:  # noqa: BLE001 - the reader's own open reports it
-                log.debug("prefetch of %s failed: %s", shard.key, e)
-
-        self._fill_pool.submit(fill)
+            self._prefetched[shard.key] = self._fill_pool.submit(self.cache.open, self.store, manifest, shard)
 
     def close(self) -> None:
         self._stop.set()
@@ -165,6 +163,11 @@ class StreamingReader:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self._fill_pool.shutdown(wait=True, cancel_futures=True)
+        with self._prefetch_lock:
+            left, self._prefetched = list(self._prefetched.values()), {}
+        for opening in left:  # opened ahead and never read: close the files
+            if opening.done() and not opening.cancelled() and opening.exception() is None:
+                opening.result().close()
 
     # --- checkpoint state -------------------------------------------------------------------
 

@@ -21,28 +21,35 @@ the position after a step is the same on every rank: a checkpoint's position res
 data-parallel size without repeating or skipping a sample. (The price: every rank parses
 every shard. Assigning shards to ranks would need the sample count of each shard before
 reading it — an index pass — which this reader does not build.)
+
+Speed: the stream is cut per shuffle block, not per sample. A block's windows are strided views
+of one token array, permuted by one fancy index into a `(k, seq_len + 1)` NumPy array, and a
+step's batch is a slice of those — so no Python object is made per sample (the per-sample
+generator this replaced spent most of its time on tuples and slices). `samples()` still walks
+sample by sample, for tests and tools.
 """
 
 from __future__ import annotations
 
 import random
-from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, NamedTuple
 
-from plugins.data.documents import END, Tokenizer, iter_documents
+import numpy as np
+
+from plugins.data.documents import Tokenizer, token_pieces
 from plugins.data.manifest import ShardEntry, ShardManifest
 
-Window = array
-"""`seq_len + 1` token ids (typecode 'B' for vocabularies up to 256, else 'I')."""
+Window = np.ndarray
+"""`seq_len + 1` token ids (uint8 for vocabularies up to 256, else int32)."""
 
 ShardOpener = Callable[[ShardEntry], IO[bytes]]
 
 
 class StreamPosition(NamedTuple):
-    """A named tuple, not a dataclass: one is made per sample, and that cost showed (20 % of
-    the packing loop). `checked()` validates one that comes from outside (a checkpoint)."""
+    """A named tuple, not a dataclass: it is made often and compared as a tuple. `checked()`
+    validates one that comes from outside (a checkpoint)."""
 
     epoch: int = 0
     offset: int = 0
@@ -66,6 +73,24 @@ def epoch_order(num_shards: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+@dataclass(frozen=True)
+class Block:
+    """Consecutive samples of the stream, all from one shard: `windows[j]` is the sample after
+    which the position is `(epoch, before + j + 1, shard, shard_start)`."""
+
+    windows: np.ndarray
+    """(k, seq_len + 1) token ids."""
+    epoch: int
+    shard: int
+    shard_start: int
+    before: int
+    """Samples of this epoch before the block's first."""
+
+    def position_after(self, taken: int) -> StreamPosition:
+        """The stream position after the block's first `taken` samples."""
+        return StreamPosition(self.epoch, self.before + taken, self.shard, self.shard_start)
+
+
 class SampleStream:
     """Iterates the global sample stream from any `StreamPosition` (module docstring)."""
 
@@ -86,10 +111,10 @@ class SampleStream:
         self.prefetch = prefetch
         """Called with each of the next `prefetch_ahead` shards when a shard starts (to fill a cache)."""
         self.prefetch_ahead = prefetch_ahead
-        self._typecode = "B" if tokenizer.vocab_size <= 256 else "I"
+        self.dtype = np.dtype(np.uint8 if tokenizer.vocab_size <= 256 else np.int32)
 
-    def samples(self, start: StreamPosition) -> Iterator[tuple[StreamPosition, Window]]:
-        """(position after the sample, sample) from `start` on, forever."""
+    def blocks(self, start: StreamPosition) -> Iterator[Block]:
+        """The stream from `start` on, forever, a shuffle block (or the rest of one) at a time."""
         pos = start
         n = len(self.manifest.shards)
         while True:
@@ -103,10 +128,13 @@ class SampleStream:
                         self.prefetch(self.manifest.shards[nxt])
                 skip = pos.offset - produced_in_epoch if i == pos.shard else 0
                 count = 0
-                for count, window in enumerate(self.shard_windows(shard, pos.epoch), start=1):
+                for windows in self.shard_blocks(shard, pos.epoch):
+                    first = count
+                    count += len(windows)
                     if count <= skip:
                         continue
-                    yield StreamPosition(pos.epoch, produced_in_epoch + count, i, produced_in_epoch), window
+                    cut = max(0, skip - first)
+                    yield Block(windows[cut:], pos.epoch, i, produced_in_epoch, produced_in_epoch + first + cut)
                 if count < skip:
                     raise ValueError(f"stream position {start} points {skip} samples into shard "
                                      f"{shard.key!r}, which has {count}: the data changed")
@@ -117,47 +145,43 @@ class SampleStream:
                                  f"{self.seq_len + 1} tokens")
             pos = StreamPosition(pos.epoch + 1)
 
-    def shard_windows(self, shard: ShardEntry, epoch: int) -> Iterator[Window]:
-        """The shard's windows in this epoch's order (block-shuffled)."""
-        block: list[Window] = []
+    def samples(self, start: StreamPosition) -> Iterator[tuple[StreamPosition, Window]]:
+        """(position after the sample, sample) from `start` on, forever — one at a time."""
+        for block in self.blocks(start):
+            for j, window in enumerate(block.windows, start=1):
+                yield block.position_after(j), window
+
+    def shard_blocks(self, shard: ShardEntry, epoch: int) -> Iterator[np.ndarray]:
+        """The shard's windows in this epoch's order: consecutive blocks of `shuffle_block`
+        windows, each permuted from (seed, epoch, shard key, block number)."""
+        span, step, size = self.seq_len + 1, self.seq_len, self.shuffle_block
+        block_tokens = size * step  # a full block's windows start in its first block_tokens tokens
+        pending = np.empty(0, self.dtype)
         number = 0
-        for window in self._windows_in_order(shard):
-            block.append(window)
-            if len(block) == self.shuffle_block:
-                yield from self._shuffled(block, shard, epoch, number)
-                block, number = [], number + 1
-        yield from self._shuffled(block, shard, epoch, number)
-
-    def _shuffled(self, block: list[Window], shard: ShardEntry, epoch: int, number: int) -> list[Window]:
-        random.Random(f"{self.seed}/{epoch}/{shard.key}/{number}").shuffle(block)
-        return block
-
-    def _windows_in_order(self, shard: ShardEntry) -> Iterator[Window]:
-        span = self.seq_len + 1
-        buf = array(self._typecode)
-        start = 0
         with self.open_shard(shard) as f:
-            for piece in iter_documents(f, shard.key, self.manifest.format, self.text_field):
-                if piece is END:
-                    buf.append(self.tokenizer.end_of_document)
-                else:
-                    tokens = self.tokenizer.encode(piece)  # type: ignore[arg-type]
-                    if isinstance(tokens, bytes) and self._typecode == "B":
-                        buf.frombytes(tokens)  # a memcpy; extend() would walk it int by int
-                    else:
-                        buf.extend(tokens)
-                while len(buf) - start >= span:
-                    yield buf[start:start + span]
-                    start += self.seq_len
-                if start > (1 << 16):  # drop what no window needs any more
-                    del buf[:start]
-                    start = 0
+            for piece in token_pieces(f, shard.key, self.manifest.format, self.tokenizer, self.text_field):
+                pending = np.concatenate([pending, piece.astype(self.dtype, copy=False)])
+                while len(pending) >= block_tokens + span - step:  # one whole block is ready
+                    yield self._permuted(pending, size, shard, epoch, number)
+                    pending, number = pending[block_tokens:], number + 1
+        if len(pending) >= span:
+            yield self._permuted(pending, (len(pending) - span) // step + 1, shard, epoch, number)
+
+    def _permuted(self, tokens: np.ndarray, count: int, shard: ShardEntry, epoch: int,
+                  number: int) -> np.ndarray:
+        """`count` windows from the start of `tokens`, in the block's shuffled order (the
+        permutation `random.shuffle` gives a list of that length: the order of the per-sample
+        reader this replaced)."""
+        order = list(range(count))
+        random.Random(f"{self.seed}/{epoch}/{shard.key}/{number}").shuffle(order)
+        windows = np.lib.stride_tricks.sliding_window_view(tokens, self.seq_len + 1)[::self.seq_len]
+        return windows[np.asarray(order, dtype=np.intp)]
 
 
 @dataclass(frozen=True)
 class Batch:
-    samples: list[Window]
-    """This rank's samples of the step."""
+    samples: np.ndarray
+    """This rank's samples of the step: (batch_size, seq_len + 1) token ids."""
     after: StreamPosition
     """The stream position after the step's global batch (the same on every rank)."""
 
@@ -169,14 +193,20 @@ def global_batches(stream: SampleStream, start: StreamPosition, *, batch_size: i
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if dp_size <= 0 or not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_rank ({dp_rank}) must be in [0, dp_size={dp_size})")
-    it = stream.samples(start)
+    blocks = stream.blocks(start)
     per_step = batch_size * dp_size
-    pos = start
+    block: Block | None = None
+    used = 0
     while True:
-        mine: list[Window] = []
-        for k in range(per_step):
-            pos, window = next(it)
-            if k % dp_size == dp_rank:
-                mine.append(window)
-        yield Batch(mine, pos)
-
+        parts: list[np.ndarray] = []
+        need = per_step
+        while need:
+            if block is None or used == len(block.windows):
+                block, used = next(blocks), 0
+            take = min(need, len(block.windows) - used)
+            parts.append(block.windows[used:used + take])
+            used += take
+            need -= take
+        assert block is not None
+        step = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        yield Batch(np.ascontiguousarray(step[dp_rank::dp_size]), block.position_after(used))

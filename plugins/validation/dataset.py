@@ -11,11 +11,15 @@ The dataset is located the way the worker and lineage locate it (`plugins/data/s
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from config.problems import Code, Problem
 from config.settings import Settings
 from config.spec import TrainingJob
 from plugins.data.shards import list_shards, open_dataset
+
+if TYPE_CHECKING:
+    from plugins.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,26 @@ def check_dataset(job: TrainingJob, settings: Settings) -> list[Problem]:
                              "TRAINYARD_S3_ENDPOINT_URL) and that it is up")]
     if not shards:
         return [_not_found(ds.source, ds.format, "")]
+    return _check_tokenizer(job, store)
+
+
+def _check_tokenizer(job: TrainingJob, store: ObjectStore) -> list[Problem]:
+    """A `tokenizer.json` is there, loads, and its vocabulary fits the model's `vocabSize`."""
+    from plugins.data.documents import BYTES, load_tokenizer
+
+    name, hints = job.spec.dataset.tokenizer, job.spec.parallelism.hints
+    if name == BYTES:
+        return []
+    try:
+        tokenizer = load_tokenizer(name, store)
+    except ValueError as e:
+        return [Problem(code=Code.TOKENIZER, path="spec.dataset.tokenizer", message=str(e),
+                        hint="upload a tokenizers `tokenizer.json` beside the shards, or use 'bytes'")]
+    if hints is not None and hints.vocab_size < tokenizer.vocab_size:
+        return [Problem(code=Code.TOKENIZER, path="spec.parallelism.hints.vocabSize",
+                        message=f"vocabSize {hints.vocab_size} is smaller than the tokenizer's "
+                                f"vocabulary ({tokenizer.vocab_size} ids in {name})",
+                        hint=f"set vocabSize to at least {tokenizer.vocab_size}")]
     return []
 
 
