@@ -6,7 +6,9 @@ custom-objects API sends, and what `trainyard render k8s` prints as YAML).
 
 The Volcano Job has one task per placed node (`worker-<i>`, one pod each, a whole node's
 devices), with torchrun's node rank `i` baked into its command and a static rendezvous on pod 0
-(`<job>-worker-0-0.<job>`, a DNS name from Volcano's `svc` plugin). That is what makes the
+(`<name>-worker-0-0.<name>`, a DNS name from Volcano's `svc` plugin; `<name>` is the job's
+name and a short digest of the run, `volcano_job_name`, so two runs of a job never share a
+Volcano Job, its pods or its service). That is what makes the
 placement real: rank r runs on the node of task `r // k`, so each TP group stays inside a node.
 Where the cluster labels its nodes by rack (`topology.kubernetes.io/rack`, what the inventory
 is built from), each task *requires* its rack and *prefers* the node the placer chose, and the
@@ -120,9 +122,25 @@ def job_labels(job: TrainingJob, attempt: int, run: str = "") -> dict[str, str]:
     return labels
 
 
-def master_host(job_name: str) -> str:
-    """Pod 0's DNS name: `<pod hostname>.<headless service>` from Volcano's `svc` plugin."""
-    return f"{job_name}-worker-0-0.{job_name}"
+def volcano_job_name(job_name: str, run: str = "") -> str:
+    """The Volcano Job (and headless service) of one run of a job: `<job>-<6 hex digits of the
+    run>` — unique per run, stable across the run's attempts (attempt N+1 replaces N's Job),
+    and no longer than a job name may be (`config.rules.MAX_JOB_NAME`: pod host names
+    `<name>-worker-<i>-0` stay DNS labels), so a long job name is cut; the labels keep it whole."""
+    if not run:
+        return job_name
+    import hashlib
+
+    from config.rules import MAX_JOB_NAME
+
+    digest = hashlib.sha256(run.encode()).hexdigest()[:6]
+    return f"{job_name[:MAX_JOB_NAME - len(digest) - 1].rstrip('-')}-{digest}"
+
+
+def master_host(name: str) -> str:
+    """Pod 0's DNS name: `<pod hostname>.<headless service>` from Volcano's `svc` plugin
+    (`name`: the Volcano Job's, `volcano_job_name`)."""
+    return f"{name}-worker-0-0.{name}"
 
 
 def render_volcano_job(
@@ -137,9 +155,9 @@ def render_volcano_job(
     """The Volcano `Job` for one attempt of a placed job."""
     options = options or KubernetesOptions()
     _check(job, plan, placement, attempt)
-    name = job.metadata.name
+    name = volcano_job_name(job.metadata.name, worker_env.run)
     worker_env = worker_env.model_copy(update={
-        "heartbeat_dir": "/".join([options.heartbeat_root, name, *([worker_env.run] if worker_env.run else []),
+        "heartbeat_dir": "/".join([options.heartbeat_root, job.metadata.name, *([worker_env.run] if worker_env.run else []),
                                    str(attempt)]),
         "run_dir": "/var/run/trainyard/run",
     })
@@ -220,7 +238,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         "python", "-m", "torch.distributed.run",
         "--nnodes", str(len(placement.nodes)), "--node-rank", str(node.node_rank),
         "--nproc-per-node", str(node.slots),
-        "--rdzv-backend", "static", "--rdzv-endpoint", f"{master_host(job.metadata.name)}:{options.master_port}",
+        "--rdzv-backend", "static", "--rdzv-endpoint", f"{master_host(volcano_job_name(job.metadata.name, worker_env.run))}:{options.master_port}",
         "--rdzv-id", "-".join([job.metadata.name, *([worker_env.run] if worker_env.run else []),
                                 str(worker_env.attempt)]),
         "--max-restarts", str(options.torchrun_max_restarts),

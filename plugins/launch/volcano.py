@@ -264,6 +264,8 @@ class KubernetesLauncher:
         if self.core_api is None:
             return []
         selector = f"trainyard.io/job={handle.job},trainyard.io/attempt={handle.attempt}"
+        if handle.run:  # another run of the job may be at the same attempt number
+            selector += f",trainyard.io/run={handle.run}"
         pods = self._call(self.core_api.list_namespaced_pod, handle.namespace, label_selector=selector)
         out = []
         for pod in sorted(pods.items, key=lambda p: int((p.metadata.labels or {}).get("trainyard.io/node-rank", 0))):

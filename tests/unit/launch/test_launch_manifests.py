@@ -19,6 +19,7 @@ from plugins.launch.manifests import (
     render_priority_classes,
     render_queues,
     render_volcano_job,
+    volcano_job_name,
 )
 from tests.unit.launch.launch_fixtures import gpu_job, pod_of, validate_k8s, validate_volcano
 
@@ -77,7 +78,9 @@ def test_gang_queue_priority_and_node_pinning(rendered: tuple[dict[str, Any], An
         assert command[:3] == ["python", "-m", "torch.distributed.run"]
         args = dict(zip(command[3:-5:2], command[4:-5:2], strict=False))
         assert args["--nnodes"] == "32" and args["--node-rank"] == str(i) and args["--nproc-per-node"] == "8"
-        assert args["--rdzv-endpoint"] == "gpt-200b-worker-0-0.gpt-200b:29500"
+        name = body["metadata"]["name"]
+        assert name == volcano_job_name("gpt-200b", body["metadata"]["labels"]["trainyard.io/run"])
+        assert args["--rdzv-endpoint"] == f"{name}-worker-0-0.{name}:29500"
         assert command[-5:] == ["pretrain.py", "--config", "200b.yaml", "--lr", "0.0003"]
         assert task["template"]["metadata"]["labels"]["trainyard.io/rack"] == placement.nodes[i].rack
 
@@ -238,3 +241,15 @@ def test_yaml_is_plain_no_anchors_and_utf8() -> None:
     assert "&id" not in text and "*id" not in text
     assert "TP1·PP1" in text and "\\x" not in text
     assert list(yaml.safe_load_all(text))[:-1] == docs
+
+
+def test_two_runs_of_a_job_are_two_volcano_jobs_within_the_name_limit() -> None:
+    from config.rules import MAX_JOB_NAME
+
+    first, second = volcano_job_name("gpt-200b", "20261201t031500-aaaaaa"), volcano_job_name("gpt-200b", "20261201t031501-bbbbbb")
+    assert first != second and first.startswith("gpt-200b-") and second.startswith("gpt-200b-")
+    assert volcano_job_name("gpt-200b", "20261201t031500-aaaaaa") == first  # every attempt of a run: one name
+    longest = "a" * (MAX_JOB_NAME - 1) + "b"
+    cut = volcano_job_name(longest, "20261201t031500-aaaaaa")
+    assert len(cut) == MAX_JOB_NAME and cut.startswith("a" * 40)
+    assert volcano_job_name("gpt-200b") == "gpt-200b"  # no run (a manifest rendered for reading)

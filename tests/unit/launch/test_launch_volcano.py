@@ -29,7 +29,7 @@ from kubernetes.client.rest import RESTResponse
 
 from config.teams import load_teams
 from plugins.launch.base import LaunchError
-from plugins.launch.manifests import render_volcano_job
+from plugins.launch.manifests import render_volcano_job, volcano_job_name
 from plugins.launch.model import RunHandle
 from plugins.launch.volcano import KubernetesLauncher, retry_after_s
 from tests.unit.launch.launch_fixtures import gpu_job
@@ -73,7 +73,9 @@ def test_submit_creates_the_rendered_job(launcher: KubernetesLauncher, api: Any)
     api.create_namespaced_custom_object.return_value = created(body)
     handle = launcher.submit(job, plan, placement, env, attempt=2)
     api.create_namespaced_custom_object.assert_called_once_with(*JOB_API, body)
-    assert (handle.kind, handle.name, handle.namespace, handle.uid) == ("kubernetes", "gpt-200b", "trainyard", "uid-1")
+    name = volcano_job_name("gpt-200b", env.run)
+    assert name.startswith("gpt-200b-") and name == body["metadata"]["name"]  # one Volcano Job per run
+    assert (handle.kind, handle.name, handle.namespace, handle.uid) == ("kubernetes", name, "trainyard", "uid-1")
     assert handle.nodes == placement.node_names and handle.ranks_per_node == 8
     assert RunHandle.model_validate_json(handle.model_dump_json()) == handle
 
@@ -93,7 +95,7 @@ def test_transient_errors_are_retried_honouring_retry_after(launcher: Kubernetes
 def test_permanent_errors_fail_at_once(launcher: KubernetesLauncher, api: Any, sleeps: list[float]) -> None:
     job, plan, placement, env = gpu_job()
     api.create_namespaced_custom_object.side_effect = api_error(403)
-    with pytest.raises(LaunchError, match="cannot create Volcano Job trainyard/gpt-200b: 403"):
+    with pytest.raises(LaunchError, match=r"cannot create Volcano Job trainyard/gpt-200b-[0-9a-f]{6}: 403"):
         launcher.submit(job, plan, placement, env, attempt=2)
     assert api.create_namespaced_custom_object.call_count == 1 and sleeps == []
 
@@ -112,7 +114,7 @@ def test_conflict_reattaches_to_the_same_attempt_only(launcher: KubernetesLaunch
     api.create_namespaced_custom_object.side_effect = api_error(409)
     api.get_namespaced_custom_object.return_value = created(body, uid="uid-existing")
     assert launcher.submit(job, plan, placement, env, attempt=2).uid == "uid-existing"
-    api.get_namespaced_custom_object.assert_called_with(*JOB_API, "gpt-200b")
+    api.get_namespaced_custom_object.assert_called_with(*JOB_API, volcano_job_name("gpt-200b", env.run))
     older = created(body)
     older["metadata"]["labels"] = {**older["metadata"]["labels"], "trainyard.io/attempt": "1"}
     api.get_namespaced_custom_object.return_value = older
@@ -253,3 +255,12 @@ def test_settle_keeps_the_verdict_and_cleans_up_only_what_lingers(launcher: Kube
     cleaned = launcher.settle(handle(), lingering)
     assert cleaned.state == "failed" and "cleaned up: deleted trainyard/gpt-200b" in cleaned.message
     assert api.delete_namespaced_custom_object.call_count == 1
+
+
+def test_the_pods_of_one_run_are_not_confused_with_another_runs_at_the_same_attempt(
+        launcher: KubernetesLauncher, api: Any, core: Any) -> None:
+    api.get_namespaced_custom_object.return_value = volcano_status("Running", running=32)
+    core.list_namespaced_pod.return_value = V1PodList(items=[])
+    launcher.poll(handle().model_copy(update={"run": "20261201t031500-aaaaaa"}))
+    core.list_namespaced_pod.assert_called_once_with(
+        "trainyard", label_selector="trainyard.io/job=gpt-200b,trainyard.io/attempt=2,trainyard.io/run=20261201t031500-aaaaaa")
