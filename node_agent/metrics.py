@@ -44,7 +44,7 @@ _RANK_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("trainyard_rank_data_cache_evictions", "cache_evictions", "Shards the rank's process evicted from the cache."),
 )
 
-_RANK_LABELS = ("node", "job", "attempt", "rank")
+_RANK_LABELS = ("node", "job", "run", "attempt", "rank")
 
 
 class NodeHealthCollector(Collector):
@@ -147,4 +147,4 @@ def _sample(value: object) -> float | None:
 
 
 def _rank_key(node: str, rank: RankHeartbeat) -> list[str]:
-    return [node, rank.job, str(rank.attempt), str(rank.rank)]
+    return [node, rank.job, rank.run, str(rank.attempt), str(rank.rank)]

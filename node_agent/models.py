@@ -47,6 +47,7 @@ class Verdict(_Model):
     """GPU index (the NVML index; on a CPU node, the slot index) for GPU verdicts."""
     xid: int | None = None
     job: str | None = None
+    run: str | None = None
     attempt: int | None = None
     rank: int | None = None
     injected: bool = False
@@ -80,6 +81,8 @@ class RankHeartbeat(_Model, DataFigures):
     """The latest heartbeat of one training rank on this node, judged against its job."""
 
     job: str
+    run: str = ""
+    """The training run (one trigger of the job); "" from a runtime that does not say."""
     attempt: int
     rank: int
     local_rank: int = 0
@@ -126,9 +129,10 @@ class NodeHealth(_Model):
         """Indexes of GPUs with a `gpu_failed` verdict, sorted."""
         return sorted({v.gpu for v in self.verdicts if v.kind == "gpu_failed" and v.gpu is not None})
 
-    def verdicts_for(self, job: str, attempt: int | None = None) -> list[Verdict]:
-        """The rank verdicts (hangs) of one job (and attempt, when given)."""
-        return [v for v in self.verdicts if v.job == job and (attempt is None or v.attempt == attempt)]
+    def verdicts_for(self, job: str, attempt: int | None = None, *, run: str | None = None) -> list[Verdict]:
+        """The rank verdicts (hangs) of one job (and run, and attempt, when given)."""
+        return [v for v in self.verdicts if v.job == job and (attempt is None or v.attempt == attempt)
+                and (run is None or v.run == run)]
 
     def unhealthy_verdicts(self) -> list[Verdict]:
         return [v for v in self.verdicts if v.kind in UNHEALTHY_KINDS]

@@ -41,25 +41,25 @@ log = logging.getLogger(__name__)
 
 
 def current_ranks(ranks: Iterable[RankHeartbeat], now: float, *, finished_after_s: float) -> list[RankHeartbeat]:
-    """The ranks worth reporting, by (job, attempt, rank). An attempt is over, and forgotten,
-    when a newer attempt of its job beats on this node (the control plane starts attempt N+1
+    """The ranks worth reporting, by (job, run, attempt, rank). An attempt is over, and
+    forgotten, when a newer attempt of its run beats on this node (the control plane starts attempt N+1
     only after attempt N ended: a rank of N killed mid-step is a crash already handled, not a
     hang), or when all its ranks finished more than `finished_after_s` ago (0: kept)."""
     ranks = list(ranks)
-    newest_attempt: dict[str, int] = {}
+    newest_attempt: dict[tuple[str, str], int] = {}
     for r in ranks:
-        newest_attempt[r.job] = max(r.attempt, newest_attempt.get(r.job, r.attempt))
-    by_attempt: dict[tuple[str, int], list[RankHeartbeat]] = {}
+        newest_attempt[r.job, r.run] = max(r.attempt, newest_attempt.get((r.job, r.run), r.attempt))
+    by_attempt: dict[tuple[str, str, int], list[RankHeartbeat]] = {}
     for r in ranks:
-        if r.attempt == newest_attempt[r.job]:
-            by_attempt.setdefault((r.job, r.attempt), []).append(r)
+        if r.attempt == newest_attempt[r.job, r.run]:
+            by_attempt.setdefault((r.job, r.run, r.attempt), []).append(r)
     kept = []
     for group in by_attempt.values():
         finished = all(r.phase in FINISHED_PHASES for r in group)
         if finished and finished_after_s and now - max(r.time for r in group) > finished_after_s:
             continue
         kept += group
-    return sorted(kept, key=lambda r: (r.job, r.attempt, r.rank))
+    return sorted(kept, key=lambda r: (r.job, r.run, r.attempt, r.rank))
 
 
 class Monitor:
@@ -180,9 +180,9 @@ class Monitor:
             beats = self._reader.scan()
             invalid, named = self._reader.invalid_files, self._reader.invalid
         forget = self.config.forget_after_s
-        newest: dict[tuple[str, int, int], RankHeartbeat] = {}
-        for path, beat in beats:  # one entry per (job, attempt, rank): the newest file wins
-            key = (beat.job, beat.attempt, beat.rank)
+        newest: dict[tuple[str, str, int, int], RankHeartbeat] = {}
+        for path, beat in beats:  # one entry per (job, run, attempt, rank): the newest file wins
+            key = (beat.job, beat.run, beat.attempt, beat.rank)
             if (not forget or now - beat.time <= forget) and (key not in newest or beat.time > newest[key].time):
                 newest[key] = rank_status(beat, now, str(path))
         ranks = current_ranks(newest.values(), now, finished_after_s=self.config.forget_finished_after_s)

@@ -100,7 +100,7 @@ def rank_status(beat: Heartbeat, now: float, path: str = "") -> RankHeartbeat:
     age = max(0.0, now - beat.time)
     stale = age > beat.hang_timeout_s and beat.phase not in FINISHED_PHASES
     nan = beat.nan or (beat.loss is not None and not math.isfinite(beat.loss))
-    return RankHeartbeat(job=beat.job, attempt=beat.attempt, rank=beat.rank, local_rank=beat.local_rank,
+    return RankHeartbeat(job=beat.job, run=beat.run, attempt=beat.attempt, rank=beat.rank, local_rank=beat.local_rank,
                       pid=beat.pid, phase=beat.phase, step=beat.step, time=beat.time, age_s=age,
                       loss=beat.loss, tokens_per_s=beat.tokens_per_s, nan=nan,
                       hang_timeout_s=beat.hang_timeout_s, stale=stale, path=path,
@@ -112,7 +112,9 @@ def rank_status(beat: Heartbeat, now: float, path: str = "") -> RankHeartbeat:
 def hang_verdict(rank: RankHeartbeat) -> Verdict | None:
     if not rank.stale:
         return None
-    return Verdict(kind="hang", job=rank.job, attempt=rank.attempt, rank=rank.rank, since=rank.time,
-                   reason=f"rank {rank.rank} of job {rank.job!r} attempt {rank.attempt}: no heartbeat "
+    run = f" run {rank.run}" if rank.run else ""
+    return Verdict(kind="hang", job=rank.job, run=rank.run or None, attempt=rank.attempt, rank=rank.rank,
+                   since=rank.time,
+                   reason=f"rank {rank.rank} of job {rank.job!r}{run} attempt {rank.attempt}: no heartbeat "
                           f"for {rank.age_s:.0f} s (hang timeout {rank.hang_timeout_s:g} s), "
                           f"last at step {rank.step} in phase {rank.phase!r}")

@@ -32,8 +32,8 @@ def _monitor(tmp_path: Path, gpus: int = 2, clock: Clock | None = None, **config
 
 
 def _beat(rank: int = 0, *, time: float, job: str = "j", attempt: int = 0, phase: str = "train",
-          hang_timeout_s: float = 600.0, step: int = 7) -> Heartbeat:
-    return Heartbeat(job=job, attempt=attempt, rank=rank, pid=100 + rank, step=step, time=time, loss=2.5,
+          hang_timeout_s: float = 600.0, step: int = 7, run: str = "") -> Heartbeat:
+    return Heartbeat(job=job, run=run, attempt=attempt, rank=rank, pid=100 + rank, step=step, time=time, loss=2.5,
                      tokens_per_s=1234.0, phase=phase, hang_timeout_s=hang_timeout_s)
 
 
@@ -198,5 +198,24 @@ def test_an_attempt_followed_by_a_newer_one_is_forgotten_and_no_hang_is_reported
         assert [(v.kind, v.job) for v in health.verdicts if v.kind == "hang"] == [("hang", "k")]  # k has no successor
         clock.now += 300  # the finished attempt is dropped once past its grace
         assert [(r.job, r.attempt) for r in monitor.health().ranks] == [("k", 0)]
+    finally:
+        monitor.close()
+
+
+def test_two_runs_of_a_job_on_one_node_are_two_gangs(tmp_path: Path) -> None:
+    # Two triggers of one job: run a is on its second attempt, run b (started later) on its
+    # first and hung. Neither hides the other, and the hang names b.
+    clock = Clock()
+    monitor, _ = _monitor(tmp_path, clock=clock)
+    try:
+        for rank in (0, 1):
+            write_heartbeat(tmp_path / "hb" / "j" / "a" / "1", _beat(rank, run="a", attempt=1, time=clock.now - 5))
+            write_heartbeat(tmp_path / "hb" / "j" / "b" / "0",
+                            _beat(rank, run="b", time=clock.now - 400, hang_timeout_s=120))
+        health = monitor.health()
+        assert [(r.run, r.attempt, r.rank) for r in health.ranks] == [("a", 1, 0), ("a", 1, 1), ("b", 0, 0), ("b", 0, 1)]
+        hangs = health.verdicts_for("j", 0, run="b")
+        assert [v.rank for v in hangs] == [0, 1] and all("run b attempt 0" in v.reason for v in hangs)
+        assert health.verdicts_for("j", run="a") == []
     finally:
         monitor.close()
