@@ -16,7 +16,8 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
 - `stream_samples_s`: `StreamingReader` (cold cache: shards fetched by parallel ranged GETs into
   the cache, the next shards opened while one is parsed, batches cut by a background thread
   into a bounded queue), the same batches;
-- `cached_samples_s`: the same again on the warm cache (every shard a hash-verified hit);
+- `cached_samples_s`: the same again on the warm cache: every shard's tokenized copy (stored by
+  the cold pass as it parsed) a hash-verified, memory-mapped hit — no parsing;
 - `peak_rss_mb`: the peak resident set of a child process streaming one epoch with a cache of a
   tenth of the dataset (`dataset_mb`), beside `peak_rss_quarter_mb` for a quarter of the data
   under the same cache (flat memory: the two are close);

@@ -19,6 +19,13 @@ mismatch counts as `corrupt`, the entry is dropped and fetched again. The hit ha
 open file, verified through that same descriptor, so an eviction by another rank (an unlink)
 cannot pull it away mid-read.
 
+Tokenized shards: a reader that parsed a shard stores its token ids beside it
+(`<entry>-tokens-<variant digest>`, the variant naming the tokenizer — with its file's SHA-256 —,
+format, text field and dtype), verified the same way and evicted under the same limit. Another
+rank of the node, or the next epoch, memory-maps them instead of parsing again; a per-entry
+lock makes the ranks that want a shard at once wait for the one parsing it, so a node parses
+each shard once.
+
 Eviction is least-recently-used by the commit file's mtime (touched on every hit), down to
 `max_bytes` before a fill. A file another rank still reads is unlinked but stays readable, so
 the disk may briefly hold one shard per reader beyond the limit. A shard larger than the whole
@@ -40,9 +47,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+import numpy as np
+
 from plugins.errors import FatalError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from plugins.data.manifest import ShardEntry, ShardManifest
     from plugins.storage.store import ObjectStore
 
@@ -50,6 +61,7 @@ CHUNK_BYTES = 8 << 20
 """One ranged GET: big enough to amortise a request, small enough to bound memory."""
 
 PARTIAL = ".partial-"
+TOKENS = "-tokens-"
 META_SUFFIX = ".json"
 LOCK_SUFFIX = ".lock"
 ROOT_LOCK = ".cache.lock"
@@ -90,6 +102,34 @@ def chunks_sha256(f: IO[bytes], chunk_bytes: int) -> str:
     while chunk := f.read(chunk_bytes):
         digests.update(hashlib.sha256(chunk).digest())
     return digests.hexdigest()
+
+
+class ChunkHasher:
+    """`chunks_sha256` of bytes written in pieces of any size (a tokenized shard is written as
+    the parser hands its pieces over, and hashed on the way, with no second read)."""
+
+    def __init__(self, chunk_bytes: int) -> None:
+        self.chunk_bytes = chunk_bytes
+        self._digests = hashlib.sha256()
+        self._chunk = hashlib.sha256()
+        self._filled = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            take = min(len(view), self.chunk_bytes - self._filled)
+            self._chunk.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == self.chunk_bytes:
+                self._digests.update(self._chunk.digest())
+                self._chunk, self._filled = hashlib.sha256(), 0
+
+    def hexdigest(self) -> str:
+        digests = self._digests.copy()
+        if self._filled:
+            digests.update(self._chunk.digest())
+        return digests.hexdigest()
 
 
 def _is_data(name: str) -> bool:
@@ -153,15 +193,20 @@ class ShardCache:
             return self._fill(store, manifest, shard, name)
 
     def _open_hit(self, manifest: ShardManifest, shard: ShardEntry) -> IO[bytes] | None:
-        path = self.path_of(manifest, shard)
+        return self._verified(self.path_of(manifest, shard),
+                              {"key": shard.key, "etag": shard.etag, "size": shard.size})
+
+    def _verified(self, path: Path, expected: dict[str, object]) -> IO[bytes] | None:
+        """`path` opened, when its commit file records `expected`, the file's size and the chunk
+        hash of its content; else None (a mismatch counts as corrupt and drops the entry)."""
         meta_path = path.with_name(path.name + META_SUFFIX)
         try:
             meta = json.loads(meta_path.read_text())
             f = open(path, "rb")  # noqa: SIM115 - handed to the caller
         except (FileNotFoundError, ValueError):
             return None
-        ok = (meta.get("size") == shard.size == os.fstat(f.fileno()).st_size
-              and meta.get("etag") == shard.etag and meta.get("key") == shard.key
+        ok = (isinstance(meta, dict) and all(meta.get(k) == v for k, v in expected.items())
+              and meta.get("size") == os.fstat(f.fileno()).st_size
               and isinstance(meta.get("chunk_bytes"), int) and meta["chunk_bytes"] > 0)
         if ok:
             ok = chunks_sha256(f, meta["chunk_bytes"]) == meta.get("chunks_sha256")
@@ -174,6 +219,92 @@ class ShardCache:
         with contextlib.suppress(OSError):
             os.utime(meta_path)  # most recently used
         return f
+
+    # --- tokenized shards ------------------------------------------------------------------
+
+    def tokens_path(self, manifest: ShardManifest, shard: ShardEntry, variant: str) -> Path:
+        digest = hashlib.sha256(variant.encode()).hexdigest()[:12]
+        return self.root / f"{self.entry_name(manifest, shard)}{TOKENS}{digest}"
+
+    def _tokens_expected(self, shard: ShardEntry, variant: str, dtype: np.dtype) -> dict[str, object]:
+        return {"key": shard.key, "etag": shard.etag, "shard_size": shard.size, "variant": variant,
+                "dtype": dtype.str}
+
+    def open_tokens(self, manifest: ShardManifest, shard: ShardEntry, variant: str, dtype: np.dtype, *,
+                    count: bool = True) -> np.ndarray | None:
+        """The shard's token ids as another reader of the node stored them, memory-mapped and
+        verified; None when there are none (a hit is counted as a cache hit)."""
+        f = self._verified(self.tokens_path(manifest, shard, variant), self._tokens_expected(shard, variant, dtype))
+        if f is None:
+            return None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            tokens = np.memmap(f, dtype=dtype, mode="r") if size else np.empty(0, dtype)
+        self._count(hits=int(count))
+        return tokens
+
+    @contextlib.contextmanager
+    def tokens_lock(self, manifest: ShardManifest, shard: ShardEntry, variant: str) -> Iterator[None]:
+        """Held while one reader parses a shard into tokens: the node's others wait, then hit."""
+        path = self.tokens_path(manifest, shard, variant)
+        with _flock(path.with_name(path.name + LOCK_SUFFIX)):
+            yield
+
+    def fill_tokens(self, manifest: ShardManifest, shard: ShardEntry, variant: str, dtype: np.dtype,
+                    pieces: Iterable[np.ndarray], *, headroom: int = 0) -> np.ndarray:
+        """Write `pieces` (the shard's token ids, parsed now) to a new entry, hashing them on the
+        way, commit it, and return it memory-mapped. The whole shard is written before anyone
+        reads it: a caller holding `tokens_lock` must not wait on its own consumer meanwhile.
+
+        The file's space is reserved as it grows (evicting least-recently-used entries under the
+        folder lock), so the cache stays within `max_bytes` at every moment, and only while
+        `headroom` bytes stay free beside it (the shards the caller is fetching ahead: a token
+        copy is a speed-up, never a reason for a shard not to fit). Tokens that cannot be kept
+        so are returned from memory. An error commits nothing."""
+        path = self.tokens_path(manifest, shard, variant)
+        tmp = path.with_name(f"{path.name}{PARTIAL}{uuid.uuid4().hex[:12]}")
+        hasher = ChunkHasher(self.chunk_bytes)
+        written = reserved = 0
+        spilled: list[np.ndarray] | None = None  # the tokens, once they no longer fit on disk
+        try:
+            with open(tmp, "x+b") as out:
+                for piece in pieces:
+                    data = np.ascontiguousarray(piece, dtype=dtype)
+                    if spilled is not None:
+                        spilled.append(data)
+                        continue
+                    need = written + data.nbytes
+                    if need > reserved:  # reserve more: at least double, never past the limit
+                        size = max(need, min(2 * reserved, self.max_bytes - headroom))
+                        if need + headroom > self.max_bytes or not self._grow(out, reserved, size, headroom):
+                            out.seek(0)
+                            spilled = [np.frombuffer(out.read(written), dtype=dtype), data]
+                            continue
+                        reserved = size
+                    os.pwrite(out.fileno(), memoryview(data).cast("B"), written)
+                    hasher.update(data)
+                    written += data.nbytes
+                if spilled is None:
+                    out.truncate(written)
+            if spilled is not None:
+                return np.concatenate(spilled) if spilled else np.empty(0, dtype)
+            tokens = np.memmap(tmp, dtype=dtype, mode="r") if written else np.empty(0, dtype)
+            meta = {**self._tokens_expected(shard, variant, dtype), "uri": manifest.uri, "size": written,
+                    "chunk_bytes": self.chunk_bytes, "chunks_sha256": hasher.hexdigest()}
+            self._commit(tmp, path, meta)
+            return tokens
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+    def _grow(self, out: IO[bytes], reserved: int, size: int, headroom: int) -> bool:
+        """Extend a fill's file from `reserved` to `size` bytes if that, and `headroom` more,
+        fit under `max_bytes` after evicting what may be evicted; False (nothing changed) if not."""
+        with _flock(self.root / ROOT_LOCK):
+            if not self._evict_until(size - reserved + headroom):
+                return False
+            out.truncate(size)
+        return True
 
     # --- filling ---------------------------------------------------------------------------
 
@@ -223,46 +354,56 @@ class ShardCache:
 
     def _commit(self, tmp: Path, path: Path, meta: dict[str, object]) -> None:
         """Data into place, then its commit file (what makes it a hit), under the folder lock."""
+        with _flock(self.root / ROOT_LOCK):
+            self._commit_locked(tmp, path, meta)
+
+    def _commit_locked(self, tmp: Path, path: Path, meta: dict[str, object]) -> None:
         from plugins.files import write_atomic
 
-        with _flock(self.root / ROOT_LOCK):
-            os.replace(tmp, path)
-            write_atomic(path.with_name(path.name + META_SUFFIX), json.dumps(meta))
+        os.replace(tmp, path)
+        write_atomic(path.with_name(path.name + META_SUFFIX), json.dumps(meta))
 
     def _reserve(self, name: str, size: int) -> Path:
         """Evict least-recently-used entries until `size` more bytes fit under `max_bytes`, and
         create the fill's temporary file at its full size — under the folder lock, so two
         fills never both count on the same free space."""
         with _flock(self.root / ROOT_LOCK):
-            entries: list[tuple[float, Path, int]] = []
-            used = 0
-            for p in self.root.iterdir():
-                name = p.name
-                if not _is_data(name):
-                    continue
-                try:
-                    st = p.stat()
-                except FileNotFoundError:
-                    continue
-                used += st.st_size
-                if PARTIAL in name:
-                    continue  # another rank's fill in progress: counted, never evicted
-                meta = p.with_name(name + META_SUFFIX)
-                try:
-                    used_at = meta.stat().st_mtime
-                except FileNotFoundError:
-                    used_at = 0.0  # data without its commit: evict first
-                entries.append((used_at, p, st.st_size))
-            for _, p, n in sorted(entries, key=lambda e: e[0]):
-                if used + size <= self.max_bytes:
-                    break
-                self._drop(p)
-                used -= n
-                self._count(evictions=1)
+            self._evict_until(size)
             tmp = self.root / f"{name}{PARTIAL}{uuid.uuid4().hex[:12]}"
             with open(tmp, "xb") as out:
                 out.truncate(size)
             return tmp
+
+    def _evict_until(self, size: int) -> bool:
+        """With the folder lock held: drop least-recently-used entries (shards and tokens alike)
+        until `size` more bytes fit; whether they do. Fills in progress are counted, never
+        evicted."""
+        entries: list[tuple[float, Path, int]] = []
+        used = 0
+        for p in self.root.iterdir():
+            name = p.name
+            if not _is_data(name):
+                continue
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            used += st.st_size
+            if PARTIAL in name:
+                continue  # a fill in progress: counted, never evicted
+            meta = p.with_name(name + META_SUFFIX)
+            try:
+                used_at = meta.stat().st_mtime
+            except FileNotFoundError:
+                used_at = 0.0  # data without its commit: evict first
+            entries.append((used_at, p, st.st_size))
+        for _, p, n in sorted(entries, key=lambda e: e[0]):
+            if used + size <= self.max_bytes:
+                break
+            self._drop(p)
+            used -= n
+            self._count(evictions=1)
+        return used + size <= self.max_bytes
 
     def _drop(self, path: Path) -> None:
         for p in (path.with_name(path.name + META_SUFFIX), path):

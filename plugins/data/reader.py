@@ -13,9 +13,13 @@
   queue of `prefetch_batches`; when the queue is full it waits (back-pressure), so memory is
   bounded by the queue, one shuffle block and the fill buffers — not by the dataset.
 - While a shard is read, the next `prefetch_shards` in the epoch's order are opened through the
-  cache by other threads — filled by ranged GETs over parallel connections on a miss, hash-
-  verified on a hit — and the open, verified file is handed to the producer, so downloads and
-  verification overlap parsing and no shard is hashed twice.
+  cache by other threads — its tokenized copy when the node has one (memory-mapped), else the
+  shard itself, filled by ranged GETs over parallel connections on a miss — hash-verified, and
+  handed to the producer, so downloads and verification overlap parsing and nothing is hashed
+  twice.
+- A shard the producer parses is stored tokenized in the cache as it is parsed
+  (`ShardCache.fill_tokens`): the next epoch, and the node's other ranks, read token ids
+  instead of parsing again (the ranks that want a shard at once wait for the one parsing it).
 - The state in a checkpoint is the position *after the last batch handed out*, not where
   the producer has got to: batches still in the queue are produced again after a resume.
 - An error in the producer (a shard gone, a bad row) is raised by the next `next_batch()`.
@@ -26,13 +30,22 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
-from plugins.data.documents import ByteTokenizer, Tokenizer
+import numpy as np
+
+from plugins.data.documents import ByteTokenizer, Tokenizer, token_pieces
 from plugins.data.manifest import ShardEntry, ShardManifest, list_manifest
-from plugins.data.stream import Batch, SampleStream, StreamPosition, global_batches
+from plugins.data.stream import (
+    ORDER_VERSION,
+    Batch,
+    SampleStream,
+    StreamPosition,
+    global_batches,
+    token_dtype,
+)
 
 if TYPE_CHECKING:
     from plugins.data.cache import ShardCache
@@ -78,8 +91,16 @@ class StreamingReader:
         self._thread: threading.Thread | None = None
         self.prefetch_shards = prefetch_shards
         self._fill_pool = ThreadPoolExecutor(max_workers=max(1, prefetch_shards), thread_name_prefix="shard-prefetch")
-        self._prefetched: dict[str, Future[IO[bytes]]] = {}
-        """Shards being opened by the prefetch threads, which count their access (hit/miss)."""
+        self._prefetched: dict[str, Future[np.ndarray | IO[bytes]]] = {}
+        """Shards being opened by the prefetch threads (token ids, or the shard's file), which
+        count their access (hit/miss)."""
+        self.dtype = token_dtype(self.tokenizer)
+        self.variant = f"{tokenizer_name}|{fmt}|{text_field}|{self.dtype.str}"
+        self._largest_shard: int | None = None
+        self.order = ORDER_VERSION
+        """The block permutation (`plugins.data.stream.block_permutation`): a resumed run keeps
+        the one its checkpoint names."""
+        """What a tokenized copy in the cache must have been made with."""
         self._prefetch_lock = threading.Lock()
 
     # --- batches ----------------------------------------------------------------------------
@@ -112,7 +133,8 @@ class StreamingReader:
                               self.tokenizer, seq_len=self.seq_len, seed=self.seed,
                               text_field=self.text_field, shuffle_block=self.shuffle_block,
                               prefetch=self._prefetch if self.prefetch_shards else None,
-                              prefetch_ahead=self.prefetch_shards)
+                              prefetch_ahead=self.prefetch_shards, tokens=self._shard_tokens,
+                              order=self.order)
         batches = global_batches(stream, self.position, batch_size=self.batch_size,
                                  dp_rank=self.dp_rank, dp_size=self.dp_size)
         self._thread = threading.Thread(target=self._produce, args=(batches,), daemon=True,
@@ -133,16 +155,61 @@ class StreamingReader:
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
             self._queue.put(_Failed(e))
 
-    def _open_shard(self, shard: ShardEntry) -> IO[bytes]:
-        assert self.manifest is not None  # set by _start
+    def _shard_tokens(self, shard: ShardEntry) -> Iterator[np.ndarray]:
+        """The shard's token ids in one piece: the node cache's tokenized copy, or parsed now
+        (and stored there). Memory-mapped either way: the shard is never in memory whole."""
+        manifest = self.manifest
+        assert manifest is not None  # set by _start
+        handed = self._take_prefetched(shard)
+        if isinstance(handed, np.ndarray):
+            yield handed
+            return
+        try:
+            tokens = self.cache.open_tokens(manifest, shard, self.variant, self.dtype, count=handed is None)
+            if tokens is None:
+                with self.cache.tokens_lock(manifest, shard, self.variant):
+                    tokens = self.cache.open_tokens(manifest, shard, self.variant, self.dtype, count=False)
+                    if tokens is None:  # nobody on this node has parsed it: this rank does
+                        f, handed = handed or self.cache.open(self.store, manifest, shard), None
+                        with f:
+                            pieces = token_pieces(f, shard.key, manifest.format, self.tokenizer, self.text_field)
+                            tokens = self.cache.fill_tokens(manifest, shard, self.variant, self.dtype, pieces,
+                                                            headroom=self._headroom(shard))
+        finally:
+            if handed is not None:
+                handed.close()  # the shard's file, opened ahead, not needed: its tokens were there
+        yield tokens
+
+    def _headroom(self, shard: ShardEntry) -> int:
+        """What the shards in flight may need: this one and those fetched ahead (the largest
+        shard of the manifest for each, an upper bound)."""
+        assert self.manifest is not None
+        if self._largest_shard is None:
+            self._largest_shard = max((s.size for s in self.manifest.shards), default=shard.size)
+        return (self.prefetch_shards + 1) * self._largest_shard
+
+    def _take_prefetched(self, shard: ShardEntry) -> np.ndarray | IO[bytes] | None:
+        """What a prefetch thread opened for `shard` (already counted), or None."""
         with self._prefetch_lock:
             opening = self._prefetched.pop(shard.key, None)
-        if opening is not None:
-            try:
-                return opening.result()
-            except Exception as e:  # noqa: BLE001 - opened again below, which raises it for the consumer
-                log.debug("prefetch of %s failed: %s", shard.key, e)
-        return self.cache.open(self.store, self.manifest, shard, count=opening is None)
+        if opening is None:
+            return None
+        try:
+            return opening.result()
+        except Exception as e:  # noqa: BLE001 - opened again by the caller, which raises it
+            log.debug("prefetch of %s failed: %s", shard.key, e)
+            return None
+
+    def _open_shard(self, shard: ShardEntry) -> IO[bytes]:
+        """The shard's file (`SampleStream`'s opener; the reader itself reads `_shard_tokens`)."""
+        assert self.manifest is not None  # set by _start
+        return self.cache.open(self.store, self.manifest, shard)
+
+    def _open_ahead(self, manifest: ShardManifest, shard: ShardEntry) -> np.ndarray | IO[bytes]:
+        tokens = self.cache.open_tokens(manifest, shard, self.variant, self.dtype)
+        if tokens is not None:
+            return tokens
+        return self.cache.open(self.store, manifest, shard)
 
     def _prefetch(self, shard: ShardEntry) -> None:
         manifest = self.manifest
@@ -151,7 +218,7 @@ class StreamingReader:
         with self._prefetch_lock:
             if shard.key in self._prefetched:
                 return  # already on its way
-            self._prefetched[shard.key] = self._fill_pool.submit(self.cache.open, self.store, manifest, shard)
+            self._prefetched[shard.key] = self._fill_pool.submit(self._open_ahead, manifest, shard)
 
     def close(self) -> None:
         self._stop.set()
@@ -167,7 +234,9 @@ class StreamingReader:
             left, self._prefetched = list(self._prefetched.values()), {}
         for opening in left:  # opened ahead and never read: close the files
             if opening.done() and not opening.cancelled() and opening.exception() is None:
-                opening.result().close()
+                ahead = opening.result()
+                if not isinstance(ahead, np.ndarray):
+                    ahead.close()
 
     # --- checkpoint state -------------------------------------------------------------------
 
@@ -176,7 +245,7 @@ class StreamingReader:
         p = self.position
         return {"format": STATE_FORMAT, "seed": self.seed, "seq_len": self.seq_len,
                 "tokenizer": self.tokenizer_name, "epoch": p.epoch, "offset": p.offset,
-                "shard": p.shard, "shard_start": p.shard_start,
+                "shard": p.shard, "shard_start": p.shard_start, "order": self.order,
                 "manifest": self.manifest.model_dump(mode="json") if self.manifest else None,
                 "manifest_digest": self.manifest.digest if self.manifest else None}
 
@@ -191,6 +260,11 @@ class StreamingReader:
             if state[name] != mine:
                 raise ValueError(f"the checkpoint's data {name} ({state[name]!r}) differs from this "
                                  f"run's ({mine!r}); the samples would differ")
+        order = int(state.get("order", 1))  # checkpoints from before version 2 name none
+        if order not in (1, ORDER_VERSION):
+            raise ValueError(f"the checkpoint's sample order is version {order}; this reader knows 1 "
+                             f"and {ORDER_VERSION}: resume with the Trainyard version that wrote it")
+        self.order = order
         if state["manifest"] is not None:
             manifest = ShardManifest.model_validate(state["manifest"])
             if manifest.digest != state["manifest_digest"]:

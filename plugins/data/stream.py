@@ -7,7 +7,9 @@ The order (the same on every rank, for any world size):
    windows of `seq_len + 1` tokens starting every `seq_len` tokens (input and shifted target);
    a shard's last partial window is dropped, so shards stay independent of each other;
 3. inside a shard, every `shuffle_block` consecutive windows are permuted from
-   (seed, e, shard key, block) — local shuffling in bounded memory;
+   (seed, e, shard key, block) — local shuffling in bounded memory (`block_permutation`;
+   version 2, an argsort of SplitMix64 hashes, is the default, version 1 — Python's
+   `random.shuffle` — is what runs started before it use: a checkpoint records its version);
 4. epoch e+1 follows epoch e: the stream is infinite.
 
 A `StreamPosition` names a place in that stream — (epoch, samples of the epoch before it) plus
@@ -31,6 +33,7 @@ sample by sample, for tests and tools.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +48,13 @@ Window = np.ndarray
 """`seq_len + 1` token ids (uint8 for vocabularies up to 256, else int32)."""
 
 ShardOpener = Callable[[ShardEntry], IO[bytes]]
+ShardTokens = Callable[[ShardEntry], Iterator[np.ndarray]]
+"""A shard's token ids in pieces (the reader's: from the node cache's tokenized copy, or parsed)."""
+
+
+def token_dtype(tokenizer: Tokenizer) -> np.dtype:
+    """uint8 for a vocabulary of at most 256 ids, else int32."""
+    return np.dtype(np.uint8 if tokenizer.vocab_size <= 256 else np.int32)
 
 
 class StreamPosition(NamedTuple):
@@ -63,6 +73,31 @@ class StreamPosition(NamedTuple):
         if min(self) < 0 or self.shard_start > self.offset:
             raise ValueError(f"invalid stream position {self}")
         return self
+
+
+ORDER_VERSION = 2
+"""The block permutation new runs use (`block_permutation`)."""
+
+
+def block_permutation(count: int, seed: int, epoch: int, key: str, number: int, version: int) -> np.ndarray:
+    """The order of a block's `count` windows. Version 1: Python's `random.shuffle` seeded with
+    the block's name (about 1.5 µs a window — the reader's largest cost once shards are
+    tokenized). Version 2: the indices sorted by a SplitMix64 hash of (the block name's SHA-256,
+    index) — defined here, so no library upgrade can change it, and ~20× faster."""
+    name = f"{seed}/{epoch}/{key}/{number}"
+    if version == 1:
+        order = list(range(count))
+        random.Random(name).shuffle(order)
+        return np.asarray(order, dtype=np.intp)
+    if version != 2:
+        raise ValueError(f"unknown sample order version {version}; this reader knows 1 and 2")
+    base = np.uint64(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little"))
+    with np.errstate(over="ignore"):
+        z = base + np.arange(count, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return np.argsort(z, kind="stable")
 
 
 def epoch_order(num_shards: int, seed: int, epoch: int) -> list[int]:
@@ -96,7 +131,8 @@ class SampleStream:
 
     def __init__(self, manifest: ShardManifest, open_shard: ShardOpener, tokenizer: Tokenizer, *,
                  seq_len: int, seed: int = 0, text_field: str = "text", shuffle_block: int = 256,
-                 prefetch: Callable[[ShardEntry], None] | None = None, prefetch_ahead: int = 1) -> None:
+                 prefetch: Callable[[ShardEntry], None] | None = None, prefetch_ahead: int = 1,
+                 tokens: ShardTokens | None = None, order: int = ORDER_VERSION) -> None:
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         if shuffle_block <= 0:
@@ -111,7 +147,16 @@ class SampleStream:
         self.prefetch = prefetch
         """Called with each of the next `prefetch_ahead` shards when a shard starts (to fill a cache)."""
         self.prefetch_ahead = prefetch_ahead
-        self.dtype = np.dtype(np.uint8 if tokenizer.vocab_size <= 256 else np.int32)
+        self.dtype = token_dtype(tokenizer)
+        self.order = order
+        """The block permutation's version (`block_permutation`)."""
+        block_permutation(1, seed, 0, "", 0, order)  # an unknown version fails here, not mid-epoch
+        self.tokens = tokens or self._parsed
+        """Where a shard's token ids come from (default: `open_shard`, then the tokenizer)."""
+
+    def _parsed(self, shard: ShardEntry) -> Iterator[np.ndarray]:
+        with self.open_shard(shard) as f:
+            yield from token_pieces(f, shard.key, self.manifest.format, self.tokenizer, self.text_field)
 
     def blocks(self, start: StreamPosition) -> Iterator[Block]:
         """The stream from `start` on, forever, a shuffle block (or the rest of one) at a time."""
@@ -158,24 +203,22 @@ class SampleStream:
         block_tokens = size * step  # a full block's windows start in its first block_tokens tokens
         pending = np.empty(0, self.dtype)
         number = 0
-        with self.open_shard(shard) as f:
-            for piece in token_pieces(f, shard.key, self.manifest.format, self.tokenizer, self.text_field):
-                pending = np.concatenate([pending, piece.astype(self.dtype, copy=False)])
-                while len(pending) >= block_tokens + span - step:  # one whole block is ready
-                    yield self._permuted(pending, size, shard, epoch, number)
-                    pending, number = pending[block_tokens:], number + 1
+        for piece in self.tokens(shard):
+            piece = piece.astype(self.dtype, copy=False)
+            # A view when nothing is pending: a memory-mapped shard is never copied whole.
+            pending = np.concatenate([pending, piece]) if len(pending) else piece
+            while len(pending) >= block_tokens + span - step:  # one whole block is ready
+                yield self._permuted(pending, size, shard, epoch, number)
+                pending, number = pending[block_tokens:], number + 1
         if len(pending) >= span:
             yield self._permuted(pending, (len(pending) - span) // step + 1, shard, epoch, number)
 
     def _permuted(self, tokens: np.ndarray, count: int, shard: ShardEntry, epoch: int,
                   number: int) -> np.ndarray:
-        """`count` windows from the start of `tokens`, in the block's shuffled order (the
-        permutation `random.shuffle` gives a list of that length: the order of the per-sample
-        reader this replaced)."""
-        order = list(range(count))
-        random.Random(f"{self.seed}/{epoch}/{shard.key}/{number}").shuffle(order)
+        """`count` windows from the start of `tokens`, in the block's shuffled order."""
+        order = block_permutation(count, self.seed, epoch, shard.key, number, self.order)
         windows = np.lib.stride_tricks.sliding_window_view(tokens, self.seq_len + 1)[::self.seq_len]
-        return windows[np.asarray(order, dtype=np.intp)]
+        return windows[order]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,160 @@
+"""Tokenized shards in the node cache: a shard is parsed once per node (the next epoch and the
+other ranks memory-map its token ids), a corrupted copy is dropped and parsed again, and the
+block order a checkpoint names is the one a resume keeps."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plugins.data.cache import ChunkHasher, ShardCache, chunks_sha256
+from plugins.data.documents import END, ByteTokenizer
+from plugins.data.reader import StreamingReader
+from plugins.data.stream import ORDER_VERSION, block_permutation
+from plugins.storage.store import ObjectStore, open_store
+from tests.support.datasets import write_jsonl_dataset
+
+
+class CountingTokenizer(ByteTokenizer):
+    """The byte tokenizer, counting the documents it encodes (parses, across threads)."""
+
+    def __init__(self) -> None:
+        self.documents = 0
+        self._lock = threading.Lock()
+
+    def encode_pieces(self, pieces: list[bytes | object]) -> np.ndarray:
+        with self._lock:
+            self.documents += sum(1 for p in pieces if p is END)
+        return super().encode_pieces(pieces)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ObjectStore:
+    store = open_store((tmp_path / "objects").as_uri())
+    write_jsonl_dataset(store, shards=4, rows=20)
+    return store
+
+
+def _reader(store: ObjectStore, cache: ShardCache, tokenizer: ByteTokenizer, batch_size: int = 4) -> StreamingReader:
+    return StreamingReader(store, "jsonl", cache=cache, seq_len=31, batch_size=batch_size, dp_rank=0, dp_size=1,
+                           seed=1, shuffle_block=8, tokenizer=tokenizer)
+
+
+def _token_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if "-tokens-" in p.name and not p.name.endswith((".json", ".lock")))
+
+
+def _epochs(reader: StreamingReader, epochs: int) -> list[bytes]:
+    out = []
+    while reader.position.epoch < epochs:
+        out += [bytes(s) for s in reader.next_batch().samples]
+    return out
+
+
+def test_the_next_epoch_reads_tokens_not_rows(store: ObjectStore, tmp_path: Path) -> None:
+    tokenizer = CountingTokenizer()
+    reader = _reader(store, ShardCache(tmp_path / "c", 1 << 30), tokenizer)
+    _epochs(reader, 3)
+    reader.close()
+    assert tokenizer.documents == 4 * 20  # every row parsed once, for three epochs
+    assert len(_token_files(tmp_path / "c")) == 4
+
+
+def test_the_ranks_of_a_node_parse_each_shard_once(store: ObjectStore, tmp_path: Path) -> None:
+    tokenizer = CountingTokenizer()
+    readers = [StreamingReader(store, "jsonl", cache=ShardCache(tmp_path / "shared", 1 << 30), seq_len=31,
+                               batch_size=2, dp_rank=r, dp_size=4, seed=1, shuffle_block=8, tokenizer=tokenizer)
+               for r in range(4)]
+    samples: list[list[bytes]] = [[] for _ in readers]
+
+    def rank(i: int) -> None:
+        samples[i] = _epochs(readers[i], 1)
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in readers:
+        r.close()
+    assert tokenizer.documents == 4 * 20  # not 4 × 4 × 20: the others waited, then read tokens
+    single = _reader(store, ShardCache(tmp_path / "alone", 1 << 30), ByteTokenizer(), batch_size=8)
+    alone = _epochs(single, 1)
+    single.close()
+    assert sorted(s for rank in samples for s in rank) == sorted(alone)
+
+
+def test_a_corrupted_token_file_is_dropped_and_parsed_again(store: ObjectStore, tmp_path: Path) -> None:
+    writer = _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer())
+    first = _epochs(writer, 1)
+    writer.close()  # its prefetch threads would otherwise find the damage first
+    victim = _token_files(tmp_path / "c")[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    tokenizer = CountingTokenizer()
+    cache = ShardCache(tmp_path / "c", 1 << 30)
+    reader = _reader(store, cache, tokenizer)
+    again = _epochs(reader, 1)
+    reader.close()
+    assert again == first and cache.stats.corrupt == 1 and tokenizer.documents == 20  # one shard re-parsed
+
+
+def test_a_checkpoint_without_an_order_resumes_in_the_first_readers_order(store: ObjectStore, tmp_path: Path) -> None:
+    old = _reader(store, ShardCache(tmp_path / "a", 1 << 30), ByteTokenizer())
+    old.order = 1  # as a reader before version 2 did
+    reference = _epochs(old, 2)
+    old.close()
+    before = _reader(store, ShardCache(tmp_path / "b", 1 << 30), ByteTokenizer())
+    before.order = 1
+    seen = [bytes(s) for _ in range(5) for s in before.next_batch().samples]
+    state = before.state_dict()
+    before.close()
+    del state["order"]  # what an older checkpoint holds
+    after = _reader(store, ShardCache(tmp_path / "b", 1 << 30), ByteTokenizer())
+    after.load_state_dict(state)
+    assert after.order == 1
+    seen += _epochs(after, 2)
+    assert seen == reference
+    with pytest.raises(ValueError, match="sample order is version 9"):
+        _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer()).load_state_dict({**state, "order": 9})
+
+
+def test_block_permutations_are_permutations_fixed_by_their_name() -> None:
+    assert ORDER_VERSION == 2
+    for version in (1, 2):
+        p = block_permutation(256, 7, 3, "shard-1.jsonl", 4, version)
+        assert sorted(p.tolist()) == list(range(256))
+        assert np.array_equal(p, block_permutation(256, 7, 3, "shard-1.jsonl", 4, version))
+        assert not np.array_equal(p, block_permutation(256, 7, 4, "shard-1.jsonl", 4, version))
+    # Version 2 is defined by this code alone: pin a few values so no change goes unnoticed.
+    assert block_permutation(8, 0, 0, "a", 0, 2).tolist() == [5, 3, 4, 7, 0, 2, 6, 1]
+    assert block_permutation(5, 7, 1, "shard-00001.jsonl", 2, 2).tolist() == [0, 3, 4, 2, 1]
+
+
+@pytest.mark.parametrize("cuts", [[], [1], [3, 4, 5], [7, 8, 9, 100]])
+def test_hashing_pieces_as_they_are_written_matches_hashing_the_file(cuts: list[int]) -> None:
+    data = bytes(range(256)) * 3
+    hasher = ChunkHasher(16)
+    for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True):
+        hasher.update(data[a:b])
+    assert hasher.hexdigest() == chunks_sha256(io.BytesIO(data), 16)
+
+
+def test_tokens_larger_than_the_cache_are_returned_but_not_kept(store: ObjectStore, tmp_path: Path) -> None:
+    from plugins.data.manifest import list_manifest
+
+    manifest = list_manifest(store, "jsonl")
+    shard = manifest.shards[0]
+    cache = ShardCache(tmp_path / "c", 1000, chunk_bytes=64)
+    pieces = [np.arange(300, dtype=np.uint8), np.arange(400, dtype=np.uint8), np.arange(500, dtype=np.uint8)]
+    tokens = cache.fill_tokens(manifest, shard, "v", np.dtype(np.uint8), iter(pieces))
+    assert np.array_equal(tokens, np.concatenate(pieces))
+    assert cache.open_tokens(manifest, shard, "v", np.dtype(np.uint8)) is None and cache.used_bytes() == 0
+    kept = cache.fill_tokens(manifest, shard, "v", np.dtype(np.uint8), iter(pieces[:2]))
+    assert np.array_equal(cache.open_tokens(manifest, shard, "v", np.dtype(np.uint8)), kept)
+    assert cache.used_bytes() == 700  # the reservation was trimmed to what was written
