@@ -5,8 +5,10 @@ reserves the devices in the platform state, starts one detached torchrun agent p
 shows progress until the job ends, releases the reservation and exits with the job's status
 (0 completed; the failing rank's exit code otherwise, 128+N for a rank killed by signal N),
 with the recovery engine's verdict on a failure and what the control plane would do about it.
-`--detach` prints the RunHandle JSON and returns at once; the job keeps running and its
-reservation holds until its lease expires (`--lease-s`). Ctrl-C stops the job (SIGTERM, then
+`--detach` prints the RunHandle JSON and returns at once; the job keeps running, and a follower
+process (this command with `--attach`, its output in `<run folder>/follower.log`) renews the
+reservation, and when the job ends releases it and closes the MLflow run, as an attached launch
+does. Ctrl-C stops the job (SIGTERM, then
 SIGKILL after `--grace-s`). A rank that hangs (no step progress for `hangTimeout`) makes it
 stop the gang the control plane's way and exit 124. Exit 1 also for an invalid spec or an
 unschedulable job.
@@ -56,7 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the training run to launch an attempt of (default: a new run)")
     p.add_argument("--attempt", type=int, default=0, help="attempt number (default 0)")
     p.add_argument("--resume-from", default="", metavar="URI", help="checkpoint manifest to restore")
-    p.add_argument("--detach", action="store_true", help="print the RunHandle JSON and return")
+    p.add_argument("--detach", action="store_true",
+                   help="print the RunHandle JSON and return; a follower process finishes the launch")
+    p.add_argument("--attach", type=Path, default=None, metavar="HANDLE", help=argparse.SUPPRESS)
     p.add_argument("--lease-s", type=float, default=None,
                    help=f"reservation lease (default {ATTACHED_LEASE_S:g}s renewed while attached, "
                         f"{DETACHED_LEASE_S:g}s with --detach)")
@@ -115,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     err_console.print(f"plan: {plan.describe()} ({source})")
 
+    if args.attach is not None:  # the follower of a detached launch
+        return _attach(args, job, plan, cluster, settings)
+
     from config.runs import check_run_id, new_run_id
 
     try:
@@ -145,9 +152,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         handle = launcher.submit(job, plan, placement, worker_env, attempt=args.attempt)
         if args.detach:
-            keep_reservation = True  # it belongs to the running job now
+            keep_reservation = True  # it belongs to the running job, and its follower, now
+            follower = _start_follower(args, handle, run_id, lease)
             print_json(handle.model_dump(mode="json"))
-            err_console.print(f"detached; logs under {handle.run_dir}; the reservation's lease ends in {lease:g}s")
+            err_console.print(f"detached; logs under {handle.run_dir}; follower pid {follower} "
+                              f"({handle.run_dir}/follower.log) releases the reservation and closes "
+                              "the MLflow run when the job ends")
             return 0
         with _system_metrics(run_id, settings):
             status = _follow(launcher, handle, store, lease, args)
@@ -166,6 +176,47 @@ def run(args: argparse.Namespace) -> int:
     _summary(status, launcher, handle)
     _verdict(job, plan, cluster, settings, handle, status)
     _close_tracking(run_id, status, settings, job.name)
+    return EXIT_HANG if _stopped_for_hang(handle) else exit_status(status)
+
+
+def _start_follower(args: argparse.Namespace, handle: Any, run_id: str | None, lease: float) -> int:
+    """This command again, with `--attach`, in its own session: it outlives the caller."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "cli.main", "launch", str(args.spec.resolve()),
+            "--attach", str(Path(handle.run_dir) / "handle.json"), "--lease-s", str(lease),
+            "--grace-s", str(args.grace_s), "--max-restarts", str(args.max_restarts)]
+    if run_id:
+        argv += ["--mlflow-run-id", run_id]
+    if args.timeout_s is not None:
+        argv += ["--timeout-s", str(args.timeout_s)]
+    with open(Path(handle.run_dir) / "follower.log", "ab") as log:  # same cwd and environment: same home
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return proc.pid
+
+
+def _attach(args: argparse.Namespace, job: Any, plan: Any, cluster: Any, settings: Any) -> int:
+    """Follow a detached launch to its end: renew, then release the reservation, show the
+    verdict and close the MLflow run — what an attached launch does after its submit."""
+    from plugins.launch.local import LocalLauncher
+    from plugins.launch.model import RunHandle
+    from plugins.placement.state import open_state
+
+    handle = RunHandle.model_validate_json(args.attach.read_text())
+    launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd(), max_restarts=args.max_restarts)
+    store = open_state(settings.state_db)
+    status = None
+    try:
+        status = _follow(launcher, handle, store, args.lease_s or DETACHED_LEASE_S, args)
+    finally:
+        store.release(job.metadata.name, handle.attempt, run=handle.run)
+        if status is None:
+            _close_tracking(args.mlflow_run_id, "cancelled", settings, job.name)
+    _summary(status, launcher, handle)
+    _verdict(job, plan, cluster, settings, handle, status)
+    _close_tracking(args.mlflow_run_id, status, settings, job.name)
     return EXIT_HANG if _stopped_for_hang(handle) else exit_status(status)
 
 

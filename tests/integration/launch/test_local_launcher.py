@@ -84,7 +84,7 @@ def start(tmp_path: Path, name: str, args: list[str], *, hang_timeout: str = "5m
 
 def test_detached_job_completes_after_the_launching_process_exits(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    spec = write_spec(tmp_path / "ok.yaml", "tiny-ok", ["--steps", "3", "--sleep", "0.3"])
+    spec = write_spec(tmp_path / "ok.yaml", "tiny-ok", ["--steps", "3", "--sleep", "2"])
     result = check(cli(home, "launch", "--local", "--detach", str(spec)))
     handle = RunHandle.model_validate_json(result.stdout)  # the launching process has exited
     assert [a.node for a in handle.agents] == ["local-0", "local-1"]
@@ -100,6 +100,19 @@ def test_detached_job_completes_after_the_launching_process_exits(tmp_path: Path
     assert "step 3 sum=3" in log
     assert Path(handle.run_dir, "ranks", "rank-00000.log").is_file()
     assert Path(handle.run_dir) == settings.runs_dir / "tiny-ok" / handle.run / "0"  # job / run / attempt
+    # The follower the launch left behind releases the reservation and closes the MLflow run.
+    from mlflow import MlflowClient
+
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        (run,) = client.search_runs([client.get_experiment_by_name("demo/default").experiment_id])
+        if usage_by_team(settings.state_db) == {} and run.info.status != "RUNNING":
+            break
+        time.sleep(0.5)
+    follower_log = (Path(handle.run_dir) / "follower.log").read_text()
+    assert usage_by_team(settings.state_db) == {}, follower_log
+    assert run.info.status == "FINISHED" and run.data.tags["trainyard.job"] == "tiny-ok", follower_log
 
 
 def test_cli_reports_the_failing_rank_and_exits_with_its_code(tmp_path: Path) -> None:
