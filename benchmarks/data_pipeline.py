@@ -8,8 +8,8 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
 
 - `baseline_samples_s`: a plain sequential loop written out in this file (so it does not speed
   up when the pipeline does) that makes the *same* batches of 16: one `get_object` per shard
-  in the epoch's order, `json.loads` per line, windows sliced one by one, blocks shuffled with
-  the pipeline's seeds — one epoch. The run checks that it and both streamed passes produce
+  in the epoch's order, `json.loads` per line, windows sliced one by one, blocks put in the
+  pipeline's order — one epoch. The run checks that it and both streamed passes produce
   byte-identical batches (a SHA-256 over all of them), so the ratios compare like with like;
 - `sequential_stream_samples_s` (context): the pipeline's own parser and cutter fed by one
   sequential `get_object` per shard — what parsing alone gains, without overlap or cache;
@@ -87,16 +87,16 @@ def moto_process() -> Iterator[S3Server]:
 def sequential_baseline(store: object, seq_len: int, batch_size: int) -> tuple[int, float, str]:
     """The plain way to make the same batches, written out here so it never changes with the
     pipeline: one `get_object` per shard in the epoch's order, `json.loads` per line, tokens
-    in a bytearray, each window sliced, each block of 256 shuffled with the pipeline's seeds,
-    batches stacked into arrays. Returns (samples, seconds, digest of the batches)."""
+    in a bytearray, each window sliced, each block of 256 put in the pipeline's order (its
+    `block_permutation`: the one definition of the order, not the pipeline's machinery), batches
+    stacked into arrays. Returns (samples, seconds, digest of the batches)."""
     import hashlib
     import json
-    import random
 
     import numpy as np
 
     from plugins.data.manifest import list_manifest
-    from plugins.data.stream import epoch_order
+    from plugins.data.stream import ORDER_VERSION, block_permutation, epoch_order
 
     start = time.perf_counter()
     manifest = list_manifest(store, "jsonl")  # type: ignore[arg-type]
@@ -112,8 +112,7 @@ def sequential_baseline(store: object, seq_len: int, batch_size: int) -> tuple[i
         windows = [bytes(tokens[k:k + span]) for k in range(0, len(tokens) - span + 1, seq_len)]
         for number, b in enumerate(range(0, len(windows), 256)):
             block = windows[b:b + 256]
-            random.Random(f"0/0/{key}/{number}").shuffle(block)
-            pending.extend(block)
+            pending.extend(block[i] for i in block_permutation(len(block), 0, 0, key, number, ORDER_VERSION))
         done = 0
         while len(pending) - done >= batch_size:
             batch = np.frombuffer(b"".join(pending[done:done + batch_size]), np.uint8).reshape(batch_size, span)
