@@ -36,11 +36,11 @@ class AirflowClient:
     headers: dict[str, str] = field(default_factory=dict)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
-              query: dict[str, Any] | None = None, *, retry: bool | None = None) -> Any:
+              query: dict[str, Any] | None = None) -> Any:
         """One request. A read that gets a server error (the embedded SQLite metadata busy under
-        load answers 500) is tried again a few times; a write only when the caller says it is
-        idempotent (`retry=True`): a second plain trigger would start a second training run."""
-        if not (method == "GET" if retry is None else retry):
+        load answers 500) or loses its answer is tried again a few times; a write is sent once
+        (`trigger` makes its own POST safe to repeat)."""
+        if method != "GET":
             return self._request(method, path, body, query)
         for attempt in _retrying():
             with attempt:

@@ -207,13 +207,9 @@ def _attach(args: argparse.Namespace, job: Any, plan: Any, cluster: Any, setting
     handle = RunHandle.model_validate_json(args.attach.read_text())
     launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd(), max_restarts=args.max_restarts)
     store = open_state(settings.state_db)
-    status = None
-    try:
-        status = _follow(launcher, handle, store, args.lease_s or DETACHED_LEASE_S, args)
-    finally:
-        store.release(job.metadata.name, handle.attempt, run=handle.run)
-        if status is None:
-            _close_tracking(args.mlflow_run_id, "cancelled", settings, job.name)
+    # If this process dies first, the job runs on: its reservation then ends with its lease.
+    status = _follow(launcher, handle, store, args.lease_s or DETACHED_LEASE_S, args)
+    store.release(job.metadata.name, handle.attempt, run=handle.run)
     _summary(status, launcher, handle)
     _verdict(job, plan, cluster, settings, handle, status)
     _close_tracking(args.mlflow_run_id, status, settings, job.name)

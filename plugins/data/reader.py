@@ -96,11 +96,11 @@ class StreamingReader:
         count their access (hit/miss)."""
         self.dtype = token_dtype(self.tokenizer)
         self.variant = f"{tokenizer_name}|{fmt}|{text_field}|{self.dtype.str}"
+        """What a tokenized copy in the cache must have been made with."""
         self._largest_shard: int | None = None
         self.order = ORDER_VERSION
         """The block permutation (`plugins.data.stream.block_permutation`): a resumed run keeps
         the one its checkpoint names."""
-        """What a tokenized copy in the cache must have been made with."""
         self._prefetch_lock = threading.Lock()
 
     # --- batches ----------------------------------------------------------------------------
