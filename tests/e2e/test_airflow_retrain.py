@@ -86,6 +86,14 @@ def test_publish_trains_evaluates_waits_for_approval_and_promotes(tmp_path: Path
         assert f"{evaluated['production']['loss']:.4f}" in detail["body"]
         assert version_at(JOB, "production", tracking_uri=uri).version == seeded  # nothing moved yet
 
+        # Answer only once the scheduler has taken the pausing worker's exit: Airflow 3.3 marks an
+        # approval answered before that "changed externally" and fails it (seen in CI, where the
+        # answer came 0.5 s after the pause). A person reading the page never answers that fast.
+        exited = ("Received executor event with state success for task instance TaskInstanceKey("
+                  f"dag_id='{JOB}', task_id='approve_promotion'")
+        _until("the scheduler to see the approval's worker exit",
+               lambda: exited in s.stack.log_file("scheduler").read_text(errors="replace"),
+               timeout_s=120, logs=s.logs)
         answer = s.client.respond_hitl(JOB, run_id, "approve_promotion", ["Approve"])
         assert answer["chosen_options"] == ["Approve"]
         _until("the run to succeed", lambda: s.client.dag_run(JOB, run_id)["state"] == "success",
