@@ -100,12 +100,17 @@ class EvalComparison(BaseModel):
 def eval_windows(job: TrainingJob, *, object_store: str, endpoint_url: str | None = None,
                  samples: int = 32) -> tuple[torch.Tensor, torch.Tensor, str]:
     """(inputs, targets, dataset URI): the last `samples` windows of the job's dataset as the
-    worker reads it (byte tokens, documents joined by its separator). Only the last shards are
-    read — as many as hold those windows — so a large dataset is not loaded to score 32 samples."""
+    worker reads it (the job's tokenizer, `end_of_document` after each document). Only the last
+    shards are read — as many as hold those windows — so a large dataset is not loaded to score
+    32 samples."""
+    import io
+
+    import numpy as np
     import torch
 
+    from plugins.data.documents import load_tokenizer, token_pieces
     from plugins.data.shards import open_dataset
-    from worker.data import DOCUMENT_SEPARATOR, TokenWindows, iter_rows, shard_keys
+    from worker.data import TokenWindows, shard_keys
 
     hints = job.spec.parallelism.hints
     if hints is None:
@@ -114,15 +119,16 @@ def eval_windows(job: TrainingJob, *, object_store: str, endpoint_url: str | Non
         raise ValueError(f"samples must be ≥ 1, got {samples}")
     ds = job.spec.dataset
     store = open_dataset(ds.source, object_store=object_store, endpoint_url=endpoint_url)
+    tokenizer = load_tokenizer(ds.tokenizer, store)
     need = samples * hints.sequence_length + 1
-    chunks: list[bytes] = []
+    chunks: list[np.ndarray] = []
     for key in reversed(shard_keys(store, ds.format)):
-        rows = iter_rows(store.get_bytes(key), key, ds.format, ds.quality.text_field)
-        chunks.insert(0, b"".join(row + bytes([DOCUMENT_SEPARATOR]) for row in rows))
+        pieces = token_pieces(io.BytesIO(store.get_bytes(key)), key, ds.format, tokenizer, ds.quality.text_field)
+        chunks[:0] = [p.astype(np.int64) for p in pieces]
         if sum(map(len, chunks)) >= need:
             break
-    tail = b"".join(chunks)[-need:]
-    windows = TokenWindows(torch.frombuffer(bytearray(tail), dtype=torch.uint8), hints.sequence_length)
+    tail = np.concatenate(chunks)[-need:] if chunks else np.empty(0, np.int64)
+    windows = TokenWindows(torch.from_numpy(np.ascontiguousarray(tail)), hints.sequence_length)
     count = min(samples, len(windows))
     inputs, targets = windows.batch(range(len(windows) - count, len(windows)))
     return inputs, targets, store.uri.rstrip("/")
