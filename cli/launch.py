@@ -173,10 +173,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if not keep_reservation:
             store.release(job.metadata.name, args.attempt, run=training_run)
-    _summary(status, launcher, handle)
-    _verdict(job, plan, cluster, settings, handle, status)
-    _close_tracking(run_id, status, settings, job.name)
-    return EXIT_HANG if _stopped_for_hang(handle) else exit_status(status)
+    return _finish(job, plan, cluster, settings, launcher, handle, status, run_id)
 
 
 def _start_follower(args: argparse.Namespace, handle: Any, run_id: str | None, lease: float) -> int:
@@ -210,9 +207,16 @@ def _attach(args: argparse.Namespace, job: Any, plan: Any, cluster: Any, setting
     # If this process dies first, the job runs on: its reservation then ends with its lease.
     status = _follow(launcher, handle, store, args.lease_s or DETACHED_LEASE_S, args)
     store.release(job.metadata.name, handle.attempt, run=handle.run)
+    return _finish(job, plan, cluster, settings, launcher, handle, status, args.mlflow_run_id)
+
+
+def _finish(job: Any, plan: Any, cluster: Any, settings: Any, launcher: Any, handle: Any,
+            status: RunStatus | None, run_id: str | None) -> int:
+    """After the job ended (attached, or in the follower): its summary, the recovery engine's
+    verdict, the MLflow run closed, and the exit status."""
     _summary(status, launcher, handle)
     _verdict(job, plan, cluster, settings, handle, status)
-    _close_tracking(args.mlflow_run_id, status, settings, job.name)
+    _close_tracking(run_id, status, settings, job.name)
     return EXIT_HANG if _stopped_for_hang(handle) else exit_status(status)
 
 

@@ -176,6 +176,6 @@ def open_streaming_data(source: str, *, object_store: str, seq_len: int, batch_s
     cache = ShardCache(settings.data_cache_dir or settings.home / "data-cache", settings.data_cache_bytes)
     reader = StreamingReader(store, fmt, cache=cache, seq_len=seq_len, batch_size=batch_size,
                              dp_rank=dp_rank, dp_size=dp_size, seed=seed, text_field=text_field,
-                             tokenizer=loaded, tokenizer_name=getattr(loaded, "name", tokenizer),
+                             tokenizer=loaded,
                              prefetch_batches=prefetch_batches, agree=broadcast_from_rank0)
     return StreamingData(reader)

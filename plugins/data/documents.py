@@ -97,6 +97,8 @@ def _parquet_documents(f: IO[bytes], key: str, text_field: str) -> Iterator[byte
 
 
 class Tokenizer(Protocol):
+    name: str
+    """What a checkpoint records: a resume with another tokenizer is refused."""
     vocab_size: int
     end_of_document: int
     """The id appended after each document."""
@@ -141,6 +143,7 @@ def encode_pieces(tokenizer: Tokenizer, pieces: list[bytes | _End]) -> np.ndarra
 class ByteTokenizer:
     """The identity on UTF-8 bytes (vocabulary 256); 0 ends a document."""
 
+    name = "bytes"
     vocab_size = 256
     end_of_document = 0
 

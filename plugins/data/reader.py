@@ -67,7 +67,7 @@ class StreamingReader:
     def __init__(self, store: ObjectStore, fmt: str, *, cache: ShardCache, seq_len: int,
                  batch_size: int, dp_rank: int, dp_size: int, seed: int = 0,
                  text_field: str = "text", tokenizer: Tokenizer | None = None,
-                 tokenizer_name: str = "bytes", prefetch_batches: int = 4, prefetch_shards: int = 2,
+                 tokenizer_name: str | None = None, prefetch_batches: int = 4, prefetch_shards: int = 2,
                  shuffle_block: int = 256,
                  agree: Callable[[Callable[[], ShardManifest]], ShardManifest] | None = None) -> None:
         if prefetch_batches <= 0:
@@ -79,7 +79,7 @@ class StreamingReader:
         self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
         self.text_field = text_field
         self.tokenizer = tokenizer or ByteTokenizer()
-        self.tokenizer_name = tokenizer_name
+        self.tokenizer_name = tokenizer_name or self.tokenizer.name
         self.prefetch_batches = prefetch_batches
         self.shuffle_block = shuffle_block
         self._agree = agree or (lambda make: make())
@@ -95,7 +95,7 @@ class StreamingReader:
         """Shards being opened by the prefetch threads (token ids, or the shard's file), which
         count their access (hit/miss)."""
         self.dtype = token_dtype(self.tokenizer)
-        self.variant = f"{tokenizer_name}|{fmt}|{text_field}|{self.dtype.str}"
+        self.variant = f"{self.tokenizer_name}|{fmt}|{text_field}|{self.dtype.str}"
         """What a tokenized copy in the cache must have been made with."""
         self._largest_shard: int | None = None
         self.order = ORDER_VERSION
@@ -129,7 +129,7 @@ class StreamingReader:
             log.info("dataset %s: %d shards, %d bytes, manifest %s", self.manifest.uri,
                      len(self.manifest.shards), self.manifest.total_bytes, self.manifest.digest[:12])
         manifest = self.manifest
-        stream = SampleStream(manifest, self._open_shard,
+        stream = SampleStream(manifest, None,
                               self.tokenizer, seq_len=self.seq_len, seed=self.seed,
                               text_field=self.text_field, shuffle_block=self.shuffle_block,
                               prefetch=self._prefetch if self.prefetch_shards else None,
@@ -199,11 +199,6 @@ class StreamingReader:
         except Exception as e:  # noqa: BLE001 - opened again by the caller, which raises it
             log.debug("prefetch of %s failed: %s", shard.key, e)
             return None
-
-    def _open_shard(self, shard: ShardEntry) -> IO[bytes]:
-        """The shard's file (`SampleStream`'s opener; the reader itself reads `_shard_tokens`)."""
-        assert self.manifest is not None  # set by _start
-        return self.cache.open(self.store, self.manifest, shard)
 
     def _open_ahead(self, manifest: ShardManifest, shard: ShardEntry) -> np.ndarray | IO[bytes]:
         tokens = self.cache.open_tokens(manifest, shard, self.variant, self.dtype)

@@ -129,7 +129,7 @@ class Block:
 class SampleStream:
     """Iterates the global sample stream from any `StreamPosition` (module docstring)."""
 
-    def __init__(self, manifest: ShardManifest, open_shard: ShardOpener, tokenizer: Tokenizer, *,
+    def __init__(self, manifest: ShardManifest, open_shard: ShardOpener | None, tokenizer: Tokenizer, *,
                  seq_len: int, seed: int = 0, text_field: str = "text", shuffle_block: int = 256,
                  prefetch: Callable[[ShardEntry], None] | None = None, prefetch_ahead: int = 1,
                  tokens: ShardTokens | None = None, order: int = ORDER_VERSION) -> None:
@@ -151,10 +151,13 @@ class SampleStream:
         self.order = order
         """The block permutation's version (`block_permutation`)."""
         block_permutation(1, seed, 0, "", 0, order)  # an unknown version fails here, not mid-epoch
+        if tokens is None and open_shard is None:
+            raise ValueError("a SampleStream needs open_shard or tokens")
         self.tokens = tokens or self._parsed
         """Where a shard's token ids come from (default: `open_shard`, then the tokenizer)."""
 
     def _parsed(self, shard: ShardEntry) -> Iterator[np.ndarray]:
+        assert self.open_shard is not None  # checked in __init__
         with self.open_shard(shard) as f:
             yield from token_pieces(f, shard.key, self.manifest.format, self.tokenizer, self.text_field)
 
