@@ -10,7 +10,6 @@ so `classify` can tell a hang or a lost node from a stop a person asked for.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -65,9 +64,9 @@ def stop_gang(handle: RunHandle, reason: StopReason, *, grace_s: float = 10.0) -
     """Record why, then stop every process of the attempt (SIGTERM, then SIGKILL); settled."""
     path = Path(handle.run_dir) / STOP_REASON_FILE
     if not path.exists():  # the first reason stands (a hang seen twice is still the first hang)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(reason.model_dump_json())
-        os.replace(tmp, path)
+        from plugins.files import write_atomic
+
+        write_atomic(path, reason.model_dump_json())
     return launcher_for(handle).stop(handle, grace_s=grace_s)
 
 
