@@ -110,11 +110,16 @@ class Stack:
         return self.home / "logs" / f"{component}.log"
 
     def migrate(self) -> None:
-        """Create or upgrade the metadata database (idempotent)."""
+        """Create or upgrade the metadata database and a SQLite MLflow store (idempotent)."""
         self.log_file("db-migrate").parent.mkdir(parents=True, exist_ok=True)
         with self.log_file("db-migrate").open("ab") as log:
             subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=self.env(), check=True,
                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=600)
+        # the MLflow store too, before the server and the first tasks open it side by side
+        from config.settings import Settings
+        from plugins.tracking.runs import client_for
+
+        client_for(Settings(home=self.home).mlflow_tracking_uri)
 
     def pid(self, component: str) -> int | None:
         try:
@@ -146,20 +151,29 @@ class Stack:
 
     def stop(self, component: str, *, grace_s: float = 20.0) -> None:
         """SIGTERM the component's process group, SIGKILL what is left after `grace_s`."""
-        pid = self.pid(component)
-        if pid is None:
-            self._pid_file(component).unlink(missing_ok=True)
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
+        self.stop_all([component], grace_s=grace_s)
+
+    def stop_all(self, components: list[str], *, grace_s: float = 20.0) -> None:
+        """SIGTERM every named component's process group at once, then SIGKILL what is left after
+        one shared `grace_s` — the parts shut down side by side, not one grace period each."""
+        groups: dict[str, int] = {}
+        for component in components:
+            pid = self.pid(component)
+            if pid is None:
+                self._pid_file(component).unlink(missing_ok=True)
+                continue
+            groups[component] = pid
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _group_alive(pid):
+        while time.monotonic() < deadline and any(_group_alive(pid) for pid in groups.values()):
             time.sleep(0.2)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-        self._pid_file(component).unlink(missing_ok=True)
+        for component, pid in groups.items():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+            self._pid_file(component).unlink(missing_ok=True)
 
     def up(self, *, timeout_s: float = 180.0) -> None:
         self.migrate()
@@ -172,8 +186,7 @@ class Stack:
             _wait_http(url, deadline)
 
     def down(self) -> None:
-        for component in reversed(self.components):
-            self.stop(component)
+        self.stop_all(list(reversed(self.components)))
 
     def health(self) -> dict[str, str]:
         """Each part's status as the API server reports it (`/api/v2/monitor/health`)."""

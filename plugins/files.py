@@ -11,8 +11,10 @@ fast. Object-store writes have their own streaming, hashing version (`plugins/st
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -34,3 +36,16 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, fsync: bool
             os.unlink(tmp)
         raise
     return target
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive `flock` on `path` (created if missing) for the block: the one way the
+    processes of a machine take turns on a shared file (the data cache, a fresh MLflow store).
+    The kernel drops it when the holder dies, so a crash never leaves it held."""
+    with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -35,7 +35,6 @@ cache is refused with both sizes.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -50,6 +49,7 @@ from typing import IO, TYPE_CHECKING
 import numpy as np
 
 from plugins.errors import FatalError
+from plugins.files import locked
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -137,16 +137,6 @@ def _is_data(name: str) -> bool:
     return not (name.startswith(".") or name.endswith((LOCK_SUFFIX, META_SUFFIX)))
 
 
-@contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    with open(path, "a+b") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 class ShardCache:
     """Verified local copies of shards under `root`, at most `max_bytes` of them (module docstring)."""
 
@@ -184,7 +174,7 @@ class ShardCache:
             self._count(hits=int(count))
             return f
         name = self.entry_name(manifest, shard)
-        with _flock(self.root / (name + LOCK_SUFFIX)):
+        with locked(self.root / (name + LOCK_SUFFIX)):
             f = self._open_hit(manifest, shard)  # another rank filled it while we waited
             if f is not None:
                 self._count(hits=int(count))
@@ -247,7 +237,7 @@ class ShardCache:
     def tokens_lock(self, manifest: ShardManifest, shard: ShardEntry, variant: str) -> Iterator[None]:
         """Held while one reader parses a shard into tokens: the node's others wait, then hit."""
         path = self.tokens_path(manifest, shard, variant)
-        with _flock(path.with_name(path.name + LOCK_SUFFIX)):
+        with locked(path.with_name(path.name + LOCK_SUFFIX)):
             yield
 
     def fill_tokens(self, manifest: ShardManifest, shard: ShardEntry, variant: str, dtype: np.dtype,
@@ -300,7 +290,7 @@ class ShardCache:
     def _grow(self, out: IO[bytes], reserved: int, size: int, headroom: int) -> bool:
         """Extend a fill's file from `reserved` to `size` bytes if that, and `headroom` more,
         fit under `max_bytes` after evicting what may be evicted; False (nothing changed) if not."""
-        with _flock(self.root / ROOT_LOCK):
+        with locked(self.root / ROOT_LOCK):
             if not self._evict_until(size - reserved + headroom):
                 return False
             out.truncate(size)
@@ -354,7 +344,7 @@ class ShardCache:
 
     def _commit(self, tmp: Path, path: Path, meta: dict[str, object]) -> None:
         """Data into place, then its commit file (what makes it a hit), under the folder lock."""
-        with _flock(self.root / ROOT_LOCK):
+        with locked(self.root / ROOT_LOCK):
             self._commit_locked(tmp, path, meta)
 
     def _commit_locked(self, tmp: Path, path: Path, meta: dict[str, object]) -> None:
@@ -367,7 +357,7 @@ class ShardCache:
         """Evict least-recently-used entries until `size` more bytes fit under `max_bytes`, and
         create the fill's temporary file at its full size — under the folder lock, so two
         fills never both count on the same free space."""
-        with _flock(self.root / ROOT_LOCK):
+        with locked(self.root / ROOT_LOCK):
             self._evict_until(size)
             tmp = self.root / f"{name}{PARTIAL}{uuid.uuid4().hex[:12]}"
             with open(tmp, "xb") as out:

@@ -269,9 +269,9 @@ class MetricsStreamer:
 
     def _run(self) -> None:
         try:
-            from mlflow import MlflowClient
+            from plugins.tracking.runs import client_for
 
-            client = MlflowClient(self.tracking_uri)
+            client = client_for(self.tracking_uri)
         except Exception:
             logger.exception("MLflow metrics streamer could not start; metrics are dropped")
             client = None

@@ -73,7 +73,40 @@ def client_for(tracking_uri: str) -> MlflowClient:
 
     if not tracking_uri:
         raise ValueError("tracking_uri is empty; set TRAINYARD_MLFLOW_TRACKING_URI or pass one")
+    _prepare_sqlite_store(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a `sqlite:///…` URI (absolute: `sqlite:////abs`, or relative to the
+    working folder); None for any other store and for an in-memory one."""
+    if urlparse(tracking_uri).scheme != "sqlite":
+        return None
+    name = tracking_uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return Path(name).absolute() if name and name != ":memory:" else None
+
+
+@functools.cache
+def _prepare_sqlite_store(tracking_uri: str) -> None:
+    """Open a SQLite store for the first time in this process under a lock beside the database.
+
+    MLflow creates and migrates a store's tables on first open without any guard: two processes
+    opening a fresh `mlflow.db` at once (the two launch tasks of two triggers on a new stack)
+    fail with "table … already exists" or a half-applied migration. Under the lock exactly one
+    creates the tables; the others then find them current. Servers and other databases migrate
+    on their own (`mlflow server`, `mlflow db upgrade`)."""
+    db = sqlite_path(tracking_uri)
+    if db is None:
+        return
+    from mlflow import MlflowClient
+
+    from plugins.files import locked
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with locked(db.with_name(db.name + ".lock")):
+        client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        client.search_experiments(max_results=1)  # the tracking store: creates or migrates
+        client.search_registered_models(max_results=1)  # the registry store opens it again
 
 
 def experiment_name(job: TrainingJob) -> str:
@@ -85,11 +118,9 @@ def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     """For a SQLite store used directly, artifacts go beside the database (`mlartifacts/`),
     not into `./mlruns` of whatever folder the process happens to run in. Servers (http) and
     other databases use their own configured artifact root (None)."""
-    parsed = urlparse(tracking_uri)
-    if parsed.scheme != "sqlite":
+    db = sqlite_path(tracking_uri)
+    if db is None:
         return None
-    # sqlite:////abs/path.db (absolute) or sqlite:///rel.db (relative to the working folder)
-    db = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0]).absolute()
     return (db.parent / "mlartifacts" / safe_key(experiment).replace("/", "__")).as_uri()
 
 

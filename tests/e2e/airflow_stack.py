@@ -41,6 +41,12 @@ class RunningStack:
             path = self.stack.log_file(component)
             if path.exists():
                 parts.append(f"==> {component} <==\n" + path.read_text(errors="replace")[-4000:])
+        # the task logs that hold an error: a failed task's reason is there, not in the components'
+        task_logs = sorted((self.stack.home / "airflow" / "logs").glob("dag_id=*/run_id=*/task_id=*/attempt=*.log"))
+        for path in task_logs:
+            text = path.read_text(errors="replace")
+            if "Traceback" in text or '"level":"error"' in text or "[error" in text:
+                parts.append(f"==> {path.relative_to(self.stack.home)} <==\n{text[-3000:]}")
         return "\n".join(parts)
 
 
