@@ -224,11 +224,13 @@ def _wait_http(url: str, deadline: float) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except OSError:
-        return False
-    return True
+    """Whether a process of the group still runs. Zombies do not count: `killpg(pgid, 0)` also
+    answers for a leader nobody has reaped and for orphans no init collects, and `stop` waited
+    out its whole grace for parts that had exited at once."""
+    from plugins.launch import processes
+
+    processes.reap(pgid)
+    return bool(processes.group_members([pgid]))
 
 
 def default_stack(home: Path, *, port: int = DEFAULT_PORT, airflow_only: bool = False) -> Stack:
