@@ -6,6 +6,8 @@ Write to a unique temporary name in the same folder (same filesystem, so the ren
 POSIX), optionally fsync, then `os.replace` it over the target; on any failure the temporary
 file is removed. Standard library only: `plugins/launch/rank_exec.py` imports it and must start
 fast. Object-store writes have their own streaming, hashing version (`plugins/storage/`).
+
+`locked`: the one exclusive file lock for processes of one machine that share a file.
 """
 
 from __future__ import annotations
