@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from config.airflow import DEFAULT_PORT, airflow_env
+from plugins.launch import processes
 
 AIRFLOW = ("api-server", "scheduler", "dag-processor", "triggerer")
 MLFLOW_PORT = 5000
@@ -126,11 +127,7 @@ class Stack:
             pid = int(self._pid_file(component).read_text())
         except (OSError, ValueError):
             return None
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return None
-        return pid
+        return pid if processes.is_alive(pid) else None
 
     def start(self, component: str) -> int:
         """Start one component unless it runs already; returns its pid."""
@@ -171,8 +168,7 @@ class Stack:
         for component, pid in groups.items():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
+            processes.reap(pid)
             self._pid_file(component).unlink(missing_ok=True)
 
     def up(self, *, timeout_s: float = 180.0) -> None:
@@ -227,8 +223,6 @@ def _group_alive(pgid: int) -> bool:
     """Whether a process of the group still runs. Zombies do not count: `killpg(pgid, 0)` also
     answers for a leader nobody has reaped and for orphans no init collects, and `stop` waited
     out its whole grace for parts that had exited at once."""
-    from plugins.launch import processes
-
     processes.reap(pgid)
     return bool(processes.group_members([pgid]))
 

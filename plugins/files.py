@@ -8,6 +8,7 @@ file is removed. Standard library only: `plugins/launch/rank_exec.py` imports it
 fast. Object-store writes have their own streaming, hashing version (`plugins/storage/`).
 
 `locked`: the one exclusive file lock for processes of one machine that share a file.
+`sqlite_file`: the database file a `sqlite:///…` URL names.
 """
 
 from __future__ import annotations
@@ -51,3 +52,12 @@ def locked(path: str | os.PathLike[str]) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a `sqlite:///…` URL (absolute: `sqlite:////abs`, or relative to the
+    working folder), without its `?query`; None for any other URL and for an in-memory database."""
+    if not url.startswith("sqlite:///"):
+        return None
+    name = url.removeprefix("sqlite:///").split("?", 1)[0]
+    return Path(name).absolute() if name and name != ":memory:" else None

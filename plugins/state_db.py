@@ -11,12 +11,13 @@ database errors are worth retrying.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import DateTime, Engine, MetaData, TypeDecorator, create_engine, event
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from plugins.files import sqlite_file
 
 TABLE_PREFIX = "trainyard_"
 
@@ -63,8 +64,8 @@ def make_engine(url: str, schema: str | None = None) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         _sqlite_immediate_transactions(engine)
-        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        if (db := sqlite_file(url)) is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
     else:
         engine = create_engine(url, pool_pre_ping=True)
     if schema:

@@ -36,10 +36,10 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
-from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict
 
+from plugins.files import locked, sqlite_file
 from plugins.tracking.params import param_value, plan_params, safe_key, spec_params, truncate
 
 if TYPE_CHECKING:
@@ -77,15 +77,6 @@ def client_for(tracking_uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
-def sqlite_path(tracking_uri: str) -> Path | None:
-    """The database file of a `sqlite:///…` URI (absolute: `sqlite:////abs`, or relative to the
-    working folder); None for any other store and for an in-memory one."""
-    if urlparse(tracking_uri).scheme != "sqlite":
-        return None
-    name = tracking_uri.removeprefix("sqlite:///").split("?", 1)[0]
-    return Path(name).absolute() if name and name != ":memory:" else None
-
-
 @functools.cache
 def _prepare_sqlite_store(tracking_uri: str) -> None:
     """Open a SQLite store for the first time in this process under a lock beside the database.
@@ -95,12 +86,10 @@ def _prepare_sqlite_store(tracking_uri: str) -> None:
     fail with "table … already exists" or a half-applied migration. Under the lock exactly one
     creates the tables; the others then find them current. Servers and other databases migrate
     on their own (`mlflow server`, `mlflow db upgrade`)."""
-    db = sqlite_path(tracking_uri)
+    db = sqlite_file(tracking_uri)
     if db is None:
         return
     from mlflow import MlflowClient
-
-    from plugins.files import locked
 
     db.parent.mkdir(parents=True, exist_ok=True)
     with locked(db.with_name(db.name + ".lock")):
@@ -118,7 +107,7 @@ def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     """For a SQLite store used directly, artifacts go beside the database (`mlartifacts/`),
     not into `./mlruns` of whatever folder the process happens to run in. Servers (http) and
     other databases use their own configured artifact root (None)."""
-    db = sqlite_path(tracking_uri)
+    db = sqlite_file(tracking_uri)
     if db is None:
         return None
     return (db.parent / "mlartifacts" / safe_key(experiment).replace("/", "__")).as_uri()
