@@ -87,10 +87,17 @@ def ring_latency_s(levels: tuple[Level, ...]) -> float:
     return total
 
 
-def ring_bandwidth_s(levels: tuple[Level, ...], nbytes: float) -> float:
+def ring_bandwidth_s(levels: tuple[Level, ...], nbytes: float, *, hierarchical: bool = True) -> float:
     """Bandwidth term of a ring all-gather (or reduce-scatter) of `nbytes` (the unsharded size):
     the slowest level, max over i of (kᵢ−1)/kᵢ · Bᵢ / bwᵢ with Bᵢ₊₁ = Bᵢ/kᵢ (one HCA per GPU: the
-    k₁ GPUs of a node share the inter-node traffic)."""
+    k₁ GPUs of a node share the inter-node traffic).
+
+    `hierarchical=False`: a flat ring whose every link carries (p−1)/p · B, so each GPU's own
+    link bounds it — what a collective gets when its traffic is not spread over the node's HCAs
+    (`Implementation.hierarchical_collectives`)."""
+    if not hierarchical:
+        size = math.prod(level.size for level in levels)
+        return (size - 1) / size * nbytes / min(level.bandwidth for level in levels) if levels else 0.0
     worst, chunk = 0.0, nbytes
     for level in levels:
         k = level.size
@@ -110,12 +117,14 @@ def all_reduce_s(levels: tuple[Level, ...], nbytes: float, *, count: int = 1) ->
     return 2 * ring_bandwidth_s(levels, nbytes) + count * latency
 
 
-def all_gather_s(levels: tuple[Level, ...], nbytes: float, *, count: int = 1) -> float:
+def all_gather_s(levels: tuple[Level, ...], nbytes: float, *, count: int = 1,
+                 hierarchical: bool = True) -> float:
     """`count` all-gathers (or reduce-scatters) whose unsharded results total `nbytes`: NCCL runs
     them as rings at every size, so each pays the ring's α·(p − 1)."""
     if not levels:
         return 0.0
-    return ring_bandwidth_s(levels, nbytes) + count * ring_latency_s(levels)
+    return (ring_bandwidth_s(levels, nbytes, hierarchical=hierarchical)
+            + count * ring_latency_s(levels))
 
 
 def all_to_all_s(levels: tuple[Level, ...], nbytes: float) -> float:

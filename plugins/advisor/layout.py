@@ -114,6 +114,16 @@ under DeepSpeed's ZeRO-3 (Narayanan et al. 2021, Table 2).
     zero1_as_zero2: bool = False
     """FSDP2 has no ZeRO-1: the worker runs stage 1 like stage 2 (parameters kept gathered from
     forward to backward, gradients reduce-scattered after every micro-batch and kept sharded)."""
+    hierarchical_collectives: bool = True
+    """NCCL spreads a collective's cross-node traffic over the node's HCAs (one ring per HCA),
+    so the GPUs of a node share it (`comm.ring_bandwidth_s`). False: each GPU's own link carries
+    its full (p−1)/p share — DeepSpeed's 2021 ZeRO-3: at a fixed batch its throughput per GPU
+    halved with each doubling of the ranks ([N21] Table 2, 144 → 88 → 44 TFLOP/s), a step time
+    constant in p at about one HCA's bandwidth per GPU; hierarchical rings would move the same
+    bytes 8× faster and leave those runs compute-bound."""
+    comm_overlap: float | None = None
+    """Share of the data-parallel communication that hides behind compute; None: the device's
+    (`GpuSpec.comm_overlap`)."""
     pipeline_inside_data: bool = False
     """Rank order. False: tp, cp, dp, pp from fastest to slowest (the worker's mesh, torchtitan,
     Megatron) — pipeline groups span the whole job. True: tp, cp, pp, dp (Llama 3) — pipeline
@@ -144,7 +154,7 @@ MEGATRON = Implementation(
 DEEPSPEED_ZERO3 = Implementation(
     name="deepspeed_zero3", composite_norm=False, flash_attention=False, kv_expanded=False,
     dropout=True, fused_swiglu=False, selective_policy="core_attention", zero3_live_layers=0.5,
-    zero_reduce_bucket_bytes=1e9, collectives_per_layer=4)
+    zero_reduce_bucket_bytes=1e9, collectives_per_layer=4, hierarchical_collectives=False)
 TORCHTITAN = Implementation(
     name="torchtitan", composite_norm=True, flash_attention=True, kv_expanded=True, dropout=False,
     fused_swiglu=False, selective_policy="alternate_matmuls", zero1_as_zero2=True)

@@ -275,7 +275,7 @@ class TimeModel:
     def _data_parallel_s(self, layout: Layout, n_params: float, layers: int, fwd_window: float,
                          bwd_window: float) -> tuple[float, float]:
         """(exposed seconds per micro-batch, exposed seconds once per step)."""
-        hw, overlap = self.hw, self.hw.gpu.comm_overlap
+        hw, overlap = self.hw, self._overlap()
         levels = group_levels(hw, ((layout.cp, layout.tp), (layout.dp, self.impl.strides(layout)[0])))
         zero = self.impl.effective_zero(layout.zero_stage)
         if zero == 3:
@@ -295,6 +295,9 @@ class TimeModel:
         return (exposed_s(reduce_s, bwd_window, overlap=overlap),  # ZeRO-2
                 exposed_s(gather_s, fwd_window, overlap=overlap))
 
+    def _overlap(self) -> float:
+        return self.hw.gpu.comm_overlap if self.impl.comm_overlap is None else self.impl.comm_overlap
+
     def _zero3_per_microbatch_s(self, layout: Layout, levels: tuple, n_params: float, layers: int,
                                 fwd_layer: float, bwd_layer: float) -> float:
         """ZeRO-3 / FSDP communication left exposed in one micro-batch, layer by layer.
@@ -313,16 +316,17 @@ class TimeModel:
             backward = g + (L − 1)·exposed(g + r, b) + r
         plus the embedding and head (one unit each way, hidden like a layer).
         """
-        overlap, per = self.hw.gpu.comm_overlap, self.impl.collectives_per_layer
+        overlap, per = self._overlap(), self.impl.collectives_per_layer
+        hier = self.impl.hierarchical_collectives
         layer_params = (self.memory.layer_dense + self.memory.layer_experts / layout.ep) / layout.tp
         root = max(n_params - layers * layer_params, 0.0)
-        gather = all_gather_s(levels, self.e * layer_params, count=per)
-        reduce = all_gather_s(levels, self.memory.g * layer_params, count=per)
+        gather = all_gather_s(levels, self.e * layer_params, count=per, hierarchical=hier)
+        reduce = all_gather_s(levels, self.memory.g * layer_params, count=per, hierarchical=hier)
         forward = gather + (layers - 1) * exposed_s(gather, fwd_layer, overlap=overlap)
         backward = gather + (layers - 1) * exposed_s(gather + reduce, bwd_layer, overlap=overlap) + reduce
         if root:
-            root_gather = all_gather_s(levels, self.e * root)
-            root_reduce = all_gather_s(levels, self.memory.g * root)
+            root_gather = all_gather_s(levels, self.e * root, hierarchical=hier)
+            root_reduce = all_gather_s(levels, self.memory.g * root, hierarchical=hier)
             forward += exposed_s(root_gather, fwd_layer, overlap=overlap)
             backward += exposed_s(root_gather + root_reduce, bwd_layer, overlap=overlap)
         return forward + backward

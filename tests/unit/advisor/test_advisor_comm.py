@@ -73,6 +73,17 @@ def test_ring_bandwidth_is_the_slowest_level() -> None:
     assert all_gather_s(levels, nbytes) == pytest.approx(max(nvlink, network) + ring_latency_s(levels))
 
 
+def test_a_flat_ring_runs_at_one_link_per_gpu() -> None:
+    """Without the node's HCAs sharing the traffic, each GPU's own network link carries
+    (p−1)/p of the bytes: 8× the hierarchical ring's network term on 8-GPU nodes."""
+    levels = group_levels(H100, ((32, 1),))
+    nbytes = 8e9
+    flat = all_gather_s(levels, nbytes, hierarchical=False) - ring_latency_s(levels)
+    assert flat == pytest.approx(31 / 32 * nbytes / H100.intra_rack_bandwidth)
+    assert flat > 7 * (all_gather_s(levels, nbytes) - ring_latency_s(levels))
+    assert all_gather_s((), nbytes, hierarchical=False) == 0.0
+
+
 def test_all_gather_is_half_an_all_reduce_in_bytes_but_a_ring_in_latency() -> None:
     levels = group_levels(H100, ((64, 8),))
     big = 1e10

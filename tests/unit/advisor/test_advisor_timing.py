@@ -41,19 +41,29 @@ def test_small_gemms_run_below_the_large_gemm_efficiency() -> None:
 
 
 def test_zero3_throughput_falls_as_the_group_grows_at_a_fixed_batch() -> None:
-    """[N21] Table 2's trend: 174.6B under ZeRO-3 at a global batch of 1536 on 384, 768, 1536
-    GPUs. The per-layer gathers' latency α·(p − 1) grows with the group while each GPU's
-    compute per layer halves, so TFLOP/s per GPU falls and the exposed DP time grows."""
+    """[N21] Table 2's trend: 174.6B under DeepSpeed ZeRO-3 at a global batch of 1536 on 384,
+    768, 1536 GPUs (reported 144, 88, 44 TFLOP/s per GPU). Each GPU's link carries the whole
+    gathered model every micro-batch however many ranks share it, while its compute halves with
+    each doubling: the step becomes communication-bound and throughput per GPU falls ~3x."""
     model = gpt(96, 12288, 96, batch=1536)
-    per_gpu, exposed = [], []
-    for gpus, mbs in ((384, 4), (768, 2), (1536, 1)):
-        est = evaluate(model, A100_SELENE, Layout(dp=gpus, zero_stage=3, micro_batch_size=mbs,
-                                                  recompute="full"), impl=DEEPSPEED_ZERO3)
-        per_gpu.append(est.tokens_per_s / gpus)
-        exposed.append(est.time.communication_s["dp"])
+
+    def per_gpu_and_exposed(impl):
+        per_gpu, exposed = [], []
+        for gpus, mbs in ((384, 4), (768, 2), (1536, 1)):
+            est = evaluate(model, A100_SELENE, Layout(dp=gpus, zero_stage=3, micro_batch_size=mbs,
+                                                      recompute="full"), impl=impl)
+            per_gpu.append(est.tokens_per_s / gpus)
+            exposed.append(est.time.communication_s["dp"])
+        return per_gpu, exposed
+
+    per_gpu, exposed = per_gpu_and_exposed(DEEPSPEED_ZERO3)
     assert per_gpu[0] > per_gpu[1] > per_gpu[2]
+    assert per_gpu[0] > 2.5 * per_gpu[2]
     assert exposed[0] < exposed[1] < exposed[2]
-    assert exposed[2] > 2 * exposed[0]
+    # With NCCL's hierarchical rings (the node's HCAs share the traffic) the same runs stay
+    # nearly compute-bound: the property, not the latency term, is what makes them fall.
+    hierarchical, _ = per_gpu_and_exposed(replace(DEEPSPEED_ZERO3, hierarchical_collectives=True))
+    assert hierarchical[0] < 1.5 * hierarchical[2]
 
 
 def test_zero3_first_gather_of_each_pass_is_exposed() -> None:
