@@ -106,7 +106,8 @@ def ring_bandwidth_s(levels: tuple[Level, ...], nbytes: float, *, hierarchical: 
     return worst
 
 
-def all_reduce_s(levels: tuple[Level, ...], nbytes: float, *, count: int = 1) -> float:
+def all_reduce_s(levels: tuple[Level, ...], nbytes: float, *, count: int = 1,
+                 hierarchical: bool = True) -> float:
     """`count` all-reduces that together move `nbytes`: a reduce-scatter and an all-gather's
     bytes over the ring's bottleneck (2·(k−1)/k·B/bw), and NCCL's tree latency, 2·⌈log₂ kᵢ⌉ hops
     per level, which it picks over the ring's 2·(p − 1) hops once groups grow."""
@@ -114,7 +115,7 @@ def all_reduce_s(levels: tuple[Level, ...], nbytes: float, *, count: int = 1) ->
         return 0.0
     latency = COLLECTIVE_BASE_LATENCY_S + sum(2 * math.ceil(math.log2(lv.size)) * lv.latency
                                               for lv in levels)
-    return 2 * ring_bandwidth_s(levels, nbytes) + count * latency
+    return 2 * ring_bandwidth_s(levels, nbytes, hierarchical=hierarchical) + count * latency
 
 
 def all_gather_s(levels: tuple[Level, ...], nbytes: float, *, count: int = 1,

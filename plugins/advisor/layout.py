@@ -117,13 +117,10 @@ under DeepSpeed's ZeRO-3 (Narayanan et al. 2021, Table 2).
     hierarchical_collectives: bool = True
     """NCCL spreads a collective's cross-node traffic over the node's HCAs (one ring per HCA),
     so the GPUs of a node share it (`comm.ring_bandwidth_s`). False: each GPU's own link carries
-    its full (p−1)/p share — DeepSpeed's 2021 ZeRO-3: at a fixed batch its throughput per GPU
+    its full (p−1)/p share of every data-parallel collective — DeepSpeed's 2021 ZeRO-3: at a fixed batch its throughput per GPU
     halved with each doubling of the ranks ([N21] Table 2, 144 → 88 → 44 TFLOP/s), a step time
     constant in p at about one HCA's bandwidth per GPU; hierarchical rings would move the same
     bytes 8× faster and leave those runs compute-bound."""
-    comm_overlap: float | None = None
-    """Share of the data-parallel communication that hides behind compute; None: the device's
-    (`GpuSpec.comm_overlap`)."""
     pipeline_inside_data: bool = False
     """Rank order. False: tp, cp, dp, pp from fastest to slowest (the worker's mesh, torchtitan,
     Megatron) — pipeline groups span the whole job. True: tp, cp, pp, dp (Llama 3) — pipeline

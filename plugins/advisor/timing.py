@@ -275,7 +275,7 @@ class TimeModel:
     def _data_parallel_s(self, layout: Layout, n_params: float, layers: int, fwd_window: float,
                          bwd_window: float) -> tuple[float, float]:
         """(exposed seconds per micro-batch, exposed seconds once per step)."""
-        hw, overlap = self.hw, self._overlap()
+        hw, overlap = self.hw, self.hw.gpu.comm_overlap
         levels = group_levels(hw, ((layout.cp, layout.tp), (layout.dp, self.impl.strides(layout)[0])))
         zero = self.impl.effective_zero(layout.zero_stage)
         if zero == 3:
@@ -283,20 +283,18 @@ class TimeModel:
                                                 bwd_window / layers), 0.0
         grads_bytes, weight_bytes = self.memory.g * n_params, self.e * n_params
         units = layers * self.impl.collectives_per_layer + 1  # + the root (embedding, head)
-        reduce_s = all_gather_s(levels, grads_bytes, count=units)
-        gather_s = all_gather_s(levels, weight_bytes, count=units)
+        hier = self.impl.hierarchical_collectives
+        reduce_s = all_gather_s(levels, grads_bytes, count=units, hierarchical=hier)
+        gather_s = all_gather_s(levels, weight_bytes, count=units, hierarchical=hier)
         if zero == 0:
             buckets = max(1, math.ceil(grads_bytes / self.impl.ddp_bucket_bytes))
-            return 0.0, exposed_s(all_reduce_s(levels, grads_bytes, count=buckets), bwd_window,
-                                  overlap=overlap)
+            return 0.0, exposed_s(all_reduce_s(levels, grads_bytes, count=buckets, hierarchical=hier),
+                                  bwd_window, overlap=overlap)
         if zero == 1:
             return 0.0, (exposed_s(reduce_s, bwd_window, overlap=overlap)
                          + exposed_s(gather_s, fwd_window, overlap=overlap))
         return (exposed_s(reduce_s, bwd_window, overlap=overlap),  # ZeRO-2
                 exposed_s(gather_s, fwd_window, overlap=overlap))
-
-    def _overlap(self) -> float:
-        return self.hw.gpu.comm_overlap if self.impl.comm_overlap is None else self.impl.comm_overlap
 
     def _zero3_per_microbatch_s(self, layout: Layout, levels: tuple, n_params: float, layers: int,
                                 fwd_layer: float, bwd_layer: float) -> float:
@@ -316,7 +314,7 @@ class TimeModel:
             backward = g + (L − 1)·exposed(g + r, b) + r
         plus the embedding and head (one unit each way, hidden like a layer).
         """
-        overlap, per = self._overlap(), self.impl.collectives_per_layer
+        overlap, per = self.hw.gpu.comm_overlap, self.impl.collectives_per_layer
         hier = self.impl.hierarchical_collectives
         layer_params = (self.memory.layer_dense + self.memory.layer_experts / layout.ep) / layout.tp
         root = max(n_params - layers * layer_params, 0.0)
