@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -97,6 +96,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from plugins.checkpoint.manager import CheckpointManager
+    from tests.support.memory import peak_rss_mb
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -112,7 +112,7 @@ def worker(args: argparse.Namespace) -> int:
         for key, value in _round_of_ours(manager, model, optimizer, root, round_, rank).items():
             samples.setdefault(key, []).append(value)
         if round_ == 1:  # ours only: model + optimizer + staging buffers (+ the warm-up)
-            peak_rss = _all_max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            peak_rss = _all_max(peak_rss_mb())
         for key, value in {**_round_of_baselines(model, optimizer, work, rank),
                            **_round_of_disk(work, state_bytes, rank)}.items():
             samples.setdefault(key, []).append(value)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 
@@ -29,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from plugins.data.cache import ShardCache
     from plugins.data.reader import StreamingReader
     from plugins.storage.store import open_store
+    from tests.support.memory import peak_rss_mb
 
     store = open_store(args.uri, endpoint_url=args.endpoint_url)
     cache = ShardCache(args.cache_dir, args.cache_bytes)
@@ -41,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     reader.close()
     cache.close()
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"samples": samples, "peak_rss_mb": round(peak_kb / 1024, 1),
+    print(json.dumps({"samples": samples, "peak_rss_mb": round(peak_rss_mb(), 1),
                       "seconds": round(seconds, 3), "cache": cache.stats.as_metrics()}))
     return 0
 

@@ -1,6 +1,7 @@
 """A dataset larger than the cache streams from a real S3 endpoint (moto's server) with bounded
 memory: the peak resident set of a process that streams a whole epoch does not grow with the
-dataset. Each stream runs in its own process, so its `ru_maxrss` is its own."""
+dataset. Each stream runs in its own process and reports its own peak (`VmHWM`: a child's
+`ru_maxrss` would be pytest's)."""
 
 from __future__ import annotations
 
