@@ -367,33 +367,40 @@ class ShardCache:
     def _evict_until(self, size: int) -> bool:
         """With the folder lock held: drop least-recently-used entries (shards and tokens alike)
         until `size` more bytes fit; whether they do. Fills in progress are counted, never
-        evicted."""
-        entries: list[tuple[float, Path, int]] = []
-        used = 0
-        for p in self.root.iterdir():
-            name = p.name
-            if not _is_data(name):
-                continue
-            try:
-                st = p.stat()
-            except FileNotFoundError:
-                continue
-            used += st.st_size
+        evicted. Runs on every fill, so it lists the folder once and looks at commit files only
+        when something must go."""
+        listing, data, used = self._scan()
+        if used + size <= self.max_bytes:
+            return True
+        entries: list[tuple[float, str, int]] = []
+        for name, n in data:
             if PARTIAL in name:
                 continue  # a fill in progress: counted, never evicted
-            meta = p.with_name(name + META_SUFFIX)
+            meta = listing.get(name + META_SUFFIX)
             try:
-                used_at = meta.stat().st_mtime
+                used_at = meta.stat().st_mtime if meta is not None else 0.0
             except FileNotFoundError:
-                used_at = 0.0  # data without its commit: evict first
-            entries.append((used_at, p, st.st_size))
-        for _, p, n in sorted(entries, key=lambda e: e[0]):
+                used_at = 0.0
+            entries.append((used_at, name, n))  # 0.0: data without its commit file, first to go
+        for _, name, n in sorted(entries):
             if used + size <= self.max_bytes:
                 break
-            self._drop(p)
+            self._drop(self.root / name)
             used -= n
             self._count(evictions=1)
         return used + size <= self.max_bytes
+
+    def _scan(self) -> tuple[dict[str, os.DirEntry[str]], list[tuple[str, int]], int]:
+        """The folder's entries by name, its shard data (committed or being filled) with sizes,
+        and their total."""
+        with os.scandir(self.root) as it:
+            listing = {entry.name: entry for entry in it}
+        data: list[tuple[str, int]] = []
+        for name, entry in listing.items():
+            if _is_data(name):
+                with contextlib.suppress(FileNotFoundError):
+                    data.append((name, entry.stat().st_size))
+        return listing, data, sum(n for _, n in data)
 
     def _drop(self, path: Path) -> None:
         for p in (path.with_name(path.name + META_SUFFIX), path):
@@ -407,9 +414,4 @@ class ShardCache:
 
     def used_bytes(self) -> int:
         """Bytes of shard data (committed or being filled) in the folder now."""
-        total = 0
-        for p in self.root.iterdir():
-            if _is_data(p.name):
-                with contextlib.suppress(FileNotFoundError):
-                    total += p.stat().st_size
-        return total
+        return self._scan()[2]

@@ -9,9 +9,11 @@
   `plugins.data.manifest`); `agree` lets the ranks use one listing (the worker broadcasts
   rank 0's).
 - A producer thread walks the stream (`plugins.data.stream`): it opens shards through the
-  node's cache (`plugins.data.cache`), tokenizes and packs, and puts whole batches into a
-  queue of `prefetch_batches`; when the queue is full it waits (back-pressure), so memory is
-  bounded by the queue, one shuffle block and the fill buffers — not by the dataset.
+  node's cache (`plugins.data.cache`), tokenizes and packs, and hands the batches over a
+  shuffle block at a time (`batch_groups`: one lock and one wake-up per block, not per batch —
+  per-batch hand-offs between two threads cost more than cutting the batches). While
+  `prefetch_batches` or more are ready it waits (back-pressure), so memory is bounded by those,
+  one block and the fill buffers — not by the dataset.
 - While a shard is read, the next `prefetch_shards` in the epoch's order are opened through the
   cache by other threads — its tokenized copy when the node has one (memory-mapped), else the
   shard itself, filled by ranged GETs over parallel connections on a miss — hash-verified, and
@@ -21,15 +23,15 @@
   (`ShardCache.fill_tokens`): the next epoch, and the node's other ranks, read token ids
   instead of parsing again (the ranks that want a shard at once wait for the one parsing it).
 - The state in a checkpoint is the position *after the last batch handed out*, not where
-  the producer has got to: batches still in the queue are produced again after a resume.
+  the producer has got to: batches handed over but not taken are produced again after a resume.
 - An error in the producer (a shard gone, a bad row) is raised by the next `next_batch()`.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
@@ -43,7 +45,7 @@ from plugins.data.stream import (
     Batch,
     SampleStream,
     StreamPosition,
-    global_batches,
+    batch_groups,
     token_dtype,
 )
 
@@ -86,7 +88,13 @@ class StreamingReader:
         self.manifest: ShardManifest | None = None
         self.position = StreamPosition()
         """After the last batch handed out."""
-        self._queue: queue.Queue[Batch | _Failed] = queue.Queue(maxsize=prefetch_batches)
+        self._ready: deque[Batch | _Failed] = deque()
+        """Batches the producer has handed over, in order (a failure last)."""
+        self._handover = threading.Condition(threading.Lock())
+        self._room_below = prefetch_batches
+        """The producer hands a group over while fewer batches than this are ready: at least
+        `prefetch_batches`, and the last group's size (so the next block is cut while the
+        consumer takes this one, not after)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.prefetch_shards = prefetch_shards
@@ -108,17 +116,22 @@ class StreamingReader:
     def next_batch(self) -> Batch:
         if self._thread is None:
             self._start()
-        item = self._queue.get()
-        if isinstance(item, _Failed):
-            self._queue.put(item)  # every later call fails the same way
-            raise item.error
+        with self._handover:
+            while not self._ready:
+                self._handover.wait()
+            item = self._ready[0]
+            if isinstance(item, _Failed):
+                raise item.error  # left in place: every later call fails the same way
+            self._ready.popleft()
+            if len(self._ready) == self._room_below - 1:
+                self._handover.notify()  # the producer may be waiting for room
         self.position = item.after
         return item
 
     @property
     def prefetch_depth(self) -> int:
-        """Batches ready in the queue now."""
-        return self._queue.qsize()
+        """Batches ready now."""
+        return len(self._ready)
 
     def metrics(self) -> dict[str, float]:
         return {"prefetch_depth": float(self.prefetch_depth), **self.cache.stats.as_metrics()}
@@ -135,25 +148,27 @@ class StreamingReader:
                               prefetch=self._prefetch if self.prefetch_shards else None,
                               prefetch_ahead=self.prefetch_shards, tokens=self._shard_tokens,
                               order=self.order)
-        batches = global_batches(stream, self.position, batch_size=self.batch_size,
+        groups = batch_groups(stream, self.position, batch_size=self.batch_size,
                                  dp_rank=self.dp_rank, dp_size=self.dp_size)
-        self._thread = threading.Thread(target=self._produce, args=(batches,), daemon=True,
+        self._thread = threading.Thread(target=self._produce, args=(groups,), daemon=True,
                                         name=f"data-producer-{self.dp_rank}")
         self._thread.start()
 
-    def _produce(self, batches: Any) -> None:
+    def _produce(self, groups: Iterator[list[Batch]]) -> None:
         try:
-            for batch in batches:
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(batch, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
-                    return
+            for group in groups:
+                with self._handover:
+                    while len(self._ready) >= self._room_below and not self._stop.is_set():
+                        self._handover.wait()
+                    if self._stop.is_set():
+                        return
+                    self._ready.extend(group)
+                    self._room_below = max(self.prefetch_batches, len(group))
+                    self._handover.notify()
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
-            self._queue.put(_Failed(e))
+            with self._handover:
+                self._ready.append(_Failed(e))
+                self._handover.notify()
 
     def _shard_tokens(self, shard: ShardEntry) -> Iterator[np.ndarray]:
         """The shard's token ids in one piece: the node cache's tokenized copy, or parsed now
@@ -216,12 +231,9 @@ class StreamingReader:
             self._prefetched[shard.key] = self._fill_pool.submit(self._open_ahead, manifest, shard)
 
     def close(self) -> None:
-        self._stop.set()
-        while True:  # unblock a producer waiting on a full queue
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+        with self._handover:
+            self._stop.set()
+            self._handover.notify_all()  # a producer waiting for room
         if self._thread is not None:
             self._thread.join(timeout=30)
         self._fill_pool.shutdown(wait=True, cancel_futures=True)

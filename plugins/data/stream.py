@@ -48,6 +48,9 @@ Window = np.ndarray
 """`seq_len + 1` token ids (uint8 for vocabularies up to 256, else int32)."""
 
 ShardOpener = Callable[[ShardEntry], IO[bytes]]
+WINDOW_ARRAY_BYTES = 4 << 20
+"""About the most window bytes `SampleStream.shard_blocks` hands out at once."""
+
 ShardTokens = Callable[[ShardEntry], Iterator[np.ndarray]]
 """A shard's token ids in pieces (the reader's: from the node cache's tokenized copy, or parsed)."""
 
@@ -84,20 +87,31 @@ def block_permutation(count: int, seed: int, epoch: int, key: str, number: int, 
     the block's name (about 1.5 µs a window — the reader's largest cost once shards are
     tokenized). Version 2: the indices sorted by a SplitMix64 hash of (the block name's SHA-256,
     index) — defined here, so no library upgrade can change it, and ~20× faster."""
-    name = f"{seed}/{epoch}/{key}/{number}"
+    return block_permutations(count, seed, epoch, key, number, 1, version)[0]
+
+
+def block_permutations(count: int, seed: int, epoch: int, key: str, first: int, blocks: int,
+                       version: int) -> np.ndarray:
+    """`block_permutation` of blocks `first` … `first + blocks - 1` of a shard, all `count`
+    windows long, as rows of one array (version 2 hashes and sorts them in one NumPy call each)."""
+    names = [f"{seed}/{epoch}/{key}/{number}" for number in range(first, first + blocks)]
     if version == 1:
-        order = list(range(count))
-        random.Random(name).shuffle(order)
-        return np.asarray(order, dtype=np.intp)
+        orders = []
+        for name in names:
+            order = list(range(count))
+            random.Random(name).shuffle(order)
+            orders.append(order)
+        return np.asarray(orders, dtype=np.intp).reshape(blocks, count)
     if version != 2:
         raise ValueError(f"unknown sample order version {version}; this reader knows 1 and 2")
-    base = np.uint64(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little"))
+    bases = np.array([int.from_bytes(hashlib.sha256(n.encode()).digest()[:8], "little") for n in names],
+                     dtype=np.uint64)
     with np.errstate(over="ignore"):
-        z = base + np.arange(count, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = bases[:, None] + np.arange(count, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z ^= z >> np.uint64(31)
-    return np.argsort(z, kind="stable")
+    return np.argsort(z, axis=1, kind="stable")
 
 
 def epoch_order(num_shards: int, seed: int, epoch: int) -> list[int]:
@@ -201,31 +215,39 @@ class SampleStream:
 
     def shard_blocks(self, shard: ShardEntry, epoch: int) -> Iterator[np.ndarray]:
         """The shard's windows in this epoch's order: consecutive blocks of `shuffle_block`
-        windows, each permuted from (seed, epoch, shard key, block number)."""
+        windows, each permuted from (seed, epoch, shard key, block number) — handed out as
+        many whole blocks at a time as `WINDOW_ARRAY_BYTES` holds (at least one), since a
+        NumPy call per block costs more than the block's work."""
         span, step, size = self.seq_len + 1, self.seq_len, self.shuffle_block
         block_tokens = size * step  # a full block's windows start in its first block_tokens tokens
+        per_array = max(1, WINDOW_ARRAY_BYTES // (size * span * self.dtype.itemsize))
         pending = np.empty(0, self.dtype)
         number = 0
         for piece in self.tokens(shard):
             piece = piece.astype(self.dtype, copy=False)
             # A view when nothing is pending: a memory-mapped shard is never copied whole.
             pending = np.concatenate([pending, piece]) if len(pending) else piece
-            while len(pending) >= block_tokens + span - step:  # one whole block is ready
-                yield self._permuted(pending, size, shard, epoch, number)
-                pending, number = pending[block_tokens:], number + 1
+            ready = (len(pending) - (span - step)) // block_tokens  # whole blocks
+            while ready > 0:
+                blocks = min(ready, per_array)
+                yield self._permuted(pending, size, blocks, shard, epoch, number)
+                pending, number, ready = pending[blocks * block_tokens:], number + blocks, ready - blocks
         if len(pending) >= span:
-            yield self._permuted(pending, (len(pending) - span) // step + 1, shard, epoch, number)
+            yield self._permuted(pending, (len(pending) - span) // step + 1, 1, shard, epoch, number)
 
-    def _permuted(self, tokens: np.ndarray, count: int, shard: ShardEntry, epoch: int,
-                  number: int) -> np.ndarray:
-        """`count` windows from the start of `tokens`, in the block's shuffled order."""
-        order = block_permutation(count, self.seed, epoch, shard.key, number, self.order)
+    def _permuted(self, tokens: np.ndarray, count: int, blocks: int, shard: ShardEntry, epoch: int,
+                  first: int) -> np.ndarray:
+        """`blocks` blocks of `count` windows from the start of `tokens`, each in its shuffled
+        order, by one fancy index."""
+        orders = block_permutations(count, self.seed, epoch, shard.key, first, blocks, self.order)
+        orders += np.arange(0, blocks * count, count)[:, None]
         windows = np.lib.stride_tricks.sliding_window_view(tokens, self.seq_len + 1)[::self.seq_len]
-        return windows[order]
+        return windows[orders.ravel()]
 
 
-@dataclass(frozen=True)
-class Batch:
+class Batch(NamedTuple):
+    """A named tuple: a reader makes one per step and hands them over a block at a time."""
+
     samples: np.ndarray
     """This rank's samples of the step: (batch_size, seq_len + 1) token ids."""
     after: StreamPosition
@@ -235,24 +257,41 @@ class Batch:
 def global_batches(stream: SampleStream, start: StreamPosition, *, batch_size: int, dp_rank: int,
                    dp_size: int) -> Iterator[Batch]:
     """Each step's `dp_size · batch_size` samples; this rank keeps r, r + dp_size, …."""
+    for group in batch_groups(stream, start, batch_size=batch_size, dp_rank=dp_rank, dp_size=dp_size):
+        yield from group
+
+
+def batch_groups(stream: SampleStream, start: StreamPosition, *, batch_size: int, dp_rank: int,
+                 dp_size: int) -> Iterator[list[Batch]]:
+    """`global_batches`, a list at a time: the steps that end in one block come out together,
+    cut from it by one reshape (and one copy when dp_size > 1) — a step costs no NumPy call of
+    its own, and a reader hands a block's batches to its consumer at once, not one by one."""
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if dp_size <= 0 or not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_rank ({dp_rank}) must be in [0, dp_size={dp_size})")
-    blocks = stream.blocks(start)
     per_step = batch_size * dp_size
-    block: Block | None = None
-    used = 0
-    while True:
-        parts: list[np.ndarray] = []
-        need = per_step
-        while need:
-            if block is None or used == len(block.windows):
-                block, used = next(blocks), 0
-            take = min(need, len(block.windows) - used)
-            parts.append(block.windows[used:used + take])
-            used += take
-            need -= take
-        assert block is not None
-        step = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        yield Batch(np.ascontiguousarray(step[dp_rank::dp_size]), block.position_after(used))
+    begun: list[np.ndarray] = []  # the first samples of a step that spans blocks
+    missing = per_step
+    for block in stream.blocks(start):
+        windows, group = block.windows, []
+        used = 0
+        if begun:
+            used = min(missing, len(windows))
+            begun.append(windows[:used])
+            missing -= used
+            if missing:
+                continue
+            step = np.concatenate(begun)
+            group.append(Batch(np.ascontiguousarray(step[dp_rank::dp_size]), block.position_after(used)))
+            begun, missing = [], per_step
+        whole = (len(windows) - used) // per_step
+        if whole:
+            steps = windows[used:used + whole * per_step].reshape(whole, per_step, -1)
+            mine = np.ascontiguousarray(steps[:, dp_rank::dp_size])
+            group += [Batch(mine[k], block.position_after(used + (k + 1) * per_step)) for k in range(whole)]
+            used += whole * per_step
+        if used < len(windows):
+            begun, missing = [windows[used:]], per_step - (len(windows) - used)
+        if group:
+            yield group
