@@ -19,7 +19,10 @@ mismatch counts as `corrupt`, the entry is dropped and fetched again. The hit ha
 open file, verified through that same descriptor, so an eviction by another rank (an unlink)
 cannot pull it away mid-read.
 
-Tokenized shards: a reader that parsed a shard stores its token ids beside it
+A reader of a streamed format (JSONL, text) does not keep the shard itself: `stream` reads it
+by ranged GETs for the parser (`plugins.data.fetch`), and only its token ids are stored.
+
+Tokenized shards: a reader that parsed a shard stores its token ids
 (`<entry>-tokens-<variant digest>`, the variant naming the tokenizer — with its file's SHA-256 —,
 format, text field and dtype), verified the same way and evicted under the same limit. Another
 rank of the node, or the next epoch, memory-maps them instead of parsing again; a per-entry
@@ -182,6 +185,17 @@ class ShardCache:
             self._count(misses=int(count))
             return self._fill(store, manifest, shard, name)
 
+    def stream(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, *,
+               count: bool = True) -> IO[bytes]:
+        """The shard read straight from the store by ranged GETs over this cache's connections,
+        not kept (`plugins.data.fetch`): for a reader that keeps its token ids instead. A miss
+        (when `count`), its bytes counted as they arrive."""
+        from plugins.data.fetch import open_stream
+
+        self._count(misses=int(count))
+        return open_stream(store, manifest, shard, self._pool, chunk_bytes=self.chunk_bytes,
+                           on_bytes=lambda n: self._count(bytes_fetched=n))
+
     def _open_hit(self, manifest: ShardManifest, shard: ShardEntry) -> IO[bytes] | None:
         return self._verified(self.path_of(manifest, shard),
                               {"key": shard.key, "etag": shard.etag, "size": shard.size})
@@ -301,7 +315,7 @@ class ShardCache:
     def _fill(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, name: str) -> IO[bytes]:
         """Download, commit, and return the new entry opened before its rename (so an eviction
         by another rank right after the commit cannot take it from us)."""
-        from plugins.storage.errors import IntegrityError, ObjectNotFoundError
+        from plugins.data.fetch import shard_errors
 
         if shard.size > self.max_bytes:
             raise CacheTooSmallError(
@@ -309,7 +323,7 @@ class ShardCache:
                 f"({self.max_bytes} bytes at {self.root}); raise TRAINYARD_DATA_CACHE_BYTES")
         tmp = self._reserve(name, shard.size)
         try:
-            with open(tmp, "r+b") as out:
+            with open(tmp, "r+b") as out, shard_errors(manifest, shard):
                 fd = out.fileno()
 
                 def get(offset: int) -> tuple[int, bytes]:
@@ -334,10 +348,6 @@ class ShardCache:
                 raise
             self._count(bytes_fetched=got)
             return result
-        except ObjectNotFoundError as e:
-            raise manifest.gone(shard, "is missing from the store") from e
-        except IntegrityError as e:
-            raise manifest.gone(shard, "has changed in the store") from e
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()

@@ -8,20 +8,21 @@
 - The shard manifest is listed on the first batch (or comes from the checkpoint, see
   `plugins.data.manifest`); `agree` lets the ranks use one listing (the worker broadcasts
   rank 0's).
-- A producer thread walks the stream (`plugins.data.stream`): it opens shards through the
-  node's cache (`plugins.data.cache`), tokenizes and packs, and hands the batches over a
+- A producer thread walks the stream (`plugins.data.stream`): it takes each shard's token ids
+  (below), cuts them into windows in the epoch's order, and hands the batches over a
   shuffle block at a time (`batch_groups`: one lock and one wake-up per block, not per batch —
   per-batch hand-offs between two threads cost more than cutting the batches). While
   `prefetch_batches` or more are ready it waits (back-pressure), so memory is bounded by those,
-  one block and the fill buffers — not by the dataset.
-- While a shard is read, the next `prefetch_shards` in the epoch's order are opened through the
-  cache by other threads — its tokenized copy when the node has one (memory-mapped), else the
-  shard itself, filled by ranged GETs over parallel connections on a miss — hash-verified, and
-  handed to the producer, so downloads and verification overlap parsing and nothing is hashed
-  twice.
-- A shard the producer parses is stored tokenized in the cache as it is parsed
-  (`ShardCache.fill_tokens`): the next epoch, and the node's other ranks, read token ids
-  instead of parsing again (the ranks that want a shard at once wait for the one parsing it).
+  one block and the fetch buffers (and, when the cache is too small to keep a shard's tokens,
+  those of the `prefetch_shards + 1` shards in flight) — not by the dataset.
+- While a shard is cut into batches, the next `prefetch_shards` in the epoch's order are made
+  ready by other threads: their tokenized copy from the node cache (memory-mapped,
+  hash-verified), or, on a miss, the shard read by ranged GETs over parallel connections
+  (`plugins.data.fetch`), tokenized as its bytes arrive and stored tokenized in the cache
+  (`ShardCache.fill_tokens`). Only the tokens are kept: a raw copy would cost as much to write
+  as the parse and take half the cache (parquet, read by row group, is copied whole into the
+  cache first). The next epoch, and the node's other ranks, read token ids instead of parsing
+  again; the ranks that want a shard at once wait for the one parsing it.
 - The state in a checkpoint is the position *after the last batch handed out*, not where
   the producer has got to: batches handed over but not taken are produced again after a resume.
 - An error in the producer (a shard gone, a bad row) is raised by the next `next_batch()`.
@@ -34,7 +35,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -99,7 +100,7 @@ class StreamingReader:
         self._thread: threading.Thread | None = None
         self.prefetch_shards = prefetch_shards
         self._fill_pool = ThreadPoolExecutor(max_workers=max(1, prefetch_shards), thread_name_prefix="shard-prefetch")
-        self._prefetched: dict[str, Future[np.ndarray | IO[bytes]]] = {}
+        self._prefetched: dict[str, Future[np.ndarray]] = {}
         """Shards being opened by the prefetch threads (token ids, or the shard's file), which
         count their access (hit/miss)."""
         self.dtype = token_dtype(self.tokenizer)
@@ -171,55 +172,53 @@ class StreamingReader:
                 self._handover.notify()
 
     def _shard_tokens(self, shard: ShardEntry) -> Iterator[np.ndarray]:
-        """The shard's token ids in one piece: the node cache's tokenized copy, or parsed now
-        (and stored there). Memory-mapped either way: the shard is never in memory whole."""
+        """The shard's token ids in one piece, as a prefetch thread made them (or made now)."""
+        tokens = self._take_prefetched(shard)
+        yield tokens if tokens is not None else self._tokens_of(shard, count=True)
+
+    def _tokens_of(self, shard: ShardEntry, *, count: bool) -> np.ndarray:
+        """The node cache's tokenized copy, or the shard parsed now (and stored there), memory-
+        mapped either way: the shard is never in memory whole. The ranks of a node that want
+        a shard at once wait for the one parsing it."""
         manifest = self.manifest
         assert manifest is not None  # set by _start
-        handed = self._take_prefetched(shard)
-        if isinstance(handed, np.ndarray):
-            yield handed
-            return
-        try:
-            tokens = self.cache.open_tokens(manifest, shard, self.variant, self.dtype, count=handed is None)
-            if tokens is None:
-                with self.cache.tokens_lock(manifest, shard, self.variant):
-                    tokens = self.cache.open_tokens(manifest, shard, self.variant, self.dtype, count=False)
-                    if tokens is None:  # nobody on this node has parsed it: this rank does
-                        f, handed = handed or self.cache.open(self.store, manifest, shard), None
-                        with f:
-                            pieces = token_pieces(f, shard.key, manifest.format, self.tokenizer, self.text_field)
-                            tokens = self.cache.fill_tokens(manifest, shard, self.variant, self.dtype, pieces,
-                                                            headroom=self._headroom(shard))
-        finally:
-            if handed is not None:
-                handed.close()  # the shard's file, opened ahead, not needed: its tokens were there
-        yield tokens
+        tokens = self.cache.open_tokens(manifest, shard, self.variant, self.dtype, count=count)
+        if tokens is not None:
+            return tokens
+        with self.cache.tokens_lock(manifest, shard, self.variant):
+            tokens = self.cache.open_tokens(manifest, shard, self.variant, self.dtype, count=False)
+            if tokens is not None:  # another rank of the node parsed it while we waited
+                return tokens
+            # Parquet is read by row group (random access): from the cache's raw copy. The
+            # others are parsed as their bytes arrive, and only their tokens are kept.
+            source = self.cache.open if manifest.format == "parquet" else self.cache.stream
+            with source(self.store, manifest, shard, count=count) as f:
+                pieces = token_pieces(f, shard.key, manifest.format, self.tokenizer, self.text_field)
+                return self.cache.fill_tokens(manifest, shard, self.variant, self.dtype, pieces,
+                                              headroom=self._headroom(shard))
 
     def _headroom(self, shard: ShardEntry) -> int:
-        """What the shards in flight may need: this one and those fetched ahead (the largest
-        shard of the manifest for each, an upper bound)."""
+        """Room a token copy must leave free: for parquet, the raw copies of the shards in
+        flight (this one and those read ahead; the largest shard's size for each, an upper
+        bound); nothing for the streamed formats, whose raw bytes are never kept."""
         assert self.manifest is not None
+        if self.manifest.format != "parquet":
+            return 0
         if self._largest_shard is None:
             self._largest_shard = max((s.size for s in self.manifest.shards), default=shard.size)
         return (self.prefetch_shards + 1) * self._largest_shard
 
-    def _take_prefetched(self, shard: ShardEntry) -> np.ndarray | IO[bytes] | None:
-        """What a prefetch thread opened for `shard` (already counted), or None."""
+    def _take_prefetched(self, shard: ShardEntry) -> np.ndarray | None:
+        """The tokens a prefetch thread made for `shard` (its access already counted), or None."""
         with self._prefetch_lock:
             opening = self._prefetched.pop(shard.key, None)
         if opening is None:
             return None
         try:
             return opening.result()
-        except Exception as e:  # noqa: BLE001 - opened again by the caller, which raises it
+        except Exception as e:  # noqa: BLE001 - made again by the caller, which raises it
             log.debug("prefetch of %s failed: %s", shard.key, e)
             return None
-
-    def _open_ahead(self, manifest: ShardManifest, shard: ShardEntry) -> np.ndarray | IO[bytes]:
-        tokens = self.cache.open_tokens(manifest, shard, self.variant, self.dtype)
-        if tokens is not None:
-            return tokens
-        return self.cache.open(self.store, manifest, shard)
 
     def _prefetch(self, shard: ShardEntry) -> None:
         manifest = self.manifest
@@ -228,7 +227,7 @@ class StreamingReader:
         with self._prefetch_lock:
             if shard.key in self._prefetched:
                 return  # already on its way
-            self._prefetched[shard.key] = self._fill_pool.submit(self._open_ahead, manifest, shard)
+            self._prefetched[shard.key] = self._fill_pool.submit(self._tokens_of, shard, count=True)
 
     def close(self) -> None:
         with self._handover:
@@ -238,12 +237,7 @@ class StreamingReader:
             self._thread.join(timeout=30)
         self._fill_pool.shutdown(wait=True, cancel_futures=True)
         with self._prefetch_lock:
-            left, self._prefetched = list(self._prefetched.values()), {}
-        for opening in left:  # opened ahead and never read: close the files
-            if opening.done() and not opening.cancelled() and opening.exception() is None:
-                ahead = opening.result()
-                if not isinstance(ahead, np.ndarray):
-                    ahead.close()
+            self._prefetched.clear()  # token ids made ahead and never read: memory maps, no files
 
     # --- checkpoint state -------------------------------------------------------------------
 
