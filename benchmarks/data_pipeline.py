@@ -9,13 +9,17 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
 - `baseline_samples_s`: a plain sequential loop written out in this file (so it does not speed
   up when the pipeline does) that makes the *same* batches of 16: one `get_object` per shard
   in the epoch's order, `json.loads` per line, windows sliced one by one, blocks put in the
-  pipeline's order — one epoch. The run checks that it and both streamed passes produce
-  byte-identical batches (a SHA-256 over all of them), so the ratios compare like with like;
+  pipeline's order — one epoch. The run first checks, untimed, that it and both streamed
+  passes produce byte-identical batches (a SHA-256 over all of them), so the ratios compare
+  like with like; the timed passes only make the batches;
 - `sequential_stream_samples_s` (context): the pipeline's own parser and cutter fed by one
   sequential `get_object` per shard — what parsing alone gains, without overlap or cache;
-- `stream_samples_s`: `StreamingReader` (cold cache: shards fetched by parallel ranged GETs into
-  the cache, the next shards opened while one is parsed, batches cut by a background thread
-  into a bounded queue), the same batches;
+- `fetch_only_samples_s` (context): the dataset's bytes alone, fetched as the pipeline fetches
+  them (`ShardStream`: ranged GETs, three shards in flight) and thrown away — the most the
+  endpoint and the client's HTTP stack deliver on this machine, the cold pass's ceiling;
+- `stream_samples_s`: `StreamingReader` (cold cache: the next shards fetched by ranged GETs and
+  tokenized as they arrive by other threads, their token ids stored in the cache, batches cut
+  by a background thread into a bounded queue), the same batches;
 - `cached_samples_s`: the same again on the warm cache: every shard's tokenized copy (stored by
   the cold pass as it parsed) a hash-verified, memory-mapped hit — no parsing;
 - `peak_rss_mb`: the peak resident set of a child process streaming one epoch with a cache of a
@@ -26,8 +30,8 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
   for batches over the time of the steps, first step excluded (`first_batch_s` beside it: the
   listing and the first shard's fetch).
 
-The three throughputs are the medians of `--rounds` rounds (each round: baseline, cold stream,
-warm cache; `rounds` lists them all), so a burst of load from other processes does not decide
+The throughputs are the medians of `--rounds` rounds (each round: baseline, sequential stream,
+fetch only, cold stream, warm cache; `rounds` lists them all), so a burst of load from other processes does not decide
 a ratio. Every figure is from the same run. Prints one JSON line.
 """
 
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -84,13 +89,13 @@ def moto_process() -> Iterator[S3Server]:
         proc.wait(timeout=30)
 
 
-def sequential_baseline(store: object, seq_len: int, batch_size: int) -> tuple[int, float, str]:
+def sequential_baseline(store: object, seq_len: int, batch_size: int,
+                        digest: hashlib._Hash | None = None) -> tuple[int, float]:
     """The plain way to make the same batches, written out here so it never changes with the
     pipeline: one `get_object` per shard in the epoch's order, `json.loads` per line, tokens
     in a bytearray, each window sliced, each block of 256 put in the pipeline's order (its
     `block_permutation`: the one definition of the order, not the pipeline's machinery), batches
-    stacked into arrays. Returns (samples, seconds, digest of the batches)."""
-    import hashlib
+    stacked into arrays (and added to `digest`, for the check). Returns (samples, seconds)."""
     import json
 
     import numpy as np
@@ -100,7 +105,7 @@ def sequential_baseline(store: object, seq_len: int, batch_size: int) -> tuple[i
 
     start = time.perf_counter()
     manifest = list_manifest(store, "jsonl")  # type: ignore[arg-type]
-    span, digest, samples = seq_len + 1, hashlib.sha256(), 0
+    span, samples = seq_len + 1, 0
     pending: list[bytes] = []
     for i in epoch_order(len(manifest.shards), 0, 0):
         key = manifest.shards[i].key
@@ -116,11 +121,12 @@ def sequential_baseline(store: object, seq_len: int, batch_size: int) -> tuple[i
         done = 0
         while len(pending) - done >= batch_size:
             batch = np.frombuffer(b"".join(pending[done:done + batch_size]), np.uint8).reshape(batch_size, span)
-            digest.update(batch.tobytes())
+            if digest is not None:
+                digest.update(batch)
             samples += batch_size
             done += batch_size
         pending = pending[done:]
-    return samples, time.perf_counter() - start, digest.hexdigest()
+    return samples, time.perf_counter() - start
 
 
 def sequential_stream(store: object, seq_len: int) -> tuple[int, float]:
@@ -141,26 +147,46 @@ def sequential_stream(store: object, seq_len: int) -> tuple[int, float]:
     return samples, time.perf_counter() - start
 
 
-def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int,
-             batch_size: int, batches: int) -> tuple[int, float, str]:
-    """The streaming reader, `batches` batches; returns (samples, seconds, digest)."""
-    import hashlib
-
+def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int, batch_size: int,
+             batches: int, digest: hashlib._Hash | None = None) -> tuple[int, float]:
+    """The streaming reader, `batches` batches (added to `digest`, for the check); returns
+    (samples, seconds)."""
     from plugins.data.cache import ShardCache
     from plugins.data.reader import StreamingReader
 
     cache = ShardCache(cache_dir, cache_bytes)
     reader = StreamingReader(store, "jsonl", cache=cache, seq_len=seq_len, batch_size=batch_size,  # type: ignore[arg-type]
                              dp_rank=0, dp_size=1, seed=0)
-    start, samples, digest = time.perf_counter(), 0, hashlib.sha256()
+    start, samples = time.perf_counter(), 0
     for _ in range(batches):
         batch = reader.next_batch().samples
-        digest.update(batch.tobytes())
+        if digest is not None:
+            digest.update(batch)
         samples += len(batch)
     seconds = time.perf_counter() - start
     reader.close()
     cache.close()
-    return samples, seconds, digest.hexdigest()
+    return samples, seconds
+
+
+def fetch_only(store: object, in_flight: int = 3) -> float:
+    """Seconds to read every shard's bytes through `ShardStream`, `in_flight` shards at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from plugins.data.cache import CHUNK_BYTES
+    from plugins.data.fetch import open_stream
+    from plugins.data.manifest import list_manifest
+
+    start = time.perf_counter()
+    manifest = list_manifest(store, "jsonl")  # type: ignore[arg-type]
+    with ThreadPoolExecutor(8) as connections, ThreadPoolExecutor(in_flight) as shards:
+        def read(shard: object) -> int:
+            with open_stream(store, manifest, shard, connections, chunk_bytes=CHUNK_BYTES) as f:  # type: ignore[arg-type]
+                return len(f.read())
+
+        fetched = sum(shards.map(read, manifest.shards))
+    assert fetched == manifest.total_bytes
+    return time.perf_counter() - start
 
 
 def child_rss(uri: str, endpoint: str, cache_dir: Path, cache_bytes: int, seq_len: int) -> dict:
@@ -237,20 +263,32 @@ def main() -> int:
         dataset_bytes = write_jsonl_dataset(full, shards=shards, rows=SHARD_ROWS, row_bytes=ROW_BYTES)
         quarter_bytes = write_jsonl_dataset(quarter, shards=shards // 4, rows=SHARD_ROWS, row_bytes=ROW_BYTES)
 
-        rates: dict[str, list[float]] = {"baseline": [], "sequential_stream": [], "stream": [], "cached": []}
         batch = 16
+        # The check, untimed: the baseline and both streamed passes make byte-identical batches
+        # (so the ratios compare like with like). Hashing inside the timed loops would cost the
+        # warm pass more than the pipeline itself, mostly in GIL hand-overs between its threads.
+        digests = {name: hashlib.sha256() for name in ("baseline", "stream", "cached")}
+        base_n, _ = sequential_baseline(full, args.seq_len, batch, digests["baseline"])
+        for name in ("stream", "cached"):  # cold, then warm
+            streamed(full, args.seq_len, root / "check", 2 * dataset_bytes, batch, base_n // batch, digests[name])
+        shutil.rmtree(root / "check")
+        if len({d.hexdigest() for d in digests.values()}) != 1:
+            raise RuntimeError("the passes read different samples: the comparison would be unfair")
+
+        rates: dict[str, list[float]] = {"baseline": [], "sequential_stream": [], "fetch_only": [], "stream": [],
+                                         "cached": []}
         for r in range(args.rounds):  # each round: baseline, cold stream, warm cache
-            base_n, base_s, base_digest = sequential_baseline(full, args.seq_len, batch)
+            base_n, base_s = sequential_baseline(full, args.seq_len, batch)
             seq_n, seq_s = sequential_stream(full, args.seq_len)
+            fetch_s = fetch_only(full)
             cache_dir = root / f"cache-{r}"
-            stream_n, stream_s, stream_digest = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes,
-                                                         batch, base_n // batch)
-            cached_n, cached_s, cached_digest = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes,
-                                                         batch, base_n // batch)
-            if not stream_digest == cached_digest == base_digest or seq_n - base_n >= batch:
-                raise RuntimeError("the passes read different samples: the comparison would be unfair")
+            stream_n, stream_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch)
+            cached_n, cached_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch)
+            if not 0 <= seq_n - base_n < batch:
+                raise RuntimeError(f"the sequential stream read {seq_n} samples, the baseline {base_n}")
             for name, n, seconds in (("baseline", base_n, base_s), ("sequential_stream", seq_n, seq_s),
-                                     ("stream", stream_n, stream_s), ("cached", cached_n, cached_s)):
+                                     ("fetch_only", base_n, fetch_s), ("stream", stream_n, stream_s),
+                                     ("cached", cached_n, cached_s)):
                 rates[name].append(n / seconds)
             shutil.rmtree(cache_dir)
         median = {name: statistics.median(values) for name, values in rates.items()}
@@ -275,6 +313,7 @@ def main() -> int:
         "stream_samples_s": round(median["stream"], 1),
         "baseline_samples_s": round(median["baseline"], 1),
         "sequential_stream_samples_s": round(median["sequential_stream"], 1),
+        "fetch_only_samples_s": round(median["fetch_only"], 1),
         "cached_samples_s": round(median["cached"], 1),
         "peak_rss_mb": big["peak_rss_mb"],
         "dataset_mb": round(dataset_bytes / 2**20, 1),
@@ -289,6 +328,7 @@ def main() -> int:
         "train_cache_hit_rate": train["data"].get("cache_hit_rate"),
         "stream_vs_baseline": round(median["stream"] / median["baseline"], 2),
         "cached_vs_baseline": round(median["cached"] / median["baseline"], 2),
+        "fetch_only_vs_baseline": round(median["fetch_only"] / median["baseline"], 2),
         "rounds": {name: [round(v) for v in values] for name, values in rates.items()},
         "cpu_count": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
