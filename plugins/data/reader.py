@@ -101,8 +101,8 @@ class StreamingReader:
         self.prefetch_shards = prefetch_shards
         self._fill_pool = ThreadPoolExecutor(max_workers=max(1, prefetch_shards), thread_name_prefix="shard-prefetch")
         self._prefetched: dict[str, Future[np.ndarray]] = {}
-        """Shards being opened by the prefetch threads (token ids, or the shard's file), which
-        count their access (hit/miss)."""
+        """The token ids the prefetch threads are making, by shard key (they count each shard's
+        access, hit or miss)."""
         self.dtype = token_dtype(self.tokenizer)
         self.variant = f"{self.tokenizer_name}|{fmt}|{text_field}|{self.dtype.str}"
         """What a tokenized copy in the cache must have been made with."""
@@ -178,8 +178,8 @@ class StreamingReader:
 
     def _tokens_of(self, shard: ShardEntry, *, count: bool) -> np.ndarray:
         """The node cache's tokenized copy, or the shard parsed now (and stored there), memory-
-        mapped either way: the shard is never in memory whole. The ranks of a node that want
-        a shard at once wait for the one parsing it."""
+        mapped either way — in memory only when the cache cannot keep them. The ranks of a node
+        that want a shard at once wait for the one parsing it."""
         manifest = self.manifest
         assert manifest is not None  # set by _start
         tokens = self.cache.open_tokens(manifest, shard, self.variant, self.dtype, count=count)
