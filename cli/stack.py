@@ -165,9 +165,15 @@ class Stack:
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(_group_alive(pid) for pid in groups.values()):
             time.sleep(0.2)
-        for component, pid in groups.items():
+        for pid in groups.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        # SIGKILL is delivered asynchronously: wait until the groups are gone (briefly: nothing
+        # can refuse it), so a part started again right after never meets its old self.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_group_alive(pid) for pid in groups.values()):
+            time.sleep(0.05)
+        for component, pid in groups.items():
             processes.reap(pid)
             self._pid_file(component).unlink(missing_ok=True)
 
