@@ -423,5 +423,7 @@ class ShardCache:
                 setattr(self.stats, k, getattr(self.stats, k) + v)
 
     def used_bytes(self) -> int:
-        """Bytes of shard data (committed or being filled) in the folder now."""
-        return self._scan()[2]
+        """Bytes of shard data (committed or being filled) in the folder now. Under the folder
+        lock: a listing taken while a fill is committed (renamed) may name the file twice."""
+        with locked(self.root / ROOT_LOCK):
+            return self._scan()[2]
