@@ -19,6 +19,7 @@ from plugins.storage.store import (
     open_store,
     split_uri,
 )
+from tests.support.s3_server import S3Server
 
 
 def _sha(data: bytes) -> str:
@@ -272,7 +273,22 @@ def test_transient_s3_errors_are_told_apart_and_retried(s3_server: object) -> No
 
 def test_ranged_reads_and_etags(store: ObjectStore) -> None:
     """`read_range` returns the asked bytes (fewer at the end), and `if_match` with the listed
-    etag refuses an object overwritten since it was listed."""
+    etag refuses an object overwritten since it was listed (on S3: over plain, presigned
+    requests, never botocore's `get_object`)."""
+    if isinstance(store, S3Store):
+        assert store._plain_http is not None
+        store.client.get_object = _refuse  # type: ignore[method-assign]
+    _check_ranged_reads(store)
+
+
+def test_s3_ranged_reads_through_botocore(s3_server: S3Server) -> None:
+    """The same through `get_object`: the path ranged reads take behind a proxy."""
+    store = S3Store(s3_server.new_bucket(), "p", endpoint_url=s3_server.endpoint_url)
+    store.__dict__["_plain_http"] = None
+    _check_ranged_reads(store)
+
+
+def _check_ranged_reads(store: ObjectStore) -> None:
     data = bytes(range(256)) * 40
     store.put_bytes("r/blob", data)
     (info,) = list(store.list("r/"))
@@ -285,3 +301,51 @@ def test_ranged_reads_and_etags(store: ObjectStore) -> None:
         store.read_range("r/blob", 0, 10, if_match=info.etag)
     with pytest.raises(ObjectNotFoundError, match="r/missing"):
         store.read_range("r/missing", 0, 10)
+
+
+def _refuse(**kwargs: object) -> object:
+    raise AssertionError(f"botocore's get_object was called: {kwargs}")
+
+
+def test_s3_ranged_reads_take_botocore_only_behind_a_proxy(s3_server: S3Server,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy that applies to the endpoint sends ranged reads through botocore (which knows how
+    to cross it); one that the endpoint bypasses (NO_PROXY) leaves them on the plain pool."""
+    for var in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    host = s3_server.endpoint_url.split("//")[1].split(":")[0]
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    assert S3Store("bucket", endpoint_url=s3_server.endpoint_url)._plain_http is None
+    monkeypatch.setenv("NO_PROXY", host)
+    assert S3Store("bucket", endpoint_url=s3_server.endpoint_url)._plain_http is not None
+
+
+def test_s3_ranged_read_retries_a_dropped_body(s3_server: S3Server) -> None:
+    """A connection broken mid-body (urllib3's ProtocolError) is retried; S3's refusal (a missing
+    bucket) is not, and its error names S3's code but never the presigned URL, which carries a
+    signature."""
+    from botocore.exceptions import ClientError
+    from urllib3.exceptions import ProtocolError
+
+    store = S3Store(s3_server.new_bucket(), "p", endpoint_url=s3_server.endpoint_url)
+    store.put_bytes("k", b"payload")
+    real, calls = store._plain_get, []
+
+    def dropped_once(*args: object) -> bytes:
+        calls.append(args)
+        if len(calls) == 1:
+            raise ProtocolError("Connection broken: IncompleteRead(3 bytes read, 4 more expected)")
+        return real(*args)  # type: ignore[arg-type]
+
+    store._plain_get = dropped_once  # type: ignore[method-assign]
+    assert store.read_range("k", 3, 4) == b"load"
+    assert len(calls) == 2
+
+    missing = S3Store(f"no-such-{s3_server.new_bucket()}", endpoint_url=s3_server.endpoint_url)
+    real, calls = missing._plain_get, []
+    missing._plain_get = dropped_once  # type: ignore[method-assign]
+    calls.append("not dropped")  # the first call is not the one that drops
+    with pytest.raises(ClientError, match="NoSuchBucket") as refused:
+        missing.read_range("k", 0, 4)
+    assert len(calls) == 2  # one request: not retried
+    assert "Signature" not in str(refused.value) and "X-Amz" not in str(refused.value)
