@@ -20,6 +20,9 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
 - `stream_samples_s`: `StreamingReader` (cold cache: the next shards fetched by ranged GETs and
   tokenized as they arrive by other threads, their token ids stored in the cache, batches cut
   by a background thread into a bounded queue), the same batches;
+- `stream_botocore_samples_s` (context): the cold pass again with the store's ranged GETs sent
+  through botocore's `get_object` (the path behind a proxy) instead of presigned URLs over
+  urllib3 (`S3Store._plain_http`) — what botocore's per-request cost takes from the cold pass;
 - `cached_samples_s`: the same again on the warm cache: every shard's tokenized copy (stored by
   the cold pass as it parsed) a hash-verified, memory-mapped hit — no parsing;
 - `peak_rss_mb`: the peak resident set of a child process streaming one epoch with a cache of a
@@ -31,8 +34,8 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
   listing and the first shard's fetch).
 
 The throughputs are the medians of `--rounds` rounds (each round: baseline, sequential stream,
-fetch only, cold stream, warm cache; `rounds` lists them all), so a burst of load from other processes does not decide
-a ratio. Every figure is from the same run. Prints one JSON line.
+fetch only, cold stream, cold stream through botocore, warm cache; `rounds` lists them all), so
+a burst of load from other processes does not decide a ratio. Every figure is from the same run. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -276,18 +279,24 @@ def main() -> int:
             raise RuntimeError("the passes read different samples: the comparison would be unfair")
 
         rates: dict[str, list[float]] = {"baseline": [], "sequential_stream": [], "fetch_only": [], "stream": [],
-                                         "cached": []}
-        for r in range(args.rounds):  # each round: baseline, cold stream, warm cache
+                                         "stream_botocore": [], "cached": []}
+        botocore_path = S3Store(bucket, "full", endpoint_url=server.endpoint_url)
+        botocore_path.__dict__["_plain_http"] = None  # as behind a proxy: get_object
+        for r in range(args.rounds):  # each round: every pass once, interleaved
             base_n, base_s = sequential_baseline(full, args.seq_len, batch)
             seq_n, seq_s = sequential_stream(full, args.seq_len)
             fetch_s = fetch_only(full)
             cache_dir = root / f"cache-{r}"
             stream_n, stream_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch)
+            boto_n, boto_s = streamed(botocore_path, args.seq_len, root / f"cache-boto-{r}", 2 * dataset_bytes, batch,
+                                      base_n // batch)
+            shutil.rmtree(root / f"cache-boto-{r}")
             cached_n, cached_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch)
             if not 0 <= seq_n - base_n < batch:
                 raise RuntimeError(f"the sequential stream read {seq_n} samples, the baseline {base_n}")
             for name, n, seconds in (("baseline", base_n, base_s), ("sequential_stream", seq_n, seq_s),
                                      ("fetch_only", base_n, fetch_s), ("stream", stream_n, stream_s),
+                                     ("stream_botocore", boto_n, boto_s),
                                      ("cached", cached_n, cached_s)):
                 rates[name].append(n / seconds)
             shutil.rmtree(cache_dir)
@@ -314,6 +323,7 @@ def main() -> int:
         "baseline_samples_s": round(median["baseline"], 1),
         "sequential_stream_samples_s": round(median["sequential_stream"], 1),
         "fetch_only_samples_s": round(median["fetch_only"], 1),
+        "stream_botocore_samples_s": round(median["stream_botocore"], 1),
         "cached_samples_s": round(median["cached"], 1),
         "peak_rss_mb": big["peak_rss_mb"],
         "dataset_mb": round(dataset_bytes / 2**20, 1),
@@ -329,6 +339,7 @@ def main() -> int:
         "stream_vs_baseline": round(median["stream"] / median["baseline"], 2),
         "cached_vs_baseline": round(median["cached"] / median["baseline"], 2),
         "fetch_only_vs_baseline": round(median["fetch_only"] / median["baseline"], 2),
+        "stream_botocore_vs_baseline": round(median["stream_botocore"] / median["baseline"], 2),
         "rounds": {name: [round(v) for v in values] for name, values in rates.items()},
         "cpu_count": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
