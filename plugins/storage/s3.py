@@ -9,6 +9,7 @@ import functools
 import hashlib
 import io
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -26,6 +27,10 @@ from plugins.storage.errors import IntegrityError, ObjectNotFoundError
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
+
+
+_S3_ERROR_CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
+"""The code in an S3 error body (`<Error><Code>NoSuchKey</Code>…`)."""
 
 
 def _is_transient(error: BaseException) -> bool:
@@ -229,7 +234,7 @@ class S3Store(ObjectStore):
         response parsing — dates included), holding the GIL, and a data reader makes thousands
         of ranged GETs whose threads also parse rows; measured on moto, a SigV4 presigned URL
         (~0.4 ms: the client's own signer, addressing and credentials) sent by urllib3 costs
-        ~1.4 ms in all. Retries: `_retry_policy(8)`; a status other than 206 becomes the
+        ~1.4 ms in all. Retries: `_retrying`, 8 attempts; a status other than 206 becomes the
         `ClientError` botocore would raise, so both paths share their error handling.
         TLS verifies against `AWS_CA_BUNDLE` or botocore's bundle. A presigned URL lives 5 minutes
         and is logged nowhere by this code (urllib3 logs request lines only at DEBUG)."""
@@ -254,10 +259,6 @@ class S3Store(ObjectStore):
     def _plain_get(self, http: Any, key: str, headers: dict[str, str]) -> bytes:
         """One ranged GET through `_plain_http`; a status other than 206 raised as botocore's
         `ClientError` with S3's error code (the URL, which carries a signature, is not in it)."""
-        import re
-
-        from botocore.exceptions import ClientError
-
         url = self.client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": key},
                                                  ExpiresIn=300)
         response = http.request("GET", url, headers=headers, decode_content=False)
@@ -266,7 +267,9 @@ class S3Store(ObjectStore):
         if response.status == 200:  # the whole object: a server that ignores Range is not S3
             raise ValueError(f"{self.uri}: the endpoint answered a ranged GET of {key!r} with the "
                              "whole object (HTTP 200, not 206); it does not support byte ranges")
-        found = re.search(rb"<Code>([^<]{1,64})</Code>", response.data or b"")
+        from botocore.exceptions import ClientError
+
+        found = _S3_ERROR_CODE.search(response.data or b"")
         code = found.group(1).decode("ascii", "replace") if found else str(response.status)
         raise ClientError({"Error": {"Code": code, "Message": f"HTTP {response.status}"},
                            "ResponseMetadata": {"HTTPStatusCode": response.status}}, "GetObject")
@@ -352,22 +355,18 @@ class S3Store(ObjectStore):
         if length == 0:
             return b""
         full, byte_range = self._key(key), f"bytes={start}-{start + length - 1}"
-        extra = {"IfMatch": f'"{if_match}"'} if if_match is not None else {}
+        quoted = None if if_match is None else f'"{if_match}"'
         http = self._plain_http
-
-        def request() -> bytes:
-            if http is not None:
-                headers = {"Range": byte_range}
-                if if_match is not None:
-                    headers["If-Match"] = f'"{if_match}"'
-                return self._plain_get(http, full, headers)
-            response = self.client.get_object(Bucket=self.bucket, Key=full, Range=byte_range, **extra)
-            with contextlib.closing(response["Body"]) as body:
-                return body.read()
 
         def attempt() -> bytes:
             try:
-                return request()
+                if http is not None:
+                    headers = {"Range": byte_range} if quoted is None else {"Range": byte_range, "If-Match": quoted}
+                    return self._plain_get(http, full, headers)
+                extra = {} if quoted is None else {"IfMatch": quoted}
+                response = self.client.get_object(Bucket=self.bucket, Key=full, Range=byte_range, **extra)
+                with contextlib.closing(response["Body"]) as body:
+                    return body.read()
             except Exception as e:
                 if _is_not_found(e):
                     raise ObjectNotFoundError(f"no object {key!r} in {self.uri}") from e
@@ -378,7 +377,7 @@ class S3Store(ObjectStore):
                     return b""
                 raise
 
-        return _retry_policy(8)(attempt)  # 8: the plain path has no botocore retries beneath
+        return _retrying(attempt, attempts=8)()  # 8: the plain path has no botocore retries beneath
 
     def exists(self, key: str) -> bool:
         try:
