@@ -2,18 +2,22 @@
 tests need (trigger a job's DAG, follow its DAG runs and tasks), with errors a person can act on.
 
 The embedded stack answers without a token (local-only simple auth, `config/airflow.py`); a real
-deployment takes a bearer token (`TRAINYARD_AIRFLOW_TOKEN`). Standard library only.
+deployment takes a bearer token (`TRAINYARD_AIRFLOW_TOKEN`). The standard library, and tenacity
+for asking again while Airflow is busy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class AirflowUnavailable(RuntimeError):
@@ -34,6 +38,13 @@ class AirflowClient:
     token: str = ""
     timeout_s: float = 15.0
     headers: dict[str, str] = field(default_factory=dict)
+    patience_s: float = 180.0
+    """How long a request Airflow is too busy to answer (a server error, a timed-out answer) is
+    tried again. Not a few attempts: the embedded SQLite metadata has been seen locked for two
+    minutes on a loaded two-core machine (every write waiting out the 60 s busy timeout twice),
+    and a trigger given up after one minute failed a run that would have gone on."""
+    retry_wait_s: float = 0.5
+    """The first wait between tries; each later one doubles, up to 8 s."""
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
               query: dict[str, Any] | None = None) -> Any:
@@ -42,7 +53,7 @@ class AirflowClient:
         (`trigger` makes its own POST safe to repeat)."""
         if method != "GET":
             return self._request(method, path, body, query)
-        for attempt in _retrying():
+        for attempt in self._retrying():
             with attempt:
                 return self._request(method, path, body, query)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -73,6 +84,17 @@ class AirflowClient:
                 "(or set TRAINYARD_AIRFLOW_URL)") from e
         return json.loads(raw) if raw else None
 
+    def _retrying(self) -> Any:
+        from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
+        def waiting(state: Any) -> None:
+            log.warning("Airflow at %s is busy (%s); asking again (%.0f s of %.0f s of patience used)",
+                        self.url, state.outcome.exception(), state.seconds_since_start, self.patience_s)
+
+        return Retrying(retry=retry_if_exception(_retransmittable), stop=stop_after_delay(self.patience_s),
+                        wait=wait_exponential(multiplier=self.retry_wait_s, max=8), before_sleep=waiting,
+                        reraise=True)
+
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, *, run_id: str | None = None,
                 note: str | None = None) -> dict[str, Any]:
         """Start one DAG run, exactly once. The run id is chosen here (Airflow's own
@@ -84,7 +106,7 @@ class AirflowClient:
         if note:
             body["note"] = note
         path = f"dags/{urllib.parse.quote(dag_id)}/dagRuns"
-        for attempt in _retrying():
+        for attempt in self._retrying():
             with attempt:
                 try:
                     return self._request("POST", path, body, None)
@@ -165,13 +187,6 @@ def _retransmittable(error: BaseException) -> bool:
         reason = getattr(cause, "reason", cause)
         return not isinstance(reason, ConnectionRefusedError)
     return False
-
-
-def _retrying() -> Any:
-    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
-
-    return Retrying(retry=retry_if_exception(_retransmittable), stop=stop_after_attempt(4),
-                    wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ exists); the end-to-end tests drive the same client against a real Airflow."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -25,6 +26,9 @@ class FlakyAirflow:
         self.runs: dict[str, dict[str, Any]] = {}
         self.posts = 0
         self.fail_after_create = fail_after_create
+        self.busy_gets = 0
+        """The next this many GETs answer 500 (the metadata database locked)."""
+        self.gets = 0
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
@@ -55,6 +59,11 @@ class FlakyAirflow:
                 self._answer(200, fake.runs[run_id])
 
             def do_GET(self) -> None:
+                fake.gets += 1
+                if fake.busy_gets > 0:
+                    fake.busy_gets -= 1
+                    self._answer(500, {"detail": "database is locked"})
+                    return
                 run_id = self.path.rsplit("/", 1)[-1]
                 from urllib.parse import unquote
 
@@ -93,6 +102,23 @@ def test_a_run_id_taken_by_someone_else_is_an_error_not_a_silent_attach(
     with pytest.raises(AirflowRequestFailed, match="already exists") as e:
         client.trigger("job", {"max_steps": 7}, run_id="mine")
     assert e.value.status == 409
+
+
+def test_a_long_busy_spell_is_waited_out_within_the_patience(flaky: tuple[FlakyAirflow, AirflowClient]) -> None:
+    """More server errors in a row than a handful of attempts (CI saw the embedded metadata
+    locked for two minutes): a read keeps asking until its patience is spent, then raises."""
+    fake, client = flaky
+    fake.fail_after_create = 0
+    client.trigger("job", {}, run_id="r")
+    patient = dataclasses.replace(client, retry_wait_s=0.001)
+    fake.busy_gets, fake.gets = 9, 0
+    assert patient.dag_run("job", "r")["dag_run_id"] == "r"
+    assert fake.gets == 10
+    impatient = dataclasses.replace(patient, patience_s=0.0)
+    fake.busy_gets, fake.gets = 9, 0
+    with pytest.raises(AirflowRequestFailed) as e:
+        impatient.dag_run("job", "r")
+    assert e.value.status == 500 and fake.gets == 1
 
 
 def test_nothing_listening_fails_at_once() -> None:
