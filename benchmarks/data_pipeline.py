@@ -33,6 +33,12 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
   for batches over the time of the steps, first step excluded (`first_batch_s` beside it: the
   listing and the first shard's fetch).
 
+Where the cold pass's time goes: `stream_cpu_s` / `baseline_cpu_s` are this process's CPU
+seconds (all threads) in one cold streamed / baseline pass, beside `stream_wall_s` /
+`baseline_wall_s`, and `stream_endpoint_cpu_s` the endpoint process's CPU in the cold pass (moto
+is the "remote" store, on this machine's cores). CPU close to wall means the pass is bound by one
+interpreter's CPU (the GIL), not by the endpoint or the network.
+
 The throughputs are the medians of `--rounds` rounds (each round: baseline, sequential stream,
 fetch only, cold stream, cold stream through botocore, warm cache; `rounds` lists them all), so
 a burst of load from other processes does not decide a ratio. Every figure is from the same run. Prints one JSON line.
@@ -64,9 +70,18 @@ REPO = Path(__file__).resolve().parent.parent
 SHARD_ROWS, ROW_BYTES = 500, 2000
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) a process has used so far (Linux `/proc`), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def moto_process() -> Iterator[S3Server]:
-    """`python -m moto.server` on a free port, in a child process; dummy credentials."""
+def moto_process() -> Iterator[tuple[S3Server, int]]:
+    """`python -m moto.server` on a free port, in a child process (and its pid); dummy credentials."""
     import urllib.request
 
     from tests.support.procs import free_port
@@ -86,7 +101,7 @@ def moto_process() -> Iterator[S3Server]:
                 time.sleep(0.1)
         else:
             raise RuntimeError(f"moto server did not answer at {url}")
-        yield S3Server(url)
+        yield S3Server(url), proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -258,7 +273,7 @@ def main() -> int:
     from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     shards = max(4, args.dataset_mb)  # ~1 MB each
-    with moto_process() as server, tempfile.TemporaryDirectory(prefix="data-pipeline-") as tmp:
+    with moto_process() as (server, endpoint_pid), tempfile.TemporaryDirectory(prefix="data-pipeline-") as tmp:
         root = Path(tmp)
         bucket = server.new_bucket("bench")
         full = S3Store(bucket, "full", endpoint_url=server.endpoint_url)
@@ -282,12 +297,20 @@ def main() -> int:
                                          "stream_botocore": [], "cached": []}
         botocore_path = S3Store(bucket, "full", endpoint_url=server.endpoint_url)
         botocore_path.__dict__["_plain_http"] = None  # as behind a proxy: get_object
+        cpu: dict[str, list[float]] = {"baseline": [], "stream": [], "stream_endpoint": []}
         for r in range(args.rounds):  # each round: every pass once, interleaved
+            own = time.process_time()
             base_n, base_s = sequential_baseline(full, args.seq_len, batch)
+            cpu["baseline"].append(time.process_time() - own)
             seq_n, seq_s = sequential_stream(full, args.seq_len)
             fetch_s = fetch_only(full)
             cache_dir = root / f"cache-{r}"
+            own, endpoint = time.process_time(), process_cpu_s(endpoint_pid)
             stream_n, stream_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch)
+            cpu["stream"].append(time.process_time() - own)
+            after = process_cpu_s(endpoint_pid)
+            if endpoint is not None and after is not None:
+                cpu["stream_endpoint"].append(after - endpoint)
             boto_n, boto_s = streamed(botocore_path, args.seq_len, root / f"cache-boto-{r}", 2 * dataset_bytes, batch,
                                       base_n // batch)
             shutil.rmtree(root / f"cache-boto-{r}")
@@ -340,6 +363,11 @@ def main() -> int:
         "cached_vs_baseline": round(median["cached"] / median["baseline"], 2),
         "fetch_only_vs_baseline": round(median["fetch_only"] / median["baseline"], 2),
         "stream_botocore_vs_baseline": round(median["stream_botocore"] / median["baseline"], 2),
+        "stream_cpu_s": round(statistics.median(cpu["stream"]), 3),
+        "stream_wall_s": round(base_n / median["stream"], 3),
+        "stream_endpoint_cpu_s": round(statistics.median(cpu["stream_endpoint"]), 3) if cpu["stream_endpoint"] else None,
+        "baseline_cpu_s": round(statistics.median(cpu["baseline"]), 3),
+        "baseline_wall_s": round(base_n / median["baseline"], 3),
         "rounds": {name: [round(v) for v in values] for name, values in rates.items()},
         "cpu_count": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
