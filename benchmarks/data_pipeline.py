@@ -70,15 +70,6 @@ REPO = Path(__file__).resolve().parent.parent
 SHARD_ROWS, ROW_BYTES = 500, 2000
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) a process has used so far (Linux `/proc`), or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @contextlib.contextmanager
 def moto_process() -> Iterator[tuple[S3Server, int]]:
     """`python -m moto.server` on a free port, in a child process (and its pid); dummy credentials."""
@@ -268,6 +259,7 @@ def main() -> int:
     if args.train_child:
         return train_child(args)
 
+    from plugins.launch import processes
     from plugins.storage.store import S3Store, open_store
     from tests.support.datasets import write_jsonl_dataset
     from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
@@ -305,10 +297,10 @@ def main() -> int:
             seq_n, seq_s = sequential_stream(full, args.seq_len)
             fetch_s = fetch_only(full)
             cache_dir = root / f"cache-{r}"
-            own, endpoint = time.process_time(), process_cpu_s(endpoint_pid)
+            own, endpoint = time.process_time(), processes.cpu_seconds(endpoint_pid)
             stream_n, stream_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch)
             cpu["stream"].append(time.process_time() - own)
-            after = process_cpu_s(endpoint_pid)
+            after = processes.cpu_seconds(endpoint_pid)
             if endpoint is not None and after is not None:
                 cpu["stream_endpoint"].append(after - endpoint)
             boto_n, boto_s = streamed(botocore_path, args.seq_len, root / f"cache-boto-{r}", 2 * dataset_bytes, batch,

@@ -19,7 +19,7 @@ from pathlib import Path
 PROC = Path("/proc")
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
     """Fields 3… of /proc/<pid>/stat (after the parenthesised command name)."""
     try:
         raw = (PROC / str(pid) / "stat").read_bytes()
@@ -29,15 +29,23 @@ def _stat_fields(pid: int) -> list[str] | None:
     return raw[end + 2:].decode("ascii", "replace").split()
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) the process has used so far, or None when it is gone."""
+    fields = stat_fields(pid)
+    if not fields or len(fields) <= 12:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_ticks(pid: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[19]) if fields and len(fields) > 19 else None
 
 
 def is_alive(pid: int | None, ticks: int | None = None) -> bool:
     if not pid:
         return False
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if not fields or fields[0] in ("Z", "X"):
         return False
     return ticks is None or int(fields[19]) == ticks
@@ -66,7 +74,7 @@ def group_members(pgids: Iterable[int]) -> list[int]:
         return []
     members = []
     for pid in _all_pids():
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         if fields and fields[0] not in ("Z", "X") and int(fields[2]) in wanted:
             members.append(pid)
     return members

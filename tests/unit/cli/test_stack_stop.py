@@ -7,10 +7,13 @@ import time
 from pathlib import Path
 
 from cli.stack import Stack, _group_alive
+from plugins.launch import processes
 
 
 def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    fields = processes.stat_fields(pid)
+    assert fields is not None
+    return fields[0]
 
 
 def test_an_exited_unreaped_leader_is_not_alive() -> None:

@@ -107,11 +107,11 @@ def test_liveness_ignores_zombies_and_recycled_pids() -> None:
     assert not processes.is_alive(os.getpid(), (processes.start_ticks(os.getpid()) or 0) + 1)
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 30
-    while (processes._stat_fields(proc.pid) or ["Z"])[0] != "Z" and time.monotonic() < deadline:
+    while (processes.stat_fields(proc.pid) or ["Z"])[0] != "Z" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not processes.is_alive(proc.pid)  # a zombie: exited, not reaped
     processes.reap(proc.pid)
-    assert processes._stat_fields(proc.pid) is None
+    assert processes.stat_fields(proc.pid) is None
 
 
 def test_marked_processes_finds_a_run_by_its_variable(tmp_path: Path) -> None:
