@@ -37,7 +37,11 @@ Where the cold pass's time goes: `stream_cpu_s` / `baseline_cpu_s` are this proc
 seconds (all threads) in one cold streamed / baseline pass, beside `stream_wall_s` /
 `baseline_wall_s`, and `stream_endpoint_cpu_s` the endpoint process's CPU in the cold pass (moto
 is the "remote" store, on this machine's cores). CPU close to wall means the pass is bound by one
-interpreter's CPU (the GIL), not by the endpoint or the network.
+interpreter's CPU (the GIL), not by the endpoint or the network. `stream_thread_cpu_s` splits the
+cold pass's CPU by the reader's threads (`thread_cpu`): `consumer` (this loop), `cut` (the
+producer: windows, shuffle, batches), `prefetch` (tokenize and store each shard's tokens; a
+shard of one chunk, as here, is fetched by that thread too) and `connections` (the ranged GETs
+of larger shards) — where a cheaper pass would have to come from.
 
 The throughputs are the medians of `--rounds` rounds (each round: baseline, sequential stream,
 fetch only, cold stream, cold stream through botocore, warm cache; `rounds` lists them all), so
@@ -58,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,16 +161,40 @@ def sequential_stream(store: object, seq_len: int) -> tuple[int, float]:
     return samples, time.perf_counter() - start
 
 
+THREAD_ROLES = (("MainThread", "consumer"), ("data-producer", "cut"), ("shard-prefetch", "prefetch"),
+                ("shard-get", "connections"))
+"""The reader's threads by the start of their names, as `stream_thread_cpu_s` names them."""
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds each role's live threads (`THREAD_ROLES`; any other: `other`) have used so
+    far, read from each thread's own CPU clock."""
+    used: dict[str, float] = {}
+    for thread in threading.enumerate():
+        if thread.ident is None:
+            continue
+        try:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except OSError:  # the thread ended meanwhile
+            continue
+        role = next((role for prefix, role in THREAD_ROLES if thread.name.startswith(prefix)), "other")
+        used[role] = used.get(role, 0.0) + seconds
+    return used
+
+
 def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int, batch_size: int,
-             batches: int, digest: hashlib._Hash | None = None) -> tuple[int, float]:
+             batches: int, digest: hashlib._Hash | None = None,
+             cpu: dict[str, float] | None = None) -> tuple[int, float]:
     """The streaming reader, `batches` batches (added to `digest`, for the check); returns
-    (samples, seconds)."""
+    (samples, seconds). `cpu` is given the pass's CPU seconds by thread role (`thread_cpu`),
+    read before the reader's threads end."""
     from plugins.data.cache import ShardCache
     from plugins.data.reader import StreamingReader
 
     cache = ShardCache(cache_dir, cache_bytes)
     reader = StreamingReader(store, "jsonl", cache=cache, seq_len=seq_len, batch_size=batch_size,  # type: ignore[arg-type]
                              dp_rank=0, dp_size=1, seed=0)
+    before = thread_cpu()
     start, samples = time.perf_counter(), 0
     for _ in range(batches):
         batch = reader.next_batch().samples
@@ -173,6 +202,8 @@ def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int, bat
             digest.update(batch)
         samples += len(batch)
     seconds = time.perf_counter() - start
+    if cpu is not None:
+        cpu.update({role: used - before.get(role, 0.0) for role, used in thread_cpu().items()})
     reader.close()
     cache.close()
     return samples, seconds
@@ -290,6 +321,7 @@ def main() -> int:
         botocore_path = S3Store(bucket, "full", endpoint_url=server.endpoint_url)
         botocore_path.__dict__["_plain_http"] = None  # as behind a proxy: get_object
         cpu: dict[str, list[float]] = {"baseline": [], "stream": [], "stream_endpoint": []}
+        by_thread: dict[str, list[float]] = {}
         for r in range(args.rounds):  # each round: every pass once, interleaved
             own = time.process_time()
             base_n, base_s = sequential_baseline(full, args.seq_len, batch)
@@ -298,7 +330,11 @@ def main() -> int:
             fetch_s = fetch_only(full)
             cache_dir = root / f"cache-{r}"
             own, endpoint = time.process_time(), processes.cpu_seconds(endpoint_pid)
-            stream_n, stream_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch)
+            roles: dict[str, float] = {}
+            stream_n, stream_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch,
+                                          cpu=roles)
+            for role, seconds in roles.items():
+                by_thread.setdefault(role, []).append(seconds)
             cpu["stream"].append(time.process_time() - own)
             after = processes.cpu_seconds(endpoint_pid)
             if endpoint is not None and after is not None:
@@ -358,6 +394,7 @@ def main() -> int:
         "stream_cpu_s": round(statistics.median(cpu["stream"]), 3),
         "stream_wall_s": round(base_n / median["stream"], 3),
         "stream_endpoint_cpu_s": round(statistics.median(cpu["stream_endpoint"]), 3) if cpu["stream_endpoint"] else None,
+        "stream_thread_cpu_s": {role: round(statistics.median(v), 3) for role, v in sorted(by_thread.items())},
         "baseline_cpu_s": round(statistics.median(cpu["baseline"]), 3),
         "baseline_wall_s": round(base_n / median["baseline"], 3),
         "rounds": {name: [round(v) for v in values] for name, values in rates.items()},
