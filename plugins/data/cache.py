@@ -187,8 +187,9 @@ class ShardCache:
 
     def stream(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, *,
                count: bool = True) -> IO[bytes]:
-        """The shard read straight from the store by ranged GETs over this cache's connections,
-        not kept (`plugins.data.fetch`): for a reader that keeps its token ids instead. A miss
+        """The shard read straight from the store by ranged GETs over this cache's connections
+        (a shard of one chunk: one GET by the calling thread), not kept (`plugins.data.fetch`):
+        for a reader that keeps its token ids instead. A miss
         (when `count`), its bytes counted as they arrive."""
         from plugins.data.fetch import open_stream
 

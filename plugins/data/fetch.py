@@ -7,8 +7,9 @@ their zstd forms) are parsed as they arrive: `ShardStream` asks for the shard's 
 `chunk_bytes` ranges over the cache's connection pool, `ahead` of them at once (so the
 connections stay busy while the parser works), each with the manifest's ETag as `If-Match` so
 a shard overwritten mid-read is not stitched from two versions, and hands them to the parser
-in order. Memory: `ahead + 1` chunks. Parquet needs random access and goes through the cache's
-raw copy instead (`ShardCache.open`).
+in order. Memory: `ahead + 1` chunks. A shard of one chunk is one GET, made by the reader's own
+thread (`open_stream`). Parquet needs random access and goes through the cache's raw copy
+instead (`ShardCache.open`).
 
 A shard gone or changed since the run listed it raises the manifest's `ShardGoneError` naming
 it — here and in `ShardCache`, through `shard_errors`.
@@ -21,7 +22,7 @@ import io
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from plugins.data.manifest import ShardEntry, ShardManifest
@@ -105,7 +106,18 @@ class ShardStream(io.RawIOBase):
 
 def open_stream(store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, pool: Executor, *,
                 chunk_bytes: int, ahead: int = 2,
-                on_bytes: Callable[[int], None] | None = None) -> io.BufferedReader:
-    """`ShardStream` buffered, so lines iterate at C speed."""
+                on_bytes: Callable[[int], None] | None = None) -> IO[bytes]:
+    """`ShardStream` buffered, so lines iterate at C speed — or, for a shard of one chunk, that
+    chunk fetched now by the calling thread: with nothing to overlap, the hand-off to the pool
+    and the copy into a buffer are pure cost (the reader's prefetch threads already run several
+    shards at once)."""
+    if shard.size <= chunk_bytes:
+        with shard_errors(manifest, shard):
+            data = store.read_range(shard.key, 0, shard.size, if_match=shard.etag)
+        if len(data) != shard.size:
+            raise manifest.gone(shard, f"now has fewer bytes than the listed {shard.size}")
+        if on_bytes is not None:
+            on_bytes(len(data))
+        return io.BytesIO(data)
     raw = ShardStream(store, manifest, shard, pool, chunk_bytes=chunk_bytes, ahead=ahead, on_bytes=on_bytes)
     return io.BufferedReader(raw, buffer_size=min(chunk_bytes, 1 << 20))

@@ -1,6 +1,6 @@
-"""`ShardStream` against a real S3 endpoint (moto's server): a shard read as consecutive ranged
-GETs, a few in flight, is the object's bytes in order; a shard deleted, overwritten or shrunk
-since the run listed it is named."""
+"""`open_stream` against a real S3 endpoint (moto's server): a shard read as consecutive ranged
+GETs, a few in flight (or, when it is one chunk, as one GET), is the object's bytes in order; a
+shard deleted, overwritten or shrunk since the run listed it is named — on both paths."""
 
 from __future__ import annotations
 
@@ -52,25 +52,27 @@ def test_lines_iterate_across_chunk_boundaries(store: S3Store, pool: ThreadPoolE
         assert list(f) == lines
 
 
+@pytest.mark.parametrize("size", [CHUNK // 2, 5 * CHUNK])
 @pytest.mark.parametrize(("change", "message"), [("delete", "is missing from the store"),
                                                 ("overwrite", "has changed in the store")])
 def test_a_shard_changed_after_listing_is_named(store: S3Store, pool: ThreadPoolExecutor, change: str,
-                                                message: str) -> None:
-    manifest = shard_of(store, os.urandom(5 * CHUNK))
+                                                message: str, size: int) -> None:
+    manifest = shard_of(store, os.urandom(size))
     if change == "delete":
         store.delete("s.jsonl")
     else:
-        store.put_bytes("s.jsonl", os.urandom(5 * CHUNK))
+        store.put_bytes("s.jsonl", os.urandom(size))
     with pytest.raises(ShardGoneError, match=rf"shard 's\.jsonl' of .* {message}"), \
             open_stream(store, manifest, manifest.shards[0], pool, chunk_bytes=CHUNK) as f:
         f.read()
 
 
-def test_a_manifest_listing_more_bytes_than_the_object_has_is_named(store: S3Store,
-                                                                     pool: ThreadPoolExecutor) -> None:
-    listed = shard_of(store, os.urandom(3 * CHUNK))
-    shard = listed.shards[0].model_copy(update={"size": 4 * CHUNK + 1, "etag": None})
+@pytest.mark.parametrize(("size", "listed_size"), [(CHUNK // 3, CHUNK // 2), (3 * CHUNK, 4 * CHUNK + 1)])
+def test_a_manifest_listing_more_bytes_than_the_object_has_is_named(store: S3Store, pool: ThreadPoolExecutor,
+                                                                     size: int, listed_size: int) -> None:
+    listed = shard_of(store, os.urandom(size))
+    shard = listed.shards[0].model_copy(update={"size": listed_size, "etag": None})
     manifest = listed.model_copy(update={"shards": (shard,)})
-    with pytest.raises(ShardGoneError, match="fewer bytes than the listed 4001"), \
+    with pytest.raises(ShardGoneError, match=f"fewer bytes than the listed {listed_size}"), \
             open_stream(store, manifest, shard, pool, chunk_bytes=CHUNK) as f:
         f.read()
