@@ -25,6 +25,11 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
   urllib3 (`S3Store._plain_http`) — what botocore's per-request cost takes from the cold pass;
 - `cached_samples_s`: the same again on the warm cache: every shard's tokenized copy (stored by
   the cold pass as it parsed) a hash-verified, memory-mapped hit — no parsing;
+- `dp8_rank_vs_dp1_time` (context): on the warm cache, the seconds data-parallel rank 0 of 8
+  takes for its eighth of the epoch (`cached_dp8_rank_s`) over the seconds one rank takes for all
+  of it (`cached_dp1_s`). 0.125 would mean a rank pays for its share only; every rank walks the
+  whole stream and keeps every 8th sample (`plugins.data.stream`), so it stays far above that —
+  each rank of a large job pays for the global batch, not only its own;
 - `peak_rss_mb`: the peak resident set of a child process streaming one epoch with a cache of a
   tenth of the dataset (`dataset_mb`), beside `peak_rss_quarter_mb` for a quarter of the data
   under the same cache (flat memory: the two are close);
@@ -72,6 +77,8 @@ if TYPE_CHECKING:
     from tests.support.s3_server import S3Server
 
 REPO = Path(__file__).resolve().parent.parent
+DP_SHARE = 8
+"""The data-parallel size of `dp8_rank_vs_dp1_time`."""
 SHARD_ROWS, ROW_BYTES = 500, 2000
 
 
@@ -184,16 +191,16 @@ def thread_cpu() -> dict[str, float]:
 
 def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int, batch_size: int,
              batches: int, digest: hashlib._Hash | None = None,
-             cpu: dict[str, float] | None = None) -> tuple[int, float]:
-    """The streaming reader, `batches` batches (added to `digest`, for the check); returns
-    (samples, seconds). `cpu` is given the pass's CPU seconds by thread role (`thread_cpu`),
+             cpu: dict[str, float] | None = None, dp_size: int = 1) -> tuple[int, float]:
+    """The streaming reader (data-parallel rank 0 of `dp_size`), `batches` batches (added to
+    `digest`, for the check); returns (samples, seconds). `cpu` is given the pass's CPU seconds by thread role (`thread_cpu`),
     read before the reader's threads end."""
     from plugins.data.cache import ShardCache
     from plugins.data.reader import StreamingReader
 
     cache = ShardCache(cache_dir, cache_bytes)
     reader = StreamingReader(store, "jsonl", cache=cache, seq_len=seq_len, batch_size=batch_size,  # type: ignore[arg-type]
-                             dp_rank=0, dp_size=1, seed=0)
+                             dp_rank=0, dp_size=dp_size, seed=0)
     before = thread_cpu()
     start, samples = time.perf_counter(), 0
     for _ in range(batches):
@@ -322,6 +329,7 @@ def main() -> int:
         botocore_path.__dict__["_plain_http"] = None  # as behind a proxy: get_object
         cpu: dict[str, list[float]] = {"baseline": [], "stream": [], "stream_endpoint": []}
         by_thread: dict[str, list[float]] = {}
+        shares: dict[str, list[float]] = {"dp1": [], "dp8_rank": []}
         for r in range(args.rounds):  # each round: every pass once, interleaved
             own = time.process_time()
             base_n, base_s = sequential_baseline(full, args.seq_len, batch)
@@ -343,6 +351,10 @@ def main() -> int:
                                       base_n // batch)
             shutil.rmtree(root / f"cache-boto-{r}")
             cached_n, cached_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch)
+            _, share_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // (batch * DP_SHARE),
+                                  dp_size=DP_SHARE)
+            shares["dp1"].append(cached_s)
+            shares["dp8_rank"].append(share_s)
             if not 0 <= seq_n - base_n < batch:
                 raise RuntimeError(f"the sequential stream read {seq_n} samples, the baseline {base_n}")
             for name, n, seconds in (("baseline", base_n, base_s), ("sequential_stream", seq_n, seq_s),
@@ -389,6 +401,9 @@ def main() -> int:
         "train_cache_hit_rate": train["data"].get("cache_hit_rate"),
         "stream_vs_baseline": round(median["stream"] / median["baseline"], 2),
         "cached_vs_baseline": round(median["cached"] / median["baseline"], 2),
+        "cached_dp1_s": round(statistics.median(shares["dp1"]), 3),
+        "cached_dp8_rank_s": round(statistics.median(shares["dp8_rank"]), 3),
+        "dp8_rank_vs_dp1_time": round(statistics.median(shares["dp8_rank"]) / statistics.median(shares["dp1"]), 3),
         "fetch_only_vs_baseline": round(median["fetch_only"] / median["baseline"], 2),
         "stream_botocore_vs_baseline": round(median["stream_botocore"] / median["baseline"], 2),
         "stream_cpu_s": round(statistics.median(cpu["stream"]), 3),
