@@ -42,6 +42,16 @@ def shard_errors(manifest: ShardManifest, shard: ShardEntry) -> Iterator[None]:
         raise manifest.gone(shard, "has changed in the store") from e
 
 
+def read_chunk(store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, offset: int, length: int) -> bytes:
+    """One ranged GET of the shard, `If-Match` its listed ETag: the store's errors as the
+    manifest's `ShardGoneError`, and fewer bytes than asked (the object shrank) named too."""
+    with shard_errors(manifest, shard):
+        data = store.read_range(shard.key, offset, length, if_match=shard.etag)
+    if len(data) != length:
+        raise manifest.gone(shard, f"now has fewer bytes than the listed {shard.size}")
+    return data
+
+
 class ShardStream(io.RawIOBase):
     """The shard's bytes in order (see the module docstring); wrap in `io.BufferedReader` to
     iterate lines. `on_bytes` is told the size of each chunk as it is handed over."""
@@ -52,9 +62,8 @@ class ShardStream(io.RawIOBase):
         self.store, self.manifest, self.shard, self.pool = store, manifest, shard, pool
         self.chunk_bytes, self.ahead, self.on_bytes = chunk_bytes, max(1, ahead), on_bytes
         self._offsets = iter(range(0, shard.size, chunk_bytes))
-        self._in_flight: deque[tuple[int, Future[bytes]]] = deque()
+        self._in_flight: deque[Future[bytes]] = deque()
         self._chunk = memoryview(b"")
-        self._delivered = 0
         self._fill()
 
     def _fill(self) -> None:
@@ -63,21 +72,12 @@ class ShardStream(io.RawIOBase):
             if offset is None:
                 return
             length = min(self.chunk_bytes, self.shard.size - offset)
-            self._in_flight.append((length, self.pool.submit(
-                self.store.read_range, self.shard.key, offset, length, if_match=self.shard.etag)))
+            self._in_flight.append(self.pool.submit(read_chunk, self.store, self.manifest, self.shard, offset, length))
 
     def _next_chunk(self) -> bool:
         if not self._in_flight:
-            if self._delivered != self.shard.size:
-                raise self.manifest.gone(self.shard, f"now has {self._delivered} bytes, not the listed "
-                                         f"{self.shard.size}")
-            return False
-        length, future = self._in_flight.popleft()
-        with shard_errors(self.manifest, self.shard):
-            data = future.result()
-        if len(data) != length:  # shorter: the object shrank since it was listed
-            raise self.manifest.gone(self.shard, f"now has fewer bytes than the listed {self.shard.size}")
-        self._delivered += len(data)
+            return False  # every chunk arrived whole (`read_chunk`): the listed size, all of it
+        data = self._in_flight.popleft().result()
         if self.on_bytes is not None:
             self.on_bytes(len(data))
         self._chunk = memoryview(data)
@@ -97,7 +97,7 @@ class ShardStream(io.RawIOBase):
         return n
 
     def close(self) -> None:
-        for _, future in self._in_flight:
+        for future in self._in_flight:
             future.cancel()
         self._in_flight.clear()
         self._chunk = memoryview(b"")
@@ -112,10 +112,7 @@ def open_stream(store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, 
     and the copy into a buffer are pure cost (the reader's prefetch threads already run several
     shards at once)."""
     if shard.size <= chunk_bytes:
-        with shard_errors(manifest, shard):
-            data = store.read_range(shard.key, 0, shard.size, if_match=shard.etag)
-        if len(data) != shard.size:
-            raise manifest.gone(shard, f"now has fewer bytes than the listed {shard.size}")
+        data = read_chunk(store, manifest, shard, 0, shard.size)
         if on_bytes is not None:
             on_bytes(len(data))
         return io.BytesIO(data)
