@@ -27,9 +27,10 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
   the cold pass as it parsed) a hash-verified, memory-mapped hit — no parsing;
 - `dp8_rank_vs_dp1_time` (context): on the warm cache, the seconds data-parallel rank 0 of 8
   takes for its eighth of the epoch (`cached_dp8_rank_s`) over the seconds one rank takes for all
-  of it (`cached_dp1_s`). 0.125 would mean a rank pays for its share only; every rank walks the
-  whole stream and keeps every 8th sample (`plugins.data.stream`), so it stays far above that —
-  each rank of a large job pays for the global batch, not only its own;
+  of it (`cached_dp1_s`); 0.125 would mean a rank pays for its share only. With the default 8
+  stripes it reads its stripe's shards only (`plugins.data.stripes`);
+  `dp8_one_stream_rank_vs_dp1_time` is the same with `stripes: 1`, where every rank walks the
+  whole stream and keeps every 8th sample — each rank pays for the global batch;
 - `peak_rss_mb`: the peak resident set of a child process streaming one epoch with a cache of a
   tenth of the dataset (`dataset_mb`), beside `peak_rss_quarter_mb` for a quarter of the data
   under the same cache (flat memory: the two are close);
@@ -191,7 +192,8 @@ def thread_cpu() -> dict[str, float]:
 
 def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int, batch_size: int,
              batches: int, digest: hashlib._Hash | None = None,
-             cpu: dict[str, float] | None = None, dp_size: int = 1) -> tuple[int, float]:
+             cpu: dict[str, float] | None = None, dp_size: int = 1,
+             stripes: int | None = None) -> tuple[int, float]:
     """The streaming reader (data-parallel rank 0 of `dp_size`), `batches` batches (added to
     `digest`, for the check); returns (samples, seconds). `cpu` is given the pass's CPU seconds
     by thread role (`thread_cpu`), read before the reader's threads end."""
@@ -200,7 +202,7 @@ def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int, bat
 
     cache = ShardCache(cache_dir, cache_bytes)
     reader = StreamingReader(store, "jsonl", cache=cache, seq_len=seq_len, batch_size=batch_size,  # type: ignore[arg-type]
-                             dp_rank=0, dp_size=dp_size, seed=0)
+                             dp_rank=0, dp_size=dp_size, seed=0, stripes=stripes)
     before = thread_cpu()
     start, samples = time.perf_counter(), 0
     for _ in range(batches):
@@ -330,6 +332,7 @@ def main() -> int:
         cpu: dict[str, list[float]] = {"baseline": [], "stream": [], "stream_endpoint": []}
         by_thread: dict[str, list[float]] = {}
         share_s: list[float] = []  # rank 0 of DP_SHARE, its share of the epoch on the warm cache
+        one_stream_share_s: list[float] = []  # the same with one stripe
         for r in range(args.rounds):  # each round: every pass once, interleaved
             own = time.process_time()
             base_n, base_s = sequential_baseline(full, args.seq_len, batch)
@@ -353,6 +356,8 @@ def main() -> int:
             cached_n, cached_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch)
             share_s.append(streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch,
                                     base_n // (batch * DP_SHARE), dp_size=DP_SHARE)[1])
+            one_stream_share_s.append(streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch,
+                                               base_n // (batch * DP_SHARE), dp_size=DP_SHARE, stripes=1)[1])
             if not 0 <= seq_n - base_n < batch:
                 raise RuntimeError(f"the sequential stream read {seq_n} samples, the baseline {base_n}")
             for name, n, seconds in (("baseline", base_n, base_s), ("sequential_stream", seq_n, seq_s),
@@ -402,6 +407,8 @@ def main() -> int:
         "cached_dp1_s": round(base_n / median["cached"], 3),
         "cached_dp8_rank_s": round(statistics.median(share_s), 3),
         "dp8_rank_vs_dp1_time": round(statistics.median(share_s) / (base_n / median["cached"]), 3),
+        "cached_dp8_one_stream_rank_s": round(statistics.median(one_stream_share_s), 3),
+        "dp8_one_stream_rank_vs_dp1_time": round(statistics.median(one_stream_share_s) / (base_n / median["cached"]), 3),
         "fetch_only_vs_baseline": round(median["fetch_only"] / median["baseline"], 2),
         "stream_botocore_vs_baseline": round(median["stream_botocore"] / median["baseline"], 2),
         "stream_cpu_s": round(statistics.median(cpu["stream"]), 3),

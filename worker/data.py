@@ -122,7 +122,7 @@ class StreamingData:
     """One data-parallel rank's batches from `plugins.data.reader.StreamingReader`, as tensors.
 
     A `Stateful` for the checkpoint (the reader's state: epoch, samples consumed, cursor and
-    shard manifest — the same on every rank). `metrics()` is what `TrainingSession.step_end`
+    shard manifest — with stripes, every rank's stripes joined, so the same on every rank). `metrics()` is what `TrainingSession.step_end`
     reports beside the data stall."""
 
     def __init__(self, reader: StreamingReader) -> None:
@@ -137,7 +137,14 @@ class StreamingData:
         return self.reader.metrics()
 
     def state_dict(self) -> dict[str, Any]:
-        return self.reader.state_dict()
+        """The reader's state; with stripes, every rank's joined (`merge_states`) — a collective:
+        every rank takes it at the same step, as it saves its checkpoint."""
+        from plugins.data.stripes import merge_states
+
+        state = self.reader.state_dict()
+        if "consumed" not in state:
+            return state  # one stream: the same on every rank
+        return merge_states(all_gather_objects(state))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.reader.load_state_dict(state)
@@ -145,6 +152,17 @@ class StreamingData:
     def close(self) -> None:
         self.reader.close()
         self.reader.cache.close()
+
+
+def all_gather_objects(obj: T) -> list[T]:
+    """Every rank's `obj` (just this one's outside a process group)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def broadcast_from_rank0(make: Callable[[], T]) -> T:
@@ -161,7 +179,8 @@ def broadcast_from_rank0(make: Callable[[], T]) -> T:
 def open_streaming_data(source: str, *, object_store: str, seq_len: int, batch_size: int,
                         dp_rank: int, dp_size: int, seed: int, fmt: str = "jsonl",
                         text_field: str = "text", endpoint_url: str | None = None,
-                        prefetch_batches: int = 4, tokenizer: str = "bytes") -> StreamingData:
+                        prefetch_batches: int = 4, tokenizer: str = "bytes",
+                        stripes: int | None = None) -> StreamingData:
     """The streaming reader for a spec's `dataset.source` (resolved as the dry run does), with
     the node's cache from the settings (`TRAINYARD_DATA_CACHE_DIR`, `TRAINYARD_DATA_CACHE_BYTES`)."""
     from config.settings import Settings
@@ -177,5 +196,5 @@ def open_streaming_data(source: str, *, object_store: str, seq_len: int, batch_s
     reader = StreamingReader(store, fmt, cache=cache, seq_len=seq_len, batch_size=batch_size,
                              dp_rank=dp_rank, dp_size=dp_size, seed=seed, text_field=text_field,
                              tokenizer=loaded,
-                             prefetch_batches=prefetch_batches, agree=broadcast_from_rank0)
+                             prefetch_batches=prefetch_batches, stripes=stripes, agree=broadcast_from_rank0)
     return StreamingData(reader)

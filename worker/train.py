@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                                    dp_rank=mesh["dp"].get_local_rank(), dp_size=plan.dp,
                                    seed=job.training.seed, fmt=job.dataset.format,
                                    text_field=job.dataset.quality.text_field,
-                                   tokenizer=job.dataset.tokenizer,
+                                   tokenizer=job.dataset.tokenizer, stripes=job.dataset.stripes,
                                    endpoint_url=config.endpoint_url)
         session.attach(model=model.state_module, optimizer=optimizer,
                        extra={"scheduler": scheduler, "sampler": data})

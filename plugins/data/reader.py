@@ -3,18 +3,24 @@
     reader = StreamingReader(store, "jsonl", cache=ShardCache(dir, 8 << 30), seq_len=256,
                              batch_size=8, dp_rank=r, dp_size=n, seed=0)
     batch = reader.next_batch()        # this rank's windows of the next global batch
-    reader.state_dict()                # into the checkpoint (the same on every rank)
+    reader.state_dict()                # into the checkpoint (see "stripes" below)
 
 - The shard manifest is listed on the first batch (or comes from the checkpoint, see
   `plugins.data.manifest`); `agree` lets the ranks use one listing (the worker broadcasts
   rank 0's).
+- The shards are split into stripes (`plugins.data.stripes`; `stripes`, default one per data-
+  parallel rank, at most one per shard): the rank reads only the stripes its samples come
+  from, each a stream of its own, and the state names their positions only —
+  `merge_states` joins the ranks' states into the checkpoint's. With one stripe every rank
+  walks the one stream below and its state is the same on every rank.
 - A producer thread walks the stream (`plugins.data.stream`): it takes each shard's token ids
   (below), cuts them into windows in the epoch's order, and hands the batches over a
   shuffle block at a time (`batch_groups`: one lock and one wake-up per block, not per batch —
   per-batch hand-offs between two threads cost more than cutting the batches). While
   `prefetch_batches` or more are ready it waits (back-pressure), so memory is bounded by those,
   one block and the fetch buffers (and, when the cache is too small to keep a shard's tokens,
-  those of the `prefetch_shards + 1` shards in flight) — not by the dataset.
+  those of the `prefetch_shards + 1` shards in flight, for each stripe it reads) — not by the
+  dataset. (With stripes, batches are cut and handed over one at a time.)
 - While a shard is cut into batches, the next `prefetch_shards` in the epoch's order are made
   ready by other threads: their tokenized copy from the node cache (memory-mapped,
   hash-verified), or, on a miss, the shard read by ranged GETs over parallel connections
@@ -49,6 +55,16 @@ from plugins.data.stream import (
     batch_groups,
     token_dtype,
 )
+from plugins.data.stripes import (
+    StripedPosition,
+    decode_positions,
+    encode_positions,
+    read_by,
+    stripe_manifest,
+    stripe_members,
+    stripe_seed,
+    striped_batches,
+)
 
 if TYPE_CHECKING:
     from plugins.data.cache import ShardCache
@@ -71,7 +87,7 @@ class StreamingReader:
                  batch_size: int, dp_rank: int, dp_size: int, seed: int = 0,
                  text_field: str = "text", tokenizer: Tokenizer | None = None,
                  tokenizer_name: str | None = None, prefetch_batches: int = 4, prefetch_shards: int = 2,
-                 shuffle_block: int = 256,
+                 shuffle_block: int = 256, stripes: int | None = None,
                  agree: Callable[[Callable[[], ShardManifest]], ShardManifest] | None = None) -> None:
         if prefetch_batches <= 0:
             raise ValueError(f"prefetch_batches must be positive, got {prefetch_batches}")
@@ -87,8 +103,14 @@ class StreamingReader:
         self.shuffle_block = shuffle_block
         self._agree = agree or (lambda make: make())
         self.manifest: ShardManifest | None = None
-        self.position = StreamPosition()
-        """After the last batch handed out."""
+        if stripes is not None and stripes <= 0:
+            raise ValueError(f"stripes must be positive, got {stripes}")
+        self.stripes_wanted = stripes
+        """Stripes for a new run (`plugins.data.stripes`); None: one per data-parallel rank."""
+        self.stripes: int | None = None
+        """The run's stripes: decided when it starts (at most one per shard), or its checkpoint's."""
+        self.position: StreamPosition | StripedPosition = StreamPosition()
+        """After the last batch handed out (a `StripedPosition` with more than one stripe)."""
         self._ready: deque[Batch | _Failed] = deque()
         """Batches the producer has handed over, in order (a failure last)."""
         self._handover = threading.Condition(threading.Lock())
@@ -143,17 +165,54 @@ class StreamingReader:
             log.info("dataset %s: %d shards, %d bytes, manifest %s", self.manifest.uri,
                      len(self.manifest.shards), self.manifest.total_bytes, self.manifest.digest[:12])
         manifest = self.manifest
-        stream = SampleStream(manifest, None,
-                              self.tokenizer, seq_len=self.seq_len, seed=self.seed,
-                              text_field=self.text_field, shuffle_block=self.shuffle_block,
-                              prefetch=self._prefetch if self.prefetch_shards else None,
-                              prefetch_ahead=self.prefetch_shards, tokens=self._shard_tokens,
-                              order=self.order)
-        groups = batch_groups(stream, self.position, batch_size=self.batch_size,
-                                 dp_rank=self.dp_rank, dp_size=self.dp_size)
+        if self.stripes is None:
+            self.stripes = min(self.stripes_wanted or self.dp_size, len(manifest.shards))
+        elif self.stripes_wanted is not None and self.stripes_wanted != self.stripes:
+            log.warning("the checkpoint's data order has %d stripes; this run asks for %d and keeps "
+                        "the checkpoint's (a change would reorder the data)", self.stripes, self.stripes_wanted)
+        groups: Iterator[list[Batch]]
+        if self.stripes == 1:
+            assert isinstance(self.position, StreamPosition)
+            groups = batch_groups(self._stream(manifest, self.seed), self.position, batch_size=self.batch_size,
+                                  dp_rank=self.dp_rank, dp_size=self.dp_size)
+        else:
+            groups = ([batch] for batch in self._striped(manifest, self.stripes))
         self._thread = threading.Thread(target=self._produce, args=(groups,), daemon=True,
                                         name=f"data-producer-{self.dp_rank}")
         self._thread.start()
+
+    def _stream(self, manifest: ShardManifest, order_seed: int) -> SampleStream:
+        return SampleStream(manifest, None, self.tokenizer, seq_len=self.seq_len, seed=self.seed,
+                            text_field=self.text_field, shuffle_block=self.shuffle_block,
+                            prefetch=self._prefetch if self.prefetch_shards else None,
+                            prefetch_ahead=self.prefetch_shards, tokens=self._shard_tokens,
+                            order=self.order, order_seed=order_seed)
+
+    def _striped(self, manifest: ShardManifest, count: int) -> Iterator[Batch]:
+        """This rank's batches from the stripes it reads (`plugins.data.stripes`)."""
+        start = self.position
+        if isinstance(start, StreamPosition):
+            if start != StreamPosition():
+                raise ValueError(f"a one-stream position ({start}) cannot start a run of {count} stripes")
+            start = StripedPosition(0, {})
+        members = stripe_members(manifest, count)
+        mine = read_by(count, start.consumed, self.dp_rank, self.dp_size)
+        positions = {}
+        for s in mine:
+            if s in start.stripes:
+                positions[s] = start.stripes[s]
+            elif start.consumed == 0:
+                positions[s] = StreamPosition()
+            else:
+                raise ValueError(f"the checkpoint's data state has no position for stripe {s} of {count} "
+                                 "(saved without every rank's stripes, see plugins.data.stripes.merge_states)")
+        self.position = start = StripedPosition(start.consumed, positions)
+        log.info("data-parallel rank %d of %d reads stripes %s of %d (%d of %d shards)", self.dp_rank,
+                 self.dp_size, mine, count, sum(len(members[s]) for s in mine), len(manifest.shards))
+        streams = {s: self._stream(stripe_manifest(manifest, members[s]), stripe_seed(self.seed, s, count))
+                   for s in mine}
+        return striped_batches(streams, start, count=count, batch_size=self.batch_size,
+                               dp_rank=self.dp_rank, dp_size=self.dp_size)
 
     def _produce(self, groups: Iterator[list[Batch]]) -> None:
         try:
@@ -242,13 +301,20 @@ class StreamingReader:
     # --- checkpoint state -------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The same on every rank: epoch, samples consumed, the shard cursor and the manifest."""
+        """Epoch, samples consumed, the shard cursor and the manifest — the same on every rank
+        with one stripe; with more, each rank's names the positions of the stripes it reads
+        (`plugins.data.stripes.merge_states` joins them)."""
         p = self.position
-        return {"format": STATE_FORMAT, "seed": self.seed, "seq_len": self.seq_len,
-                "tokenizer": self.tokenizer_name, "epoch": p.epoch, "offset": p.offset,
-                "shard": p.shard, "shard_start": p.shard_start, "order": self.order,
-                "manifest": self.manifest.model_dump(mode="json") if self.manifest else None,
-                "manifest_digest": self.manifest.digest if self.manifest else None}
+        state: dict[str, Any] = {
+            "format": STATE_FORMAT, "seed": self.seed, "seq_len": self.seq_len,
+            "tokenizer": self.tokenizer_name, "order": self.order,
+            "manifest": self.manifest.model_dump(mode="json") if self.manifest else None,
+            "manifest_digest": self.manifest.digest if self.manifest else None}
+        if self.stripes is not None:
+            state["stripes"] = self.stripes
+        if isinstance(p, StripedPosition):
+            return {**state, "consumed": p.consumed, "stripe_positions": encode_positions(p.stripes)}
+        return {**state, "epoch": p.epoch, "offset": p.offset, "shard": p.shard, "shard_start": p.shard_start}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self._thread is not None:
@@ -271,5 +337,12 @@ class StreamingReader:
             if manifest.digest != state["manifest_digest"]:
                 raise ValueError("the checkpoint's shard manifest does not match its digest")
             self.manifest = manifest
-        self.position = StreamPosition(int(state["epoch"]), int(state["offset"]), int(state["shard"]),
-                                       int(state["shard_start"])).checked()
+        stripes = state.get("stripes")  # none before a run's first batch (and before stripes existed)
+        self.stripes = None if stripes is None else int(stripes)
+        if "consumed" in state:
+            self.position = StripedPosition(int(state["consumed"]), decode_positions(state["stripe_positions"]))
+        else:
+            self.position = StreamPosition(int(state["epoch"]), int(state["offset"]), int(state["shard"]),
+                                           int(state["shard_start"])).checked()
+            if self.stripes is None and self.position != StreamPosition():
+                self.stripes = 1  # written before stripes existed: one stream

@@ -20,9 +20,9 @@ Data parallelism (`GlobalBatches`): each step takes the next `dp_size · batch_s
 the stream; data-parallel rank r keeps the samples r, r + dp_size, …. Every rank walks the
 whole stream (through the node's shared cache, so each shard is fetched once per node) and
 the position after a step is the same on every rank: a checkpoint's position resumes on any
-data-parallel size without repeating or skipping a sample. (The price: every rank parses
-every shard. Assigning shards to ranks would need the sample count of each shard before
-reading it — an index pass — which this reader does not build.)
+data-parallel size without repeating or skipping a sample. The price — every rank parses
+every shard — is what `plugins.data.stripes` removes for larger jobs: there each rank reads
+only its stripes, each stripe a `SampleStream` of its own.
 
 Speed: the stream is cut per shuffle block, not per sample. A block's windows are strided views
 of one token array, permuted by one fancy index into a `(k, seq_len + 1)` NumPy array, and a
@@ -146,7 +146,8 @@ class SampleStream:
     def __init__(self, manifest: ShardManifest, open_shard: ShardOpener | None, tokenizer: Tokenizer, *,
                  seq_len: int, seed: int = 0, text_field: str = "text", shuffle_block: int = 256,
                  prefetch: Callable[[ShardEntry], None] | None = None, prefetch_ahead: int = 1,
-                 tokens: ShardTokens | None = None, order: int = ORDER_VERSION) -> None:
+                 tokens: ShardTokens | None = None, order: int = ORDER_VERSION,
+                 order_seed: int | None = None) -> None:
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         if shuffle_block <= 0:
@@ -156,6 +157,8 @@ class SampleStream:
         self.tokenizer = tokenizer
         self.seq_len = seq_len
         self.seed = seed
+        self.order_seed = seed if order_seed is None else order_seed
+        """What the epochs' shard orders are drawn from (a stripe's own, `plugins.data.stripes`)."""
         self.text_field = text_field
         self.shuffle_block = shuffle_block
         self.prefetch = prefetch
@@ -180,12 +183,12 @@ class SampleStream:
         pos = start
         n = len(self.manifest.shards)
         while True:
-            order = epoch_order(n, self.seed, pos.epoch)
+            order = epoch_order(n, self.order_seed, pos.epoch)
             produced_in_epoch = pos.shard_start
             for i in range(pos.shard, n):
                 shard = self.manifest.shards[order[i]]
                 if self.prefetch is not None:
-                    ahead = (order + epoch_order(n, self.seed, pos.epoch + 1))[i + 1:i + 1 + self.prefetch_ahead]
+                    ahead = (order + epoch_order(n, self.order_seed, pos.epoch + 1))[i + 1:i + 1 + self.prefetch_ahead]
                     for nxt in ahead:
                         self.prefetch(self.manifest.shards[nxt])
                 skip = pos.offset - produced_in_epoch if i == pos.shard else 0

@@ -35,14 +35,16 @@ TINY_HINTS = {
 
 
 def tiny_job(name: str, *, max_steps: int, interval_steps: int, divergence_steps: int = 100,
-             **hints: Any) -> TrainingJob:
-    """A spec like the demo's, with a model and batch small enough for a test."""
+             stripes: int | None = 1, **hints: Any) -> TrainingJob:
+    """A spec like the demo's, with a model and batch small enough for a test — and one data
+    stripe unless asked, so every plan reads the single process's samples in its order."""
     doc = yaml.safe_load((REPO_ROOT / "config/jobs/demo-tiny-lm.yaml").read_text())
     doc["metadata"]["name"] = name
     doc["spec"]["parallelism"]["hints"] = {**TINY_HINTS, **hints}
     doc["spec"]["checkpoint"] = {"intervalSteps": interval_steps, "maxKeep": 10}
     doc["spec"]["training"] = {"maxSteps": max_steps, "seed": 7, "learningRate": 0.003}
     doc["spec"]["faultTolerance"] = {"hangTimeout": "2m", "divergenceSteps": divergence_steps}
+    doc["spec"]["dataset"]["stripes"] = stripes
     return TrainingJob.model_validate(doc)
 
 

@@ -1,5 +1,7 @@
 """The streaming reader's promise under torchrun: a checkpoint taken on 2 data-parallel ranks
-resumes on 1 (and one taken on 1 resumes on 2) and continues the same global sample order.
+resumes on 1 (and one taken on 1 resumes on 2) and continues the same global sample order —
+with 2 stripes (`plugins.data.stripes`), so the 2 ranks each read their own shards and the
+checkpoint joins their stripes' positions (an all-gather as it saves).
 
 The evidence is the loss: every step's global batch is the same 8 samples whichever data-
 parallel size reads them, so the resumed runs' losses match an uninterrupted run's up to the
@@ -27,12 +29,12 @@ def ddp(dp: int) -> Plan:
 
 def test_resume_onto_another_data_parallel_size_continues_the_sample_order(
         object_store: str, tmp_path: Path) -> None:
-    straight = launch(tiny_job("reshard-straight", max_steps=STEPS, interval_steps=KILL_AT), ddp(2),
+    straight = launch(tiny_job("reshard-straight", max_steps=STEPS, interval_steps=KILL_AT, stripes=2), ddp(2),
                       object_store=object_store, run_dir=tmp_path / "straight")
     assert straight.exit_codes() == [0, 0], straight.logs()
     reference = straight.summary()["losses"]
     for before, after in ((2, 1), (1, 2)):
-        job = tiny_job(f"reshard-{before}-to-{after}", max_steps=STEPS, interval_steps=KILL_AT)
+        job = tiny_job(f"reshard-{before}-to-{after}", max_steps=STEPS, interval_steps=KILL_AT, stripes=2)
         killed = launch(job, ddp(before), object_store=object_store, run_dir=tmp_path / f"{before}-0",
                         faults=f"sigkill_after_checkpoint@{KILL_AT}")
         assert killed.exit_codes() == [-9] * before, killed.logs()

@@ -67,7 +67,8 @@ def test_the_next_epoch_reads_tokens_not_rows(store: ObjectStore, tmp_path: Path
 def test_the_ranks_of_a_node_parse_each_shard_once(store: ObjectStore, tmp_path: Path) -> None:
     tokenizer = CountingTokenizer()
     readers = [StreamingReader(store, "jsonl", cache=ShardCache(tmp_path / "shared", 1 << 30), seq_len=31,
-                               batch_size=2, dp_rank=r, dp_size=4, seed=1, shuffle_block=8, tokenizer=tokenizer)
+                               batch_size=2, dp_rank=r, dp_size=4, seed=1, shuffle_block=8, tokenizer=tokenizer,
+                               stripes=1)  # every rank reads every shard: the case to share
                for r in range(4)]
     samples: list[list[bytes]] = [[] for _ in readers]
 
