@@ -20,7 +20,7 @@
   `prefetch_batches` or more are ready it waits (back-pressure), so memory is bounded by those,
   one block and the fetch buffers (and, when the cache is too small to keep a shard's tokens,
   those of the `prefetch_shards + 1` shards in flight, for each stripe it reads) — not by the
-  dataset. (With stripes, batches are cut and handed over one at a time.)
+  dataset. (With stripes, a shuffle block's worth of this rank's batches at a time.)
 - While a shard is cut into batches, the next `prefetch_shards` in the epoch's order are made
   ready by other threads: their tokenized copy from the node cache (memory-mapped,
   hash-verified), or, on a miss, the shard read by ranged GETs over parallel connections
@@ -176,7 +176,7 @@ class StreamingReader:
             groups = batch_groups(self._stream(manifest, self.seed), self.position, batch_size=self.batch_size,
                                   dp_rank=self.dp_rank, dp_size=self.dp_size)
         else:
-            groups = ([batch] for batch in self._striped(manifest, self.stripes))
+            groups = self._striped(manifest, self.stripes)
         self._thread = threading.Thread(target=self._produce, args=(groups,), daemon=True,
                                         name=f"data-producer-{self.dp_rank}")
         self._thread.start()
@@ -188,7 +188,7 @@ class StreamingReader:
                             prefetch_ahead=self.prefetch_shards, tokens=self._shard_tokens,
                             order=self.order, order_seed=order_seed)
 
-    def _striped(self, manifest: ShardManifest, count: int) -> Iterator[Batch]:
+    def _striped(self, manifest: ShardManifest, count: int) -> Iterator[list[Batch]]:
         """This rank's batches from the stripes it reads (`plugins.data.stripes`)."""
         start = self.position
         if isinstance(start, StreamPosition):
@@ -212,7 +212,8 @@ class StreamingReader:
         streams = {s: self._stream(stripe_manifest(manifest, members[s]), stripe_seed(self.seed, s, count))
                    for s in mine}
         return striped_batches(streams, start, count=count, batch_size=self.batch_size,
-                               dp_rank=self.dp_rank, dp_size=self.dp_size)
+                               dp_rank=self.dp_rank, dp_size=self.dp_size,
+                               steps=max(1, self.shuffle_block // self.batch_size))
 
     def _produce(self, groups: Iterator[list[Batch]]) -> None:
         try:

@@ -99,55 +99,73 @@ class _Cursor:
         self.position = start
         """The stripe's position after the samples `take` last passed."""
 
-    def take(self, wanted: np.ndarray, end: int) -> list[np.ndarray]:
-        """The windows at the (ascending) stripe indices `wanted`, and move to after `end`."""
+    def take(self, wanted: np.ndarray, ends: list[int]) -> tuple[list[np.ndarray], list[StreamPosition]]:
+        """The windows at the (ascending) stripe indices `wanted`, and the stripe's position
+        after each of the (ascending) sample counts `ends` — where it is left."""
         pieces: list[np.ndarray] = []
-        k = 0
+        positions: list[StreamPosition] = []
+        k = e = 0
         while True:
             if self.block is not None:
                 stop = self.first + len(self.block.windows)
                 here = int(np.searchsorted(wanted, stop, side="left"))
                 if here > k:
-                    pieces.append(self.block.windows[wanted[k:here] - self.first])
+                    lo, hi = int(wanted[k]) - self.first, int(wanted[here - 1]) - self.first + 1
+                    # Consecutive (a stripe only this rank reads): a view, not a gather.
+                    pieces.append(self.block.windows[lo:hi] if hi - lo == here - k
+                                  else self.block.windows[wanted[k:here] - self.first])
                     k = here
-                if end <= stop:
-                    if end > self.first:
-                        self.position = self.block.position_after(end - self.first)
-                    return pieces
+                while e < len(ends) and ends[e] <= stop:
+                    if ends[e] > self.first:
+                        self.position = self.block.position_after(ends[e] - self.first)
+                    positions.append(self.position)
+                    e += 1
+                if e == len(ends):
+                    return pieces, positions
                 self.first = stop
             self.block = next(self.blocks)
 
 
 def striped_batches(streams: Mapping[int, SampleStream], start: StripedPosition, *, count: int,
-                    batch_size: int, dp_rank: int, dp_size: int) -> Iterator[Batch]:
-    """This rank's batches of the striped stream (module docstring), from `start` on — which
-    holds a position for every stripe in `streams`, the stripes `read_by` gives this rank."""
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+                    batch_size: int, dp_rank: int, dp_size: int, steps: int = 1) -> Iterator[list[Batch]]:
+    """This rank's batches of the striped stream (module docstring) from `start` on — which
+    holds a position for every stripe in `streams`, the stripes `read_by` gives this rank —
+    `steps` at a time: they are cut together, a NumPy call per stripe, not per step."""
+    if batch_size <= 0 or steps <= 0:
+        raise ValueError(f"batch_size and steps must be positive, got {batch_size} and {steps}")
     cursors = {s: _Cursor(stream.blocks(start.stripes[s]), start.stripes[s], taken_from(s, count, start.consumed))
                for s, stream in streams.items()}
-    mine = dp_rank + dp_size * np.arange(batch_size)
+    per_step = batch_size * dp_size
+    mine = ((per_step * np.arange(steps))[:, None] + dp_rank + dp_size * np.arange(batch_size)).ravel()
+    after = per_step * np.arange(1, steps + 1)
     consumed = start.consumed
     while True:
         samples = consumed + mine
         stripe_of, index = samples % count, samples // count
-        after = consumed + batch_size * dp_size
         out: np.ndarray | None = None
         filled = 0
+        positions: list[dict[int, StreamPosition]] = [{} for _ in range(steps)]
         for s, cursor in cursors.items():
             rows = np.nonzero(stripe_of == s)[0]
-            pieces = cursor.take(index[rows], taken_from(s, count, after))
-            if len(rows):
+            ends = np.maximum(0, -(-(consumed + after - s) // count)).tolist()  # taken_from, each step
+            pieces, stripe_positions = cursor.take(index[rows], ends)
+            for step, position in zip(positions, stripe_positions, strict=True):
+                step[s] = position
+            if len(rows) == len(mine):  # every sample from this stripe: no scatter
+                out = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+                filled = len(rows)
+            elif len(rows):
                 windows = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
                 if out is None:
-                    out = np.empty((batch_size, windows.shape[1]), windows.dtype)
+                    out = np.empty((len(mine), windows.shape[1]), windows.dtype)
                 out[rows] = windows
                 filled += len(rows)
-        if out is None or filled != batch_size:
+        if out is None or filled != len(mine):
             raise RuntimeError(f"rank {dp_rank} of {dp_size} does not read every stripe its samples "
                                f"come from ({sorted(set(stripe_of.tolist()))}, reads {sorted(cursors)})")
-        consumed = after
-        yield Batch(out, StripedPosition(consumed, {s: c.position for s, c in cursors.items()}))
+        yield [Batch(out[t * batch_size:(t + 1) * batch_size], StripedPosition(consumed + int(after[t]), positions[t]))
+               for t in range(steps)]
+        consumed += per_step * steps
 
 
 # --- checkpoint state ---------------------------------------------------------------------------
