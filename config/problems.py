@@ -53,6 +53,8 @@ class Code(StrEnum):
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     UNKNOWN_TEAM = "UNKNOWN_TEAM"
     DATA_QUALITY = "DATA_QUALITY"
+    DATA_STRIPES = "DATA_STRIPES"
+    """More data stripes asked for than the dataset has shards (a warning: one per shard)."""
     MODEL_SIZE_MISMATCH = "MODEL_SIZE_MISMATCH"
     UNSUPPORTED_BY_RUNTIME = "UNSUPPORTED_BY_RUNTIME"
 

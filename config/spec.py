@@ -188,9 +188,9 @@ class Dataset(Section):
     beside the shards (`tokenizer.json`, `tok/llama3.json`); `hints.vocabSize` must hold its
     vocabulary (checked by `validate`)."""
     stripes: PositiveInt | None = Field(default=None, le=65_536)
-    """How many stripes the run splits its shards into (`plugins.data.stripes`): each data-
-    parallel rank reads only its stripes, and the sample order depends on this number, not on
-    the data-parallel size. Default: the data-parallel size the run starts with (at most one
+    """How many stripes the shards are split into (each data-parallel rank reads only its own).
+    The sample order depends on this number, not on the data-parallel size
+    (`plugins.data.stripes`). Default: the data-parallel size the run starts with (at most one
     per shard). A resumed run keeps its checkpoint's. `1`: every rank walks one global stream
     (the same order at any data-parallel size; fine for a few ranks)."""
     quality: DataQuality = Field(default_factory=DataQuality)

@@ -48,7 +48,18 @@ def check_dataset(job: TrainingJob, settings: Settings) -> list[Problem]:
                              "TRAINYARD_S3_ENDPOINT_URL) and that it is up")]
     if not shards:
         return [_not_found(ds.source, ds.format, "")]
-    return _check_tokenizer(job, store)
+    return _check_stripes(ds.stripes, len(shards)) + _check_tokenizer(job, store)
+
+
+def _check_stripes(stripes: int | None, shards: int) -> list[Problem]:
+    """A stripe is a set of whole shards (`plugins.data.stripes`): more than one per shard
+    cannot be made, so the run would quietly use fewer — and another order than asked for."""
+    if stripes is None or stripes <= shards:
+        return []
+    return [Problem(code=Code.DATA_STRIPES, path="spec.dataset.stripes", severity="warning",
+                    message=f"{stripes} stripes asked for, but the dataset has {shards} shard"
+                            f"{'s' if shards != 1 else ''}: the run will use {shards}",
+                    hint=f"set stripes to at most {shards}, or write the dataset in more shards")]
 
 
 def _check_tokenizer(job: TrainingJob, store: ObjectStore) -> list[Problem]:

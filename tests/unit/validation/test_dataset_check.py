@@ -44,6 +44,22 @@ def test_relative_source_lives_in_the_object_store(settings: Settings) -> None:
         Code.DATASET_NOT_FOUND]
 
 
+def test_more_stripes_than_shards_is_a_warning_naming_both(settings: Settings, tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"s{i}.jsonl").write_text('{"text": "x"}\n')
+    job = _with_source(folder.as_uri() + "/")
+    for stripes in (None, 3):
+        dataset = job.spec.dataset.model_copy(update={"stripes": stripes})
+        assert check_dataset(job.model_copy(update={"spec": job.spec.model_copy(update={"dataset": dataset})}),
+                             settings) == []
+    dataset = job.spec.dataset.model_copy(update={"stripes": 8})
+    (p,) = check_dataset(job.model_copy(update={"spec": job.spec.model_copy(update={"dataset": dataset})}), settings)
+    assert (p.code, p.severity, p.path) == (Code.DATA_STRIPES, "warning", "spec.dataset.stripes")
+    assert p.message == "8 stripes asked for, but the dataset has 3 shards: the run will use 3"
+
+
 def test_file_uri_source(settings: Settings, tmp_path: Path) -> None:
     folder = tmp_path / "data"
     folder.mkdir()
