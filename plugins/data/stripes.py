@@ -20,9 +20,10 @@ in every checkpoint:
   position) resumes on any data-parallel size without repeating or skipping a sample.
 
 The price: each stripe runs through its epochs at its own pace, so "every sample once per
-epoch" holds per stripe — a stripe a shard smaller than another starts its next epoch a
-little earlier. Over a run every sample is seen as often as any other, ±1. One stripe is the
-plain global stream (its epochs are the dataset's), which small jobs keep.
+epoch" holds per stripe. Every stripe gives 1/S of the samples, so a smaller stripe starts
+its next epoch earlier and its samples are seen more often, in the ratio of the stripes'
+sample counts (their bytes differ by at most one shard's size; with 1 MB shards, 100 per
+stripe, ~1 %). One stripe is the plain global stream (its epochs are the dataset's).
 
 A rank knows the positions of the stripes it reads only; a checkpoint's state is the union of
 every rank's (`merge_states`, which the worker calls on an all-gather of them).
@@ -54,7 +55,8 @@ def stripe_members(manifest: ShardManifest, count: int) -> list[list[int]]:
     """The manifest's shard indices in each of `count` stripes (each list in manifest order):
     largest shard first to the stripe with the fewest bytes so far, ties to the lower index."""
     if not 0 < count <= len(manifest.shards):
-        raise ValueError(f"{count} stripes for {len(manifest.shards)} shards: need 1 to one per shard")
+        raise ValueError(f"{count} stripes for {len(manifest.shards)} shards: a stripe holds whole shards, "
+                         f"so between 1 and {len(manifest.shards)}")
     members: list[list[int]] = [[] for _ in range(count)]
     loads = [(0, s) for s in range(count)]
     for i in sorted(range(len(manifest.shards)), key=lambda i: (-manifest.shards[i].size, i)):
@@ -83,7 +85,7 @@ def taken_from(stripe: int, count: int, consumed: int) -> int:
 
 def read_by(count: int, consumed: int, dp_rank: int, dp_size: int) -> list[int]:
     """The stripes data-parallel rank `dp_rank` of `dp_size` reads when it starts after
-    `consumed` samples (a multiple of every later step's dp · batch_size apart)."""
+    `consumed` samples (its later steps start dp · batch_size apart: the same stripes)."""
     g = math.gcd(dp_size, count)
     return [s for s in range(count) if s % g == (consumed + dp_rank) % g]
 

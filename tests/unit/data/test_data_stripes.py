@@ -67,7 +67,7 @@ def test_shards_are_split_into_stripes_of_near_equal_bytes() -> None:
     loads = [sum(sizes[i] for i in m) for m in members]
     assert max(loads) - min(loads) <= max(sizes)
     assert members == stripe_members(manifest, 3)
-    with pytest.raises(ValueError, match="9 stripes for 8 shards"):
+    with pytest.raises(ValueError, match="9 stripes for 8 shards: a stripe holds whole shards, so between 1 and 8"):
         stripe_members(manifest, 9)
 
 
