@@ -122,8 +122,8 @@ class StreamingData:
     """One data-parallel rank's batches from `plugins.data.reader.StreamingReader`, as tensors.
 
     A `Stateful` for the checkpoint (the reader's state: epoch, samples consumed, cursor and
-    shard manifest — with stripes, every rank's stripes joined, so the same on every rank). `metrics()` is what `TrainingSession.step_end`
-    reports beside the data stall."""
+    shard manifest — with stripes, every rank's stripes joined, so the same on every rank).
+    `metrics()` is what `TrainingSession.step_end` reports beside the data stall."""
 
     def __init__(self, reader: StreamingReader) -> None:
         self.reader = reader
