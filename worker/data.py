@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
     from plugins.data.reader import StreamingReader
     from plugins.storage.store import ObjectStore
-
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +138,7 @@ class StreamingData:
         """The reader's state; with stripes, every rank's joined (`merge_states`) — a collective:
         every rank takes it at the same step, as it saves its checkpoint."""
         from plugins.data.stripes import merge_states
+        from worker.distributed.objects import all_gather_objects
 
         state = self.reader.state_dict()
         if "consumed" not in state:
@@ -154,28 +153,6 @@ class StreamingData:
         self.reader.cache.close()
 
 
-def all_gather_objects(obj: T) -> list[T]:
-    """Every rank's `obj` (just this one's outside a process group)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def broadcast_from_rank0(make: Callable[[], T]) -> T:
-    """Run `make` on global rank 0 and hand its result to every rank (one listing per run)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return make()
-    box: list[Any] = [make() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def open_streaming_data(source: str, *, object_store: str, seq_len: int, batch_size: int,
                         dp_rank: int, dp_size: int, seed: int, fmt: str = "jsonl",
                         text_field: str = "text", endpoint_url: str | None = None,
@@ -188,6 +165,7 @@ def open_streaming_data(source: str, *, object_store: str, seq_len: int, batch_s
     from plugins.data.documents import load_tokenizer
     from plugins.data.reader import StreamingReader
     from plugins.data.shards import open_dataset
+    from worker.distributed.objects import broadcast_from_rank0
 
     settings = Settings()
     store = open_dataset(source, object_store=object_store, endpoint_url=endpoint_url)

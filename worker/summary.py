@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from plugins.files import write_atomic
+from worker.distributed.objects import all_gather_objects
 
 if TYPE_CHECKING:
     from worker.distributed.parallelize import ParallelModel
@@ -36,11 +37,7 @@ def local_param_digest(model: ParallelModel) -> str:
 
 def param_digest(model: ParallelModel) -> str:
     """The model's parameter digest (a collective: every rank calls it; all get the result)."""
-    mine = local_param_digest(model)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    digests = [mine] * world
-    if world > 1:
-        dist.all_gather_object(digests, mine)
+    digests = all_gather_objects(local_param_digest(model))
     return hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 

@@ -78,9 +78,10 @@ def stripe_seed(seed: int, stripe: int, count: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/stripe/{stripe}".encode()).digest()[:6], "little")
 
 
-def taken_from(stripe: int, count: int, consumed: int) -> int:
-    """Samples of stripe `stripe` among the global stream's first `consumed`."""
-    return max(0, -(-(consumed - stripe) // count))
+def taken_from(stripe: int, count: int, consumed: np.ndarray) -> np.ndarray:
+    """Samples of stripe `stripe` among the global stream's first `consumed` (an int or an
+    array of them)."""
+    return np.maximum(0, -(-(consumed - stripe) // count))
 
 
 def read_by(count: int, consumed: int, dp_rank: int, dp_size: int) -> list[int]:
@@ -135,7 +136,8 @@ def striped_batches(streams: Mapping[int, SampleStream], start: StripedPosition,
     `steps` at a time: they are cut together, a NumPy call per stripe, not per step."""
     if batch_size <= 0 or steps <= 0:
         raise ValueError(f"batch_size and steps must be positive, got {batch_size} and {steps}")
-    cursors = {s: _Cursor(stream.blocks(start.stripes[s]), start.stripes[s], taken_from(s, count, start.consumed))
+    cursors = {s: _Cursor(stream.blocks(start.stripes[s]), start.stripes[s],
+                          int(taken_from(s, count, np.asarray(start.consumed))))
                for s, stream in streams.items()}
     per_step = batch_size * dp_size
     mine = ((per_step * np.arange(steps))[:, None] + dp_rank + dp_size * np.arange(batch_size)).ravel()
@@ -149,19 +151,19 @@ def striped_batches(streams: Mapping[int, SampleStream], start: StripedPosition,
         positions: list[dict[int, StreamPosition]] = [{} for _ in range(steps)]
         for s, cursor in cursors.items():
             rows = np.nonzero(stripe_of == s)[0]
-            ends = np.maximum(0, -(-(consumed + after - s) // count)).tolist()  # taken_from, each step
-            pieces, stripe_positions = cursor.take(index[rows], ends)
+            pieces, stripe_positions = cursor.take(index[rows], taken_from(s, count, consumed + after).tolist())
             for step, position in zip(positions, stripe_positions, strict=True):
                 step[s] = position
+            if not len(rows):
+                continue
+            windows = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
             if len(rows) == len(mine):  # every sample from this stripe: no scatter
-                out = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-                filled = len(rows)
-            elif len(rows):
-                windows = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+                out = windows
+            else:
                 if out is None:
                     out = np.empty((len(mine), windows.shape[1]), windows.dtype)
                 out[rows] = windows
-                filled += len(rows)
+            filled += len(rows)
         if out is None or filled != len(mine):
             raise RuntimeError(f"rank {dp_rank} of {dp_size} does not read every stripe its samples "
                                f"come from ({sorted(set(stripe_of.tolist()))}, reads {sorted(cursors)})")
@@ -187,12 +189,13 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     if not states:
         raise ValueError("no data states to merge")
     merged = dict(states[0])
+    common = {k: v for k, v in merged.items() if k != "stripe_positions"}
     positions: dict[str, list[int]] = {}
     for state in states:
         rest = {k: v for k, v in state.items() if k != "stripe_positions"}
-        if rest != {k: v for k, v in merged.items() if k != "stripe_positions"}:
+        if rest != common:
             raise ValueError("the ranks' data states disagree beyond their stripes' positions: "
-                             f"{sorted(k for k in rest if rest[k] != merged.get(k))}")
+                             f"{sorted(k for k in rest.keys() | common.keys() if rest.get(k) != common.get(k))}")
         for s, p in (state.get("stripe_positions") or {}).items():
             if positions.setdefault(s, p) != p:
                 raise ValueError(f"two ranks hold different positions for stripe {s}: {positions[s]} and {p}")
