@@ -81,6 +81,7 @@ def run_demo(args: argparse.Namespace) -> None:
     _prepare_data(settings)
     _step("2/5 stack", f"Airflow, MLflow UI, node agents; logs in {settings.home / 'logs'}")
     _start(stack)
+    settings = get_settings()  # again: the stack made the home's databases (`config.databases`)
     client = AirflowClient(stack.url)
     try:
         conf: dict[str, Any] = {} if args.no_crash else {"fault_kill_rank": 1, "fault_kill_at_step": args.crash_at_step}

@@ -1,6 +1,7 @@
 """The embedded stack on this machine: start, check, stop (`make up`, `make demo`, the end-to-end
-tests) — Airflow (`api-server`, `scheduler`, `dag-processor`, `triggerer`), the MLflow UI
-(`mlflow server` over the same store the tasks write) and one node agent per local node.
+tests) — the embedded PostgreSQL (first up, last down: `cli/postgres_server.py`), Airflow
+(`api-server`, `scheduler`, `dag-processor`, `triggerer`), the MLflow UI (`mlflow server` over
+the same store the tasks write) and one node agent per local node.
 
 Each component runs as its own process in its own session, with its log in `<TRAINYARD_HOME>/logs/<component>.log` and its pid
 in `<TRAINYARD_HOME>/pids/<component>.pid`, so it outlives the command that started it and any
@@ -26,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cli.postgres_server import EmbeddedPostgres
 from config.airflow import DEFAULT_PORT, airflow_env
 from plugins.launch import processes
 
@@ -33,6 +35,8 @@ AIRFLOW = ("api-server", "scheduler", "dag-processor", "triggerer")
 MLFLOW_PORT = 5000
 AGENT_PORT = 9420
 """The first node agent's port (the next node's is one higher)."""
+EXPLICIT_DATABASE_URLS = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "TRAINYARD_STATE_DB",
+                          "TRAINYARD_MLFLOW_TRACKING_URI")
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,18 @@ class Stack:
     overrides: dict[str, str] = field(default_factory=dict)
     """Environment that wins over the embedded defaults: the production path (PostgreSQL metadata,
     `AIRFLOW__CORE__EXECUTOR=CeleryExecutor` with its broker) is the same stack with these."""
+    durable_db: bool = True
+    """False: the embedded PostgreSQL skips fsync (a test's throwaway stack)."""
+
+    @property
+    def postgres(self) -> EmbeddedPostgres | None:
+        """The home's embedded PostgreSQL, unless every database URL is set explicitly
+        (`TRAINYARD_STATE_DB`, `TRAINYARD_MLFLOW_TRACKING_URI`, `AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`:
+        SQLite files or an external server)."""
+        env = {**os.environ, **self.overrides}
+        if all(env.get(k) for k in EXPLICIT_DATABASE_URLS):
+            return None
+        return EmbeddedPostgres(self.home, durable=self.durable_db)
 
     @property
     def celery(self) -> bool:
@@ -178,6 +194,12 @@ class Stack:
             self._pid_file(component).unlink(missing_ok=True)
 
     def up(self, *, timeout_s: float = 180.0) -> None:
+        if self.postgres is not None:  # first: every other part keeps its state there
+            self.postgres.start()
+            self.postgres.ensure_databases()
+            from config.settings import get_settings
+
+            get_settings.cache_clear()  # this process's settings now name the home's server
         self.migrate()
         for component in self.components:
             self.start(component)
@@ -189,6 +211,8 @@ class Stack:
 
     def down(self) -> None:
         self.stop_all(list(reversed(self.components)))
+        if self.postgres is not None:  # last: the parts above close their sessions first
+            self.postgres.stop()
 
     def health(self) -> dict[str, str]:
         """Each part's status as the API server reports it (`/api/v2/monitor/health`)."""
@@ -265,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for component in stack.components:
             print(f"{component:14} {'running, pid ' + str(stack.pid(component)) if stack.pid(component) else 'stopped'}")
+        if stack.postgres is not None:
+            pid = stack.postgres.pid()
+            print(f"{'postgres':14} {f'running, pid {pid}' if pid else 'stopped'} ({stack.postgres.socket_dir})")
         with contextlib.suppress(OSError, ValueError):
             print(json.dumps(stack.health()))
     return 0

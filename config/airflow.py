@@ -5,8 +5,9 @@ the environment `airflow_env()` returns, so they agree on where its state lives
 (`<TRAINYARD_HOME>/airflow`), which folders it reads (this repository's `dags/` and `plugins/`),
 and how its parts reach each other:
 
-- metadata on SQLite with the LocalExecutor (the embedded default; production uses PostgreSQL
-  and Celery — `AIRFLOW__*` variables set by the caller win over these);
+- metadata in the home's embedded PostgreSQL (`config.databases`; SQLite in a home without
+  one) with the LocalExecutor — production uses its own PostgreSQL and Celery, and
+  `AIRFLOW__*` variables set by the caller win over these;
 - examples off, new DAGs unpaused, the DAG folder re-listed every few seconds (the default
   300 s hides a new spec for five minutes);
 - the API server on 127.0.0.1 only, with the simple auth manager letting every local user act
@@ -29,6 +30,8 @@ import secrets
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+from config.databases import default_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PORT = 8080
@@ -104,7 +107,7 @@ def airflow_env(trainyard_home: Path, *, port: int = DEFAULT_PORT,
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__CORE__FERNET_KEY": shared["fernet_key"],
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": default_url(trainyard_home, "airflow"),
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",

@@ -2,7 +2,8 @@
 
 Defaults describe the embedded default of DESIGN §3: everything under `.trainyard/` in the
 working directory — SQLite state, a local-folder object store, a local MLflow store — so a
-fresh clone runs with no configuration at all.
+fresh clone runs with no configuration at all. The databases' defaults follow the home
+(`config.databases`): its embedded PostgreSQL once the stack has created one, else SQLite files.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from config.databases import default_url
 
 CONFIG_DIR = Path(__file__).parent
 
@@ -27,9 +30,12 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = None
     """For MinIO and other S3-compatible stores."""
     state_db: str = ""
-    """SQLAlchemy URL of the platform state (allocations). Default: SQLite `<home>/state.db`."""
+    """SQLAlchemy URL of the platform state (allocations, job lifecycle). Default: the database
+    `trainyard` of the home's embedded PostgreSQL once `make up` has created it, else SQLite
+    `<home>/state.db` (`config.databases`)."""
     mlflow_tracking_uri: str = ""
-    """Default: a SQLite store `<home>/mlflow.db` (artifacts under `<home>/mlartifacts`)."""
+    """Default: the database `mlflow` of the home's embedded PostgreSQL once it exists, else a
+    SQLite store `<home>/mlflow.db`; artifacts under `<home>/mlartifacts`."""
     cluster: str = "local"
     """Cluster name under `config/clusters/` or a path to a cluster file."""
     jobs_dir: Path = CONFIG_DIR / "jobs"
@@ -63,9 +69,9 @@ class Settings(BaseSettings):
         if not self.object_store:
             object.__setattr__(self, "object_store", (home / "objects").as_uri())
         if not self.state_db:
-            object.__setattr__(self, "state_db", f"sqlite:///{home / 'state.db'}")
+            object.__setattr__(self, "state_db", default_url(home, "state"))
         if not self.mlflow_tracking_uri:
-            object.__setattr__(self, "mlflow_tracking_uri", f"sqlite:///{home / 'mlflow.db'}")
+            object.__setattr__(self, "mlflow_tracking_uri", default_url(home, "mlflow"))
         return self
 
     @property
