@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.airflow_stack import running_stack
+from tests.support.require import missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -29,7 +30,7 @@ def _redis_or_skip() -> None:
             conn.sendall(b"PING\r\n")
             assert conn.recv(16).startswith(b"+PONG")
     except (OSError, AssertionError) as e:
-        pytest.skip(f"no Redis server answers at {REDIS[0]}:{REDIS[1]} ({type(e).__name__})")
+        missing("redis", f"no Redis server answers at {REDIS[0]}:{REDIS[1]} ({type(e).__name__})")
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import procs
+from tests.support.require import missing
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +86,7 @@ def test_make_demo_recovers_registers_and_shows_it_in_both_uis(tmp_path: Path) -
         assert f"{airflow}/dags/demo-tiny-lm" in output and run.run in output
 
         if CHROMIUM is None:
-            pytest.skip("no chromium here (apt-get install chromium) to look at the UIs as a person would")
+            missing("chromium", "no chromium here to look at the UIs as a person would")
         runs_page = _page(f"{airflow}/dags/demo-tiny-lm/runs", tmp_path / "airflow-runs.png")
         assert f"{run.run}__attempt-1" in runs_page  # the hand-over to attempt 1 is a DAG run in the UI
         assert "resume_next_attempt" in runs_page or "register_model" in runs_page

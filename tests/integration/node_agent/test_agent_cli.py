@@ -20,6 +20,7 @@ from node_agent import client
 from node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
 from node_agent.models import FaultRequest, NodeHealth
 from tests.support import procs
+from tests.support.require import missing
 
 pytestmark = pytest.mark.slow
 
@@ -163,7 +164,7 @@ def test_usage_errors_and_a_busy_port(tmp_path: Path, agent: RunningAgent) -> No
 def test_the_console_script_is_installed() -> None:
     script = Path(sys.executable).with_name("trainyard-node-agent")
     if not script.exists():
-        pytest.skip(f"{script} not installed (run `make venv` to install the console scripts)")
+        missing("scripts", f"{script} is not installed")
     out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120,
                          env=procs.test_env())
     procs.check(out)

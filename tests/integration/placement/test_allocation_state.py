@@ -69,10 +69,9 @@ def store(store_url: tuple[str, str | None]) -> Iterator[StateStore]:
     s.close()
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # SQLite has no schemas
 def test_tables_live_in_the_test_schema(store: StateStore, store_url: tuple[str, str | None]) -> None:
     url, schema = store_url
-    if schema is None:
-        pytest.skip("SQLite has no schemas")
     inspector = sqlalchemy.inspect(sqlalchemy.create_engine(url))
     assert {"trainyard_gangs", "trainyard_allocations", "trainyard_gpu_slots"} <= set(
         inspector.get_table_names(schema=schema))

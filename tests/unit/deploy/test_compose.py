@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from config.settings import Settings
+from tests.support.require import missing
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = ROOT.parent / "shared" / "schemas" / "compose-spec.json"
@@ -21,24 +22,27 @@ def compose() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
 
 
-def test_compose_file_matches_the_compose_spec(compose: dict[str, Any]) -> None:
+def _schema() -> dict[str, Any]:
     if not SCHEMA.exists():
-        pytest.skip(f"the Compose schema is not beside the checkout ({SCHEMA})")
+        missing("schemas", f"the Compose schema is not beside the checkout ({SCHEMA})")
+    return json.loads(SCHEMA.read_text())
+
+
+def test_compose_file_matches_the_compose_spec(compose: dict[str, Any]) -> None:
     import jsonschema
 
-    schema = json.loads(SCHEMA.read_text())
+    schema = _schema()
     jsonschema.validate(compose, schema, cls=jsonschema.Draft7Validator)
 
 
 def test_a_broken_compose_file_is_caught(compose: dict[str, Any]) -> None:
-    if not SCHEMA.exists():
-        pytest.skip(f"the Compose schema is not beside the checkout ({SCHEMA})")
     import jsonschema
 
+    schema = _schema()
     broken = json.loads(json.dumps(compose))
     broken["services"]["mlflow"]["ports"] = {"5000": 5000}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(broken, json.loads(SCHEMA.read_text()), cls=jsonschema.Draft7Validator)
+        jsonschema.validate(broken, schema, cls=jsonschema.Draft7Validator)
 
 
 def test_trainyard_variables_are_real_settings(compose: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from config.cluster import load_cluster
@@ -21,6 +20,7 @@ from plugins.placement.gang import place_gang
 from plugins.placement.inventory import Inventory
 from plugins.placement.model import GangRequest, Placement
 from tests.support.procs import REPO_ROOT
+from tests.support.require import missing
 
 SCHEMAS = Path(os.environ.get("TRAINYARD_SHARED_SCHEMAS") or REPO_ROOT.parent / "shared" / "schemas")
 """`../shared/schemas` beside the checkout; a git worktree elsewhere names it with the variable."""
@@ -80,7 +80,7 @@ def _crd_schema(filename: str) -> dict[str, Any]:
 
 def volcano_schema(filename: str) -> dict[str, Any]:
     if not (VOLCANO / filename).exists():
-        pytest.skip(f"Volcano CRD schemas not found at {VOLCANO} (the shared schemas folder is absent)")
+        missing("schemas", f"Volcano CRD schemas not found at {VOLCANO} (the shared schemas folder is absent)")
     return _crd_schema(filename)
 
 
