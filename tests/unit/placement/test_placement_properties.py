@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import HealthCheck, given, settings
@@ -54,9 +55,18 @@ def eligible_count(inv: Inventory, request: GangRequest, free: dict[str, int], k
                and n.name not in request.exclude and free[n.name] >= k)
 
 
+def test_hard_constraints_hold_and_search_is_complete() -> None:
+    """Every placement keeps the hard constraints; every refusal is justified. A property test
+    whose examples were all refusals would prove nothing about placements: count them."""
+    outcomes: Counter[str] = Counter()
+    _placements_hold(outcomes)
+    assert outcomes["placed"] >= 10, f"too few examples were placed to test anything: {dict(outcomes)}"
+    assert outcomes["refused"] >= 1, dict(outcomes)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_hard_constraints_hold_and_search_is_complete(data: st.DataObject) -> None:
+def _placements_hold(outcomes: Counter[str], data: st.DataObject) -> None:
     inv, free = data.draw(fleets())
     request = data.draw(requests(inv))
     per_node = inv.gpus_per_node(request.gpu_type)
@@ -78,7 +88,9 @@ def test_hard_constraints_hold_and_search_is_complete(data: st.DataObject) -> No
                 assert reason.free_nodes < reason.needed_nodes
             else:
                 assert reason.code == "pp_blocks" and request.require_pp_in_rack
+        outcomes["refused"] += 1
         return
+    outcomes["placed"] += 1
     assert hard_violations(placement, request, inv, free) == []
     ranks = sorted(r for g in placement.groups_of("tp") for r in g.ranks) if request.tp > 1 else []
     assert ranks in ([], list(range(request.world_size)))
@@ -116,9 +128,18 @@ def busy_fleets(draw: st.DrawFn) -> tuple[Inventory, dict[str, int], list[Runnin
 TEAMS = Teams.model_validate({"teams": {"a": {"share": 0.5}, "b": {"share": 0.3}, "c": {"share": 0.2}}})
 
 
+def test_preemption_evicts_whole_lower_priority_gangs_only() -> None:
+    """Counted like the placement property: examples that placed, and among them examples that
+    placed by evicting someone — else the victim checks never ran."""
+    outcomes: Counter[str] = Counter()
+    _preemption_holds(outcomes)
+    assert outcomes["evicted"] >= 5, f"too few examples preempted anything: {dict(outcomes)}"
+    assert outcomes["placed"] >= outcomes["evicted"] and outcomes["refused"] >= 1, dict(outcomes)
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_preemption_evicts_whole_lower_priority_gangs_only(data: st.DataObject) -> None:
+def _preemption_holds(outcomes: Counter[str], data: st.DataObject) -> None:
     inv, free, running = data.draw(busy_fleets())
     request = GangRequest(job="new", team=data.draw(st.sampled_from(["a", "b", "c"])),
                           priority=data.draw(st.sampled_from(PRIORITIES)), gpu_type="H100",
@@ -127,7 +148,10 @@ def test_preemption_evicts_whole_lower_priority_gangs_only(data: st.DataObject) 
     try:
         plan = plan_preemption(request, inv, free, running, TEAMS, now=now)
     except Unschedulable:
+        outcomes["refused"] += 1
         return
+    outcomes["placed"] += 1
+    outcomes["evicted"] += bool(plan.victims)
     by_job = {g.job: g for g in running}
     usage = team_usage(running)
     usage[request.team] = usage.get(request.team, 0) + request.world_size  # ranked as if admitted
