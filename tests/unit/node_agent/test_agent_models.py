@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from node_agent.models import GpuStatus, NodeHealth, RankHeartbeat, Verdict
-from tests.support import procs
 
 
 def _health() -> NodeHealth:
@@ -49,11 +45,7 @@ def test_helpers_for_sensors() -> None:
 
 def test_models_and_client_import_nothing_heavy() -> None:
     """Sensors import these in the triggerer: no NVML, Prometheus, HTTP server, torch, Airflow."""
-    code = (
-        "import sys, node_agent.models, node_agent.client\n"
-        "heavy = {'pynvml', 'prometheus_client', 'http.server', 'torch', 'airflow', 'httpx', 'fastapi'}\n"
-        "print(sorted(heavy & set(sys.modules)))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=procs.REPO_ROOT, env=procs.test_env(), capture_output=True,
-                         text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    from tests.support.imports import assert_none_loaded
+
+    assert_none_loaded("node_agent", {"pynvml", "prometheus_client", "http.server", "torch", "airflow", "httpx",
+                                      "fastapi"})

@@ -46,9 +46,6 @@ def test_without_the_provider_the_kubeconfig_is_used(tmp_path: Path, monkeypatch
 
 
 def test_importing_the_adapter_imports_no_airflow() -> None:
-    import subprocess
+    from tests.support.imports import assert_none_loaded
 
-    code = "import sys, operators.kubernetes_clients; print(any(m.startswith('airflow') for m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[3])
-    assert out.stdout.strip() == "False"
+    assert_none_loaded("kubernetes_adapter", {"airflow"})
