@@ -127,3 +127,67 @@ def test_hashing_writer_knows_each_file_hash(tmp_path: Path) -> None:
         assert writer.digest_of(path) == (len(data), hashlib.sha256(data).hexdigest())
     (tmp_path / "__0_0.distcp").write_bytes(b"changed")  # a later change is noticed
     assert writer.digest_of(tmp_path / "__0_0.distcp") is None
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_hashing_writer_hashes_large_writes_aside_and_exactly(tmp_path: Path) -> None:
+    import hashlib
+
+    import torch.distributed.checkpoint as dcp
+
+    from plugins.checkpoint.dcp_io import HASH_ASIDE_BYTES, HashingFileSystemWriter
+
+    big = torch.randn(3 * HASH_ASIDE_BYTES // 4 + 7)  # 3 MiB + 28 bytes: hashed on the side
+    writer = HashingFileSystemWriter(tmp_path, single_file_per_rank=True, sync_files=False)
+    dcp.save({"big": big, "small": torch.arange(5)}, storage_writer=writer, no_dist=True)
+    data = (tmp_path / "__0_0.distcp").read_bytes()
+    assert len(data) > big.numel() * 4
+    assert writer.digest_of(tmp_path / "__0_0.distcp") == (len(data), hashlib.sha256(data).hexdigest())
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_safe_reader_reads_tensors_straight_into_their_destination(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from plugins.checkpoint.dcp_io import SafeFileSystemReader, SafeLoadPlanner
+
+    saved = {"w": torch.randn(64, 48), "bf16": torch.randn(33).to(torch.bfloat16),
+             "scalar": torch.tensor(2.5), "empty": torch.empty(0, 3),
+             "view": torch.arange(40.0).reshape(8, 5)[2:6], "strided": torch.randn(6, 4),
+             "note": {"epoch": 3}}
+    dcp.save(saved, checkpoint_id=tmp_path, no_dist=True)
+    into_t = torch.zeros(4, 6)
+    loaded = {k: torch.zeros_like(v) for k, v in saved.items() if isinstance(v, torch.Tensor)}
+    loaded["strided"] = into_t.t()  # a non-contiguous destination: DCP's own path fills it
+    loaded["note"] = {"epoch": 0}
+    direct: list[str] = []
+
+    class Spy(SafeFileSystemReader):
+        def _read_into(self, stream, item, planner):  # type: ignore[no-untyped-def]
+            done = super()._read_into(stream, item, planner)
+            if done:
+                direct.append(item.dest_index.fqn)
+            return done
+
+    dcp.load(loaded, storage_reader=Spy(tmp_path), planner=SafeLoadPlanner(), no_dist=True)
+    for key, value in saved.items():
+        if isinstance(value, torch.Tensor):
+            assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), key
+    assert loaded["note"] == {"epoch": 3}
+    assert sorted(direct) == ["bf16", "scalar", "view", "w"]  # DCP reads no bytes for "empty"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_safe_reader_names_a_file_cut_short(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from plugins.checkpoint.dcp_io import SafeFileSystemReader, SafeLoadPlanner
+
+    dcp.save({"w": torch.randn(256, 256)}, checkpoint_id=tmp_path, no_dist=True)
+    shard = tmp_path / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-120_000])
+    with pytest.raises(dcp.api.CheckpointException) as caught:
+        dcp.load({"w": torch.zeros(256, 256)}, storage_reader=SafeFileSystemReader(tmp_path),
+                 planner=SafeLoadPlanner(), no_dist=True)
+    (failure,) = caught.value.failures.values()
+    assert "__0_0.distcp: item w is not a readable tensor record" in str(failure)
