@@ -223,6 +223,14 @@ def _libc_sync_file_range() -> Any:
 _SYNC_FILE_RANGE = _libc_sync_file_range()
 
 
+def start_writeback(fd: int, start: int, length: int) -> bool:
+    """Have the kernel start writing `length` bytes of `fd` from `start` to disk, without
+    waiting; False where it cannot (not Linux, or a file system without it)."""
+    if _SYNC_FILE_RANGE is None:
+        return False
+    return bool(_SYNC_FILE_RANGE(fd, start, length, _SYNC_FILE_RANGE_WRITE) == 0)
+
+
 class _HashingStream(io.RawIOBase):
     """Write-through wrapper that hashes and counts every byte on its way to the file.
     Not seekable: DCP and torch.save write strictly in order, and a seek would make the
@@ -263,13 +271,11 @@ class _HashingStream(io.RawIOBase):
 
     def _start_writeback(self) -> None:
         """Ask the kernel to begin writing what we wrote so far (asynchronously)."""
-        if _SYNC_FILE_RANGE is None:
-            return
         try:
             self._raw.flush()
-            if _SYNC_FILE_RANGE(self._raw.fileno(), self._writeback_from,
-                                self.size - self._writeback_from, _SYNC_FILE_RANGE_WRITE) != 0:
-                return  # a file system without it: the fsync at the upload does all the work
+            if not start_writeback(self._raw.fileno(), self._writeback_from,
+                                   self.size - self._writeback_from):
+                return  # the fsync at the upload does all the work
         except (OSError, AttributeError, io.UnsupportedOperation):
             return
         self._writeback_from = self.size

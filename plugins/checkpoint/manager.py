@@ -4,9 +4,9 @@ A save, as every rank sees it (all ranks call `save` together):
 
 1. *Blocking* — wait for the previous save if it is still in flight (at most one at a time;
    the wait is reported), take `get_state_dict(model, optimizer)` and copy it into host
-   buffers with DCP's `DefaultStager`. The buffers are cached and reused across saves, so in
-   steady state this is one memcpy (or device→host copy) of the rank's shard — the only time
-   training is held.
+   buffers (`staging.ReusingStager`: DCP's `DefaultStager` the first time, then a copy into
+   the same buffers), so in steady state this is one memcpy (or device→host copy) of the
+   rank's shard — the only time training is held.
 2. *Background thread* — `dcp.save` of the staged copy into this rank's local staging
    folder (no fsync: the staging copy is scratch), plus a JSON file with the rank's extra
    state (step, RNG states, LR scheduler, sampler — never a pickle). Then each rank uploads
@@ -332,12 +332,9 @@ class CheckpointManager:
 
     def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
         if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            from plugins.checkpoint.staging import ReusingStager
 
-            cuda = torch.cuda.is_available()
-            self._stager = DefaultStager(StagingOptions(
-                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
-                use_non_blocking_copy=cuda))
+            self._stager = ReusingStager()
         return self._stager.stage(state)
 
     def _write_and_commit(self, step: int, staged: dict[str, Any], extra_blob: bytes,
