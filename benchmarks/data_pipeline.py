@@ -17,6 +17,14 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
 - `fetch_only_samples_s` (context): the dataset's bytes alone, fetched as the pipeline fetches
   them (`ShardStream`: ranged GETs, three shards in flight) and thrown away — the most the
   endpoint and the client's HTTP stack deliver on this machine, the cold pass's ceiling;
+- competitors and ceilings from `benchmarks/data_competitors.py`, same shards, same run:
+  `dataloader_samples_s` — a `torch.utils.data.DataLoader` with `num_workers=2` (boto3
+  `get_object`, orjson, the same tokenizer, the same windows and block shuffle);
+  `parse_only_samples_s` — the same bytes from memory through the pipeline's own parser,
+  tokenizer and cutter (the parse ceiling); `mmap_samples_s` — the same batches cut from the
+  same token ids in one memory-mapped file (the warm cache's ceiling; checked byte for byte
+  against the baseline, untimed), and `mmap_verified_samples_s` the same after a SHA-256 of
+  the file (what the cache's check of every hit costs on top);
 - `stream_samples_s`: `StreamingReader` (cold cache: the next shards fetched by ranged GETs and
   tokenized as they arrive by other threads, their token ids stored in the cache, batches cut
   by a background thread into a bounded queue), the same batches;
@@ -51,8 +59,13 @@ shard of one chunk, as here, is fetched by that thread too) and `connections` (t
 of larger shards) — where a cheaper pass would have to come from.
 
 The throughputs are the medians of `--rounds` rounds (each round: baseline, sequential stream,
-fetch only, cold stream, cold stream through botocore, warm cache; `rounds` lists them all), so
-a burst of load from other processes does not decide a ratio. Every figure is from the same run. Prints one JSON line.
+fetch only, parse only, DataLoader, cold stream, cold stream through botocore, warm cache,
+memory map; `rounds` lists them all), so a burst of load from other processes does not decide
+a ratio. Every figure is from the same run. `targets` holds issue 32's goals (cold stream ≥ 1.0×
+the DataLoader and ≥ 0.8× the lower of the fetch-only and parse-only ceilings, whose name is
+`binding_ceiling`; cached ≥ 0.8× the memory map; RSS flat — the quarter dataset's peak within
+10 % of the full one's; stall < 5 %). Prints one JSON line, with `cpu_count` and the 1-minute
+load average before and after (`load_avg_1m_start`, `load_avg_1m`).
 """
 
 from __future__ import annotations
@@ -303,12 +316,15 @@ def main() -> int:
     if args.train_child:
         return train_child(args)
 
+    from benchmarks import data_competitors as rivals
     from plugins.data.manifest import list_manifest
+    from plugins.data.stream import epoch_order
     from plugins.launch import processes
     from plugins.storage.store import S3Store, open_store
     from tests.support.datasets import write_jsonl_dataset
     from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
+    load_start = os.getloadavg()[0]
     shards = max(4, args.dataset_mb)  # ~1 MB each
     with moto_process() as (server, endpoint_pid), tempfile.TemporaryDirectory(prefix="data-pipeline-") as tmp:
         root = Path(tmp)
@@ -327,16 +343,25 @@ def main() -> int:
         for name in ("stream", "cached"):  # cold, then warm
             streamed(full, args.seq_len, root / "check", 2 * dataset_bytes, batch, base_n // batch, digests[name])
         shutil.rmtree(root / "check")
+        listed = list_manifest(full, "jsonl")
+        blobs = {shard.key: full.get_bytes(shard.key) for shard in listed.shards}
+        token_file = root / "tokens.u8"
+        spans = rivals.write_token_file(listed, blobs, token_file)
+        digests["mmap"] = hashlib.sha256()
+        rivals.mmap_pass(token_file, spans, args.seq_len, batch, digests["mmap"])
         if len({d.hexdigest() for d in digests.values()}) != 1:
             raise RuntimeError("the passes read different samples: the comparison would be unfair")
+        keys = [shard.key for shard in listed.shards]
+        order = [keys[i] for i in epoch_order(len(keys), 0, 0)]
 
-        rates: dict[str, list[float]] = {"baseline": [], "sequential_stream": [], "fetch_only": [], "stream": [],
-                                         "stream_botocore": [], "cached": []}
+        rates: dict[str, list[float]] = {"baseline": [], "sequential_stream": [], "fetch_only": [],
+                                         "parse_only": [], "dataloader": [], "stream": [],
+                                         "stream_botocore": [], "cached": [], "mmap": [],
+                                         "mmap_verified": []}
         botocore_path = S3Store(bucket, "full", endpoint_url=server.endpoint_url)
         botocore_path.__dict__["_plain_http"] = None  # as behind a proxy: get_object
         cpu: dict[str, list[float]] = {"baseline": [], "stream": [], "stream_endpoint": []}
         by_thread: dict[str, list[float]] = {}
-        listed = list_manifest(full, "jsonl")
         # On the warm cache, given the manifest: one rank's epoch, and rank 0 of DP_SHARE's share of it
         # (default stripes, and one stream).
         share_s: dict[str, list[float]] = {"dp1": [], "dp8": [], "dp8_one_stream": []}
@@ -346,6 +371,9 @@ def main() -> int:
             cpu["baseline"].append(time.process_time() - own)
             seq_n, seq_s = sequential_stream(full, args.seq_len)
             fetch_s = fetch_only(full)
+            parse_n, parse_s = rivals.parse_only_pass(listed, blobs, args.seq_len)
+            loader_n, loader_s = rivals.dataloader_pass(bucket, "full", order, server.endpoint_url,
+                                                        args.seq_len, batch)
             cache_dir = root / f"cache-{r}"
             own, endpoint = time.process_time(), processes.cpu_seconds(endpoint_pid)
             roles: dict[str, float] = {}
@@ -361,6 +389,8 @@ def main() -> int:
                                       base_n // batch)
             shutil.rmtree(root / f"cache-boto-{r}")
             cached_n, cached_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch)
+            mmap_n, mmap_s = rivals.mmap_pass(token_file, spans, args.seq_len, batch)
+            verified_n, verified_s = rivals.mmap_pass(token_file, spans, args.seq_len, batch, verify=True)
             for name, dp, stripes in (("dp1", 1, None), ("dp8", DP_SHARE, None), ("dp8_one_stream", DP_SHARE, 1)):
                 share_s[name].append(streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch,
                                               base_n // (batch * dp), dp_size=dp, stripes=stripes,
@@ -370,7 +400,9 @@ def main() -> int:
             for name, n, seconds in (("baseline", base_n, base_s), ("sequential_stream", seq_n, seq_s),
                                      ("fetch_only", base_n, fetch_s), ("stream", stream_n, stream_s),
                                      ("stream_botocore", boto_n, boto_s),
-                                     ("cached", cached_n, cached_s)):
+                                     ("cached", cached_n, cached_s), ("parse_only", parse_n, parse_s),
+                                     ("dataloader", loader_n, loader_s), ("mmap", mmap_n, mmap_s),
+                                     ("mmap_verified", verified_n, verified_s)):
                 rates[name].append(n / seconds)
             shutil.rmtree(cache_dir)
         median = {name: statistics.median(values) for name, values in rates.items()}
@@ -398,6 +430,10 @@ def main() -> int:
         "sequential_stream_samples_s": round(median["sequential_stream"], 1),
         "fetch_only_samples_s": round(median["fetch_only"], 1),
         "stream_botocore_samples_s": round(median["stream_botocore"], 1),
+        "dataloader_samples_s": round(median["dataloader"], 1),
+        "parse_only_samples_s": round(median["parse_only"], 1),
+        "mmap_samples_s": round(median["mmap"], 1),
+        "mmap_verified_samples_s": round(median["mmap_verified"], 1),
         "cached_samples_s": round(median["cached"], 1),
         "peak_rss_mb": big["peak_rss_mb"],
         "dataset_mb": round(dataset_bytes / 2**20, 1),
@@ -427,10 +463,41 @@ def main() -> int:
         "baseline_wall_s": round(base_n / median["baseline"], 3),
         "rounds": {name: [round(v) for v in values] for name, values in rates.items()},
         "cpu_count": os.cpu_count(),
+        "load_avg_1m_start": round(load_start, 2),
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
+    result.update(_against_competitors(median, big["peak_rss_mb"], small["peak_rss_mb"],
+                                       result["stall_fraction"]))
     print(json.dumps(result))
     return 0
+
+
+def _against_competitors(median: dict[str, float], rss_full: float, rss_quarter: float,
+                         stall: float) -> dict[str, object]:
+    """Issue 32's ratios and targets; the lower of the two cold-pass ceilings binds."""
+    ceilings = {"fetch_only": median["fetch_only"], "parse_only": median["parse_only"]}
+    binding = min(ceilings, key=ceilings.__getitem__)
+    ratios = {
+        "stream_vs_dataloader": median["stream"] / median["dataloader"],
+        "stream_vs_lower_ceiling": median["stream"] / ceilings[binding],
+        "stream_vs_parse_only": median["stream"] / median["parse_only"],
+        "stream_vs_fetch_only": median["stream"] / median["fetch_only"],
+        "cached_vs_mmap": median["cached"] / median["mmap"],
+        "cached_vs_mmap_verified": median["cached"] / median["mmap_verified"],
+        "dataloader_vs_baseline": median["dataloader"] / median["baseline"],
+        "rss_quarter_vs_full": rss_quarter / rss_full,
+    }
+    return {
+        **{k: round(v, 2) for k, v in ratios.items()},
+        "binding_ceiling": binding,
+        "targets": {
+            "stream_ge_1.0x_dataloader": ratios["stream_vs_dataloader"] >= 1.0,
+            "stream_ge_0.8x_lower_ceiling": ratios["stream_vs_lower_ceiling"] >= 0.8,
+            "cached_ge_0.8x_mmap": ratios["cached_vs_mmap"] >= 0.8,
+            "rss_flat_within_10pct": ratios["rss_quarter_vs_full"] >= 0.9,
+            "stall_lt_5pct": stall < 0.05,
+        },
+    }
 
 
 if __name__ == "__main__":
