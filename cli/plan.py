@@ -122,7 +122,7 @@ def _print_human(result: PlanResult, *, job_name: str, cluster_name: str, spec: 
                   f"  [dim]model[/]     {_count(result.parameter_count)} parameters; strategy {result.strategy}\n"
                   f"  [dim]budget[/]    {_gib(result.budget_bytes)} per device "
                   f"({result.budget_bytes / result.device_memory_bytes:.0%} of {_gib(result.device_memory_bytes)})")
-    for line in result.warnings:
+    for line in [*result.warnings, *([result.headroom_warning] if result.headroom_warning else [])]:
         console.print(f"[yellow]warning[/] {escape(line)}")
     shown = result.best or result.evaluated
     if shown is not None:
@@ -132,11 +132,11 @@ def _print_human(result: PlanResult, *, job_name: str, cluster_name: str, spec: 
     if not result.feasible:
         if result.strategy == "manual" and result.evaluated is not None:
             console.print(f"\n[red bold]The configuration does not fit[/]: it needs "
-                          f"{_gib(result.evaluated.memory_per_gpu_bytes)} per device, the budget is "
-                          f"{_gib(result.budget_bytes)}")
+                          f"{_gib(result.evaluated.memory_per_gpu_bytes)} per device, the limit is "
+                          f"{_gib(result.limit_bytes or result.device_memory_bytes)}")
         else:
             smallest = result.smallest_memory_bytes
-            console.print(f"\n[red bold]Nothing fits[/] in {_gib(result.budget_bytes)} per device"
+            console.print(f"\n[red bold]Nothing fits[/] in {_gib(result.limit_bytes or result.device_memory_bytes)} per device"
                           + (f" (the least any layout needs is {_gib(smallest)})" if smallest else ""))
         for line in result.suggestions:
             console.print(f"  [cyan]would fit[/]: {escape(line)}")

@@ -89,6 +89,14 @@ class HardwareRequest(Section):
     """Smallest accelerator memory the job accepts, e.g. `80GB`."""
     nodes_preferred: PositiveInt | None = None
     """Hint for the placer: how many nodes to spread over."""
+    keep_memory_headroom: float | None = Field(default=None, ge=0, lt=1)
+    """Share of each device's memory a plan must leave free, e.g. `0.1`: the advisor refuses a
+    plan whose estimate needs it. Unset (the default), a plan may use the device up to its
+    capacity; one above the platform's budget (`TRAINYARD_MEMORY_FRACTION`, 90 %: the 10 % of
+    headroom the advisor has always kept) is accepted with a warning that gives the margin —
+    the estimate is not exact, and configurations that really ran (Llama 3 405B, an estimated
+    73 GiB on 80 GiB H100s) sit there. Set it for jobs that need the room (another process on
+    the device, memory fragmentation, large communication buffers)."""
 
 
 class ModelHints(Section):

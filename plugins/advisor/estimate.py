@@ -20,6 +20,9 @@ class Estimate:
     memory_stage: int
     """The pipeline stage of that device."""
     budget_bytes: int
+    """The platform's budget (memory_fraction × capacity): above it a plan uses the headroom."""
+    limit_bytes: int
+    """What a plan may use: the device's capacity, less the headroom the spec keeps, if any."""
     time: StepTime | None
     """None when the layout does not fit (time is not estimated for it)."""
     tokens_per_s: float = 0.0
@@ -32,6 +35,11 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
+        return self.memory_bytes <= self.limit_bytes
+
+    @property
+    def within_budget(self) -> bool:
+        """Fits without touching the headroom above the budget."""
         return self.memory_bytes <= self.budget_bytes
 
     @property
@@ -43,6 +51,16 @@ def budget_bytes(hw: Hardware, memory_fraction: float) -> int:
     if not 0 < memory_fraction <= 1:
         raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
     return int(hw.memory_bytes * memory_fraction)
+
+
+def limit_bytes(hw: Hardware, keep_headroom: float | None) -> int:
+    """The most a plan may use: all of the device, or all but the share `keep_headroom` asks
+    to keep free (the spec's `hardware.keepMemoryHeadroom`)."""
+    if keep_headroom is None:
+        return hw.memory_bytes
+    if not 0 <= keep_headroom < 1:
+        raise ValueError(f"keep_headroom must be in [0, 1), got {keep_headroom}")
+    return int(hw.memory_bytes * (1 - keep_headroom))
 
 
 def check_layout(model: ModelProfile, layout: Layout, gpu_count: int | None = None) -> None:
@@ -71,12 +89,19 @@ def check_layout(model: ModelProfile, layout: Layout, gpu_count: int | None = No
 
 class Evaluator:
     """Evaluates layouts of one model on one device type under one memory budget, sharing the
-    memory and time models' caches across calls (what the search uses)."""
+    memory and time models' caches across calls (what the search uses).
+
+    Two thresholds: `budget` (memory_fraction of the device) is where a plan starts to use the
+    headroom — it still fits, with a warning; `limit` is what a plan may not exceed: the
+    device's capacity, or less when the spec keeps headroom (`keep_headroom`). A configuration
+    that really ran can sit in the headroom (Llama 3 405B: an estimated 73.4 GiB on 80 GiB
+    H100s, over a 72 GiB budget), so the budget alone never refuses one."""
 
     def __init__(self, model: ModelProfile, hw: Hardware, *, impl: Implementation = PYTORCH,
-                 memory_fraction: float = 0.9) -> None:
+                 memory_fraction: float = 0.9, keep_headroom: float | None = None) -> None:
         self.model, self.hw, self.impl = model, hw, impl
         self.budget = budget_bytes(hw, memory_fraction)
+        self.limit = limit_bytes(hw, keep_headroom)
         self.memory = MemoryModel(model, hw, impl)
         self.time = TimeModel(model, hw, impl, self.memory)
         self.peak = peak_flops(model, hw)
@@ -89,21 +114,22 @@ class Evaluator:
 
     def evaluate(self, layout: Layout, *, always_time: bool = True) -> Estimate:
         memory, stage = self.memory.breakdown(layout)
-        if sum(memory.values()) > self.budget and not always_time:
-            return Estimate(layout, memory, stage, self.budget, None)
+        if sum(memory.values()) > self.limit and not always_time:
+            return Estimate(layout, memory, stage, self.budget, self.limit, None)
         time = self.time.step(layout)
         tokens = self.model.global_batch_size * self.model.sequence_length / time.step_s
         peak = self.peak * layout.world_size
         extra = self.model.recompute_flops_per_token(
             layout.recompute, attention_recomputed=self.attention_recomputed)
-        return Estimate(layout, memory, stage, self.budget, time, tokens_per_s=tokens,
+        return Estimate(layout, memory, stage, self.budget, self.limit, time, tokens_per_s=tokens,
                         mfu=tokens * self.flops_per_token / peak,
                         hfu=tokens * (self.flops_per_token + extra) / peak)
 
 
 def evaluate(model: ModelProfile, hw: Hardware, layout: Layout, *, impl: Implementation = PYTORCH,
-             memory_fraction: float = 0.9, always_time: bool = True) -> Estimate:
+             memory_fraction: float = 0.9, keep_headroom: float | None = None,
+             always_time: bool = True) -> Estimate:
     """Memory of `layout`, and its step time, throughput and MFU (unless it does not fit and
     `always_time` is False)."""
-    return Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction).evaluate(
-        layout, always_time=always_time)
+    return Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction,
+                     keep_headroom=keep_headroom).evaluate(layout, always_time=always_time)

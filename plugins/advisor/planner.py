@@ -57,7 +57,14 @@ class PlanResult(BaseModel):
     plans_considered: int = 0
     plans_evaluated: int = 0
     budget_bytes: int
+    """The platform's budget (memory_fraction of the device): a plan above it uses the headroom."""
     device_memory_bytes: int
+    limit_bytes: int = 0
+    """What a plan may use: the device's capacity, less the headroom the spec keeps
+    (`hardware.keepMemoryHeadroom`); 0 in results written before there was one."""
+    headroom_warning: str | None = None
+    """Set when the plan fits only in the headroom above the budget: by how much, and the
+    margin left to the device's capacity."""
     hardware: str
     parameter_count: int
     smallest_memory_bytes: int | None = None
@@ -147,10 +154,13 @@ def manual_plan(job: TrainingJob) -> Plan:
 
 def plan_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9, top_k: int = 5,
              impl: Implementation = PYTORCH,
-             runtime: RuntimeCapabilities | None = WORKER_RUNTIME) -> PlanResult:
+             runtime: RuntimeCapabilities | None = WORKER_RUNTIME,
+             keep_headroom: float | None = None) -> PlanResult:
     """Plan `job` on `cluster` for `runtime`. Raises `ValueError` when the spec cannot be
     planned at all (no model hints, a GPU type the cluster lacks, an invalid manual
-    configuration, something the runtime cannot apply)."""
+    configuration, something the runtime cannot apply). A plan may use the device up to its
+    capacity, or up to the headroom the spec keeps (`keep_headroom` overrides the spec's);
+    one above `memory_fraction` of it comes with `headroom_warning`."""
     par = job.spec.parallelism
     if par.hints is None:
         raise ValueError("the spec has no parallelism.hints: the advisor needs the model's shape "
@@ -165,11 +175,12 @@ def plan_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9
             tie_embeddings=model.tie_embeddings)
         if refused:
             raise ValueError("; ".join(refused))
+    keep = job.spec.hardware.keep_memory_headroom if keep_headroom is None else keep_headroom
     if par.strategy == "manual":
         return plan_manual(model, hw, manual_layout(par, gpus, model), memory_fraction=memory_fraction,
-                           top_k=top_k, impl=impl, runtime=runtime)
+                           top_k=top_k, impl=impl, runtime=runtime, keep_headroom=keep)
     return plan_auto(model, hw, gpus, pins=pins_from_spec(par), memory_fraction=memory_fraction,
-                     top_k=top_k, impl=impl, runtime=runtime)
+                     top_k=top_k, impl=impl, runtime=runtime, keep_headroom=keep)
 
 
 def _warnings(model: ModelProfile) -> list[str]:
@@ -189,42 +200,62 @@ def _result(model: ModelProfile, hw: Hardware, found: SearchResult, *, strategy:
         suggestions=suggestions or [], warnings=_warnings(model),
         plans_considered=found.plans_considered, plans_evaluated=found.plans_evaluated,
         budget_bytes=found.budget_bytes, device_memory_bytes=hw.memory_bytes,
+        limit_bytes=found.limit_bytes or hw.memory_bytes,
+        headroom_warning=_headroom_warning(best, found.budget_bytes, hw),
         hardware=hw.describe(), parameter_count=model.parameter_count(),
         smallest_memory_bytes=found.smallest.memory_bytes if found.smallest else None)
 
 
+def _headroom_warning(plan: Plan | None, budget: int, hw: Hardware) -> str | None:
+    """What a plan that fits only in the headroom costs: over the budget by, under capacity by."""
+    need = plan.memory_per_gpu_bytes if plan is not None else None
+    if plan is None or need is None or need <= budget:
+        return None
+    return (f"{plan.describe()} needs an estimated {need / GiB:.1f} GiB per device, "
+            f"{(need - budget) / GiB:.1f} GiB over the budget of {budget / GiB:.1f} GiB "
+            f"({budget / hw.memory_bytes:.0%} of {hw.memory_bytes / GiB:.0f} GiB {hw.gpu.name}); "
+            f"it runs in the headroom with {(hw.memory_bytes - need) / GiB:.1f} GiB to spare "
+            f"({(hw.memory_bytes - need) / hw.memory_bytes:.1%} of the device)")
+
+
 def plan_auto(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | None = None,
               memory_fraction: float = 0.9, top_k: int = 5, impl: Implementation = PYTORCH,
-              runtime: RuntimeCapabilities | None = None) -> PlanResult:
+              runtime: RuntimeCapabilities | None = None,
+              keep_headroom: float | None = None) -> PlanResult:
     found = search(model, hw, gpu_count, pins=pins, impl=impl, memory_fraction=memory_fraction,
-                   top_k=top_k, runtime=runtime)
+                   top_k=top_k, runtime=runtime, keep_headroom=keep_headroom)
     plans = [to_plan(est, model, hw) for est in found.ranked]
     suggestions = [] if plans else what_would_fit(model, hw, gpu_count, found, pins=pins, impl=impl,
-                                                  memory_fraction=memory_fraction, runtime=runtime)
+                                                  memory_fraction=memory_fraction, runtime=runtime,
+                                                  keep_headroom=keep_headroom)
     return _result(model, hw, found, strategy="auto", best=plans[0] if plans else None,
                    alternatives=plans[1:], suggestions=suggestions)
 
 
 def plan_manual(model: ModelProfile, hw: Hardware, layout: Layout, *, memory_fraction: float = 0.9,
                 top_k: int = 5, impl: Implementation = PYTORCH,
-                runtime: RuntimeCapabilities | None = None) -> PlanResult:
-    evaluator = Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction)
+                runtime: RuntimeCapabilities | None = None,
+                keep_headroom: float | None = None) -> PlanResult:
+    evaluator = Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction,
+                          keep_headroom=keep_headroom)
     est = evaluator.evaluate(layout)
     plan = to_plan(est, model, hw)
     found = SearchResult(ranked=[est] if est.fits else [],
                          rejected={} if est.fits else {"exceeds_memory": 1}, plans_considered=1,
-                         plans_evaluated=1, smallest=est, budget_bytes=evaluator.budget)
+                         plans_evaluated=1, smallest=est, budget_bytes=evaluator.budget,
+                         limit_bytes=evaluator.limit)
     if est.fits:
         return _result(model, hw, found, strategy="manual", best=plan, alternatives=[], evaluated=plan)
     suggestions = manual_fixes(evaluator, layout)
     auto = search(model, hw, layout.world_size, impl=impl, memory_fraction=memory_fraction, top_k=top_k,
-                  runtime=runtime)
+                  runtime=runtime, keep_headroom=keep_headroom)
     if auto.best is not None:
         suggestions.append(f"strategy: auto finds {auto.best.layout.describe()} "
                            f"({auto.best.memory_bytes / GiB:.1f} GiB)")
     else:
         suggestions += what_would_fit(model, hw, layout.world_size, auto, impl=impl,
-                                      memory_fraction=memory_fraction, runtime=runtime)
+                                      memory_fraction=memory_fraction, runtime=runtime,
+                                      keep_headroom=keep_headroom)
     return _result(model, hw, found, strategy="manual", best=None,
                    alternatives=[to_plan(e, model, hw) for e in auto.ranked[:top_k]],
                    evaluated=plan, suggestions=suggestions)
@@ -251,7 +282,7 @@ def manual_fixes(evaluator: Evaluator, layout: Layout) -> list[str]:
         out = []
         for change in group:
             bytes_ = evaluator.memory_bytes(replace(layout, **change))
-            if bytes_ <= evaluator.budget:
+            if bytes_ <= evaluator.limit:
                 said = ", ".join(f"{SPEC_KEYS[k]}: {str(v).lower() if isinstance(v, bool) else v}"
                                  for k, v in change.items() if k in SPEC_KEYS)
                 out.append(f"{said} would fit ({bytes_ / GiB:.1f} GiB)")
@@ -263,7 +294,8 @@ def manual_fixes(evaluator: Evaluator, layout: Layout) -> list[str]:
 def what_would_fit(model: ModelProfile, hw: Hardware, gpu_count: int, found: SearchResult, *,
                    pins: Pins | None = None, impl: Implementation = PYTORCH,
                    memory_fraction: float = 0.9,
-                   runtime: RuntimeCapabilities | None = None) -> list[str]:
+                   runtime: RuntimeCapabilities | None = None,
+                   keep_headroom: float | None = None) -> list[str]:
     """More devices, a bigger device or shorter sequences: the first of each that fits."""
     out: list[str] = []
     if found.plans_evaluated == 0:
@@ -274,7 +306,7 @@ def what_would_fit(model: ModelProfile, hw: Hardware, gpu_count: int, found: Sea
 
     def fits(m: ModelProfile, h: Hardware, n: int) -> bool:
         return search(m, h, n, pins=pins, impl=impl, memory_fraction=memory_fraction,
-                      first_fit=True, runtime=runtime).best is not None
+                      first_fit=True, runtime=runtime, keep_headroom=keep_headroom).best is not None
 
     for factor in (2, 4, 8, 16, 32, 64):
         n = gpu_count * factor
@@ -306,9 +338,10 @@ def what_would_fit(model: ModelProfile, hw: Hardware, gpu_count: int, found: Sea
 def replan_after_oom(job: TrainingJob, cluster: Cluster, failed: Plan, *,
                      memory_fraction: float = 0.9, top_k: int = 5) -> PlanResult:
     """Plan again after `failed` ran out of device memory: the estimate that OOMed was too low,
-    so demand 10 % less than it (smaller micro-batches, more recomputation, more sharding)."""
+    so demand 10 % less than it (smaller micro-batches, more recomputation, more sharding) —
+    a hard limit, not a budget the headroom may exceed."""
     hw = hardware_for(cluster, job.spec.hardware.gpu_type)
     if not failed.memory_per_gpu_bytes:
         raise ValueError("the failed plan carries no memory estimate to re-plan against")
     fraction = min(memory_fraction, 0.9 * failed.memory_per_gpu_bytes / hw.memory_bytes)
-    return plan_job(job, cluster, memory_fraction=fraction, top_k=top_k)
+    return plan_job(job, cluster, memory_fraction=fraction, top_k=top_k, keep_headroom=1 - fraction)

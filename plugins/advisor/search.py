@@ -78,6 +78,8 @@ class SearchResult:
     """The least-memory layout evaluated (for 'nothing fits' messages)."""
     budget_bytes: int = 0
     plans_fitting: int = 0
+    limit_bytes: int = 0
+    """What a plan could use (see `Evaluator`); 0 when unknown."""
 
     @property
     def best(self) -> Estimate | None:
@@ -178,16 +180,19 @@ def _structures(model: ModelProfile, hw: Hardware, gpus: int, pins: Pins,
 def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | None = None,
            impl: Implementation = PYTORCH, memory_fraction: float = 0.9, top_k: int = 5,
            first_fit: bool = False, prune: bool = True,
-           runtime: RuntimeCapabilities | None = None) -> SearchResult:
+           runtime: RuntimeCapabilities | None = None,
+           keep_headroom: float | None = None) -> SearchResult:
     """Rank every valid layout of `model` on `gpu_count` devices of `hw` that fits (and that
     `runtime` can apply; None models any stack, as the published-number checks do).
 
     `first_fit` stops at the first layout that fits (used to answer 'would it fit with …?');
     `prune=False` evaluates every combination (the benchmark's baseline, same answer).
+    A layout fits under the evaluator's `limit`; those within the `budget` rank first (`rank`).
     """
     pins = pins or Pins()
-    evaluator = Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction)
-    budget = evaluator.budget
+    evaluator = Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction,
+                          keep_headroom=keep_headroom)
+    budget, limit = evaluator.budget, evaluator.limit
     rejected: dict[str, int] = {}
     fitting: list[Estimate] = []
     considered = evaluated = 0
@@ -213,7 +218,7 @@ def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | No
                 continue
             least = _least_memory(base, pins)
             least_bytes = evaluator.memory_bytes(least) if prune else 0.0
-            if least_bytes > budget:
+            if least_bytes > limit:
                 evaluated += 1
                 if smallest is None or least_bytes < smallest.memory_bytes:
                     smallest = evaluator.evaluate(least, always_time=False)
@@ -230,7 +235,7 @@ def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | No
                     reject(REJECT_INTERLEAVE)
                     continue
                 evaluated += 1
-                if evaluator.memory_bytes(layout) > budget:
+                if evaluator.memory_bytes(layout) > limit:
                     reject(REJECT_MEMORY)
                     continue
                 est = evaluator.evaluate(layout)
@@ -238,19 +243,23 @@ def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | No
                     smallest = est
                 fitting.append(est)
                 if first_fit:
-                    return SearchResult(fitting, rejected, considered, evaluated, smallest, budget, 1)
+                    return SearchResult(fitting, rejected, considered, evaluated, smallest, budget, 1,
+                                        limit)
     return SearchResult(rank(fitting, top_k), rejected, considered, evaluated, smallest, budget,
-                        len(fitting))
+                        len(fitting), limit)
 
 
 def rank(estimates: list[Estimate], top_k: int) -> list[Estimate]:
     """Best first by step time; among those within `TIE_TOLERANCE` of the fastest, the simplest
-    layout leads. Returns the best and up to `top_k` alternatives."""
+    layout leads. Layouts within the budget come before those that need the headroom above it,
+    however fast: the headroom is for a plan that has no other way to fit. Returns the best and
+    up to `top_k` alternatives."""
     if not estimates:
         return []
-    ordered = sorted(estimates, key=lambda e: (e.step_s, e.layout.complexity()))
-    fastest = ordered[0].step_s
-    tied = [e for e in ordered if e.step_s <= fastest * (1 + TIE_TOLERANCE)]
+    ordered = sorted(estimates, key=lambda e: (not e.within_budget, e.step_s, e.layout.complexity()))
+    group = [e for e in ordered if e.within_budget == ordered[0].within_budget]
+    fastest = group[0].step_s
+    tied = [e for e in group if e.step_s <= fastest * (1 + TIE_TOLERANCE)]
     best = min(tied, key=lambda e: (e.layout.complexity(), e.step_s))
     rest = [e for e in ordered if e is not best]
     return [best, *rest[:top_k]]

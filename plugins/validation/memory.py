@@ -1,11 +1,13 @@
 """INSUFFICIENT_GPU_MEMORY and MODEL_SIZE_MISMATCH: does the job fit in device memory, and is
 the declared model size the one its shape describes? Answered by the advisor.
 
-- `strategy: auto`: an error when no layout of gpuCount devices fits under `memory_fraction`
-  of the device memory; the message names the least any layout needs and the budget, the hint
-  what would fit (more devices, a bigger device, shorter sequences).
+- `strategy: auto`: an error when no layout of gpuCount devices fits in the device (or in what
+  `hardware.keepMemoryHeadroom` leaves of it); the message names the least any layout needs and
+  that limit, the hint what would fit (more devices, a bigger device, shorter sequences).
 - `strategy: manual`: an error when the spec's own configuration does not fit; the message
-  names its estimate and the budget, the hint single changes that would fit.
+  names its estimate and the limit, the hint single changes that would fit.
+- A warning (same code) when the plan fits only above the budget (`memory_fraction` of the
+  device): it runs in the headroom, and the message gives both margins.
 - A warning when `modelParameters` differs from the count computed from the shape by > 5 %.
 
 Specs the advisor cannot plan (no hints, a GPU type the cluster lacks, an invalid manual
@@ -36,11 +38,18 @@ def check_memory(job: TrainingJob, cluster: Cluster, *, memory_fraction: float) 
                         hint="check the shape hints (hiddenSize, numLayers, ffnHiddenSize, "
                              "numKeyValueHeads, vocabSize, activation) or the declared size")
                 for line in result.warnings]
+    path = "spec.parallelism" if result.strategy == "manual" else "spec.hardware.gpuCount"
     if result.feasible:
+        if result.headroom_warning:
+            problems.append(Problem(
+                code=Code.INSUFFICIENT_GPU_MEMORY, path=path, severity="warning",
+                message=result.headroom_warning,
+                hint="it fits, with less room than the platform keeps for fragmentation and "
+                     "communication buffers; set hardware.keepMemoryHeadroom (e.g. 0.1) to refuse "
+                     "such plans, or use more devices or more recomputation for more room"))
         return problems
-    budget = (f"the budget of {result.budget_bytes / GiB:.1f} GiB per device "
-              f"({memory_fraction:.0%} of {result.device_memory_bytes / GiB:.0f} GiB "
-              f"{job.spec.hardware.gpu_type})")
+    budget = _limit_text(job, result.limit_bytes or result.device_memory_bytes,
+                         result.device_memory_bytes)
     hint = "; ".join(result.suggestions) or "use more or larger devices, or shorter sequences"
     if result.strategy == "manual" and result.evaluated is not None:
         plan = result.evaluated
@@ -58,7 +67,17 @@ def check_memory(job: TrainingJob, cluster: Cluster, *, memory_fraction: float) 
             f"{smallest / GiB:.1f} GiB ({smallest:,} bytes)" if smallest
             else f"no valid layout of {job.spec.hardware.gpu_count} devices exists")
     problems.append(Problem(
-        code=Code.INSUFFICIENT_GPU_MEMORY, path="spec.hardware.gpuCount",
+        code=Code.INSUFFICIENT_GPU_MEMORY, path=path,
         message=f"no parallelism plan fits: {need}, over {budget}",
         hint=hint))
     return problems
+
+
+def _limit_text(job: TrainingJob, limit: int, capacity: int) -> str:
+    """The limit a plan exceeded, in the user's terms: the device, or what the spec leaves."""
+    gpu = job.spec.hardware.gpu_type
+    keep = job.spec.hardware.keep_memory_headroom
+    if keep is None:
+        return f"the {capacity / GiB:.1f} GiB of one {gpu}"
+    return (f"the {limit / GiB:.1f} GiB per device that keepMemoryHeadroom {keep:g} leaves of "
+            f"{capacity / GiB:.0f} GiB {gpu}")

@@ -93,7 +93,7 @@ def test_pruned_search_finds_what_an_exhaustive_one_finds() -> None:
                 continue
             layout = Layout(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs,
                             num_micro_batches=m, recompute=ac, sequence_parallel=sp)  # type: ignore[arg-type]
-            if evaluator.memory_bytes(layout) <= evaluator.budget:
+            if evaluator.memory_bytes(layout) <= evaluator.limit:  # the device, headroom included
                 fitting.add(layout)
     assert found.plans_fitting == len(fitting) > 0
     assert {e.layout for e in found.ranked} == fitting
@@ -221,3 +221,16 @@ def test_five_layers_on_two_stages_is_a_plan() -> None:
     assert found.ranked and all(e.layout.pp == 2 for e in found.ranked)
     result = plan_manual(model, cpu, Layout(pp=2, micro_batch_size=2, num_micro_batches=4))
     assert result.feasible and result.best is not None and result.best.pp == 2
+
+
+def test_plans_within_the_budget_rank_before_faster_ones_in_the_headroom() -> None:
+    hw = replace(H100, gpu=replace(H100.gpu, memory_bytes=12 * 1024**3))
+    found = search(SMALL, hw, 8, memory_fraction=0.5, top_k=10_000)
+    inside = sum(e.within_budget for e in found.ranked)
+    assert 0 < inside < len(found.ranked)
+    assert all(e.within_budget for e in found.ranked[:inside])  # then the headroom's, by speed
+    assert not min(found.ranked, key=lambda e: e.step_s).within_budget  # the fastest needs it
+    everything_over = search(SMALL, hw, 8, memory_fraction=0.01, top_k=3)
+    assert everything_over.best is not None and not everything_over.best.within_budget
+    kept = search(SMALL, hw, 8, memory_fraction=0.5, keep_headroom=0.5, top_k=10_000)
+    assert len(kept.ranked) == inside and all(e.within_budget for e in kept.ranked)

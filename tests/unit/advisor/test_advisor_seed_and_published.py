@@ -12,6 +12,7 @@ from plugins.advisor.estimate import evaluate
 from plugins.advisor.hardware import CATALOG, hardware_from_spec
 from plugins.advisor.layout import PYTORCH, Layout
 from plugins.advisor.model import ModelProfile
+from plugins.advisor.planner import plan_manual
 from plugins.advisor.published import (
     accuracy_summary,
     compare,
@@ -142,3 +143,32 @@ def test_step_time_errors_count_as_inverse_throughput_errors() -> None:
     derived = tokens_per_s_error(replace(comparison, run=only_step))
     assert derived == pytest.approx(1 / (1 + step_error) - 1)
     assert derived == pytest.approx(mfu_error, rel=0.05)
+
+
+def _in_headroom(run, fraction: float = 0.9) -> bool:  # type: ignore[no-untyped-def]
+    return compare(run).estimate.memory_bytes > fraction * run.hardware.memory_bytes
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda r: f"{r.source}-{r.name}-{r.gpus}")
+def test_configurations_that_ran_plan_at_the_platform_budget(run) -> None:
+    """At the platform's 90 % budget every one of them is a plan; those whose estimate is above
+    the budget (inside the headroom) come with a warning giving both margins."""
+    result = plan_manual(run.model, run.hardware, run.layout, impl=run.impl, memory_fraction=0.9,
+                         top_k=0)
+    assert result.feasible and result.best is not None
+    if _in_headroom(run):
+        assert result.headroom_warning is not None
+        assert "over the budget" in result.headroom_warning and "to spare" in result.headroom_warning
+    else:
+        assert result.headroom_warning is None
+
+
+def test_some_configurations_that_ran_needed_the_headroom_and_keeping_it_refuses_them() -> None:
+    """Llama 3 405B on 16,384 H100s: an estimated 73.4 GiB against a 72 GiB budget. It ran, so
+    it plans by default; a spec that keeps 10 % of the device free is refused it."""
+    crowded = [r for r in RUNS if _in_headroom(r)]
+    assert {r.name for r in crowded} >= {"Llama 3 405B, 16,384 GPUs"}
+    for run in crowded:
+        kept = plan_manual(run.model, run.hardware, run.layout, impl=run.impl, memory_fraction=0.9,
+                           keep_headroom=0.1, top_k=0)
+        assert not kept.feasible and kept.limit_bytes == int(0.9 * run.hardware.memory_bytes)

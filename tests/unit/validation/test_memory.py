@@ -39,9 +39,9 @@ def test_auto_strategy_that_cannot_fit_names_need_budget_and_what_would_fit() ->
     [problem] = check_memory(job, FLEET, memory_fraction=0.9)
     assert problem.code == Code.INSUFFICIENT_GPU_MEMORY and problem.severity == "error"
     assert problem.path == "spec.hardware.gpuCount"
-    assert "72.0 GiB" in problem.message and "90% of 80 GiB H100" in problem.message
+    assert "the 80.0 GiB of one H100" in problem.message  # refused only above the device itself
     need = int(re.search(r"\(([\d,]+) bytes\)", problem.message).group(1).replace(",", ""))
-    assert need > 72 * 1024**3
+    assert need > 80 * 1024**3
     assert "more devices:" in problem.hint
 
 
@@ -53,12 +53,39 @@ def test_manual_configuration_that_does_not_fit_is_an_error_with_fixes() -> None
     assert "would fit" in problem.hint
 
 
-def test_a_smaller_budget_turns_a_fit_into_an_error() -> None:
-    job = job_from("llama-7b-finetune.yaml", **{"strategy: auto": "strategy: manual\n    zeroStage: 3\n"
-                                                                   "    activationCheckpointing: full"})
+MANUAL_FSDP = {"strategy: auto": "strategy: manual\n    zeroStage: 3\n    activationCheckpointing: full"}
+
+
+def test_a_plan_above_the_budget_but_within_the_device_is_a_warning_with_both_margins() -> None:
+    job = job_from("llama-7b-finetune.yaml", **MANUAL_FSDP)
     assert check_memory(job, FLEET, memory_fraction=0.9) == []
-    [problem] = check_memory(job, FLEET, memory_fraction=0.1)
-    assert problem.code == Code.INSUFFICIENT_GPU_MEMORY
+    [problem] = check_memory(job, FLEET, memory_fraction=0.1)  # a budget of 8 GiB
+    assert (problem.code, problem.severity, problem.path) == (
+        Code.INSUFFICIENT_GPU_MEMORY, "warning", "spec.parallelism")
+    need, over, budget, spare = (float(x) for x in re.search(
+        r"needs an estimated ([\d.]+) GiB per device, ([\d.]+) GiB over the budget of ([\d.]+) GiB "
+        r"\(10% of 80 GiB H100\); it runs in the headroom with ([\d.]+) GiB to spare",
+        problem.message).groups())
+    assert budget == 8.0 and need == pytest.approx(budget + over, abs=0.1)
+    assert need + spare == pytest.approx(80.0, abs=0.1)
+    assert "keepMemoryHeadroom" in problem.hint
+
+
+def test_keeping_headroom_turns_a_plan_in_it_into_an_error() -> None:
+    job = job_from("llama-7b-finetune.yaml", **{
+        "gpuCount: 64": "gpuCount: 64\n    keepMemoryHeadroom: 0.9", **MANUAL_FSDP})
+    assert job.spec.hardware.keep_memory_headroom == 0.9
+    [problem] = check_memory(job, FLEET, memory_fraction=0.9)
+    assert (problem.code, problem.severity) == (Code.INSUFFICIENT_GPU_MEMORY, "error")
+    assert "the 8.0 GiB per device that keepMemoryHeadroom 0.9 leaves of 80 GiB H100" in problem.message
+
+
+def test_the_headroom_kept_must_be_a_share_of_the_device() -> None:
+    for bad in ("1", "-0.1", "1.5"):
+        text = (JOBS / "llama-7b-finetune.yaml").read_text().replace(
+            "gpuCount: 64", f"gpuCount: 64\n    keepMemoryHeadroom: {bad}")
+        job, problems = parse_spec_text(text)
+        assert job is None and any("keepMemoryHeadroom" in p.path for p in problems), bad
 
 
 @pytest.mark.parametrize("factor,warned", [(1.049, False), (0.951, False), (1.06, True), (0.9, True)])
