@@ -23,6 +23,12 @@ Trainyard home with the demo dataset:
    step of the next attempt, placed elsewhere: detection by the health watch, stop, classify,
    cordon, release, the hand-over to the next DAG run, placement, launch, restore, one step.
    Target < 60 s (the seed's node-loss figure).
+4. **hang detection** — in the same stack, a second training run whose rank 1 stops making
+   progress at step `--kill-at` (the trigger form's hang fault) under a `hangTimeout` of
+   `--hang-timeout-s`: `hang_detect_s` = the job state's time to detect (last progress → the
+   watcher's verdict), `hang_detect_over_timeout_s` = how much of it is beyond the timeout
+   itself (the watcher's poll, the triggerer's scheduling). Tests assert only that a hang is
+   declared no sooner than the timeout; this is where its latency is measured.
 
 `steps_lost` is per path: the last step completed before the failure minus the step the
 recovery resumed from; target ≤ `checkpoint_interval_steps`. (On the control-plane path the
@@ -59,6 +65,7 @@ def main() -> int:
     p.add_argument("--interval", type=int, default=10, help="checkpoint every N steps")
     p.add_argument("--steps", type=int, default=50, help="max steps of each run")
     p.add_argument("--skip-control-plane", action="store_true", help="only the fast path and bare torchrun")
+    p.add_argument("--hang-timeout-s", type=int, default=10, help="the hang run's faultTolerance.hangTimeout")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out: dict[str, Any] = {"checkpoint_interval_steps": args.interval, "kill_at_step": args.kill_at}
@@ -69,6 +76,10 @@ def main() -> int:
     out.update(fast_path_mttr_s=round(fast["mttr_s"], 2), restore_s=round(fast["restore_s"], 3),
                torchrun_restart_s=round(bare["mttr_s"], 2),
                control_plane_mttr_s=round(control["mttr_s"], 2) if control else None,
+               hang_timeout_s=args.hang_timeout_s,
+               hang_detect_s=round(control["hang_detect_s"], 2) if control else None,
+               hang_detect_over_timeout_s=round(control["hang_detect_s"] - args.hang_timeout_s, 2)
+               if control else None,
                steps_lost={"fast_path": fast["steps_lost"], "control_plane": control["steps_lost"] if control else None})
     out["fast_path_vs_bare"] = round(fast["mttr_s"] / (bare["mttr_s"] + fast["restore_s"]), 2)
     print(json.dumps(out))
@@ -141,13 +152,13 @@ def fast_path(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     from config.cluster import cluster_for
     from config.settings import Settings
     from config.spec import TrainingJob
+    from plugins.advisor.plans import plan_for_job
+    from plugins.attempt.conf import in_place_restarts
     from plugins.launch.environment import build_worker_env
     from plugins.launch.local import LocalLauncher
-    from plugins.placement.plans import plan_for_job
     from plugins.placement.service import place_and_reserve
     from plugins.placement.state import open_state
     from plugins.recovery.model import AttemptConf
-    from plugins.recovery.steps import in_place_restarts
 
     use_home(home)
     settings = Settings(home=home)
@@ -225,51 +236,67 @@ class socket_port:
 
 
 def control_plane(home: Path, args: argparse.Namespace) -> dict[str, Any]:
-    import yaml
-
     from node_agent.client import inject_fault
     from node_agent.models import FaultRequest
     from plugins.recovery.state import JobStateStore
     from tests.e2e.airflow_stack import running_stack
     from tests.support.node_agents import node_agents
 
-    with node_agents(("local-0", "local-1"), home / "runs", home.parent / "agents") as agents:
-        os.environ["TRAINYARD_NODE_AGENTS"] = json.dumps(agents)
-        with running_stack(home) as stack:
-            (home / "jobs" / f"{JOB}.yaml").write_text(yaml.safe_dump(spec(args)))
-            wait_for("the benchmark's DAG", lambda: JOB in stack.client.dags(), timeout_s=180, poll_s=1)
-            first = stack.client.trigger(JOB, {})["dag_run_id"]
-            state = JobStateStore(stack.settings.state_db)
+    with node_agents(("local-0", "local-1"), home / "runs", home.parent / "agents") as agents, \
+            running_stack(home, agents=agents) as stack:
+        stack.add_jobs({JOB: spec(args)}, timeout_s=180)
+        first = stack.client.trigger(JOB, {})["dag_run_id"]
+        state = JobStateStore(stack.settings.state_db)
 
-            def live(attempt: int) -> Any:
-                for info in state.list_runs(JOB):
-                    found = state.live_attempt(JOB, info.run)
-                    if found is not None and found.attempt == attempt and found.run_handle is not None:
-                        return found.run_handle
-                return None
+        def live(attempt: int) -> Any:
+            for info in state.list_runs(JOB):
+                found = state.live_attempt(JOB, info.run)
+                if found is not None and found.attempt == attempt and found.run_handle is not None:
+                    return found.run_handle
+            return None
 
-            handle = wait_for("attempt 0's gang", lambda: live(0), poll_s=0.5)
-            beats0 = Path(handle.heartbeat_dir)
-            wait_for(f"rank 0 at step {args.kill_at}",
-                     lambda: (b := beat(beats0, 0)) is not None and b.step >= args.kill_at and b)
-            last_step = beat(beats0, 0).step
-            failed_at = time.time()
-            inject_fault(agents[handle.nodes[0]], FaultRequest(gpu=0, xid=79, reason="benchmarks/recovery.py"))
-            handle1 = wait_for("attempt 1's gang", lambda: live(1), poll_s=0.2)
-            beats1 = Path(handle1.heartbeat_dir)
-            nxt = wait_for("attempt 1's first step",
-                           lambda: (b := beat(beats1, 0)) is not None and b.phase == "train" and b)
-            report = state.attempts(JOB, handle.run)[0].failure_report
-            from cli.airflow_api import follow_training_run
+        handle = wait_for("attempt 0's gang", lambda: live(0), poll_s=0.5)
+        beats0 = Path(handle.heartbeat_dir)
+        wait_for(f"rank 0 at step {args.kill_at}",
+                 lambda: (b := beat(beats0, 0)) is not None and b.step >= args.kill_at and b)
+        last_step = beat(beats0, 0).step
+        failed_at = time.time()
+        inject_fault(agents[handle.nodes[0]], FaultRequest(gpu=0, xid=79, reason="benchmarks/recovery.py"))
+        handle1 = wait_for("attempt 1's gang", lambda: live(1), poll_s=0.2)
+        beats1 = Path(handle1.heartbeat_dir)
+        nxt = wait_for("attempt 1's first step",
+                       lambda: (b := beat(beats1, 0)) is not None and b.phase == "train" and b)
+        report = state.attempts(JOB, handle.run)[0].failure_report
+        from cli.airflow_api import follow_training_run
 
-            follow_training_run(stack.client, JOB, first, timeout_s=600)
-            # The injected fault does not kill the ranks (a real Xid 79 would): they train on
-            # until the health watch stops the gang, and that stop's SIGTERM commits an emergency
-            # checkpoint. So the steps lost are the job state's (last step reached − resume step).
-            if report is None or report.steps_lost is None:
-                raise RuntimeError(f"attempt 0 of run {handle.run} recorded no steps lost: {report}")
-            return {"mttr_s": nxt.time - failed_at, "steps_lost": report.steps_lost,
-                    "failed_at_step": last_step, "resumed_from_step": report.resume_step}
+        follow_training_run(stack.client, JOB, first, timeout_s=600)
+        # The injected fault does not kill the ranks (a real Xid 79 would): they train on
+        # until the health watch stops the gang, and that stop's SIGTERM commits an emergency
+        # checkpoint. So the steps lost are the job state's (last step reached − resume step).
+        if report is None or report.steps_lost is None:
+            raise RuntimeError(f"attempt 0 of run {handle.run} recorded no steps lost: {report}")
+        return {"mttr_s": nxt.time - failed_at, "steps_lost": report.steps_lost,
+                "failed_at_step": last_step, "resumed_from_step": report.resume_step,
+                "hang_detect_s": hang_detection(stack, args)}
+
+
+def hang_detection(stack: Any, args: argparse.Namespace) -> float:
+    """Seconds from the hung rank's last progress to the watcher's verdict (the job state's
+    `time_to_detect_s` of the hang attempt)."""
+    from cli.airflow_api import follow_training_run
+    from plugins.recovery.state import JobStateStore
+
+    name = f"{JOB}-hang"
+    doc = spec(args)
+    doc["metadata"]["name"] = name
+    doc["spec"]["faultTolerance"]["hangTimeout"] = f"{args.hang_timeout_s}s"
+    stack.add_jobs({name: doc}, timeout_s=180)
+    first = stack.client.trigger(name, {"fault_hang_rank": 1, "fault_hang_at_step": args.kill_at})["dag_run_id"]
+    attempts = follow_training_run(stack.client, name, first, timeout_s=600)
+    report = JobStateStore(stack.settings.state_db).attempts(name, attempts[0].run)[0].failure_report
+    if report is None or report.outcome != "hang" or report.time_to_detect_s is None:
+        raise RuntimeError(f"the hang run's first attempt was not a detected hang: {report}")
+    return report.time_to_detect_s
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ def _results(job: TrainingJob, settings: Settings, stack: Stack, client: Airflow
     from rich.table import Table
 
     from cli.output import console
-    from plugins.recovery.steps import run_timeline
+    from plugins.attempt.closing import run_timeline
     from plugins.tracking.runs import client_for
 
     if not attempts or not attempts[-1].run:

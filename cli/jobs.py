@@ -192,19 +192,16 @@ def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = 
 
 
 def run_stop(args: argparse.Namespace) -> int:
-    from cli.output import console, err_console
+    from cli.output import console
+    from config.settings import get_settings
+    from plugins.attempt.launchers import Runtime
+    from plugins.attempt.stop import stop_run
     from plugins.recovery.state import RunNotFound
-    from plugins.recovery.stop import stop_run
 
     store = _store()
     try:
         info = store.get_run(args.job, args.run)
-        live = store.live_attempt(info.job, info.run)
-        if live is not None and live.run_handle is not None and live.run_handle.kind != "local":
-            err_console.print(f"[red]attempt {live.attempt} runs on Kubernetes; stop it from Airflow "
-                              "(the local CLI only stops local runs)[/]")
-            return 1
-        result = stop_run(store, info.job, info.run, grace_s=args.grace_s)
+        result = stop_run(store, info.job, Runtime(get_settings()), info.run, grace_s=args.grace_s)
     except RunNotFound as e:
         return _not_found(e)
     if result.already_final:

@@ -1,17 +1,16 @@
-"""`trainyard launch SPEC`: run a job on this machine without Airflow (for debugging).
+"""`trainyard launch SPEC`: run one attempt of a job without Airflow — the attempt engine's steps
+(`plugins/attempt/steps.py`) in this process, exactly as the DAG's tasks run them: validated for
+this deployment, planned, placed and reserved (cordoned nodes left out, lower-priority gangs
+preempted), launched on the cluster's launcher (`TRAINYARD_CLUSTER`), watched until it ends,
+concluded (the recovery engine's verdict, recorded in the job state like the DAG's), released,
+and its MLflow run closed. This module only presents: progress, the summary, the verdict.
 
-Validates the spec, plans it (the advisor when available), places it on the local cluster and
-reserves the devices in the platform state, starts one detached torchrun agent per node, then
-shows progress until the job ends, releases the reservation and exits with the job's status
-(0 completed; the failing rank's exit code otherwise, 128+N for a rank killed by signal N),
-with the recovery engine's verdict on a failure and what the control plane would do about it.
-`--detach` prints the RunHandle JSON and returns at once; the job keeps running, and a follower
-process (this command with `--attach`, its output in `<run folder>/follower.log`) renews the
-reservation, and when the job ends releases it and closes the MLflow run, as an attached launch
-does. Ctrl-C stops the job (SIGTERM, then
-SIGKILL after `--grace-s`). A rank that hangs (no step progress for `hangTimeout`) makes it
-stop the gang the control plane's way and exit 124. Exit 1 also for an invalid spec or an
-unschedulable job.
+Exits with the job's status: 0 completed; the failing rank's exit code otherwise (128+N for a
+rank killed by signal N); 124 when a rank hung and the gang was stopped. One attempt: what the
+control plane would do next is printed (the DAG carries it out; `--run R --attempt N+1` does it
+here). `--detach` prints the RunHandle JSON and returns at once; a follower process (this command
+with `--attach`, its output in `<run folder>/follower.log`) watches, concludes and releases as an
+attached launch does. Ctrl-C stops the job (SIGTERM, then SIGKILL after `--grace-s`).
 """
 
 from __future__ import annotations
@@ -22,37 +21,36 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from worker import exit_codes
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from plugins.attempt.launchers import Runtime
+    from plugins.attempt.steps import Concluded, Started
     from plugins.launch.model import RunStatus
 
 EXIT_HANG = 124
 """A rank hung and the gang was stopped (as `timeout(1)` says "timed out")."""
-RENEW_EVERY_S = 30.0
-ATTACHED_LEASE_S = 300.0
-DETACHED_LEASE_S = 24 * 3600.0
-
+STARTED_FILE = "started.json"
+"""Beside the run's `handle.json`: what the follower of a detached launch continues from."""
 
 EXIT_CODES: dict[int, str] = {
     0: "the job completed",
     1: "the spec has errors, no plan fits, the gang cannot be placed or reserved, or the launch failed",
-    42: "a rank stopped because the loss diverged (the failing rank's own code, as for any code)",
-    43: "a rank took an emergency checkpoint after SIGTERM and stopped (e.g. after --timeout-s)",
-    44: "a rank stopped after SIGTERM without a checkpoint",
-    124: "a rank hung (no step progress for the spec's hangTimeout): the gang was stopped",
-    137: "a rank was killed by signal N gives 128+N: 137 SIGKILL (e.g. the kernel's OOM killer), "
-         "143 SIGTERM",
+    **{code: f"{meaning} (the failing rank's own code)" for code, meaning in exit_codes.MEANINGS.items() if code},
+    EXIT_HANG: "a rank hung (no step progress for the spec's hangTimeout): the gang was stopped",
+    137: "a rank was killed by signal N gives 128+N: 137 SIGKILL (e.g. the kernel's OOM killer), 143 SIGTERM",
 }
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help:
+the worker's own codes come from `worker/exit_codes.py`, their one home."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("launch", help="run a job with torchrun on this machine (no Airflow)",
+    p = sub.add_parser("launch", help="run one attempt of a job on the configured cluster (no Airflow)",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--local", action="store_true",
-                   help="launch on this host: the only mode without Airflow, so the default; "
-                        "accepted for scripts that pass it")
+                   help="accepted for scripts that pass it: the cluster is TRAINYARD_CLUSTER's (local by default)")
     p.add_argument("spec", type=Path, metavar="SPEC", help="TrainingJob spec (YAML)")
     p.add_argument("--run", default="", metavar="RUN",
                    help="the training run to launch an attempt of (default: a new run)")
@@ -60,196 +58,153 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume-from", default="", metavar="URI", help="checkpoint manifest to restore")
     p.add_argument("--detach", action="store_true",
                    help="print the RunHandle JSON and return; a follower process finishes the launch")
-    p.add_argument("--attach", type=Path, default=None, metavar="HANDLE", help=argparse.SUPPRESS)
-    p.add_argument("--lease-s", type=float, default=None,
-                   help=f"reservation lease (default {ATTACHED_LEASE_S:g}s renewed while attached, "
-                        f"{DETACHED_LEASE_S:g}s with --detach)")
-    p.add_argument("--grace-s", type=float, default=30.0, help="SIGTERM → SIGKILL grace on Ctrl-C")
+    p.add_argument("--attach", type=Path, default=None, metavar="STARTED", help=argparse.SUPPRESS)
+    p.add_argument("--offline", action="store_true",
+                   help="skip the checks that need the world (memory fit, dataset in the store, quota): "
+                        "for a script that reads no platform dataset")
+    p.add_argument("--grace-s", type=float, default=30.0, help="SIGTERM → SIGKILL grace on Ctrl-C or a stop")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun's in-place restarts (default 0)")
     p.add_argument("--timeout-s", type=float, default=None, help="stop the job after this long")
-    p.add_argument("--mlflow-run-id", default=None, metavar="ID",
-                   help="continue this MLflow run (default: a new run for attempt 0, the job's newest "
-                        "run for a later attempt)")
+    p.add_argument("--mlflow-run-id", default="", metavar="ID",
+                   help="continue this MLflow run (default: a new run for attempt 0, the run's own after)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
-    from cli.common import load_checked_job
     from cli.output import err_console, print_json
-    from config.settings import get_settings
-    from plugins.launch.base import LaunchError
-    from plugins.launch.environment import build_worker_env
-    from plugins.launch.local import LocalLauncher
-    from plugins.placement.model import Unschedulable
-    from plugins.placement.plans import plan_for_job
-    from plugins.placement.service import place_and_reserve
-    from plugins.placement.state import ReservationConflict, open_state
+    from config.runs import check_run_id, new_run_id
+    from plugins.attempt.conf import InvalidConf, check_resume_point
+    from plugins.attempt.launchers import Runtime
+    from plugins.attempt.steps import InvalidJob, start_attempt
+    from plugins.errors import FatalError
+    from plugins.recovery.model import MAX_ATTEMPTS, AttemptConf
 
-    settings = get_settings()
-    try:
-        loaded = load_checked_job(args.spec, settings.cluster)
-    except (FileNotFoundError, ValueError) as e:
-        err_console.print(f"trainyard launch: error: {e}")
-        return 2
-    if loaded is None:
-        return 1
-    job, cluster = loaded
-    from plugins.recovery.model import MAX_ATTEMPTS
-    from plugins.recovery.steps import InvalidConf, check_resume_point
-
+    runtime = Runtime(_settings())
+    if args.attach is not None:  # the follower of a detached launch
+        return _attach(args, runtime)
     if not 0 <= args.attempt <= MAX_ATTEMPTS:
         err_console.print(f"trainyard launch: error: --attempt {args.attempt}: give 0 to {MAX_ATTEMPTS}")
         return 2
-
-    try:  # another job's checkpoint is refused here, before anything is placed or started
-        check_resume_point(args.resume_from, job, settings.object_store)
-    except InvalidConf as e:
-        err_console.print(f"trainyard launch: error: --resume-from: {escape(str(e))}")
-        return 2
-    if cluster.spec.mode != "local":
-        err_console.print(f"trainyard launch: error: cluster '{cluster.name}' is a {cluster.spec.mode} cluster; "
-                          "--local launches need a local one (TRAINYARD_CLUSTER=local)")
-        return 2
     try:
-        plan, source = plan_for_job(job, cluster, memory_fraction=settings.memory_fraction)
+        conf = AttemptConf(run=check_run_id(args.run) if args.run else new_run_id(), attempt=args.attempt,
+                           resume_from=args.resume_from, mlflow_run_id=args.mlflow_run_id)
     except ValueError as e:
-        err_console.print(f"[red]no plan[/]: {e}")
-        return 1
-    err_console.print(f"plan: {plan.describe()} ({source})")
-
-    if args.attach is not None:  # the follower of a detached launch
-        return _attach(args, job, plan, cluster, settings)
-
-    from config.runs import check_run_id, new_run_id
-
-    try:
-        training_run = check_run_id(args.run) if args.run else new_run_id()
-    except ValueError as e:
-        err_console.print(f"trainyard launch: error: {e}")
+        err_console.print(f"trainyard launch: error: {escape(str(e))}")
         return 2
-    store = open_state(settings.state_db)
-    lease = args.lease_s or (DETACHED_LEASE_S if args.detach else ATTACHED_LEASE_S)
+    if args.resume_from:  # another job's checkpoint is refused before anything is placed or started
+        from config.loader import load_spec_file
+
+        try:
+            check_resume_point(args.resume_from, load_spec_file(args.spec), runtime.settings.object_store)
+        except (ValueError, FileNotFoundError, InvalidConf) as e:
+            err_console.print(f"trainyard launch: error: --resume-from: {escape(str(e))}")
+            return 2
     try:
-        placement = place_and_reserve(job, plan, cluster, store, run=training_run, attempt=args.attempt,
-                                      lease_s=lease)
-    except Unschedulable as e:
-        err_console.print(f"[red]unschedulable[/]: {e.reason.message}")
+        started = start_attempt(args.spec, conf, runtime, max_restarts=args.max_restarts, offline=args.offline)
+    except FileNotFoundError as e:
+        err_console.print(f"trainyard launch: error: {escape(str(e))}")
+        return 2
+    except InvalidJob as e:
+        err_console.print(f"[red]invalid[/]: {escape(str(e))}")
         return 1
-    except ReservationConflict as e:
-        err_console.print(f"[red]cannot reserve[/]: {e}")
+    except FatalError as e:  # nothing fits, nowhere to place it, the launcher refused
+        err_console.print(f"[red]not launched[/]: {escape(str(e))}")
         return 1
-    err_console.print(f"run {training_run} placed: " + ", ".join(f"{n.name}×{n.slots}" for n in placement.nodes))
-
-    launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd(), max_restarts=args.max_restarts)
-    run_id = _open_tracking(job, plan, cluster, settings, args, source, training_run)
-    worker_env = build_worker_env(job, plan, settings, run=training_run, attempt=args.attempt,
-                                  resume_from=args.resume_from, mlflow_run_id=run_id or "")
-    handle = None
-    status = None
-    keep_reservation = False
-    try:
-        handle = launcher.submit(job, plan, placement, worker_env, attempt=args.attempt)
-        if args.detach:
-            keep_reservation = True  # it belongs to the running job, and its follower, now
-            follower = _start_follower(args, handle, run_id, lease)
-            print_json(handle.model_dump(mode="json"))
-            err_console.print(f"detached; logs under {handle.run_dir}; follower pid {follower} "
-                              f"({handle.run_dir}/follower.log) releases the reservation and closes "
-                              "the MLflow run when the job ends")
-            return 0
-        with _system_metrics(run_id, settings):
-            status = _follow(launcher, handle, store, lease, args)
-    except (LaunchError, ValueError) as e:
-        err_console.print(f"[red]launch failed[/]: {e}")
-        return 1
-    except KeyboardInterrupt:
-        err_console.print(f"interrupted: stopping (grace {args.grace_s:g}s)…")
-        if handle is not None:
-            _stop(handle, "requested", "Ctrl-C in trainyard launch", args.grace_s)
-        _close_tracking(run_id, "cancelled", settings, job.name)
-        return 130
-    finally:
-        if not keep_reservation:
-            store.release(job.metadata.name, args.attempt, run=training_run)
-    return _finish(job, plan, cluster, settings, launcher, handle, status, run_id)
+    _started(started)
+    if args.detach:
+        follower = _start_follower(args, started)
+        print_json(started.launched.handle.model_dump(mode="json"))
+        err_console.print(f"detached; logs under {started.launched.handle.run_dir}; follower pid {follower} "
+                          f"({started.launched.handle.run_dir}/follower.log) concludes the attempt, releases "
+                          "the reservation and closes the MLflow run when the job ends")
+        return 0
+    return _follow(args, started, runtime)
 
 
-def _start_follower(args: argparse.Namespace, handle: Any, run_id: str | None, lease: float) -> int:
+def _settings() -> Any:
+    from config.settings import get_settings
+
+    return get_settings()
+
+
+def _started(started: Started) -> None:
+    from cli.output import err_console
+
+    err_console.print(f"plan: {started.planned.plan.describe()} ({started.planned.source})")
+    err_console.print(f"run {started.opened.conf.run} placed: "
+                      + ", ".join(f"{n.name}×{n.slots}" for n in started.placed.placement.nodes)
+                      + (f"; excluded {', '.join(started.placed.excluded)}" if started.placed.excluded else ""))
+    err_console.print(f"MLflow run {started.launched.mlflow_run_id}")
+
+
+def _start_follower(args: argparse.Namespace, started: Started) -> int:
     """This command again, with `--attach`, in its own session: it outlives the caller."""
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "cli.main", "launch", str(args.spec.resolve()),
-            "--attach", str(Path(handle.run_dir) / "handle.json"), "--lease-s", str(lease),
-            "--grace-s", str(args.grace_s), "--max-restarts", str(args.max_restarts)]
-    if run_id:
-        argv += ["--mlflow-run-id", run_id]
+    run_dir = Path(started.launched.handle.run_dir)
+    (run_dir / STARTED_FILE).write_text(started.to_json())
+    argv = [sys.executable, "-m", "cli.main", "launch", str(args.spec.resolve()), "--attach",
+            str(run_dir / STARTED_FILE), "--grace-s", str(args.grace_s)]
     if args.timeout_s is not None:
         argv += ["--timeout-s", str(args.timeout_s)]
-    with open(Path(handle.run_dir) / "follower.log", "ab") as log:  # same cwd and environment: same home
+    with open(run_dir / "follower.log", "ab") as log:  # same cwd and environment: same home
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return proc.pid
 
 
-def _attach(args: argparse.Namespace, job: Any, plan: Any, cluster: Any, settings: Any) -> int:
-    """Follow a detached launch to its end: renew, then release the reservation, show the
-    verdict and close the MLflow run — what an attached launch does after its submit."""
-    from plugins.launch.local import LocalLauncher
-    from plugins.launch.model import RunHandle
-    from plugins.placement.state import open_state
+def _attach(args: argparse.Namespace, runtime: Runtime) -> int:
+    from plugins.attempt.steps import Started
 
-    handle = RunHandle.model_validate_json(args.attach.read_text())
-    launcher = LocalLauncher(settings.runs_dir, source_dir=Path.cwd(), max_restarts=args.max_restarts)
-    store = open_state(settings.state_db)
-    # If this process dies first, the job runs on: its reservation then ends with its lease.
-    status = _follow(launcher, handle, store, args.lease_s or DETACHED_LEASE_S, args)
-    store.release(job.metadata.name, handle.attempt, run=handle.run)
-    return _finish(job, plan, cluster, settings, launcher, handle, status, args.mlflow_run_id)
+    return _follow(args, Started.from_json(args.attach.read_text()), runtime)
 
 
-def _finish(job: Any, plan: Any, cluster: Any, settings: Any, launcher: Any, handle: Any,
-            status: RunStatus | None, run_id: str | None) -> int:
-    """After the job ended (attached, or in the follower): its summary, the recovery engine's
-    verdict, the MLflow run closed, and the exit status."""
-    _summary(status, launcher, handle)
-    _verdict(job, plan, cluster, settings, handle, status)
-    _close_tracking(run_id, status, settings, job.name)
-    return EXIT_HANG if _stopped_for_hang(handle) else exit_status(status)
+def _follow(args: argparse.Namespace, started: Started, runtime: Runtime) -> int:
+    """Until the attempt is over; then the summary, the verdict and the exit status."""
+    from rich.live import Live
 
-
-def _stopped_for_hang(handle: Any) -> bool:
-    """The gang was stopped because a rank hung (the stop reason recorded beside the run)."""
-    from plugins.recovery.watch import read_stop_reason
-
-    stop = read_stop_reason(handle.run_dir) if handle is not None else None
-    return stop is not None and stop.reason == "hang"
-
-
-def _open_tracking(job: Any, plan: Any, cluster: Any, settings: Any, args: argparse.Namespace,
-                   source: str, training_run: str) -> str | None:
-    """The job's MLflow run (new for attempt 0, `--mlflow-run-id` or the job's newest run
-    otherwise) with its start artifacts; None, said once, when the tracking store is down."""
     from cli.output import err_console
-    from plugins.tracking.lifecycle import open_tracked_run
+    from plugins.attempt.steps import follow_attempt
 
+    handle, began = started.launched.handle, time.monotonic()
     try:
-        run_id = open_tracked_run(job, plan, settings, attempt=args.attempt, run_id=args.mlflow_run_id,
-                                  run=training_run, cluster=cluster, plan_source=source)
-    except Exception as e:  # noqa: BLE001 - a debugging launch runs without tracking rather than not at all
-        err_console.print(f"[yellow]no MLflow run[/] ({settings.mlflow_tracking_uri}): {type(e).__name__}: {e}")
-        return None
-    err_console.print(f"MLflow run {run_id} ({settings.mlflow_tracking_uri})")
-    return run_id
+        with _system_metrics(started.launched.mlflow_run_id, runtime), \
+                Live(console=err_console, refresh_per_second=2, transient=True) as live:
+            step, concluded = follow_attempt(
+                started, runtime, timeout_s=args.timeout_s, grace_s=args.grace_s,
+                on_status=lambda s: live.update(_progress(s, handle, time.monotonic() - began)))
+    except KeyboardInterrupt:
+        return _interrupted(args, started, runtime)
+    if step.stop is not None and step.stop.reason == "timeout":
+        err_console.print(f"[yellow]timeout after {args.timeout_s:g}s; stopping[/]")
+    elif step.stop is not None and step.stop.reason == "hang":
+        err_console.print(f"[red]hang[/]: {step.stop.detail}; the gang was stopped")
+    _summary(step.status, handle, runtime)
+    _verdict(concluded, started)
+    return EXIT_HANG if step.stop is not None and step.stop.reason == "hang" else exit_status(step.status)
+
+
+def _interrupted(args: argparse.Namespace, started: Started, runtime: Runtime) -> int:
+    from cli.output import err_console
+    from plugins.attempt.steps import close
+    from plugins.attempt.stop import stop_run
+    from plugins.recovery.state import open_job_state
+
+    err_console.print(f"interrupted: stopping (grace {args.grace_s:g}s)…")
+    stop_run(open_job_state(runtime.settings.state_db), started.opened.job.name, runtime,
+             started.opened.conf.run, grace_s=args.grace_s, detail="Ctrl-C in trainyard launch")
+    close(started.opened, started.launched.mlflow_run_id, runtime, status="cancelled")
+    return 130
 
 
 @contextlib.contextmanager
-def _system_metrics(run_id: str | None, settings: Any) -> Iterator[None]:
+def _system_metrics(run_id: str, runtime: Runtime) -> Iterator[None]:
     from plugins.tracking.system_metrics import start_system_metrics
 
-    monitor = start_system_metrics(run_id, tracking_uri=settings.mlflow_tracking_uri) if run_id else None
+    monitor = start_system_metrics(run_id, tracking_uri=runtime.settings.mlflow_tracking_uri) if run_id else None
     try:
         yield
     finally:
@@ -257,77 +212,19 @@ def _system_metrics(run_id: str | None, settings: Any) -> Iterator[None]:
             monitor.finish()
 
 
-def _close_tracking(run_id: str | None, status: RunStatus | str | None, settings: Any, title: str) -> None:
-    """End the MLflow run: completed or failed by the job's status, `cancelled` on Ctrl-C."""
-    from plugins.tracking.lifecycle import close_tracked_run
-
-    if run_id is None or status is None:
-        return
-    outcome = status if isinstance(status, str) else ("completed" if status.succeeded else "failed")
-    close_tracked_run(run_id, outcome, tracking_uri=settings.mlflow_tracking_uri, title=title)  # type: ignore[arg-type]
-
-
-def _follow(launcher: Any, handle: Any, store: Any, lease: float, args: argparse.Namespace) -> RunStatus:
-    """Show progress until the job ends; renew the reservation's lease meanwhile."""
-    from rich.live import Live
-
-    from cli.output import err_console
-    from plugins.recovery.watch import hang_stop, stop_gang
-
-    started = last_renew = time.monotonic()
-    status = launcher.poll(handle)
-    with Live(_progress(status, handle, 0.0), console=err_console, refresh_per_second=2, transient=True) as live:
-        while True:
-            time.sleep(0.5)
-            now = time.monotonic()
-            if now - last_renew > RENEW_EVERY_S:
-                if store.renew(handle.job, handle.attempt, run=handle.run, lease_s=lease) is None:
-                    err_console.print("[red]the reservation's lease was lost; stopping the job[/]")
-                    return _stop(handle, "lease_lost", "the reservation's lease could not be renewed",
-                                 args.grace_s)
-                last_renew = now
-            if args.timeout_s is not None and now - started > args.timeout_s:
-                err_console.print(f"[yellow]timeout after {args.timeout_s:g}s; stopping[/]")
-                return _stop(handle, "timeout", f"--timeout-s {args.timeout_s:g} reached", args.grace_s)
-            if status.finished:
-                return launcher.settle(handle, status)
-            hang = hang_stop(status)
-            if hang is not None:
-                err_console.print(f"[red]hang[/]: {hang.detail}; stopping the gang")
-                return stop_gang(handle, hang, grace_s=args.grace_s)
-            status = launcher.poll(handle)
-            live.update(_progress(status, handle, now - started))
-
-
-def _stop(handle: Any, reason: str, detail: str, grace_s: float) -> RunStatus:
-    """Stop the gang the control plane's way: the reason first (`classify` reads it), then the stop."""
-    from plugins.recovery.watch import StopReason, stop_gang
-
-    return stop_gang(handle, StopReason(reason=reason, detail=detail), grace_s=grace_s)  # type: ignore[arg-type]
-
-
-def _verdict(job: Any, plan: Any, cluster: Any, settings: Any, handle: Any, status: RunStatus | None) -> None:
-    """How the recovery engine reads the attempt, and what the control plane would do next
-    (`trainyard launch` runs one attempt; the Airflow DAG carries the action out)."""
+def _verdict(concluded: Concluded | None, started: Started) -> None:
+    """How the recovery engine read the attempt, and what the control plane does next."""
     from rich.markup import escape
 
     from cli.output import console
-    from plugins.launch.environment import checkpoint_uri
-    from plugins.recovery.decide import DecisionContext
-    from plugins.recovery.engine import after_attempt
-    from plugins.recovery.evidence import gather
-    from plugins.recovery.model import AttemptConf
 
-    if status is None or handle is None or not status.finished:
+    if concluded is None or concluded.report.outcome == "completed":
         return
-    ctx = DecisionContext(checkpoint_uri=checkpoint_uri(job, settings.object_store, handle.run),
-                          endpoint_url=settings.s3_endpoint_url, cluster=cluster, plan=plan)
-    conf = AttemptConf(run=handle.run, attempt=handle.attempt)
-    result = after_attempt(gather(handle, status, run=handle.run), job, conf, ctx, apply=False)
-    if result.report.outcome == "completed":
-        return
-    console.print(f"verdict: [bold]{result.report.outcome}[/] — {escape(result.report.reason)}")
-    console.print(f"the control plane would {result.action.kind}: {escape(result.action.reason)}")
+    console.print(f"verdict: [bold]{concluded.report.outcome}[/] — {escape(concluded.report.reason)}")
+    console.print(f"the control plane would {concluded.action.kind}: {escape(concluded.action.reason)}")
+    if concluded.next_conf is not None:
+        console.print(f"(trainyard launch runs one attempt: `trainyard launch {started.opened.job.name}.yaml "
+                      f"--run {started.opened.conf.run} --attempt {concluded.next_conf.attempt}` carries it out)")
 
 
 def _progress(status: RunStatus, handle: Any, elapsed: float) -> Any:
@@ -346,19 +243,18 @@ def _progress(status: RunStatus, handle: Any, elapsed: float) -> Any:
     return table
 
 
-def _summary(status: RunStatus | None, launcher: Any, handle: Any) -> None:
+def _summary(status: RunStatus, handle: Any, runtime: Runtime) -> None:
     from rich.markup import escape
 
     from cli.output import console
+    from plugins.attempt.launchers import launcher_for
 
-    if status is None:
-        return
     style = "green" if status.succeeded else "red"
     console.print(f"[{style}]{status.state}[/]: {escape(status.message)}")
     console.print(f"logs: {handle.run_dir}/ranks/rank-NNNNN.log")
     if status.failed_rank is not None:
         console.print(f"--- last lines of rank {status.failed_rank} ---")
-        console.print(escape(launcher.logs(handle, rank=status.failed_rank, tail=20)))
+        console.print(escape(launcher_for(handle, runtime).logs(handle, rank=status.failed_rank, tail=20)))
 
 
 def exit_status(status: RunStatus | None) -> int:

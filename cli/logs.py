@@ -29,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cli.output import err_console
     from config.settings import get_settings
+    from plugins.attempt.launchers import Runtime, launcher_for
     from plugins.recovery.state import RunNotFound, open_job_state
-    from plugins.recovery.watch import launcher_for
 
     state = open_job_state(get_settings().state_db)
     try:
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         what = f"attempt {args.attempt}" if args.attempt is not None else "any attempt"
         err_console.print(f"trainyard logs: run {info.run} of {args.job} has no launched {what}")
         return 1
-    launcher = launcher_for(handle)
+    launcher = launcher_for(handle, Runtime(get_settings()))
     try:
         text = launcher.logs(handle, rank=args.rank, tail=args.tail)
     except ValueError as e:

@@ -39,10 +39,10 @@ def run(args: argparse.Namespace) -> int:
     from cli.common import load_checked_job
     from cli.output import console, err_console, print_json
     from config.settings import get_settings
+    from plugins.advisor.plans import plan_for_job
     from plugins.placement.gang import place_gang
     from plugins.placement.inventory import Inventory
     from plugins.placement.model import GangRequest, Unschedulable
-    from plugins.placement.plans import plan_for_job
 
     try:
         loaded = load_checked_job(args.spec, args.cluster)

@@ -45,13 +45,13 @@ def run(args: argparse.Namespace) -> int:
     from cli.output import err_console
     from config.settings import get_settings
     from config.teams import load_teams
+    from plugins.advisor.plans import plan_for_job
     from plugins.launch.cluster_settings import cluster_setting_problems
     from plugins.launch.environment import build_worker_env
     from plugins.launch.manifests import KubernetesOptions, render_all, render_volcano_job, to_yaml
     from plugins.placement.gang import place_gang
     from plugins.placement.inventory import Inventory
     from plugins.placement.model import GangRequest, Unschedulable
-    from plugins.placement.plans import plan_for_job
 
     try:
         loaded = load_checked_job(args.spec, args.cluster)

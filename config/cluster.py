@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -173,8 +173,13 @@ class Node(BaseModel):
 
 
 class ClusterSpec(_Section):
-    mode: Literal["local", "kubernetes"] = "kubernetes"
-    """`local`: nodes are torchrun agents on this host; `kubernetes`: a Volcano-managed fleet."""
+    mode: str = Field(default="kubernetes", pattern=r"^[a-z][a-z0-9-]{0,31}$")
+    """How jobs are launched here: `local` (torchrun agents on this host) or `kubernetes` (a
+    Volcano Job on a managed fleet) — or a mode a site wired itself (`TRAINYARD_LAUNCHERS`).
+    A mode no launcher is wired for is refused when a job is validated for this cluster."""
+    launcher: dict[str, Any] = Field(default_factory=dict)
+    """Options of the mode's launcher (for `kubernetes`: `KubernetesOptions` — namespace,
+    images, scheduler…); the launcher validates them."""
     accelerators: dict[str, Accelerator] = Field(default_factory=dict)
     network: Network = Field(default_factory=Network)
     racks: list[RackTemplate] = Field(min_length=1)

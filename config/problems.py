@@ -57,6 +57,9 @@ class Code(StrEnum):
     """More data stripes asked for than the dataset has shards (a warning: one per shard)."""
     MODEL_SIZE_MISMATCH = "MODEL_SIZE_MISMATCH"
     UNSUPPORTED_BY_RUNTIME = "UNSUPPORTED_BY_RUNTIME"
+    LAUNCHER_UNAVAILABLE = "LAUNCHER_UNAVAILABLE"
+    """This deployment's launcher cannot provide the spec's devices (another cluster has them), or
+    no launcher is wired for the cluster's mode."""
 
 
 class Problem(BaseModel):

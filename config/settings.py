@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     of a node. Default: `<home>/data-cache`."""
     data_cache_bytes: int = Field(default=8 << 30, gt=0)
     """Size limit of the shard cache (least-recently-used shards are evicted above it)."""
+    launchers: dict[str, str] = Field(default_factory=dict)
+    """Extra launcher backends, cluster mode → `module:Class` (JSON); `local` and `kubernetes`
+    are built in (`plugins.attempt.launchers`)."""
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     """Share of device memory a plan may use (the rest is left for fragmentation and spikes)."""
 

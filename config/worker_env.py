@@ -55,9 +55,14 @@ class WorkerEnv(BaseModel):
     run_dir: str = Field(default="", description="Per-attempt folder for logs and scratch")
     mlflow_tracking_uri: str = ""
     mlflow_run_id: str = ""
+    faults: str = Field(default="", description="Test-only fault injection (`worker/faults.py`, "
+                                                "TRAINYARD_FAULTS); empty: none")
 
     def to_env(self) -> dict[str, str]:
-        return {_variable(name): str(value) for name, value in self.model_dump().items()}
+        """Every field as its variable; no `TRAINYARD_FAULTS` at all when there are none (a
+        base environment's own stays, as the fault tests set it)."""
+        skip = set() if self.faults else {"faults"}
+        return {_variable(name): str(value) for name, value in self.model_dump(exclude=skip).items()}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:

@@ -1,5 +1,6 @@
 """What every Trainyard operator does the same way: read the attempt's contracts from XCom,
-translate engine errors into Airflow's retry semantics, and push JSON back.
+call one step of the attempt engine (`plugins/attempt/steps.py`), translate engine errors into
+Airflow's retry semantics, and push JSON back.
 
 - **Errors** (DESIGN §1): `RETRY_POLICY` maps `plugins.errors` to Airflow's retry decision by
   class — a `TransientError` (a lost reservation race, an unreachable agent) is retried after a
@@ -22,7 +23,10 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from pydantic import BaseModel
 
+    from config.problems import Problem
     from config.settings import Settings
+    from plugins.attempt.launchers import Runtime
+    from plugins.attempt.steps import Opened
 
 M = TypeVar("M", bound="BaseModel")
 
@@ -50,6 +54,20 @@ def settings() -> Settings:
     return get_settings()
 
 
+def runtime() -> Runtime:
+    """The engine's runtime inside Airflow: the settings, and Kubernetes clients from the
+    cncf-kubernetes provider's `KubernetesHook` on `TRAINYARD_KUBERNETES_CONN_ID`."""
+    from operators.kubernetes_clients import kubernetes_clients
+    from plugins.attempt.launchers import Runtime
+
+    return Runtime(settings(), kube_clients=kubernetes_clients)
+
+
+def log_problems(log: Any, problems: list[Problem]) -> None:
+    for p in problems:
+        (log.error if p.severity == "error" else log.warning)("%s %s", p.code.value, p.render())
+
+
 def to_xcom(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json")
 
@@ -67,9 +85,20 @@ def pull_optional(context: Context, task_id: str, model: type[M], *, key: str = 
     return None if value is None else model.model_validate(value)
 
 
-def attempt_of(context: Context) -> tuple[Any, Any]:
-    """(effective TrainingJob, AttemptConf) as `validate_spec` pushed them."""
+def push_opened(context: Context, opened: Opened) -> None:
+    """What `validate_spec` hands every later task: the effective job, the conf, the cluster."""
+    ti = context["ti"]
+    ti.xcom_push(key="job", value=opened.job.model_dump(mode="json", by_alias=True))
+    ti.xcom_push(key="conf", value=to_xcom(opened.conf))
+    ti.xcom_push(key="cluster", value=opened.cluster)
+
+
+def opened_of(context: Context) -> Opened:
+    """The attempt as `validate_spec` opened it (a spec edited mid-run cannot change it)."""
     from config.spec import TrainingJob
+    from plugins.attempt.steps import Opened
     from plugins.recovery.model import AttemptConf
 
-    return pull(context, VALIDATE, TrainingJob, key="job"), pull(context, VALIDATE, AttemptConf, key="conf")
+    cluster = context["ti"].xcom_pull(task_ids=VALIDATE, key="cluster") or settings().cluster
+    return Opened(job=pull(context, VALIDATE, TrainingJob, key="job"),
+                  conf=pull(context, VALIDATE, AttemptConf, key="conf"), cluster=cluster)

@@ -1,9 +1,9 @@
 """After the watchers: `classify_outcome`, the `choose_action` branch, the recovery actions,
 `register_model`, `give_up`, `cancelled` and the hand-over `resume_next_attempt`.
 
-All the deciding is `plugins.recovery.engine.after_attempt` (classify → decide → quarantine,
-cordon, job state → the next attempt's conf); `classify_outcome` calls it once and pushes the
-`FailureReport`, the `RecoveryAction` and the next `AttemptConf`. The branch only maps the
+All the deciding is the attempt engine's `conclude` step (evidence → classify → decide →
+quarantine, cordon, job state → the next attempt's conf); `classify_outcome` calls it once and
+pushes the `FailureReport`, the `RecoveryAction` and the next `AttemptConf`. The branch only maps the
 action's kind to the task of the same name, so the graph shows which path each attempt took.
 """
 
@@ -15,7 +15,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import BaseBranchOperator, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from operators.common import attempt_of, pull, pull_optional, settings, to_xcom
+from operators.common import opened_of, pull, pull_optional, runtime, to_xcom
 from operators.launch import LAUNCH
 from operators.placement import PLAN
 
@@ -38,18 +38,17 @@ class ClassifyOutcomeOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from plugins.advisor.plan import Plan
+        from plugins.attempt.steps import conclude
         from plugins.launch.model import RunHandle, RunStatus
-        from plugins.recovery.steps import conclude_attempt
 
-        handle = pull_optional(context, LAUNCH, RunHandle)
-        if handle is None:
+        opened = opened_of(context)
+        result = conclude(opened, pull_optional(context, LAUNCH, RunHandle), runtime(),
+                          status=pull_optional(context, "watch_training", RunStatus),
+                          plan_used=pull_optional(context, PLAN, Plan), by=context["dag_run"].run_id,
+                          mlflow_run_id=context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id") or "")
+        if result is None:
             raise AirflowSkipException("nothing was launched (a dry run, or a step before launch failed)")
-        job, conf = attempt_of(context)
-        final = pull_optional(context, "watch_training", RunStatus)
-        mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id") or ""
-        result = conclude_attempt(job, conf, handle, settings(), status=final, plan=pull(context, PLAN, Plan),
-                                  mlflow_run_id=mlflow_run_id, by=context["dag_run"].run_id)
-        report, action = result.report, result.action
+        report, action, conf = result.report, result.action, opened.conf
         self.log.info("attempt %d of run %s: %s — %s", conf.attempt, conf.run, report.outcome, report.reason)
         for line in report.evidence:
             self.log.info("  evidence: %s", line)
@@ -114,17 +113,16 @@ class RegisterModelOperator(BaseOperator):
     ui_color = "#abebc6"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.recovery.steps import close_run, register_model
+        from plugins.attempt.steps import close, register
 
-        job, conf = attempt_of(context)
+        opened, rt = opened_of(context), runtime()
         mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
-        version = register_model(job, settings(), mlflow_run_id=mlflow_run_id)
+        version = register(opened, mlflow_run_id, rt)
         self.log.info("registered %s version %s (alias 'candidate') from step %s of run %s",
-                      version.name, version.version, version.checkpoint_step, conf.run)
-        cost = close_run(job, settings(), run=conf.run, mlflow_run_id=mlflow_run_id)
-        self.log.info("run %s: %s", conf.run, ", ".join(f"{k} {v:.4g}" for k, v in cost.items()))
-        return {"model": version.name, "version": str(version.version), "step": version.checkpoint_step,
-                "mlflow_run_id": mlflow_run_id, **cost}
+                      version.model, version.version, version.step, opened.conf.run)
+        closed = close(opened, mlflow_run_id, rt)
+        self.log.info("run %s: %s", opened.conf.run, ", ".join(f"{k} {v:.4g}" for k, v in closed.cost.items()))
+        return {**version.model_dump(), **closed.cost}
 
 
 class GiveUpOperator(BaseOperator):
@@ -133,17 +131,17 @@ class GiveUpOperator(BaseOperator):
     ui_color = "#e74c3c"
 
     def execute(self, context: Context) -> None:
+        from plugins.attempt.steps import close
         from plugins.recovery.decide import history_lines
         from plugins.recovery.model import FailureReport
-        from plugins.recovery.steps import close_run
 
-        job, conf = attempt_of(context)
+        opened = opened_of(context)
         report = pull(context, CLASSIFY, FailureReport, key="report")
-        lines = "\n".join(history_lines(conf.history, report))
+        lines = "\n".join(history_lines(opened.conf.history, report))
         mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
         if mlflow_run_id:  # the loss plot, the timeline and the cost of what was spent
-            close_run(job, settings(), run=conf.run, mlflow_run_id=mlflow_run_id, status="failed")
-        raise AirflowFailException(f"run {conf.run} gave up: {_action(context).reason}\nattempts:\n{lines}")
+            close(opened, mlflow_run_id, runtime(), status="failed")
+        raise AirflowFailException(f"run {opened.conf.run} gave up: {_action(context).reason}\nattempts:\n{lines}")
 
 
 class CancelledOperator(BaseOperator):
@@ -152,9 +150,9 @@ class CancelledOperator(BaseOperator):
     ui_color = "#d5d8dc"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        _, conf = attempt_of(context)
-        self.log.info("run %s was cancelled: %s", conf.run, _action(context).reason)
-        return {"cancelled": conf.run}
+        run = opened_of(context).conf.run
+        self.log.info("run %s was cancelled: %s", run, _action(context).reason)
+        return {"cancelled": run}
 
 
 class ResumeNextAttemptOperator(TriggerDagRunOperator):

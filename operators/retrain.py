@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import BaseOperator
 
-from operators.common import attempt_of, settings
+from operators.common import opened_of, settings
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -41,7 +41,7 @@ class EvaluateModelOperator(BaseOperator):
         from plugins.tracking.evaluate import compare_with_production
         from plugins.tracking.registry import PRODUCTION_ALIAS
 
-        job, _ = attempt_of(context)
+        job = opened_of(context).job
         registered = context["ti"].xcom_pull(task_ids=REGISTER) or {}
         if not registered.get("version"):
             raise LookupError(f"task {REGISTER!r} pushed no model version")
@@ -75,7 +75,7 @@ class PromoteModelOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from plugins.tracking.registry import PRODUCTION_ALIAS, move_alias
 
-        job, _ = attempt_of(context)
+        job = opened_of(context).job
         evaluated = context["ti"].xcom_pull(task_ids=EVALUATE) or {}
         answer = context["ti"].xcom_pull(task_ids=APPROVE) or {}
         version = str(evaluated["candidate"]["version"])

@@ -1,9 +1,10 @@
 """The triggers behind the deferrable sensors (they live outside `dags/`, as Airflow requires).
 
-A trigger runs in the triggerer's event loop, so every engine call (reading `/proc`, the object
+A trigger runs in the triggerer's event loop, so every engine call (a launcher's poll, the object
 store, the state database, a node agent over HTTP) goes through `asyncio.to_thread`. Each trigger
-re-attaches from the `RunHandle` alone: restarting the triggerer (or Airflow) re-creates it from
-`serialize()` and it carries on; it never holds a worker slot while training runs.
+re-attaches from the `RunHandle` alone — the launcher is the handle's (`launcher_for`) — so
+restarting the triggerer (or Airflow) re-creates it from `serialize()` and it carries on; it never
+holds a worker slot while training runs.
 
 Events carry `{"status": ..., "message": ...}` plus the facts the sensor needs; the sensor's
 `execute_complete` decides what to do with them (Airflow's provider habit).
@@ -12,68 +13,51 @@ Events carry `{"status": ..., "message": ...}` plus the facts the sensor needs; 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+if TYPE_CHECKING:
+    from plugins.attempt.launchers import Runtime
+
+
+def _runtime() -> Runtime:
+    from operators.common import runtime
+
+    return runtime()
+
 
 class TrainingTrigger(BaseTrigger):
-    """Fires when the attempt's workers have all exited, or when a rank hangs or the attempt
-    outlives `deadline` (`training.maxRuntime`) — then it stops the gang first, with the reason.
-    Renews the gang's reservation while it waits."""
+    """Loops over the attempt engine's `watch_once` until the attempt is over: the workers have
+    all exited, or it stopped the gang (a hang, `training.maxRuntime`, a lost lease) with the
+    reason. `watch` is the `WatchState` it carries (deadline, lease renewal)."""
 
-    def __init__(self, handle: dict[str, Any], *, state_db: str = "", lease_s: float = 900.0,
-                 poll_interval_s: float = 2.0, deadline: float | None = None) -> None:
+    def __init__(self, handle: dict[str, Any], *, watch: dict[str, Any] | None = None,
+                 poll_interval_s: float = 2.0) -> None:
         super().__init__()
         self.handle = handle
-        self.state_db = state_db
-        self.lease_s = lease_s
+        self.watch = watch or {}
         self.poll_interval_s = poll_interval_s
-        self.deadline = deadline
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("sensors.triggers.TrainingTrigger", {
-            "handle": self.handle, "state_db": self.state_db, "lease_s": self.lease_s,
-            "poll_interval_s": self.poll_interval_s, "deadline": self.deadline})
+            "handle": self.handle, "watch": self.watch, "poll_interval_s": self.poll_interval_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from plugins.attempt.watching import WatchState, watch_once
         from plugins.launch.model import RunHandle
-        from plugins.recovery import watch
 
-        handle = RunHandle.model_validate(self.handle)
-        last_renew = 0.0
+        handle, state, runtime = RunHandle.model_validate(self.handle), WatchState.model_validate(self.watch), _runtime()
         while True:
-            status = await asyncio.to_thread(watch.poll, handle)
-            if status.finished:
-                status = await asyncio.to_thread(watch.settle, handle, status)
-                yield TriggerEvent({"status": "finished", "message": status.message,
-                                    "run_status": status.model_dump(mode="json")})
+            step = await asyncio.to_thread(watch_once, handle, state, runtime)
+            state = step.state
+            if step.finished:
+                yield TriggerEvent({"status": step.stop.reason if step.stop else "finished",
+                                    "message": step.stop.detail if step.stop else step.status.message,
+                                    "run_status": step.status.model_dump(mode="json")})
                 return
-            reason = watch.hang_stop(status)
-            if reason is None and self.deadline is not None and time.time() > self.deadline:
-                reason = watch.StopReason(reason="timeout", detail="the attempt outlived training.maxRuntime")
-            if reason is not None:
-                status = await asyncio.to_thread(watch.stop_gang, handle, reason)
-                yield TriggerEvent({"status": reason.reason, "message": reason.detail,
-                                    "run_status": status.model_dump(mode="json")})
-                return
-            if self.state_db and time.monotonic() - last_renew > min(60.0, self.lease_s / 3):
-                if await asyncio.to_thread(_renew, self.state_db, handle, self.lease_s) is None:
-                    reason = watch.StopReason(reason="lease_lost", detail="the gang's reservation expired")
-                    status = await asyncio.to_thread(watch.stop_gang, handle, reason)
-                    yield TriggerEvent({"status": "lease_lost", "message": reason.detail,
-                                        "run_status": status.model_dump(mode="json")})
-                    return
-                last_renew = time.monotonic()
             await asyncio.sleep(self.poll_interval_s)
-
-
-def _renew(state_db: str, handle: Any, lease_s: float) -> object:
-    from plugins.placement.state import open_state
-
-    return open_state(state_db).renew(handle.job, handle.attempt, run=handle.run, lease_s=lease_s)
 
 
 class CheckpointTrigger(BaseTrigger):
@@ -98,13 +82,13 @@ class CheckpointTrigger(BaseTrigger):
             "poll_interval_s": self.poll_interval_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from plugins.attempt import watching
         from plugins.launch.model import RunHandle
-        from plugins.recovery import watch
 
-        handle = RunHandle.model_validate(self.handle)
+        handle, runtime = RunHandle.model_validate(self.handle), _runtime()
         while True:
-            status = await asyncio.to_thread(watch.poll, handle)
-            new = await asyncio.to_thread(watch.committed_after, self.checkpoint_root, self.after_step,
+            status = await asyncio.to_thread(watching.poll, handle, runtime)
+            new = await asyncio.to_thread(watching.committed_after, self.checkpoint_root, self.after_step,
                                           endpoint_url=self.endpoint_url)
             if new:
                 yield TriggerEvent({"status": "checkpoint", "message": f"step {new[0].step} committed",
@@ -114,7 +98,7 @@ class CheckpointTrigger(BaseTrigger):
             if status.finished:
                 yield TriggerEvent({"status": "finished", "message": status.message, "after_step": self.after_step})
                 return
-            if watch.checkpoint_overdue(status, self.after_step, self.interval_steps):
+            if watching.checkpoint_overdue(status, self.after_step, self.interval_steps):
                 yield TriggerEvent({"status": "overdue", "after_step": self.after_step, "message": (
                     f"every rank is past step {status.step} but the newest checkpoint is step "
                     f"{self.after_step}: more than 2 × {self.interval_steps} steps without a save")})
@@ -140,23 +124,23 @@ class HealthTrigger(BaseTrigger):
             "max_misses": self.max_misses})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from plugins.attempt import watching
+        from plugins.launch.files import StopReason
         from plugins.launch.model import RunHandle
-        from plugins.recovery import watch
 
-        handle = RunHandle.model_validate(self.handle)
+        handle, runtime = RunHandle.model_validate(self.handle), _runtime()
         misses: dict[str, int] = {}
         while True:
-            status = await asyncio.to_thread(watch.poll, handle)
+            status = await asyncio.to_thread(watching.poll, handle, runtime)
             if status.finished:
                 yield TriggerEvent({"status": "finished", "message": status.message})
                 return
-            lost = await asyncio.to_thread(watch.lost_nodes, handle, self.agents, misses=misses,
+            lost = await asyncio.to_thread(watching.lost_nodes, handle, self.agents, misses=misses,
                                            max_misses=self.max_misses)
             if lost:
-                reason = watch.StopReason(reason="node_lost", nodes=[n for n, _ in lost],
-                                          detail="; ".join(f"{n}: {why}" for n, why in lost))
-                await asyncio.to_thread(watch.stop_gang, handle, reason)
-                yield TriggerEvent({"status": "node_lost", "message": reason.detail,
-                                    "nodes": reason.nodes})
+                reason = StopReason(reason="node_lost", nodes=[n for n, _ in lost],
+                                    detail="; ".join(f"{n}: {why}" for n, why in lost))
+                await asyncio.to_thread(watching.stop_gang, handle, reason, runtime)
+                yield TriggerEvent({"status": "node_lost", "message": reason.detail, "nodes": reason.nodes})
                 return
             await asyncio.sleep(self.poll_interval_s)

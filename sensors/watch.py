@@ -10,13 +10,12 @@ the attempt by failing itself, except the checkpoint alarm, which is meant to be
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from operators.common import attempt_of, pull, settings
+from operators.common import opened_of, pull, runtime, settings
 from operators.launch import LAUNCH
 
 if TYPE_CHECKING:
@@ -34,9 +33,9 @@ def _handle(context: Context) -> RunHandle:
 
 
 class WatchTrainingSensor(BaseOperator):
-    """Until every worker has exited, or a rank hangs past `hangTimeout` (the gang is stopped),
-    or `training.maxRuntime` passes (stopped too). Renews the reservation meanwhile. Pushes the
-    final `RunStatus`."""
+    """Until every worker has exited, or a rank hangs past `hangTimeout`, or `training.maxRuntime`
+    passes, or the reservation's lease is lost (the gang is stopped, with the reason). Renews the
+    reservation meanwhile. Pushes the final `RunStatus`."""
 
     ui_color = "#fcf3cf"
 
@@ -45,21 +44,18 @@ class WatchTrainingSensor(BaseOperator):
         self.poll_interval_s = poll_interval_s
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.recovery import watch
+        from plugins.attempt.steps import watch_state
+        from plugins.attempt.watching import describe_status, watch_once
         from sensors.triggers import TrainingTrigger
 
         handle = _handle(context)
-        status = watch.poll(handle)
-        if status.finished:
-            return watch.settle(handle, status).model_dump(mode="json")
-        job, _ = attempt_of(context)
-        runtime = job.spec.training.max_runtime  # the trigger stops the gang past it (a timeout of
-        # the deferral itself would fail this task and leave the gang running)
-        deadline = (handle.created_at + runtime).timestamp() if runtime else None
+        step = watch_once(handle, watch_state(opened_of(context), handle), runtime())
+        if step.finished:
+            return step.status.model_dump(mode="json")
         self.log.info("watching %s run %s attempt %d: %s", handle.job, handle.run, handle.attempt,
-                      watch.describe_status(status))
-        self.defer(trigger=TrainingTrigger(handle.model_dump(mode="json"), state_db=settings().state_db,
-                                           poll_interval_s=self.poll_interval_s, deadline=deadline),
+                      describe_status(step.status))
+        self.defer(trigger=TrainingTrigger(handle.model_dump(mode="json"), watch=step.state.model_dump(),
+                                           poll_interval_s=self.poll_interval_s),
                    method_name="execute_complete")
         raise AssertionError("defer() returns only by raising")  # pragma: no cover
 
@@ -83,27 +79,30 @@ class WatchCheckpointsSensor(BaseOperator):
         self.poll_interval_s = poll_interval_s
 
     def execute(self, context: Context, after_step: int | None = None) -> dict[str, Any]:
-        from plugins.launch.environment import checkpoint_uri
-        from plugins.recovery import watch
+        from plugins.attempt import watching
+        from plugins.attempt.steps import checkpoint_committed, checkpoints_root
         from sensors.triggers import CheckpointTrigger
 
-        job, conf = attempt_of(context)
-        handle = _handle(context)
-        config = settings()
-        root = checkpoint_uri(job, config.object_store, conf.run)
+        opened, rt, handle = opened_of(context), runtime(), _handle(context)
+        root, endpoint = checkpoints_root(opened, rt), settings().s3_endpoint_url
         if after_step is None:  # the first look: what earlier attempts committed is not ours
-            before = watch.committed_after(root, -1, endpoint_url=config.s3_endpoint_url)
+            before = watching.committed_after(root, -1, endpoint_url=endpoint)
             after_step = before[-1].step if before else -1
-            self.log.info("watching checkpoints of run %s under %s after step %d", conf.run, root, after_step)
-        for record in watch.committed_after(root, after_step, endpoint_url=config.s3_endpoint_url):
-            self._record(context, root, record.manifest_uri, record.step)
+            self.log.info("watching checkpoints of run %s under %s after step %d", opened.conf.run, root, after_step)
+        mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id") or ""
+        for record in watching.committed_after(root, after_step, endpoint_url=endpoint):
+            seen = checkpoint_committed(opened, record.step, record.manifest_uri, rt, mlflow_run_id=mlflow_run_id)
+            if seen.verified:
+                self.log.info("checkpoint step %d verified and recorded; retention deleted %s", seen.step,
+                              seen.deleted or "nothing")
+            else:
+                self.log.error("checkpoint step %d does NOT verify: %s", seen.step, "; ".join(seen.problems))
             after_step = record.step
-        status = watch.poll(handle)
-        if status.finished:
+        if watching.poll(handle, rt).finished:
             return {"last_step": after_step, "root": root}
         self.defer(trigger=CheckpointTrigger(
             handle.model_dump(mode="json"), checkpoint_root=root, after_step=after_step,
-            interval_steps=job.spec.checkpoint.interval_steps, endpoint_url=config.s3_endpoint_url,
+            interval_steps=opened.job.spec.checkpoint.interval_steps, endpoint_url=endpoint,
             poll_interval_s=self.poll_interval_s), method_name="execute_complete")
         raise AssertionError("defer() returns only by raising")  # pragma: no cover
 
@@ -113,27 +112,6 @@ class WatchCheckpointsSensor(BaseOperator):
         # a new checkpoint or the end: record everything new since the trigger started, then
         # watch on (or finish)
         return self.execute(context, after_step=int(event["after_step"]))
-
-    def _record(self, context: Context, root: str, manifest_uri: str, step: int) -> None:
-        from plugins.checkpoint.catalog import verify
-        from plugins.checkpoint.retention import RetentionPolicy, apply_retention
-        from plugins.tracking.runs import log_committed_checkpoint
-
-        job, _ = attempt_of(context)
-        config = settings()
-        started = time.monotonic()
-        result = verify(root, step, endpoint_url=config.s3_endpoint_url)
-        if not result.ok:
-            self.log.error("checkpoint step %d does NOT verify: %s", step, "; ".join(result.problems))
-            return
-        mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
-        if mlflow_run_id:
-            log_committed_checkpoint(mlflow_run_id, manifest_uri, tracking_uri=config.mlflow_tracking_uri,
-                                     endpoint_url=config.s3_endpoint_url)
-        report = apply_retention(root, RetentionPolicy.from_spec(job.spec.checkpoint), known_valid=step,
-                                 endpoint_url=config.s3_endpoint_url)
-        self.log.info("checkpoint step %d verified and recorded in %.1fs; retention deleted %s",
-                      step, time.monotonic() - started, sorted(report.deleted) or "nothing")
 
 
 class WatchHealthSensor(BaseOperator):
@@ -147,7 +125,7 @@ class WatchHealthSensor(BaseOperator):
         self.poll_interval_s = poll_interval_s
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.recovery import watch
+        from plugins.attempt import watching
         from sensors.triggers import HealthTrigger
 
         handle = _handle(context)
@@ -157,7 +135,7 @@ class WatchHealthSensor(BaseOperator):
             self.log.warning("no node agent is configured for %s (TRAINYARD_NODE_AGENTS): GPU health "
                              "is not watched for this attempt", ", ".join(nodes))
             return {"watched": []}
-        if watch.poll(handle).finished:
+        if watching.poll(handle, runtime()).finished:
             return {"watched": sorted(agents)}
         self.defer(trigger=HealthTrigger(handle.model_dump(mode="json"), agents=agents,
                                          poll_interval_s=self.poll_interval_s),
@@ -167,4 +145,3 @@ class WatchHealthSensor(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         self.log.info("health watch ended: %s — %s", event["status"], event.get("message", ""))
         return {"status": event["status"], "message": event.get("message", ""), "nodes": event.get("nodes", [])}
-

@@ -34,3 +34,14 @@ by itself and trains on."""
 OOM = 46
 """`torch.OutOfMemoryError` in the training loop: the plan needs more device memory than
 there is. The log holds the allocator's message; the control plane re-plans with less."""
+
+MEANINGS: dict[int, str] = {
+    COMPLETED: "the job completed",
+    DIVERGED: "the loss diverged",
+    PREEMPTED: "emergency checkpoint after SIGTERM (preemption, a stop, a timeout)",
+    PREEMPTED_NO_CHECKPOINT: "stopped by SIGTERM without a checkpoint",
+    CHECKPOINT_CORRUPT: "the checkpoint to restore does not verify",
+    OOM: "out of device memory",
+}
+"""Each code in a few words, for people (`trainyard launch --help`, the launcher's status): the
+one table of what the codes mean."""

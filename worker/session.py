@@ -434,13 +434,11 @@ class TrainingSession:
         """The restore target does not verify (every rank sees the same verdict)."""
         if self.rank == 0:
             log.error("checkpoint_corrupt: %s", error)
-            import json
+            from plugins.launch.files import CHECKPOINT_CORRUPT_FILE, CheckpointCorruptRecord
 
-            from plugins.files import write_atomic
-
-            record = {"job": self.config.job, "attempt": self.config.attempt,
-                      "resume_from": self.config.resume_from, "reason": str(error)}
-            write_atomic(self.config.run_dir / "checkpoint_corrupt.json", json.dumps(record, indent=2))
+            CheckpointCorruptRecord(job=self.config.job, attempt=self.config.attempt,
+                                    resume_from=self.config.resume_from, reason=str(error),
+                                    ).write(self.config.run_dir / CHECKPOINT_CORRUPT_FILE)
         raise StopTraining(exit_codes.CHECKPOINT_CORRUPT, str(error)) from error
 
     def _diverged(self, d: Divergence) -> None:

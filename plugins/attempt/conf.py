@@ -1,26 +1,21 @@
-"""The control plane's steps for one attempt of a training run (DESIGN §4), as plain functions.
+"""What an attempt is told: its conf, its effective spec, its plan, where it resumes.
 
-Each Airflow task of a job's DAG is one of these, wrapped by a thin operator; `trainyard launch`
-and the demo call the same ones. What each step decides (which run this trigger opened, which
-plan the attempt runs, where it resumes, what the worker is told) is decided here, once:
+The attempt engine's steps (`plugins/attempt/steps.py`) decide these through the functions here:
 
-- `open_attempt`     the attempt's conf: a first trigger opens a new run (its id derived from the
+- `parse_conf`       the attempt's conf: a first trigger opens a new run (its id derived from the
                      Airflow run, so a retried task gets the same one); later attempts carry theirs;
 - `effective_job`    the spec with the trigger's overrides (max steps, learning rate);
 - `plan_attempt`     the plan: the one a re-plan handed over, else the advisor's / the manual one;
 - `resume_point`     the manifest the attempt restores (explicit, a registered model's, or none:
                      the run's newest valid checkpoint, which is a fresh start for a new run);
-- `launch_attempt`   the worker environment (faults included) and a detached, idempotent submit.
+- `in_place_restarts` torchrun's own restarts the attempt may use (the fast path).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import itertools
 from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from config.runs import check_run_id
 from plugins.errors import FatalError
@@ -28,13 +23,8 @@ from plugins.recovery.model import AttemptConf
 
 if TYPE_CHECKING:
     from config.cluster import Cluster
-    from config.settings import Settings
     from config.spec import TrainingJob
     from plugins.advisor.plan import Plan
-    from plugins.launch.local import LocalLauncher
-    from plugins.launch.model import RunHandle, RunStatus
-    from plugins.placement.model import Placement
-    from plugins.recovery.engine import AttemptResult
 
 
 class InvalidConf(FatalError):
@@ -69,8 +59,8 @@ def trigger_conf(params: dict[str, Any], conf: dict[str, Any] | None) -> dict[st
     return {k: v for k, v in merged.items() if v is not None}
 
 
-def open_attempt(conf: dict[str, Any] | None, *, dag_id: str, trigger_run_id: str, when: datetime
-                 ) -> AttemptConf:
+def parse_conf(conf: dict[str, Any] | None, *, dag_id: str, trigger_run_id: str, when: datetime
+               ) -> AttemptConf:
     """Parse a DAG run's conf (Airflow hands Params and conf over together; unknown keys are
     errors, templated strings are coerced) and give a first attempt its run id."""
     from pydantic import ValidationError
@@ -114,7 +104,7 @@ def plan_attempt(job: TrainingJob, cluster: Cluster, conf: AttemptConf, *, memor
                  ) -> tuple[Plan, str]:
     """(plan, where it came from): a re-plan handed over by the previous attempt wins."""
     from plugins.advisor.plan import Plan
-    from plugins.placement.plans import plan_for_job
+    from plugins.advisor.plans import plan_for_job
 
     if conf.plan:
         plan = Plan.model_validate_json(conf.plan)
@@ -196,38 +186,6 @@ def check_resume_point(uri: str, job: TrainingJob, object_store: str) -> str:
         raise InvalidConf(f"resume point {uri[:300]!r} refused: {str(e)[:400]}") from e
 
 
-def launcher(settings: Settings, *, max_restarts: int = 0) -> LocalLauncher:
-    """The launcher of the embedded default (Kubernetes goes through `KubernetesLauncher`)."""
-    from plugins.launch.local import REPO_ROOT, LocalLauncher
-
-    return LocalLauncher(settings.runs_dir, source_dir=REPO_ROOT, max_restarts=max_restarts)
-
-
-def launch_attempt(job: TrainingJob, plan: Plan, placement: Placement, conf: AttemptConf,
-                   settings: Settings, *, mlflow_run_id: str, resume_from: str,
-                   source_dir: Path | None = None) -> RunHandle:
-    """Start the attempt's gang detached; a second call for the same attempt re-attaches."""
-    from plugins.launch.environment import build_worker_env
-    from plugins.launch.local import LocalLauncher
-    from worker.faults import ENV as FAULTS_ENV
-
-    worker_env = build_worker_env(job, plan, settings, run=conf.run, attempt=conf.attempt,
-                                  resume_from=resume_from, mlflow_run_id=mlflow_run_id)
-    faults = conf.faults.worker_faults() if conf.attempt == 0 else ""
-    base = None
-    if faults:
-        import os
-
-        base = {**os.environ, FAULTS_ENV: faults}
-    local = LocalLauncher(settings.runs_dir, source_dir=source_dir or launcher(settings).source_dir,
-                          base_env=base, max_restarts=in_place_restarts(job, conf))
-    handle = local.submit(job, plan, placement, worker_env, attempt=conf.attempt)
-    from plugins.recovery.faults import fail_gpu
-
-    fail_gpu(conf, list(handle.nodes), settings.node_agents)
-    return handle
-
-
 def in_place_restarts(job: TrainingJob, conf: AttemptConf) -> int:
     """torchrun's `--max-restarts` for the attempt: the spec's fast path, never more than the
     restart budget has left (each in-place restart counts against it)."""
@@ -235,180 +193,3 @@ def in_place_restarts(job: TrainingJob, conf: AttemptConf) -> int:
     return max(0, min(ft.in_place_restarts, ft.max_restarts - conf.restarts_used))
 
 
-def excluded_nodes(conf: AttemptConf, state_db: str) -> list[str]:
-    """Nodes the attempt must not be placed on: those the run lost, and every cordoned node."""
-    from plugins.recovery.state import open_job_state
-
-    return sorted({*conf.exclude_nodes, *open_job_state(state_db).cordoned()})
-
-
-def begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_key: str) -> None:
-    """Record the run (opened once per trigger) and the attempt's start in the job state."""
-    from plugins.recovery.engine import begin_attempt
-    from plugins.recovery.state import open_job_state
-
-    state = open_job_state(settings.state_db)
-    if conf.attempt == 0:
-        state.open_run(job.name, trigger_key=trigger_key, team=job.metadata.team,
-                       project=job.metadata.project, run=conf.run)
-    begin_attempt(state, job.name, conf.run, conf.attempt, dag_run_id=trigger_key)
-
-
-def launched(job: TrainingJob, conf: AttemptConf, settings: Settings, handle: RunHandle, mlflow_run_id: str) -> None:
-    """The gang runs: its handle (so `trainyard stop` finds it) and the lifecycle in the job state."""
-    from plugins.recovery.state import open_job_state
-
-    state = open_job_state(settings.state_db)
-    state.set_handle(job.name, conf.run, conf.attempt, handle)
-    state.set_mlflow_run(job.name, conf.run, mlflow_run_id)
-    state.transition(job.name, conf.run, "running")
-    record_resumed(job, conf, settings, handle, mlflow_run_id)
-
-
-def conclude_attempt(job: TrainingJob, conf: AttemptConf, handle: RunHandle, settings: Settings, *,
-                     status: RunStatus | None, plan: Plan, mlflow_run_id: str, by: str) -> AttemptResult:
-    """After the watchers: the evidence, `after_attempt` (classify, decide, bookkeeping) and the
-    record of it in the run's MLflow run."""
-    from config.cluster import cluster_for
-    from plugins.launch.environment import checkpoint_uri
-    from plugins.recovery import watch
-    from plugins.recovery.decide import DecisionContext
-    from plugins.recovery.engine import after_attempt
-    from plugins.recovery.evidence import gather, observe_node
-    from plugins.recovery.state import open_job_state
-
-    if status is None or not status.finished:
-        status = watch.poll(handle)
-        if status.finished:
-            status = watch.settle(handle, status)
-    from plugins.recovery.faults import corrupt_newest_checkpoint
-
-    root = checkpoint_uri(job, settings.object_store, conf.run)
-    corrupt_newest_checkpoint(conf, root, endpoint_url=settings.s3_endpoint_url)
-    gang = set(handle.nodes or [a.node for a in handle.agents])
-    nodes = [observe_node(n, url) for n, url in sorted(settings.node_agents.items()) if n in gang]
-    evidence = gather(handle, status, run=conf.run, nodes=nodes, resume_from=conf.resume_from)
-    ctx = DecisionContext(checkpoint_uri=root,
-                          endpoint_url=settings.s3_endpoint_url, plan=plan,
-                          cluster=cluster_for(job.spec.hardware.gpu_type, settings.cluster))
-    result = after_attempt(evidence, job, conf, ctx, state=open_job_state(settings.state_db), by=by)
-    if result.next_conf is not None and mlflow_run_id:  # every attempt continues the same MLflow run
-        result = dataclasses.replace(result, next_conf=result.next_conf.model_copy(
-            update={"mlflow_run_id": mlflow_run_id}))
-    if mlflow_run_id:
-        record_in_mlflow(result, mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri)
-    return result
-
-
-def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri: str) -> None:
-    """A failure becomes a recovery event of the run (cause, step, what was done, time to detect,
-    steps lost); each in-place torchrun restart of the attempt one more; a final action sets the
-    run's status. Keyed by run, attempt and cause, so a retried task records each once."""
-    from plugins.tracking.runs import log_recovery_event, log_recovery_timings, set_run_status
-
-    report, action = result.report, result.action
-    if report.restarts_in_place:
-        log_recovery_event(mlflow_run_id, "worker_crash", attempt=report.attempt, step=report.step or 0,
-                           detail=f"fast path: torchrun restarted the workers in place "
-                                  f"{report.restarts_in_place} time(s) from the newest valid checkpoint, "
-                                  "counted against faultTolerance.maxRestarts",
-                           tracking_uri=tracking_uri, key=f"{report.run}/{report.attempt}/in_place")
-    if report.failed:
-        detail = f"{report.reason}; {action.kind}: {action.reason}"
-        log_recovery_event(mlflow_run_id, report.outcome, attempt=report.attempt, step=report.step or 0,
-                           detail=detail, tracking_uri=tracking_uri, duration_s=report.time_to_detect_s,
-                           key=f"{report.run}/{report.attempt}/{report.outcome}")
-        log_recovery_timings(mlflow_run_id, step=report.step or 0, tracking_uri=tracking_uri,
-                             time_to_detect_s=report.time_to_detect_s, steps_lost=report.steps_lost)
-    if action.retries:
-        set_run_status(mlflow_run_id, "recovering", tracking_uri=tracking_uri)
-    elif action.kind == "give_up":
-        set_run_status(mlflow_run_id, "failed", tracking_uri=tracking_uri)
-    elif action.kind == "cancel":
-        set_run_status(mlflow_run_id, "cancelled", tracking_uri=tracking_uri)
-
-
-def record_resumed(job: TrainingJob, conf: AttemptConf, settings: Settings, handle: RunHandle,
-                   mlflow_run_id: str) -> float | None:
-    """A later attempt's gang started: the previous attempt's time to resume (its detection to
-    this start), in its job-state report and as the MLflow metric `recovery/time_to_resume_s`."""
-    from plugins.recovery.state import JobStateStore
-
-    if conf.attempt == 0:
-        return None
-    seconds = JobStateStore(settings.state_db).set_resumed(job.name, conf.run, conf.attempt - 1,
-                                                           handle.created_at)
-    if seconds is not None and mlflow_run_id:
-        from plugins.tracking.runs import log_recovery_timings
-
-        log_recovery_timings(mlflow_run_id, step=0, tracking_uri=settings.mlflow_tracking_uri,
-                             time_to_resume_s=seconds)
-    return seconds
-
-
-def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) -> Any:
-    """Export the run's best valid checkpoint (by the spec's `keepBestMetric`, else the newest)
-    and register it as the next version of the job's model, alias `candidate`."""
-    from plugins.checkpoint.uris import area_for
-    from plugins.tracking.registry import register_checkpoint
-
-
-    return register_checkpoint(mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri,
-                               metric=job.spec.checkpoint.keep_best_metric, model_name=job.name,
-                               endpoint_url=settings.s3_endpoint_url, area=area_for(job, settings.object_store))
-
-
-def run_timeline(job: str, run: str, settings: Settings) -> list[tuple[float, str]]:
-    """What happened to a training run, from the job state: (seconds since the run opened, event)."""
-    from plugins.recovery.state import open_job_state
-
-    state = open_job_state(settings.state_db)
-    info = state.get_run(job, run)
-    t0 = info.created_at
-    events: list[tuple[float, str]] = [(0.0, f"run {run} opened")]
-    for a in state.attempts(job, run):
-        handle = a.run_handle
-        nodes = f" on {', '.join(handle.nodes)}" if handle and handle.nodes else ""
-        events.append(((a.started_at - t0).total_seconds(), f"attempt {a.attempt} started{nodes}"))
-        if a.ended_at is not None:
-            what = f"attempt {a.attempt} {a.outcome or 'ended'}"
-            what += f" at step {a.step}" if a.step is not None else ""
-            what += f": {a.reason}" if a.reason and a.outcome != "completed" else ""
-            what += f" → {a.action}" if a.action else ""
-            events.append(((a.ended_at - t0).total_seconds(), what))
-    return events
-
-
-def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: str,
-              status: Literal["completed", "failed", "cancelled"] = "completed") -> dict[str, float]:
-    """End the run's MLflow run: its end artifacts (loss plot, recovery timeline), its cost —
-    device time by phase from the job state (attempts are training, the gaps between them
-    recovery), MFU and tokens/s from what the workers streamed — and its final status.
-    Returns the cost figures."""
-    from config.cluster import cluster_for
-    from plugins.recovery.state import open_job_state
-    from plugins.tracking.cost import RunAccounting, job_cost, log_job_cost
-    from plugins.tracking.lifecycle import close_tracked_run
-    from plugins.tracking.rates import load_rates
-    from plugins.tracking.runs import client_for
-
-    state = open_job_state(settings.state_db)
-    info, attempts = state.get_run(job.name, run), state.attempts(job.name, run)
-    spans = [(a.started_at, a.ended_at) for a in attempts if a.ended_at is not None]
-    if not spans:
-        close_tracked_run(mlflow_run_id, status, tracking_uri=settings.mlflow_tracking_uri, title=job.name)
-        return {}
-    training = sum((end - start).total_seconds() for start, end in spans)
-    recovery = sum(max((nxt[0] - prev[1]).total_seconds(), 0.0) for prev, nxt in itertools.pairwise(spans))
-    acct = RunAccounting(
-        job=job.name, team=job.metadata.team, project=job.metadata.project, gpu_type=job.spec.hardware.gpu_type,
-        gpu_count=job.spec.hardware.gpu_count, submitted_at=info.created_at, started_at=spans[0][0],
-        ended_at=spans[-1][1], training_s=training, recovery_s=recovery, run_id=mlflow_run_id,
-        precision=job.spec.parallelism.hints.mixed_precision if job.spec.parallelism.hints else "bf16",
-    ).with_run_metrics(dict(client_for(settings.mlflow_tracking_uri).get_run(mlflow_run_id).data.metrics))
-    cost = job_cost(acct, load_rates(), cluster=cluster_for(job.spec.hardware.gpu_type, settings.cluster))
-    log_job_cost(mlflow_run_id, acct, cost, tracking_uri=settings.mlflow_tracking_uri)
-    close_tracked_run(mlflow_run_id, status, tracking_uri=settings.mlflow_tracking_uri,
-                      timeline=run_timeline(job.name, run, settings), title=f"{job.name} run {run}")
-    return {"device_hours": cost.total_gpu_hours, "recovery_device_hours": cost.recovery_gpu_hours,
-            "cost_usd": cost.total_cost_usd}

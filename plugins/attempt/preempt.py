@@ -10,7 +10,7 @@ whole lower-priority gangs — each after an emergency checkpoint — and place 
    stop are candidates — a live attempt whose launcher handle is in the job state; a reservation
    without one (placed, not launched yet) is left alone, so a device is never freed while
    something still runs on it;
-3. stop each victim the one way the control plane stops gangs (`watch.stop_gang`) with the reason
+3. stop each victim the one way the control plane stops gangs (`plugins.attempt.watching.stop_gang`) with the reason
    `preempted`: SIGTERM, the worker commits an emergency checkpoint of its last completed step
    and exits 43 (`worker.exit_codes.PREEMPTED`), SIGKILL after `grace_s`. A victim so loses at
    most the time since that checkpoint (the step in flight). Its reservation is released here,
@@ -32,12 +32,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from plugins.placement.model import NotSchedulableNow, Placement
+from plugins.placement.state import RESERVATION_LEASE_S
 
 if TYPE_CHECKING:
     from config.cluster import Cluster
     from config.spec import TrainingJob
     from config.teams import Teams
     from plugins.advisor.plan import Plan
+    from plugins.attempt.launchers import Runtime
     from plugins.launch.model import RunHandle, RunStatus
     from plugins.placement.fairshare import RunningGang, Victim
     from plugins.placement.state import StateStore
@@ -66,8 +68,8 @@ class PlaceResult:
 
 
 def place_preempting(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore, jobs: JobStateStore,
-                     teams: Teams, *, run: str, attempt: int, exclude: Iterable[str] = (),
-                     lease_s: float = 900.0, grace_s: float = PREEMPT_GRACE_S, wait_s: float = 0.0,
+                     teams: Teams, runtime: Runtime, *, run: str, attempt: int, exclude: Iterable[str] = (),
+                     lease_s: float = RESERVATION_LEASE_S, grace_s: float = PREEMPT_GRACE_S, wait_s: float = 0.0,
                      poll_s: float = 5.0, now: datetime | None = None) -> PlaceResult:
     """Place and reserve the gang, evicting lower-priority gangs when it does not fit (see the
     module docstring). With `wait_s`, a gang that fits neither way (nothing lower to evict) is
@@ -84,7 +86,7 @@ def place_preempting(job: TrainingJob, plan: Plan, cluster: Cluster, store: Stat
             return PlaceResult(placement, waited_s=time.monotonic() - started)
         except NotSchedulableNow:
             try:
-                evicted = make_room(job, plan, cluster, store, jobs, teams, run=run, attempt=attempt,
+                evicted = make_room(job, plan, cluster, store, jobs, teams, runtime, run=run, attempt=attempt,
                                     exclude=exclude, grace_s=grace_s, now=now)
             except NotSchedulableNow:  # its message: what is busy, and why preempting cannot help
                 if time.monotonic() - started + poll_s > wait_s:
@@ -99,7 +101,7 @@ def place_preempting(job: TrainingJob, plan: Plan, cluster: Cluster, store: Stat
 
 
 def make_room(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore, jobs: JobStateStore,
-              teams: Teams, *, run: str, attempt: int, exclude: frozenset[str] = frozenset(),
+              teams: Teams, runtime: Runtime, *, run: str, attempt: int, exclude: frozenset[str] = frozenset(),
               grace_s: float = PREEMPT_GRACE_S, now: datetime | None = None) -> list[Eviction]:
     """Decide the victims for the gang (fair share) and evict them. Raises `Unschedulable` when
     evicting every stoppable lower-priority gang would not make room (then nothing is evicted)."""
@@ -115,7 +117,8 @@ def make_room(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore,
     free = free_devices(store, {n.name: n.gpus for n in inventory.nodes})
     decision = plan_preemption(request, inventory, free, candidates, teams, now=now)
     by = f"{job.name} run {run} (priority {job.metadata.priority}, effective {decision.pending_priority:g})"
-    return [evict(v, handles[(v.job, v.run, v.attempt)], store, by=by, grace_s=grace_s) for v in decision.victims]
+    return [evict(v, handles[(v.job, v.run, v.attempt)], store, runtime, by=by, grace_s=grace_s)
+            for v in decision.victims]
 
 
 def live_handle(jobs: JobStateStore, gang: RunningGang) -> RunHandle | None:
@@ -129,14 +132,15 @@ def live_handle(jobs: JobStateStore, gang: RunningGang) -> RunHandle | None:
     return live.run_handle if live is not None and live.attempt == gang.attempt else None
 
 
-def evict(victim: Victim, handle: RunHandle, store: StateStore, *, by: str, grace_s: float = PREEMPT_GRACE_S
-          ) -> Eviction:
+def evict(victim: Victim, handle: RunHandle, store: StateStore, runtime: Runtime, *, by: str,
+          grace_s: float = PREEMPT_GRACE_S) -> Eviction:
     """Stop the victim's gang (`preempted`: SIGTERM → emergency checkpoint → exit 43), then free
     its reservation."""
-    from plugins.recovery.watch import StopReason, stop_gang
+    from plugins.attempt.watching import stop_gang
+    from plugins.launch.files import StopReason
 
     reason = StopReason(reason="preempted", detail=f"evicted for {by}", nodes=sorted(victim.nodes))
-    status = stop_gang(handle, reason, grace_s=grace_s)
+    status = stop_gang(handle, reason, runtime, grace_s=grace_s)
     freed = store.release(victim.job, victim.attempt, run=victim.run)
     log.warning("preempted %s run %s attempt %d (%d devices, effective priority %g) for %s: %s",
                 victim.job, victim.run, victim.attempt, victim.gpus, victim.effective_priority, by,

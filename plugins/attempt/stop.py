@@ -3,7 +3,7 @@
 `trainyard stop` (and an Airflow "cancel") call `stop_run`. The live attempt's processes are
 found through the launcher handle stored in the job state (`plugins/recovery/state.py`), so the
 stop works from any process, long after the one that launched them is gone; the gang is stopped
-the one way the control plane stops gangs (`watch.stop_gang`), with the reason `requested`,
+the one way the control plane stops gangs (`plugins.attempt.watching.stop_gang`), with the reason `requested`,
 which `classify` reads as `cancelled` (never restarted).
 """
 
@@ -16,6 +16,7 @@ from plugins.recovery.model import FailureReport
 from plugins.recovery.state import JobStateStore, RunInfo
 
 if TYPE_CHECKING:
+    from plugins.attempt.launchers import Runtime
     from plugins.launch.model import RunStatus
 
 
@@ -28,19 +29,20 @@ class StopResult:
     already_final: bool = False
 
 
-def stop_run(store: JobStateStore, job: str, run: str = "", *, grace_s: float = 30.0,
+def stop_run(store: JobStateStore, job: str, runtime: Runtime, run: str = "", *, grace_s: float = 30.0,
              detail: str = "trainyard stop") -> StopResult:
     """Stop the live attempt's gang (SIGTERM → emergency checkpoint → SIGKILL after `grace_s`),
     record the attempt as cancelled and the run as `cancelled`, and release the attempt's
     reservation. A run already completed, failed or cancelled is left as it is."""
-    from plugins.recovery.watch import StopReason, stop_gang
+    from plugins.attempt.watching import stop_gang
+    from plugins.launch.files import StopReason
 
     info = store.get_run(job, run)
     if info.final:
         return StopResult(info, None, None, already_final=True)
     live = store.live_attempt(job, info.run)
     handle = live.run_handle if live is not None else None
-    status = stop_gang(handle, StopReason(reason="requested", detail=detail), grace_s=grace_s) if handle else None
+    status = stop_gang(handle, StopReason(reason="requested", detail=detail), runtime, grace_s=grace_s) if handle else None
     reason = f"stopped on request ({detail})"
     if live is not None:
         store.end_attempt(FailureReport(

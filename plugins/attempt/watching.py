@@ -1,10 +1,14 @@
-"""Watching a running attempt: what the deferrable sensors' triggers (and `trainyard launch`)
+"""Watching a running attempt: what the deferrable sensors' triggers and `trainyard launch`
 check on every poll, and the one way the control plane stops a gang for a reason.
 
-Synchronous and Airflow-free: a trigger calls these through `asyncio.to_thread`. Each returns a
-small verdict; stopping the gang is done here too, because whoever detects a hang or a lost
-node must stop it the same way — with the reason written beside the run (`stop-reason.json`)
-so `classify` can tell a hang or a lost node from a stop a person asked for.
+`watch_once(handle, state, runtime)` is one look at the training: the launcher's status, and —
+when a rank hangs past `hangTimeout`, the attempt outlives `training.maxRuntime` or the
+reservation's lease is lost — the stop, with its reason. The training trigger and
+`trainyard launch` loop over it, so they cannot watch differently.
+
+Synchronous and Airflow-free: a trigger calls these through `asyncio.to_thread`. Whoever stops
+a gang stops it here (`stop_gang`): the reason is written beside the run (`stop-reason.json`)
+before the stop, so `classify` tells a hang or a lost node from a stop a person asked for.
 """
 
 from __future__ import annotations
@@ -12,62 +16,64 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
+
+from plugins.attempt.launchers import Runtime, launcher_for
+from plugins.launch.files import STOP_REASON_FILE, StopReason, read_model
+from plugins.launch.model import RunHandle, RunStatus
+from plugins.placement.state import RENEW_EVERY_S, RESERVATION_LEASE_S
 
 if TYPE_CHECKING:
     from plugins.checkpoint.catalog import CheckpointRecord
-    from plugins.launch.local import LocalLauncher
-    from plugins.launch.model import RunHandle, RunStatus
-
-STOP_REASON_FILE = "stop-reason.json"
-FATAL_VERDICTS = ("gpu_failed", "node_unhealthy")
-"""Node-agent verdicts that lose the node for this attempt (a thermal warning does not)."""
 
 
-class StopReason(BaseModel):
-    """Why the control plane stopped a gang (written before the stop, read by `classify`)."""
+class WatchState(BaseModel):
+    """What one look at the training carries to the next (a trigger serialises it)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True)
 
-    reason: Literal["hang", "node_lost", "requested", "lease_lost", "timeout", "preempted"]
-    """`preempted`: a higher-priority gang needed the devices (`plugins/recovery/preempt.py`)."""
-    detail: str
-    nodes: list[str] = Field(default_factory=list)
-    ranks: list[int] = Field(default_factory=list)
-    at: float = Field(default_factory=time.time)
-
-
-def launcher_for(handle: RunHandle) -> LocalLauncher:
-    """A launcher that can poll and stop `handle` from any process."""
-    if handle.kind != "local":
-        raise NotImplementedError("watching Kubernetes runs from Airflow is not built yet "
-                                  "(KubernetesLauncher.poll exists; no trigger uses it)")
-    from plugins.launch.local import LocalLauncher
-
-    return LocalLauncher(Path(handle.run_dir).parents[2])
+    deadline: float | None = None
+    """Epoch seconds past which the attempt is stopped (`training.maxRuntime`, `--timeout-s`)."""
+    deadline_reason: str = "the attempt outlived training.maxRuntime"
+    renew_lease: bool = True
+    """Renew the gang's reservation while it runs (off where nothing reserved it)."""
+    last_renew: float = 0.0
+    """Monotonic seconds of the last renewal in this process (0: renew at the first look)."""
 
 
-def poll(handle: RunHandle) -> RunStatus:
-    return launcher_for(handle).poll(handle)
+class WatchStep(BaseModel):
+    """One look: the status, and — when the attempt is over — why (`stop`: the control plane
+    stopped it; None with `finished`: the workers ended on their own)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: RunStatus
+    finished: bool
+    stop: StopReason | None = None
+    state: WatchState
+
+
+def poll(handle: RunHandle, runtime: Runtime) -> RunStatus:
+    return launcher_for(handle, runtime).poll(handle)
+
+
+def settle(handle: RunHandle, status: RunStatus, runtime: Runtime) -> RunStatus:
+    """Clean up what a finished attempt left running (a peer waiting in torchrun's barrier)."""
+    return launcher_for(handle, runtime).settle(handle, status)
 
 
 def read_stop_reason(run_dir: str | Path) -> StopReason | None:
-    try:
-        return StopReason.model_validate_json((Path(run_dir) / STOP_REASON_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_model(Path(run_dir) / STOP_REASON_FILE, StopReason, lenient=True)
 
 
-def stop_gang(handle: RunHandle, reason: StopReason, *, grace_s: float = 10.0) -> RunStatus:
+def stop_gang(handle: RunHandle, reason: StopReason, runtime: Runtime, *, grace_s: float = 10.0) -> RunStatus:
     """Record why, then stop every process of the attempt (SIGTERM, then SIGKILL); settled."""
-    path = Path(handle.run_dir) / STOP_REASON_FILE
-    if not path.exists():  # the first reason stands (a hang seen twice is still the first hang)
-        from plugins.files import write_atomic
-
-        write_atomic(path, reason.model_dump_json())
-    return launcher_for(handle).stop(handle, grace_s=grace_s)
+    path = Path(handle.run_dir) / STOP_REASON_FILE if handle.run_dir else None
+    if path is not None and not path.exists():  # the first reason stands (a hang seen twice is still the first)
+        reason.write(path)
+    return launcher_for(handle, runtime).stop(handle, grace_s=grace_s)
 
 
 def hung_ranks(status: RunStatus) -> list[int]:
@@ -76,8 +82,7 @@ def hung_ranks(status: RunStatus) -> list[int]:
 
 
 def hang_stop(status: RunStatus) -> StopReason | None:
-    """The stop a hang calls for — the reason naming the hung ranks — or None when no rank
-    hangs. Whoever follows a gang (the trigger, `trainyard launch`) stops it with this."""
+    """The stop a hang calls for — the reason naming the hung ranks — or None when no rank hangs."""
     hung = hung_ranks(status)
     if not hung:
         return None
@@ -86,9 +91,27 @@ def hang_stop(status: RunStatus) -> StopReason | None:
                              f"hangTimeout (last step {status.step})")
 
 
-def settle(handle: RunHandle, status: RunStatus) -> RunStatus:
-    """Clean up what a finished attempt left running (a peer waiting in torchrun's barrier)."""
-    return launcher_for(handle).settle(handle, status)
+def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_s: float = 10.0) -> WatchStep:
+    """One look at the training (see the module docstring). A finished attempt is settled; a
+    hang, a passed deadline or a lost lease stops the gang first, with the reason."""
+    status = poll(handle, runtime)
+    if status.finished:
+        return WatchStep(status=settle(handle, status, runtime), finished=True, state=state)
+    stop = hang_stop(status)
+    if stop is None and state.deadline is not None and time.time() > state.deadline:
+        stop = StopReason(reason="timeout", detail=state.deadline_reason)
+    if stop is None and state.renew_lease and time.monotonic() - state.last_renew > RENEW_EVERY_S:
+        from plugins.placement.state import open_state
+
+        renewed = open_state(runtime.settings.state_db).renew(handle.job, handle.attempt, run=handle.run,
+                                                              lease_s=RESERVATION_LEASE_S)
+        if renewed is None:
+            stop = StopReason(reason="lease_lost", detail="the gang's reservation expired")
+        state = state.model_copy(update={"last_renew": time.monotonic()})
+    if stop is not None:
+        status = stop_gang(handle, stop, runtime, grace_s=grace_s)
+        return WatchStep(status=status, finished=True, stop=stop, state=state)
+    return WatchStep(status=status, finished=False, state=state)
 
 
 def committed_after(root: str, after_step: int, *, endpoint_url: str | None = None) -> list[CheckpointRecord]:

@@ -6,14 +6,20 @@ plane can re-attach after restarts (DESIGN §4: restarting Airflow never kills t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from plugins.errors import FatalError
 
 if TYPE_CHECKING:
+    from config.settings import Settings
     from config.spec import TrainingJob
     from config.worker_env import WorkerEnv
     from plugins.advisor.plan import Plan
+    from plugins.launch.kube_clients import KubeClients
     from plugins.launch.model import RunHandle, RunStatus
     from plugins.placement.model import Placement
 
@@ -44,3 +50,25 @@ class Launcher(Protocol):
         """Make sure nothing of a finished run lingers (a peer waiting in torchrun's exit
         barrier, pods a policy left behind), keeping the run's verdict; returns the status."""
         ...
+
+
+class LaunchOptions(BaseModel):
+    """What varies between two launches on the same cluster."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_restarts: int = Field(default=0, ge=0)
+    """torchrun's in-place restarts (the fast path)."""
+    cluster_options: dict[str, Any] = Field(default_factory=dict)
+    """The cluster file's `spec.launcher` section (the backend validates it)."""
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the engine needs from the process it runs in, beyond the settings: how to reach a
+    Kubernetes API here — inside Airflow the cncf-kubernetes provider's `KubernetesHook` on
+    the connection `TRAINYARD_KUBERNETES_CONN_ID` (`operators/kubernetes_clients.py` passes it),
+    elsewhere the kubeconfig. Engines never import Airflow, so the hook comes in from outside."""
+
+    settings: Settings
+    kube_clients: Callable[[], KubeClients] | None = field(default=None, compare=False)

@@ -1,14 +1,18 @@
-"""The files the processes of a local run write for one another, as pydantic models.
+"""The files the processes of a run write for one another, as pydantic models — their one home:
+the worker, the launchers and recovery all import them from here.
 
     <run_dir>/ranks/rank-NNNNN.json    `RankRecord`   rank_exec → the launcher (poll, stop)
     <run_dir>/exits.jsonl              `RankRecord`s  every rank exit, restarts included
     <run_dir>/agents/<node>.exit.json  `AgentExit`    the torchrun agent → the launcher
     <run_dir>/stopped.json             `StopRequest`  `stop()` → a later `poll()`
+    <run_dir>/stop-reason.json         `StopReason`   the control plane → `classify` (why it stopped the gang)
     <run_dir>/diverged.json            `DivergenceRecord`  rank 0 of the worker → recovery
+    <run_dir>/checkpoint_corrupt.json  `CheckpointCorruptRecord`  rank 0 of the worker → recovery
+    <run_dir>/handle.json              `RunHandle`    the launcher → any later process
 
 Every file is written whole with `plugins.files.write_atomic`. Readers parse through the
 model, so a missing or changed field fails loudly in one place instead of as a `KeyError`
-deep in the launcher.
+deep in the launcher; `read_model(..., missing_ok=...)` is the one reader.
 
 `rank_exec.py` runs once per rank before the training process starts, so it stays standard
 library only: importing pydantic and building a model costs ~0.15-0.3 s per rank here
@@ -20,11 +24,12 @@ cannot drift apart.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from plugins.files import write_atomic
 
@@ -33,6 +38,8 @@ M = TypeVar("M", bound=BaseModel)
 DIVERGED_FILE = "diverged.json"
 STOPPED_FILE = "stopped.json"
 EXITS_FILE = "exits.jsonl"
+STOP_REASON_FILE = "stop-reason.json"
+CHECKPOINT_CORRUPT_FILE = "checkpoint_corrupt.json"
 
 
 class _File(BaseModel):
@@ -87,6 +94,29 @@ class StopRequest(_File):
     grace_s: float
 
 
+class StopReason(_File):
+    """Why the control plane stopped a gang (written before the stop, read by `classify`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: Literal["hang", "node_lost", "requested", "lease_lost", "timeout", "preempted"]
+    """`preempted`: a higher-priority gang needed the devices (`plugins/attempt/preempt.py`)."""
+    detail: str
+    nodes: list[str] = Field(default_factory=list)
+    ranks: list[int] = Field(default_factory=list)
+    at: float = Field(default_factory=time.time)
+
+
+class CheckpointCorruptRecord(_File):
+    """Rank 0 before it exits with `CHECKPOINT_CORRUPT`: the explicit resume point (empty =
+    the newest valid one) and why the restore failed."""
+
+    job: str
+    attempt: int
+    resume_from: str = ""
+    reason: str
+
+
 class DivergenceRecord(_File):
     """Why the worker stopped a diverged run, and from where recovery should roll back."""
 
@@ -105,14 +135,19 @@ class DivergenceRecord(_File):
     message: str
 
 
-def read_model(path: Path, model: type[M]) -> M | None:
+def read_model(path: Path, model: type[M], *, lenient: bool = False) -> M | None:
     """`model` parsed from `path`; None when the file does not exist (yet). A file that exists
-    but does not parse raises `pydantic.ValidationError` naming the field."""
+    but does not parse raises `pydantic.ValidationError` naming the field — or, `lenient`, is
+    None too (recovery reads what a crashed process may have left half-written: no verdict
+    beats a crash of the classifier)."""
     try:
-        text = path.read_text()
+        return model.model_validate_json(path.read_text())
     except FileNotFoundError:
         return None
-    return model.model_validate_json(text)
+    except (OSError, ValidationError):
+        if lenient:
+            return None
+        raise
 
 
 def read_rank_records(run_dir: Path) -> dict[int, RankRecord]:
@@ -126,11 +161,15 @@ def read_rank_records(run_dir: Path) -> dict[int, RankRecord]:
 
 
 def read_exits(run_dir: Path) -> Iterator[RankRecord]:
-    """Every rank exit of the run in order, restarts included (`exits.jsonl`)."""
+    """Every rank exit of the run in order, restarts included (`exits.jsonl`); a line cut short
+    by a crash mid-write is skipped."""
     try:
         lines = (run_dir / EXITS_FILE).read_text().splitlines()
-    except FileNotFoundError:
+    except OSError:
         return
     for line in lines:
         if line.strip():
-            yield RankRecord.model_validate_json(line)
+            try:
+                yield RankRecord.model_validate_json(line)
+            except ValidationError:
+                continue

@@ -36,7 +36,9 @@ class AgentRecord(_Model):
 
 
 class RunHandle(_Model):
-    kind: Literal["local", "kubernetes"]
+    kind: str = Field(pattern=r"^[a-z][a-z0-9-]{0,31}$")
+    """The cluster mode the run was launched with (`local`, `kubernetes`, …): which launcher
+    finds it again (`plugins.attempt.launchers.launcher_for`)."""
     job: str
     run: str = ""
     attempt: int

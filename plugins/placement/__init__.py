@@ -12,8 +12,6 @@
 - `state.py`       allocations in the platform state DB (SQLAlchemy): reserve, lease, release;
                    `usage_by_team()` for the quota check
 - `service.py`     place and reserve in one call, re-placing after a lost race
-- `plans.py`       a `Plan` for a spec (the advisor's `plan_job`, or the manual degrees when
-                   the spec gives no model hints)
 
 No Airflow imports here.
 """

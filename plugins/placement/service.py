@@ -16,7 +16,12 @@ from plugins.advisor.plan import Plan
 from plugins.placement.gang import place_gang
 from plugins.placement.inventory import Inventory
 from plugins.placement.model import GangRequest, Placement
-from plugins.placement.state import DEFAULT_LEASE_S, ReservationConflict, StateStore, free_devices
+from plugins.placement.state import (
+    RESERVATION_LEASE_S,
+    ReservationConflict,
+    StateStore,
+    free_devices,
+)
 
 
 def place_and_reserve(
@@ -28,7 +33,7 @@ def place_and_reserve(
     run: str = "",
     attempt: int = 0,
     exclude: Iterable[str] = (),
-    lease_s: float = DEFAULT_LEASE_S,
+    lease_s: float = RESERVATION_LEASE_S,
     tries: int = 3,
     require_pp_in_rack: bool = False,
 ) -> Placement:

@@ -48,7 +48,12 @@ from plugins.placement.fairshare import RunningGang
 from plugins.placement.model import Placement
 from plugins.state_db import TABLE_PREFIX, UTCDateTime, create_tables, make_engine, retrying
 
-DEFAULT_LEASE_S = 600.0
+RESERVATION_LEASE_S = 900.0
+"""The one lease of a gang's reservation. Whoever watches the gang (the training trigger,
+`trainyard launch`, its follower) renews it every `RENEW_EVERY_S`; a control plane that is
+gone for longer than this frees the devices rather than leaking them."""
+RENEW_EVERY_S = 60.0
+"""How often a watcher renews: a fifteenth of the lease, so a few missed renewals never lose it."""
 
 
 class ReservationConflict(TransientError):
@@ -129,7 +134,7 @@ class StateStore:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def reserve(self, placement: Placement, *, lease_s: float = DEFAULT_LEASE_S,
+    def reserve(self, placement: Placement, *, lease_s: float = RESERVATION_LEASE_S,
                 now: datetime | None = None) -> Placement:
         """Reserve every device of `placement` in one transaction, or none.
 
@@ -184,7 +189,7 @@ class StateStore:
                 s.flush()
             return reserved
 
-    def renew(self, job: str, attempt: int, *, run: str = "", lease_s: float = DEFAULT_LEASE_S,
+    def renew(self, job: str, attempt: int, *, run: str = "", lease_s: float = RESERVATION_LEASE_S,
               now: datetime | None = None) -> datetime | None:
         """Extend a live lease; None when the reservation is gone or already expired (its
         devices may belong to someone else by now: the caller must stop the job)."""

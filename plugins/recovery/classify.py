@@ -40,6 +40,7 @@ from plugins.errors import FatalError
 from plugins.launch.exit_codes import describe
 from plugins.recovery.evidence import (
     CORRUPT_PATTERNS,
+    FATAL_VERDICTS,
     OOM_PATTERNS,
     STOP_CAUSES_CANCEL,
     Evidence,
@@ -48,7 +49,6 @@ from plugins.recovery.evidence import (
     utc_from_s,
 )
 from plugins.recovery.model import FailureReport, Outcome
-from plugins.recovery.watch import FATAL_VERDICTS
 from worker import exit_codes
 
 PREEMPTED_CODES = (exit_codes.PREEMPTED, exit_codes.PREEMPTED_NO_CHECKPOINT)

@@ -7,7 +7,7 @@ again later (an Airflow task on another worker, `trainyard status`, a test):
 - the launcher's `RunStatus` (state, each rank's exit code, restart count, heartbeat, `hung`);
 - the run folder (`plugins/launch/local.py` documents its layout): `exits.jsonl` (every rank
   exit, torchrun's in-place restarts included), `stopped.json` (the launcher was asked to stop
-  the gang) and `stop-reason.json` (why the control plane stopped it: `plugins/recovery/watch.py`
+  the gang) and `stop-reason.json` (why the control plane stopped it: `plugins/attempt/watching.py`
   writes it before the stop; no reason = a stop a person asked for), `diverged.json` and
   `checkpoint_corrupt.json` (written by `worker/session.py` before it exits with `DIVERGED` /
   `CHECKPOINT_CORRUPT`), and the tail of each failed rank's log;
@@ -15,16 +15,14 @@ again later (an Airflow task on another worker, `trainyard status`, a test):
   `NodeHealth`, or the number of heartbeats the agent has missed in a row). The caller polls
   the agents (a sensor keeps the missed count across polls); `observe_node` is one probe.
 
-The two worker records are parsed with small models defined here (`DivergedRecord`,
-`CheckpointCorruptRecord`), which ignore unknown keys. If the worker runtime grows its own
-models for them, these should be replaced by imports of those (one source per record).
+Every run-folder record is parsed with its one model (`plugins/launch/files.py`), leniently: a
+record a crashed process left half-written is as good as none.
 
 Pure Python: no Airflow, no torch.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -34,8 +32,20 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from node_agent.models import NodeHealth
+from plugins.launch.files import (
+    CHECKPOINT_CORRUPT_FILE,
+    DIVERGED_FILE,
+    STOP_REASON_FILE,
+    STOPPED_FILE,
+    CheckpointCorruptRecord,
+    DivergenceRecord,
+    RankRecord,
+    StopReason,
+    StopRequest,
+    read_exits,
+    read_model,
+)
 from plugins.launch.model import RunHandle, RunStatus
-from plugins.recovery.watch import FATAL_VERDICTS, StopReason, read_stop_reason
 
 MISSED_HEARTBEATS_LOST = 3
 """A node whose agent missed this many heartbeats in a row is lost (DESIGN §5)."""
@@ -59,58 +69,12 @@ class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
 
-class DivergedRecord(_Record):
-    """`<run_dir>/diverged.json`, written by rank 0 before it exits with `DIVERGED`."""
-
-    job: str = ""
-    attempt: int = 0
-    step: int
-    """The step at which the verdict was reached."""
-    onset_step: int
-    """The first bad step: the rollback goes to a checkpoint before it."""
-    reason: str = ""
-    loss: str = ""
-    baseline: float | None = None
-    last_checkpoint_step: int | None = None
-    message: str = ""
-
-
-class CheckpointCorruptRecord(_Record):
-    """`<run_dir>/checkpoint_corrupt.json`, written by rank 0 before it exits with
-    `CHECKPOINT_CORRUPT`: the explicit resume point (empty = the newest valid one) and why the
-    restore failed."""
-
-    job: str = ""
-    attempt: int = 0
-    resume_from: str = ""
-    reason: str = ""
-
-
-class StopRecord(_Record):
-    """`<run_dir>/stopped.json`, written by `LocalLauncher.stop` (that a stop was asked, when)."""
-
-    requested_at: datetime | None = None
-    requested_at_s: float = 0.0
-    grace_s: float = 0.0
-
-
 STOP_CAUSES_CANCEL = ("requested", "timeout")
 """`StopReason.reason`s that end the run on purpose: nothing to recover. (A stop without a
 `stop-reason.json` counts as `requested`.)"""
 
-
-class RankExit(_Record):
-    """One line of `exits.jsonl` (`plugins/launch/rank_exec.py`)."""
-
-    rank: int
-    node: str = ""
-    restart: int = 0
-    exit_code: int | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    replayed: bool = False
-    """`rank_exec` handed back the previous incarnation's control-plane exit without running the
-    script: torchrun's restart did not recover anything, so it is not counted."""
+FATAL_VERDICTS = ("gpu_failed", "node_unhealthy")
+"""Node-agent verdicts that lose the node for this attempt (a thermal warning does not)."""
 
 
 class NodeObservation(_Record):
@@ -149,11 +113,11 @@ class Evidence(_Record):
     """The placement's nodes, in node-rank order."""
     max_restarts_in_place: int = 0
     """torchrun's `--max-restarts` for this attempt."""
-    exits: list[RankExit] = Field(default_factory=list)
-    stop: StopRecord | None = None
+    exits: list[RankRecord] = Field(default_factory=list)
+    stop: StopRequest | None = None
     stop_reason: StopReason | None = None
-    """Why the control plane stopped the gang (`plugins/recovery/watch.py`)."""
-    diverged: DivergedRecord | None = None
+    """Why the control plane stopped the gang (`plugins/attempt/watching.py`)."""
+    diverged: DivergenceRecord | None = None
     checkpoint_corrupt: CheckpointCorruptRecord | None = None
     log_tails: dict[int, str] = Field(default_factory=dict)
     """Rank → the last lines of its log (failed ranks only)."""
@@ -179,12 +143,12 @@ class Evidence(_Record):
     def restarts_in_place(self) -> int:
         """torchrun's restarts inside this attempt that ran the script again (the fast path): the
         highest restart count any rank reached, leaving out incarnations that only replayed a
-        control-plane exit (`RankExit.replayed`)."""
+        control-plane exit (`RankRecord.replayed`)."""
         replayed = {e.restart for e in self.exits if e.replayed}
         counts = [r.restart for r in self.status.ranks] + [e.restart for e in self.exits]
         return max((c for c in counts if c not in replayed), default=0)
 
-    def first_failure(self) -> RankExit | None:
+    def first_failure(self) -> RankRecord | None:
         """The earliest non-zero exit of the attempt's last incarnation (torchrun restarts
         before it were recovered in place)."""
         last = self.restarts_in_place
@@ -202,17 +166,19 @@ def gather(handle: RunHandle, status: RunStatus, *, run: str = "",
     (partial: pod logs and worker records are not fetched yet).
     """
     run_dir = Path(handle.run_dir) if handle.run_dir else None
-    exits = _read_exits(run_dir / "exits.jsonl") if run_dir else []
+    exits = list(read_exits(run_dir)) if run_dir else []
     failed = _failed_ranks(status, exits)
+
+    def record(name: str, model: type[BaseModel]) -> Any:
+        return read_model(run_dir / name, model, lenient=True) if run_dir else None
+
     return Evidence(
         job=handle.job, run=run or getattr(handle, "run", "") or "", attempt=handle.attempt,
         status=status, gang_nodes=list(handle.nodes) or [a.node for a in handle.agents],
         max_restarts_in_place=handle.max_restarts, exits=exits,
-        stop=_read_model(run_dir / "stopped.json", StopRecord) if run_dir else None,
-        stop_reason=read_stop_reason(run_dir) if run_dir else None,
-        diverged=_read_model(run_dir / "diverged.json", DivergedRecord) if run_dir else None,
-        checkpoint_corrupt=(_read_model(run_dir / "checkpoint_corrupt.json", CheckpointCorruptRecord)
-                            if run_dir else None),
+        stop=record(STOPPED_FILE, StopRequest), stop_reason=record(STOP_REASON_FILE, StopReason),
+        diverged=record(DIVERGED_FILE, DivergenceRecord),
+        checkpoint_corrupt=record(CHECKPOINT_CORRUPT_FILE, CheckpointCorruptRecord),
         log_tails=_log_tails(run_dir, failed, tail_lines) if run_dir else {},
         nodes=list(nodes), resume_from=resume_from, started_at=handle.created_at,
         last_beats=_last_beats(handle.heartbeat_dir, handle.world_size) if handle.heartbeat_dir else {},
@@ -246,7 +212,7 @@ def telling_line(text: str) -> str:
     return find_line(text, (_ERROR_LINE,))
 
 
-def _failed_ranks(status: RunStatus, exits: list[RankExit]) -> list[int]:
+def _failed_ranks(status: RunStatus, exits: list[RankRecord]) -> list[int]:
     ranks = [status.failed_rank] if status.failed_rank is not None else []
     ranks += [r.rank for r in status.ranks if r.exit_code not in (None, 0)]
     ranks += [e.rank for e in exits if e.exit_code not in (None, 0)]
@@ -271,27 +237,6 @@ def _last_beats(heartbeat_dir: str, world_size: int) -> dict[int, float]:
         except (OSError, ValidationError):
             continue
     return beats
-
-
-def _read_exits(path: Path) -> list[RankExit]:
-    try:
-        text = path.read_text()
-    except OSError:
-        return []
-    exits = []
-    for line in text.splitlines():
-        try:
-            exits.append(RankExit.model_validate(json.loads(line)))
-        except (ValueError, ValidationError):  # a line cut short by a crash mid-write
-            continue
-    return exits
-
-
-def _read_model(path: Path, model: type[_Record]) -> Any:
-    try:
-        return model.model_validate_json(path.read_text())
-    except (OSError, ValidationError):
-        return None
 
 
 def utc_from_s(seconds: float | None) -> datetime | None:

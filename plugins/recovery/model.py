@@ -34,10 +34,12 @@ FailureClass = Literal[
 """DESIGN §5's failure classes, in the order the DAG shows their branches."""
 
 Outcome = Literal[
-    "completed", "cancelled",
+    "completed", "cancelled", "launch_failed",
     "worker_crash", "node_lost", "hang", "diverged", "checkpoint_corrupt", "oom", "preempted",
 ]
-"""How an attempt ended: completed, cancelled on request, or one failure class."""
+"""How an attempt ended: completed, cancelled on request, never started (`launch_failed`: it
+could not be planned, placed or submitted — the step's message says why; nothing to recover),
+or one failure class."""
 
 FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
 

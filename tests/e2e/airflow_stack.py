@@ -1,13 +1,18 @@
-"""A real embedded Airflow (api-server, scheduler, dag-processor, triggerer on SQLite with the
-LocalExecutor) over a Trainyard home in a temporary folder, for the end-to-end tests.
+"""A real embedded Airflow (api-server, scheduler, dag-processor, triggerer on the home's
+embedded PostgreSQL, with the LocalExecutor) over a Trainyard home in a temporary folder, for
+the end-to-end tests.
 
-The same `cli.stack.Stack` that `make airflow` starts; only the demo spec is in its jobs folder
-(fewer DAGs to parse), and the demo dataset is written before the first DAG run.
+The same `cli.stack.Stack` that `make up` starts; only the demo spec is in its jobs folder at
+first (fewer DAGs to parse) — a test adds its own with `add_jobs` — and the demo dataset is
+written before the first DAG run. The tests under `shared_stack/` share one for the session's
+part they run in (`shared_stack/conftest.py`); the production path and the demo start their own.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +22,7 @@ import yaml
 
 from cli.airflow_api import AirflowClient, AttemptRun, follow_training_run
 from cli.stack import Stack
-from config.settings import Settings
+from config.settings import Settings, get_settings
 from tests.support import procs
 
 DEMO = procs.REPO_ROOT / "config" / "jobs" / "demo-tiny-lm.yaml"
@@ -35,6 +40,18 @@ class RunningStack:
         first = self.client.trigger(DAG_ID, conf)["dag_run_id"]
         return follow_training_run(self.client, DAG_ID, first, timeout_s=timeout_s)
 
+    def add_jobs(self, specs: dict[str, dict[str, object]], *, timeout_s: float = 120) -> None:
+        """Write job specs (name → TrainingJob document) into the stack's jobs folder and wait
+        until Airflow lists their DAGs."""
+        jobs = Path(os.environ["TRAINYARD_JOBS_DIR"])
+        for name, spec in specs.items():
+            (jobs / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+        deadline = time.monotonic() + timeout_s
+        while not set(specs) <= set(self.client.dags()):
+            assert time.monotonic() < deadline, f"DAGs {sorted(set(specs) - set(self.client.dags()))} never " \
+                                                f"appeared\n{self.logs()}"
+            time.sleep(1)
+
     def logs(self) -> str:
         parts = []
         for component in ("scheduler", "triggerer", "dag-processor"):
@@ -51,9 +68,11 @@ class RunningStack:
 
 
 @contextmanager
-def running_stack(home: Path, *, overrides: dict[str, str] | None = None) -> Iterator[RunningStack]:
+def running_stack(home: Path, *, overrides: dict[str, str] | None = None,
+                  agents: dict[str, str] | None = None) -> Iterator[RunningStack]:
     """The stack over `home`; `overrides` (also set in this process, for its own checks) switch
-    it to the production path: metadata, state and MLflow on PostgreSQL, the CeleryExecutor."""
+    it to the production path: metadata, state and MLflow on PostgreSQL, the CeleryExecutor.
+    `agents` (node → URL) are the node agents the health watches poll."""
     from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     jobs = home / "jobs"
@@ -64,17 +83,18 @@ def running_stack(home: Path, *, overrides: dict[str, str] | None = None) -> Ite
     spec["spec"]["faultTolerance"]["inPlaceRestarts"] = 1
     (jobs / DEMO.name).write_text(yaml.safe_dump(spec, sort_keys=False))
     env = {"TRAINYARD_HOME": str(home), "TRAINYARD_JOBS_DIR": str(jobs), "OMP_NUM_THREADS": "1",
-           **(overrides or {})}
+           **({"TRAINYARD_NODE_AGENTS": json.dumps(agents)} if agents else {}), **(overrides or {})}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    settings = Settings()
     from plugins.storage.store import open_store
 
-    prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")))
-    stack = Stack(home, port=procs.free_port(), overrides=dict(overrides or {}))
+    prepare_demo_dataset(open_store(Settings().object_store).child(DEMO_PREFIX.rstrip("/")))
+    stack = Stack(home, port=procs.free_port(), overrides=dict(overrides or {}), durable_db=False)
     try:
         stack.up(timeout_s=240)
-        yield RunningStack(stack, settings, AirflowClient(stack.url))
+        get_settings.cache_clear()  # this process's commands (`cli.main`) read the stack's home
+        # read once the stack is up: its databases (the home's embedded PostgreSQL) exist now
+        yield RunningStack(stack, Settings(), AirflowClient(stack.url))
     finally:
         stack.down()
         for key, value in saved.items():
@@ -82,3 +102,4 @@ def running_stack(home: Path, *, overrides: dict[str, str] | None = None) -> Ite
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        get_settings.cache_clear()

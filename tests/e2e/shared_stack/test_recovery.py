@@ -2,8 +2,8 @@
 DAG's trigger form into the tiny 2-rank CPU job, ends with its own action — and no recovery
 ever deletes a committed checkpoint.
 
-One stack for the module, with a real node agent per local node (fault injection on) that the
-health watch polls. Two spec copies of the demo job check every 5 steps, keep every
+The folder's shared stack (`conftest.py`), with a real node agent per local node (fault
+injection on) that the health watch polls. Two spec copies of the demo job check every 5 steps, keep every
 checkpoint and time a hang out after 30 s; one of them has no restart budget. The local
 cluster has two nodes of two slots, so two training runs share the stack at a time:
 (NaN, hang + corrupt checkpoint), then (OOM, budget spent), then the failed GPU alone (its
@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,8 +30,7 @@ from cli.airflow_api import (
     follow_training_run,
 )
 from plugins.checkpoint.manifest import parse_step_dir
-from tests.e2e.airflow_stack import DEMO, RunningStack, running_stack
-from tests.support.node_agents import node_agents
+from tests.e2e.airflow_stack import DEMO, RunningStack
 
 pytestmark = pytest.mark.slow
 
@@ -42,9 +39,6 @@ NO_BUDGET = "recovery-tiny-nobudget"
 STEPS = 30
 INTERVAL = 5
 HANG_TIMEOUT_S = 30
-TRAINING_POLL_S = 2.0
-"""`WatchTrainingSensor`'s poll interval (its trigger checks for hung ranks this often)."""
-NODES = ("local-0", "local-1")
 
 
 def _spec(name: str, *, max_restarts: int) -> dict[str, Any]:
@@ -58,25 +52,9 @@ def _spec(name: str, *, max_restarts: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    home = tmp_path_factory.mktemp("airflow-recovery") / "home"
-    with node_agents(NODES, home / "runs", home.parent / "agents") as agents:
-        saved = os.environ.get("TRAINYARD_NODE_AGENTS")
-        os.environ["TRAINYARD_NODE_AGENTS"] = json.dumps(agents)
-        try:
-            with running_stack(home) as s:
-                for name, budget in ((JOB, 3), (NO_BUDGET, 0)):
-                    (home / "jobs" / f"{name}.yaml").write_text(yaml.safe_dump(_spec(name, max_restarts=budget)))
-                deadline = time.monotonic() + 120
-                while not {JOB, NO_BUDGET} <= set(s.client.dags()):
-                    assert time.monotonic() < deadline, f"the recovery DAGs never appeared\n{s.logs()}"
-                    time.sleep(1)
-                yield s
-        finally:
-            if saved is None:
-                os.environ.pop("TRAINYARD_NODE_AGENTS", None)
-            else:
-                os.environ["TRAINYARD_NODE_AGENTS"] = saved
+def stack(shared: RunningStack) -> RunningStack:
+    shared.add_jobs({name: _spec(name, max_restarts=budget) for name, budget in ((JOB, 3), (NO_BUDGET, 0))})
+    return shared
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -136,8 +114,8 @@ class QuarantineWatch(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
+        from plugins.attempt.faults import CORRUPTION
         from plugins.checkpoint.catalog import scan
-        from plugins.recovery.faults import CORRUPTION
         from plugins.storage.store import open_store
 
         deadline = time.monotonic() + 600
@@ -221,12 +199,19 @@ def test_a_corrupt_newest_checkpoint_is_quarantined_and_kept_and_the_previous_on
     assert [(a.outcome, a.action) for a in attempts] == [("hang", "restart"), ("completed", "register")], \
         f"{attempts}\n{stack.logs()}"
     run = attempts[0].run
-    # The hang: detected within hangTimeout plus the watcher's poll (and the triggerer's own
-    # scheduling on a loaded machine: a few seconds more), then the gang was restarted.
+    # The hang: declared no sooner than hangTimeout (how much later is a figure of
+    # `benchmarks/recovery.py`, not a test's), the gang stopped for it, then restarted.
     report = _reports(stack, run)[0]
-    assert report.time_to_detect_s is not None
-    assert HANG_TIMEOUT_S <= report.time_to_detect_s <= HANG_TIMEOUT_S + 2 * TRAINING_POLL_S + 5, report
+    assert report.time_to_detect_s is not None and report.time_to_detect_s >= HANG_TIMEOUT_S, report
     assert re.search(r"hung ranks \[[^\]]*1", report.reason), report.reason
+    from plugins.attempt import watching
+    from plugins.attempt.launchers import Runtime
+    from plugins.launch.model import RunHandle
+
+    hung = RunHandle.model_validate(stack.client.xcom(JOB, attempts[0].dag_run_id, "launch_training"))
+    stop = watching.read_stop_reason(hung.run_dir)
+    assert stop is not None and stop.reason == "hang" and 1 in stop.ranks, stop
+    assert not watching.poll(hung, Runtime(stack.settings)).processes_alive  # the stop left nothing of the gang running
     # The corrupt checkpoint (the newest committed when attempt 0 ended; its async save may or
     # may not have landed before the hang, so the step is read back): the restart used the
     # previous valid one, with the reason; the bad one was quarantined with its bytes.

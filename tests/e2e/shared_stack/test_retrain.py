@@ -14,20 +14,20 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.airflow_stack import DEMO, running_stack
+from tests.e2e.airflow_stack import DEMO, RunningStack
 
 pytestmark = pytest.mark.slow
 
 JOB = "demo-retrain"
 
 
-def _spec() -> str:
+def _spec() -> dict[str, Any]:
     doc = yaml.safe_load(DEMO.read_text())
     doc["metadata"]["name"] = JOB
     doc["spec"]["training"]["maxSteps"] = 20
     doc["spec"]["checkpoint"]["intervalSteps"] = 10
     doc["spec"]["retrain"] = {"onAsset": "datasets/pydoc-topics/", "promote": "manual", "evalSamples": 8}
-    return yaml.safe_dump(doc)
+    return doc
 
 
 def _until(what: str, check: Any, *, timeout_s: float, logs: Any) -> Any:
@@ -40,63 +40,55 @@ def _until(what: str, check: Any, *, timeout_s: float, logs: Any) -> Any:
     raise AssertionError(f"timed out waiting for {what}\n{logs()}")
 
 
-def test_publish_trains_evaluates_waits_for_approval_and_promotes(tmp_path: Path) -> None:
+def test_publish_trains_evaluates_waits_for_approval_and_promotes(shared: RunningStack, tmp_path: Path) -> None:
     from cli.main import main
-    from config.settings import Settings
-    from plugins.storage.store import open_store
     from plugins.tracking.evaluate import version_at
     from plugins.tracking.registry import move_alias
     from tests.unit.tracking.factories import make_job, register_llama_version
-    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
-    home = tmp_path / "home"
-    settings = Settings(home=home)
-    uri = settings.mlflow_tracking_uri
-    # Before the stack starts (one process migrates the fresh MLflow store): production already
-    # holds an untrained version, so the approval shows both versions.
-    prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")))
-    seeded = register_llama_version(uri, tmp_path, make_job(JOB), settings.object_store, train_steps=0, alias="")
+    s = shared
+    uri = s.settings.mlflow_tracking_uri
+    # production already holds an untrained version, so the approval shows both versions
+    seeded = register_llama_version(uri, tmp_path, make_job(JOB), s.settings.object_store, train_steps=0, alias="")
     move_alias(JOB, "production", seeded, tracking_uri=uri, by="seed")
-    with running_stack(home) as s:
-        (home / "jobs" / f"{JOB}.yaml").write_text(_spec())
-        _until("the retraining DAG to be parsed", lambda: JOB in s.client.dags(), timeout_s=120, logs=s.logs)
-        assert s.client.dag_runs(JOB) == []  # nothing runs until data lands
-        assert main(["data", "publish", "datasets/pydoc-topics/", "--version", "v2",
-                     "--airflow-url", s.stack.url]) == 0
-        runs = _until("an asset-triggered run", lambda: s.client.dag_runs(JOB), timeout_s=120, logs=s.logs)
-        (run,) = runs
-        assert run["run_type"] == "asset_triggered"
-        run_id = run["dag_run_id"]
+    s.add_jobs({JOB: _spec()})
+    assert s.client.dag_runs(JOB) == []  # nothing runs until data lands
+    assert main(["data", "publish", "datasets/pydoc-topics/", "--version", "v2",
+                 "--airflow-url", s.stack.url]) == 0
+    runs = _until("an asset-triggered run", lambda: s.client.dag_runs(JOB), timeout_s=120, logs=s.logs)
+    (run,) = runs
+    assert run["run_type"] == "asset_triggered"
+    run_id = run["dag_run_id"]
 
-        def awaiting() -> dict[str, Any] | None:
-            tasks = s.client.task_instances(JOB, run_id)
-            failed = {t: v["state"] for t, v in tasks.items() if v["state"] in ("failed", "upstream_failed")}
-            assert not failed, f"{failed}\n{s.logs()}"
-            return tasks if tasks.get("approve_promotion", {}).get("state") == "awaiting_input" else None
+    def awaiting() -> dict[str, Any] | None:
+        tasks = s.client.task_instances(JOB, run_id)
+        failed = {t: v["state"] for t, v in tasks.items() if v["state"] in ("failed", "upstream_failed")}
+        assert not failed, f"{failed}\n{s.logs()}"
+        return tasks if tasks.get("approve_promotion", {}).get("state") == "awaiting_input" else None
 
-        tasks = _until("the approval to wait", awaiting, timeout_s=900, logs=s.logs)
-        assert tasks["register_model"]["state"] == tasks["evaluate"]["state"] == "success"
-        assert tasks["promote_model"]["state"] in (None, "none", "scheduled", "queued")
-        new = str(s.client.xcom(JOB, run_id, "register_model")["version"])
-        detail = s.client.hitl_detail(JOB, run_id, "approve_promotion")
-        assert detail["options"] == ["Approve", "Reject"]
-        assert f"version **{new}**" in detail["body"] and f"production (v{seeded})" in detail["body"]
-        evaluated = s.client.xcom(JOB, run_id, "evaluate")
-        assert f"{evaluated['candidate']['loss']:.4f}" in detail["body"]
-        assert f"{evaluated['production']['loss']:.4f}" in detail["body"]
-        assert version_at(JOB, "production", tracking_uri=uri).version == seeded  # nothing moved yet
+    tasks = _until("the approval to wait", awaiting, timeout_s=900, logs=s.logs)
+    assert tasks["register_model"]["state"] == tasks["evaluate"]["state"] == "success"
+    assert tasks["promote_model"]["state"] in (None, "none", "scheduled", "queued")
+    new = str(s.client.xcom(JOB, run_id, "register_model")["version"])
+    detail = s.client.hitl_detail(JOB, run_id, "approve_promotion")
+    assert detail["options"] == ["Approve", "Reject"]
+    assert f"version **{new}**" in detail["body"] and f"production (v{seeded})" in detail["body"]
+    evaluated = s.client.xcom(JOB, run_id, "evaluate")
+    assert f"{evaluated['candidate']['loss']:.4f}" in detail["body"]
+    assert f"{evaluated['production']['loss']:.4f}" in detail["body"]
+    assert version_at(JOB, "production", tracking_uri=uri).version == seeded  # nothing moved yet
 
-        # Answer only once the scheduler has taken the pausing worker's exit: Airflow 3.3 marks an
-        # approval answered before that "changed externally" and fails it (seen in CI, where the
-        # answer came 0.5 s after the pause). A person reading the page never answers that fast.
-        exited = ("Received executor event with state success for task instance TaskInstanceKey("
-                  f"dag_id='{JOB}', task_id='approve_promotion'")
-        _until("the scheduler to see the approval's worker exit",
-               lambda: exited in s.stack.log_file("scheduler").read_text(errors="replace"),
-               timeout_s=120, logs=s.logs)
-        answer = s.client.respond_hitl(JOB, run_id, "approve_promotion", ["Approve"])
-        assert answer["chosen_options"] == ["Approve"]
-        _until("the run to succeed", lambda: s.client.dag_run(JOB, run_id)["state"] == "success",
-               timeout_s=180, logs=s.logs)
-        assert s.client.task_instances(JOB, run_id)["promote_model"]["state"] == "success"
-        assert version_at(JOB, "production", tracking_uri=uri).version == new
+    # Answer only once the scheduler has taken the pausing worker's exit: Airflow 3.3 marks an
+    # approval answered before that "changed externally" and fails it (seen in CI, where the
+    # answer came 0.5 s after the pause). A person reading the page never answers that fast.
+    exited = ("Received executor event with state success for task instance TaskInstanceKey("
+              f"dag_id='{JOB}', task_id='approve_promotion'")
+    _until("the scheduler to see the approval's worker exit",
+           lambda: exited in s.stack.log_file("scheduler").read_text(errors="replace"),
+           timeout_s=120, logs=s.logs)
+    answer = s.client.respond_hitl(JOB, run_id, "approve_promotion", ["Approve"])
+    assert answer["chosen_options"] == ["Approve"]
+    _until("the run to succeed", lambda: s.client.dag_run(JOB, run_id)["state"] == "success",
+           timeout_s=180, logs=s.logs)
+    assert s.client.task_instances(JOB, run_id)["promote_model"]["state"] == "success"
+    assert version_at(JOB, "production", tracking_uri=uri).version == new

@@ -1,7 +1,7 @@
 """The product as users meet it: a job's DAG in a real Airflow (scheduler, dag-processor,
 triggerer, api-server), triggered through the REST API, training the tiny 2-rank CPU job.
 
-One stack for the module (it takes ~40 s to come up); each test is a training run of its own.
+The folder's shared stack (`conftest.py`); each test is a training run of its own.
 What is checked is what the run left behind — the platform state, the object store, MLflow —
 not what was printed.
 """
@@ -9,12 +9,11 @@ not what was printed.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.airflow_stack import DAG_ID, RunningStack, running_stack
+from tests.e2e.airflow_stack import DAG_ID, RunningStack
 
 pytestmark = pytest.mark.slow
 
@@ -23,9 +22,8 @@ STEPS = 60
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    with running_stack(tmp_path_factory.mktemp("airflow-e2e") / "home") as s:
-        yield s
+def stack(shared: RunningStack) -> RunningStack:
+    return shared  # the demo job's DAG is in every stack's jobs folder
 
 
 def _mlflow_run(s: RunningStack, run: str):
@@ -141,8 +139,9 @@ def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same
 
 def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alone(stack: RunningStack) -> None:
     from cli.airflow_api import follow_training_run
+    from plugins.attempt import watching as watch
+    from plugins.attempt.launchers import Runtime
     from plugins.launch.model import RunHandle
-    from plugins.recovery import watch
 
     first = stack.client.trigger(DAG_ID, {"max_steps": 400})["dag_run_id"]  # long enough to outlive the restart
     deadline = time.monotonic() + 240
@@ -156,9 +155,9 @@ def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alo
     handle = RunHandle.model_validate(stack.client.xcom(DAG_ID, first, "launch_training"))
     stack.stack.stop("triggerer", grace_s=5)
     stack.stack.stop("scheduler", grace_s=5)
-    before = watch.poll(handle).step or 0
+    before = watch.poll(handle, Runtime(stack.settings)).step or 0
     time.sleep(5)
-    during = watch.poll(handle)
+    during = watch.poll(handle, Runtime(stack.settings))
     assert during.state == "running" and (during.step or 0) > before  # training went on alone
     stack.stack.start("scheduler")
     stack.stack.start("triggerer")

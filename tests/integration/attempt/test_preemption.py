@@ -17,6 +17,9 @@ from config.settings import Settings
 from config.spec import TrainingJob
 from config.teams import load_teams
 from plugins.advisor.plan import Plan
+from plugins.attempt.launchers import Runtime
+from plugins.attempt.preempt import place_preempting
+from plugins.attempt.watching import read_stop_reason
 from plugins.launch.environment import build_worker_env
 from plugins.launch.local import LocalLauncher
 from plugins.placement.model import NotSchedulableNow
@@ -25,9 +28,7 @@ from plugins.recovery.classify import classify
 from plugins.recovery.decide import DecisionContext, decide
 from plugins.recovery.evidence import gather
 from plugins.recovery.model import AttemptConf
-from plugins.recovery.preempt import place_preempting
 from plugins.recovery.state import JobStateStore
-from plugins.recovery.watch import read_stop_reason
 from tests.integration.launch.test_local_launcher import ENTRYPOINT, wait_for
 from tests.support import procs
 from tests.support.procs import REPO_ROOT
@@ -57,11 +58,11 @@ def test_a_higher_priority_gang_evicts_the_low_one_which_is_requeued_and_placed_
     high = spec(tmp_path, "tiny-high", "high", 4, [])
     kw: dict[str, Any] = {"grace_s": 20.0}
 
-    placed = place_preempting(low, Plan(dp=2), cluster, store, jobs, teams, run=RUN_LOW, attempt=0, **kw)
+    placed = place_preempting(low, Plan(dp=2), cluster, store, jobs, teams, Runtime(settings), run=RUN_LOW, attempt=0, **kw)
     assert placed.evicted == [] and sorted(placed.placement.node_names) == ["local-0", "local-1"]
     # Reserved but not launched (no handle in the job state): nothing the platform can stop.
     with pytest.raises(NotSchedulableNow, match="no running gang has a lower effective priority"):
-        place_preempting(high, Plan(dp=4), cluster, store, jobs, teams, run=RUN_HIGH, attempt=0, **kw)
+        place_preempting(high, Plan(dp=4), cluster, store, jobs, teams, Runtime(settings), run=RUN_HIGH, attempt=0, **kw)
 
     jobs.open_run(low.name, trigger_key="t-low", team="demo", run=RUN_LOW)
     jobs.start_attempt(low.name, RUN_LOW, 0)
@@ -71,7 +72,7 @@ def test_a_higher_priority_gang_evicts_the_low_one_which_is_requeued_and_placed_
     jobs.set_handle(low.name, RUN_LOW, 0, handle)
     wait_for(launcher, handle, lambda s: s.step is not None and s.step >= 2)
 
-    result = place_preempting(high, Plan(dp=4), cluster, store, jobs, teams, run=RUN_HIGH, attempt=0, **kw)
+    result = place_preempting(high, Plan(dp=4), cluster, store, jobs, teams, Runtime(settings), run=RUN_HIGH, attempt=0, **kw)
     (eviction,) = result.evicted
     assert (eviction.victim.job, eviction.victim.run, eviction.freed) == (low.name, RUN_LOW, 2)
     assert result.placement.world_size == 4 and store.placement(high.name, 0, run=RUN_HIGH) is not None
@@ -92,8 +93,8 @@ def test_a_higher_priority_gang_evicts_the_low_one_which_is_requeued_and_placed_
 
     # The requeued attempt cannot preempt its preemptor (higher priority): it waits for capacity…
     with pytest.raises(NotSchedulableNow):
-        place_preempting(low, Plan(dp=2), cluster, store, jobs, teams, run=RUN_LOW, attempt=1, wait_s=0, **kw)
+        place_preempting(low, Plan(dp=2), cluster, store, jobs, teams, Runtime(settings), run=RUN_LOW, attempt=1, wait_s=0, **kw)
     store.release(high.name, 0, run=RUN_HIGH)  # …which returns when the high-priority gang ends
-    again = place_preempting(low, Plan(dp=2), cluster, store, jobs, teams, run=RUN_LOW, attempt=1, wait_s=30,
+    again = place_preempting(low, Plan(dp=2), cluster, store, jobs, teams, Runtime(settings), run=RUN_LOW, attempt=1, wait_s=30,
                              poll_s=0.5, **kw)
     assert again.evicted == [] and again.placement.world_size == 2

@@ -1,5 +1,5 @@
 """`trainyard launch` and a rank that hangs: after the spec's `hangTimeout` the gang is stopped
-through the recovery engine (`watch.hang_stop` + `stop_gang`, the reason recorded beside the
+through the recovery engine (`watching.hang_stop` + `stop_gang`, the reason recorded beside the
 run) and the command exits with the hang code instead of following it forever."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from cli.launch import EXIT_HANG
-from plugins.recovery.watch import StopReason
+from plugins.launch.files import StopReason
 from tests.integration.launch.test_local_launcher import cli, write_spec
 
 pytestmark = pytest.mark.slow
@@ -21,7 +21,7 @@ def test_a_hung_gang_is_stopped_and_launch_exits_with_the_hang_code(tmp_path: Pa
     doc = yaml.safe_load(spec.read_text())
     doc["spec"]["faultTolerance"]["hangTimeout"] = "3s"  # every rank sleeps 120 s after step 1
     spec.write_text(yaml.safe_dump(doc))
-    result = cli(tmp_path / "home", "launch", "--local", "--grace-s", "5", str(spec), timeout=180)
+    result = cli(tmp_path / "home", "launch", "--local", "--offline", "--grace-s", "5", str(spec), timeout=180)
     assert result.returncode == EXIT_HANG, result.stdout + result.stderr
     assert "hang" in result.stderr and "made no step progress" in result.stderr, result.stderr
     assert "verdict: hang" in result.stdout, result.stdout

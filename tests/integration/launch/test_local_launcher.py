@@ -85,7 +85,7 @@ def start(tmp_path: Path, name: str, args: list[str], *, hang_timeout: str = "5m
 def test_detached_job_completes_after_the_launching_process_exits(tmp_path: Path) -> None:
     home = tmp_path / "home"
     spec = write_spec(tmp_path / "ok.yaml", "tiny-ok", ["--steps", "3", "--sleep", "2"])
-    result = check(cli(home, "launch", "--local", "--detach", str(spec)))
+    result = check(cli(home, "launch", "--local", "--offline", "--detach", str(spec)))
     handle = RunHandle.model_validate_json(result.stdout)  # the launching process has exited
     assert [a.node for a in handle.agents] == ["local-0", "local-1"]
     settings = Settings(home=home)
@@ -118,7 +118,7 @@ def test_detached_job_completes_after_the_launching_process_exits(tmp_path: Path
 def test_cli_reports_the_failing_rank_and_exits_with_its_code(tmp_path: Path) -> None:
     home = tmp_path / "home"
     spec = write_spec(tmp_path / "bad.yaml", "tiny-bad", ["--steps", "2", "--fail-rank", "1", "--exit-code", "7"])
-    result = cli(home, "launch", "--local", str(spec))
+    result = cli(home, "launch", "--local", "--offline", str(spec))
     assert result.returncode == 7, result.stdout + result.stderr
     assert f"rank 1 on local-1 failed: {describe(7)} (exit code 7)" in result.stdout
     assert "rank 1 failing on purpose with 7" in result.stdout  # the failed rank's log tail
@@ -178,3 +178,22 @@ def test_stop_leaves_no_process_behind_and_submit_is_idempotent(tmp_path: Path) 
     assert 43 in codes and set(codes) <= {43, 1}, codes
     assert "preempted" in [r.outcome for r in status.ranks]
     assert launcher.poll(handle).state == "stopped"
+
+
+def test_cli_launch_leaves_cordoned_nodes_out_and_records_the_job_state_like_the_dag(tmp_path: Path) -> None:
+    """`trainyard launch` runs the attempt engine's steps, the DAG's: a cordoned node is not
+    placed on, and the run, its attempt, its handle and its outcome are in the job state."""
+    from plugins.recovery.state import JobStateStore
+
+    home = tmp_path / "home"
+    state = JobStateStore(Settings(home=home).state_db)
+    state.cordon("local-0", "a test took it out of service", by="test")
+    spec = write_spec(tmp_path / "ok.yaml", "tiny-cordon", ["--steps", "3"])
+    result = cli(home, "launch", "--local", "--offline", "--run", "20261201t000000-c0d0aa", str(spec))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "placed: local-1×2" in result.stderr and "excluded local-0" in result.stderr, result.stderr
+    info = state.get_run("tiny-cordon", "20261201t000000-c0d0aa")
+    (attempt,) = state.attempts("tiny-cordon", info.run)
+    assert (info.state, attempt.outcome, attempt.action) == ("completed", "completed", "register")
+    assert attempt.run_handle is not None and attempt.run_handle.nodes == ["local-1"]
+    assert usage_by_team(Settings(home=home).state_db) == {}  # released

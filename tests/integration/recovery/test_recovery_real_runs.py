@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from config.settings import Settings
+from plugins.attempt.launchers import Runtime
+from plugins.attempt.watching import stop_gang
+from plugins.launch.files import StopReason
 from plugins.recovery.classify import classify
 from plugins.recovery.decide import DecisionContext, decide
 from plugins.recovery.evidence import gather
 from plugins.recovery.model import AttemptConf
-from plugins.recovery.watch import StopReason, stop_gang
 from tests.integration.launch.test_local_launcher import start, wait_for
 
 pytestmark = pytest.mark.slow
@@ -44,7 +47,7 @@ def test_a_gang_stopped_for_a_hang_is_a_hang(tmp_path: Path) -> None:
     launcher, handle = start(tmp_path, "tiny-hang", ["--steps", "400", "--sleep", "0.2"])
     wait_for(launcher, handle, lambda s: s.step is not None and s.step >= 2)
     status = stop_gang(handle, StopReason(reason="hang", detail="rank 1 made no step progress for 600 s",
-                                          ranks=[1]), grace_s=10)
+                                          ranks=[1]), Runtime(Settings(home=tmp_path / "home")), grace_s=10)
     assert status.state == "stopped", status
     report = classify(gather(handle, status, run="r-hang"))
     assert report.outcome == "hang" and "rank 1 made no step progress" in report.reason
@@ -57,7 +60,7 @@ def test_launch_timeout_is_recorded_as_the_stop_reason(tmp_path: Path) -> None:
     from tests.integration.launch.test_local_launcher import cli, write_spec
 
     spec = write_spec(tmp_path / "slow.yaml", "tiny-slow", ["--steps", "100000", "--sleep", "0.1"])
-    result = cli(tmp_path / "home", "launch", "--local", "--timeout-s", "8", "--grace-s", "5", str(spec))
+    result = cli(tmp_path / "home", "launch", "--local", "--offline", "--timeout-s", "8", "--grace-s", "5", str(spec))
     assert "timeout after 8s; stopping" in result.stderr, result.stdout + result.stderr
     assert "verdict: cancelled — stopped on request (--timeout-s 8 reached)" in result.stdout, result.stdout
     reasons = list((tmp_path / "home" / "runs" / "tiny-slow").glob("*/0/stop-reason.json"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.recovery.watch import read_stop_reason
+from plugins.attempt.watching import read_stop_reason
 from sensors.triggers import TrainingTrigger
 from tests.integration.launch.test_local_launcher import start, wait_for
 
@@ -21,7 +21,8 @@ def test_a_hung_gang_is_stopped_with_the_reason_and_the_trigger_fires(tmp_path: 
     wait_for(launcher, handle, lambda s: s.step is not None)
 
     async def first() -> dict:
-        return (await TrainingTrigger(handle.model_dump(mode="json"), poll_interval_s=0.5).run().asend(None)).payload
+        return (await TrainingTrigger(handle.model_dump(mode="json"), watch={"renew_lease": False},
+                                     poll_interval_s=0.5).run().asend(None)).payload
 
     event = asyncio.run(asyncio.wait_for(first(), timeout=120))
     assert event["status"] == "hang", event
@@ -37,7 +38,8 @@ def test_an_attempt_past_its_max_runtime_is_stopped_as_a_timeout(tmp_path: Path)
     wait_for(launcher, handle, lambda s: s.step is not None)
 
     async def first() -> dict:
-        trigger = TrainingTrigger(handle.model_dump(mode="json"), poll_interval_s=0.5, deadline=time.time())
+        trigger = TrainingTrigger(handle.model_dump(mode="json"), poll_interval_s=0.5,
+                                  watch={"renew_lease": False, "deadline": time.time()})
         return (await trigger.run().asend(None)).payload
 
     event = asyncio.run(asyncio.wait_for(first(), timeout=120))

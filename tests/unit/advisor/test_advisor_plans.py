@@ -7,7 +7,7 @@ import pytest
 from config.cluster import load_cluster
 from config.loader import load_spec_file
 from config.spec import TrainingJob
-from plugins.placement.plans import manual_plan, plan_for_job
+from plugins.advisor.plans import manual_plan, plan_for_job
 
 
 def with_parallelism(job: TrainingJob, **changes: object) -> TrainingJob:

@@ -1,4 +1,4 @@
-"""The control plane's fault injection (`plugins.recovery.faults`): a corrupted checkpoint
+"""The control plane's fault injection (`plugins.attempt.faults`): a corrupted checkpoint
 against a real local catalog, a failed GPU through a real node agent's HTTP fault API (an
 in-process server on a machine without NVIDIA GPUs: CPU slots stand in for GPUs)."""
 
@@ -13,10 +13,10 @@ from node_agent.client import fetch_health
 from node_agent.config import AgentConfig
 from node_agent.monitor import Monitor
 from node_agent.server import AgentServer
+from plugins.attempt.faults import FaultNotApplied, corrupt_newest_checkpoint, fail_gpu
 from plugins.checkpoint.catalog import latest_valid, list_checkpoints, verify
-from plugins.recovery.faults import FaultNotApplied, corrupt_newest_checkpoint, fail_gpu
+from plugins.recovery.evidence import FATAL_VERDICTS
 from plugins.recovery.model import AttemptConf, FaultParams
-from plugins.recovery.watch import FATAL_VERDICTS
 from plugins.storage.store import open_store
 from tests.unit.checkpoint.fabricate import make_checkpoint
 
@@ -80,7 +80,7 @@ def test_the_fast_path_never_restarts_more_than_the_budget_has_left() -> None:
     import yaml
 
     from config.spec import TrainingJob
-    from plugins.recovery.steps import in_place_restarts
+    from plugins.attempt.conf import in_place_restarts
     from tests.support.procs import REPO_ROOT
 
     doc = yaml.safe_load((REPO_ROOT / "config/jobs/demo-tiny-lm.yaml").read_text())  # maxRestarts 3

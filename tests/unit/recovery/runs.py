@@ -3,7 +3,7 @@ the real `LocalLauncher.poll`: the classifier is tested on statuses the launcher
 produces, not on hand-written `RunStatus` objects.
 
 Files written here are the ones `rank_exec`, the torchrun agent wrapper, the worker runtime
-and `LocalLauncher.stop` and `plugins.recovery.watch.stop_gang` write; no process runs (every recorded pid is given a start time
+and `LocalLauncher.stop` and `plugins.attempt.watching.stop_gang` write; no process runs (every recorded pid is given a start time
 that cannot match, so it reads as gone).
 """
 
@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from node_agent.heartbeat import Heartbeat, write_heartbeat
+from plugins.launch.files import STOP_REASON_FILE, StopReason
 from plugins.launch.local import LocalLauncher
 from plugins.launch.model import AgentRecord, RunHandle, RunStatus
 from plugins.recovery.evidence import Evidence, NodeObservation, gather
-from plugins.recovery.watch import STOP_REASON_FILE, StopReason
 
 DEAD = -1
 """A start time no process has: `processes.is_alive` reads the pid as gone."""
@@ -77,7 +77,7 @@ def fabricate(root: Path, ranks: list[Rank], *, job: str = "tiny", attempt: int 
         beat_time = time.time() - (900 if alive_hung and r.exit_code is None else 1)
         write_heartbeat(beats, Heartbeat(job=job, attempt=attempt, rank=rank, node=node, pid=os.getpid(),
                                          step=r.step, time=beat_time, hang_timeout_s=60.0, phase="train"))
-    if stop_reason is not None:  # `hang: detail` → stop-reason.json as watch.stop_gang writes it
+    if stop_reason is not None:  # `hang: detail` → stop-reason.json as watching.stop_gang writes it
         if stop_reason:
             cause, _, detail = stop_reason.partition(":")
             (run_dir / STOP_REASON_FILE).write_text(StopReason(
@@ -86,7 +86,9 @@ def fabricate(root: Path, ranks: list[Rank], *, job: str = "tiny", attempt: int 
             "requested_at": datetime.fromtimestamp(t0 + stop_after, UTC).isoformat(),
             "requested_at_s": t0 + stop_after, "grace_s": 5.0}))
     if diverged is not None:
-        (run_dir / "diverged.json").write_text(json.dumps({"job": job, "attempt": attempt, **diverged}))
+        (run_dir / "diverged.json").write_text(json.dumps({  # every field, as the worker writes it
+            "job": job, "attempt": attempt, "reason": "non_finite", "loss": "nan", "baseline": None,
+            "last_checkpoint_step": None, "message": "", **diverged}))
     if corrupt is not None:
         (run_dir / "checkpoint_corrupt.json").write_text(json.dumps({"job": job, "attempt": attempt, **corrupt}))
     agents = [AgentRecord(node=node, node_rank=i, pid=os.getpid(), pgid=0, start_ticks=None if alive_hung else DEAD,

@@ -1,4 +1,4 @@
-"""A gang evicted for a higher-priority one (`StopReason` `preempted`, `plugins/recovery/preempt.py`)
+"""A gang evicted for a higher-priority one (`StopReason` `preempted`, `plugins/attempt/preempt.py`)
 classifies as `preempted` — with or without its emergency checkpoint — and is requeued outside the
 restart budget; a person's stop still wins over it."""
 

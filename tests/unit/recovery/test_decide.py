@@ -226,7 +226,7 @@ def test_the_same_divergence_after_a_rollback_gives_up(store: ObjectStore, ctx: 
 
 
 def test_after_attempt_quarantines_cordons_and_records(tmp_path: Path, store: ObjectStore, ctx: DecisionContext) -> None:
-    from plugins.recovery.engine import after_attempt, begin_attempt
+    from plugins.attempt.bookkeeping import after_attempt, begin_attempt
     from plugins.recovery.evidence import NodeObservation
     from plugins.recovery.state import JobStateStore
     from tests.unit.recovery.runs import Rank, evidence
@@ -270,7 +270,7 @@ def test_a_restart_quarantines_a_newer_checkpoint_that_does_not_verify(store: Ob
 def test_steps_lost_and_timings_land_in_the_report(tmp_path: Path, store: ObjectStore, ctx: DecisionContext) -> None:
     from datetime import timedelta
 
-    from plugins.recovery.engine import after_attempt, begin_attempt
+    from plugins.attempt.bookkeeping import after_attempt, begin_attempt
     from plugins.recovery.state import JobStateStore
     from tests.unit.recovery.runs import Rank, evidence
 

@@ -41,8 +41,8 @@ def test_missed_heartbeats_add_up_to_a_lost_node() -> None:
 
 
 def test_the_health_watcher_judges_nodes_the_same_way(agent: Agent) -> None:
+    from plugins.attempt.watching import lost_nodes
     from plugins.launch.model import RunHandle
-    from plugins.recovery.watch import lost_nodes
 
     handle = RunHandle(kind="local", job="tiny", attempt=0, world_size=2, nodes=["node-7", "node-8"])
     agents = {"node-7": agent.url, "node-8": f"http://127.0.0.1:{free_port()}"}

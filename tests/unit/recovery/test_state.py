@@ -175,7 +175,7 @@ def test_shares_the_database_with_placement(tmp_path: Path) -> None:
 
 
 def test_begin_attempt_walks_the_lifecycle_and_refuses_a_final_run(store: JobStateStore) -> None:
-    from plugins.recovery.engine import begin_attempt
+    from plugins.attempt.bookkeeping import begin_attempt
 
     run = store.open_run("tiny", trigger_key="b").run
     assert begin_attempt(store, "tiny", run, 0).state == "starting"

@@ -200,8 +200,8 @@ def test_launch_with_hostile_run_or_attempt_exits_2_before_anything_starts(
 
 def test_resume_points_of_a_run_stay_in_the_area_or_are_the_specs_init_from(world: World) -> None:
     from config.loader import load_spec_file
+    from plugins.attempt.conf import InvalidConf, resume_point
     from plugins.recovery.model import AttemptConf
-    from plugins.recovery.steps import InvalidConf, resume_point
 
     job = load_spec_file(world.jobs_dir / f"{MALLORY}.yaml")
     ours, theirs = world.manifest_uri(MALLORY, 1), world.manifest_uri(VICTIM, 5)

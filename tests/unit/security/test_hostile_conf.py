@@ -1,5 +1,5 @@
 """Hostile DAG-run confs (the trigger form's Params, a hand-written conf, a templated string):
-`open_attempt` parses every one through `AttemptConf` and ends in one `InvalidConf` that names
+`parse_conf` parses every one through `AttemptConf` and ends in one `InvalidConf` that names
 the field — unknown keys, run ids that are paths, absurd numbers — within the time bound."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from plugins.attempt.conf import InvalidConf, parse_conf
 from plugins.errors import FatalError
-from plugins.recovery.steps import InvalidConf, open_attempt
 from tests.unit.security.hostile import TIMEOUT_S
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
@@ -46,22 +46,22 @@ CONFS: dict[str, tuple[object, str]] = {
 def test_a_hostile_conf_ends_in_one_invalid_conf(case: str) -> None:
     conf, words = CONFS[case]
     with pytest.raises(InvalidConf) as caught:
-        open_attempt(conf, dag_id="mallory", trigger_run_id="manual__1", when=WHEN)  # type: ignore[arg-type]
+        parse_conf(conf, dag_id="mallory", trigger_run_id="manual__1", when=WHEN)  # type: ignore[arg-type]
     message = str(caught.value)
     assert isinstance(caught.value, FatalError)  # the task fails at once, no retry
     assert words in message and len(message) < 3000, message
 
 
 def test_a_good_conf_still_opens_its_run() -> None:
-    conf = open_attempt({"max_steps": "60", "fault_kill_rank": None}, dag_id="mallory",
+    conf = parse_conf({"max_steps": "60", "fault_kill_rank": None}, dag_id="mallory",
                         trigger_run_id="manual__1", when=WHEN)
     assert conf.max_steps == 60 and conf.run.startswith("20261130t120000-") and conf.attempt == 0
 
 
 def test_a_conf_pointing_into_another_jobs_area_is_refused_before_placement(tmp_path: Path) -> None:
     from config.spec import TrainingJob
+    from plugins.attempt.conf import check_conf_points
     from plugins.recovery.model import AttemptConf
-    from plugins.recovery.steps import check_conf_points
     from tests.unit.security.hostile import spec_doc
 
     job = TrainingJob.model_validate(spec_doc("mallory"))

@@ -17,6 +17,9 @@ from sensors.triggers import CheckpointTrigger, HealthTrigger, TrainingTrigger
 from tests.unit.checkpoint.fabricate import make_checkpoint
 from tests.unit.recovery.runs import Rank, fabricate
 
+NO_LEASE = {"renew_lease": False}
+"""The fabricated runs reserved nothing."""
+
 
 def _first_event(trigger) -> dict:
     async def first() -> dict:
@@ -26,8 +29,9 @@ def _first_event(trigger) -> dict:
 
 
 @pytest.mark.parametrize("trigger", [
-    TrainingTrigger({"kind": "local"}, state_db="sqlite:///x.db", lease_s=60.0, poll_interval_s=0.5,
-                    deadline=1.8e9),
+    TrainingTrigger({"kind": "local"}, watch={"deadline": 1.8e9, "renew_lease": True, "last_renew": 0.0,
+                                              "deadline_reason": "the attempt outlived training.maxRuntime"},
+                    poll_interval_s=0.5),
     CheckpointTrigger({"kind": "local"}, checkpoint_root="file:///c", after_step=50, interval_steps=10,
                       endpoint_url="http://s3", poll_interval_s=1.0),
     HealthTrigger({"kind": "local"}, agents={"n0": "http://a:9420"}, poll_interval_s=2.0, max_misses=4),
@@ -42,14 +46,14 @@ def test_serialize_mirrors_init(trigger) -> None:
 
 def test_training_trigger_fires_finished_with_the_settled_status(tmp_path: Path) -> None:
     handle = fabricate(tmp_path, [Rank(exit_code=0, step=20), Rank(exit_code=0, step=20)])
-    event = _first_event(TrainingTrigger(handle.model_dump(mode="json"), poll_interval_s=0.1))
+    event = _first_event(TrainingTrigger(handle.model_dump(mode="json"), watch=NO_LEASE, poll_interval_s=0.1))
     assert event["status"] == "finished"
     assert event["run_status"]["state"] == "succeeded" and event["run_status"]["step"] == 20
 
 
 def test_training_trigger_reports_a_failed_run_as_finished_too(tmp_path: Path) -> None:
     handle = fabricate(tmp_path, [Rank(exit_code=0, step=7), Rank(exit_code=-9, step=7)])
-    event = _first_event(TrainingTrigger(handle.model_dump(mode="json"), poll_interval_s=0.1))
+    event = _first_event(TrainingTrigger(handle.model_dump(mode="json"), watch=NO_LEASE, poll_interval_s=0.1))
     assert event["status"] == "finished"  # what the failure means is classify_outcome's to say
     assert event["run_status"]["state"] == "failed" and event["run_status"]["failed_rank"] == 1
 

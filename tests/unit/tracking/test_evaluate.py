@@ -67,8 +67,8 @@ def test_weights_that_differ_from_the_registered_ones_are_refused(
 def test_a_retraining_run_starts_from_the_alias_once_a_version_holds_it(
         sqlite_tracking_uri: str, tmp_path: Path, objects: str) -> None:
     from config.spec import TrainingJob
+    from plugins.attempt.conf import resume_point
     from plugins.recovery.model import AttemptConf
-    from plugins.recovery.steps import resume_point
 
     base = make_job("eval-start")
     doc = base.model_dump(mode="json", by_alias=True, exclude_none=True)

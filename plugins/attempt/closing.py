@@ -1,0 +1,130 @@
+"""The MLflow side of an attempt's end and of a run's: the recovery events, the time to resume,
+the registered model, the loss plot, the recovery timeline and the cost. Called by the attempt
+engine's `conclude`, `register` and `close` steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from config.settings import Settings
+    from config.spec import TrainingJob
+    from plugins.attempt.bookkeeping import AttemptResult
+    from plugins.launch.model import RunHandle
+    from plugins.recovery.model import AttemptConf
+
+
+def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri: str) -> None:
+    """A failure becomes a recovery event of the run (cause, step, what was done, time to detect,
+    steps lost); each in-place torchrun restart of the attempt one more; a final action sets the
+    run's status. Keyed by run, attempt and cause, so a retried task records each once."""
+    from plugins.tracking.runs import log_recovery_event, log_recovery_timings, set_run_status
+
+    report, action = result.report, result.action
+    if report.restarts_in_place:
+        log_recovery_event(mlflow_run_id, "worker_crash", attempt=report.attempt, step=report.step or 0,
+                           detail=f"fast path: torchrun restarted the workers in place "
+                                  f"{report.restarts_in_place} time(s) from the newest valid checkpoint, "
+                                  "counted against faultTolerance.maxRestarts",
+                           tracking_uri=tracking_uri, key=f"{report.run}/{report.attempt}/in_place")
+    if report.failed:
+        detail = f"{report.reason}; {action.kind}: {action.reason}"
+        log_recovery_event(mlflow_run_id, report.outcome, attempt=report.attempt, step=report.step or 0,
+                           detail=detail, tracking_uri=tracking_uri, duration_s=report.time_to_detect_s,
+                           key=f"{report.run}/{report.attempt}/{report.outcome}")
+        log_recovery_timings(mlflow_run_id, step=report.step or 0, tracking_uri=tracking_uri,
+                             time_to_detect_s=report.time_to_detect_s, steps_lost=report.steps_lost)
+    if action.retries:
+        set_run_status(mlflow_run_id, "recovering", tracking_uri=tracking_uri)
+    elif action.kind == "give_up":
+        set_run_status(mlflow_run_id, "failed", tracking_uri=tracking_uri)
+    elif action.kind == "cancel":
+        set_run_status(mlflow_run_id, "cancelled", tracking_uri=tracking_uri)
+
+
+def record_resumed(job: TrainingJob, conf: AttemptConf, settings: Settings, handle: RunHandle,
+                   mlflow_run_id: str) -> float | None:
+    """A later attempt's gang started: the previous attempt's time to resume (its detection to
+    this start), in its job-state report and as the MLflow metric `recovery/time_to_resume_s`."""
+    from plugins.recovery.state import JobStateStore
+
+    if conf.attempt == 0:
+        return None
+    seconds = JobStateStore(settings.state_db).set_resumed(job.name, conf.run, conf.attempt - 1,
+                                                           handle.created_at)
+    if seconds is not None and mlflow_run_id:
+        from plugins.tracking.runs import log_recovery_timings
+
+        log_recovery_timings(mlflow_run_id, step=0, tracking_uri=settings.mlflow_tracking_uri,
+                             time_to_resume_s=seconds)
+    return seconds
+
+
+def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) -> Any:
+    """Export the run's best valid checkpoint (by the spec's `keepBestMetric`, else the newest)
+    and register it as the next version of the job's model, alias `candidate`."""
+    from plugins.checkpoint.uris import area_for
+    from plugins.tracking.registry import register_checkpoint
+
+
+    return register_checkpoint(mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri,
+                               metric=job.spec.checkpoint.keep_best_metric, model_name=job.name,
+                               endpoint_url=settings.s3_endpoint_url, area=area_for(job, settings.object_store))
+
+
+def run_timeline(job: str, run: str, settings: Settings) -> list[tuple[float, str]]:
+    """What happened to a training run, from the job state: (seconds since the run opened, event)."""
+    from plugins.recovery.state import open_job_state
+
+    state = open_job_state(settings.state_db)
+    info = state.get_run(job, run)
+    t0 = info.created_at
+    events: list[tuple[float, str]] = [(0.0, f"run {run} opened")]
+    for a in state.attempts(job, run):
+        handle = a.run_handle
+        nodes = f" on {', '.join(handle.nodes)}" if handle and handle.nodes else ""
+        events.append(((a.started_at - t0).total_seconds(), f"attempt {a.attempt} started{nodes}"))
+        if a.ended_at is not None:
+            what = f"attempt {a.attempt} {a.outcome or 'ended'}"
+            what += f" at step {a.step}" if a.step is not None else ""
+            what += f": {a.reason}" if a.reason and a.outcome != "completed" else ""
+            what += f" → {a.action}" if a.action else ""
+            events.append(((a.ended_at - t0).total_seconds(), what))
+    return events
+
+
+def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: str,
+              status: Literal["completed", "failed", "cancelled"] = "completed") -> dict[str, float]:
+    """End the run's MLflow run: its end artifacts (loss plot, recovery timeline), its cost —
+    device time by phase from the job state (attempts are training, the gaps between them
+    recovery), MFU and tokens/s from what the workers streamed — and its final status.
+    Returns the cost figures."""
+    from config.cluster import cluster_for
+    from plugins.recovery.state import open_job_state
+    from plugins.tracking.cost import RunAccounting, job_cost, log_job_cost
+    from plugins.tracking.lifecycle import close_tracked_run
+    from plugins.tracking.rates import load_rates
+    from plugins.tracking.runs import client_for
+
+    state = open_job_state(settings.state_db)
+    info, attempts = state.get_run(job.name, run), state.attempts(job.name, run)
+    spans = [(a.started_at, a.ended_at) for a in attempts if a.ended_at is not None]
+    if not spans:
+        close_tracked_run(mlflow_run_id, status, tracking_uri=settings.mlflow_tracking_uri, title=job.name)
+        return {}
+    training = sum((end - start).total_seconds() for start, end in spans)
+    recovery = sum(max((nxt[0] - prev[1]).total_seconds(), 0.0) for prev, nxt in itertools.pairwise(spans))
+    acct = RunAccounting(
+        job=job.name, team=job.metadata.team, project=job.metadata.project, gpu_type=job.spec.hardware.gpu_type,
+        gpu_count=job.spec.hardware.gpu_count, submitted_at=info.created_at, started_at=spans[0][0],
+        ended_at=spans[-1][1], training_s=training, recovery_s=recovery, run_id=mlflow_run_id,
+        precision=job.spec.parallelism.hints.mixed_precision if job.spec.parallelism.hints else "bf16",
+    ).with_run_metrics(dict(client_for(settings.mlflow_tracking_uri).get_run(mlflow_run_id).data.metrics))
+    cost = job_cost(acct, load_rates(), cluster=cluster_for(job.spec.hardware.gpu_type, settings.cluster))
+    log_job_cost(mlflow_run_id, acct, cost, tracking_uri=settings.mlflow_tracking_uri)
+    close_tracked_run(mlflow_run_id, status, tracking_uri=settings.mlflow_tracking_uri,
+                      timeline=run_timeline(job.name, run, settings), title=f"{job.name} run {run}")
+    return {"device_hours": cost.total_gpu_hours, "recovery_device_hours": cost.recovery_gpu_hours,
+            "cost_usd": cost.total_cost_usd}

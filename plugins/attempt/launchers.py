@@ -1,0 +1,109 @@
+"""`launcher_for`: the one place that chooses a launcher (DESIGN §1, one launcher seam).
+
+Everything else — the DAG's tasks, the training trigger, `trainyard launch`, `trainyard logs`
+and `stop`, preemption — talks to the `Launcher` protocol (`plugins/launch/base.py`) of
+whatever this returns. A launcher is chosen by the cluster's `mode` to start an attempt, and by
+the `RunHandle`'s `kind` (the mode it was started with) to find it again in any other process.
+
+A mode is wired when a backend is registered for it: `local` and `kubernetes` here, and any
+other through `TRAINYARD_LAUNCHERS` (`{"mode": "package.module:Backend"}` — a test's fake
+launcher, a site's own). A backend is a class with two class methods:
+
+    create(settings, options, runtime) -> Launcher   # to submit an attempt
+    attach(handle, settings, runtime) -> Launcher    # to poll / stop / read logs of a handle
+
+A cluster whose mode is not wired is refused before anything is allocated
+(`launch_problems`, called by validation), never with `NotImplementedError` at run time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Protocol
+
+from plugins.errors import FatalError
+from plugins.launch.base import LaunchOptions, Runtime
+
+if TYPE_CHECKING:
+    from config.cluster import Cluster
+    from config.problems import Problem
+    from config.settings import Settings
+    from config.spec import TrainingJob
+    from plugins.launch.base import Launcher
+    from plugins.launch.model import RunHandle
+
+BUILTIN: dict[str, str] = {
+    "local": "plugins.launch.backends:LocalBackend",
+    "kubernetes": "plugins.launch.backends:KubernetesBackend",
+}
+"""Mode → the backend class, as `module:Class` (imported when first used: cheap to import here)."""
+
+
+class LauncherNotWired(FatalError):
+    """A cluster mode (or a handle's kind) no launcher backend is registered for."""
+
+
+class Backend(Protocol):
+    @classmethod
+    def create(cls, settings: Settings, options: LaunchOptions, runtime: Runtime) -> Launcher: ...
+
+    @classmethod
+    def attach(cls, handle: RunHandle, settings: Settings, runtime: Runtime) -> Launcher: ...
+
+
+def wired(settings: Settings) -> dict[str, str]:
+    """Every wired mode → its backend (`module:Class`)."""
+    return {**BUILTIN, **settings.launchers}
+
+
+def backend(mode: str, settings: Settings) -> type[Backend]:
+    path = wired(settings).get(mode)
+    if path is None:
+        raise LauncherNotWired(f"no launcher is wired for mode {mode!r} (wired: {', '.join(sorted(wired(settings)))}); "
+                               "add one with TRAINYARD_LAUNCHERS or use a cluster of a wired mode")
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise LauncherNotWired(f"the launcher for mode {mode!r} ({path}) cannot be loaded: {e}") from e
+
+
+def launcher_for(target: Cluster | RunHandle, runtime: Runtime, options: LaunchOptions | None = None) -> Launcher:
+    """The launcher that starts attempts on `target` (a `Cluster`: by its mode), or that finds
+    the run `target` names again (a `RunHandle`: by its kind)."""
+    from plugins.launch.model import RunHandle
+
+    settings = runtime.settings
+    if isinstance(target, RunHandle):
+        return backend(target.kind, settings).attach(target, settings, runtime)
+    opts = options or LaunchOptions()
+    if target.spec.launcher and not opts.cluster_options:
+        opts = opts.model_copy(update={"cluster_options": dict(target.spec.launcher)})
+    return backend(target.spec.mode, settings).create(settings, opts, runtime)
+
+
+def launch_problems(job: TrainingJob, cluster: Cluster, settings: Settings) -> list[Problem]:
+    """Why this deployment cannot launch `job` on `cluster`: its devices are not on the cluster
+    the launcher runs (`TRAINYARD_CLUSTER` / `--cluster`), or no launcher is wired for the
+    cluster's mode. Checked before any device is reserved."""
+    from config.cluster import known_clusters, load_cluster
+    from config.problems import Code, Problem
+
+    problems = []
+    gpu = job.spec.hardware.gpu_type
+    if gpu not in cluster.gpu_types():
+        having = [name for name in known_clusters() if gpu in load_cluster(name).gpu_types()]
+        fix = (f"run it where {gpu} devices are: TRAINYARD_CLUSTER={having[0]} or --cluster {having[0]}"
+               if having else f"no known cluster has {gpu}; add one under config/clusters/")
+        problems.append(Problem(
+            code=Code.LAUNCHER_UNAVAILABLE, path="spec.hardware.gpuType",
+            message=f"{gpu} devices are not on cluster {cluster.name!r} (mode {cluster.spec.mode}, "
+                    f"devices: {', '.join(sorted(cluster.gpu_types()))}), the one this deployment launches on",
+            hint=fix))
+    if cluster.spec.mode not in wired(settings):
+        problems.append(Problem(
+            code=Code.LAUNCHER_UNAVAILABLE, path="spec.hardware.gpuType",
+            message=f"cluster {cluster.name!r} has mode {cluster.spec.mode!r}, and no launcher is wired for it "
+                    f"(wired: {', '.join(sorted(wired(settings)))})",
+            hint="use a cluster of a wired mode, or register a launcher with TRAINYARD_LAUNCHERS"))
+    return problems

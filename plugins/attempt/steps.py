@@ -1,0 +1,511 @@
+"""The steps of one attempt, each a function with explicit inputs and a pydantic output, recording
+the job state as it goes (DESIGN §1, §4):
+
+    open_attempt → Opened      the spec with the trigger's overrides, validated for this deployment
+                               (schema, rules, memory, quota, dataset, the launcher's devices); the
+                               run opened and the attempt started in the job state
+    check_data   → DataChecked Great Expectations on the dataset, when the spec asks for it
+    plan         → Planned     a re-plan handed over, the advisor's plan, or the manual degrees
+    place        → Placed      placed and reserved (lost and cordoned nodes left out; lower-priority
+                               gangs preempted when it does not fit; a requeue waits for capacity)
+    launch       → Launched    resume point, MLflow run, the launcher's detached submit (idempotent)
+    watch_once   → WatchStep   one look at the training (`watching.py`): the trigger loops over it
+    conclude     → Concluded   evidence → classify → decide → quarantine, cordon, job state, MLflow
+    release      → int         the reservation freed (the DAG's teardown)
+    register     → Registered  the best valid checkpoint exported and registered as a model version
+    close        → Closed      MLflow's end artifacts, the cost, the run's final status
+
+A step that fails for good before the gang runs (nothing fits, nowhere to place it, the launcher
+refused) records the attempt as `launch_failed` with the message, so the run ends `failed`
+rather than stay `starting`; a transient failure is left to the caller's retry.
+
+Each operator of the job's DAG calls one step; `trainyard launch` runs them in order in one process
+(`start_attempt`, then `follow_attempt`). Nothing here imports Airflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from config.cluster import Cluster
+from config.problems import Problem
+from config.spec import TrainingJob
+from plugins.advisor.plan import Plan
+from plugins.attempt.conf import (
+    InvalidConf,
+    check_conf_points,
+    effective_job,
+    in_place_restarts,
+    parse_conf,
+    plan_attempt,
+    resume_point,
+    trigger_conf,
+)
+from plugins.attempt.launchers import LaunchOptions, Runtime, launch_problems, launcher_for
+from plugins.attempt.watching import WatchState, WatchStep, watch_once
+from plugins.errors import FatalError
+from plugins.launch.model import RunHandle, RunStatus
+from plugins.placement.model import Placement
+from plugins.placement.state import RESERVATION_LEASE_S
+from plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
+
+if TYPE_CHECKING:
+    from config.settings import Settings
+
+REQUEUE_WAIT_S = 3600.0
+"""A requeued attempt (after preemption) waits this long for capacity in `place`."""
+
+
+class InvalidJob(FatalError):
+    """The spec (with the trigger's overrides) does not validate for this deployment; the message
+    is the full report, one problem a line."""
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+
+class Opened(_Out):
+    job: TrainingJob
+    """The spec as this attempt trains it (the trigger's overrides applied)."""
+    conf: AttemptConf
+    cluster: str
+    """The cluster it runs on, as configured (`TRAINYARD_CLUSTER`: a name or a cluster file)."""
+    warnings: list[Problem] = Field(default_factory=list)
+
+
+class DataChecked(_Out):
+    checked: bool
+    warnings: list[Problem] = Field(default_factory=list)
+
+
+class Planned(_Out):
+    plan: Plan
+    source: str
+
+
+class Placed(_Out):
+    placement: Placement
+    excluded: list[str] = Field(default_factory=list)
+    evicted: list[str] = Field(default_factory=list)
+    """One line per gang preempted to make room."""
+    waited_s: float = 0.0
+
+
+class Launched(_Out):
+    handle: RunHandle
+    mlflow_run_id: str
+    resume_from: str
+    """The manifest restored ('' = the run's newest valid checkpoint)."""
+
+
+class Concluded(_Out):
+    report: FailureReport
+    action: RecoveryAction
+    next_conf: AttemptConf | None = None
+    """The conf of the attempt that carries the action out; None when nothing retries."""
+
+
+class Registered(_Out):
+    model: str
+    version: str
+    step: int | None
+    mlflow_run_id: str
+
+
+class Closed(_Out):
+    status: Literal["completed", "failed", "cancelled"]
+    cost: dict[str, float] = Field(default_factory=dict)
+
+
+def cluster_of(settings: Settings) -> Cluster:
+    """The cluster this deployment launches on (`TRAINYARD_CLUSTER`): no fallback to another
+    cluster that has the spec's devices — `launch_problems` names that one instead."""
+    from config.cluster import load_cluster
+
+    return load_cluster(settings.cluster)
+
+
+# --- open -----------------------------------------------------------------------------------------
+
+
+def open_trigger(spec_path: str | Path, params: dict[str, Any], conf: dict[str, Any] | None, *, dag_id: str,
+                 dag_run_id: str, when: datetime, runtime: Runtime) -> Opened:
+    """`open_attempt` for a DAG run: the trigger form's Params and the run's conf parsed into
+    the attempt's conf (a first trigger opens a new run)."""
+    parsed = parse_conf(trigger_conf(params, conf), dag_id=dag_id, trigger_run_id=dag_run_id, when=when)
+    return open_attempt(spec_path, parsed, trigger_key=f"{dag_id}/{dag_run_id}", runtime=runtime)
+
+
+def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, runtime: Runtime,
+                 offline: bool = False) -> Opened:
+    """Validate the spec for this deployment (every problem, in one report) and record the
+    attempt's start: a first attempt opens its run (once per `trigger_key`). `offline` skips the
+    checks that need the world (memory fit, dataset, quota), as `trainyard validate --offline`."""
+    from config.loader import load_spec_file
+    from config.problems import SpecError
+    from plugins.validation.dry_run import validate_job
+
+    settings = runtime.settings
+    try:
+        job = effective_job(load_spec_file(spec_path), conf)
+    except (SpecError, ValueError) as e:
+        raise InvalidJob(f"{spec_path}: {e}") from e
+    cluster = cluster_of(settings)
+    problems = launch_problems(job, cluster, settings)
+    problems += validate_job(job, cluster=cluster, settings=settings, offline=offline) if not problems else []
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        lines = "\n".join(f"  {p.code.value} {p.render()}" for p in errors)
+        raise InvalidJob(f"{job.name} is invalid on cluster {cluster.name!r}: {len(errors)} error(s)\n{lines}")
+    check_conf_points(conf, job, object_store=settings.object_store)  # another job's checkpoint: no
+    _begin(job, conf, settings, trigger_key=trigger_key)
+    return Opened(job=job, conf=conf, cluster=str(settings.cluster), warnings=problems)
+
+
+def _begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_key: str) -> None:
+    from plugins.attempt.bookkeeping import begin_attempt
+    from plugins.recovery.state import open_job_state
+
+    state = open_job_state(settings.state_db)
+    if conf.attempt == 0:
+        state.open_run(job.name, trigger_key=trigger_key, team=job.metadata.team,
+                       project=job.metadata.project, run=conf.run)
+    begin_attempt(state, job.name, conf.run, conf.attempt, dag_run_id=trigger_key)
+
+
+def check_data(opened: Opened, runtime: Runtime) -> DataChecked:
+    """Great Expectations on the job's dataset when `spec.dataset.quality` is on."""
+    if not opened.job.spec.dataset.quality.enabled:
+        return DataChecked(checked=False)
+    from plugins.validation.data_quality import data_quality_problems
+
+    problems = data_quality_problems(opened.job, runtime.settings)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        lines = "\n".join(f"  {p.code.value} {p.render()}" for p in errors)
+        with _failing(opened, runtime, "its dataset fails its quality checks"):
+            raise InvalidJob(f"the dataset of {opened.job.name} fails its quality checks: {len(errors)} "
+                             f"error(s)\n{lines}")
+    return DataChecked(checked=True, warnings=problems)
+
+
+# --- plan, place -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _failing(opened: Opened, runtime: Runtime, what: str) -> Iterator[None]:
+    """A fatal error inside ends the attempt as `launch_failed` (its message the reason) and the
+    run as failed — nothing ran, nothing to recover — then propagates."""
+    try:
+        yield
+    except FatalError as e:
+        from plugins.recovery.state import open_job_state
+
+        report = FailureReport(job=opened.job.name, run=opened.conf.run, attempt=opened.conf.attempt,
+                               outcome="launch_failed", reason=f"{what}: {e}"[:4000])
+        action = RecoveryAction(kind="give_up", reason=f"the attempt could not start ({what}): {e}"[:4000],
+                                counts_against_budget=False)
+        state = open_job_state(runtime.settings.state_db)
+        if not state.get_run(opened.job.name, opened.conf.run).final:
+            state.finish_attempt(report, action)
+        raise
+
+
+def plan(opened: Opened, runtime: Runtime) -> Planned:
+    from config.cluster import load_cluster
+
+    with _failing(opened, runtime, "no plan fits"):
+        chosen, source = plan_attempt(opened.job, load_cluster(opened.cluster), opened.conf,
+                                      memory_fraction=runtime.settings.memory_fraction)
+    return Planned(plan=chosen, source=source)
+
+
+def place(opened: Opened, planned: Planned, runtime: Runtime) -> Placed:
+    """Place and reserve (idempotent per job, run and attempt: a retry gets the live reservation)."""
+    from config.cluster import load_cluster
+    from config.teams import load_teams
+    from plugins.attempt.preempt import place_preempting
+    from plugins.placement.state import open_state
+    from plugins.recovery.state import open_job_state
+
+    settings, conf = runtime.settings, opened.conf
+    jobs = open_job_state(settings.state_db)
+    exclude = sorted({*conf.exclude_nodes, *jobs.cordoned()})
+    requeued = bool(conf.history) and conf.history[-1].action == "requeue"
+    with _failing(opened, runtime, "the gang cannot be placed"):
+        result = place_preempting(opened.job, planned.plan, load_cluster(opened.cluster), open_state(settings.state_db),
+                                  jobs, load_teams(settings.teams_file), runtime, run=conf.run, attempt=conf.attempt,
+                                  exclude=exclude, lease_s=RESERVATION_LEASE_S,
+                                  wait_s=REQUEUE_WAIT_S if requeued else 0.0)
+    evicted = [f"{e.victim.job} run {e.victim.run} attempt {e.victim.attempt} ({e.freed} devices): "
+               f"{e.status.message if e.status else 'no status'}" for e in result.evicted]
+    return Placed(placement=result.placement, excluded=exclude, evicted=evicted, waited_s=result.waited_s)
+
+
+# --- launch ---------------------------------------------------------------------------------------
+
+
+def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *,
+           max_restarts: int | None = None) -> Launched | None:
+    """Start the attempt's gang detached; a second call for the same attempt re-attaches. None
+    for a dry run (it ends the run: validated, planned and placed, nothing launched).
+    `max_restarts` overrides the spec's in-place restarts (`trainyard launch --max-restarts`)."""
+    from config.cluster import load_cluster
+    from plugins.attempt.faults import fail_gpu
+    from plugins.launch.environment import build_worker_env
+    from plugins.tracking.lifecycle import open_tracked_run
+
+    job, conf, settings = opened.job, opened.conf, runtime.settings
+    if conf.dry_run:
+        _end_dry_run(opened, runtime)
+        return None
+    cluster = load_cluster(opened.cluster)
+    with _failing(opened, runtime, "the launch failed"):
+        resume_from = resume_point(conf, job, tracking_uri=settings.mlflow_tracking_uri,
+                                   object_store=settings.object_store)  # refused before anything starts
+        # the same MLflow run for every attempt, with the start artifacts (spec, plan explanation,
+        # data-quality report) on the first
+        mlflow_run_id = open_tracked_run(
+            job, planned.plan, settings, attempt=conf.attempt, run_id=conf.mlflow_run_id or None, run=conf.run,
+            check_quality=conf.attempt == 0, cluster=cluster, plan_source=planned.source)
+        worker_env = build_worker_env(job, planned.plan, settings, run=conf.run, attempt=conf.attempt,
+                                      resume_from=resume_from, mlflow_run_id=mlflow_run_id)
+        if conf.attempt == 0 and conf.faults.worker_faults():
+            worker_env = worker_env.model_copy(update={"faults": conf.faults.worker_faults()})
+        restarts = in_place_restarts(job, conf) if max_restarts is None else max_restarts
+        launcher = launcher_for(cluster, runtime, LaunchOptions(max_restarts=restarts))
+        handle = launcher.submit(job, planned.plan, placed.placement, worker_env, attempt=conf.attempt)
+        fail_gpu(conf, list(handle.nodes), settings.node_agents)
+    _launched(opened, handle, mlflow_run_id, settings)
+    return Launched(handle=handle, mlflow_run_id=mlflow_run_id, resume_from=resume_from)
+
+
+def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: Settings) -> None:
+    """The gang runs: its handle (so `trainyard stop` finds it) and the lifecycle in the job state."""
+    from plugins.attempt.closing import record_resumed
+    from plugins.recovery.state import open_job_state
+
+    job, conf = opened.job, opened.conf
+    state = open_job_state(settings.state_db)
+    state.set_handle(job.name, conf.run, conf.attempt, handle)
+    state.set_mlflow_run(job.name, conf.run, mlflow_run_id)
+    state.transition(job.name, conf.run, "running")
+    record_resumed(job, conf, settings, handle, mlflow_run_id)
+
+
+def _end_dry_run(opened: Opened, runtime: Runtime) -> None:
+    from plugins.recovery.state import open_job_state
+
+    why = "dry run: validated, planned and placed; nothing launched"
+    report = FailureReport(job=opened.job.name, run=opened.conf.run, attempt=opened.conf.attempt,
+                           outcome="cancelled", reason=why)
+    state = open_job_state(runtime.settings.state_db)
+    if not state.get_run(opened.job.name, opened.conf.run).final:
+        state.finish_attempt(report, RecoveryAction(kind="cancel", reason=why))
+
+
+def watch_state(opened: Opened, handle: RunHandle, *, timeout_s: float | None = None) -> WatchState:
+    """The watch of a launched attempt: stopped past `training.maxRuntime` (or `timeout_s`)."""
+    limit = opened.job.spec.training.max_runtime
+    deadline = (handle.created_at + limit).timestamp() if limit else None
+    why = "the attempt outlived training.maxRuntime"
+    if timeout_s is not None and (deadline is None or time.time() + timeout_s < deadline):
+        deadline, why = time.time() + timeout_s, f"--timeout-s {timeout_s:g} reached"
+    return WatchState(deadline=deadline, deadline_reason=why)
+
+
+# --- conclude, release, register, close -------------------------------------------------------------
+
+
+def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, status: RunStatus | None,
+             plan_used: Plan | None, mlflow_run_id: str, by: str, apply: bool = True) -> Concluded | None:
+    """After the watchers: the evidence, classify, decide, the bookkeeping (quarantine, cordon,
+    job state), the record in MLflow, the next attempt's conf. Without a handle: the attempt's
+    `launch_failed` as recorded, or None when nothing was started at all (a dry run)."""
+    from plugins.attempt.bookkeeping import after_attempt
+    from plugins.attempt.closing import record_in_mlflow
+    from plugins.attempt.faults import corrupt_newest_checkpoint
+    from plugins.attempt.watching import poll, settle
+    from plugins.launch.environment import checkpoint_uri
+    from plugins.recovery.decide import DecisionContext
+    from plugins.recovery.evidence import gather, observe_node
+    from plugins.recovery.state import open_job_state
+
+    job, conf, settings = opened.job, opened.conf, runtime.settings
+    state = open_job_state(settings.state_db)
+    if handle is None:
+        return _not_launched(opened, state)
+    if status is None or not status.finished:
+        status = poll(handle, runtime)
+        if status.finished:
+            status = settle(handle, status, runtime)
+    root = checkpoint_uri(job, settings.object_store, conf.run)
+    if apply:
+        corrupt_newest_checkpoint(conf, root, endpoint_url=settings.s3_endpoint_url)
+    gang = set(handle.nodes or [a.node for a in handle.agents])
+    nodes = [observe_node(n, url) for n, url in sorted(settings.node_agents.items()) if n in gang]
+    evidence = gather(handle, status, run=conf.run, nodes=nodes, resume_from=conf.resume_from)
+    from config.cluster import load_cluster
+
+    ctx = DecisionContext(checkpoint_uri=root, endpoint_url=settings.s3_endpoint_url, plan=plan_used,
+                          cluster=load_cluster(opened.cluster))
+    result = after_attempt(evidence, job, conf, ctx, state=state if apply else None, by=by, apply=apply)
+    if result.next_conf is not None and mlflow_run_id:  # every attempt continues the same MLflow run
+        result = dataclasses.replace(result, next_conf=result.next_conf.model_copy(
+            update={"mlflow_run_id": mlflow_run_id}))
+    if mlflow_run_id and apply:
+        record_in_mlflow(result, mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri)
+    return Concluded(report=result.report, action=result.action, next_conf=result.next_conf)
+
+
+def _not_launched(opened: Opened, state: Any) -> Concluded | None:
+    """The attempt never got a gang: its `launch_failed` as the failing step recorded it — or,
+    when a step failed without a record (its retries spent on a transient error), recorded now,
+    so the run ends failed instead of staying `starting`. None for a run already over (a dry run)."""
+    job, conf = opened.job.name, opened.conf
+    attempt = next((a for a in state.attempts(job, conf.run) if a.attempt == conf.attempt), None)
+    report = attempt.failure_report if attempt is not None else None
+    if report is None and not state.get_run(job, conf.run).final:
+        report = FailureReport(job=job, run=conf.run, attempt=conf.attempt, outcome="launch_failed",
+                               reason="a step before the launch failed (its task log says why)")
+        state.finish_attempt(report, RecoveryAction(kind="give_up", reason=report.reason, counts_against_budget=False))
+    if report is None or report.outcome != "launch_failed":
+        return None
+    reason = (attempt.action_reason if attempt is not None and attempt.action_reason else "") or report.reason
+    return Concluded(report=report, action=RecoveryAction(kind="give_up", reason=reason, counts_against_budget=False))
+
+
+def release(opened: Opened, runtime: Runtime) -> int:
+    """Free the attempt's devices (idempotent: a second release frees nothing)."""
+    from plugins.placement.state import open_state
+
+    return open_state(runtime.settings.state_db).release(opened.job.name, opened.conf.attempt, run=opened.conf.run)
+
+
+def register(opened: Opened, mlflow_run_id: str, runtime: Runtime) -> Registered:
+    """Export the run's best valid checkpoint and register it as the next version of the job's
+    model, alias `candidate`."""
+    from plugins.attempt.closing import register_model
+
+    version = register_model(opened.job, runtime.settings, mlflow_run_id=mlflow_run_id)
+    return Registered(model=version.name, version=str(version.version), step=version.checkpoint_step,
+                      mlflow_run_id=mlflow_run_id)
+
+
+def close(opened: Opened, mlflow_run_id: str, runtime: Runtime,
+          status: Literal["completed", "failed", "cancelled"] = "completed") -> Closed:
+    """End the run's MLflow run: loss plot, recovery timeline, cost, final status."""
+    from plugins.attempt.closing import close_run
+
+    cost = close_run(opened.job, runtime.settings, run=opened.conf.run, mlflow_run_id=mlflow_run_id, status=status)
+    return Closed(status=status, cost=cost)
+
+
+# --- one process: `trainyard launch` ------------------------------------------------------------
+
+
+class Started(_Out):
+    """An attempt up to its launch; JSON, so a follower process can continue it."""
+
+    opened: Opened
+    planned: Planned
+    placed: Placed
+    launched: Launched
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)  # the spec in its own (camelCase) spelling
+
+    @classmethod
+    def from_json(cls, text: str) -> Started:
+        return cls.model_validate_json(text)
+
+
+def start_attempt(spec_path: str | Path, conf: AttemptConf, runtime: Runtime, *,
+                  max_restarts: int | None = None, offline: bool = False) -> Started:
+    """open → plan → place → launch, for a caller without Airflow (the reservation is released
+    when a later step fails, as the DAG's teardown would)."""
+    opened = open_attempt(spec_path, conf, trigger_key=f"cli/{conf.run}", runtime=runtime, offline=offline)
+    planned = plan(opened, runtime)
+    placed = place(opened, planned, runtime)
+    try:
+        launched = launch(opened, planned, placed, runtime, max_restarts=max_restarts)
+    except BaseException:
+        release(opened, runtime)
+        raise
+    if launched is None:  # only a conf with dry_run set asks for this
+        release(opened, runtime)
+        raise InvalidConf("dry run: validated, planned and placed; nothing launched")
+    return Started(opened=opened, planned=planned, placed=placed, launched=launched)
+
+
+def follow_attempt(started: Started, runtime: Runtime, *, timeout_s: float | None = None, poll_s: float = 0.5,
+                   grace_s: float = 10.0, on_status: Callable[[RunStatus], None] | None = None
+                   ) -> tuple[WatchStep, Concluded | None]:
+    """watch_once until the attempt is over → conclude → release → close the MLflow run with the
+    attempt's status. One attempt: what its action would do next is the caller's to show."""
+    handle = started.launched.handle
+    state = watch_state(started.opened, handle, timeout_s=timeout_s)
+    try:
+        while True:
+            step = watch_once(handle, state, runtime, grace_s=grace_s)
+            state = step.state
+            if on_status is not None:
+                on_status(step.status)
+            if step.finished:
+                break
+            time.sleep(poll_s)
+    finally:
+        release(started.opened, runtime)
+    concluded = conclude(started.opened, handle, runtime, status=step.status, plan_used=started.planned.plan,
+                         mlflow_run_id=started.launched.mlflow_run_id, by=f"trainyard launch {handle.run}")
+    final: Literal["completed", "failed", "cancelled"] = (
+        "completed" if step.status.succeeded else "cancelled" if concluded and concluded.action.kind == "cancel"
+        else "failed")
+    close(started.opened, started.launched.mlflow_run_id, runtime, status=final)
+    return step, concluded
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+
+class CheckpointSeen(_Out):
+    step: int
+    verified: bool
+    problems: list[str] = Field(default_factory=list)
+    deleted: list[str] = Field(default_factory=list)
+    """What retention deleted after it (never the newest valid one)."""
+
+
+def checkpoints_root(opened: Opened, runtime: Runtime) -> str:
+    from plugins.launch.environment import checkpoint_uri
+
+    return checkpoint_uri(opened.job, runtime.settings.object_store, opened.conf.run)
+
+
+def checkpoint_committed(opened: Opened, step: int, manifest_uri: str, runtime: Runtime, *,
+                         mlflow_run_id: str) -> CheckpointSeen:
+    """A checkpoint the run committed: verify its SHA-256 hashes, record it in the MLflow run,
+    apply the retention policy (which never deletes the newest valid one)."""
+    from plugins.checkpoint.catalog import verify
+    from plugins.checkpoint.retention import RetentionPolicy, apply_retention
+    from plugins.tracking.runs import log_committed_checkpoint
+
+    settings, root = runtime.settings, checkpoints_root(opened, runtime)
+    result = verify(root, step, endpoint_url=settings.s3_endpoint_url)
+    if not result.ok:
+        return CheckpointSeen(step=step, verified=False, problems=list(result.problems))
+    if mlflow_run_id:
+        log_committed_checkpoint(mlflow_run_id, manifest_uri, tracking_uri=settings.mlflow_tracking_uri,
+                                 endpoint_url=settings.s3_endpoint_url)
+    report = apply_retention(root, RetentionPolicy.from_spec(opened.job.spec.checkpoint), known_valid=step,
+                             endpoint_url=settings.s3_endpoint_url)
+    return CheckpointSeen(step=step, verified=True, deleted=sorted(report.deleted))

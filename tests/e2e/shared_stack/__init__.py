@@ -1,0 +1,1 @@
+"""End-to-end tests that share one embedded stack (see `conftest.py`)."""

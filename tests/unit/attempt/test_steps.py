@@ -1,0 +1,94 @@
+"""The attempt engine's steps without Airflow and without processes: opened on a real spec and
+home, concluded on run folders in the launcher's own layout (`tests/unit/recovery/runs.py`),
+with the job state checked after each step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from config.settings import Settings
+from plugins.attempt.launchers import Runtime
+from plugins.attempt.steps import InvalidJob, Placed, conclude, launch, open_attempt, place, plan
+from plugins.recovery.model import AttemptConf
+from plugins.recovery.state import JobStateStore
+from tests.unit.recovery.runs import Rank, fabricate
+from tests.unit.tracking.factories import make_job
+
+RUN = "20261201t000000-57e950"
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[SimpleNamespace]:
+    from plugins.storage.store import open_store
+    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+
+    settings = Settings(home=tmp_path / "home")
+    prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")))
+    spec = tmp_path / "steps-job.yaml"
+    spec.write_text(yaml.safe_dump(make_job("steps-job").model_dump(mode="json", by_alias=True, exclude_none=True)))
+    yield SimpleNamespace(settings=settings, spec=spec, runtime=Runtime(settings),
+                          state=JobStateStore(settings.state_db))
+
+
+def test_open_validates_opens_the_run_and_starts_the_attempt(world: SimpleNamespace) -> None:
+    opened = open_attempt(world.spec, AttemptConf(run=RUN, max_steps=12), trigger_key="t/1", runtime=world.runtime)
+    assert opened.job.spec.training.max_steps == 12  # the trigger's override applied
+    assert world.state.get_run("steps-job", RUN).state == "starting"
+    assert [a.attempt for a in world.state.attempts("steps-job", RUN)] == [0]
+    assert open_attempt(world.spec, AttemptConf(run=RUN, max_steps=12), trigger_key="t/1",
+                        runtime=world.runtime).conf == opened.conf  # a retried task: the same attempt
+
+
+def test_an_invalid_spec_is_one_report_and_opens_nothing(world: SimpleNamespace) -> None:
+    doc = yaml.safe_load(world.spec.read_text())
+    doc["spec"]["hardware"]["gpuType"] = "H100"
+    world.spec.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InvalidJob, match=r"LAUNCHER_UNAVAILABLE spec.hardware.gpuType: H100 devices are not on "
+                                         r"cluster 'local'.*TRAINYARD_CLUSTER=h100-fleet"):
+        open_attempt(world.spec, AttemptConf(run=RUN), trigger_key="t/1", runtime=world.runtime)
+    assert world.state.list_runs("steps-job") == []
+
+
+def test_conclude_reads_the_run_folder_and_records_the_decision(world: SimpleNamespace, tmp_path: Path) -> None:
+    opened = open_attempt(world.spec, AttemptConf(run=RUN), trigger_key="t/1",
+                          runtime=world.runtime)
+    planned = plan(opened, world.runtime)
+    handle = fabricate(tmp_path / "runs", [Rank(exit_code=0, step=9), Rank(exit_code=-9, step=9)], job="steps-job")
+    concluded = conclude(opened, handle, world.runtime, status=None, plan_used=planned.plan, mlflow_run_id="",
+                         by="test")
+    assert concluded is not None
+    assert (concluded.report.outcome, concluded.action.kind) == ("worker_crash", "restart")
+    assert concluded.report.rank == 1 and "killed by SIGKILL" in concluded.report.reason
+    assert concluded.next_conf is not None and concluded.next_conf.attempt == 1
+    assert world.state.get_run("steps-job", RUN).state == "recovering"
+    (attempt,) = world.state.attempts("steps-job", RUN)
+    assert (attempt.outcome, attempt.action) == ("worker_crash", "restart")
+
+
+def test_a_launch_that_fails_for_good_ends_the_run_failed_with_the_message(world: SimpleNamespace) -> None:
+    opened = open_attempt(world.spec, AttemptConf(run=RUN, start_from="models:/nobody"),
+                          trigger_key="t/1", runtime=world.runtime)
+    planned = plan(opened, world.runtime)
+    placed = place(opened, planned, world.runtime)
+    with pytest.raises(Exception, match="models:/<name>@<alias>"):
+        launch(opened, planned, Placed(placement=placed.placement), world.runtime)
+    info = world.state.get_run("steps-job", RUN)
+    assert info.state == "failed" and "the launch failed" in info.final_reason
+    concluded = conclude(opened, None, world.runtime, status=None, plan_used=None, mlflow_run_id="", by="test")
+    assert concluded is not None and concluded.report.outcome == "launch_failed"
+    assert concluded.action.kind == "give_up" and "models:/<name>@<alias>" in concluded.action.reason
+
+
+def test_a_dry_run_launches_nothing_and_ends_the_run(world: SimpleNamespace) -> None:
+    opened = open_attempt(world.spec, AttemptConf(run=RUN, dry_run=True), trigger_key="t/1", runtime=world.runtime)
+    planned = plan(opened, world.runtime)
+    placed = place(opened, planned, world.runtime)
+    assert launch(opened, planned, placed, world.runtime) is None
+    info = world.state.get_run("steps-job", RUN)
+    assert info.state == "cancelled" and "dry run" in info.final_reason
+    assert conclude(opened, None, world.runtime, status=None, plan_used=None, mlflow_run_id="", by="t") is None
