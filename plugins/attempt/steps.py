@@ -285,18 +285,22 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
         launcher = launcher_for(cluster, runtime, LaunchOptions(max_restarts=restarts))
         handle = launcher.submit(job, planned.plan, placed.placement, worker_env, attempt=conf.attempt)
         fail_gpu(conf, list(handle.nodes), settings.node_agents)
-    _launched(opened, handle, mlflow_run_id, settings)
+    _launched(opened, handle, mlflow_run_id, settings, planned, placed)
     return Launched(handle=handle, mlflow_run_id=mlflow_run_id, resume_from=resume_from)
 
 
-def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: Settings) -> None:
-    """The gang runs: its handle (so `trainyard stop` finds it) and the lifecycle in the job state."""
+def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: Settings, planned: Planned,
+              placed: Placed) -> None:
+    """The gang runs: its handle (so `trainyard stop` finds it), its plan and placement, and the
+    lifecycle in the job state."""
     from plugins.attempt.closing import record_resumed
     from plugins.recovery.state import open_job_state
 
     job, conf = opened.job, opened.conf
     state = open_job_state(settings.state_db)
     state.set_handle(job.name, conf.run, conf.attempt, handle)
+    state.set_layout(job.name, conf.run, conf.attempt, plan=planned.plan.model_dump_json(),
+                     placement=placed.placement.model_dump_json())
     state.set_mlflow_run(job.name, conf.run, mlflow_run_id)
     state.transition(job.name, conf.run, "running")
     record_resumed(job, conf, settings, handle, mlflow_run_id)

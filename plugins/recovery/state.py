@@ -125,6 +125,22 @@ class AttemptRow(_Base):
     """The launcher's `RunHandle` JSON."""
 
 
+class LayoutRow(_Base):
+    """Where an attempt ran and how it was split: its `Plan` and `Placement` JSON, kept after the
+    reservation is released (the Trainyard view and `status` show them for finished runs too).
+    A table of its own, so a state database made before it gets it without a migration."""
+
+    __tablename__ = f"{TABLE_PREFIX}attempt_layouts"
+    __table_args__ = (UniqueConstraint("job", "run", "attempt", name=f"{TABLE_PREFIX}attempt_layouts_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job: Mapped[str] = mapped_column(String(128), index=True)
+    run: Mapped[str] = mapped_column(String(64))
+    attempt: Mapped[int] = mapped_column(Integer)
+    plan: Mapped[str] = mapped_column(Text, default="")
+    placement: Mapped[str] = mapped_column(Text, default="")
+
+
 class CordonRow(_Base):
     __tablename__ = f"{TABLE_PREFIX}node_cordons"
 
@@ -399,6 +415,24 @@ class JobStateStore:
             with self._transaction() as s:
                 return bool(s.execute(delete(CordonRow).where(CordonRow.node == node)).rowcount)
         return self._write(write)
+
+    def set_layout(self, job: str, run: str, attempt: int, *, plan: str, placement: str) -> None:
+        """Record the attempt's plan and placement (JSON); idempotent, the last write wins."""
+        def write() -> None:
+            with self._transaction() as s:
+                row = s.scalars(select(LayoutRow).where(LayoutRow.job == job, LayoutRow.run == run,
+                                                        LayoutRow.attempt == attempt)).first()
+                if row is None:
+                    s.add(LayoutRow(job=job, run=run, attempt=attempt, plan=plan, placement=placement))
+                else:
+                    row.plan, row.placement = plan, placement
+        self._write(write)
+
+    def layouts(self, job: str, run: str) -> dict[int, tuple[str, str]]:
+        """Attempt → (plan JSON, placement JSON), for the attempts that launched."""
+        with self._transaction() as s:
+            rows = s.scalars(select(LayoutRow).where(LayoutRow.job == job, LayoutRow.run == run))
+            return {r.attempt: (r.plan, r.placement) for r in rows}
 
     def cordoned(self) -> dict[str, Cordon]:
         """Node → its cordon, for placement to exclude."""
