@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="node name as the cluster knows it (default: $NODE_NAME, else the host name)")
     p.add_argument("--heartbeat-dir", default=os.environ.get("TRAINYARD_HEARTBEAT_DIR"),
                    help="root of the workers' heartbeat files, searched recursively (default: $TRAINYARD_HEARTBEAT_DIR)")
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; the DaemonSet passes 0.0.0.0: the pod's "
+                        "interfaces, for the control plane on other nodes)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT})")
     p.add_argument("--poll-interval-s", type=float, default=5.0, help="NVML sampling period (default: 5)")
     p.add_argument("--thermal-threshold-c", type=float, default=83.0, help="thermal verdict threshold (default: 83)")

@@ -422,7 +422,8 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
         "containers": [{
             "name": "node-agent",
             "image": options.platform_image,
-            "command": ["trainyard-node-agent", "--node", "$(NODE_NAME)", "--port", str(port),
+            # every interface of the pod: the health watcher polls it from another node
+            "command": ["trainyard-node-agent", "--node", "$(NODE_NAME)", "--host", "0.0.0.0", "--port", str(port),
                         "--heartbeat-dir", options.heartbeat_root],
             "env": [
                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
