@@ -103,10 +103,14 @@ class Stack:
 
     def _command(self, component: str) -> list[str]:
         if component == "celery-worker":
-            return [sys.executable, "-m", "airflow", "celery", "worker", "--concurrency", "8"]
+            return [sys.executable, "-m", "airflow", "celery", "worker", "--concurrency", "8", "--skip-serve-logs"]
         if component in AIRFLOW:
             args = [sys.executable, "-m", "airflow", component]
-            return args + (["--port", str(self.port), "--host", "127.0.0.1"] if component == "api-server" else [])
+            if component == "api-server":
+                return [*args, "--port", str(self.port), "--host", "127.0.0.1"]
+            # No log servers: they listen on every interface (Airflow hard-codes it) and the API
+            # server of a one-machine stack reads the task and trigger logs from the files.
+            return [*args, "--skip-serve-logs"] if component in ("scheduler", "triggerer") else args
         if component == "mlflow":
             from config.settings import Settings
 
@@ -138,12 +142,26 @@ class Stack:
 
         client_for(Settings(home=self.home).mlflow_tracking_uri)
 
-    def pid(self, component: str) -> int | None:
+    def _recorded(self, component: str) -> int | None:
+        """The pid the component was started with — its process group — alive or not."""
         try:
-            pid = int(self._pid_file(component).read_text())
+            return int(self._pid_file(component).read_text())
         except (OSError, ValueError):
             return None
-        return pid if processes.is_alive(pid) else None
+
+    def pid(self, component: str) -> int | None:
+        pid = self._recorded(component)
+        return pid if pid is not None and processes.is_alive(pid) else None
+
+    def group(self, component: str) -> list[int]:
+        """Every live process of the component's process group that belongs to this home (its
+        environment names this `TRAINYARD_HOME`): the part itself and what it started — the
+        LocalExecutor's workers, a log server — even after the part itself was killed."""
+        pgid = self._recorded(component)
+        if pgid is None:
+            return []
+        ours = set(processes.marked_processes("TRAINYARD_HOME", str(self.home.resolve())))
+        return [pid for pid in processes.group_members([pgid]) if pid in ours]
 
     def start(self, component: str) -> int:
         """Start one component unless it runs already; returns its pid."""
@@ -152,6 +170,8 @@ class Stack:
         running = self.pid(component)
         if running is not None:
             return running
+        if self.group(component):  # the part crashed and left its children: end them first
+            self.stop_all([component], grace_s=5.0)
         for folder in (self._pid_file(component).parent, self.log_file(component).parent):
             folder.mkdir(parents=True, exist_ok=True)
         args = self._command(component)
@@ -162,36 +182,33 @@ class Stack:
         self._pid_file(component).write_text(str(proc.pid))
         return proc.pid
 
-    def stop(self, component: str, *, grace_s: float = 20.0) -> None:
+    def stop(self, component: str, *, grace_s: float = 20.0) -> int:
         """SIGTERM the component's process group, SIGKILL what is left after `grace_s`."""
-        self.stop_all([component], grace_s=grace_s)
+        return self.stop_all([component], grace_s=grace_s)[component]
 
-    def stop_all(self, components: list[str], *, grace_s: float = 20.0) -> None:
+    def stop_all(self, components: list[str], *, grace_s: float = 20.0) -> dict[str, int]:
         """SIGTERM every named component's process group at once, then SIGKILL what is left after
-        one shared `grace_s` — the parts shut down side by side, not one grace period each."""
-        groups: dict[str, int] = {}
-        for component in components:
-            pid = self.pid(component)
-            if pid is None:
-                self._pid_file(component).unlink(missing_ok=True)
-                continue
-            groups[component] = pid
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
+        one shared `grace_s` — the parts shut down side by side, not one grace period each.
+        A group whose leader already died (a crashed part) is ended too: its children ignore
+        no SIGKILL. Returns component → the processes it ended."""
+        groups = {c: self.group(c) for c in components}
+        for members in groups.values():
+            processes.signal_pids(members, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_group_alive(pid) for pid in groups.values()):
+        while time.monotonic() < deadline and any(_alive(members) for members in groups.values()):
             time.sleep(0.2)
-        for pid in groups.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        for members in groups.values():
+            processes.signal_pids(_alive(members), signal.SIGKILL)
         # SIGKILL is delivered asynchronously: wait until the groups are gone (briefly: nothing
         # can refuse it), so a part started again right after never meets its old self.
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_group_alive(pid) for pid in groups.values()):
+        while time.monotonic() < deadline and any(_alive(members) for members in groups.values()):
             time.sleep(0.05)
-        for component, pid in groups.items():
-            processes.reap(pid)
+        for component, members in groups.items():
+            for pid in members:
+                processes.reap(pid)
             self._pid_file(component).unlink(missing_ok=True)
+        return {component: len(members) for component, members in groups.items()}
 
     def up(self, *, timeout_s: float = 180.0) -> None:
         if self.postgres is not None:  # first: every other part keeps its state there
@@ -209,10 +226,12 @@ class Stack:
                     *(u + "/livez" for u in self.agents().values())]:
             _wait_http(url, deadline)
 
-    def down(self) -> None:
-        self.stop_all(list(reversed(self.components)))
+    def down(self) -> dict[str, int]:
+        """Stop every part; component → the processes ended (0: it was not running)."""
+        ended = self.stop_all(list(reversed(self.components)))
         if self.postgres is not None:  # last: the parts above close their sessions first
-            self.postgres.stop()
+            ended["postgres"] = int(self.postgres.stop())
+        return ended
 
     def health(self) -> dict[str, str]:
         """Each part's status as the API server reports it (`/api/v2/monitor/health`)."""
@@ -249,12 +268,12 @@ def _wait_http(url: str, deadline: float) -> None:
     raise TimeoutError(f"{url} did not answer: {last}")
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs. Zombies do not count: `killpg(pgid, 0)` also
-    answers for a leader nobody has reaped and for orphans no init collects, and `stop` waited
-    out its whole grace for parts that had exited at once."""
-    processes.reap(pgid)
-    return bool(processes.group_members([pgid]))
+def _alive(pids: list[int]) -> list[int]:
+    """The processes of `pids` that still run. Zombies do not count (a leader nobody has reaped,
+    orphans no init collects): `stop` would wait out its whole grace for parts that exited."""
+    for pid in pids:
+        processes.reap(pid)
+    return [pid for pid in pids if processes.is_alive(pid)]
 
 
 def default_stack(home: Path, *, port: int = DEFAULT_PORT, airflow_only: bool = False) -> Stack:
@@ -284,8 +303,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"agent     {url}  ({node})")
         print(f"logs in {stack.home / 'logs'}; stop with `make down`")
     elif args.action == "down":
-        stack.down()
-        print("stopped")
+        ended = stack.down()
+        stopped = {c: n for c, n in ended.items() if n}
+        print("stopped " + (", ".join(f"{c} ({n} process{'es' if n > 1 else ''})" for c, n in stopped.items())
+                            if stopped else "nothing: no part of the stack was running"))
     else:
         for component in stack.components:
             print(f"{component:14} {'running, pid ' + str(stack.pid(component)) if stack.pid(component) else 'stopped'}")

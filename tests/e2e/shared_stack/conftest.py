@@ -5,7 +5,8 @@ need a stack, not a fresh one, so they share it. It has a real node agent per lo
 injection on) that the health watches poll. Each test module adds its own job specs
 (`RunningStack.add_jobs`) and leaves the stack as it found it: no cordoned node, no injected
 fault (the recovery tests undo theirs). The stack is stopped after the last test of this folder
-(package scope), before the rest of the suite runs.
+(package scope), before the rest of the suite runs — and then nothing of its home may be left
+running.
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ NODES = ("local-0", "local-1")
 
 @pytest.fixture(scope="package")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    from plugins.launch import processes
+
     home = tmp_path_factory.mktemp("airflow-shared") / "home"
     with node_agents(NODES, home / "runs", home.parent / "agents") as agents, \
             running_stack(home, agents=agents) as stack:
         yield stack
+    # `make down` leaves nothing of the home running: no orphaned worker, no log server, no rank
+    left = processes.marked_processes("TRAINYARD_HOME", str(home.resolve()))
+    assert left == [], {pid: (processes.PROC / str(pid) / "cmdline").read_bytes()[:200] for pid in left}
