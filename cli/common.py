@@ -12,21 +12,32 @@ if TYPE_CHECKING:
     from config.spec import TrainingJob
 
 
-def load_checked_job(spec: Path, cluster_name: str | None) -> tuple[TrainingJob, Cluster] | None:
+def load_checked_job(spec: Path, cluster_name: str | None, *, to_run: bool = False
+                     ) -> tuple[TrainingJob, Cluster] | None:
     """Load a spec and check it (spec rules + cluster rules). Prints its problems to stderr and
     returns None when it has errors. Without `cluster_name`, the configured cluster is used if
-    it has the spec's GPU type, else the first cluster that does. A cluster that does not
-    exist raises FileNotFoundError (a usage error for the caller)."""
+    it has the spec's GPU type, else the first cluster that does — for a preview (`plan`,
+    `place`, `render`). `to_run` (`submit`): the cluster is the one this deployment launches on
+    (`cluster_name`, else `TRAINYARD_CLUSTER`) and its launcher must provide the spec's devices
+    (`plugins.attempt.launchers.launch_problems`, which names the cluster that would). A cluster
+    that does not exist raises FileNotFoundError (a usage error for the caller)."""
     from config.cluster import cluster_for, load_cluster
     from config.loader import read_spec_file
     from config.rules import check_against_cluster, check_spec
     from config.settings import get_settings
 
+    settings = get_settings()
     explicit = load_cluster(cluster_name) if cluster_name else None
     job, problems = read_spec_file(spec)
     cluster = None
-    if job is not None:
-        cluster = explicit or cluster_for(job.spec.hardware.gpu_type, get_settings().cluster)
+    if job is not None and to_run:
+        from plugins.attempt.launchers import launch_problems
+
+        cluster = explicit or load_cluster(settings.cluster)
+        problems = launch_problems(job, cluster, settings)
+        problems = problems or check_spec(job) + check_against_cluster(job, cluster)
+    elif job is not None:
+        cluster = explicit or cluster_for(job.spec.hardware.gpu_type, settings.cluster)
         problems = check_spec(job) + check_against_cluster(job, cluster)
     if job is None or cluster is None or any(p.severity == "error" for p in problems):
         print_problems(problems)

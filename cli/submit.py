@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     settings = get_settings()
     try:
         conf = parse_params(args.param)
-        loaded = load_checked_job(args.spec, None)
+        loaded = load_checked_job(args.spec, None, to_run=True)
     except (FileNotFoundError, ValueError) as e:
         err_console.print(f"trainyard submit: error: {e}")
         return 2

@@ -23,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="validate TrainingJob specs (schema, rules, dry run)",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="spec files (YAML)")
-    p.add_argument("--cluster", help="cluster name or file (default: TRAINYARD_CLUSTER, or the first "
-                                     "cluster that has the spec's gpuType)")
+    p.add_argument("--cluster", help="cluster name or file to run on (default: TRAINYARD_CLUSTER — a spec "
+                                     "whose devices are on another cluster is refused, naming it)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--offline", action="store_true",
                    help="check only the spec and the cluster (no object store, quota or memory model)")
@@ -34,13 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from config.cluster import cluster_for, load_cluster
+    from config.cluster import load_cluster
     from config.loader import read_spec_file
     from config.settings import get_settings
 
     settings = get_settings()
     try:
-        explicit = load_cluster(args.cluster) if args.cluster else None
+        cluster = load_cluster(args.cluster or settings.cluster)
     except (FileNotFoundError, ValueError) as e:
         _usage_error(str(e))
         return 2
@@ -48,12 +48,12 @@ def run(args: argparse.Namespace) -> int:
     results: list[tuple[Path, list[Problem]]] = []
     for path in args.files:
         job, problems = read_spec_file(path)
-        if job is not None:
+        if job is not None:  # as an attempt is opened: where it would run first, then the dry run
+            from plugins.attempt.launchers import launch_problems
             from plugins.validation.dry_run import validate_job
 
-            cluster = explicit or cluster_for(job.spec.hardware.gpu_type, settings.cluster)
-            problems = validate_job(job, cluster=cluster, settings=settings,
-                                    offline=args.offline, data_quality=args.data)
+            problems = launch_problems(job, cluster, settings) or validate_job(
+                job, cluster=cluster, settings=settings, offline=args.offline, data_quality=args.data)
         results.append((path, problems))
 
     if args.json:

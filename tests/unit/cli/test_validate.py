@@ -15,10 +15,32 @@ ROOT = Path(__file__).resolve().parents[3]
 JOBS = sorted((ROOT / "config" / "jobs").glob("*.yaml"))
 
 
-def test_examples_are_valid_offline(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", "--offline", *map(str, JOBS)]) == 0
+def test_examples_are_valid_offline_on_the_cluster_that_has_their_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from config.cluster import cluster_for
+
+    for spec in JOBS:
+        gpu = yaml.safe_load(spec.read_text())["spec"]["hardware"]["gpuType"]
+        cluster = cluster_for(gpu, "local").name
+        assert main(["validate", "--offline", "--cluster", cluster, str(spec)]) == 0, capsys.readouterr().out
+    assert capsys.readouterr().out.count("✓") == len(JOBS)
+
+
+def test_a_spec_whose_devices_another_cluster_has_is_refused_naming_it(capsys: pytest.CaptureFixture[str],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from config.settings import get_settings
+
+    monkeypatch.setenv("TRAINYARD_CLUSTER", "local")
+    get_settings.cache_clear()
+    try:
+        h100 = next(s for s in JOBS if "gpuType: H100" in s.read_text())
+        assert main(["validate", "--offline", str(h100)]) == 1
+    finally:
+        get_settings.cache_clear()
     out = capsys.readouterr().out
-    assert out.count("✓") == len(JOBS)
+    assert "LAUNCHER_UNAVAILABLE" in out and "H100 devices are not on cluster 'local'" in out
+    assert "TRAINYARD_CLUSTER=h100-fleet or --cluster h100-fleet" in out
 
 
 def test_problems_are_listed_path_message_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
