@@ -6,7 +6,8 @@ engine's `conclude`, `register` and `close` steps.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from config.settings import Settings
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
     from plugins.attempt.bookkeeping import AttemptResult
     from plugins.launch.model import RunHandle
     from plugins.recovery.model import AttemptConf
+    from plugins.tracking.registry import ModelVersionInfo
+    from plugins.tracking.runs import LoggedCheckpoint
 
 
 def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri: str) -> None:
@@ -62,16 +65,91 @@ def record_resumed(job: TrainingJob, conf: AttemptConf, settings: Settings, hand
     return seconds
 
 
-def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) -> Any:
+def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) -> ModelVersionInfo:
     """Export the run's best valid checkpoint (by the spec's `keepBestMetric`, else the newest)
-    and register it as the next version of the job's model, alias `candidate`."""
+    and register it as the next version of the job's model, alias `candidate`.
+
+    Exactly once per (MLflow run, checkpoint step, manifest SHA-256): a retried `register_model`
+    task, or a second call, finds the version the first one made by its lineage tags and returns
+    it (pointing `candidate` at it, should the first have stopped before the alias) instead of
+    logging a second LoggedModel and version. The export is written under the run's own folder
+    (`<runs>/<job>/<run>/export/`, the job's area, not the machine's /tmp) and removed after.
+    """
+    import shutil
+
     from plugins.checkpoint.uris import area_for
-    from plugins.tracking.registry import register_checkpoint
+    from plugins.tracking.registry import (
+        DEFAULT_ALIAS,
+        _check_manifest_digest,
+        find_export,
+        register_safetensors,
+        select_checkpoint,
+    )
+
+    uri = settings.mlflow_tracking_uri
+    record = select_checkpoint(mlflow_run_id, tracking_uri=uri, metric=job.spec.checkpoint.keep_best_metric)
+    made = registered_version(job.name, mlflow_run_id, record, tracking_uri=uri)
+    if made is not None:
+        return _with_alias(made, DEFAULT_ALIAS, tracking_uri=uri)
+    folder = export_folder(job, settings, mlflow_run_id)
+    shutil.rmtree(folder, ignore_errors=True)  # what an interrupted try left
+    folder.mkdir(parents=True)
+    try:
+        weights = folder / "model.safetensors"
+        find_export()(record.manifest_uri, weights, endpoint_url=settings.s3_endpoint_url, job=job.name,
+                      area=area_for(job, settings.object_store), scratch_dir=folder)
+        _check_manifest_digest(weights, record)
+        return register_safetensors(weights, run_id=mlflow_run_id, checkpoint=record, tracking_uri=uri,
+                                    model_name=job.name, alias=DEFAULT_ALIAS)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-    return register_checkpoint(mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri,
-                               metric=job.spec.checkpoint.keep_best_metric, model_name=job.name,
-                               endpoint_url=settings.s3_endpoint_url, area=area_for(job, settings.object_store))
+def registered_version(name: str, mlflow_run_id: str, record: LoggedCheckpoint, *,
+                       tracking_uri: str) -> ModelVersionInfo | None:
+    """The version of model `name` registered from this run's checkpoint (its step and manifest
+    SHA-256, as the lineage tags say), or None; the oldest if there are several."""
+    from mlflow.exceptions import MlflowException
+
+    from plugins.tracking.registry import ModelVersionInfo
+    from plugins.tracking.runs import TAG, client_for, quote_filter_value
+
+    clauses = [f"name = {quote_filter_value(name)}",
+               f"tags.`{TAG}run_id` = {quote_filter_value(mlflow_run_id)}",
+               f"tags.`{TAG}checkpoint.step` = {quote_filter_value(str(record.step))}",
+               f"tags.`{TAG}checkpoint.sha256` = {quote_filter_value(record.sha256)}"]
+    try:
+        found = client_for(tracking_uri).search_model_versions(" AND ".join(clauses))
+    except MlflowException:  # no such registered model yet: nothing registered
+        return None
+    if not found:
+        return None
+    return ModelVersionInfo.from_mlflow(min(found, key=lambda mv: int(mv.version)))
+
+
+def _with_alias(made: ModelVersionInfo, alias: str, *, tracking_uri: str) -> ModelVersionInfo:
+    """`made`, with `alias` on it when no version holds the alias yet (a first try that stopped
+    between the version and the alias); an alias another version holds now is left alone."""
+    from mlflow.exceptions import MlflowException
+
+    from plugins.tracking.registry import ModelVersionInfo
+    from plugins.tracking.runs import client_for
+
+    client = client_for(tracking_uri)
+    try:
+        client.get_model_version_by_alias(made.name, alias)
+    except MlflowException:
+        client.set_registered_model_alias(made.name, alias, made.version)
+    return ModelVersionInfo.from_mlflow(client.get_model_version(made.name, made.version))
+
+
+def export_folder(job: TrainingJob, settings: Settings, mlflow_run_id: str) -> Path:
+    """`<runs>/<job>/<run>/export`: the training run's own folder (its id from the MLflow run's
+    `trainyard.run` tag; the MLflow run id for a run started outside the platform)."""
+    from plugins.tracking.runs import TAG, client_for
+
+    run = client_for(settings.mlflow_tracking_uri).get_run(mlflow_run_id).data.tags.get(TAG + "run") or mlflow_run_id
+    return settings.runs_dir / job.name / run / "export"
 
 
 def run_timeline(job: str, run: str, settings: Settings) -> list[tuple[float, str]]:
