@@ -313,7 +313,7 @@ class MetricsStreamer:
             return {}
         # `_metric_objs`: the latest points with their steps (`data.metrics` keeps only values).
         through = {m.key: int(m.step) for m in run.data._metric_objs if not m.key.startswith(REPLAY_PREFIX)}
-        if through:
+        if through and max(through.values()) > 0:  # step 0 alone (the run's start figures) is no replay
             logger.info("MLflow metrics for run %s: steps up to %d already logged; a replay of them "
                         "is logged as %s<key>", self.run_id, max(through.values()), REPLAY_PREFIX)
         return through
