@@ -160,6 +160,11 @@ class AirflowClient:
                                    f"/taskInstances/{urllib.parse.quote(task_id)}/{map_index}/hitlDetails",
                           {"chosen_options": options, "params_input": params or {}})
 
+    def set_note(self, dag_id: str, run_id: str, note: str) -> dict[str, Any]:
+        """The DAG run's note (what the grid and the run's page show beside its state)."""
+        return self._call("PATCH", f"dags/{dag_id}/dagRuns/{run_id}", {"note": note[:1000]},
+                          query={"update_mask": "note"})
+
     def dags(self) -> list[str]:
         return [d["dag_id"] for d in self._call("GET", "dags", query={"limit": 1000})["dags"]]
 

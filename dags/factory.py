@@ -34,6 +34,7 @@ from operators.common import task_defaults
 from operators.launch import LaunchTrainingOperator
 from operators.outcome import (
     RECOVERY_ACTIONS,
+    AttemptFailedOperator,
     CancelledOperator,
     ChooseActionOperator,
     ClassifyOutcomeOperator,
@@ -96,7 +97,10 @@ class InvalidSpecs(ValueError):
 
 
 def params(job: TrainingJob) -> dict[str, Param]:
-    """The trigger form: overrides of the spec, where to start, dry run, fault injection."""
+    """The trigger form: overrides of the spec, where to start, dry run, fault injection. Every
+    optional Param is null-able with a null default (the spec's value then holds, and says so in
+    its description): Airflow's form treats a string Param defaulting to "" as required, and
+    the Trigger button stayed disabled until something bogus was typed."""
     t = job.spec.training
     fault = {"section": FAULTS}
     return {
@@ -104,8 +108,12 @@ def params(job: TrainingJob) -> dict[str, Param]:
                            description=f"Override training.maxSteps (spec: {t.max_steps})"),
         "learning_rate": Param(None, type=["null", "number"], exclusiveMinimum=0, title="Learning rate",
                                description=f"Override training.learningRate (spec: {t.learning_rate})"),
-        "start_from": Param("", type="string", title="Start from",
-                            description="A checkpoint manifest URI or models:/<name>@<alias>; empty: from scratch"),
+        "start_from": Param(None, type=["null", "string"], title="Start from",
+                            description="A checkpoint manifest URI of this job or models:/<name>@<alias>; "
+                                        "empty: from scratch"
+                                        + (f" (spec: the model's '{job.spec.retrain.start_from_alias}' version)"
+                                           if job.spec.retrain is not None and job.spec.retrain.start_from_alias
+                                           else "")),
         "dry_run": Param(False, type="boolean", title="Dry run",
                          description="Validate, plan and place, then release without launching"),
         "fault_kill_rank": Param(None, type=["null", "integer"], minimum=0, title="Kill rank", **fault),
@@ -119,7 +127,7 @@ def params(job: TrainingJob) -> dict[str, Param]:
             False, type="boolean", title="Corrupt the newest checkpoint",
             description="When attempt 0 ends (with another fault), before it is classified", **fault),
         "fault_fail_gpu_node": Param(
-            "", type="string", title="Fail a GPU of node",
+            None, type=["null", "string"], title="Fail a GPU of node",
             description="Right after the launch, through the node's agent (started with "
                         "--enable-fault-injection); 'gang' = the attempt's first node", **fault),
     }
@@ -175,13 +183,15 @@ def build_dag(job: TrainingJob, spec_path: Path) -> DAG:
         release = ReleaseGangOperator(task_id="release_gang")
         choose = ChooseActionOperator(task_id="choose_action")
         resume = ResumeNextAttemptOperator(task_id="resume_next_attempt", trigger_rule="none_failed_min_one_success")
+        resume >> AttemptFailedOperator(task_id="attempt_failed", retries=0)  # the run is red: it failed
         validate >> data >> plan >> place >> launch >> watchers >> classify
         classify >> release.as_teardown(setups=place) >> choose
         classify >> choose  # a failed classification fails the run (not only the teardown's path)
         for action in RECOVERY_ACTIONS:
             choose >> RecoveryActionOperator(task_id=action, action=action) >> resume
         register = RegisterModelOperator(task_id="register_model")
-        choose >> [register, GiveUpOperator(task_id="give_up", retries=0), CancelledOperator(task_id="cancelled")]
+        choose >> [register, GiveUpOperator(task_id="give_up", retries=0),
+                   CancelledOperator(task_id="cancelled", retries=0)]
         if job.spec.retrain is not None and job.spec.retrain.promote == "manual":
             promotion_gate(job, register)
     # The trigger form's Params, set once the tasks exist: every operator built inside the DAG

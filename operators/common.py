@@ -14,6 +14,7 @@ Imports nothing heavy: the DAG file imports the operators.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from plugins.attempt.steps import Opened
 
 M = TypeVar("M", bound="BaseModel")
+log = logging.getLogger(__name__)
 
 VALIDATE = "validate_spec"
 """The first task: it opens the attempt and pushes the effective job and the attempt's conf."""
@@ -66,6 +68,20 @@ def runtime() -> Runtime:
 def log_problems(log: Any, problems: list[Problem]) -> None:
     for p in problems:
         (log.error if p.severity == "error" else log.warning)("%s %s", p.code.value, p.render())
+
+
+def note_dag_run(context: Context, note: str) -> None:
+    """Write the DAG run's note through Airflow's REST API (a task has no other way to): the
+    grid then says what happened to the attempt, not just green or red. Best effort — a note that
+    cannot be written is logged, never a reason to fail the attempt."""
+    from cli.airflow_api import AirflowClient
+
+    config, dag_run = settings(), context["dag_run"]
+    token = config.airflow_token.get_secret_value() if config.airflow_token else ""
+    try:
+        AirflowClient(config.airflow_url, token=token, patience_s=20).set_note(dag_run.dag_id, dag_run.run_id, note)
+    except Exception as e:  # noqa: BLE001 - the note is presentation; the attempt's outcome stands
+        log.warning("the DAG run's note was not written (%s: %s): %s", type(e).__name__, e, note)
 
 
 def to_xcom(model: BaseModel) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import BaseBranchOperator, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from operators.common import opened_of, pull, pull_optional, runtime, to_xcom
+from operators.common import note_dag_run, opened_of, pull, pull_optional, runtime, to_xcom
 from operators.launch import LAUNCH
 from operators.placement import PLAN
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from plugins.recovery.model import RecoveryAction
 
 CLASSIFY = "classify_outcome"
+RESUME = "resume_next_attempt"
 RECOVERY_ACTIONS = ("restart", "replace_node", "rollback", "fall_back", "replan", "requeue")
 """The actions that start another attempt; each is a task of the same name."""
 FINAL_ACTIONS = {"register": "register_model", "give_up": "give_up", "cancel": "cancelled"}
@@ -49,6 +50,7 @@ class ClassifyOutcomeOperator(BaseOperator):
         if result is None:
             raise AirflowSkipException("nothing was launched (a dry run, or a step before launch failed)")
         report, action, conf = result.report, result.action, opened.conf
+        note_dag_run(context, result.summary)
         self.log.info("attempt %d of run %s: %s — %s", conf.attempt, conf.run, report.outcome, report.reason)
         for line in report.evidence:
             self.log.info("  evidence: %s", line)
@@ -145,14 +147,31 @@ class GiveUpOperator(BaseOperator):
 
 
 class CancelledOperator(BaseOperator):
-    """The run was stopped on request: nothing more to do."""
+    """The run was stopped on request: nothing more to do — and the DAG run ends failed, since
+    the attempt did not complete (its note says it was cancelled)."""
 
     ui_color = "#d5d8dc"
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def execute(self, context: Context) -> None:
         run = opened_of(context).conf.run
-        self.log.info("run %s was cancelled: %s", run, _action(context).reason)
-        return {"cancelled": run}
+        raise AirflowFailException(f"run {run} was cancelled: {_action(context).reason}")
+
+
+class AttemptFailedOperator(BaseOperator):
+    """After the hand-over: fails the DAG run of an attempt that did not complete, though its
+    recovery ran and the next attempt was triggered — so the grid shows a failed attempt red,
+    with its class and action in the message and the run's note."""
+
+    ui_color = "#e6b0aa"
+
+    def execute(self, context: Context) -> None:
+        from plugins.recovery.model import FailureReport
+
+        report = pull(context, CLASSIFY, FailureReport, key="report")
+        nxt = context["ti"].xcom_pull(task_ids=RESUME, key="return_value")
+        raise AirflowFailException(f"attempt {report.attempt} of run {report.run}: {report.outcome} — "
+                                   f"{report.reason}; {_action(context).kind} handed to the next attempt"
+                                   + (f" ({nxt})" if nxt else ""))
 
 
 class ResumeNextAttemptOperator(TriggerDagRunOperator):

@@ -113,6 +113,22 @@ class Concluded(_Out):
     next_conf: AttemptConf | None = None
     """The conf of the attempt that carries the action out; None when nothing retries."""
 
+    @property
+    def summary(self) -> str:
+        """One line for people (the DAG run's note): `attempt 0: worker_crash at step 119
+        (rank 1: killed by SIGKILL) → restart from step 100`."""
+        from plugins.launch.exit_codes import describe
+
+        r, a = self.report, self.action
+        where = f" at step {r.step}" if r.step is not None else ""
+        who = (f"rank {r.rank}: {describe(r.exit_code)}" if r.rank is not None and r.exit_code not in (None, 0)
+               else f"rank {r.rank}" if r.rank is not None else ", ".join(r.failed_nodes))
+        detail = f" ({who})" if who and r.failed else ""
+        then = {"register": "registered", "give_up": "gave up", "cancel": "cancelled"}.get(a.kind, a.kind)
+        resume = f" from step {a.resume_step}" if a.retries and a.resume_step is not None else ""
+        why = f": {a.reason}" if a.kind in ("give_up", "cancel") else ""
+        return f"attempt {r.attempt}: {r.outcome}{where}{detail} → {then}{resume}{why}"[:1000]
+
 
 class Registered(_Out):
     model: str
