@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from config.settings import Settings
+    from plugins.checkpoint.maintenance import RootsFound
     from plugins.checkpoint.retention import RetentionPolicy
 
 log = logging.getLogger(__name__)
@@ -47,35 +48,56 @@ def spec_policies(jobs_dir: Path) -> tuple[dict[str, RetentionPolicy], dict[str,
 def audit_checkpoints(*, sample: int = 20, seed: int | None = None, settings: Settings | None = None
                       ) -> dict[str, Any]:
     """Re-hash a random sample of committed checkpoints across all jobs and runs; fail (a
-    `FatalError` naming each bad one) when any does not verify."""
-    from plugins.checkpoint.maintenance import audit, run_roots
+    `FatalError` naming each bad one) when any does not verify. Stores this process has no
+    credentials for are skipped and named; when that leaves nothing to read, the task is
+    skipped (Airflow's `skipped`, with the reason), not failed."""
+    from plugins.checkpoint.maintenance import audit
 
     s = _settings(settings)
     _, storage = spec_policies(s.jobs_dir)
-    roots = run_roots(s.object_store, storage=storage, endpoint_url=s.s3_endpoint_url)
-    report = audit(roots, sample=sample, seed=seed, endpoint_url=s.s3_endpoint_url)
+    found = _readable_roots(s, storage, "audit")
+    report = audit(found.roots, sample=sample, seed=seed, endpoint_url=s.s3_endpoint_url)
     log.info("audited %d of %d committed checkpoints in %d runs", len(report.findings),
-             report.population, len(roots))
+             report.population, len(found.roots))
     report.raise_if_bad()
-    return {"runs": len(roots), "population": report.population, "sampled": len(report.findings),
-            "hashed_bytes": sum(f.hashed_bytes for f in report.findings)}
+    return {"runs": len(found.roots), "population": report.population, "sampled": len(report.findings),
+            "hashed_bytes": sum(f.hashed_bytes for f in report.findings), "skipped_stores": found.skipped}
 
 
 def sweep_retention(*, dry_run: bool = False, settings: Settings | None = None) -> dict[str, Any]:
-    """Apply each job's spec retention policy to every finished run of it."""
-    from plugins.checkpoint.maintenance import run_roots, sweep
+    """Apply each job's spec retention policy to every finished run of it (stores without
+    credentials skipped, as `audit_checkpoints` does)."""
+    from plugins.checkpoint.maintenance import sweep
 
     s = _settings(settings)
     policies, storage = spec_policies(s.jobs_dir)
-    roots = run_roots(s.object_store, storage=storage, endpoint_url=s.s3_endpoint_url)
-    live = live_runs_of(s.state_db, sorted({r.job for r in roots}))
-    report = sweep(roots, policies, live_runs=live, dry_run=dry_run, endpoint_url=s.s3_endpoint_url)
+    found = _readable_roots(s, storage, "sweep")
+    live = live_runs_of(s.state_db, sorted({r.job for r in found.roots}))
+    report = sweep(found.roots, policies, live_runs=live, dry_run=dry_run, endpoint_url=s.s3_endpoint_url)
     for uri, why in sorted(report.skipped.items()):
         log.info("skipped %s: %s", uri, why)
     for uri, steps in sorted(report.deleted.items()):
         log.info("deleted steps %s under %s", steps, uri)
     return {"swept": len(report.runs), "skipped": len(report.skipped),
-            "deleted": {uri: steps for uri, steps in sorted(report.deleted.items())}}
+            "deleted": {uri: steps for uri, steps in sorted(report.deleted.items())},
+            "skipped_stores": found.skipped}
+
+
+def _readable_roots(s: Settings, storage: dict[str, str], what: str) -> RootsFound:
+    """The run roots of the stores this process can read, each other one named in the log.
+    When there were stores and none could be read: Airflow's skip (the task shows `skipped`
+    with the reason), not a failure and not a retry."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from plugins.checkpoint.maintenance import find_run_roots
+
+    found = find_run_roots(s.object_store, storage=storage, endpoint_url=s.s3_endpoint_url)
+    for location, why in sorted(found.skipped.items()):
+        log.warning("%s: skipped %s: %s", what, location, why)
+    if found.skipped and not found.roots:
+        raise AirflowSkipException(f"nothing to {what}: " + "; ".join(
+            f"{location}: {why}" for location, why in sorted(found.skipped.items())))
+    return found
 
 
 def live_runs_of(state_db: str, jobs: list[str]) -> dict[str, set[str]]:

@@ -112,13 +112,63 @@ def run_roots(object_store: str, *, storage: Mapping[str, str] | None = None,
               endpoint_url: str | None = None) -> list[RunRoot]:
     """Every run's checkpoint root, by job then run. `storage` maps a job to the
     `checkpoint.storage` its spec names (jobs not in it keep theirs under the store)."""
+    found = find_run_roots(object_store, storage=storage, endpoint_url=endpoint_url, skip_unreadable=False)
+    return found.roots
+
+
+@dataclass
+class RootsFound:
+    roots: list[RunRoot] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Store location → why it was not read: this process has no credentials for it (an
+    example spec naming a production bucket, on a stack that has none)."""
+
+
+def find_run_roots(object_store: str, *, storage: Mapping[str, str] | None = None,
+                   endpoint_url: str | None = None, skip_unreadable: bool = True) -> RootsFound:
+    """`run_roots`, leaving out (and naming, in `skipped`) each store location this process
+    has no credentials for, instead of failing on the first: a maintenance DAG audits what it
+    can read and says what it could not. Any other error (a store that does not answer, a
+    refused request) propagates: that is a failure to see, not a store that is not ours."""
     storage = dict(storage or {})
-    roots: list[RunRoot] = []
-    for job in sorted({*job_names(object_store, endpoint_url=endpoint_url), *storage}):
+    found = RootsFound()
+    try:
+        names = job_names(object_store, endpoint_url=endpoint_url)
+    except Exception as e:
+        why = _no_credentials(e)
+        if why is None or not skip_unreadable:
+            raise
+        found.skipped[object_store] = why
+        names = []
+    for job in sorted({*names, *storage}):
         where = storage.get(job, "")
-        for run in list_runs(object_store, job, storage=where, endpoint_url=endpoint_url):
-            roots.append(RunRoot(job, run, checkpoint_root(object_store, job, run, storage=where)))
-    return roots
+        location = where or object_store
+        if location in found.skipped:
+            continue
+        try:
+            runs = list_runs(object_store, job, storage=where, endpoint_url=endpoint_url)
+        except Exception as e:
+            why = _no_credentials(e)
+            if why is None or not skip_unreadable:
+                raise
+            found.skipped[location] = f"{why} (job {job})"
+            continue
+        found.roots += [RunRoot(job, run, checkpoint_root(object_store, job, run, storage=where)) for run in runs]
+    return found
+
+
+def _no_credentials(error: BaseException) -> str | None:
+    """Why `error` (or what caused it) means there are no credentials for an S3 store, else None."""
+    try:
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    except ImportError:  # no S3 client installed: no S3 store was read
+        return None
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, NoCredentialsError | PartialCredentialsError):
+            return f"no credentials for this store ({seen})"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def audit(roots: Sequence[RunRoot], *, sample: int = DEFAULT_AUDIT_SAMPLE, seed: int | None = None,

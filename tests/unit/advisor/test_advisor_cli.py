@@ -48,7 +48,7 @@ def test_human_output_explains_the_plan(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_default_cluster_is_the_first_with_the_specs_gpu_type(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", str(JOBS / "llama-7b-finetune.yaml"), "--top", "1"]) == 0
+    assert main(["plan", str(ROOT / "config" / "examples" / "llama-7b-finetune.yaml"), "--top", "1"]) == 0
     out = capsys.readouterr().out
     assert "on h100-fleet" in out
     assert "NCCL_DEBUG" in out  # GPU cluster: NCCL variables are suggested
@@ -56,7 +56,7 @@ def test_default_cluster_is_the_first_with_the_specs_gpu_type(capsys: pytest.Cap
 
 def test_nothing_fits_exits_1_and_says_what_would(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "big.yaml"
-    spec.write_text((JOBS / "llama-7b-finetune.yaml").read_text().replace("gpuCount: 64", "gpuCount: 1")
+    spec.write_text((ROOT / "config" / "examples" / "llama-7b-finetune.yaml").read_text().replace("gpuCount: 64", "gpuCount: 1")
                     .replace("minGpuCount: 32", "minGpuCount: 1"))
     assert main(["plan", str(spec), "--json"]) == 1
     captured = capsys.readouterr()

@@ -22,7 +22,7 @@ def test_the_advisor_plans_specs_with_hints() -> None:
 
 
 def test_manual_specs_without_hints_keep_their_degrees() -> None:
-    job = load_spec_file("config/jobs/gpt-200b-pretrain.yaml")
+    job = load_spec_file("config/examples/gpt-200b-pretrain.yaml")
     job = with_parallelism(job, strategy="manual", hints=None, tensor_parallel=8, pipeline_parallel=4)
     plan, source = plan_for_job(job, load_cluster("h100-fleet"))
     assert (plan.tp, plan.pp, plan.dp) == (8, 4, 8) and "no model hints" in source
@@ -32,7 +32,7 @@ def test_manual_specs_without_hints_keep_their_degrees() -> None:
 
 
 def test_nothing_fits_is_an_error_unless_previewing_a_manual_configuration() -> None:
-    job = load_spec_file("config/jobs/gpt-200b-pretrain.yaml")
+    job = load_spec_file("config/examples/gpt-200b-pretrain.yaml")
     job = job.model_copy(update={"spec": job.spec.model_copy(update={
         "hardware": job.spec.hardware.model_copy(update={"gpu_count": 8})})})
     with pytest.raises(ValueError, match=r"no plan fits 8 × H100"):
@@ -46,7 +46,7 @@ def test_one_manual_builder_for_specs_with_and_without_hints() -> None:
     from plugins.advisor.model import ModelProfile
     from plugins.advisor.planner import manual_layout
 
-    job = load_spec_file("config/jobs/gpt-200b-pretrain.yaml")
+    job = load_spec_file("config/examples/gpt-200b-pretrain.yaml")
     par = with_parallelism(job, strategy="manual", tensor_parallel=8, pipeline_parallel=4).spec.parallelism
     with_model = manual_layout(par, 256, ModelProfile.from_hints(par.hints))  # type: ignore[arg-type]
     without = manual_layout(par, 256)

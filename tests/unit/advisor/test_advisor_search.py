@@ -186,7 +186,7 @@ def test_mixture_of_experts_plans_use_expert_parallelism() -> None:
 def test_replanning_after_an_oom_demands_less_memory() -> None:
     from plugins.advisor.planner import replan_after_oom
 
-    job = load_spec_file(JOBS / "llama-7b-finetune.yaml")
+    job = load_spec_file(JOBS.parent / "examples" / "llama-7b-finetune.yaml")
     fleet = load_cluster("h100-fleet")
     first = plan_job(job, fleet).best
     assert first is not None and first.memory_per_gpu_bytes is not None

@@ -12,7 +12,8 @@ import pytest
 from cli.main import main
 
 ROOT = Path(__file__).resolve().parents[3]
-JOBS = sorted((ROOT / "config" / "jobs").glob("*.yaml"))
+JOBS = sorted([*(ROOT / "config" / "jobs").glob("*.yaml"), *(ROOT / "config" / "examples").glob("*.yaml")],
+              key=lambda p: p.name)  # the demo first
 
 
 def test_examples_are_valid_offline_on_the_cluster_that_has_their_devices(capsys: pytest.CaptureFixture[str]) -> None:

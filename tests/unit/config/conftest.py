@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 JOBS = Path(__file__).resolve().parents[3] / "config" / "jobs"
+EXAMPLES = JOBS.parent / "examples"
 
 
 @pytest.fixture
@@ -18,4 +19,4 @@ def demo_doc() -> dict[str, Any]:
 
 @pytest.fixture
 def h100_doc() -> dict[str, Any]:
-    return copy.deepcopy(yaml.safe_load((JOBS / "llama-7b-finetune.yaml").read_text()))
+    return copy.deepcopy(yaml.safe_load((EXAMPLES / "llama-7b-finetune.yaml").read_text()))

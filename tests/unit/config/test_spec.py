@@ -10,10 +10,12 @@ from config.loader import load_spec_file, validate_document
 from config.problems import Code, SpecError
 from config.spec import TrainingJob
 
-JOBS = Path(__file__).resolve().parents[3] / "config" / "jobs"
+CONFIG = Path(__file__).resolve().parents[3] / "config"
+SPECS = sorted([*(CONFIG / "jobs").glob("*.yaml"), *(CONFIG / "examples").glob("*.yaml")])
+"""The embedded stack's jobs and the examples of production."""
 
 
-@pytest.mark.parametrize("path", sorted(JOBS.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
 def test_every_example_spec_loads(path: Path) -> None:
     job = load_spec_file(path)
     assert isinstance(job, TrainingJob)

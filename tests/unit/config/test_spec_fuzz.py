@@ -16,8 +16,9 @@ from config.loader import parse_spec_text, validate_document
 from config.problems import Problem
 from config.rules import check_against_cluster, check_spec
 
-JOBS = Path(__file__).resolve().parents[3] / "config" / "jobs"
-SPECS = [yaml.safe_load(p.read_text()) for p in sorted(JOBS.glob("*.yaml"))]
+CONFIG = Path(__file__).resolve().parents[3] / "config"
+SPECS = [yaml.safe_load(p.read_text())
+         for p in sorted([*(CONFIG / "jobs").glob("*.yaml"), *(CONFIG / "examples").glob("*.yaml")])]
 CLUSTERS = [load_cluster("local"), load_cluster("h100-fleet")]
 
 scalars = st.one_of(

@@ -4,6 +4,7 @@ MLflow store for the chargeback)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import shutil
 from collections.abc import Iterator
@@ -79,7 +80,8 @@ def test_audit_callable_passes_then_fails_naming_the_corrupt_checkpoint(env: obj
     _fabricate(env, "orphan-job", [7])  # no spec: audited all the same
     assert audit_checkpoints(sample=10, seed=1) == {"runs": 2, "population": 3, "sampled": 3,
                                                     "hashed_bytes": sum(len(f"shard of {s}") * 100 + len(b"meta")
-                                                                     for s in (10, 20, 7))}
+                                                                     for s in (10, 20, 7)),
+                                                    "skipped_stores": {}}
     shard = Path(open_store(root).key_uri(f"{step_dir(20)}/__0_0.distcp").removeprefix("file://"))
     shard.write_bytes(b"X" + shard.read_bytes()[1:])
     with pytest.raises(FatalError, match=r"(?s)1 of 3 .*step-00000020/MANIFEST.json: __0_0.distcp: SHA-256"):
@@ -129,3 +131,69 @@ def test_chargeback_callable_writes_csv_html_and_an_mlflow_run(env: object) -> N
     assert logged.data.metrics["total_gpu_hours"] == pytest.approx(16.0)
     empty = chargeback_report("2026-10-01T00:00:00", "2026-10-02T00:00:00", log_to_mlflow=False)
     assert (empty["rows"], empty["mlflow_run_id"]) == (0, "")
+
+
+@pytest.fixture
+def no_aws_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process has no AWS credentials at all (as on a fresh embedded stack)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_ENDPOINT_URL", "TRAINYARD_S3_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role either
+
+
+def test_a_store_without_credentials_is_skipped_and_named_not_failed(env: object, no_aws_credentials: None) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from operators.maintenance import audit_checkpoints, sweep_retention
+
+    jobs = Path(env.jobs_dir)  # type: ignore[attr-defined]
+    shutil.copy(REPO / "config" / "examples" / "llama-7b-finetune.yaml", jobs)  # checkpoints in s3://checkpoints/
+    for task in (audit_checkpoints, sweep_retention):
+        with pytest.raises(AirflowSkipException, match=r"s3://checkpoints/llama-7b-finetune-v3/?: no credentials"):
+            task()
+    root = _fabricate(env, "demo-tiny-lm", [10])  # a store it can read: audited, the other named
+    audited = audit_checkpoints(sample=5)
+    assert (audited["runs"], audited["sampled"]) == (1, 1)
+    assert [k.rstrip("/") for k in audited["skipped_stores"]] == ["s3://checkpoints/llama-7b-finetune-v3"]
+    swept = sweep_retention()
+    assert swept["swept"] == 1 and list(swept["skipped_stores"]) == list(audited["skipped_stores"])
+    assert [r.step for r in list_checkpoints(root)] == [10]
+
+
+def test_a_fresh_stack_s_maintenance_tasks_end_without_a_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 no_aws_credentials: None) -> None:
+    """The embedded stack's own jobs folder (`config/jobs/`, no TRAINYARD_JOBS_DIR), a fresh home:
+    each maintenance task the stack schedules at start-up succeeds (or skips) at its first try —
+    and that folder holds only jobs this machine runs (no production bucket, CPU devices)."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from config.loader import load_spec_file
+    from config.settings import get_settings
+
+    monkeypatch.delenv("TRAINYARD_JOBS_DIR", raising=False)
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
+    get_settings.cache_clear()
+    try:
+        assert get_settings().jobs_dir == REPO / "config" / "jobs"
+        for path in sorted(get_settings().jobs_dir.glob("*.y*ml")):
+            spec = load_spec_file(path).spec
+            stores = [spec.checkpoint.storage or "", spec.dataset.source]
+            assert not [s for s in stores if "://" in s and not s.startswith("file://")], path
+            assert spec.hardware.gpu_type == "cpu", path
+        bag = DagBag(str(REPO / "dags" / "maintenance.py"))
+        scheduled = [dag for dag in bag.dags.values() if not dag.is_paused_upon_creation]
+        assert {d.dag_id for d in scheduled} == {"trainyard_checkpoint_audit", "trainyard_chargeback"}
+        interval = {"data_interval_start": "2026-12-01T00:00:00+00:00", "data_interval_end": "2026-12-02T00:00:00+00:00"}
+        for dag in [*scheduled, bag.dags["trainyard_retention_sweep"]]:
+            for task in dag.tasks:
+                kwargs = {k: task.render_template(v, interval) for k, v in task.op_kwargs.items()}
+                with contextlib.suppress(AirflowSkipException):  # a clean end; anything else fails
+                    task.python_callable(**kwargs)
+    finally:
+        get_settings.cache_clear()

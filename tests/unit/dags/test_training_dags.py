@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-EXAMPLES = sorted((REPO / "config" / "jobs").glob("*.yaml"))
+EXAMPLES = sorted([*(REPO / "config" / "jobs").glob("*.yaml"), *(REPO / "config" / "examples").glob("*.yaml")])
 
 
 @pytest.fixture

@@ -16,11 +16,12 @@ from plugins.advisor.model import ModelProfile
 from plugins.validation.memory import check_memory
 
 JOBS = Path(__file__).resolve().parents[3] / "config" / "jobs"
+EXAMPLES = JOBS.parent / "examples"
 FLEET = load_cluster("h100-fleet")
 
 
 def job_from(name: str, **replacements: str) -> TrainingJob:
-    text = (JOBS / name).read_text()
+    text = (JOBS / name if (JOBS / name).exists() else EXAMPLES / name).read_text()
     for old, new in replacements.items():
         assert old in text, old
         text = text.replace(old, new)
@@ -82,7 +83,7 @@ def test_keeping_headroom_turns_a_plan_in_it_into_an_error() -> None:
 
 def test_the_headroom_kept_must_be_a_share_of_the_device() -> None:
     for bad in ("1", "-0.1", "1.5"):
-        text = (JOBS / "llama-7b-finetune.yaml").read_text().replace(
+        text = (EXAMPLES / "llama-7b-finetune.yaml").read_text().replace(
             "gpuCount: 64", f"gpuCount: 64\n    keepMemoryHeadroom: {bad}")
         job, problems = parse_spec_text(text)
         assert job is None and any("keepMemoryHeadroom" in p.path for p in problems), bad

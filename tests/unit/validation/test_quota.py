@@ -7,7 +7,7 @@ from config.problems import Code
 from config.teams import Teams
 from plugins.validation.quota import check_quota
 
-JOB = load_spec_file(Path(__file__).resolve().parents[3] / "config" / "jobs" / "llama-7b-finetune.yaml")
+JOB = load_spec_file(Path(__file__).resolve().parents[3] / "config" / "examples" / "llama-7b-finetune.yaml")
 TEAMS = Teams.model_validate({"teams": {"nlp-research": {"share": 0.25, "quotaGpus": 100},
                                         "vision": {"share": 0.1}}})
 

@@ -18,13 +18,13 @@ from plugins.advisor.search import REJECT_RUNTIME
 from plugins.validation.dry_run import validate_job
 from plugins.validation.runtime import check_runtime
 
-JOBS = Path(__file__).resolve().parents[3] / "config" / "jobs"
+EXAMPLES = Path(__file__).resolve().parents[3] / "config" / "examples"
 FLEET = load_cluster("h100-fleet")
 LONG = {"sequenceLength: 4096": "sequenceLength: 32768", "globalBatchSize: 256": "globalBatchSize: 64"}
 
 
 def job_from(**replacements: str) -> TrainingJob:
-    text = (JOBS / "llama-7b-finetune.yaml").read_text()
+    text = (EXAMPLES / "llama-7b-finetune.yaml").read_text()
     for old, new in replacements.items():
         assert old in text, old
         text = text.replace(old, new)
