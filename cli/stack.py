@@ -154,14 +154,16 @@ class Stack:
         return pid if pid is not None and processes.is_alive(pid) else None
 
     def group(self, component: str) -> list[int]:
-        """Every live process of the component's process group that belongs to this home (its
-        environment names this `TRAINYARD_HOME`): the part itself and what it started — the
-        LocalExecutor's workers, a log server — even after the part itself was killed."""
+        """Every live process of the component's process group that belongs to this home: the
+        part itself and what it started — the LocalExecutor's workers, a log server — even after
+        the part itself was killed. A process group id is not reused while any member lives;
+        the working folder (every part starts in the home; Airflow's `setproctitle` overwrites
+        the environment a marker variable would be read from) guards a stale pid file."""
         pgid = self._recorded(component)
         if pgid is None:
             return []
-        ours = set(processes.marked_processes("TRAINYARD_HOME", str(self.home.resolve())))
-        return [pid for pid in processes.group_members([pgid]) if pid in ours]
+        home = self.home.resolve()
+        return [pid for pid in processes.group_members([pgid]) if processes.cwd(pid) == home]
 
     def start(self, component: str) -> int:
         """Start one component unless it runs already; returns its pid."""

@@ -67,6 +67,23 @@ def _all_pids() -> Iterator[int]:
             yield int(entry)
 
 
+def cwd(pid: int) -> Path | None:
+    """The process's working folder, or None when it is gone (or not ours to read)."""
+    try:
+        return Path(os.readlink(PROC / str(pid) / "cwd"))
+    except OSError:
+        return None
+
+
+def of_home(home: Path) -> list[int]:
+    """Live processes of a Trainyard home: started in it (the stack's parts and their children)
+    or carrying it in their environment (the ranks, the node agents)."""
+    home = home.resolve()
+    marked = set(marked_processes("TRAINYARD_HOME", str(home)))
+    return sorted(pid for pid in _all_pids() if pid != os.getpid() and is_alive(pid)
+                  and (pid in marked or cwd(pid) == home))
+
+
 def group_members(pgids: Iterable[int]) -> list[int]:
     """Live (non-zombie) processes whose process group is one of `pgids`."""
     wanted = {g for g in pgids if g > 0}

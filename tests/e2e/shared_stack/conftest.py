@@ -31,5 +31,5 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
             running_stack(home, agents=agents) as stack:
         yield stack
     # `make down` leaves nothing of the home running: no orphaned worker, no log server, no rank
-    left = processes.marked_processes("TRAINYARD_HOME", str(home.resolve()))
+    left = processes.of_home(home)
     assert left == [], {pid: (processes.PROC / str(pid) / "cmdline").read_bytes()[:200] for pid in left}

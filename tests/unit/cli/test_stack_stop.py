@@ -21,9 +21,11 @@ def _state(pid: int) -> str:
 
 
 def _part(stack: Stack, part: str, script: str, home: Path | None = None) -> subprocess.Popen[bytes]:
-    """A stand-in for a part of the stack, in its own session, recorded as the stack records it."""
-    env = {**os.environ, "TRAINYARD_HOME": str((home or stack.home).resolve())}
-    proc = subprocess.Popen(["sh", "-c", script], start_new_session=True, env=env)
+    """A stand-in for a part of the stack, in its own session, started in its home as the stack
+    starts its parts, and recorded as the stack records it."""
+    folder = home or stack.home
+    folder.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(["sh", "-c", script], start_new_session=True, cwd=folder)
     stack._pid_file(part).parent.mkdir(parents=True, exist_ok=True)
     stack._pid_file(part).write_text(str(proc.pid))
     return proc
