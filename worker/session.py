@@ -483,8 +483,8 @@ class TrainingSession:
             return None, None
         from plugins.advisor.flops import flops_per_token, peak_flops_per_device
 
-        try:
-            return (flops_per_token(hints),
+        try:  # the cluster's peak, as the attempt was planned; the catalog's for a plan without it
+            return (flops_per_token(hints), self.config.plan.peak_flops_per_device or
                     peak_flops_per_device(self.config.spec.spec.hardware.gpu_type, hints.mixed_precision))
         except ValueError as e:  # an accelerator the catalog does not know: no MFU, say why once
             log.info("no MFU metric: %s", e)

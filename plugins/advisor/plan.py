@@ -57,6 +57,10 @@ class Plan(BaseModel):
     """Communication left on the critical path per step, seconds, by dimension (tp, cp, ep, pp, dp)."""
     nccl_env: dict[str, str] = Field(default_factory=dict)
     """NCCL variables suggested for this plan on GPU clusters."""
+    peak_flops_per_device: NonNegativeFloat | None = None
+    """The MFU denominator on the cluster the attempt runs on (its `peakTflops` wins over the
+    catalog's), set when the attempt is planned: the worker's streamed MFU and the cost report
+    then divide by the same peak."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:

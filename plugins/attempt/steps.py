@@ -239,10 +239,22 @@ def _failing(opened: Opened, runtime: Runtime, what: str) -> Iterator[None]:
 def plan(opened: Opened, runtime: Runtime) -> Planned:
     from config.cluster import load_cluster
 
+    cluster = load_cluster(opened.cluster)
     with _failing(opened, runtime, "no plan fits"):
-        chosen, source = plan_attempt(opened.job, load_cluster(opened.cluster), opened.conf,
-                                      memory_fraction=runtime.settings.memory_fraction)
-    return Planned(plan=chosen, source=source)
+        chosen, source = plan_attempt(opened.job, cluster, opened.conf, memory_fraction=runtime.settings.memory_fraction)
+    return Planned(plan=chosen.model_copy(update={"peak_flops_per_device": _peak_flops(opened.job, cluster)}),
+                   source=source)
+
+
+def _peak_flops(job: TrainingJob, cluster: Cluster) -> float | None:
+    """One device's peak on this cluster, at the spec's precision (None: no peak is known)."""
+    from plugins.advisor.flops import peak_flops_per_device
+
+    hints = job.spec.parallelism.hints
+    try:
+        return peak_flops_per_device(job.spec.hardware.gpu_type, hints.mixed_precision if hints else "bf16", cluster)
+    except ValueError:
+        return None
 
 
 def place(opened: Opened, planned: Planned, runtime: Runtime) -> Placed:
