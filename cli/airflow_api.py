@@ -85,15 +85,14 @@ class AirflowClient:
         return json.loads(raw) if raw else None
 
     def _retrying(self) -> Any:
-        from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+        from plugins.retry import policy
 
         def waiting(state: Any) -> None:
             log.warning("Airflow at %s is busy (%s); asking again (%.0f s of %.0f s of patience used)",
                         self.url, state.outcome.exception(), state.seconds_since_start, self.patience_s)
 
-        return Retrying(retry=retry_if_exception(_retransmittable), stop=stop_after_delay(self.patience_s),
-                        wait=wait_exponential(multiplier=self.retry_wait_s, max=8), before_sleep=waiting,
-                        reraise=True)
+        return policy(_retransmittable, deadline_s=self.patience_s, first_wait_s=self.retry_wait_s, max_wait_s=8,
+                      before_sleep=waiting)
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, *, run_id: str | None = None,
                 note: str | None = None) -> dict[str, Any]:

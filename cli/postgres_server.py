@@ -29,10 +29,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
-
 from config.databases import DATABASES, PORT, postgres_root, socket_dir
 from plugins.launch import processes
+from plugins.retry import policy
 
 SERVER_USER = "nobody"
 """Who the server is inside its user namespace when started by root: any account but root that
@@ -139,8 +138,8 @@ class EmbeddedPostgres:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
         # The backends of a crashed postmaster notice its death and exit within moments; until
         # they have, the new one refuses their shared memory ("still in use"): try again briefly.
-        for attempt in Retrying(retry=retry_if_exception_type(PostgresError), stop=stop_after_attempt(5),
-                                wait=wait_fixed(2), reraise=True):
+        for attempt in policy(lambda e: isinstance(e, PostgresError), attempts=5, first_wait_s=2, max_wait_s=2,
+                              jitter=False):
             with attempt:
                 self._run("pg_ctl", "start", "-D", str(self.data), "-w", "-t", str(int(timeout_s)),
                           "-l", str(self.log_file), "-o", " ".join(options), timeout=timeout_s + 10)

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import DateTime, Engine, MetaData, TypeDecorator, create_engine, event
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import Retrying
 
 from plugins.files import sqlite_file
 
@@ -54,9 +54,11 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def retrying(attempts: int = 8) -> Retrying:
-    """Retry a transaction on `is_retryable` errors only, with a short random back-off."""
-    return Retrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(attempts),
-                    wait=wait_random_exponential(multiplier=0.01, max=0.5), reraise=True)
+    """Retry a transaction on `is_retryable` errors only, with a short random back-off (the
+    platform's one retry policy, `plugins.retry`)."""
+    from plugins.retry import policy
+
+    return policy(is_retryable, attempts=attempts, first_wait_s=0.01, max_wait_s=0.5)
 
 
 def make_engine(url: str, schema: str | None = None) -> Engine:

@@ -65,14 +65,9 @@ def _retry_policy(attempts: int) -> Any:
     """One tenacity `Retrying` per attempt count, shared: its per-call state is thread-local,
     and building a policy costs more than a ranged GET's own request (measured: a fifth of
     the fetch's time under the GIL when `read_range` made one per call)."""
-    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+    from plugins.retry import policy
 
-    return Retrying(
-        retry=retry_if_exception(_is_transient),
-        stop=stop_after_attempt(attempts),
-        wait=wait_exponential(multiplier=0.5, max=8),
-        reraise=True,
-    )
+    return policy(_is_transient, attempts=attempts, first_wait_s=0.5, max_wait_s=8)
 
 
 def _retrying(fn: Any, attempts: int = 4) -> Any:

@@ -46,13 +46,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
+from tenacity import RetryCallState
+
+from plugins.retry import policy
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -384,13 +380,9 @@ class MetricsStreamer:
                     self._failed += len(chunk)
 
     def _send_chunk(self, client: MlflowClient, chunk: list[Metric]) -> bool:
-        retrying = Retrying(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(self.retry_attempts) | self._past_close_deadline,
-            wait=wait_exponential_jitter(multiplier=0.5, max=self.retry_max_wait_s),
-            before_sleep=self._log_retry,
-            reraise=True,
-        )
+        retrying = policy(is_transient, attempts=self.retry_attempts, first_wait_s=0.5,
+                          max_wait_s=self.retry_max_wait_s, extra_stop=self._past_close_deadline,
+                          before_sleep=self._log_retry)
         try:
             for attempt in retrying:
                 with attempt:
