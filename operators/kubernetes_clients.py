@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from plugins.launch.kube_clients import KubeClients
     from plugins.launch.manifests import KubernetesOptions
+    from plugins.launch.model import RunHandle, RunStatus
     from plugins.launch.volcano import KubernetesLauncher
 
 
@@ -42,3 +43,18 @@ def kubernetes_launcher(options: KubernetesOptions | None = None, conn_id: str |
     from plugins.launch.volcano import KubernetesLauncher
 
     return KubernetesLauncher.from_clients(kubernetes_clients(conn_id), options=options)
+
+
+async def poll_with_async_hook(handle: RunHandle, conn_id: str | None = None) -> RunStatus:
+    """`KubernetesLauncher.poll_async` through the provider's `AsyncKubernetesHook` (for the
+    training trigger on the triggerer: no thread, no sync client)."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+    from plugins.launch.volcano import poll_async
+
+    if conn_id is None:
+        from config.settings import get_settings
+
+        conn_id = get_settings().kubernetes_conn_id
+    async with AsyncKubernetesHook(conn_id=conn_id).get_conn() as api_client:
+        return await poll_async(handle, api_client)

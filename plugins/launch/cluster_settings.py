@@ -15,6 +15,10 @@ merely loses data (an empty `MLFLOW_RUN_ID`: the pods' metrics go nowhere).
 | empty `MLFLOW_RUN_ID` | warning | the pods' metrics land in no run (the DAG's launch task fills it) |
 | S3 endpoint on localhost | error | the pod's localhost is the pod |
 | `spec.source.git` without a pinned `commit` | error | a branch moves between pods and retries |
+
+`shared_filesystem=True` (`KubernetesOptions.shared_filesystem`) lifts the first two rows: on a
+cluster whose pods see one filesystem at the same paths (the test harness's simulated nodes run
+on this machine's), a `file://` store and an SQLite file are the same for every pod.
 """
 
 from __future__ import annotations
@@ -57,8 +61,8 @@ class UnsafeForCluster(FatalError):
         super().__init__("settings that cannot work in a cluster: " + "; ".join(p.render() for p in problems))
 
 
-def cluster_setting_problems(job: TrainingJob, worker_env: WorkerEnv, *,
-                             s3_endpoint_url: str | None = None) -> list[ClusterSetting]:
+def cluster_setting_problems(job: TrainingJob, worker_env: WorkerEnv, *, s3_endpoint_url: str | None = None,
+                             shared_filesystem: bool = False) -> list[ClusterSetting]:
     """Every setting of this job's pods that cannot work (error) or loses data (warning)."""
     out: list[ClusterSetting] = []
     store_fix = "use an object store every pod reaches: TRAINYARD_OBJECT_STORE=s3://bucket/prefix"
@@ -67,11 +71,11 @@ def cluster_setting_problems(job: TrainingJob, worker_env: WorkerEnv, *,
                            ("spec.checkpoint.storage", checkpoints),
                            ("TRAINYARD_RESUME_FROM", worker_env.resume_from),
                            ("spec.dataset.source", job.spec.dataset.source)):
-        if value and urlparse(value).scheme == "file":
+        if value and urlparse(value).scheme == "file" and not shared_filesystem:
             out.append(ClusterSetting(severity="error", setting=setting, value=value,
                                       message="a file:// URI names a folder inside each pod, which no "
                                               "other pod and no later attempt sees", fix=store_fix))
-    out += _mlflow_problems(worker_env)
+    out += _mlflow_problems(worker_env, shared_filesystem=shared_filesystem)
     if s3_endpoint_url and (urlparse(s3_endpoint_url).hostname or "") in LOCAL_HOSTS:
         out.append(ClusterSetting(severity="error", setting="TRAINYARD_S3_ENDPOINT_URL", value=s3_endpoint_url,
                                   message="localhost in a pod is the pod itself",
@@ -86,14 +90,14 @@ def cluster_setting_problems(job: TrainingJob, worker_env: WorkerEnv, *,
     return out
 
 
-def _mlflow_problems(worker_env: WorkerEnv) -> list[ClusterSetting]:
+def _mlflow_problems(worker_env: WorkerEnv, *, shared_filesystem: bool = False) -> list[ClusterSetting]:
     uri, run_id = worker_env.mlflow_tracking_uri, worker_env.mlflow_run_id
     server_fix = "point TRAINYARD_MLFLOW_TRACKING_URI at an MLflow server the pods reach (http://…)"
     if not uri:
         return [ClusterSetting(severity="warning", setting="MLFLOW_TRACKING_URI", value="",
                                message="the pods log no metrics", fix=server_fix)]
     scheme = urlparse(uri).scheme
-    if scheme.startswith("sqlite") or scheme in {"file", ""}:
+    if (scheme.startswith("sqlite") or scheme in {"file", ""}) and not shared_filesystem:
         return [ClusterSetting(severity="error", setting="MLFLOW_TRACKING_URI", value=uri,
                                message="a local store: each pod would write a database of its own, "
                                        "lost with the pod", fix=server_fix)]
@@ -108,10 +112,11 @@ def _mlflow_problems(worker_env: WorkerEnv) -> list[ClusterSetting]:
     return []
 
 
-def check_cluster_settings(job: TrainingJob, worker_env: WorkerEnv, *,
-                           s3_endpoint_url: str | None = None) -> list[ClusterSetting]:
+def check_cluster_settings(job: TrainingJob, worker_env: WorkerEnv, *, s3_endpoint_url: str | None = None,
+                           shared_filesystem: bool = False) -> list[ClusterSetting]:
     """Raise `UnsafeForCluster` on any error; return the warnings."""
-    problems = cluster_setting_problems(job, worker_env, s3_endpoint_url=s3_endpoint_url)
+    problems = cluster_setting_problems(job, worker_env, s3_endpoint_url=s3_endpoint_url,
+                                        shared_filesystem=shared_filesystem)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         raise UnsafeForCluster(errors)

@@ -57,6 +57,7 @@ QUEUE_VERSION = "v1beta1"
 QUEUE_PLURAL = "queues"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
+START_TIMEOUT_ANNOTATION = "trainyard.io/start-timeout-s"
 MAX_OBJECT_BYTES = 1_400_000
 """etcd's default request limit is 1.5 MiB; stay below it with room for status."""
 
@@ -92,6 +93,11 @@ class KubernetesOptions(BaseModel):
     """Time for the emergency checkpoint after SIGTERM (DESIGN §5, preempted)."""
     heartbeat_root: str = "/var/run/trainyard/heartbeats"
     """hostPath shared by the workers (writers) and the node agent (reader)."""
+    run_dir: str = "/var/run/trainyard/run"
+    """Where the pod's run folder (an `emptyDir`) is mounted: `TRAINYARD_RUN_DIR`, the worker's
+    records (`diverged.json`, …) and `exits.jsonl`, each rank's exit as `rank_exec` writes it,
+    which is also the trainer container's termination message (`terminationMessagePath`), so
+    the control plane reads every rank's exit code from the pod's status."""
     platform_image: str = "ghcr.io/trainyard/trainyard:0.1.0"
     """Image of the node agent."""
     node_agent_port: int = 9400
@@ -106,6 +112,15 @@ class KubernetesOptions(BaseModel):
     """Image of the init container that fetches `spec.source.git` (needs only `git`)."""
     source_root: str = "/workspace/source"
     """Where the fetched source is mounted; the trainer's working directory."""
+    start_timeout_s: int = 600
+    """How long the pods of an attempt may stay unstarted (unschedulable, image not pulled, a
+    container that cannot be created) before `poll` reports the launch failed with the
+    scheduler's and the kubelet's messages. Written on the Job (`trainyard.io/start-timeout-s`),
+    so a launcher that re-attaches from a handle applies the same deadline."""
+    shared_filesystem: bool = False
+    """The pods see one filesystem at the same paths as the control plane (the test harness's
+    simulated nodes run on this machine's): `file://` stores and SQLite files are then allowed
+    (`cluster_settings`), since every pod and every attempt reaches the same folder."""
 
 
 def job_labels(job: TrainingJob, attempt: int, run: str = "") -> dict[str, str]:
@@ -159,7 +174,7 @@ def render_volcano_job(
     worker_env = worker_env.model_copy(update={
         "heartbeat_dir": "/".join([options.heartbeat_root, job.metadata.name, *([worker_env.run] if worker_env.run else []),
                                    str(attempt)]),
-        "run_dir": "/var/run/trainyard/run",
+        "run_dir": options.run_dir,
     })
     labels = job_labels(job, attempt, worker_env.run) | options.extra_labels
     tasks = [_task(job, plan, placement, worker_env, node, labels, options) for node in placement.nodes]
@@ -172,6 +187,7 @@ def render_volcano_job(
                 "trainyard.io/plan": plan.describe(),
                 "trainyard.io/nodes": ",".join(placement.node_names),
                 "trainyard.io/placement-score": str(placement.score),
+                START_TIMEOUT_ANNOTATION: str(options.start_timeout_s),
             },
         },
         "spec": {
@@ -242,6 +258,9 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         "--rdzv-id", "-".join([job.metadata.name, *([worker_env.run] if worker_env.run else []),
                                 str(worker_env.attempt)]),
         "--max-restarts", str(options.torchrun_max_restarts),
+        # Each rank through the one exit recorder the local launcher uses too: torchrun itself
+        # exits 1 whatever a rank's code was (42 diverged, 46 OOM, …).
+        "-m", "plugins.launch.rank_exec", "--run-dir", worker_env.run_dir, "--stdout", "--",
         job.spec.source.entrypoint, *job.spec.source.args, *learning_rate_args(job),
     ]
     resources: dict[str, Any] = {}
@@ -262,6 +281,8 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         "command": command,
         "env": env_list,
         "ports": [{"name": "rendezvous", "containerPort": options.master_port, "protocol": "TCP"}],
+        "terminationMessagePath": f"{worker_env.run_dir}/exits.jsonl",
+        "terminationMessagePolicy": "File",
         "resources": resources,
         "securityContext": {"privileged": False, "allowPrivilegeEscalation": False,
                             "runAsNonRoot": True, "capabilities": capabilities},

@@ -78,10 +78,22 @@ class RankStatus(_Model):
 
 
 class AgentStatus(_Model):
+    """One torchrun agent: a local agent process, or a Kubernetes pod (one per node rank)."""
+
     node: str
     alive: bool
     exit_code: int | None = None
     message: str = ""
+    pod: str = ""
+    """Kubernetes: the pod's name."""
+    phase: str = ""
+    """Kubernetes: the pod's phase (Pending, Running, Succeeded, Failed)."""
+    reason: str = ""
+    """Kubernetes: why the pod is where it is — the container's termination reason (Completed,
+    Error, OOMKilled), its waiting reason (ImagePullBackOff, CreateContainerError, …),
+    Unschedulable, Evicted (its `DisruptionTarget` reason after the colon), or NodeNotReady."""
+    node_ready: bool | None = None
+    """Kubernetes: the pod's node reports Ready (False: NotReady or unreachable; None: unknown)."""
 
 
 class RunStatus(_Model):

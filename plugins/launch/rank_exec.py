@@ -22,7 +22,10 @@ wrapper and the child, so the child already gets every SIGTERM; the wrapper only
 that is already exiting (CPython resets handlers to SIG_DFL during finalisation), turning a
 clean emergency-checkpoint exit into "killed by SIGTERM".
 
-Usage (by the launcher): `torchrun … -m plugins.launch.rank_exec --run-dir DIR -- script.py args…`
+Usage (by the launcher): `torchrun … -m plugins.launch.rank_exec --run-dir DIR [--stdout] -- script.py args…`.
+`--stdout` (the Kubernetes pods): the child writes to this process's stdout/stderr, i.e. the
+container's log, instead of `ranks/rank-NNNNN.log`; the records are written the same way, and
+the pod hands `exits.jsonl` to the control plane as its termination message.
 """
 
 from __future__ import annotations
@@ -88,9 +91,10 @@ def replayed_exit(run_dir: Path, restart: int) -> int | None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 3 or argv[0] != "--run-dir" or "--" not in argv:
-        raise SystemExit("usage: rank_exec --run-dir DIR -- ENTRYPOINT [ARGS…]")
+    if len(argv) < 3 or argv[0] != "--run-dir" or "--" not in argv or argv[2:argv.index("--")] not in ([], ["--stdout"]):
+        raise SystemExit("usage: rank_exec --run-dir DIR [--stdout] -- ENTRYPOINT [ARGS…]")
     run_dir = Path(argv[1])
+    to_stdout = "--stdout" in argv[2:argv.index("--")]
     command = _command(argv[argv.index("--") + 1:])
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -111,11 +115,15 @@ def main(argv: list[str] | None = None) -> None:
             out.write(f"=== rank {rank} restart {restart}: not started; the previous incarnation "
                       f"exited {replay}, a case for the control plane\n".encode())
         sys.exit(replay)
-    with log_path(run_dir, rank).open("ab") as out:
-        out.write(f"=== rank {rank} restart {restart} {time.strftime('%Y-%m-%dT%H:%M:%S')} "
-                  f"{' '.join(command[2:])}\n".encode())
-        out.flush()
-        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    banner = f"=== rank {rank} restart {restart} {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(command[2:])}\n"
+    if to_stdout:
+        print(banner, end="", flush=True)
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    else:
+        with log_path(run_dir, rank).open("ab") as out:
+            out.write(banner.encode())
+            out.flush()
+            child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     record.update(child_pid=child.pid, child_start_ticks=start_ticks(child.pid))
     write_atomic(path, json.dumps(record))
 

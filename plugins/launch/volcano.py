@@ -1,16 +1,38 @@
 """`KubernetesLauncher`: submit, poll, stop and read logs of a Volcano Job.
 
 The engine takes the `kubernetes` client's API objects as arguments — `CustomObjectsApi` for the
-Volcano objects, optionally `CoreV1Api` for pods and logs — so credentials and connections stay
-with the caller: Airflow tasks build them from the cncf-kubernetes provider's `KubernetesHook`
-(`operators.kubernetes_clients`, connection id from `TRAINYARD_KUBERNETES_CONN_ID`), other
-callers from a kubeconfig (`KubernetesLauncher.from_kubeconfig`), tests pass `create_autospec`
-mocks, and this package never imports Airflow.
+Volcano objects, `CoreV1Api` for pods, nodes, events and logs — so credentials and connections
+stay with the caller: Airflow tasks build them from the cncf-kubernetes provider's
+`KubernetesHook` (`operators.kubernetes_clients`, connection id from
+`TRAINYARD_KUBERNETES_CONN_ID`), other callers from a kubeconfig
+(`KubernetesLauncher.from_kubeconfig`), and this package never imports Airflow. Proven against
+the emulated API server of `tests/support/kube/` over HTTP, with pods that really run.
+
+One Volcano Job per run and attempt (`manifests.render_volcano_job`; its name is the run's,
+`volcano_job_name`, so attempt N+1 replaces attempt N's Job once that is gone):
+
+- **submit** creates it. A create that gets 409 re-attaches only when the existing Job is this
+  very submission — same job, run and attempt labels, and the uid the caller already holds, if
+  it holds one (`uid=`): a Job of the same name from another run, another attempt or another
+  uid is refused (`LaunchError`), never adopted by name alone (the provider's own re-attach bug,
+  apache/airflow#71743). A previous attempt's Job still being deleted is waited for
+  (`delete_timeout_s`), then the create is made again.
+- **poll** reads the Job's phase, its PodGroup, each pod's phase, node (and whether that node is
+  Ready), the trainer container's exit code, reason and termination message (every rank's own
+  exit, `plugins.launch.kube_status`) and, while it has not started, the events: a launch that
+  stays unschedulable or cannot pull its image past the Job's start timeout is reported
+  `failed` with the scheduler's message and the numbers, not waited on silently.
+- **stop** deletes the Job with foreground propagation (uid precondition: a stale handle never
+  deletes a newer attempt's Job) and each of its pods with `grace_s`, so the workers get SIGTERM
+  and `grace_s` for their emergency checkpoint before SIGKILL; pods on a node that is not Ready
+  are deleted at once (grace 0: their kubelet cannot confirm, and the node is being replaced).
+  It waits until the Job is gone and returns the last status it saw, with the ranks' exits.
+- **poll_async** is poll for the triggerer: the same reads through the provider's
+  `AsyncKubernetesHook` connection (a `kubernetes_asyncio` ApiClient), the same pure reading.
 
 API habits of Airflow's providers: transient errors (429, 5xx, dropped connections) are retried
 with tenacity, waiting what `Retry-After` asks when the server says; everything else fails at
-once; a delete that gets 404 is done; a create that gets 409 re-attaches when the existing object
-is this very attempt (an Airflow retry), and refuses otherwise.
+once; a delete that gets 404 is done.
 """
 
 from __future__ import annotations
@@ -18,19 +40,33 @@ from __future__ import annotations
 import email.utils
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client import V1DeleteOptions, V1Preconditions
 from kubernetes.client.exceptions import ApiException
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 from tenacity.wait import wait_base
 from urllib3.exceptions import HTTPError as Urllib3HTTPError
 
 from plugins.launch.base import LaunchError
 from plugins.launch.cluster_settings import check_cluster_settings
-from plugins.launch.exit_codes import describe
+from plugins.launch.kube_status import (
+    PHASES,
+    Observed,
+    group_name,
+    node_is_ready,
+    owned_pods,
+    pod_selector,
+    run_status,
+)
 from plugins.launch.manifests import (
     QUEUE_GROUP,
     QUEUE_PLURAL,
@@ -42,7 +78,7 @@ from plugins.launch.manifests import (
     render_queues,
     render_volcano_job,
 )
-from plugins.launch.model import AgentStatus, RunHandle, RunStatus
+from plugins.launch.model import RunHandle, RunStatus
 from plugins.placement.inventory import cluster_from_k8s_nodes
 
 if TYPE_CHECKING:
@@ -58,20 +94,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+__all__ = ["PHASES", "KubernetesLauncher", "is_transient", "retry_after_s"]
+
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 PODGROUP_VERSION = "v1beta1"
-PHASES: Mapping[str, str] = {
-    "Pending": "pending", "Running": "running", "Restarting": "running", "Completing": "running",
-    "Aborting": "running", "Terminating": "running", "Completed": "succeeded",
-    "Aborted": "failed", "Terminated": "failed", "Failed": "failed",
-}
-"""Volcano Job phases (`status.state.phase`) → RunState."""
+IDENTITY_LABELS = ("trainyard.io/job", "trainyard.io/run", "trainyard.io/attempt")
+"""What makes an existing Job this submission (with the uid, when the caller holds one)."""
 
 
 def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, ApiException):
-        return exc.status in TRANSIENT_STATUS or not exc.status  # status 0/None: no response at all
-    return isinstance(exc, Urllib3HTTPError | ConnectionError | TimeoutError)
+    status = getattr(exc, "status", None)
+    if isinstance(exc, ApiException) or type(exc).__name__ == "ApiException":
+        return status in TRANSIENT_STATUS or not status  # status 0/None: no response at all
+    return isinstance(exc, Urllib3HTTPError | ConnectionError | TimeoutError) or type(exc).__name__ in (
+        "ClientConnectionError", "ClientOSError", "ServerDisconnectedError")
 
 
 def retry_after_s(exc: BaseException | None) -> float | None:
@@ -104,6 +140,10 @@ class wait_retry_after(wait_base):
         return self.fallback(retry_state)
 
 
+def _status_of(exc: BaseException) -> int | None:
+    return getattr(exc, "status", None)
+
+
 class KubernetesLauncher:
     def __init__(
         self,
@@ -114,6 +154,8 @@ class KubernetesLauncher:
         attempts: int = 6,
         max_wait_s: float = 60.0,
         sleep: Callable[[float], None] = time.sleep,
+        delete_timeout_s: float = 120.0,
+        poll_interval_s: float = 0.5,
     ) -> None:
         self.api = api
         self.core_api = core_api
@@ -121,6 +163,10 @@ class KubernetesLauncher:
         self.attempts = attempts
         self.max_wait_s = max_wait_s
         self.sleep = sleep
+        self.delete_timeout_s = delete_timeout_s
+        """How long `submit` waits for a previous attempt's Job to finish deleting, and `stop`
+        for the Job to be gone beyond the grace."""
+        self.poll_interval_s = poll_interval_s
 
     @classmethod
     def from_clients(cls, clients: KubeClients, **kwargs: Any) -> KubernetesLauncher:
@@ -136,25 +182,28 @@ class KubernetesLauncher:
 
         return cls.from_clients(clients_from_kubeconfig(config_file, context), **kwargs)
 
+    def _retrying(self) -> dict[str, Any]:
+        return {"retry": retry_if_exception(is_transient), "stop": stop_after_attempt(self.attempts),
+                "wait": wait_retry_after(wait_exponential_jitter(multiplier=0.5, max=self.max_wait_s), self.max_wait_s),
+                "reraise": True}
+
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        retrying = Retrying(
-            retry=retry_if_exception(is_transient), stop=stop_after_attempt(self.attempts),
-            wait=wait_retry_after(wait_exponential_jitter(multiplier=0.5, max=self.max_wait_s), self.max_wait_s),
-            sleep=self.sleep, reraise=True,
-        )
-        return retrying(fn, *args, **kwargs)
+        return Retrying(sleep=self.sleep, **self._retrying())(fn, *args, **kwargs)
 
     @property
     def _ns(self) -> str:
         return self.options.namespace
 
+    def _core(self) -> CoreV1Api:
+        if self.core_api is None:
+            raise ValueError("this needs a CoreV1Api for pods, nodes and logs (pass core_api=…)")
+        return self.core_api
+
     # --- inventory --------------------------------------------------------------------------
 
     def cluster(self, name: str = "kubernetes") -> Cluster:
         """The fleet as the API server sees it: GPU nodes by rack label, health from conditions."""
-        if self.core_api is None:
-            raise ValueError("reading the node inventory needs a CoreV1Api (pass core_api=…)")
-        nodes = self._call(self.core_api.list_node)
+        nodes = self._call(self._core().list_node)
         return cluster_from_k8s_nodes(nodes.items, name=name)
 
     # --- queues -----------------------------------------------------------------------------
@@ -177,28 +226,70 @@ class KubernetesLauncher:
     # --- submit -----------------------------------------------------------------------------
 
     def submit(self, job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv,
-               *, attempt: int) -> RunHandle:
-        """Create the attempt's Volcano Job. Raises `UnsafeForCluster` (fatal) before any API
-        call when a setting cannot work in pods (`plugins.launch.cluster_settings`)."""
-        for warning in check_cluster_settings(job, worker_env):
+               *, attempt: int, uid: str = "") -> RunHandle:
+        """Create the attempt's Volcano Job, or re-attach to it (see the module docstring);
+        `uid`: the Job's uid when the caller already holds a handle for this attempt.
+
+        Raises `UnsafeForCluster` (fatal) before any API call when a setting cannot work in
+        pods (`plugins.launch.cluster_settings`), `LaunchError` when the API refuses the Job
+        or another Job of that name is in the way."""
+        for warning in check_cluster_settings(job, worker_env, shared_filesystem=self.options.shared_filesystem):
             log.warning("%s", warning.render())
         body = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=self.options)
         name = body["metadata"]["name"]
-        try:
-            created = self._call(self.api.create_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,
-                                 self._ns, VOLCANO_PLURAL, body)
-        except ApiException as e:
-            if e.status != 409:
-                raise LaunchError(f"cannot create Volcano Job {self._ns}/{name}: {e.status} {e.reason}") from e
-            created = self._get_job(self._ns, name)
-            existing = (created.get("metadata", {}).get("labels") or {}).get("trainyard.io/attempt")
-            if existing != str(attempt):
-                raise LaunchError(f"Volcano Job {self._ns}/{name} already exists for attempt {existing}; "
-                                  f"stop it before launching attempt {attempt}") from e
+        deadline = time.monotonic() + self.delete_timeout_s
+        while True:
+            try:
+                created = self._call(self.api.create_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,
+                                     self._ns, VOLCANO_PLURAL, body)
+                break
+            except ApiException as e:
+                if e.status != 409:
+                    raise LaunchError(f"cannot create Volcano Job {self._ns}/{name}: {e.status} {e.reason}: "
+                                      f"{_api_message(e)}") from e
+            try:
+                existing = self._get_job(self._ns, name)
+            except ApiException as e:
+                if e.status == 404:  # deleted between our create and our read: create again
+                    continue
+                raise
+            if self._is_this_submission(existing, body, uid):
+                created = existing
+                log.info("Volcano Job %s/%s exists for this attempt: re-attached (uid %s)", self._ns, name,
+                         existing["metadata"].get("uid"))
+                break
+            self._refuse_or_wait(existing, body, attempt, deadline)
         return RunHandle(kind="kubernetes", job=job.metadata.name, run=worker_env.run, attempt=attempt,
                          world_size=placement.world_size, namespace=self._ns, name=name,
                          uid=str(created.get("metadata", {}).get("uid") or ""),
                          nodes=placement.node_names, ranks_per_node=placement.ranks_per_node)
+
+    @staticmethod
+    def _is_this_submission(existing: dict[str, Any], body: dict[str, Any], uid: str) -> bool:
+        meta = existing.get("metadata") or {}
+        labels, wanted = meta.get("labels") or {}, body["metadata"]["labels"]
+        same = all(labels.get(k) == wanted.get(k) for k in IDENTITY_LABELS)
+        return same and not meta.get("deletionTimestamp") and (not uid or meta.get("uid") == uid)
+
+    def _refuse_or_wait(self, existing: dict[str, Any], body: dict[str, Any], attempt: int, deadline: float) -> None:
+        meta = existing.get("metadata") or {}
+        where = f"{self._ns}/{meta.get('name')}"
+        labels = meta.get("labels") or {}
+        if meta.get("deletionTimestamp"):
+            if time.monotonic() > deadline:
+                raise LaunchError(f"Volcano Job {where} (attempt {labels.get('trainyard.io/attempt')}) is still being "
+                                  f"deleted after {self.delete_timeout_s:.0f} s; cannot launch attempt {attempt}")
+            self.sleep(self.poll_interval_s)
+            return
+        ours = {k: body["metadata"]["labels"].get(k) for k in IDENTITY_LABELS}
+        theirs = {k: labels.get(k) for k in IDENTITY_LABELS}
+        if theirs == ours:
+            raise LaunchError(f"Volcano Job {where} of this attempt is another object (uid {meta.get('uid')}) than "
+                              "the handle's; refusing to adopt it by name")
+        if theirs["trainyard.io/run"] == ours["trainyard.io/run"] and theirs["trainyard.io/job"] == ours["trainyard.io/job"]:
+            raise LaunchError(f"Volcano Job {where} already exists for attempt {theirs['trainyard.io/attempt']}; "
+                              f"stop it before launching attempt {attempt}")
+        raise LaunchError(f"Volcano Job {where} belongs to another run ({theirs}); refusing to adopt it by name")
 
     def _get_job(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call(self.api.get_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,
@@ -207,88 +298,69 @@ class KubernetesLauncher:
     # --- poll -------------------------------------------------------------------------------
 
     def poll(self, handle: RunHandle) -> RunStatus:
+        """The attempt's state, message, each pod (`agents`) and each rank (`ranks`):
+        `plugins.launch.kube_status` says what each field holds."""
         self._check_handle(handle)
+        return run_status(handle, self._observe(handle))
+
+    def _observe(self, handle: RunHandle) -> Observed:
         try:
-            obj = self._get_job(handle.namespace, handle.name)
+            job = self._get_job(handle.namespace, handle.name)
         except ApiException as e:
             if e.status == 404:
-                return RunStatus(state="unknown", message=f"Volcano Job {handle.namespace}/{handle.name} is "
-                                 "gone (deleted, or removed after ttlSecondsAfterFinished)")
+                return Observed(job=None)
             raise
-        uid = str(obj.get("metadata", {}).get("uid") or "")
-        if handle.uid and uid and uid != handle.uid:
-            return RunStatus(state="unknown", message=f"{handle.namespace}/{handle.name} is another object now "
-                             f"(uid {uid}, expected {handle.uid})")
-        status = obj.get("status") or {}
-        phase = (status.get("state") or {}).get("phase") or "Pending"
-        state = PHASES.get(phase, "unknown")
-        message = self._message(handle, obj, phase)
-        agents = self._pods(handle)
-        failed = [a for a in agents if a.exit_code not in (None, 0)]
-        code = 0 if state == "succeeded" else (failed[0].exit_code if failed else None)
-        if state == "failed" and code is None:
-            code = 1
-        return RunStatus(state=state, message=message, exit_code=code, agents=agents,  # type: ignore[arg-type]
-                         processes_alive=phase not in ("Completed", "Aborted", "Terminated", "Failed"))
+        seen = Observed(job=job)
+        if handle.uid and job["metadata"].get("uid") != handle.uid:
+            return seen
+        if self.core_api is None:
+            return seen
+        wire = self.core_api.api_client.sanitize_for_serialization
+        pods = self._call(self.core_api.list_namespaced_pod, handle.namespace, label_selector=pod_selector(handle))
+        seen.pods = owned_pods(handle, [wire(p) for p in pods.items], job["metadata"].get("uid", ""))
+        names = {p["spec"].get("nodeName") for p in seen.pods if p["spec"].get("nodeName")}
+        if names:
+            nodes = self._call(self.core_api.list_node)
+            seen.nodes = {n["metadata"]["name"]: n for n in map(wire, nodes.items) if n["metadata"]["name"] in names}
+        if _unstarted(job, seen.pods):
+            seen.group = self._podgroup(handle, job)
+            events = self._call(self.core_api.list_namespaced_event, handle.namespace)
+            seen.events = _events_of(seen, [wire(e) for e in events.items])
+        return seen
 
-    def _message(self, handle: RunHandle, obj: Mapping[str, Any], phase: str) -> str:
-        status = obj.get("status") or {}
-        counts = ", ".join(f"{status[k]} {k}" for k in ("pending", "running", "succeeded", "failed")
-                           if status.get(k))
-        reason = (status.get("state") or {}).get("message") or (status.get("state") or {}).get("reason") or ""
-        message = f"Volcano phase {phase}" + (f" ({counts})" if counts else "") + (f": {reason}" if reason else "")
-        if phase == "Pending":
-            why = self._podgroup_reason(handle, str(obj.get("metadata", {}).get("uid") or ""))
-            if why:
-                message += f"; scheduler: {why}"
-        return message
-
-    def _podgroup_reason(self, handle: RunHandle, uid: str) -> str:
-        """Volcano explains a pending gang on its PodGroup (`<job>-<uid>`), e.g.
-        "3/4 tasks in gang unschedulable: 1 Insufficient nvidia.com/gpu"."""
-        if not uid:
-            return ""
+    def _podgroup(self, handle: RunHandle, job: dict[str, Any]) -> dict[str, Any] | None:
         try:
-            group = self._call(self.api.get_namespaced_custom_object, QUEUE_GROUP, PODGROUP_VERSION,
-                               handle.namespace, "podgroups", f"{handle.name}-{uid}")
+            return self._call(self.api.get_namespaced_custom_object, QUEUE_GROUP, PODGROUP_VERSION,
+                              handle.namespace, "podgroups", group_name(handle, job))
         except ApiException as e:
             if e.status in (403, 404):
-                return ""
+                return None
             raise
-        for condition in (group.get("status") or {}).get("conditions") or []:
-            if condition.get("type") == "Unschedulable" and condition.get("status") == "True":
-                return str(condition.get("message") or condition.get("reason") or "")
-        return ""
 
-    def _pods(self, handle: RunHandle) -> list[AgentStatus]:
-        if self.core_api is None:
-            return []
-        selector = f"trainyard.io/job={handle.job},trainyard.io/attempt={handle.attempt}"
-        if handle.run:  # another run of the job may be at the same attempt number
-            selector += f",trainyard.io/run={handle.run}"
-        pods = self._call(self.core_api.list_namespaced_pod, handle.namespace, label_selector=selector)
-        out = []
-        for pod in sorted(pods.items, key=lambda p: int((p.metadata.labels or {}).get("trainyard.io/node-rank", 0))):
-            node = pod.spec.node_name if pod.spec else ""
-            code, message = None, pod.status.phase if pod.status else ""
-            for cs in (pod.status.container_statuses or []) if pod.status else []:
-                terminated = cs.state.terminated if cs.state else None
-                if cs.name == "trainer" and terminated is not None:
-                    code = terminated.exit_code
-                    message = f"{terminated.reason or 'terminated'}: {describe(code)}"
-            out.append(AgentStatus(node=node or pod.metadata.name, alive=code is None and message == "Running",
-                                   exit_code=code, message=message))
-        return out
+    async def poll_async(self, handle: RunHandle, api_client: Any) -> RunStatus:
+        """`poll` for an asyncio caller (the training trigger): `api_client` is a
+        `kubernetes_asyncio` ApiClient — what `AsyncKubernetesHook.get_conn()` yields
+        (`operators.kubernetes_clients.poll_with_async_hook`). Same reads, same reading."""
+        return await poll_async(handle, api_client, attempts=self.attempts, max_wait_s=self.max_wait_s)
 
     # --- stop -------------------------------------------------------------------------------
 
     def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
-        """Delete the Volcano Job (its pods get SIGTERM and `grace_s` before SIGKILL).
+        """Stop the attempt: its pods get SIGTERM and `grace_s` (the emergency checkpoint), then
+        SIGKILL; the Job goes with foreground propagation. Waits until the Job is gone (at most
+        `grace_s` + `delete_timeout_s`) and returns `stopped` with the last ranks seen.
 
         A 404 means it is already gone: done. The uid precondition makes sure a newer Job of
         the same name (a later attempt) is never deleted by a stale handle (409: also done)."""
         self._check_handle(handle)
         grace = max(int(grace_s), 0)
+        where = f"{handle.namespace}/{handle.name}"
+        before = run_status(handle, seen := self._observe(handle))
+        if seen.job is None:
+            return RunStatus(state="stopped", message=f"{where} was already gone")
+        if handle.uid and seen.job["metadata"].get("uid") != handle.uid:
+            return RunStatus(state="stopped", message=f"{where} is another object now (uid precondition); nothing of "
+                                                      "this attempt is left")
         options = V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Foreground",
                                   preconditions=V1Preconditions(uid=handle.uid) if handle.uid else None)
         try:
@@ -297,13 +369,53 @@ class KubernetesLauncher:
                        propagation_policy="Foreground", body=options)
         except ApiException as e:
             if e.status == 404:
-                return RunStatus(state="stopped", message=f"{handle.namespace}/{handle.name} was already gone")
+                return RunStatus(state="stopped", message=f"{where} was already gone")
             if e.status == 409:
-                return RunStatus(state="stopped", message=f"{handle.namespace}/{handle.name} is another object "
-                                 "now (uid precondition failed); nothing of this attempt is left")
+                return RunStatus(state="stopped", message=f"{where} is another object now (uid precondition failed); "
+                                 "nothing of this attempt is left")
             raise
-        return RunStatus(state="stopped", message=f"deleted {handle.namespace}/{handle.name} "
-                         f"(grace {grace}s, foreground)", processes_alive=True)
+        forced = self._delete_pods(seen, grace)
+        last = self._wait_gone(handle, before, grace + self.delete_timeout_s)
+        gone = last is None
+        last = last or before
+        note = f"; pods on nodes not Ready deleted at once: {', '.join(forced)}" if forced else ""
+        return RunStatus(state="stopped", ranks=last.ranks, agents=last.agents, step=last.step,
+                         exit_code=next((r.exit_code for r in last.ranks if r.exit_code not in (None, 0)), None),
+                         processes_alive=not gone,
+                         message=f"deleted {where} (grace {grace}s, foreground)" + note
+                                 + ("" if gone else f"; still there after {grace + self.delete_timeout_s:.0f} s"))
+
+    def _delete_pods(self, seen: Observed, grace: int) -> list[str]:
+        """Each pod with `grace` (a pod on a node that is not Ready: 0); the pods forced."""
+        forced = []
+        for pod in seen.pods:
+            meta = pod["metadata"]
+            node = pod["spec"].get("nodeName") or ""
+            lost = bool(node) and node_is_ready(seen.nodes.get(node)) is False
+            if lost:
+                forced.append(meta["name"])
+            try:
+                self._call(self._core().delete_namespaced_pod, meta["name"], meta["namespace"],
+                           grace_period_seconds=0 if lost else grace,
+                           body=V1DeleteOptions(grace_period_seconds=0 if lost else grace,
+                                                preconditions=V1Preconditions(uid=meta["uid"])))
+            except ApiException as e:
+                if e.status not in (404, 409):
+                    raise
+        return forced
+
+    def _wait_gone(self, handle: RunHandle, last: RunStatus, timeout_s: float) -> RunStatus | None:
+        """None once the Job is gone; else the last status seen when `timeout_s` ran out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            seen = self._observe(handle)
+            if seen.job is None or (handle.uid and seen.job["metadata"].get("uid") != handle.uid):
+                return None
+            status = run_status(handle, seen)
+            if status.ranks and any(r.exit_code is not None for r in status.ranks):
+                last = status
+            self.sleep(self.poll_interval_s)
+        return last
 
     def settle(self, handle: RunHandle, status: RunStatus | None = None, *, grace_s: float = 5.0) -> RunStatus:
         """Volcano's job policies end the pods of a finished job themselves (its terminal phases
@@ -320,8 +432,7 @@ class KubernetesLauncher:
     def logs(self, handle: RunHandle, rank: int | None = None, tail: int = 200) -> str:
         """The trainer container's log of the pod holding `rank` (all pods when None)."""
         self._check_handle(handle)
-        if self.core_api is None:
-            raise ValueError("reading pod logs needs a CoreV1Api (pass core_api=…)")
+        core = self._core()
         if rank is not None and not 0 <= rank < handle.world_size:
             raise ValueError(f"rank {rank} is outside the job's world size {handle.world_size}")
         indices = [rank // handle.ranks_per_node] if rank is not None else range(len(handle.nodes))
@@ -329,12 +440,14 @@ class KubernetesLauncher:
         for i in indices:
             pod = f"{handle.name}-worker-{i}-0"
             try:
-                text = self._call(self.core_api.read_namespaced_pod_log, pod, handle.namespace,
-                                  container="trainer", tail_lines=tail)
+                # raw, decoded here: the client's own str handling gives "b'…'" (kubernetes 36)
+                raw = self._call(core.read_namespaced_pod_log, pod, handle.namespace,
+                                 container="trainer", tail_lines=tail, _preload_content=False)
+                text = raw.data.decode(errors="replace")
             except ApiException as e:
-                if e.status != 404:
+                if e.status not in (400, 404):
                     raise
-                text = f"(pod {pod} not found)"
+                text = f"(pod {pod}: {_api_message(e) or e.reason})"
             parts.append(text if rank is not None else f"==> {pod} <==\n{text}")
         return "\n".join(parts)
 
@@ -342,3 +455,67 @@ class KubernetesLauncher:
     def _check_handle(handle: RunHandle) -> None:
         if handle.kind != "kubernetes":
             raise ValueError(f"KubernetesLauncher cannot use a {handle.kind!r} handle")
+
+
+def _unstarted(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
+    phase = ((job.get("status") or {}).get("state") or {}).get("phase") or "Pending"
+    return phase == "Pending" or any((p.get("status") or {}).get("phase") == "Pending" for p in pods)
+
+
+def _api_message(e: ApiException) -> str:
+    import json
+
+    try:
+        return str(json.loads(e.body or "{}").get("message") or "")
+    except (ValueError, AttributeError):
+        return ""
+
+
+async def poll_async(handle: RunHandle, api_client: Any, *, attempts: int = 6, max_wait_s: float = 60.0) -> RunStatus:
+    """`KubernetesLauncher.poll` over a `kubernetes_asyncio` ApiClient, transient errors retried."""
+    from kubernetes_asyncio.client import CoreV1Api as AsyncCore
+    from kubernetes_asyncio.client import CustomObjectsApi as AsyncCustom
+
+    KubernetesLauncher._check_handle(handle)
+    custom, core = AsyncCustom(api_client), AsyncCore(api_client)
+    wire = api_client.sanitize_for_serialization
+    retrying = {"retry": retry_if_exception(is_transient), "stop": stop_after_attempt(attempts), "reraise": True,
+                "wait": wait_retry_after(wait_exponential_jitter(multiplier=0.5, max=max_wait_s), max_wait_s)}
+
+    async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        async for attempt in AsyncRetrying(**retrying):
+            with attempt:
+                return await fn(*args, **kwargs)
+        return None  # not reached: the last failure is re-raised
+
+    try:
+        job = await call(custom.get_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION, handle.namespace,
+                         VOLCANO_PLURAL, handle.name)
+    except Exception as e:
+        if _status_of(e) == 404:
+            return run_status(handle, Observed(job=None))
+        raise
+    seen = Observed(job=job)
+    if handle.uid and job["metadata"].get("uid") != handle.uid:
+        return run_status(handle, seen)
+    pods = await call(core.list_namespaced_pod, handle.namespace, label_selector=pod_selector(handle))
+    seen.pods = owned_pods(handle, [wire(p) for p in pods.items], job["metadata"].get("uid", ""))
+    names = {p["spec"].get("nodeName") for p in seen.pods if p["spec"].get("nodeName")}
+    if names:
+        nodes = await call(core.list_node)
+        seen.nodes = {n["metadata"]["name"]: n for n in map(wire, nodes.items) if n["metadata"]["name"] in names}
+    if _unstarted(job, seen.pods):
+        try:
+            seen.group = await call(custom.get_namespaced_custom_object, QUEUE_GROUP, PODGROUP_VERSION,
+                                    handle.namespace, "podgroups", group_name(handle, job))
+        except Exception as e:
+            if _status_of(e) not in (403, 404):
+                raise
+        events = await call(core.list_namespaced_event, handle.namespace)
+        seen.events = _events_of(seen, [wire(e) for e in events.items])
+    return run_status(handle, seen)
+
+
+def _events_of(seen: Observed, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    uids = {p["metadata"]["uid"] for p in seen.pods} | ({seen.group["metadata"]["uid"]} if seen.group else set())
+    return [e for e in events if (e.get("involvedObject") or {}).get("uid") in uids]

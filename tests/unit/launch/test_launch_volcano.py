@@ -1,40 +1,307 @@
-"""KubernetesLauncher against the `kubernetes` client's real interface.
+"""KubernetesLauncher against the emulated API server over HTTP (`tests/support/kube`), with the
+real `kubernetes` client and, for the async poll and the Airflow path, the provider's hooks.
 
-No API server runs here, so the API objects are `create_autospec` mocks of the client's classes:
-a call with a wrong name or signature fails as it would against the real client. Errors are
-real `ApiException`s built from real HTTP responses (headers included).
+No node processes here: the tests register the Node objects and write pod statuses the way a
+kubelet would (validated by the server like any write) and advance Volcano's controllers one
+tick at a time — the launcher's waits (`sleep`) advance them too — so nothing depends on
+timing. Pods that really run on simulated nodes are `tests/integration/launch/
+test_kubernetes_emulated.py`. The retry policy is tested with `create_autospec` mocks that
+raise real `ApiException`s (no server produces 429s on demand).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
-from unittest.mock import call, create_autospec
+from unittest.mock import create_autospec
 
 import pytest
 import urllib3
-from kubernetes.client import (
-    CoreV1Api,
-    CustomObjectsApi,
-    V1ContainerState,
-    V1ContainerStateTerminated,
-    V1ContainerStatus,
-    V1ObjectMeta,
-    V1Pod,
-    V1PodList,
-    V1PodSpec,
-    V1PodStatus,
-)
+from kubernetes.client import CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
 
-from config.teams import load_teams
 from plugins.launch.base import LaunchError
-from plugins.launch.manifests import render_volcano_job, volcano_job_name
+from plugins.launch.manifests import KubernetesOptions, render_volcano_job
 from plugins.launch.model import RunHandle
 from plugins.launch.volcano import KubernetesLauncher, retry_after_s
+from tests.support.kube import schemas
+from tests.support.kube.control_plane import ControlPlane
+from tests.support.kube.jobs import placed, tiny_job, wide_cluster
+from tests.support.require import missing
 from tests.unit.launch.launch_fixtures import gpu_job
 
-JOB_API = ("batch.volcano.sh", "v1alpha1", "trainyard", "jobs")
+JOBS = ("batch.volcano.sh/v1alpha1", "jobs")
+NODE_LABELS = {"topology.kubernetes.io/rack": "sim-rack", "nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "cpu"}
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[ControlPlane]:
+    try:
+        schemas.check_crds_present()
+    except schemas.SchemaMissing as e:
+        missing("schemas", str(e))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with ControlPlane(tmp_path / "kube", log_path=lambda pod, container: logs / f"{pod['metadata']['name']}.log") as p:
+        for i in range(2):
+            p.add_node(f"kube-sim-{i}", labels=NODE_LABELS, address=f"10.213.0.{10 + i}")
+        p.rest.create("scheduling.volcano.sh/v1beta1", "queues", None, {  # the demo team's queue only
+            "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "metadata": {"name": "demo"},
+            "spec": {"weight": 1, "reclaimable": True}})
+        yield p
+
+
+def launcher_for(plane: ControlPlane, **options: Any) -> KubernetesLauncher:
+    def sleep(_: float) -> None:  # the world moves on while the launcher waits
+        plane.finish_deletions()
+        plane.tick()
+
+    values = {"namespace": "trainyard", "rdma_resource": None, "shared_filesystem": True, **options}
+    return KubernetesLauncher.from_kubeconfig(str(plane.kubeconfig), options=KubernetesOptions(**values),
+                                              sleep=sleep, poll_interval_s=0, delete_timeout_s=5)
+
+
+@pytest.fixture
+def launcher(plane: ControlPlane) -> KubernetesLauncher:
+    return launcher_for(plane)
+
+
+def start(plane: ControlPlane, launcher: KubernetesLauncher, tmp_path: Path, *, name: str = "tiny",
+          attempt: int = 0, run: str = "r-test", running: bool = True, gpus: int = 2,
+          **kwargs: Any) -> tuple[RunHandle, list[str]]:
+    parts = placed(tiny_job(name, ["--steps", "3"], gpus=gpus), tmp_path / "home", run=run, attempt=attempt, **kwargs)
+    handle = launcher.submit(*parts.submit_args(), attempt=attempt)
+    plane.tick(2)  # PodGroup and pods, then the gang bound
+    pods = [f"{handle.name}-worker-{i}-0" for i in range(2)]
+    if running:
+        for pod in pods:
+            plane.pod_running(pod)
+        plane.tick()
+    return handle, pods
+
+
+def exits(*records: tuple[int, int]) -> str:
+    """A termination message: `rank_exec`'s exits.jsonl lines (rank, exit code)."""
+    return "\n".join(json.dumps({"rank": r, "restart": 0, "exit_code": c, "ended_at": 1000.0 + r}) for r, c in records)
+
+
+# --- submit -------------------------------------------------------------------------------------
+
+
+def test_submit_creates_the_rendered_job_and_a_retry_reattaches(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                                   tmp_path: Path) -> None:
+    parts = placed(tiny_job("tiny", ["--steps", "3"]), tmp_path / "home")
+    handle = launcher.submit(*parts.submit_args(), attempt=0)
+    (stored,) = plane.rest.list(*JOBS, "trainyard")
+    body = render_volcano_job(*parts.submit_args(), attempt=0, options=launcher.options)
+    assert stored["spec"] == body["spec"] and stored["metadata"]["name"] == handle.name
+    assert handle.uid == stored["metadata"]["uid"] and handle.nodes == ["kube-sim-0", "kube-sim-1"]
+    again = launcher.submit(*parts.submit_args(), attempt=0)  # an Airflow retry of the launch task
+    assert again.uid == handle.uid and len(plane.rest.list(*JOBS, "trainyard")) == 1
+    assert launcher.submit(*parts.submit_args(), attempt=0, uid=handle.uid).uid == handle.uid
+    with pytest.raises(LaunchError, match=r"another object .* refusing to adopt it by name"):
+        launcher.submit(*parts.submit_args(), attempt=0, uid="0000-another-uid")
+    assert RunHandle.model_validate_json(handle.model_dump_json()) == handle
+
+
+def test_another_attempts_job_is_refused_until_stopped(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                        tmp_path: Path) -> None:
+    first, _ = start(plane, launcher, tmp_path)
+    parts = placed(tiny_job("tiny", ["--steps", "3"]), tmp_path / "home", attempt=1)
+    with pytest.raises(LaunchError, match="already exists for attempt 0; stop it before launching attempt 1"):
+        launcher.submit(*parts.submit_args(), attempt=1)
+    assert launcher.stop(first, grace_s=1).state == "stopped"
+    second = launcher.submit(*parts.submit_args(), attempt=1)
+    assert second.name == first.name and second.uid != first.uid
+
+
+def test_the_volcano_webhook_refuses_a_missing_queue(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                     tmp_path: Path) -> None:
+    parts = placed(tiny_job("tiny", ["--steps", "3"], team="research"), tmp_path / "home")
+    with pytest.raises(LaunchError, match=r'400 .*unable to find job queue: queues.scheduling.volcano.sh "research"'):
+        launcher.submit(*parts.submit_args(), attempt=0)
+
+
+# --- poll ---------------------------------------------------------------------------------------
+
+
+def test_a_completed_run_reports_every_rank(plane: ControlPlane, launcher: KubernetesLauncher, tmp_path: Path) -> None:
+    handle, pods = start(plane, launcher, tmp_path)
+    running = launcher.poll(handle)
+    assert running.state == "running" and "Volcano phase Running (2 running)" in running.message
+    assert [(a.pod, a.node, a.node_ready, a.alive) for a in running.agents] == [
+        (pods[0], "kube-sim-0", True, True), (pods[1], "kube-sim-1", True, True)]
+    for rank, pod in enumerate(pods):
+        plane.pod_exited(pod, 0, message=exits((rank, 0)))
+    plane.tick()
+    done = launcher.poll(handle)
+    assert (done.state, done.exit_code, done.failed_rank, done.processes_alive) == ("succeeded", 0, None, False)
+    assert [(r.rank, r.node, r.exit_code, r.outcome) for r in done.ranks] == [
+        (0, "kube-sim-0", 0, "completed"), (1, "kube-sim-1", 0, "completed")]
+
+
+def test_a_rank_that_diverged_is_named_with_its_own_code(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                          tmp_path: Path) -> None:
+    handle, pods = start(plane, launcher, tmp_path)
+    plane.pod_exited(pods[1], 1, message=exits((1, 42)))  # torchrun exits 1; the rank exited 42
+    plane.tick()
+    plane.finish_deletions()  # Volcano's AbortJob deleted the pod still running
+    plane.tick()
+    status = launcher.poll(handle)
+    assert status.state == "failed" and "Volcano phase Aborted" in status.message
+    assert (status.failed_rank, status.exit_code) == (1, 42)
+    (rank,) = status.ranks  # the failed pod is kept (PodRetainPhaseSoft), the other one is gone
+    assert (rank.rank, rank.node, rank.exit_code, rank.outcome) == (1, "kube-sim-1", 42, "diverged")
+    assert status.agents[0].exit_code == 1 and status.agents[0].reason == "Error"
+
+
+def test_an_oom_killed_pod_says_so_for_its_ranks(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                 tmp_path: Path) -> None:
+    handle, pods = start(plane, launcher, tmp_path)
+    plane.pod_exited(pods[0], 137, reason="OOMKilled")  # the kernel killed the container: no rank record
+    plane.tick()
+    status = launcher.poll(handle)
+    agent = next(a for a in status.agents if a.pod == pods[0])
+    assert (agent.exit_code, agent.reason) == (137, "OOMKilled")
+    rank = next(r for r in status.ranks if r.rank == 0)
+    assert (rank.exit_code, rank.outcome) == (-9, "OOMKilled")
+    assert status.failed_rank == 0 and status.exit_code == -9
+
+
+def test_unschedulable_is_pending_with_the_numbers_then_a_launch_failure(plane: ControlPlane, tmp_path: Path) -> None:
+    patient, hasty = launcher_for(plane), launcher_for(plane, start_timeout_s=0)
+    wide = wide_cluster(2)  # the planner believes in 2 "GPUs" a node; each node has 1 CPU
+    handle, _ = start(plane, patient, tmp_path, running=False, cluster=wide, gpus=4)
+    status = patient.poll(handle)
+    assert status.state == "pending"
+    assert "0/2 nodes are available: 2 Insufficient cpu" in status.message
+    assert "requests cpu: 2; the most any node has free is cpu: 1" in status.message
+    assert {a.reason for a in status.agents} == {"Unschedulable"}
+    late, _ = start(plane, hasty, tmp_path, run="r-late", running=False, cluster=wide, gpus=4)
+    failed = hasty.poll(late)
+    assert failed.state == "failed" and failed.message.startswith("launch failed: the pods of trainyard/")
+    assert "did not start in 0 s: Unschedulable: 2/2 tasks in gang unschedulable" in failed.message
+    assert "Insufficient cpu" in failed.message
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_launch_past_the_deadline(plane: ControlPlane,
+                                                                           tmp_path: Path) -> None:
+    launcher = launcher_for(plane, start_timeout_s=0)
+    handle, pods = start(plane, launcher, tmp_path, running=False)
+    for pod in pods:
+        plane.pod_waiting(pod, "ImagePullBackOff", 'Back-off pulling image "registry.example.com/trainyard/tiny:1"')
+    status = launcher.poll(handle)
+    assert status.state == "failed"
+    assert f"pod {pods[0]}: ImagePullBackOff: Back-off pulling image" in status.message
+
+
+def test_a_node_not_ready_is_reported_and_stop_force_deletes_its_pod(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                                     tmp_path: Path) -> None:
+    handle, pods = start(plane, launcher, tmp_path)
+    plane.set_node_ready("kube-sim-1", False)
+    status = launcher.poll(handle)
+    assert "node(s) not Ready: kube-sim-1" in status.message
+    lost = next(a for a in status.agents if a.pod == pods[1])
+    assert (lost.node_ready, lost.reason) == (False, "NodeNotReady")
+    stopped = launcher.stop(handle, grace_s=5)
+    assert stopped.state == "stopped" and f"deleted at once: {pods[1]}" in stopped.message
+    assert not stopped.processes_alive and plane.rest.list("v1", "pods", "trainyard") == []
+
+
+def test_poll_of_a_vanished_or_replaced_job_is_unknown(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                       tmp_path: Path) -> None:
+    handle, _ = start(plane, launcher, tmp_path)
+    replaced = launcher.poll(handle.model_copy(update={"uid": "0000-older"}))
+    assert replaced.state == "unknown" and "expected 0000-older" in replaced.message
+    launcher.stop(handle, grace_s=0)
+    assert launcher.poll(handle).state == "unknown"
+
+
+# --- stop, settle, logs -------------------------------------------------------------------------
+
+
+def test_stop_gives_the_grace_then_deletes_in_the_foreground(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                             tmp_path: Path) -> None:
+    handle, pods = start(plane, launcher, tmp_path)
+    seen_from = plane.server.store.rv
+    stopped = launcher.stop(handle, grace_s=7)
+    assert stopped.state == "stopped" and "deleted trainyard/" in stopped.message and not stopped.processes_alive
+    history = [(event, obj) for rv, _, event, obj in plane.server.store.history if rv > seen_from]
+    graces = {obj["metadata"]["name"]: obj["metadata"].get("deletionGracePeriodSeconds")
+              for event, obj in history if obj["kind"] == "Pod" and event == "MODIFIED"
+              and obj["metadata"].get("deletionTimestamp")}
+    assert graces == dict.fromkeys(pods, 7)  # SIGTERM, then 7 s before SIGKILL
+    job_finalizers = [obj["metadata"].get("finalizers") for event, obj in history
+                      if obj["kind"] == "Job" and event == "MODIFIED"]
+    assert ["foregroundDeletion"] in job_finalizers  # the Job waited for its pods
+    assert plane.rest.list(*JOBS, "trainyard") == [] and plane.rest.list("v1", "pods", "trainyard") == []
+    assert launcher.stop(handle).message.endswith("was already gone")
+
+
+def test_a_stale_handle_never_deletes_a_newer_attempts_job(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                           tmp_path: Path) -> None:
+    old, _ = start(plane, launcher, tmp_path)
+    launcher.stop(old, grace_s=0)
+    new, _ = start(plane, launcher, tmp_path, attempt=1)
+    assert "another object now" in launcher.stop(old).message
+    (job,) = plane.rest.list(*JOBS, "trainyard")
+    assert job["metadata"]["uid"] == new.uid and not job["metadata"].get("deletionTimestamp")
+
+
+def test_settle_keeps_the_verdict_and_cleans_up_what_lingers(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                             tmp_path: Path) -> None:
+    handle, pods = start(plane, launcher, tmp_path)
+    plane.pod_exited(pods[0], 1, message=exits((0, 1)))
+    plane.tick()
+    failed = launcher.poll(handle)
+    assert failed.state == "running"  # Aborting: the other pod is still being stopped
+    plane.finish_deletions()
+    plane.tick()
+    settled = launcher.settle(handle)
+    assert settled.state == "failed" and settled.failed_rank == 0
+    lingering = settled.model_copy(update={"processes_alive": True})
+    cleaned = launcher.settle(handle, lingering)
+    assert cleaned.state == "failed" and "cleaned up: deleted trainyard/" in cleaned.message
+    assert plane.rest.list(*JOBS, "trainyard") == []
+
+
+def test_logs_read_the_pod_of_the_rank(plane: ControlPlane, launcher: KubernetesLauncher, tmp_path: Path) -> None:
+    handle, pods = start(plane, launcher, tmp_path)
+    (tmp_path / "logs" / f"{pods[1]}.log").write_text("".join(f"step {i}\n" for i in range(1, 6)))
+    assert launcher.logs(handle, rank=1, tail=2) == "step 4\nstep 5\n"
+    assert f"==> {pods[0]} <==\n(pod {pods[0]}: container \"trainer\"" in launcher.logs(handle)
+    with pytest.raises(ValueError, match="rank 2 is outside the job's world size 2"):
+        launcher.logs(handle, rank=2)
+
+
+def test_the_inventory_comes_from_the_nodes(plane: ControlPlane, launcher: KubernetesLauncher) -> None:
+    cluster = launcher.cluster("kube-sim")
+    assert [(n.name, n.rack, n.gpu_type, n.gpus, n.healthy) for n in cluster.nodes] == [
+        ("kube-sim-0", "sim-rack", "cpu", 1, True), ("kube-sim-1", "sim-rack", "cpu", 1, True)]
+
+
+# --- through the provider's hooks (the Airflow path) ----------------------------------------------
+
+
+def test_the_providers_hooks_drive_the_launcher(plane: ControlPlane, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from operators.kubernetes_clients import kubernetes_launcher, poll_with_async_hook
+
+    monkeypatch.setenv("AIRFLOW_CONN_KUBE_SIM", plane.connection_json)
+    launcher = kubernetes_launcher(KubernetesOptions(namespace="trainyard", rdma_resource=None,
+                                                     shared_filesystem=True), conn_id="kube_sim")
+    handle, pods = start(plane, launcher, tmp_path)  # through KubernetesHook's sync clients
+    sync = launcher.poll(handle)
+    async_ = asyncio.run(poll_with_async_hook(handle, conn_id="kube_sim"))  # AsyncKubernetesHook
+    assert async_.model_dump(exclude={"updated_at"}) == sync.model_dump(exclude={"updated_at"})
+    assert async_.state == "running" and [a.pod for a in async_.agents] == pods
+
+
+# --- the retry policy (mocks: no server answers 429 on demand) ----------------------------------
 
 
 def api_error(status: int, headers: dict[str, str] | None = None) -> ApiException:
@@ -44,184 +311,34 @@ def api_error(status: int, headers: dict[str, str] | None = None) -> ApiExceptio
 
 
 @pytest.fixture
-def api() -> Any:
-    return create_autospec(CustomObjectsApi, instance=True)
+def mocked() -> tuple[KubernetesLauncher, Any, list[float]]:
+    api = create_autospec(CustomObjectsApi, instance=True)
+    sleeps: list[float] = []
+    return KubernetesLauncher(api, sleep=sleeps.append, attempts=4, max_wait_s=30), api, sleeps
 
 
-@pytest.fixture
-def core() -> Any:
-    return create_autospec(CoreV1Api, instance=True)
-
-
-@pytest.fixture
-def sleeps() -> list[float]:
-    return []
-
-
-@pytest.fixture
-def launcher(api: Any, core: Any, sleeps: list[float]) -> KubernetesLauncher:
-    return KubernetesLauncher(api, core_api=core, sleep=sleeps.append, attempts=4, max_wait_s=30)
-
-
-def created(body: dict[str, Any], uid: str = "uid-1") -> dict[str, Any]:
-    return {**body, "metadata": {**body["metadata"], "uid": uid}}
-
-
-def test_submit_creates_the_rendered_job(launcher: KubernetesLauncher, api: Any) -> None:
-    job, plan, placement, env = gpu_job()
-    body = render_volcano_job(job, plan, placement, env, attempt=2)
-    api.create_namespaced_custom_object.return_value = created(body)
-    handle = launcher.submit(job, plan, placement, env, attempt=2)
-    api.create_namespaced_custom_object.assert_called_once_with(*JOB_API, body)
-    name = volcano_job_name("gpt-200b", env.run)
-    assert name.startswith("gpt-200b-") and name == body["metadata"]["name"]  # one Volcano Job per run
-    assert (handle.kind, handle.name, handle.namespace, handle.uid) == ("kubernetes", name, "trainyard", "uid-1")
-    assert handle.nodes == placement.node_names and handle.ranks_per_node == 8
-    assert RunHandle.model_validate_json(handle.model_dump_json()) == handle
-
-
-def test_transient_errors_are_retried_honouring_retry_after(launcher: KubernetesLauncher, api: Any,
-                                                             sleeps: list[float]) -> None:
+def test_transient_errors_are_retried_honouring_retry_after(mocked: tuple[KubernetesLauncher, Any, list[float]]) -> None:
+    launcher, api, sleeps = mocked
     job, plan, placement, env = gpu_job()
     body = render_volcano_job(job, plan, placement, env, attempt=2)
     api.create_namespaced_custom_object.side_effect = [
-        api_error(429, {"Retry-After": "7"}), api_error(503), created(body)]
-    handle = launcher.submit(job, plan, placement, env, attempt=2)
-    assert handle.uid == "uid-1"
+        api_error(429, {"Retry-After": "7"}), api_error(503), {**body, "metadata": {**body["metadata"], "uid": "u1"}}]
+    assert launcher.submit(job, plan, placement, env, attempt=2).uid == "u1"
     assert api.create_namespaced_custom_object.call_count == 3
     assert sleeps[0] == 7.0 and 0 < sleeps[1] <= 30
 
 
-def test_permanent_errors_fail_at_once(launcher: KubernetesLauncher, api: Any, sleeps: list[float]) -> None:
+def test_permanent_errors_fail_at_once_and_retries_give_up(mocked: tuple[KubernetesLauncher, Any, list[float]]) -> None:
+    launcher, api, sleeps = mocked
     job, plan, placement, env = gpu_job()
     api.create_namespaced_custom_object.side_effect = api_error(403)
     with pytest.raises(LaunchError, match=r"cannot create Volcano Job trainyard/gpt-200b-[0-9a-f]{6}: 403"):
         launcher.submit(job, plan, placement, env, attempt=2)
     assert api.create_namespaced_custom_object.call_count == 1 and sleeps == []
-
-
-def test_retries_give_up_after_the_budget(launcher: KubernetesLauncher, api: Any, sleeps: list[float]) -> None:
-    job, plan, placement, env = gpu_job()
     api.create_namespaced_custom_object.side_effect = api_error(500)
     with pytest.raises(LaunchError, match=": 500"):
         launcher.submit(job, plan, placement, env, attempt=2)
-    assert api.create_namespaced_custom_object.call_count == 4 and len(sleeps) == 3
-
-
-def test_conflict_reattaches_to_the_same_attempt_only(launcher: KubernetesLauncher, api: Any) -> None:
-    job, plan, placement, env = gpu_job()
-    body = render_volcano_job(job, plan, placement, env, attempt=2)
-    api.create_namespaced_custom_object.side_effect = api_error(409)
-    api.get_namespaced_custom_object.return_value = created(body, uid="uid-existing")
-    assert launcher.submit(job, plan, placement, env, attempt=2).uid == "uid-existing"
-    api.get_namespaced_custom_object.assert_called_with(*JOB_API, volcano_job_name("gpt-200b", env.run))
-    older = created(body)
-    older["metadata"]["labels"] = {**older["metadata"]["labels"], "trainyard.io/attempt": "1"}
-    api.get_namespaced_custom_object.return_value = older
-    with pytest.raises(LaunchError, match="already exists for attempt 1; stop it before launching attempt 2"):
-        launcher.submit(job, plan, placement, env, attempt=2)
-
-
-def handle() -> RunHandle:
-    return RunHandle(kind="kubernetes", job="gpt-200b", attempt=2, world_size=256, namespace="trainyard",
-                     name="gpt-200b", uid="uid-1", nodes=[f"n{i}" for i in range(32)], ranks_per_node=8)
-
-
-def volcano_status(phase: str, **counts: int) -> dict[str, Any]:
-    return {"metadata": {"name": "gpt-200b", "uid": "uid-1"},
-            "status": {"state": {"phase": phase}, **counts}}
-
-
-@pytest.mark.parametrize(("phase", "state"), [
-    ("Running", "running"), ("Completed", "succeeded"), ("Aborted", "failed"), ("Failed", "failed"),
-    ("Restarting", "running"), ("Terminated", "failed")])
-def test_poll_maps_volcano_phases(launcher: KubernetesLauncher, api: Any, core: Any, phase: str, state: str) -> None:
-    api.get_namespaced_custom_object.return_value = volcano_status(phase, running=32)
-    core.list_namespaced_pod.return_value = V1PodList(items=[])
-    status = launcher.poll(handle())
-    assert status.state == state and f"Volcano phase {phase}" in status.message
-    core.list_namespaced_pod.assert_called_once_with(
-        "trainyard", label_selector="trainyard.io/job=gpt-200b,trainyard.io/attempt=2")
-
-
-def test_pending_explains_why_from_the_podgroup(launcher: KubernetesLauncher, api: Any, core: Any) -> None:
-    reason = "0/1250 nodes are available: 32 Insufficient nvidia.com/gpu"
-    api.get_namespaced_custom_object.side_effect = [
-        volcano_status("Pending", pending=32),
-        {"status": {"conditions": [{"type": "Unschedulable", "status": "True", "message": reason}]}},
-    ]
-    core.list_namespaced_pod.return_value = V1PodList(items=[])
-    status = launcher.poll(handle())
-    assert status.state == "pending" and status.message.endswith(f"scheduler: {reason}")
-    assert api.get_namespaced_custom_object.call_args_list[1] == call(
-        "scheduling.volcano.sh", "v1beta1", "trainyard", "podgroups", "gpt-200b-uid-1")
-
-
-def pod(rank: int, code: int | None) -> V1Pod:
-    state = V1ContainerState(terminated=V1ContainerStateTerminated(exit_code=code, reason="Error")) \
-        if code is not None else V1ContainerState()
-    return V1Pod(metadata=V1ObjectMeta(name=f"gpt-200b-worker-{rank}-0", labels={"trainyard.io/node-rank": str(rank)}),
-                 spec=V1PodSpec(node_name=f"n{rank}", containers=[]),
-                 status=V1PodStatus(phase="Failed" if code else "Running", container_statuses=[
-                     V1ContainerStatus(name="trainer", image="i", image_id="", ready=False, restart_count=0,
-                                       state=state)]))
-
-
-def test_poll_reports_the_failed_pods_exit_code(launcher: KubernetesLauncher, api: Any, core: Any) -> None:
-    api.get_namespaced_custom_object.return_value = volcano_status("Aborted", failed=1)
-    core.list_namespaced_pod.return_value = V1PodList(items=[pod(1, 137), pod(0, None)])
-    status = launcher.poll(handle())
-    assert status.state == "failed" and status.exit_code == 137
-    assert [(a.node, a.exit_code) for a in status.agents] == [("n0", None), ("n1", 137)]
-    assert "killed by SIGKILL" in status.agents[1].message
-
-
-def test_poll_of_a_vanished_or_replaced_job_is_unknown(launcher: KubernetesLauncher, api: Any, core: Any) -> None:
-    api.get_namespaced_custom_object.side_effect = api_error(404)
-    assert launcher.poll(handle()).state == "unknown"
-    api.get_namespaced_custom_object.side_effect = None
-    api.get_namespaced_custom_object.return_value = {"metadata": {"uid": "uid-2"}, "status": {}}
-    status = launcher.poll(handle())
-    assert status.state == "unknown" and "uid uid-2, expected uid-1" in status.message
-
-
-def test_stop_deletes_with_grace_and_uid_precondition(launcher: KubernetesLauncher, api: Any) -> None:
-    api.delete_namespaced_custom_object.side_effect = [api_error(502), {"status": "Success"}]
-    status = launcher.stop(handle(), grace_s=45)
-    assert status.state == "stopped" and api.delete_namespaced_custom_object.call_count == 2
-    args, kwargs = api.delete_namespaced_custom_object.call_args
-    assert args == (*JOB_API, "gpt-200b")
-    assert kwargs["grace_period_seconds"] == 45 and kwargs["propagation_policy"] == "Foreground"
-    assert kwargs["body"].preconditions.uid == "uid-1"
-
-
-@pytest.mark.parametrize("code", [404, 409])
-def test_stop_of_a_gone_job_is_done(launcher: KubernetesLauncher, api: Any, code: int) -> None:
-    api.delete_namespaced_custom_object.side_effect = api_error(code)
-    assert launcher.stop(handle()).state == "stopped"
-    assert api.delete_namespaced_custom_object.call_count == 1
-
-
-def test_logs_read_the_pod_of_the_rank(launcher: KubernetesLauncher, core: Any) -> None:
-    core.read_namespaced_pod_log.return_value = "step 10 loss 2.3"
-    assert launcher.logs(handle(), rank=17, tail=50) == "step 10 loss 2.3"
-    core.read_namespaced_pod_log.assert_called_once_with("gpt-200b-worker-2-0", "trainyard",
-                                                         container="trainer", tail_lines=50)
-    with pytest.raises(ValueError, match="rank 256 is outside the job's world size 256"):
-        launcher.logs(handle(), rank=256)
-
-
-def test_queues_are_created_or_updated(launcher: KubernetesLauncher, api: Any) -> None:
-    teams = load_teams()
-    api.create_cluster_custom_object.side_effect = lambda group, version, plural, body: (
-        (_ for _ in ()).throw(api_error(409)) if body["metadata"]["name"] == "vision" else body)
-    names = launcher.ensure_queues(teams, 10_000)
-    assert names == sorted(teams.teams)
-    assert api.create_cluster_custom_object.call_count == len(names)
-    api.patch_cluster_custom_object.assert_called_once()
-    args = api.patch_cluster_custom_object.call_args.args
-    assert args[:4] == ("scheduling.volcano.sh", "v1beta1", "queues", "vision")
-    assert args[4]["spec"]["deserved"] == {"nvidia.com/gpu": "1500"}
+    assert api.create_namespaced_custom_object.call_count == 5 and len(sleeps) == 3
 
 
 def test_retry_after_accepts_an_http_date() -> None:
@@ -230,37 +347,15 @@ def test_retry_after_accepts_an_http_date() -> None:
     assert retry_after_s(api_error(503)) is None
 
 
-def test_a_local_handle_is_refused(launcher: KubernetesLauncher) -> None:
+def test_a_local_handle_is_refused(mocked: tuple[KubernetesLauncher, Any, list[float]]) -> None:
     with pytest.raises(ValueError, match="cannot use a 'local' handle"):
-        launcher.poll(RunHandle(kind="local", job="j", attempt=0, world_size=1))
+        mocked[0].poll(RunHandle(kind="local", job="j", attempt=0, world_size=1))
 
 
-def test_both_launchers_meet_the_protocol_settle_included(launcher: KubernetesLauncher, tmp_path: Any) -> None:
+def test_both_launchers_meet_the_protocol_settle_included(mocked: tuple[KubernetesLauncher, Any, list[float]],
+                                                          tmp_path: Path) -> None:
     from plugins.launch.base import Launcher
     from plugins.launch.local import LocalLauncher
 
-    assert isinstance(launcher, Launcher) and isinstance(LocalLauncher(tmp_path), Launcher)
+    assert isinstance(mocked[0], Launcher) and isinstance(LocalLauncher(tmp_path), Launcher)
     assert "settle" in Launcher.__dict__
-
-
-def test_settle_keeps_the_verdict_and_cleans_up_only_what_lingers(launcher: KubernetesLauncher, api: Any,
-                                                                   core: Any) -> None:
-    api.get_namespaced_custom_object.return_value = volcano_status("Failed", failed=1)
-    core.list_namespaced_pod.return_value = V1PodList(items=[])
-    settled = launcher.settle(handle())
-    assert settled.state == "failed" and not settled.processes_alive
-    assert api.delete_namespaced_custom_object.call_count == 0  # Volcano ended the pods itself
-    lingering = settled.model_copy(update={"processes_alive": True})
-    api.delete_namespaced_custom_object.return_value = {"status": "Success"}
-    cleaned = launcher.settle(handle(), lingering)
-    assert cleaned.state == "failed" and "cleaned up: deleted trainyard/gpt-200b" in cleaned.message
-    assert api.delete_namespaced_custom_object.call_count == 1
-
-
-def test_the_pods_of_one_run_are_not_confused_with_another_runs_at_the_same_attempt(
-        launcher: KubernetesLauncher, api: Any, core: Any) -> None:
-    api.get_namespaced_custom_object.return_value = volcano_status("Running", running=32)
-    core.list_namespaced_pod.return_value = V1PodList(items=[])
-    launcher.poll(handle().model_copy(update={"run": "20261201t031500-aaaaaa"}))
-    core.list_namespaced_pod.assert_called_once_with(
-        "trainyard", label_selector="trainyard.io/job=gpt-200b,trainyard.io/attempt=2,trainyard.io/run=20261201t031500-aaaaaa")

@@ -1,0 +1,260 @@
+"""A Volcano Job's `RunStatus`, from what the API server says about it (pure, no I/O).
+
+`KubernetesLauncher.poll` (sync client) and `poll_async` (the provider's async hook) fetch the
+same objects — the Job, its PodGroup, its pods, their nodes, and while it has not started the
+events — as plain JSON (`Observed`), and this module reads them:
+
+- **state**: the Job's `status.state.phase` (`PHASES`); while it has not started, a launch that
+  is blocked — the PodGroup `Unschedulable`, a container waiting with `ErrImagePull`,
+  `ImagePullBackOff`, `CreateContainerError`, … — is `pending` with the scheduler's or kubelet's
+  message, and `failed` ("launch failed: …", with the latest warning event) once it has been so
+  for longer than the Job's start timeout (`trainyard.io/start-timeout-s`, counted from the
+  handle's `created_at`);
+- **agents**: one per pod, in node-rank order: pod name, node, whether that node is Ready,
+  phase, the trainer container's exit code and reason (`Completed`, `Error`, `OOMKilled`), or
+  `Evicted:<DisruptionTarget reason>` / `NodeNotReady` / a waiting reason;
+- **ranks**: each rank of each pod (the pod template's `trainyard.io/ranks` range) with its own
+  exit code, read from the pod's termination message — the `exits.jsonl` lines `rank_exec`
+  writes, the container's `terminationMessagePath` — so a rank that exited 42 (diverged) or 46
+  (OOM) is seen as such although torchrun itself exits 1; a rank whose pod died without its
+  own record (the container SIGKILLed, OOMKilled) gets the container's signal as a negative code
+  (`-9`: killed by SIGKILL, the local launcher's convention) and the pod's reason as outcome;
+- **failed_rank / exit_code**: the first rank that failed (earliest `ended_at`), its code;
+  0 when the Job completed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from plugins.launch.exit_codes import describe
+from plugins.launch.model import AgentStatus, RankStatus, RunHandle, RunStatus
+
+PHASES: Mapping[str, str] = {
+    "Pending": "pending", "Running": "running", "Restarting": "running", "Completing": "running",
+    "Aborting": "running", "Terminating": "running", "Completed": "succeeded",
+    "Aborted": "failed", "Terminated": "failed", "Failed": "failed",
+}
+"""Volcano Job phases (`status.state.phase`) → RunState."""
+ENDED_PHASES = ("Completed", "Aborted", "Terminated", "Failed")
+BLOCKING_WAITS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                  "CreateContainerError", "RunContainerError")
+"""Waiting reasons that do not go away by themselves."""
+TRAINER = "trainer"
+START_TIMEOUT_ANNOTATION = "trainyard.io/start-timeout-s"
+
+
+@dataclass
+class Observed:
+    """What the API server said, as JSON (camelCase, the wire form)."""
+
+    job: dict[str, Any] | None
+    group: dict[str, Any] | None = None
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def pod_selector(handle: RunHandle) -> str:
+    selector = f"trainyard.io/job={handle.job},trainyard.io/attempt={handle.attempt}"
+    if handle.run:  # another run of the job may be at the same attempt number
+        selector += f",trainyard.io/run={handle.run}"
+    return selector
+
+
+def group_name(handle: RunHandle, job: Mapping[str, Any]) -> str:
+    """Volcano names a Job's PodGroup `<job>-<uid>`."""
+    return f"{handle.name}-{job['metadata']['uid']}"
+
+
+def owned_pods(handle: RunHandle, pods: list[dict[str, Any]], job_uid: str) -> list[dict[str, Any]]:
+    """The pods of this Job object (owner uid), in node-rank order."""
+    mine = [p for p in pods if not job_uid or any(r.get("uid") == job_uid
+                                                  for r in p["metadata"].get("ownerReferences") or [])]
+    return sorted(mine, key=lambda p: int((p["metadata"].get("labels") or {}).get("trainyard.io/node-rank", 0)))
+
+
+def node_is_ready(node: Mapping[str, Any] | None) -> bool | None:
+    if node is None:
+        return None
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    return None if ready is None else ready.get("status") == "True"
+
+
+def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None) -> RunStatus:
+    now = now or datetime.now(UTC)
+    job = seen.job
+    where = f"{handle.namespace}/{handle.name}"
+    if job is None:
+        return RunStatus(state="unknown", message=f"Volcano Job {where} is gone (deleted, or removed after "
+                                                  "ttlSecondsAfterFinished)")
+    uid = str(job["metadata"].get("uid") or "")
+    if handle.uid and uid and uid != handle.uid:
+        return RunStatus(state="unknown", message=f"{where} is another object now (uid {uid}, expected {handle.uid})")
+    status = job.get("status") or {}
+    phase = (status.get("state") or {}).get("phase") or "Pending"
+    state = PHASES.get(phase, "unknown")
+    agents, ranks, ended = [], [], {}
+    for pod in seen.pods:
+        agent, pod_ranks = _pod(pod, seen.nodes.get(pod["spec"].get("nodeName") or ""))
+        agents.append(agent)
+        ranks += pod_ranks
+        ended.update(_ended_at(pod))
+    message = _message(job, phase, agents)
+    blocked = _blocked(seen, agents) if phase == "Pending" or any(a.phase == "Pending" for a in agents) else ""
+    if blocked:
+        message += f"; not started: {blocked}"
+        limit = float((job["metadata"].get("annotations") or {}).get(START_TIMEOUT_ANNOTATION, 600))
+        waited = (now - handle.created_at).total_seconds()
+        if state in ("pending", "running") and waited > limit:
+            event = _latest_warning(seen)
+            return RunStatus(state="failed", agents=agents, ranks=ranks, processes_alive=_alive(seen.pods),
+                             message=f"launch failed: the pods of {where} did not start in {limit:.0f} s: {blocked}"
+                                     + (f" (event: {event})" if event and event not in blocked else ""))
+    failed = sorted((r for r in ranks if r.exit_code not in (None, 0)),
+                    key=lambda r: (ended.get(r.rank, float("inf")), r.rank))
+    code = 0 if state == "succeeded" else (failed[0].exit_code if failed else None)
+    if state == "failed" and code is None:
+        code = next((a.exit_code for a in agents if a.exit_code not in (None, 0)), 1)
+    return RunStatus(state=state, message=message, exit_code=code,  # type: ignore[arg-type]
+                     failed_rank=failed[0].rank if failed and state != "succeeded" else None,
+                     ranks=ranks, agents=agents,
+                     processes_alive=phase not in ENDED_PHASES or _alive(seen.pods))
+
+
+def _alive(pods: list[dict[str, Any]]) -> bool:
+    return any((p.get("status") or {}).get("phase") not in ("Succeeded", "Failed") for p in pods)
+
+
+def _trainer(pod: Mapping[str, Any]) -> dict[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return next((s for s in statuses if s.get("name") == TRAINER), statuses[0] if statuses else {})
+
+
+def _pod(pod: dict[str, Any], node: dict[str, Any] | None) -> tuple[AgentStatus, list[RankStatus]]:
+    meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
+    node_name = spec.get("nodeName") or ""
+    ready = node_is_ready(node) if node_name else None
+    phase = status.get("phase", "")
+    container = _trainer(pod)
+    state = container.get("state") or {}
+    terminated, waiting = state.get("terminated"), state.get("waiting")
+    code = terminated.get("exitCode") if terminated else None
+    disruption = next((c for c in status.get("conditions") or []
+                       if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), None)
+    scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+    if terminated:
+        reason = terminated.get("reason") or "Error"
+        message = f"{reason}: {describe(code)}"
+    elif disruption is not None:
+        reason = f"Evicted:{disruption.get('reason', '')}"
+        message = f"evicted: {disruption.get('message', '')}"
+    elif node_name and ready is False:
+        reason, message = "NodeNotReady", f"node {node_name} is not Ready"
+    elif waiting:
+        reason = waiting.get("reason", "")
+        message = f"{reason}: {waiting.get('message', '')}".rstrip(": ")
+    elif scheduled.get("status") == "False":
+        reason, message = scheduled.get("reason", "Unschedulable"), scheduled.get("message", "")
+    else:
+        reason, message = "", phase
+    if meta.get("deletionTimestamp") and not terminated:
+        message += " (terminating)"
+    agent = AgentStatus(node=node_name or meta["name"], pod=meta["name"], phase=phase, reason=reason,
+                        node_ready=ready, exit_code=code, message=message,
+                        alive=phase == "Running" and terminated is None)
+    return agent, _ranks(pod, node_name, phase, terminated, reason)
+
+
+def _rank_range(pod: Mapping[str, Any]) -> range:
+    text = (pod["metadata"].get("annotations") or {}).get("trainyard.io/ranks", "")
+    first, _, last = text.partition("-")
+    try:
+        return range(int(first), int(last or first) + 1)
+    except ValueError:
+        return range(0)
+
+
+def exit_records(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The `exits.jsonl` lines of the trainer's termination message (a line cut short by the
+    kubelet's 4096-byte limit — the first one — is skipped)."""
+    terminated = (_trainer(pod).get("state") or {}).get("terminated") or {}
+    out = []
+    for line in (terminated.get("message") or "").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("rank"), int):
+            out.append(record)
+    return out
+
+
+def _ranks(pod: dict[str, Any], node: str, phase: str, terminated: dict[str, Any] | None,
+           reason: str) -> list[RankStatus]:
+    records = exit_records(pod)
+    last: dict[int, dict[str, Any]] = {}
+    for record in records:
+        if record["rank"] not in last or record.get("restart", 0) >= last[record["rank"]].get("restart", 0):
+            last[record["rank"]] = record
+    out = []
+    for rank in _rank_range(pod):
+        record = last.get(rank)
+        if record is not None:
+            code = record.get("exit_code")
+            out.append(RankStatus(rank=rank, node=node, pid=record.get("child_pid"), restart=record.get("restart", 0),
+                                  exit_code=code, outcome=describe(code), phase=phase))
+            continue
+        code = None
+        if terminated is not None:
+            raw = int(terminated.get("exitCode", 0))
+            code = -(raw - 128) if raw > 128 else raw
+        outcome = reason if reason in ("OOMKilled", "NodeNotReady") or reason.startswith("Evicted") else describe(code)
+        out.append(RankStatus(rank=rank, node=node, exit_code=code, outcome=outcome, phase=phase))
+    return out
+
+
+def _ended_at(pod: dict[str, Any]) -> dict[int, float]:
+    """Rank → when it ended: its own record's `ended_at`, else its container's `finishedAt`."""
+    terminated = (_trainer(pod).get("state") or {}).get("terminated") or {}
+    finished = terminated.get("finishedAt")
+    when = datetime.fromisoformat(finished).timestamp() if finished else None
+    out = {rank: when for rank in _rank_range(pod) if when is not None}
+    for record in exit_records(pod):
+        if record.get("ended_at") and record.get("exit_code") not in (None, 0):
+            out[record["rank"]] = min(float(record["ended_at"]), out.get(record["rank"], float("inf")))
+    return out
+
+
+def _message(job: Mapping[str, Any], phase: str, agents: list[AgentStatus]) -> str:
+    status = job.get("status") or {}
+    state = status.get("state") or {}
+    counts = ", ".join(f"{status[k]} {k}" for k in ("pending", "running", "succeeded", "failed", "terminating")
+                       if status.get(k))
+    why = state.get("message") or state.get("reason") or ""
+    message = f"Volcano phase {phase}" + (f" ({counts})" if counts else "") + (f": {why}" if why else "")
+    lost = sorted({a.node for a in agents if a.node_ready is False})
+    if lost:
+        message += f"; node(s) not Ready: {', '.join(lost)}"
+    return message
+
+
+def _blocked(seen: Observed, agents: list[AgentStatus]) -> str:
+    """Why the attempt cannot start (empty: it may still be starting normally)."""
+    for condition in ((seen.group or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Unschedulable" and condition.get("status") == "True":
+            return f"Unschedulable: {condition.get('message') or condition.get('reason', '')}"
+    for agent in agents:
+        if agent.reason in BLOCKING_WAITS or agent.reason == "Unschedulable":
+            return f"pod {agent.pod}: {agent.message}"
+    return ""
+
+
+def _latest_warning(seen: Observed) -> str:
+    warnings = [e for e in seen.events if e.get("type") == "Warning"]
+    warnings.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return f"{warnings[-1].get('reason', '')}: {warnings[-1].get('message', '')}" if warnings else ""

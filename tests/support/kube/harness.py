@@ -1,0 +1,373 @@
+"""`KubeHarness`: a small Kubernetes with Volcano on this machine, for tests only.
+
+    with KubeHarness(tmp_path / "kube") as kube:          # 2 nodes × 1 CPU "GPU"
+        launcher = KubernetesLauncher.from_kubeconfig(str(kube.kubeconfig),
+                                                      options=kube.launcher_options())
+        ...
+        kube.kill_pod("job-abc123-worker-1-0")             # SIGKILL the container (oom=True: OOMKilled)
+        kube.lose_node("kube-sim-1")                       # its link down, its node agent gone
+
+Parts (each module's docstring says what it emulates and what not):
+- `apiserver.py` + `store.py`: the API over real HTTP, every write checked against the real
+  schemas (`schemas.py`), on 127.0.0.1 for the tests and on the simulated network's bridge for
+  the kubelets;
+- `volcano.py`: the job controller, its admission checks and the gang scheduler;
+- `lifecycle.py`: node lifecycle (NotReady, taints, eviction) and the cluster DNS;
+- `netns.py` + `kubelet.py`: each node a network namespace on a bridge in a namespace of the
+  harness, its kubelet a process in it (`ip netns exec`) that runs the pods' containers;
+- one node agent per node (`python -m node_agent`), on a loopback port of this machine, reading
+  that node's heartbeats (`node_agents`: node → URL); gone when its node is lost.
+
+Timings (shorter than Kubernetes' so tests stay quick): a node is NotReady `node_grace_s`
+(default 3 s) after its kubelet's last status, its pods are evicted `eviction_s` (default 1 s)
+after that. The controllers run every 0.1 s, the kubelets every 0.2 s.
+
+Images: every image is this repository's venv (see `kubelet.py`); `missing_images` lists
+images that fail to pull. The launcher options that fit the harness are `launcher_options()`:
+the heartbeat hostPath and the run folder under the harness's folder (the mount points must
+exist on this machine), no RDMA device.
+
+Cleaning up: `close()` (the context manager's exit, also registered with `atexit`) stops the
+controllers, kills every process in the nodes' namespaces, the kubelets and the node agents,
+deletes the namespaces and their `/etc/netns/<ns>` folders; and a new harness first removes
+the namespaces of harnesses whose process is gone (`tyk<pid>x…`). Where namespaces cannot be
+made, `KubeHarness(...)` raises `netns.NetnsUnavailable` saying why (tests: `harness_or_skip`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.support.kube import netns, schemas
+from tests.support.kube.apiserver import ApiServer
+from tests.support.kube.control_plane import ControlPlane
+from tests.support.kube.kubelet import Config
+from tests.support.kube.lifecycle import node_ready
+from tests.support.kube.rest import Rest, RestError
+
+REPO_ROOT = schemas.REPO_ROOT
+NAMESPACE_PATTERN = re.compile(r"^tyk(\d+)x[0-9a-f]+-")
+FABRIC_PORT = 6443
+DEFAULT_NODES = ("kube-sim-0", "kube-sim-1")
+"""The node names of `config/clusters/kube-sim.yaml`."""
+RACK = "sim-rack"
+
+
+@dataclass
+class SimNode:
+    name: str
+    netns: str
+    address: str
+    root: Path
+    heartbeat_dir: Path
+    """Where this node's workers' heartbeats land on this machine (the hostPath's backing folder)."""
+    agent_url: str = ""
+    kubelet: subprocess.Popen[bytes] | None = None
+    agent: subprocess.Popen[bytes] | None = None
+    lost: bool = False
+
+
+def sweep_stale() -> list[str]:
+    """Remove the namespaces of harnesses whose process no longer exists."""
+    result = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30, check=False)
+    stale = []
+    for line in result.stdout.splitlines():
+        m = NAMESPACE_PATTERN.match(line.split()[0] if line.split() else "")
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            stale.append(line.split()[0])
+    return netns.sweep_namespaces(stale)
+
+
+class KubeHarness:
+    def __init__(self, root: Path, nodes: Sequence[str] = DEFAULT_NODES, *, cpus_per_node: int = 1,
+                 gpu_product: str = "cpu", rack: str = RACK, namespace: str = "trainyard",
+                 missing_images: Sequence[str] = (), node_grace_s: float = 3.0, eviction_s: float = 1.0,
+                 node_agents: bool = True) -> None:
+        netns.check_available()
+        schemas.check_crds_present()
+        self.root = Path(root).resolve()
+        self.node_names = list(nodes)
+        self.cpus_per_node = cpus_per_node
+        self.gpu_product = gpu_product
+        self.rack = rack
+        self.namespace = namespace
+        self.missing_images = list(missing_images)
+        self.node_grace_s = node_grace_s
+        self.eviction_s = eviction_s
+        self.with_agents = node_agents
+        self.prefix = f"tyk{os.getpid()}x{secrets.token_hex(2)}"
+        self.network = netns.Network(self.prefix)
+        self.plane: ControlPlane | None = None
+        self.nodes: dict[str, SimNode] = {}
+        self._stop = threading.Event()
+        self._controllers: threading.Thread | None = None
+        self.controller_errors: list[str] = []
+        self._closed = False
+
+    # --- start / stop ---
+
+    def __enter__(self) -> KubeHarness:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> KubeHarness:
+        atexit.register(self.close)
+        sweep_stale()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.network.create(self.node_names)
+        self.plane = ControlPlane(self.root, namespace=self.namespace, node_grace_s=self.node_grace_s,
+                                  eviction_s=self.eviction_s, log_path=self._log_path,
+                                  write_hosts=self.network.write_hosts)
+        fabric_url = self.plane.server.listen(self.network.listen_in_fabric(FABRIC_PORT))
+        self._controllers = threading.Thread(target=self._run_controllers, name="kube-controllers", daemon=True)
+        self._controllers.start()
+        for name in self.node_names:
+            self._start_node(name, fabric_url)
+        self.wait_for(lambda: all(n.name in self.ready_nodes() for n in self.nodes.values()), 60,
+                      "the simulated nodes to register and become Ready")
+        if self.with_agents:
+            for node in self.nodes.values():
+                self._start_agent(node)
+        return self
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._controllers is not None:
+            self._controllers.join(timeout=10)
+        for node in self.nodes.values():
+            for proc in (node.kubelet, node.agent):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                if proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=10)
+        left = self.network.close()
+        if self.plane is not None:
+            self.plane.close()
+        atexit.unregister(self.close)
+        if left:
+            raise RuntimeError(f"the harness could not remove network namespaces {left}")
+
+    # --- nodes ---
+
+    def _start_node(self, name: str, fabric_url: str) -> None:
+        net = self.network.nodes[name]
+        root = self.root / "nodes" / name
+        root.mkdir(parents=True, exist_ok=True)
+        heartbeats = root / "hostfs" / self.heartbeat_root.lstrip("/")
+        heartbeats.mkdir(parents=True, exist_ok=True)
+        node = self.nodes[name] = SimNode(name=name, netns=net.netns, address=net.address, root=root,
+                                          heartbeat_dir=heartbeats)
+        config = Config(
+            node=name, api=fabric_url, token=self.token, root=str(root), harness_root=str(self.root),
+            address=net.address, repo=str(REPO_ROOT), venv_bin=str(Path(sys.executable).parent),
+            labels={"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "topology.kubernetes.io/rack": self.rack,
+                    "nvidia.com/gpu.count": str(self.cpus_per_node), "nvidia.com/gpu.product": self.gpu_product},
+            capacity={"cpu": str(self.cpus_per_node), "memory": "4Gi", "pods": "110", "ephemeral-storage": "10Gi"},
+            image_env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, missing_images=self.missing_images)
+        path = root / "kubelet.json"
+        path.write_text(json.dumps(asdict(config)))
+        with (root / "kubelet.log").open("ab") as log:
+            node.kubelet = subprocess.Popen(
+                ["ip", "netns", "exec", net.netns, sys.executable, "-m", "tests.support.kube.kubelet", str(path)],
+                cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
+    def _start_agent(self, node: SimNode) -> None:
+        from tests.support.procs import free_port
+
+        port = free_port()
+        with (node.root / "node-agent.log").open("ab") as log:
+            node.agent = subprocess.Popen(
+                [sys.executable, "-m", "node_agent", "--node", node.name, "--host", "127.0.0.1", "--port", str(port),
+                 "--heartbeat-dir", str(node.heartbeat_dir), "--cpu-slots", str(self.cpus_per_node),
+                 "--poll-interval-s", "1", "--enable-fault-injection"],
+                cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        node.agent_url = f"http://127.0.0.1:{port}"
+
+        def live() -> bool:
+            try:
+                with urllib.request.urlopen(node.agent_url + "/livez", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                if node.agent is not None and node.agent.poll() is not None:
+                    raise AssertionError(f"node agent of {node.name} exited:\n"
+                                         + (node.root / "node-agent.log").read_text(errors="replace")) from None
+                return False
+
+        self.wait_for(live, 60, f"the node agent of {node.name}")
+
+    @property
+    def node_agents(self) -> dict[str, str]:
+        """node → node agent URL, for the nodes that are not lost (`Settings.node_agents`' shape)."""
+        return {n.name: n.agent_url for n in self.nodes.values() if n.agent_url and not n.lost}
+
+    def lose_node(self, name: str) -> None:
+        """Cut the node's link (its pods keep running behind it, unreachable) and stop its node agent."""
+        node = self.nodes[name]
+        self.network.set_link(name, up=False)
+        node.lost = True
+        if node.agent is not None and node.agent.poll() is None:
+            node.agent.kill()
+            node.agent.wait(timeout=10)
+
+    def restore_node(self, name: str) -> None:
+        """Plug the link back in (the kubelet posts status again; the node agent is started anew)."""
+        node = self.nodes[name]
+        self.network.set_link(name, up=True)
+        node.lost = False
+        if self.with_agents:
+            self._start_agent(node)
+
+    # --- pods ---
+
+    def pod_dir(self, pod: str, namespace: str | None = None) -> Path:
+        found = self.rest().get("v1", "pods", namespace or self.namespace, pod)
+        meta = found["metadata"]
+        return self.root / "nodes" / found["spec"]["nodeName"] / "pods" / f"{meta['namespace']}_{pod}_{meta['uid']}"
+
+    def kill_pod(self, pod: str, sig: int = signal.SIGKILL, *, container: str = "trainer", oom: bool = False,
+                 namespace: str | None = None) -> None:
+        """Signal the container's PID 1 (SIGKILL ends every process of the container); `oom=True`
+        makes the kubelet report the SIGKILL as `OOMKilled`, as when the kernel kills for memory."""
+        folder = self.pod_dir(pod, namespace)
+        if oom:
+            (folder / f"{container}.oom").write_text("killed for memory by the harness\n")
+        os.kill(int((folder / f"{container}.pid").read_text()), sig)
+
+    def _log_path(self, pod: dict[str, Any], container: str) -> Path | None:
+        meta, node = pod["metadata"], pod["spec"].get("nodeName")
+        if not node:
+            return None
+        return self.root / "nodes" / node / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / f"{container}.log"
+
+    # --- clients and options ---
+
+    @property
+    def api(self) -> ApiServer:
+        assert self.plane is not None, "the harness is not started"
+        return self.plane.server
+
+    @property
+    def url(self) -> str:
+        """The API server's address on this machine (what the kubeconfig names)."""
+        return self.plane.url if self.plane else ""
+
+    @property
+    def token(self) -> str:
+        return self.plane.token if self.plane else ""
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def connection_uri(self) -> str:
+        """An Airflow connection for the cncf-kubernetes provider (`AIRFLOW_CONN_<ID>`)."""
+        assert self.plane is not None
+        return self.plane.connection_uri
+
+    @property
+    def connection_json(self) -> str:
+        assert self.plane is not None
+        return self.plane.connection_json
+
+    def rest(self) -> Rest:
+        return Rest(self.url, self.token)
+
+    @property
+    def heartbeat_root(self) -> str:
+        return str(self.root / "mnt" / "heartbeats")
+
+    def launcher_options(self, **overrides: Any) -> Any:
+        """`KubernetesOptions` for this cluster: its namespace, mount points under the harness's
+        folder, no RDMA device, a short SIGTERM grace."""
+        from plugins.launch.manifests import KubernetesOptions
+
+        values: dict[str, Any] = {"namespace": self.namespace, "rdma_resource": None,
+                                  "heartbeat_root": self.heartbeat_root, "run_dir": str(self.root / "mnt" / "run"),
+                                  "termination_grace_s": 10, "shared_filesystem": True}
+        return KubernetesOptions(**(values | overrides))
+
+    # --- waiting ---
+
+    def ready_nodes(self) -> set[str]:
+        try:
+            return {n["metadata"]["name"] for n in self.rest().list("v1", "nodes") if node_ready(n)}
+        except (RestError, OSError):
+            return set()
+
+    def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        """Poll `predicate` until it is truthy; on timeout fail with the kubelets' logs."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{self.diagnostics()}")
+            time.sleep(0.1)
+
+    def diagnostics(self) -> str:
+        parts = [f"controller errors: {self.controller_errors[-5:]}"]
+        for node in self.nodes.values():
+            log = node.root / "kubelet.log"
+            text = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            parts.append(f"--- kubelet {node.name} (exit {node.kubelet.poll() if node.kubelet else None}) ---\n{text}")
+        return "\n".join(parts)
+
+    def _run_controllers(self) -> None:
+        assert self.plane is not None
+        plane = self.plane
+        while not self._stop.wait(0.1):
+            for part in (plane.server.store.collect_garbage, plane.jobs.tick, plane.scheduler.tick,
+                         plane.lifecycle.tick, plane.dns.write):
+                try:
+                    part()
+                except Exception as e:  # noqa: BLE001 - keep the control plane up, report through diagnostics
+                    self.controller_errors.append(f"{getattr(part, '__qualname__', part)}: {type(e).__name__}: {e}")
+
+
+def _child_env() -> dict[str, str]:
+    from tests.support.procs import test_env
+
+    return test_env()
+
+
+def harness_or_skip(root: Path, **kwargs: Any) -> KubeHarness:
+    """A started harness, or the test skips (fails where `TRAINYARD_REQUIRE` names `netns` or
+    `schemas`) saying why namespaces or the Volcano schemas are not available."""
+    from tests.support.require import missing
+
+    try:
+        return KubeHarness(root, **kwargs).__enter__()
+    except netns.NetnsUnavailable as e:
+        missing("netns", f"the Kubernetes harness needs network namespaces: {e}")
+    except schemas.SchemaMissing as e:
+        missing("schemas", str(e))

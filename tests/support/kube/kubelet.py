@@ -1,0 +1,477 @@
+"""A simulated node's kubelet: `python -m tests.support.kube.kubelet CONFIG.json`, started by
+the harness with `ip netns exec <node ns>`, so it and every container it starts live on that
+node's network (and reach the API server over the simulated network, on the bridge address).
+
+It registers its `Node` (labels and capacity from the config), posts the node's status every
+`heartbeat_s`, and runs the pods bound to it as real processes:
+
+- **Image → this machine.** No image is pulled: every image is "this repository's venv" — the
+  container's `command` + `args` run with `.venv/bin` first on `PATH`, `PYTHONPATH` = the
+  repository root and the working directory the repository root (what the project's Dockerfile
+  sets: `WORKDIR`/`PYTHONPATH` = the source), unless the container names a `workingDir`. An
+  image listed in `missing_images` fails to pull (`ErrImagePull`, then `ImagePullBackOff`, with
+  the events a real kubelet records) and the pod stays Pending.
+- **A container is a process in namespaces of its own**: a PID namespace (it is PID 1 there:
+  a SIGTERM it has no handler for is ignored, and when it dies every process it started dies
+  with it — torchrun's workers included, though they run in sessions of their own), a mount
+  namespace (its volumes bind-mounted at their `mountPath`s) and a UTS namespace (its host
+  name is the pod's `hostname`, so gloo finds the pod's address from it, as in a real pod).
+  It shares the node's network namespace with the other containers of the node.
+- **Volumes**: `emptyDir` is a folder of the pod; `hostPath` a folder of the node
+  (`<node root>/hostfs/<path>`), so the node agent of that node reads that node's heartbeats.
+  A mount point must exist on this machine or lie under the harness's folder (where it is
+  made); other volume types fail the container with `CreateContainerConfigError`.
+- **Env**: `value` and `valueFrom.fieldRef` (metadata.name/namespace/uid/labels[…],
+  spec.nodeName, spec.serviceAccountName, status.podIP/hostIP); `$(VAR)` references in
+  command and args are expanded as Kubernetes does. The security context is validated by the
+  API server but not enforced (containers run as this process's user); resource limits are
+  not enforced either — `OOMKilled` is what the harness reports when it kills a container
+  "for memory" (`Harness.kill_pod(..., oom=True)` leaves a marker before its SIGKILL).
+- **Exit**: phase Succeeded / Failed (restartPolicy Never; other policies are treated as Never),
+  exit code (128 + signal when killed), reason `Completed` / `Error` / `OOMKilled`, and the
+  termination message: the file at `terminationMessagePath` when it lies in a volume (the
+  last 4096 bytes, as the kubelet reads it), else with `FallbackToLogsOnError` the log's tail.
+- **Deletion**: a pod marked for deletion gets SIGTERM, then SIGKILL at its deadline
+  (`deletionTimestamp`); once its containers are gone the kubelet reports them and finishes the
+  deletion (grace 0, uid precondition). A running pod that vanished from the API is killed.
+
+One thread only, on purpose: each container's PID namespace is made with `unshare(CLONE_NEWPID)`
+in this process just before the fork, and a process whose children go to another PID namespace
+cannot start threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tests.support.kube.rest import Rest, RestError
+from tests.support.kube.store import now_rfc3339, parse_time
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWPID = 0x00020000, 0x04000000, 0x20000000
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+TERMINATION_MESSAGE_BYTES = 4096
+_libc = ctypes.CDLL(None, use_errno=True)
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion: defined variables are replaced, `$$` is `$`, the rest stays."""
+    return _VAR.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+@dataclass
+class Config:
+    node: str
+    api: str
+    token: str
+    root: str
+    """The node's folder (pods, logs, hostPath volumes)."""
+    harness_root: str
+    address: str
+    labels: dict[str, str]
+    capacity: dict[str, str]
+    repo: str
+    venv_bin: str
+    image_env: dict[str, str] = field(default_factory=dict)
+    missing_images: list[str] = field(default_factory=list)
+    heartbeat_s: float = 1.0
+    sync_s: float = 0.2
+
+
+class CannotStart(Exception):
+    """The container cannot be created: (reason, message) go into its waiting state."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+@dataclass
+class Container:
+    name: str
+    image: str
+    proc: subprocess.Popen[bytes]
+    started_at: str
+    log: Path
+    termination_file: Path | None
+    fallback_to_logs: bool
+    oom_marker: Path
+    term_sent: bool = False
+    finished_at: str = ""
+
+    def state(self) -> dict[str, Any]:
+        code = self.proc.poll()
+        if code is None:
+            return {"running": {"startedAt": self.started_at}}
+        self.finished_at = self.finished_at or now_rfc3339()
+        exit_code = 128 - code if code < 0 else code
+        reason = ("OOMKilled" if self.oom_marker.exists() and exit_code == 137
+                  else "Completed" if exit_code == 0 else "Error")
+        terminated = {"exitCode": exit_code, "reason": reason, "startedAt": self.started_at,
+                      "finishedAt": self.finished_at, "containerID": f"trainyard://{self.proc.pid}"}
+        if code < 0:
+            terminated["signal"] = -code
+        message = self._message(exit_code)
+        if message:
+            terminated["message"] = message
+        return {"terminated": terminated}
+
+    def _message(self, exit_code: int) -> str:
+        text = ""
+        if self.termination_file is not None and self.termination_file.exists():
+            data = self.termination_file.read_bytes()[-TERMINATION_MESSAGE_BYTES:]
+            text = data.decode(errors="replace")
+        if not text and self.fallback_to_logs and exit_code != 0 and self.log.exists():
+            lines = self.log.read_bytes().splitlines()[-80:]
+            text = b"\n".join(lines)[-2048:].decode(errors="replace")
+        return text
+
+
+@dataclass
+class PodRun:
+    uid: str
+    dir: Path
+    containers: dict[str, Container] = field(default_factory=dict)
+    waiting: dict[str, tuple[str, str]] = field(default_factory=dict)
+    events_sent: set[str] = field(default_factory=set)
+    reported_final: bool = False
+
+    @property
+    def running(self) -> bool:
+        return any(c.proc.poll() is None for c in self.containers.values())
+
+
+class Kubelet:
+    def __init__(self, config: Config) -> None:
+        self.c = config
+        self.api = Rest(config.api, config.token, timeout_s=2.0)
+        self.root = Path(config.root)
+        self.pods: dict[str, PodRun] = {}
+        self.last_beat = 0.0
+        self.ready_since = now_rfc3339()
+
+    # --- the node ---
+
+    def node_status(self) -> dict[str, Any]:
+        now = now_rfc3339()
+
+        def condition(type_: str, status: str, reason: str, message: str) -> dict[str, str]:
+            return {"type": type_, "status": status, "reason": reason, "message": message,
+                    "lastHeartbeatTime": now, "lastTransitionTime": self.ready_since}
+
+        return {
+            "capacity": self.c.capacity, "allocatable": self.c.capacity,
+            "addresses": [{"type": "InternalIP", "address": self.c.address}, {"type": "Hostname", "address": self.c.node}],
+            "conditions": [
+                condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"architecture": "amd64", "bootID": self.c.node, "containerRuntimeVersion": "trainyard://0.1",
+                         "kernelVersion": os.uname().release, "kubeProxyVersion": "", "kubeletVersion": "v1.33.0",
+                         "machineID": self.c.node, "operatingSystem": "linux", "osImage": "trainyard kube emulator",
+                         "systemUUID": self.c.node},
+        }
+
+    def register(self) -> None:
+        body = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": self.c.node, "labels": self.c.labels}, "spec": {}, "status": self.node_status()}
+        try:
+            self.api.create("v1", "nodes", None, body)
+        except RestError as e:
+            if e.status != 409:
+                raise
+            self.api.patch("v1", "nodes", None, self.c.node, {"status": self.node_status()}, status=True)
+        self.last_beat = time.monotonic()
+
+    def heartbeat(self) -> None:
+        if time.monotonic() - self.last_beat < self.c.heartbeat_s:
+            return
+        self.api.patch("v1", "nodes", None, self.c.node, {"status": {"conditions": self.node_status()["conditions"]}},
+                       status=True)
+        self.last_beat = time.monotonic()
+
+    # --- pods ---
+
+    def sync(self) -> None:
+        pods = self.api.list("v1", "pods", fields=f"spec.nodeName={self.c.node}")
+        seen = set()
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            seen.add(uid)
+            run = self.pods.get(uid)
+            if pod["metadata"].get("deletionTimestamp"):
+                self._terminate(pod, run)
+                continue
+            if run is None and pod["status"].get("phase") == "Pending":
+                run = self.pods[uid] = PodRun(uid=uid, dir=self._pod_dir(pod))
+            if run is not None and not run.reported_final:
+                self._start_waiting(pod, run)
+                self._report(pod, run)
+        for uid, run in list(self.pods.items()):
+            if uid not in seen:  # force-deleted, or gone with the node's replacement
+                self._kill(run, signal.SIGKILL)
+                if not run.running:
+                    del self.pods[uid]
+
+    def _pod_dir(self, pod: dict[str, Any]) -> Path:
+        meta = pod["metadata"]
+        path = self.root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _start_waiting(self, pod: dict[str, Any], run: PodRun) -> None:
+        for spec in pod["spec"]["containers"]:
+            if spec["name"] in run.containers:
+                continue
+            try:
+                if pod["spec"].get("initContainers"):
+                    raise CannotStart("CreateContainerConfigError", "the emulator's kubelet runs no init containers")
+                self._pull(pod, run, spec)
+                run.containers[spec["name"]] = self._start(pod, run, spec)
+                run.waiting.pop(spec["name"], None)
+                self._event_once(pod, run, f"started-{spec['name']}", "Started",
+                                 f"Started container {spec['name']}", "Normal")
+            except CannotStart as e:
+                run.waiting[spec["name"]] = (e.reason, e.message)
+                if e.reason not in ("ErrImagePull", "ImagePullBackOff"):
+                    self._event_once(pod, run, e.reason + spec["name"], "Failed", f"Error: {e.message}")
+
+    def _pull(self, pod: dict[str, Any], run: PodRun, spec: dict[str, Any]) -> None:
+        image = spec["image"]
+        if image not in self.c.missing_images:
+            return
+        self._event_once(pod, run, f"pull-{image}", "Failed",
+                         f'Failed to pull image "{image}": rpc error: code = NotFound desc = failed to pull and '
+                         f'unpack image "{image}": not found')
+        if f"errimagepull-{spec['name']}" not in run.events_sent:
+            run.events_sent.add(f"errimagepull-{spec['name']}")
+            raise CannotStart("ErrImagePull", f'failed to pull and unpack image "{image}": not found')
+        self._event_once(pod, run, f"backoff-{image}", "BackOff", f'Back-off pulling image "{image}"', "Normal")
+        raise CannotStart("ImagePullBackOff", f'Back-off pulling image "{image}"')
+
+    def _env(self, pod: dict[str, Any], spec: dict[str, Any]) -> dict[str, str]:
+        fields = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
+                  "metadata.uid": pod["metadata"]["uid"], "spec.nodeName": self.c.node,
+                  "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+                  "status.podIP": self.c.address, "status.hostIP": self.c.address}
+        env = {"PATH": f"{self.c.venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "HOME": "/root", "PYTHONPATH": self.c.repo, "HOSTNAME": self._hostname(pod), **self.c.image_env}
+        for item in spec.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = expand(item["value"], env)
+                continue
+            ref = (item.get("valueFrom") or {}).get("fieldRef")
+            if ref is None:
+                raise CannotStart("CreateContainerConfigError",
+                                  f"env {item['name']}: only value and fieldRef are emulated")
+            path = ref["fieldPath"]
+            if m := re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path):
+                env[item["name"]] = (pod["metadata"].get(m.group(1)) or {}).get(m.group(2), "")
+            elif path in fields:
+                env[item["name"]] = fields[path]
+            else:
+                raise CannotStart("CreateContainerConfigError", f"env {item['name']}: fieldPath {path} is not emulated")
+        return env
+
+    @staticmethod
+    def _hostname(pod: dict[str, Any]) -> str:
+        return pod["spec"].get("hostname") or pod["metadata"]["name"]
+
+    def _mounts(self, pod: dict[str, Any], run: PodRun, spec: dict[str, Any]) -> list[tuple[str, str, bool]]:
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        mounts = []
+        for mount in spec.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"])
+            if volume is None:
+                raise CannotStart("CreateContainerConfigError", f"volume {mount['name']!r} is not in the pod")
+            if "emptyDir" in volume:
+                source = run.dir / "volumes" / mount["name"]
+            elif "hostPath" in volume:
+                source = self.root / "hostfs" / volume["hostPath"]["path"].lstrip("/")
+            else:
+                raise CannotStart("CreateContainerConfigError",
+                                  f"volume {mount['name']!r}: only emptyDir and hostPath are emulated")
+            source.mkdir(parents=True, exist_ok=True)
+            source.chmod(0o1777)
+            target = Path(mount["mountPath"])
+            if not target.exists():
+                if not target.is_relative_to(self.c.harness_root):
+                    raise CannotStart("CreateContainerError",
+                                      f"mount point {target} does not exist on this machine; the emulator mounts only "
+                                      "over existing paths or under its own folder (give the option a path there)")
+                target.mkdir(parents=True, exist_ok=True)
+            mounts.append((str(source), str(target), bool(mount.get("readOnly"))))
+        return mounts
+
+    def _termination_file(self, spec: dict[str, Any], mounts: list[tuple[str, str, bool]]) -> Path | None:
+        path = spec.get("terminationMessagePath") or "/dev/termination-log"
+        for source, target, _ in mounts:
+            if path.startswith(target.rstrip("/") + "/"):
+                return Path(source) / path[len(target.rstrip("/")) + 1:]
+        return None
+
+    def _start(self, pod: dict[str, Any], run: PodRun, spec: dict[str, Any]) -> Container:
+        env = self._env(pod, spec)
+        argv = [expand(a, env) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
+        if not spec.get("command"):
+            raise CannotStart("CreateContainerError", "the emulator knows no image entrypoint: give command")
+        cwd = spec.get("workingDir") or self.c.repo
+        mounts = self._mounts(pod, run, spec)
+        if not Path(cwd).is_dir():
+            raise CannotStart("CreateContainerError", f"working directory {cwd} does not exist")
+        log = run.dir / f"{spec['name']}.log"
+        hostname = self._hostname(pod).encode()
+
+        def enter_container() -> None:  # runs in the child, between fork and exec
+            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare")
+            _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+            _check(_libc.sethostname(hostname, len(hostname)), "sethostname")
+            for source, target, read_only in mounts:
+                _check(_libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), f"bind {target}")
+                if read_only:
+                    _check(_libc.mount(None, target.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None),
+                           f"read-only {target}")
+
+        _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")  # the next child is its namespace's PID 1
+        with log.open("ab") as out:
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, preexec_fn=enter_container, close_fds=True)
+        (run.dir / f"{spec['name']}.pid").write_text(str(proc.pid))
+        return Container(name=spec["name"], image=spec["image"], proc=proc, started_at=now_rfc3339(), log=log,
+                         termination_file=self._termination_file(spec, mounts),
+                         fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
+                         oom_marker=run.dir / f"{spec['name']}.oom")
+
+    def _container_status(self, spec: dict[str, Any], run: PodRun) -> dict[str, Any]:
+        name, image = spec["name"], spec["image"]
+        status: dict[str, Any] = {"name": name, "image": image, "imageID": "", "restartCount": 0,
+                                  "ready": False, "started": False}
+        container = run.containers.get(name)
+        if container is None:
+            reason, message = run.waiting.get(name, ("ContainerCreating", ""))
+            status["state"] = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+            return status
+        status.update(imageID=f"trainyard-venv://{image}", containerID=f"trainyard://{container.proc.pid}",
+                      state=container.state())
+        running = "running" in status["state"]
+        status.update(ready=running, started=running)
+        return status
+
+    def _report(self, pod: dict[str, Any], run: PodRun) -> None:
+        specs = pod["spec"]["containers"]
+        statuses = [self._container_status(s, run) for s in specs]
+        states = [s["state"] for s in statuses]
+        if all("terminated" in s for s in states):
+            phase = "Succeeded" if all(s["terminated"]["exitCode"] == 0 for s in states) else "Failed"
+        elif all("running" in s or "terminated" in s for s in states):
+            phase = "Running"
+        else:
+            phase = "Pending"
+        ready = "True" if all("running" in s for s in states) else "False"
+        now = now_rfc3339()
+        old = {c["type"]: c for c in pod["status"].get("conditions") or []}
+
+        def condition(type_: str, value: str) -> dict[str, Any]:
+            before = old.get(type_)
+            since = before["lastTransitionTime"] if before and before.get("status") == value else now
+            return {"type": type_, "status": value, "lastTransitionTime": since}
+
+        conditions = [c for t, c in old.items() if t not in ("Initialized", "ContainersReady", "Ready")]
+        conditions += [condition("Initialized", "True"), condition("ContainersReady", ready), condition("Ready", ready)]
+        status = {"phase": phase, "hostIP": self.c.address, "hostIPs": [{"ip": self.c.address}],
+                  "podIP": self.c.address, "podIPs": [{"ip": self.c.address}],
+                  "startTime": pod["status"].get("startTime") or now, "conditions": conditions,
+                  "containerStatuses": statuses}
+        if phase in ("Succeeded", "Failed"):
+            run.reported_final = True
+        if _differs(pod["status"], status):
+            self.api.patch("v1", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"], {"status": status},
+                           status=True)
+
+    def _terminate(self, pod: dict[str, Any], run: PodRun | None) -> None:
+        meta = pod["metadata"]
+        if run is not None and run.running:
+            deadline = parse_time(meta["deletionTimestamp"])
+            if datetime.now(UTC) >= deadline:
+                self._kill(run, signal.SIGKILL)
+            elif not any(c.term_sent for c in run.containers.values()):
+                self._kill(run, signal.SIGTERM)
+                self._event_once(pod, run, "killing", "Killing", "Stopping container "
+                                 + ", ".join(run.containers), "Normal")
+            return
+        if run is not None and run.containers:
+            self._report(pod, run)
+        try:
+            self.api.delete("v1", "pods", meta["namespace"], meta["name"],
+                            {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+        except RestError as e:
+            if e.status not in (404, 409):
+                raise
+        self.pods.pop(meta["uid"], None)
+
+    @staticmethod
+    def _kill(run: PodRun, sig: signal.Signals) -> None:
+        for container in run.containers.values():
+            if container.proc.poll() is None:
+                container.term_sent = container.term_sent or sig == signal.SIGTERM
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(container.proc.pid, sig)
+
+    def _event_once(self, pod: dict[str, Any], run: PodRun, key: str, reason: str, message: str,
+                    type_: str = "Warning") -> None:
+        if key in run.events_sent:
+            return
+        run.events_sent.add(key)
+        self.api.event(pod, reason, message, type_=type_, component="kubelet")
+
+    def run_forever(self) -> None:
+        self.register()
+        stop = {"now": False}
+        signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+        while not stop["now"]:
+            try:
+                self.heartbeat()
+                self.sync()
+            except (RestError, OSError, ValueError) as e:  # the API is away (a lost link): keep the pods
+                print(f"{now_rfc3339()} kubelet {self.c.node}: {type(e).__name__}: {e}", flush=True)
+                time.sleep(self.c.sync_s)
+            except Exception as e:  # noqa: BLE001 - log, keep serving the node
+                print(f"{now_rfc3339()} kubelet {self.c.node}: {type(e).__name__}: {e}", flush=True)
+            time.sleep(self.c.sync_s)
+        for run in self.pods.values():
+            self._kill(run, signal.SIGKILL)
+
+
+def _differs(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    return any(old.get(k) != v for k, v in new.items())
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    config = Config(**json.loads(Path(args[0]).read_text()))
+    Kubelet(config).run_forever()
+
+
+if __name__ == "__main__":
+    main()
