@@ -217,13 +217,19 @@ def check_data(opened: Opened, runtime: Runtime) -> DataChecked:
 # --- plan, place -------------------------------------------------------------------------------
 
 
+class AttemptNotStarted(FatalError):
+    """A step before the gang ran refused its input (a `ValueError` from the planner or a
+    launcher): retrying the same attempt cannot help."""
+
+
 @contextlib.contextmanager
 def _failing(opened: Opened, runtime: Runtime, what: str) -> Iterator[None]:
-    """A fatal error inside ends the attempt as `launch_failed` (its message the reason) and the
-    run as failed — nothing ran, nothing to recover — then propagates."""
+    """A fatal error inside — or a `ValueError`, a refusal of the input — ends the attempt as
+    `launch_failed` (its message the reason) and the run as failed (nothing ran, nothing to
+    recover), then propagates as fatal: the task is not retried."""
     try:
         yield
-    except FatalError as e:
+    except (FatalError, ValueError) as e:
         from plugins.recovery.state import open_job_state
 
         report = FailureReport(job=opened.job.name, run=opened.conf.run, attempt=opened.conf.attempt,
@@ -233,7 +239,9 @@ def _failing(opened: Opened, runtime: Runtime, what: str) -> Iterator[None]:
         state = open_job_state(runtime.settings.state_db)
         if not state.get_run(opened.job.name, opened.conf.run).final:
             state.finish_attempt(report, action)
-        raise
+        if isinstance(e, FatalError):
+            raise
+        raise AttemptNotStarted(f"{what}: {e}") from e
 
 
 def plan(opened: Opened, runtime: Runtime) -> Planned:
@@ -310,8 +318,14 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
         if conf.attempt == 0 and conf.faults.worker_faults():
             worker_env = worker_env.model_copy(update={"faults": conf.faults.worker_faults()})
         restarts = in_place_restarts(job, conf) if max_restarts is None else max_restarts
-        launcher = launcher_for(cluster, runtime, LaunchOptions(max_restarts=restarts))
-        handle = launcher.submit(job, planned.plan, placed.placement, worker_env, attempt=conf.attempt)
+        try:
+            launcher = launcher_for(cluster, runtime, LaunchOptions(max_restarts=restarts))
+            handle = launcher.submit(job, planned.plan, placed.placement, worker_env, attempt=conf.attempt)
+        except (FatalError, ValueError):  # nothing runs: the MLflow run it opened ends failed, not running
+            from plugins.tracking.runs import set_run_status
+
+            set_run_status(mlflow_run_id, "failed", tracking_uri=settings.mlflow_tracking_uri)
+            raise
         fail_gpu(conf, list(handle.nodes), settings.node_agents)
     _launched(opened, handle, mlflow_run_id, settings, planned, placed)
     return Launched(handle=handle, mlflow_run_id=mlflow_run_id, resume_from=resume_from)

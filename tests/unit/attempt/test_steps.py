@@ -92,3 +92,22 @@ def test_a_dry_run_launches_nothing_and_ends_the_run(world: SimpleNamespace) -> 
     info = world.state.get_run("steps-job", RUN)
     assert info.state == "cancelled" and "dry run" in info.final_reason
     assert conclude(opened, None, world.runtime, status=None, plan_used=None, mlflow_run_id="", by="t") is None
+
+
+def test_a_launcher_that_refuses_the_spec_ends_the_run_and_its_mlflow_run_failed(world: SimpleNamespace) -> None:
+    from plugins.attempt.steps import AttemptNotStarted
+    from plugins.tracking.runs import client_for
+
+    doc = yaml.safe_load(world.spec.read_text())
+    doc["spec"]["source"]["entrypoint"] = "worker/no_such_train.py"
+    world.spec.write_text(yaml.safe_dump(doc))
+    opened = open_attempt(world.spec, AttemptConf(run=RUN), trigger_key="t/1", runtime=world.runtime)
+    planned = plan(opened, world.runtime)
+    placed = place(opened, planned, world.runtime)
+    with pytest.raises(AttemptNotStarted, match="the launch failed: entrypoint 'worker/no_such_train.py' not found"):
+        launch(opened, planned, placed, world.runtime)
+    info = world.state.get_run("steps-job", RUN)
+    assert info.state == "failed" and "no_such_train.py" in info.final_reason
+    client = client_for(world.settings.mlflow_tracking_uri)
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("demo/tiny-lm").experiment_id])
+    assert mlflow_run.info.status == "FAILED"  # opened for the launch, not left running
