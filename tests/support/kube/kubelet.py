@@ -35,9 +35,11 @@ It registers its `Node` (labels and capacity from the config), posts the node's 
   (`deletionTimestamp`); once its containers are gone the kubelet reports them and finishes the
   deletion (grace 0, uid precondition). A running pod that vanished from the API is killed.
 
-One thread only, on purpose: each container's PID namespace is made with `unshare(CLONE_NEWPID)`
-in this process just before the fork, and a process whose children go to another PID namespace
-cannot start threads.
+How a container starts: the kubelet forks a shim (like containerd's), which enters new mount
+and UTS namespaces, bind-mounts the volumes, sets the host name, unshares the PID namespace and
+forks the container's first process (PID 1 there; it dies with the shim: PDEATHSIG), then waits
+for it and writes its exact wait status (`<container>.status`: negative = the signal) for the
+kubelet. The container's host pid is in `<container>.pid`; signals go to it.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ from tests.support.kube.rest import Rest, RestError
 from tests.support.kube.store import now_rfc3339, parse_time
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWPID = 0x00020000, 0x04000000, 0x20000000
+PR_SET_PDEATHSIG = 1
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 TERMINATION_MESSAGE_BYTES = 4096
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -105,10 +107,38 @@ class CannotStart(Exception):
 
 
 @dataclass
+class Shim:
+    """The forked shim of one container: `pid` (ours to reap), `init_pid` (the container's PID 1
+    as this machine sees it), and the exit code once known (negative = killed by that signal)."""
+
+    pid: int
+    folder: Path
+    name: str
+    code: int | None = None
+
+    @property
+    def init_pid(self) -> int | None:
+        try:
+            return int((self.folder / f"{self.name}.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                try:
+                    self.code = int((self.folder / f"{self.name}.status").read_text())
+                except (OSError, ValueError):  # the shim itself died: report how
+                    self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+
+@dataclass
 class Container:
     name: str
     image: str
-    proc: subprocess.Popen[bytes]
+    proc: Shim
     started_at: str
     log: Path
     termination_file: Path | None
@@ -126,7 +156,7 @@ class Container:
         reason = ("OOMKilled" if self.oom_marker.exists() and exit_code == 137
                   else "Completed" if exit_code == 0 else "Error")
         terminated = {"exitCode": exit_code, "reason": reason, "startedAt": self.started_at,
-                      "finishedAt": self.finished_at, "containerID": f"trainyard://{self.proc.pid}"}
+                      "finishedAt": self.finished_at, "containerID": f"trainyard://{self.proc.init_pid or self.proc.pid}"}
         if code < 0:
             terminated["signal"] = -code
         message = self._message(exit_code)
@@ -341,24 +371,8 @@ class Kubelet:
         if not Path(cwd).is_dir():
             raise CannotStart("CreateContainerError", f"working directory {cwd} does not exist")
         log = run.dir / f"{spec['name']}.log"
-        hostname = self._hostname(pod).encode()
-
-        def enter_container() -> None:  # runs in the child, between fork and exec
-            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare")
-            _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-            _check(_libc.sethostname(hostname, len(hostname)), "sethostname")
-            for source, target, read_only in mounts:
-                _check(_libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), f"bind {target}")
-                if read_only:
-                    _check(_libc.mount(None, target.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None),
-                           f"read-only {target}")
-
-        _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")  # the next child is its namespace's PID 1
-        with log.open("ab") as out:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, preexec_fn=enter_container, close_fds=True)
-        (run.dir / f"{spec['name']}.pid").write_text(str(proc.pid))
-        return Container(name=spec["name"], image=spec["image"], proc=proc, started_at=now_rfc3339(), log=log,
+        shim = _start_shim(argv, cwd, env, mounts, self._hostname(pod), run.dir, spec["name"], log)
+        return Container(name=spec["name"], image=spec["image"], proc=shim, started_at=now_rfc3339(), log=log,
                          termination_file=self._termination_file(spec, mounts),
                          fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
                          oom_marker=run.dir / f"{spec['name']}.oom")
@@ -372,7 +386,8 @@ class Kubelet:
             reason, message = run.waiting.get(name, ("ContainerCreating", ""))
             status["state"] = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
             return status
-        status.update(imageID=f"trainyard-venv://{image}", containerID=f"trainyard://{container.proc.pid}",
+        status.update(imageID=f"trainyard-venv://{image}",
+                      containerID=f"trainyard://{container.proc.init_pid or container.proc.pid}",
                       state=container.state())
         running = "running" in status["state"]
         status.update(ready=running, started=running)
@@ -433,10 +448,11 @@ class Kubelet:
     @staticmethod
     def _kill(run: PodRun, sig: signal.Signals) -> None:
         for container in run.containers.values():
-            if container.proc.poll() is None:
+            pid = container.proc.init_pid
+            if container.proc.poll() is None and pid is not None:
                 container.term_sent = container.term_sent or sig == signal.SIGTERM
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(container.proc.pid, sig)
+                    os.kill(pid, sig)
 
     def _event_once(self, pod: dict[str, Any], run: PodRun, key: str, reason: str, message: str,
                     type_: str = "Warning") -> None:
@@ -461,6 +477,53 @@ class Kubelet:
             time.sleep(self.c.sync_s)
         for run in self.pods.values():
             self._kill(run, signal.SIGKILL)
+
+
+def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tuple[str, str, bool]],
+                hostname: str, folder: Path, name: str, log: Path) -> Shim:
+    """Fork the shim (see the module docstring); it never returns into the kubelet's loop."""
+    for stale in (f"{name}.pid", f"{name}.status"):
+        (folder / stale).unlink(missing_ok=True)
+    pid = os.fork()
+    if pid:
+        return Shim(pid=pid, folder=folder, name=name)
+    code = 127
+    try:
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.setsid()
+        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWPID), "unshare")
+        _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+        _check(_libc.sethostname(hostname.encode(), len(hostname.encode())), "sethostname")
+        for source, target, read_only in mounts:
+            _check(_libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), f"bind {target}")
+            if read_only:
+                _check(_libc.mount(None, target.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None),
+                       f"read-only {target}")
+        child = os.fork()
+        if child == 0:  # the container's PID 1
+            try:
+                _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(out, 1)
+                os.dup2(out, 2)
+                os.chdir(cwd)
+                os.execvpe(argv[0], argv, env)
+            except BaseException as e:  # noqa: BLE001 - say why in the container's log
+                os.write(2, f"exec {argv[0]}: {e}\n".encode())
+                os._exit(127)
+        (folder / f"{name}.pid").write_text(str(child))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _frame: os.kill(child, signum))
+        _, status = os.waitpid(child, 0)
+        code = os.waitstatus_to_exitcode(status)
+        (folder / f"{name}.status").write_text(str(code))
+    except BaseException as e:  # noqa: BLE001 - the shim must never return into the kubelet
+        try:
+            os.write(2, f"container shim: {e}\n".encode())
+        finally:
+            os._exit(127)
+    os._exit(code if code >= 0 else 128 - code)
 
 
 def _differs(old: dict[str, Any], new: dict[str, Any]) -> bool:
