@@ -5,10 +5,22 @@ A heartbeat is a small JSON file, `<heartbeat_dir>/rank-<NNNNN>.json`, replaced 
 (write a temp file in the same folder, then `os.replace`), so a reader sees the old or the new
 version, never half of one. Readers must still tolerate garbage (a disk full, a foreign file)
 and skip it with a warning.
+
+Two clocks, because a hang has a victim and a culprit. `time` is the rank's last step: no
+progress for `hang_timeout_s` is a hang. `alive_at` is the writer's last sign of life: the
+worker's writer thread rewrites the beat every `pulse_interval_s` whatever the training
+thread does, so a rank blocked in a collective, waiting for a peer, keeps a fresh `alive_at`
+while a rank that is stopped (SIGSTOP, a debugger) or stuck holding the interpreter does not.
+`hang_culprits` (`node_agent.verdicts`) blames the second kind. `pid_ns` names the writer's
+PID namespace, so an agent that shares it can tell a rank whose process is gone (a cancelled or
+crashed run: nothing to hang) from one that is alive and stuck.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
@@ -77,10 +89,63 @@ class Heartbeat(DataFigures):
     """The job's `faultTolerance.hangTimeout`: older than this means hung."""
     phase: str = Field(default="train", max_length=32)
     """`start`, `restore`, `train`, `checkpoint`, `done`, `diverged`."""
+    alive_at: float | None = Field(default=None, ge=0, le=MAX_TIME, allow_inf_nan=False)
+    """Unix time of the file's last write (`write_heartbeat` stamps it): the writer's sign of
+    life, refreshed between steps by the worker's writer thread. None from an older writer."""
+    pid_ns: str = Field(default="", max_length=64)
+    """The writer's PID namespace (`pid:[4026531836]`; `write_heartbeat` stamps it): `pid` means
+    something to a reader only in the same one. Empty: unknown."""
+
+    def frozen(self, now: float) -> bool | None:
+        """No sign of life for `FROZEN_AFTER` of the hang timeout: the whole process is stopped,
+        not only its training thread. None when the writer does not say (`alive_at` unset)."""
+        if self.alive_at is None:
+            return None
+        return now - self.alive_at > FROZEN_AFTER * self.hang_timeout_s
+
+
+PULSE_EVERY_S = 5.0
+"""Longest pause between two writes of a live rank's heartbeat (`pulse_interval_s`)."""
+FROZEN_AFTER = 0.5
+"""Share of the hang timeout without any write after which a rank counts as frozen: at least
+five missed pulses (`pulse_interval_s` is at most a tenth of the timeout), and well before the
+timeout itself, so by the time a hang is declared the culprit and the waiting ranks differ."""
+
+
+def pulse_interval_s(hang_timeout_s: float) -> float:
+    """How often the worker's writer thread rewrites the beat while no new step comes."""
+    return min(PULSE_EVERY_S, hang_timeout_s / 10)
+
+
+@functools.cache
+def own_pid_namespace() -> str:
+    """This process's PID namespace (`/proc/self/ns/pid`), '' where it cannot be read."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def read_heartbeats(directory: str | Path, ranks: Iterable[int]) -> dict[int, Heartbeat]:
+    """The beats of `ranks` found in `directory` (rank → beat); a missing or unreadable file is
+    left out (a rank that never beat, a half-written foreign file)."""
+    from pydantic import ValidationError
+
+    beats = {}
+    for rank in ranks:
+        try:
+            beats[rank] = Heartbeat.model_validate_json(heartbeat_path(directory, rank).read_bytes())
+        except (OSError, ValidationError):
+            continue
+    return beats
 
 
 def write_heartbeat(directory: str | Path, beat: Heartbeat) -> Path:
-    """Atomically replace this rank's heartbeat file (`plugins.files.write_atomic`)."""
+    """Atomically replace this rank's heartbeat file (`plugins.files.write_atomic`), stamped
+    with the time of this write (`alive_at`) and, unless set, this process's PID namespace."""
+    import time
+
     from plugins.files import write_atomic
 
-    return write_atomic(heartbeat_path(directory, beat.rank), beat.model_dump_json())
+    stamped = beat.model_copy(update={"alive_at": time.time(), "pid_ns": beat.pid_ns or own_pid_namespace()})
+    return write_atomic(heartbeat_path(directory, beat.rank), stamped.model_dump_json())

@@ -50,8 +50,18 @@ class Verdict(_Model):
     run: str | None = None
     attempt: int | None = None
     rank: int | None = None
+    step: int | None = None
+    """A hang: the rank's last step (the lowest step of a gang is its laggard)."""
+    frozen: bool | None = None
+    """A hang: the rank's process gave no sign of life either (stopped, or stuck holding the
+    interpreter) — False: alive, its step stuck (waiting for a peer?); None: cannot tell."""
     injected: bool = False
     """Made by `POST /faults` (tests, game days), not observed."""
+
+    def about(self, job: str, run: str, attempt: int) -> bool:
+        """Whether this verdict concerns that attempt: a node verdict (a GPU, the node: no job)
+        concerns every attempt on the node; a rank verdict only its own job, run and attempt."""
+        return self.job is None or (self.job == job and (self.run or "") == run and self.attempt == attempt)
 
 
 class GpuStatus(_Model):
@@ -97,7 +107,15 @@ class RankHeartbeat(_Model, DataFigures):
     nan: bool = False
     hang_timeout_s: float
     stale: bool
-    """Older than `hang_timeout_s` while the rank has not finished."""
+    """Older than `hang_timeout_s` while the rank has not finished and its process may live."""
+    alive_at: float | None = None
+    """The writer's last sign of life (`Heartbeat.alive_at`)."""
+    frozen: bool | None = None
+    """No sign of life for half the hang timeout (`Heartbeat.frozen`; None for a finished or
+    gone rank, or a writer that does not say)."""
+    gone: bool = False
+    """The rank's process is gone (the agent shares its PID namespace and found no such live
+    process): a cancelled, crashed or finished run, not a hang."""
     path: str = ""
 
 
@@ -133,6 +151,13 @@ class NodeHealth(_Model):
         """The rank verdicts (hangs) of one job (and run, and attempt, when given)."""
         return [v for v in self.verdicts if v.job == job and (attempt is None or v.attempt == attempt)
                 and (run is None or v.run == run)]
+
+    def about(self, job: str, run: str, attempt: int) -> NodeHealth:
+        """This report as one attempt's evidence: the node's own verdicts and that attempt's
+        rank verdicts and ranks; another run's (or attempt's) are not its evidence."""
+        return self.model_copy(update={
+            "verdicts": [v for v in self.verdicts if v.about(job, run, attempt)],
+            "ranks": [r for r in self.ranks if (r.job, r.run, r.attempt) == (job, run, attempt)]})
 
     def unhealthy_verdicts(self) -> list[Verdict]:
         return [v for v in self.verdicts if v.kind in UNHEALTHY_KINDS]

@@ -7,6 +7,10 @@ never waits on NVML and rank ages are exact at the time of the request.
 
 Verdicts that come from events (Xids) hold until the agent restarts: on a real node that is
 after the GPU reset or reboot that repairs it. Injected faults hold until `DELETE /faults`.
+A hang verdict names its job, run and attempt, and lasts while the rank's process does: a
+rank whose process is gone (a cancelled or crashed run) is reported `gone`, never hung, so a
+run that ended leaves no verdict for the next one to read (and `NodeHealth.about` keeps an
+attempt's evidence to its own verdicts).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable, Iterable
 
 from node_agent.config import AgentConfig
 from node_agent.gpu_probe import NvmlProbe, XidWatcher
+from node_agent.heartbeat import Heartbeat, own_pid_namespace
 from node_agent.heartbeat_reader import HeartbeatReader
 from node_agent.models import (
     UNHEALTHY_KINDS,
@@ -32,7 +37,7 @@ from node_agent.verdicts import (
     FINISHED_PHASES,
     ThermalWatch,
     ecc_verdict,
-    hang_verdict,
+    hang_verdicts,
     rank_status,
     xid_verdict,
 )
@@ -60,6 +65,18 @@ def current_ranks(ranks: Iterable[RankHeartbeat], now: float, *, finished_after_
             continue
         kept += group
     return sorted(kept, key=lambda r: (r.job, r.run, r.attempt, r.rank))
+
+
+def process_alive(beat: Heartbeat) -> bool | None:
+    """Whether the rank's process still lives, where this agent can tell: only when it shares
+    the writer's PID namespace (the embedded stack; a DaemonSet with `hostPID` sees other pods'
+    processes under other numbers, and says None). A reused pid reads as alive: then the hang
+    rules decide, as before."""
+    if not beat.pid_ns or beat.pid_ns != own_pid_namespace() or not beat.pid:
+        return None
+    from plugins.launch.processes import is_alive
+
+    return is_alive(beat.pid)
 
 
 class Monitor:
@@ -184,7 +201,7 @@ class Monitor:
         for path, beat in beats:  # one entry per (job, run, attempt, rank): the newest file wins
             key = (beat.job, beat.run, beat.attempt, beat.rank)
             if (not forget or now - beat.time <= forget) and (key not in newest or beat.time > newest[key].time):
-                newest[key] = rank_status(beat, now, str(path))
+                newest[key] = rank_status(beat, now, str(path), process_alive=process_alive(beat))
         ranks = current_ranks(newest.values(), now, finished_after_s=self.config.forget_finished_after_s)
         with self._lock:
             gpus = [g.model_copy(update={"xid_events": dict(self._xid_counts.get(g.index, {}))})
@@ -193,7 +210,7 @@ class Monitor:
             verdicts += sorted(self._xid_verdicts.values(), key=lambda v: (v.since, -1 if v.gpu is None else v.gpu))
             if self._node_fault is not None:
                 verdicts.append(self._node_fault)
-        verdicts += [v for v in map(hang_verdict, ranks) if v is not None]
+        verdicts += hang_verdicts(ranks)
         if not self.has_gpus:
             verdicts.insert(0, Verdict(kind="no_gpu", since=self._started, reason=(
                 f"no NVIDIA GPU/driver ({self._probe.error}): reporting {self.config.cpu_slots} CPU slots")))

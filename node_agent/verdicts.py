@@ -3,12 +3,15 @@
 Kept apart from the probes so each rule is a small pure function tested with a fake clock:
 - a fatal Xid, an uncorrectable ECC error, or a lost GPU → `gpu_failed`;
 - above `threshold_c` for `window_s` without a break → `thermal`;
-- a heartbeat older than its job's hang timeout (rank not finished) → `hang`.
+- a heartbeat older than its job's hang timeout (rank not finished, process not gone) → `hang`,
+  for the ranks `hang_culprits` blames, not every rank that waits for them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from node_agent.heartbeat import DATA_FIELDS, Heartbeat
 from node_agent.models import GpuStatus, RankHeartbeat, Verdict
@@ -94,27 +97,79 @@ FINISHED_PHASES = frozenset({"done", "diverged"})
 """Phases after which a rank stops beating on purpose: its old file is not a hang."""
 
 
-def rank_status(beat: Heartbeat, now: float, path: str = "") -> RankHeartbeat:
+def rank_status(beat: Heartbeat, now: float, path: str = "", *, process_alive: bool | None = None) -> RankHeartbeat:
     """Judge one heartbeat at `now`. A non-finite loss counts as `nan` even if the writer did
-    not set the flag (a hand-written loop or an older runtime)."""
+    not set the flag (a hand-written loop or an older runtime). `process_alive` is whether the
+    rank's process still lives (None: the caller cannot see it); a gone process is not hung."""
     age = max(0.0, now - beat.time)
-    stale = age > beat.hang_timeout_s and beat.phase not in FINISHED_PHASES
+    gone = process_alive is False
+    stale = age > beat.hang_timeout_s and beat.phase not in FINISHED_PHASES and not gone
     nan = beat.nan or (beat.loss is not None and not math.isfinite(beat.loss))
     return RankHeartbeat(job=beat.job, run=beat.run, attempt=beat.attempt, rank=beat.rank, local_rank=beat.local_rank,
-                      pid=beat.pid, phase=beat.phase, step=beat.step, time=beat.time, age_s=age,
-                      loss=beat.loss, tokens_per_s=beat.tokens_per_s, nan=nan,
-                      hang_timeout_s=beat.hang_timeout_s, stale=stale, path=path,
-                      **{name: getattr(beat, name) for name in DATA_FIELDS})
+                         pid=beat.pid, phase=beat.phase, step=beat.step, time=beat.time, age_s=age,
+                         loss=beat.loss, tokens_per_s=beat.tokens_per_s, nan=nan,
+                         hang_timeout_s=beat.hang_timeout_s, stale=stale, alive_at=beat.alive_at,
+                         frozen=None if gone or beat.phase in FINISHED_PHASES else beat.frozen(now), gone=gone,
+                         path=path,
+                         **{name: getattr(beat, name) for name in DATA_FIELDS})
 
 
+class Stalled(NamedTuple):
+    """A live, unfinished rank of a gang, as `hang_culprits` weighs it."""
+
+    rank: int
+    step: int | None
+    frozen: bool | None
+    """No sign of life for half the hang timeout (`Heartbeat.frozen`); None: the writer does not say."""
+    stale: bool = True
+    """No step progress for the hang timeout."""
+
+
+def hang_culprits(ranks: Iterable[Stalled]) -> list[int]:
+    """The ranks to blame for a hang among a gang's live, unfinished ranks ([] when none is stale).
+
+    In a gang, one stuck rank stops every other at its next collective, so all of them go
+    stale and the whole gang looks hung. Told apart by, in order:
+    1. the frozen ones — no sign of life at all (stopped, or stuck holding the interpreter),
+       stale yet or not (the first rank to cross the timeout may be one waiting for them): the
+       others are alive, waiting inside a collective;
+    2. else the stale ones at the lowest step: the others finished that step and wait for them;
+    3. else (the same step, all alive or all unknown) every stale one: nothing tells them apart.
+    A node agent applies it to the ranks it sees; the control plane to the whole gang.
+    """
+    ranks = sorted(ranks)
+    stale = [r for r in ranks if r.stale]
+    if not stale:
+        return []
+    frozen = [r.rank for r in ranks if r.frozen]
+    if frozen and len(frozen) < len(ranks):
+        return frozen
+    lowest = min((r.step for r in stale if r.step is not None), default=None)
+    return [r.rank for r in stale if lowest is None or r.step is None or r.step == lowest]
+
+
+def hang_verdicts(ranks: Iterable[RankHeartbeat]) -> list[Verdict]:
+    """`hang` for each culprit (`hang_culprits`) of each attempt among `ranks` (its live,
+    unfinished ones weighed together)."""
+    by_attempt: dict[tuple[str, str, int], list[RankHeartbeat]] = {}
+    for r in ranks:
+        if not r.gone and r.phase not in FINISHED_PHASES:
+            by_attempt.setdefault((r.job, r.run, r.attempt), []).append(r)
+    verdicts = []
+    for group in by_attempt.values():
+        blamed = set(hang_culprits(Stalled(r.rank, r.step, r.frozen, r.stale) for r in group))
+        verdicts += [hang_verdict(r) for r in group if r.rank in blamed]  # a culprit not stale yet: soon
+    return [v for v in verdicts if v is not None]
 
 
 def hang_verdict(rank: RankHeartbeat) -> Verdict | None:
     if not rank.stale:
         return None
     run = f" run {rank.run}" if rank.run else ""
+    how = {True: "; its process shows no sign of life either (stopped or frozen)",
+           False: "; its process is alive (stuck in its own code, or waiting for a peer)"}.get(rank.frozen, "")
     return Verdict(kind="hang", job=rank.job, run=rank.run or None, attempt=rank.attempt, rank=rank.rank,
-                   since=rank.time,
+                   since=rank.time, step=rank.step, frozen=rank.frozen,
                    reason=f"rank {rank.rank} of job {rank.job!r}{run} attempt {rank.attempt}: no heartbeat "
                           f"for {rank.age_s:.0f} s (hang timeout {rank.hang_timeout_s:g} s), "
-                          f"last at step {rank.step} in phase {rank.phase!r}")
+                          f"last at step {rank.step} in phase {rank.phase!r}{how}")

@@ -8,6 +8,11 @@ carries on; when writes are slower than steps, intermediate beats are skipped (o
 matters to the readers). The beat's `time` is taken when it is handed over, so a training
 thread that hangs still leaves a stale file, and a writer that hangs does too — both read as
 a hang, as they should. `flush()` waits until the newest beat is on disk (phase changes, exit).
+
+Between steps the thread rewrites the last beat every `pulse_interval_s` (its `time`, the
+step's, unchanged; `alive_at`, the write's, new): a rank blocked in a collective waiting for a
+stopped peer still shows life, the stopped peer does not — which is how a hang names the rank
+that stopped rather than the whole gang (`node_agent.verdicts.hang_culprits`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import logging
 import threading
 from pathlib import Path
 
-from node_agent.heartbeat import Heartbeat, write_heartbeat
+from node_agent.heartbeat import Heartbeat, pulse_interval_s, write_heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +60,18 @@ class HeartbeatWriter:
         self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
+        last: Heartbeat | None = None
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending is not None or self._closed)
-                if self._pending is None:
+                pulse = pulse_interval_s(last.hang_timeout_s) if last is not None else None
+                self._cond.wait_for(lambda: self._pending is not None or self._closed, timeout=pulse)
+                if self._pending is not None:
+                    beat, self._pending, count = self._pending, None, self._submitted
+                elif self._closed or last is None:
                     return
-                beat, self._pending, count = self._pending, None, self._submitted
+                else:  # no new step for a pulse: the same beat again, as a sign of life
+                    beat, count = last, self._written
+            last = beat
             try:
                 write_heartbeat(self.directory, beat)
             except OSError as e:  # a full or read-only disk must not stop training

@@ -76,14 +76,26 @@ def stop_gang(handle: RunHandle, reason: StopReason, runtime: Runtime, *, grace_
     return launcher_for(handle, runtime).stop(handle, grace_s=grace_s)
 
 
-def hung_ranks(status: RunStatus) -> list[int]:
-    """Ranks alive without step progress for longer than the job's `hangTimeout`."""
-    return [r.rank for r in status.ranks if r.hung]
+def hung_ranks(status: RunStatus, handle: RunHandle | None = None) -> list[int]:
+    """The ranks to blame for a hang: of those alive without step progress for longer than the
+    job's `hangTimeout` (once one rank stalls, every rank does at its next collective), the
+    ones `node_agent.verdicts.hang_culprits` blames — frozen (no sign of life in their
+    heartbeat files either) or lagging; all of them where nothing tells them apart."""
+    if not any(r.hung for r in status.ranks):
+        return []
+    from node_agent.heartbeat import read_heartbeats
+    from node_agent.verdicts import Stalled, hang_culprits
+
+    live = [r for r in status.ranks if r.hung or (r.pid is not None and r.exit_code is None)]
+    beats = read_heartbeats(handle.heartbeat_dir, [r.rank for r in live]) if handle and handle.heartbeat_dir else {}
+    now = time.time()
+    return hang_culprits(Stalled(r.rank, r.step, beats[r.rank].frozen(now) if r.rank in beats else None, r.hung)
+                         for r in live)
 
 
-def hang_stop(status: RunStatus) -> StopReason | None:
-    """The stop a hang calls for — the reason naming the hung ranks — or None when no rank hangs."""
-    hung = hung_ranks(status)
+def hang_stop(status: RunStatus, handle: RunHandle | None = None) -> StopReason | None:
+    """The stop a hang calls for — the reason naming the ranks to blame — or None when no rank hangs."""
+    hung = hung_ranks(status, handle)
     if not hung:
         return None
     return StopReason(reason="hang", ranks=hung,
@@ -97,7 +109,7 @@ def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_
     status = poll(handle, runtime)
     if status.finished:
         return WatchStep(status=settle(handle, status, runtime), finished=True, state=state)
-    stop = hang_stop(status)
+    stop = hang_stop(status, handle)
     if stop is None and state.deadline is not None and time.time() > state.deadline:
         stop = StopReason(reason="timeout", detail=state.deadline_reason)
     if stop is None and state.renew_lease and time.monotonic() - state.last_renew > RENEW_EVERY_S:

@@ -24,7 +24,9 @@ Precedence (first match wins):
 7. **diverged** — exit `DIVERGED` (the onset from `diverged.json`).
 8. **preempted** — exit `PREEMPTED` / `PREEMPTED_NO_CHECKPOINT` without a stop by a user: a
    SIGTERM from outside (a spot notice, a node drain).
-9. **hang** — the hang watcher stopped the gang (`hang`), or a rank is flagged `hung`.
+9. **hang** — the hang watcher stopped the gang (`hang`), or a rank is flagged `hung`; the
+   report blames the ranks `Evidence.hung_ranks` names (the frozen or lagging ones), not the
+   whole gang that stalled behind them.
 10. **worker_crash** — any other failure (non-zero exit, a signal, a torchrun agent that died).
 
 A stop that came *after* a rank had already failed only cleaned up (the launcher reports the
@@ -127,13 +129,14 @@ def classify(ev: Evidence) -> FailureReport:
 
     hung = [r for r in status.ranks if r.hung]
     if (stopped and stop_cause == "hang") or (hung and first is None):
+        ranks = ev.hung_ranks()  # the ones to blame, not every rank that waited for them
+        blamed = next((r for r in hung if r.rank in ranks), hung[0] if hung else None)
         if stop_cause == "hang" and why_stopped:
             detail = why_stopped
-        elif hung:
-            detail = f"rank {hung[0].rank} has no step progress for {hung[0].heartbeat_age_s or 0:.0f} s"
+        elif blamed is not None:
+            detail = f"rank {blamed.rank} has no step progress for {blamed.heartbeat_age_s or 0:.0f} s"
         else:
             detail = "the hang watcher stopped the gang"
-        ranks = [r.rank for r in hung] or (ev.stop_reason.ranks if ev.stop_reason is not None else [])
         rank = ranks[0] if ranks else None
         return report("hang", f"hang: {detail}" + (f" (hung ranks {ranks})" if ranks else ""),
                       rank=rank, node=_node_of(ev, rank) if rank is not None else None)
@@ -203,8 +206,7 @@ def _timing(ev: Evidence, outcome: str, first: tuple[int, int | None] | None) ->
                  if v.kind in FATAL_VERDICTS]
         failed = min(since) if since else None
     elif outcome == "hang":
-        hung = [r.rank for r in ev.status.ranks if r.hung] or (ev.stop_reason.ranks if ev.stop_reason else [])
-        beats = [ev.last_beats[r] for r in hung if r in ev.last_beats]
+        beats = [ev.last_beats[r] for r in ev.hung_ranks() if r in ev.last_beats]
         failed = min(beats) if beats else None
     elif first is not None:
         failure = ev.first_failure()

@@ -14,6 +14,8 @@ again later (an Airflow task on another worker, `trainyard status`, a test):
 - the health of the gang's nodes, as their node agents reported it (`NodeObservation`: a
   `NodeHealth`, or the number of heartbeats the agent has missed in a row). The caller polls
   the agents (a sensor keeps the missed count across polls); `observe_node` is one probe.
+  An agent reports every run on its node: `gather` keeps the node's own verdicts (a GPU, the
+  node) and this attempt's rank verdicts only — another run's hang is not this one's evidence;
 
 Every run-folder record is parsed with its one model (`plugins/launch/files.py`), leniently: a
 record a crashed process left half-written is as good as none.
@@ -29,8 +31,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from node_agent.heartbeat import FROZEN_AFTER, read_heartbeats
 from node_agent.models import NodeHealth
 from plugins.launch.files import (
     CHECKPOINT_CORRUPT_FILE,
@@ -87,6 +90,12 @@ class NodeObservation(_Record):
     error: str = ""
     """Why the last poll failed."""
 
+    def about(self, job: str, run: str, attempt: int) -> NodeObservation:
+        """This observation as one attempt's evidence (`NodeHealth.about`)."""
+        if self.health is None:
+            return self
+        return self.model_copy(update={"health": self.health.about(job, run, attempt)})
+
     def fatal_reasons(self, *, max_misses: int = MISSED_HEARTBEATS_LOST) -> list[str]:
         """Why this node is lost, one line each; empty when it is fine."""
         reasons = []
@@ -126,6 +135,11 @@ class Evidence(_Record):
     """The checkpoint this attempt was told to restore (empty = the newest valid one)."""
     last_beats: dict[int, float] = Field(default_factory=dict)
     """Rank → the time of its last heartbeat (dates a hang: when progress stopped)."""
+    last_alive: dict[int, float] = Field(default_factory=dict)
+    """Rank → its writer's last sign of life (`Heartbeat.alive_at`): tells a frozen rank from
+    the ranks waiting for it (`hung_ranks`)."""
+    hang_timeout_s: float | None = None
+    """The job's hang timeout, as its heartbeats say."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
 
@@ -148,6 +162,21 @@ class Evidence(_Record):
         counts = [r.restart for r in self.status.ranks] + [e.restart for e in self.exits]
         return max((c for c in counts if c not in replayed), default=0)
 
+    def hung_ranks(self) -> list[int]:
+        """The ranks a hang blames. A hang stop names them (`stop-reason.json`, judged when the
+        watcher stopped the gang). Else, of the ranks the launcher flags `hung` (every rank of a
+        gang stalls once one does), those `node_agent.verdicts.hang_culprits` blames: the
+        frozen ones, judged at the status's time, else the laggards."""
+        from node_agent.verdicts import Stalled, hang_culprits
+
+        if self.stop_reason is not None and self.stop_reason.reason == "hang" and self.stop_reason.ranks:
+            return list(self.stop_reason.ranks)
+        live = [r for r in self.status.ranks if r.hung or (r.pid is not None and r.exit_code is None)]
+        at, timeout = self.status.updated_at.timestamp(), self.hang_timeout_s
+        return hang_culprits(Stalled(r.rank, r.step, None if r.rank not in self.last_alive or timeout is None
+                                     else at - self.last_alive[r.rank] > FROZEN_AFTER * timeout, r.hung)
+                             for r in live)
+
     def first_failure(self) -> RankRecord | None:
         """The earliest non-zero exit of the attempt's last incarnation (torchrun restarts
         before it were recovered in place)."""
@@ -168,20 +197,24 @@ def gather(handle: RunHandle, status: RunStatus, *, run: str = "",
     run_dir = Path(handle.run_dir) if handle.run_dir else None
     exits = list(read_exits(run_dir)) if run_dir else []
     failed = _failed_ranks(status, exits)
+    run = run or getattr(handle, "run", "") or ""
+    beats = read_heartbeats(handle.heartbeat_dir, range(handle.world_size)) if handle.heartbeat_dir else {}
 
     def record(name: str, model: type[BaseModel]) -> Any:
         return read_model(run_dir / name, model, lenient=True) if run_dir else None
 
     return Evidence(
-        job=handle.job, run=run or getattr(handle, "run", "") or "", attempt=handle.attempt,
+        job=handle.job, run=run, attempt=handle.attempt,
         status=status, gang_nodes=list(handle.nodes) or [a.node for a in handle.agents],
         max_restarts_in_place=handle.max_restarts, exits=exits,
         stop=record(STOPPED_FILE, StopRequest), stop_reason=record(STOP_REASON_FILE, StopReason),
         diverged=record(DIVERGED_FILE, DivergenceRecord),
         checkpoint_corrupt=record(CHECKPOINT_CORRUPT_FILE, CheckpointCorruptRecord),
         log_tails=_log_tails(run_dir, failed, tail_lines) if run_dir else {},
-        nodes=list(nodes), resume_from=resume_from, started_at=handle.created_at,
-        last_beats=_last_beats(handle.heartbeat_dir, handle.world_size) if handle.heartbeat_dir else {},
+        nodes=[o.about(handle.job, run, handle.attempt) for o in nodes], resume_from=resume_from,
+        started_at=handle.created_at, last_beats={rank: b.time for rank, b in beats.items()},
+        last_alive={rank: b.alive_at for rank, b in beats.items() if b.alive_at is not None},
+        hang_timeout_s=next((b.hang_timeout_s for b in beats.values()), None),
         ended_at=status.updated_at if status.finished else None,
     )
 
@@ -225,18 +258,6 @@ def _log_tails(run_dir: Path, ranks: list[int], lines: int) -> dict[int, str]:
 
     tails = {rank: tail_lines(log_path(run_dir, rank), lines) for rank in ranks}
     return {rank: text for rank, text in tails.items() if text}
-
-
-def _last_beats(heartbeat_dir: str, world_size: int) -> dict[int, float]:
-    from node_agent.heartbeat import Heartbeat, heartbeat_path
-
-    beats = {}
-    for rank in range(world_size):
-        try:
-            beats[rank] = Heartbeat.model_validate_json(heartbeat_path(heartbeat_dir, rank).read_text()).time
-        except (OSError, ValidationError):
-            continue
-    return beats
 
 
 def utc_from_s(seconds: float | None) -> datetime | None:

@@ -47,7 +47,7 @@ def main() -> int:
         value = torch.tensor([float(rank + 1)])
         dist.all_reduce(value)
         write_heartbeat(env.heartbeat_dir, Heartbeat(
-            job=env.job, attempt=env.attempt, rank=rank, node=os.environ.get("TRAINYARD_NODE", ""),
+            job=env.job, run=env.run, attempt=env.attempt, rank=rank, node=os.environ.get("TRAINYARD_NODE", ""),
             pid=os.getpid(), step=step, time=time.time(), loss=1.0 / step,
             hang_timeout_s=env.hang_timeout_s))
         print(f"step {step} sum={value.item():.0f}", flush=True)

@@ -3,6 +3,7 @@ machine's real NVML (none here: CPU slots; on an NVIDIA machine the same tests s
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -78,9 +79,10 @@ def agent(tmp_path: Path) -> Iterator[RunningAgent]:
 def test_serves_health_and_metrics_and_stops_cleanly(agent: RunningAgent) -> None:
     now = time.time()
     hb = agent.heartbeats / "llama" / "attempt-3"
-    write_heartbeat(hb, Heartbeat(job="llama", attempt=3, rank=0, pid=11, step=50, time=now, loss=2.0,
+    alive = os.getpid()  # the agent shares this PID namespace: the ranks' processes must live
+    write_heartbeat(hb, Heartbeat(job="llama", attempt=3, rank=0, pid=alive, step=50, time=now, loss=2.0,
                                   tokens_per_s=512.0, hang_timeout_s=600))
-    write_heartbeat(hb, Heartbeat(job="llama", attempt=3, rank=1, pid=12, step=44, time=now - 120,
+    write_heartbeat(hb, Heartbeat(job="llama", attempt=3, rank=1, pid=alive, step=44, time=now - 120,
                                   hang_timeout_s=60))
     heartbeat_path(hb, 2).write_text('{"job": "llama", "rank": 2, "st')  # a writer died mid-write
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from node_agent.config import AgentConfig
 from node_agent.gpu_probe import NvmlProbe
-from node_agent.heartbeat import Heartbeat, write_heartbeat
+from node_agent.heartbeat import Heartbeat, heartbeat_path, own_pid_namespace, write_heartbeat
 from node_agent.models import FaultRequest
 from node_agent.monitor import Monitor
-from node_agent.verdicts import FATAL_XIDS, ThermalWatch, xid_verdict
+from node_agent.verdicts import FATAL_XIDS, Stalled, ThermalWatch, hang_culprits, xid_verdict
+from plugins.files import write_atomic
 from tests.unit.node_agent.fake_nvml import FakeGpu, FakeNvml
 
 
@@ -32,9 +36,16 @@ def _monitor(tmp_path: Path, gpus: int = 2, clock: Clock | None = None, **config
 
 
 def _beat(rank: int = 0, *, time: float, job: str = "j", attempt: int = 0, phase: str = "train",
-          hang_timeout_s: float = 600.0, step: int = 7, run: str = "") -> Heartbeat:
-    return Heartbeat(job=job, run=run, attempt=attempt, rank=rank, pid=100 + rank, step=step, time=time, loss=2.5,
-                     tokens_per_s=1234.0, phase=phase, hang_timeout_s=hang_timeout_s)
+          hang_timeout_s: float = 600.0, step: int = 7, run: str = "", pid: int | None = None) -> Heartbeat:
+    """A beat of a live rank (this test's own process, so the agent finds it alive)."""
+    return Heartbeat(job=job, run=run, attempt=attempt, rank=rank, pid=os.getpid() if pid is None else pid, step=step,
+                     time=time, loss=2.5, tokens_per_s=1234.0, phase=phase, hang_timeout_s=hang_timeout_s)
+
+
+def _write_as_is(directory: Path, beat: Heartbeat) -> None:
+    """The file as `beat` says, its `alive_at` and `pid_ns` included (`write_heartbeat` stamps
+    both with the writing moment and this process)."""
+    write_atomic(heartbeat_path(directory, beat.rank), beat.model_dump_json())
 
 
 def test_fatal_xids_are_the_documented_set() -> None:
@@ -219,3 +230,55 @@ def test_two_runs_of_a_job_on_one_node_are_two_gangs(tmp_path: Path) -> None:
         assert health.verdicts_for("j", run="a") == []
     finally:
         monitor.close()
+
+
+def test_a_hang_blames_the_frozen_rank_not_the_ranks_waiting_for_it(tmp_path: Path) -> None:
+    # Rank 1 was stopped (SIGSTOP): its last write is as old as its last step. Ranks 0 and 2
+    # wait for it in a collective: their steps are as old, but their writer threads still beat.
+    clock = Clock()
+    monitor, _ = _monitor(tmp_path, clock=clock)
+    hb = tmp_path / "hb" / "j" / "r" / "0"
+    ns = own_pid_namespace()
+    try:
+        for rank, alive_at in ((0, clock.now - 1), (1, clock.now - 61), (2, clock.now - 2)):
+            _write_as_is(hb, _beat(rank, run="r", time=clock.now - 61, step=40, hang_timeout_s=60).model_copy(
+                update={"alive_at": alive_at, "pid_ns": ns}))
+        health = monitor.health()
+    finally:
+        monitor.close()
+    assert [(r.rank, r.stale, r.frozen) for r in health.ranks] == [(0, True, False), (1, True, True), (2, True, False)]
+    (hang,) = health.verdicts_for("j", 0, run="r")
+    assert (hang.rank, hang.step, hang.frozen) == (1, 40, True) and "no sign of life" in hang.reason
+
+
+def test_culprits_are_the_frozen_else_the_laggards_else_everyone() -> None:
+    assert hang_culprits([Stalled(0, 40, False), Stalled(1, 40, True), Stalled(2, 40, False)]) == [1]
+    assert hang_culprits([Stalled(0, 40, False), Stalled(1, 39, False), Stalled(2, 40, None)]) == [1]
+    assert hang_culprits([Stalled(0, 40, True), Stalled(1, 39, True)]) == [1]  # all frozen: the laggard
+    assert hang_culprits([Stalled(1, 40, None), Stalled(0, 40, None)]) == [0, 1]
+    # the waiting rank crossed the timeout a moment before the stopped one: still the stopped one
+    assert hang_culprits([Stalled(0, 40, False, stale=True), Stalled(1, 40, True, stale=False)]) == [1]
+    assert hang_culprits([Stalled(0, 40, None, stale=False), Stalled(1, 41, False, stale=False)]) == []
+
+
+def test_a_stale_rank_whose_process_is_gone_is_no_hang(tmp_path: Path) -> None:
+    # A cancelled run: its ranks were killed mid-step, their files stay. The agent shares their
+    # PID namespace and sees the processes are gone: no verdict for anyone to read later.
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead = int(done.stdout)
+    clock = Clock()
+    monitor, _ = _monitor(tmp_path, clock=clock)
+    try:
+        write_heartbeat(tmp_path / "hb" / "j" / "cancelled" / "0",
+                        _beat(0, run="cancelled", time=clock.now - 700, hang_timeout_s=600, pid=dead))
+        write_heartbeat(tmp_path / "hb" / "j" / "hung" / "0",
+                        _beat(0, run="hung", time=clock.now - 700, hang_timeout_s=600))
+        health = monitor.health()
+    finally:
+        monitor.close()
+    gone = {r.run: (r.gone, r.stale) for r in health.ranks}
+    assert gone == {"cancelled": (True, False), "hung": (False, True)}
+    assert [v.run for v in health.verdicts if v.kind == "hang"] == ["hung"]
+    assert health.about("j", "cancelled", 0).verdicts == [v for v in health.verdicts if v.job is None]
+    assert [v.run for v in health.about("j", "hung", 0).verdicts if v.kind == "hang"] == ["hung"]
