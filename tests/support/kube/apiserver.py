@@ -195,7 +195,7 @@ class _Handler(BaseHTTPRequestHandler):
         if sub not in (None, "status", "binding", "log") or (sub and kind is not POD and sub != "status"):
             raise ApiError(404, "NotFound", f"{kind.key} has no subresource {sub!r}")
         if name is None:
-            if method == "GET" and query.get("watch") in ("true", "1"):
+            if method == "GET" and query.get("watch", "").lower() in ("true", "1"):
                 return self._watch(kind, namespace, query)
             if method == "GET":
                 items, rv = store.list(kind, namespace, query.get("labelSelector"), query.get("fieldSelector"))

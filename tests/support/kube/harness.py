@@ -122,6 +122,8 @@ class KubeHarness:
     # --- start / stop ---
 
     def __enter__(self) -> KubeHarness:
+        if self.plane is not None:  # started already (`harness_or_skip`)
+            return self
         try:
             self.start()
         except BaseException:
