@@ -1,0 +1,144 @@
+"""The Trainyard view as a FastAPI app: what Airflow's api-server mounts (`fastapi_apps` of
+`plugins/trainyard_plugin.py`) and what a test serves on its own.
+
+URLs, relative to where it is mounted (`/trainyard` in Airflow):
+
+| path | page |
+|---|---|
+| `/` | every training run, newest first (the nav entry) |
+| `/dags/{dag_id}` | the runs of one job (the tab on the DAG page) |
+| `/dags/{dag_id}/runs/{dag_run_id}` | the training run a DAG run is an attempt of (the tab on a DAG run) |
+| `/jobs/{dag_id}/runs/{run}` | a training run by its id (`trainyard status` links here) |
+| `…/view.json` | the same view as JSON (`RunView`) |
+
+The handlers are plain functions (FastAPI runs them in its thread pool): the platform state and
+MLflow are blocking clients. `authorize` is a FastAPI dependency run before every page — the
+plugin passes Airflow's own DAG-read check, so the view shows a run only to whoever may read
+its DAG; this module imports nothing of Airflow (DESIGN §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+
+if TYPE_CHECKING:
+    from config.settings import Settings
+    from plugins.control_room.model import RunView
+    from plugins.recovery.state import JobStateStore, RunInfo
+
+URL_PREFIX = "/trainyard"
+"""Where the plugin mounts the app in Airflow's api-server."""
+
+
+def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Callable[..., Any] | None = None,
+               mounted_at: str = URL_PREFIX) -> FastAPI:
+    """The app. `settings`: where the platform state, the object store and MLflow are (default
+    `config.settings.get_settings`, the api-server's `TRAINYARD_*` environment); `mounted_at`:
+    the prefix Airflow mounts it under, to tell Airflow's own root from this app's."""
+    from config.settings import get_settings
+
+    read_settings = settings or get_settings
+    app = FastAPI(title="Trainyard", docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(authorize)] if authorize is not None else [])
+
+    def store() -> JobStateStore:
+        from plugins.recovery.state import open_job_state
+
+        return open_job_state(read_settings().state_db)
+
+    @app.get("/", response_class=HTMLResponse)
+    def all_runs(request: Request) -> HTMLResponse:
+        from plugins.control_room.build import run_summaries
+        from plugins.control_room.render import runs_page
+
+        return HTMLResponse(runs_page(run_summaries(store()), title="Training runs", now=_now(),
+                                      base=_root(request)))
+
+    @app.get("/dags/{dag_id}", response_class=HTMLResponse)
+    def job_runs(dag_id: str, request: Request) -> HTMLResponse:
+        from plugins.control_room.build import run_summaries
+        from plugins.control_room.render import runs_page
+
+        return HTMLResponse(runs_page(run_summaries(store(), dag_id), title=f"Training runs of {dag_id}",
+                                      now=_now(), base=_root(request)))
+
+    def by_dag_run(dag_id: str, dag_run_id: str) -> RunInfo:
+        from plugins.control_room.locate import run_of_dag_run
+
+        return run_of_dag_run(store(), dag_id, dag_run_id)
+
+    def by_run(dag_id: str, run: str) -> RunInfo:
+        return store().get_run(dag_id, run)
+
+    def view(info: RunInfo, request: Request) -> RunView:
+        from plugins.control_room.build import build_run_view
+
+        return build_run_view(store(), info, read_settings(), airflow_base=_airflow_root(request, mounted_at,
+                                                                                         read_settings()))
+
+    @app.get("/dags/{dag_id}/runs/{dag_run_id}", response_class=HTMLResponse)
+    def dag_run_page(dag_id: str, dag_run_id: str, request: Request) -> HTMLResponse:
+        return _html(lambda: view(by_dag_run(dag_id, dag_run_id), request))
+
+    @app.get("/dags/{dag_id}/runs/{dag_run_id}/view.json")
+    def dag_run_json(dag_id: str, dag_run_id: str, request: Request) -> JSONResponse:
+        return _json(lambda: view(by_dag_run(dag_id, dag_run_id), request))
+
+    @app.get("/jobs/{dag_id}/runs/{run}", response_class=HTMLResponse)
+    def run_page(dag_id: str, run: str, request: Request) -> HTMLResponse:
+        return _html(lambda: view(by_run(dag_id, run), request))
+
+    @app.get("/jobs/{dag_id}/runs/{run}/view.json")
+    def run_json(dag_id: str, run: str, request: Request) -> JSONResponse:
+        return _json(lambda: view(by_run(dag_id, run), request))
+
+    return app
+
+
+def view_path(job: str, run: str) -> str:
+    """The path of a training run's page under the app's mount point (`trainyard status`)."""
+    from urllib.parse import quote
+
+    return f"{URL_PREFIX}/jobs/{quote(job, safe='')}/runs/{quote(run, safe='')}"
+
+
+def _html(make: Callable[[], RunView]) -> HTMLResponse:
+    from plugins.control_room.render import message_page, run_page
+    from plugins.recovery.state import RunNotFound
+
+    try:
+        return HTMLResponse(run_page(make(), _now()))
+    except RunNotFound as e:
+        return HTMLResponse(message_page("No such training run", str(e)), status_code=404)
+
+
+def _json(make: Callable[[], RunView]) -> JSONResponse:
+    from plugins.recovery.state import RunNotFound
+
+    try:
+        return JSONResponse(make().model_dump(mode="json"))
+    except RunNotFound as e:
+        return JSONResponse({"detail": str(e)}, status_code=404)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _root(request: Request) -> str:
+    """This app's root as the browser reaches it, with a trailing slash (`/trainyard/`)."""
+    return request.scope.get("root_path", "").rstrip("/") + "/"
+
+
+def _airflow_root(request: Request, mounted_at: str, settings: Settings) -> str:
+    """Airflow's UI root: the path above the mount point when Airflow serves this app (same
+    origin, any base path), else the configured `TRAINYARD_AIRFLOW_URL` (the app alone)."""
+    root = request.scope.get("root_path", "").rstrip("/")
+    if mounted_at and root.endswith(mounted_at):
+        return root[: -len(mounted_at)]
+    return settings.airflow_url.rstrip("/")

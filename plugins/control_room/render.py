@@ -1,0 +1,254 @@
+"""Server-side HTML of the Trainyard view: one page per training run, one list of runs.
+
+The pages are what Airflow shows in its "Trainyard" tab (an iframe) and what `trainyard
+status` links to. Plain HTML with inline CSS and SVG (`charts`): no script, no build step,
+nothing fetched from elsewhere — it works offline and inside Airflow's sandboxed iframe. A
+page of a run that is still going refreshes itself every few seconds (`<meta refresh>`).
+Each part is a `<section>` with an `<h2>` (Plan, Placement, Progress, Checkpoints, Recovery
+timeline): a person finds them by eye, a browser test by role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from html import escape
+
+from plugins.control_room import charts, fmt
+from plugins.control_room.model import (
+    AttemptView,
+    CheckpointRow,
+    Live,
+    PlacementView,
+    PlanView,
+    RunSummary,
+    RunView,
+)
+
+REFRESH_S = 5
+"""How often the page of a run that has not ended reloads itself."""
+FINAL_STATES = ("completed", "failed", "cancelled")
+
+CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 16px 20px; color: #1d1d1f; }
+h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 22px 0 8px; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; } th, td { padding: 3px 10px 3px 0; text-align: left; vertical-align: top; }
+th { color: #555; font-weight: 600; } td.n, th.n { text-align: right; }
+.state { display: inline-block; padding: 1px 8px; border-radius: 10px; color: #fff; font-size: 12px; }
+.s-completed { background: #3a8a3a; } .s-failed { background: #c43b3b; } .s-cancelled { background: #888; }
+.s-running, .s-starting, .s-scheduling, .s-pending { background: #3a6ea5; } .s-recovering { background: #c98a12; }
+.muted { color: #666; } .warn { color: #b34700; } .ok { color: #2e7d32; } .bad { color: #c62828; }
+.racks { display: flex; gap: 14px; flex-wrap: wrap; }
+.rack { border: 1px solid #bbb; border-radius: 6px; padding: 6px 8px; }
+.rack > .name, .node > .name { font-size: 12px; color: #444; margin-bottom: 4px; }
+.nodes { display: flex; gap: 10px; flex-wrap: wrap; }
+.node { border: 1px solid #ccc; border-radius: 4px; padding: 4px; background: #fafafa; }
+.devices { display: flex; gap: 4px; }
+.device { width: 74px; border: 1px solid #999; border-radius: 3px; font-size: 11px; background: #fff; }
+.device.empty { border-style: dashed; color: #aaa; min-height: 48px; } .node.unused { background: #fff; opacity: .7; }
+.device .band { height: 8px; } .device .label { padding: 2px 3px; }
+.legend span { display: inline-block; margin-right: 12px; font-size: 12px; }
+.legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: middle; }
+.kv td:first-child { color: #555; padding-right: 14px; }
+.figures { display: flex; gap: 28px; align-items: flex-start; flex-wrap: wrap; }
+.figure .v { font-size: 22px; font-weight: 600; } .figure .k { color: #666; font-size: 12px; }
+code { font-size: 12px; } a { color: #1f5fa8; }
+"""
+
+
+def page(title: str, body: str, *, refresh: bool = False) -> str:
+    meta = f'<meta http-equiv="refresh" content="{REFRESH_S}">' if refresh else ""
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{meta}<title>{escape(title)}</title>'
+            f"<style>{CSS}</style></head><body>{body}</body></html>")
+
+
+def state_badge(state: str) -> str:
+    return f'<span class="state s-{escape(state)}">{escape(state)}</span>'
+
+
+def run_page(view: RunView, now: datetime) -> str:
+    """The whole page of one training run."""
+    links = []
+    if view.mlflow_url:
+        links.append(f'<a href="{escape(view.mlflow_url)}">MLflow run {escape(view.mlflow_run_id[:12])}</a>')
+    head = (f"<h1>{escape(view.job)} · run {escape(view.run)} {state_badge(view.state)}</h1>"
+            f'<div class="muted">team {escape(view.team or fmt.DASH)} · project {escape(view.project or fmt.DASH)} · '
+            f"opened {fmt.clock(view.created_at)} · updated {fmt.age(view.updated_at, now)}"
+            f"{' · ' + ' · '.join(links) if links else ''}</div>")
+    if view.final_reason and view.state != "completed":
+        head += f'<p class="warn">{escape(view.final_reason)}</p>'
+    body = "".join([
+        head,
+        _section("live", "Progress", _live(view.live, now)),
+        _section("plan", "Plan", _plan(view.plan)),
+        _section("placement", "Placement", _placement(view.placement)),
+        _section("checkpoints", "Checkpoints", _checkpoints(view.checkpoints, view.checkpoint_root, now)),
+        _section("recovery", "Recovery timeline", _recovery(view.attempts, now)),
+        _notes(view.notes),
+    ])
+    return page(f"{view.job} run {view.run} · Trainyard", body, refresh=view.state not in FINAL_STATES)
+
+
+def runs_page(runs: Sequence[RunSummary], *, title: str, now: datetime, base: str = "") -> str:
+    """The runs list (newest first), each linking to its page."""
+    if not runs:
+        return page(title, f"<h1>{escape(title)}</h1><p class='muted'>No training run yet.</p>")
+    rows = "".join(
+        f"<tr><td>{escape(r.job)}</td><td><a href=\"{escape(base + r.view_url)}\">{escape(r.run)}</a></td>"
+        f"<td>{state_badge(r.state)}</td><td class='n'>{r.attempts}</td><td>{escape(r.last_cause or fmt.DASH)}</td>"
+        f"<td>{fmt.clock(r.created_at)}</td><td>{fmt.age(r.updated_at, now)}</td></tr>" for r in runs)
+    table = ("<table><thead><tr><th>job</th><th>run</th><th>state</th><th class='n'>attempts</th>"
+             f"<th>last failure</th><th>opened</th><th>updated</th></tr></thead><tbody>{rows}</tbody></table>")
+    return page(title, f"<h1>{escape(title)}</h1>{table}")
+
+
+def message_page(title: str, text: str) -> str:
+    return page(title, f"<h1>{escape(title)}</h1><p>{escape(text)}</p>")
+
+
+# -- sections -----------------------------------------------------------------------------------
+
+def _section(anchor: str, title: str, content: str) -> str:
+    return f'<section id="{anchor}" aria-labelledby="h-{anchor}"><h2 id="h-{anchor}">{title}</h2>{content}</section>'
+
+
+def _figure(key: str, value: str) -> str:
+    return f'<div class="figure"><div class="v">{value}</div><div class="k">{escape(key)}</div></div>'
+
+
+def _live(live: Live, now: datetime) -> str:
+    if live.source == "none":
+        return "<p class='muted'>No progress recorded yet.</p>"
+    step = fmt.DASH if live.step is None else f"{live.step}" + (f" / {live.max_steps}" if live.max_steps else "")
+    where = ("heartbeats of the live attempt" + (f" ({live.ranks_reporting} rank(s))" if live.ranks_reporting else "")
+             if live.source == "heartbeats" else "MLflow's latest metrics")
+    figures = "".join([_figure("step", step), _figure("loss", fmt.number(live.loss)),
+                       _figure("tokens/s", fmt.number(live.tokens_per_s, 5)), _figure("MFU", fmt.percent(live.mfu))])
+    return (f'<div class="figures">{figures}<div>{charts.sparkline(live.loss_curve)}</div></div>'
+            f'<p class="muted">from {where}, {fmt.age(live.updated_at, now)}</p>')
+
+
+def _plan(plan: PlanView | None) -> str:
+    if plan is None:
+        return "<p class='muted'>No attempt has been planned and placed yet.</p>"
+    sharding = "FSDP (ZeRO-3)" if plan.fsdp else f"ZeRO-{plan.zero_stage}" + (" (DDP)" if plan.zero_stage == 0 else "")
+    rows = [("layout", f"<code>{escape(plan.label)}</code>"),
+            ("tensor · pipeline · data parallel", f"TP {plan.tp} · PP {plan.pp} · DP {plan.dp}"
+             + (f" · CP {plan.cp}" if plan.cp > 1 else "")),
+            ("sharding", sharding),
+            ("micro-batches", f"{plan.num_micro_batches} × {plan.micro_batch_size} sequence(s)"
+             + (f", global batch {plan.global_batch_size}" if plan.global_batch_size else "")
+             + (f", {plan.sequence_length} tokens each" if plan.sequence_length else "")),
+            ("recompute", escape(plan.recompute))]
+    table = "<table class='kv'>" + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) + "</table>"
+    return table + _memory(plan) + _timing(plan)
+
+
+def _memory(plan: PlanView) -> str:
+    m = plan.memory
+    if m.total_bytes is None and m.capacity_bytes is None:
+        return ""
+    verdict = ""
+    if m.total_bytes is not None and m.budget_bytes is not None:
+        verdict = (f" <span class='bad'>over the budget by {fmt.size(m.total_bytes - m.budget_bytes)}</span>"
+                   if m.over_budget else f" <span class='ok'>{fmt.size(m.budget_bytes - m.total_bytes)} under the "
+                   "budget</span>")
+    legend = "".join(f'<span><i style="background:{charts.colour(i)}"></i>{escape(k)} {fmt.size(v)}</span>'
+                     for i, (k, v) in enumerate(m.items.items()))
+    return (f"<h3>Memory per device</h3><p>{fmt.size(m.total_bytes)} estimated · budget {fmt.size(m.budget_bytes)}"
+            f" · capacity {fmt.size(m.capacity_bytes)}{verdict}</p>{charts.memory_bar(m)}"
+            f'<div class="legend">{legend}<span>┆ budget</span></div>')
+
+
+def _timing(plan: PlanView) -> str:
+    if not plan.step_time_s:
+        return ""
+    legend = "".join(f'<span><i style="background:{charts.colour(i + 2)}"></i>{escape(k)} {fmt.seconds(v)}</span>'
+                     for i, (k, v) in enumerate(plan.step_split.items()))
+    extra = f" · {fmt.number(plan.tokens_per_s, 5)} tokens/s · MFU {fmt.percent(plan.mfu)}" if plan.tokens_per_s else ""
+    return (f"<h3>Step time (estimate)</h3><p>{fmt.seconds(plan.step_time_s)} per step{extra}</p>"
+            f'{charts.split_bar(plan.step_split)}<div class="legend">{legend}</div>')
+
+
+def _placement(placement: PlacementView | None) -> str:
+    if placement is None:
+        return "<p class='muted'>Not placed yet.</p>"
+    kinds = [k for k in ("tp", "pp", "dp", "cp") if placement.group_sizes.get(k, 1) > 1] or ["dp"]
+    racks = []
+    for rack in placement.racks:
+        nodes = "".join(_node(node, kinds) for node in rack.nodes)
+        more = f'<div class="muted">+ {rack.more_nodes} more node(s)</div>' if rack.more_nodes else ""
+        racks.append(f'<div class="rack" data-rack="{escape(rack.name)}"><div class="name">rack '
+                     f'{escape(rack.name)}</div><div class="nodes">{nodes}{more}</div></div>')
+    legend = " ".join(f"<span>band {i + 1}: {k.upper()} group (degree {placement.group_sizes.get(k, 1)})</span>"
+                      for i, k in enumerate(kinds))
+    strategy = f" · strategy {escape(placement.strategy)}" if placement.strategy else ""
+    return (f"<p class='muted'>attempt {placement.attempt} · {escape(placement.gpu_type)}{strategy} · "
+            f"each device: its rank and a coloured band per process group — one colour, one group</p>"
+            f'<div class="racks">{"".join(racks)}</div><div class="legend">{legend}</div>')
+
+
+def _node(node: object, kinds: list[str]) -> str:
+    devices = []
+    for cell in node.devices:  # type: ignore[attr-defined]
+        bands = "".join(f'<div class="band" style="background:{charts.colour(cell.groups.get(k, 0))}" '
+                        f'title="{k.upper()} group {cell.groups.get(k, 0)}"></div>' for k in kinds)
+        groups = " ".join(f"{k}{cell.groups.get(k, 0)}" for k in kinds)
+        step = f"<br>step {cell.step}" if cell.step is not None else ""
+        devices.append(f'<div class="device" data-rank="{cell.rank}">{bands}<div class="label">dev {cell.index} · '
+                       f"<b>rank {cell.rank}</b><br>{groups}{step}</div></div>")
+    empty = node.capacity - len(node.devices)  # type: ignore[attr-defined]
+    devices += ['<div class="device empty"><div class="label">not this job</div></div>'] * max(0, empty)
+    used = node.used  # type: ignore[attr-defined]
+    return (f'<div class="node{"" if used else " unused"}" data-node="{escape(node.name)}"><div class="name">'
+            f'{escape(node.name)}{"" if used else " (not used)"}</div>'  # type: ignore[attr-defined]
+            f'<div class="devices">{"".join(devices)}</div></div>')
+
+
+def _checkpoints(rows: Sequence[CheckpointRow], root: str, now: datetime) -> str:
+    where = f"<p class='muted'>under <code>{escape(root)}</code></p>" if root else ""
+    if not rows:
+        return where + "<p class='muted'>No checkpoint committed yet.</p>"
+    body = []
+    for r in rows:
+        files = ("<span class='ok'>all present</span>" if r.files_ok else
+                 f"<span class='bad'>{escape((r.quarantined and 'quarantined: ' + r.quarantined) or r.problem)}</span>")
+        body.append(f"<tr><td class='n'>{r.step}</td><td>{files}</td>"
+                    f"<td>{'✓ SHA-256 at commit' if r.verified_at_commit else fmt.DASH}</td>"
+                    f"<td class='n'>{fmt.size(r.size_bytes)}</td><td>{fmt.age(r.created_at, now)}</td>"
+                    f"<td>{'<b>← a resume takes this one</b>' if r.resume_pick else ''}</td></tr>")
+    return (where + "<table><thead><tr><th class='n'>step</th><th>files</th><th>verified</th><th class='n'>size</th>"
+            f"<th>age</th><th></th></tr></thead><tbody>{''.join(body)}</tbody></table>")
+
+
+def _recovery(attempts: Sequence[AttemptView], now: datetime) -> str:
+    if not attempts:
+        return "<p class='muted'>No attempt yet.</p>"
+    rows = []
+    for a in attempts:
+        t = a.timing
+        link = f'<a href="{escape(a.dag_run_url)}">{escape(a.dag_run_id)}</a>' if a.dag_run_url else escape(
+            a.dag_run_id or fmt.DASH)
+        outcome = escape(a.outcome or a.state) + (f" at step {a.step}" if a.step is not None else "")
+        action = escape(a.action) + (f" from step {a.resume_step}" if a.resume_step is not None and a.action
+                                     not in ("register", "give_up", "cancel") else "")
+        rows.append(
+            f"<tr><td class='n'>{a.attempt}</td><td>{outcome}<div class='muted'>{escape(a.reason)}</div></td>"
+            f"<td>{action or fmt.DASH}</td><td class='n'>{fmt.seconds(t.detect_s if t else None)}</td>"
+            f"<td class='n'>{fmt.seconds(t.restart_s if t else None)}</td>"
+            f"<td class='n'>{fmt.seconds(t.time_to_train_again_s if t else None)}</td>"
+            f"<td class='n'>{fmt.DASH if not t or t.steps_lost is None else t.steps_lost}</td>"
+            f"<td class='n'>{fmt.number(t.device_hours_lost if t else None, 3)}</td>"
+            f"<td>{', '.join(escape(n) for n in a.nodes) or fmt.DASH}</td><td>{link}</td></tr>")
+    table = ("<table><thead><tr><th class='n'>attempt</th><th>outcome</th><th>action</th><th class='n'>detection</th>"
+             "<th class='n'>restart</th><th class='n'>time to train again</th><th class='n'>steps lost</th>"
+             "<th class='n'>device-hours lost</th><th>nodes</th><th>DAG run</th></tr></thead>"
+             f"<tbody>{''.join(rows)}</tbody></table>")
+    return charts.timeline(attempts, now) + table
+
+
+def _notes(notes: Sequence[str]) -> str:
+    if not notes:
+        return ""
+    items = "".join(f"<li>{escape(n)}</li>" for n in notes)
+    return f'<section id="notes"><h2>Not shown</h2><ul class="muted">{items}</ul></section>'
