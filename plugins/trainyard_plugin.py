@@ -26,8 +26,8 @@ from typing import Any
 from airflow.plugins_manager import AirflowPlugin
 
 URL_PREFIX = "/trainyard"
-"""Where the view's app is mounted (kept equal to `plugins.control_room.app.URL_PREFIX`; a
-unit test checks it, so this module need not import the app to know it)."""
+"""Where the view's app is mounted (kept equal to `plugins.control_room.urls.URL_PREFIX`; a
+unit test checks it, so this module need not import the engine to know it)."""
 
 ICON = ("data:image/svg+xml;utf8,<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'>"
         "<path d='M1 12h14M3 12V4h2v8M11 12V4h2v8M1 4h14' stroke='%23888' stroke-width='1.5' fill='none'/></svg>")

@@ -26,14 +26,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from plugins.control_room.urls import URL_PREFIX
+
 if TYPE_CHECKING:
     from config.settings import Settings
     from plugins.control_room.model import RunView
     from plugins.recovery.state import JobStateStore, RunInfo
-
-URL_PREFIX = "/trainyard"
-"""Where the plugin mounts the app in Airflow's api-server."""
-
 
 def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Callable[..., Any] | None = None,
                mounted_at: str = URL_PREFIX) -> FastAPI:
@@ -98,13 +96,6 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
         return _json(lambda: view(by_run(dag_id, run), request))
 
     return app
-
-
-def view_path(job: str, run: str) -> str:
-    """The path of a training run's page under the app's mount point (`trainyard status`)."""
-    from urllib.parse import quote
-
-    return f"{URL_PREFIX}/jobs/{quote(job, safe='')}/runs/{quote(run, safe='')}"
 
 
 def _html(make: Callable[[], RunView]) -> HTMLResponse:

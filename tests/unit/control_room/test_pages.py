@@ -11,8 +11,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from plugins.control_room.app import URL_PREFIX, create_app
+from plugins.control_room.app import create_app
 from plugins.control_room.build import build_run_view
+from plugins.control_room.urls import URL_PREFIX, view_path, view_url
 from tests.unit.control_room.recorded import FIRST_DAG_RUN, JOB, RUN, Recorded
 
 SECTIONS = ("Progress", "Plan", "Placement", "Checkpoints", "Recovery timeline")
@@ -53,6 +54,10 @@ def test_the_runs_lists_link_to_each_run(client: TestClient) -> None:
         assert page.status_code == 200
         assert f'href="{URL_PREFIX}/jobs/{JOB}/runs/{RUN}"' in page.text
     assert client.get(f"{URL_PREFIX}/dags/no-such-job").status_code == 200  # a DAG with no run yet
+    # the link `trainyard status` prints is the run's page
+    assert view_url("http://127.0.0.1:8080/", JOB, RUN) == f"http://127.0.0.1:8080{URL_PREFIX}/jobs/{JOB}/runs/{RUN}"
+    page = client.get(view_path(JOB, RUN))
+    assert page.status_code == 200 and f"run {RUN}" in page.text
 
 
 def test_an_unknown_run_is_not_found(client: TestClient) -> None:
