@@ -67,6 +67,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=run_uncordon)
 
 
+def _view_url(info: RunInfo) -> str:
+    from config.settings import get_settings
+    from plugins.control_room.urls import view_url
+
+    return view_url(get_settings().airflow_url, info.job, info.run)
+
+
 def _store() -> JobStateStore:
     from config.settings import get_settings
     from plugins.recovery.state import open_job_state
@@ -163,6 +170,7 @@ def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = 
                   f"[dim]team {info.team or '—'} · project {info.project or '—'}[/]")
     console.print(f"started {info.created_at:%Y-%m-%d %H:%M:%S}Z · updated {_ago(info.updated_at)}"
                   + (f" · MLflow run {info.mlflow_run_id}" if info.mlflow_run_id else ""))
+    console.print(f"[dim]view:[/]\n{_view_url(info)}", soft_wrap=True)  # the Trainyard view in Airflow
     if info.final_reason:
         console.print(f"[dim]final:[/] {escape(info.final_reason)}", soft_wrap=False)
     if not attempts:
