@@ -68,9 +68,10 @@ class WatchTrainingSensor(BaseOperator):
 
 
 class WatchCheckpointsSensor(BaseOperator):
-    """Re-defers once per committed checkpoint: verify its SHA-256 hashes, record it in MLflow,
-    apply the retention policy (never touching the newest valid one). Fails — an alarm the UI
-    shows, training goes on — when saves stop landing for two checkpoint intervals."""
+    """Re-defers once per committed checkpoint: verify its SHA-256 hashes and record it in MLflow
+    (the worker already recorded it and applied retention at the commit: both idempotent). Fails
+    — an alarm the UI shows, training goes on — when saves stop landing for two checkpoint
+    intervals."""
 
     ui_color = "#fcf3cf"
 
@@ -93,8 +94,9 @@ class WatchCheckpointsSensor(BaseOperator):
         for record in watching.committed_after(root, after_step, endpoint_url=endpoint):
             seen = checkpoint_committed(opened, record.step, record.manifest_uri, rt, mlflow_run_id=mlflow_run_id)
             if seen.verified:
-                self.log.info("checkpoint step %d verified and recorded; retention deleted %s", seen.step,
-                              seen.deleted or "nothing")
+                self.log.info("checkpoint step %d verified and recorded", seen.step)
+            elif seen.retired:
+                self.log.info("checkpoint step %d already deleted by the worker's retention", seen.step)
             else:
                 self.log.error("checkpoint step %d does NOT verify: %s", seen.step, "; ".join(seen.problems))
             after_step = record.step

@@ -14,7 +14,9 @@ What it does, per DESIGN §5–§8:
 - restores the checkpoint named by `TRAINYARD_RESUME_FROM`, else the newest valid one, else
   starts fresh — model, optimizer, scheduler, sampler, RNG states and the step;
 - saves asynchronously through `plugins.checkpoint.CheckpointManager` every
-  `checkpoint.intervalSteps` steps or `intervalMinutes` minutes, whichever comes first;
+  `checkpoint.intervalSteps` steps or `intervalMinutes` minutes, whichever comes first; rank 0
+  records each commit in the MLflow run and applies the spec's retention policy itself
+  (`worker.checkpoint_records`), without waiting for the control plane's watcher;
 - writes this rank's heartbeat file every step (step, time, loss, tokens/s, NaN flag, phase);
 - stops with `exit_codes.DIVERGED` when the loss is NaN/inf or stays above its baseline
   (`worker.divergence`), writing `<run_dir>/diverged.json` with the onset step;
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     from plugins.advisor.plan import Plan
     from plugins.checkpoint.manager import CheckpointManager, SaveResult
     from plugins.tracking.metrics import MetricsStreamer
+    from worker.checkpoint_records import CommitRecorder
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +200,7 @@ class TrainingSession:
         self._optimizer: Any = None
         self._extra: dict[str, Any] = {}
         self._checkpoints: CheckpointManager | None = None
+        self._commits: CommitRecorder | None = None
         self._metrics: MetricsStreamer | None = self._open_metrics() if self.rank == 0 else None
         self._flops_per_token, self._peak_flops = self._mfu_terms()
         self._last_saved_step: int | None = None
@@ -354,6 +358,9 @@ class TrainingSession:
         if self._checkpoints is not None:
             self._checkpoints.close()
             self._checkpoints = None
+        if self._commits is not None:  # after the last commit: its record and retention
+            self._commits.close()
+            self._commits = None
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -377,8 +384,21 @@ class TrainingSession:
                 compression=self.config.spec.spec.checkpoint.compression,
                 endpoint_url=self.config.endpoint_url, plan_json=self.plan.model_dump_json(),
                 area=area_for(self.config.spec, self.config.object_store),
-                init_from=self.config.spec.spec.checkpoint.init_from or "")
+                init_from=self.config.spec.spec.checkpoint.init_from or "",
+                on_commit=self._commit_recorder() if self.rank == 0 else None)
         return self._checkpoints
+
+    def _commit_recorder(self) -> CommitRecorder:
+        """Rank 0's bookkeeping of each commit: MLflow record, retention (`worker.checkpoint_records`)."""
+        from plugins.checkpoint.retention import RetentionPolicy
+        from worker.checkpoint_records import CommitRecorder
+
+        c = self.config
+        self._commits = CommitRecorder(checkpoint_uri=c.checkpoint_uri,
+                                       policy=RetentionPolicy.from_spec(c.spec.spec.checkpoint),
+                                       endpoint_url=c.endpoint_url, tracking_uri=c.mlflow_tracking_uri,
+                                       mlflow_run_id=c.mlflow_run_id)
+        return self._commits
 
     def save(self, step: int, *, sync: bool = False) -> SaveResult:
         """Checkpoint the attached state after `step` (asynchronously unless `sync`)."""

@@ -527,8 +527,8 @@ class CheckpointSeen(_Out):
     step: int
     verified: bool
     problems: list[str] = Field(default_factory=list)
-    deleted: list[str] = Field(default_factory=list)
-    """What retention deleted after it (never the newest valid one)."""
+    retired: bool = False
+    """Gone before the watcher looked: the worker's retention deleted it (not a corrupt one)."""
 
 
 def checkpoints_root(opened: Opened, runtime: Runtime) -> str:
@@ -539,19 +539,22 @@ def checkpoints_root(opened: Opened, runtime: Runtime) -> str:
 
 def checkpoint_committed(opened: Opened, step: int, manifest_uri: str, runtime: Runtime, *,
                          mlflow_run_id: str) -> CheckpointSeen:
-    """A checkpoint the run committed: verify its SHA-256 hashes, record it in the MLflow run,
-    apply the retention policy (which never deletes the newest valid one)."""
+    """A checkpoint the run committed: verify its SHA-256 hashes and record it in the MLflow run.
+    The worker's rank 0 already recorded it and applied the retention policy at the commit
+    (`worker.checkpoint_records`): the record is idempotent, and one retention deleted before
+    this look is reported `retired`, not as a checkpoint that fails verification."""
     from plugins.checkpoint.catalog import verify
-    from plugins.checkpoint.retention import RetentionPolicy, apply_retention
+    from plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
+    from plugins.storage.store import open_store
     from plugins.tracking.runs import log_committed_checkpoint
 
     settings, root = runtime.settings, checkpoints_root(opened, runtime)
     result = verify(root, step, endpoint_url=settings.s3_endpoint_url)
     if not result.ok:
+        if not open_store(root, endpoint_url=settings.s3_endpoint_url).exists(f"{step_dir(step)}/{MANIFEST_NAME}"):
+            return CheckpointSeen(step=step, verified=False, retired=True)
         return CheckpointSeen(step=step, verified=False, problems=list(result.problems))
     if mlflow_run_id:
         log_committed_checkpoint(mlflow_run_id, manifest_uri, tracking_uri=settings.mlflow_tracking_uri,
                                  endpoint_url=settings.s3_endpoint_url)
-    report = apply_retention(root, RetentionPolicy.from_spec(opened.job.spec.checkpoint), known_valid=step,
-                             endpoint_url=settings.s3_endpoint_url)
-    return CheckpointSeen(step=step, verified=True, deleted=sorted(report.deleted))
+    return CheckpointSeen(step=step, verified=True)

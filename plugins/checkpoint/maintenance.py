@@ -9,8 +9,8 @@ the retention sweep the `trainyard_maintenance_*` DAGs run on a schedule.
 - `sweep`           `apply_retention` per run with its job's spec policy. The newest valid
                     checkpoint is never deleted (retention's own rule); quarantined checkpoints
                     (`QUARANTINED.json`) are not listed as committed, so no rule can touch them;
-                    runs still live in the job state are left to their `watch_checkpoints` sensor,
-                    which knows what the attempt restores.
+                    runs still live in the job state are left to their workers, whose rank 0
+                    applies the policy at each commit (`worker.checkpoint_records`).
 
 No Airflow and no torch here: the DAG's tasks, the CLI and the tests call these.
 """
@@ -207,8 +207,8 @@ def sweep(roots: Sequence[RunRoot], policies: Mapping[str, RetentionPolicy], *,
         if policy is None:
             report.skipped[root.uri] = f"job {root.job!r} has no spec here: no retention policy to apply"
         elif root.run in live_runs.get(root.job, set()):
-            report.skipped[root.uri] = (f"run {root.run} is still live: its watch_checkpoints sensor "
-                                        "applies retention, knowing what the attempt restores")
+            report.skipped[root.uri] = (f"run {root.run} is still live: its workers apply retention "
+                                        "at each commit")
         else:
             report.runs[root.uri] = apply_retention(root.uri, policy, now=now, dry_run=dry_run,
                                                     endpoint_url=endpoint_url)

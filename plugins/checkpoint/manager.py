@@ -30,6 +30,10 @@ Tricky cases:
   `SaveResult.previous`, and `wait()` / `save_sync()` raise `CheckpointSaveError`.
 - Staging buffers stay allocated between saves (one host copy of the rank's state): that
   memory is what makes the blocking part a plain copy instead of an allocation.
+- `on_commit` runs on rank 0 once every rank knows the save committed, in the thread that
+  committed it (the background one; the caller's for `save_sync`). The worker hands it the
+  bookkeeping of a commit (MLflow record, retention) and keeps that off this thread itself
+  (`worker.checkpoint_records`): a slow tracking server must not hold the next save.
 """
 
 from __future__ import annotations
@@ -146,6 +150,7 @@ class CheckpointManager:
         io_threads: int | None = None,
         area: str | None = None,
         init_from: str = "",
+        on_commit: Callable[[SaveResult], None] | None = None,
     ) -> None:
         self.job = check_job_name(job)
         self.checkpoint_uri = require_job_prefix(checkpoint_uri, job, area=area).rstrip("/")
@@ -154,6 +159,9 @@ class CheckpointManager:
         one, the area the checkpoint root claims by its structure."""
         self.init_from = init_from
         """The spec's read-only `checkpoint.initFrom`: the one foreign manifest it may read."""
+        self.on_commit = on_commit
+        """Called on rank 0 with each committed save (see the module docstring); its errors are
+        logged, never raised: the checkpoint is committed whatever the bookkeeping does."""
         identity = identity_of(self.checkpoint_uri)
         self.run = identity[1] if identity and identity[0] == job else None
         """Written into every manifest beside the job: the folder's run (`…/runs/<run>/…`)."""
@@ -386,10 +394,16 @@ class CheckpointManager:
         if self.rank == 0:
             summary = self._commit(step, outcomes, metrics, t0)
         summary = self._ranks.broadcast(summary)
-        return SaveResult(step, summary["status"], self.manifest_uri(step),
-                          commit_s=summary.get("commit_s"), phases=summary.get("phases", {}),
-                          stored_bytes=summary.get("stored_bytes", 0),
-                          state_bytes=summary.get("state_bytes", 0), error=summary.get("error"))
+        result = SaveResult(step, summary["status"], self.manifest_uri(step),
+                            commit_s=summary.get("commit_s"), phases=summary.get("phases", {}),
+                            stored_bytes=summary.get("stored_bytes", 0),
+                            state_bytes=summary.get("state_bytes", 0), error=summary.get("error"))
+        if self.rank == 0 and result.committed and self.on_commit is not None:
+            try:
+                self.on_commit(result)
+            except Exception:  # bookkeeping only: the commit stands
+                log.exception("after the commit of checkpoint step %d", step)
+        return result
 
     def _commit(self, step: int,
                 outcomes: list[tuple[list[ManifestFile], str | None, dict[str, float]]],
