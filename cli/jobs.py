@@ -3,8 +3,10 @@ state of the platform (`plugins/recovery/state.py`), for people.
 
 - `jobs`: training runs, newest first — job, run, lifecycle state, attempts, last failure cause;
 - `status JOB [--run R] [--evidence]`: one run (its newest by default): its lifecycle and every
-  attempt with its outcome, action, step and timings, then each attempt's reason, the action's
-  reason and (`--evidence`) the facts the verdict rests on;
+  attempt with its outcome, action, step and timings — a live attempt's step read from its
+  ranks' heartbeats (the files, else the node agents), not from what the control plane last
+  recorded — then each attempt's reason, the action's reason and (`--evidence`) the facts
+  the verdict rests on; every line fits 80 columns;
 - `stop JOB [--run R]`: stop the live attempt's gang through its stored launcher handle
   (SIGTERM, emergency checkpoint, SIGKILL after `--grace-s`) and mark the run cancelled;
 - `nodes list | cordon NODE --reason … | uncordon NODE`: the cluster's nodes and which are out
@@ -17,10 +19,12 @@ prints the records for scripts. Exit 0 done, 1 no such run / node, 2 usage error
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from config.settings import Settings
     from plugins.recovery.state import AttemptInfo, JobStateStore, RunInfo
 
 STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "recovering": "magenta",
@@ -158,33 +162,40 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = False) -> None:
-    """The run's header, a compact attempt table (fits 80 columns), then each attempt's why."""
+def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = False,
+                settings: Settings | None = None) -> None:
+    """The run's header, a compact attempt table, a live attempt's progress from its ranks'
+    heartbeats, then each attempt's why — every line within 80 columns (long ones wrap)."""
     from rich.markup import escape
     from rich.padding import Padding
     from rich.table import Table
 
     from cli.output import console
 
-    console.print(f"[bold]{escape(info.job)}[/] run [bold]{info.run}[/]  {_state(info.state)}  "
-                  f"[dim]team {info.team or '—'} · project {info.project or '—'}[/]")
-    console.print(f"started {info.created_at:%Y-%m-%d %H:%M:%S}Z · updated {_ago(info.updated_at)}"
-                  + (f" · MLflow run {info.mlflow_run_id}" if info.mlflow_run_id else ""))
-    console.print(f"[dim]view:[/]\n{_view_url(info)}", soft_wrap=True)  # the Trainyard view in Airflow
+    console.print(f"[bold]{escape(info.job)}[/] run [bold]{info.run}[/]  {_state(info.state)}", soft_wrap=False)
+    console.print(f"[dim]team {escape(info.team or '—')} · project {escape(info.project or '—')}[/]", soft_wrap=False)
+    console.print(f"started {info.created_at:%Y-%m-%d %H:%M:%S}Z · updated {_ago(info.updated_at)}", soft_wrap=False)
+    if info.mlflow_run_id:
+        console.print(f"MLflow run {info.mlflow_run_id}", soft_wrap=False)
     if info.final_reason:
         console.print(f"[dim]final:[/] {escape(info.final_reason)}", soft_wrap=False)
     if not attempts:
         console.print("no attempt started yet")
         return
+    live = {a.attempt: progress for a in attempts if a.ended_at is None
+            and (progress := live_progress(a, settings)) is not None}
     table = Table(box=None, pad_edge=False)
     for name, justify in (("#", "right"), ("outcome", "left"), ("action", "left"), ("step", "right"),
                           ("started", "right"), ("took", "right"), ("restarts", "right")):
         table.add_column(name, justify=justify, no_wrap=True)
     for a in attempts:
+        step = a.step if a.step is not None else live[a.attempt].step if a.attempt in live else None
         table.add_row(str(a.attempt), a.outcome or _state("running"), a.action or "—",
-                      "—" if a.step is None else str(a.step), f"{a.started_at:%H:%M:%S}",
+                      "—" if step is None else str(step), f"{a.started_at:%H:%M:%S}",
                       _duration(a.duration_s), str(a.restarts_in_place))
     console.print(table)
+    for number, progress in sorted(live.items()):
+        console.print(f"[bold]attempt {number}[/] [dim]live:[/] {escape(progress.describe())}", soft_wrap=False)
     for a in attempts:  # wrapped at the terminal's width, continuation lines indented
         if a.reason or a.action_reason:
             console.print(f"[bold]attempt {a.attempt}[/] {escape(a.reason or '')}", soft_wrap=False)
@@ -194,6 +205,79 @@ def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = 
         report = a.failure_report if evidence else None
         for fact in report.evidence if report else []:
             console.print(Padding(f"[dim]· {escape(fact)}[/]", (0, 0, 0, 4)), soft_wrap=False)
+
+
+@dataclass(frozen=True)
+class LiveProgress:
+    """A live attempt as its ranks' heartbeats say, whatever the control plane last recorded."""
+
+    step: int
+    """The slowest rank's last step."""
+    ranks: int
+    """Ranks heard from."""
+    world_size: int
+    beat_at: datetime
+    """The newest heartbeat."""
+    finished: bool
+    """Every rank of the gang says it is done: training ended, the control plane has not
+    recorded it yet (its watcher may be down)."""
+    source: str
+
+    def describe(self) -> str:
+        heard = f"{self.ranks} of {self.world_size} ranks" if self.ranks < self.world_size else f"{self.ranks} ranks"
+        if self.finished:
+            return (f"the workers finished at step {self.step} ({_ago(self.beat_at)}); not "
+                    f"recorded by the control plane yet ({self.source})")
+        return f"step {self.step} (slowest of {heard}), heartbeat {_ago(self.beat_at)} ({self.source})"
+
+
+def live_progress(attempt: AttemptInfo, settings: Settings | None = None) -> LiveProgress | None:
+    """The progress of a live attempt from its ranks' heartbeats: the files where this machine
+    can read them (the local launcher's run folder), else the node agents' reports of its ranks
+    (`TRAINYARD_NODE_AGENTS`); None when neither says anything."""
+    from pathlib import Path
+
+    from node_agent.verdicts import FINISHED_PHASES
+
+    handle = attempt.run_handle
+    if handle is None:
+        return None
+    beats: list[tuple[int, float, str]] = []
+    source = "heartbeat files"
+    if handle.heartbeat_dir and Path(handle.heartbeat_dir).is_dir():
+        from node_agent.heartbeat import read_heartbeats
+
+        beats = [(b.step, b.time, b.phase) for b in read_heartbeats(handle.heartbeat_dir, range(handle.world_size)).values()]
+    if not beats:
+        beats, source = _agent_beats(attempt, settings), "node agents"
+    if not beats:
+        return None
+    finished = len(beats) == handle.world_size and all(phase in FINISHED_PHASES for _, _, phase in beats)
+    return LiveProgress(step=min(step for step, _, _ in beats), ranks=len(beats), world_size=handle.world_size,
+                        beat_at=datetime.fromtimestamp(max(t for _, t, _ in beats), UTC), finished=finished,
+                        source=source)
+
+
+def _agent_beats(attempt: AttemptInfo, settings: Settings | None) -> list[tuple[int, float, str]]:
+    """(step, time, phase) of the attempt's ranks as the node agents report them (2 s each)."""
+    from config.settings import get_settings
+    from node_agent.client import NodeAgentError, fetch_health
+
+    agents = (settings or get_settings()).node_agents
+    handle = attempt.run_handle
+    nodes = set(handle.nodes or [a.node for a in handle.agents]) if handle else set()
+    found: dict[int, tuple[int, float, str]] = {}
+    for node, url in sorted(agents.items()):
+        if nodes and node not in nodes:
+            continue
+        try:
+            health = fetch_health(url, timeout=2.0)
+        except NodeAgentError:
+            continue
+        for r in health.ranks:
+            if (r.job, r.run, r.attempt) == (attempt.job, attempt.run, attempt.attempt):
+                found[r.rank] = (r.step, r.time, r.phase)
+    return list(found.values())
 
 
 # --- stop ---------------------------------------------------------------------------------------
