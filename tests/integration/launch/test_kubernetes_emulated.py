@@ -82,10 +82,10 @@ def test_a_torchrun_job_completes_across_the_nodes_network(kube: KubeHarness, la
 def test_a_rank_exiting_42_and_a_sigkilled_pod_are_failed_ranks_with_their_codes(
         kube: KubeHarness, launcher: KubernetesLauncher) -> None:
     diverged = submit(kube, launcher, "tiny-nan", ["--steps", "2", "--fail-rank", "1", "--exit-code", "42"])
-    killed = submit(kube, launcher, "tiny-kill", ["--steps", "200", "--sleep", "0.2"])
     first = wait(kube, launcher, diverged, lambda s: s.finished, "the diverging job to fail")
     assert (first.state, first.failed_rank, first.exit_code) == ("failed", 1, 42)
     assert next(r for r in first.ranks if r.rank == 1).outcome == "diverged"
+    killed = submit(kube, launcher, "tiny-kill", ["--steps", "200", "--sleep", "0.2"])
     wait(kube, launcher, killed, lambda s: "step 2" in launcher.logs(killed, rank=1), "the second job to train")
     kube.kill_pod(f"{killed.name}-worker-1-0", signal.SIGKILL)
     status = wait(kube, launcher, killed, lambda s: s.state == "failed", "Volcano to abort the killed job")

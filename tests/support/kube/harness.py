@@ -261,7 +261,14 @@ class KubeHarness:
         folder = self.pod_dir(pod, namespace)
         if oom:
             (folder / f"{container}.oom").write_text("killed for memory by the harness\n")
-        os.kill(int((folder / f"{container}.pid").read_text()), sig)
+        pid = int((folder / f"{container}.pid").read_text())
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            status = self.rest().get("v1", "pods", namespace or self.namespace, pod).get("status")
+            log = (folder / f"{container}.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"container {container} of {pod} (pid {pid}) is not running; pod status "
+                                 f"{status}\n{log}") from None
 
     def _log_path(self, pod: dict[str, Any], container: str) -> Path | None:
         meta, node = pod["metadata"], pod["spec"].get("nodeName")

@@ -16,7 +16,9 @@ It registers its `Node` (labels and capacity from the config), posts the node's 
   with it — torchrun's workers included, though they run in sessions of their own), a mount
   namespace (its volumes bind-mounted at their `mountPath`s) and a UTS namespace (its host
   name is the pod's `hostname`, so gloo finds the pod's address from it, as in a real pod).
-  It shares the node's network namespace with the other containers of the node.
+  It shares the node's network namespace with the other pods of the node (as with
+  `hostNetwork: true`): the pod's IP is the node's, and two pods of one node cannot listen on
+  one port — the gang scheduler's capacity (one pod per CPU "GPU") keeps attempts apart.
 - **Volumes**: `emptyDir` is a folder of the pod; `hostPath` a folder of the node
   (`<node root>/hostfs/<path>`), so the node agent of that node reads that node's heartbeats.
   A mount point must exist on this machine or lie under the harness's folder (where it is

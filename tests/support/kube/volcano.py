@@ -365,6 +365,7 @@ class GangScheduler:
             self.before_bind(assignment)
             for pod in unbound:
                 self._bind(pod, assignment[pod["metadata"]["name"]])
+                pod["spec"]["nodeName"] = assignment[pod["metadata"]["name"]]  # the next gang of this tick sees it
             self.api.patch(*PODGROUPS, namespace, name, {"status": {"phase": "Inqueue", "conditions": [
                 {"type": "Scheduled", "status": "True", "reason": "tasks in gang are ready to be scheduled",
                  "lastTransitionTime": now_rfc3339(), "transitionID": group["metadata"]["uid"]}]}})

@@ -123,3 +123,14 @@ def test_the_webhook_refuses_what_volcano_refuses(plane: ControlPlane) -> None:
     elsewhere["spec"]["queue"] = "nobody"
     with pytest.raises(RestError, match=r'unable to find job queue: queues\.scheduling\.volcano\.sh "nobody"'):
         plane.rest.create(*JOBS, NS, elsewhere)
+
+
+def test_two_gangs_in_one_tick_never_share_a_node_they_do_not_fit_together(plane: ControlPlane) -> None:
+    for node in ("n0", "n1"):
+        plane.add_node(node)
+    plane.rest.create(*JOBS, NS, job("first"))
+    plane.rest.create(*JOBS, NS, job("second"))
+    plane.tick(2)
+    bound = {name: p["spec"].get("nodeName") for name, p in pods(plane).items()}
+    placed = [name for name, node in bound.items() if node]
+    assert len(placed) == 2 and len({n.rsplit("-worker", 1)[0] for n in placed}) == 1  # one whole gang only
