@@ -98,6 +98,22 @@ def test_a_rank_exiting_42_and_a_sigkilled_pod_are_failed_ranks_with_their_codes
         assert launcher.stop(handle, grace_s=0).state == "stopped"
 
 
+def test_stop_gives_the_workers_their_sigterm_grace_then_the_job_is_gone(
+        kube: KubeHarness, launcher: KubernetesLauncher) -> None:
+    import json
+
+    handle = submit(kube, launcher, "tiny-stop", ["--steps", "400", "--sleep", "0.2"])
+    wait(kube, launcher, handle, lambda s: "step 2" in launcher.logs(handle, rank=0), "the job to train")
+    folders = [kube.pod_dir(f"{handle.name}-worker-{i}-0") for i in range(2)]
+    stopped = launcher.stop(handle, grace_s=20)
+    assert stopped.state == "stopped" and not stopped.processes_alive
+    assert handle.name not in [j["metadata"]["name"] for j in kube.rest().list(*JOBS, kube.namespace)]
+    for rank, folder in enumerate(folders):  # each rank answered SIGTERM within the grace (tiny_job: exit 43)
+        records = [json.loads(line) for line in (folder / "volumes" / "run" / "exits.jsonl").read_text().splitlines()]
+        assert [(r["rank"], r["exit_code"]) for r in records] == [(rank, 43)]
+        assert "SIGTERM, emergency checkpoint" in (folder / "trainer.log").read_text()
+
+
 def test_more_gpus_than_the_nodes_have_is_unschedulable_with_the_numbers(
         kube: KubeHarness, launcher: KubernetesLauncher) -> None:
     job = tiny_job("tiny-wide", ["--steps", "1"], gpus=4)
