@@ -36,7 +36,8 @@ def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri:
         detail = f"{report.reason}; {action.kind}: {action.reason}"
         log_recovery_event(mlflow_run_id, report.outcome, attempt=report.attempt, step=report.step or 0,
                            detail=detail, tracking_uri=tracking_uri, duration_s=report.time_to_detect_s,
-                           key=f"{report.run}/{report.attempt}/{report.outcome}")
+                           key=f"{report.run}/{report.attempt}/{report.outcome}", resume_step=report.resume_step,
+                           at=report.detected_at)
         log_recovery_timings(mlflow_run_id, step=report.step or 0, tracking_uri=tracking_uri,
                              time_to_detect_s=report.time_to_detect_s, steps_lost=report.steps_lost)
     if action.retries:
@@ -61,7 +62,7 @@ def record_resumed(job: TrainingJob, conf: AttemptConf, settings: Settings, hand
         from plugins.tracking.runs import log_recovery_timings
 
         log_recovery_timings(mlflow_run_id, step=0, tracking_uri=settings.mlflow_tracking_uri,
-                             time_to_resume_s=seconds)
+                             time_to_resume_s=seconds, attempt=conf.attempt - 1)
     return seconds
 
 

@@ -11,7 +11,7 @@ run has the same files:
 | `plan/explanation.txt`, `plan/explanation.json` | `log_start_artifacts` | the plan in words and as JSON, with the advisor's alternatives and rejections |
 | `data_quality/report.json`, `data_quality/report.html` | `log_start_artifacts` (given a report) | the data-quality checks and their failing rows |
 | `plots/loss.png` | `log_end_artifacts` | `loss` by step from the run itself, `replay/loss` (steps a resumed attempt recomputed) dotted, a line at each recovery event |
-| `recovery/timeline.json`, `recovery/timeline.txt` | `log_end_artifacts` | the recovery events the run recorded, with the caller's own timeline if it has one |
+| `recovery/timeline.json`, `recovery/timeline.txt` | `log_end_artifacts` | the recovery events the run recorded with what each cost (detection, restart, time to train again, steps and device-hours lost), and the caller's own timeline if it has one |
 
 Logging the same artifact again replaces it (a retried task, a resumed attempt): each file is
 the latest truth, never a duplicate. Nothing here raises for a missing optional part; an
@@ -104,10 +104,11 @@ def log_end_artifacts(
     title: str | None = None,
 ) -> list[str]:
     """The loss plot and the recovery timeline, from what the run recorded; returns the paths."""
-    from plugins.tracking.runs import client_for, recovery_events
+    from plugins.tracking.recoveries import record_recovery_costs
+    from plugins.tracking.runs import client_for
 
     client = client_for(tracking_uri)
-    events = recovery_events(run_id, tracking_uri=tracking_uri)
+    events = record_recovery_costs(run_id, tracking_uri=tracking_uri)  # measured now the run has ended
     entries = [e if isinstance(e, TimelineEntry) else TimelineEntry(at_s=e[0], event=e[1]) for e in timeline]
     client.log_dict(run_id, {"recovery_events": [e.model_dump(exclude_none=True) for e in events],
                              "timeline": [e.model_dump() for e in entries]}, TIMELINE_JSON)
@@ -138,13 +139,31 @@ def timeline_text(events: Sequence[RecoveryEvent], entries: Sequence[TimelineEnt
     """Recovery events (what the run recorded) and the caller's timeline, one line each."""
     lines = [f"{len(events)} recovery event(s)"]
     for e in events:
-        lost = f", {e.duration_s:.1f} s lost" if e.duration_s is not None else ""
         step = f" at step {e.step}" if e.step is not None else ""
-        lines.append(f"  {e.at}  attempt {e.attempt}  {e.kind}{step}{lost}" + (f": {e.detail}" if e.detail else ""))
+        lines.append(f"  {e.at}  attempt {e.attempt}  {e.kind}{step}" + (f": {e.detail}" if e.detail else ""))
+        if costs := recovery_costs_line(e):
+            lines.append(f"      {costs}")
     if entries:
         lines += ["", "timeline (seconds since submission)"]
         lines += [f"  {e.at_s:8.1f}  {e.event}" for e in entries]
     return "\n".join(lines) + "\n"
+
+
+def recovery_costs_line(e: RecoveryEvent) -> str:
+    """`detected in 0.26 s · restarted in 20 s · trained again after 36.5 s · 19 steps lost ·
+    0.013 device-hours` — the figures known, in the order they happen."""
+    parts = []
+    if e.detect_s is not None:
+        parts.append(f"detected in {e.detect_s:.3g} s")
+    if e.restart_s is not None:
+        parts.append(f"restarted in {e.restart_s:.3g} s")
+    if e.time_to_train_again_s is not None:
+        parts.append(f"trained again after {e.time_to_train_again_s:.3g} s")
+    if e.steps_lost is not None:
+        parts.append(f"{e.steps_lost} step(s) lost")
+    if e.device_hours_lost is not None:
+        parts.append(f"{e.device_hours_lost:.3g} device-hours")
+    return " · ".join(parts)
 
 
 def data_quality_html(report: DataQualityReport) -> str:

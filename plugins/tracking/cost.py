@@ -460,7 +460,7 @@ def accounting_from_mlflow(tracking_uri: str, *, experiments: Sequence[str] | No
 
     A run with a `trainyard.accounting` tag (written by `log_job_cost`) gives it as recorded.
     Otherwise it is derived from what the run holds: devices from the spec params, allocation
-    from the run's start/end times, recovery from the `trainyard.recovery_seconds` tag (the
+    from the run's start/end times, recovery from the `trainyard.recovery_s` tag (the
     rest counted as training; waiting is unknown there and left at 0), tokens from the latest
     `tokens_total` metric and MFU from the latest `mfu` metric.
     """
@@ -496,7 +496,9 @@ def _accounting_of(run: Any) -> RunAccounting | None:
         started = _from_ms(run.info.start_time)
         ended = _from_ms(run.info.end_time) if run.info.end_time else None
         wall = ((ended or dt.datetime.now(dt.UTC)) - started).total_seconds()
-        recovery = min(float(tags.get("trainyard.recovery_seconds", "0")), max(wall, 0.0))
+        # what the job stood still (`recoveries.RECOVERY_SECONDS_TAG`); older runs: detection only
+        recovery = min(float(tags.get("trainyard.recovery_s", tags.get("trainyard.recovery_seconds", "0"))),
+                       max(wall, 0.0))
         return RunAccounting(
             job=tags["trainyard.job"], team=tags.get("trainyard.team", "unknown"),
             project=tags.get("trainyard.project", "default"), gpu_type=params["spec.hardware.gpuType"],

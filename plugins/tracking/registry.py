@@ -290,6 +290,8 @@ def models_trained_on(
 
 def _lineage_tags(run_tags: dict[str, str], run_id: str, ckpt: LoggedCheckpoint, weights_sha: str) -> dict[str, str]:
     tags = {TAG + k: run_tags[TAG + k] for k in _RUN_TAGS_COPIED if run_tags.get(TAG + k)}
+    if "mlflow.source.git.commit" in run_tags:  # the training code (runs no longer copy it under TAG)
+        tags.setdefault(TAG + "git.commit", run_tags["mlflow.source.git.commit"])
     tags.update({
         TAG + "run_id": run_id,
         TAG + "checkpoint.uri": ckpt.manifest_uri,

@@ -10,17 +10,22 @@ MLflow params are immutable: a resumed attempt logs only the params not logged b
 value that changed (the advisor re-planned after an OOM, say) keeps its first value as the
 param and is recorded as the tag `trainyard.attempt.<n>.<param>` so nothing is lost.
 
-Tags this module writes (all under `trainyard.`, plus MLflow's own `mlflow.source.git.*`):
+Tags this module writes (all under `trainyard.`, short; plus MLflow's own `mlflow.source.git.*`,
+which its UI shows as the run's source, and `mlflow.experimentKind` on the experiment):
 
 | tag | meaning |
 |---|---|
-| `job`, `team`, `project`, `status` | who and where; status = pending/running/recovering/completed/failed/cancelled |
-| `attempt`, `attempts`, `attempt_count` | latest attempt, every attempt started (append-only), their number |
-| `git.commit`, `git.repo`, `git.branch`, `platform.commit` | code identity |
-| `dataset.uri`, `dataset.version`, `dataset.digest`, `dataset.digest_method` | lineage |
+| `job`, `team`, `project`, `run`, `status` | who, which training run; status = pending/running/recovering/completed/failed/cancelled |
+| `attempt`, `attempts` | latest attempt, every attempt started (append-only) |
+| `attempt.<n>` | that attempt's layout and start; `attempt.<n>.<param>` a param it changed |
+| `platform.commit` | the Trainyard code (the training code is `mlflow.source.git.commit`) |
+| `dataset.uri`, `dataset.version`, `dataset.digest`, `dataset.digest_method` | lineage (the registry searches by it) |
 | `failure_causes` | failure classes seen, in order (append-only) |
-| `recovery.NNNN` | one JSON record per recovery event |
-| `checkpoint.<step>`, `checkpoint.latest.*`, `checkpoint_count` | committed checkpoints |
+| `recovery.NNNN` | one JSON record per recovery event, with what it cost (`recoveries`) |
+| `recovery_s` | seconds the job stood still across its recoveries, once measured |
+
+Committed checkpoints are not tags: each is a `LoggedModel` of the run (type `checkpoint`, at
+its step, with its metrics), listed on the run's page and the experiment's Models tab.
 
 The control plane is the only writer of these tags for a job (one task at a time), so the
 read-modify-write of the append-only tags is safe.
@@ -37,14 +42,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from plugins.files import locked, sqlite_file
 from plugins.tracking.params import param_value, plan_params, safe_key, spec_params, truncate
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-    from mlflow.entities import Run
+    from mlflow.entities import LoggedModel, Run
 
     from config.spec import TrainingJob
     from plugins.advisor.plan import Plan
@@ -113,22 +118,33 @@ def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     return (db.parent / "mlartifacts" / safe_key(experiment).replace("/", "__")).as_uri()
 
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+"""MLflow 3's experiment type, which picks the UI's mode for the experiment (its JS reads this
+tag: `genai_development` opens on traces, `custom_model_development` on runs, charts and
+models). Without it the UI infers a kind, and inferred our runs as GenAI (issue 30)."""
+MODEL_TRAINING_KIND = "custom_model_development"
+
+
 def ensure_experiment(client: MlflowClient, name: str, *, artifact_location: str | None = None) -> str:
-    """The experiment's id, creating it if needed (tolerates a concurrent creator)."""
+    """The experiment's id, creating it if needed (tolerates a concurrent creator), marked as a
+    model-training experiment (`EXPERIMENT_KIND_TAG`; an older experiment without a kind gets
+    the mark too)."""
     from mlflow.exceptions import MlflowException
 
     found = client.get_experiment_by_name(name)
-    if found is not None:
-        if found.lifecycle_stage == "deleted":
-            client.restore_experiment(found.experiment_id)
-        return found.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location)
-    except MlflowException:
-        found = client.get_experiment_by_name(name)  # created by someone else meanwhile
-        if found is None:
-            raise
-        return found.experiment_id
+    if found is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location,
+                                            tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
+        except MlflowException:
+            found = client.get_experiment_by_name(name)  # created by someone else meanwhile
+            if found is None:
+                raise
+    if found.lifecycle_stage == "deleted":
+        client.restore_experiment(found.experiment_id)
+    if EXPERIMENT_KIND_TAG not in found.tags:  # a kind a person chose in the UI stays
+        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+    return found.experiment_id
 
 
 @functools.lru_cache(maxsize=1)
@@ -171,7 +187,6 @@ def start_or_resume_run(
             client, name, artifact_location=artifact_location or default_artifact_location(tracking_uri, name))
         tags = _identity_tags(job)
         if trigger_id:
-            tags[TAG + "trigger_id"] = trigger_id
             tags[TAG + "run"] = trigger_id  # the training run: one trigger, all its attempts
         # the name the MLflow UI lists: the job and, for a training run, its id (runs tell apart)
         run = client.create_run(exp_id, run_name=f"{job.name} {trigger_id}" if trigger_id else job.name, tags=tags)
@@ -192,9 +207,7 @@ def start_or_resume_run(
         TAG + "status": "running",
         TAG + "attempt": str(attempt),
         TAG + "attempts": ",".join(attempts),
-        TAG + "attempt_count": str(len(attempts)),
-        f"{TAG}attempt.{attempt}.started_at": _now_iso(),
-        f"{TAG}attempt.{attempt}.plan": plan.describe(),
+        f"{TAG}attempt.{attempt}": f"{plan.describe()} · started {_now_iso()}",
         **{safe_key(f"{TAG}attempt.{attempt}.{k}"): v for k, v in changed.items()},
     }
     if dataset is not None:
@@ -224,7 +237,7 @@ def _existing_run(client: MlflowClient, job: TrainingJob, run_id: str | None, at
         return None
     query = f"tags.`{TAG}job` = {quote_filter_value(job.name)}"
     if trigger_id or attempt == 0:  # a training run's attempts share its MLflow run, never another's
-        query += f" AND tags.`{TAG}trigger_id` = {quote_filter_value(trigger_id or '')}"
+        query += f" AND tags.`{TAG}run` = {quote_filter_value(trigger_id or '')}"
     runs = client.search_runs([exp.experiment_id], filter_string=query,
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0] if runs else None
@@ -244,12 +257,9 @@ def _identity_tags(job: TrainingJob) -> dict[str, str]:
     }
     if platform:
         tags[TAG + "platform.commit"] = platform
-    if code_commit:
-        tags[TAG + "git.commit"] = code_commit
+    if code_commit:  # MLflow's own tags, which its UI shows as the run's source
         tags["mlflow.source.git.commit"] = code_commit
     if src.git:
-        tags[TAG + "git.repo"] = src.git.repo
-        tags[TAG + "git.branch"] = src.git.branch
         tags["mlflow.source.git.repoURL"] = src.git.repo
         tags["mlflow.source.git.branch"] = src.git.branch
     if job.spec.checkpoint.init_from:  # lineage: the other job's checkpoint this one starts from
@@ -258,13 +268,10 @@ def _identity_tags(job: TrainingJob) -> dict[str, str]:
 
 
 def dataset_tags(dataset: DatasetRef) -> dict[str, str]:
-    tags = {
+    tags = {  # the lineage a registry search needs; shards and bytes are on the run's dataset input
         TAG + "dataset.uri": dataset.uri,
         TAG + "dataset.digest": dataset.digest,
         TAG + "dataset.digest_method": dataset.digest_method,
-        TAG + "dataset.format": dataset.format,
-        TAG + "dataset.shards": str(dataset.num_shards),
-        TAG + "dataset.bytes": str(dataset.total_bytes),
     }
     if dataset.version:
         tags[TAG + "dataset.version"] = dataset.version
@@ -292,7 +299,9 @@ def log_dataset_input(
     name = dataset.uri.rstrip("/").rsplit("/", 1)[-1] + (f"@{dataset.version}" if dataset.version else "")
     schema = Schema([ColSpec("string", f) for f in fields]) if fields else None
     meta = MetaDataset(source=source, name=name[:500], digest=dataset.digest[:32], schema=schema)
-    input_tags = [InputTag(key="mlflow.data.context", value=context)]
+    input_tags = [InputTag(key="mlflow.data.context", value=context),
+                  InputTag(key=TAG + "shards", value=str(dataset.num_shards)),
+                  InputTag(key=TAG + "bytes", value=str(dataset.total_bytes))]
     if dataset.version:
         input_tags.append(InputTag(key=TAG + "dataset.version", value=dataset.version))
     client_for(tracking_uri).log_inputs(
@@ -311,6 +320,9 @@ def set_run_status(run_id: str, status: RunLifecycleState, *, tracking_uri: str)
 
 
 class RecoveryEvent(BaseModel):
+    """One recovery of the run, with what it cost as far as it is known (the figures of
+    `plugins.tracking.recovery_timing`; the later ones are filled in as they are measured)."""
+
     model_config = ConfigDict(frozen=True)
 
     kind: str
@@ -321,10 +333,32 @@ class RecoveryEvent(BaseModel):
     """Training step at which it happened (the last step reached), if known."""
     detail: str = ""
     at: str
-    duration_s: float | None = None
-    """Seconds of lost time (detection + restart + restore), when measured."""
+    """When the control plane detected it (ISO 8601)."""
+    detect_s: float | None = Field(default=None, validation_alias=AliasChoices("detect_s", "duration_s"))
+    """Seconds from the failure to its detection (older records called it `duration_s`)."""
+    resume_step: int | None = None
+    """The checkpoint step the next attempt restores (0: from scratch)."""
+    restart_s: float | None = None
+    """Seconds from the detection to the next attempt's gang start."""
+    time_to_train_again_s: float | None = None
+    """Seconds from the failure to the next attempt's first step after its restore."""
+    steps_lost: int | None = None
+    device_hours_lost: float | None = None
     key: str | None = None
     """Idempotency key given by the caller (e.g. `<dag run>:<attempt>:<kind>`)."""
+
+    @property
+    def tag(self) -> str:
+        """The tag's value: the record without its empty fields."""
+        return self.model_dump_json(exclude_none=True)
+
+
+RECOVERY_TAG_PREFIX = TAG + "recovery."
+"""`trainyard.recovery.NNNN`: one recovery event each, in order."""
+
+
+def _events(tags: Mapping[str, str]) -> dict[str, RecoveryEvent]:
+    return {k: RecoveryEvent.model_validate_json(tags[k]) for k in sorted(tags) if k.startswith(RECOVERY_TAG_PREFIX)}
 
 
 def log_recovery_event(
@@ -337,10 +371,18 @@ def log_recovery_event(
     tracking_uri: str,
     duration_s: float | None = None,
     key: str | None = None,
+    resume_step: int | None = None,
+    at: dt.datetime | None = None,
 ) -> RecoveryEvent:
     """Append a recovery event: a JSON tag `recovery.NNNN`, the cause appended to
-    `failure_causes`, and metrics `recovery/<kind>` (= 1 at the step, a mark on the charts),
-    `recovery_events` (running count) and `recovery_seconds`.
+    `failure_causes`, and metrics `recovery/<kind>` (= 1 at the step, a mark on the charts) and
+    `recovery_events` (running count).
+
+    `duration_s` is the detection time (the failure until the control plane knew), `at` the
+    detection (default: now); `resume_step` what the next attempt restores. What the recovery
+    cost beyond detecting it is known later: the restart when the next gang starts
+    (`log_recovery_timings(attempt=…)`), the time to train again and the device-hours at the
+    run's end (`plugins.tracking.recoveries.record_recovery_costs`).
 
     `key` makes it idempotent: an event with the same key already on the run is returned and
     nothing is logged again (an Airflow task that retries records its event once).
@@ -349,43 +391,57 @@ def log_recovery_event(
         raise ValueError(f"kind must be a word like 'worker_crash', got {kind!r}")
     client = client_for(tracking_uri)
     tags = client.get_run(run_id).data.tags
+    events = _events(tags)
     if key is not None:
-        for k in sorted(tags):
-            if k.startswith(TAG + "recovery.") and (seen := RecoveryEvent.model_validate_json(tags[k])).key == key:
+        for seen in events.values():
+            if seen.key == key:
                 return seen
-    seq = int(tags.get(TAG + "recovery_count", "0"))
+    seq = len(events)
     event = RecoveryEvent(kind=kind, attempt=attempt, step=step, detail=truncate(detail, 4000),
-                          at=_now_iso(), duration_s=duration_s, key=key)
+                          at=(at or dt.datetime.now(dt.UTC)).isoformat(), detect_s=duration_s,
+                          resume_step=resume_step,
+                          steps_lost=max(0, step - resume_step) if step is not None and resume_step is not None
+                          else None, key=key)
     causes = [*_split(tags.get(TAG + "failure_causes")), kind]
-    total_s = float(tags.get(TAG + "recovery_seconds", "0")) + (duration_s or 0.0)
     new_tags = {
-        f"{TAG}recovery.{seq:04d}": event.model_dump_json(exclude_none=True),
-        TAG + "recovery_count": str(seq + 1),
+        f"{RECOVERY_TAG_PREFIX}{seq:04d}": event.tag,
         TAG + "failure_causes": truncate(",".join(causes), MAX_TAG_VALUE_CHARS),
-        TAG + "recovery_seconds": f"{total_s:g}",
     }
     _log_params_and_tags(client, run_id, {}, new_tags)
-    metrics = {f"recovery/{kind}": 1.0, "recovery_events": float(seq + 1)}
-    if duration_s is not None:
-        metrics["recovery_seconds"] = float(duration_s)
-    log_metrics(client, run_id, metrics, step=step or 0)
+    log_metrics(client, run_id, {f"recovery/{kind}": 1.0, "recovery_events": float(seq + 1)}, step=step or 0)
     return event
 
 
 def log_recovery_timings(run_id: str, *, step: int, tracking_uri: str, time_to_detect_s: float | None = None,
-                         steps_lost: int | None = None, time_to_resume_s: float | None = None) -> None:
+                         steps_lost: int | None = None, time_to_resume_s: float | None = None,
+                         attempt: int | None = None) -> None:
     """The figures of one recovery as metrics `recovery/time_to_detect_s`, `recovery/steps_lost`
-    and `recovery/time_to_resume_s` (the ones given; a chart per figure across the run)."""
+    and `recovery/time_to_resume_s` (the ones given; a chart per figure across the run). With
+    `attempt`, they are also written into that attempt's recovery event, and logged at its step."""
     figures = {"time_to_detect_s": time_to_detect_s, "steps_lost": steps_lost, "time_to_resume_s": time_to_resume_s}
     metrics = {f"recovery/{k}": float(v) for k, v in figures.items() if v is not None}
-    if metrics:
-        log_metrics(client_for(tracking_uri), run_id, metrics, step=step)
+    if not metrics:
+        return
+    client = client_for(tracking_uri)
+    if attempt is not None:
+        found = [(k, e) for k, e in _events(client.get_run(run_id).data.tags).items() if e.attempt == attempt]
+        if found:
+            tag, event = found[-1]
+            update = {"detect_s": time_to_detect_s, "steps_lost": steps_lost, "restart_s": time_to_resume_s}
+            event = event.model_copy(update={k: v for k, v in update.items() if v is not None})
+            _log_params_and_tags(client, run_id, {}, {tag: event.tag})
+            step = event.step or 0
+    log_metrics(client, run_id, metrics, step=step)
+
+
+def set_recovery_event(run_id: str, index: int, event: RecoveryEvent, *, tracking_uri: str) -> None:
+    """Replace the `index`-th recovery event's record (its costs measured since)."""
+    _log_params_and_tags(client_for(tracking_uri), run_id, {}, {f"{RECOVERY_TAG_PREFIX}{index:04d}": event.tag})
 
 
 def recovery_events(run_id: str, *, tracking_uri: str) -> list[RecoveryEvent]:
-    tags = client_for(tracking_uri).get_run(run_id).data.tags
-    prefix = TAG + "recovery."
-    return [RecoveryEvent.model_validate_json(tags[k]) for k in sorted(tags) if k.startswith(prefix)]
+    """The run's recovery events, in order."""
+    return list(_events(client_for(tracking_uri).get_run(run_id).data.tags).values())
 
 
 class LoggedCheckpoint(BaseModel):
@@ -401,6 +457,13 @@ class LoggedCheckpoint(BaseModel):
     metrics: dict[str, float] = {}
 
 
+CHECKPOINT_MODEL_TYPE = "checkpoint"
+"""`LoggedModel.model_type` of a committed checkpoint (MLflow 3: a run's checkpoints are its
+logged models, each at its step with its metrics; the Models tab lists and compares them)."""
+CHECKPOINT_KIND_TAG = TAG + "kind"
+"""`checkpoint` on a checkpoint's LoggedModel: the registered export is a LoggedModel too."""
+
+
 def log_checkpoint(
     run_id: str,
     manifest_uri: str,
@@ -410,35 +473,70 @@ def log_checkpoint(
     *,
     tracking_uri: str,
 ) -> LoggedCheckpoint:
-    """Record a committed checkpoint: tag `checkpoint.<step>` (JSON), `checkpoint.latest.*`,
-    and metrics `checkpoint/step` plus `checkpoint/<metric>` at the step."""
+    """Record a committed checkpoint as a `LoggedModel` of the run (name `step-<NNNNNNNN>`,
+    type `checkpoint`; tags `trainyard.checkpoint.uri|sha256|step`), an output of the run at
+    its step, with the metrics `checkpoint/step` and `checkpoint/<metric>` at the step linked
+    to it. No files are copied: the checkpoint stays in the object store, the model names it.
+
+    Idempotent (a retried watcher): the same step with the same manifest logs nothing again. A
+    step committed again after a rollback replaces the older model of that step (its files were
+    overwritten), so the run lists one checkpoint per step."""
     if not manifest_uri:
         raise ValueError("manifest_uri is empty")
     if not _SHA256.match(sha256 or ""):
         raise ValueError(f"sha256 must be 64 lowercase hex digits, got {sha256!r}")
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
+    from mlflow.entities import LoggedModelOutput, Metric
+
     record = LoggedCheckpoint(step=step, manifest_uri=manifest_uri, sha256=sha256,
                               metrics={k: float(v) for k, v in (metrics or {}).items()})
     client = client_for(tracking_uri)
-    tags_now = client.get_run(run_id).data.tags
-    step_tag = f"{TAG}checkpoint.{step:010d}"
-    if step_tag in tags_now and LoggedCheckpoint.model_validate_json(tags_now[step_tag]) == record:
-        return record  # already recorded (a retried watcher): log nothing twice
-    # A step saved again after a rollback replaces its record; the count is of distinct steps.
-    count = sum(1 for k in tags_now if _CHECKPOINT_TAG.match(k)) + (step_tag not in tags_now)
-    tags = {
-        step_tag: record.model_dump_json(),
-        TAG + "checkpoint.latest.uri": manifest_uri,
-        TAG + "checkpoint.latest.sha256": sha256,
-        TAG + "checkpoint.latest.step": str(step),
-        TAG + "checkpoint_count": str(count),
-    }
-    _log_params_and_tags(client, run_id, {}, tags)
-    log_metrics(client, run_id, {"checkpoint/step": float(step),
-                                  **{safe_key(f"checkpoint/{k}"): v for k, v in record.metrics.items()}},
-                 step=step)
+    run = client.get_run(run_id)
+    earlier = _checkpoint_models(client, run.info.experiment_id, run_id, step=step)
+    if any(_as_checkpoint(m) == record for m in earlier):
+        return record  # already recorded: log nothing twice
+    model = client.create_logged_model(
+        run.info.experiment_id, name=f"step-{step:08d}", source_run_id=run_id, model_type=CHECKPOINT_MODEL_TYPE,
+        tags={CHECKPOINT_KIND_TAG: CHECKPOINT_MODEL_TYPE, TAG + "checkpoint.uri": manifest_uri,
+              TAG + "checkpoint.sha256": sha256, TAG + "checkpoint.step": str(step)})
+    import time
+
+    ts = int(time.time() * 1000)
+    values = {"checkpoint/step": float(step), **{safe_key(f"checkpoint/{k}"): v for k, v in record.metrics.items()}}
+    client.log_batch(run_id, metrics=[Metric(k, v, ts, step, model_id=model.model_id) for k, v in values.items()],
+                     synchronous=True)
+    client.finalize_logged_model(model.model_id, "READY")
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=step)])
+    for old in earlier:  # the same step saved again (a rollback): one checkpoint per step
+        client.delete_logged_model(old.model_id)
     return record
+
+
+def _checkpoint_models(client: MlflowClient, experiment_id: str, run_id: str, *, step: int | None = None
+                       ) -> list[LoggedModel]:
+    """The run's checkpoint LoggedModels (of one step, or all)."""
+    clauses = [f"source_run_id = {quote_filter_value(run_id)}",
+               f"tags.`{CHECKPOINT_KIND_TAG}` = {quote_filter_value(CHECKPOINT_MODEL_TYPE)}"]
+    if step is not None:
+        clauses.append(f"tags.`{TAG}checkpoint.step` = {quote_filter_value(str(step))}")
+    found: list[LoggedModel] = []
+    token = None
+    while True:
+        page = client.search_logged_models([experiment_id], filter_string=" AND ".join(clauses), page_token=token)
+        found.extend(page)
+        token = page.token
+        if not token:
+            return found
+
+
+def _as_checkpoint(model: LoggedModel) -> LoggedCheckpoint:
+    prefix = "checkpoint/"
+    return LoggedCheckpoint(
+        step=int(model.tags[TAG + "checkpoint.step"]), manifest_uri=model.tags[TAG + "checkpoint.uri"],
+        sha256=model.tags[TAG + "checkpoint.sha256"],
+        metrics={m.key.removeprefix(prefix): m.value for m in (model.metrics or [])
+                 if m.key.startswith(prefix) and m.key != prefix + "step"})
 
 
 def log_committed_checkpoint(
@@ -457,10 +555,21 @@ def log_committed_checkpoint(
 
 
 def checkpoints(run_id: str, *, tracking_uri: str) -> list[LoggedCheckpoint]:
-    """Every checkpoint the run recorded, by step."""
-    tags = client_for(tracking_uri).get_run(run_id).data.tags
-    return sorted((LoggedCheckpoint.model_validate_json(v) for k, v in tags.items() if _CHECKPOINT_TAG.match(k)),
-                  key=lambda r: r.step)
+    """Every checkpoint the run recorded, by step: its checkpoint LoggedModels (the newest of a
+    step, should a rollback's re-save not have replaced it yet), and the `checkpoint.<step>`
+    tags runs recorded before checkpoints were LoggedModels."""
+    client = client_for(tracking_uri)
+    run = client.get_run(run_id)
+    by_step: dict[int, LoggedCheckpoint] = {}
+    for k, v in run.data.tags.items():
+        if _CHECKPOINT_TAG.match(k):
+            record = LoggedCheckpoint.model_validate_json(v)
+            by_step[record.step] = record
+    models = sorted(_checkpoint_models(client, run.info.experiment_id, run_id), key=lambda m: m.creation_timestamp)
+    for model in models:
+        record = _as_checkpoint(model)
+        by_step[record.step] = record
+    return [by_step[s] for s in sorted(by_step)]
 
 
 # -- helpers --------------------------------------------------------------------------------------

@@ -43,7 +43,11 @@ def test_best_checkpoint_becomes_a_candidate_version_with_lineage(
     client = MlflowClient(uri, registry_uri=uri)
     model = client.get_logged_model(info.model_id)
     assert model.source_run_id == rid and str(model.status) in {"READY", "LoggedModelStatus.READY"}
-    assert [o.model_id for o in client.get_run(rid).outputs.model_outputs] == [info.model_id]
+    # the run's outputs: its three checkpoints (LoggedModels of type checkpoint) and the export
+    outputs = {o.model_id: o.step for o in client.get_run(rid).outputs.model_outputs}
+    kinds = {m: client.get_logged_model(m).model_type for m in outputs}
+    assert sorted(s for m, s in outputs.items() if kinds[m] == "checkpoint") == [100, 200, 300]
+    assert kinds[info.model_id] != "checkpoint" and outputs[info.model_id] == 200
     # Registered from the logged model (what links the version to it in the UI), not a path.
     version = client.get_model_version("reg-best", "1")
     assert version.source == f"models:/{info.model_id}"

@@ -50,11 +50,13 @@ def test_new_run_records_spec_and_plan_params_and_identity_tags(
     assert p["spec.dataset.quality.requiredFields"] == '["text"]'
     t = run.data.tags
     assert t["trainyard.job"] == job.name and t["mlflow.runName"] == job.name
-    assert t["trainyard.git.commit"] == "a1b2c3d4" == t["mlflow.source.git.commit"]
+    assert t["mlflow.source.git.commit"] == "a1b2c3d4" and "trainyard.git.commit" not in t  # one tag per fact
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                           text=True, check=True).stdout.strip()
     assert t["trainyard.platform.commit"] == head
-    assert (t["trainyard.attempt"], t["trainyard.attempts"], t["trainyard.attempt_count"]) == ("0", "0", "1")
+    assert (t["trainyard.attempt"], t["trainyard.attempts"]) == ("0", "0")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow opens it on runs, not traces
+    assert all(len(k) <= 40 for k in t if k.startswith("trainyard.")), sorted(t)  # short: the UI shows them whole
     assert t["trainyard.status"] == "running" and run.info.status == "RUNNING"
     # Artifacts of a directly-used SQLite store live beside the database, not in ./mlruns.
     db_dir = Path(sqlite_tracking_uri.removeprefix("sqlite:///")).parent
@@ -92,17 +94,17 @@ def test_a_resumed_job_is_one_run_holding_both_attempts_metrics(
     replay = client(uri).get_metric_history(rid, "replay/loss")  # attempt 1's replay of 5..9
     assert sorted(m.step for m in replay) == [5, 6, 7, 8, 9]
     t = run.data.tags
-    assert (t["trainyard.attempts"], t["trainyard.attempt_count"], t["trainyard.attempt"]) == ("0,1", "2", "1")
+    assert (t["trainyard.attempts"], t["trainyard.attempt"]) == ("0,1", "1")
     assert t["trainyard.failure_causes"] == "worker_crash,hang"
     assert t["trainyard.status"] == "completed"
     # Params are immutable: the first plan stays, the changed value is a per-attempt tag.
     assert run.data.params["plan.micro_batch_size"] == "4"
     assert t["trainyard.attempt.1.plan.micro_batch_size"] == "2"
-    assert t["trainyard.attempt.1.plan"].startswith("TP1·PP1·DP2") and "mbs2×4" in t["trainyard.attempt.1.plan"]
+    assert t["trainyard.attempt.1"].startswith("TP1·PP1·DP2") and "mbs2×4 · started " in t["trainyard.attempt.1"]
     events = runs.recovery_events(rid, tracking_uri=uri)
     assert [(e.kind, e.attempt, e.step) for e in events] == [("worker_crash", 0, 9), ("hang", 1, 12)]
-    assert events[0].detail == "rank 1 exited with 1" and events[0].duration_s == 42.0
-    assert t["trainyard.recovery_seconds"] == "42"
+    assert events[0].detail == "rank 1 exited with 1" and events[0].detect_s == 42.0  # the detection, by name
+    assert "trainyard.recovery_seconds" not in t  # it was the detection alone, under a name that said more
     marks = client(uri).get_metric_history(rid, "recovery/worker_crash")
     assert [(m.step, m.value) for m in marks] == [(9, 1.0)]
     assert sorted(m.step for m in client(uri).get_metric_history(rid, "trainyard.attempt")) == [0, 1]
@@ -133,8 +135,12 @@ def test_checkpoints_are_recorded_by_uri_and_hash(sqlite_tracking_uri: str, requ
                             SHA, step, {"loss": loss}, tracking_uri=uri)
     records = runs.checkpoints(rid, tracking_uri=uri)
     assert [(r.step, r.metrics["loss"]) for r in records] == [(50, 3.5), (100, 3.0), (150, 3.2)]
-    tags = client(uri).get_run(rid).data.tags
-    assert tags["trainyard.checkpoint.latest.step"] == "150" and tags["trainyard.checkpoint_count"] == "3"
+    run = client(uri).get_run(rid)
+    assert not [k for k in run.data.tags if k.startswith("trainyard.checkpoint")]  # LoggedModels, not tags
+    models = client(uri).search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{rid}'")
+    assert sorted((m.name, m.model_type) for m in models) == [
+        ("step-00000050", "checkpoint"), ("step-00000100", "checkpoint"), ("step-00000150", "checkpoint")]
+    assert {o.step for o in run.outputs.model_outputs} == {50, 100, 150}  # each an output at its step
     assert [m.step for m in client(uri).get_metric_history(rid, "checkpoint/loss")] == [100, 50, 150]
     with pytest.raises(ValueError, match="64 lowercase hex"):
         runs.log_checkpoint(rid, "s3://x/MANIFEST.json", "not-a-hash", 1, tracking_uri=uri)
@@ -216,4 +222,5 @@ def test_retried_control_plane_tasks_record_things_once(sqlite_tracking_uri: str
     runs.log_checkpoint(rid, manifest, "cd" * 32, 10, {"loss": 0.9}, tracking_uri=uri)
     (record,) = runs.checkpoints(rid, tracking_uri=uri)
     assert (record.sha256, record.metrics) == ("cd" * 32, {"loss": 0.9})
-    assert client(uri).get_run(rid).data.tags["trainyard.checkpoint_count"] == "1"
+    exp = client(uri).get_run(rid).info.experiment_id
+    assert len(client(uri).search_logged_models([exp], filter_string=f"source_run_id = '{rid}'")) == 1
