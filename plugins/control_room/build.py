@@ -421,7 +421,6 @@ def _attempts(ctx: _Context, attempts: list[AttemptInfo], layouts: dict[int, tup
     rows = []
     for a in attempts:
         report = a.failure_report
-        handle = a.run_handle
         dag_run = airflow_dag_run_id(ctx.info.job, a.dag_run_id)
         url = f"{airflow_base}/dags/{quote(ctx.info.job, safe='')}/runs/{quote(dag_run, safe='')}" if dag_run else ""
         timing = None
@@ -430,9 +429,23 @@ def _attempts(ctx: _Context, attempts: list[AttemptInfo], layouts: dict[int, tup
         rows.append(AttemptView(
             attempt=a.attempt, dag_run_id=dag_run, state=a.state, started_at=a.started_at, ended_at=a.ended_at,
             outcome=a.outcome, reason=a.reason, action=a.action, action_reason=a.action_reason, step=a.step,
-            resume_step=report.resume_step if report else None, nodes=list(handle.nodes) if handle else [],
+            resume_step=report.resume_step if report else None, restarts_in_place=a.restarts_in_place,
+            nodes=_nodes(a, layouts),
             timing=timing, dag_run_url=url))
     return rows
+
+
+def _nodes(attempt: AttemptInfo, layouts: dict[int, tuple[str, str]]) -> list[str]:
+    """The nodes the attempt ran on: its placement's, else what its launcher's handle names."""
+    from plugins.placement.model import Placement
+
+    placement_json = layouts.get(attempt.attempt, ("", ""))[1]
+    if placement_json:
+        return Placement.model_validate_json(placement_json).node_names
+    handle = attempt.run_handle
+    if handle is None:
+        return []
+    return list(handle.nodes) or list(dict.fromkeys(agent.node for agent in handle.agents))
 
 
 def _devices(attempt: AttemptInfo, layouts: dict[int, tuple[str, str]]) -> int:

@@ -149,6 +149,8 @@ class AttemptView(_View):
     action_reason: str = ""
     step: int | None = None
     resume_step: int | None = None
+    restarts_in_place: int = 0
+    """torchrun's own restarts inside this attempt (the fast path), counted against the budget."""
     nodes: list[str] = Field(default_factory=list)
     timing: RecoveryTiming | None = None
     """The recovery after this attempt (None when it completed or nothing followed)."""

@@ -230,6 +230,8 @@ def _recovery(attempts: Sequence[AttemptView], now: datetime) -> str:
         link = f'<a href="{escape(a.dag_run_url)}">{escape(a.dag_run_id)}</a>' if a.dag_run_url else escape(
             a.dag_run_id or fmt.DASH)
         outcome = escape(a.outcome or a.state) + (f" at step {a.step}" if a.step is not None else "")
+        if a.restarts_in_place:
+            outcome += f" <span class='warn'>(torchrun restarted it in place {a.restarts_in_place}×)</span>"
         action = escape(a.action) + (f" from step {a.resume_step}" if a.resume_step is not None and a.action
                                      not in ("register", "give_up", "cancel") else "")
         rows.append(
