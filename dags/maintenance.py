@@ -11,21 +11,30 @@
 
 The callables are `operators/maintenance.py`; the logic is in `plugins/checkpoint/maintenance.py`
 and `plugins/tracking/cost.py`. Nothing heavy is imported here.
+
+Each runs at its next scheduled time, never at once when a stack first sees it (no start date,
+`run_immediately=False`): a fresh stack's scheduler queued both daily DAGs in its first second,
+before the API server that every task reports to was listening, and their first tries failed
+and waited five minutes for the retry. A fresh stack has nothing to audit or bill anyway.
+The chargeback's run covers the day before its trigger (`interval`: one day).
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk import DAG, get_parsing_context
+from airflow.sdk import DAG, CronTriggerTimetable, get_parsing_context
 
 from operators.common import RETRY_POLICY
 from operators.maintenance import audit_checkpoints, chargeback_report, sweep_retention
 
-START = datetime(2026, 1, 1)
 TAGS = ["trainyard", "trainyard:maintenance"]
 DEFAULTS = {"retries": 1, "retry_delay": timedelta(minutes=5), "retry_policy": RETRY_POLICY}
+DAILY = CronTriggerTimetable("@daily", timezone="UTC", run_immediately=False)
+HOURLY = CronTriggerTimetable("@hourly", timezone="UTC", run_immediately=False)
+DAILY_OVER_THE_DAY_BEFORE = CronTriggerTimetable("@daily", timezone="UTC", interval=timedelta(days=1),
+                                                 run_immediately=False)
 _wanted = get_parsing_context().dag_id
 
 
@@ -35,21 +44,21 @@ def _build(dag_id: str) -> bool:
 
 
 if _build("trainyard_checkpoint_audit"):
-    with DAG(dag_id="trainyard_checkpoint_audit", schedule="@daily", start_date=START, catchup=False,
+    with DAG(dag_id="trainyard_checkpoint_audit", schedule=DAILY, catchup=False,
              max_active_runs=1, tags=TAGS, default_args=DEFAULTS,
              doc_md="Re-hash a random sample of committed checkpoints of every job and run; fail "
                     "loudly, naming each one that does not verify.") as checkpoint_audit:
         PythonOperator(task_id="audit_checkpoints", python_callable=audit_checkpoints, op_kwargs={"sample": 20})
 
 if _build("trainyard_retention_sweep"):
-    with DAG(dag_id="trainyard_retention_sweep", schedule="@hourly", start_date=START, catchup=False,
+    with DAG(dag_id="trainyard_retention_sweep", schedule=HOURLY, catchup=False,
              max_active_runs=1, tags=TAGS, default_args=DEFAULTS, is_paused_upon_creation=True,
              doc_md="Apply each job's spec retention policy to its finished runs. Never deletes the "
                     "newest valid checkpoint nor a quarantined one.") as retention_sweep:
         PythonOperator(task_id="sweep_retention", python_callable=sweep_retention)
 
 if _build("trainyard_chargeback"):
-    with DAG(dag_id="trainyard_chargeback", schedule="@daily", start_date=START, catchup=False,
+    with DAG(dag_id="trainyard_chargeback", schedule=DAILY_OVER_THE_DAY_BEFORE, catchup=False,
              max_active_runs=1, tags=TAGS, default_args=DEFAULTS,
              doc_md="GPU-hours and cost per team and project over the run's data interval "
                     "(CSV + HTML, and an MLflow run of `trainyard/chargeback`).") as chargeback:

@@ -42,19 +42,28 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
 
 
 def test_three_maintenance_dags_on_presets_with_one_task_each(env: object) -> None:
+    """…each first run at its next scheduled time, as the scheduler computes it from the
+    serialised DAG: never at once when a fresh stack first sees it (its first tries used to
+    fail there, queued before the API server listened). The chargeback bills a whole day."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.serialization.serialized_objects import DagSerialization
+    from airflow.timetables.base import TimeRestriction
 
     bag = DagBag(str(REPO / "dags" / "maintenance.py"))
     assert bag.import_errors == {}
-    expected = {"trainyard_checkpoint_audit": ("@daily", "audit_checkpoints"),
-                "trainyard_retention_sweep": ("@hourly", "sweep_retention"),
-                "trainyard_chargeback": ("@daily", "chargeback_report")}
+    expected = {"trainyard_checkpoint_audit": ("0 0 * * *", "audit_checkpoints", timedelta(0)),
+                "trainyard_retention_sweep": ("0 * * * *", "sweep_retention", timedelta(0)),
+                "trainyard_chargeback": ("0 0 * * *", "chargeback_report", timedelta(days=1))}
     assert set(bag.dags) == set(expected)
-    for dag_id, (schedule, task) in expected.items():
-        dag = bag.dags[dag_id]
-        assert (dag.schedule, list(dag.task_dict)) == (schedule, [task])
-        assert DagSerialization.from_dict(DagSerialization.to_dict(dag)).task_dict[task].has_retry_policy
+    now = datetime.now(UTC)
+    for dag_id, (cron, task, covers) in expected.items():
+        dag = DagSerialization.from_dict(DagSerialization.to_dict(bag.dags[dag_id]))
+        assert (dag.timetable.summary, list(dag.task_dict)) == (cron, [task])
+        assert dag.task_dict[task].has_retry_policy
+        restriction = TimeRestriction(earliest=dag.start_date, latest=dag.end_date, catchup=dag.catchup)
+        first = dag.timetable.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
+        assert first is not None and first.run_after > now, (dag_id, first)
+        assert first.data_interval.end - first.data_interval.start == covers
     assert bag.dags["trainyard_retention_sweep"].is_paused_upon_creation is True  # it deletes: opt-in
 
 
