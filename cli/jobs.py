@@ -177,6 +177,7 @@ def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = 
     console.print(f"started {info.created_at:%Y-%m-%d %H:%M:%S}Z · updated {_ago(info.updated_at)}", soft_wrap=False)
     if info.mlflow_run_id:
         console.print(f"MLflow run {info.mlflow_run_id}", soft_wrap=False)
+    console.print(f"[dim]view:[/]\n{_view_url(info)}", soft_wrap=True)  # the Trainyard view in Airflow
     if info.final_reason:
         console.print(f"[dim]final:[/] {escape(info.final_reason)}", soft_wrap=False)
     if not attempts:

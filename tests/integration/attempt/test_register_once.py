@@ -14,6 +14,7 @@ from config.settings import Settings
 from plugins.attempt.closing import export_folder, register_model
 from plugins.launch.environment import checkpoint_uri
 from plugins.tracking import runs
+from plugins.tracking.runs import CHECKPOINT_MODEL_TYPE
 from tests.unit.tracking.factories import make_job, make_plan
 
 RUN = "20260101t000000-ab12cd"
@@ -56,7 +57,8 @@ def test_a_second_register_returns_the_first_version(tmp_path: Path, monkeypatch
     client = MlflowClient(uri)
     assert [str(mv.version) for mv in client.search_model_versions(f"name = '{job.name}'")] == ["1"]
     experiment = client.get_run(rid).info.experiment_id
-    assert len(client.search_logged_models(experiment_ids=[experiment])) == 1
+    models = client.search_logged_models(experiment_ids=[experiment])
+    assert [m.model_id for m in models if m.model_type != CHECKPOINT_MODEL_TYPE] == [first.model_id]  # one export
     assert export_folder(job, settings, rid) == settings.runs_dir / job.name / RUN / "export"
     assert not export_folder(job, settings, rid).exists()  # removed after the upload
     assert not list(scratch.glob("trainyard-export-*"))
