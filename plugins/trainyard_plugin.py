@@ -7,7 +7,7 @@ imports nothing heavy: the view's app (`plugins.control_room.app`) is built the 
 api-server routes a request to it (`_LazyApp`).
 
 What a person gets:
-- **Training runs** in the navigation: every run, newest first (`/trainyard/`);
+- **Trainyard** in the navigation: every training run, newest first (`/trainyard/`);
 - a **Trainyard** tab on each DAG page: that job's runs (`/trainyard/dags/<dag_id>`);
 - a **Trainyard** tab on each DAG run page: the training run that DAG run is an attempt of —
   plan, placement map, progress, checkpoints, recovery timeline
@@ -61,7 +61,7 @@ class TrainyardPlugin(AirflowPlugin):
     name = "trainyard"
     fastapi_apps = [{"app": _LazyApp(), "url_prefix": URL_PREFIX, "name": "Trainyard"}]  # noqa: RUF012
     external_views = [  # noqa: RUF012 - AirflowPlugin's own class attributes
-        {"name": "Training runs", "href": "trainyard/", "destination": "nav", "url_route": "trainyard",
+        {"name": "Trainyard", "href": "trainyard/", "destination": "nav", "url_route": "trainyard",
          "icon": ICON, "nav_top_level": True},
         {"name": "Trainyard", "href": "trainyard/dags/{DAG_ID}", "destination": "dag",
          "url_route": "trainyard-dag", "icon": ICON},

@@ -4,6 +4,7 @@ with the job state checked after each step."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -104,7 +105,7 @@ def test_a_launcher_that_refuses_the_spec_ends_the_run_and_its_mlflow_run_failed
     opened = open_attempt(world.spec, AttemptConf(run=RUN), trigger_key="t/1", runtime=world.runtime)
     planned = plan(opened, world.runtime)
     placed = place(opened, planned, world.runtime)
-    with pytest.raises(AttemptNotStarted, match="the launch failed: entrypoint 'worker/no_such_train.py' not found"):
+    with pytest.raises(AttemptNotStarted, match=re.escape("the launch failed: entrypoint 'worker/no_such_train.py' not found")):
         launch(opened, planned, placed, world.runtime)
     info = world.state.get_run("steps-job", RUN)
     assert info.state == "failed" and "no_such_train.py" in info.final_reason
