@@ -13,7 +13,8 @@ The callables are `operators/maintenance.py`; the logic is in `plugins/checkpoin
 and `plugins/tracking/cost.py`. Nothing heavy is imported here.
 
 Each runs at its next scheduled time, never at once when a stack first sees it (no start date,
-`run_immediately=False`): a fresh stack's scheduler queued both daily DAGs in its first second,
+`run_immediately=NEVER`, a zero buffer — Airflow 3.3's `run_immediately=False` still runs the
+past slot when the stack starts within max(5 min, a tenth of the period) after it): a fresh stack's scheduler queued both daily DAGs in its first second,
 before the API server that every task reports to was listening, and their first tries failed
 and waited five minutes for the retry. A fresh stack has nothing to audit or bill anyway.
 The chargeback's run covers the day before its trigger (`interval`: one day).
@@ -31,10 +32,12 @@ from operators.maintenance import audit_checkpoints, chargeback_report, sweep_re
 
 TAGS = ["trainyard", "trainyard:maintenance"]
 DEFAULTS = {"retries": 1, "retry_delay": timedelta(minutes=5), "retry_policy": RETRY_POLICY}
-DAILY = CronTriggerTimetable("@daily", timezone="UTC", run_immediately=False)
-HOURLY = CronTriggerTimetable("@hourly", timezone="UTC", run_immediately=False)
+NEVER = timedelta(0)
+"""`run_immediately` as a buffer of zero: the past slot only when the stack starts exactly on it."""
+DAILY = CronTriggerTimetable("@daily", timezone="UTC", run_immediately=NEVER)
+HOURLY = CronTriggerTimetable("@hourly", timezone="UTC", run_immediately=NEVER)
 DAILY_OVER_THE_DAY_BEFORE = CronTriggerTimetable("@daily", timezone="UTC", interval=timedelta(days=1),
-                                                 run_immediately=False)
+                                                 run_immediately=NEVER)
 _wanted = get_parsing_context().dag_id
 
 

@@ -41,13 +41,24 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     get_settings.cache_clear()
 
 
-def test_three_maintenance_dags_on_presets_with_one_task_each(env: object) -> None:
+@pytest.mark.parametrize("now", [
+    datetime.now(UTC),
+    # two minutes past midnight: inside the window where Airflow's `run_immediately=False`
+    # would still pick the slot just passed (max(5 min, a tenth of the period) after it)
+    datetime.now(UTC).replace(hour=0, minute=2, second=0, microsecond=0),
+], ids=["now", "just-after-a-slot"])
+def test_three_maintenance_dags_on_presets_with_one_task_each(env: object, now: datetime,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """…each first run at its next scheduled time, as the scheduler computes it from the
     serialised DAG: never at once when a fresh stack first sees it (its first tries used to
     fail there, queued before the API server listened). The chargeback bills a whole day."""
+    import pendulum
     from airflow.dag_processing.dagbag import DagBag
     from airflow.serialization.serialized_objects import DagSerialization
+    from airflow.timetables import trigger
     from airflow.timetables.base import TimeRestriction
+
+    monkeypatch.setattr(trigger, "utcnow", lambda: pendulum.instance(now))
 
     bag = DagBag(str(REPO / "dags" / "maintenance.py"))
     assert bag.import_errors == {}
@@ -55,7 +66,6 @@ def test_three_maintenance_dags_on_presets_with_one_task_each(env: object) -> No
                 "trainyard_retention_sweep": ("0 * * * *", "sweep_retention", timedelta(0)),
                 "trainyard_chargeback": ("0 0 * * *", "chargeback_report", timedelta(days=1))}
     assert set(bag.dags) == set(expected)
-    now = datetime.now(UTC)
     for dag_id, (cron, task, covers) in expected.items():
         dag = DagSerialization.from_dict(DagSerialization.to_dict(bag.dags[dag_id]))
         assert (dag.timetable.summary, list(dag.task_dict)) == (cron, [task])

@@ -145,8 +145,9 @@ def test_node_agent_daemonset_runs_the_agent_as_specified() -> None:
     validate_k8s(ds)
     pod = ds["spec"]["template"]["spec"]
     agent = pod["containers"][0]
-    assert agent["command"] == ["trainyard-node-agent", "--node", "$(NODE_NAME)", "--port", "9400",
-                                "--heartbeat-dir", "/var/run/trainyard/heartbeats"]
+    # every interface of the pod, said explicitly (the agent's own default is 127.0.0.1)
+    assert agent["command"] == ["trainyard-node-agent", "--node", "$(NODE_NAME)", "--host", "0.0.0.0",
+                                "--port", "9400", "--heartbeat-dir", "/var/run/trainyard/heartbeats"]
     assert agent["env"][0] == {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     assert agent["readinessProbe"]["httpGet"] == {"path": "/health", "port": 9400}
     assert pod["securityContext"]["runAsNonRoot"] is True
