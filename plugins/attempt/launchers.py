@@ -84,8 +84,8 @@ def launcher_for(target: Cluster | RunHandle, runtime: Runtime, options: LaunchO
 
 def launch_problems(job: TrainingJob, cluster: Cluster, settings: Settings) -> list[Problem]:
     """Why this deployment cannot launch `job` on `cluster`: its devices are not on the cluster
-    the launcher runs (`TRAINYARD_CLUSTER` / `--cluster`), or no launcher is wired for the
-    cluster's mode. Checked before any device is reserved."""
+    the launcher runs (`TRAINYARD_CLUSTER` / `--cluster`), a Kubernetes cluster and no image,
+    or no launcher is wired for the cluster's mode. Checked before any device is reserved."""
     from config.cluster import known_clusters, load_cluster
     from config.problems import Code, Problem
 
@@ -100,6 +100,12 @@ def launch_problems(job: TrainingJob, cluster: Cluster, settings: Settings) -> l
             message=f"{gpu} devices are not on cluster {cluster.name!r} (mode {cluster.spec.mode}, "
                     f"devices: {', '.join(sorted(cluster.gpu_types()))}), the one this deployment launches on",
             hint=fix))
+    if cluster.spec.mode == "kubernetes" and not job.spec.image:
+        problems.append(Problem(
+            code=Code.LAUNCHER_UNAVAILABLE, path="spec.image", message=(
+                f"cluster {cluster.name!r} runs jobs as pods, and a pod needs an image: spec.image is not set "
+                "(the local launcher runs this checkout's code and ignores it)"),
+            hint="set spec.image to an image holding the job's code and Trainyard's worker runtime"))
     if cluster.spec.mode not in wired(settings):
         problems.append(Problem(
             code=Code.LAUNCHER_UNAVAILABLE, path="spec.hardware.gpuType",

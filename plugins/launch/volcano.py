@@ -16,7 +16,9 @@ One Volcano Job per run and attempt (`manifests.render_volcano_job`; its name is
   it holds one (`uid=`): a Job of the same name from another run, another attempt or another
   uid is refused (`LaunchError`), never adopted by name alone (the provider's own re-attach bug,
   apache/airflow#71743). A previous attempt's Job still being deleted is waited for
-  (`delete_timeout_s`), then the create is made again.
+  (`delete_timeout_s`), then the create is made again; one that has ended (its verdict read
+  when its attempt was concluded) is deleted first — foreground, by uid — and then waited for.
+  An earlier attempt's Job that still runs is refused: it must be stopped first.
 - **poll** reads the Job's phase, its PodGroup, each pod's phase, node (and whether that node is
   Ready), the trainer container's exit code, reason and termination message (every rank's own
   exit, `plugins.launch.kube_status`) and, while it has not started, the events: a launch that
@@ -59,6 +61,7 @@ from urllib3.exceptions import HTTPError as Urllib3HTTPError
 from plugins.launch.base import LaunchError
 from plugins.launch.cluster_settings import check_cluster_settings
 from plugins.launch.kube_status import (
+    ENDED_PHASES,
     PHASES,
     Observed,
     group_name,
@@ -287,9 +290,32 @@ class KubernetesLauncher:
             raise LaunchError(f"Volcano Job {where} of this attempt is another object (uid {meta.get('uid')}) than "
                               "the handle's; refusing to adopt it by name")
         if theirs["trainyard.io/run"] == ours["trainyard.io/run"] and theirs["trainyard.io/job"] == ours["trainyard.io/job"]:
-            raise LaunchError(f"Volcano Job {where} already exists for attempt {theirs['trainyard.io/attempt']}; "
-                              f"stop it before launching attempt {attempt}")
+            phase = ((existing.get("status") or {}).get("state") or {}).get("phase", "")
+            earlier = (theirs["trainyard.io/attempt"] or "").isdigit() and int(theirs["trainyard.io/attempt"]) < attempt
+            if earlier and phase in ENDED_PHASES:
+                # attempt N+1 replaces attempt N's Job: it ended (its verdict was read), so it goes
+                # now, foreground (its pods first), by uid — never a Job that changed meanwhile
+                self._replace_ended(existing, where)
+                return
+            raise LaunchError(f"Volcano Job {where} already exists for attempt {theirs['trainyard.io/attempt']}"
+                              f"{f' ({phase})' if phase else ''}; stop it before launching attempt {attempt}")
         raise LaunchError(f"Volcano Job {where} belongs to another run ({theirs}); refusing to adopt it by name")
+
+    def _replace_ended(self, existing: dict[str, Any], where: str) -> None:
+        meta = existing["metadata"]
+        uid = meta.get("uid")
+        log.info("Volcano Job %s of attempt %s ended (%s): deleting it for the next attempt", where,
+                 (meta.get("labels") or {}).get("trainyard.io/attempt"),
+                 ((existing.get("status") or {}).get("state") or {}).get("phase"))
+        try:
+            self._call(self.api.delete_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION, meta["namespace"],
+                       VOLCANO_PLURAL, meta["name"], propagation_policy="Foreground",
+                       body=V1DeleteOptions(propagation_policy="Foreground",
+                                            preconditions=V1Preconditions(uid=uid) if uid else None))
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone already, or another object now: the create decides
+                raise
+        self.sleep(self.poll_interval_s)
 
     def _get_job(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call(self.api.get_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,

@@ -4,6 +4,7 @@ in the same folder, are fsync'd and renamed over the key, so an object is whole 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import uuid
@@ -65,7 +66,13 @@ class LocalStore(ObjectStore):
                  sha256: str | None = None) -> ObjectInfo:
         source = Path(path)
         if move and self._same_file_system(source):
-            return self._adopt(key, source, sha256)
+            try:
+                return self._adopt(key, source, sha256)
+            except OSError as e:
+                # one device, two mount points (a pod's emptyDir bind-mounted beside the store's
+                # folder): rename refuses to cross them; copy instead
+                if e.errno != errno.EXDEV:
+                    raise
         with open(source, "rb", buffering=0) as src:
             info = self.put_stream(key, src)
         check_expected(info, sha256)

@@ -72,6 +72,18 @@ def test_devices_only_another_cluster_has_are_refused_naming_that_cluster(tmp_pa
     assert "TRAINYARD_CLUSTER=h100-fleet" in problem.hint and "--cluster h100-fleet" in problem.hint
 
 
+def test_a_kubernetes_cluster_refuses_a_spec_without_an_image_before_allocation(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home")
+    job = make_job("no-image", gpu_count=2)
+    assert job.spec.image is None
+    (problem,) = launch_problems(job, load_cluster("kube-sim"), settings)
+    assert (problem.code.value, problem.path) == ("LAUNCHER_UNAVAILABLE", "spec.image")
+    assert "cluster 'kube-sim' runs jobs as pods" in problem.message and "spec.image" in problem.hint
+    with_image = job.model_copy(update={"spec": job.spec.model_copy(update={"image": "registry.example.com/x:1"})})
+    assert launch_problems(with_image, load_cluster("kube-sim"), settings) == []
+    assert launch_problems(job, load_cluster("local"), settings) == []  # the local launcher ignores it
+
+
 class FakeTI:
     """The XCom side of a task instance, for running the DAG's operators in this process."""
 

@@ -112,11 +112,31 @@ def test_another_attempts_job_is_refused_until_stopped(plane: ControlPlane, laun
                                                         tmp_path: Path) -> None:
     first, _ = start(plane, launcher, tmp_path)
     parts = placed(tiny_job("tiny", ["--steps", "3"]), tmp_path / "home", attempt=1)
-    with pytest.raises(LaunchError, match="already exists for attempt 0; stop it before launching attempt 1"):
+    with pytest.raises(LaunchError, match=r"already exists for attempt 0 \(Running\); stop it before launching attempt 1"):
         launcher.submit(*parts.submit_args(), attempt=1)
     assert launcher.stop(first, grace_s=1).state == "stopped"
     second = launcher.submit(*parts.submit_args(), attempt=1)
     assert second.name == first.name and second.uid != first.uid
+
+
+def test_an_ended_attempts_job_is_replaced_by_the_next_attempts(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                                 tmp_path: Path) -> None:
+    """A failed attempt's Job stays (its pods' exits are the evidence) until the next attempt of
+    the same run replaces it; a Job of the same attempt or of a later one is never deleted."""
+    first, pods = start(plane, launcher, tmp_path)
+    plane.pod_exited(pods[0], 0, message=exits((0, 0)))
+    plane.pod_exited(pods[1], 1, message=exits((1, 1)))
+    plane.tick(2)
+    assert launcher.poll(first).state == "failed"
+    parts = placed(tiny_job("tiny", ["--steps", "3"]), tmp_path / "home", attempt=1)
+    second = launcher.submit(*parts.submit_args(), attempt=1)
+    (job,) = plane.rest.list(*JOBS, "trainyard")
+    assert (second.name, second.uid) == (first.name, job["metadata"]["uid"]) and second.uid != first.uid
+    assert job["metadata"]["labels"]["trainyard.io/attempt"] == "1"
+    stale = placed(tiny_job("tiny", ["--steps", "3"]), tmp_path / "home", attempt=0)
+    with pytest.raises(LaunchError, match="already exists for attempt 1"):
+        launcher.submit(*stale.submit_args(), attempt=0)  # a stale retry of attempt 0 deletes nothing
+    assert plane.rest.list(*JOBS, "trainyard")[0]["metadata"]["uid"] == second.uid
 
 
 def test_the_volcano_webhook_refuses_a_missing_queue(plane: ControlPlane, launcher: KubernetesLauncher,

@@ -237,6 +237,30 @@ def test_local_store_adopts_a_moved_file_without_copying(tmp_path: Path) -> None
     assert link.read_bytes() == b"x" * 1000
 
 
+def test_local_store_copies_a_moved_file_a_rename_cannot_reach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One device under two mount points (a pod's emptyDir staging beside the store's folder on
+    a shared filesystem): the kernel refuses the rename with EXDEV though st_dev is the same;
+    the bytes are copied instead, and the staged file still given up."""
+    import errno
+
+    from plugins.storage import local
+
+    store = LocalStore(tmp_path / "store")
+    src = tmp_path / "staged.bin"
+    src.write_bytes(b"y" * 5000)
+    real_replace = os.replace
+
+    def across_mounts(a: object, b: object) -> None:
+        if Path(a) == src:  # type: ignore[arg-type]
+            raise OSError(errno.EXDEV, "Invalid cross-device link", str(a))
+        real_replace(a, b)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(local.os, "replace", across_mounts)
+    info = store.put_file("a/b", src, move=True, sha256=_sha(b"y" * 5000))
+    assert (info.size, store.get_bytes("a/b")) == (5000, b"y" * 5000)
+    assert not src.exists(), "move=True gives the file up"
+
+
 def test_transient_s3_errors_are_told_apart_and_retried(s3_server: object) -> None:
     """botocore retries each request; a body that breaks mid-stream is retried whole."""
     from botocore.exceptions import ClientError, ReadTimeoutError
