@@ -29,6 +29,7 @@ from typing import Any
 
 from plugins.checkpoint.catalog import CheckpointRecord, verify
 from plugins.checkpoint.dcp_io import METADATA_NAME, files_needed, load_metadata
+from plugins.checkpoint.manifest import MANIFEST_NAME
 from plugins.checkpoint.transfer import download_verified, verify_local_file
 from plugins.storage.errors import IntegrityError
 from plugins.storage.store import LocalStore, ObjectStore
@@ -127,12 +128,19 @@ def same_bytes_everywhere(identities_by_rank: Sequence[Mapping[str, Identity]]) 
 
 
 def _can_link(store: ObjectStore, record: CheckpointRecord, local: Path) -> bool:
+    """Whether the store's files can be hard-linked into `local`: tried on the manifest, since
+    one device is not enough (a pod's emptyDir bind-mounted beside the store's folder is one
+    device under two mount points, and `link` refuses to cross them)."""
     if not isinstance(store, LocalStore):
         return False
+    probe = local / f".link-probe-{os.getpid()}"
     try:
-        return os.stat(store.path_of(record.folder)).st_dev == os.stat(local).st_dev
+        probe.unlink(missing_ok=True)
+        os.link(store.path_of(f"{record.folder}/{MANIFEST_NAME}"), probe)
     except OSError:
         return False
+    probe.unlink(missing_ok=True)
+    return True
 
 
 def _describe(error: BaseException, rank: int) -> tuple[str, bool]:

@@ -44,7 +44,7 @@ class KubernetesBackend:
 
         k8s = KubernetesOptions.model_validate({**options.cluster_options,
                                                  "torchrun_max_restarts": options.max_restarts})
-        return cls._launcher(runtime, k8s)
+        return cls._launcher(runtime, k8s, records_dir=settings.runs_dir)
 
     @classmethod
     def attach(cls, handle: RunHandle, settings: Settings, runtime: Runtime) -> KubernetesLauncher:
@@ -53,9 +53,9 @@ class KubernetesBackend:
         return cls._launcher(runtime, KubernetesOptions(namespace=handle.namespace or "trainyard"))
 
     @staticmethod
-    def _launcher(runtime: Runtime, options: object) -> KubernetesLauncher:
+    def _launcher(runtime: Runtime, options: object, records_dir: Path | None = None) -> KubernetesLauncher:
         from plugins.launch.kube_clients import clients_from_kubeconfig
         from plugins.launch.volcano import KubernetesLauncher
 
         clients = runtime.kube_clients() if runtime.kube_clients is not None else clients_from_kubeconfig()
-        return KubernetesLauncher.from_clients(clients, options=options)
+        return KubernetesLauncher.from_clients(clients, options=options, records_dir=records_dir)

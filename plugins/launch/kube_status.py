@@ -89,12 +89,17 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
     now = now or datetime.now(UTC)
     job = seen.job
     where = f"{handle.namespace}/{handle.name}"
+    # A Job that is gone (or another object now) runs nothing of this attempt: its pods went with
+    # it (foreground deletion, ttlSecondsAfterFinished) — the attempt is over, stopped. Reporting
+    # it as unknown kept every watcher waiting for good after a stop or a `kubectl delete`.
     if job is None:
-        return RunStatus(state="unknown", message=f"Volcano Job {where} is gone (deleted, or removed after "
-                                                  "ttlSecondsAfterFinished)")
+        return RunStatus(state="stopped", processes_alive=False,
+                         message=f"Volcano Job {where} is gone (deleted, or removed after ttlSecondsAfterFinished)")
     uid = str(job["metadata"].get("uid") or "")
     if handle.uid and uid and uid != handle.uid:
-        return RunStatus(state="unknown", message=f"{where} is another object now (uid {uid}, expected {handle.uid})")
+        return RunStatus(state="stopped", processes_alive=False,
+                         message=f"{where} is another object now (uid {uid}, expected {handle.uid}): this "
+                                 "attempt's Job is gone")
     status = job.get("status") or {}
     phase = (status.get("state") or {}).get("phase") or "Pending"
     state = PHASES.get(phase, "unknown")

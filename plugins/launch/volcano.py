@@ -44,6 +44,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client import V1DeleteOptions, V1Preconditions
@@ -60,6 +61,7 @@ from urllib3.exceptions import HTTPError as Urllib3HTTPError
 
 from plugins.launch.base import LaunchError
 from plugins.launch.cluster_settings import check_cluster_settings
+from plugins.launch.environment import run_dir_for
 from plugins.launch.kube_status import (
     ENDED_PHASES,
     PHASES,
@@ -159,8 +161,13 @@ class KubernetesLauncher:
         sleep: Callable[[float], None] = time.sleep,
         delete_timeout_s: float = 120.0,
         poll_interval_s: float = 0.5,
+        records_dir: str | Path | None = None,
     ) -> None:
         self.api = api
+        self.records_dir = Path(records_dir) if records_dir else None
+        """The control plane's own folder for an attempt's records (`<runs>/<job>/<run>/<attempt>`:
+        why the gang was stopped, a person's stop request), as the local launcher's run folder
+        holds them; the pods never see it. None: handles without one (those records are lost)."""
         self.core_api = core_api
         self.options = options or KubernetesOptions()
         self.attempts = attempts
@@ -262,8 +269,13 @@ class KubernetesLauncher:
                          existing["metadata"].get("uid"))
                 break
             self._refuse_or_wait(existing, body, attempt, deadline)
+        records = ""
+        if self.records_dir is not None:
+            folder = run_dir_for(self.records_dir, job.metadata.name, worker_env.run, attempt)
+            folder.mkdir(parents=True, exist_ok=True)
+            records = str(folder)
         return RunHandle(kind="kubernetes", job=job.metadata.name, run=worker_env.run, attempt=attempt,
-                         world_size=placement.world_size, namespace=self._ns, name=name,
+                         run_dir=records, world_size=placement.world_size, namespace=self._ns, name=name,
                          uid=str(created.get("metadata", {}).get("uid") or ""),
                          nodes=placement.node_names, ranks_per_node=placement.ranks_per_node)
 

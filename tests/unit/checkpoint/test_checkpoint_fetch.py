@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -39,3 +43,27 @@ def test_assignment_properties(needed: list[set[str]], size_list: list[int]) -> 
 def test_links_to_different_inodes_are_reported() -> None:
     assert same_bytes_everywhere([{"a": (1, 10), "b": (1, 11)}, {"a": (1, 10)}]) == []
     assert same_bytes_everywhere([{"a": (1, 10)}, {"a": (1, 12)}, {}]) == ["a"]
+
+
+def test_links_are_tried_not_assumed_from_the_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restore links the store's files only where a link really works: one device under two
+    mount points (a pod's emptyDir beside a shared store folder) refuses `link` with EXDEV, and
+    then the files are copied and verified instead of the restore failing."""
+    import errno
+
+    from plugins.checkpoint import fetch
+    from plugins.storage.store import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    store.put_bytes("step-00000010/MANIFEST.json", b"{}")
+    local = tmp_path / "local"
+    local.mkdir()
+    record = SimpleNamespace(folder="step-00000010")
+    assert fetch._can_link(store, record, local) is True  # type: ignore[arg-type]
+    assert list(local.iterdir()) == []  # the probe is gone
+
+    def across_mounts(src: object, dst: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(fetch.os, "link", across_mounts)
+    assert fetch._can_link(store, record, local) is False

@@ -55,14 +55,15 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
         yield p
 
 
-def launcher_for(plane: ControlPlane, **options: Any) -> KubernetesLauncher:
+def launcher_for(plane: ControlPlane, records_dir: Path | None = None, **options: Any) -> KubernetesLauncher:
     def sleep(_: float) -> None:  # the world moves on while the launcher waits
         plane.finish_deletions()
         plane.tick()
 
     values = {"namespace": "trainyard", "rdma_resource": None, "shared_filesystem": True, **options}
     return KubernetesLauncher.from_kubeconfig(str(plane.kubeconfig), options=KubernetesOptions(**values),
-                                              sleep=sleep, poll_interval_s=0, delete_timeout_s=5)
+                                              sleep=sleep, poll_interval_s=0, delete_timeout_s=5,
+                                              records_dir=records_dir)
 
 
 @pytest.fixture
@@ -106,6 +107,16 @@ def test_submit_creates_the_rendered_job_and_a_retry_reattaches(plane: ControlPl
     with pytest.raises(LaunchError, match=r"another object .* refusing to adopt it by name"):
         launcher.submit(*parts.submit_args(), attempt=0, uid="0000-another-uid")
     assert RunHandle.model_validate_json(handle.model_dump_json()) == handle
+
+
+def test_a_handle_names_the_control_planes_folder_for_the_attempts_records(plane: ControlPlane,
+                                                                           tmp_path: Path) -> None:
+    """Why the control plane stopped a gang (`stop-reason.json`, `watching.stop_gang`) is kept
+    there, so `classify` reads a node loss or a hang on Kubernetes as it does locally (the e2e
+    node-loss test); the pods never see it. Without a records folder the handle names none."""
+    assert start(plane, launcher_for(plane), tmp_path, run="r-none")[0].run_dir == ""
+    handle, _ = start(plane, launcher_for(plane, records_dir=tmp_path / "runs"), tmp_path, run="r-records")
+    assert handle.run_dir == str(tmp_path / "runs" / "tiny" / "r-records" / "0") and Path(handle.run_dir).is_dir()
 
 
 def test_another_attempts_job_is_refused_until_stopped(plane: ControlPlane, launcher: KubernetesLauncher,
@@ -232,13 +243,17 @@ def test_a_node_not_ready_is_reported_and_stop_force_deletes_its_pod(plane: Cont
     assert not stopped.processes_alive and plane.rest.list("v1", "pods", "trainyard") == []
 
 
-def test_poll_of_a_vanished_or_replaced_job_is_unknown(plane: ControlPlane, launcher: KubernetesLauncher,
+def test_poll_of_a_vanished_or_replaced_job_is_stopped(plane: ControlPlane, launcher: KubernetesLauncher,
                                                        tmp_path: Path) -> None:
+    """Nothing of the attempt runs once its Job is gone: the watchers end (they waited for good
+    while this said `unknown`)."""
     handle, _ = start(plane, launcher, tmp_path)
     replaced = launcher.poll(handle.model_copy(update={"uid": "0000-older"}))
-    assert replaced.state == "unknown" and "expected 0000-older" in replaced.message
+    assert (replaced.state, replaced.finished, replaced.processes_alive) == ("stopped", True, False)
+    assert "expected 0000-older" in replaced.message
     launcher.stop(handle, grace_s=0)
-    assert launcher.poll(handle).state == "unknown"
+    gone = launcher.poll(handle)
+    assert (gone.state, gone.finished) == ("stopped", True) and "is gone" in gone.message
 
 
 # --- stop, settle, logs -------------------------------------------------------------------------
