@@ -1,0 +1,209 @@
+"""The DAG on Kubernetes (DESIGN §11): the demo job through a real Airflow whose cluster is the
+simulated one — three nodes of one CPU "GPU" each behind the emulated API server and Volcano
+(`tests/support/kube`), each node a network namespace whose kubelet runs the pods as real
+processes. Nothing of the launch path is patched: `launch_training` submits a Volcano Job
+through the cncf-kubernetes provider's `KubernetesHook` (the connection
+`AIRFLOW_CONN_KUBERNETES_DEFAULT`), the training trigger polls it, the health watch polls the
+nodes' agents, torchrun's gloo rendezvous crosses the namespaces' network, and the pods write
+checkpoints and MLflow through the shared filesystem (the object store's folder, the embedded
+PostgreSQL's Unix socket).
+
+One stack and one harness serve the module: a happy run, a crashed rank (→ worker_crash →
+restart) and a node whose link goes down mid-run (→ node_lost → cordon + re-place on the spare
+node → resume from the newest checkpoint). Needs root and `ip netns` (skips elsewhere; fails in
+CI, where TRAINYARD_REQUIRE names netns).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cli.airflow_api import AttemptRun, follow_training_run
+from config.cluster import CLUSTERS_DIR
+from tests.e2e.airflow_stack import DEMO, RunningStack, running_stack
+from tests.support.kube.harness import KubeHarness, harness_or_skip
+
+pytestmark = pytest.mark.slow
+
+NODES = ("kube-sim-0", "kube-sim-1", "kube-sim-2")
+"""Two for the gang, one spare for the node a test takes down."""
+JOB = "kube-tiny"
+INTERVAL = 10
+JOBS = ("batch.volcano.sh/v1alpha1", "jobs")
+IMAGE = "registry.example.com/trainyard/demo:1"
+"""Pulled nowhere: the simulated nodes run every image as this checkout's venv."""
+
+
+def _spec(steps: int) -> dict[str, Any]:
+    spec = yaml.safe_load(DEMO.read_text())
+    spec["metadata"]["name"] = JOB
+    spec["spec"]["image"] = IMAGE
+    spec["spec"]["checkpoint"] = {"intervalSteps": INTERVAL, "maxKeep": 100}
+    spec["spec"]["training"]["maxSteps"] = steps
+    # every failure goes through the control plane (a killed pod takes its torchrun with it)
+    spec["spec"]["faultTolerance"] = {"maxRestarts": 3, "hangTimeout": "60s", "inPlaceRestarts": 0}
+    return spec
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeHarness]:
+    harness = harness_or_skip(tmp_path_factory.mktemp("kube"), nodes=NODES)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def _cluster_file(kube: KubeHarness, folder: Path) -> Path:
+    """`config/clusters/kube-sim.yaml` with the harness's nodes and its launcher options (the
+    mount points under the harness's folder are known only once it runs)."""
+    doc = yaml.safe_load((CLUSTERS_DIR / "kube-sim.yaml").read_text())
+    doc["spec"]["racks"][0]["nodes"][0]["count"] = len(NODES)
+    doc["spec"]["launcher"] = kube.launcher_options().model_dump(mode="json")
+    path = folder / "kube-sim.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(kube: KubeHarness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    from config.teams import load_teams
+    from plugins.launch.volcano import KubernetesLauncher
+
+    # the cluster admin's part: one Volcano queue per team (`trainyard render` writes them too)
+    KubernetesLauncher.from_kubeconfig(str(kube.kubeconfig), options=kube.launcher_options()
+                                       ).ensure_queues(load_teams(), total_gpus=len(NODES))
+    folder = tmp_path_factory.mktemp("airflow-kube")
+    overrides = {"TRAINYARD_CLUSTER": str(_cluster_file(kube, folder)),
+                 "AIRFLOW_CONN_KUBERNETES_DEFAULT": kube.connection_uri}
+    with running_stack(folder / "home", overrides=overrides, agents=kube.node_agents) as s:
+        yield s
+
+
+def _train(s: RunningStack, steps: int, conf: dict[str, Any] | None = None, *, during: Any = None) -> list[AttemptRun]:
+    """Write the job with `steps`, trigger it and follow its training run to the end."""
+    s.add_jobs({JOB: _spec(steps)})
+    first = s.client.trigger(JOB, conf or {})["dag_run_id"]
+    if during is not None:
+        during(first)
+    return follow_training_run(s.client, JOB, first, timeout_s=600)
+
+
+def _volcano_jobs(kube: KubeHarness, run: str) -> list[dict[str, Any]]:
+    return [j for j in kube.rest().list(*JOBS, namespace=kube.namespace)
+            if j["metadata"].get("labels", {}).get("trainyard.io/run") == run]
+
+
+def _pods(kube: KubeHarness, job_name: str) -> list[dict[str, Any]]:
+    return [p for p in kube.rest().list("v1", "pods", namespace=kube.namespace)
+            if p["metadata"].get("labels", {}).get("volcano.sh/job-name") == job_name]
+
+
+def _handle(s: RunningStack, attempt: AttemptRun) -> Any:
+    from plugins.launch.model import RunHandle
+
+    return RunHandle.model_validate(s.client.xcom(JOB, attempt.dag_run_id, "launch_training"))
+
+
+def _losses(s: RunningStack, run: str) -> list[Any]:
+    from plugins.tracking.runs import client_for
+
+    client = client_for(s.settings.mlflow_tracking_uri)
+    exp = client.get_experiment_by_name("demo/tiny-lm")
+    (found,) = client.search_runs([exp.experiment_id], filter_string=f"tags.`trainyard.run` = '{run}'")
+    return client.get_metric_history(found.info.run_id, "loss")
+
+
+def test_the_demo_job_trains_as_a_volcano_job_on_the_simulated_nodes(stack: RunningStack, kube: KubeHarness) -> None:
+    steps = 20
+    attempts = _train(stack, steps)
+    assert [(a.state, a.outcome, a.action) for a in attempts] == [("success", "completed", "register")], \
+        f"{attempts}\n{stack.logs()}"
+    (attempt,) = attempts
+    handle = _handle(stack, attempt)
+    assert handle.kind == "kubernetes", handle
+    (job,) = _volcano_jobs(kube, attempt.run)  # one Job for the one attempt, no second submit
+    assert job["metadata"]["name"] == handle.name and job["metadata"]["uid"] == handle.uid
+    assert job["status"]["state"]["phase"] == "Completed", job["status"]
+    pods = _pods(kube, handle.name)
+    assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} <= set(NODES), pods
+    assert len({p["spec"]["nodeName"] for p in pods}) == 2  # one slot a node: the gang spans two
+    assert max(m.step for m in _losses(stack, attempt.run)) == steps  # the pods reached MLflow
+    from plugins.recovery.state import JobStateStore
+
+    info = JobStateStore(stack.settings.state_db).get_run(JOB, attempt.run)
+    assert info.state == "completed", info
+
+
+def test_a_crashed_rank_fails_its_pod_and_the_run_restarts_from_the_checkpoint(
+        stack: RunningStack, kube: KubeHarness) -> None:
+    steps = 30
+    attempts = _train(stack, steps, {"fault_kill_rank": 1, "fault_kill_at_step": 15})
+    assert [(a.state, a.outcome, a.action) for a in attempts] == [
+        ("failed", "worker_crash", "restart"), ("success", "completed", "register")], f"{attempts}\n{stack.logs()}"
+    run = attempts[0].run
+    first, second = (_handle(stack, a) for a in attempts)
+    # one Job name per run; attempt 1's Job replaced attempt 0's failed one (another uid)
+    assert (first.name, first.attempt, second.attempt) == (second.name, 0, 1) and first.uid != second.uid
+    action = stack.client.xcom(JOB, attempts[0].dag_run_id, "classify_outcome", key="action")
+    assert action["resume_step"] == INTERVAL, action  # the kill came at step 15: resume from 10
+    (job,) = _volcano_jobs(kube, run)
+    assert (job["metadata"]["uid"], job["status"]["state"]["phase"]) == (second.uid, "Completed"), job["status"]
+    assert max(m.step for m in _losses(stack, run)) == steps
+
+
+def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: RunningStack, kube: KubeHarness) -> None:
+    """The link of a gang node goes down once the first checkpoint is committed; the health
+    watch misses its agent, the gang is stopped, the node cordoned, and the next attempt is
+    placed on the spare node and resumes from the newest checkpoint."""
+    steps = 100  # ~20 s of training: mid-run when the link goes down, just after step 10's checkpoint
+    lost: dict[str, str] = {}
+
+    def take_a_node_down(first_dag_run: str) -> None:
+        from plugins.checkpoint.catalog import list_checkpoints
+        from plugins.launch.environment import checkpoint_uri
+
+        deadline = time.monotonic() + 300
+        handle = None
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                raw = stack.client.xcom(JOB, first_dag_run, "launch_training")
+            except Exception:  # noqa: BLE001 - not launched yet
+                continue
+            if not raw:
+                continue
+            from config.spec import TrainingJob
+            from plugins.launch.model import RunHandle
+
+            handle = RunHandle.model_validate(raw)
+            root = checkpoint_uri(TrainingJob.model_validate(_spec(steps)), stack.settings.object_store, handle.run)
+            if list_checkpoints(root):
+                break
+        assert handle is not None, "the first attempt never launched"
+        node = sorted(p["spec"]["nodeName"] for p in _pods(kube, handle.name))[-1]
+        lost["node"] = node
+        kube.lose_node(node)
+
+    attempts = _train(stack, steps, during=take_a_node_down)
+    assert [(a.outcome, a.action) for a in attempts][:1] == [("node_lost", "replace_node")], f"{attempts}\n{stack.logs()}"
+    assert attempts[-1].outcome == "completed", f"{attempts}\n{stack.logs()}"
+    assert attempts[0].state == "failed"
+    from plugins.attempt.watching import read_stop_reason
+
+    first = _handle(stack, attempts[0])
+    reason = read_stop_reason(first.run_dir)  # the health watch's stop, kept by the control plane
+    assert reason is not None and (reason.reason, reason.nodes) == ("node_lost", [lost["node"]]), reason
+    second = _handle(stack, attempts[1])
+    assert lost["node"] not in second.nodes and len(second.nodes) == 2, second  # the spare took its place
+    assert {p["spec"]["nodeName"] for p in _pods(kube, second.name)} == set(second.nodes)
+    action = stack.client.xcom(JOB, attempts[0].dag_run_id, "classify_outcome", key="action")
+    assert action["resume_step"] >= INTERVAL, action  # from a checkpoint, not from scratch
+    assert max(m.step for m in _losses(stack, attempts[0].run)) == steps
+    kube.restore_node(lost["node"])
