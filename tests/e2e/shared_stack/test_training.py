@@ -8,6 +8,8 @@ not what was printed.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -138,9 +140,12 @@ def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same
 
 
 def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alone(stack: RunningStack) -> None:
+    """…even when they crash (SIGKILL of each part's own process): the next start ends what the
+    crashed part left (the LocalExecutor's workers ignore SIGTERM), and the trigger re-attaches."""
     from cli.airflow_api import follow_training_run
     from plugins.attempt import watching as watch
     from plugins.attempt.launchers import Runtime
+    from plugins.launch import processes
     from plugins.launch.model import RunHandle
 
     first = stack.client.trigger(DAG_ID, {"max_steps": 400})["dag_run_id"]  # long enough to outlive the restart
@@ -153,14 +158,20 @@ def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alo
     else:
         pytest.fail(f"watch_training never deferred\n{stack.logs()}")
     handle = RunHandle.model_validate(stack.client.xcom(DAG_ID, first, "launch_training"))
-    stack.stack.stop("triggerer", grace_s=5)
-    stack.stack.stop("scheduler", grace_s=5)
+    while not watch.poll(handle, Runtime(stack.settings)).step:  # training, not still starting
+        assert time.monotonic() < deadline, f"the ranks never stepped\n{stack.logs()}"
+        time.sleep(0.5)
+    crashed = {part: stack.stack.group(part) for part in ("triggerer", "scheduler")}
+    for part in crashed:
+        os.kill(stack.stack.pid(part) or 0, signal.SIGKILL)  # the part alone: its children stay
     before = watch.poll(handle, Runtime(stack.settings)).step or 0
     time.sleep(5)
     during = watch.poll(handle, Runtime(stack.settings))
     assert during.state == "running" and (during.step or 0) > before  # training went on alone
     stack.stack.start("scheduler")
     stack.stack.start("triggerer")
+    left = {part: [pid for pid in pids if processes.is_alive(pid)] for part, pids in crashed.items()}
+    assert left == {"triggerer": [], "scheduler": []}, left  # what the crashed parts left was ended
     attempts = follow_training_run(stack.client, DAG_ID, first, timeout_s=600)
     assert [(a.outcome, a.action) for a in attempts] == [("completed", "register")], f"{attempts}\n{stack.logs()}"
     tasks = stack.client.task_instances(DAG_ID, first)
