@@ -94,10 +94,14 @@ def classify(ev: Evidence) -> FailureReport:
 
     lost = {o.node: o.fatal_reasons() for o in ev.nodes if o.node in ev.gang_nodes or not ev.gang_nodes}
     lost = {node: why for node, why in lost.items() if why}
-    if lost or stop_cause == "node_lost":
-        why = "; ".join(r for rs in lost.values() for r in rs) or why_stopped
+    # Kubernetes saw it first: a pod of the gang on a node that is not Ready (evicted by the
+    # NoExecute taint, or gone with its node) — the node is lost, whatever the rank's exit says
+    not_ready = sorted({a.node for a in status.agents if a.node and a.node_ready is False and not stopped})
+    if lost or stop_cause == "node_lost" or not_ready:
+        why = ("; ".join(r for rs in lost.values() for r in rs) or why_stopped
+               or f"node(s) not Ready: {', '.join(not_ready)} ({status.message})")
         named = ev.stop_reason.nodes if ev.stop_reason is not None and stop_cause == "node_lost" else []
-        return report("node_lost", f"node lost: {why}", failed_nodes=sorted({*lost, *named}))
+        return report("node_lost", f"node lost: {why}", failed_nodes=sorted({*lost, *named, *not_ready}))
 
     if not status.finished and not _hung(ev):
         raise AttemptStillRunning(f"attempt {ev.attempt} of {ev.job} is {status.state} "

@@ -104,6 +104,23 @@ def test_a_lost_node_is_dated_by_its_verdict_and_detected_by_the_stop(tmp_path: 
     assert report.detected_at.timestamp() == pytest.approx(ev.stop_reason.at)
 
 
+def test_node_lost_when_kubernetes_evicted_the_pod_of_a_node_not_ready() -> None:
+    """Kubernetes can see the node go before the health watch misses its agent three times: the
+    Job aborts with the pod evicted from a node not Ready. That is the node's loss, not a crash."""
+    from plugins.launch.model import AgentStatus, RankStatus, RunStatus
+    from plugins.recovery.evidence import Evidence
+
+    aborted = RunStatus(state="failed", message="Volcano phase Aborted: pod w-1 on kube-sim-1 was evicted",
+                        ranks=[RankStatus(rank=0, node="kube-sim-0", step=14), RankStatus(rank=1, node="kube-sim-1")],
+                        agents=[AgentStatus(node="kube-sim-0", alive=False, node_ready=True),
+                                AgentStatus(node="kube-sim-1", alive=False, reason="Evicted", node_ready=False)])
+    report = classify(Evidence(job="tiny", status=aborted))
+    assert (report.outcome, report.failed_nodes) == ("node_lost", ["kube-sim-1"])
+    assert "node(s) not Ready: kube-sim-1" in report.reason
+    ready = aborted.model_copy(update={"agents": [a.model_copy(update={"node_ready": True}) for a in aborted.agents]})
+    assert classify(Evidence(job="tiny", status=ready)).outcome != "node_lost"
+
+
 def test_a_running_attempt_without_symptoms_is_refused(tmp_path: Path) -> None:
     from plugins.launch.model import RankStatus, RunStatus
     from plugins.recovery.evidence import Evidence
