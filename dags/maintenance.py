@@ -14,8 +14,8 @@ and `plugins/tracking/cost.py`. Nothing heavy is imported here.
 
 Each runs at its next scheduled time, never at once when a stack first sees it (no start date,
 `run_immediately=NEVER`, a zero buffer — Airflow 3.3's `run_immediately=False` still runs the
-past slot when the stack starts within max(5 min, a tenth of the period) after it): a fresh stack's scheduler queued both daily DAGs in its first second,
-before the API server that every task reports to was listening, and their first tries failed
+past slot when the stack starts within max(5 min, a tenth of the period) after it): a fresh
+stack's scheduler queued both daily DAGs in its first second, before the API server that every task reports to was listening, and their first tries failed
 and waited five minutes for the retry. A fresh stack has nothing to audit or bill anyway.
 The chargeback's run covers the day before its trigger (`interval`: one day).
 """

@@ -135,12 +135,11 @@ def _can_link(store: ObjectStore, record: CheckpointRecord, local: Path) -> bool
         return False
     probe = local / f".link-probe-{os.getpid()}"
     try:
-        probe.unlink(missing_ok=True)
-        os.link(store.path_of(f"{record.folder}/{MANIFEST_NAME}"), probe)
-    except OSError:
+        return store.link_to(f"{record.folder}/{MANIFEST_NAME}", probe)
+    except OSError:  # the manifest went meanwhile: the copying path reports it to every rank
         return False
-    probe.unlink(missing_ok=True)
-    return True
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def _describe(error: BaseException, rank: int) -> tuple[str, bool]:

@@ -85,6 +85,11 @@ def node_is_ready(node: Mapping[str, Any] | None) -> bool | None:
     return None if ready is None else ready.get("status") == "True"
 
 
+def job_phase(job: Mapping[str, Any]) -> str:
+    """A Volcano Job's phase (`status.state.phase`); Pending before the controller wrote one."""
+    return ((job.get("status") or {}).get("state") or {}).get("phase") or "Pending"
+
+
 def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None) -> RunStatus:
     now = now or datetime.now(UTC)
     job = seen.job
@@ -100,8 +105,7 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
         return RunStatus(state="stopped", processes_alive=False,
                          message=f"{where} is another object now (uid {uid}, expected {handle.uid}): this "
                                  "attempt's Job is gone")
-    status = job.get("status") or {}
-    phase = (status.get("state") or {}).get("phase") or "Pending"
+    phase = job_phase(job)
     state = PHASES.get(phase, "unknown")
     agents, ranks, ended = [], [], {}
     for pod in seen.pods:

@@ -67,6 +67,7 @@ from plugins.launch.kube_status import (
     PHASES,
     Observed,
     group_name,
+    job_phase,
     node_is_ready,
     owned_pods,
     pod_selector,
@@ -302,32 +303,31 @@ class KubernetesLauncher:
             raise LaunchError(f"Volcano Job {where} of this attempt is another object (uid {meta.get('uid')}) than "
                               "the handle's; refusing to adopt it by name")
         if theirs["trainyard.io/run"] == ours["trainyard.io/run"] and theirs["trainyard.io/job"] == ours["trainyard.io/job"]:
-            phase = ((existing.get("status") or {}).get("state") or {}).get("phase", "")
+            phase = job_phase(existing)
             earlier = (theirs["trainyard.io/attempt"] or "").isdigit() and int(theirs["trainyard.io/attempt"]) < attempt
             if earlier and phase in ENDED_PHASES:
                 # attempt N+1 replaces attempt N's Job: it ended (its verdict was read), so it goes
                 # now, foreground (its pods first), by uid — never a Job that changed meanwhile
-                self._replace_ended(existing, where)
+                log.info("Volcano Job %s of attempt %s ended (%s): deleting it for the next attempt", where,
+                         theirs["trainyard.io/attempt"], phase)
+                try:
+                    self._delete_job(meta["namespace"], meta["name"], meta.get("uid"))
+                except ApiException as e:
+                    if e.status not in (404, 409):  # gone already, or another object now: the create decides
+                        raise
+                self.sleep(self.poll_interval_s)
                 return
-            raise LaunchError(f"Volcano Job {where} already exists for attempt {theirs['trainyard.io/attempt']}"
-                              f"{f' ({phase})' if phase else ''}; stop it before launching attempt {attempt}")
+            raise LaunchError(f"Volcano Job {where} already exists for attempt {theirs['trainyard.io/attempt']} "
+                              f"({phase}); stop it before launching attempt {attempt}")
         raise LaunchError(f"Volcano Job {where} belongs to another run ({theirs}); refusing to adopt it by name")
 
-    def _replace_ended(self, existing: dict[str, Any], where: str) -> None:
-        meta = existing["metadata"]
-        uid = meta.get("uid")
-        log.info("Volcano Job %s of attempt %s ended (%s): deleting it for the next attempt", where,
-                 (meta.get("labels") or {}).get("trainyard.io/attempt"),
-                 ((existing.get("status") or {}).get("state") or {}).get("phase"))
-        try:
-            self._call(self.api.delete_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION, meta["namespace"],
-                       VOLCANO_PLURAL, meta["name"], propagation_policy="Foreground",
-                       body=V1DeleteOptions(propagation_policy="Foreground",
-                                            preconditions=V1Preconditions(uid=uid) if uid else None))
-        except ApiException as e:
-            if e.status not in (404, 409):  # gone already, or another object now: the create decides
-                raise
-        self.sleep(self.poll_interval_s)
+    def _delete_job(self, namespace: str, name: str, uid: str | None, grace_s: int | None = None) -> None:
+        """Delete a Volcano Job with foreground propagation (its pods first), only if it is still
+        the object `uid` names (a precondition: a newer Job of the same name is never deleted)."""
+        options = V1DeleteOptions(grace_period_seconds=grace_s, propagation_policy="Foreground",
+                                  preconditions=V1Preconditions(uid=uid) if uid else None)
+        self._call(self.api.delete_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION, namespace,
+                   VOLCANO_PLURAL, name, grace_period_seconds=grace_s, propagation_policy="Foreground", body=options)
 
     def _get_job(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call(self.api.get_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,
@@ -399,12 +399,8 @@ class KubernetesLauncher:
         if handle.uid and seen.job["metadata"].get("uid") != handle.uid:
             return RunStatus(state="stopped", message=f"{where} is another object now (uid precondition); nothing of "
                                                       "this attempt is left")
-        options = V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Foreground",
-                                  preconditions=V1Preconditions(uid=handle.uid) if handle.uid else None)
         try:
-            self._call(self.api.delete_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,
-                       handle.namespace, VOLCANO_PLURAL, handle.name, grace_period_seconds=grace,
-                       propagation_policy="Foreground", body=options)
+            self._delete_job(handle.namespace, handle.name, handle.uid, grace)
         except ApiException as e:
             if e.status == 404:
                 return RunStatus(state="stopped", message=f"{where} was already gone")
@@ -496,7 +492,7 @@ class KubernetesLauncher:
 
 
 def _unstarted(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
-    phase = ((job.get("status") or {}).get("state") or {}).get("phase") or "Pending"
+    phase = job_phase(job)
     return phase == "Pending" or any((p.get("status") or {}).get("phase") == "Pending" for p in pods)
 
 
