@@ -58,3 +58,27 @@ def pytest_configure(config: pytest.Config) -> None:
     hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None)
     if os.environ.get("CI"):
         hypothesis_settings.load_profile("ci")
+
+
+E2E = Path(__file__).parent / "e2e"
+SHARED_STACK = E2E / "shared_stack"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` runs the suite on pytest-xdist workers (`-n N --dist loadgroup
+    --no-loadscope-reorder`); these groups say what must stay together in one worker process.
+    The end-to-end tests form two groups, listed first so they start first, each on a worker of
+    its own beside the rest of the suite: the tests that share one stack (their package fixture
+    starts it once; they run in order) and the tests that start a stack of their own (one at a
+    time: two such stacks beside the shared one would overload a 2-core machine). Every other
+    module is a group, so a module's fixtures (a torchrun launch of several plans) run once.
+    Without xdist the marks do nothing."""
+    for item in items:
+        path = Path(str(item.path))
+        if path.is_relative_to(SHARED_STACK):
+            group = "e2e-shared-stack"
+        elif path.is_relative_to(E2E):
+            group = "e2e-own-stacks"
+        else:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
