@@ -8,9 +8,11 @@ nodes' agents, torchrun's gloo rendezvous crosses the namespaces' network, and t
 checkpoints and MLflow through the shared filesystem (the object store's folder, the embedded
 PostgreSQL's Unix socket).
 
-One stack and one harness serve the module: a happy run, a crashed rank (→ worker_crash →
-restart) and a node whose link goes down mid-run (→ node_lost → cordon + re-place on the spare
-node → resume from the newest checkpoint). Needs root and `ip netns` (skips elsewhere; fails in
+One stack and one harness serve the module: a happy run through a restart of the scheduler and
+the triggerer (the trigger re-attaches; one Job), a gang larger than the cluster (failed with the
+numbers before anything is submitted), a crashed rank (→ worker_crash → restart) and a node whose
+link goes down mid-run (→ node_lost → cordon + re-place on the spare node → resume from the
+newest checkpoint). Needs root and `ip netns` (skips elsewhere; fails in
 CI, where TRAINYARD_REQUIRE names netns).
 """
 
@@ -18,14 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from cli.airflow_api import AttemptRun, follow_training_run
-from config.cluster import CLUSTERS_DIR
 from tests.e2e.airflow_stack import DEMO, RunningStack, running_stack
 from tests.support.kube.harness import KubeHarness, harness_or_skip
 
@@ -60,29 +60,10 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeHarness]:
         harness.close()
 
 
-def _cluster_file(kube: KubeHarness, folder: Path) -> Path:
-    """`config/clusters/kube-sim.yaml` with the harness's nodes and its launcher options (the
-    mount points under the harness's folder are known only once it runs)."""
-    doc = yaml.safe_load((CLUSTERS_DIR / "kube-sim.yaml").read_text())
-    doc["spec"]["racks"][0]["nodes"][0]["count"] = len(NODES)
-    doc["spec"]["launcher"] = kube.launcher_options().model_dump(mode="json")
-    path = folder / "kube-sim.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
 @pytest.fixture(scope="module")
 def stack(kube: KubeHarness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    from config.teams import load_teams
-    from plugins.launch.volcano import KubernetesLauncher
-
-    # the cluster admin's part: one Volcano queue per team (`trainyard render` writes them too)
-    KubernetesLauncher.from_kubeconfig(str(kube.kubeconfig), options=kube.launcher_options()
-                                       ).ensure_queues(load_teams(), total_gpus=len(NODES))
     folder = tmp_path_factory.mktemp("airflow-kube")
-    overrides = {"TRAINYARD_CLUSTER": str(_cluster_file(kube, folder)),
-                 "AIRFLOW_CONN_KUBERNETES_DEFAULT": kube.connection_uri}
-    with running_stack(folder / "home", overrides=overrides, agents=kube.node_agents) as s:
+    with running_stack(folder / "home", overrides=kube.airflow_overrides(folder), agents=kube.node_agents) as s:
         yield s
 
 
@@ -121,8 +102,20 @@ def _losses(s: RunningStack, run: str) -> list[Any]:
 
 
 def test_the_demo_job_trains_as_a_volcano_job_on_the_simulated_nodes(stack: RunningStack, kube: KubeHarness) -> None:
-    steps = 20
-    attempts = _train(stack, steps)
+    """…and the scheduler and the triggerer restart while the attempt is watched: the trigger
+    re-attaches to the Job from the stored handle; nothing submits a second Job."""
+    steps = 40
+
+    def restart_airflow_while_watching(first_dag_run: str) -> None:
+        deadline = time.monotonic() + 240
+        while stack.client.task_instances(JOB, first_dag_run).get("watch_training", {}).get("state") != "deferred":
+            assert time.monotonic() < deadline, f"watch_training never deferred\n{stack.logs()}"
+            time.sleep(0.5)
+        stack.stack.stop_all(["triggerer", "scheduler"])
+        stack.stack.start("scheduler")
+        stack.stack.start("triggerer")
+
+    attempts = _train(stack, steps, during=restart_airflow_while_watching)
     assert [(a.state, a.outcome, a.action) for a in attempts] == [("success", "completed", "register")], \
         f"{attempts}\n{stack.logs()}"
     (attempt,) = attempts
@@ -135,10 +128,27 @@ def test_the_demo_job_trains_as_a_volcano_job_on_the_simulated_nodes(stack: Runn
     assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} <= set(NODES), pods
     assert len({p["spec"]["nodeName"] for p in pods}) == 2  # one slot a node: the gang spans two
     assert max(m.step for m in _losses(stack, attempt.run)) == steps  # the pods reached MLflow
+    assert stack.client.task_instances(JOB, attempt.dag_run_id)["launch_training"]["try_number"] == 1
     from plugins.recovery.state import JobStateStore
 
     info = JobStateStore(stack.settings.state_db).get_run(JOB, attempt.run)
     assert info.state == "completed", info
+
+
+def test_more_gpus_than_the_nodes_have_fails_the_run_with_the_numbers_and_submits_nothing(
+        stack: RunningStack, kube: KubeHarness) -> None:
+    spec = _spec(5)
+    spec["metadata"]["name"] = big = "kube-too-big"
+    spec["spec"]["hardware"]["gpuCount"] = len(NODES) + 1
+    stack.add_jobs({big: spec})
+    (attempt,) = follow_training_run(stack.client, big, stack.client.trigger(big, {})["dag_run_id"], timeout_s=300)
+    assert (attempt.state, attempt.outcome) == ("failed", "launch_failed"), f"{attempt}\n{stack.logs()}"
+    from plugins.recovery.state import JobStateStore
+
+    reason = JobStateStore(stack.settings.state_db).attempts(big, attempt.run)[0].failure_report.reason
+    assert str(len(NODES) + 1) in reason and str(len(NODES)) in reason, reason  # asked for, and there are
+    assert not [j for j in kube.rest().list(*JOBS, namespace=kube.namespace)
+                if j["metadata"].get("labels", {}).get("trainyard.io/job") == big]  # nothing reached Volcano
 
 
 def test_a_crashed_rank_fails_its_pod_and_the_run_restarts_from_the_checkpoint(

@@ -324,6 +324,26 @@ class KubeHarness:
                                   "termination_grace_s": 10, "shared_filesystem": True}
         return KubernetesOptions(**(values | overrides))
 
+    def airflow_overrides(self, folder: Path) -> dict[str, str]:
+        """What an embedded stack needs to launch on this cluster: `config/clusters/kube-sim.yaml`
+        with this harness's nodes and launcher options (its mount points are known only now),
+        written into `folder`, and the cncf-kubernetes connection; plus the cluster admin's part,
+        one Volcano queue per team (`trainyard render` writes them too)."""
+        import yaml
+
+        from config.cluster import CLUSTERS_DIR
+        from config.teams import load_teams
+        from plugins.launch.volcano import KubernetesLauncher
+
+        KubernetesLauncher.from_kubeconfig(str(self.kubeconfig), options=self.launcher_options()
+                                           ).ensure_queues(load_teams(), total_gpus=len(self.node_names))
+        doc = yaml.safe_load((CLUSTERS_DIR / "kube-sim.yaml").read_text())
+        doc["spec"]["racks"][0]["nodes"][0]["count"] = len(self.node_names)
+        doc["spec"]["launcher"] = self.launcher_options().model_dump(mode="json")
+        path = Path(folder) / "kube-sim.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return {"TRAINYARD_CLUSTER": str(path), "AIRFLOW_CONN_KUBERNETES_DEFAULT": self.connection_uri}
+
     # --- waiting ---
 
     def ready_nodes(self) -> set[str]:
