@@ -28,7 +28,7 @@ lint: $(STAMP)
 # runs it in this process.
 PYTEST_WORKERS ?= 3
 test: $(STAMP) lint
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"

@@ -60,25 +60,35 @@ def pytest_configure(config: pytest.Config) -> None:
         hypothesis_settings.load_profile("ci")
 
 
-E2E = Path(__file__).parent / "e2e"
-SHARED_STACK = E2E / "shared_stack"
+E2E = "tests/e2e/"
+SHARED_STACK = "tests/e2e/shared_stack/"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`make test` runs the suite on pytest-xdist workers (`-n N --dist loadgroup
-    --no-loadscope-reorder`); these groups say what must stay together in one worker process.
-    The end-to-end tests form two groups, listed first so they start first, each on a worker of
-    its own beside the rest of the suite: the tests that share one stack (their package fixture
-    starts it once; they run in order) and the tests that start a stack of their own (one at a
-    time: two such stacks beside the shared one would overload a 2-core machine). Every other
-    module is a group, so a module's fixtures (a torchrun launch of several plans) run once.
-    Without xdist the marks do nothing."""
-    for item in items:
-        path = Path(str(item.path))
-        if path.is_relative_to(SHARED_STACK):
-            group = "e2e-shared-stack"
-        elif path.is_relative_to(E2E):
-            group = "e2e-own-stacks"
-        else:
-            group = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+def xdist_group(nodeid: str) -> str:
+    """What must stay together in one worker process when `make test` runs the suite on
+    pytest-xdist workers. The end-to-end tests form two groups, each on a worker of its own
+    beside the rest of the suite: the tests that share one stack (their package fixture starts
+    it once; they run in order) and the tests that start a stack of their own (one at a time:
+    two such stacks beside the shared one would overload a 2-core machine). Every other module
+    is a group, so a module's fixtures (a torchrun launch of several plans) run once."""
+    if nodeid.startswith(SHARED_STACK):
+        return "e2e-shared-stack"
+    if nodeid.startswith(E2E):
+        return "e2e-own-stacks"
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's `loadgroup` cannot group here: it renames the items' node ids, which pytest 9
+    derives from their structured ids. This scheduler splits the work by `xdist_group` instead,
+    in collection order (the end-to-end groups come first and so start first), handing a worker
+    its next group whenever it runs low."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    config.option.loadscopereorder = False  # collection order: the long end-to-end groups first
+    return ByGroup(config, log)
