@@ -33,7 +33,9 @@ def main() -> int:
 
     def on_sigterm(*_: object) -> None:
         # Like the worker runtime: note it, finish the step, "checkpoint", exit 43 — and ignore
-        # repeats (torchrun sends SIGTERM more than once).
+        # repeats (torchrun sends SIGTERM more than once). The ranks agree on the step to stop
+        # at (the flag rides on the step's all-reduce): the signal reaches them at different
+        # times, and a rank that left alone would fail its peer's next collective.
         stop["requested"] = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -44,26 +46,25 @@ def main() -> int:
     print(f"hello rank={rank} world={world} job={env.job} attempt={env.attempt} "
           f"node={os.environ.get('TRAINYARD_NODE')} lr={args.lr}", flush=True)
     for step in range(1, args.steps + 1):
-        value = torch.tensor([float(rank + 1)])
+        value = torch.tensor([float(rank + 1), float(stop["requested"])])
         dist.all_reduce(value)
         write_heartbeat(env.heartbeat_dir, Heartbeat(
             job=env.job, run=env.run, attempt=env.attempt, rank=rank, node=os.environ.get("TRAINYARD_NODE", ""),
             pid=os.getpid(), step=step, time=time.time(), loss=1.0 / step,
             hang_timeout_s=env.hang_timeout_s))
-        print(f"step {step} sum={value.item():.0f}", flush=True)
+        print(f"step {step} sum={value[0].item():.0f}", flush=True)
         if rank == args.fail_rank and step == args.steps:
             print(f"rank {rank} failing on purpose with {args.exit_code}", flush=True)
             # leave now: returning through the interpreter's shutdown while gloo's threads still
             # serve the peer can abort ("terminate called without an active exception", SIGABRT)
             sys.stderr.flush()
             os._exit(args.exit_code)
-        if stop["requested"]:
+        if value[1].item() > 0:
+            # a rank stopping for its peer's signal may meet its own on the way out: ignored
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             print(f"rank {rank}: SIGTERM, emergency checkpoint at step {step}", flush=True)
             return TERMINATED
         time.sleep(args.sleep)
-        if stop["requested"]:
-            print(f"rank {rank}: SIGTERM, emergency checkpoint at step {step}", flush=True)
-            return TERMINATED
     dist.destroy_process_group()
     return 0
 
