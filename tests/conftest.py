@@ -66,11 +66,12 @@ SHARED_STACK = "tests/e2e/shared_stack/"
 
 def xdist_group(nodeid: str) -> str:
     """What must stay together in one worker process when `make test` runs the suite on
-    pytest-xdist workers. The end-to-end tests form two groups, each on a worker of its own
-    beside the rest of the suite: the tests that share one stack (their package fixture starts
-    it once; they run in order) and the tests that start a stack of their own (one at a time:
-    two such stacks beside the shared one would overload a 2-core machine). Every other module
-    is a group, so a module's fixtures (a torchrun launch of several plans) run once."""
+    pytest-xdist workers. The end-to-end tests form two groups, collected first and so started
+    first, one per worker: the tests that share one stack (their package fixture starts it once;
+    they run in order) and the tests that start a stack of their own (one at a time: two such
+    stacks beside the shared one would overload a 2-core machine). Every other module is a
+    group, so a module's fixtures (a torchrun launch of several plans) run once; a worker takes
+    the next one whenever it runs low."""
     if nodeid.startswith(SHARED_STACK):
         return "e2e-shared-stack"
     if nodeid.startswith(E2E):
