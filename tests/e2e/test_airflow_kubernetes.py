@@ -9,8 +9,8 @@ checkpoints and MLflow through the shared filesystem (the object store's folder,
 PostgreSQL's Unix socket).
 
 One stack and one harness serve the module: a happy run through a restart of the scheduler and
-the triggerer (the trigger re-attaches; one Job), a gang larger than the cluster (failed with the
-numbers before anything is submitted), a crashed rank (→ worker_crash → restart) and a node whose
+the triggerer (the trigger re-attaches; one Job), a gang larger than the cluster (refused with the
+numbers before anything is allocated), a crashed rank (→ worker_crash → restart) and a node whose
 link goes down mid-run (→ node_lost → cordon + re-place on the spare node → resume from the
 newest checkpoint). Needs root and `ip netns` (skips elsewhere; fails in
 CI, where TRAINYARD_REQUIRE names netns).
@@ -18,8 +18,10 @@ CI, where TRAINYARD_REQUIRE names netns).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -135,20 +137,28 @@ def test_the_demo_job_trains_as_a_volcano_job_on_the_simulated_nodes(stack: Runn
     assert info.state == "completed", info
 
 
-def test_more_gpus_than_the_nodes_have_fails_the_run_with_the_numbers_and_submits_nothing(
+def test_a_gang_larger_than_the_cluster_is_refused_with_the_numbers_and_submits_nothing(
         stack: RunningStack, kube: KubeHarness) -> None:
+    """Before anything is allocated: the spec's DAG file reports it (Airflow's import error, the
+    "Broken DAG" banner) with what was asked and what the cluster has; no Volcano Job is made.
+    (The launcher's own Unschedulable, past Volcano's gang check, is an integration test.)"""
     spec = _spec(5)
     spec["metadata"]["name"] = big = "kube-too-big"
     spec["spec"]["hardware"]["gpuCount"] = len(NODES) + 1
-    stack.add_jobs({big: spec})
-    (attempt,) = follow_training_run(stack.client, big, stack.client.trigger(big, {})["dag_run_id"], timeout_s=300)
-    assert (attempt.state, attempt.outcome) == ("failed", "launch_failed"), f"{attempt}\n{stack.logs()}"
-    from plugins.recovery.state import JobStateStore
-
-    reason = JobStateStore(stack.settings.state_db).attempts(big, attempt.run)[0].failure_report.reason
-    assert str(len(NODES) + 1) in reason and str(len(NODES)) in reason, reason  # asked for, and there are
-    assert not [j for j in kube.rest().list(*JOBS, namespace=kube.namespace)
-                if j["metadata"].get("labels", {}).get("trainyard.io/job") == big]  # nothing reached Volcano
+    (Path(os.environ["TRAINYARD_JOBS_DIR"]) / f"{big}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    try:
+        deadline = time.monotonic() + 120
+        while not (errors := [e["stack_trace"] for e in stack.client.import_errors() if big in e["stack_trace"]]):
+            assert time.monotonic() < deadline, f"no import error names {big}\n{stack.logs()}"
+            time.sleep(1)
+        (error,) = errors
+        assert "CLUSTER_TOO_SMALL spec.hardware.gpuCount" in error, error
+        assert f"{len(NODES) + 1} cpu requested; cluster 'kube-sim' has {len(NODES)} healthy" in error, error
+        assert big not in stack.client.dags()
+        assert not [j for j in kube.rest().list(*JOBS, namespace=kube.namespace)
+                    if j["metadata"].get("labels", {}).get("trainyard.io/job") == big]
+    finally:  # the next tests' DAG file parses without it
+        (Path(os.environ["TRAINYARD_JOBS_DIR"]) / f"{big}.yaml").unlink()
 
 
 def test_a_crashed_rank_fails_its_pod_and_the_run_restarts_from_the_checkpoint(
