@@ -1,7 +1,8 @@
 """The triggers behind the deferrable sensors (they live outside `dags/`, as Airflow requires).
 
 A trigger runs in the triggerer's event loop, so every engine call (a launcher's poll, the object
-store, the state database, a node agent over HTTP) goes through `asyncio.to_thread`. Each trigger
+store, the state database, a node agent over HTTP) goes through `asyncio.to_thread` — except a
+Kubernetes attempt's poll, made on the loop through the provider's `AsyncKubernetesHook`. Each trigger
 re-attaches from the `RunHandle` alone — the launcher is the handle's (`launcher_for`) — so
 restarting the triggerer (or Airflow) re-creates it from `serialize()` and it carries on; it never
 holds a worker slot while training runs.
@@ -20,12 +21,24 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 if TYPE_CHECKING:
     from plugins.attempt.launchers import Runtime
+    from plugins.launch.model import RunHandle, RunStatus
 
 
 def _runtime() -> Runtime:
     from operators.common import runtime
 
     return runtime()
+
+
+async def _poll_on_the_loop(handle: RunHandle) -> RunStatus | None:
+    """A Kubernetes attempt's poll through the cncf-kubernetes provider's `AsyncKubernetesHook`
+    (the Volcano Job, its pods, their exit codes and nodes): no thread, no sync client on the
+    triggerer. None for the other launchers: the engine polls them in its thread."""
+    if handle.kind != "kubernetes":
+        return None
+    from operators.kubernetes_clients import poll_with_async_hook
+
+    return await poll_with_async_hook(handle)
 
 
 class TrainingTrigger(BaseTrigger):
@@ -50,7 +63,8 @@ class TrainingTrigger(BaseTrigger):
 
         handle, state, runtime = RunHandle.model_validate(self.handle), WatchState.model_validate(self.watch), _runtime()
         while True:
-            step = await asyncio.to_thread(watch_once, handle, state, runtime)
+            polled = await _poll_on_the_loop(handle)
+            step = await asyncio.to_thread(watch_once, handle, state, runtime, status=polled)
             state = step.state
             if step.finished:
                 yield TriggerEvent({"status": step.stop.reason if step.stop else "finished",

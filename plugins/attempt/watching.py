@@ -103,10 +103,13 @@ def hang_stop(status: RunStatus, handle: RunHandle | None = None) -> StopReason 
                              f"hangTimeout (last step {status.step})")
 
 
-def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_s: float = 10.0) -> WatchStep:
+def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_s: float = 10.0,
+               status: RunStatus | None = None) -> WatchStep:
     """One look at the training (see the module docstring). A finished attempt is settled; a
-    hang, a passed deadline or a lost lease stops the gang first, with the reason."""
-    status = poll(handle, runtime)
+    hang, a passed deadline or a lost lease stops the gang first, with the reason. `status` is
+    the launcher's poll where the caller made it already (the training trigger polls a Kubernetes
+    attempt through the provider's async hook, on the triggerer's event loop)."""
+    status = status if status is not None else poll(handle, runtime)
     if status.finished:
         return WatchStep(status=settle(handle, status, runtime), finished=True, state=state)
     stop = hang_stop(status, handle)
