@@ -80,7 +80,7 @@ def main() -> int:
     p.add_argument("--skip-control-plane", action="store_true", help="only the fast path and bare torchrun")
     p.add_argument("--hang-timeout-s", type=int, default=10, help="the hang run's faultTolerance.hangTimeout")
     p.add_argument("--cluster", choices=("local", "kube-sim"), default="local",
-                   help="kube-sim: the fast path and a lost node on the simulated Kubernetes (needs root)")
+                   help="kube-sim: a lost node on the simulated Kubernetes (needs root)")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out: dict[str, Any] = {"checkpoint_interval_steps": args.interval, "kill_at_step": args.kill_at}
@@ -88,19 +88,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         fast = fast_path(Path(tmp) / "fast", args)
         bare = bare_torchrun(Path(tmp) / "bare", args)
+        out.update(restore_s=round(fast["restore_s"], 3), torchrun_restart_s=round(bare["mttr_s"], 2))
         if args.cluster == "kube-sim":
             kube = kubernetes(Path(tmp) / "kube", args)
             out.update(launcher="kubernetes", nodes=kube["nodes"], fast_path_mttr_s=None,
                        node_lost_mttr_s=round(kube["node_lost_mttr_s"], 2),
-                       restore_s=round(fast["restore_s"], 3), torchrun_restart_s=round(bare["mttr_s"], 2),
                        local_fast_path_mttr_s=round(fast["mttr_s"], 2),
                        steps_lost={"fast_path": None, "node_lost": kube["node_steps_lost"]},
                        replaced_node=kube["replaced"])
             print(json.dumps(out))
             return 0
         control = None if args.skip_control_plane else control_plane(Path(tmp) / "control", args)
-    out.update(fast_path_mttr_s=round(fast["mttr_s"], 2), restore_s=round(fast["restore_s"], 3),
-               torchrun_restart_s=round(bare["mttr_s"], 2),
+    out.update(fast_path_mttr_s=round(fast["mttr_s"], 2),
                control_plane_mttr_s=round(control["mttr_s"], 2) if control else None,
                hang_timeout_s=args.hang_timeout_s,
                hang_detect_s=round(control["hang_detect_s"], 2) if control else None,
@@ -330,10 +329,6 @@ def hang_detection(stack: Any, args: argparse.Namespace) -> float:
 # --- 5. Kubernetes (the simulated cluster) ---------------------------------------------------------
 
 
-KUBE_NODES = ("kube-sim-0", "kube-sim-1", "kube-sim-2")
-"""Two for the gang, one spare for the node whose link goes down."""
-
-
 def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     """A gang node's link goes down once a checkpoint after `--kill-at` is committed; the times
     are the ranks' heartbeats, which each node keeps in its own hostPath folder.
@@ -345,13 +340,13 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     from plugins.launch.environment import checkpoint_uri
     from plugins.recovery.state import JobStateStore
     from tests.e2e.airflow_stack import running_stack
-    from tests.support.kube.harness import KubeHarness
+    from tests.support.kube.harness import NODES_WITH_SPARE, KubeHarness
 
     doc = spec(args)
     doc["spec"]["image"] = "registry.example.com/trainyard/demo:1"  # the nodes run this checkout's venv
     # long enough for a checkpoint after --kill-at, the lost node and a few steps after it
     doc["spec"]["training"]["maxSteps"] = max(args.steps, args.kill_at + 4 * args.interval)
-    with KubeHarness(home / "kube", KUBE_NODES) as kube, \
+    with KubeHarness(home / "kube", NODES_WITH_SPARE) as kube, \
             running_stack(home / "home", overrides=kube.airflow_overrides(home), agents=kube.node_agents) as stack:
         stack.add_jobs({JOB: doc}, timeout_s=180)
         first = stack.client.trigger(JOB, {})["dag_run_id"]
@@ -386,7 +381,7 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
             raise RuntimeError(f"attempt 0 of run {handle.run} recorded no resume step: {report}")
         # the report of a lost node has no step (no rank exited to say it): the ranks' heartbeats do
         reached = max(b.step for rank in (0, 1) if (b := beat_of(0, rank)) is not None)
-        return {"nodes": len(KUBE_NODES), "node_lost_mttr_s": after.time - lost_at,
+        return {"nodes": len(NODES_WITH_SPARE), "node_lost_mttr_s": after.time - lost_at,
                 "node_steps_lost": reached - report.resume_step,
                 "replaced": [node, sorted(set(handle1.nodes) - set(handle.nodes))]}
 

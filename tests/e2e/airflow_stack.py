@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -27,6 +28,7 @@ from tests.support import procs
 
 DEMO = procs.REPO_ROOT / "config" / "jobs" / "demo-tiny-lm.yaml"
 DAG_ID = "demo-tiny-lm"
+T = TypeVar("T")
 
 
 @dataclass
@@ -40,17 +42,36 @@ class RunningStack:
         first = self.client.trigger(DAG_ID, conf)["dag_run_id"]
         return follow_training_run(self.client, DAG_ID, first, timeout_s=timeout_s)
 
-    def add_jobs(self, specs: dict[str, dict[str, object]], *, timeout_s: float = 120) -> None:
-        """Write job specs (name → TrainingJob document) into the stack's jobs folder and wait
-        until Airflow lists their DAGs."""
-        jobs = Path(os.environ["TRAINYARD_JOBS_DIR"])
+    @property
+    def jobs_dir(self) -> Path:
+        return Path(os.environ["TRAINYARD_JOBS_DIR"])
+
+    def write_jobs(self, specs: dict[str, dict[str, object]]) -> None:
+        """Write job specs (name → TrainingJob document) into the stack's jobs folder."""
         for name, spec in specs.items():
-            (jobs / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+            (self.jobs_dir / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+
+    def add_jobs(self, specs: dict[str, dict[str, object]], *, timeout_s: float = 120) -> None:
+        """`write_jobs`, then wait until Airflow lists their DAGs."""
+        self.write_jobs(specs)
         deadline = time.monotonic() + timeout_s
         while not set(specs) <= set(self.client.dags()):
             assert time.monotonic() < deadline, f"DAGs {sorted(set(specs) - set(self.client.dags()))} never " \
                                                 f"appeared\n{self.logs()}"
             time.sleep(1)
+
+    def until(self, what: str, check: Callable[[], T], *, timeout_s: float, poll_s: float = 1.0) -> T:
+        """`check()`'s first truthy value; fails naming `what`, with the stack's logs, after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not (value := check()):
+            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
+            time.sleep(poll_s)
+        return value
+
+    def wait_for_task(self, dag_id: str, run_id: str, task: str, state: str, *, timeout_s: float = 240) -> None:
+        self.until(f"{task} of {run_id} to be {state}",
+                   lambda: self.client.task_instances(dag_id, run_id).get(task, {}).get("state") == state,
+                   timeout_s=timeout_s, poll_s=0.5)
 
     def logs(self) -> str:
         parts = []

@@ -18,10 +18,8 @@ CI, where TRAINYARD_REQUIRE names netns).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,12 +27,11 @@ import yaml
 
 from cli.airflow_api import AttemptRun, follow_training_run
 from tests.e2e.airflow_stack import DEMO, RunningStack, running_stack
-from tests.support.kube.harness import KubeHarness, harness_or_skip
+from tests.support.kube.harness import NODES_WITH_SPARE, KubeHarness, harness_or_skip
 
 pytestmark = pytest.mark.slow
 
-NODES = ("kube-sim-0", "kube-sim-1", "kube-sim-2")
-"""Two for the gang, one spare for the node a test takes down."""
+NODES = NODES_WITH_SPARE
 JOB = "kube-tiny"
 INTERVAL = 10
 JOBS = ("batch.volcano.sh/v1alpha1", "jobs")
@@ -109,10 +106,7 @@ def test_the_demo_job_trains_as_a_volcano_job_on_the_simulated_nodes(stack: Runn
     steps = 40
 
     def restart_airflow_while_watching(first_dag_run: str) -> None:
-        deadline = time.monotonic() + 240
-        while stack.client.task_instances(JOB, first_dag_run).get("watch_training", {}).get("state") != "deferred":
-            assert time.monotonic() < deadline, f"watch_training never deferred\n{stack.logs()}"
-            time.sleep(0.5)
+        stack.wait_for_task(JOB, first_dag_run, "watch_training", "deferred")
         stack.stack.stop_all(["triggerer", "scheduler"])
         stack.stack.start("scheduler")
         stack.stack.start("triggerer")
@@ -145,20 +139,17 @@ def test_a_gang_larger_than_the_cluster_is_refused_with_the_numbers_and_submits_
     spec = _spec(5)
     spec["metadata"]["name"] = big = "kube-too-big"
     spec["spec"]["hardware"]["gpuCount"] = len(NODES) + 1
-    (Path(os.environ["TRAINYARD_JOBS_DIR"]) / f"{big}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    stack.write_jobs({big: spec})
     try:
-        deadline = time.monotonic() + 120
-        while not (errors := [e["stack_trace"] for e in stack.client.import_errors() if big in e["stack_trace"]]):
-            assert time.monotonic() < deadline, f"no import error names {big}\n{stack.logs()}"
-            time.sleep(1)
-        (error,) = errors
+        (error,) = stack.until(f"an import error naming {big}", lambda: [
+            e["stack_trace"] for e in stack.client.import_errors() if big in e["stack_trace"]], timeout_s=120)
         assert "CLUSTER_TOO_SMALL spec.hardware.gpuCount" in error, error
         assert f"{len(NODES) + 1} cpu requested; cluster 'kube-sim' has {len(NODES)} healthy" in error, error
         assert big not in stack.client.dags()
         assert not [j for j in kube.rest().list(*JOBS, namespace=kube.namespace)
                     if j["metadata"].get("labels", {}).get("trainyard.io/job") == big]
     finally:  # the next tests' DAG file parses without it
-        (Path(os.environ["TRAINYARD_JOBS_DIR"]) / f"{big}.yaml").unlink()
+        (stack.jobs_dir / f"{big}.yaml").unlink()
 
 
 def test_a_crashed_rank_fails_its_pod_and_the_run_restarts_from_the_checkpoint(

@@ -7,7 +7,6 @@ Approve through the REST API, as the UI's Required actions does → `production`
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +29,6 @@ def _spec() -> dict[str, Any]:
     return doc
 
 
-def _until(what: str, check: Any, *, timeout_s: float, logs: Any) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(2)
-    raise AssertionError(f"timed out waiting for {what}\n{logs()}")
-
-
 def test_publish_trains_evaluates_waits_for_approval_and_promotes(shared: RunningStack, tmp_path: Path) -> None:
     from cli.main import main
     from plugins.tracking.evaluate import version_at
@@ -55,7 +44,7 @@ def test_publish_trains_evaluates_waits_for_approval_and_promotes(shared: Runnin
     assert s.client.dag_runs(JOB) == []  # nothing runs until data lands
     assert main(["data", "publish", "datasets/pydoc-topics/", "--version", "v2",
                  "--airflow-url", s.stack.url]) == 0
-    runs = _until("an asset-triggered run", lambda: s.client.dag_runs(JOB), timeout_s=120, logs=s.logs)
+    runs = s.until("an asset-triggered run", lambda: s.client.dag_runs(JOB), timeout_s=120, poll_s=2)
     (run,) = runs
     assert run["run_type"] == "asset_triggered"
     run_id = run["dag_run_id"]
@@ -66,7 +55,7 @@ def test_publish_trains_evaluates_waits_for_approval_and_promotes(shared: Runnin
         assert not failed, f"{failed}\n{s.logs()}"
         return tasks if tasks.get("approve_promotion", {}).get("state") == "awaiting_input" else None
 
-    tasks = _until("the approval to wait", awaiting, timeout_s=900, logs=s.logs)
+    tasks = s.until("the approval to wait", awaiting, timeout_s=900, poll_s=2)
     assert tasks["register_model"]["state"] == tasks["evaluate"]["state"] == "success"
     assert tasks["promote_model"]["state"] in (None, "none", "scheduled", "queued")
     new = str(s.client.xcom(JOB, run_id, "register_model")["version"])
@@ -83,12 +72,12 @@ def test_publish_trains_evaluates_waits_for_approval_and_promotes(shared: Runnin
     # answer came 0.5 s after the pause). A person reading the page never answers that fast.
     exited = ("Received executor event with state success for task instance TaskInstanceKey("
               f"dag_id='{JOB}', task_id='approve_promotion'")
-    _until("the scheduler to see the approval's worker exit",
-           lambda: exited in s.stack.log_file("scheduler").read_text(errors="replace"),
-           timeout_s=120, logs=s.logs)
+    s.until("the scheduler to see the approval's worker exit",
+            lambda: exited in s.stack.log_file("scheduler").read_text(errors="replace"),
+            timeout_s=120, poll_s=2)
     answer = s.client.respond_hitl(JOB, run_id, "approve_promotion", ["Approve"])
     assert answer["chosen_options"] == ["Approve"]
-    _until("the run to succeed", lambda: s.client.dag_run(JOB, run_id)["state"] == "success",
-           timeout_s=180, logs=s.logs)
+    s.until("the run to succeed", lambda: s.client.dag_run(JOB, run_id)["state"] == "success",
+            timeout_s=180, poll_s=2)
     assert s.client.task_instances(JOB, run_id)["promote_model"]["state"] == "success"
     assert version_at(JOB, "production", tracking_uri=uri).version == new

@@ -149,18 +149,10 @@ def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alo
     from plugins.launch.model import RunHandle
 
     first = stack.client.trigger(DAG_ID, {"max_steps": 400})["dag_run_id"]  # long enough to outlive the restart
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        tasks = stack.client.task_instances(DAG_ID, first)
-        if tasks.get("watch_training", {}).get("state") == "deferred":
-            break
-        time.sleep(1)
-    else:
-        pytest.fail(f"watch_training never deferred\n{stack.logs()}")
+    stack.wait_for_task(DAG_ID, first, "watch_training", "deferred")
     handle = RunHandle.model_validate(stack.client.xcom(DAG_ID, first, "launch_training"))
-    while not watch.poll(handle, Runtime(stack.settings)).step:  # training, not still starting
-        assert time.monotonic() < deadline, f"the ranks never stepped\n{stack.logs()}"
-        time.sleep(0.5)
+    stack.until("the ranks to step",  # training, not still starting
+                lambda: watch.poll(handle, Runtime(stack.settings)).step, timeout_s=240, poll_s=0.5)
     crashed = {part: stack.stack.group(part) for part in ("triggerer", "scheduler")}
     for part in crashed:
         os.kill(stack.stack.pid(part) or 0, signal.SIGKILL)  # the part alone: its children stay

@@ -38,19 +38,12 @@ def _trigger_from_the_form(s: RunningStack, fill: dict[str, str], shot: str) -> 
         return _new_run(s, before)
 
 
-def _wait_for_task(s: RunningStack, run_id: str, task: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while s.client.task_instances(DAG_ID, run_id).get(task, {}).get("state") != "success":
-        assert time.monotonic() < deadline, f"{task} of {run_id} never succeeded\n{s.logs()}"
-        time.sleep(1)
-
-
 def test_the_form_submits_its_defaults_and_a_cancelled_attempt_shows_failed_with_its_note(shared: RunningStack) -> None:
     from cli.main import main
 
     dag_run = _trigger_from_the_form(shared, {}, "trigger-form-defaults.png")
     assert {k: v for k, v in (dag_run.get("conf") or {}).items() if v not in (None, False)} == {}
-    _wait_for_task(shared, dag_run["dag_run_id"], "launch_training")
+    shared.wait_for_task(DAG_ID, dag_run["dag_run_id"], "launch_training", "success", timeout_s=300)
     run = shared.client.xcom(DAG_ID, dag_run["dag_run_id"], "validate_spec")["run"]
     assert main(["stop", DAG_ID, "--run", run, "--grace-s", "20"]) == 0  # a person cancels it
     (attempt,) = follow_training_run(shared.client, DAG_ID, dag_run["dag_run_id"], timeout_s=300)

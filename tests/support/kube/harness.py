@@ -65,6 +65,8 @@ NAMESPACE_PATTERN = re.compile(r"^tyk(\d+)x[0-9a-f]+-")
 FABRIC_PORT = 6443
 DEFAULT_NODES = ("kube-sim-0", "kube-sim-1")
 """The node names of `config/clusters/kube-sim.yaml`."""
+NODES_WITH_SPARE = (*DEFAULT_NODES, "kube-sim-2")
+"""Two for a 2-rank gang, one spare for the node a test or benchmark takes down."""
 RACK = "sim-rack"
 
 
