@@ -33,15 +33,18 @@ Trainyard home with the demo dataset:
 With `--cluster kube-sim` the job runs on the simulated Kubernetes of the tests
 (`tests/support/kube`: an emulated API server with a minimal Volcano, three nodes that are
 network namespaces running the pods as real processes) through a real embedded Airflow whose
-launcher is the Volcano one; `"launcher": "kubernetes"`. Once a checkpoint after `--kill-at` is
-committed, the link of a gang node goes down: `node_lost_mttr_s` = from the link going down to
-the first step of the next attempt, placed on the spare node (the health watch's missed polls
-or Kubernetes' NotReady, stop, classify, cordon, the hand-over, placement, a new Volcano Job,
-rendezvous across the namespaces, restore, one step). `torchrun_restart_s`, `restore_s` and
-`local_fast_path_mttr_s` are the local runs' (1. and 2. still run); the local control-plane run
-is skipped. `fast_path_mttr_s` is null: torchrun's in-place restart inside a pod does not work
-yet on this cluster (the restarted rank exits 1, the Job aborts, and the control plane restarts
-the attempt) — partial, said in `kubernetes()`.
+launcher is the Volcano one; `"launcher": "kubernetes"`. Two failures in one run:
+- once rank 0 reached `--kill-at`, rank 1's process inside its pod is SIGKILLed: torchrun's
+  in-place restart on both pods (c10d rendezvous across the namespaces): `fast_path_mttr_s` =
+  from the kill to the first step of the restarted workers, `fast_path_vs_bare` against the
+  local bare torchrun restart + restore of the same run (target ≤ 3);
+- once a checkpoint after that is committed, the link of a gang node goes down:
+  `node_lost_mttr_s` = from the link going down to the first step of the next attempt, placed on
+  the spare node (the health watch's missed polls or Kubernetes' NotReady, stop, classify,
+  cordon, the hand-over, placement, a new Volcano Job, rendezvous across the namespaces,
+  restore, one step).
+`torchrun_restart_s`, `restore_s` and `local_fast_path_mttr_s` are the local runs' (1. and 2.
+still run); the local control-plane run is skipped.
 
 `steps_lost` is per path: the last step completed before the failure minus the step the
 recovery resumed from; target ≤ `checkpoint_interval_steps`. (On the control-plane path the
@@ -91,10 +94,12 @@ def main() -> int:
         out.update(restore_s=round(fast["restore_s"], 3), torchrun_restart_s=round(bare["mttr_s"], 2))
         if args.cluster == "kube-sim":
             kube = kubernetes(Path(tmp) / "kube", args)
-            out.update(launcher="kubernetes", nodes=kube["nodes"], fast_path_mttr_s=None,
+            out.update(launcher="kubernetes", nodes=kube["nodes"], fast_path_mttr_s=round(kube["fast_mttr_s"], 2),
+                       fast_path_restore_s=round(kube["fast_restore_s"], 3),
+                       fast_path_vs_bare=round(kube["fast_mttr_s"] / (bare["mttr_s"] + fast["restore_s"]), 2),
                        node_lost_mttr_s=round(kube["node_lost_mttr_s"], 2),
                        local_fast_path_mttr_s=round(fast["mttr_s"], 2),
-                       steps_lost={"fast_path": None, "node_lost": kube["node_steps_lost"]},
+                       steps_lost={"fast_path": kube["fast_steps_lost"], "node_lost": kube["node_steps_lost"]},
                        replaced_node=kube["replaced"])
             print(json.dumps(out))
             return 0
@@ -235,10 +240,11 @@ def bare_torchrun(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
            str(REPO / "worker" / "train.py"), "--spec", str(spec_file)]
-    # Without this, torchrun's own restart fails here (the restarted ranks read their peers'
-    # addresses of the previous round from the shared rendezvous store; pytorch/pytorch#135712):
-    # the launcher sets it too (`LocalLauncher._environment`).
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    # Without TORCHRUN_ENV torchrun's own restart fails here (pytorch/pytorch#135712); both
+    # launchers set it too.
+    from plugins.launch.environment import TORCHRUN_ENV
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), **TORCHRUN_ENV}
     with (home / "torchrun.log").open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -330,22 +336,20 @@ def hang_detection(stack: Any, args: argparse.Namespace) -> float:
 
 
 def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """A gang node's link goes down once a checkpoint after `--kill-at` is committed; the times
-    are the ranks' heartbeats, which each node keeps in its own hostPath folder.
-
-    Partial: no fast path here. torchrun's in-place restart inside a pod does not work yet on
-    this cluster — the restarted rank exits 1 and the Volcano Job aborts (found with this
-    benchmark; the platform's recovery then restarts the attempt through the control plane)."""
+    """A rank killed inside its pod once rank 0 reached `--kill-at` (torchrun's fast path on
+    both pods), then a gang node's link down once a checkpoint after the restart is committed;
+    the times are the ranks' heartbeats, which each node keeps in its own hostPath folder."""
     from plugins.checkpoint.catalog import list_checkpoints
     from plugins.launch.environment import checkpoint_uri
+    from plugins.launch.manifests import pod_name
     from plugins.recovery.state import JobStateStore
     from tests.e2e.airflow_stack import running_stack
     from tests.support.kube.harness import NODES_WITH_SPARE, KubeHarness
 
     doc = spec(args)
     doc["spec"]["image"] = "registry.example.com/trainyard/demo:1"  # the nodes run this checkout's venv
-    # long enough for a checkpoint after --kill-at, the lost node and a few steps after it
-    doc["spec"]["training"]["maxSteps"] = max(args.steps, args.kill_at + 4 * args.interval)
+    # long enough for the restart, a checkpoint after it, the lost node and a few steps after it
+    doc["spec"]["training"]["maxSteps"] = max(args.steps, args.kill_at + 5 * args.interval)
     with KubeHarness(home / "kube", NODES_WITH_SPARE) as kube, \
             running_stack(home / "home", overrides=kube.airflow_overrides(home), agents=kube.node_agents) as stack:
         stack.add_jobs({JOB: doc}, timeout_s=180)
@@ -358,14 +362,25 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
                      if (b := beat(Path(node.heartbeat_dir, JOB, handle.run, str(attempt)), rank)) is not None]
             return max(found, key=lambda b: b.time, default=None)
 
-        wait_for(f"rank 0 at step {args.kill_at}",
-                 lambda: (b := beat_of(0, 0)) is not None and b.step >= args.kill_at and b)
-        last_step = args.kill_at
+        # 1. the fast path: rank 1's process dies, both pods' torchrun start a new round
+        before = wait_for(f"rank 0 at step {args.kill_at}",
+                          lambda: (b := beat_of(0, 0)) is not None and b.step >= args.kill_at and b)
+        killed_at = time.time()
+        kube.kill_rank(pod_name(handle.name, 1, len(handle.nodes)))
+        fast_last = max(b.step for rank in (0, 1) if (b := beat_of(0, rank)) is not None)
+        restarted = wait_for("a step after the in-place restart",
+                             lambda: (b := beat_of(0, 0)) is not None and b.pid != before.pid
+                             and b.phase == "train" and b.time > killed_at and b)
+        log = (kube.pod_dir(pod_name(handle.name, 0, len(handle.nodes))) / "trainer.log").read_text(errors="replace")
+        restored = RESTORED.findall(log)
+        if not restored:
+            raise RuntimeError(f"the restarted rank 0 logged no restore:\n{log[-3000:]}")
+        # 2. the lost node, once a checkpoint after the restart is committed
         from config.spec import TrainingJob
 
         root = checkpoint_uri(TrainingJob.model_validate(doc), stack.settings.object_store, handle.run)
-        wait_for(f"a checkpoint after step {last_step}",
-                 lambda: any(c.step > last_step for c in list_checkpoints(root)), poll_s=0.5)
+        wait_for(f"a checkpoint after step {restarted.step}",
+                 lambda: any(c.step > restarted.step for c in list_checkpoints(root)), poll_s=0.5)
         node = sorted(handle.nodes)[-1]
         lost_at = time.time()
         kube.lose_node(node)
@@ -379,10 +394,13 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         report = state.attempts(JOB, handle.run)[0].failure_report
         if report is None or report.resume_step is None:
             raise RuntimeError(f"attempt 0 of run {handle.run} recorded no resume step: {report}")
+        if report.restarts_in_place < 1:
+            raise RuntimeError(f"attempt 0 of run {handle.run} counted no in-place restart: {report}")
         # the report of a lost node has no step (no rank exited to say it): the ranks' heartbeats do
         reached = max(b.step for rank in (0, 1) if (b := beat_of(0, rank)) is not None)
-        return {"nodes": len(NODES_WITH_SPARE), "node_lost_mttr_s": after.time - lost_at,
-                "node_steps_lost": reached - report.resume_step,
+        return {"nodes": len(NODES_WITH_SPARE), "fast_mttr_s": restarted.time - killed_at,
+                "fast_restore_s": float(restored[-1][1]), "fast_steps_lost": fast_last - int(restored[-1][0]),
+                "node_lost_mttr_s": after.time - lost_at, "node_steps_lost": reached - report.resume_step,
                 "replaced": [node, sorted(set(handle1.nodes) - set(handle.nodes))]}
 
 

@@ -92,6 +92,9 @@ class Heartbeat(DataFigures):
     alive_at: float | None = Field(default=None, ge=0, le=MAX_TIME, allow_inf_nan=False)
     """Unix time of the file's last write (`write_heartbeat` stamps it): the writer's sign of
     life, refreshed between steps by the worker's writer thread. None from an older writer."""
+    restart: int = Field(default=0, ge=0, le=1_000_000)
+    """torchrun's in-place restarts of the gang before this incarnation, agreed by its ranks
+    (`TrainingSession.restart`); 0 from a writer that does not say."""
     pid_ns: str = Field(default="", max_length=64)
     """The writer's PID namespace (`pid:[4026531836]`; `write_heartbeat` stamps it): `pid` means
     something to a reader only in the same one. Empty: unknown."""

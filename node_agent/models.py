@@ -101,6 +101,8 @@ class RankHeartbeat(_Model, DataFigures):
     step: int
     time: float
     """Unix time of the heartbeat."""
+    restart: int = 0
+    """The gang's in-place restarts before this incarnation (`Heartbeat.restart`)."""
     age_s: float
     loss: float | None = None
     tokens_per_s: float | None = None

@@ -107,6 +107,7 @@ def rank_status(beat: Heartbeat, now: float, path: str = "", *, process_alive: b
     nan = beat.nan or (beat.loss is not None and not math.isfinite(beat.loss))
     return RankHeartbeat(job=beat.job, run=beat.run, attempt=beat.attempt, rank=beat.rank, local_rank=beat.local_rank,
                          pid=beat.pid, phase=beat.phase, step=beat.step, time=beat.time, age_s=age,
+                         restart=beat.restart,
                          loss=beat.loss, tokens_per_s=beat.tokens_per_s, nan=nan,
                          hang_timeout_s=beat.hang_timeout_s, stale=stale, alive_at=beat.alive_at,
                          frozen=None if gone or beat.phase in FINISHED_PHASES else beat.frozen(now), gone=gone,

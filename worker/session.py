@@ -188,6 +188,11 @@ class TrainingSession:
     def __init__(self, config: SessionConfig) -> None:
         self.config = config
         self.rank, self.world_size, self.local_rank, self.device = init_distributed()
+        self.restart = self._gang_restart(config.restart)
+        """torchrun's in-place restarts of the gang before this incarnation: the most any rank's
+        agent counted. Across nodes torchrun restarts a healthy node's workers for its peer's
+        new rendezvous round without counting a restart there, so one node's ranks can see 0
+        while the failed node's see 1; the gang decides (and reports) as one."""
         self.plan = config.plan
         config.plan.check_world_size(self.world_size)
         self.node = os.environ.get("TRAINYARD_NODE") or socket.gethostname()
@@ -276,9 +281,10 @@ class TrainingSession:
         start from another checkpoint) holds for its first incarnation. After an in-place torchrun
         restart it would throw away everything this attempt committed since: the restarted
         workers take the run's newest valid checkpoint instead — unless the run has none yet
-        (a crash before the first save of an attempt that started from elsewhere)."""
+        (a crash before the first save of an attempt that started from elsewhere). The gang's
+        count decides (`restart`), so all ranks restore the same step."""
         named = self.config.resume_from
-        if not named or self.config.restart == 0:
+        if not named or self.restart == 0:
             return named
         from plugins.checkpoint.catalog import list_checkpoints
 
@@ -429,6 +435,12 @@ class TrainingSession:
         # Only a flag: the step in progress finishes, then all ranks agree to stop (step_end).
         self._sigterm = True
 
+    def _gang_restart(self, own: int) -> int:
+        t = torch.tensor([own], dtype=torch.int64)
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
     def _agree(self, *flags: bool) -> tuple[bool, ...]:
         """Logical OR of each flag over all ranks (one all-reduce of a few ints, on the CPU)."""
         t = torch.tensor([int(f) for f in flags], dtype=torch.int32)
@@ -484,7 +496,7 @@ class TrainingSession:
             job=self.config.job, run=self.config.run, attempt=self.config.attempt, rank=self.rank,
             local_rank=self.local_rank, node=self.node, pid=os.getpid(), step=step,
             time=time.time(), loss=loss if finite else None, tokens_per_s=self._tokens_per_s,
-            nan=not finite, hang_timeout_s=self.config.hang_timeout_s, phase=phase,
+            nan=not finite, hang_timeout_s=self.config.hang_timeout_s, phase=phase, restart=self.restart,
             **{k: v for k, v in self._data.items() if k in Heartbeat.model_fields}))
         if phase != "train":
             self._heartbeats.flush()

@@ -55,6 +55,13 @@ def build_worker_env(
     )
 
 
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""What torchrun's agents need on every launcher. Its in-place restart (the fast path) breaks
+when the workers share the c10d rendezvous store: a restarted rank reads its peer's address
+from the previous round and gloo/NCCL init fails ("Connection refused"; pytorch/pytorch#135712,
+seen here with torch 2.13). A store of their own per round costs one TCP listener."""
+
+
 def job_environment(job: TrainingJob, plan: Plan, worker_env: WorkerEnv, *, gpu: bool) -> dict[str, str]:
     """What every process of the job gets on top of the base environment: the spec's
     `training.env`, the advisor's NCCL variables on GPU clusters, and the `WorkerEnv` —

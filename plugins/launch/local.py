@@ -45,7 +45,12 @@ from node_agent.heartbeat import Heartbeat, heartbeat_path
 from plugins.files import write_atomic
 from plugins.launch import processes
 from plugins.launch.base import LaunchError
-from plugins.launch.environment import job_environment, learning_rate_args, run_dir_for
+from plugins.launch.environment import (
+    TORCHRUN_ENV,
+    job_environment,
+    learning_rate_args,
+    run_dir_for,
+)
 from plugins.launch.exit_codes import describe
 from plugins.launch.files import (
     STOPPED_FILE,
@@ -201,11 +206,7 @@ class LocalLauncher:
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.setdefault("PYTHONUNBUFFERED", "1")
-        # torchrun's in-place restart (the fast path) breaks when the workers share the c10d
-        # rendezvous store: a restarted rank reads its peer's address from the previous round
-        # and gloo/NCCL init fails ("Connection refused"; pytorch/pytorch#135712, seen here with
-        # torch 2.13). A store of their own per round costs one TCP listener.
-        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        env = TORCHRUN_ENV | env
         env.update(job_environment(job, plan, worker_env, gpu=gpu))
         return env
 

@@ -5,10 +5,14 @@ Pure functions from validated models to plain dicts (what the `kubernetes` clien
 custom-objects API sends, and what `trainyard render k8s` prints as YAML).
 
 The Volcano Job has one task per placed node (`worker-<i>`, one pod each, a whole node's
-devices), with torchrun's node rank `i` baked into its command and a static rendezvous on pod 0
-(`<name>-worker-0-0.<name>`, a DNS name from Volcano's `svc` plugin; `<name>` is the job's
-name and a short digest of the run, `volcano_job_name`, so two runs of a job never share a
-Volcano Job, its pods or its service). That is what makes the
+devices; `<i>` zero-padded to the widest node rank). torchrun's c10d rendezvous is hosted by
+pod 0's agent (`<name>-worker-0-0.<name>`, a DNS name from Volcano's `svc` plugin; `<name>` is
+the job's name and a short digest of the run, `volcano_job_name`, so two runs of a job never
+share a Volcano Job, its pods or its service). c10d, not the static rendezvous: torchrun's
+in-place restart needs every agent to restart its workers together in a new round; with a
+static one a restarted rank joins its peers' dead round (their old store and gloo addresses)
+and fails. Each agent's `--local-addr` is its pod's DNS name, and c10d ranks the agents by that
+name, which the padding makes sort in node-rank order. That is what makes the
 placement real: rank r runs on the node of task `r // k`, so each TP group stays inside a node.
 Where the cluster labels its nodes by rack (`topology.kubernetes.io/rack`, what the inventory
 is built from), each task *requires* its rack and *prefers* the node the placer chose, and the
@@ -38,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from plugins.launch.environment import job_environment, learning_rate_args
+from plugins.launch.environment import TORCHRUN_ENV, job_environment, learning_rate_args
 from plugins.placement.fairshare import BASE_PRIORITY
 from plugins.placement.inventory import RACK_LABEL, UNKNOWN_RACK
 
@@ -152,10 +156,25 @@ def volcano_job_name(job_name: str, run: str = "") -> str:
     return f"{job_name[:MAX_JOB_NAME - len(digest) - 1].rstrip('-')}-{digest}"
 
 
-def master_host(name: str) -> str:
-    """Pod 0's DNS name: `<pod hostname>.<headless service>` from Volcano's `svc` plugin
-    (`name`: the Volcano Job's, `volcano_job_name`)."""
-    return f"{name}-worker-0-0.{name}"
+def task_name(node_rank: int, nodes: int) -> str:
+    """The Volcano task of node rank `node_rank` in a gang of `nodes`: zero-padded so the pods'
+    DNS names sort in node-rank order (torchrun's c10d rendezvous ranks the agents by them)."""
+    return f"worker-{node_rank:0{len(str(max(nodes - 1, 0)))}d}"
+
+
+def pod_name(name: str, node_rank: int, nodes: int) -> str:
+    """The pod of node rank `node_rank` (`name`: the Volcano Job's, `volcano_job_name`)."""
+    return f"{name}-{task_name(node_rank, nodes)}-0"
+
+
+def pod_host(name: str, node_rank: int, nodes: int) -> str:
+    """A pod's DNS name: `<pod hostname>.<headless service>` from Volcano's `svc` plugin."""
+    return f"{pod_name(name, node_rank, nodes)}.{name}"
+
+
+def master_host(name: str, nodes: int) -> str:
+    """Pod 0's DNS name, where the rendezvous store lives."""
+    return pod_host(name, 0, nodes)
 
 
 def render_volcano_job(
@@ -232,7 +251,7 @@ def _task(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Worker
     gpu = placement.gpu_type != "cpu"
     pod_labels = labels | {"trainyard.io/node-rank": str(node.node_rank), "trainyard.io/rack": _label_value(node.rack)}
     return {
-        "name": f"worker-{node.node_rank}",
+        "name": task_name(node.node_rank, len(placement.nodes)),
         "replicas": 1,
         "template": {
             "metadata": {"labels": pod_labels,
@@ -245,16 +264,19 @@ def _task(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Worker
 def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, node: Any,
              options: KubernetesOptions, *, gpu: bool) -> dict[str, Any]:
     """The pod of node rank `node.node_rank`: torchrun for `node.slots` local ranks."""
-    env = job_environment(job, plan, worker_env, gpu=gpu)
+    env = TORCHRUN_ENV | job_environment(job, plan, worker_env, gpu=gpu)
     if gpu:
         env = DEFAULT_NCCL_ENV | env
     env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(env.items())]
     env_list.append({"name": "TRAINYARD_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    name, nodes = volcano_job_name(job.metadata.name, worker_env.run), len(placement.nodes)
     command = [
         "python", "-m", "torch.distributed.run",
-        "--nnodes", str(len(placement.nodes)), "--node-rank", str(node.node_rank),
+        "--nnodes", str(nodes), "--node-rank", str(node.node_rank),
         "--nproc-per-node", str(node.slots),
-        "--rdzv-backend", "static", "--rdzv-endpoint", f"{master_host(volcano_job_name(job.metadata.name, worker_env.run))}:{options.master_port}",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_host(name, nodes)}:{options.master_port}",
+        "--rdzv-conf", f"is_host={str(node.node_rank == 0).lower()}",
+        "--local-addr", pod_host(name, node.node_rank, nodes),
         "--rdzv-id", "-".join([job.metadata.name, *([worker_env.run] if worker_env.run else []),
                                 str(worker_env.attempt)]),
         "--max-restarts", str(options.torchrun_max_restarts),

@@ -81,6 +81,7 @@ from plugins.launch.manifests import (
     VOLCANO_PLURAL,
     VOLCANO_VERSION,
     KubernetesOptions,
+    pod_name,
     render_queues,
     render_volcano_job,
 )
@@ -472,7 +473,7 @@ class KubernetesLauncher:
         indices = [rank // handle.ranks_per_node] if rank is not None else range(len(handle.nodes))
         parts = []
         for i in indices:
-            pod = f"{handle.name}-worker-{i}-0"
+            pod = pod_name(handle.name, i, len(handle.nodes))
             try:
                 # raw, decoded here: the client's own str handling gives "b'…'" (kubernetes 36)
                 raw = self._call(core.read_namespaced_pod_log, pod, handle.namespace,

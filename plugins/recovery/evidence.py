@@ -157,9 +157,11 @@ class Evidence(_Record):
     def restarts_in_place(self) -> int:
         """torchrun's restarts inside this attempt that ran the script again (the fast path): the
         highest restart count any rank reached, leaving out incarnations that only replayed a
-        control-plane exit (`RankRecord.replayed`)."""
+        control-plane exit (`RankRecord.replayed`). On Kubernetes a stopped Job takes its pods'
+        exit records with it; the ranks' heartbeats, served by the node agents, still say."""
         replayed = {e.restart for e in self.exits if e.replayed}
-        counts = [r.restart for r in self.status.ranks] + [e.restart for e in self.exits]
+        beats = [b.restart for n in self.nodes if n.health is not None for b in n.health.ranks]
+        counts = [r.restart for r in self.status.ranks] + [e.restart for e in self.exits] + beats
         return max((c for c in counts if c not in replayed), default=0)
 
     def hung_ranks(self) -> list[int]:

@@ -98,6 +98,27 @@ def test_a_rank_exiting_42_and_a_sigkilled_pod_are_failed_ranks_with_their_codes
         assert launcher.stop(handle, grace_s=0).state == "stopped"
 
 
+def test_a_rank_killed_inside_its_pod_is_restarted_in_place_by_both_nodes_torchrun(kube: KubeHarness) -> None:
+    """torchrun's fast path across pods: the c10d rendezvous starts a new round on both nodes,
+    so the restarted rank and its peer on the other node meet again and the Job never fails."""
+    from plugins.launch.volcano import KubernetesLauncher
+
+    launcher = KubernetesLauncher.from_kubeconfig(str(kube.kubeconfig),
+                                                  options=kube.launcher_options(torchrun_max_restarts=1))
+    handle = submit(kube, launcher, "tiny-restart", ["--steps", "30", "--sleep", "0.1"])
+    wait(kube, launcher, handle, lambda s: "step 3 " in launcher.logs(handle, rank=1), "the job to train")
+    kube.kill_rank(f"{handle.name}-worker-1-0")
+    done = wait(kube, launcher, handle, lambda s: s.finished, "the restarted job to finish")
+    assert done.state == "succeeded", launcher.logs(handle)
+    # rank 1's torchrun counted the restart; rank 0's restarted its worker for the new round
+    # (counted only when its worker's collective failed first: a race, either is right)
+    assert [(r.rank, r.exit_code) for r in done.ranks] == [(0, 0), (1, 0)] and done.ranks[1].restart == 1
+    for rank in (0, 1):  # the whole gang started again, together, and trained to the end
+        starts = launcher.logs(handle, rank=rank).split(f"=== rank {rank} restart ")
+        assert len(starts) == 3 and "step 30 sum=3" in starts[2], launcher.logs(handle, rank=rank)
+    launcher.stop(handle, grace_s=0)
+
+
 def test_stop_gives_the_workers_their_sigterm_grace_then_the_job_is_gone(
         kube: KubeHarness, launcher: KubernetesLauncher) -> None:
     import json

@@ -5,6 +5,7 @@
                                                       options=kube.launcher_options())
         ...
         kube.kill_pod("job-abc123-worker-1-0")             # SIGKILL the container (oom=True: OOMKilled)
+        kube.kill_rank("job-abc123-worker-1-0")            # SIGKILL one rank: torchrun restarts it in place
         kube.lose_node("kube-sim-1")                       # its link down, its node agent gone
 
 Parts (each module's docstring says what it emulates and what not):
@@ -272,6 +273,22 @@ class KubeHarness:
             raise AssertionError(f"container {container} of {pod} (pid {pid}) is not running; pod status "
                                  f"{status}\n{log}") from None
 
+    def kill_rank(self, pod: str, local_rank: int = 0, sig: int = signal.SIGKILL, *,
+                  namespace: str | None = None) -> int:
+        """Signal one rank's process inside a pod (the container's torchrun and the rank's exit
+        recorder live on, as when a rank crashes); returns its pid on this machine."""
+        init = int((self.pod_dir(pod, namespace) / "trainer.pid").read_text())
+        for pid in _descendants(init):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"LOCAL_RANK={local_rank}".encode() in environ and b"plugins.launch.rank_exec" not in cmdline:
+                os.kill(pid, sig)
+                return pid
+        raise AssertionError(f"no process of local rank {local_rank} runs in pod {pod} (container pid {init})")
+
     def _log_path(self, pod: dict[str, Any], container: str) -> Path | None:
         meta, node = pod["metadata"], pod["spec"].get("nodeName")
         if not node:
@@ -383,6 +400,16 @@ class KubeHarness:
                     part()
                 except Exception as e:  # noqa: BLE001 - keep the control plane up, report through diagnostics
                     self.controller_errors.append(f"{getattr(part, '__qualname__', part)}: {type(e).__name__}: {e}")
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under `pid`, parents before children (from /proc's `children` lists)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                out += [int(child), *_descendants(int(child))]
+    return out
 
 
 def _child_env() -> dict[str, str]:

@@ -80,9 +80,17 @@ def test_gang_queue_priority_and_node_pinning(rendered: tuple[dict[str, Any], An
         assert args["--nnodes"] == "32" and args["--node-rank"] == str(i) and args["--nproc-per-node"] == "8"
         name = body["metadata"]["name"]
         assert name == volcano_job_name("gpt-200b", body["metadata"]["labels"]["trainyard.io/run"])
-        assert args["--rdzv-endpoint"] == f"{name}-worker-0-0.{name}:29500"
+        # c10d on pod 0 (torchrun's in-place restart needs it: every agent joins a new round)
+        assert args["--rdzv-backend"] == "c10d" and args["--rdzv-endpoint"] == f"{name}-worker-00-0.{name}:29500"
+        assert args["--rdzv-conf"] == f"is_host={'true' if i == 0 else 'false'}"
+        assert task["name"] == f"worker-{i:02d}" and args["--local-addr"] == f"{name}-worker-{i:02d}-0.{name}"
         assert command[-5:] == ["pretrain.py", "--config", "200b.yaml", "--lr", "0.0003"]
         assert task["template"]["metadata"]["labels"]["trainyard.io/rack"] == placement.nodes[i].rack
+    # c10d ranks the agents by their addresses: sorted, they are in node-rank order
+    addrs = [dict(zip(t["template"]["spec"]["containers"][0]["command"][3:-5:2],
+                      t["template"]["spec"]["containers"][0]["command"][4:-5:2], strict=False))["--local-addr"]
+             for t in spec["tasks"]]
+    assert sorted(addrs) == addrs
 
 
 def test_resources_shm_security_and_environment(rendered: tuple[dict[str, Any], Any]) -> None:

@@ -199,6 +199,27 @@ def test_in_place_restarts_are_counted(tmp_path: Path) -> None:
     assert any("restarted the workers in place 2 time(s) (of 2)" in line for line in report.evidence)
 
 
+def test_in_place_restarts_are_counted_from_the_node_agents_heartbeats_when_no_exit_says(
+        tmp_path: Path) -> None:
+    """A stopped Kubernetes Job takes its pods' exit records with it: the healthy node's agent
+    still serves its ranks' heartbeats, which carry the gang's restart count."""
+    from node_agent.models import RankHeartbeat
+
+    gone = NodeObservation(node="local-1", missed_heartbeats=3, error="connection refused")
+    alive = health("local-0")
+    beat = RankHeartbeat(job="tiny", run="r-0001", attempt=0, rank=0, pid=7, phase="train", step=33,
+                         time=time.time(), age_s=1.0, hang_timeout_s=60.0, stale=False, restart=1)
+    alive = alive.model_copy(update={"health": alive.health.model_copy(update={"ranks": [beat]})})
+    ev, _ = evidence(tmp_path / "a", [Rank(0), Rank(-9)], nodes=[gone, alive])
+    report = classify(ev)
+    assert (report.outcome, report.restarts_in_place) == ("node_lost", 1)
+    # another attempt's heartbeat on that node says nothing about this one
+    other = beat.model_copy(update={"attempt": 3})
+    alive = alive.model_copy(update={"health": alive.health.model_copy(update={"ranks": [other]})})
+    ev, _ = evidence(tmp_path / "b", [Rank(0), Rank(-9)], nodes=[gone, alive])
+    assert classify(ev).restarts_in_place == 0
+
+
 def test_a_replayed_control_plane_exit_is_not_an_in_place_restart(tmp_path: Path) -> None:
     ev, _ = evidence(tmp_path, [Rank(42, restart=1, earlier_exits=[42], replayed=True)] * 2, max_restarts=1,
                      diverged={"step": 7, "onset_step": 7})

@@ -165,6 +165,13 @@ def test_an_in_place_restart_restores_the_runs_newest_checkpoint_not_the_named_o
     named = f"{config.checkpoint_uri}/step-00000002/MANIFEST.json"
     assert session_for(resume_from=named).restore() == 3  # the attempt's first incarnation
     assert session_for(resume_from=named, restart=1).restore() == 5  # torchrun restarted it
+    # a node whose torchrun restarted its workers for the peer's new round counts no restart;
+    # its ranks follow the gang's count (`restart`, the all-reduced maximum), not their own
+    healthy_node = session_for(resume_from=named, restart=0)
+    healthy_node.restart = 1  # what the peer's rank brought to the all-reduce
+    assert healthy_node.restore() == 5
+    healthy_node._heartbeats.flush()
+    assert beat(config).restart == 1  # the control plane counts it from the heartbeats
 
 
 def test_an_in_place_restart_keeps_the_named_checkpoint_while_the_run_has_none(
