@@ -211,8 +211,11 @@ def test_in_place_restarts_are_counted_from_the_node_agents_heartbeats_when_no_e
                          time=time.time(), age_s=1.0, hang_timeout_s=60.0, stale=False, restart=1)
     alive = alive.model_copy(update={"health": alive.health.model_copy(update={"ranks": [beat]})})
     ev, _ = evidence(tmp_path / "a", [Rank(0), Rank(-9)], nodes=[gone, alive])
+    gone_job = ev.status.model_copy(update={"ranks": [], "step": None})  # what polling a deleted Job gives
+    ev = ev.model_copy(update={"status": gone_job, "exits": []})
     report = classify(ev)
     assert (report.outcome, report.restarts_in_place) == ("node_lost", 1)
+    assert report.step == 33  # the lost node says nothing; its peer's heartbeat does
     # another attempt's heartbeat on that node says nothing about this one
     other = beat.model_copy(update={"attempt": 3})
     alive = alive.model_copy(update={"health": alive.health.model_copy(update={"ranks": [other]})})
