@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from operators.common import opened_of, pull, runtime, to_xcom
+from operators.common import opened_of, pull, pull_optional, runtime, to_xcom
 from operators.placement import PLACE, planned_of
+from operators.validate import CHECKED, VALIDATE_DATA
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -29,11 +30,13 @@ class LaunchTrainingOperator(BaseOperator):
     ui_color = "#d5f5e3"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.attempt.steps import Placed, launch
+        from plugins.attempt.steps import DataChecked, Placed, launch
         from plugins.placement.model import Placement
 
         opened = opened_of(context)
-        launched = launch(opened, planned_of(context), Placed(placement=pull(context, PLACE, Placement)), runtime())
+        checked = pull_optional(context, VALIDATE_DATA, DataChecked, key=CHECKED)
+        launched = launch(opened, planned_of(context), Placed(placement=pull(context, PLACE, Placement)), runtime(),
+                          checked=checked)
         if launched is None:
             raise AirflowSkipException("dry run: validated, planned and placed; nothing launched")
         h = launched.handle

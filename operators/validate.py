@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from operators.common import log_problems, opened_of, push_opened, runtime
+from operators.common import log_problems, opened_of, push_opened, runtime, to_xcom
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -43,6 +43,11 @@ class ValidateSpecOperator(BaseOperator):
         return {"job": opened.job.name, "run": opened.conf.run, "attempt": opened.conf.attempt}
 
 
+VALIDATE_DATA = "validate_data"
+CHECKED = "data_checked"
+"""The XCom key of `check_data`'s result (with the data-quality report) for `launch_training`."""
+
+
 class ValidateDataOperator(BaseOperator):
     """Data quality of the job's dataset (Great Expectations) when the spec asks for it."""
 
@@ -54,6 +59,7 @@ class ValidateDataOperator(BaseOperator):
         opened = opened_of(context)
         checked = check_data(opened, runtime())
         log_problems(self.log, checked.warnings)
+        context["ti"].xcom_push(key=CHECKED, value=to_xcom(checked))
         if not checked.checked:
             self.log.info("spec.dataset.quality is off: nothing to check")
         return {"checked": checked.checked, "run": opened.conf.run, "warnings": len(checked.warnings)}

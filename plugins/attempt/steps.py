@@ -56,6 +56,7 @@ from plugins.launch.model import RunHandle, RunStatus
 from plugins.placement.model import Placement
 from plugins.placement.state import RESERVATION_LEASE_S
 from plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
+from plugins.validation.data_quality import DataQualityReport
 
 if TYPE_CHECKING:
     from config.settings import Settings
@@ -85,6 +86,8 @@ class Opened(_Out):
 class DataChecked(_Out):
     checked: bool
     warnings: list[Problem] = Field(default_factory=list)
+    report: DataQualityReport | None = None
+    """What Great Expectations found; the launch logs it to the MLflow run it opens."""
 
 
 class Planned(_Out):
@@ -202,16 +205,16 @@ def check_data(opened: Opened, runtime: Runtime) -> DataChecked:
     """Great Expectations on the job's dataset when `spec.dataset.quality` is on."""
     if not opened.job.spec.dataset.quality.enabled:
         return DataChecked(checked=False)
-    from plugins.validation.data_quality import data_quality_problems
+    from plugins.validation.data_quality import run_data_quality
 
-    problems = data_quality_problems(opened.job, runtime.settings)
+    report, problems = run_data_quality(opened.job, runtime.settings)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         lines = "\n".join(f"  {p.code.value} {p.render()}" for p in errors)
         with _failing(opened, runtime, "its dataset fails its quality checks"):
             raise InvalidJob(f"the dataset of {opened.job.name} fails its quality checks: {len(errors)} "
                              f"error(s)\n{lines}")
-    return DataChecked(checked=True, warnings=problems)
+    return DataChecked(checked=True, warnings=problems, report=report)
 
 
 # --- plan, place -------------------------------------------------------------------------------
@@ -291,10 +294,13 @@ def place(opened: Opened, planned: Planned, runtime: Runtime) -> Placed:
 
 
 def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *,
-           max_restarts: int | None = None) -> Launched | None:
+           max_restarts: int | None = None, checked: DataChecked | None = None) -> Launched | None:
     """Start the attempt's gang detached; a second call for the same attempt re-attaches. None
     for a dry run (it ends the run: validated, planned and placed, nothing launched).
-    `max_restarts` overrides the spec's in-place restarts (`trainyard launch --max-restarts`)."""
+    `max_restarts` overrides the spec's in-place restarts (`trainyard launch --max-restarts`).
+    `checked`: `check_data`'s result, whose report the first attempt logs to MLflow; without
+    a report (a launch that skipped `check_data`, checks turned off) tracking makes its own,
+    for the record only."""
     from config.cluster import load_cluster
     from plugins.attempt.faults import fail_gpu
     from plugins.launch.environment import build_worker_env
@@ -312,7 +318,8 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
         # data-quality report) on the first
         mlflow_run_id = open_tracked_run(
             job, planned.plan, settings, attempt=conf.attempt, run_id=conf.mlflow_run_id or None, run=conf.run,
-            check_quality=conf.attempt == 0, cluster=cluster, plan_source=planned.source)
+            check_quality=conf.attempt == 0, quality=checked.report if checked else None,
+            cluster=cluster, plan_source=planned.source)
         worker_env = build_worker_env(job, planned.plan, settings, run=conf.run, attempt=conf.attempt,
                                       resume_from=resume_from, mlflow_run_id=mlflow_run_id)
         if conf.attempt == 0 and conf.faults.worker_faults():

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from config.spec import TrainingJob
     from plugins.advisor.plan import Plan
     from plugins.tracking.artifacts import TimelineEntry
+    from plugins.validation.data_quality import DataQualityReport
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 def open_tracked_run(
     job: TrainingJob, plan: Plan, settings: Settings, *, attempt: int, run_id: str | None = None,
     run: str = "", cluster: Cluster | None = None, plan_source: str = "", check_quality: bool = True,
+    quality: DataQualityReport | None = None,
 ) -> str:
     """Create (attempt 0) or resume the job's run, record its dataset and, on the attempt that
     creates it, its start artifacts; returns the run id. A dataset that cannot be described or
@@ -44,8 +46,7 @@ def open_tracked_run(
         log.warning("dataset %s not recorded on the run: %s", job.spec.dataset.source, e)
     rid = start_or_resume_run(job, plan, tracking_uri=uri, run_id=run_id, attempt=attempt, dataset=dataset,
                               trigger_id=run or None)
-    quality = None
-    if check_quality and store is not None:
+    if check_quality and quality is None and store is not None:
         from plugins.validation.data_quality import check_data_quality
 
         try:

@@ -185,6 +185,13 @@ def report_problems(report: DataQualityReport) -> list[Problem]:
 
 def data_quality_problems(job: TrainingJob, settings: Settings) -> list[Problem]:
     """The dry run's entry point: check the spec's dataset, return its problems."""
+    return run_data_quality(job, settings)[1]
+
+
+def run_data_quality(job: TrainingJob, settings: Settings) -> tuple[DataQualityReport | None, list[Problem]]:
+    """Check the spec's dataset: the report (None when the checks could not run) and its
+    problems. The DAG's `validate_data` hands the report on, so the launch logs it to MLflow
+    without importing Great Expectations a second time."""
     from plugins.data.datasets import open_dataset_store
 
     try:
@@ -192,12 +199,12 @@ def data_quality_problems(job: TrainingJob, settings: Settings) -> list[Problem]
         report = check_data_quality(job, store=store)
     except Exception as e:
         log.debug("data quality check could not run", exc_info=True)
-        return [Problem(code=Code.DATA_QUALITY, path="spec.dataset.source", severity="warning",
-                        message=f"data quality checks could not run: {type(e).__name__}: {str(e)[:200]}",
-                        hint="check that the dataset's shards are readable")]
+        return None, [Problem(code=Code.DATA_QUALITY, path="spec.dataset.source", severity="warning",
+                              message=f"data quality checks could not run: {type(e).__name__}: {str(e)[:200]}",
+                              hint="check that the dataset's shards are readable")]
     if report.success:
         log.info("%s", report.summary())
-    return report_problems(report)
+    return report, report_problems(report)
 
 
 # -- the checks -----------------------------------------------------------------------------------

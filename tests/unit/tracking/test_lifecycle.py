@@ -37,3 +37,25 @@ def test_a_missing_dataset_is_said_and_the_run_still_opens(tmp_path: Path) -> No
     rid = open_tracked_run(make_job("no-data", team="lc", project="open"), make_plan(), settings, attempt=0)
     tags = runs.client_for(settings.mlflow_tracking_uri).get_run(rid).data.tags
     assert "trainyard.dataset.uri" not in tags and tags["trainyard.status"] == "running"
+
+
+def test_a_report_validate_data_made_is_logged_without_checking_again(tmp_path: Path, monkeypatch) -> None:
+    """The DAG's `validate_data` ran Great Expectations already: its report is the one logged."""
+    from plugins.validation import data_quality
+    from plugins.validation.data_quality import DataQualityReport
+
+    settings = Settings(home=tmp_path / "home")
+    prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")), shards=2)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the data-quality checks ran a second time")
+
+    monkeypatch.setattr(data_quality, "check_data_quality", refuse)
+    given = DataQualityReport(dataset_uri="file:///given", success=False, rows_checked=7, checked_at="then")
+    rid = open_tracked_run(make_job("handed-on", team="lc", project="open"), make_plan(), settings, attempt=0,
+                           quality=given)
+    client = runs.client_for(settings.mlflow_tracking_uri)
+    assert client.get_run(rid).data.tags["trainyard.data_quality"] == "failed"
+    logged = DataQualityReport.model_validate_json(
+        (Path(client.download_artifacts(rid, "data_quality/report.json", str(tmp_path)))).read_text())
+    assert logged == given
