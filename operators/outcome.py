@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from operators.common import note_dag_run, opened_of, pull, pull_optional, runtime, to_xcom
 from operators.launch import LAUNCH
 from operators.placement import PLAN
+from operators.validate import CHECKED, VALIDATE_DATA
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -39,14 +40,15 @@ class ClassifyOutcomeOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from plugins.advisor.plan import Plan
-        from plugins.attempt.steps import conclude
+        from plugins.attempt.steps import DataChecked, conclude
         from plugins.launch.model import RunHandle, RunStatus
 
         opened = opened_of(context)
         result = conclude(opened, pull_optional(context, LAUNCH, RunHandle), runtime(),
                           status=pull_optional(context, "watch_training", RunStatus),
                           plan_used=pull_optional(context, PLAN, Plan), by=context["dag_run"].run_id,
-                          mlflow_run_id=context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id") or "")
+                          mlflow_run_id=context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id") or "",
+                          checked=pull_optional(context, VALIDATE_DATA, DataChecked, key=CHECKED))
         if result is None:
             raise AirflowSkipException("nothing was launched (a dry run, or a step before launch failed)")
         report, action, conf = result.report, result.action, opened.conf

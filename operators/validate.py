@@ -62,4 +62,8 @@ class ValidateDataOperator(BaseOperator):
         context["ti"].xcom_push(key=CHECKED, value=to_xcom(checked))
         if not checked.checked:
             self.log.info("spec.dataset.quality is off: nothing to check")
-        return {"checked": checked.checked, "run": opened.conf.run, "warnings": len(checked.warnings)}
+        elif checked.unchanged:
+            self.log.info("the dataset and its quality settings are unchanged since this run passed its checks "
+                          "(fingerprint %s): not checked again", checked.fingerprint[:12])
+        return {"checked": checked.checked, "unchanged": checked.unchanged, "run": opened.conf.run,
+                "warnings": len(checked.warnings)}

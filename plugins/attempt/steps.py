@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -58,6 +59,8 @@ from plugins.placement.state import RESERVATION_LEASE_S
 from plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
 from plugins.validation.data_quality import DataQualityReport
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from config.settings import Settings
 
@@ -88,6 +91,11 @@ class DataChecked(_Out):
     warnings: list[Problem] = Field(default_factory=list)
     report: DataQualityReport | None = None
     """What Great Expectations found; the launch logs it to the MLflow run it opens."""
+    fingerprint: str = ""
+    """`data_fingerprint` of what passed ('' when it could not be taken): the next attempt's
+    conf carries it (`AttemptConf.data_checked`)."""
+    unchanged: bool = False
+    """Not checked again: an earlier attempt of this run passed the same data and settings."""
 
 
 class Planned(_Out):
@@ -202,11 +210,20 @@ def _begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_k
 
 
 def check_data(opened: Opened, runtime: Runtime) -> DataChecked:
-    """Great Expectations on the job's dataset when `spec.dataset.quality` is on."""
+    """Great Expectations on the job's dataset when `spec.dataset.quality` is on — once per run
+    while the data stays the same: a recovery attempt whose dataset still has the fingerprint
+    an earlier attempt passed skips the checks (and their seconds of imports)."""
     if not opened.job.spec.dataset.quality.enabled:
         return DataChecked(checked=False)
-    from plugins.validation.data_quality import run_data_quality
+    from plugins.validation.data_quality import data_fingerprint, run_data_quality
 
+    try:
+        fingerprint = data_fingerprint(opened.job, runtime.settings)
+    except Exception as e:  # noqa: BLE001 - the checks below say what is wrong with the data
+        log.info("no fingerprint of the dataset (%s): checking it", e)
+        fingerprint = ""
+    if fingerprint and fingerprint == opened.conf.data_checked:
+        return DataChecked(checked=True, fingerprint=fingerprint, unchanged=True)
     report, problems = run_data_quality(opened.job, runtime.settings)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
@@ -214,7 +231,8 @@ def check_data(opened: Opened, runtime: Runtime) -> DataChecked:
         with _failing(opened, runtime, "its dataset fails its quality checks"):
             raise InvalidJob(f"the dataset of {opened.job.name} fails its quality checks: {len(errors)} "
                              f"error(s)\n{lines}")
-    return DataChecked(checked=True, warnings=problems, report=report)
+    passed = report is not None and report.success
+    return DataChecked(checked=True, warnings=problems, report=report, fingerprint=fingerprint if passed else "")
 
 
 # --- plan, place -------------------------------------------------------------------------------
@@ -380,10 +398,12 @@ def watch_state(opened: Opened, handle: RunHandle, *, timeout_s: float | None = 
 
 
 def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, status: RunStatus | None,
-             plan_used: Plan | None, mlflow_run_id: str, by: str, apply: bool = True) -> Concluded | None:
+             plan_used: Plan | None, mlflow_run_id: str, by: str, apply: bool = True,
+             checked: DataChecked | None = None) -> Concluded | None:
     """After the watchers: the evidence, classify, decide, the bookkeeping (quarantine, cordon,
-    job state), the record in MLflow, the next attempt's conf. Without a handle: the attempt's
-    `launch_failed` as recorded, or None when nothing was started at all (a dry run)."""
+    job state), the record in MLflow, the next attempt's conf (with `checked`'s data
+    fingerprint). Without a handle: the attempt's `launch_failed` as recorded, or None when
+    nothing was started at all (a dry run)."""
     from plugins.attempt.bookkeeping import after_attempt
     from plugins.attempt.closing import record_in_mlflow
     from plugins.attempt.faults import corrupt_newest_checkpoint
@@ -412,9 +432,11 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     ctx = DecisionContext(checkpoint_uri=root, endpoint_url=settings.s3_endpoint_url, plan=plan_used,
                           cluster=load_cluster(opened.cluster))
     result = after_attempt(evidence, job, conf, ctx, state=state if apply else None, by=by, apply=apply)
-    if result.next_conf is not None and mlflow_run_id:  # every attempt continues the same MLflow run
-        result = dataclasses.replace(result, next_conf=result.next_conf.model_copy(
-            update={"mlflow_run_id": mlflow_run_id}))
+    if result.next_conf is not None:  # every attempt continues the same MLflow run; passed data stays passed
+        update = {"mlflow_run_id": mlflow_run_id} if mlflow_run_id else {}
+        if checked is not None and checked.fingerprint:
+            update["data_checked"] = checked.fingerprint
+        result = dataclasses.replace(result, next_conf=result.next_conf.model_copy(update=update))
     if mlflow_run_id and apply:
         record_in_mlflow(result, mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri)
     return Concluded(report=result.report, action=result.action, next_conf=result.next_conf)

@@ -183,6 +183,20 @@ def report_problems(report: DataQualityReport) -> list[Problem]:
     return problems
 
 
+def data_fingerprint(job: TrainingJob, settings: Settings) -> str:
+    """What a passed check vouches for: the dataset's shard listing (keys, sizes and the
+    store's checksums — no shard is read, unlike `describe_dataset`'s content digest of a small
+    dataset) and the spec's quality settings. Raises what listing the dataset raises."""
+    import hashlib
+
+    from plugins.data.datasets import describe_dataset, open_dataset_store
+
+    store = open_dataset_store(job.spec.dataset.source, settings)
+    listing = describe_dataset(store, job.spec.dataset, hash_contents=False).digest
+    quality = job.spec.dataset.quality.model_dump_json()
+    return hashlib.sha256(f"{listing}\n{job.spec.dataset.format}\n{quality}".encode()).hexdigest()
+
+
 def data_quality_problems(job: TrainingJob, settings: Settings) -> list[Problem]:
     """The dry run's entry point: check the spec's dataset, return its problems."""
     return run_data_quality(job, settings)[1]

@@ -71,6 +71,37 @@ def test_conclude_reads_the_run_folder_and_records_the_decision(world: SimpleNam
     assert (attempt.outcome, attempt.action) == ("worker_crash", "restart")
 
 
+def test_a_recovery_attempt_skips_the_data_checks_its_run_passed_until_the_data_changes(
+        world: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plugins.attempt.steps import check_data
+    from plugins.storage.store import open_store
+    from plugins.validation import data_quality
+    from worker.demo_data import DEMO_PREFIX
+
+    opened = open_attempt(world.spec, AttemptConf(run=RUN), trigger_key="t/1", runtime=world.runtime)
+    first = check_data(opened, world.runtime)
+    assert first.report is not None and first.report.success and first.fingerprint and not first.unchanged
+    handle = fabricate(tmp_path / "runs", [Rank(exit_code=0, step=9), Rank(exit_code=-9, step=9)], job="steps-job")
+    concluded = conclude(opened, handle, world.runtime, status=None, plan_used=plan(opened, world.runtime).plan,
+                         mlflow_run_id="", by="test", checked=first)
+    assert concluded is not None and concluded.next_conf is not None
+    assert concluded.next_conf.data_checked == first.fingerprint  # the hand-over carries it
+    recovery = open_attempt(world.spec, concluded.next_conf, trigger_key="t/2", runtime=world.runtime)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Great Expectations ran again on unchanged data")
+
+    with monkeypatch.context() as m:
+        m.setattr(data_quality, "run_data_quality", refuse)
+        again = check_data(recovery, world.runtime)
+    assert again.checked and again.unchanged and again.report is None and again.fingerprint == first.fingerprint
+    # a shard more (the same rows again, so the checks' duplicate rate fails): checked, and refused
+    store = open_store(world.settings.object_store).child(DEMO_PREFIX.rstrip("/"))
+    store.put_bytes("shard-99999.jsonl", store.get_bytes("shard-00000.jsonl"))
+    with pytest.raises(InvalidJob, match="fails its quality checks"):
+        check_data(recovery, world.runtime)
+
+
 def test_a_launch_that_fails_for_good_ends_the_run_failed_with_the_message(world: SimpleNamespace) -> None:
     opened = open_attempt(world.spec, AttemptConf(run=RUN, start_from="models:/nobody"),
                           trigger_key="t/1", runtime=world.runtime)
