@@ -83,7 +83,7 @@ def main() -> int:
     p.add_argument("--skip-control-plane", action="store_true", help="only the fast path and bare torchrun")
     p.add_argument("--hang-timeout-s", type=int, default=10, help="the hang run's faultTolerance.hangTimeout")
     p.add_argument("--cluster", choices=("local", "kube-sim"), default="local",
-                   help="kube-sim: a lost node on the simulated Kubernetes (needs root)")
+                   help="kube-sim: a rank killed inside its pod, then a lost node, on the simulated Kubernetes (needs root)")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out: dict[str, Any] = {"checkpoint_interval_steps": args.interval, "kill_at_step": args.kill_at}

@@ -188,7 +188,7 @@ class TrainingSession:
     def __init__(self, config: SessionConfig) -> None:
         self.config = config
         self.rank, self.world_size, self.local_rank, self.device = init_distributed()
-        self.restart = self._gang_restart(config.restart)
+        (self.restart,) = self._max_over_ranks(config.restart)
         """torchrun's in-place restarts of the gang before this incarnation: the most any rank's
         agent counted. Across nodes torchrun restarts a healthy node's workers for its peer's
         new rendezvous round without counting a restart there, so one node's ranks can see 0
@@ -435,18 +435,16 @@ class TrainingSession:
         # Only a flag: the step in progress finishes, then all ranks agree to stop (step_end).
         self._sigterm = True
 
-    def _gang_restart(self, own: int) -> int:
-        t = torch.tensor([own], dtype=torch.int64)
+    def _max_over_ranks(self, *values: int) -> tuple[int, ...]:
+        """Each value's maximum over all ranks (one all-reduce of a few ints, on the CPU)."""
+        t = torch.tensor(values, dtype=torch.int64)
         if self.world_size > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+        return tuple(int(v) for v in t.tolist())
 
     def _agree(self, *flags: bool) -> tuple[bool, ...]:
-        """Logical OR of each flag over all ranks (one all-reduce of a few ints, on the CPU)."""
-        t = torch.tensor([int(f) for f in flags], dtype=torch.int32)
-        if self.world_size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return tuple(bool(v) for v in t.tolist())
+        """Logical OR of each flag over all ranks."""
+        return tuple(bool(v) for v in self._max_over_ranks(*(int(f) for f in flags)))
 
     def _preempted(self, step: int) -> None:
         if self.rank == 0:

@@ -232,9 +232,7 @@ def _min_step(ev: Evidence) -> int | None:
     """The last step every rank reached: the launcher's, else (a stopped Kubernetes Job took its
     pods' records) the heartbeats the node agents still serve — the lost node's ranks are not
     among them, but a synchronous gang's ranks are never a step apart."""
-    steps = [r.step for r in ev.status.ranks if r.step is not None]
-    if not steps:
-        steps = [b.step for n in ev.nodes if n.health is not None for b in n.health.ranks]
+    steps = [r.step for r in ev.status.ranks if r.step is not None] or [b.step for b in ev.served_beats]
     return min(steps) if steps else None
 
 

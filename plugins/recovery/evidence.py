@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from node_agent.heartbeat import FROZEN_AFTER, read_heartbeats
-from node_agent.models import NodeHealth
+from node_agent.models import NodeHealth, RankHeartbeat
 from plugins.launch.files import (
     CHECKPOINT_CORRUPT_FILE,
     DIVERGED_FILE,
@@ -160,9 +160,16 @@ class Evidence(_Record):
         control-plane exit (`RankRecord.replayed`). On Kubernetes a stopped Job takes its pods'
         exit records with it; the ranks' heartbeats, served by the node agents, still say."""
         replayed = {e.restart for e in self.exits if e.replayed}
-        beats = [b.restart for n in self.nodes if n.health is not None for b in n.health.ranks]
-        counts = [r.restart for r in self.status.ranks] + [e.restart for e in self.exits] + beats
+        counts = ([r.restart for r in self.status.ranks] + [e.restart for e in self.exits]
+                  + [b.restart for b in self.served_beats])
         return max((c for c in counts if c not in replayed), default=0)
+
+    @property
+    def served_beats(self) -> list[RankHeartbeat]:
+        """This attempt's rank heartbeats as the gang's node agents serve them (`nodes`, already
+        narrowed to the attempt): what is left to read once a stopped Kubernetes Job took its
+        pods' records."""
+        return [b for n in self.nodes if n.health is not None for b in n.health.ranks]
 
     def hung_ranks(self) -> list[int]:
         """The ranks a hang blames. A hang stop names them (`stop-reason.json`, judged when the

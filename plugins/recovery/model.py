@@ -250,11 +250,11 @@ class AttemptConf(_Model):
     faults: FaultParams = Field(default_factory=FaultParams)
     history: list[AttemptRecord] = Field(default_factory=list, max_length=MAX_ATTEMPTS)
     restarts_used: int = Field(default=0, ge=0, le=MAX_ATTEMPTS)
+    """Restarts counted against `faultTolerance.maxRestarts` so far (in-place ones included)."""
     data_checked: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
     """The fingerprint (`plugins.validation.data_quality.data_fingerprint`) of the dataset and
     quality settings an earlier attempt of this run passed; a later attempt whose dataset still
     has it does not run Great Expectations again (its recovery is that much faster)."""
-    """Restarts counted against `faultTolerance.maxRestarts` so far (in-place ones included)."""
 
     @field_validator("run")
     @classmethod

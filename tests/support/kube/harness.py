@@ -277,17 +277,16 @@ class KubeHarness:
                   namespace: str | None = None) -> int:
         """Signal one rank's process inside a pod (the container's torchrun and the rank's exit
         recorder live on, as when a rank crashes); returns its pid on this machine."""
+        from plugins.launch.processes import marked_processes
+
         init = int((self.pod_dir(pod, namespace) / "trainer.pid").read_text())
-        for pid in _descendants(init):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if f"LOCAL_RANK={local_rank}".encode() in environ and b"plugins.launch.rank_exec" not in cmdline:
-                os.kill(pid, sig)
-                return pid
-        raise AssertionError(f"no process of local rank {local_rank} runs in pod {pod} (container pid {init})")
+        marked = set(marked_processes("LOCAL_RANK", str(local_rank)))
+        # the rank's exit recorder, then the rank itself (parents come before their children)
+        chain = [pid for pid in _descendants(init) if pid in marked]
+        if not chain:
+            raise AssertionError(f"no process of local rank {local_rank} runs in pod {pod} (container pid {init})")
+        os.kill(chain[-1], sig)
+        return chain[-1]
 
     def _log_path(self, pod: dict[str, Any], container: str) -> Path | None:
         meta, node = pod["metadata"], pod["spec"].get("nodeName")
