@@ -1,6 +1,7 @@
 """Checkpoint benchmark: our async writer against DCP at its best, torch.save and the machine.
 
-    .venv/bin/python benchmarks/checkpoint.py [--size-mb 400] [--nproc 2] [--rounds 5] [--dir D]
+    .venv/bin/python benchmarks/checkpoint.py [--size-mb 400] [--nproc 2] [--rounds 5]
+                                              [--settle-s 3] [--dir D]
 
 Starts `torchrun --nproc-per-node N` on itself. Every rank holds an FSDP2-sharded stack of
 Linear layers plus its AdamW state (`--size-mb` of fp32 state in total, params + 2 moments),
@@ -12,7 +13,8 @@ rounds 2..N, the steady state of a training run; `samples` lists every round:
 - `blocking_s`: how long `CheckpointManager.save()` holds training (`blocking_first_s`: round
   1, which allocates the staging buffers);
 - `commit_s`: save() call → `MANIFEST.json` written (staging, DCP write with SHA-256 computed
-  on the way, fsync into a `file://` store); `save_MBps` = state bytes / `commit_s`;
+  on the way — with O_DIRECT where the file system allows —, fsync into a `file://` store);
+  `save_MBps` = state bytes / `commit_s`;
 - `restore_s`: latest-valid restore into the live model and optimizer with every needed file
   verified, from a cold page cache (the store's files are dropped with POSIX_FADV_DONTNEED);
   `restore_MBps` = state bytes / `restore_s`;
@@ -26,8 +28,16 @@ rounds 2..N, the steady state of a training run; `samples` lists every round:
   (the least a blocking copy can cost); `disk_write_MBps` / `disk_read_MBps`, raw `os.write`
   + `fsync` of the state's bytes, then a cold `os.read` of them — the better of rank 0 alone
   with one file (`disk_*_1stream_MBps`) and every rank with its share at once
-  (`disk_*_<N>streams_MBps`), writeback started every 32 MB as ours does; `sha256_MBps`,
+  (`disk_*_<N>streams_MBps`), writeback started every 32 MB as ours does, and for writing
+  also the same two ways with O_DIRECT, as ours writes (`disk_write_direct_MBps`); `sha256_MBps`,
   every rank hashing its state from memory at once (what hashing alone allows these cores);
+- both cold reads — the restore and the disk's read rate — start `--settle-s` (3) seconds
+  after the files were written and dropped from the page cache: a restore follows a failure
+  by seconds at least (torchrun's restart alone took 5 s in `benchmarks/recovery.py`), and on
+  the development VM a read right after the write is served by the host's cache, at rates
+  that swing with how the file was written (a file written with O_DIRECT read back 0.5 s
+  later at 350-1,080 MB/s, buffered at 900-1,120; 4 s later at 730-970 and 550-770).
+  `--settle-s 0` measures the immediate read;
 - `peak_rss_MB`: the largest resident set of any rank after the first round of ours
   (model + optimizer + staging buffers), before any competitor runs.
 
@@ -66,6 +76,9 @@ def main() -> int:
                         help="rounds of every measurement; figures are medians over rounds")
     parser.add_argument("--dir", type=Path, default=None, help="scratch folder (default: a temp "
                         "folder beside the repo's .trainyard, on the same disk as the store)")
+    parser.add_argument("--settle-s", type=float, default=3.0,
+                        help="pause between writing and the cold read (restore and the disk's "
+                             "read rate alike); see the module docstring")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -81,7 +94,8 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.nproc}", __file__, "--worker", "--out", str(out),
-           "--size-mb", str(args.size_mb), "--rounds", str(args.rounds), "--dir", str(work)]
+           "--size-mb", str(args.size_mb), "--rounds", str(args.rounds), "--dir", str(work),
+           "--settle-s", str(args.settle_s)]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not out.exists():
@@ -122,18 +136,20 @@ def worker(args: argparse.Namespace) -> int:
     samples: dict[str, list[float]] = {}
     peak_rss = 0.0
     for round_ in range(1, args.rounds + 1):
-        for key, value in _round_of_ours(manager, model, optimizer, root, round_, rank).items():
+        for key, value in _round_of_ours(manager, model, optimizer, root, round_, rank,
+                                          args.settle_s).items():
             samples.setdefault(key, []).append(value)
         if round_ == 1:  # ours only: model + optimizer + staging buffers (+ the warm-up)
             peak_rss = _all_max(peak_rss_mb())
         for key, value in {**competitors.round(),
-                           **_round_of_disk(work, state_bytes, rank, world)}.items():
+                           **_round_of_disk(work, state_bytes, rank, world, args.settle_s)}.items():
             samples.setdefault(key, []).append(value)
     manager.close()
     competitors.close()
     if rank == 0:
         result = _summarise(samples, state_bytes, world, args.rounds, peak_rss)
         result["io_threads"] = manager.io_threads
+        result["settle_s"] = args.settle_s
         args.out.write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
@@ -161,6 +177,7 @@ def _summarise(samples: dict[str, list[float]], state_bytes: int, world: int, ro
         "peak_rss_MB": round(peak_rss, 1),
         "disk_write_MBps": round(med["disk_write_MBps"], 1),
         "disk_read_MBps": round(med["disk_read_MBps"], 1),
+        "disk_write_direct_MBps": round(med["disk_write_direct_MBps"], 1),
         **{k: round(v, 1) for k, v in med.items() if k.startswith("disk_") and "stream" in k},
         "save_MBps": round(mb / med["commit_s"], 1),
         "restore_MBps": round(mb / med["restore_s"], 1),
@@ -249,7 +266,7 @@ def _local_state_bytes(model: Any, optimizer: Any) -> int:
 
 
 def _round_of_ours(manager: Any, model: Any, optimizer: Any, root: Path, step: int,
-                   rank: int) -> dict[str, float]:
+                   rank: int, settle_s: float) -> dict[str, float]:
     """One save (blocking time, then commit time) and one cold, verified restore."""
     import torch.distributed as dist
 
@@ -267,6 +284,7 @@ def _round_of_ours(manager: Any, model: Any, optimizer: Any, root: Path, step: i
         for path in root.rglob("*"):  # cold page cache for the restore, like a fresh node
             if path.is_file():
                 _drop_cache(path)
+    time.sleep(settle_s)
     dist.barrier()
     t0 = time.perf_counter()
     manifest = manager.restore(model=model, optimizer=optimizer)
@@ -399,13 +417,14 @@ def _barrier() -> None:
     dist.barrier()
 
 
-def _round_of_disk(work: Path, size: int, rank: int, world: int) -> dict[str, float]:
+def _round_of_disk(work: Path, size: int, rank: int, world: int,
+                   settle_s: float) -> dict[str, float]:
     """The disk's rates for the state's bytes, two ways, each with writeback started every
     32 MB as ours does (else the disk idles until the fsync and the "ceiling" is one our
     writer beats): rank 0 alone writing one file, and every rank writing its share at once;
     `disk_*_MBps` is the better of the two, so a ratio to it never flatters ours."""
-    one = _disk_pass(work, size, rank == 0)
-    each = _disk_pass(work, -(-size // world), True)
+    one = _disk_pass(work, size, rank == 0, settle_s)
+    each = _disk_pass(work, -(-size // world), True, settle_s)
     rates = {}
     for name, index in (("write", 0), ("read", 1)):
         alone = one[index] if rank == 0 else 0.0
@@ -414,10 +433,52 @@ def _round_of_disk(work: Path, size: int, rank: int, world: int) -> dict[str, fl
         rates[f"disk_{name}_1stream_MBps"] = alone
         rates[f"disk_{name}_{world}streams_MBps"] = together
         rates[f"disk_{name}_MBps"] = max(alone, together)
+    # ours writes with O_DIRECT where it can (plugins/checkpoint/direct_write.py): the disk's
+    # rate that way counts too, alone and all ranks at once
+    direct_one = _direct_write_s(work, size, rank == 0)
+    direct_one = _all_max(size / 1e6 / direct_one if direct_one else 0.0)
+    direct_each = size / 1e6 / _all_max(_direct_write_s(work, -(-size // world), True))
+    rates["disk_write_direct_MBps"] = max(direct_one, direct_each)
+    rates["disk_write_MBps"] = max(rates["disk_write_MBps"], rates["disk_write_direct_MBps"])
     return rates
 
 
-def _disk_pass(work: Path, size: int, active: bool) -> tuple[float, float]:
+def _direct_write_s(work: Path, size: int, active: bool) -> float:
+    """Seconds to write + fsync `size` raw bytes with O_DIRECT from page-aligned 8 MB chunks,
+    two writes in flight (ours keeps up to two); 0 when idle or where O_DIRECT is refused."""
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES
+
+    _barrier()
+    elapsed = 0.0
+    if active:
+        path = work / f"raw-direct-{os.getpid()}.bin"
+        chunks = [mmap.mmap(-1, CHUNK_BYTES) for _ in range(2)]
+        for chunk in chunks:
+            chunk.write(os.urandom(CHUNK_BYTES))
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            with ThreadPoolExecutor(2) as pool:
+                t0 = time.perf_counter()
+                writes = [pool.submit(os.pwrite, fd, memoryview(chunks[i % 2])[
+                    : -(-min(CHUNK_BYTES, size - offset) // ALIGN) * ALIGN], offset)
+                    for i, offset in enumerate(range(0, size, CHUNK_BYTES))]
+                for write in writes:
+                    write.result()
+                os.fsync(fd)
+                elapsed = time.perf_counter() - t0
+            os.close(fd)
+            path.unlink()
+    _barrier()
+    return elapsed
+
+
+def _disk_pass(work: Path, size: int, active: bool, settle_s: float) -> tuple[float, float]:
     """(write + fsync seconds, cold read seconds) of `size` raw bytes; (0, 0) when idle."""
     from plugins.checkpoint.dcp_io import WRITEBACK_BYTES, start_writeback
 
@@ -438,6 +499,7 @@ def _disk_pass(work: Path, size: int, active: bool) -> tuple[float, float]:
         write_s = time.perf_counter() - t0
         os.close(fd)
         _drop_cache(path)
+    time.sleep(settle_s)
     _barrier()
     if active:
         fd = os.open(path, os.O_RDONLY)

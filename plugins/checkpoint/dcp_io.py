@@ -42,6 +42,8 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.utils import _create_file_view
 
+from plugins.checkpoint.direct_write import open_direct
+
 METADATA_NAME = ".metadata"
 
 # Single-process saves and loads (no process group) are deliberate here; DCP warns on each.
@@ -291,10 +293,12 @@ class _HashingStream(io.RawIOBase):
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system, remembering (size, SHA-256) of every file it writes."""
+    """DCP's local file system, remembering (size, SHA-256) of every file it writes; with
+    `direct`, files are written with O_DIRECT where the file system allows it (`direct_write`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, direct: bool = False) -> None:
         super().__init__()
+        self.direct = direct
         self.digests: dict[str, tuple[int, str]] = {}
         self._lock = threading.Lock()  # DCP may write several files from several threads
 
@@ -305,13 +309,22 @@ class _HashingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
+        direct = open_direct(path) if self.direct else None
+        if direct is not None:
+            with contextlib.closing(direct):  # DCP closes it itself when all went well
+                yield direct
+            self._remember(path, direct.size, direct.digest.hexdigest())
+            return
         with super().create_stream(path, mode) as raw, \
                 ThreadPoolExecutor(1, thread_name_prefix="sha256-aside") as hasher:
             tap = _HashingStream(raw, hasher)
             yield tap
             tap.flush()
-            with self._lock:
-                self.digests[os.fspath(path)] = (tap.size, tap.digest.hexdigest())
+            self._remember(path, tap.size, tap.digest.hexdigest())
+
+    def _remember(self, path: str | os.PathLike[str], size: int, sha256: str) -> None:
+        with self._lock:
+            self.digests[os.fspath(path)] = (size, sha256)
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         super().rename(path, new_path)
@@ -326,11 +339,13 @@ class _HashingFileSystem(FileSystem):
 
 
 class HashingFileSystemWriter(FileSystemWriter):
-    """`FileSystemWriter` that knows each written file's size and SHA-256 afterwards."""
+    """`FileSystemWriter` that knows each written file's size and SHA-256 afterwards;
+    `direct_io` writes them with O_DIRECT (for files that are stored where they are written)."""
 
-    def __init__(self, path: str | os.PathLike[str], **kwargs: Any) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, direct_io: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
-        self.fs = _HashingFileSystem()
+        self.fs = _HashingFileSystem(direct=direct_io)
         self.path = self.fs.init_path(path)
 
     def digest_of(self, path: Path) -> tuple[int, str] | None:

@@ -94,7 +94,7 @@ from plugins.checkpoint.uris import (
     require_job_prefix,
     split_manifest_uri,
 )
-from plugins.storage.store import ObjectStore, open_store
+from plugins.storage.store import LocalStore, ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -338,6 +338,13 @@ class CheckpointManager:
                 raise CheckpointSaveError(f"checkpoint step {result.step} failed: {result.error}")
         return result
 
+    @property
+    def _adopts_staged_files(self) -> bool:
+        """The store keeps the staged files themselves (a local store renames them into
+        place), so they are written with O_DIRECT (`direct_write`): nothing reads them again
+        soon. Files that are uploaded stay in the page cache the upload reads them from."""
+        return isinstance(self.store, LocalStore) and self.store.adopts_from(self.staging_dir)
+
     def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
         if self._stager is None:
             from plugins.checkpoint.staging import ReusingStager
@@ -363,7 +370,8 @@ class CheckpointManager:
             error = f"rank {self.rank}: preparing: {type(e).__name__}: {e}"
         t_write = time.perf_counter()
         writer = HashingFileSystemWriter(local, single_file_per_rank=True, sync_files=False,
-                                         thread_count=self.io_threads)
+                                         thread_count=self.io_threads,
+                                         direct_io=self._adopts_staged_files)
         try:
             dcp.save(staged, storage_writer=writer, process_group=self._ranks.group,
                      no_dist=not self._ranks.distributed)

@@ -84,6 +84,14 @@ class LocalStore(ObjectStore):
         self.root.mkdir(parents=True, exist_ok=True)
         return source.stat().st_dev == self.root.stat().st_dev
 
+    def adopts_from(self, folder: str | os.PathLike[str]) -> bool:
+        """`put_file(..., move=True)` of a file under `folder` renames it into the store
+        instead of copying it (the same file system); False where `folder` does not exist."""
+        try:
+            return self._same_file_system(Path(folder))
+        except OSError:
+            return False
+
     def _adopt(self, key: str, source: Path, sha256: str | None) -> ObjectInfo:
         """fsync and rename into place: the bytes are written once, by whoever produced the
         file, never copied. Hashed here (one read, usually from the page cache) unless the

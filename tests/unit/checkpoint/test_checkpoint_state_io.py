@@ -191,3 +191,30 @@ def test_safe_reader_names_a_file_cut_short(tmp_path: Path) -> None:
                  planner=SafeLoadPlanner(), no_dist=True)
     (failure,) = caught.value.failures.values()
     assert "__0_0.distcp: item w is not a readable tensor record" in str(failure)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_direct_io_writer_files_load_back_and_match_their_hash(tmp_path: Path) -> None:
+    import hashlib
+
+    import torch.distributed.checkpoint as dcp
+
+    from plugins.checkpoint.dcp_io import (
+        HashingFileSystemWriter,
+        SafeFileSystemReader,
+        SafeLoadPlanner,
+    )
+
+    saved = {"big": torch.randn(2_100_003), "small": torch.arange(5), "note": {"epoch": 2}}
+    writer = HashingFileSystemWriter(tmp_path, single_file_per_rank=True, sync_files=False,
+                                     direct_io=True)
+    dcp.save(saved, storage_writer=writer, no_dist=True)
+    for path in (tmp_path / "__0_0.distcp", tmp_path / ".metadata"):
+        data = path.read_bytes()
+        assert writer.digest_of(path) == (len(data), hashlib.sha256(data).hexdigest())
+    loaded = {"big": torch.zeros(2_100_003), "small": torch.zeros(5, dtype=torch.long),
+              "note": {"epoch": 0}}
+    dcp.load(loaded, storage_reader=SafeFileSystemReader(tmp_path), planner=SafeLoadPlanner(),
+             no_dist=True)
+    assert torch.equal(loaded["big"], saved["big"]) and torch.equal(loaded["small"], saved["small"])
+    assert loaded["note"] == {"epoch": 2}
