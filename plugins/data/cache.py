@@ -17,7 +17,12 @@ Integrity on every hit: the size and etag must match the run's manifest and the 
 the file the recorded one (a hash read runs at ~1.5 GB/s, far faster than the rows are parsed); a
 mismatch counts as `corrupt`, the entry is dropped and fetched again. The hit hands back an
 open file, verified through that same descriptor, so an eviction by another rank (an unlink)
-cannot pull it away mid-read.
+cannot pull it away mid-read. A process hashes a given file once: the file it wrote itself,
+or one it has verified, is known by its identity (device, inode, size, mtime) and recorded
+hash, and a later hit on that same file — the next epoch — is not hashed again (on the warm
+pass of `benchmarks/data_pipeline.py` the hash was a fifth of the time). A file replaced or
+rewritten has another identity and is hashed again; what this gives up is noticing the disk
+changing a file's bytes under an unchanged identity between two epochs of one process.
 
 A reader of a streamed format (JSONL, text) does not keep the shard itself: `stream` reads it
 by ranged GETs for the parser (`plugins.data.fetch`), and only its token ids are stored.
@@ -68,6 +73,22 @@ TOKENS = "-tokens-"
 META_SUFFIX = ".json"
 LOCK_SUFFIX = ".lock"
 ROOT_LOCK = ".cache.lock"
+
+
+_known_files: set[tuple[int, int, int, int, str]] = set()
+"""(device, inode, size, mtime_ns, chunks_sha256) of the cache files this process wrote or
+verified (module docstring); cleared when it grows past `_KNOWN_LIMIT`."""
+_KNOWN_LIMIT = 100_000
+
+
+def _identity(st: os.stat_result, sha: object) -> tuple[int, int, int, int, str]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, str(sha))
+
+
+def _remember(st: os.stat_result, sha: object) -> None:
+    if len(_known_files) >= _KNOWN_LIMIT:
+        _known_files.clear()
+    _known_files.add(_identity(st, sha))
 
 
 class CacheTooSmallError(FatalError, ValueError):
@@ -210,11 +231,14 @@ class ShardCache:
             f = open(path, "rb")  # noqa: SIM115 - handed to the caller
         except (FileNotFoundError, ValueError):
             return None
+        st = os.fstat(f.fileno())
         ok = (isinstance(meta, dict) and all(meta.get(k) == v for k, v in expected.items())
-              and meta.get("size") == os.fstat(f.fileno()).st_size
+              and meta.get("size") == st.st_size
               and isinstance(meta.get("chunk_bytes"), int) and meta["chunk_bytes"] > 0)
-        if ok:
+        if ok and _identity(st, meta.get("chunks_sha256")) not in _known_files:
             ok = chunks_sha256(f, meta["chunk_bytes"]) == meta.get("chunks_sha256")
+            if ok:
+                _remember(st, meta["chunks_sha256"])
         if not ok:
             f.close()
             self._count(corrupt=1)
@@ -296,7 +320,9 @@ class ShardCache:
             tokens = np.memmap(tmp, dtype=dtype, mode="r") if written else np.empty(0, dtype)
             meta = {**self._tokens_expected(shard, variant, dtype), "uri": manifest.uri, "size": written,
                     "chunk_bytes": self.chunk_bytes, "chunks_sha256": hasher.hexdigest()}
+            written_as = os.stat(tmp)  # our own name: the identity it keeps after the rename
             self._commit(tmp, path, meta)
+            _remember(written_as, meta["chunks_sha256"])
             return tokens
         finally:
             with contextlib.suppress(FileNotFoundError):

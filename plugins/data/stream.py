@@ -244,8 +244,18 @@ class SampleStream:
         order, by one fancy index."""
         orders = block_permutations(count, self.seed, epoch, shard.key, first, blocks, self.order)
         orders += np.arange(0, blocks * count, count)[:, None]
-        windows = np.lib.stride_tricks.sliding_window_view(tokens, self.seq_len + 1)[::self.seq_len]
-        return windows[orders.ravel()]
+        return windows_of(tokens, self.seq_len)[orders.ravel()]
+
+
+def windows_of(tokens: np.ndarray, seq_len: int) -> np.ndarray:
+    """The (k, seq_len + 1) windows of `tokens` starting every `seq_len` tokens, as a read-only
+    view: `sliding_window_view(tokens, seq_len + 1)[::seq_len]` without its argument checks,
+    which cost a tenth of the warm cache's cutting time when called once per shard."""
+    span = seq_len + 1
+    count = (len(tokens) - span) // seq_len + 1 if len(tokens) >= span else 0
+    item = tokens.strides[0]
+    return np.lib.stride_tricks.as_strided(tokens, shape=(count, span), strides=(seq_len * item, item),
+                                           writeable=False)
 
 
 class Batch(NamedTuple):

@@ -241,3 +241,18 @@ def test_ranks_of_a_node_share_the_cache_and_fetch_each_shard_once(store: Object
     assert all(c == contents[0] for c in contents) and len(contents[0]) == 6
     assert sum(c.stats.bytes_fetched for c in caches) == total
     assert sum(c.stats.misses for c in caches) == 6 and sum(c.stats.hits for c in caches) == 18
+
+
+@pytest.mark.parametrize("length", [0, 63, 64, 65, 127, 128, 1000])
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "int32"])
+def test_windows_are_numpys_sliding_windows_every_seq_len(length: int, dtype: str) -> None:
+    import numpy as np
+
+    from plugins.data.stream import windows_of
+
+    for tokens in (np.arange(length, dtype=dtype), np.arange(2 * length, dtype=dtype)[::2]):
+        expected = np.lib.stride_tricks.sliding_window_view(tokens, SEQ + 1)[::SEQ] \
+            if length > SEQ else np.empty((0, SEQ + 1), dtype)
+        got = windows_of(tokens, SEQ)
+        assert got.shape == expected.shape and np.array_equal(got, expected)
+        assert not got.flags.writeable

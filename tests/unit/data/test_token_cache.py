@@ -105,6 +105,37 @@ def test_a_corrupted_token_file_is_dropped_and_parsed_again(store: ObjectStore, 
     assert again == first and cache.stats.corrupt == 1 and tokenizer.documents == 20  # one shard re-parsed
 
 
+def test_a_process_hashes_a_token_file_once_and_a_rewritten_one_again(
+        store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plugins.data import cache as cache_module
+
+    hashed: list[str] = []
+    real = cache_module.chunks_sha256
+    monkeypatch.setattr(cache_module, "chunks_sha256",
+                        lambda f, chunk: hashed.append(Path(f.name).name) or real(f, chunk))
+    writer = _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer())
+    first = _epochs(writer, 1)
+    _epochs(writer, 2)  # epochs 2 and 3 hit the files this process wrote
+    writer.close()
+    assert hashed == [] and len(_token_files(tmp_path / "c")) == 4
+
+    victim = _token_files(tmp_path / "c")[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))  # a new mtime: another file as far as the cache knows
+    cache = ShardCache(tmp_path / "c", 1 << 30)
+    reader = _reader(store, cache, ByteTokenizer())
+    assert _epochs(reader, 1) == first
+    reader.close()
+    assert hashed == [victim.name] and cache.stats.corrupt == 1
+
+    monkeypatch.setattr(cache_module, "_known_files", set())  # another process: hashes each once
+    again = _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer())
+    _epochs(again, 2)
+    again.close()
+    assert len(hashed) == 1 + 4
+
+
 def test_a_checkpoint_without_an_order_resumes_in_the_first_readers_order(store: ObjectStore, tmp_path: Path) -> None:
     old = _reader(store, ShardCache(tmp_path / "a", 1 << 30), ByteTokenizer())
     old.order = 1  # as a reader before version 2 did
