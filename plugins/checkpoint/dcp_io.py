@@ -11,7 +11,8 @@ uses `torch.load(weights_only=False)`). A checkpoint is data, so here:
 
 Both readers are used only after the files' SHA-256 matched the manifest. On the writing side,
 `HashingFileSystemWriter` computes each file's SHA-256 as DCP writes it — on a second thread, at
-the same time as the bytes go to the kernel — so the upload never reads the file again just to
+the same time as the bytes go to the kernel, or, with `direct_io`, while the disk takes the
+previous chunk with O_DIRECT (`direct_write`) — so the upload never reads the file again just to
 hash it. On the reading side, `SafeFileSystemReader` reads a tensor's bytes straight into the
 live tensor (`_read_into`) where DCP would unpickle it into a fresh storage and copy it over.
 This module imports torch at the top: import it only where torch is wanted (the manager, export).
