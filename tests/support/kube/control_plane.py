@@ -23,7 +23,7 @@ from tests.support.kube.volcano import GangScheduler, JobController, admit_job
 
 
 class ControlPlane:
-    def __init__(self, root: Path, *, namespace: str = "trainyard", node_grace_s: float = 3.0,
+    def __init__(self, root: Path, *, namespace: str = "trainyard", node_grace_s: float = 10.0,
                  eviction_s: float = 1.0, log_path: LogPath | None = None,
                  write_hosts: Any = None) -> None:
         self.root = Path(root)
