@@ -35,8 +35,8 @@ rounds 2..N, the steady state of a training run; `samples` lists every round:
   after the files were written and dropped from the page cache: a restore follows a failure
   by seconds at least (torchrun's restart alone took 5 s in `benchmarks/recovery.py`), and on
   the development VM a read right after the write ran at rates that swing with how the file
-  was written (the host's cache, it seems; not verified) (a file written with O_DIRECT read back 0.5 s
-  later at 350-1,080 MB/s, buffered at 900-1,120; 4 s later at 730-970 and 550-770).
+  was written — the host's cache, it seems (not verified): a file written with O_DIRECT read
+  back 0.5 s later at 350-1,080 MB/s, buffered at 900-1,120; 4 s later at 730-970 and 550-770.
   `--settle-s 0` measures the immediate read;
 - `peak_rss_MB`: the largest resident set of any rank after the first round of ours
   (model + optimizer + staging buffers), before any competitor runs.

@@ -5,8 +5,9 @@ the 2-core development machine that copy cost as much CPU as the SHA-256 of the 
 and with one core per rank the two could not overlap, so a hashed save reached half the
 disk's rate. With O_DIRECT the disk reads the bytes from our memory itself (DMA) and the
 write costs the CPU almost nothing; the CPU is left to copy each piece into a page-aligned
-chunk and hash it while the disk writes the previous one. Two processes saving 200 MB each:
-~1,650 MB/s together instead of ~950 (`benchmarks/checkpoint.py` measures it in place).
+chunk and hash it while the disk writes the previous one. Two processes each hashing and
+writing 200 MB on the development machine: ~1,650 MB/s together instead of ~950 buffered (a
+one-off test; `benchmarks/checkpoint.py` measures the whole save against the disk).
 
 O_DIRECT wants the buffer, the file offset and the length aligned to the device's block.
 The chunks are anonymous `mmap`s (page-aligned) written at multiples of their size; only the

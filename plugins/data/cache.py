@@ -81,11 +81,11 @@ verified (module docstring); cleared when it grows past `_KNOWN_LIMIT`."""
 _KNOWN_LIMIT = 100_000
 
 
-def _identity(st: os.stat_result, sha: object) -> tuple[int, int, int, int, str]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, str(sha))
+def _identity(st: os.stat_result, sha: str) -> tuple[int, int, int, int, str]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, sha)
 
 
-def _remember(st: os.stat_result, sha: object) -> None:
+def _remember(st: os.stat_result, sha: str) -> None:
     if len(_known_files) >= _KNOWN_LIMIT:
         _known_files.clear()
     _known_files.add(_identity(st, sha))
@@ -234,9 +234,10 @@ class ShardCache:
         st = os.fstat(f.fileno())
         ok = (isinstance(meta, dict) and all(meta.get(k) == v for k, v in expected.items())
               and meta.get("size") == st.st_size
-              and isinstance(meta.get("chunk_bytes"), int) and meta["chunk_bytes"] > 0)
-        if ok and _identity(st, meta.get("chunks_sha256")) not in _known_files:
-            ok = chunks_sha256(f, meta["chunk_bytes"]) == meta.get("chunks_sha256")
+              and isinstance(meta.get("chunk_bytes"), int) and meta["chunk_bytes"] > 0
+              and isinstance(meta.get("chunks_sha256"), str))
+        if ok and _identity(st, meta["chunks_sha256"]) not in _known_files:
+            ok = chunks_sha256(f, meta["chunk_bytes"]) == meta["chunks_sha256"]
             if ok:
                 _remember(st, meta["chunks_sha256"])
         if not ok:
@@ -318,11 +319,12 @@ class ShardCache:
             if spilled is not None:
                 return np.concatenate(spilled) if spilled else np.empty(0, dtype)
             tokens = np.memmap(tmp, dtype=dtype, mode="r") if written else np.empty(0, dtype)
+            sha = hasher.hexdigest()
             meta = {**self._tokens_expected(shard, variant, dtype), "uri": manifest.uri, "size": written,
-                    "chunk_bytes": self.chunk_bytes, "chunks_sha256": hasher.hexdigest()}
+                    "chunk_bytes": self.chunk_bytes, "chunks_sha256": sha}
             written_as = os.stat(tmp)  # our own name: the identity it keeps after the rename
             self._commit(tmp, path, meta)
-            _remember(written_as, meta["chunks_sha256"])
+            _remember(written_as, sha)
             return tokens
         finally:
             with contextlib.suppress(FileNotFoundError):
