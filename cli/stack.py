@@ -102,10 +102,13 @@ class Stack:
         return env
 
     def _command(self, component: str) -> list[str]:
+        # The parts that fork tasks start with the tasks' heavy imports done (`cli.airflow_preloaded`).
         if component == "celery-worker":
-            return [sys.executable, "-m", "airflow", "celery", "worker", "--concurrency", "8", "--skip-serve-logs"]
+            return [sys.executable, "-m", "cli.airflow_preloaded", "celery", "worker", "--concurrency", "8",
+                    "--skip-serve-logs"]
         if component in AIRFLOW:
-            args = [sys.executable, "-m", "airflow", component]
+            launcher = "cli.airflow_preloaded" if component == "scheduler" else "airflow"
+            args = [sys.executable, "-m", launcher, component]
             if component == "api-server":
                 return [*args, "--port", str(self.port), "--host", "127.0.0.1"]
             # No log servers: they listen on every interface (Airflow hard-codes it) and the API

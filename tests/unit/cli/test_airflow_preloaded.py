@@ -1,0 +1,44 @@
+"""The parts of the stack that fork tasks start with the tasks' heavy imports done
+(`cli.airflow_preloaded`), and then are Airflow's own command line, unchanged."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli import airflow_preloaded
+from cli.stack import Stack
+
+
+def test_preload_imports_each_module_and_reports_one_that_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.modules.pop("colorsys", None)
+    took = airflow_preloaded.preload(("colorsys", "trainyard_no_such_module"))
+    assert list(took) == ["colorsys"] and "colorsys" in sys.modules
+    assert "trainyard_no_such_module failed to import (ModuleNotFoundError" in capsys.readouterr().err
+
+
+def test_every_preloaded_module_exists() -> None:
+    """A misspelt name would cost nothing visible but the seconds it was meant to save."""
+    assert [name for name in airflow_preloaded.PRELOAD if importlib.util.find_spec(name) is None] == []
+
+
+def test_only_the_parts_that_fork_tasks_start_preloaded(tmp_path: Path) -> None:
+    stack = Stack(home=tmp_path / "home", overrides={"AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"})
+    launchers = {part: stack._command(part)[2] for part in stack.components}
+    assert launchers == {"api-server": "airflow", "scheduler": "cli.airflow_preloaded",
+                         "dag-processor": "airflow", "triggerer": "airflow", "celery-worker": "cli.airflow_preloaded"}
+    assert stack._command("scheduler")[3:] == ["scheduler", "--skip-serve-logs"]
+
+
+def test_after_the_preload_the_command_line_is_airflows(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    monkeypatch.setattr(airflow_preloaded, "PRELOAD", ("colorsys",))
+    monkeypatch.setattr(sys, "argv", ["cli.airflow_preloaded", "version"])
+    airflow_preloaded.main()
+    out = capsys.readouterr()
+    assert version("apache-airflow") in out.out and "trainyard preload:" in out.err
