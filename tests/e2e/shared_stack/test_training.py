@@ -1,7 +1,9 @@
 """The product as users meet it: a job's DAG in a real Airflow (scheduler, dag-processor,
 triggerer, api-server), triggered through the REST API, training the tiny 2-rank CPU job.
 
-The folder's shared stack (`conftest.py`); each test is a training run of its own.
+The folder's shared stack (`conftest.py`); each test triggers training runs of its own, and
+the resumed run is compared with an uninterrupted one of the first test (one fixture trains
+them; a third run of the same spec would only repeat it).
 What is checked is what the run left behind — the platform state, the object store, MLflow —
 not what was printed.
 """
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.airflow_api import AttemptRun
 from tests.e2e.airflow_stack import DAG_ID, RunningStack
 
 pytestmark = pytest.mark.slow
@@ -26,6 +29,17 @@ STEPS = 60
 @pytest.fixture(scope="module")
 def stack(shared: RunningStack) -> RunningStack:
     return shared  # the demo job's DAG is in every stack's jobs folder
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(stack: RunningStack) -> list[list[AttemptRun]]:
+    """Two triggers of the same spec at once, nothing injected: the first test's subject, and
+    the weights an uninterrupted run ends with, which the resumed run of the next must match."""
+    from cli.airflow_api import follow_training_run
+
+    first = stack.client.trigger(DAG_ID, {"max_steps": STEPS})["dag_run_id"]
+    second = stack.client.trigger(DAG_ID, {"max_steps": STEPS})["dag_run_id"]
+    return [follow_training_run(stack.client, DAG_ID, r, timeout_s=600) for r in (first, second)]
 
 
 def _mlflow_run(s: RunningStack, run: str):
@@ -70,18 +84,14 @@ def _same(a: dict[str, object], b: dict[str, object]) -> bool:
     return same
 
 
-def test_two_triggers_are_two_independent_runs_that_complete_and_register(stack: RunningStack,
-                                                                         tmp_path: Path) -> None:
+def test_two_triggers_are_two_independent_runs_that_complete_and_register(
+        stack: RunningStack, uninterrupted: list[list[AttemptRun]], tmp_path: Path) -> None:
     from plugins.checkpoint.catalog import list_checkpoints
     from plugins.launch.environment import checkpoint_uri
     from plugins.placement.state import usage_by_team
     from plugins.recovery.state import JobStateStore
 
-    first = stack.client.trigger(DAG_ID, {"max_steps": STEPS})["dag_run_id"]
-    second = stack.client.trigger(DAG_ID, {"max_steps": STEPS})["dag_run_id"]
-    from cli.airflow_api import follow_training_run
-
-    runs = [follow_training_run(stack.client, DAG_ID, r, timeout_s=600) for r in (first, second)]
+    runs = uninterrupted
     for attempts in runs:
         assert [(a.state, a.outcome, a.action) for a in attempts] == [("success", "completed", "register")], \
             f"{attempts}\n{stack.logs()}"
@@ -108,7 +118,7 @@ def test_two_triggers_are_two_independent_runs_that_complete_and_register(stack:
 
 
 def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same_mlflow_run(
-        stack: RunningStack, tmp_path: Path) -> None:
+        stack: RunningStack, uninterrupted: list[list[AttemptRun]], tmp_path: Path) -> None:
     """The fast path (DESIGN §5): torchrun's own restart, counted against the budget."""
     from plugins.recovery.state import JobStateStore
 
@@ -137,9 +147,10 @@ def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same
     assert log.count("=== rank 0 restart ") == 2 and "restored checkpoint step 50" in log, log[-3000:]
 
     # An uninterrupted run of the same spec (the first test's) registered the same weights.
-    uninterrupted = stack.train({"max_steps": STEPS})
+    straight = uninterrupted[0]
+    assert [(a.outcome, a.action) for a in straight] == [("completed", "register")], f"{straight}\n{stack.logs()}"
     assert _same(_final_weights(stack, run, tmp_path / "resumed.safetensors"),
-                 _final_weights(stack, uninterrupted[0].run, tmp_path / "straight.safetensors"))
+                 _final_weights(stack, straight[0].run, tmp_path / "straight.safetensors"))
 
 
 def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alone(stack: RunningStack) -> None:
@@ -151,7 +162,7 @@ def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alo
     from plugins.launch import processes
     from plugins.launch.model import RunHandle
 
-    first = stack.client.trigger(DAG_ID, {"max_steps": 400})["dag_run_id"]  # long enough to outlive the restart
+    first = stack.client.trigger(DAG_ID, {"max_steps": 200})["dag_run_id"]  # outlives the restart (~0.3 s a step)
     stack.wait_for_task(DAG_ID, first, "watch_training", "deferred")
     handle = RunHandle.model_validate(stack.client.xcom(DAG_ID, first, "launch_training"))
     stack.until("the ranks to step",  # training, not still starting
