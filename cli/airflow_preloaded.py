@@ -6,22 +6,22 @@ a worker (`supervise` forks; Celery's prefork pool does the same from `celery wo
 the parent imported before that is already in every task's `sys.modules`; a module it did not is
 imported again by every task. On this project's DAGs the imports were most of a task's time:
 `great_expectations` ~7.5 s (`validate_data`), `mlflow` ~4 s (`launch_training`,
-`classify_outcome`, `register_model`, …), torch with DCP ~5 s (`register_model`'s export) —
-measured on a quiet 2-core machine with `python -c "import time; t = time.time(); import M; …"`.
-Paid once here, they cost the scheduler ~20 s of start-up and ~450 MB, which its forked workers
-share copy-on-write.
+`classify_outcome`, `register_model`, …), torch ~3.3 s and DCP ~4 s more (`register_model`'s
+export) — measured on a 2-core machine with `python -c "import time; t = time.time(); import M; …"`.
+Paid once here, they cost the scheduler ~20 s of start-up and ~600 MB resident (`ru_maxrss`
+after these imports), which its forked workers share copy-on-write.
 
-Fork safety: nothing here runs a computation or opens a connection; the libraries start no
-Python thread on import, and the native ones they do start (OpenBLAS' pools, jemalloc's
-background thread) re-initialise after a fork through their own `pthread_atfork` handlers — the
-same fork after `import torch` that every DataLoader worker relies on. Only the processes that
-fork tasks use this module; the API server, the DAG processor and the triggerer start bare.
+Fork safety: nothing here runs a computation or opens a connection, and the imports start no
+Python thread (`threading.enumerate()` after them: the main thread only). They do start native
+threads (3 more OS threads: BLAS pools and pyarrow's jemalloc background thread); a fork copies
+only the forking thread, and forking after `import torch`/numpy is what every DataLoader worker
+does. Only the processes that fork tasks use this module; the API server, the DAG processor and
+the triggerer start bare.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 import time
 
@@ -37,9 +37,6 @@ PRELOAD = (
     "plugins.validation.data_quality",
 )
 """The heavy imports of the job DAG's tasks, in the order their dependencies suggest."""
-
-log = logging.getLogger(__name__)
-
 
 def preload(modules: tuple[str, ...] | None = None) -> dict[str, float]:
     """Import `modules` (default `PRELOAD`); returns module → seconds. A module that fails to import is reported
