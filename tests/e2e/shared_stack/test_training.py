@@ -91,11 +91,10 @@ def test_two_triggers_are_two_independent_runs_that_complete_and_register(
     from plugins.placement.state import usage_by_team
     from plugins.recovery.state import JobStateStore
 
-    runs = uninterrupted
-    for attempts in runs:
+    for attempts in uninterrupted:
         assert [(a.state, a.outcome, a.action) for a in attempts] == [("success", "completed", "register")], \
             f"{attempts}\n{stack.logs()}"
-    ids = [attempts[0].run for attempts in runs]
+    ids = [attempts[0].run for attempts in uninterrupted]
     assert len(set(ids)) == 2  # two training runs, not one re-attached to the other
 
     state = JobStateStore(stack.settings.state_db)
