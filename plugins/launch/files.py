@@ -60,12 +60,16 @@ class RankRecord(_File):
     pid: int
     """The wrapper's pid."""
     pgid: int
-    """The rank's process group (the wrapper and the training process)."""
+    """The wrapper's process group (torchrun signals it); it holds the training process too,
+    unless that was `forked` by the node's zygote."""
     started_at: float
     child_pid: int | None = None
     """The training process's pid."""
     child_start_ticks: int | None = None
     """Its start time in clock ticks (`/proc/<pid>/stat` field 22): tells pid reuse apart."""
+    forked: bool = False
+    """The training process was forked by the node's warm zygote (`rank_zygote`): a session of
+    its own, which the wrapper passes signals on to."""
     exit_code: int | None = None
     """Set when the training process ends; negative = killed by that signal."""
     ended_at: float | None = None

@@ -5,6 +5,7 @@ Layout of one attempt's run folder (`<runs_dir>/<job>/<run>/<attempt>/`):
     handle.json                  the RunHandle (a second submit re-attaches to it)
     agents/<node>.log            torchrun's own output for that node
     agents/<node>.exit.json      the agent's outcome, an `AgentExit` (`plugins.launch.agent`)
+    agents/zygote.log            the run's warm rank starter (`plugins.launch.rank_zygote`)
     ranks/rank-NNNNN.log         each rank's stdout + stderr
     ranks/rank-NNNNN.json        each rank's pids, process group, exit code: a `RankRecord`
     exits.jsonl                  every rank exit, restarts included
@@ -19,6 +20,11 @@ process and a signal to the launcher's terminal never reaches them; torchrun its
 every rank in a session of its own. `stop` therefore signals every process group it knows of
 (the agents' and the ranks'), then sweeps any process still carrying this run's
 `TRAINYARD_RUN_DIR` — nothing of a stopped run survives.
+
+One warm rank starter (`rank_zygote`) per attempt imports torch and the worker's libraries
+once; the ranks' wrappers have their training processes forked from it (`TRAINYARD_WARM_RANKS=0`
+in the launcher's environment turns it off). It carries the run's marker, so `stop` sweeps it
+with the rest, and it exits by itself once the agents are gone and its last rank has ended.
 
 Rendezvous is c10d on 127.0.0.1. c10d numbers nodes by sorting (address, agent pid); every
 local agent has the same address, and agents are started in node-rank order, so pids — and
@@ -43,7 +49,7 @@ from pydantic import ValidationError
 
 from node_agent.heartbeat import Heartbeat, heartbeat_path
 from plugins.files import write_atomic
-from plugins.launch import processes
+from plugins.launch import processes, rank_zygote
 from plugins.launch.base import LaunchError
 from plugins.launch.environment import (
     TORCHRUN_ENV,
@@ -115,6 +121,7 @@ class LocalLauncher:
         self.python = python
         self.max_restarts = max_restarts
         self.base_env = dict(os.environ if base_env is None else base_env)
+        self.warm_ranks = self.base_env.get(rank_zygote.SWITCH_ENV, "1") != "0"
 
     # --- submit -----------------------------------------------------------------------------
 
@@ -135,6 +142,8 @@ class LocalLauncher:
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         Path(worker_env.heartbeat_dir).mkdir(parents=True, exist_ok=True)
         port = _free_port()
+        if self.warm_ranks:
+            env[rank_zygote.ADDRESS_ENV] = rank_zygote.new_address()
         agents: list[AgentRecord] = []
         try:
             for node in placement.nodes:
@@ -142,6 +151,9 @@ class LocalLauncher:
         except OSError as e:
             self._kill_agents(agents)
             raise LaunchError(f"could not start torchrun for {job.metadata.name}: {e}") from e
+        if self.warm_ranks:  # after the agents, whose lives bound its own; they start ranks seconds later
+            rank_zygote.start(self.python, env[rank_zygote.ADDRESS_ENV], [(a.pid, a.start_ticks) for a in agents],
+                              entry, env=env, cwd=self.source_dir, log=run_dir / "agents" / "zygote.log")
         handle = RunHandle(
             kind="local", job=job.metadata.name, run=worker_env.run, attempt=attempt, world_size=placement.world_size,
             run_dir=str(run_dir), heartbeat_dir=worker_env.heartbeat_dir,

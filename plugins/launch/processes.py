@@ -51,6 +51,15 @@ def is_alive(pid: int | None, ticks: int | None = None) -> bool:
     return ticks is None or int(fields[19]) == ticks
 
 
+def zombie_exit_code(pid: int, ticks: int | None) -> int | None:
+    """How a process that has ended but is not yet reaped ended (`/proc/<pid>/stat` field 52,
+    a wait status; negative = killed by that signal), or None when it is running or gone."""
+    fields = stat_fields(pid)
+    if not fields or fields[0] != "Z" or len(fields) <= 49 or (ticks is not None and int(fields[19]) != ticks):
+        return None
+    return os.waitstatus_to_exitcode(int(fields[49]))
+
+
 def reap(pid: int) -> None:
     """Collect an exited child's status if it is ours, so it does not linger as a zombie."""
     with contextlib.suppress(ChildProcessError, OSError):

@@ -30,22 +30,30 @@ the pod hands `exits.jsonl` to the control plane as its termination message.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from plugins.files import write_atomic
-from plugins.launch.processes import start_ticks
+from plugins.launch import rank_zygote
+from plugins.launch.processes import start_ticks, zombie_exit_code
 
 CONTROL_PLANE_CODES = frozenset({42, 43, 44, 45, 46})
 """`worker.exit_codes`' DIVERGED, PREEMPTED, PREEMPTED_NO_CHECKPOINT, CHECKPOINT_CORRUPT, OOM
 (copied: this wrapper imports nothing heavy; a unit test holds the two in step)."""
 
 SURVIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+FORK_TIMEOUT_S = 300.0
+"""How long to wait for the zygote's answer (its imports take 8–40 s) before starting the rank
+as a plain child instead."""
 
 
 def record_path(run_dir: Path, rank: int) -> Path:
@@ -56,13 +64,76 @@ def log_path(run_dir: Path, rank: int) -> Path:
     return run_dir / "ranks" / f"rank-{rank:05d}.log"
 
 
-def _command(argv: list[str]) -> list[str]:
+def _entry(argv: list[str]) -> tuple[str, bool, list[str]]:
+    """The entrypoint, whether it is a module (`python -m`), and its arguments."""
     if not argv:
         raise SystemExit("rank_exec: no entrypoint given after '--'")
     entry, *args = argv
-    if entry.endswith(".py") or os.sep in entry:
-        return [sys.executable, "-u", entry, *args]
-    return [sys.executable, "-u", "-m", entry, *args]
+    return entry, not (entry.endswith(".py") or os.sep in entry), args
+
+
+def _command(entry: str, module: bool, args: list[str]) -> list[str]:
+    return [sys.executable, "-u", *(["-m"] if module else []), entry, *args]
+
+
+class ForkedChild:
+    """A rank the node's zygote forked (`rank_zygote`): what this wrapper needs of a `Popen`.
+
+    The zygote reports the exit code, but it may be busy importing when the child ends; so
+    the end is seen here, from a pidfd, and the code read from the zombie's `/proc` entry
+    while the zygote has not reaped it yet — failures are then timed and told apart (which
+    rank failed first) as promptly as for a plain child."""
+
+    def __init__(self, conn: socket.socket, pid: int) -> None:
+        self.conn, self.pid = conn, pid
+        self.ticks = start_ticks(pid)
+        self.ended_at: float | None = None
+
+    def wait(self) -> int:
+        try:
+            pidfd: int | None = os.pidfd_open(self.pid)
+        except OSError:  # already reaped: the zygote's report is on its way
+            pidfd, self.ended_at = None, time.time()
+        try:
+            while True:
+                ready, _, _ = select.select([self.conn, *([pidfd] if pidfd is not None else [])], [], [])
+                if pidfd is not None and pidfd in ready:
+                    self.ended_at = time.time()
+                    code = zombie_exit_code(self.pid, self.ticks)
+                    if code is not None:
+                        return code
+                    os.close(pidfd)
+                    pidfd = None
+                if self.conn in ready:
+                    data = self.conn.recv(4096)
+                    if not data:  # the zygote is gone, and PR_SET_PDEATHSIG took the child with it
+                        return -signal.SIGKILL
+                    message = json.loads(data)
+                    if "exit" in message:
+                        return int(message["exit"])
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+
+def start_forked(entry: str, module: bool, args: list[str], stdio: list[int]) -> ForkedChild | None:
+    """Ask the node's zygote for the rank; None when there is none or it does not answer (the
+    caller then starts a plain child)."""
+    name = os.environ.get(rank_zygote.ADDRESS_ENV)
+    if not name:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(rank_zygote.socket_address(name))
+        request = rank_zygote.Request(entry=entry, module=module, args=args, env=dict(os.environ), cwd=os.getcwd())
+        socket.send_fds(conn, [request.message()], stdio)
+        conn.settimeout(FORK_TIMEOUT_S)  # the zygote answers once its imports are done
+        reply = json.loads(conn.recv(4096))
+        conn.settimeout(None)
+        return ForkedChild(conn, int(reply["pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        conn.close()
+        return None
 
 
 def replayed_exit(run_dir: Path, restart: int) -> int | None:
@@ -89,13 +160,27 @@ def replayed_exit(run_dir: Path, restart: int) -> int | None:
     return code if code in CONTROL_PLANE_CODES else None
 
 
+def _start(entry: str, module: bool, args: list[str], command: list[str],
+           out: int | None) -> subprocess.Popen[bytes] | ForkedChild:
+    """The rank, forked by the node's zygote when there is one, else a plain child; its
+    output goes to `out`, or to this process's own stdout/stderr when None."""
+    with open(os.devnull, "rb") as devnull:
+        forked = start_forked(entry, module, args, [devnull.fileno(), *([out, out] if out is not None else [1, 2])])
+    if forked is not None:
+        return forked
+    if out is None:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 3 or argv[0] != "--run-dir" or "--" not in argv or argv[2:argv.index("--")] not in ([], ["--stdout"]):
         raise SystemExit("usage: rank_exec --run-dir DIR [--stdout] -- ENTRYPOINT [ARGS…]")
     run_dir = Path(argv[1])
     to_stdout = "--stdout" in argv[2:argv.index("--")]
-    command = _command(argv[argv.index("--") + 1:])
+    entry, module, args = _entry(argv[argv.index("--") + 1:])
+    command = _command(entry, module, args)
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     path = record_path(run_dir, rank)
@@ -118,19 +203,28 @@ def main(argv: list[str] | None = None) -> None:
     banner = f"=== rank {rank} restart {restart} {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(command[2:])}\n"
     if to_stdout:
         print(banner, end="", flush=True)
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        child = _start(entry, module, args, command, None)
     else:
         with log_path(run_dir, rank).open("ab") as out:
             out.write(banner.encode())
             out.flush()
-            child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    record.update(child_pid=child.pid, child_start_ticks=start_ticks(child.pid))
+            child = _start(entry, module, args, command, out.fileno())
+    record.update(child_pid=child.pid, child_start_ticks=start_ticks(child.pid),
+                  forked=isinstance(child, ForkedChild))
     write_atomic(path, json.dumps(record))
 
-    for sig in SURVIVED:
-        signal.signal(sig, lambda *_: None)
+    forwarded: set[int] = set()
+
+    def forward_once(sig: int, _frame: object) -> None:
+        if sig not in forwarded:
+            forwarded.add(sig)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, sig)
+
+    for sig in SURVIVED:  # a forked child is not in this group, so it hears them only from here
+        signal.signal(sig, forward_once if isinstance(child, ForkedChild) else lambda *_: None)
     code = child.wait()
-    record.update(exit_code=code, ended_at=time.time())
+    record.update(exit_code=code, ended_at=getattr(child, "ended_at", None) or time.time())
     write_atomic(path, json.dumps(record))
     with (run_dir / "exits.jsonl").open("a") as history:
         history.write(json.dumps(record) + "\n")

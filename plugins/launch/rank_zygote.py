@@ -1,0 +1,338 @@
+"""A node's warm rank starter: one process per torchrun agent that imports torch and the
+worker's libraries once, then forks a rank for each `rank_exec` wrapper that asks.
+
+Why: a rank spends ~8 s of CPU (quiet machine; 20 s and more on a loaded one) importing torch,
+DTensor/FSDP and `torch._dynamo` (sympy underneath; DDP's constructor imports dynamo) before
+its first step. Every rank of every incarnation paid it: the first start, and again on each
+in-place restart, the fast path whose whole point is to be quick. Forked from this process a
+rank starts with those imports done, and the node pays them once per attempt.
+
+How a rank is started (`rank_exec` is the client):
+- the wrapper connects to the abstract Unix socket named in `TRAINYARD_RANK_ZYGOTE` and sends
+  one message: the entrypoint, its arguments, the wrapper's environment and working directory,
+  with its stdin/stdout/stderr attached (SCM_RIGHTS);
+- the zygote forks; the child becomes a session of its own, takes those descriptors, that
+  environment and directory, and runs the entrypoint as `__main__` (`runpy`, as `python -u`
+  would); the zygote answers `{"pid": …}`, then `{"exit": …}` when the child ends (negative:
+  killed by that signal, as `Popen.returncode`).
+
+Lifetimes, which replace what sharing the wrapper's process group gave for free:
+- the wrapper forwards SIGTERM/SIGINT/SIGHUP to the child, once each (the child is not in the
+  group torchrun signals);
+- a wrapper that dies (torchrun's SIGKILL) closes its connection, and the zygote SIGKILLs the
+  child at once: no rank outlives the process torchrun thinks is the rank;
+- the zygote dies with its agent (PR_SET_PDEATHSIG), and its children with it;
+- the zygote ignores SIGTERM: the agent's own SIGTERM reaches its process group, and the
+  zygote must outlive the ranks' emergency checkpoints to hand their exit codes back.
+
+Only the owner's processes may ask: the peer's uid (SO_PEERCRED) must be this process's, since
+an abstract socket has no file permissions. When no zygote answers, `rank_exec` starts the
+entrypoint as a plain child, as before.
+
+Forking after imports is safe here because nothing has run yet: no thread of ours, no OpenMP
+pool (no parallel op ran), no CUDA context (importing torch does not initialise CUDA), no
+process group, no logging handler. The child applies the per-rank settings that a fresh
+interpreter would have read at start-up: `OMP_NUM_THREADS` (libgomp read the zygote's at
+load time) and `sys.path[0]`.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import ctypes
+import importlib
+import importlib.util
+import io
+import json
+import os
+import secrets
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plugins.launch.processes import is_alive
+
+ADDRESS_ENV = "TRAINYARD_RANK_ZYGOTE"
+"""The variable that names the zygote's socket to the ranks' wrappers: `@NAME`, for the abstract
+name `\\0NAME` (an environment variable cannot hold a NUL)."""
+
+SWITCH_ENV = "TRAINYARD_WARM_RANKS"
+"""`0` turns the zygote off: every rank then imports its libraries itself."""
+
+ALWAYS = ("torch", "torch.distributed.checkpoint")
+"""Imported whatever the entrypoint: torch itself, and DCP, which the worker runtime imports
+when it first saves or restores."""
+
+
+def entry_imports(entry: str, module: bool, cwd: Path) -> list[str]:
+    """The absolute imports at the top level of the entrypoint's source: what it imports
+    anyway, first thing, in every rank. Imports under `if`/`try` (TYPE_CHECKING, optional
+    dependencies) and inside functions are left to the rank."""
+    if module:
+        try:
+            spec = importlib.util.find_spec(entry)
+        except (ImportError, ValueError):
+            return []
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            return []
+        path = Path(spec.origin)
+    else:
+        path = cwd / entry
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module != "__future__":
+            names.append(node.module)
+    return list(dict.fromkeys(names))
+
+
+def preload(modules: list[str]) -> dict[str, float]:
+    """Import `modules`, returning the seconds each took. A module that fails is reported and
+    skipped: the rank imports it again and fails in its own log, as without the zygote."""
+    took: dict[str, float] = {}
+    for name in modules:
+        started = time.perf_counter()
+        try:
+            importlib.import_module(name)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - reported; the rank fails on it itself
+            print(f"rank zygote: cannot preload {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            continue
+        took[name] = round(time.perf_counter() - started, 2)
+    return took
+
+
+MAX_MESSAGE = 1 << 20
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Request:
+    """One rank to start: `python -u ENTRY ARGS…` (or `-m ENTRY`) as the wrapper would have."""
+
+    entry: str
+    module: bool
+    args: list[str]
+    env: dict[str, str]
+    cwd: str
+    stdio: list[int] = field(default_factory=list)
+
+    def message(self) -> bytes:
+        return json.dumps({"entry": self.entry, "module": self.module, "args": self.args,
+                           "env": self.env, "cwd": self.cwd}).encode()
+
+    @classmethod
+    def parse(cls, data: bytes, fds: list[int]) -> Request:
+        d = json.loads(data)
+        return cls(entry=str(d["entry"]), module=bool(d["module"]), args=[str(a) for a in d["args"]],
+                   env={str(k): str(v) for k, v in d["env"].items()}, cwd=str(d["cwd"]), stdio=fds)
+
+
+def new_address() -> str:
+    """An abstract socket name (`@…`) nobody else can guess; the uid check is what guards it."""
+    return f"@trainyard-rank-zygote-{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def socket_address(name: str) -> str:
+    """`@NAME` → the abstract `\\0NAME`; anything else is a path."""
+    return "\0" + name[1:] if name.startswith("@") else name
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: it outlives a killed parent
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Zygote:
+    """The serving loop: accept, fork, reap, report; kill a child whose wrapper is gone."""
+
+    def __init__(self, listener: socket.socket, agents: list[tuple[int, int | None]]) -> None:
+        self.listener, self.agents = listener, agents
+        self.children: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (connection, pid)
+        self.uid = os.getuid()
+
+    def serve(self) -> Request:
+        """Serve until the agents are gone and the last rank has ended; returns only in a
+        forked child."""
+        while True:
+            request = self.step(1.0)
+            if request is not None:
+                return request
+
+    def step(self, timeout_s: float) -> Request | None:
+        """Handle what is ready within `timeout_s`: new requests, ended children, gone wrappers."""
+        readable = [self.listener, *self.children, *(conn for conn, _ in self.children.values())]
+        ready, _, _ = select.select(readable, [], [], timeout_s)
+        if not ready and not self.children and not any(is_alive(pid, ticks) for pid, ticks in self.agents):
+            sys.exit(0)  # nobody left to start a rank for, and no exit code left to hand back
+        for item in ready:
+            if item is self.listener:
+                request = self._accept()
+                if request is not None:
+                    return request
+            elif isinstance(item, int):
+                self._reap(item)
+            else:
+                self._wrapper_gone(item)
+        return None
+
+    def _accept(self) -> Request | None:
+        conn, _ = self.listener.accept()
+        try:
+            pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+            if uid != self.uid:
+                print(f"rank zygote: refused pid {pid} of uid {uid}", file=sys.stderr, flush=True)
+                conn.close()
+                return None
+            conn.settimeout(10.0)
+            data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+            request = Request.parse(data, fds)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"rank zygote: bad request: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            conn.close()
+            return None
+        if select.select([conn], [], [], 0)[0] and not conn.recv(1, socket.MSG_PEEK):
+            for fd in request.stdio:  # the wrapper gave up waiting and started the rank itself
+                os.close(fd)
+            conn.close()
+            return None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        child = os.fork()
+        if child == 0:
+            self._close_all(conn)
+            return request
+        for fd in request.stdio:
+            os.close(fd)
+        self.children[os.pidfd_open(child)] = (conn, child)
+        _send(conn, {"pid": child})
+        return None
+
+    def _close_all(self, conn: socket.socket) -> None:
+        self.listener.close()
+        conn.close()
+        for pidfd, (other, _) in self.children.items():
+            os.close(pidfd)
+            other.close()
+        self.children.clear()
+
+    def _reap(self, pidfd: int) -> None:
+        conn, pid = self.children.pop(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
+        conn.close()
+
+    def _wrapper_gone(self, conn: socket.socket) -> None:
+        try:
+            if conn.recv(1, socket.MSG_PEEK):
+                return  # the protocol has no more client messages; not an EOF
+        except OSError:
+            pass
+        for _, (other, pid) in self.children.items():
+            if other is conn:
+                _kill(pid)  # the pidfd then reports it, and the report goes nowhere
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _send(conn: socket.socket, message: dict[str, int]) -> None:
+    with contextlib.suppress(OSError):  # the wrapper is gone
+        conn.send(json.dumps(message).encode())
+
+
+def become(request: Request, zygote_pid: int) -> list[str]:
+    """Turn a freshly forked child into the rank a fresh `python -u` would have been; returns
+    `sys.argv`."""
+    os.setsid()
+    _die_with_parent()
+    if os.getppid() != zygote_pid:  # the zygote died between the fork and the prctl
+        os._exit(128 + signal.SIGKILL)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for target, fd in enumerate(request.stdio):
+        os.dup2(fd, target)
+        if fd > 2:
+            os.close(fd)
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115 - the process's stdin
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
+                                                   errors="backslashreplace")
+    os.chdir(request.cwd)
+    os.environ.clear()
+    os.environ.update(request.env)
+    torch = sys.modules.get("torch")
+    threads = request.env.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    if request.module:
+        sys.path[0] = request.cwd
+        return [request.entry, *request.args]
+    script = str(Path(request.cwd, request.entry))
+    sys.path[0] = str(Path(script).parent)
+    return [script, *request.args]
+
+
+def start(python: str, address: str, agents: list[tuple[int, int | None]], entry: str, *,
+          env: dict[str, str], cwd: Path, log: Path) -> int | None:
+    """Start the run's zygote on this host, in a session of its own, serving `address` until
+    the `agents` (pid, start ticks) are gone and its last rank has ended. Returns its pid;
+    None when it could not start (the ranks then start as plain children)."""
+    watched = ",".join(f"{pid}:{ticks or 0}" for pid, ticks in agents)
+    module = not (entry.endswith(".py") or os.sep in entry)
+    try:
+        with log.open("ab") as out:
+            proc = subprocess.Popen([python, "-m", "plugins.launch.rank_zygote", "--address", address,
+                                     "--agents", watched, *(["-m"] if module else []), entry], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as e:
+        print(f"rank zygote: not started: {e}", file=sys.stderr, flush=True)
+        return None
+    return proc.pid
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) not in (5, 6) or argv[0] != "--address" or argv[2] != "--agents" or (len(argv) == 6 and argv[4] != "-m"):
+        raise SystemExit("usage: rank_zygote --address NAME --agents PID:TICKS,… [-m] ENTRYPOINT   "
+                         "(NAME: '@…' for the abstract namespace)")
+    address = socket_address(argv[1])
+    agents = [(int(pid), int(ticks) or None) for pid, ticks in (a.split(":") for a in argv[3].split(",") if a)]
+    entry, module = argv[-1], len(argv) == 6
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(address)
+    listener.listen(64)  # the wrappers wait in the backlog until the imports are done
+    modules = list(dict.fromkeys([*ALWAYS, *entry_imports(entry, module, Path.cwd())]))
+    took = preload(modules)
+    print(f"rank zygote: preloaded {len(took)}/{len(modules)} modules in {sum(took.values()):.1f} s: {took}",
+          file=sys.stderr, flush=True)
+    zygote_pid = os.getpid()
+    request = Zygote(listener, agents).serve()
+    sys.argv = become(request, zygote_pid)
+    import runpy
+
+    if request.module:
+        runpy.run_module(request.entry, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""The warm rank starter (`plugins/launch/rank_zygote.py`) with the real wrapper
+(`rank_exec`): a forked rank behaves like a fresh `python -u` child — environment, directory,
+exit codes, signals — and never outlives its wrapper."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from plugins.launch import processes, rank_zygote
+from plugins.launch.files import read_rank_records
+from tests.support.procs import REPO_ROOT
+
+PROBE = Path(__file__).with_name("zygote_probe.py")
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """One zygote for the module, bound to this test process as if it were the agent."""
+    address = rank_zygote.new_address()
+    log = tmp_path_factory.mktemp("zygote") / "zygote.log"
+    me = os.getpid()
+    pid = rank_zygote.start(sys.executable, address, [(me, processes.start_ticks(me))], str(PROBE),
+                            env=dict(os.environ), cwd=REPO_ROOT, log=log)
+    assert pid is not None
+    yield address, pid
+    os.kill(pid, signal.SIGKILL)
+    processes.reap(pid)
+
+
+def wrapper(run_dir: Path, mode: str, address: str | None, *, rank: int = 3) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, RANK=str(rank), OMP_NUM_THREADS="1")
+    env.pop(rank_zygote.ADDRESS_ENV, None)
+    if address:
+        env[rank_zygote.ADDRESS_ENV] = address
+    return subprocess.Popen([sys.executable, "-m", "plugins.launch.rank_exec", "--run-dir", str(run_dir), "--",
+                             str(PROBE), mode, str(run_dir / "facts.json")],
+                            cwd=REPO_ROOT, env=env, start_new_session=True)
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def facts(run_dir: Path) -> dict:
+    path = run_dir / "facts.json"
+    wait_for(lambda: path.exists() and path.stat().st_size > 0, "the probe to start")
+    return json.loads(path.read_text())
+
+
+def test_a_forked_rank_sees_what_a_fresh_interpreter_would(zygote: tuple[str, int], tmp_path: Path) -> None:
+    address, zygote_pid = zygote
+    proc = wrapper(tmp_path, "7", address)
+    assert proc.wait(timeout=180) == 7
+    seen = facts(tmp_path)
+    record = read_rank_records(tmp_path)[3]
+    assert record.forked and record.exit_code == 7 and record.child_pid == seen["pid"] != record.pid
+    assert seen["preloaded"]  # torch was imported in the zygote, before the script ran
+    assert seen["name"] == "__main__" and seen["argv"] == [str(PROBE), "7", str(tmp_path / "facts.json")]
+    assert (seen["cwd"], seen["path0"], seen["rank"]) == (str(REPO_ROOT), str(PROBE.parent), "3")
+    assert seen["threads"] == 1  # OMP_NUM_THREADS of the rank, not of the zygote
+    assert seen["pid"] == seen["pgid"] == seen["sid"] and seen["ppid"] == zygote_pid
+    log = (tmp_path / "ranks" / "rank-00003.log").read_text()
+    assert log.startswith("=== rank 3 restart 0 ") and "probe started" in log
+
+
+def test_an_exception_exits_1_with_its_traceback_in_the_rank_log(zygote: tuple[str, int], tmp_path: Path) -> None:
+    assert wrapper(tmp_path, "raise", zygote[0]).wait(timeout=180) == 1
+    log = (tmp_path / "ranks" / "rank-00003.log").read_text()
+    assert "RuntimeError: probe failed on purpose" in log and read_rank_records(tmp_path)[3].exit_code == 1
+
+
+def test_sigterm_to_the_wrappers_group_reaches_the_rank_once(zygote: tuple[str, int], tmp_path: Path) -> None:
+    proc = wrapper(tmp_path, "term", zygote[0])
+    facts(tmp_path)
+    os.killpg(proc.pid, signal.SIGTERM)  # what torchrun does to a worker
+    assert proc.wait(timeout=60) == 43
+    assert (tmp_path / "facts.json.terms").read_text() == "1"
+    assert read_rank_records(tmp_path)[3].exit_code == 43
+
+
+def test_a_killed_rank_is_reported_killed_by_its_wrapper(zygote: tuple[str, int], tmp_path: Path) -> None:
+    proc = wrapper(tmp_path, "sleep", zygote[0])
+    child = facts(tmp_path)["pid"]
+    os.kill(child, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    record = read_rank_records(tmp_path)[3]
+    assert record.exit_code == -signal.SIGKILL and record.ended_at is not None
+
+
+def test_a_killed_wrapper_takes_its_rank_with_it(zygote: tuple[str, int], tmp_path: Path) -> None:
+    proc = wrapper(tmp_path, "sleep", zygote[0])
+    child = facts(tmp_path)["pid"]
+    ticks = processes.start_ticks(child)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun's last resort; the rank is in another session
+    proc.wait(timeout=60)
+    wait_for(lambda: not processes.is_alive(child, ticks), "the zygote to kill the orphaned rank", 60)
+
+
+def test_without_a_zygote_the_rank_is_a_plain_child_in_the_wrappers_group(tmp_path: Path) -> None:
+    proc = wrapper(tmp_path, "5", "@trainyard-rank-zygote-nobody-listens")
+    assert proc.wait(timeout=180) == 5
+    seen, record = facts(tmp_path), read_rank_records(tmp_path)[3]
+    assert not record.forked and not seen["preloaded"]
+    assert seen["pgid"] == record.pgid == record.pid and seen["ppid"] == record.pid
+
+
+def test_another_user_cannot_have_a_rank_started(zygote: tuple[str, int], tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("switching to another uid needs root")
+    client = (
+        "import json, socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "s.connect('\\0' + sys.argv[1][1:])\n"
+        "msg = {'entry': 'x.py', 'module': False, 'args': [], 'env': {}, 'cwd': '/'}\n"
+        "try:\n"
+        "    socket.send_fds(s, [json.dumps(msg).encode()], [0, 1, 2])\n"
+        "    s.settimeout(60)\n"
+        "    print(repr(s.recv(4096)))\n"
+        "except (BrokenPipeError, ConnectionResetError):\n"
+        "    print(repr(b''))\n"
+    )
+    python = shutil.which("python3", path="/usr/bin:/bin")  # the venv may not be readable to nobody
+    assert python, "a system python3 (Debian's) is needed to act as another user"
+    out = subprocess.run([python, "-c", client, zygote[0]], capture_output=True, text=True, timeout=120,
+                         user=65534, cwd="/", check=True)
+    assert out.stdout.strip() == "b''", out  # closed without an answer: nothing was forked
