@@ -20,7 +20,9 @@ Signals: torchrun and the launcher signal the rank's whole process group, which 
 wrapper and the child, so the child already gets every SIGTERM; the wrapper only survives them
 (to record the exit code) and never forwards — a duplicate SIGTERM can kill a Python process
 that is already exiting (CPython resets handlers to SIG_DFL during finalisation), turning a
-clean emergency-checkpoint exit into "killed by SIGTERM".
+clean emergency-checkpoint exit into "killed by SIGTERM". The exception is a child forked by
+the attempt's warm rank starter (`rank_zygote`, named by `TRAINYARD_RANK_ZYGOTE`): it lives in
+a session of its own, so the wrapper passes each of those signals on to it, once.
 
 Usage (by the launcher): `torchrun … -m plugins.launch.rank_exec --run-dir DIR [--stdout] -- script.py args…`.
 `--stdout` (the Kubernetes pods): the child writes to this process's stdout/stderr, i.e. the

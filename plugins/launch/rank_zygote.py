@@ -1,11 +1,16 @@
-"""A node's warm rank starter: one process per torchrun agent that imports torch and the
-worker's libraries once, then forks a rank for each `rank_exec` wrapper that asks.
+"""An attempt's warm rank starter: one process per attempt on this host that imports torch
+and the entrypoint's libraries once, then forks a rank for each `rank_exec` wrapper that asks.
 
-Why: a rank spends ~8 s of CPU (quiet machine; 20 s and more on a loaded one) importing torch,
-DTensor/FSDP and `torch._dynamo` (sympy underneath; DDP's constructor imports dynamo) before
-its first step. Every rank of every incarnation paid it: the first start, and again on each
-in-place restart, the fast path whose whole point is to be quick. Forked from this process a
-rank starts with those imports done, and the node pays them once per attempt.
+Why: a rank of `worker/train.py` spends ~8 s of CPU (quiet machine; 20 s and more on a loaded
+one) importing torch, DTensor/FSDP and `torch._dynamo` (sympy underneath; DDP's constructor
+imports dynamo) before its first step. Every rank of every incarnation paid it: the first
+start, and again on each in-place restart, the fast path whose whole point is to be quick.
+Forked from this process a rank starts with those imports done; the host pays them once per
+attempt. What is imported: torch, DCP, and the `import`s at the top level of the entrypoint's
+source (`entry_imports`), which every rank runs first thing anyway. The ranks wait for the
+whole preload: it starts with the agents, while they import torch and rendezvous, so it is
+mostly done when they ask; serving a rank half-way would have it import the rest itself, in
+parallel with the zygote, and save nothing.
 
 How a rank is started (`rank_exec` is the client):
 - the wrapper connects to the abstract Unix socket named in `TRAINYARD_RANK_ZYGOTE` and sends
@@ -21,9 +26,10 @@ Lifetimes, which replace what sharing the wrapper's process group gave for free:
   group torchrun signals);
 - a wrapper that dies (torchrun's SIGKILL) closes its connection, and the zygote SIGKILLs the
   child at once: no rank outlives the process torchrun thinks is the rank;
-- the zygote dies with its agent (PR_SET_PDEATHSIG), and its children with it;
-- the zygote ignores SIGTERM: the agent's own SIGTERM reaches its process group, and the
-  zygote must outlive the ranks' emergency checkpoints to hand their exit codes back.
+- a child dies with the zygote (PR_SET_PDEATHSIG);
+- the zygote exits once the attempt's agents are gone and its last child has ended; it
+  ignores SIGTERM, since it must outlive the ranks' emergency checkpoints to hand their exit
+  codes back. It carries the run's `TRAINYARD_RUN_DIR`, so the launcher's `stop` sweeps it.
 
 Only the owner's processes may ask: the peer's uid (SO_PEERCRED) must be this process's, since
 an abstract socket has no file permissions. When no zygote answers, `rank_exec` starts the
@@ -33,7 +39,11 @@ Forking after imports is safe here because nothing has run yet: no thread of our
 pool (no parallel op ran), no CUDA context (importing torch does not initialise CUDA), no
 process group, no logging handler. The child applies the per-rank settings that a fresh
 interpreter would have read at start-up: `OMP_NUM_THREADS` (libgomp read the zygote's at
-load time) and `sys.path[0]`.
+load time) and `sys.path[0]`. A module whose import reads per-rank state (`RANK`, the
+device) would see the zygote's; `TRAINYARD_WARM_RANKS=0` is the way out for such a script.
+
+Only the local launcher starts one. Kubernetes pods run torchrun directly, and their ranks
+start as plain children.
 """
 
 from __future__ import annotations
@@ -297,6 +307,7 @@ def start(python: str, address: str, agents: list[tuple[int, int | None]], entry
     watched = ",".join(f"{pid}:{ticks or 0}" for pid, ticks in agents)
     module = not (entry.endswith(".py") or os.sep in entry)
     try:
+        log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
             proc = subprocess.Popen([python, "-m", "plugins.launch.rank_zygote", "--address", address,
                                      "--agents", watched, *(["-m"] if module else []), entry], cwd=cwd, env=env, stdin=subprocess.DEVNULL,

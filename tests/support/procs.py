@@ -41,14 +41,35 @@ def run_torchrun(
     env: Mapping[str, str] | None = None,
     timeout: float = 300,
     module: bool = False,
+    warm: tuple[str, Path] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `torchrun --standalone --nproc-per-node N script args…` and return its output."""
+    """Run `torchrun --standalone --nproc-per-node N script args…` and return its output.
+
+    `warm=(entrypoint, log)`: for `rank_exec` runs, start the attempt's warm rank starter for
+    `entrypoint` beside torchrun, as the local launcher does, so the ranks are forked from it."""
+    from plugins.launch import processes, rank_zygote
+
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     cmd += ["-m", str(script)] if module else [str(script)]
     cmd += list(args)
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=test_env(env), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    full_env = test_env(env)
+    warm = warm if full_env.get(rank_zygote.SWITCH_ENV, "1") != "0" else None
+    if warm:
+        full_env[rank_zygote.ADDRESS_ENV] = rank_zygote.new_address()
+    with subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        if warm:
+            rank_zygote.start(sys.executable, full_env[rank_zygote.ADDRESS_ENV],
+                              [(proc.pid, processes.start_ticks(proc.pid))], warm[0], env=full_env,
+                              cwd=REPO_ROOT, log=warm[1])
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def check(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:

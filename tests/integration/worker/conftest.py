@@ -119,7 +119,8 @@ def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, at
     result = run_torchrun("plugins.launch.rank_exec",
                           ["--run-dir", str(run_dir), "--", "worker/train.py",
                            "--summary", str(run_dir / "summary.json")],
-                          module=True, nproc=plan.world_size, env=full_env, timeout=300)
+                          module=True, nproc=plan.world_size, env=full_env, timeout=300,
+                          warm=("worker/train.py", run_dir / "zygote.log"))
     return WorkerRun(result, run_dir, plan.world_size)
 
 
