@@ -1,0 +1,81 @@
+"""The warm rank starter's pure parts: what it preloads for an entrypoint, and how a wrapper
+reads the exit of a process that is not its child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from plugins.launch import processes
+from plugins.launch.rank_zygote import entry_imports, socket_address
+
+
+def test_the_preload_is_the_entrypoints_top_level_absolute_imports(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(
+        "from __future__ import annotations\n"
+        "import os, torch.distributed as dist\n"
+        "from worker.session import TrainingSession\n"
+        "from . import sibling\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    import typing_only\n"
+        "try:\n"
+        "    import optional_dependency\n"
+        "except ImportError:\n"
+        "    optional_dependency = None\n"
+        "def main():\n"
+        "    import lazily_imported\n"
+        "import os\n"
+    )
+    assert entry_imports("job.py", False, tmp_path) == ["os", "torch.distributed", "worker.session", "typing"]
+
+
+def test_a_module_entrypoint_is_found_on_the_path_and_a_missing_or_broken_one_preloads_nothing(tmp_path: Path) -> None:
+    imports = entry_imports("plugins.launch.rank_exec", True, tmp_path)
+    assert "plugins.files" in imports and "subprocess" in imports
+    assert entry_imports("no_such_module_anywhere", True, tmp_path) == []
+    assert entry_imports("missing.py", False, tmp_path) == []
+    (tmp_path / "broken.py").write_text("def (:\n")
+    assert entry_imports("broken.py", False, tmp_path) == []
+
+
+def test_an_at_name_is_abstract_and_anything_else_a_path() -> None:
+    assert socket_address("@trainyard-x") == "\0trainyard-x"
+    assert socket_address("/run/zygote.sock") == "/run/zygote.sock"
+
+
+def _unreaped_child(body: str) -> tuple[int, int | None]:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        if body == "exit 3":
+            os._exit(3)
+        time.sleep(60)
+        os._exit(0)
+    return pid, processes.start_ticks(pid)
+
+
+def _until_zombie(pid: int) -> None:
+    deadline = time.monotonic() + 30
+    while (processes.stat_fields(pid) or ["?"])[0] != "Z":
+        assert time.monotonic() < deadline, "the child never ended"
+        time.sleep(0.01)
+
+
+def test_the_exit_of_an_ended_unreaped_process_is_read_from_proc() -> None:
+    pid, ticks = _unreaped_child("exit 3")
+    _until_zombie(pid)
+    assert processes.zombie_exit_code(pid, ticks) == 3
+    assert processes.zombie_exit_code(pid, (ticks or 0) + 1) is None  # another process with that pid
+    os.waitpid(pid, 0)
+    assert processes.zombie_exit_code(pid, ticks) is None  # reaped: gone
+
+
+def test_a_killed_process_reads_as_minus_the_signal_and_a_running_one_as_none() -> None:
+    pid, ticks = _unreaped_child("sleep")
+    assert processes.zombie_exit_code(pid, ticks) is None
+    os.kill(pid, signal.SIGKILL)
+    _until_zombie(pid)
+    assert processes.zombie_exit_code(pid, ticks) == -signal.SIGKILL
+    os.waitpid(pid, 0)
