@@ -331,9 +331,15 @@ def main(argv: list[str] | None = None) -> None:
     listener.bind(address)
     listener.listen(64)  # the wrappers wait in the backlog until the imports are done
     modules = list(dict.fromkeys([*ALWAYS, *entry_imports(entry, module, Path.cwd())]))
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # an import-time is_available() must not init CUDA
     took = preload(modules)
     print(f"rank zygote: preloaded {len(took)}/{len(modules)} modules in {sum(took.values()):.1f} s: {took}",
           file=sys.stderr, flush=True)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        print("rank zygote: an import initialised CUDA, which a forked process cannot use; the ranks start "
+              "as plain children", file=sys.stderr, flush=True)
+        sys.exit(0)  # the waiting wrappers read the closed socket as "no zygote"
     zygote_pid = os.getpid()
     request = Zygote(listener, agents).serve()
     sys.argv = become(request, zygote_pid)
