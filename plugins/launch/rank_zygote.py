@@ -76,6 +76,9 @@ name `\\0NAME` (an environment variable cannot hold a NUL)."""
 SWITCH_ENV = "TRAINYARD_WARM_RANKS"
 """`0` turns the zygote off: every rank then imports its libraries itself."""
 
+MAX_MESSAGE = 1 << 20
+PR_SET_PDEATHSIG = 1
+
 ALWAYS = ("torch", "torch.distributed.checkpoint")
 """Imported whatever the entrypoint: torch itself, and DCP, which the worker runtime imports
 when it first saves or restores."""
@@ -121,10 +124,6 @@ def preload(modules: list[str]) -> dict[str, float]:
             continue
         took[name] = round(time.perf_counter() - started, 2)
     return took
-
-
-MAX_MESSAGE = 1 << 20
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -208,12 +207,19 @@ class Zygote:
                 return None
             conn.settimeout(10.0)
             data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
-            request = Request.parse(data, fds)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            print(f"rank zygote: bad request: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        except OSError as e:
+            print(f"rank zygote: no request: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             conn.close()
             return None
-        if select.select([conn], [], [], 0)[0] and not conn.recv(1, socket.MSG_PEEK):
+        try:
+            request = Request.parse(data, fds)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            print(f"rank zygote: bad request: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return None
+        if _peer_closed(conn):
             for fd in request.stdio:  # the wrapper gave up waiting and started the rank itself
                 os.close(fd)
             conn.close()
@@ -247,13 +253,22 @@ class Zygote:
 
     def _wrapper_gone(self, conn: socket.socket) -> None:
         try:
-            if conn.recv(1, socket.MSG_PEEK):
-                return  # the protocol has no more client messages; not an EOF
+            if conn.recv(MAX_MESSAGE):
+                return  # the protocol has no more client messages: dropped, so select does not spin
         except OSError:
             pass
         for _, (other, pid) in self.children.items():
             if other is conn:
                 _kill(pid)  # the pidfd then reports it, and the report goes nowhere
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    if not select.select([conn], [], [], 0)[0]:
+        return False
+    try:
+        return not conn.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return True
 
 
 def _kill(pid: int) -> None:
