@@ -144,6 +144,9 @@ class LocalLauncher:
         port = _free_port()
         if self.warm_ranks:
             env[rank_zygote.ADDRESS_ENV] = rank_zygote.new_address()
+            if rank_zygote.start(self.python, env[rank_zygote.ADDRESS_ENV], [], entry, env=env,
+                                 cwd=self.source_dir, log=run_dir / "agents" / "zygote.log") is None:
+                del env[rank_zygote.ADDRESS_ENV]
         agents: list[AgentRecord] = []
         try:
             for node in placement.nodes:
@@ -151,9 +154,6 @@ class LocalLauncher:
         except OSError as e:
             self._kill_agents(agents)
             raise LaunchError(f"could not start torchrun for {job.metadata.name}: {e}") from e
-        if self.warm_ranks:  # after the agents, whose lives bound its own; they start ranks seconds later
-            rank_zygote.start(self.python, env[rank_zygote.ADDRESS_ENV], [(a.pid, a.start_ticks) for a in agents],
-                              entry, env=env, cwd=self.source_dir, log=run_dir / "agents" / "zygote.log")
         handle = RunHandle(
             kind="local", job=job.metadata.name, run=worker_env.run, attempt=attempt, world_size=placement.world_size,
             run_dir=str(run_dir), heartbeat_dir=worker_env.heartbeat_dir,
@@ -239,10 +239,28 @@ class LocalLauncher:
         if placement.gpu_type != "cpu" and node.devices:
             node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.devices))
         with (run_dir / "agents" / f"{node.name}.log").open("ab") as log:
-            proc = subprocess.Popen(cmd, cwd=self.source_dir, env=node_env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        return AgentRecord(node=node.name, node_rank=node.node_rank, pid=proc.pid, pgid=proc.pid,
-                           start_ticks=processes.start_ticks(proc.pid), nproc=node.slots)
+            pid = self._fork_agent(cmd, node_env, log.fileno())
+            if pid is None:
+                pid = subprocess.Popen(cmd, cwd=self.source_dir, env=node_env, stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True).pid
+        return AgentRecord(node=node.name, node_rank=node.node_rank, pid=pid, pgid=pid,
+                           start_ticks=processes.start_ticks(pid), nproc=node.slots)
+
+    def _fork_agent(self, cmd: list[str], env: dict[str, str], log: int) -> int | None:
+        """The agent forked by the attempt's zygote (torch already imported; a session of its
+        own, as `start_new_session` gives), or None to start it as a plain process."""
+        name = env.get(rank_zygote.ADDRESS_ENV)
+        if not name:
+            return None
+        request = rank_zygote.Request(entry=cmd[2], module=True, args=cmd[3:], env=env, cwd=str(self.source_dir),
+                                      detached=True)  # it outlives this process, as the launch does
+        with open(os.devnull, "rb") as devnull:
+            answer = rank_zygote.ask(name, request, [devnull.fileno(), log, log])
+        if answer is None:
+            return None
+        conn, pid = answer
+        conn.close()
+        return pid
 
     @staticmethod
     def _kill_agents(agents: list[AgentRecord]) -> None:

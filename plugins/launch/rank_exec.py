@@ -53,14 +53,6 @@ CONTROL_PLANE_CODES = frozenset({42, 43, 44, 45, 46})
 
 SURVIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-CONNECT_PATIENCE_S = 5.0
-"""How long a zygote may take to bind its socket (it binds before importing anything heavy)."""
-
-FORK_TIMEOUT_S = 300.0
-"""How long to wait for the zygote's answer (its imports take 8–40 s) before starting the rank
-as a plain child instead."""
-
-
 def record_path(run_dir: Path, rank: int) -> Path:
     return run_dir / "ranks" / f"rank-{rank:05d}.json"
 
@@ -121,38 +113,15 @@ class ForkedChild:
                 os.close(pidfd)
 
 
-def _connect(conn: socket.socket, address: str) -> None:
-    """Connect, giving a zygote started a moment ago (it is a fresh interpreter too) the time to
-    bind its socket; a zygote that is not there at all costs this much once per rank."""
-    deadline = time.monotonic() + CONNECT_PATIENCE_S
-    while True:
-        try:
-            conn.connect(address)
-            return
-        except (ConnectionRefusedError, FileNotFoundError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 def start_forked(entry: str, module: bool, args: list[str], stdio: list[int]) -> ForkedChild | None:
-    """Ask the node's zygote for the rank; None when there is none or it does not answer (the
+    """Ask the attempt's zygote for the rank; None when there is none or it does not answer (the
     caller then starts a plain child)."""
     name = os.environ.get(rank_zygote.ADDRESS_ENV)
     if not name:
         return None
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        _connect(conn, rank_zygote.socket_address(name))
-        request = rank_zygote.Request(entry=entry, module=module, args=args, env=dict(os.environ), cwd=os.getcwd())
-        socket.send_fds(conn, [request.message()], stdio)
-        conn.settimeout(FORK_TIMEOUT_S)  # the zygote answers once its imports are done
-        reply = json.loads(conn.recv(4096))
-        conn.settimeout(None)
-        return ForkedChild(conn, int(reply["pid"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        conn.close()
-        return None
+    request = rank_zygote.Request(entry=entry, module=module, args=args, env=dict(os.environ), cwd=os.getcwd())
+    answer = rank_zygote.ask(name, request, stdio)
+    return ForkedChild(*answer) if answer is not None else None
 
 
 def replayed_exit(run_dir: Path, restart: int) -> int | None:

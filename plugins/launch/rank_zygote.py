@@ -27,9 +27,12 @@ Lifetimes, which replace what sharing the wrapper's process group gave for free:
 - a wrapper that dies (torchrun's SIGKILL) closes its connection, and the zygote SIGKILLs the
   child at once: no rank outlives the process torchrun thinks is the rank;
 - a child dies with the zygote (PR_SET_PDEATHSIG);
-- the zygote exits once the attempt's agents are gone and its last child has ended; it
-  ignores SIGTERM, since it must outlive the ranks' emergency checkpoints to hand their exit
-  codes back. It carries the run's `TRAINYARD_RUN_DIR`, so the launcher's `stop` sweeps it.
+- the local launcher has the torchrun agents forked too (`detached`: they outlive the launcher's
+  connection), so they skip their own import of torch; the zygote then exits once its last
+  child has ended. Given agents to watch instead (a torchrun it did not start), it exits once
+  they are gone and its last child has ended. It ignores SIGTERM, since it must outlive the
+  ranks' emergency checkpoints to hand their exit codes back; it carries the run's
+  `TRAINYARD_RUN_DIR`, so the launcher's `stop` sweeps it.
 
 Only the owner's processes may ask: the peer's uid (SO_PEERCRED) must be this process's, since
 an abstract socket has no file permissions. When no zygote answers, `rank_exec` starts the
@@ -79,9 +82,20 @@ SWITCH_ENV = "TRAINYARD_WARM_RANKS"
 MAX_MESSAGE = 1 << 20
 PR_SET_PDEATHSIG = 1
 
-ALWAYS = ("torch", "torch.distributed.checkpoint")
-"""Imported whatever the entrypoint: torch itself, and DCP, which the worker runtime imports
-when it first saves or restores."""
+CONNECT_PATIENCE_S = 5.0
+"""How long a zygote may take to bind its socket (it binds before importing anything heavy)."""
+
+FORK_TIMEOUT_S = 300.0
+"""How long to wait for the zygote's answer (its imports take 8–40 s) before starting the
+process without it."""
+
+FIRST_REQUEST_S = 60.0
+"""A zygote that nobody asked within this long after start-up exits (its launcher failed)."""
+
+ALWAYS = ("torch", "torch.distributed.checkpoint", "torch.distributed.run", "plugins.launch.files")
+"""Imported whatever the entrypoint: torch itself; DCP, which the worker runtime imports when it
+first saves or restores; and torchrun and what `plugins.launch.agent` imports, for the agents
+the local launcher has forked too (the agent module itself runs as `__main__`)."""
 
 
 def entry_imports(entry: str, module: bool, cwd: Path) -> list[str]:
@@ -135,17 +149,52 @@ class Request:
     args: list[str]
     env: dict[str, str]
     cwd: str
+    detached: bool = False
+    """The child outlives the asker's connection (an agent, whose launcher returns at once);
+    otherwise the connection going away kills it (a rank whose wrapper died)."""
     stdio: list[int] = field(default_factory=list)
 
     def message(self) -> bytes:
         return json.dumps({"entry": self.entry, "module": self.module, "args": self.args,
-                           "env": self.env, "cwd": self.cwd}).encode()
+                           "env": self.env, "cwd": self.cwd, "detached": self.detached}).encode()
 
     @classmethod
     def parse(cls, data: bytes, fds: list[int]) -> Request:
         d = json.loads(data)
         return cls(entry=str(d["entry"]), module=bool(d["module"]), args=[str(a) for a in d["args"]],
-                   env={str(k): str(v) for k, v in d["env"].items()}, cwd=str(d["cwd"]), stdio=fds)
+                   env={str(k): str(v) for k, v in d["env"].items()}, cwd=str(d["cwd"]),
+                   detached=bool(d.get("detached", False)), stdio=fds)
+
+
+def ask(name: str, request: Request, stdio: list[int]) -> tuple[socket.socket, int] | None:
+    """Have the zygote `name` fork `request` with `stdio` as its stdin/stdout/stderr; returns
+    the open connection (which then reports the exit) and the child's pid, or None when no
+    zygote answers — the caller then starts the process itself."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        _connect(conn, socket_address(name))
+        socket.send_fds(conn, [request.message()], stdio)
+        conn.settimeout(FORK_TIMEOUT_S)  # the zygote answers once its imports are done
+        reply = json.loads(conn.recv(4096))
+        conn.settimeout(None)
+        return conn, int(reply["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        conn.close()
+        return None
+
+
+def _connect(conn: socket.socket, address: str) -> None:
+    """Connect, giving a zygote started a moment ago (it is a fresh interpreter too) the time to
+    bind its socket; a zygote that is not there at all costs this much once per asker."""
+    deadline = time.monotonic() + CONNECT_PATIENCE_S
+    while True:
+        try:
+            conn.connect(address)
+            return
+        except (ConnectionRefusedError, FileNotFoundError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def new_address() -> str:
@@ -163,28 +212,36 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+@dataclass
+class Child:
+    pid: int
+    conn: socket.socket | None
+    """Where its exit is reported; None once a detached child's asker has gone."""
+    detached: bool
+
+
 class Zygote:
-    """The serving loop: accept, fork, reap, report; kill a child whose wrapper is gone."""
+    """The serving loop: accept, fork, reap, report; kill a rank whose wrapper is gone."""
 
     def __init__(self, listener: socket.socket, agents: list[tuple[int, int | None]]) -> None:
         self.listener, self.agents = listener, agents
-        self.children: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (connection, pid)
+        self.children: dict[int, Child] = {}  # by pidfd
         self.uid = os.getuid()
+        self.started, self.served = time.monotonic(), False
 
     def serve(self) -> Request:
-        """Serve until the agents are gone and the last rank has ended; returns only in a
-        forked child."""
+        """Serve until there is nothing left to serve (`_done`); returns only in a forked child."""
         while True:
             request = self.step(1.0)
             if request is not None:
                 return request
 
     def step(self, timeout_s: float) -> Request | None:
-        """Handle what is ready within `timeout_s`: new requests, ended children, gone wrappers."""
-        readable = [self.listener, *self.children, *(conn for conn, _ in self.children.values())]
-        ready, _, _ = select.select(readable, [], [], timeout_s)
-        if not ready and not self.children and not any(is_alive(pid, ticks) for pid, ticks in self.agents):
-            sys.exit(0)  # nobody left to start a rank for, and no exit code left to hand back
+        """Handle what is ready within `timeout_s`: new requests, ended children, gone askers."""
+        conns = [c.conn for c in self.children.values() if c.conn is not None]
+        ready, _, _ = select.select([self.listener, *self.children, *conns], [], [], timeout_s)
+        if not ready and self._done():
+            sys.exit(0)
         for item in ready:
             if item is self.listener:
                 request = self._accept()
@@ -193,8 +250,17 @@ class Zygote:
             elif isinstance(item, int):
                 self._reap(item)
             else:
-                self._wrapper_gone(item)
+                self._asker_gone(item)
         return None
+
+    def _done(self) -> bool:
+        """No child left, and nobody left to ask: the watched agents are gone — or, when it
+        forks the agents itself, it served them (or nobody came within `FIRST_REQUEST_S`)."""
+        if self.children:
+            return False
+        if self.agents:
+            return not any(is_alive(pid, ticks) for pid, ticks in self.agents)
+        return self.served or time.monotonic() - self.started > FIRST_REQUEST_S
 
     def _accept(self) -> Request | None:
         conn, _ = self.listener.accept()
@@ -232,34 +298,40 @@ class Zygote:
             return request
         for fd in request.stdio:
             os.close(fd)
-        self.children[os.pidfd_open(child)] = (conn, child)
+        self.children[os.pidfd_open(child)] = Child(child, conn, request.detached)
+        self.served = True
         _send(conn, {"pid": child})
         return None
 
     def _close_all(self, conn: socket.socket) -> None:
         self.listener.close()
         conn.close()
-        for pidfd, (other, _) in self.children.items():
+        for pidfd, child in self.children.items():
             os.close(pidfd)
-            other.close()
+            if child.conn is not None:
+                child.conn.close()
         self.children.clear()
 
     def _reap(self, pidfd: int) -> None:
-        conn, pid = self.children.pop(pidfd)
+        child = self.children.pop(pidfd)
         os.close(pidfd)
-        _, status = os.waitpid(pid, 0)
-        _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
-        conn.close()
+        _, status = os.waitpid(child.pid, 0)
+        if child.conn is not None:
+            _send(child.conn, {"exit": os.waitstatus_to_exitcode(status)})
+            child.conn.close()
 
-    def _wrapper_gone(self, conn: socket.socket) -> None:
+    def _asker_gone(self, conn: socket.socket) -> None:
         try:
             if conn.recv(MAX_MESSAGE):
                 return  # the protocol has no more client messages: dropped, so select does not spin
         except OSError:
             pass
-        for _, (other, pid) in self.children.items():
-            if other is conn:
-                _kill(pid)  # the pidfd then reports it, and the report goes nowhere
+        for child in self.children.values():
+            if child.conn is conn:
+                conn.close()
+                child.conn = None
+                if not child.detached:
+                    _kill(child.pid)  # a rank whose wrapper died; the pidfd then reports it
 
 
 def _peer_closed(conn: socket.socket) -> bool:

@@ -137,3 +137,21 @@ def test_another_user_cannot_have_a_rank_started(zygote: tuple[str, int], tmp_pa
     out = subprocess.run([python, "-c", client, zygote[0]], capture_output=True, text=True, timeout=120,
                          user=65534, cwd="/", check=True)
     assert out.stdout.strip() == "b''", out  # closed without an answer: nothing was forked
+
+
+def test_a_detached_process_outlives_the_connection_of_whoever_asked(zygote: tuple[str, int], tmp_path: Path) -> None:
+    """What the local launcher does for each torchrun agent: it asks, takes the pid and returns."""
+    request = rank_zygote.Request(entry=str(PROBE), module=False, args=["sleep", str(tmp_path / "facts.json")],
+                                  env=dict(os.environ), cwd=str(REPO_ROOT), detached=True)
+    with open(os.devnull, "rb") as devnull, (tmp_path / "out.log").open("ab") as out:
+        answer = rank_zygote.ask(zygote[0], request, [devnull.fileno(), out.fileno(), out.fileno()])
+    assert answer is not None
+    conn, pid = answer
+    ticks = processes.start_ticks(pid)
+    conn.close()
+    assert facts(tmp_path)["pid"] == pid
+    time.sleep(2.0)  # a rank (not detached) is killed within milliseconds of its asker going away
+    assert processes.is_alive(pid, ticks)
+    assert processes.stat_fields(pid)[1] == str(zygote[1])  # the zygote's child: it reaps it
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not processes.is_alive(pid, ticks), "the killed process to be reaped", 30)
