@@ -388,17 +388,19 @@ def become(request: Request, zygote_pid: int) -> list[str]:
 
 def start(python: str, address: str, agents: list[tuple[int, int | None]], entry: str, *,
           env: dict[str, str], cwd: Path, log: Path) -> int | None:
-    """Start the run's zygote on this host, in a session of its own, serving `address` until
-    the `agents` (pid, start ticks) are gone and its last rank has ended. Returns its pid;
-    None when it could not start (the ranks then start as plain children)."""
+    """Start an attempt's zygote on this host, in a session of its own, serving `address` for
+    ranks of `entry` until nothing is left to serve (`Zygote._done`: its last child ended, and
+    the watched `agents` (pid, start ticks) are gone, or it forked the agents itself). Returns
+    its pid; None when it could not start (everything then starts as plain processes)."""
     watched = ",".join(f"{pid}:{ticks or 0}" for pid, ticks in agents)
     module = not (entry.endswith(".py") or os.sep in entry)
+    command = [python, "-m", "plugins.launch.rank_zygote", "--address", address, "--agents", watched,
+               *(["-m"] if module else []), entry]
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
-            proc = subprocess.Popen([python, "-m", "plugins.launch.rank_zygote", "--address", address,
-                                     "--agents", watched, *(["-m"] if module else []), entry], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as e:
         print(f"rank zygote: not started: {e}", file=sys.stderr, flush=True)
         return None
