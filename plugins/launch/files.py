@@ -61,14 +61,14 @@ class RankRecord(_File):
     """The wrapper's pid."""
     pgid: int
     """The wrapper's process group (torchrun signals it); it holds the training process too,
-    unless that was `forked` by the node's zygote."""
+    unless that was `forked` by the attempt's zygote."""
     started_at: float
     child_pid: int | None = None
     """The training process's pid."""
     child_start_ticks: int | None = None
     """Its start time in clock ticks (`/proc/<pid>/stat` field 22): tells pid reuse apart."""
     forked: bool = False
-    """The training process was forked by the node's warm zygote (`rank_zygote`): a session of
+    """The training process was forked by the attempt's warm zygote (`rank_zygote`): a session of
     its own, which the wrapper passes signals on to."""
     exit_code: int | None = None
     """Set when the training process ends; negative = killed by that signal."""

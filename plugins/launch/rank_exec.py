@@ -74,7 +74,7 @@ def _command(entry: str, module: bool, args: list[str]) -> list[str]:
 
 
 class ForkedChild:
-    """A rank the node's zygote forked (`rank_zygote`): what this wrapper needs of a `Popen`.
+    """A rank the attempt's zygote forked (`rank_zygote`): what this wrapper needs of a `Popen`.
 
     The zygote reports the exit code, but it may be busy importing when the child ends; so
     the end is seen here, from a pidfd, and the code read from the zombie's `/proc` entry
@@ -150,7 +150,7 @@ def replayed_exit(run_dir: Path, restart: int) -> int | None:
 
 def _start(entry: str, module: bool, args: list[str], command: list[str],
            out: int | None) -> subprocess.Popen[bytes] | ForkedChild:
-    """The rank, forked by the node's zygote when there is one, else a plain child; its
+    """The rank, forked by the attempt's zygote when there is one, else a plain child; its
     output goes to `out`, or to this process's own stdout/stderr when None."""
     with open(os.devnull, "rb") as devnull:
         forked = start_forked(entry, module, args, [devnull.fileno(), *([out, out] if out is not None else [1, 2])])
