@@ -21,9 +21,9 @@ the triggerer start bare.
 
 from __future__ import annotations
 
-import importlib
 import sys
-import time
+
+from plugins.preload import preload as preload_modules
 
 PRELOAD = (
     "torch",
@@ -41,16 +41,7 @@ PRELOAD = (
 def preload(modules: tuple[str, ...] | None = None) -> dict[str, float]:
     """Import `modules` (default `PRELOAD`); returns module → seconds. A module that fails to import is reported
     and skipped: the task that needs it will raise the same error where a person looks."""
-    took: dict[str, float] = {}
-    for name in PRELOAD if modules is None else modules:
-        started = time.perf_counter()
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - a task meets the same error, in its own log
-            print(f"trainyard preload: {name} failed to import ({type(e).__name__}: {e})", file=sys.stderr)
-            continue
-        took[name] = round(time.perf_counter() - started, 2)
-    return took
+    return preload_modules(PRELOAD if modules is None else modules, who="trainyard preload")
 
 
 def main() -> None:

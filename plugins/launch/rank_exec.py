@@ -66,7 +66,7 @@ def _entry(argv: list[str]) -> tuple[str, bool, list[str]]:
     if not argv:
         raise SystemExit("rank_exec: no entrypoint given after '--'")
     entry, *args = argv
-    return entry, not (entry.endswith(".py") or os.sep in entry), args
+    return entry, rank_zygote.is_module(entry), args
 
 
 def _command(entry: str, module: bool, args: list[str]) -> list[str]:

@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from plugins.launch.processes import is_alive
+from plugins.preload import preload
 
 ADDRESS_ENV = "TRAINYARD_RANK_ZYGOTE"
 """The variable that names the zygote's socket to the ranks' wrappers: `@NAME`, for the abstract
@@ -98,6 +99,11 @@ first saves or restores; and torchrun and what `plugins.launch.agent` imports, f
 the local launcher has forked too (the agent module itself runs as `__main__`)."""
 
 
+def is_module(entry: str) -> bool:
+    """An entrypoint run with `python -m` (`pkg.mod`) rather than as a script (`x.py`, `a/b`)."""
+    return not (entry.endswith(".py") or os.sep in entry)
+
+
 def entry_imports(entry: str, module: bool, cwd: Path) -> list[str]:
     """The absolute imports at the top level of the entrypoint's source: what it imports
     anyway, first thing, in every rank. Imports under `if`/`try` (TYPE_CHECKING, optional
@@ -123,21 +129,6 @@ def entry_imports(entry: str, module: bool, cwd: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module != "__future__":
             names.append(node.module)
     return list(dict.fromkeys(names))
-
-
-def preload(modules: list[str]) -> dict[str, float]:
-    """Import `modules`, returning the seconds each took. A module that fails is reported and
-    skipped: the rank imports it again and fails in its own log, as without the zygote."""
-    took: dict[str, float] = {}
-    for name in modules:
-        started = time.perf_counter()
-        try:
-            importlib.import_module(name)
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - reported; the rank fails on it itself
-            print(f"rank zygote: cannot preload {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-            continue
-        took[name] = round(time.perf_counter() - started, 2)
-    return took
 
 
 @dataclass
@@ -393,7 +384,7 @@ def start(python: str, address: str, agents: list[tuple[int, int | None]], entry
     the watched `agents` (pid, start ticks) are gone, or it forked the agents itself). Returns
     its pid; None when it could not start (everything then starts as plain processes)."""
     watched = ",".join(f"{pid}:{ticks or 0}" for pid, ticks in agents)
-    module = not (entry.endswith(".py") or os.sep in entry)
+    module = is_module(entry)
     command = [python, "-m", "plugins.launch.rank_zygote", "--address", address, "--agents", watched,
                *(["-m"] if module else []), entry]
     try:
@@ -421,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     listener.listen(64)  # the wrappers wait in the backlog until the imports are done
     modules = list(dict.fromkeys([*ALWAYS, *entry_imports(entry, module, Path.cwd())]))
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # an import-time is_available() must not init CUDA
-    took = preload(modules)
+    took = preload(modules, who="rank zygote")
     print(f"rank zygote: preloaded {len(took)}/{len(modules)} modules in {sum(took.values()):.1f} s: {took}",
           file=sys.stderr, flush=True)
     torch = sys.modules.get("torch")
