@@ -127,6 +127,8 @@ def _into_jobs_folder(spec: Path, name: str, jobs_dir: Path) -> Path:
 
 def _wait_for_dag(client: AirflowClient, dag_id: str, spec: Path) -> None:
     deadline = time.monotonic() + DAG_WAIT_S
+    if dag_id not in client.dags():
+        client.request_parse()  # a new spec: parsed now, not at the next periodic parse
     while dag_id not in client.dags():
         broken = [e for e in client.import_errors() if spec.name in e.get("stack_trace", "")]
         if broken:

@@ -52,8 +52,11 @@ class RunningStack:
             (self.jobs_dir / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
 
     def add_jobs(self, specs: dict[str, dict[str, object]], *, timeout_s: float = 120) -> None:
-        """`write_jobs`, then wait until Airflow lists their DAGs."""
+        """`write_jobs`, then wait until Airflow lists their DAGs (asking for the parse, as
+        `trainyard submit` does)."""
         self.write_jobs(specs)
+        if not set(specs) <= set(self.client.dags()):
+            assert self.client.request_parse(), "no DAG of the jobs' DAG file to ask a parse with"
         deadline = time.monotonic() + timeout_s
         while not set(specs) <= set(self.client.dags()):
             assert time.monotonic() < deadline, f"DAGs {sorted(set(specs) - set(self.client.dags()))} never " \
