@@ -78,6 +78,8 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCAL_ADDRESSES = frozenset({"127.0.0.1", "localhost", "::1", socket.gethostname()})
 RUN_MARKER = "TRAINYARD_RUN_DIR"
+AGENT_MODULE = "plugins.launch.agent"
+"""Each node's torchrun agent (`python -m`), forked by the attempt's zygote where there is one."""
 INHERITED_TORCH_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                  "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
 
@@ -224,8 +226,7 @@ class LocalLauncher:
 
     def _start_agent(self, job: TrainingJob, placement: Placement, node: Any, env: Mapping[str, str],
                      run_dir: Path, port: int, entry: str, attempt: int) -> AgentRecord:
-        cmd = [
-            self.python, "-m", "plugins.launch.agent",
+        agent_args = [
             "--exit-file", str(run_dir / "agents" / f"{node.name}.exit.json"), "--",
             "--nnodes", str(len(placement.nodes)), "--node-rank", str(node.node_rank),
             "--nproc-per-node", str(node.slots),
@@ -239,21 +240,22 @@ class LocalLauncher:
         if placement.gpu_type != "cpu" and node.devices:
             node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.devices))
         with (run_dir / "agents" / f"{node.name}.log").open("ab") as log:
-            pid = self._fork_agent(cmd, node_env, log.fileno())
+            pid = self._fork_agent(agent_args, node_env, log.fileno())
             if pid is None:
+                cmd = [self.python, "-m", AGENT_MODULE, *agent_args]
                 pid = subprocess.Popen(cmd, cwd=self.source_dir, env=node_env, stdin=subprocess.DEVNULL,
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True).pid
         return AgentRecord(node=node.name, node_rank=node.node_rank, pid=pid, pgid=pid,
                            start_ticks=processes.start_ticks(pid), nproc=node.slots)
 
-    def _fork_agent(self, cmd: list[str], env: dict[str, str], log: int) -> int | None:
+    def _fork_agent(self, agent_args: list[str], env: dict[str, str], log: int) -> int | None:
         """The agent forked by the attempt's zygote (torch already imported; a session of its
         own, as `start_new_session` gives), or None to start it as a plain process."""
         name = env.get(rank_zygote.ADDRESS_ENV)
         if not name:
             return None
-        request = rank_zygote.Request(entry=cmd[2], module=True, args=cmd[3:], env=env, cwd=str(self.source_dir),
-                                      detached=True)  # it outlives this process, as the launch does
+        request = rank_zygote.Request(entry=AGENT_MODULE, module=True, args=agent_args, env=env,
+                                      cwd=str(self.source_dir), detached=True)  # it outlives this process, as the launch does
         with open(os.devnull, "rb") as devnull:
             answer = rank_zygote.ask(name, request, [devnull.fileno(), log, log])
         if answer is None:
