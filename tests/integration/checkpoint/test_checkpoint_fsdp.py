@@ -4,6 +4,7 @@ and a SIGKILL mid-save. The job script is `fsdp_job.py` beside this file."""
 from __future__ import annotations
 
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,12 @@ class TrainedJob:
     def run(self, mode: str, *extra: str, nproc: int = 2, steps: int = 4
             ) -> subprocess.CompletedProcess[str]:
         return run_torchrun(JOB_SCRIPT, self.args(mode, *extra, steps=steps), nproc=nproc,
-                            timeout=TIMEOUT)
+                            timeout=TIMEOUT, fork_ranks=_run_dir(self.staging.parent))
+
+
+def _run_dir(parent: Path) -> Path:
+    """A fresh folder for one launch's rank records (`run_torchrun`'s `fork_ranks`)."""
+    return Path(tempfile.mkdtemp(prefix="launch-", dir=parent))
 
 
 def _train(tmp: Path, root: str, *extra: str, endpoint_url: str | None = None) -> TrainedJob:
@@ -142,6 +148,7 @@ def test_ranks_with_different_parameters_keep_their_own_optimizer_state(tmp_path
     betas) come back to that rank — nothing collides under a shared DCP key."""
     root = (tmp_path / "objects" / "jobs" / JOB / "checkpoints").as_uri()
     out = check(run_torchrun(Path(__file__).with_name("stages_job.py"),
-                             [root, JOB, str(tmp_path / "staging")], timeout=TIMEOUT))
+                             [root, JOB, str(tmp_path / "staging")], timeout=TIMEOUT,
+                             fork_ranks=_run_dir(tmp_path)))
     assert "STAGE_MATCH rank=0 lr=0.01" in out.stdout
     assert "STAGE_MATCH rank=1 lr=0.02" in out.stdout

@@ -20,7 +20,7 @@ JOB = Path(__file__).with_name("equivalence_job.py")
 @pytest.fixture(scope="module")
 def trajectories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[float]]:
     out = tmp_path_factory.mktemp("equivalence-2d") / "losses.json"
-    check(run_torchrun(JOB, [str(out), *PLANS_2D], nproc=4, timeout=600))
+    check(run_torchrun(JOB, [str(out), *PLANS_2D], nproc=4, timeout=600, fork_ranks=out.parent))
     return json.loads(out.read_text())
 
 

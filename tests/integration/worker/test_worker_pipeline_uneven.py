@@ -23,7 +23,7 @@ LAYERS = 5
 @pytest.fixture(scope="module")
 def trajectories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[float]]:
     out = tmp_path_factory.mktemp("equivalence-uneven") / "losses.json"
-    check(run_torchrun(JOB, [str(out), f"--layers={LAYERS}", *PLANS_UNEVEN], nproc=2, timeout=600))
+    check(run_torchrun(JOB, [str(out), f"--layers={LAYERS}", *PLANS_UNEVEN], nproc=2, timeout=600, fork_ranks=out.parent))
     return json.loads(out.read_text())
 
 
