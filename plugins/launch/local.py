@@ -67,7 +67,7 @@ from plugins.launch.files import (
     read_rank_records,
 )
 from plugins.launch.model import AgentRecord, AgentStatus, RankStatus, RunHandle, RunStatus
-from plugins.launch.rank_exec import log_path
+from plugins.launch.rank_exec import log_path, torchrun_args
 
 if TYPE_CHECKING:
     from config.spec import TrainingJob
@@ -233,8 +233,7 @@ class LocalLauncher:
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--rdzv-id", f"{job.metadata.name}-{placement.run}-{attempt}", "--local-addr", "127.0.0.1",
             "--max-restarts", str(self.max_restarts),
-            "-m", "plugins.launch.rank_exec", "--run-dir", str(run_dir), "--",
-            entry, *job.spec.source.args, *learning_rate_args(job),
+            *torchrun_args(run_dir, entry, [*job.spec.source.args, *learning_rate_args(job)]),
         ]
         node_env = dict(env, TRAINYARD_NODE=node.name)
         if placement.gpu_type != "cpu" and node.devices:

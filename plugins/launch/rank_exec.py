@@ -41,6 +41,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from plugins.files import write_atomic
@@ -52,6 +53,15 @@ CONTROL_PLANE_CODES = frozenset({42, 43, 44, 45, 46})
 (copied: this wrapper imports nothing heavy; a unit test holds the two in step)."""
 
 SURVIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+def torchrun_args(run_dir: str | os.PathLike[str], entry: str, args: Sequence[str] = (), *,
+                  stdout: bool = False) -> list[str]:
+    """What follows torchrun's own options so that every rank runs `entry args` under this
+    wrapper (see Usage): for the local launcher's agents, the Volcano pods (`stdout`) and the
+    tests' torchrun jobs alike."""
+    return ["-m", "plugins.launch.rank_exec", "--run-dir", os.fspath(run_dir),
+            *(["--stdout"] if stdout else []), "--", entry, *args]
+
 
 def record_path(run_dir: Path, rank: int) -> Path:
     return run_dir / "ranks" / f"rank-{rank:05d}.json"

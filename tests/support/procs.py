@@ -40,38 +40,36 @@ def run_torchrun(
     nproc: int = 2,
     env: Mapping[str, str] | None = None,
     timeout: float = 300,
-    module: bool = False,
-    warm: tuple[str, Path] | None = None,
     fork_ranks: Path | None = None,
+    rank_logs: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run `torchrun --standalone --nproc-per-node N script args…` and return its output.
 
-    `warm=(entrypoint, log)`: for `rank_exec` runs, start the attempt's warm rank starter for
-    `entrypoint` beside torchrun, as the local launcher does, so the ranks are forked from it.
-    `fork_ranks=RUN_DIR`: run `script` that way — torchrun starts `rank_exec` (its records under
-    RUN_DIR, the ranks' output on torchrun's), and the zygote, which imported the script's
-    imports once, forks every rank: the local launcher's path, and one import of torch and DCP
-    (~5 CPU-s on the 2-core machine) per launch instead of one per rank."""
-    from plugins.launch import processes, rank_zygote
+    `fork_ranks=RUN_DIR`: run the script as the local launcher runs an entrypoint — torchrun
+    starts `rank_exec` (its records under RUN_DIR) and the attempt's warm rank starter, which
+    imported the script's imports once, forks every rank: one import of torch and DCP (~5 CPU-s
+    on the 2-core machine) per launch instead of one per rank. The ranks' output is torchrun's
+    (returned here), or with `rank_logs` in RUN_DIR's `ranks/rank-NNNNN.log`, as the launcher
+    keeps it. `TRAINYARD_WARM_RANKS=0` in `env` turns the zygote off."""
+    from plugins.launch import processes, rank_exec, rank_zygote
 
-    if fork_ranks is not None:
-        entry = str(script)
-        args = ["--run-dir", str(fork_ranks), "--stdout", "--", *(["-m"] if module else []), entry, *args]
-        script, module, warm = "plugins.launch.rank_exec", True, (entry, fork_ranks / "zygote.log")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    cmd += ["-m", str(script)] if module else [str(script)]
-    cmd += list(args)
+    if fork_ranks is not None:
+        cmd += rank_exec.torchrun_args(fork_ranks, str(script), args, stdout=not rank_logs)
+    else:
+        cmd += [str(script), *args]
     full_env = test_env(env)
-    warm = warm if full_env.get(rank_zygote.SWITCH_ENV, "1") != "0" else None
-    if warm:
+    zygote_log = fork_ranks / "zygote.log" \
+        if fork_ranks is not None and full_env.get(rank_zygote.SWITCH_ENV, "1") != "0" else None
+    if zygote_log is not None:
         full_env[rank_zygote.ADDRESS_ENV] = rank_zygote.new_address()
     with subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as proc:
-        if warm:
+        if zygote_log is not None:
             rank_zygote.start(sys.executable, full_env[rank_zygote.ADDRESS_ENV],
-                              [(proc.pid, processes.start_ticks(proc.pid))], warm[0], env=full_env,
-                              cwd=REPO_ROOT, log=warm[1])
+                              [(proc.pid, processes.start_ticks(proc.pid))], str(script), env=full_env,
+                              cwd=REPO_ROOT, log=zygote_log)
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

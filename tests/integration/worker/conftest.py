@@ -116,11 +116,9 @@ def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, at
         mlflow_tracking_uri=mlflow[0], mlflow_run_id=mlflow[1])
     full_env = {**worker_env.to_env(), "TRAINYARD_FAULTS": faults,
                 "TRAINYARD_DATA_CACHE_DIR": str(run_dir.parent / "data-cache"), **(env or {})}
-    result = run_torchrun("plugins.launch.rank_exec",
-                          ["--run-dir", str(run_dir), "--", "worker/train.py",
-                           "--summary", str(run_dir / "summary.json")],
-                          module=True, nproc=plan.world_size, env=full_env, timeout=300,
-                          warm=("worker/train.py", run_dir / "zygote.log"))
+    result = run_torchrun("worker/train.py", ["--summary", str(run_dir / "summary.json")],
+                          nproc=plan.world_size, env=full_env, timeout=300, fork_ranks=run_dir,
+                          rank_logs=True)
     return WorkerRun(result, run_dir, plan.world_size)
 
 
