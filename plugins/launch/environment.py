@@ -78,7 +78,8 @@ def job_environment(job: TrainingJob, plan: Plan, worker_env: WorkerEnv, *, gpu:
     return env
 
 
-def learning_rate_args(job: TrainingJob) -> list[str]:
-    """`--lr X` when the spec sets `training.learningRate` (config/spec.py's contract)."""
+def entry_args(job: TrainingJob) -> list[str]:
+    """The entrypoint's arguments, on every launcher: the spec's `source.args`, then `--lr X`
+    when the spec sets `training.learningRate` (config/spec.py's contract)."""
     lr = job.spec.training.learning_rate
-    return ["--lr", repr(lr)] if lr is not None else []
+    return [*job.spec.source.args, *(["--lr", repr(lr)] if lr is not None else [])]

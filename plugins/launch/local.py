@@ -53,8 +53,8 @@ from plugins.launch import processes, rank_zygote
 from plugins.launch.base import LaunchError
 from plugins.launch.environment import (
     TORCHRUN_ENV,
+    entry_args,
     job_environment,
-    learning_rate_args,
     run_dir_for,
 )
 from plugins.launch.exit_codes import describe
@@ -67,7 +67,7 @@ from plugins.launch.files import (
     read_rank_records,
 )
 from plugins.launch.model import AgentRecord, AgentStatus, RankStatus, RunHandle, RunStatus
-from plugins.launch.rank_exec import log_path, torchrun_args
+from plugins.launch.rank_exec import log_path, rank_exec_args
 
 if TYPE_CHECKING:
     from config.spec import TrainingJob
@@ -233,7 +233,7 @@ class LocalLauncher:
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--rdzv-id", f"{job.metadata.name}-{placement.run}-{attempt}", "--local-addr", "127.0.0.1",
             "--max-restarts", str(self.max_restarts),
-            *torchrun_args(run_dir, entry, [*job.spec.source.args, *learning_rate_args(job)]),
+            *rank_exec_args(run_dir, entry, entry_args(job)),
         ]
         node_env = dict(env, TRAINYARD_NODE=node.name)
         if placement.gpu_type != "cpu" and node.devices:

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from plugins.launch.environment import TORCHRUN_ENV, job_environment, learning_rate_args
-from plugins.launch.rank_exec import torchrun_args
+from plugins.launch.environment import TORCHRUN_ENV, entry_args, job_environment
+from plugins.launch.rank_exec import rank_exec_args
 from plugins.placement.fairshare import BASE_PRIORITY
 from plugins.placement.inventory import RACK_LABEL, UNKNOWN_RACK
 
@@ -283,8 +283,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         "--max-restarts", str(options.torchrun_max_restarts),
         # Each rank through the one exit recorder the local launcher uses too: torchrun itself
         # exits 1 whatever a rank's code was (42 diverged, 46 OOM, …).
-        *torchrun_args(worker_env.run_dir, job.spec.source.entrypoint,
-                       [*job.spec.source.args, *learning_rate_args(job)], stdout=True),
+        *rank_exec_args(worker_env.run_dir, job.spec.source.entrypoint, entry_args(job), stdout=True),
     ]
     resources: dict[str, Any] = {}
     if gpu:

@@ -54,8 +54,9 @@ CONTROL_PLANE_CODES = frozenset({42, 43, 44, 45, 46})
 
 SURVIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-def torchrun_args(run_dir: str | os.PathLike[str], entry: str, args: Sequence[str] = (), *,
-                  stdout: bool = False) -> list[str]:
+
+def rank_exec_args(run_dir: str | os.PathLike[str], entry: str, args: Sequence[str] = (), *,
+                   stdout: bool = False) -> list[str]:
     """What follows torchrun's own options so that every rank runs `entry args` under this
     wrapper (see Usage): for the local launcher's agents, the Volcano pods (`stdout`) and the
     tests' torchrun jobs alike."""

@@ -56,7 +56,7 @@ def run_torchrun(
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     if fork_ranks is not None:
-        cmd += rank_exec.torchrun_args(fork_ranks, str(script), args, stdout=not rank_logs)
+        cmd += rank_exec.rank_exec_args(fork_ranks, str(script), args, stdout=not rank_logs)
     else:
         cmd += [str(script), *args]
     full_env = test_env(env)
