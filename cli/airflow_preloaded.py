@@ -15,8 +15,16 @@ Fork safety: nothing here runs a computation or opens a connection, and the impo
 Python thread (`threading.enumerate()` after them: the main thread only). They do start native
 threads (3 more OS threads: BLAS pools and pyarrow's jemalloc background thread); a fork copies
 only the forking thread, and forking after `import torch`/numpy is what every DataLoader worker
-does. Only the processes that fork tasks use this module; the API server, the DAG processor and
-the triggerer start bare.
+does.
+
+The DAG processor forks too: one process per parse of a DAG file, every 30 s per file and on each
+`trainyard submit`. It starts with what the DAG files import (`PARSE_PRELOAD`: the DAG factory,
+its operators and sensors, the spec's models and rules — no torch, MLflow or Great Expectations),
+so a parse reads the specs and builds the DAGs instead of importing them first. The API server and
+the triggerer fork nothing and start bare.
+
+What a preloaded process imported it keeps: after a change to those modules (not to the specs or
+the DAG files, which every parse reads again) restart the stack, as for any Airflow deployment.
 """
 
 from __future__ import annotations
@@ -38,6 +46,24 @@ PRELOAD = (
 )
 """The heavy imports of the job DAG's tasks, in the order their dependencies suggest."""
 
+PARSE_PRELOAD = (
+    "dags.factory",
+    "config.loader",
+    "config.rules",
+    "config.cluster",
+    "operators.retrain",
+    "operators.datasets",
+    "operators.maintenance",
+    "plugins.data.assets",
+)
+"""What the DAG files (`dags/`) import: the DAG processor's parses start with it."""
+
+
+def modules_for(command: str) -> tuple[str, ...]:
+    """The preload of an Airflow subcommand: the DAG processor's parses need the DAG files'
+    imports; the scheduler's (and Celery's) tasks need the tasks' heavy ones."""
+    return PARSE_PRELOAD if command == "dag-processor" else PRELOAD
+
 def preload(modules: tuple[str, ...] | None = None) -> dict[str, float]:
     """Import `modules` (default `PRELOAD`); returns module → seconds. A module that fails to import is reported
     and skipped: the task that needs it will raise the same error where a person looks."""
@@ -45,7 +71,7 @@ def preload(modules: tuple[str, ...] | None = None) -> dict[str, float]:
 
 
 def main() -> None:
-    took = preload()
+    took = preload(modules_for(sys.argv[1] if len(sys.argv) > 1 else ""))
     print(f"trainyard preload: {sum(took.values()):.1f} s {took}", file=sys.stderr, flush=True)
     from airflow.__main__ import main as airflow_main
 

@@ -102,12 +102,12 @@ class Stack:
         return env
 
     def _command(self, component: str) -> list[str]:
-        # The parts that fork tasks start with the tasks' heavy imports done (`cli.airflow_preloaded`).
+        # The parts that fork tasks or parses start with their imports done (`cli.airflow_preloaded`).
         if component == "celery-worker":
             return [sys.executable, "-m", "cli.airflow_preloaded", "celery", "worker", "--concurrency", "8",
                     "--skip-serve-logs"]
         if component in AIRFLOW:
-            launcher = "cli.airflow_preloaded" if component == "scheduler" else "airflow"
+            launcher = "cli.airflow_preloaded" if component in ("scheduler", "dag-processor") else "airflow"
             args = [sys.executable, "-m", launcher, component]
             if component == "api-server":
                 return [*args, "--port", str(self.port), "--host", "127.0.0.1"]

@@ -27,6 +27,7 @@ STEPS: dict[str, str] = {
         "plugins.data.datasets", "plugins.data.rows", "plugins.data.shards", "plugins.storage.store",
         "plugins.tracking.system_metrics", "plugins.validation.data_quality", "cli.models", "cli.cost")),
     "dag_files": "import runpy; runpy.run_path('dags/training_jobs.py')",
+    "dag_processor_preload": "from cli.airflow_preloaded import PARSE_PRELOAD, preload; preload(PARSE_PRELOAD)",
 }
 
 _PROBE = """

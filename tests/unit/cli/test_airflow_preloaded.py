@@ -1,4 +1,4 @@
-"""The parts of the stack that fork tasks start with the tasks' heavy imports done
+"""The parts of the stack that fork tasks or DAG-file parses start with their imports done
 (`cli.airflow_preloaded`), and then are Airflow's own command line, unchanged."""
 
 from __future__ import annotations
@@ -22,14 +22,24 @@ def test_preload_imports_each_module_and_reports_one_that_fails(capsys: pytest.C
 
 def test_every_preloaded_module_exists() -> None:
     """A misspelt name would cost nothing visible but the seconds it was meant to save."""
-    assert [name for name in airflow_preloaded.PRELOAD if importlib.util.find_spec(name) is None] == []
+    names = airflow_preloaded.PRELOAD + airflow_preloaded.PARSE_PRELOAD
+    assert [name for name in names if importlib.util.find_spec(name) is None] == []
 
 
-def test_only_the_parts_that_fork_tasks_start_preloaded(tmp_path: Path) -> None:
+def test_the_dag_processor_preloads_what_the_dag_files_import_and_nothing_heavy() -> None:
+    assert airflow_preloaded.modules_for("dag-processor") == airflow_preloaded.PARSE_PRELOAD
+    assert airflow_preloaded.modules_for("scheduler") == airflow_preloaded.PRELOAD
+    assert airflow_preloaded.modules_for("celery") == airflow_preloaded.PRELOAD
+    from tests.support.imports import assert_none_loaded
+
+    assert_none_loaded("dag_processor_preload", {"torch", "mlflow", "boto3", "great_expectations"})
+
+
+def test_only_the_parts_that_fork_start_preloaded(tmp_path: Path) -> None:
     stack = Stack(home=tmp_path / "home", overrides={"AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"})
     launchers = {part: stack._command(part)[2] for part in stack.components}
     assert launchers == {"api-server": "airflow", "scheduler": "cli.airflow_preloaded",
-                         "dag-processor": "airflow", "triggerer": "airflow", "celery-worker": "cli.airflow_preloaded"}
+                         "dag-processor": "cli.airflow_preloaded", "triggerer": "airflow", "celery-worker": "cli.airflow_preloaded"}
     assert stack._command("scheduler")[3:] == ["scheduler", "--skip-serve-logs"]
 
 
