@@ -14,7 +14,8 @@ venv: $(STAMP)
 # --compile-bytecode: pip compiles the installed modules, uv does not. Without the .pyc files every
 # Python process compiles what it imports, and where PYTHONDONTWRITEBYTECODE is set (this machine's
 # shell, most images) never stops doing so: `import worker.train` took 12.3 CPU-s instead of 4.6,
-# and the suite spawns hundreds of such processes (Airflow tasks, ranks, pods). ~40 s more once.
+# and the suite starts hundreds of fresh processes (rank starters, torchrun, Airflow's parts, pods).
+# The install takes ~40 s longer, once.
 UV_VERSION := 0.13.9
 UV_FIND_LINKS := $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 

@@ -64,6 +64,7 @@ def modules_for(command: str) -> tuple[str, ...]:
     imports; the scheduler's (and Celery's) tasks need the tasks' heavy ones."""
     return PARSE_PRELOAD if command == "dag-processor" else PRELOAD
 
+
 def preload(modules: tuple[str, ...] | None = None) -> dict[str, float]:
     """Import `modules` (default `PRELOAD`); returns module → seconds. A module that fails to import is reported
     and skipped: the task that needs it will raise the same error where a person looks."""
