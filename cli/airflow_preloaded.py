@@ -65,10 +65,10 @@ def modules_for(command: str) -> tuple[str, ...]:
     return PARSE_PRELOAD if command == "dag-processor" else PRELOAD
 
 
-def preload(modules: tuple[str, ...] | None = None) -> dict[str, float]:
-    """Import `modules` (default `PRELOAD`); returns module → seconds. A module that fails to import is reported
+def preload(modules: tuple[str, ...]) -> dict[str, float]:
+    """Import `modules`; returns module → seconds. A module that fails to import is reported
     and skipped: the task that needs it will raise the same error where a person looks."""
-    return preload_modules(PRELOAD if modules is None else modules, who="trainyard preload")
+    return preload_modules(modules, who="trainyard preload")
 
 
 def main() -> None:

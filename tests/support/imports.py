@@ -30,6 +30,10 @@ STEPS: dict[str, str] = {
     "dag_processor_preload": "from cli.airflow_preloaded import PARSE_PRELOAD, preload; preload(PARSE_PRELOAD)",
 }
 
+DAG_PARSE_HEAVY = frozenset({"torch", "mlflow", "boto3", "great_expectations"})
+"""What neither a parse of the DAG files nor the DAG processor's preload may load: each parse would
+pay for it (tasks import their heavy modules when they run)."""
+
 _PROBE = """
 import json, sys
 steps = json.loads(sys.argv[1])
