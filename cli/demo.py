@@ -16,7 +16,8 @@ What a team sees when Trainyard runs their job, on this machine, with real parts
    version, the plot, and where to look in both UIs.
 
 The stack stays up for browsing (`make down` stops it; `--stop` or `STOP=1` stops it at the
-end). `--no-crash` skips the injected failure. Exit 0 when the run completed, recovered from
+end). `--no-crash` skips the injected failure; `--max-steps N` trains a shorter run (the
+DAG's `max_steps` Param; the end-to-end test's, as a user would shorten it). Exit 0 when the run completed, recovered from
 the injected crash and was registered.
 """
 
@@ -46,12 +47,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--no-crash", action="store_true", help="do not inject the mid-run worker crash")
     p.add_argument("--crash-at-step", type=int, default=120, help="kill rank 1 before this step")
+    p.add_argument("--max-steps", type=int, default=None, metavar="N",
+                   help="train N steps instead of the spec's training.maxSteps (200)")
     p.add_argument("--stop", action="store_true", default=os.environ.get("STOP", "") not in ("", "0"),
                    help="stop the stack at the end (default: leave it up for browsing; STOP=1)")
     p.add_argument("--port", type=int, default=int(os.environ.get("TRAINYARD_AIRFLOW_PORT", "8080")),
                    help="Airflow's port (default 8080)")
     p.add_argument("--timeout-s", type=float, default=900.0, help="give up waiting after this long")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.max_steps is not None and not args.no_crash and not 1 < args.crash_at_step <= args.max_steps:
+        p.error(f"--crash-at-step {args.crash_at_step} must lie in 2..--max-steps ({args.max_steps}) "
+                "for the crash to happen; or pass --no-crash")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +92,8 @@ def run_demo(args: argparse.Namespace) -> None:
     client = AirflowClient(stack.url)
     try:
         conf: dict[str, Any] = {} if args.no_crash else {"fault_kill_rank": 1, "fault_kill_at_step": args.crash_at_step}
+        if args.max_steps is not None:
+            conf["max_steps"] = args.max_steps
         _step("3/5 submit", f"DAG {job.name} through Airflow's REST API"
               + ("" if args.no_crash else f", with rank 1 killed at step {args.crash_at_step}"))
         dag_run = client.trigger(job.name, conf, note="make demo")["dag_run_id"]

@@ -3,8 +3,9 @@ DAG's trigger form into the tiny 2-rank CPU job, ends with its own action — an
 ever deletes a committed checkpoint.
 
 The folder's shared stack (`conftest.py`), with a real node agent per local node (fault
-injection on) that the health watch polls. Two spec copies of the demo job check every 5 steps, keep every
-checkpoint and time a hang out after 30 s; one of them has no restart budget. The local
+injection on) that the health watch polls. Three spec copies of the demo job check every 5 steps, keep
+every checkpoint and time a hang out after 30 s; one of them has no restart budget, one (the OOM's)
+keeps the demo's model. The local
 cluster has two nodes of two slots, so two training runs share the stack at a time:
 (NaN, hang + corrupt checkpoint), then (OOM, budget spent), then the failed GPU alone (its
 node is cordoned for every later placement). What is checked is what the runs left behind:
@@ -30,30 +31,37 @@ from cli.airflow_api import (
     follow_training_run,
 )
 from plugins.checkpoint.manifest import parse_step_dir
-from tests.e2e.airflow_stack import DEMO, RunningStack
+from tests.e2e.airflow_stack import DEMO, SMALLER_MODEL, RunningStack
 
 pytestmark = pytest.mark.slow
 
 JOB = "recovery-tiny"
 NO_BUDGET = "recovery-tiny-nobudget"
+OOM_JOB = "recovery-tiny-oom"
+BUDGETS = {JOB: 3, NO_BUDGET: 0, OOM_JOB: 3}
+"""Each spec's restart budget. The OOM's spec keeps the demo's model, whose size the re-plan
+needs (`SMALLER_MODEL`); the others train the stacks' smaller one (a step of the demo's model
+cost the two ranks 0.31 CPU-s, of this one 0.05)."""
 STEPS = 30
 INTERVAL = 5
 HANG_TIMEOUT_S = 30
 
 
-def _spec(name: str, *, max_restarts: int) -> dict[str, Any]:
+def _spec(name: str) -> dict[str, Any]:
     spec = yaml.safe_load(DEMO.read_text())
     spec["metadata"]["name"] = name
+    if name != OOM_JOB:
+        spec["spec"]["parallelism"]["hints"].update(SMALLER_MODEL)
     spec["spec"]["checkpoint"] = {"intervalSteps": INTERVAL, "maxKeep": 100}
     spec["spec"]["training"]["maxSteps"] = STEPS
-    spec["spec"]["faultTolerance"] = {"maxRestarts": max_restarts, "hangTimeout": f"{HANG_TIMEOUT_S}s",
+    spec["spec"]["faultTolerance"] = {"maxRestarts": BUDGETS[name], "hangTimeout": f"{HANG_TIMEOUT_S}s",
                                       "inPlaceRestarts": 1}
     return spec
 
 
 @pytest.fixture(scope="module")
 def stack(shared: RunningStack) -> RunningStack:
-    shared.add_jobs({name: _spec(name, max_restarts=budget) for name, budget in ((JOB, 3), (NO_BUDGET, 0))})
+    shared.add_jobs({name: _spec(name) for name in BUDGETS})
     return shared
 
 
@@ -63,7 +71,7 @@ def stack(shared: RunningStack) -> RunningStack:
 def _job(name: str = JOB):
     from config.spec import TrainingJob
 
-    return TrainingJob.model_validate(_spec(name, max_restarts=3 if name == JOB else 0))
+    return TrainingJob.model_validate(_spec(name))
 
 
 def _root(s: RunningStack, run: str, name: str = JOB) -> str:
@@ -158,7 +166,7 @@ def second_pair(stack: RunningStack, first_pair: dict[str, Any]) -> dict[str, st
     """OOM at step 4, and a crash with no restart budget: once the first pair is done."""
     for key in ("nan", "hang"):
         _follow(stack, first_pair[key])
-    oom = stack.client.trigger(JOB, {"fault_oom_at_step": 4})["dag_run_id"]
+    oom = stack.client.trigger(OOM_JOB, {"fault_oom_at_step": 4})["dag_run_id"]
     broke = stack.client.trigger(NO_BUDGET, {"fault_kill_rank": 1, "fault_kill_at_step": 12})["dag_run_id"]
     return {"oom": oom, "broke": broke}
 
@@ -231,15 +239,15 @@ def test_a_corrupt_newest_checkpoint_is_quarantined_and_kept_and_the_previous_on
 def test_oom_re_plans_with_less_memory(stack: RunningStack, second_pair: dict[str, str]) -> None:
     from plugins.advisor.plan import Plan
 
-    attempts = _follow(stack, second_pair["oom"])
+    attempts = _follow(stack, second_pair["oom"], OOM_JOB)
     assert [(a.outcome, a.action) for a in attempts] == [("oom", "replan"), ("completed", "register")], \
         f"{attempts}\n{stack.logs()}"
-    before = Plan.model_validate(stack.client.xcom(JOB, attempts[0].dag_run_id, "plan_parallelism"))
-    after = Plan.model_validate(stack.client.xcom(JOB, attempts[1].dag_run_id, "plan_parallelism"))
+    before = Plan.model_validate(stack.client.xcom(OOM_JOB, attempts[0].dag_run_id, "plan_parallelism"))
+    after = Plan.model_validate(stack.client.xcom(OOM_JOB, attempts[1].dag_run_id, "plan_parallelism"))
     assert after.memory_per_gpu_bytes < before.memory_per_gpu_bytes
-    action = stack.client.xcom(JOB, attempts[0].dag_run_id, "classify_outcome", key="action")
+    action = stack.client.xcom(OOM_JOB, attempts[0].dag_run_id, "classify_outcome", key="action")
     assert f"re-planned to {after.describe()}" in action["reason"]  # the new plan, recorded
-    _assert_nothing_deleted(stack, attempts[0].run, STEPS)
+    _assert_nothing_deleted(stack, attempts[0].run, STEPS, OOM_JOB)
 
 
 def test_a_spent_budget_fails_the_dag_with_a_report_of_every_attempt(stack: RunningStack,
@@ -264,7 +272,7 @@ def test_a_failed_gpu_loses_its_node_which_the_next_placement_leaves_out(
     from node_agent.client import clear_faults
     from plugins.recovery.state import JobStateStore
 
-    for key, name in (("oom", JOB), ("broke", NO_BUDGET)):  # alone: its node is cordoned for all
+    for key, name in (("oom", OOM_JOB), ("broke", NO_BUDGET)):  # alone: its node is cordoned for all
         _follow(stack, second_pair[key], name)
     state = JobStateStore(stack.settings.state_db)
     first = stack.client.trigger(JOB, {"fault_fail_gpu_node": "gang"})["dag_run_id"]
