@@ -16,9 +16,9 @@ What a team sees when Trainyard runs their job, on this machine, with real parts
    version, the plot, and where to look in both UIs.
 
 The stack stays up for browsing (`make down` stops it; `--stop` or `STOP=1` stops it at the
-end). `--no-crash` skips the injected failure; `--max-steps N` trains a shorter run (the
-DAG's `max_steps` Param; the end-to-end test's, as a user would shorten it). Exit 0 when the run completed, recovered from
-the injected crash and was registered.
+end). `--no-crash` skips the injected failure; `--max-steps N` trains a shorter run (the DAG's
+`max_steps` Param, as a user would shorten it; the end-to-end test does). Exit 0 when the run
+completed, recovered from the injected crash and was registered.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-crash", action="store_true", help="do not inject the mid-run worker crash")
     p.add_argument("--crash-at-step", type=int, default=120, help="kill rank 1 before this step")
     p.add_argument("--max-steps", type=int, default=None, metavar="N",
-                   help="train N steps instead of the spec's training.maxSteps (200)")
+                   help="train N steps instead of the spec's training.maxSteps")
     p.add_argument("--stop", action="store_true", default=os.environ.get("STOP", "") not in ("", "0"),
                    help="stop the stack at the end (default: leave it up for browsing; STOP=1)")
     p.add_argument("--port", type=int, default=int(os.environ.get("TRAINYARD_AIRFLOW_PORT", "8080")),

@@ -52,4 +52,3 @@ def test_after_the_preload_the_command_line_is_airflows(monkeypatch: pytest.Monk
     airflow_preloaded.main()
     out = capsys.readouterr()
     assert version("apache-airflow") in out.out and "trainyard preload:" in out.err
-
