@@ -21,9 +21,12 @@ Parts (each module's docstring says what it emulates and what not):
 
 Timings (shorter than Kubernetes' so tests stay quick): a node is NotReady `node_grace_s`
 (default 10 s) after its kubelet's last status, its pods are evicted `eviction_s` (default 1 s)
-after that. The controllers run every 0.1 s, the kubelets every 0.2 s. The grace was 3 s; on
-the 2-core machine with the whole suite running, a healthy node's status once came more than
-3 s late, and its training pod was evicted mid-test (a CI failure that was no failure of ours).
+after that. The controllers run every 0.25 s, the kubelets every 0.5 s (`CONTROLLER_TICK_S`,
+`kubelet.Config.sync_s`: they poll over HTTP; an idle harness of three nodes — this process,
+its kubelets and node agents — took 6.5 CPU-s a minute at 0.1 and 0.2 s, 3.2 at these). The
+grace was 3 s; on the 2-core machine with the whole suite running, a healthy node's status once
+came more than 3 s late, and its training pod was evicted mid-test (a CI failure that was no
+failure of ours).
 
 Images: every image is this repository's venv (see `kubelet.py`); `missing_images` lists
 images that fail to pull. The launcher options that fit the harness are `launcher_options()`:
@@ -66,6 +69,8 @@ from tests.support.kube.rest import Rest, RestError
 REPO_ROOT = schemas.REPO_ROOT
 NAMESPACE_PATTERN = re.compile(r"^tyk(\d+)x[0-9a-f]+-")
 FABRIC_PORT = 6443
+CONTROLLER_TICK_S = 0.25
+"""How often the control plane's controllers (jobs, gang scheduler, node lifecycle, DNS) run."""
 DEFAULT_NODES = ("kube-sim-0", "kube-sim-1")
 """The node names of `config/clusters/kube-sim.yaml`."""
 NODES_WITH_SPARE = (*DEFAULT_NODES, "kube-sim-2")
@@ -394,7 +399,7 @@ class KubeHarness:
     def _run_controllers(self) -> None:
         assert self.plane is not None
         plane = self.plane
-        while not self._stop.wait(0.1):
+        while not self._stop.wait(CONTROLLER_TICK_S):
             for part in (plane.server.store.collect_garbage, plane.jobs.tick, plane.scheduler.tick,
                          plane.lifecycle.tick, plane.dns.write):
                 try:

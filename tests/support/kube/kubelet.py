@@ -97,7 +97,7 @@ class Config:
     image_env: dict[str, str] = field(default_factory=dict)
     missing_images: list[str] = field(default_factory=list)
     heartbeat_s: float = 1.0
-    sync_s: float = 0.2
+    sync_s: float = 0.5
 
 
 class CannotStart(Exception):
