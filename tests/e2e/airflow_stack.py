@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
@@ -30,12 +30,23 @@ from tests.support import procs
 DEMO = procs.REPO_ROOT / "config" / "jobs" / "demo-tiny-lm.yaml"
 DAG_ID = "demo-tiny-lm"
 SMALLER_MODEL = {"hiddenSize": 64, "numLayers": 2, "ffnHiddenSize": 176}
-"""The stacks' demo DAG trains the demo's model at a sixth of its parameters: these tests' subject
-is the platform around the model, and the demo job's 60 steps cost 35 instead of 45–48 CPU-s
-(`trainyard launch --offline`, busy CPU from /proc/stat). The demo test (`make demo`) and the
-specs the other tests derive from `DEMO` keep the demo's model (the OOM re-plan needs its size:
-at this one nothing smaller fits the 4 CPU slots after an OOM)."""
+"""The demo's model at a sixth of its parameters, for the e2e specs (`demo_spec`): these tests'
+subject is the platform around the model, and a step of the demo's model costs its two ranks
+0.31 CPU-s, of this one 0.05 (`trainyard launch --local --offline` of 10 and 70 steps of each,
+process accounting). The demo test (`make demo`), the recovery tests' OOM spec (its re-plan needs
+the size: at this one nothing smaller fits the 4 CPU slots after an OOM), the retraining and the
+launch-failure specs keep the demo's model."""
 T = TypeVar("T")
+
+
+def demo_spec(name: str = DAG_ID, *, smaller: bool = True) -> dict[str, Any]:
+    """The demo job's spec (a TrainingJob document) named `name`, training `SMALLER_MODEL`
+    unless `smaller` is False."""
+    spec = yaml.safe_load(DEMO.read_text())
+    spec["metadata"]["name"] = name
+    if smaller:
+        spec["spec"]["parallelism"]["hints"].update(SMALLER_MODEL)
+    return spec
 
 
 @dataclass
@@ -110,9 +121,8 @@ def running_stack(home: Path, *, overrides: dict[str, str] | None = None,
     jobs.mkdir(parents=True)
     # the demo job as the platform runs any job: with the fast path on (the demo spec turns it off
     # to show the control plane's hand-over in the UI)
-    spec = yaml.safe_load(DEMO.read_text())
+    spec = demo_spec()
     spec["spec"]["faultTolerance"]["inPlaceRestarts"] = 1
-    spec["spec"]["parallelism"]["hints"].update(SMALLER_MODEL)
     (jobs / DEMO.name).write_text(yaml.safe_dump(spec, sort_keys=False))
     env = {"TRAINYARD_HOME": str(home), "TRAINYARD_JOBS_DIR": str(jobs), "OMP_NUM_THREADS": "1",
            **({"TRAINYARD_NODE_AGENTS": json.dumps(agents)} if agents else {}), **(overrides or {})}

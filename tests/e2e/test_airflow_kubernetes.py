@@ -23,10 +23,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from cli.airflow_api import AttemptRun, follow_training_run
-from tests.e2e.airflow_stack import DEMO, SMALLER_MODEL, RunningStack, running_stack
+from tests.e2e.airflow_stack import RunningStack, demo_spec, running_stack
 from tests.support.kube.harness import NODES_WITH_SPARE, KubeHarness, harness_or_skip
 
 pytestmark = pytest.mark.slow
@@ -40,12 +39,8 @@ IMAGE = "registry.example.com/trainyard/demo:1"
 
 
 def _spec(steps: int) -> dict[str, Any]:
-    spec = yaml.safe_load(DEMO.read_text())
-    spec["metadata"]["name"] = JOB
+    spec = demo_spec(JOB)  # the smaller model: the subject is the launch path, not the model
     spec["spec"]["image"] = IMAGE
-    # the stacks' smaller model: the subject is the launch path, not the model (a step of the
-    # demo's own model cost the two ranks 0.31 CPU-s, this one's 0.05)
-    spec["spec"]["parallelism"]["hints"].update(SMALLER_MODEL)
     spec["spec"]["checkpoint"] = {"intervalSteps": INTERVAL, "maxKeep": 100}
     spec["spec"]["training"]["maxSteps"] = steps
     # every failure goes through the control plane (a killed pod takes its torchrun with it)

@@ -8,7 +8,7 @@ attempts (screenshots kept beside the test's home for a look).
 
 The run is shortened as a user would shorten it (`--max-steps`, the DAG's `max_steps` Param): 80
 steps with the crash at 60 instead of 200 with it at 120, ~90 steps of training instead of ~220
-(a step of the demo's model costs its two ranks 0.31 CPU-s here). Every part of the path is the
+(its cost per step: `tests.e2e.airflow_stack.SMALLER_MODEL`). Every part of the path is the
 same; the default's numbers are `cli.demo`'s arguments.
 """
 

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
 from cli.airflow_api import follow_training_run
-from tests.e2e.airflow_stack import DEMO, RunningStack
+from tests.e2e.airflow_stack import RunningStack, demo_spec
 
 JOB = "launch-fails"
 
 
 def _spec() -> dict[str, Any]:
-    doc = yaml.safe_load(DEMO.read_text())
-    doc["metadata"]["name"] = JOB
+    doc = demo_spec(JOB, smaller=False)
     doc["spec"]["source"]["entrypoint"] = "worker/no_such_train.py"  # valid as a spec, not on this host
     return doc
 

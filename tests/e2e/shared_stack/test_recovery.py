@@ -3,10 +3,10 @@ DAG's trigger form into the tiny 2-rank CPU job, ends with its own action — an
 ever deletes a committed checkpoint.
 
 The folder's shared stack (`conftest.py`), with a real node agent per local node (fault
-injection on) that the health watch polls. Three spec copies of the demo job check every 5 steps, keep
-every checkpoint and time a hang out after 30 s; one of them has no restart budget, one (the OOM's)
-keeps the demo's model. The local
-cluster has two nodes of two slots, so two training runs share the stack at a time:
+injection on) that the health watch polls. Three spec copies of the demo job check every 5
+steps, keep every checkpoint and time a hang out after 30 s; one of them has no restart budget,
+one (the OOM's) keeps the demo's model. The local cluster has two nodes of two slots, so two
+training runs share the stack at a time:
 (NaN, hang + corrupt checkpoint), then (OOM, budget spent), then the failed GPU alone (its
 node is cordoned for every later placement). What is checked is what the runs left behind:
 the platform state, the object store, MLflow.
@@ -22,7 +22,6 @@ import time
 from typing import Any
 
 import pytest
-import yaml
 
 from cli.airflow_api import (
     AirflowRequestFailed,
@@ -31,7 +30,7 @@ from cli.airflow_api import (
     follow_training_run,
 )
 from plugins.checkpoint.manifest import parse_step_dir
-from tests.e2e.airflow_stack import DEMO, SMALLER_MODEL, RunningStack
+from tests.e2e.airflow_stack import RunningStack, demo_spec
 
 pytestmark = pytest.mark.slow
 
@@ -40,18 +39,14 @@ NO_BUDGET = "recovery-tiny-nobudget"
 OOM_JOB = "recovery-tiny-oom"
 BUDGETS = {JOB: 3, NO_BUDGET: 0, OOM_JOB: 3}
 """Each spec's restart budget. The OOM's spec keeps the demo's model, whose size the re-plan
-needs (`SMALLER_MODEL`); the others train the stacks' smaller one (a step of the demo's model
-cost the two ranks 0.31 CPU-s, of this one 0.05)."""
+needs; the others train the smaller one (`SMALLER_MODEL`)."""
 STEPS = 30
 INTERVAL = 5
 HANG_TIMEOUT_S = 30
 
 
 def _spec(name: str) -> dict[str, Any]:
-    spec = yaml.safe_load(DEMO.read_text())
-    spec["metadata"]["name"] = name
-    if name != OOM_JOB:
-        spec["spec"]["parallelism"]["hints"].update(SMALLER_MODEL)
+    spec = demo_spec(name, smaller=name != OOM_JOB)
     spec["spec"]["checkpoint"] = {"intervalSteps": INTERVAL, "maxKeep": 100}
     spec["spec"]["training"]["maxSteps"] = STEPS
     spec["spec"]["faultTolerance"] = {"maxRestarts": BUDGETS[name], "hangTimeout": f"{HANG_TIMEOUT_S}s",

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.e2e.airflow_stack import DEMO, RunningStack
+from tests.e2e.airflow_stack import RunningStack, demo_spec
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +20,7 @@ JOB = "demo-retrain"
 
 
 def _spec() -> dict[str, Any]:
-    doc = yaml.safe_load(DEMO.read_text())
-    doc["metadata"]["name"] = JOB
+    doc = demo_spec(JOB, smaller=False)
     doc["spec"]["training"]["maxSteps"] = 20
     doc["spec"]["checkpoint"]["intervalSteps"] = 10
     doc["spec"]["retrain"] = {"onAsset": "datasets/pydoc-topics/", "promote": "manual", "evalSamples": 8}

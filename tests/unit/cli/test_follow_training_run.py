@@ -18,6 +18,7 @@ class ScriptedAirflow:
                        attempt_dag_run_id(RUN, 1): [None, "running", "running", "success"]}
         self.calls: list[tuple[str, str]] = []
         self.actions = {"first": "restart", attempt_dag_run_id(RUN, 1): "register"}
+        self.current = ""  # the state the last `dag_run` answered
 
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         self.calls.append(("dag_run", run_id))
