@@ -15,10 +15,11 @@
   walks the one stream below and its state is the same on every rank.
 - A producer thread walks the stream (`plugins.data.stream`): it takes each shard's token ids
   (below), cuts them into windows in the epoch's order, and hands the batches over a
-  shuffle block at a time (`batch_groups`: one lock and one wake-up per block, not per batch —
-  per-batch hand-offs between two threads cost more than cutting the batches). While
-  `prefetch_batches` or more are ready it waits (back-pressure), so memory is bounded by those,
-  one block and the fetch buffers (and, when the cache is too small to keep a shard's tokens,
+  shuffle block at a time (`batch_groups`), and the consumer takes all that are ready at once:
+  one lock and one wake-up per block on each side, not per batch — per-batch hand-offs between
+  two threads cost more than cutting the batches. While `prefetch_batches` or more are ready it
+  waits (back-pressure), so memory is bounded by twice those (ready, and taken but not yet
+  handed out), one block and the fetch buffers (and, when the cache is too small to keep a shard's tokens,
   those of the `prefetch_shards + 1` shards in flight, for each stripe it reads) — not by the
   dataset. (With stripes, a shuffle block's worth of this rank's batches at a time.)
 - While a shard is cut into batches, the next `prefetch_shards` in the epoch's order are made
@@ -113,6 +114,8 @@ class StreamingReader:
         """After the last batch handed out (a `StripedPosition` with more than one stripe)."""
         self._ready: deque[Batch | _Failed] = deque()
         """Batches the producer has handed over, in order (a failure last)."""
+        self._taken: deque[Batch | _Failed] = deque()
+        """Batches the consumer took from `_ready` and has not returned yet, in order."""
         self._handover = threading.Condition(threading.Lock())
         self._room_below = prefetch_batches
         """The producer hands a group over while fewer batches than this are ready: at least
@@ -137,24 +140,31 @@ class StreamingReader:
     # --- batches ----------------------------------------------------------------------------
 
     def next_batch(self) -> Batch:
+        if not self._taken:
+            self._take_ready()
+        item = self._taken[0]
+        if isinstance(item, _Failed):
+            raise item.error  # left in place: every later call fails the same way
+        self._taken.popleft()
+        self.position = item.after
+        return item
+
+    def _take_ready(self) -> None:
+        """Take every batch the producer has handed over, at once: the lock and the wake-up are
+        paid per handed-over group, not per batch (at small batches they were most of the
+        consumer's time), and the producer has room again for as many."""
         if self._thread is None:
             self._start()
         with self._handover:
             while not self._ready:
                 self._handover.wait()
-            item = self._ready[0]
-            if isinstance(item, _Failed):
-                raise item.error  # left in place: every later call fails the same way
-            self._ready.popleft()
-            if len(self._ready) == self._room_below - 1:
-                self._handover.notify()  # the producer may be waiting for room
-        self.position = item.after
-        return item
+            self._taken, self._ready = self._ready, self._taken
+            self._handover.notify()  # the producer may be waiting for room
 
     @property
     def prefetch_depth(self) -> int:
         """Batches ready now."""
-        return len(self._ready)
+        return len(self._taken) + len(self._ready)
 
     def metrics(self) -> dict[str, float]:
         return {"prefetch_depth": float(self.prefetch_depth), **self.cache.stats.as_metrics()}

@@ -111,7 +111,9 @@ def block_permutations(count: int, seed: int, epoch: int, key: str, first: int, 
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z ^= z >> np.uint64(31)
-    return np.argsort(z, axis=1, kind="stable")
+    # A block's hashes are distinct (SplitMix64's mix is a bijection and its inputs differ), so
+    # every sort gives the one order: NumPy's default introsort, ~3x faster here than a stable one.
+    return np.argsort(z, axis=1)
 
 
 def epoch_order(num_shards: int, seed: int, epoch: int) -> list[int]:

@@ -115,9 +115,12 @@ def test_a_shard_deleted_or_overwritten_mid_epoch_is_named(store: ObjectStore, t
             store.delete(key)
         else:
             store.put_bytes(key, b'{"text": "other data"}\n')
-    with pytest.raises(ShardGoneError, match=rf"shard 'shard-0000\d\.jsonl' of .* {message}"):
+    with pytest.raises(ShardGoneError, match=rf"shard 'shard-0000\d\.jsonl' of .* {message}") as first:
         for _ in range(200):
             r.next_batch()
+    with pytest.raises(ShardGoneError) as again:  # every later call fails the same way
+        r.next_batch()
+    assert again.value is first.value
     r.close()
 
 

@@ -4,6 +4,7 @@ block order a checkpoint names is the one a resume keeps."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import threading
 from pathlib import Path
@@ -166,6 +167,26 @@ def test_block_permutations_are_permutations_fixed_by_their_name() -> None:
     # Version 2 is defined by this code alone: pin a few values so no change goes unnoticed.
     assert block_permutation(8, 0, 0, "a", 0, 2).tolist() == [5, 3, 4, 7, 0, 2, 6, 1]
     assert block_permutation(5, 7, 1, "shard-00001.jsonl", 2, 2).tolist() == [0, 3, 4, 2, 1]
+
+
+def _splitmix64_order(count: int, name: str) -> list[int]:
+    """Version 2's definition in plain integers: indices sorted by SplitMix64(base + index)."""
+    mask = (1 << 64) - 1
+    base = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+    def mix(i: int) -> int:
+        z = (base + i + 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    return sorted(range(count), key=mix)
+
+
+def test_version_2_orders_whole_blocks_by_their_splitmix64_hashes() -> None:
+    for number in range(20):
+        expected = _splitmix64_order(256, f"7/3/shard-1.jsonl/{number}")
+        assert block_permutation(256, 7, 3, "shard-1.jsonl", number, 2).tolist() == expected
 
 
 @pytest.mark.parametrize("cuts", [[], [1], [3, 4, 5], [7, 8, 9, 100]])
