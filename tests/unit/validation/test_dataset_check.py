@@ -13,7 +13,7 @@ from config.settings import Settings
 from plugins.data.shards import list_shards, open_dataset
 from plugins.storage.store import open_store
 from plugins.validation.dataset import check_dataset
-from tests.support.s3_server import S3Server, running_s3_server
+from tests.support.s3_server import CREDENTIALS, S3Server, running_s3_server
 
 DEMO = load_spec_file(Path(__file__).resolve().parents[3] / "config" / "jobs" / "demo-tiny-lm.yaml")
 
@@ -78,7 +78,10 @@ def test_s3_source(settings: Settings, s3: S3Server) -> None:
     assert missing.severity == "error" and "NoSuchBucket" in missing.message
 
 
-def test_an_unreachable_store_is_a_warning_not_a_verdict(settings: Settings) -> None:
+def test_an_unreachable_store_is_a_warning_not_a_verdict(settings: Settings,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in CREDENTIALS.items():  # not the module's S3 server's: it may not be running
+        monkeypatch.setenv(name, value)
     settings = settings.model_copy(update={"s3_endpoint_url": "http://127.0.0.1:9"})
     (p,) = check_dataset(_with_source("s3://bucket/x/"), settings)
     assert p.code == Code.STORE_UNREACHABLE and p.severity == "warning"
