@@ -108,14 +108,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def refused_input_exit_code(error: BaseException) -> int | None:
     """A command that lets an engine's refusal of its input through still ends in one line:
     2 for a bad file or argument (a cluster file, a URI outside the job's area), 1 for anything
-    else an engine refused on purpose (`FatalError`); None for a bug (its traceback stays)."""
+    else an engine raised on purpose (`FatalError`, or a `TransientError` such as a database
+    that is not running); None for a bug (its traceback stays)."""
     from config.cluster import ClusterFileError
-    from plugins.errors import FatalError
+    from plugins.errors import TrainyardError
     from plugins.storage.errors import UnsafeKeyError
 
     if isinstance(error, ClusterFileError | UnsafeKeyError | FileNotFoundError | IsADirectoryError):
         return 2
-    if isinstance(error, FatalError):
+    if isinstance(error, TrainyardError):
         return 1
     return None
 

@@ -23,7 +23,7 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 DATABASES = {"airflow": "airflow", "mlflow": "mlflow", "state": "trainyard"}
 """Part → the database of the embedded server that holds it."""
@@ -67,3 +67,27 @@ def default_url(home: Path, part: str) -> str:
     files = {"airflow": home / "airflow" / "airflow.db", "mlflow": home / "mlflow.db",
              "state": home / "state.db"}
     return f"sqlite:///{files[part]}"
+
+
+def silent_socket(url: str) -> Path | None:
+    """The PostgreSQL socket a URL reaches its server by (`?host=/folder`), when nothing is
+    there: the server is not running — typically the home's embedded one after `make down`.
+    None for any other URL (TCP, SQLite) or a socket that exists."""
+    if not url.startswith("postgresql"):
+        return None
+    host = next(iter(parse_qs(urlsplit(url).query).get("host", [])), "")
+    if not host.startswith("/"):
+        return None
+    socket = Path(host) / f".s.PGSQL.{PORT}"
+    return None if socket.exists() else socket
+
+
+def down_message(url: str, what: str, setting: str) -> str | None:
+    """One line for a person whose database at `url` cannot be reached because its server is
+    not running, with the fix; None when that is not the case (the driver's error says more)."""
+    socket = silent_socket(url)
+    if socket is None:
+        return None
+    return (f"{what} is not running: nothing listens at {socket}. Start the stack with `make up` "
+            f"(its embedded PostgreSQL holds the platform's databases), or set {setting} to the URL "
+            "of a running database")

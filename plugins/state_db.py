@@ -17,6 +17,8 @@ from sqlalchemy import DateTime, Engine, MetaData, TypeDecorator, create_engine,
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from tenacity import Retrying
 
+from config.databases import down_message
+from plugins.errors import TransientError
 from plugins.files import sqlite_file
 
 TABLE_PREFIX = "trainyard_"
@@ -75,13 +77,25 @@ def make_engine(url: str, schema: str | None = None) -> Engine:
     return engine
 
 
+class StateDatabaseDown(TransientError):
+    """The state database's server does not answer (the embedded one after `make down`)."""
+
+
 def create_tables(metadata: MetaData, engine: Engine) -> None:
     """`create_all`, tolerating the race where another process creates the same tables first
-    (two Airflow tasks opening a fresh state database at once)."""
+    (two Airflow tasks opening a fresh state database at once). It is the first contact with
+    the database: a server that is not running is said in one line, with the fix."""
     try:
-        metadata.create_all(engine)
-    except (IntegrityError, DBAPIError):
-        metadata.create_all(engine)
+        try:
+            metadata.create_all(engine)
+        except (IntegrityError, DBAPIError):
+            metadata.create_all(engine)
+    except OperationalError as e:
+        message = down_message(engine.url.render_as_string(hide_password=False),
+                               "the platform state database", "TRAINYARD_STATE_DB")
+        if message is None:
+            raise
+        raise StateDatabaseDown(message) from e
 
 
 def _sqlite_immediate_transactions(engine: Engine) -> None:

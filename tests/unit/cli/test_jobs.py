@@ -138,3 +138,30 @@ def test_nodes_cordon_list_uncordon(store: JobStateStore, capsys: pytest.Capture
     assert main(["nodes", "uncordon", "local-1"]) == 0
     assert main(["nodes", "uncordon", "local-1"]) == 1
     assert store.cordoned() == {}
+
+
+def test_a_stopped_embedded_database_is_one_line_naming_its_socket_and_the_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """After `make down` the home's embedded PostgreSQL is gone: `trainyard jobs` and `models`
+    say so and how to start it, instead of the driver's traceback."""
+    from config.databases import postgres_root, socket_dir
+
+    home = tmp_path / "home"
+    (postgres_root(home) / "data").mkdir(parents=True)
+    (postgres_root(home) / "data" / "PG_VERSION").write_text("16\n")  # a cluster, not running
+    monkeypatch.setenv("TRAINYARD_HOME", str(home))
+    for name in ("TRAINYARD_STATE_DB", "TRAINYARD_MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    get_settings.cache_clear()
+    open_job_state.cache_clear()
+    try:
+        for argv, setting in ((["jobs"], "TRAINYARD_STATE_DB"),
+                              (["models", "--dataset", "d"], "TRAINYARD_MLFLOW_TRACKING_URI")):
+            assert main(argv) == 1
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0, err
+            assert f"nothing listens at {socket_dir(home) / '.s.PGSQL.5432'}" in err
+            assert "`make up`" in err and setting in err
+    finally:
+        get_settings.cache_clear()
+        open_job_state.cache_clear()
