@@ -1,9 +1,12 @@
 """torchrun job for test_objects.py: every rank calls `broadcast_from_rank0` twice — rank 0's
-`make` succeeding, then raising — and prints what it got or raised, one JSON line each."""
+`make` succeeding, then raising — and writes what it got or raised to `OUT_DIR/rank-N.json`
+(a file per rank: the ranks' shared stdout interleaves their lines)."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -17,14 +20,16 @@ def make(fail: bool) -> str:
 
 
 def main() -> None:
+    out = Path(sys.argv[1])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    results = []
     for fail in (False, True):
         try:
-            got = ["value", broadcast_from_rank0(lambda fail=fail: make(fail))]
+            results.append(["value", broadcast_from_rank0(lambda fail=fail: make(fail))])
         except Exception as e:  # noqa: BLE001 - reported to the test
-            got = [type(e).__name__, str(e)]
-        print("RESULT " + json.dumps([rank, fail, *got]), flush=True)
+            results.append([type(e).__name__, str(e)])
+    (out / f"rank-{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
 
 

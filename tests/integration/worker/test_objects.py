@@ -16,9 +16,8 @@ JOB = Path(__file__).with_name("objects_job.py")
 
 
 def test_every_rank_gets_rank_0s_value_or_raises_its_error(tmp_path: Path) -> None:
-    out = check(run_torchrun(JOB, nproc=2, fork_ranks=tmp_path / "run", timeout=180)).stdout
-    got = {(rank, fail): tuple(rest) for rank, fail, *rest in
-           (json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line)}
-    assert got[(0, False)] == got[(1, False)] == ("value", "the manifest")
-    assert got[(0, True)] == ("FileNotFoundError", "no jsonl shards under file:///nowhere")
-    assert got[(1, True)] == ("RankZeroFailed", "rank 0 failed: FileNotFoundError: no jsonl shards under file:///nowhere")
+    check(run_torchrun(JOB, [str(tmp_path)], nproc=2, fork_ranks=tmp_path / "run", timeout=180))
+    rank0, rank1 = (json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1))
+    assert rank0[0] == rank1[0] == ["value", "the manifest"]
+    assert rank0[1] == ["FileNotFoundError", "no jsonl shards under file:///nowhere"]
+    assert rank1[1] == ["RankZeroFailed", "rank 0 failed: FileNotFoundError: no jsonl shards under file:///nowhere"]
