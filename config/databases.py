@@ -28,7 +28,9 @@ from urllib.parse import parse_qs, quote, urlsplit
 DATABASES = {"airflow": "airflow", "mlflow": "mlflow", "state": "trainyard"}
 """Part → the database of the embedded server that holds it."""
 PORT = 5432
-"""Names the socket file (`.s.PGSQL.5432`); the server opens no TCP port at all."""
+"""Names the socket file (`SOCKET_NAME`); the server opens no TCP port at all."""
+SOCKET_NAME = f".s.PGSQL.{PORT}"
+"""The server's socket, in its socket folder (`socket_dir`, or a URL's `?host=`)."""
 SOCKET_PATH_MAX = 100
 """Unix socket paths are limited to 107 bytes (`sun_path`); keep clear of it."""
 
@@ -42,7 +44,7 @@ def socket_dir(home: Path) -> Path:
     """`<home>/postgres`, or — when that path would make the socket's too long — a folder in
     the temporary directory named by a digest of the home (the same for every process)."""
     root = postgres_root(home)
-    if len(str(root / f".s.PGSQL.{PORT}")) <= SOCKET_PATH_MAX:
+    if len(str(root / SOCKET_NAME)) <= SOCKET_PATH_MAX:
         return root
     digest = hashlib.sha256(str(root).encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"trainyard-pg-{os.geteuid()}-{digest}"
@@ -78,7 +80,7 @@ def silent_socket(url: str) -> Path | None:
     host = next(iter(parse_qs(urlsplit(url).query).get("host", [])), "")
     if not host.startswith("/"):
         return None
-    socket = Path(host) / f".s.PGSQL.{PORT}"
+    socket = Path(host) / SOCKET_NAME
     return None if socket.exists() else socket
 
 

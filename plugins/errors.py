@@ -31,6 +31,11 @@ class TransientError(TrainyardError):
     retryable = True
 
 
+class DatabaseDown(TransientError):
+    """A database's server is not running (the home's embedded PostgreSQL after `make down`):
+    its message names the socket and the fix (`config.databases.down_message`)."""
+
+
 def is_retryable(error: BaseException) -> bool:
     """True for a `TransientError` (or anything that says it is retryable), False otherwise.
 

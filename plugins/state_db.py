@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from tenacity import Retrying
 
 from config.databases import down_message
-from plugins.errors import TransientError
+from plugins.errors import DatabaseDown
 from plugins.files import sqlite_file
 
 TABLE_PREFIX = "trainyard_"
@@ -77,10 +77,6 @@ def make_engine(url: str, schema: str | None = None) -> Engine:
     return engine
 
 
-class StateDatabaseDown(TransientError):
-    """The state database's server does not answer (the embedded one after `make down`)."""
-
-
 def create_tables(metadata: MetaData, engine: Engine) -> None:
     """`create_all`, tolerating the race where another process creates the same tables first
     (two Airflow tasks opening a fresh state database at once). It is the first contact with
@@ -95,7 +91,7 @@ def create_tables(metadata: MetaData, engine: Engine) -> None:
                                "the platform state database", "TRAINYARD_STATE_DB")
         if message is None:
             raise
-        raise StateDatabaseDown(message) from e
+        raise DatabaseDown(message) from e
 
 
 def _sqlite_immediate_transactions(engine: Engine) -> None:

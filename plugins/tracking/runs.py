@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from config.databases import down_message
-from plugins.errors import TransientError
+from plugins.errors import DatabaseDown
 from plugins.files import locked, sqlite_file
 from plugins.tracking.params import param_value, plan_params, safe_key, spec_params, truncate
 
@@ -74,10 +74,6 @@ _CHECKPOINT_TAG = re.compile(re.escape(TAG) + r"checkpoint\.\d{10}$")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class TrackingStoreDown(TransientError):
-    """The tracking store's database server is not running (the embedded one after `make down`)."""
-
-
 def client_for(tracking_uri: str) -> MlflowClient:
     """A client whose registry is the tracking store too (the embedded default and our servers)."""
     from mlflow import MlflowClient
@@ -86,7 +82,7 @@ def client_for(tracking_uri: str) -> MlflowClient:
         raise ValueError("tracking_uri is empty; set TRAINYARD_MLFLOW_TRACKING_URI or pass one")
     down = down_message(tracking_uri, "MLflow's tracking store", "TRAINYARD_MLFLOW_TRACKING_URI")
     if down is not None:  # MLflow would retry, then raise the driver's traceback
-        raise TrackingStoreDown(down)
+        raise DatabaseDown(down)
     _prepare_sqlite_store(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 

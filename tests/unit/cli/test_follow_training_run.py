@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.airflow_api import AirflowRequestFailed, attempt_dag_run_id, follow_training_run
+from cli.airflow_api import (
+    FINAL_DAG_RUN_STATES,
+    AirflowRequestFailed,
+    attempt_dag_run_id,
+    follow_training_run,
+)
 
 RUN = "20261205t000000-abcdef"
 
@@ -31,7 +36,7 @@ class ScriptedAirflow:
 
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
         self.calls.append(("task_instances", run_id))
-        final = self.current in ("success", "failed")
+        final = self.current in FINAL_DAG_RUN_STATES
         return {"validate_spec": {"state": "success"},
                 "classify_outcome": {"state": "success" if final else "none"}}
 
