@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.databases import DATABASES, PORT, postgres_root, socket_dir
+from config.databases import DATABASES, PORT, database_url, postgres_root, socket_dir
 from plugins.launch import processes
 from plugins.retry import policy
 
@@ -75,9 +75,7 @@ class EmbeddedPostgres:
         return socket_dir(self.home)
 
     def url(self, database: str, *, driver: str = "postgresql+psycopg2") -> str:
-        from urllib.parse import quote
-
-        return f"{driver}://postgres@/{database}?host={quote(str(self.socket_dir), safe='/')}"
+        return database_url(self.home, database, driver=driver)
 
     def pid(self) -> int | None:
         """The running postmaster's pid (its first line of `postmaster.pid`), else None."""

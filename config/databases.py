@@ -55,9 +55,14 @@ def has_cluster(home: Path) -> bool:
     return (postgres_root(home) / "data" / "PG_VERSION").exists()
 
 
+def database_url(home: Path, database: str, *, driver: str = "postgresql+psycopg2") -> str:
+    """The SQLAlchemy URL of a database on the home's embedded server, by its socket."""
+    return f"{driver}://postgres@/{database}?host={quote(str(socket_dir(home)), safe='/')}"
+
+
 def postgres_url(home: Path, part: str, *, driver: str = "postgresql+psycopg2") -> str:
     """The SQLAlchemy URL of one part's database on the home's embedded server."""
-    return f"{driver}://postgres@/{DATABASES[part]}?host={quote(str(socket_dir(home)), safe='/')}"
+    return database_url(home, DATABASES[part], driver=driver)
 
 
 def default_url(home: Path, part: str) -> str:
