@@ -38,7 +38,7 @@ def split_dataset_arg(text: str) -> tuple[str, str | None]:
 def run(args: argparse.Namespace) -> int:
     from config.settings import get_settings
     from plugins.data.datasets import canonical_dataset_uri
-    from plugins.tracking.registry import models_trained_on
+    from plugins.tracking.registry import models_trained_on, trained_datasets
 
     settings = get_settings()
     source, version = split_dataset_arg(args.dataset)
@@ -57,7 +57,26 @@ def run(args: argparse.Namespace) -> int:
         print_json([v.model_dump() for v in versions])
         return 0
     _print_table(versions, uri, version, wide=args.wide)
+    if not versions:
+        _print_known(trained_datasets(tracking_uri=tracking_uri))
     return 0
+
+
+def _print_known(known: dict[str, list[str]], limit: int = 10) -> None:
+    """What the registry does hold, so a query that found nothing (a prefix written another way,
+    a version never trained on) shows what to ask instead."""
+    from rich.markup import escape
+
+    from cli.output import console
+
+    if not known:
+        console.print("no registered model version records a dataset yet")
+        return
+    console.print("registered model versions were trained on:")
+    for uri, versions in list(known.items())[:limit]:
+        console.print(f"  {escape(uri)}" + (f"  (versions: {escape(', '.join(versions))})" if versions else ""))
+    if len(known) > limit:
+        console.print(f"  … and {len(known) - limit} more datasets")
 
 
 def _print_table(versions: list, uri: str, version: str | None, *, wide: bool = False) -> None:

@@ -286,6 +286,25 @@ def models_trained_on(
     return sorted(infos, key=lambda i: (i.created_at, i.name, int(i.version)), reverse=True)
 
 
+def trained_datasets(*, tracking_uri: str) -> dict[str, list[str]]:
+    """Dataset URI → its versions, for every dataset some registered model version was trained
+    on: what to suggest when a `models_trained_on` query finds nothing (a prefix that resolves
+    elsewhere, a version that was never trained on)."""
+    client = client_for(tracking_uri)
+    seen: dict[str, set[str]] = {}
+    token = None
+    while True:
+        page = client.search_model_versions(f"tags.`{TAG}dataset.uri` LIKE '%'", page_token=token)
+        for mv in page:
+            uri = mv.tags.get(TAG + "dataset.uri")
+            if uri:
+                seen.setdefault(uri, set()).update(v for v in [mv.tags.get(TAG + "dataset.version")] if v)
+        token = page.token
+        if not token:
+            break
+    return {uri: sorted(seen[uri]) for uri in sorted(seen)}
+
+
 # -- helpers --------------------------------------------------------------------------------------
 
 def _lineage_tags(run_tags: dict[str, str], run_id: str, ckpt: LoggedCheckpoint, weights_sha: str) -> dict[str, str]:

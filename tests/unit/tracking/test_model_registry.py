@@ -94,6 +94,8 @@ def test_which_models_were_trained_on_dataset_v3(sqlite_tracking_uri: str) -> No
     by_digest = registry.models_trained_on("s3://datasets/wiki", tracking_uri=uri, digest="b" * 64)
     assert [m.name for m in by_digest] == ["reg-q-b"]
     assert registry.models_trained_on("s3://datasets/wiki", "v9", tracking_uri=uri) == []
+    known = registry.trained_datasets(tracking_uri=uri)
+    assert {"v3", "v4"} <= set(known["s3://datasets/wiki"]) and known["s3://datasets/other"] == ["v3"]
 
 
 def test_final_and_best_checkpoint_selection(sqlite_tracking_uri: str) -> None:

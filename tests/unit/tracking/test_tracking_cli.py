@@ -59,7 +59,9 @@ def test_models_lists_versions_trained_on_a_dataset_version(
     assert line.split()[:5] == ["cli-models", "1", "candidate", rid[:8], "10"], out
     assert max(map(len, out.splitlines())) <= 80, out
     assert main(["models", "--dataset", "s3://datasets/wiki@v99", "--tracking-uri", sqlite_tracking_uri]) == 0
-    assert "no registered model version was trained on s3://datasets/wiki@v99" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no registered model version was trained on s3://datasets/wiki@v99" in out
+    assert "  s3://datasets/wiki  (versions: v3)" in out.splitlines(), out  # what to ask instead
 
 
 def test_models_resolves_an_object_store_prefix_like_the_spec_does(
