@@ -47,6 +47,20 @@ device) would see the zygote's; `TRAINYARD_WARM_RANKS=0` is the way out for such
 
 Only the local launcher starts one. Kubernetes pods run torchrun directly, and their ranks
 start as plain children.
+
+The host's template: the starter itself is forked too. One long-lived process per user, Python,
+source folder and start-up environment (`template_name`) has imported torch, DCP and torchrun
+(`TEMPLATE_MODULES`: third-party code only, so an edit to this repository never reaches a rank
+through a template started before it) and forks each attempt's starter, which then imports only
+the entrypoint's own modules: the host pays torch's import (2–3 CPU-s) once, not once per
+attempt. A starter forked this way must still be found by the sweeps that name a run's processes
+by their environment (`TRAINYARD_RUN_DIR`: the launcher's stop; `TRAINYARD_HOME`: `make down`),
+which read `/proc/PID/environ` — the block of memory the kernel filled at `exec`, which a fork
+inherits unchanged. So the template is started with a block of spare room (`ROOM_ENV`), and the
+forked starter writes its run's environment over it (`show_environment`) before doing anything
+else; a run's environment that does not fit is refused, and its attempt gets a starter of its
+own, as does any attempt when `TEMPLATE_SWITCH_ENV` is `0`. The template carries no run's
+markers, so no sweep stops it; it exits after `TEMPLATE_IDLE_S` without a request.
 """
 
 from __future__ import annotations
@@ -54,6 +68,8 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
+import errno
+import hashlib
 import importlib
 import importlib.util
 import io
@@ -66,11 +82,13 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plugins.launch.processes import is_alive
+from plugins.launch.processes import is_alive, stat_fields
 from plugins.preload import preload
 
 ADDRESS_ENV = "TRAINYARD_RANK_ZYGOTE"
@@ -97,6 +115,31 @@ ALWAYS = ("torch", "torch.distributed.checkpoint", "torch.distributed.run", "plu
 """Imported whatever the entrypoint: torch itself; DCP, which the worker runtime imports when it
 first saves or restores; and torchrun and what `plugins.launch.agent` imports, for the agents
 the local launcher has forked too (the agent module itself runs as `__main__`)."""
+
+
+TEMPLATE_SWITCH_ENV = "TRAINYARD_RANK_TEMPLATE"
+"""`0`: each attempt's starter imports torch itself instead of being forked from the host's
+template."""
+
+TEMPLATE_IDLE_ENV = "TRAINYARD_RANK_TEMPLATE_IDLE_S"
+TEMPLATE_IDLE_S = 300.0
+"""A template that nobody asked for this long exits; the next attempt starts another."""
+
+TEMPLATE_MODULES = ("torch", "torch.distributed.checkpoint", "torch.distributed.run")
+
+ROOM_ENV = "TRAINYARD_ENVIRON_ROOM"
+ROOM_BYTES = 32768
+"""The spare environment block a template starts with, which each starter it forks overwrites
+with its run's environment (`show_environment`)."""
+
+STARTUP_ENV = ("PYTHON", "LD_", "LC_", "LANG", "TZ", "TMPDIR", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH",
+               "CUDA", "NVIDIA", "NCCL", "GLOO")
+"""Prefixes of the variables an interpreter reads at start-up (its flags, `sys.path`, the locale,
+the dynamic loader) or torch and its libraries may read while being imported: a template serves
+only starters whose environment has exactly its values of these (they are part of its name)."""
+
+STAT_ENV_START = 47
+"""`/proc/PID/stat` field 50 (`env_start`; `env_end` follows) in `stat_fields`' numbering."""
 
 
 def is_module(entry: str) -> bool:
@@ -144,6 +187,9 @@ class Request:
     """The child outlives the asker's connection (an agent, whose launcher returns at once);
     otherwise the connection going away kills it (a rank whose wrapper died)."""
     stdio: list[int] = field(default_factory=list)
+    shown: int | None = None
+    """In a starter forked from a template: the pipe it closes once it shows its run's
+    environment (the template answers with its pid only then, so no sweep can miss it)."""
 
     def message(self) -> bytes:
         return json.dumps({"entry": self.entry, "module": self.module, "args": self.args,
@@ -157,13 +203,14 @@ class Request:
                    detached=bool(d.get("detached", False)), stdio=fds)
 
 
-def ask(name: str, request: Request, stdio: list[int]) -> tuple[socket.socket, int] | None:
+def ask(name: str, request: Request, stdio: list[int], *,
+        patience_s: float = CONNECT_PATIENCE_S) -> tuple[socket.socket, int] | None:
     """Have the zygote `name` fork `request` with `stdio` as its stdin/stdout/stderr; returns
     the open connection (which then reports the exit) and the child's pid, or None when no
     zygote answers — the caller then starts the process itself."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        _connect(conn, socket_address(name))
+        _connect(conn, socket_address(name), patience_s)
         socket.send_fds(conn, [request.message()], stdio)
         conn.settimeout(FORK_TIMEOUT_S)  # the zygote answers once its imports are done
         reply = json.loads(conn.recv(4096))
@@ -174,10 +221,10 @@ def ask(name: str, request: Request, stdio: list[int]) -> tuple[socket.socket, i
         return None
 
 
-def _connect(conn: socket.socket, address: str) -> None:
+def _connect(conn: socket.socket, address: str, patience_s: float) -> None:
     """Connect, giving a zygote started a moment ago (it is a fresh interpreter too) the time to
     bind its socket; a zygote that is not there at all costs this much once per asker."""
-    deadline = time.monotonic() + CONNECT_PATIENCE_S
+    deadline = time.monotonic() + patience_s
     while True:
         try:
             conn.connect(address)
@@ -214,11 +261,16 @@ class Child:
 class Zygote:
     """The serving loop: accept, fork, reap, report; kill a rank whose wrapper is gone."""
 
-    def __init__(self, listener: socket.socket, agents: list[tuple[int, int | None]]) -> None:
+    def __init__(self, listener: socket.socket, agents: list[tuple[int, int | None]], *,
+                 template_room: int | None = None, idle_s: float = TEMPLATE_IDLE_S) -> None:
         self.listener, self.agents = listener, agents
         self.children: dict[int, Child] = {}  # by pidfd
         self.uid = os.getuid()
         self.started, self.served = time.monotonic(), False
+        self.asked = self.started
+        self.template_room, self.idle_s = template_room, idle_s
+        """A template (`template_room` set: the bytes its environment block holds) forks starters
+        that must fit their run's environment into that block, and lives until idle."""
 
     def serve(self) -> Request:
         """Serve until there is nothing left to serve (`_done`); returns only in a forked child."""
@@ -247,6 +299,8 @@ class Zygote:
     def _done(self) -> bool:
         """No child left, and nobody left to ask: the watched agents are gone — or, when it
         forks the agents itself, it served them (or nobody came within `FIRST_REQUEST_S`)."""
+        if self.template_room is not None:  # its children are starters with lives of their own
+            return time.monotonic() - self.asked > self.idle_s
         if self.children:
             return False
         if self.agents:
@@ -276,21 +330,29 @@ class Zygote:
                 os.close(fd)
             conn.close()
             return None
-        if _peer_closed(conn):
-            for fd in request.stdio:  # the wrapper gave up waiting and started the rank itself
+        unfit = self.template_room is not None and len(environ_block(request.env)) > self.template_room
+        if unfit or _peer_closed(conn):  # the asker starts it itself: it gave up waiting, or it is told to
+            for fd in request.stdio:
                 os.close(fd)
             conn.close()
             return None
         sys.stdout.flush()
         sys.stderr.flush()
+        shown, request.shown = os.pipe() if self.template_room is not None else (None, None)
         child = os.fork()
         if child == 0:
             self._close_all(conn)
+            if shown is not None:
+                os.close(shown)
             return request
         for fd in request.stdio:
             os.close(fd)
+        if shown is not None and request.shown is not None:
+            os.close(request.shown)
+            select.select([shown], [], [], FORK_TIMEOUT_S)  # end of file: shown, or the child died
+            os.close(shown)
         self.children[os.pidfd_open(child)] = Child(child, conn, request.detached)
-        self.served = True
+        self.served, self.asked = True, time.monotonic()
         _send(conn, {"pid": child})
         return None
 
@@ -344,13 +406,42 @@ def _send(conn: socket.socket, message: dict[str, int]) -> None:
         conn.send(json.dumps(message).encode())
 
 
-def become(request: Request, zygote_pid: int) -> list[str]:
+def environ_block(env: Mapping[str, str]) -> bytes:
+    """The environment as `exec` lays it out in memory (and `/proc/PID/environ` shows it)."""
+    return b"".join(f"{k}={v}".encode(errors="surrogateescape") + b"\0" for k, v in env.items())
+
+
+def environ_room() -> int:
+    """The size of this process's environment block (`/proc/self/stat`'s env_start…env_end)."""
+    fields = stat_fields(os.getpid()) or []
+    return int(fields[STAT_ENV_START + 1]) - int(fields[STAT_ENV_START])
+
+
+def show_environment(env: Mapping[str, str]) -> None:
+    """Write `env` over this process's environment block, so that `/proc/self/environ` — what
+    `ps e` and the sweeps of a run's processes read — shows it instead of the environment this
+    process's ancestor was started with. Only after `os.environ` was replaced: the C library's
+    `environ` then points at copies, and nothing reads the old block again (what `setproctitle`
+    relies on for the argument block). The caller made sure it fits."""
+    fields = stat_fields(os.getpid()) or []
+    start, end = int(fields[STAT_ENV_START]), int(fields[STAT_ENV_START + 1])
+    block = environ_block(env)
+    if len(block) > end - start:
+        raise ValueError(f"the environment ({len(block)} bytes) does not fit the block ({end - start})")
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(start)
+        mem.write(block.ljust(end - start, b"\0"))
+
+
+def become(request: Request, zygote_pid: int, *, from_template: bool = False) -> list[str]:
     """Turn a freshly forked child into the rank a fresh `python -u` would have been; returns
-    `sys.argv`."""
+    `sys.argv`. Forked `from_template`, it is an attempt's starter: it does not die with the
+    template (which idles out while attempts run), and it shows its run's environment."""
     os.setsid()
-    _die_with_parent()
-    if os.getppid() != zygote_pid:  # the zygote died between the fork and the prctl
-        os._exit(128 + signal.SIGKILL)
+    if not from_template:
+        _die_with_parent()
+        if os.getppid() != zygote_pid:  # the zygote died between the fork and the prctl
+            os._exit(128 + signal.SIGKILL)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -365,6 +456,10 @@ def become(request: Request, zygote_pid: int) -> list[str]:
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
+    if from_template:
+        show_environment(request.env)
+        if request.shown is not None:
+            os.close(request.shown)
     torch = sys.modules.get("torch")
     threads = request.env.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
@@ -382,13 +477,23 @@ def start(python: str, address: str, agents: list[tuple[int, int | None]], entry
     """Start an attempt's zygote on this host, in a session of its own, serving `address` for
     ranks of `entry` until nothing is left to serve (`Zygote._done`: its last child ended, and
     the watched `agents` (pid, start ticks) are gone, or it forked the agents itself). Returns
-    its pid; None when it could not start (everything then starts as plain processes)."""
+    its pid; None when it could not start (everything then starts as plain processes). It is
+    forked from the host's template where one serves this environment (started here when none
+    does), else started as a fresh interpreter."""
     watched = ",".join(f"{pid}:{ticks or 0}" for pid, ticks in agents)
     module = is_module(entry)
-    command = [python, "-m", "plugins.launch.rank_zygote", "--address", address, "--agents", watched,
-               *(["-m"] if module else []), entry]
+    args = ["--address", address, "--agents", watched, *(["-m"] if module else []), entry]
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"rank zygote: not started: {e}", file=sys.stderr, flush=True)
+        return None
+    if env.get(TEMPLATE_SWITCH_ENV, "1") != "0" and python == sys.executable:
+        pid = _fork_from_template(args, env=env, cwd=cwd, log=log)
+        if pid is not None:
+            return pid
+    command = [python, "-m", "plugins.launch.rank_zygote", *args]
+    try:
         with log.open("ab") as out:
             proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
@@ -398,8 +503,92 @@ def start(python: str, address: str, agents: list[tuple[int, int | None]], entry
     return proc.pid
 
 
+def template_name(env: Mapping[str, str], cwd: Path, idle_s: float) -> str:
+    """The abstract socket of the template that may fork a starter for `env` in `cwd`: one per
+    user, interpreter, source folder, start-up environment (`STARTUP_ENV`) and version of the
+    code a template runs (this module and what it imports, torch's installation), so a changed
+    venv or an edited starter gets a template of its own and the old one idles out."""
+    torch = importlib.util.find_spec("torch")
+    files = [Path(__file__), Path(sys.modules["plugins.preload"].__file__ or ""),
+             Path(sys.modules["plugins.launch.processes"].__file__ or ""), Path(sys.executable),
+             Path(torch.origin) if torch and torch.origin else Path(sys.executable)]
+    stats = [(str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files]
+    startup = sorted((k, v) for k, v in env.items() if k.startswith(STARTUP_ENV))
+    key = json.dumps([os.getuid(), str(cwd.resolve()), idle_s, stats, startup])
+    return f"@trainyard-rank-template-{os.getuid()}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _fork_from_template(args: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> int | None:
+    """The starter's pid, forked by the template that serves this environment (started now when
+    none does); None when none could (the caller starts a fresh one)."""
+    if len(environ_block(env)) > ROOM_BYTES:
+        return None
+    try:
+        idle_s = float(env.get(TEMPLATE_IDLE_ENV, TEMPLATE_IDLE_S))
+        name = template_name(env, cwd, idle_s)
+    except (OSError, ValueError):
+        return None
+    request = Request(entry="plugins.launch.rank_zygote", module=True, args=args, env=env, cwd=str(cwd),
+                      detached=True)
+    with log.open("ab") as out, open(os.devnull, "rb") as devnull:
+        stdio = [devnull.fileno(), out.fileno(), out.fileno()]
+        answer = ask(name, request, stdio, patience_s=0.0)
+        if answer is None and _start_template(name, env=env, cwd=cwd, idle_s=idle_s):
+            answer = ask(name, request, stdio)
+    if answer is None:
+        return None
+    conn, pid = answer
+    conn.close()  # detached: the starter outlives this connection
+    return pid
+
+
+def _start_template(name: str, *, env: Mapping[str, str], cwd: Path, idle_s: float) -> bool:
+    """Start the template `name`: the start-up environment it serves, `PATH` and `HOME`, and the
+    spare room its starters' environments are written into; no run's markers. Its output goes
+    to a log of its own in the temporary folder (never the caller's pipes, which it outlives)."""
+    keep = {k: v for k, v in env.items() if k.startswith(STARTUP_ENV) or k in ("PATH", "HOME")}
+    keep[ROOM_ENV] = "." * (ROOM_BYTES - len(environ_block(keep)) - len(ROOM_ENV) - 2)
+    log = Path(tempfile.gettempdir()) / f"trainyard-rank-template-{os.getuid()}.log"
+    try:
+        with log.open("ab") as out:
+            subprocess.Popen([sys.executable, "-m", "plugins.launch.rank_zygote", "--template", name,
+                              "--idle-s", str(idle_s)], cwd=cwd, env=keep, stdin=subprocess.DEVNULL,
+                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as e:
+        print(f"rank zygote: no template started: {e}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def serve_template(name: str, idle_s: float) -> None:
+    """The host's template: import `TEMPLATE_MODULES`, then fork attempts' starters until idle.
+    Another template already serving `name` (two attempts started one at once) wins: this one
+    exits."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(socket_address(name))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            sys.exit(0)
+        raise
+    listener.listen(64)
+    os.chdir("/")  # hold no folder of a home or a checkout; `sys.path` is absolute
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # as in `main`: no import may init CUDA
+    took = preload(TEMPLATE_MODULES, who="rank template")
+    print(f"rank template {name}: pid {os.getpid()}, preloaded {took}", file=sys.stderr, flush=True)
+    template_pid = os.getpid()
+    request = Zygote(listener, [], template_room=environ_room(), idle_s=idle_s).serve()
+    sys.argv = become(request, template_pid, from_template=True)
+    import runpy
+
+    runpy.run_module(request.entry, run_name="__main__", alter_sys=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 4 and argv[0] == "--template" and argv[2] == "--idle-s":
+        serve_template(argv[1], float(argv[3]))
+        return
     if len(argv) not in (5, 6) or argv[0] != "--address" or argv[2] != "--agents" or (len(argv) == 6 and argv[4] != "-m"):
         raise SystemExit("usage: rank_zygote --address NAME --agents PID:TICKS,… [-m] ENTRYPOINT   "
                          "(NAME: '@…' for the abstract namespace)")

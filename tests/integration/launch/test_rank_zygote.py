@@ -155,3 +155,72 @@ def test_a_detached_process_outlives_the_connection_of_whoever_asked(zygote: tup
     assert processes.stat_fields(pid)[1] == str(zygote[1])  # the zygote's child: it reaps it
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not processes.is_alive(pid, ticks), "the killed process to be reaped", 30)
+
+
+def parent(pid: int) -> int:
+    return int(processes.stat_fields(pid)[1])
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(e.decode().split("=", 1) for e in raw.split(b"\0") if b"=" in e)
+
+
+def starter(run_dir: Path, **extra: str) -> tuple[str, int]:
+    """An attempt's starter for `run_dir`, as the local launcher starts one (no agents to watch)."""
+    address = rank_zygote.new_address()
+    env = dict(os.environ, TRAINYARD_RUN_DIR=str(run_dir), **{rank_zygote.TEMPLATE_SWITCH_ENV: "1", **extra})
+    pid = rank_zygote.start(sys.executable, address, [], str(PROBE), env=env, cwd=REPO_ROOT,
+                            log=run_dir / "zygote.log")
+    assert pid is not None
+    return address, pid
+
+
+def test_attempts_starters_forked_from_the_host_template_carry_their_runs_environment(tmp_path: Path) -> None:
+    """The sweeps that stop a run (`TRAINYARD_RUN_DIR`) or a home (`TRAINYARD_HOME`) find a run's
+    processes by their environment in /proc: a starter forked from the shared template, and the
+    ranks it forks, must show their run's, not the template's."""
+    (a, pid_a), (b, pid_b) = starter(tmp_path / "a"), starter(tmp_path / "b")
+    try:
+        template = parent(pid_a)
+        assert template == parent(pid_b) != os.getpid()  # one template, two attempts
+        assert "--template" in Path(f"/proc/{template}/cmdline").read_bytes().decode()
+        assert "TRAINYARD_RUN_DIR" not in environ(template)  # no sweep of a run stops it
+        assert environ(pid_a) == dict(os.environ, TRAINYARD_RUN_DIR=str(tmp_path / "a"),
+                                      **{rank_zygote.TEMPLATE_SWITCH_ENV: "1"})
+        assert processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path / "a")) == [pid_a]
+        proc = wrapper(tmp_path / "a", "sleep", a)
+        rank = facts(tmp_path / "a")["pid"]
+        assert parent(rank) == pid_a
+        assert sorted(processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path / "a"))) == sorted([pid_a, rank])
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        assert wrapper(tmp_path / "b", "6", b).wait(timeout=180) == 6
+        assert facts(tmp_path / "b")["preloaded"]
+    finally:
+        processes.signal_pids([pid_a, pid_b], signal.SIGKILL)
+
+
+def test_without_the_template_or_with_an_environment_too_large_for_it_the_starter_is_our_child(
+    tmp_path: Path,
+) -> None:
+    (_, off), (_, large) = (starter(tmp_path / "off", TRAINYARD_RANK_TEMPLATE="0"),
+                            starter(tmp_path / "large", BIG="x" * rank_zygote.ROOM_BYTES))
+    try:
+        assert parent(off) == os.getpid() == parent(large)
+        assert processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path / "large")) == [large]
+    finally:
+        processes.signal_pids([off, large], signal.SIGKILL)
+        processes.reap(off)
+        processes.reap(large)
+
+
+def test_an_idle_template_exits_and_the_attempts_it_started_run_on(tmp_path: Path) -> None:
+    _, pid = starter(tmp_path, TRAINYARD_RANK_TEMPLATE_IDLE_S="1")
+    try:
+        template, ticks = parent(pid), processes.start_ticks(parent(pid))
+        assert template != os.getpid()
+        wait_for(lambda: not processes.is_alive(template, ticks), "the idle template to exit", 60)
+        assert processes.is_alive(pid)
+    finally:
+        processes.signal_pids([pid], signal.SIGKILL)

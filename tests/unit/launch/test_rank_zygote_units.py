@@ -79,3 +79,15 @@ def test_a_killed_process_reads_as_minus_the_signal_and_a_running_one_as_none() 
     _until_zombie(pid)
     assert processes.zombie_exit_code(pid, ticks) == -signal.SIGKILL
     os.waitpid(pid, 0)
+
+
+def test_a_template_serves_one_start_up_environment_whatever_the_run() -> None:
+    from plugins.launch.rank_zygote import template_name
+
+    base = {"PATH": "/usr/bin", "PYTHONPATH": "/src"}
+    name = template_name(base, Path.cwd(), 300.0)
+    assert name == template_name({**base, "TRAINYARD_RUN_DIR": "/runs/a", "RANK": "3"}, Path.cwd(), 300.0)
+    for other in ({**base, "PYTHONHASHSEED": "5"}, {**base, "OMP_NUM_THREADS": "4"},
+                  {**base, "LD_PRELOAD": "/x.so"}, {**base, "TORCH_LOGS": "+dynamo"}):
+        assert template_name(other, Path.cwd(), 300.0) != name, other
+    assert template_name(base, Path("/"), 300.0) != name != template_name(base, Path.cwd(), 1.0)
