@@ -60,6 +60,28 @@ def pytest_configure(config: pytest.Config) -> None:
         hypothesis_settings.load_profile("ci")
 
 
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    _timeline("start", nodeid)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
+    _timeline("end", nodeid)
+
+
+def _timeline(event: str, nodeid: str) -> None:
+    """One line per test start and end, by worker, in `$CI_ARTIFACTS/timeline-<worker>.tsv`:
+    what ran beside what — the JUnit XML has each test's duration but not when it ran, so a
+    stretch where both workers wait (idle cores in a CPU-bound suite) cannot be told from it."""
+    import os
+    import time
+
+    folder = os.environ.get("CI_ARTIFACTS")
+    if folder:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(Path(folder) / f"timeline-{worker}.tsv", "a") as out:
+            out.write(f"{time.time():.2f}\t{event}\t{nodeid}\n")
+
+
 E2E = "tests/e2e/"
 SHARED_STACK = "tests/e2e/shared_stack/"
 
