@@ -188,8 +188,9 @@ class Request:
     otherwise the connection going away kills it (a rank whose wrapper died)."""
     stdio: list[int] = field(default_factory=list)
     shown: int | None = None
-    """In a starter forked from a template: the pipe it closes once it shows its run's
-    environment (the template answers with its pid only then, so no sweep can miss it)."""
+    """In a starter forked from a template: the pipe it writes to once it shows its run's
+    environment. The template answers with its pid only then, so no sweep can miss it; a
+    starter that could not show it exits, and the asker starts a fresh one."""
 
     def message(self) -> bytes:
         return json.dumps({"entry": self.entry, "module": self.module, "args": self.args,
@@ -347,13 +348,18 @@ class Zygote:
             return request
         for fd in request.stdio:
             os.close(fd)
+        ok = True
         if shown is not None and request.shown is not None:
             os.close(request.shown)
-            select.select([shown], [], [], FORK_TIMEOUT_S)  # end of file: shown, or the child died
+            ok = bool(select.select([shown], [], [], FORK_TIMEOUT_S)[0]) and os.read(shown, 1) == b"1"
             os.close(shown)
-        self.children[os.pidfd_open(child)] = Child(child, conn, request.detached)
+        if not ok:  # the starter could not show its run's environment: the asker starts its own
+            _kill(child)
+            conn.close()
+        self.children[os.pidfd_open(child)] = Child(child, conn if ok else None, request.detached)
         self.served, self.asked = True, time.monotonic()
-        _send(conn, {"pid": child})
+        if ok:
+            _send(conn, {"pid": child})
         return None
 
     def _close_all(self, conn: socket.socket) -> None:
@@ -457,8 +463,14 @@ def become(request: Request, zygote_pid: int, *, from_template: bool = False) ->
     os.environ.clear()
     os.environ.update(request.env)
     if from_template:
-        show_environment(request.env)
+        try:
+            show_environment(request.env)
+        except (OSError, ValueError) as e:
+            print(f"rank zygote: cannot show the run's environment ({e}); a fresh starter takes over",
+                  file=sys.stderr, flush=True)
+            os._exit(1)
         if request.shown is not None:
+            os.write(request.shown, b"1")
             os.close(request.shown)
     torch = sys.modules.get("torch")
     threads = request.env.get("OMP_NUM_THREADS", "")
