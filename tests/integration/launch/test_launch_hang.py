@@ -13,7 +13,7 @@ from cli.launch import EXIT_HANG
 from plugins.launch.files import StopReason
 from tests.integration.launch.test_local_launcher import cli, write_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 
 def test_a_hung_gang_is_stopped_and_launch_exits_with_the_hang_code(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from tests.support import procs
 from tests.support.node_agents import node_agents
 from tests.support.procs import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 NODES = ("local-0", "local-1")
 HUNG, NEXT = "20260101t000000-aaaaaa", "20260101t000001-bbbbbb"
 

@@ -18,7 +18,7 @@ from plugins.recovery.evidence import gather
 from plugins.recovery.model import AttemptConf
 from tests.integration.launch.test_local_launcher import start, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 
 def test_a_real_crash_is_a_worker_crash_and_the_same_crash_twice_gives_up(tmp_path: Path) -> None:

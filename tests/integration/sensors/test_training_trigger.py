@@ -12,7 +12,7 @@ from plugins.attempt.watching import read_stop_reason
 from sensors.triggers import TrainingTrigger
 from tests.integration.launch.test_local_launcher import start, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 
 def test_a_hung_gang_is_stopped_with_the_reason_and_the_trigger_fires(tmp_path: Path) -> None:
