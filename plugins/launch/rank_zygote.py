@@ -79,6 +79,7 @@ import secrets
 import select
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -208,10 +209,14 @@ def ask(name: str, request: Request, stdio: list[int], *,
         patience_s: float = CONNECT_PATIENCE_S) -> tuple[socket.socket, int] | None:
     """Have the zygote `name` fork `request` with `stdio` as its stdin/stdout/stderr; returns
     the open connection (which then reports the exit) and the child's pid, or None when no
-    zygote answers — the caller then starts the process itself."""
+    zygote answers — the caller then starts the process itself. What listens must be this
+    user's: a template's name can be worked out, and another user who took it first would
+    otherwise be handed the run's environment and log."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         _connect(conn, socket_address(name), patience_s)
+        if _peer(conn)[1] != os.getuid():
+            raise PermissionError(f"{name} is served by another user")
         socket.send_fds(conn, [request.message()], stdio)
         conn.settimeout(FORK_TIMEOUT_S)  # the zygote answers once its imports are done
         reply = json.loads(conn.recv(4096))
@@ -220,6 +225,12 @@ def ask(name: str, request: Request, stdio: list[int], *,
     except (OSError, ValueError, KeyError, TypeError):
         conn.close()
         return None
+
+
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """The other end's pid and uid (SO_PEERCRED: the kernel's, not what the peer says)."""
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
 
 
 def _connect(conn: socket.socket, address: str, patience_s: float) -> None:
@@ -311,8 +322,7 @@ class Zygote:
     def _accept(self) -> Request | None:
         conn, _ = self.listener.accept()
         try:
-            pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                              struct.calcsize("3i")))
+            pid, uid = _peer(conn)
             if uid != self.uid:
                 print(f"rank zygote: refused pid {pid} of uid {uid}", file=sys.stderr, flush=True)
                 conn.close()
@@ -560,9 +570,10 @@ def _start_template(name: str, *, env: Mapping[str, str], cwd: Path, idle_s: flo
     to a log of its own in the temporary folder (never the caller's pipes, which it outlives)."""
     keep = {k: v for k, v in env.items() if k.startswith(STARTUP_ENV) or k in ("PATH", "HOME")}
     keep[ROOM_ENV] = "." * (ROOM_BYTES - len(environ_block(keep)) - len(ROOM_ENV) - 2)
-    log = Path(tempfile.gettempdir()) / f"trainyard-rank-template-{os.getuid()}.log"
     try:
-        with log.open("ab") as out:
+        folder = _private_folder()
+        with open(os.open(folder / "rank-template.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                          0o600), "ab") as out:
             subprocess.Popen([sys.executable, "-m", "plugins.launch.rank_zygote", "--template", name,
                               "--idle-s", str(idle_s)], cwd=cwd, env=keep, stdin=subprocess.DEVNULL,
                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -570,6 +581,18 @@ def _start_template(name: str, *, env: Mapping[str, str], cwd: Path, idle_s: flo
         print(f"rank zygote: no template started: {e}", file=sys.stderr, flush=True)
         return False
     return True
+
+
+def _private_folder() -> Path:
+    """`$TMPDIR/trainyard-<uid>`, this user's only (mode 0700, owned, not a link): where a
+    template keeps its log, beside other users' in a shared temporary folder."""
+    folder = Path(tempfile.gettempdir()) / f"trainyard-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{folder} is not this user's private folder")
+    return folder
 
 
 def serve_template(name: str, idle_s: float) -> None:

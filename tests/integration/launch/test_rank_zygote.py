@@ -188,7 +188,8 @@ def test_attempts_starters_forked_from_the_host_template_carry_their_runs_enviro
         assert "TRAINYARD_RUN_DIR" not in environ(template)  # no sweep of a run stops it
         assert environ(pid_a) == dict(os.environ, TRAINYARD_RUN_DIR=str(tmp_path / "a"),
                                       **{rank_zygote.TEMPLATE_SWITCH_ENV: "1"})
-        assert processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path / "a")) == [pid_a]
+        assert processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path / "a")) == [pid_a], (
+            processes.stat_fields(pid_a), (tmp_path / "a" / "zygote.log").read_text())
         proc = wrapper(tmp_path / "a", "sleep", a)
         rank = facts(tmp_path / "a")["pid"]
         assert parent(rank) == pid_a
@@ -208,7 +209,10 @@ def test_without_the_template_or_with_an_environment_too_large_for_it_the_starte
                             starter(tmp_path / "large", BIG="x" * rank_zygote.ROOM_BYTES))
     try:
         assert parent(off) == os.getpid() == parent(large)
-        assert processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path / "large")) == [large]
+        # Popen returns once the child's exec has begun (vfork), before the kernel has laid out
+        # its new environment: /proc/PID/environ reads empty for a moment (~5 % of tries here)
+        wait_for(lambda: processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path / "large")) == [large],
+                 f"the fresh starter to be found by its run's marker: {processes.stat_fields(large)}", 30)
     finally:
         processes.signal_pids([off, large], signal.SIGKILL)
         processes.reap(off)
@@ -224,3 +228,31 @@ def test_an_idle_template_exits_and_the_attempts_it_started_run_on(tmp_path: Pat
         assert processes.is_alive(pid)
     finally:
         processes.signal_pids([pid], signal.SIGKILL)
+
+
+def test_a_name_another_user_serves_is_never_handed_a_request(tmp_path: Path) -> None:
+    """A template's name can be worked out; another user who binds it first must get nothing
+    of ours — not the run's environment, not its log — and we start our own starter instead."""
+    if os.geteuid() != 0:
+        pytest.skip("switching to another uid needs root")
+    name = f"@trainyard-rank-template-squatted-{os.getpid()}"
+    squatter = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "s.bind('\\0' + sys.argv[1][1:])\n"
+        "s.listen(1)\n"
+        "print('listening', flush=True)\n"
+        "c, _ = s.accept()\n"
+        "c.settimeout(30)\n"
+        "print(repr(c.recv(1 << 20)), flush=True)\n"
+    )
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    assert python, "a system python3 (Debian's) is needed to act as another user"
+    with subprocess.Popen([python, "-c", squatter, name], stdout=subprocess.PIPE, text=True, user=65534,
+                          cwd="/") as other:
+        assert other.stdout is not None and other.stdout.readline().strip() == "listening"
+        request = rank_zygote.Request(entry=str(PROBE), module=False, args=["0", str(tmp_path / "facts.json")],
+                                      env={"SECRET": "not for them"}, cwd=str(REPO_ROOT))
+        with open(os.devnull, "rb") as devnull:
+            assert rank_zygote.ask(name, request, [devnull.fileno()] * 3) is None
+        assert other.stdout.read().strip() == "b''"  # closed without a byte sent
