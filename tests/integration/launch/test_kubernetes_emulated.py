@@ -19,7 +19,7 @@ from plugins.launch.volcano import KubernetesLauncher
 from tests.support.kube.harness import KubeHarness, harness_or_skip
 from tests.support.kube.jobs import placed, tiny_job, wide_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 JOBS = ("batch.volcano.sh/v1alpha1", "jobs")
 
 

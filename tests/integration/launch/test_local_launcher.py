@@ -33,7 +33,7 @@ from plugins.placement.state import usage_by_team
 from tests.support import procs
 from tests.support.procs import REPO_ROOT, check
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 ENTRYPOINT = "tests/integration/launch/tiny_job.py"
 
 

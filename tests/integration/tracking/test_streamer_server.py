@@ -10,6 +10,8 @@ from plugins.tracking.metrics import MetricsStreamer
 from tests.integration.tracking.mlflow_servers import MlflowServer, start_mlflow_server
 from tests.support import procs
 
+pytestmark = pytest.mark.waits  # for its server's restart and the streamer's retries
+
 
 def test_metrics_reach_the_server_in_batches(mlflow_server: MlflowServer) -> None:
     from mlflow import MlflowClient
