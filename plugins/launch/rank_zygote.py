@@ -552,11 +552,15 @@ def _fork_from_template(args: list[str], *, env: dict[str, str], cwd: Path, log:
         return None
     request = Request(entry="plugins.launch.rank_zygote", module=True, args=args, env=env, cwd=str(cwd),
                       detached=True)
-    with log.open("ab") as out, open(os.devnull, "rb") as devnull:
-        stdio = [devnull.fileno(), out.fileno(), out.fileno()]
-        answer = ask(name, request, stdio, patience_s=0.0)
-        if answer is None and _start_template(name, env=env, cwd=cwd, idle_s=idle_s):
-            answer = ask(name, request, stdio)
+    try:
+        with log.open("ab") as out, open(os.devnull, "rb") as devnull:
+            stdio = [devnull.fileno(), out.fileno(), out.fileno()]
+            answer = ask(name, request, stdio, patience_s=0.0)
+            if answer is None and _start_template(name, env=env, cwd=cwd, idle_s=idle_s):
+                answer = ask(name, request, stdio)
+    except OSError as e:
+        print(f"rank zygote: no template: {e}", file=sys.stderr, flush=True)
+        return None
     if answer is None:
         return None
     conn, pid = answer
@@ -611,6 +615,11 @@ def serve_template(name: str, idle_s: float) -> None:
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # as in `main`: no import may init CUDA
     took = preload(TEMPLATE_MODULES, who="rank template")
     print(f"rank template {name}: pid {os.getpid()}, preloaded {took}", file=sys.stderr, flush=True)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        print("rank template: an import initialised CUDA; no starter is forked from here", file=sys.stderr,
+              flush=True)
+        sys.exit(0)  # the askers read the closed socket as "no template" and start their own
     template_pid = os.getpid()
     request = Zygote(listener, [], template_room=environ_room(), idle_s=idle_s).serve()
     sys.argv = become(request, template_pid, from_template=True)
