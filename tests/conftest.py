@@ -42,6 +42,11 @@ def postgres_url() -> str:
     return POSTGRES_URL
 
 
+_XDIST_CONTROLLER = False
+"""Set in the process that hands tests to xdist's workers: it sees every worker's tests start
+and end, and the workers write their own timelines."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Where the time went, for every run: a JUnit XML (per-test durations, kept by CI as an
     artifact) under `$CI_ARTIFACTS` or `.trainyard/`, unless `--junitxml` was given. And in CI
@@ -60,11 +65,6 @@ def pytest_configure(config: pytest.Config) -> None:
     hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None)
     if os.environ.get("CI"):
         hypothesis_settings.load_profile("ci")
-
-
-_XDIST_CONTROLLER = False
-"""Set in the process that hands tests to xdist's workers: it sees every worker's tests start
-and end, and the workers write their own timelines."""
 
 
 def pytest_runtest_logstart(nodeid: str, location: object) -> None:
@@ -112,9 +112,9 @@ def xdist_group(nodeid: str) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The integration modules are spread out by kind instead of coming folder by folder: the
     modules marked `waits` (they mostly wait, for a hang timeout, a node's grace or a stop's
-    SIGTERM grace: 33–72 % of one core over their wall time, alone) evenly among the rest, and each folder's other
-    modules evenly too (the k-th of n at (k + ½) / n of the way), so the worker tests, which
-    compute, are not all at the end. In collection order the waiting modules came together, in
+    SIGTERM grace: 33–72 % of one core over their wall time, alone) evenly among the rest, and
+    each folder's other modules evenly too (the k-th of n at (k + ½) / n of the way), so the
+    worker tests, which compute, are not all at the end. In collection order the waiting modules came together, in
     launch/, node_agent/, recovery/ and sensors/, and both workers waited at once (CI's timeline:
     the cores 39–49 % busy for two minutes, ~95 % elsewhere). A module stays whole (its fixtures
     run once), and the order is the same in every worker, as xdist requires."""
