@@ -29,7 +29,7 @@ from pathlib import Path
 
 from cli.postgres_server import EmbeddedPostgres
 from config.airflow import DEFAULT_PORT, airflow_env
-from plugins.launch import processes
+from plugins.launch import processes, rank_zygote
 
 AIRFLOW = ("api-server", "scheduler", "dag-processor", "triggerer")
 MLFLOW_PORT = 5000
@@ -239,6 +239,7 @@ class Stack:
         ended = self.stop_all(list(reversed(self.components)))
         if self.postgres is not None:  # last: the parts above close their sessions first
             ended["postgres"] = int(self.postgres.stop())
+        ended["rank templates"] = rank_zygote.stop_templates()
         return ended
 
     def health(self) -> dict[str, str]:

@@ -60,7 +60,9 @@ inherits unchanged. So the template is started with a block of spare room (`ROOM
 forked starter writes its run's environment over it (`show_environment`) before doing anything
 else; a run's environment that does not fit is refused, and its attempt gets a starter of its
 own, as does any attempt when `TEMPLATE_SWITCH_ENV` is `0`. The template carries no run's
-markers, so no sweep stops it; it exits after `TEMPLATE_IDLE_S` without a request.
+markers, so no sweep of a run stops it; it exits after `TEMPLATE_IDLE_S` without a request, or
+when `make down` asks (`stop_templates`). Only the environment is rewritten: `ps` shows a forked
+starter and the ranks it forks with the template's command line (`… rank_zygote --template NAME`).
 """
 
 from __future__ import annotations
@@ -283,6 +285,9 @@ class Zygote:
         self.template_room, self.idle_s = template_room, idle_s
         """A template (`template_room` set: the bytes its environment block holds) forks starters
         that must fit their run's environment into that block, and lives until idle."""
+        self.stopping = False
+        """A template asked to stop (SIGTERM: `make down`) exits between requests, never in the
+        middle of forking a starter."""
 
     def serve(self) -> Request:
         """Serve until there is nothing left to serve (`_done`); returns only in a forked child."""
@@ -295,7 +300,7 @@ class Zygote:
         """Handle what is ready within `timeout_s`: new requests, ended children, gone askers."""
         conns = [c.conn for c in self.children.values() if c.conn is not None]
         ready, _, _ = select.select([self.listener, *self.children, *conns], [], [], timeout_s)
-        if not ready and self._done():
+        if (not ready or self.stopping) and self._done():
             sys.exit(0)
         for item in ready:
             if item is self.listener:
@@ -312,7 +317,7 @@ class Zygote:
         """No child left, and nobody left to ask: the watched agents are gone — or, when it
         forks the agents itself, it served them (or nobody came within `FIRST_REQUEST_S`)."""
         if self.template_room is not None:  # its children are starters with lives of their own
-            return time.monotonic() - self.asked > self.idle_s
+            return self.stopping or time.monotonic() - self.asked > self.idle_s
         if self.children:
             return False
         if self.agents:
@@ -412,9 +417,9 @@ def _peer_closed(conn: socket.socket) -> bool:
         return True
 
 
-def _kill(pid: int) -> None:
+def _kill(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
 
 
 def _send(conn: socket.socket, message: dict[str, int]) -> None:
@@ -621,11 +626,39 @@ def serve_template(name: str, idle_s: float) -> None:
               flush=True)
         sys.exit(0)  # the askers read the closed socket as "no template" and start their own
     template_pid = os.getpid()
-    request = Zygote(listener, [], template_room=environ_room(), idle_s=idle_s).serve()
+    zygote = Zygote(listener, [], template_room=environ_room(), idle_s=idle_s)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(zygote, "stopping", True))
+    request = zygote.serve()
     sys.argv = become(request, template_pid, from_template=True)
     import runpy
 
     runpy.run_module(request.entry, run_name="__main__", alter_sys=True)
+
+
+def stop_templates(python: str = sys.executable) -> int:
+    """Ask this user's templates started with `python` (this checkout's venv) to exit; returns
+    how many. For `make down`: a template holds no home, but nothing of the stack should stay
+    behind it. Attempts it started run on; the next attempt starts another template."""
+    me, uid = os.getpid(), os.getuid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if argv[:4] != [python.encode(), b"-m", b"plugins.launch.rank_zygote", b"--template"]:
+                continue
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        # the starters and ranks it forked carry its command line too, but their run's environment
+        if environ.startswith(ROOM_ENV.encode() + b"=") or b"\0" + ROOM_ENV.encode() + b"=" in environ:
+            found.append(int(entry))
+    for pid in found:
+        _kill(pid, signal.SIGTERM)
+    return len(found)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -256,3 +256,16 @@ def test_a_name_another_user_serves_is_never_handed_a_request(tmp_path: Path) ->
         with open(os.devnull, "rb") as devnull:
             assert rank_zygote.ask(name, request, [devnull.fileno()] * 3) is None
         assert other.stdout.read().strip() == "b''"  # closed without a byte sent
+
+
+def test_make_down_stops_the_templates_and_the_attempts_they_started_run_on(tmp_path: Path) -> None:
+    _, pid = starter(tmp_path, TRAINYARD_RANK_TEMPLATE_IDLE_S="120")  # a template of its own
+    try:
+        template = parent(pid)
+        ticks = processes.start_ticks(template)
+        assert template != os.getpid()
+        assert rank_zygote.stop_templates() >= 1  # what `make down` (cli.stack's down) calls
+        wait_for(lambda: not processes.is_alive(template, ticks), "the template to stop", 30)
+        assert processes.is_alive(pid)
+    finally:
+        processes.signal_pids([pid], signal.SIGKILL)

@@ -118,7 +118,12 @@ def test_marked_processes_finds_a_run_by_its_variable(tmp_path: Path) -> None:
     env = dict(os.environ, TRAINYARD_RUN_DIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True)
     try:
-        assert processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path)) == [proc.pid]
+        # Popen returns once the child's exec has begun (vfork), before the kernel has laid out
+        # its new environment: /proc/PID/environ reads empty for a moment (~5 % of tries here)
+        deadline = time.monotonic() + 30
+        while processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path)) != [proc.pid]:
+            assert time.monotonic() < deadline, "the process never showed its marker"
+            time.sleep(0.01)
         assert processes.group_members([proc.pid]) == [proc.pid]
     finally:
         proc.kill()
