@@ -67,6 +67,18 @@ def pytest_configure(config: pytest.Config) -> None:
         hypothesis_settings.load_profile("ci")
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite leaves no process behind: the rank-starter templates its launches started
+    (they would idle out after 300 s) are stopped once every test has ended — by the process
+    that ran them all, not by a worker while the other may still be using one."""
+    import os
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        from plugins.launch.rank_zygote import stop_templates
+
+        stop_templates()
+
+
 def pytest_runtest_logstart(nodeid: str, location: object) -> None:
     _timeline("start", nodeid)
 
