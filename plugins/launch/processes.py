@@ -106,19 +106,35 @@ def group_members(pgids: Iterable[int]) -> list[int]:
     return members
 
 
+def environ_entries(pid: int) -> list[bytes] | None:
+    """The `NAME=value` entries of the process's environment as `/proc` shows it (what it was
+    started with, or what it wrote over that block), or None when it is gone or not ours."""
+    try:
+        return (PROC / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+
+
 def marked_processes(name: str, value: str) -> list[int]:
     """Live processes whose environment holds `name=value` (this user's only)."""
     needle = f"{name}={value}".encode()
     me = os.getpid()
+    return [pid for pid in _all_pids()
+            if pid != me and needle in (environ_entries(pid) or []) and is_alive(pid)]
+
+
+def started_as(argv: list[str]) -> list[int]:
+    """This user's live processes whose command line begins with `argv`."""
+    prefix, me, uid = [a.encode() for a in argv], os.getpid(), os.getuid()
     found = []
     for pid in _all_pids():
-        if pid == me:
-            continue
         try:
-            environ = (PROC / str(pid) / "environ").read_bytes()
+            if pid == me or (PROC / str(pid)).stat().st_uid != uid:
+                continue
+            command = (PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if needle in environ.split(b"\0") and is_alive(pid):
+        if command[:len(prefix)] == prefix and is_alive(pid):
             found.append(pid)
     return found
 

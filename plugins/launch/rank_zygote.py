@@ -91,7 +91,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plugins.launch.processes import is_alive, stat_fields
+from plugins.launch.processes import environ_entries, is_alive, signal_pids, started_as, stat_fields
 from plugins.preload import preload
 
 ADDRESS_ENV = "TRAINYARD_RANK_ZYGOTE"
@@ -417,9 +417,9 @@ def _peer_closed(conn: socket.socket) -> bool:
         return True
 
 
-def _kill(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
+        os.kill(pid, signal.SIGKILL)
 
 
 def _send(conn: socket.socket, message: dict[str, int]) -> None:
@@ -432,10 +432,16 @@ def environ_block(env: Mapping[str, str]) -> bytes:
     return b"".join(f"{k}={v}".encode(errors="surrogateescape") + b"\0" for k, v in env.items())
 
 
-def environ_room() -> int:
-    """The size of this process's environment block (`/proc/self/stat`'s env_start…env_end)."""
+def _environ_span() -> tuple[int, int]:
+    """Where this process's environment block lies (`/proc/self/stat`'s env_start, env_end)."""
     fields = stat_fields(os.getpid()) or []
-    return int(fields[STAT_ENV_START + 1]) - int(fields[STAT_ENV_START])
+    return int(fields[STAT_ENV_START]), int(fields[STAT_ENV_START + 1])
+
+
+def environ_room() -> int:
+    """The size of this process's environment block."""
+    start, end = _environ_span()
+    return end - start
 
 
 def show_environment(env: Mapping[str, str]) -> None:
@@ -444,8 +450,7 @@ def show_environment(env: Mapping[str, str]) -> None:
     process's ancestor was started with. Only after `os.environ` was replaced: the C library's
     `environ` then points at copies, and nothing reads the old block again (what `setproctitle`
     relies on for the argument block). The caller made sure it fits."""
-    fields = stat_fields(os.getpid()) or []
-    start, end = int(fields[STAT_ENV_START]), int(fields[STAT_ENV_START + 1])
+    start, end = _environ_span()
     block = environ_block(env)
     if len(block) > end - start:
         raise ValueError(f"the environment ({len(block)} bytes) does not fit the block ({end - start})")
@@ -639,25 +644,11 @@ def stop_templates(python: str = sys.executable) -> int:
     """Ask this user's templates started with `python` (this checkout's venv) to exit; returns
     how many. For `make down`: a template holds no home, but nothing of the stack should stay
     behind it. Attempts it started run on; the next attempt starts another template."""
-    me, uid = os.getpid(), os.getuid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid != uid:
-                continue
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            if argv[:4] != [python.encode(), b"-m", b"plugins.launch.rank_zygote", b"--template"]:
-                continue
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        # the starters and ranks it forked carry its command line too, but their run's environment
-        if environ.startswith(ROOM_ENV.encode() + b"=") or b"\0" + ROOM_ENV.encode() + b"=" in environ:
-            found.append(int(entry))
-    for pid in found:
-        _kill(pid, signal.SIGTERM)
+    room = ROOM_ENV.encode() + b"="
+    # the starters and ranks it forked carry its command line too, but their run's environment
+    found = [pid for pid in started_as([python, "-m", "plugins.launch.rank_zygote", "--template"])
+             if any(entry.startswith(room) for entry in environ_entries(pid) or [])]
+    signal_pids(found, signal.SIGTERM)
     return len(found)
 
 

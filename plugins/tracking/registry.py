@@ -265,14 +265,7 @@ def models_trained_on(
     if digest:
         clauses.append(f"tags.`{TAG}dataset.digest` = {quote_filter_value(digest)}")
     client = client_for(tracking_uri)
-    found: list[ModelVersion] = []
-    token = None
-    while True:
-        page = client.search_model_versions(" AND ".join(clauses), page_token=token)
-        found.extend(page)
-        token = page.token
-        if not token:
-            break
+    found = list(_search_model_versions(client, " AND ".join(clauses)))
     # Searches do not return aliases (SQL registry): read them once per registered model.
     aliases: dict[str, dict[str, list[str]]] = {}
     for mv in found:
@@ -290,19 +283,23 @@ def trained_datasets(*, tracking_uri: str) -> dict[str, list[str]]:
     """Dataset URI → its versions, for every dataset some registered model version was trained
     on: what to suggest when a `models_trained_on` query finds nothing (a prefix that resolves
     elsewhere, a version that was never trained on)."""
-    client = client_for(tracking_uri)
     seen: dict[str, set[str]] = {}
+    for mv in _search_model_versions(client_for(tracking_uri), f"tags.`{TAG}dataset.uri` LIKE '%'"):
+        uri, version = mv.tags.get(TAG + "dataset.uri"), mv.tags.get(TAG + "dataset.version")
+        if uri:
+            seen.setdefault(uri, set()).update([version] if version else [])
+    return {uri: sorted(seen[uri]) for uri in sorted(seen)}
+
+
+def _search_model_versions(client: MlflowClient, filter_string: str) -> Iterator[ModelVersion]:
+    """Every model version the search finds, page after page."""
     token = None
     while True:
-        page = client.search_model_versions(f"tags.`{TAG}dataset.uri` LIKE '%'", page_token=token)
-        for mv in page:
-            uri = mv.tags.get(TAG + "dataset.uri")
-            if uri:
-                seen.setdefault(uri, set()).update(v for v in [mv.tags.get(TAG + "dataset.version")] if v)
+        page = client.search_model_versions(filter_string, page_token=token)
+        yield from page
         token = page.token
         if not token:
-            break
-    return {uri: sorted(seen[uri]) for uri in sorted(seen)}
+            return
 
 
 # -- helpers --------------------------------------------------------------------------------------

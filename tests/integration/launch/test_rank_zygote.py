@@ -162,8 +162,7 @@ def parent(pid: int) -> int:
 
 
 def environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(e.decode().split("=", 1) for e in raw.split(b"\0") if b"=" in e)
+    return dict(e.decode().split("=", 1) for e in processes.environ_entries(pid) or [] if b"=" in e)
 
 
 def starter(run_dir: Path, **extra: str) -> tuple[str, int]:
