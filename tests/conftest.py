@@ -123,8 +123,8 @@ def xdist_group(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The integration modules are spread out by kind instead of coming folder by folder: the
-    modules marked `waits` (they mostly wait, for a hang timeout, a node's grace or a stop's
-    SIGTERM grace: 33–72 % of one core over their wall time, alone) evenly among the rest, and
+    modules marked `waits` (they mostly wait, for a hang timeout, a node's grace, a stop's
+    SIGTERM grace or a template's idle exit: 33–72 % of one core over their wall time, alone) evenly among the rest, and
     each folder's other modules evenly too (the k-th of n at (k + ½) / n of the way), so the
     worker tests, which compute, are not all at the end. In collection order the waiting modules came together, in
     launch/, node_agent/, recovery/ and sensors/, and both workers waited at once (CI's timeline:

@@ -26,7 +26,7 @@ from tests.integration.launch.test_local_launcher import ENTRYPOINT
 from tests.integration.node_agent.test_run_evidence import spec, submit
 from tests.support.node_agents import node_agents
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 JOB = "tiny-status"
 
 

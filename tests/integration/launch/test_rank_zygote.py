@@ -20,6 +20,8 @@ from plugins.launch import processes, rank_zygote
 from plugins.launch.files import read_rank_records
 from tests.support.procs import REPO_ROOT
 
+pytestmark = pytest.mark.waits
+
 PROBE = Path(__file__).with_name("zygote_probe.py")
 
 
