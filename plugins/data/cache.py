@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import threading
 import uuid
@@ -161,6 +162,13 @@ def _is_data(name: str) -> bool:
     return not (name.startswith(".") or name.endswith((LOCK_SUFFIX, META_SUFFIX)))
 
 
+def mapped(f: IO[bytes], dtype: np.dtype) -> np.ndarray:
+    """The open file's content as a read-only array over a memory map of it: what `np.memmap`
+    gives, at a seventh of its cost (~15 µs against ~100 µs here), which a warm epoch pays per
+    shard."""
+    return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=dtype)
+
+
 class ShardCache:
     """Verified local copies of shards under `root`, at most `max_bytes` of them (module docstring)."""
 
@@ -222,9 +230,10 @@ class ShardCache:
         return self._verified(self.path_of(manifest, shard),
                               {"key": shard.key, "etag": shard.etag, "size": shard.size})
 
-    def _verified(self, path: Path, expected: dict[str, object]) -> IO[bytes] | None:
+    def _verified(self, path: Path, expected: dict[str, object], *, hash_unknown: bool = True) -> IO[bytes] | None:
         """`path` opened, when its commit file records `expected`, the file's size and the chunk
-        hash of its content; else None (a mismatch counts as corrupt and drops the entry)."""
+        hash of its content; else None (a mismatch counts as corrupt and drops the entry). With
+        `hash_unknown=False`, a file this process has not hashed yet is None too, untouched."""
         meta_path = path.with_name(path.name + META_SUFFIX)
         try:
             meta = json.loads(meta_path.read_text())
@@ -237,6 +246,9 @@ class ShardCache:
               and isinstance(meta.get("chunk_bytes"), int) and meta["chunk_bytes"] > 0
               and isinstance(meta.get("chunks_sha256"), str))
         if ok and _identity(st, meta["chunks_sha256"]) not in _known_files:
+            if not hash_unknown:
+                f.close()
+                return None
             ok = chunks_sha256(f, meta["chunk_bytes"]) == meta["chunks_sha256"]
             if ok:
                 _remember(st, meta["chunks_sha256"])
@@ -261,15 +273,17 @@ class ShardCache:
                 "dtype": dtype.str}
 
     def open_tokens(self, manifest: ShardManifest, shard: ShardEntry, variant: str, dtype: np.dtype, *,
-                    count: bool = True) -> np.ndarray | None:
+                    count: bool = True, hash_unknown: bool = True) -> np.ndarray | None:
         """The shard's token ids as another reader of the node stored them, memory-mapped and
-        verified; None when there are none (a hit is counted as a cache hit)."""
-        f = self._verified(self.tokens_path(manifest, shard, variant), self._tokens_expected(shard, variant, dtype))
+        verified; None when there are none (a hit is counted as a cache hit). `hash_unknown=False`:
+        None also where the file would have to be hashed first (this process has not hashed it)."""
+        f = self._verified(self.tokens_path(manifest, shard, variant), self._tokens_expected(shard, variant, dtype),
+                           hash_unknown=hash_unknown)
         if f is None:
             return None
         with f:
             size = os.fstat(f.fileno()).st_size
-            tokens = np.memmap(f, dtype=dtype, mode="r") if size else np.empty(0, dtype)
+            tokens = mapped(f, dtype) if size else np.empty(0, dtype)
         self._count(hits=int(count))
         return tokens
 

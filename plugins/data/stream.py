@@ -186,12 +186,12 @@ class SampleStream:
         n = len(self.manifest.shards)
         while True:
             order = epoch_order(n, self.order_seed, pos.epoch)
+            both = order + epoch_order(n, self.order_seed, pos.epoch + 1)  # the prefetch looks past the end
             produced_in_epoch = pos.shard_start
             for i in range(pos.shard, n):
                 shard = self.manifest.shards[order[i]]
                 if self.prefetch is not None:
-                    ahead = (order + epoch_order(n, self.order_seed, pos.epoch + 1))[i + 1:i + 1 + self.prefetch_ahead]
-                    for nxt in ahead:
+                    for nxt in both[i + 1:i + 1 + self.prefetch_ahead]:
                         self.prefetch(self.manifest.shards[nxt])
                 skip = pos.offset - produced_in_epoch if i == pos.shard else 0
                 count = 0
@@ -304,7 +304,10 @@ def batch_groups(stream: SampleStream, start: StreamPosition, *, batch_size: int
         if whole:
             steps = windows[used:used + whole * per_step].reshape(whole, per_step, -1)
             mine = np.ascontiguousarray(steps[:, dp_rank::dp_size])
-            group += [Batch(mine[k], block.position_after(used + (k + 1) * per_step)) for k in range(whole)]
+            # block.position_after(used + (k + 1) * per_step), spelled out: one call less per step
+            epoch, before, shard, shard_start = block.epoch, block.before + used, block.shard, block.shard_start
+            group += [Batch(mine[k], StreamPosition(epoch, before + (k + 1) * per_step, shard, shard_start))
+                      for k in range(whole)]
             used += whole * per_step
         if used < len(windows):
             begun, missing = [windows[used:]], per_step - (len(windows) - used)

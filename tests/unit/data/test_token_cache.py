@@ -137,6 +137,43 @@ def test_a_process_hashes_a_token_file_once_and_a_rewritten_one_again(
     assert len(hashed) == 1 + 4
 
 
+def test_a_warm_epoch_opens_known_copies_in_the_producer_and_hashes_others_on_prefetch_threads(
+        store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy this process verified is opened where the batches are cut (a hand-over to a thread
+    cost more than the open); one it must hash first still goes to a prefetch thread, so a hash
+    never holds up the cut, and a corrupt one is still caught there."""
+    from plugins.data import cache as cache_module
+
+    first = _epochs(_reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer()), 1)
+    warm = _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer())
+    submitted: list[str] = []
+    real_submit = warm._fill_pool.submit
+    monkeypatch.setattr(warm._fill_pool, "submit", lambda fn, shard, **kw: submitted.append(shard.key)
+                        or real_submit(fn, shard, **kw))
+    assert _epochs(warm, 1) == first
+    warm.close()
+    assert submitted == [] and warm.cache.stats.hits >= 4, warm.cache.stats
+
+    hashed_on: list[str] = []
+    real_hash = cache_module.chunks_sha256
+    monkeypatch.setattr(cache_module, "chunks_sha256",
+                        lambda f, chunk: hashed_on.append(threading.current_thread().name) or real_hash(f, chunk))
+    monkeypatch.setattr(cache_module, "_known_files", set())  # as another process finds them
+    victim = _token_files(tmp_path / "c")[-1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    cache = ShardCache(tmp_path / "c", 1 << 30)
+    cold = _reader(store, cache, ByteTokenizer())
+    assert _epochs(cold, 1) == first
+    cold.close()
+    # the epoch's first shard is read before anything prefetched it; the other three on prefetch threads
+    producer = [n for n in hashed_on if n.startswith("data-producer")]
+    assert len(hashed_on) == 4 and len(producer) == 1, hashed_on
+    assert all(n.startswith("shard-prefetch") for n in hashed_on if n not in producer), hashed_on
+    assert cache.stats.corrupt == 1
+
+
 def test_a_checkpoint_without_an_order_resumes_in_the_first_readers_order(store: ObjectStore, tmp_path: Path) -> None:
     old = _reader(store, ShardCache(tmp_path / "a", 1 << 30), ByteTokenizer())
     old.order = 1  # as a reader before version 2 did
