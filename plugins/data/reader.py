@@ -142,10 +142,10 @@ class StreamingReader:
     def next_batch(self) -> Batch:
         if not self._taken:
             self._take_ready()
-        item = self._taken[0]
-        if isinstance(item, _Failed):
-            raise item.error  # left in place: every later call fails the same way
-        self._taken.popleft()
+        item = self._taken.popleft()
+        if item.__class__ is _Failed:
+            self._taken.appendleft(item)  # left in place: every later call fails the same way
+            raise item.error
         self.position = item.after
         return item
 

