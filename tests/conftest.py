@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,12 +150,28 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """xdist's `loadgroup` cannot group here: it renames the items' node ids, which pytest 9
     derives from their structured ids. This scheduler splits the work by `xdist_group` instead,
     in collection order (the end-to-end groups come first and so start first), handing a worker
-    its next group whenever it runs low."""
+    its next group whenever it runs low — except that a worker is not handed a module marked
+    `waits` while another worker has one, as long as a module that computes is left: spread in
+    the order alone, a long waiting module still ran beside the next one (CI's timeline: both
+    workers in waiting modules, the cores 61 % busy for two 30 s windows)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group(nodeid)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            others_wait = any(scope in waiting and not all(unit.values())
+                              for other, assigned in self.assigned_work.items() if other is not node
+                              for scope, unit in assigned.items())
+            if others_wait:
+                computing = next((scope for scope in self.workqueue if scope not in waiting), None)
+                if computing is not None:
+                    self.workqueue.move_to_end(computing, last=False)  # handed out next
+            super()._assign_work_unit(node)
+
+    # The controller collects nothing, so it cannot see markers: it reads the modules' marks.
+    waiting = {str(path.relative_to(config.rootpath)) for path in (config.rootpath / INTEGRATION).rglob("test_*.py")
+               if "pytest.mark.waits" in path.read_text()}
     config.option.loadscopereorder = False  # collection order: the long end-to-end groups first
     return ByGroup(config, log)
