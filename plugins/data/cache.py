@@ -332,7 +332,11 @@ class ShardCache:
                     out.truncate(written)
             if spilled is not None:
                 return np.concatenate(spilled) if spilled else np.empty(0, dtype)
-            tokens = np.memmap(tmp, dtype=dtype, mode="r") if written else np.empty(0, dtype)
+            if written:
+                with open(tmp, "rb") as f:
+                    tokens = mapped(f, dtype)
+            else:
+                tokens = np.empty(0, dtype)
             sha = hasher.hexdigest()
             meta = {**self._tokens_expected(shard, variant, dtype), "uri": manifest.uri, "size": written,
                     "chunk_bytes": self.chunk_bytes, "chunks_sha256": sha}
