@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -122,23 +123,30 @@ def xdist_group(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+@functools.cache
+def waiting_modules(root: Path) -> frozenset[str]:
+    """The integration modules marked `waits`: they mostly wait, for a hang timeout, a node's
+    grace, a stop's SIGTERM grace or a template's idle exit (33–72 % of one core over their wall
+    time, alone). Read from the modules' text, not from collected items' markers: xdist's
+    controller, which schedules them, collects nothing."""
+    return frozenset(str(path.relative_to(root)) for path in (root / INTEGRATION).rglob("test_*.py")
+                     if "pytest.mark.waits" in path.read_text())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The integration modules are spread out by kind instead of coming folder by folder: the
-    modules marked `waits` (they mostly wait, for a hang timeout, a node's grace, a stop's
-    SIGTERM grace or a template's idle exit: 33–72 % of one core over their wall time, alone) evenly among the rest, and
-    each folder's other modules evenly too (the k-th of n at (k + ½) / n of the way), so the
-    worker tests, which compute, are not all at the end. In collection order the waiting modules came together, in
+    modules marked `waits` (`waiting_modules`) evenly among the rest, and each folder's other
+    modules evenly too (the k-th of n at (k + ½) / n of the way), so the worker tests, which
+    compute, are not all at the end. In collection order the waiting modules came together, in
     launch/, node_agent/, recovery/ and sensors/, and both workers waited at once (CI's timeline:
     the cores 39–49 % busy for two minutes, ~95 % elsewhere). A module stays whole (its fixtures
     run once), and the order is the same in every worker, as xdist requires."""
     slots = [i for i, item in enumerate(items) if item.nodeid.startswith(INTEGRATION)]
-    waits: dict[str, bool] = {}  # module → marked, in collection order
-    for i in slots:
-        module = items[i].nodeid.split("::", 1)[0]
-        waits[module] = waits.get(module, False) or items[i].get_closest_marker("waits") is not None
+    waiting = waiting_modules(config.rootpath)
     groups: dict[str, list[str]] = {}  # the waiting modules; every other folder's modules
-    for module, marked in waits.items():
-        groups.setdefault("waits" if marked else module[len(INTEGRATION):].split("/", 1)[0], []).append(module)
+    for module in dict.fromkeys(items[i].nodeid.split("::", 1)[0] for i in slots):  # collection order
+        groups.setdefault("waits" if module in waiting else module[len(INTEGRATION):].split("/", 1)[0],
+                          []).append(module)
     place = {m: (k + 0.5) / len(group) for group in groups.values() for k, m in enumerate(group)}
     moved = [items[i] for i in sorted(slots, key=lambda i: (place[items[i].nodeid.split("::", 1)[0]], i))]
     for slot, item in zip(slots, moved, strict=True):
@@ -170,8 +178,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
                     self.workqueue.move_to_end(computing, last=False)  # handed out next
             super()._assign_work_unit(node)
 
-    # The controller collects nothing, so it cannot see markers: it reads the modules' marks.
-    waiting = {str(path.relative_to(config.rootpath)) for path in (config.rootpath / INTEGRATION).rglob("test_*.py")
-               if "pytest.mark.waits" in path.read_text()}
+    waiting = waiting_modules(config.rootpath)
     config.option.loadscopereorder = False  # collection order: the long end-to-end groups first
     return ByGroup(config, log)

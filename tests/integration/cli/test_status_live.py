@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from plugins.recovery.state import open_job_state
 from tests.integration.launch.test_local_launcher import ENTRYPOINT
 from tests.integration.node_agent.test_run_evidence import spec, submit
 from tests.support.node_agents import node_agents
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 JOB = "tiny-status"
@@ -65,7 +65,7 @@ def test_status_shows_the_live_step_of_a_training_run(home: Path, tmp_path: Path
             beats = read_heartbeats(handle.heartbeat_dir, range(2))
             return sorted(b.step for b in beats.values()) if len(beats) == 2 else []
 
-        until(lambda: bool(steps()) and steps()[0] >= 2)
+        wait_for(lambda: bool(steps()) and steps()[0] >= 2, "the live status to show step 2", 180, poll_s=0.2)
         before = steps()[0]
         assert main(["status", JOB]) == 0
         out = capsys.readouterr().out
@@ -99,10 +99,3 @@ def test_status_shows_the_live_step_of_a_training_run(home: Path, tmp_path: Path
     assert "the workers finished at step" in said and "not recorded by the control plane yet" in said, out
     assert all(len(line) <= 80 for line in out.splitlines()), out
     shutil.rmtree(done)
-
-
-def until(check: Callable[[], bool], timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)

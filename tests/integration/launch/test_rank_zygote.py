@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ import pytest
 from plugins.launch import processes, rank_zygote
 from plugins.launch.files import read_rank_records
 from tests.support.procs import REPO_ROOT
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.waits
 
@@ -47,13 +48,6 @@ def wrapper(run_dir: Path, mode: str, address: str | None, *, rank: int = 3) -> 
     return subprocess.Popen([sys.executable, "-m", "plugins.launch.rank_exec", "--run-dir", str(run_dir), "--",
                              str(PROBE), mode, str(run_dir / "facts.json")],
                             cwd=REPO_ROOT, env=env, start_new_session=True)
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def facts(run_dir: Path) -> dict:

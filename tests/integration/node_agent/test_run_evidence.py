@@ -11,8 +11,6 @@ processes (the launcher's tiny job, and `worker/train.py` for the hang of one st
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,6 +37,7 @@ from tests.integration.launch.test_local_launcher import ENTRYPOINT
 from tests.support import procs
 from tests.support.node_agents import node_agents
 from tests.support.procs import REPO_ROOT
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 NODES = ("local-0", "local-1")
@@ -65,14 +64,6 @@ def submit(settings: Settings, job: TrainingJob, plan: Plan, run: str, *, faults
     return launcher, launcher.submit(job, plan, placement, env, attempt=0)
 
 
-def until(what: str, check: Callable[[], object], timeout_s: float = 180) -> object:
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-    return found
-
-
 def hangs(urls: dict[str, str], job: str, run: str) -> list[Verdict]:
     reports: list[NodeHealth] = [fetch_health(url) for url in urls.values()]
     return [v for h in reports for v in h.verdicts if v.kind == "hang" and v.job == job and v.run == run]
@@ -85,7 +76,7 @@ def test_a_cancelled_runs_verdicts_never_appear_in_the_next_runs_evidence(tmp_pa
     with node_agents(NODES, settings.runs_dir, tmp_path / "agents") as urls:
         stuck = spec(name, entrypoint=ENTRYPOINT, args=["--steps", "50", "--sleep", "300"], hang_timeout="2s")
         hung_launcher, hung = submit(settings, stuck, Plan(dp=2), HUNG)  # sleeps after step 1: hangs
-        until("the agents to report the hang of the first run", lambda: hangs(urls, name, HUNG))
+        wait_for(lambda: hangs(urls, name, HUNG), "the agents to report the hang of the first run", 180, poll_s=0.3)
 
         quick = spec(name, entrypoint=ENTRYPOINT, args=["--steps", "2"], hang_timeout="5m")
         launcher, handle = submit(settings, quick, Plan(dp=2), NEXT)
@@ -100,7 +91,7 @@ def test_a_cancelled_runs_verdicts_never_appear_in_the_next_runs_evidence(tmp_pa
         assert not [fact for fact in report.evidence if HUNG in fact or "hang" in fact], report.evidence
 
         stop_gang(hung, StopReason(reason="requested", detail="cancelled by the test"), runtime, grace_s=5)
-        until("the cancelled run's verdicts to expire", lambda: not hangs(urls, name, HUNG), timeout_s=60)
+        wait_for(lambda: not hangs(urls, name, HUNG), "the cancelled run's verdicts to expire", 60, poll_s=0.3)
         gone = [r for url in urls.values() for r in fetch_health(url).ranks if r.run == HUNG]
         assert gone and all(r.gone and not r.stale for r in gone)
         cancelled = classify(gather(hung, hung_launcher.poll(hung), run=HUNG,
@@ -127,7 +118,7 @@ def test_a_hang_of_one_stopped_rank_names_that_rank_only(tmp_path: Path) -> None
     with node_agents(NODES, settings.runs_dir, tmp_path / "agents") as urls:
         launcher, handle = submit(settings, job, plan, HUNG, faults="hang@6:1")
         try:
-            verdicts = until("a hang verdict", lambda: hangs(urls, job.name, HUNG), timeout_s=300)
+            verdicts = wait_for(lambda: hangs(urls, job.name, HUNG), "a hang verdict", 300, poll_s=0.3)
             assert {(v.rank, v.frozen) for v in verdicts} == {(1, True)}, verdicts  # each agent sees both ranks
             step = watch_once(handle, WatchState(renew_lease=False), runtime, grace_s=3)
         finally:

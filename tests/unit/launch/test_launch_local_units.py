@@ -25,6 +25,7 @@ from plugins.launch.model import AgentRecord, RunHandle, RunStatus
 from plugins.placement.gang import place_gang
 from plugins.placement.inventory import Inventory
 from plugins.placement.model import GangRequest
+from tests.support.waiting import wait_for
 
 
 def dead_pid() -> tuple[int, int | None]:
@@ -120,10 +121,8 @@ def test_marked_processes_finds_a_run_by_its_variable(tmp_path: Path) -> None:
     try:
         # Popen returns once the child's exec has begun (vfork), before the kernel has laid out
         # its new environment: /proc/PID/environ reads empty for a moment (~5 % of tries here)
-        deadline = time.monotonic() + 30
-        while processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path)) != [proc.pid]:
-            assert time.monotonic() < deadline, "the process never showed its marker"
-            time.sleep(0.01)
+        wait_for(lambda: processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path)) == [proc.pid],
+                 "the process to show its marker", 30, poll_s=0.01)
         assert processes.group_members([proc.pid]) == [proc.pid]
     finally:
         proc.kill()
