@@ -49,11 +49,11 @@ Only the local launcher starts one. Kubernetes pods run torchrun directly, and t
 start as plain children.
 
 The host's template: the starter itself is forked too. One long-lived process per user, Python,
-source folder and start-up environment (`template_name`) has imported torch, DCP and torchrun
-(`TEMPLATE_MODULES`: third-party code only, so an edit to this repository never reaches a rank
-through a template started before it) and forks each attempt's starter, which then imports only
-the entrypoint's own modules: the host pays torch's import (2–3 CPU-s) once, not once per
-attempt. A starter forked this way must still be found by the sweeps that name a run's processes
+source folder and start-up environment (`template_name`) has imported torch, DCP, torchrun and
+torch's parallelism (`TEMPLATE_MODULES`: third-party code only, so an edit to this repository
+never reaches a rank through a template started before it) and forks each attempt's starter,
+which then imports only the entrypoint's own modules: the host pays torch's import (2–3 CPU-s)
+once, not once per attempt. A starter forked this way must still be found by the sweeps that name a run's processes
 by their environment (`TRAINYARD_RUN_DIR`: the launcher's stop; `TRAINYARD_HOME`: `make down`),
 which read `/proc/PID/environ` — the block of memory the kernel filled at `exec`, which a fork
 inherits unchanged. So the template is started with a block of spare room (`ROOM_ENV`), and the
@@ -128,7 +128,13 @@ TEMPLATE_IDLE_ENV = "TRAINYARD_RANK_TEMPLATE_IDLE_S"
 TEMPLATE_IDLE_S = 300.0
 """A template that nobody asked for this long exits; the next attempt starts another."""
 
-TEMPLATE_MODULES = ("torch", "torch.distributed.checkpoint", "torch.distributed.run")
+TEMPLATE_MODULES = ("torch", "torch.distributed.checkpoint", "torch.distributed.run",
+                    "torch.distributed.pipelining", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
+                    "torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "torch.nn.parallel")
+"""torch itself and `ALWAYS`'s torch modules, and the parallelism `worker.distributed` applies:
+pipelining (which imports torch's compiler, dynamo), FSDP2, DTensor TP, the activation
+checkpoint wrapper and DDP. Left to each attempt's starter they were 0.5 CPU-s of every one
+(0.7–1.3 s of its start in CI, 76 starters a run); a template pays them once."""
 
 ROOM_ENV = "TRAINYARD_ENVIRON_ROOM"
 ROOM_BYTES = 32768
