@@ -52,3 +52,20 @@ def test_after_the_preload_the_command_line_is_airflows(monkeypatch: pytest.Monk
     airflow_preloaded.main()
     out = capsys.readouterr()
     assert version("apache-airflow") in out.out and "trainyard preload:" in out.err
+
+
+def test_the_api_clients_tls_context_is_made_once_before_the_forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A supervisor opening its client after the warm-up (in a forked task) builds no context of
+    its own: with this Airflow, the one made before the fork is reused."""
+    import ssl
+
+    from airflow.sdk.api.client import Client
+
+    Client._get_ssl_context_cached.cache_clear()  # as in a fresh scheduler
+    airflow_preloaded.warm_api_client()
+
+    def built_again(*args: object, **kwargs: object) -> ssl.SSLContext:
+        raise AssertionError("a second TLS context was built")
+
+    monkeypatch.setattr(ssl, "create_default_context", built_again)
+    Client(base_url="http://127.0.0.1:1/execution/", token="t").close()

@@ -3,13 +3,14 @@ reads the exit of a process that is not its child."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import time
 from pathlib import Path
 
 from plugins.launch import processes
-from plugins.launch.rank_zygote import entry_imports, socket_address
+from plugins.launch.rank_zygote import TEMPLATE_MODULES, entry_imports, socket_address
 
 
 def test_the_preload_is_the_entrypoints_top_level_absolute_imports(tmp_path: Path) -> None:
@@ -91,3 +92,11 @@ def test_a_template_serves_one_start_up_environment_whatever_the_run() -> None:
                   {**base, "LD_PRELOAD": "/x.so"}, {**base, "TORCH_LOGS": "+dynamo"}):
         assert template_name(other, Path.cwd(), 300.0) != name, other
     assert template_name(base, Path("/"), 300.0) != name != template_name(base, Path.cwd(), 1.0)
+
+
+def test_the_templates_preload_is_torch_only_and_every_module_exists() -> None:
+    """Third-party code only (an edit to this checkout never reaches a rank through a template
+    started before it), and no misspelt name, which would cost only the seconds it was meant to
+    save (the template reports a failed import and goes on)."""
+    assert all(name == "torch" or name.startswith("torch.") for name in TEMPLATE_MODULES), TEMPLATE_MODULES
+    assert [name for name in TEMPLATE_MODULES if importlib.util.find_spec(name) is None] == []
