@@ -78,6 +78,10 @@ class StreamPosition(NamedTuple):
         return self
 
 
+_new = tuple.__new__
+"""Builds a named tuple from a tuple without its `__new__`'s argument handling, as the named
+tuples' own `_make` does: the positions and batches made per step (~400 ns a step, not ~585)."""
+
 ORDER_VERSION = 2
 """The block permutation new runs use (`block_permutation`)."""
 
@@ -139,7 +143,7 @@ class Block:
 
     def position_after(self, taken: int) -> StreamPosition:
         """The stream position after the block's first `taken` samples."""
-        return StreamPosition(self.epoch, self.before + taken, self.shard, self.shard_start)
+        return _new(StreamPosition, (self.epoch, self.before + taken, self.shard, self.shard_start))
 
 
 class SampleStream:
@@ -269,9 +273,6 @@ class Batch(NamedTuple):
     """The stream position after the step's global batch (the same on every rank)."""
 
 
-_new = tuple.__new__
-
-
 def global_batches(stream: SampleStream, start: StreamPosition, *, batch_size: int, dp_rank: int,
                    dp_size: int) -> Iterator[Batch]:
     """Each step's `dp_size · batch_size` samples; this rank keeps r, r + dp_size, …."""
@@ -307,10 +308,7 @@ def batch_groups(stream: SampleStream, start: StreamPosition, *, batch_size: int
         if whole:
             steps = windows[used:used + whole * per_step].reshape(whole, per_step, -1)
             mine = np.ascontiguousarray(steps[:, dp_rank::dp_size])
-            # Batch(mine[k], block.position_after(used + (k + 1) * per_step)), built as the named
-            # tuples' own `_make` builds them (`tuple.__new__`): 400 ns a step instead of 585
-            epoch, before, shard, shard_start = block.epoch, block.before + used, block.shard, block.shard_start
-            group += [_new(Batch, (samples, _new(StreamPosition, (epoch, before + k * per_step, shard, shard_start))))
+            group += [_new(Batch, (samples, block.position_after(used + k * per_step)))
                       for k, samples in enumerate(mine, 1)]
             used += whole * per_step
         if used < len(windows):

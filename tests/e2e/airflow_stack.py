@@ -26,6 +26,7 @@ from cli.airflow_api import AirflowClient, AttemptRun, follow_training_run
 from cli.stack import Stack
 from config.settings import Settings, get_settings
 from tests.support import procs
+from tests.support.waiting import wait_for
 
 DEMO = procs.REPO_ROOT / "config" / "jobs" / "demo-tiny-lm.yaml"
 DAG_ID = "demo-tiny-lm"
@@ -83,11 +84,10 @@ class RunningStack:
 
     def until(self, what: str, check: Callable[[], T], *, timeout_s: float, poll_s: float = 1.0) -> T:
         """`check()`'s first truthy value; fails naming `what`, with the stack's logs, after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while not (value := check()):
-            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
-            time.sleep(poll_s)
-        return value
+        try:
+            return wait_for(check, what, timeout_s, poll_s=poll_s)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.logs()}") from None
 
     def wait_for_task(self, dag_id: str, run_id: str, task: str, state: str, *, timeout_s: float = 240) -> None:
         self.until(f"{task} of {run_id} to be {state}",

@@ -4,7 +4,6 @@ complete shows failed in the runs list, with its note."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from cli.airflow_api import follow_training_run
@@ -13,13 +12,9 @@ from tests.support.browser import chromium_page, screenshots
 
 
 def _new_run(s: RunningStack, before: set[str], timeout_s: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        fresh = [r for r in s.client.dag_runs(DAG_ID) if r["dag_run_id"] not in before]
-        if fresh:
-            return fresh[0]
-        time.sleep(1)
-    raise AssertionError(f"the form's Trigger started no DAG run\n{s.logs()}")
+    fresh = s.until("the form's Trigger to start a DAG run",
+                    lambda: [r for r in s.client.dag_runs(DAG_ID) if r["dag_run_id"] not in before], timeout_s=timeout_s)
+    return fresh[0]
 
 
 def _trigger_from_the_form(s: RunningStack, fill: dict[str, str], shot: str) -> dict[str, Any]:

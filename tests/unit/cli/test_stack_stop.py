@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from cli.stack import Stack, _alive
 from plugins.launch import processes
+from tests.support.waiting import wait_for
 
 
 def _state(pid: int) -> str:
@@ -31,16 +31,11 @@ def _part(stack: Stack, part: str, script: str, home: Path | None = None) -> sub
     return proc
 
 
-def _wait_for(check, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_an_exited_unreaped_leader_is_not_alive() -> None:
     proc = subprocess.Popen(["sh", "-c", "exit 0"], start_new_session=True)
-    _wait_for(lambda: _state(proc.pid) == "Z")
+    wait_for(lambda: _state(proc.pid) == "Z", "the leader to exit", 30, poll_s=0.02)
     assert _state(proc.pid) == "Z"  # exited, not reaped: it still answers signals
     assert _alive([proc.pid]) == []
 
@@ -50,7 +45,7 @@ def test_stop_all_ends_every_named_part_and_forgets_its_pid(tmp_path: Path) -> N
     # a part that ignores SIGTERM is killed after the grace; one that obeys ends at once
     procs = {"scheduler": _part(stack, "scheduler", "trap '' TERM; sleep 300"),
              "triggerer": _part(stack, "triggerer", "sleep 300")}
-    _wait_for(lambda: all(stack.group(p) for p in procs))
+    wait_for(lambda: all(stack.group(p) for p in procs), "the parts' groups", 30, poll_s=0.02)
     members = {part: stack.group(part) for part in procs}  # the shell, and what it started
     assert stack.stop_all(list(procs), grace_s=1) == {part: len(pids) for part, pids in members.items()}
     for part, proc in procs.items():
@@ -63,7 +58,7 @@ def test_a_crashed_part_leaves_no_orphans_and_starting_it_again_ends_them_first(
     # the "scheduler" starts a worker that ignores SIGTERM (as LocalExecutor's workers do), in its group
     record = tmp_path / "worker.pid"
     leader = _part(stack, "scheduler", f"(trap '' TERM; exec sleep 300) & echo $! > {record}; wait")
-    _wait_for(lambda: record.exists() and record.read_text().strip())
+    wait_for(lambda: record.exists() and record.read_text().strip(), "the record", 30, poll_s=0.02)
     worker = int(record.read_text())
     os.kill(leader.pid, signal.SIGKILL)  # the part crashes; its worker lives on
     leader.wait()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from plugins.launch import processes
 from plugins.launch.rank_zygote import TEMPLATE_MODULES, entry_imports, socket_address
+from tests.support.waiting import wait_for
 
 
 def test_the_preload_is_the_entrypoints_top_level_absolute_imports(tmp_path: Path) -> None:
@@ -58,10 +59,7 @@ def _unreaped_child(body: str) -> tuple[int, int | None]:
 
 
 def _until_zombie(pid: int) -> None:
-    deadline = time.monotonic() + 30
-    while (processes.stat_fields(pid) or ["?"])[0] != "Z":
-        assert time.monotonic() < deadline, "the child never ended"
-        time.sleep(0.01)
+    wait_for(lambda: (processes.stat_fields(pid) or ["?"])[0] == "Z", "the child to end", 30, poll_s=0.01)
 
 
 def test_the_exit_of_an_ended_unreaped_process_is_read_from_proc() -> None:
