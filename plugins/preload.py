@@ -5,6 +5,7 @@ it runs first in those processes."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 import time
@@ -13,7 +14,14 @@ from collections.abc import Iterable
 
 def preload(modules: Iterable[str], *, who: str) -> dict[str, float]:
     """Import `modules`, returning module → seconds. A module that fails is reported on stderr
-    (as `who`) and skipped: the process that needs it imports it again and fails in its own log."""
+    (as `who`) and skipped: the process that needs it imports it again and fails in its own log.
+
+    Then everything imported so far is frozen out of the garbage collector (`gc.freeze()`, as
+    its documentation advises before forking): a forked child's collections would otherwise walk
+    the millions of objects it shares with this process, writing to each one's header and so
+    copying every page the imports filled. Measured on one 60-step attempt of the e2e tests' model
+    (`trainyard launch --offline`, a warm template, the CPU of its starter and ranks from
+    `/proc`): 7.1–7.4 CPU-s without the freeze, 5.7–5.8 with it."""
     took: dict[str, float] = {}
     for name in modules:
         started = time.perf_counter()
@@ -23,4 +31,5 @@ def preload(modules: Iterable[str], *, who: str) -> dict[str, float]:
             print(f"{who}: {name} failed to import ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
             continue
         took[name] = round(time.perf_counter() - started, 2)
+    gc.freeze()
     return took

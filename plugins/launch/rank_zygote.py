@@ -130,11 +130,15 @@ TEMPLATE_IDLE_S = 300.0
 
 TEMPLATE_MODULES = ("torch", "torch.distributed.checkpoint", "torch.distributed.run",
                     "torch.distributed.pipelining", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
-                    "torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "torch.nn.parallel")
+                    "torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "torch.nn.parallel",
+                    "mlflow", "mlflow.store.tracking.sqlalchemy_store")
 """torch itself and `ALWAYS`'s torch modules, and the parallelism `worker.distributed` applies:
 pipelining (which imports torch's compiler, dynamo), FSDP2, DTensor TP, the activation
 checkpoint wrapper and DDP. Left to each attempt's starter they were 0.5 CPU-s of every one
-(0.7–1.3 s of its start in CI, 76 starters a run); a template pays them once."""
+(0.7–1.3 s of its start in CI, 76 starters a run); a template pays them once. And MLflow with
+its database store, which rank 0 opens for the metrics streamer and the checkpoint records of
+every tracked attempt: 1.5 CPU-s of each (`time.process_time()` around the imports, after
+torch's); the import reads a few variables (`STARTUP_ENV` has them) and starts no thread."""
 
 ROOM_ENV = "TRAINYARD_ENVIRON_ROOM"
 ROOM_BYTES = 32768
@@ -142,10 +146,13 @@ ROOM_BYTES = 32768
 with its run's environment (`show_environment`)."""
 
 STARTUP_ENV = ("PYTHON", "LD_", "LC_", "LANG", "TZ", "TMPDIR", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH",
-               "CUDA", "NVIDIA", "NCCL", "GLOO")
+               "CUDA", "NVIDIA", "NCCL", "GLOO", "MLFLOW_CONFIGURE_LOGGING", "MLFLOW_LOGGING_",
+               "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PANDAS_", "PROTOCOL_BUFFERS_")
 """Prefixes of the variables an interpreter reads at start-up (its flags, `sys.path`, the locale,
-the dynamic loader) or torch and its libraries may read while being imported: a template serves
-only starters whose environment has exactly its values of these (they are part of its name)."""
+the dynamic loader) or torch, MLflow and their libraries may read while being imported (MLflow
+its logging and telemetry switches — not the run's `MLFLOW_RUN_ID`, read when used): a template
+serves only starters whose environment has exactly its values of these (they are part of its
+name)."""
 
 STAT_ENV_START = 47
 """`/proc/PID/stat` field 50 (`env_start`; `env_end` follows) in `stat_fields`' numbering."""
