@@ -551,12 +551,13 @@ def start(python: str, address: str, agents: list[tuple[int, int | None]], entry
 def template_name(env: Mapping[str, str], cwd: Path, idle_s: float) -> str:
     """The abstract socket of the template that may fork a starter for `env` in `cwd`: one per
     user, interpreter, source folder, start-up environment (`STARTUP_ENV`) and version of the
-    code a template runs (this module and what it imports, torch's installation), so a changed
-    venv or an edited starter gets a template of its own and the old one idles out."""
-    torch = importlib.util.find_spec("torch")
+    code a template runs (this module and what it imports, the installations of the packages it
+    preloads), so a changed venv or an edited starter gets a template of its own and the old one
+    idles out."""
+    packages = [importlib.util.find_spec(name) for name in dict.fromkeys(m.split(".")[0] for m in TEMPLATE_MODULES)]
     files = [Path(__file__), Path(sys.modules["plugins.preload"].__file__ or ""),
              Path(sys.modules["plugins.launch.processes"].__file__ or ""), Path(sys.executable),
-             Path(torch.origin) if torch and torch.origin else Path(sys.executable)]
+             *(Path(spec.origin) if spec and spec.origin else Path(sys.executable) for spec in packages)]
     stats = [(str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files]
     startup = sorted((k, v) for k, v in env.items() if k.startswith(STARTUP_ENV))
     key = json.dumps([os.getuid(), str(cwd.resolve()), idle_s, stats, startup])
