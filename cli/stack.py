@@ -110,7 +110,9 @@ class Stack:
             return [sys.executable, "-m", "cli.airflow_preloaded", "celery", "worker", "--concurrency", "8",
                     "--skip-serve-logs"]
         if component in AIRFLOW:
-            launcher = "cli.airflow_preloaded" if component in ("scheduler", "dag-processor") else "airflow"
+            # (the scheduler forks tasks only with the LocalExecutor: Celery's workers run them)
+            forks = component == "dag-processor" or (component == "scheduler" and not self.celery)
+            launcher = "cli.airflow_preloaded" if forks else "airflow"
             args = [sys.executable, "-m", launcher, component]
             if component == "api-server":
                 return [*args, "--port", str(self.port), "--host", "127.0.0.1"]
@@ -234,12 +236,15 @@ class Stack:
                     *(u + "/livez" for u in self.agents().values())]:
             _wait_http(url, deadline)
 
-    def down(self) -> dict[str, int]:
-        """Stop every part; component → the processes ended (0: it was not running)."""
+    def down(self, *, templates: bool = True) -> dict[str, int]:
+        """Stop every part; component → the processes ended (0: it was not running). With
+        `templates` (`make down`) also this user's rank templates, which no part of a stack owns:
+        a test that stops one of several stacks on a host leaves them to the others' attempts."""
         ended = self.stop_all(list(reversed(self.components)))
         if self.postgres is not None:  # last: the parts above close their sessions first
             ended["postgres"] = int(self.postgres.stop())
-        ended["rank templates"] = rank_zygote.stop_templates()
+        if templates:
+            ended["rank templates"] = rank_zygote.stop_templates()
         return ended
 
     def health(self) -> dict[str, str]:

@@ -137,8 +137,8 @@ def running_stack(home: Path, *, overrides: dict[str, str] | None = None,
         get_settings.cache_clear()  # this process's commands (`cli.main`) read the stack's home
         # read once the stack is up: its databases (the home's embedded PostgreSQL) exist now
         yield RunningStack(stack, Settings(), AirflowClient(stack.url))
-    finally:
-        stack.down()
+    finally:  # the rank templates stay: the other worker's attempts use them (the session's
+        stack.down(templates=False)  # end stops them, `tests/conftest.py`)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

@@ -103,4 +103,6 @@ def test_make_demo_recovers_registers_and_shows_it_in_both_uis(tmp_path: Path) -
         for shot in ("airflow-runs.png", "mlflow-run.png"):
             assert (tmp_path / shot).stat().st_size > 20_000, shot
     finally:
-        default_stack(home).down()  # the demo leaves it up for browsing; components are found by pid file
+        # the demo leaves it up for browsing; components are found by pid file; the rank
+        # templates stay for the other worker's attempts (the session's end stops them)
+        default_stack(home).down(templates=False)
