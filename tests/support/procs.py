@@ -45,13 +45,14 @@ def run_torchrun(
 ) -> subprocess.CompletedProcess[str]:
     """Run `torchrun --standalone --nproc-per-node N script args…` and return its output.
 
-    `fork_ranks=RUN_DIR`: run the script as the local launcher runs an entrypoint — torchrun
-    starts `rank_exec` (its records under RUN_DIR) and the attempt's warm rank starter, which
-    imported the script's imports once, forks every rank: one import of torch and DCP (~5 CPU-s
-    on the 2-core machine) per launch instead of one per rank. The ranks' output is torchrun's
+    `fork_ranks=RUN_DIR`: run the script as the local launcher runs an entrypoint — the
+    attempt's warm rank starter (forked from the host's template, torch imported) forks torchrun
+    itself, as the launcher has it fork each node's agent, and every rank, which torchrun starts
+    through `rank_exec` (its records under RUN_DIR): no process of the launch imports torch
+    again (a fresh torchrun did: 1.2 CPU-s, 25 of them a suite). The ranks' output is torchrun's
     (returned here), or with `rank_logs` in RUN_DIR's `ranks/rank-NNNNN.log`, as the launcher
-    keeps it. `TRAINYARD_WARM_RANKS=0` in `env` turns the zygote off."""
-    from plugins.launch import processes, rank_exec, rank_zygote
+    keeps it. `TRAINYARD_WARM_RANKS=0` in `env` turns the zygote off: plain processes."""
+    from plugins.launch import rank_exec, rank_zygote
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
@@ -60,16 +61,15 @@ def run_torchrun(
     else:
         cmd += [str(script), *args]
     full_env = test_env(env)
-    zygote_log = fork_ranks / "zygote.log" \
-        if fork_ranks is not None and full_env.get(rank_zygote.SWITCH_ENV, "1") != "0" else None
-    if zygote_log is not None:
+    if fork_ranks is not None and full_env.get(rank_zygote.SWITCH_ENV, "1") != "0":
         full_env[rank_zygote.ADDRESS_ENV] = rank_zygote.new_address()
+        if rank_zygote.start(sys.executable, full_env[rank_zygote.ADDRESS_ENV], [], str(script), env=full_env,
+                             cwd=REPO_ROOT, log=fork_ranks / "zygote.log") is not None:
+            forked = _run_forked(cmd, full_env, timeout)
+            if forked is not None:
+                return forked
     with subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as proc:
-        if zygote_log is not None:
-            rank_zygote.start(sys.executable, full_env[rank_zygote.ADDRESS_ENV],
-                              [(proc.pid, processes.start_ticks(proc.pid))], str(script), env=full_env,
-                              cwd=REPO_ROOT, log=zygote_log)
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -77,6 +77,48 @@ def run_torchrun(
             proc.communicate()
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _run_forked(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str] | None:
+    """`cmd` (`python -m torch.distributed.run …`) forked by the zygote `env` names, its output
+    read from pipes and its exit code as the zygote reports it (`rank_exec.ForkedChild`); None
+    when the zygote does not answer."""
+    import threading
+
+    from plugins.launch import rank_exec, rank_zygote
+
+    pipes = [os.pipe(), os.pipe()]
+    request = rank_zygote.Request(entry="torch.distributed.run", module=True, args=cmd[3:], env=env,
+                                  cwd=str(REPO_ROOT))
+    with open(os.devnull, "rb") as devnull:
+        answer = rank_zygote.ask(env[rank_zygote.ADDRESS_ENV], request, [devnull.fileno(), *(w for _, w in pipes)])
+    for _, w in pipes:
+        os.close(w)
+    if answer is None:
+        for r, _ in pipes:
+            os.close(r)
+        return None
+    outputs = ["", ""]
+
+    def read(i: int) -> None:
+        with os.fdopen(pipes[i][0], encoding="utf-8", errors="replace") as stream:
+            outputs[i] = stream.read()
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(2)]
+    for reader in readers:
+        reader.start()
+    child = rank_exec.ForkedChild(*answer)
+    code: list[int] = []
+    waiter = threading.Thread(target=lambda: code.append(child.wait()), daemon=True)
+    waiter.start()
+    waiter.join(timeout)
+    if not code:
+        os.kill(child.pid, 9)
+        raise subprocess.TimeoutExpired(cmd, timeout)
+    for reader in readers:
+        reader.join(30)  # the ranks' wrappers may hold the pipes a moment longer
+    child.conn.close()
+    return subprocess.CompletedProcess(cmd, code[0], outputs[0], outputs[1])
 
 
 def check(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
