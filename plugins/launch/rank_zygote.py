@@ -49,8 +49,8 @@ Only the local launcher starts one. Kubernetes pods run torchrun directly, and t
 start as plain children.
 
 The host's template: the starter itself is forked too. One long-lived process per user, Python,
-source folder and start-up environment (`template_name`) has imported torch, DCP, torchrun and
-torch's parallelism (`TEMPLATE_MODULES`: third-party code only, so an edit to this repository
+source folder and start-up environment (`template_name`) has imported torch, DCP, torchrun,
+torch's parallelism and MLflow (`TEMPLATE_MODULES`: third-party code only, so an edit to this repository
 never reaches a rank through a template started before it) and forks each attempt's starter,
 which then imports only the entrypoint's own modules: the host pays torch's import (2–3 CPU-s)
 once, not once per attempt. A starter forked this way must still be found by the sweeps that
