@@ -138,7 +138,6 @@ def test_a_gang_larger_than_the_cluster_is_refused_with_the_numbers_and_submits_
     spec["metadata"]["name"] = big = "kube-too-big"
     spec["spec"]["hardware"]["gpuCount"] = len(NODES) + 1
     stack.write_jobs({big: spec})
-    stack.client.request_parse()  # now, not at the periodic parse up to 30 s later (27 s in one CI run)
     try:
         (error,) = stack.until(f"an import error naming {big}", lambda: [
             e["stack_trace"] for e in stack.client.import_errors() if big in e["stack_trace"]], timeout_s=120)
