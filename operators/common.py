@@ -109,18 +109,11 @@ def push_opened(context: Context, opened: Opened) -> None:
     """What `validate_spec` hands every later task — the effective job, the conf, the cluster —
     as one XCom: every task of the attempt pulls it, and each pull is a request to the API
     server (three keys were 570 of a CI stack's 971 XCom reads)."""
-    context["ti"].xcom_push(key=OPENED, value={"job": opened.job.model_dump(mode="json", by_alias=True),
-                                                "conf": to_xcom(opened.conf), "cluster": opened.cluster})
+    context["ti"].xcom_push(key=OPENED, value=opened.model_dump(mode="json", by_alias=True, exclude={"warnings"}))
 
 
 def opened_of(context: Context) -> Opened:
     """The attempt as `validate_spec` opened it (a spec edited mid-run cannot change it)."""
-    from config.spec import TrainingJob
     from plugins.attempt.steps import Opened
-    from plugins.recovery.model import AttemptConf
 
-    value = context["ti"].xcom_pull(task_ids=VALIDATE, key=OPENED)
-    if value is None:
-        raise LookupError(f"task {VALIDATE!r} pushed no opened attempt (XCom key {OPENED!r})")
-    return Opened(job=TrainingJob.model_validate(value["job"]), conf=AttemptConf.model_validate(value["conf"]),
-                  cluster=value["cluster"] or settings().cluster)
+    return pull(context, VALIDATE, Opened, key=OPENED)

@@ -18,10 +18,11 @@ def preload(modules: Iterable[str], *, who: str) -> dict[str, float]:
 
     Then everything imported so far is frozen out of the garbage collector (`gc.freeze()`, as
     its documentation advises before forking): a forked child's collections would otherwise walk
-    the half million objects it shares with this process (a rank template's, after torch and MLflow), writing to each one's header and so
-    copying every page the imports filled. Measured on one 60-step attempt of the e2e tests' model
-    (`trainyard launch --offline`, a warm template, the CPU of its starter and ranks from
-    `/proc`): 7.1–7.4 CPU-s without the freeze, 5.7–5.8 with it."""
+    the half million objects it shares with this process (a rank template's, after torch and
+    MLflow), writing to each one's header and so copying every page the imports filled. Measured
+    on one 60-step attempt of the e2e tests' model (`trainyard launch --offline`, a warm template,
+    the CPU of its starter and ranks from `/proc`): 7.1–7.4 CPU-s without the freeze, 5.7–5.8
+    with it."""
     took: dict[str, float] = {}
     for name in modules:
         started = time.perf_counter()

@@ -41,7 +41,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from plugins.files import write_atomic
@@ -124,13 +124,16 @@ class ForkedChild:
                 os.close(pidfd)
 
 
-def start_forked(entry: str, module: bool, args: list[str], stdio: list[int]) -> ForkedChild | None:
-    """Ask the attempt's zygote for the rank; None when there is none or it does not answer (the
-    caller then starts a plain child)."""
-    name = os.environ.get(rank_zygote.ADDRESS_ENV)
+def start_forked(entry: str, module: bool, args: list[str], stdio: list[int], *,
+                 env: Mapping[str, str] | None = None, cwd: str | None = None) -> ForkedChild | None:
+    """Ask the attempt's zygote (the one `env`, by default this process's environment, names)
+    for the process, run in `cwd` (default: here); None when there is none or it does not answer
+    (the caller then starts a plain child)."""
+    env = dict(os.environ if env is None else env)
+    name = env.get(rank_zygote.ADDRESS_ENV)
     if not name:
         return None
-    request = rank_zygote.Request(entry=entry, module=module, args=args, env=dict(os.environ), cwd=os.getcwd())
+    request = rank_zygote.Request(entry=entry, module=module, args=args, env=env, cwd=cwd or os.getcwd())
     answer = rank_zygote.ask(name, request, stdio)
     return ForkedChild(*answer) if answer is not None else None
 

@@ -50,18 +50,19 @@ start as plain children.
 
 The host's template: the starter itself is forked too. One long-lived process per user, Python,
 source folder and start-up environment (`template_name`) has imported torch, DCP, torchrun,
-torch's parallelism and MLflow (`TEMPLATE_MODULES`: third-party code only, so an edit to this repository
-never reaches a rank through a template started before it) and forks each attempt's starter,
-which then imports only the entrypoint's own modules: the host pays torch's import (2–3 CPU-s)
-once, not once per attempt. A starter forked this way must still be found by the sweeps that
-name a run's processes by their environment (`TRAINYARD_RUN_DIR`: the launcher's stop;
-`TRAINYARD_HOME`: `make down`), which read `/proc/PID/environ` — the block of memory the kernel
-filled at `exec`, which a fork inherits unchanged. So the template is started with a block of spare room (`ROOM_ENV`), and the
-forked starter writes its run's environment over it (`show_environment`) before doing anything
-else; a run's environment that does not fit is refused, and its attempt gets a starter of its
-own, as does any attempt when `TEMPLATE_SWITCH_ENV` is `0`. The template carries no run's
-markers, so no sweep of a run stops it; it exits after `TEMPLATE_IDLE_S` without a request, or
-when `make down` asks (`stop_templates`). Only the environment is rewritten: `ps` shows a forked
+torch's parallelism and MLflow (`TEMPLATE_MODULES`: third-party code only, so an edit to this
+repository never reaches a rank through a template started before it) and forks each attempt's
+starter, which then imports only the entrypoint's own modules: the host pays torch's import
+(2–3 CPU-s) once, not once per attempt. A starter forked this way must still be found by the
+sweeps that name a run's processes by their environment (`TRAINYARD_RUN_DIR`: the launcher's
+stop; `TRAINYARD_HOME`: `make down`), which read `/proc/PID/environ` — the block of memory the
+kernel filled at `exec`, which a fork inherits unchanged. So the template is started with a block
+of spare room (`ROOM_ENV`), and the forked starter writes its run's environment over it
+(`show_environment`) before doing anything else; a run's environment that does not fit is
+refused, and its attempt gets a starter of its own, as does any attempt when
+`TEMPLATE_SWITCH_ENV` is `0`. The template carries no run's markers, so no sweep of a run stops
+it; it exits after `TEMPLATE_IDLE_S` without a request, or when `make down` asks
+(`stop_templates`). Only the environment is rewritten: `ps` shows a forked
 starter and the ranks it forks with the template's command line (`… rank_zygote --template NAME`).
 """
 

@@ -7,6 +7,7 @@ it and `check` puts it into the assertion message.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -85,16 +86,15 @@ def _run_forked(cmd: list[str], env: dict[str, str], timeout: float) -> subproce
     when the zygote does not answer."""
     import threading
 
-    from plugins.launch import rank_exec, rank_zygote
+    from plugins.launch import rank_exec
 
     pipes = [os.pipe(), os.pipe()]
-    request = rank_zygote.Request(entry="torch.distributed.run", module=True, args=cmd[3:], env=env,
-                                  cwd=str(REPO_ROOT))
     with open(os.devnull, "rb") as devnull:
-        answer = rank_zygote.ask(env[rank_zygote.ADDRESS_ENV], request, [devnull.fileno(), *(w for _, w in pipes)])
+        child = rank_exec.start_forked("torch.distributed.run", True, cmd[3:],
+                                       [devnull.fileno(), *(w for _, w in pipes)], env=env, cwd=str(REPO_ROOT))
     for _, w in pipes:
         os.close(w)
-    if answer is None:
+    if child is None:
         for r, _ in pipes:
             os.close(r)
         return None
@@ -107,13 +107,12 @@ def _run_forked(cmd: list[str], env: dict[str, str], timeout: float) -> subproce
     readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(2)]
     for reader in readers:
         reader.start()
-    child = rank_exec.ForkedChild(*answer)
     code: list[int] = []
     waiter = threading.Thread(target=lambda: code.append(child.wait()), daemon=True)
     waiter.start()
     waiter.join(timeout)
     if not code:
-        os.kill(child.pid, 9)
+        os.kill(child.pid, signal.SIGKILL)
         raise subprocess.TimeoutExpired(cmd, timeout)
     for reader in readers:
         reader.join(30)  # the ranks' wrappers may hold the pipes a moment longer
