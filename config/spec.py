@@ -226,6 +226,12 @@ class Checkpoint(Section):
     from — fine-tuning. Read-only: the only foreign URI the job may read, never written, and
     recorded in the run's lineage (MLflow tag `trainyard.init_from`)."""
     async_save: bool = Field(default=True, alias="async")
+    """Save in the background (the default); `false` commits every save before training goes on."""
+    staging: Literal["deferred", "blocking"] = "deferred"
+    """How a background save copies the state: `deferred` (the default) copies it while the next
+    step's forward and backward run, and the optimizer's step waits for the copy; `blocking`
+    copies it before training goes on — for a script that changes the weights outside
+    `optimizer.step()` through `.data` (`plugins.checkpoint.manager`)."""
     compression: Literal["none", "zstd"] = "none"
     """Per-file compression, recorded in the manifest."""
 

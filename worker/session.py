@@ -391,7 +391,8 @@ class TrainingSession:
                 endpoint_url=self.config.endpoint_url, plan_json=self.plan.model_dump_json(),
                 area=area_for(self.config.spec, self.config.object_store),
                 init_from=self.config.spec.spec.checkpoint.init_from or "",
-                on_commit=self._commit_recorder() if self.rank == 0 else None)
+                on_commit=self._commit_recorder() if self.rank == 0 else None,
+                staging=self.config.spec.spec.checkpoint.staging)
         return self._checkpoints
 
     def _commit_recorder(self) -> CommitRecorder:
@@ -409,7 +410,7 @@ class TrainingSession:
     def save(self, step: int, *, sync: bool = False) -> SaveResult:
         """Checkpoint the attached state after `step` (asynchronously unless `sync`)."""
         metrics = {"loss": self._loss} if self._loss is not None and math.isfinite(self._loss) else {}
-        if sync:
+        if sync or not self.config.spec.spec.checkpoint.async_save:
             self.beat(step, phase="checkpoint")
             result = self.checkpoints.save_sync(step, model=self._model, optimizer=self._optimizer,
                                                 extra=self._extra, metrics=metrics)
@@ -420,6 +421,9 @@ class TrainingSession:
         self._last_save_time = time.monotonic()
         if self._metrics is not None:
             self._metrics.log(step, {"checkpoint_blocking_s": result.blocking_s})
+            if result.previous is not None and result.previous.stage_wait_s:
+                # Deferred staging: what the steps after the previous save waited for its copy.
+                self._metrics.log(result.previous.step, {"checkpoint_stage_wait_s": result.previous.stage_wait_s})
         if self.faults.due("sigkill_after_checkpoint", step):
             self.checkpoints.wait()
             self.faults.after_checkpoint(step)

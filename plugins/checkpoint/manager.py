@@ -6,7 +6,16 @@ A save, as every rank sees it (all ranks call `save` together):
    the wait is reported), take `get_state_dict(model, optimizer)` and copy it into host
    buffers (`staging.ReusingStager`: DCP's `DefaultStager` the first time, then a copy into
    the same buffers), so in steady state this is one memcpy (or device→host copy) of the
-   rank's shard — the only time training is held.
+   rank's shard — the only time training is held. With `staging="deferred"` the copy moves
+   to the background thread too and overlaps the next step's forward and backward, as
+   torchtitan's `async_with_pinned_mem` overlaps its device→host copy (and CheckFreq,
+   FAST '21, its snapshot): the state only changes in `optimizer.step()`, so a pre-hook there
+   waits for the copy (`wait_staged`), as does a forward pre-hook on every module with
+   persistent buffers (batch norm's running statistics change in forward). Anything else
+   that changes the state in place before the copy ends is caught by the tensors' version
+   counters and fails that save, saying so, instead of committing a torn state
+   (`staging.StateVersions`); a change through `.data`, which bypasses them, is not — a
+   script that does that sets `staging="blocking"` or calls `wait_staged()` first.
 2. *Background thread* — `dcp.save` of the staged copy into this rank's local staging
    folder (no fsync: the staging copy is scratch), plus a JSON file with the rank's extra
    state (step, RNG states, LR scheduler, sampler — never a pickle). Then each rank uploads
@@ -42,6 +51,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -111,6 +121,11 @@ class SaveResult:
     waited_s: float = 0.0
     """Part of `blocking_s` spent waiting for the previous save to finish."""
     staging_s: float = 0.0
+    """The copy into host buffers: part of `blocking_s`, or of the background with deferred
+    staging (then `stage_wait_s` is what training waited for it)."""
+    stage_wait_s: float = 0.0
+    """Deferred staging: how long training waited for the copy at a guard (the next
+    optimizer step, a forward that changes buffers, `wait_staged`); final results only."""
     commit_s: float | None = None
     """From the `save` call to the manifest being written (rank 0's clock)."""
     stored_bytes: int = 0
@@ -151,6 +166,7 @@ class CheckpointManager:
         area: str | None = None,
         init_from: str = "",
         on_commit: Callable[[SaveResult], None] | None = None,
+        staging: Literal["blocking", "deferred"] = "blocking",
     ) -> None:
         self.job = check_job_name(job)
         self.checkpoint_uri = require_job_prefix(checkpoint_uri, job, area=area).rstrip("/")
@@ -177,8 +193,17 @@ class CheckpointManager:
         self.io_threads = io_threads or default_io_threads()
         """Files each rank writes (DCP `thread_count`) and hashes at once; default: the cores
         this rank can count on (CPU count / ranks on this node), 1 to 4."""
+        if staging not in ("blocking", "deferred"):
+            raise ValueError(f"staging must be 'blocking' or 'deferred', got {staging!r}")
+        self.staging: Literal["blocking", "deferred"] = staging
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainyard-ckpt")
         self._inflight: tuple[SaveResult, Future[SaveResult]] | None = None
+        self._staged: threading.Event | None = None
+        """Deferred staging: set once the in-flight save's copy is done (or failed)."""
+        self._stage_wait_s = 0.0
+        """What the guards waited for the in-flight save's copy."""
+        self._guards: dict[tuple[int, int], list[Any]] = {}
+        """Hook handles (`_guard`), by (id(model), id(optimizer))."""
         self._stager: Any = None
         self._closed = False
         self.last_restore_phases: dict[str, float] = {}
@@ -201,6 +226,16 @@ class CheckpointManager:
     def wait(self) -> SaveResult | None:
         """Block until the in-flight save commits; raise `CheckpointSaveError` if it failed."""
         return self._finish_inflight(raise_on_error=True)
+
+    def wait_staged(self) -> None:
+        """Deferred staging: return once the in-flight save has copied the state, so it may
+        change. The guards call it (module docstring); a no-op when nothing is being copied."""
+        staged = self._staged
+        if staged is None or staged.is_set():
+            return
+        t0 = time.perf_counter()
+        staged.wait()
+        self._stage_wait_s += time.perf_counter() - t0
 
     def restore(self, *, model: torch.nn.Module, optimizer: Any = None,
                 extra: Mapping[str, Stateful] | None = None,
@@ -269,6 +304,10 @@ class CheckpointManager:
         finally:
             self._closed = True
             self._executor.shutdown(wait=True)
+            for handles in self._guards.values():
+                for handle in handles:
+                    handle.remove()
+            self._guards.clear()
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
@@ -298,10 +337,15 @@ class CheckpointManager:
         extra_blob = encode_extra_state(job=self.job, step=step, rank=self.rank,
                                         world_size=self.world_size, extra=extra)
         state = self._state_dict(model, optimizer)
+        clean_metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
+        if self.staging == "deferred" and not sync:
+            pending, job = self._deferred(step, state, model, optimizer, extra_blob, clean_metrics,
+                                          t0, waited, previous)
+            self._inflight = (pending, self._executor.submit(self._run_job, job, step))
+            return pending
         t_stage = time.perf_counter()
         staged = self._stage(state)
         staging_s = time.perf_counter() - t_stage
-        clean_metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
         pending = SaveResult(step, "pending", self.manifest_uri(step),
                              blocking_s=time.perf_counter() - t0, waited_s=waited,
                              staging_s=staging_s, previous=previous)
@@ -318,6 +362,61 @@ class CheckpointManager:
         self._inflight = (pending, self._executor.submit(self._run_job, job, step))
         return pending
 
+    def _deferred(self, step: int, state: dict[str, Any], model: torch.nn.Module, optimizer: Any,
+                  extra_blob: bytes, metrics: dict[str, float], t0: float, waited: float,
+                  previous: SaveResult | None) -> tuple[SaveResult, Callable[[], SaveResult]]:
+        """A save whose copy runs in the background job, first (module docstring): the guards
+        hold whatever would change the state until it is done."""
+        from plugins.checkpoint.staging import StateVersions
+
+        self._guard(model, optimizer)
+        versions = StateVersions(state)
+        staged_event = threading.Event()
+        self._staged, self._stage_wait_s = staged_event, 0.0
+        pending = SaveResult(step, "pending", self.manifest_uri(step),
+                             blocking_s=time.perf_counter() - t0, waited_s=waited, previous=previous)
+
+        def job() -> SaveResult:
+            t_stage, error = time.perf_counter(), None
+            try:
+                staged = self._stage(state)
+                changed = versions.changed()
+                if changed:
+                    error = (f"rank {self.rank}: the state changed while it was being staged "
+                             f"({changed}): change it only in optimizer.step() or after "
+                             "CheckpointManager.wait_staged(), or set checkpoint.staging: blocking")
+            except Exception as e:
+                log.exception("rank %d could not stage checkpoint step %d", self.rank, step)
+                staged, error = state, f"rank {self.rank}: staging: {type(e).__name__}: {e}"
+            finally:
+                staged_event.set()  # a failed copy must not hold training either
+            staging_s = time.perf_counter() - t_stage
+            # With an error the copy still goes through the save's collectives (every rank
+            # reaches them) into scratch, and the commit fails: it is never uploaded.
+            result = self._write_and_commit(step, staged, extra_blob, metrics, t0, error=error)
+            return replace(result, staging_s=staging_s)
+
+        return pending, job
+
+    def _guard(self, model: torch.nn.Module, optimizer: Any) -> None:
+        """Hooks that hold a change of the state until the copy is done (module docstring):
+        the optimizer's step, and the forward of every module with persistent buffers."""
+        key = (id(model), id(optimizer))
+        if key in self._guards:
+            return
+
+        def hold(*_: Any) -> None:
+            self.wait_staged()
+
+        handles = [optimizer.register_step_pre_hook(hold)] if optimizer is not None else []
+        modules = model.modules() if isinstance(model, torch.nn.Module) else \
+            (m for part in model for m in part.modules())
+        for module in modules:
+            if any(name not in module._non_persistent_buffers_set
+                   for name, _ in module.named_buffers(recurse=False)):
+                handles.append(module.register_forward_pre_hook(hold))
+        self._guards[key] = handles
+
     def _run_job(self, job: Callable[[], SaveResult], step: int) -> SaveResult:
         try:
             return job()
@@ -332,6 +431,9 @@ class CheckpointManager:
         pending, future = self._inflight
         self._inflight = None
         result = _merge(future.result(), pending)
+        if self._staged is not None:
+            result = replace(result, stage_wait_s=self._stage_wait_s)
+            self._staged, self._stage_wait_s = None, 0.0
         if not result.committed:
             log.error("checkpoint step %d failed: %s", result.step, result.error)
             if raise_on_error:
@@ -353,12 +455,12 @@ class CheckpointManager:
         return self._stager.stage(state)
 
     def _write_and_commit(self, step: int, staged: dict[str, Any], extra_blob: bytes,
-                          metrics: dict[str, float], t0: float) -> SaveResult:
-        """Background part of a save. Every rank reaches every collective, whatever fails."""
+                          metrics: dict[str, float], t0: float, error: str | None = None) -> SaveResult:
+        """Background part of a save. Every rank reaches every collective, whatever fails
+        (`error`: this rank's save has failed already)."""
         folder = step_dir(step)
         local = self.staging_dir / f"{folder}-rank{self.rank:05d}"
         files: list[ManifestFile] = []
-        error: str | None = None
         phases: dict[str, float] = {"queued_s": time.perf_counter() - t0}
         try:
             shutil.rmtree(local, ignore_errors=True)
@@ -367,7 +469,7 @@ class CheckpointManager:
                 self.store.delete(f"{folder}/{MANIFEST_NAME}")
         except Exception as e:
             log.exception("rank %d could not prepare checkpoint step %d", self.rank, step)
-            error = f"rank {self.rank}: preparing: {type(e).__name__}: {e}"
+            error = error or f"rank {self.rank}: preparing: {type(e).__name__}: {e}"
         t_write = time.perf_counter()
         writer = HashingFileSystemWriter(local, single_file_per_rank=True, sync_files=False,
                                          thread_count=self.io_threads,
@@ -545,4 +647,4 @@ def default_io_threads() -> int:
 def _merge(final: SaveResult, pending: SaveResult) -> SaveResult:
     """The background result with the foreground timings of the call that started it."""
     return replace(final, blocking_s=pending.blocking_s, waited_s=pending.waited_s,
-                   staging_s=pending.staging_s, previous=pending.previous)
+                   staging_s=pending.staging_s or final.staging_s, previous=pending.previous)

@@ -97,3 +97,36 @@ def _buffer_for(value: torch.Tensor, kept: Any) -> tuple[torch.Tensor, torch.Ten
             or kept.device.type != "cpu"):
         return None
     return value, kept
+
+
+class StateVersions:
+    """The version counters of a state dict's tensors when a deferred copy was asked for:
+    `changed()` names the tensors changed in place since (the copy may mix old and new
+    values). PyTorch bumps a tensor's counter on every in-place operation (autograd relies
+    on it) — except through `.data`, which has a counter of its own."""
+
+    def __init__(self, state: Mapping[str, Any]) -> None:
+        self._seen = [(name, tensor, tensor._version) for name, tensor in _tensors(state, "")]
+
+    def changed(self, limit: int = 3) -> str:
+        """Up to `limit` changed tensors' names ("" when none changed), and how many in all."""
+        names = list(dict.fromkeys(name for name, tensor, version in self._seen if tensor._version != version))
+        if not names:
+            return ""
+        more = f" and {len(names) - limit} more" if len(names) > limit else ""
+        return ", ".join(names[:limit]) + more
+
+
+def _tensors(value: Any, name: str) -> list[tuple[str, torch.Tensor]]:
+    """(dotted name, tensor) of every tensor in a state dict (a DTensor and its local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):  # in-place ops through it bump its counter, not its shard's
+        return [(name, value), (name, value.to_local())]
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if isinstance(value, Mapping):
+        return [t for key, item in value.items() for t in _tensors(item, f"{name}.{key}" if name else str(key))]
+    if type(value) in (list, tuple):
+        return [t for i, item in enumerate(value) for t in _tensors(item, f"{name}.{i}")]
+    return []

@@ -186,3 +186,22 @@ def test_an_in_place_restart_keeps_the_named_checkpoint_while_the_run_has_none(
     named = f"{other.checkpoint_uri}/step-00000007/MANIFEST.json"
     session = session_for(resume_from=named, restart=1)
     assert session.resume_target() == named  # a crash before the attempt's first save
+
+
+def _with_checkpoint(config: SessionConfig, **fields: object) -> SessionConfig:
+    spec = SPEC.model_copy(update={"spec": SPEC.spec.model_copy(update={
+        "checkpoint": SPEC.spec.checkpoint.model_copy(update=fields)})})
+    return dataclasses.replace(config, spec=spec)
+
+
+def test_the_specs_staging_and_async_reach_the_saves(session_for, config: SessionConfig) -> None:
+    deferred = session_for()
+    assert deferred.checkpoints.staging == "deferred"  # the spec's default
+    assert deferred.save(1).status == "pending"
+    deferred.close()
+    blocking = session_for(spec=_with_checkpoint(config, staging="blocking").spec)
+    assert blocking.checkpoints.staging == "blocking"
+    blocking.close()
+    synchronous = session_for(spec=_with_checkpoint(config, async_save=False).spec)
+    assert synchronous.save(2).status == "committed"  # `async: false`: committed before it returns
+    assert steps(config) == [1, 2]
