@@ -231,7 +231,8 @@ class Checkpoint(Section):
     """How a background save copies the state: `deferred` (the default) copies it while the next
     step's forward and backward run, and the optimizer's step waits for the copy; `blocking`
     copies it before training goes on — for a script that changes the weights outside
-    `optimizer.step()` through `.data` (`plugins.checkpoint.manager`)."""
+    `optimizer.step()` through `.data` (`plugins.checkpoint.manager`). Host memory only for now:
+    on CUDA machines the copy stays blocking (not yet run on a GPU)."""
     compression: Literal["none", "zstd"] = "none"
     """Per-file compression, recorded in the manifest."""
 

@@ -15,7 +15,10 @@ A save, as every rank sees it (all ranks call `save` together):
    that changes the state in place before the copy ends is caught by the tensors' version
    counters and fails that save, saying so, instead of committing a torn state
    (`staging.StateVersions`); a change through `.data`, which bypasses them, is not — a
-   script that does that sets `staging="blocking"` or calls `wait_staged()` first.
+   script that does that sets `staging="blocking"` or calls `wait_staged()` first. Host
+   memory only, for now: with CUDA the copy would need a stream of its own ordered after the
+   step that made the state, which has not run on a GPU here, so on CUDA machines the copy
+   stays blocking (`staging` is then only a wish).
 2. *Background thread* — `dcp.save` of the staged copy into this rank's local staging
    folder (no fsync: the staging copy is scratch), plus a JSON file with the rank's extra
    state (step, RNG states, LR scheduler, sampler — never a pickle). Then each rank uploads
@@ -196,6 +199,9 @@ class CheckpointManager:
         if staging not in ("blocking", "deferred"):
             raise ValueError(f"staging must be 'blocking' or 'deferred', got {staging!r}")
         self.staging: Literal["blocking", "deferred"] = staging
+        if staging == "deferred" and torch.cuda.is_available():
+            log.info("checkpoint staging: deferred is host-only for now; with CUDA the copy stays "
+                     "inside save() (see plugins.checkpoint.manager)")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainyard-ckpt")
         self._inflight: tuple[SaveResult, Future[SaveResult]] | None = None
         self._staged: threading.Event | None = None
@@ -338,7 +344,7 @@ class CheckpointManager:
                                         world_size=self.world_size, extra=extra)
         state = self._state_dict(model, optimizer)
         clean_metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
-        if self.staging == "deferred" and not sync:
+        if self.staging == "deferred" and not sync and not torch.cuda.is_available():
             pending, job = self._deferred(step, state, model, optimizer, extra_blob, clean_metrics,
                                           t0, waited, previous)
             self._inflight = (pending, self._executor.submit(self._run_job, job, step))
