@@ -34,8 +34,11 @@ rank of the node, or the next epoch, memory-maps them instead of parsing again; 
 lock makes the ranks that want a shard at once wait for the one parsing it, so a node parses
 each shard once.
 
-Eviction is least-recently-used by the commit file's mtime (touched on every hit), down to
-`max_bytes` before a fill. A file another rank still reads is unlinked but stays readable, so
+Eviction is least-recently-used by the commit file's mtime (touched on a hit when it is
+older than `TOUCH_EVERY_NS`, 10 s: the touch is a metadata write, and a warm epoch of small
+shards paid it per shard), down to `max_bytes` before a fill. A process reads a commit file
+again only when its inode, size or mtime changed (`_commits`): a committed entry is
+replaced by renames, never edited in place. A file another rank still reads is unlinked but stays readable, so
 the disk may briefly hold one shard per reader beyond the limit. A shard larger than the whole
 cache is refused with both sizes.
 """
@@ -48,6 +51,7 @@ import json
 import mmap
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -80,6 +84,13 @@ _known_files: set[tuple[int, int, int, int, str]] = set()
 """(device, inode, size, mtime_ns, chunks_sha256) of the cache files this process wrote or
 verified (module docstring); cleared when it grows past `_KNOWN_LIMIT`."""
 _KNOWN_LIMIT = 100_000
+
+
+_commits: dict[str, tuple[tuple[int, int, int], dict[str, object]]] = {}
+"""Commit file path → ((inode, size, mtime_ns) when read, its content) for the commit files
+this process read; cleared past `_KNOWN_LIMIT`."""
+TOUCH_EVERY_NS = 10 * 10**9
+"""A hit marks its entry used at most this often (module docstring)."""
 
 
 def _identity(st: os.stat_result, sha: str) -> tuple[int, int, int, int, str]:
@@ -183,6 +194,7 @@ class ShardCache:
         self.stats = CacheStats()
         self._stats_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="shard-get")
+        self._tokens_paths: dict[tuple[str, str, int, str | None, str], Path] = {}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -234,9 +246,16 @@ class ShardCache:
         """`path` opened, when its commit file records `expected`, the file's size and the chunk
         hash of its content; else None (a mismatch counts as corrupt and drops the entry). With
         `hash_unknown=False`, a file this process has not hashed yet is None too, untouched."""
-        meta_path = path.with_name(path.name + META_SUFFIX)
+        meta_path = os.fspath(path) + META_SUFFIX
         try:
-            meta = json.loads(meta_path.read_text())
+            st_meta = os.stat(meta_path)
+            seen = (st_meta.st_ino, st_meta.st_size, st_meta.st_mtime_ns)
+            known = _commits.get(meta_path)
+            if known is not None and known[0] == seen:
+                meta: object = known[1]
+            else:
+                with open(meta_path, "rb") as m:
+                    meta = json.loads(m.read())
             f = open(path, "rb")  # noqa: SIM115 - handed to the caller
         except (FileNotFoundError, ValueError):
             return None
@@ -258,15 +277,27 @@ class ShardCache:
             self._drop(path)
             return None
         f.seek(0)
-        with contextlib.suppress(OSError):
-            os.utime(meta_path)  # most recently used
+        now = time.time_ns()
+        if now - seen[2] >= TOUCH_EVERY_NS:
+            with contextlib.suppress(OSError):
+                os.utime(meta_path, ns=(now, now))  # most recently used
+                seen = (seen[0], seen[1], now)
+        if len(_commits) >= _KNOWN_LIMIT:
+            _commits.clear()
+        _commits[meta_path] = (seen, meta)  # type: ignore[assignment]
         return f
 
     # --- tokenized shards ------------------------------------------------------------------
 
     def tokens_path(self, manifest: ShardManifest, shard: ShardEntry, variant: str) -> Path:
-        digest = hashlib.sha256(variant.encode()).hexdigest()[:12]
-        return self.root / f"{self.entry_name(manifest, shard)}{TOKENS}{digest}"
+        """Remembered per shard and variant: two hashes and a path join were a quarter of a warm
+        epoch's open of a shard."""
+        key = (manifest.uri, shard.key, shard.size, shard.etag, variant)
+        path = self._tokens_paths.get(key)
+        if path is None:
+            digest = hashlib.sha256(variant.encode()).hexdigest()[:12]
+            path = self._tokens_paths[key] = self.root / f"{self.entry_name(manifest, shard)}{TOKENS}{digest}"
+        return path
 
     def _tokens_expected(self, shard: ShardEntry, variant: str, dtype: np.dtype) -> dict[str, object]:
         return {"key": shard.key, "etag": shard.etag, "shard_size": shard.size, "variant": variant,

@@ -248,3 +248,39 @@ def test_tokens_larger_than_the_cache_are_returned_but_not_kept(store: ObjectSto
     kept = cache.fill_tokens(manifest, shard, "v", np.dtype(np.uint8), iter(pieces[:2]))
     assert np.array_equal(cache.open_tokens(manifest, shard, "v", np.dtype(np.uint8)), kept)
     assert cache.used_bytes() == 700  # the reservation was trimmed to what was written
+
+
+def test_a_replaced_commit_file_is_read_again_and_a_hit_marks_its_entry_used_at_most_every_10_s(
+        store: ObjectStore, tmp_path: Path) -> None:
+    import json
+    import os
+
+    writer = _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer())
+    first = _epochs(writer, 1)
+    writer.close()
+    commits = sorted(p.with_name(p.name + ".json") for p in _token_files(tmp_path / "c"))
+    old = 1_000_000_000  # 1970: a hit must mark these used
+    for commit in commits:
+        os.utime(commit, ns=(old, old))
+    reader = _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer())
+    assert _epochs(reader, 1) == first
+    reader.close()
+    marked = {c: c.stat().st_mtime_ns for c in commits}
+    assert all(m > old for m in marked.values())
+    reader = _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer())
+    _epochs(reader, 1)
+    reader.close()
+    assert {c: c.stat().st_mtime_ns for c in commits} == marked  # marked seconds ago: left alone
+
+    # A commit file replaced (as every commit is: a rename) is read again, not remembered.
+    victim = commits[0]
+    meta = json.loads(victim.read_text())
+    replacement = victim.with_name("replacement")
+    replacement.write_text(json.dumps({**meta, "chunks_sha256": "0" * 64}))
+    os.replace(replacement, victim)
+    tokenizer = CountingTokenizer()
+    cache = ShardCache(tmp_path / "c", 1 << 30)
+    reader = _reader(store, cache, tokenizer)
+    assert _epochs(reader, 1) == first
+    reader.close()
+    assert cache.stats.corrupt == 1 and tokenizer.documents == 20  # that shard parsed again
