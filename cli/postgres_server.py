@@ -130,8 +130,10 @@ class EmbeddedPostgres:
         # also answers for a zombie nobody has reaped yet; the pid is gone or a zombie by our
         # reading, so the file is stale.
         (self.data / "postmaster.pid").unlink(missing_ok=True)
+        # log_lock_waits: a session that waits for a lock longer than deadlock_timeout (1 s) is
+        # named in the server log, so a stall of the stack on a lock shows where it comes from.
         options = ["-c listen_addresses=''", f"-k {self.socket_dir}", f"-p {PORT}",
-                   f"-c max_connections={MAX_CONNECTIONS}"]
+                   f"-c max_connections={MAX_CONNECTIONS}", "-c log_lock_waits=on"]
         if not self.durable:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
         # The backends of a crashed postmaster notice its death and exit within moments; until

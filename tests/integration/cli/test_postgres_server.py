@@ -55,6 +55,7 @@ def test_a_home_gets_its_server_and_its_settings_follow(server: EmbeddedPostgres
     assert (socket_dir(home) / ".s.PGSQL.5432").is_socket()
     # the socket only: the server listens on no TCP address
     assert _scalar(settings.state_db, "show listen_addresses") == ""
+    assert _scalar(settings.state_db, "show log_lock_waits") == "on"  # a lock wait is named in its log
 
 
 def test_committed_data_survives_a_crash_and_the_next_start_reuses_the_cluster(tmp_path: Path) -> None:
