@@ -16,10 +16,14 @@
 - A producer thread walks the stream (`plugins.data.stream`): it takes each shard's token ids
   (below), cuts them into windows in the epoch's order, and hands the batches over a
   shuffle block at a time (`batch_groups`), and the consumer takes all that are ready at once:
-  one lock and one wake-up per block on each side, not per batch — per-batch hand-offs between
-  two threads cost more than cutting the batches. While `prefetch_batches` or more are ready it
-  waits (back-pressure), so memory is bounded by twice those (ready, and taken but not yet
-  handed out), one block and the fetch buffers (and, when the cache is too small to keep a shard's tokens,
+  one lock and one wake-up per hand-over on each side, not per batch — per-batch hand-offs
+  between two threads cost more than cutting the batches. A hand-over gathers the batches of
+  `HANDOVER_BLOCKS` (4) blocks, or `HANDOVER_BYTES` (4 MB) of batches, whichever comes first, unless the
+  producer may have to wait for a shard's tokens (then what it holds goes first): a waiting
+  consumer is woken once per four blocks, not per block — on the warm cache, with small
+  shards, a wake-up per shard cost a fifth of the epoch. While `prefetch_batches` or more are
+  ready it waits (back-pressure), so memory is bounded by three hand-overs (ready, taken but
+  not yet handed out, and gathering), one block and the fetch buffers (and, when the cache is too small to keep a shard's tokens,
   those of the `prefetch_shards + 1` shards in flight, for each stripe it reads) — not by the
   dataset. (With stripes, a shuffle block's worth of this rank's batches at a time.)
 - While a shard is cut into batches, the next `prefetch_shards` in the epoch's order are made
@@ -74,6 +78,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
+HANDOVER_BLOCKS, HANDOVER_BYTES = 4, 4 << 20
+"""The producer hands batches over once it has cut this many blocks or they hold this many
+bytes (module docstring)."""
 
 
 class _Failed:
@@ -122,6 +129,9 @@ class StreamingReader:
         `prefetch_batches`, and the last group's size (so the next block is cut while the
         consumer takes this one, not after)."""
         self._stop = threading.Event()
+        self._gathered: list[Batch] = []
+        """Batches the producer holds for its next hand-over (`_produce`)."""
+        self._gathered_bytes = 0
         self._thread: threading.Thread | None = None
         self.prefetch_shards = prefetch_shards
         self._fill_pool = ThreadPoolExecutor(max_workers=max(1, prefetch_shards), thread_name_prefix="shard-prefetch")
@@ -227,24 +237,50 @@ class StreamingReader:
 
     def _produce(self, groups: Iterator[list[Batch]]) -> None:
         try:
+            blocks = 0
             for group in groups:
-                with self._handover:
-                    while len(self._ready) >= self._room_below and not self._stop.is_set():
-                        self._handover.wait()
-                    if self._stop.is_set():
+                if self._stop.is_set():
+                    return
+                if not group:
+                    continue
+                self._gathered += group
+                self._gathered_bytes += len(group) * group[0].samples.nbytes
+                blocks += 1
+                if blocks >= HANDOVER_BLOCKS or self._gathered_bytes >= HANDOVER_BYTES:
+                    blocks = 0
+                    if not self._hand_over():
                         return
-                    self._ready.extend(group)
-                    self._room_below = max(self.prefetch_batches, len(group))
-                    self._handover.notify()
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            self._hand_over()  # the batches before the failure first
             with self._handover:
                 self._ready.append(_Failed(e))
                 self._handover.notify()
 
+    def _hand_over(self) -> bool:
+        """Hand the gathered batches to the consumer once there is room; False once closed.
+        Called by the producer, also from inside the stream before it may wait for a shard."""
+        group, self._gathered, self._gathered_bytes = self._gathered, [], 0
+        if not group:
+            return not self._stop.is_set()
+        with self._handover:
+            while len(self._ready) >= self._room_below and not self._stop.is_set():
+                self._handover.wait()
+            if self._stop.is_set():
+                return False
+            self._ready.extend(group)
+            self._room_below = max(self.prefetch_batches, len(group))
+            self._handover.notify()
+        return True
+
     def _shard_tokens(self, shard: ShardEntry) -> Iterator[np.ndarray]:
-        """The shard's token ids in one piece, as a prefetch thread made them (or made now)."""
+        """The shard's token ids in one piece, as a prefetch thread made them (or made now).
+        Called by the producer: the batches it gathered go to the consumer first, unless the
+        tokens are ready now (no wait to hold them through)."""
         tokens = self._take_prefetched(shard)
-        yield tokens if tokens is not None else self._tokens_of(shard, count=True)
+        if tokens is None:
+            self._hand_over()
+            tokens = self._tokens_of(shard, count=True)
+        yield tokens
 
     def _tokens_of(self, shard: ShardEntry, *, count: bool) -> np.ndarray:
         """The node cache's tokenized copy, or the shard parsed now (and stored there), memory-
@@ -279,11 +315,14 @@ class StreamingReader:
         return (self.prefetch_shards + 1) * self._largest_shard
 
     def _take_prefetched(self, shard: ShardEntry) -> np.ndarray | None:
-        """The tokens a prefetch thread made for `shard` (its access already counted), or None."""
+        """The tokens a prefetch thread made for `shard` (its access already counted), or None;
+        if they are not ready yet, the gathered batches are handed over before waiting."""
         with self._prefetch_lock:
             opening = self._prefetched.pop(shard.key, None)
         if opening is None:
             return None
+        if not opening.done():
+            self._hand_over()
         try:
             return opening.result()
         except Exception as e:  # noqa: BLE001 - made again by the caller, which raises it

@@ -284,3 +284,33 @@ def test_a_replaced_commit_file_is_read_again_and_a_hit_marks_its_entry_used_at_
     assert _epochs(reader, 1) == first
     reader.close()
     assert cache.stats.corrupt == 1 and tokenizer.documents == 20  # that shard parsed again
+
+
+def test_what_the_producer_cut_reaches_the_consumer_before_it_waits_for_a_shard(
+        store: ObjectStore, tmp_path: Path) -> None:
+    """A hand-over gathers up to four blocks' batches (`HANDOVER_BLOCKS`), but never holds them
+    through a wait: here every shard after the first is stuck in its fetch, and the first
+    shard's batches (one block: fewer than four) still reach the consumer."""
+    from plugins.data.manifest import list_manifest
+    from plugins.data.stream import epoch_order
+
+    shards = list_manifest(store, "jsonl").shards
+    first = shards[epoch_order(len(shards), 1, 0)[0]].key
+    gate = threading.Event()
+    read_range = store.read_range
+
+    def stuck_after_the_first_shard(key: str, *args: object, **kwargs: object) -> bytes:
+        if key != first:
+            assert gate.wait(60), "the test's gate was never opened"
+        return read_range(key, *args, **kwargs)  # type: ignore[arg-type]
+
+    store.read_range = stuck_after_the_first_shard  # type: ignore[method-assign]
+    reader = StreamingReader(store, "jsonl", cache=ShardCache(tmp_path / "c", 1 << 30), seq_len=31,
+                             batch_size=4, dp_rank=0, dp_size=1, seed=1)  # a shard is one block
+    got: list[object] = []
+    consumer = threading.Thread(target=lambda: got.append(reader.next_batch()), daemon=True)
+    consumer.start()
+    consumer.join(30)
+    gate.set()
+    reader.close()
+    assert got, "the first batch waited for the next shard's fetch"
