@@ -345,6 +345,7 @@ class CheckpointManager:
         state = self._state_dict(model, optimizer)
         clean_metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
         if self.staging == "deferred" and not sync and not torch.cuda.is_available():
+            self._guard(model, optimizer)
             pending, job = self._deferred(step, state, model, optimizer, extra_blob, clean_metrics,
                                           t0, waited, previous)
             self._inflight = (pending, self._executor.submit(self._run_job, job, step))
@@ -375,7 +376,6 @@ class CheckpointManager:
         hold whatever would change the state until it is done."""
         from plugins.checkpoint.staging import StateVersions
 
-        self._guard(model, optimizer)
         versions = StateVersions(state)
         staged_event = threading.Event()
         self._staged, self._stage_wait_s = staged_event, 0.0
@@ -406,7 +406,8 @@ class CheckpointManager:
 
     def _guard(self, model: torch.nn.Module, optimizer: Any) -> None:
         """Hooks that hold a change of the state until the copy is done (module docstring):
-        the optimizer's step, and the forward of every module with persistent buffers."""
+        each optimizer's step (one, or the several `get_state_dict` takes), and the forward of
+        every module with persistent buffers."""
         key = (id(model), id(optimizer))
         if key in self._guards:
             return
@@ -414,7 +415,9 @@ class CheckpointManager:
         def hold(*_: Any) -> None:
             self.wait_staged()
 
-        handles = [optimizer.register_step_pre_hook(hold)] if optimizer is not None else []
+        optimizers = [] if optimizer is None else \
+            [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+        handles = [o.register_step_pre_hook(hold) for o in optimizers]
         modules = model.modules() if isinstance(model, torch.nn.Module) else \
             (m for part in model for m in part.modules())
         for module in modules:

@@ -124,3 +124,27 @@ def test_unknown_staging_is_refused(root: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="staging must be 'blocking' or 'deferred', got 'lazy'"):
         CheckpointManager(checkpoint_uri=root, job=JOB, rank=0, world_size=1,
                           staging_dir=tmp_path / "staging", staging="lazy")  # type: ignore[arg-type]
+
+
+
+def test_every_optimizer_of_several_waits_for_the_copy(root: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    optimizers = [torch.optim.AdamW(model[0].parameters()), torch.optim.AdamW(model[1].parameters())]
+
+    def train() -> None:
+        model(torch.randn(3, 4)).sum().backward()
+        optimizers[1].step()  # the second first: its hook must hold it too
+        optimizers[0].step()
+
+    train()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with _deferred(root, tmp_path) as mgr:
+        _slow_copy(mgr, monkeypatch)
+        mgr.save(1, model=model, optimizer=optimizers)
+        train()
+        final = mgr.wait()
+        assert final is not None and final.committed and final.stage_wait_s > 0
+        mgr.restore(model=model, optimizer=optimizers)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
