@@ -34,13 +34,13 @@ rank of the node, or the next epoch, memory-maps them instead of parsing again; 
 lock makes the ranks that want a shard at once wait for the one parsing it, so a node parses
 each shard once.
 
-Eviction is least-recently-used by the commit file's mtime (touched on a hit when it is
-older than `TOUCH_EVERY_NS`, 10 s: the touch is a metadata write, and a warm epoch of small
-shards paid it per shard), down to `max_bytes` before a fill. A process reads a commit file
-again only when its inode, size or mtime changed (`_commits`): a committed entry is
-replaced by renames, never edited in place. A file another rank still reads is unlinked but stays readable, so
-the disk may briefly hold one shard per reader beyond the limit. A shard larger than the whole
-cache is refused with both sizes.
+Eviction is least-recently-used by the commit file's mtime (touched on a hit when it is older
+than `TOUCH_EVERY_NS`, 10 s: the touch is a metadata write, and a warm epoch of small shards
+paid it per shard), down to `max_bytes` before a fill. A process reads a commit file again only
+when its inode, size or mtime changed (`_commits`): a committed entry is replaced by renames,
+never edited in place. A file another rank still reads is unlinked but stays readable, so the
+disk may briefly hold one shard per reader beyond the limit. A shard larger than the whole cache
+is refused with both sizes.
 """
 
 from __future__ import annotations

@@ -14,18 +14,17 @@
   `merge_states` joins the ranks' states into the checkpoint's. With one stripe every rank
   walks the one stream below and its state is the same on every rank.
 - A producer thread walks the stream (`plugins.data.stream`): it takes each shard's token ids
-  (below), cuts them into windows in the epoch's order, and hands the batches over a
-  shuffle block at a time (`batch_groups`), and the consumer takes all that are ready at once:
-  one lock and one wake-up per hand-over on each side, not per batch — per-batch hand-offs
-  between two threads cost more than cutting the batches. A hand-over gathers the batches of
-  `HANDOVER_BLOCKS` (4) blocks, or `HANDOVER_BYTES` (4 MB) of batches, whichever comes first, unless the
-  producer may have to wait for a shard's tokens (then what it holds goes first): a waiting
-  consumer is woken once per four blocks, not per block — on the warm cache, with small
-  shards, a wake-up per shard cost a fifth of the epoch. While `prefetch_batches` or more are
-  ready it waits (back-pressure), so memory is bounded by three hand-overs (ready, taken but
-  not yet handed out, and gathering), one block and the fetch buffers (and, when the cache is too small to keep a shard's tokens,
-  those of the `prefetch_shards + 1` shards in flight, for each stripe it reads) — not by the
-  dataset. (With stripes, a shuffle block's worth of this rank's batches at a time.)
+  (below), cuts them into windows in the epoch's order, block by block (`batch_groups`), and
+  hands the batches of `HANDOVER_BLOCKS` (4) blocks, or of `HANDOVER_BYTES` (4 MB), whichever
+  comes first, over at once — sooner when it may have to wait for a shard's tokens (what it
+  holds goes first). The consumer takes all that are ready at once: one lock and one wake-up
+  per hand-over on each side, not per batch or block — a waiting consumer woken per block cost
+  a quarter of a warm epoch of small shards, per batch more than cutting the batches. While
+  `prefetch_batches` or more are ready the producer waits (back-pressure), so memory is
+  bounded by three hand-overs (ready, taken but not yet handed out, and gathering), one block
+  and the fetch buffers (and, when the cache is too small to keep a shard's tokens, those of
+  the `prefetch_shards + 1` shards in flight, for each stripe it reads) — not by the dataset.
+  (With stripes, a shuffle block's worth of this rank's batches at a time.)
 - While a shard is cut into batches, the next `prefetch_shards` in the epoch's order are made
   ready by other threads: their tokenized copy from the node cache (memory-mapped,
   hash-verified), or, on a miss, the shard read by ranged GETs over parallel connections
