@@ -212,6 +212,10 @@ def test_a_half_started_submit_is_swept_before_a_retry(tmp_path: Path) -> None:
     orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                               env=dict(os.environ, TRAINYARD_RUN_DIR=str(run_dir)), start_new_session=True)
     try:
+        # As in the marker test above: right after Popen, /proc/PID/environ can still read empty
+        # (mid-exec) — a half-started submit's leftovers are long past that.
+        wait_for(lambda: processes.marked_processes("TRAINYARD_RUN_DIR", str(run_dir)) == [orphan.pid],
+                 "the orphan's marker in /proc", timeout_s=10)
         LocalLauncher._sweep_half_started(run_dir)
         assert orphan.wait(timeout=10) == -9
     finally:
