@@ -24,7 +24,9 @@ rounds 2..N, the steady state of a training run; `samples` lists every round:
   on the way — with O_DIRECT where the file system allows —, fsync into a `file://` store);
   `save_MBps` = state bytes / `commit_s`;
 - `restore_s`: latest-valid restore into the live model and optimizer with every needed file
-  verified, from a cold page cache (the store's files are dropped with POSIX_FADV_DONTNEED);
+  verified, from a cold page cache (the store's files are dropped with POSIX_FADV_DONTNEED;
+  each rank reads its files once, with O_DIRECT, into memory as it hashes them, and loads
+  from there);
   `restore_MBps` = state bytes / `restore_s`;
 - competitors, same state, same bytes: `async_dcp_blocking_s` — `dcp.async_save` at its best:
   one `DefaultStager` reused across saves (its staged buffers cached, as torchtitan's
@@ -40,8 +42,9 @@ rounds 2..N, the steady state of a training run; `samples` lists every round:
   (the least a blocking copy can cost); `disk_write_MBps` / `disk_read_MBps`, raw `os.write`
   + `fsync` of the state's bytes, then a cold `os.read` of them — the better of rank 0 alone
   with one file (`disk_*_1stream_MBps`) and every rank with its share at once
-  (`disk_*_<N>streams_MBps`), writeback started every 32 MB as ours does, and for writing
-  also the same two ways with O_DIRECT, as ours writes (`disk_write_direct_MBps`); `sha256_MBps`,
+  (`disk_*_<N>streams_MBps`), writeback started every 32 MB as ours does, and also the
+  same two ways with O_DIRECT, two 8 MB requests in flight, as ours writes and reads
+  (`disk_write_direct_MBps`, `disk_read_direct_MBps`); `sha256_MBps`,
   every rank hashing its state from memory at once (what hashing alone allows these cores);
 - both cold reads — the restore and the disk's read rate — start `--settle-s` (3) seconds
   after the files were written and dropped from the page cache: a restore follows a failure
@@ -206,6 +209,7 @@ def _summarise(samples: dict[str, list[float]], state_bytes: int, world: int, ro
         "disk_write_MBps": round(med["disk_write_MBps"], 1),
         "disk_read_MBps": round(med["disk_read_MBps"], 1),
         "disk_write_direct_MBps": round(med["disk_write_direct_MBps"], 1),
+        "disk_read_direct_MBps": round(med["disk_read_direct_MBps"], 1),
         **{k: round(v, 1) for k, v in med.items() if k.startswith("disk_") and "stream" in k},
         "save_MBps": round(mb / med["commit_s"], 1),
         "restore_MBps": round(mb / med["restore_s"], 1),
@@ -534,29 +538,37 @@ def _round_of_disk(work: Path, size: int, rank: int, world: int,
         rates[f"disk_{name}_1stream_MBps"] = alone
         rates[f"disk_{name}_{world}streams_MBps"] = together
         rates[f"disk_{name}_MBps"] = max(alone, together)
-    # ours writes with O_DIRECT where it can (plugins/checkpoint/direct_write.py): the disk's
-    # rate that way counts too, alone and all ranks at once
-    direct_one = _direct_write_s(work, size, rank == 0)
-    direct_one = _all_max(size / 1e6 / direct_one if direct_one else 0.0)
-    direct_each = size / 1e6 / _all_max(_direct_write_s(work, -(-size // world), True))
-    rates["disk_write_direct_MBps"] = max(direct_one, direct_each)
-    rates["disk_write_MBps"] = max(rates["disk_write_MBps"], rates["disk_write_direct_MBps"])
+    # ours writes and reads with O_DIRECT where it can (plugins/checkpoint/direct_write.py,
+    # direct_read.py): the disk's rates that way count too, alone and all ranks at once
+    direct_one = _direct_pass(work, size, rank == 0, settle_s)
+    direct_each = _direct_pass(work, -(-size // world), True, settle_s)
+    for name, index in (("write", 0), ("read", 1)):
+        alone = direct_one[index] if rank == 0 else 0.0
+        alone = _all_max(size / 1e6 / alone if alone else 0.0)
+        together = _all_max(direct_each[index])
+        together = size / 1e6 / together if together else 0.0
+        rates[f"disk_{name}_direct_MBps"] = max(alone, together)
+        rates[f"disk_{name}_MBps"] = max(rates[f"disk_{name}_MBps"], rates[f"disk_{name}_direct_MBps"])
     return rates
 
 
-def _direct_write_s(work: Path, size: int, active: bool) -> float:
-    """Seconds to write + fsync `size` raw bytes with O_DIRECT from page-aligned 8 MB chunks,
-    two writes in flight (ours keeps up to two); 0 when idle or where O_DIRECT is refused."""
+def _direct_pass(work: Path, size: int, active: bool, settle_s: float) -> tuple[float, float]:
+    """(write + fsync seconds, cold read seconds) of `size` raw bytes with O_DIRECT, from and
+    into page-aligned 8 MB chunks, two requests in flight (as ours keeps); (0, 0) when idle or
+    where O_DIRECT is refused."""
     import mmap
     from concurrent.futures import ThreadPoolExecutor
 
     from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES
 
     _barrier()
-    elapsed = 0.0
+    write_s = read_s = 0.0
+    path = work / f"raw-direct-{os.getpid()}.bin"
+    chunks = [mmap.mmap(-1, CHUNK_BYTES) for _ in range(2)]
+    pieces = [(offset, -(-min(CHUNK_BYTES, size - offset) // ALIGN) * ALIGN)
+              for offset in range(0, size, CHUNK_BYTES)]
+    fd = -1
     if active:
-        path = work / f"raw-direct-{os.getpid()}.bin"
-        chunks = [mmap.mmap(-1, CHUNK_BYTES) for _ in range(2)]
         for chunk in chunks:
             chunk.write(os.urandom(CHUNK_BYTES))
         try:
@@ -566,17 +578,26 @@ def _direct_write_s(work: Path, size: int, active: bool) -> float:
         if fd >= 0:
             with ThreadPoolExecutor(2) as pool:
                 t0 = time.perf_counter()
-                writes = [pool.submit(os.pwrite, fd, memoryview(chunks[i % 2])[
-                    : -(-min(CHUNK_BYTES, size - offset) // ALIGN) * ALIGN], offset)
-                    for i, offset in enumerate(range(0, size, CHUNK_BYTES))]
-                for write in writes:
+                for write in [pool.submit(os.pwrite, fd, memoryview(chunks[i % 2])[:length], offset)
+                              for i, (offset, length) in enumerate(pieces)]:
                     write.result()
                 os.fsync(fd)
-                elapsed = time.perf_counter() - t0
+                write_s = time.perf_counter() - t0
             os.close(fd)
-            path.unlink()
+    time.sleep(settle_s)
     _barrier()
-    return elapsed
+    if fd >= 0:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        with ThreadPoolExecutor(2) as pool:
+            t0 = time.perf_counter()
+            for read in [pool.submit(os.preadv, fd, [memoryview(chunks[i % 2])[:length]], offset)
+                         for i, (offset, length) in enumerate(pieces)]:
+                read.result()
+            read_s = time.perf_counter() - t0
+        os.close(fd)
+        path.unlink()
+    _barrier()
+    return write_s, read_s
 
 
 def _disk_pass(work: Path, size: int, active: bool, settle_s: float) -> tuple[float, float]:

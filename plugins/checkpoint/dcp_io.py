@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.utils import _create_file_view
 
+from plugins.checkpoint.direct_read import HeldFile
 from plugins.checkpoint.direct_write import open_direct
 
 METADATA_NAME = ".metadata"
@@ -94,7 +95,15 @@ class SafeFileSystemReader(FileSystemReader):
     are both whole and contiguous, of one dtype and shape, is `readinto` the destination's own
     bytes; any other item (resharding that narrows a chunk, a transform, a byte-swapped file)
     goes through DCP's own path unchanged. Both read only files whose SHA-256 was verified.
+    Files in `held` (local path → the verified bytes in memory, `direct_read`) are read from
+    there, by both paths, instead of from the disk.
     """
+
+    def __init__(self, path: str | os.PathLike[str],
+                 held: Mapping[str, HeldFile] | None = None) -> None:
+        super().__init__(path)
+        if held:
+            self.fs = _HeldFileSystem(held)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         metadata = load_metadata(Path(self.path) / METADATA_NAME)
@@ -149,6 +158,63 @@ class SafeFileSystemReader(FileSystemReader):
                 done += n
         planner.commit_tensor(item, target)
         return True
+
+
+class _HeldFileSystem(FileSystem):
+    """DCP's local file system, serving the held files' bytes from memory."""
+
+    def __init__(self, held: Mapping[str, HeldFile]) -> None:
+        super().__init__()
+        self._held = held
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str
+                      ) -> Generator[io.IOBase, None, None]:
+        file = self._held.get(os.fspath(path))
+        if file is None or mode != "rb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with _MemoryReader(file.view()) as stream:
+            yield stream
+
+
+class _MemoryReader(io.RawIOBase):
+    """A read-only, seekable file over bytes in memory, without copying them first
+    (`io.BytesIO` copies a memoryview it is given)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        into = memoryview(buffer).cast("B")
+        n = max(0, min(len(into), len(self._view) - self._pos))
+        into[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        if not self.closed:
+            self._view.release()
+        super().close()
 
 
 def replace_items(plan: LoadPlan, items: list[ReadItem]) -> LoadPlan:

@@ -13,7 +13,9 @@ Restore is collective; each step below runs on every rank, with an all-gather be
    fewest bytes to hash so far.
 3. `materialize` — link (or download) what this rank needs, hash what it was dealt (or, for
    downloads, everything it fetched) and report the identity of each link, so the caller can
-   check that all ranks hold the same inode that was hashed.
+   check that all ranks hold the same inode that was hashed. What it hashes it reads into
+   memory where memory allows (`direct_read`), and the load reads those bytes: the disk is
+   read once, and DCP parses exactly the bytes that were hashed.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from typing import Any
 
 from plugins.checkpoint.catalog import CheckpointRecord, verify
 from plugins.checkpoint.dcp_io import METADATA_NAME, files_needed, load_metadata
+from plugins.checkpoint.direct_read import HeldFile
 from plugins.checkpoint.manifest import MANIFEST_NAME
-from plugins.checkpoint.transfer import download_verified, verify_local_file
+from plugins.checkpoint.transfer import download_verified, read_verified, verify_local_file
 from plugins.storage.errors import IntegrityError
 from plugins.storage.store import LocalStore, ObjectStore
 
@@ -86,11 +89,24 @@ def assign_verifiers(needed_by_rank: Sequence[set[str]], sizes: Mapping[str, int
 
 
 def materialize(store: ObjectStore, record: CheckpointRecord, needed: set[str], local: Path,
-                *, link: bool, to_hash: set[str], rank: int, threads: int = 1
-                ) -> tuple[str | None, dict[str, Identity]]:
-    """Step 3: (problem or None, identities of this rank's links). Never raises. Files are
-    fetched or hashed `threads` at a time (hashlib and file I/O release the GIL)."""
+                *, link: bool, to_hash: set[str], rank: int, threads: int = 1, hold: int = 0
+                ) -> tuple[str | None, dict[str, Identity], dict[str, HeldFile]]:
+    """Step 3: (problem or None, identities of this rank's links, files held in memory).
+    Never raises. Files are fetched or hashed `threads` at a time (hashlib and file I/O
+    release the GIL). Of the linked files this rank hashes, the largest that fit in `hold`
+    bytes are read into memory as they are hashed (`read_verified`), for the load to read
+    from there; the rest are hashed from the page cache and read again by the load. Held
+    files are keyed by their local path; on a problem nothing is held."""
     identities: dict[str, Identity] = {}
+    held: dict[str, HeldFile] = {}
+    sizes = {f.path: f.size for f in record.manifest.files}
+    # METADATA_NAME was fetched and verified by this rank in step 1; biggest files first.
+    order = sorted((p for p in needed if p != METADATA_NAME), key=lambda p: -sizes.get(p, 0))
+    to_hold: set[str] = set()
+    for path in order:
+        if link and path in to_hash and sizes.get(path, 0) <= hold:
+            to_hold.add(path)
+            hold -= sizes[path]
 
     def one(path: str) -> None:
         entry = record.manifest.file(path)
@@ -103,19 +119,25 @@ def materialize(store: ObjectStore, record: CheckpointRecord, needed: set[str], 
             raise IntegrityError(f"{path}: could not hard-link it from the store")
         st = dest.stat()
         identities[path] = (st.st_dev, st.st_ino)
-        if path in to_hash:
+        if path in to_hold:
+            held[os.fspath(dest)] = read_verified(entry, dest)
+        elif path in to_hash:
             verify_local_file(entry, dest)
 
-    # METADATA_NAME was fetched and verified by this rank in step 1; biggest files first.
-    sizes = {f.path: f.size for f in record.manifest.files}
-    order = sorted((p for p in needed if p != METADATA_NAME), key=lambda p: -sizes.get(p, 0))
     try:
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             for future in [pool.submit(one, path) for path in order]:
                 future.result()
     except Exception as e:  # noqa: BLE001 - reported to every rank, then all reject together
-        return _describe(e, rank)[0], identities
-    return None, identities
+        release(held)
+        return _describe(e, rank)[0], identities, {}
+    return None, identities, held
+
+
+def release(held: Mapping[str, HeldFile]) -> None:
+    """Give back the memory of files `materialize` held."""
+    for file in held.values():
+        file.close()
 
 
 def same_bytes_everywhere(identities_by_rank: Sequence[Mapping[str, Identity]]) -> list[str]:

@@ -72,6 +72,7 @@ from plugins.checkpoint.dcp_io import (
     SafeFileSystemReader,
     SafeLoadPlanner,
 )
+from plugins.checkpoint.direct_read import HeldFile, memory_to_hold
 from plugins.checkpoint.errors import (
     CheckpointCatalogError,
     CheckpointMismatchError,
@@ -91,6 +92,7 @@ from plugins.checkpoint.fetch import (
     assign_verifiers,
     materialize,
     plan_fetch,
+    release,
     same_bytes_everywhere,
 )
 from plugins.checkpoint.manifest import (
@@ -276,7 +278,7 @@ class CheckpointManager:
             local = self.staging_dir / f"restore-rank{self.rank:05d}" / record.folder
             extra_path = extra_file_for(record.manifest, self.rank)
             t_fetch = time.perf_counter()
-            problem = self._fetch_verified(store, record, state, local, extra_path)
+            problem, held = self._fetch_verified(store, record, state, local, extra_path)
             self.last_restore_phases["fetch_verify_s"] = time.perf_counter() - t_fetch
             if problem is None:
                 if rejected and self.rank == 0:
@@ -284,8 +286,10 @@ class CheckpointManager:
                                 record.step, " | ".join(rejected))
                 t_load = time.perf_counter()
                 try:
-                    self._load(record, state, local / extra_path, model, optimizer, extra, local)
+                    self._load(record, state, local / extra_path, model, optimizer, extra, local,
+                               held)
                 finally:
+                    release(held)
                     self.last_restore_phases["load_s"] = time.perf_counter() - t_load
                     shutil.rmtree(local.parent, ignore_errors=True)
                 log.info("restored checkpoint step %d from %s", record.step, uri)
@@ -573,9 +577,10 @@ class CheckpointManager:
         return found
 
     def _fetch_verified(self, store: ObjectStore, record: CheckpointRecord,
-                        state: dict[str, Any], local: Path, extra_path: str) -> str | None:
+                        state: dict[str, Any], local: Path, extra_path: str
+                        ) -> tuple[str | None, dict[str, HeldFile]]:
         """Get the files this rank needs, verified (see `fetch`); the same verdict on every
-        rank: None when all is well, else why not."""
+        rank: (None, the files held in memory) when all is well, else (why not, nothing)."""
         t0 = time.perf_counter()
         plan = plan_fetch(store, record, state, local, extra_path, self.rank)
         self.last_restore_phases["plan_s"] = time.perf_counter() - t0
@@ -585,7 +590,7 @@ class CheckpointManager:
             raise CheckpointMismatchError(f"cannot restore step {record.step}: {' | '.join(map(str, fatal))}")
         problems = [p.problem for p in plans if p.problem]
         if problems:
-            return "; ".join(map(str, problems))
+            return "; ".join(map(str, problems)), {}
         link = all(p.can_link for p in plans)
         sizes = {f.path: f.size for f in record.manifest.files}
         if link:
@@ -594,24 +599,27 @@ class CheckpointManager:
         else:
             to_hash = set(plan.needed)
         t0 = time.perf_counter()
-        problem, identities = materialize(store, record, plan.needed, local, link=link,
-                                          to_hash=to_hash, rank=self.rank,
-                                          threads=self.io_threads)
+        problem, identities, held = materialize(store, record, plan.needed, local, link=link,
+                                                to_hash=to_hash, rank=self.rank,
+                                                threads=self.io_threads, hold=memory_to_hold())
         self.last_restore_phases["materialize_s"] = time.perf_counter() - t0
         outcomes = self._ranks.all_gather((problem, identities))
         problems = [p for p, _ in outcomes if p]
         changed = same_bytes_everywhere([ids for _, ids in outcomes])
         if changed:
             problems.append(f"changed in the store while restoring: {', '.join(changed)}")
-        return "; ".join(problems) if problems else None
+        if problems:
+            release(held)
+            return "; ".join(problems), {}
+        return None, held
 
     def _load(self, record: CheckpointRecord, state: dict[str, Any], extra_file: Path,
               model: torch.nn.Module, optimizer: Any, extra: Mapping[str, Stateful] | None,
-              local: Path) -> None:
+              local: Path, held: Mapping[str, HeldFile]) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         t0 = time.perf_counter()
-        dcp.load(state, storage_reader=SafeFileSystemReader(local), planner=SafeLoadPlanner(),
+        dcp.load(state, storage_reader=SafeFileSystemReader(local, held=held), planner=SafeLoadPlanner(),
                  process_group=self._ranks.group, no_dist=not self._ranks.distributed)
         self.last_restore_phases["dcp_load_s"] = time.perf_counter() - t0
         if optimizer is None:

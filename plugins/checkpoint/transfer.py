@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import IO
 
+from plugins.checkpoint.direct_read import HeldFile, read_held
 from plugins.checkpoint.manifest import Compression, ManifestFile
 from plugins.storage.errors import IntegrityError, ObjectNotFoundError
 from plugins.storage.store import (
@@ -107,6 +108,19 @@ def verify_local_file(entry: ManifestFile, path: Path) -> int:
     if problem:
         raise IntegrityError(f"{entry.path}: {problem}")
     return size
+
+
+def read_verified(entry: ManifestFile, path: Path) -> HeldFile:
+    """Read an uncompressed local copy (or hard link) of a stored file into memory, hashed on
+    the way (`direct_read`), and check it against its manifest entry; raises `IntegrityError`
+    on a mismatch, having given the memory back. A loader that reads the returned bytes reads
+    exactly what was verified."""
+    held = read_held(path)
+    problem = _mismatch(entry, held.size, held.sha256, held.size)
+    if problem:
+        held.close()
+        raise IntegrityError(f"{entry.path}: {problem}")
+    return held
 
 
 def _mismatch(entry: ManifestFile, stored: int, sha: str, local_size: int) -> str | None:

@@ -183,6 +183,52 @@ def test_restore_falls_back_past_a_corrupt_checkpoint(root: str, tmp_path: Path,
             mgr.restore(model=fresh.model, optimizer=fresh.optimizer)
 
 
+def test_a_restore_loads_the_bytes_it_hashed_not_a_second_read(
+        root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data file is read into memory as it is hashed and DCP loads those bytes: a change
+    to the file on disk after its hash (here, right after) cannot reach the model."""
+    from plugins.checkpoint import fetch
+
+    real = fetch.read_verified
+    held: list[str] = []
+
+    def read_then_corrupt(entry: Any, path: Path) -> Any:
+        file = real(entry, path)
+        held.append(entry.path)
+        if entry.path == "__0_0.distcp":  # the link and the stored file are one inode
+            path.write_bytes(bytes(path.stat().st_size))
+        return file
+
+    monkeypatch.setattr(fetch, "read_verified", read_then_corrupt)
+    t = Trainer()
+    with _manager(root, tmp_path) as mgr:
+        t.step()
+        mgr.save_sync(1, model=t.model, optimizer=t.optimizer, extra=t.extra)
+        saved = t.snapshot()
+        fresh = Trainer(seed=5)
+        assert mgr.restore(model=fresh.model, optimizer=fresh.optimizer, extra=fresh.extra)
+        assert "__0_0.distcp" in held
+        assert _same(fresh.snapshot(), saved)
+        monkeypatch.setattr(fetch, "read_verified", real)
+        with pytest.raises(NoValidCheckpointError, match=r"no checkpoint .* verifies"):
+            mgr.restore(model=fresh.model, optimizer=fresh.optimizer)  # the zeroing was real
+
+
+def test_without_memory_to_spare_a_restore_reads_the_verified_files_again(
+        root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plugins.checkpoint import fetch, manager
+
+    monkeypatch.setattr(manager, "memory_to_hold", lambda: 0)
+    monkeypatch.setattr(fetch, "read_verified", lambda *a: pytest.fail("held with no memory"))
+    t = Trainer()
+    with _manager(root, tmp_path) as mgr:
+        t.step()
+        mgr.save_sync(1, model=t.model, optimizer=t.optimizer, extra=t.extra)
+        fresh = Trainer(seed=5)
+        assert mgr.restore(model=fresh.model, optimizer=fresh.optimizer, extra=fresh.extra)
+        assert _same(fresh.snapshot(), t.snapshot())
+
+
 def test_nothing_to_restore_returns_none(root: str, tmp_path: Path) -> None:
     t = Trainer()
     with _manager(root, tmp_path) as mgr:

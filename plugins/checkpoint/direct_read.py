@@ -1,0 +1,131 @@
+"""A checkpoint file read once, with O_DIRECT, hashed as it arrives and kept in memory.
+
+A restore used to hash each file with buffered reads and then let DCP read it again from the
+page cache. A cold buffered read costs the kernel a page-cache fill and a copy into ours: on
+the 2-core development machine two ranks each hashing a 201 MB file that way took 0.35-0.6 s.
+With O_DIRECT and two reads in flight the disk writes into our memory itself (DMA): the same
+two files read in 0.10-0.12 s, and read, hashed and kept in 0.24-0.26 s, now bound by the CPU
+(per rank 0.12 s hashing and 0.12 s of the kernel's first touch of the fresh buffer; scratch
+measurements, both ranks at once, 3 s after the cache was dropped). Keeping the bytes also
+means DCP parses exactly the bytes that were hashed, not a second read of the file.
+
+The buffer is an anonymous `mmap` (page-aligned, as O_DIRECT wants buffer, offset and length
+aligned to the device's block); the last read asks for the padded length and gets the file's
+tail. Where the file system refuses O_DIRECT (at `open`, or at a read), the same pass goes on
+buffered: slower, never wrong. The caller decides whether a file fits in memory
+(`memory_to_hold`); `HeldFile.close` gives the memory back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import mmap
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES
+
+READS_IN_FLIGHT = 2
+"""Reads the disk has queued while the previous piece is hashed (more measured no faster)."""
+
+_REFUSED = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
+
+
+@dataclass
+class HeldFile:
+    """A file's bytes in memory, with the size and SHA-256 of exactly those bytes."""
+
+    size: int
+    sha256: str
+    data: mmap.mmap
+
+    def view(self) -> memoryview:
+        return memoryview(self.data)[: self.size]
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):  # a reader still holds a view: the memory
+            self.data.close()  # goes when the last view does
+
+
+def read_held(path: str | os.PathLike[str]) -> HeldFile:
+    """Read `path` into memory in one pass, hashing each piece while the next ones are read."""
+    fd = _open(path)
+    try:
+        size = os.fstat(fd).st_size
+        data = mmap.mmap(-1, max(ALIGN, -(-size // ALIGN) * ALIGN))
+        try:
+            digest = hashlib.sha256()
+            view = memoryview(data)
+            with ThreadPoolExecutor(READS_IN_FLIGHT, thread_name_prefix="direct-read") as pool:
+                # every piece queued at once: the pool keeps READS_IN_FLIGHT at the disk
+                reads = [(offset, min(CHUNK_BYTES, size - offset),
+                          pool.submit(_read_fully, fd, view, offset, min(CHUNK_BYTES, size - offset)))
+                         for offset in range(0, size, CHUNK_BYTES)]
+                try:
+                    for offset, want, read in reads:
+                        read.result()
+                        digest.update(view[offset:offset + want])  # releases the GIL, as reads do
+                finally:
+                    for _, _, read in reads:
+                        read.cancel()
+            view.release()
+        except BaseException:
+            data.close()
+            raise
+        return HeldFile(size, digest.hexdigest(), data)
+    finally:
+        os.close(fd)
+
+
+def _read_fully(fd: int, view: memoryview, offset: int, want: int) -> None:
+    """Read `want` bytes at `offset` into `view[offset:]`. O_DIRECT is asked for whole blocks
+    (the buffer is padded for the file's tail, which comes back short)."""
+    got = 0
+    while got < want:
+        end = offset + -(-want // ALIGN) * ALIGN
+        try:
+            n = os.preadv(fd, [view[offset + got:end]], offset + got)
+        except OSError as e:
+            if e.errno not in _REFUSED or not _go_buffered(fd):
+                raise
+            continue
+        if not n:
+            raise EOFError(f"the file ended {want - got} bytes early (it shrank while read)")
+        got += n
+
+
+def _open(path: str | os.PathLike[str]) -> int:
+    if hasattr(os, "O_DIRECT"):
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError as e:
+            if e.errno not in _REFUSED:
+                raise
+    return os.open(path, os.O_RDONLY)
+
+
+def _go_buffered(fd: int) -> bool:
+    """Clear O_DIRECT on an open file whose reads it refuses; False if it was not set."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    if not flags & getattr(os, "O_DIRECT", 0):
+        return False
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+    return True
+
+
+def memory_to_hold(local_ranks: int | None = None) -> int:
+    """Bytes one rank may hold for a restore: half of the memory the kernel says is available
+    without swapping, shared by the node's ranks (they restore at the same time); 0 where that
+    is unknown, so nothing is held and the files are read from disk as before."""
+    try:
+        with open("/proc/meminfo") as f:
+            available_kb = next(int(line.split()[1]) for line in f
+                                if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0
+    ranks = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return available_kb * 1024 // 2 // max(1, ranks)

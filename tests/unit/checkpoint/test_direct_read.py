@@ -1,0 +1,129 @@
+"""Reading a checkpoint file into memory with O_DIRECT: exact bytes and digest at any size,
+the buffered fallback where the file system refuses O_DIRECT, and the memory reader DCP
+loads from."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from plugins.checkpoint import direct_read
+from plugins.checkpoint.dcp_io import _MemoryReader
+from plugins.checkpoint.direct_read import memory_to_hold, read_held
+from plugins.checkpoint.direct_write import CHUNK_BYTES
+from plugins.checkpoint.manifest import ManifestFile
+from plugins.checkpoint.transfer import read_verified
+from plugins.storage.errors import IntegrityError
+
+
+def _file(tmp_path: Path, size: int) -> tuple[Path, bytes]:
+    data = os.urandom(size)
+    path = tmp_path / "__0_0.distcp"
+    path.write_bytes(data)
+    return path, data
+
+
+def _record_reads(monkeypatch: pytest.MonkeyPatch, refuse_direct: bool = False) -> list[bool]:
+    """Every read's O_DIRECT flag; with `refuse_direct`, reads with the flag fail EINVAL."""
+    seen: list[bool] = []
+    real = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        seen.append(direct)
+        if direct and refuse_direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(direct_read.os, "preadv", preadv)
+    return seen
+
+
+@pytest.mark.parametrize("size", [0, 5, 4096, 4097, CHUNK_BYTES, 2 * CHUNK_BYTES + 12_345])
+def test_the_held_bytes_and_their_digest_are_the_file(tmp_path: Path, size: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    path, data = _file(tmp_path, size)
+    reads = _record_reads(monkeypatch)
+    held = read_held(path)
+    assert (held.size, held.sha256) == (size, hashlib.sha256(data).hexdigest())
+    assert held.view().tobytes() == data
+    assert len(reads) == -(-size // CHUNK_BYTES)
+    if reads and not all(reads):
+        pytest.fail(f"{tmp_path} took O_DIRECT at open but a read went buffered")
+    held.close()
+    assert held.data.closed
+
+
+def test_a_read_the_file_system_refuses_goes_on_buffered(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    path, data = _file(tmp_path, 2 * CHUNK_BYTES + 7)
+    reads = _record_reads(monkeypatch, refuse_direct=True)
+    held = read_held(path)
+    assert held.view().tobytes() == data and held.sha256 == hashlib.sha256(data).hexdigest()
+    assert reads[0] is True and not any(reads[-2:])  # refused once, then buffered
+
+
+def test_a_file_system_that_refuses_o_direct_at_open_is_read_buffered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_open = os.open
+
+    def open_(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(direct_read.os, "open", open_)
+    path, data = _file(tmp_path, CHUNK_BYTES + 1)
+    reads = _record_reads(monkeypatch)
+    held = read_held(path)
+    assert held.view().tobytes() == data and reads == [False, False]
+
+
+def test_a_file_that_does_not_match_its_manifest_entry_is_refused(tmp_path: Path) -> None:
+    path, data = _file(tmp_path, 10_000)
+    entry = ManifestFile(path="__0_0.distcp", size=len(data),
+                         sha256=hashlib.sha256(data).hexdigest(), rank=0)
+    good = read_verified(entry, path)
+    assert good.view().tobytes() == data
+    good.close()
+    with path.open("r+b") as f:
+        f.seek(5_000)
+        f.write(b"\xff")
+    with pytest.raises(IntegrityError, match=r"__0_0.distcp: SHA-256 .*\(corrupt\)"):
+        read_verified(entry, path)
+
+
+def test_memory_to_hold_shares_half_the_available_memory_among_the_node_ranks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    one = memory_to_hold()
+    assert one > 0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert memory_to_hold() == pytest.approx(one / 4, rel=0.2)  # MemAvailable moves a little
+
+
+@pytest.mark.parametrize("ops", [
+    [("read", 3), ("seek", 0, io.SEEK_SET), ("read", -1)],
+    [("seek", 5, io.SEEK_SET), ("readinto", 4), ("tell",), ("read", 100)],
+    [("seek", -2, io.SEEK_END), ("read", 10), ("read", 10), ("tell",)],
+    [("seek", 3, io.SEEK_SET), ("seek", 2, io.SEEK_CUR), ("read", 2), ("seek", 50, io.SEEK_SET),
+     ("read", 1), ("tell",)],
+])
+def test_the_memory_reader_reads_and_seeks_as_a_file_does(ops: list[tuple]) -> None:
+    data = bytes(range(20))
+    ours, reference = _MemoryReader(memoryview(data)), io.BytesIO(data)
+    for op, *args in ops:
+        if op == "readinto":
+            a, b = bytearray(args[0]), bytearray(args[0])
+            assert ours.readinto(a) == reference.readinto(b) and a == b
+        else:
+            assert getattr(ours, op)(*args) == getattr(reference, op)(*args), (op, args)
+    ours.close()
+    with pytest.raises(ValueError):
+        ours.read(1)
