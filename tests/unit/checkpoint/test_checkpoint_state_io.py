@@ -218,3 +218,47 @@ def test_direct_io_writer_files_load_back_and_match_their_hash(tmp_path: Path) -
              no_dist=True)
     assert torch.equal(loaded["big"], saved["big"]) and torch.equal(loaded["small"], saved["small"])
     assert loaded["note"] == {"epoch": 2}
+
+
+def _record_crcs(saved: object) -> list[int]:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    torch.save(saved, buffer)
+    return [info.CRC for info in zipfile.ZipFile(buffer).infolist() if "/data/" in info.filename]
+
+
+def test_checkpoint_files_go_without_the_zip_crc_and_torch_save_gets_it_back() -> None:
+    """The CRC-32 is off only while a checkpoint is written (the SHA-256 covers the bytes),
+    until the last of several concurrent writers ends; then torch.save has it as before."""
+    from plugins.checkpoint.dcp_io import without_zip_crc32
+
+    tensor = torch.arange(1000.0)
+    assert all(_record_crcs(tensor))
+    with without_zip_crc32():
+        assert _record_crcs(tensor) == [0]
+        with without_zip_crc32():
+            assert _record_crcs(tensor) == [0]
+        assert _record_crcs(tensor) == [0]  # the other writer is still writing
+    assert all(_record_crcs(tensor)) and torch.serialization.get_crc32_options()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_files_without_the_zip_crc_load_by_both_reading_paths(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from plugins.checkpoint.dcp_io import (
+        HashingFileSystemWriter,
+        SafeFileSystemReader,
+        SafeLoadPlanner,
+    )
+
+    saved = {"w": torch.randn(64, 48), "strided": torch.randn(6, 4), "note": {"epoch": 4}}
+    dcp.save(saved, storage_writer=HashingFileSystemWriter(tmp_path, single_file_per_rank=True,
+                                                           sync_files=False), no_dist=True)
+    loaded = {"w": torch.zeros(64, 48), "strided": torch.zeros(4, 6).t(), "note": {"epoch": 0}}
+    dcp.load(loaded, storage_reader=SafeFileSystemReader(tmp_path), planner=SafeLoadPlanner(),
+             no_dist=True)  # "strided" goes through DCP's own torch.load
+    assert torch.equal(loaded["w"], saved["w"]) and torch.equal(loaded["strided"], saved["strided"])
+    assert loaded["note"] == {"epoch": 4}
