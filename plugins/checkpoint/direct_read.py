@@ -26,6 +26,7 @@ import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES
 
@@ -118,14 +119,47 @@ def _go_buffered(fd: int) -> bool:
 
 
 def memory_to_hold(local_ranks: int | None = None) -> int:
-    """Bytes one rank may hold for a restore: half of the memory the kernel says is available
-    without swapping, shared by the node's ranks (they restore at the same time); 0 where that
-    is unknown, so nothing is held and the files are read from disk as before."""
+    """Bytes one rank may hold for a restore: half of the memory it can still use, shared by
+    the node's ranks (they restore at the same time). "Can still use" is the least of what the
+    kernel says is available without swapping and what this process's memory cgroup (a pod's
+    limit) has left; 0 where the kernel does not say, so nothing is held and the files are
+    read from disk as before."""
     try:
         with open("/proc/meminfo") as f:
-            available_kb = next(int(line.split()[1]) for line in f
-                                if line.startswith("MemAvailable:"))
+            room = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError, IndexError):
         return 0
+    limited = cgroup_room()
+    if limited is not None:
+        room = min(room, limited)
     ranks = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return available_kb * 1024 // 2 // max(1, ranks)
+    return room // 2 // max(1, ranks)
+
+
+def cgroup_room(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """How many more bytes this process's memory cgroup lets it use (its limit less its usage,
+    cgroup v2 or v1); None where no limit is set or none can be read."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hierarchy, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if hierarchy == "0" and not controllers:
+            base, limit_name, usage_name = Path(root), "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base, limit_name, usage_name = (Path(root) / "memory", "memory.limit_in_bytes",
+                                            "memory.usage_in_bytes")
+        else:
+            continue
+        folder = base / path.lstrip("/")
+        try:
+            limit = (folder / limit_name).read_text().strip()
+            usage = int((folder / usage_name).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:  # v1: "no limit"
+            continue
+        return max(0, int(limit) - usage)
+    return None

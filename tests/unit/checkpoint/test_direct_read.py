@@ -127,3 +127,31 @@ def test_the_memory_reader_reads_and_seeks_as_a_file_does(ops: list[tuple]) -> N
     ours.close()
     with pytest.raises(ValueError):
         ours.read(1)
+
+
+@pytest.mark.parametrize(("version", "limit", "usage", "room"), [
+    ("v2", "1073741824", "268435456", 805306368),
+    ("v2", "max", "268435456", None),
+    ("v1", "2147483648", "2147483648", 0),
+    ("v1", "9223372036854771712", "1000", None),  # v1's "no limit"
+])
+def test_a_pods_memory_limit_bounds_what_a_restore_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, limit: str, usage: str,
+        room: int | None) -> None:
+    from plugins.checkpoint.direct_read import cgroup_room
+
+    if version == "v2":
+        lines, folder, names = "0::/kubepods/pod1/c1\n", tmp_path / "kubepods/pod1/c1", (
+            "memory.max", "memory.current")
+    else:
+        lines, folder, names = "5:cpu:/\n4:memory:/kubepods/pod1\n0::/\n", \
+            tmp_path / "memory/kubepods/pod1", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    folder.mkdir(parents=True)
+    (folder / names[0]).write_text(limit + "\n")
+    (folder / names[1]).write_text(usage + "\n")
+    (tmp_path / "cgroup").write_text(lines)
+    assert cgroup_room(str(tmp_path / "cgroup"), str(tmp_path)) == room
+    if room is not None:
+        monkeypatch.setattr(direct_read, "cgroup_room", lambda: room)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        assert memory_to_hold() == room // 4  # half of it, shared by two ranks
