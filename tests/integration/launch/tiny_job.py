@@ -63,6 +63,10 @@ def main() -> int:
             # a rank stopping for its peer's signal may meet its own on the way out: ignored
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             print(f"rank {rank}: SIGTERM, emergency checkpoint at step {step}", flush=True)
+            # both ranks finished this step's all-reduce: leave the group as the worker runtime
+            # does (WorkerSession.close) — gloo's threads still alive at interpreter shutdown
+            # can abort it (SIGABRT, exit -6: seen once in CI in the Kubernetes stop test)
+            dist.destroy_process_group()
             return TERMINATED
         time.sleep(args.sleep)
     dist.destroy_process_group()
