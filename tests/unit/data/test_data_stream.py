@@ -103,10 +103,16 @@ def test_a_dataset_larger_than_the_cache_streams_within_the_cache_limit(store: O
                                                 ("overwrite", "has changed in the store")])
 def test_a_shard_deleted_or_overwritten_mid_epoch_is_named(store: ObjectStore, tmp_path: Path, change: str,
                                                            message: str) -> None:
-    write_jsonl_dataset(store, shards=6, rows=20)
-    r = reader(store, tmp_path / "c", batch=2, prefetch_batches=1)
+    write_jsonl_dataset(store, shards=20, rows=20)
+    # The reader reads ahead of its consumer (the producer gathers up to HANDOVER_BLOCKS shards'
+    # windows per hand-over — one block per shard this small — and the next prefetch_shards are
+    # fetched meanwhile) even while nobody takes a batch: under load, 6 or 8 shards were all read
+    # while the test was still changing them. With one stripe (each stripe reads ahead), 20
+    # shards leave most of them unread when the first batch is out.
+    r = reader(store, tmp_path / "c", batch=2, prefetch_batches=1, stripes=1)
     r.next_batch()
-    # The shards not yet read (a JSONL shard's bytes are not kept: its token copy is the sign).
+    # The shards not yet committed (a JSONL shard's bytes are not kept: its token copy is the
+    # sign); those in flight may still finish from the bytes they read before the change.
     gone = [s.key for s in r.manifest.shards  # type: ignore[union-attr]
             if not r.cache.tokens_path(r.manifest, s, r.variant).exists()]  # type: ignore[arg-type]
     assert gone
@@ -115,8 +121,8 @@ def test_a_shard_deleted_or_overwritten_mid_epoch_is_named(store: ObjectStore, t
             store.delete(key)
         else:
             store.put_bytes(key, b'{"text": "other data"}\n')
-    with pytest.raises(ShardGoneError, match=rf"shard 'shard-0000\d\.jsonl' of .* {message}") as first:
-        for _ in range(200):
+    with pytest.raises(ShardGoneError, match=rf"shard 'shard-000\d\d\.jsonl' of .* {message}") as first:
+        for _ in range(2000):  # an epoch is ~620 batches
             r.next_batch()
     with pytest.raises(ShardGoneError) as again:  # every later call fails the same way
         r.next_batch()
