@@ -58,9 +58,9 @@ def read_held(path: str | os.PathLike[str]) -> HeldFile:
     try:
         size = os.fstat(fd).st_size
         data = mmap.mmap(-1, max(ALIGN, -(-size // ALIGN) * ALIGN))
+        view = memoryview(data)
         try:
             digest = hashlib.sha256()
-            view = memoryview(data)
             with ThreadPoolExecutor(READS_IN_FLIGHT, thread_name_prefix="direct-read") as pool:
                 # every piece queued at once: the pool keeps READS_IN_FLIGHT at the disk
                 reads = [(offset, min(CHUNK_BYTES, size - offset),
@@ -73,10 +73,11 @@ def read_held(path: str | os.PathLike[str]) -> HeldFile:
                 finally:
                     for _, _, read in reads:
                         read.cancel()
-            view.release()
         except BaseException:
-            data.close()
+            view.release()
+            HeldFile(0, "", data).close()  # (a view in the traceback may keep it a while)
             raise
+        view.release()
         return HeldFile(size, digest.hexdigest(), data)
     finally:
         os.close(fd)

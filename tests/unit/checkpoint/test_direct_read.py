@@ -155,3 +155,17 @@ def test_a_pods_memory_limit_bounds_what_a_restore_holds(
         monkeypatch.setattr(direct_read, "cgroup_room", lambda: room)
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
         assert memory_to_hold() == room // 4  # half of it, shared by two ranks
+
+
+def test_a_failed_read_is_raised_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _ = _file(tmp_path, 3 * CHUNK_BYTES)
+    real = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if offset >= CHUNK_BYTES:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(direct_read.os, "preadv", preadv)
+    with pytest.raises(OSError, match="Input/output error"):
+        read_held(path)
