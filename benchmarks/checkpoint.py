@@ -528,28 +528,33 @@ def _round_of_disk(work: Path, size: int, rank: int, world: int,
     32 MB as ours does (else the disk idles until the fsync and the "ceiling" is one our
     writer beats): rank 0 alone writing one file, and every rank writing its share at once;
     `disk_*_MBps` is the better of the two, so a ratio to it never flatters ours."""
-    one = _disk_pass(work, size, rank == 0, settle_s)
-    each = _disk_pass(work, -(-size // world), True, settle_s)
     rates = {}
-    for name, index in (("write", 0), ("read", 1)):
-        alone = one[index] if rank == 0 else 0.0
-        alone = _all_max(size / 1e6 / alone if alone else 0.0)
-        together = size / 1e6 / _all_max(each[index])
+    buffered = _rates(_disk_pass(work, size, rank == 0, settle_s),
+                      _disk_pass(work, -(-size // world), True, settle_s), size, rank)
+    for name, (alone, together) in buffered.items():
         rates[f"disk_{name}_1stream_MBps"] = alone
         rates[f"disk_{name}_{world}streams_MBps"] = together
         rates[f"disk_{name}_MBps"] = max(alone, together)
     # ours writes and reads with O_DIRECT where it can (plugins/checkpoint/direct_write.py,
     # direct_read.py): the disk's rates that way count too, alone and all ranks at once
-    direct_one = _direct_pass(work, size, rank == 0, settle_s)
-    direct_each = _direct_pass(work, -(-size // world), True, settle_s)
-    for name, index in (("write", 0), ("read", 1)):
-        alone = direct_one[index] if rank == 0 else 0.0
-        alone = _all_max(size / 1e6 / alone if alone else 0.0)
-        together = _all_max(direct_each[index])
-        together = size / 1e6 / together if together else 0.0
+    direct = _rates(_direct_pass(work, size, rank == 0, settle_s),
+                    _direct_pass(work, -(-size // world), True, settle_s), size, rank)
+    for name, (alone, together) in direct.items():
         rates[f"disk_{name}_direct_MBps"] = max(alone, together)
         rates[f"disk_{name}_MBps"] = max(rates[f"disk_{name}_MBps"], rates[f"disk_{name}_direct_MBps"])
     return rates
+
+
+def _rates(one: tuple[float, float], each: tuple[float, float], size: int,
+           rank: int) -> dict[str, tuple[float, float]]:
+    """MB/s of writing and of reading `size` bytes: (rank 0 alone, all ranks at once) from the
+    seconds of a pass by rank 0 alone (`one`) and of every rank's share (`each`); 0 for a pass
+    that did not run (O_DIRECT refused)."""
+    def mbps(seconds: float) -> float:
+        return size / 1e6 / seconds if seconds else 0.0
+
+    return {name: (_all_max(mbps(one[index]) if rank == 0 else 0.0), mbps(_all_max(each[index])))
+            for name, index in (("write", 0), ("read", 1))}
 
 
 def _direct_pass(work: Path, size: int, active: bool, settle_s: float) -> tuple[float, float]:

@@ -440,15 +440,15 @@ class HashingFileSystemWriter(FileSystemWriter):
     `direct_io` writes them with O_DIRECT (for files that are stored where they are written).
     Its data files are written without torch.save's per-record CRC-32 (`without_zip_crc32`)."""
 
-    def write_data(self, plan: Any, planner: Any) -> Future[Any]:
-        with without_zip_crc32():  # DCP's write_data writes every file before it returns
-            return super().write_data(plan, planner)
-
     def __init__(self, path: str | os.PathLike[str], *, direct_io: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
         self.fs = _HashingFileSystem(direct=direct_io)
         self.path = self.fs.init_path(path)
+
+    def write_data(self, plan: Any, planner: Any) -> Future[Any]:
+        with without_zip_crc32():  # DCP's write_data writes every file before it returns
+            return super().write_data(plan, planner)
 
     def digest_of(self, path: Path) -> tuple[int, str] | None:
         """(size, sha256) of a file this writer wrote; None if unknown or its size changed."""

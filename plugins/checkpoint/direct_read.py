@@ -19,8 +19,6 @@ buffered: slower, never wrong. The caller decides whether a file fits in memory
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import mmap
 import os
@@ -28,12 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES
+from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES, REFUSED, clear_o_direct
 
 READS_IN_FLIGHT = 2
 """Reads the disk has queued while the previous piece is hashed (more measured no faster)."""
-
-_REFUSED = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
 
 
 @dataclass
@@ -92,7 +88,7 @@ def _read_fully(fd: int, view: memoryview, offset: int, want: int) -> None:
         try:
             n = os.preadv(fd, [view[offset + got:end]], offset + got)
         except OSError as e:
-            if e.errno not in _REFUSED or not _go_buffered(fd):
+            if e.errno not in REFUSED or not clear_o_direct(fd):
                 raise
             continue
         if not n:
@@ -105,18 +101,9 @@ def _open(path: str | os.PathLike[str]) -> int:
         try:
             return os.open(path, os.O_RDONLY | os.O_DIRECT)
         except OSError as e:
-            if e.errno not in _REFUSED:
+            if e.errno not in REFUSED:
                 raise
     return os.open(path, os.O_RDONLY)
-
-
-def _go_buffered(fd: int) -> bool:
-    """Clear O_DIRECT on an open file whose reads it refuses; False if it was not set."""
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    if not flags & getattr(os, "O_DIRECT", 0):
-        return False
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
-    return True
 
 
 def memory_to_hold(local_ranks: int | None = None) -> int:

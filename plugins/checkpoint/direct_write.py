@@ -41,7 +41,8 @@ CHUNKS = 3
 ALIGN = 4096
 """O_DIRECT's alignment for buffer, offset and length: the largest logical block size in use."""
 
-_REFUSED = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
+REFUSED = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
+"""What a file system that does not take O_DIRECT answers, at open or at the first I/O."""
 
 _free_chunks: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
 """Chunks of finished files, kept for the next: a fresh mmap pays a page fault per 4 KiB."""
@@ -142,7 +143,7 @@ class DirectHashingStream(io.RawIOBase):
                 try:
                     wrote = os.pwrite(self._fd, view[done:], offset + done)
                 except OSError as e:
-                    if not self.direct or e.errno not in _REFUSED:
+                    if not self.direct or e.errno not in REFUSED:
                         raise
                     self._go_buffered()
                     continue
@@ -154,10 +155,19 @@ class DirectHashingStream(io.RawIOBase):
 
     def _go_buffered(self) -> None:
         """The file system takes O_DIRECT at open but not this write: go on through the page
-        cache (Linux lets F_SETFL clear the flag on an open file)."""
-        flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
-        fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+        cache."""
+        clear_o_direct(self._fd)
         self.direct = False
+
+
+def clear_o_direct(fd: int) -> bool:
+    """Clear O_DIRECT on an open file (Linux lets F_SETFL do it), so its I/O goes on through
+    the page cache; False if the flag was not set."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    if not flags & getattr(os, "O_DIRECT", 0):
+        return False
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+    return True
 
 
 def open_direct(path: str | os.PathLike[str]) -> DirectHashingStream | None:
@@ -167,6 +177,6 @@ def open_direct(path: str | os.PathLike[str]) -> DirectHashingStream | None:
     try:
         return DirectHashingStream(path)
     except OSError as e:
-        if e.errno in _REFUSED:
+        if e.errno in REFUSED:
             return None
         raise
