@@ -14,7 +14,6 @@ same; the default's numbers are `cli.demo`'s arguments.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -24,11 +23,10 @@ from pathlib import Path
 import pytest
 
 from tests.support import procs
-from tests.support.require import missing
+from tests.support.browser import chromium_page, screenshots
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SHORTER = ("--max-steps", "80", "--crash-at-step", "60")
 
 
@@ -38,16 +36,6 @@ def _answers(url: str) -> bool:
             return response.status == 200
     except OSError:
         return False
-
-
-def _page(url: str, screenshot: Path) -> str:
-    """The page as a browser renders it (its DOM after the scripts ran), and a screenshot."""
-    assert CHROMIUM
-    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            "--window-size=1600,1000", "--virtual-time-budget=20000"]
-    subprocess.run([*args, f"--screenshot={screenshot}", url], capture_output=True, timeout=120, check=False)
-    dom = subprocess.run([*args, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=False)
-    return dom.stdout
 
 
 def test_make_demo_recovers_registers_and_shows_it_in_both_uis(tmp_path: Path) -> None:
@@ -91,17 +79,21 @@ def test_make_demo_recovers_registers_and_shows_it_in_both_uis(tmp_path: Path) -
         assert (home / "demo" / f"demo-tiny-lm-{run.run}.png").stat().st_size > 10_000
         assert f"{airflow}/dags/demo-tiny-lm" in output and run.run in output
 
-        if CHROMIUM is None:
-            missing("chromium", "no chromium here to look at the UIs as a person would")
-        runs_page = _page(f"{airflow}/dags/demo-tiny-lm/runs", tmp_path / "airflow-runs.png")
-        assert f"{run.run}__attempt-1" in runs_page  # the hand-over to attempt 1 is a DAG run in the UI
-        assert "resume_next_attempt" in runs_page or "register_model" in runs_page
         experiment = client.get_run(run.mlflow_run_id).info.experiment_id
-        run_page = _page(f"{mlflow}/#/experiments/{experiment}/runs/{run.mlflow_run_id}",
-                         tmp_path / "mlflow-run.png")
-        assert run.run in run_page and "worker_crash" in run_page and "demo-tiny-lm" in run_page
-        for shot in ("airflow-runs.png", "mlflow-run.png"):
-            assert (tmp_path / shot).stat().st_size > 20_000, shot
+        shots = {"airflow": screenshots() / "demo-airflow-runs.png", "mlflow": screenshots() / "demo-mlflow-run.png"}
+        with chromium_page(width=1600, height=1000) as page:
+            page.goto(f"{airflow}/dags/demo-tiny-lm/runs")
+            # the hand-over to attempt 1 is a DAG run in the UI
+            page.get_by_text(f"{run.run}__attempt-1").first.wait_for()
+            page.screenshot(path=str(shots["airflow"]))
+            assert "register_model" in page.content()  # the grid beside it: attempt 1's tasks
+            page.goto(f"{mlflow}/#/experiments/{experiment}/runs/{run.mlflow_run_id}")
+            page.get_by_text("worker_crash").first.wait_for()  # the recovery, among the run's tags
+            page.screenshot(path=str(shots["mlflow"]))
+            run_page = page.content()
+        assert run.run in run_page and "demo-tiny-lm" in run_page, run_page[-4000:]
+        for shot in shots.values():
+            assert shot.stat().st_size > 20_000, shot
     finally:
         # the demo leaves it up for browsing; components are found by pid file; the rank
         # templates stay for the other worker's attempts (the session's end stops them)
