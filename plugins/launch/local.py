@@ -422,17 +422,31 @@ class LocalLauncher:
 
         After one rank fails for good, torchrun tears down that node's ranks, but an agent
         whose own ranks succeeded waits in its exit barrier for the lost peer (5 minutes by
-        default). Give the run `linger_s` to end by itself, then `stop` the rest; the verdict
-        stays "failed" (the stop only cleans up).
+        default). Give the run `linger_s` to end by itself — unless all that is left is such
+        agents (`waiting_in_exit_barrier`), which end only when stopped — then `stop` the rest;
+        the verdict stays "failed" (the stop only cleans up).
         """
         status = status or self.poll(handle)
         deadline = time.monotonic() + linger_s
-        while status.finished and status.processes_alive and time.monotonic() < deadline:
+        while status.finished and status.processes_alive and not waiting_in_exit_barrier(status) \
+                and time.monotonic() < deadline:
             time.sleep(0.2)
             status = self.poll(handle)
         if status.finished and status.processes_alive:
             status = self.stop(handle, grace_s=grace_s)
         return status
+
+
+def waiting_in_exit_barrier(status: RunStatus) -> bool:
+    """A failed run whose live processes are only torchrun agents with every one of their own
+    ranks exited 0: they wait in the exit barrier for the failed peer until it times out (300 s),
+    so lingering for them only delays the recovery. False while any rank runs or has no exit
+    recorded, or while an agent of a failed rank is still alive (it is tearing down and records
+    its own exit)."""
+    if status.state != "failed" or any(r.exit_code is None for r in status.ranks):
+        return False
+    alive = {a.node for a in status.agents if a.alive}
+    return bool(alive) and all(r.exit_code == 0 for r in status.ranks if r.node in alive)
 
 
 def _read_heartbeat(directory: str, rank: int) -> Heartbeat | None:

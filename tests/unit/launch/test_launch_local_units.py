@@ -20,8 +20,8 @@ from plugins.launch import processes
 from plugins.launch.environment import build_worker_env
 from plugins.launch.exit_codes import describe, known_codes
 from plugins.launch.files import AgentExit, RankRecord, StopRequest
-from plugins.launch.local import LocalLauncher, tail_lines
-from plugins.launch.model import AgentRecord, RunHandle, RunStatus
+from plugins.launch.local import LocalLauncher, tail_lines, waiting_in_exit_barrier
+from plugins.launch.model import AgentRecord, AgentStatus, RankStatus, RunHandle, RunStatus
 from plugins.placement.gang import place_gang
 from plugins.placement.inventory import Inventory
 from plugins.placement.model import GangRequest
@@ -101,6 +101,50 @@ def test_stopped_marker_wins(tmp_path: Path) -> None:
     StopRequest(requested_at="t", requested_at_s=0.5, grace_s=0).write(Path(handle.run_dir, "stopped.json"))
     status = LocalLauncher(tmp_path).poll(handle)
     assert status.state == "stopped" and [r.exit_code for r in status.ranks] == [43, 43]
+
+
+def _failed(rank_codes: list[int | None], agents_alive: list[bool], state: str = "failed") -> RunStatus:
+    return RunStatus(state=state, processes_alive=any(agents_alive),  # type: ignore[arg-type]
+                     ranks=[RankStatus(rank=i, node=f"local-{i}", exit_code=c) for i, c in enumerate(rank_codes)],
+                     agents=[AgentStatus(node=f"local-{i}", alive=a) for i, a in enumerate(agents_alive)])
+
+
+def test_only_agents_whose_ranks_all_completed_are_waiting_in_the_exit_barrier() -> None:
+    assert waiting_in_exit_barrier(_failed([0, 7], [True, False]))  # rank 1 failed; local-0 waits for it
+    assert not waiting_in_exit_barrier(_failed([0, 7], [True, True]))  # local-1 is still tearing down
+    assert not waiting_in_exit_barrier(_failed([None, 7], [True, False]))  # rank 0 runs (or never said)
+    assert not waiting_in_exit_barrier(_failed([0, 0], [True, True], state="succeeded"))  # they leave together
+    assert not waiting_in_exit_barrier(_failed([0, 7], [False, False]))  # nothing left to wait for
+
+
+class _Scripted(LocalLauncher):
+    """`settle` over scripted polls: what it looked at and whether it stopped."""
+
+    def __init__(self, root: Path, polls: list[RunStatus]) -> None:
+        super().__init__(root)
+        self.polls, self.seen, self.stopped = polls, 0, False
+
+    def poll(self, handle: RunHandle) -> RunStatus:
+        self.seen += 1
+        return self.polls[min(self.seen, len(self.polls)) - 1]
+
+    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
+        self.stopped = True
+        return self.polls[-1].model_copy(update={"processes_alive": False})
+
+
+def test_settle_stops_a_peer_in_the_exit_barrier_at_once_and_lets_a_tearing_down_agent_end(
+        tmp_path: Path) -> None:
+    handle = make_run(tmp_path)
+    barrier = _failed([0, 7], [True, False])
+    launcher = _Scripted(tmp_path, [barrier])
+    settled = launcher.settle(handle, barrier)
+    assert (launcher.seen, launcher.stopped, settled.state, settled.processes_alive) == (0, True, "failed", False)
+
+    tearing_down = _failed([0, 7], [True, True])  # local-1 still ends its own failed rank
+    launcher = _Scripted(tmp_path, [_failed([0, 7], [False, False])])
+    settled = launcher.settle(handle, tearing_down)
+    assert (launcher.seen, launcher.stopped, settled.processes_alive) == (1, False, False)  # it ended by itself
 
 
 def test_liveness_ignores_zombies_and_recycled_pids() -> None:
