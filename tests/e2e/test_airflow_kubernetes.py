@@ -171,10 +171,12 @@ def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: Runnin
     """The link of a gang node goes down once the first checkpoint is committed; the health
     watch misses its agent, the gang is stopped, the node cordoned, and the next attempt is
     placed on the spare node and resumes from the newest checkpoint."""
-    # mid-run when the link goes down, just after step 10's checkpoint: 190 steps to go (~15 s of
-    # training) leave the poll below time to act; once the link is down the gang cannot finish
-    # (its collectives cross the lost link)
-    steps = 200
+    # Attempt 0 holds before step 25 (rank 1 SIGSTOPs itself: the first attempt's fault only,
+    # far inside the 60 s hang timeout), so the link goes down while the gang runs however slowly
+    # this machine trains, and the gang cannot finish before the loss is seen; the step-10
+    # checkpoint is committed by then (a rank's save at step 20 waits for its previous one).
+    # Attempt 1 runs clean from that checkpoint: 30 steps, not the 190 a race would need.
+    steps = 40
     lost: dict[str, str] = {}
 
     def take_a_node_down(first_dag_run: str) -> None:
@@ -203,7 +205,7 @@ def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: Runnin
         lost["node"] = node
         kube.lose_node(node)
 
-    attempts = _train(stack, steps, during=take_a_node_down)
+    attempts = _train(stack, steps, {"fault_hang_rank": 1, "fault_hang_at_step": 25}, during=take_a_node_down)
     assert [(a.outcome, a.action) for a in attempts][:1] == [("node_lost", "replace_node")], f"{attempts}\n{stack.logs()}"
     assert attempts[-1].outcome == "completed", f"{attempts}\n{stack.logs()}"
     assert attempts[0].state == "failed"
