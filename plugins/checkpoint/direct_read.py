@@ -9,9 +9,10 @@ two files read in 0.10-0.12 s, and read, hashed and kept in 0.24-0.26 s, now bou
 measurements, both ranks at once, 3 s after the cache was dropped). Keeping the bytes also
 means DCP parses exactly the bytes that were hashed, not a second read of the file.
 
-The buffer is an anonymous `mmap` (page-aligned, as O_DIRECT wants buffer, offset and length
-aligned to the device's block); the last read asks for the padded length and gets the file's
-tail. Where the file system refuses O_DIRECT (at `open`, or at a read), the same pass goes on
+The buffer is a private anonymous `mmap` (page-aligned, as O_DIRECT wants buffer, offset and
+length aligned to the device's block) asked to be backed by transparent huge pages, which
+took most of that first-touch time away (`_buffer`); the last read asks for the padded length
+and gets the file's tail. Where the file system refuses O_DIRECT (at `open`, or at a read), the same pass goes on
 buffered: slower, never wrong. The caller decides whether a file fits in memory
 (`memory_to_hold`); `HeldFile.close` gives the memory back.
 """
@@ -30,6 +31,7 @@ from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES, REFUSED, clear_o
 
 READS_IN_FLIGHT = 2
 """Reads the disk has queued while the previous piece is hashed (more measured no faster)."""
+HUGE_PAGE = 2 << 20
 
 
 @dataclass
@@ -53,7 +55,7 @@ def read_held(path: str | os.PathLike[str]) -> HeldFile:
     fd = _open(path)
     try:
         size = os.fstat(fd).st_size
-        data = mmap.mmap(-1, max(ALIGN, -(-size // ALIGN) * ALIGN))
+        data = _buffer(max(ALIGN, -(-size // ALIGN) * ALIGN))
         view = memoryview(data)
         try:
             digest = hashlib.sha256()
@@ -77,6 +79,19 @@ def read_held(path: str | os.PathLike[str]) -> HeldFile:
         return HeldFile(size, digest.hexdigest(), data)
     finally:
         os.close(fd)
+
+
+def _buffer(length: int) -> mmap.mmap:
+    """Fresh memory for one file, asked to be backed by transparent huge pages: the kernel's
+    first touch of 4 KiB pages was half of a read's CPU time (above); in 2 MiB pages it faults
+    512 times less often (201 MB: 867 faults instead of 51,456, kernel time 0.09-0.11 -> 0.03-0.05
+    s). Private, not Python's default shared mapping: shared anonymous memory is shmem, which
+    THP leaves out. Only a hint: where THP is off the pages stay small."""
+    data = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if length >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):
+            data.madvise(mmap.MADV_HUGEPAGE)
+    return data
 
 
 def _read_fully(fd: int, view: memoryview, offset: int, want: int) -> None:

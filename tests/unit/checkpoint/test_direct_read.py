@@ -172,3 +172,32 @@ def test_a_failed_read_is_raised_as_it_is(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(direct_read.os, "preadv", preadv)
     with pytest.raises(OSError, match="Input/output error"):
         read_held(path)
+
+
+
+def _smaps_entry(address: int) -> list[str]:
+    """This process's `/proc/self/smaps` lines of the mapping that starts at `address`."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    head = next(i for i, line in enumerate(lines)
+                if line[:1] in "0123456789abcdef" and int(line.split("-", 1)[0], 16) == address)
+    end = next(i for i in range(head + 1, len(lines)) if lines[i].startswith("VmFlags"))
+    return lines[head:end + 1]
+
+
+def test_a_large_held_file_sits_in_private_memory_the_kernel_may_back_with_huge_pages(tmp_path: Path) -> None:
+    """Shared anonymous memory (Python's `mmap` default) is shmem, which transparent huge pages
+    leave out unless `shmem_enabled` says otherwise: the buffer must be private for the
+    MADV_HUGEPAGE hint to count (the kernel then faults it in 2 MiB at a time)."""
+    import ctypes
+
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or "[never]" in mode.read_text():
+        pytest.skip("transparent huge pages are off on this kernel")
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(3 * direct_read.HUGE_PAGE + 123))
+    held = read_held(path)
+    entry = _smaps_entry(ctypes.addressof(ctypes.c_char.from_buffer(held.data)))
+    assert entry[0].split()[1] == "rw-p", entry[0]  # private, not shared
+    assert "THPeligible:           1" in entry, entry
+    assert held.view().tobytes() == path.read_bytes()
+    held.close()
