@@ -12,8 +12,8 @@ means DCP parses exactly the bytes that were hashed, not a second read of the fi
 The buffer is a private anonymous `mmap` (page-aligned, as O_DIRECT wants buffer, offset and
 length aligned to the device's block) asked to be backed by transparent huge pages, which
 took most of that first-touch time away (`_buffer`); the last read asks for the padded length
-and gets the file's tail. Where the file system refuses O_DIRECT (at `open`, or at a read), the same pass goes on
-buffered: slower, never wrong. The caller decides whether a file fits in memory
+and gets the file's tail. Where the file system refuses O_DIRECT (at `open`, or at a read),
+the same pass goes on buffered: slower, never wrong. The caller decides whether a file fits in memory
 (`memory_to_hold`); `HeldFile.close` gives the memory back.
 """
 

@@ -443,7 +443,7 @@ def waiting_in_exit_barrier(status: RunStatus) -> bool:
     so lingering for them only delays the recovery. False while any rank runs or has no exit
     recorded, or while an agent of a failed rank is still alive (it is tearing down and records
     its own exit)."""
-    if status.state != "failed" or any(r.exit_code is None for r in status.ranks):
+    if status.state != "failed" or not status.ranks or any(r.exit_code is None for r in status.ranks):
         return False
     alive = {a.node for a in status.agents if a.alive}
     return bool(alive) and all(r.exit_code == 0 for r in status.ranks if r.node in alive)

@@ -115,6 +115,7 @@ def test_only_agents_whose_ranks_all_completed_are_waiting_in_the_exit_barrier()
     assert not waiting_in_exit_barrier(_failed([None, 7], [True, False]))  # rank 0 runs (or never said)
     assert not waiting_in_exit_barrier(_failed([0, 0], [True, True], state="succeeded"))  # they leave together
     assert not waiting_in_exit_barrier(_failed([0, 7], [False, False]))  # nothing left to wait for
+    assert not waiting_in_exit_barrier(_failed([], [True, False]))  # no rank said anything: linger as before
 
 
 class _Scripted(LocalLauncher):
