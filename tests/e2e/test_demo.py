@@ -41,7 +41,7 @@ def _answers(url: str) -> bool:
 def test_make_demo_recovers_registers_and_shows_it_in_both_uis(tmp_path: Path) -> None:
     home = tmp_path / ".trainyard"
     ports = {"TRAINYARD_AIRFLOW_PORT": procs.free_port(), "TRAINYARD_MLFLOW_PORT": procs.free_port(),
-             "TRAINYARD_AGENT_PORT": procs.free_port()}
+             "TRAINYARD_AGENT_PORT": procs.free_ports(2)}  # the two local nodes' agents: port, port + 1
     env = procs.test_env({"TRAINYARD_HOME": str(home), "COLUMNS": "120", **{k: str(v) for k, v in ports.items()}})
     airflow = f"http://127.0.0.1:{ports['TRAINYARD_AIRFLOW_PORT']}"
     mlflow = f"http://127.0.0.1:{ports['TRAINYARD_MLFLOW_PORT']}"

@@ -7,6 +7,7 @@ it and `check` puts it into the assertion message.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,6 +22,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports free on the loopback address now, for a server
+    that listens on port + i (the stack's node agents). Chosen below the kernel's ephemeral
+    range: `free_port()`'s port + 1 is an ephemeral port that an outgoing connection of a test
+    running beside may hold by then (seen in CI: the demo's second node agent, "Address already
+    in use"); below that range only another listener can, and this checks there is none."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    pick = random.Random()
+    for _ in range(200):
+        base = pick.randrange(10_000, low - count)
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                held.append(socket.socket())
+                held[-1].bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports between 10000 and {low}")
 
 
 def test_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
