@@ -11,10 +11,10 @@ means DCP parses exactly the bytes that were hashed, not a second read of the fi
 
 The buffer is a private anonymous `mmap` (page-aligned, as O_DIRECT wants buffer, offset and
 length aligned to the device's block) asked to be backed by transparent huge pages, which
-took most of that first-touch time away (`_buffer`); the last read asks for the padded length
-and gets the file's tail. Where the file system refuses O_DIRECT (at `open`, or at a read),
-the same pass goes on buffered: slower, never wrong. The caller decides whether a file fits in memory
-(`memory_to_hold`); `HeldFile.close` gives the memory back.
+took most of that first-touch time away (`direct_write.io_buffer`); the last read asks for the
+padded length and gets the file's tail. Where the file system refuses O_DIRECT (at `open`, or
+at a read), the same pass goes on buffered: slower, never wrong. The caller decides whether a
+file fits in memory (`memory_to_hold`); `HeldFile.close` gives the memory back.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES, REFUSED, clear_o_direct
+from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES, REFUSED, clear_o_direct, io_buffer
 
 READS_IN_FLIGHT = 2
 """Reads the disk has queued while the previous piece is hashed (more measured no faster)."""
-HUGE_PAGE = 2 << 20
 
 
 @dataclass
@@ -55,7 +54,7 @@ def read_held(path: str | os.PathLike[str]) -> HeldFile:
     fd = _open(path)
     try:
         size = os.fstat(fd).st_size
-        data = _buffer(max(ALIGN, -(-size // ALIGN) * ALIGN))
+        data = io_buffer(max(ALIGN, -(-size // ALIGN) * ALIGN))
         view = memoryview(data)
         try:
             digest = hashlib.sha256()
@@ -79,19 +78,6 @@ def read_held(path: str | os.PathLike[str]) -> HeldFile:
         return HeldFile(size, digest.hexdigest(), data)
     finally:
         os.close(fd)
-
-
-def _buffer(length: int) -> mmap.mmap:
-    """Fresh memory for one file, asked to be backed by transparent huge pages: the kernel's
-    first touch of 4 KiB pages was half of a read's CPU time (above); in 2 MiB pages it faults
-    512 times less often (201 MB: 867 faults instead of 51,456, kernel time 0.09-0.11 -> 0.03-0.05
-    s). Private, not Python's default shared mapping: shared anonymous memory is shmem, which
-    THP leaves out. Only a hint: where THP is off the pages stay small."""
-    data = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if length >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
-        with contextlib.suppress(OSError):
-            data.madvise(mmap.MADV_HUGEPAGE)
-    return data
 
 
 def _read_fully(fd: int, view: memoryview, offset: int, want: int) -> None:

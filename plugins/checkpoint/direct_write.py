@@ -21,6 +21,7 @@ file that will be uploaded is read again right away and is better left in the pa
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -44,15 +45,31 @@ ALIGN = 4096
 REFUSED = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
 """What a file system that does not take O_DIRECT answers, at open or at the first I/O."""
 
+HUGE_PAGE = 2 << 20
+
 _free_chunks: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
-"""Chunks of finished files, kept for the next: a fresh mmap pays a page fault per 4 KiB."""
+"""Chunks of finished files, kept for the next: fresh memory pays the kernel's first touch."""
 
 
 def _take_chunk() -> mmap.mmap:
     try:
         return _free_chunks.get_nowait()
     except queue.Empty:
-        return mmap.mmap(-1, CHUNK_BYTES)
+        return io_buffer(CHUNK_BYTES)
+
+
+def io_buffer(length: int) -> mmap.mmap:
+    """Fresh page-aligned memory for O_DIRECT I/O, asked to be backed by transparent huge
+    pages: the kernel's first touch of 4 KiB pages was half of a restore's read CPU time
+    (`direct_read`); in 2 MiB pages it faults 512 times less often (201 MB: 867 faults instead
+    of 51,456, kernel time 0.09-0.11 -> 0.03-0.05 s). Private, not Python's default shared
+    mapping: shared anonymous memory is shmem, which THP leaves out. Only a hint: where THP is
+    off the pages stay small."""
+    data = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if length >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):
+            data.madvise(mmap.MADV_HUGEPAGE)
+    return data
 
 
 class DirectHashingStream(io.RawIOBase):

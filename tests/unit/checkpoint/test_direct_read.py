@@ -16,7 +16,7 @@ import pytest
 from plugins.checkpoint import direct_read
 from plugins.checkpoint.dcp_io import _MemoryReader
 from plugins.checkpoint.direct_read import memory_to_hold, read_held
-from plugins.checkpoint.direct_write import CHUNK_BYTES
+from plugins.checkpoint.direct_write import CHUNK_BYTES, HUGE_PAGE
 from plugins.checkpoint.manifest import ManifestFile
 from plugins.checkpoint.transfer import read_verified
 from plugins.storage.errors import IntegrityError
@@ -174,7 +174,6 @@ def test_a_failed_read_is_raised_as_it_is(tmp_path: Path, monkeypatch: pytest.Mo
         read_held(path)
 
 
-
 def _smaps_entry(address: int) -> list[str]:
     """This process's `/proc/self/smaps` lines of the mapping that starts at `address`."""
     lines = Path("/proc/self/smaps").read_text().splitlines()
@@ -194,7 +193,7 @@ def test_a_large_held_file_sits_in_private_memory_the_kernel_may_back_with_huge_
     if not mode.exists() or "[never]" in mode.read_text():
         pytest.skip("transparent huge pages are off on this kernel")
     path = tmp_path / "big.bin"
-    path.write_bytes(os.urandom(3 * direct_read.HUGE_PAGE + 123))
+    path.write_bytes(os.urandom(3 * HUGE_PAGE + 123))
     held = read_held(path)
     entry = _smaps_entry(ctypes.addressof(ctypes.c_char.from_buffer(held.data)))
     assert entry[0].split()[1] == "rw-p", entry[0]  # private, not shared
