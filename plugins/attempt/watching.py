@@ -80,7 +80,13 @@ def hung_ranks(status: RunStatus, handle: RunHandle | None = None) -> list[int]:
     """The ranks to blame for a hang: of those alive without step progress for longer than the
     job's `hangTimeout` (once one rank stalls, every rank does at its next collective), the
     ones `node_agent.verdicts.hang_culprits` blames — frozen (no sign of life in their
-    heartbeat files either) or lagging; all of them where nothing tells them apart."""
+    heartbeat files either) or lagging; all of them where nothing tells them apart.
+
+    A culprit is blamed once its own last progress is older than `hangTimeout`, as the node
+    agent's `hang_verdicts` does: the first rank to cross the timeout is often a peer that
+    finished the same step a moment before the culprit froze, and stopping then would name a
+    rank that had not yet been without progress for `hangTimeout` (a detection time under the
+    timeout). The culprit crosses it within that moment: a frozen rank's progress never moves."""
     if not any(r.hung for r in status.ranks):
         return []
     from node_agent.heartbeat import read_heartbeats
@@ -89,8 +95,10 @@ def hung_ranks(status: RunStatus, handle: RunHandle | None = None) -> list[int]:
     live = [r for r in status.ranks if r.hung or (r.pid is not None and r.exit_code is None)]
     beats = read_heartbeats(handle.heartbeat_dir, [r.rank for r in live]) if handle and handle.heartbeat_dir else {}
     now = time.time()
-    return hang_culprits(Stalled(r.rank, r.step, beats[r.rank].frozen(now) if r.rank in beats else None, r.hung)
-                         for r in live)
+    culprits = hang_culprits(Stalled(r.rank, r.step, beats[r.rank].frozen(now) if r.rank in beats else None, r.hung)
+                             for r in live)
+    stale = {r.rank for r in live if r.hung}
+    return [rank for rank in culprits if rank in stale]
 
 
 def hang_stop(status: RunStatus, handle: RunHandle | None = None) -> StopReason | None:
