@@ -14,6 +14,7 @@ Events carry `{"status": ..., "message": ...}` plus the facts the sensor needs; 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -145,6 +146,7 @@ class HealthTrigger(BaseTrigger):
         handle, runtime = RunHandle.model_validate(self.handle), _runtime()
         misses: dict[str, int] = {}
         while True:
+            started = time.monotonic()
             status = await asyncio.to_thread(watching.poll, handle, runtime)
             if status.finished:
                 yield TriggerEvent({"status": "finished", "message": status.message})
@@ -157,4 +159,6 @@ class HealthTrigger(BaseTrigger):
                 await asyncio.to_thread(watching.stop_gang, handle, reason, runtime)
                 yield TriggerEvent({"status": "node_lost", "message": reason.detail, "nodes": reason.nodes})
                 return
-            await asyncio.sleep(self.poll_interval_s)
+            # Polls every poll_interval_s from start to start: a silent agent's probe timeout
+            # must not stretch the time between the misses that call its node lost.
+            await asyncio.sleep(max(0.0, self.poll_interval_s - (time.monotonic() - started)))

@@ -149,22 +149,35 @@ def checkpoint_overdue(status: RunStatus, last_step: int, interval_steps: int | 
     return bool(interval_steps) and status.step is not None and status.step > last_step + 2 * interval_steps
 
 
+PROBE_TIMEOUT_S = 3.0
+"""How long one poll waits for a node agent's answer before counting a missed heartbeat."""
+PROBES_AT_ONCE = 64
+
+
 def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, int], max_misses: int = 3
                ) -> list[tuple[str, str]]:
     """(node, why) for each node of the gang whose agent reports a fatal verdict or missed
     `max_misses` polls in a row (`misses` carries the count between polls). One probe and one
     judgement per node: `evidence.observe_node` and `NodeObservation.fatal_reasons`, the same
-    ones `classify` reads (an agent that answers with garbage is alive: not a missed beat)."""
+    ones `classify` reads (an agent that answers with garbage is alive: not a missed beat).
+
+    The nodes are probed at once: a silent agent costs its probe the whole timeout, and one
+    after another a rack of them would stretch a poll — and the detection, three polls — by
+    that timeout per node."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from plugins.recovery.evidence import observe_node
 
+    nodes = [n for n in handle.nodes or sorted({a.node for a in handle.agents}) if agents.get(n)]
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(nodes), PROBES_AT_ONCE), thread_name_prefix="node-probe") as pool:
+        seen = list(pool.map(lambda n: observe_node(n, agents[n], missed_before=misses.get(n, 0),
+                                                    timeout=PROBE_TIMEOUT_S), nodes))
     lost = []
-    for node in handle.nodes or sorted({a.node for a in handle.agents}):
-        url = agents.get(node)
-        if not url:
-            continue
-        seen = observe_node(node, url, missed_before=misses.get(node, 0), timeout=3.0)
-        misses[node] = seen.missed_heartbeats
-        reasons = seen.fatal_reasons(max_misses=max_misses)
+    for node, observation in zip(nodes, seen, strict=True):
+        misses[node] = observation.missed_heartbeats
+        reasons = observation.fatal_reasons(max_misses=max_misses)
         if reasons:
             lost.append((node, "; ".join(reasons)))
     return lost

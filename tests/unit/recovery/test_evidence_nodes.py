@@ -52,3 +52,49 @@ def test_the_health_watcher_judges_nodes_the_same_way(agent: Agent) -> None:
     lost = dict(lost_nodes(handle, agents, misses=misses, max_misses=2))
     assert lost["node-7"].startswith("node-7 GPU 0: gpu_failed (Xid 48)")
     assert lost["node-8"].startswith("node agent on node-8 missed 2 heartbeats")
+
+
+def test_the_health_watcher_asks_every_node_at_once() -> None:
+    """Four agents that answer only once all four have been asked: probed one after another,
+    the first would wait past the probe timeout and count a miss (a rack of silent agents
+    would stretch each poll by the timeout per node)."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from node_agent.models import NodeHealth
+    from plugins.attempt.watching import PROBE_TIMEOUT_S, lost_nodes
+    from plugins.launch.model import RunHandle
+
+    nodes = [f"node-{i}" for i in range(4)]
+    everyone_asked = threading.Barrier(len(nodes), timeout=PROBE_TIMEOUT_S + 1)
+
+    class Agent(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            everyone_asked.wait()
+            body = NodeHealth(node="n", time=time.time(), healthy=True, accelerator="cpu", uptime_s=1.0
+                              ).model_dump_json().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Agent) for _ in nodes]
+    for server in servers:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        agents = {n: f"http://127.0.0.1:{s.server_address[1]}" for n, s in zip(nodes, servers, strict=True)}
+        misses: dict[str, int] = {}
+        handle = RunHandle(kind="local", job="tiny", attempt=0, world_size=4, nodes=nodes)
+        assert lost_nodes(handle, agents, misses=misses) == []
+        assert misses == dict.fromkeys(nodes, 0)
+    finally:
+        everyone_asked.abort()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
