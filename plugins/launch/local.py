@@ -233,6 +233,8 @@ class LocalLauncher:
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--rdzv-id", f"{job.metadata.name}-{placement.run}-{attempt}", "--local-addr", "127.0.0.1",
             "--max-restarts", str(self.max_restarts),
+            # torchrun's own folder (per-rank error files) with the run's, not a new /tmp/torchelastic_* each launch
+            "--log-dir", str(run_dir / "agents" / f"{node.name}.torchelastic"),
             *rank_exec_args(run_dir, entry, entry_args(job)),
         ]
         node_env = dict(env, TRAINYARD_NODE=node.name)

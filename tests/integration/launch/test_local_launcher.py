@@ -100,6 +100,9 @@ def test_detached_job_completes_after_the_launching_process_exits(tmp_path: Path
     assert "step 3 sum=3" in log
     assert Path(handle.run_dir, "ranks", "rank-00000.log").is_file()
     assert Path(handle.run_dir) == settings.runs_dir / "tiny-ok" / handle.run / "0"  # job / run / attempt
+    # torchrun's own folders stay in the run's, not one more /tmp/torchelastic_* per agent and launch
+    assert sorted(p.name for p in Path(handle.run_dir, "agents").glob("*.torchelastic")) == [
+        "local-0.torchelastic", "local-1.torchelastic"]
     # The follower the launch left behind releases the reservation and closes the MLflow run.
     from mlflow import MlflowClient
 
