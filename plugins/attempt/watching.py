@@ -73,7 +73,8 @@ def stop_gang(handle: RunHandle, reason: StopReason, runtime: Runtime, *, grace_
     path = Path(handle.run_dir) / STOP_REASON_FILE if handle.run_dir else None
     if path is not None and not path.exists():  # the first reason stands (a hang seen twice is still the first)
         reason.write(path)
-    return launcher_for(handle, runtime).stop(handle, grace_s=grace_s)
+    lost = reason.nodes if reason.reason == "node_lost" else []
+    return launcher_for(handle, runtime).stop(handle, grace_s=grace_s, lost_nodes=lost)
 
 
 def hung_ranks(status: RunStatus, handle: RunHandle | None = None) -> list[int]:

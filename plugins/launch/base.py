@@ -6,7 +6,7 @@ plane can re-attach after restarts (DESIGN §4: restarting Airflow never kills t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -40,8 +40,11 @@ class Launcher(Protocol):
 
     def poll(self, handle: RunHandle) -> RunStatus: ...
 
-    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
-        """SIGTERM (time for an emergency checkpoint), wait `grace_s`, then kill what is left."""
+    def stop(self, handle: RunHandle, grace_s: float = 30.0, *, lost_nodes: Collection[str] = ()) -> RunStatus:
+        """SIGTERM (time for an emergency checkpoint), wait `grace_s`, then kill what is left.
+        `lost_nodes`: nodes the control plane has judged lost. Where nothing there can be
+        signalled or confirm its end (Kubernetes), the gang gets no grace: without those ranks
+        no emergency checkpoint can complete."""
         ...
 
     def logs(self, handle: RunHandle, rank: int | None = None, tail: int = 200) -> str: ...

@@ -40,7 +40,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -349,8 +349,10 @@ class LocalLauncher:
 
     # --- stop -------------------------------------------------------------------------------
 
-    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
+    def stop(self, handle: RunHandle, grace_s: float = 30.0, *, lost_nodes: Collection[str] = ()) -> RunStatus:
         """SIGTERM the run, wait up to `grace_s`, then SIGKILL every process group of it.
+        `lost_nodes` changes nothing here: every local node's processes are this machine's and
+        answer their signals, so a gang whose node was lost (a GPU verdict) may still save.
 
         SIGTERM goes to the live agents (torchrun passes it on to its ranks' groups) and straight
         to the ranks of agents that are gone — never twice to the same rank: a second SIGTERM

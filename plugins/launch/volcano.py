@@ -26,8 +26,9 @@ One Volcano Job per run and attempt (`manifests.render_volcano_job`; its name is
   `failed` with the scheduler's message and the numbers, not waited on silently.
 - **stop** deletes the Job with foreground propagation (uid precondition: a stale handle never
   deletes a newer attempt's Job) and each of its pods with `grace_s`, so the workers get SIGTERM
-  and `grace_s` for their emergency checkpoint before SIGKILL; pods on a node that is not Ready
-  are deleted at once (grace 0: their kubelet cannot confirm, and the node is being replaced).
+  and `grace_s` for their emergency checkpoint before SIGKILL; a gang with a pod on a lost node
+  (not Ready, or lost to the health watch) is deleted at once (grace 0: that pod's kubelet
+  cannot confirm, and without its ranks no emergency checkpoint can complete).
   It waits until the Job is gone and returns the last status it saw, with the ranks' exits.
 - **poll_async** is poll for the triggerer: the same reads through the provider's
   `AsyncKubernetesHook` connection (a `kubernetes_asyncio` ApiClient), the same pure reading.
@@ -42,7 +43,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -384,10 +385,16 @@ class KubernetesLauncher:
 
     # --- stop -------------------------------------------------------------------------------
 
-    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
+    def stop(self, handle: RunHandle, grace_s: float = 30.0, *, lost_nodes: Collection[str] = ()) -> RunStatus:
         """Stop the attempt: its pods get SIGTERM and `grace_s` (the emergency checkpoint), then
         SIGKILL; the Job goes with foreground propagation. Waits until the Job is gone (at most
         `grace_s` + `delete_timeout_s`) and returns `stopped` with the last ranks seen.
+
+        A gang with a pod on a node that is not Ready, or on one of `lost_nodes` (the health
+        watch's verdict, which comes before Kubernetes' own: its node controller waits ~40 s),
+        is deleted at once, grace 0: no kubelet will confirm the lost pod's graceful end, and
+        without its ranks the others' emergency checkpoint (a collective save, after a step of
+        collectives) cannot complete — the grace would only delay the next attempt.
 
         A 404 means it is already gone: done. The uid precondition makes sure a newer Job of
         the same name (a later attempt) is never deleted by a stale handle (409: also done)."""
@@ -400,6 +407,9 @@ class KubernetesLauncher:
         if handle.uid and seen.job["metadata"].get("uid") != handle.uid:
             return RunStatus(state="stopped", message=f"{where} is another object now (uid precondition); nothing of "
                                                       "this attempt is left")
+        lost = self._pods_on_lost_nodes(seen, set(lost_nodes))
+        if lost:
+            grace = 0
         try:
             self._delete_job(handle.namespace, handle.name, handle.uid, grace)
         except ApiException as e:
@@ -409,35 +419,36 @@ class KubernetesLauncher:
                 return RunStatus(state="stopped", message=f"{where} is another object now (uid precondition failed); "
                                  "nothing of this attempt is left")
             raise
-        forced = self._delete_pods(seen, grace)
+        self._delete_pods(seen, grace)
         last = self._wait_gone(handle, before, grace + self.delete_timeout_s)
         gone = last is None
         last = last or before
-        note = f"; pods on nodes not Ready deleted at once: {', '.join(forced)}" if forced else ""
+        note = f"; no grace: pods on lost nodes: {', '.join(lost)}" if lost else ""
         return RunStatus(state="stopped", ranks=last.ranks, agents=last.agents, step=last.step,
                          exit_code=next((r.exit_code for r in last.ranks if r.exit_code not in (None, 0)), None),
                          processes_alive=not gone,
                          message=f"deleted {where} (grace {grace}s, foreground)" + note
                                  + ("" if gone else f"; still there after {grace + self.delete_timeout_s:.0f} s"))
 
-    def _delete_pods(self, seen: Observed, grace: int) -> list[str]:
-        """Each pod with `grace` (a pod on a node that is not Ready: 0); the pods forced."""
-        forced = []
+    @staticmethod
+    def _pods_on_lost_nodes(seen: Observed, lost_nodes: set[str]) -> list[str]:
+        """The gang's pods on a node in `lost_nodes` or not Ready."""
+        return [pod["metadata"]["name"] for pod in seen.pods
+                if (node := pod["spec"].get("nodeName") or "")
+                and (node in lost_nodes or node_is_ready(seen.nodes.get(node)) is False)]
+
+    def _delete_pods(self, seen: Observed, grace: int) -> None:
+        """Each pod with `grace` (the Job's deletion would leave its pods their own
+        `terminationGracePeriodSeconds`)."""
         for pod in seen.pods:
             meta = pod["metadata"]
-            node = pod["spec"].get("nodeName") or ""
-            lost = bool(node) and node_is_ready(seen.nodes.get(node)) is False
-            if lost:
-                forced.append(meta["name"])
             try:
                 self._call(self._core().delete_namespaced_pod, meta["name"], meta["namespace"],
-                           grace_period_seconds=0 if lost else grace,
-                           body=V1DeleteOptions(grace_period_seconds=0 if lost else grace,
-                                                preconditions=V1Preconditions(uid=meta["uid"])))
+                           grace_period_seconds=grace,
+                           body=V1DeleteOptions(grace_period_seconds=grace, preconditions=V1Preconditions(uid=meta["uid"])))
             except ApiException as e:
                 if e.status not in (404, 409):
                     raise
-        return forced
 
     def _wait_gone(self, handle: RunHandle, last: RunStatus, timeout_s: float) -> RunStatus | None:
         """None once the Job is gone; else the last status seen when `timeout_s` ran out."""

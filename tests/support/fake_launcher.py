@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,7 @@ class FakeLauncher:
         return RunStatus(state="succeeded" if done else "running", message=f"fake poll {polls}",
                          exit_code=0 if done else None, ranks=ranks, step=STEPS if done else 1)
 
-    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
+    def stop(self, handle: RunHandle, grace_s: float = 30.0, *, lost_nodes: Collection[str] = ()) -> RunStatus:
         self._record(handle.run_dir, "stop", grace_s=grace_s)
         return RunStatus(state="stopped", message="fake stop")
 

@@ -168,7 +168,7 @@ def test_a_node_whose_link_goes_down_becomes_not_ready_and_is_reported(
         assert pod.reason == "Evicted:DeletionByTaintManager" and pod.node_ready is False
         assert "was evicted" in evicted.message
         stopped = launcher.stop(handle, grace_s=1)
-        assert stopped.state == "stopped" and f"deleted at once: {pod.pod}" in stopped.message
+        assert stopped.state == "stopped" and f"no grace: pods on lost nodes: {pod.pod}" in stopped.message
         assert not stopped.processes_alive
     finally:
         kube.restore_node("kube-sim-1")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -129,7 +130,7 @@ class _Scripted(LocalLauncher):
         self.seen += 1
         return self.polls[min(self.seen, len(self.polls)) - 1]
 
-    def stop(self, handle: RunHandle, grace_s: float = 30.0) -> RunStatus:
+    def stop(self, handle: RunHandle, grace_s: float = 30.0, *, lost_nodes: Collection[str] = ()) -> RunStatus:
         self.stopped = True
         return self.polls[-1].model_copy(update={"processes_alive": False})
 

@@ -239,7 +239,7 @@ def test_a_node_not_ready_is_reported_and_stop_force_deletes_its_pod(plane: Cont
     lost = next(a for a in status.agents if a.pod == pods[1])
     assert (lost.node_ready, lost.reason) == (False, "NodeNotReady")
     stopped = launcher.stop(handle, grace_s=5)
-    assert stopped.state == "stopped" and f"deleted at once: {pods[1]}" in stopped.message
+    assert stopped.state == "stopped" and f"no grace: pods on lost nodes: {pods[1]}" in stopped.message
     assert not stopped.processes_alive and plane.rest.list("v1", "pods", "trainyard") == []
 
 
@@ -275,6 +275,24 @@ def test_stop_gives_the_grace_then_deletes_in_the_foreground(plane: ControlPlane
     assert ["foregroundDeletion"] in job_finalizers  # the Job waited for its pods
     assert plane.rest.list(*JOBS, "trainyard") == [] and plane.rest.list("v1", "pods", "trainyard") == []
     assert launcher.stop(handle).message.endswith("was already gone")
+
+
+def test_stop_gives_no_grace_once_the_health_watch_lost_a_node_before_kubernetes_did(
+        plane: ControlPlane, launcher: KubernetesLauncher, tmp_path: Path) -> None:
+    """The node is still Ready to Kubernetes (its node controller waits ~40 s), but its agent
+    is gone: no kubelet would confirm its pod's graceful end, and without that pod's ranks the
+    other pod's emergency checkpoint cannot complete — every pod is deleted at once."""
+    handle, pods = start(plane, launcher, tmp_path)
+    seen_from = plane.server.store.rv
+    stopped = launcher.stop(handle, grace_s=7, lost_nodes=["kube-sim-1"])
+    assert stopped.state == "stopped" and f"no grace: pods on lost nodes: {pods[1]}" in stopped.message
+    graces: dict[str, int] = {}  # the grace each pod's deletion was first given
+    for rv, _, event, obj in plane.server.store.history:
+        if rv > seen_from and obj["kind"] == "Pod" and event in ("MODIFIED", "DELETED") \
+                and obj["metadata"].get("deletionTimestamp"):
+            graces.setdefault(obj["metadata"]["name"], obj["metadata"].get("deletionGracePeriodSeconds"))
+    assert graces == dict.fromkeys(pods, 0), graces
+    assert not stopped.processes_alive and plane.rest.list("v1", "pods", "trainyard") == []
 
 
 def test_a_stale_handle_never_deletes_a_newer_attempts_job(plane: ControlPlane, launcher: KubernetesLauncher,
