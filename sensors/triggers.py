@@ -140,11 +140,11 @@ class HealthTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from plugins.attempt import watching
-        from plugins.launch.files import StopReason
         from plugins.launch.model import RunHandle
 
         handle, runtime = RunHandle.model_validate(self.handle), _runtime()
         misses: dict[str, int] = {}
+        answered: dict[str, float] = {}
         while True:
             started = time.monotonic()
             status = await asyncio.to_thread(watching.poll, handle, runtime)
@@ -152,10 +152,9 @@ class HealthTrigger(BaseTrigger):
                 yield TriggerEvent({"status": "finished", "message": status.message})
                 return
             lost = await asyncio.to_thread(watching.lost_nodes, handle, self.agents, misses=misses,
-                                           max_misses=self.max_misses)
+                                           max_misses=self.max_misses, answered=answered)
             if lost:
-                reason = StopReason(reason="node_lost", nodes=[n for n, _ in lost],
-                                    detail="; ".join(f"{n}: {why}" for n, why in lost))
+                reason = watching.node_lost_stop(lost, misses=misses, answered=answered)
                 await asyncio.to_thread(watching.stop_gang, handle, reason, runtime)
                 yield TriggerEvent({"status": "node_lost", "message": reason.detail, "nodes": reason.nodes})
                 return

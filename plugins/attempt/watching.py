@@ -155,10 +155,11 @@ PROBE_TIMEOUT_S = 3.0
 PROBES_AT_ONCE = 64
 
 
-def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, int], max_misses: int = 3
-               ) -> list[tuple[str, str]]:
+def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, int], max_misses: int = 3,
+               answered: dict[str, float] | None = None) -> list[tuple[str, str]]:
     """(node, why) for each node of the gang whose agent reports a fatal verdict or missed
-    `max_misses` polls in a row (`misses` carries the count between polls). One probe and one
+    `max_misses` polls in a row (`misses` carries the count between polls; `answered`, where
+    given, each agent's last answer — what dates a node lost to silence). One probe and one
     judgement per node: `evidence.observe_node` and `NodeObservation.fatal_reasons`, the same
     ones `classify` reads (an agent that answers with garbage is alive: not a missed beat).
 
@@ -172,16 +173,28 @@ def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, i
     nodes = [n for n in handle.nodes or sorted({a.node for a in handle.agents}) if agents.get(n)]
     if not nodes:
         return []
+    asked = time.time()
     with ThreadPoolExecutor(max_workers=min(len(nodes), PROBES_AT_ONCE), thread_name_prefix="node-probe") as pool:
         seen = list(pool.map(lambda n: observe_node(n, agents[n], missed_before=misses.get(n, 0),
                                                     timeout=PROBE_TIMEOUT_S), nodes))
     lost = []
     for node, observation in zip(nodes, seen, strict=True):
         misses[node] = observation.missed_heartbeats
+        if answered is not None and observation.missed_heartbeats == 0:
+            answered[node] = asked
         reasons = observation.fatal_reasons(max_misses=max_misses)
         if reasons:
             lost.append((node, "; ".join(reasons)))
     return lost
+
+
+def node_lost_stop(lost: list[tuple[str, str]], *, misses: dict[str, int], answered: dict[str, float]
+                   ) -> StopReason:
+    """The stop for the nodes `lost_nodes` lost, dated (`since`) by the last answer of the
+    earliest of them lost to silence — a verdict dates itself (`classify` reads its onset)."""
+    silent = [answered[node] for node, _ in lost if node in answered and misses.get(node)]
+    return StopReason(reason="node_lost", nodes=[node for node, _ in lost],
+                      detail="; ".join(f"{node}: {why}" for node, why in lost), since=min(silent) if silent else None)
 
 
 def describe_status(status: RunStatus) -> dict[str, object]:

@@ -109,6 +109,9 @@ class StopReason(_File):
     nodes: list[str] = Field(default_factory=list)
     ranks: list[int] = Field(default_factory=list)
     at: float = Field(default_factory=time.time)
+    since: float | None = None
+    """When the failure began, where the stopper dates it and the evidence cannot (a node lost
+    to silence: its agent's last answer); None otherwise."""
 
 
 class CheckpointCorruptRecord(_File):

@@ -208,6 +208,8 @@ def _timing(ev: Evidence, outcome: str, first: tuple[int, int | None] | None) ->
     if outcome == "node_lost":
         since = [v.since for o in ev.nodes if o.health is not None for v in o.health.verdicts
                  if v.kind in FATAL_VERDICTS]
+        if ev.stop_reason is not None and ev.stop_reason.since is not None:  # lost to silence: its last answer
+            since.append(ev.stop_reason.since)
         failed = min(since) if since else None
     elif outcome == "hang":
         beats = [ev.last_beats[r] for r in ev.hung_ranks() if r in ev.last_beats]

@@ -215,6 +215,8 @@ def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: Runnin
     # Kubernetes (the pod evicted from the node not Ready) — the lost node is the one named
     report = JobStateStore(stack.settings.state_db).attempts(JOB, attempts[0].run)[0].failure_report
     assert report.failed_nodes == [lost["node"]], report
+    if "missed 3 heartbeats" in report.reason:  # the health watch's: dated by the agent's last answer
+        assert report.time_to_detect_s is not None and report.time_to_detect_s > 0, report
     second = _handle(stack, attempts[1])
     assert lost["node"] not in second.nodes and len(second.nodes) == 2, second  # the spare took its place
     assert {p["spec"]["nodeName"] for p in _pods(kube, second.name)} == set(second.nodes)

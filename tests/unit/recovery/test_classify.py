@@ -104,6 +104,21 @@ def test_a_lost_node_is_dated_by_its_verdict_and_detected_by_the_stop(tmp_path: 
     assert report.detected_at.timestamp() == pytest.approx(ev.stop_reason.at)
 
 
+def test_a_node_lost_to_silence_is_dated_by_its_agents_last_answer(tmp_path: Path) -> None:
+    """No verdict dates a node that went silent: the health watch's stop reason carries the
+    time its agent last answered (`StopReason.since`)."""
+    ev, _ = evidence(tmp_path, [Rank(-15, ended_at=101)] * 2, stop_reason="node_lost: local-1 missed 3 heartbeats",
+                     stop_after=100, stop_nodes=("local-1",),
+                     nodes=[NodeObservation(node="local-1", missed_heartbeats=3, error="connection refused")])
+    assert classify(ev).time_to_detect_s is None  # nothing dates it
+    answered = ev.stop_reason.at - 12.5
+    ev = ev.model_copy(update={"stop_reason": ev.stop_reason.model_copy(update={"since": answered})})
+    report = classify(ev)
+    assert (report.outcome, report.failed_nodes) == ("node_lost", ["local-1"])
+    assert report.failed_at.timestamp() == pytest.approx(answered)
+    assert report.time_to_detect_s == pytest.approx(12.5)
+
+
 def test_node_lost_when_kubernetes_evicted_the_pod_of_a_node_not_ready() -> None:
     """Kubernetes can see the node go before the health watch misses its agent three times: the
     Job aborts with the pod evicted from a node not Ready. That is the node's loss, not a crash."""

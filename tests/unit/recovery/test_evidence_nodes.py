@@ -4,6 +4,7 @@ heartbeats until the third."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +48,11 @@ def test_the_health_watcher_judges_nodes_the_same_way(agent: Agent) -> None:
     handle = RunHandle(kind="local", job="tiny", attempt=0, world_size=2, nodes=["node-7", "node-8"])
     agents = {"node-7": agent.url, "node-8": f"http://127.0.0.1:{free_port()}"}
     misses: dict[str, int] = {}
-    assert lost_nodes(handle, agents, misses=misses, max_misses=2) == [] and misses == {"node-7": 0, "node-8": 1}
+    answered: dict[str, float] = {}
+    before = time.time()
+    assert lost_nodes(handle, agents, misses=misses, max_misses=2, answered=answered) == []
+    assert misses == {"node-7": 0, "node-8": 1}
+    assert list(answered) == ["node-7"] and before <= answered["node-7"] <= time.time()  # what dates a silence
     client.inject_fault(agent.url, FaultRequest(gpu=0, xid=48))
     lost = dict(lost_nodes(handle, agents, misses=misses, max_misses=2))
     assert lost["node-7"].startswith("node-7 GPU 0: gpu_failed (Xid 48)")
@@ -59,7 +64,6 @@ def test_the_health_watcher_asks_every_node_at_once() -> None:
     the first would wait past the probe timeout and count a miss (a rack of silent agents
     would stretch each poll by the timeout per node)."""
     import threading
-    import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from node_agent.models import NodeHealth
@@ -98,3 +102,15 @@ def test_the_health_watcher_asks_every_node_at_once() -> None:
         for server in servers:
             server.shutdown()
             server.server_close()
+
+
+def test_a_node_lost_to_silence_is_dated_by_its_last_answer_and_a_verdict_by_itself() -> None:
+    from plugins.attempt.watching import node_lost_stop
+
+    answered = {"node-7": 1_000.0, "node-8": 1_004.0, "node-9": 990.0}
+    stop = node_lost_stop([("node-8", "node agent on node-8 missed 3 heartbeats"), ("node-9", "node-9 GPU 0: gpu_failed")],
+                          misses={"node-7": 0, "node-8": 3, "node-9": 0}, answered=answered)
+    assert (stop.reason, stop.nodes, stop.since) == ("node_lost", ["node-8", "node-9"], 1_004.0)
+    assert stop.detail == "node-8: node agent on node-8 missed 3 heartbeats; node-9: node-9 GPU 0: gpu_failed"
+    never = node_lost_stop([("node-8", "missed 3 heartbeats")], misses={"node-8": 3}, answered={})
+    assert never.since is None  # silent from the first poll: nothing dates it
