@@ -153,6 +153,7 @@ def checkpoint_overdue(status: RunStatus, last_step: int, interval_steps: int | 
 PROBE_TIMEOUT_S = 3.0
 """How long one poll waits for a node agent's answer before counting a missed heartbeat."""
 PROBES_AT_ONCE = 64
+"""Threads one poll probes with: a gang of more nodes is probed in waves of this many."""
 
 
 def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, int], max_misses: int = 3,
