@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -230,11 +231,17 @@ class Stack:
         self.migrate()
         for component in self.components:
             self.start(component)
-        self.wait_healthy(timeout_s=timeout_s)
         deadline = time.monotonic() + timeout_s
+        # The API server builds its task-execution API on the first request to it (3.6 s here):
+        # asked while the other parts start, not by the first task of the first run.
+        warm = threading.Thread(target=_wait_http, args=(f"{self.url}/execution/health", deadline),
+                                kwargs={"request_timeout_s": 30.0}, name="warm-execution-api", daemon=True)
+        warm.start()
+        self.wait_healthy(timeout_s=timeout_s)
         for url in [*([self.mlflow_url + "/health"] if self.mlflow_port else []),
                     *(u + "/livez" for u in self.agents().values())]:
             _wait_http(url, deadline)
+        warm.join(max(0.0, deadline - time.monotonic()))
 
     def down(self, *, templates: bool = True) -> dict[str, int]:
         """Stop every part; component → the processes ended (0: it was not running). With
@@ -269,11 +276,11 @@ class Stack:
                            f"logs under {self.home / 'logs'}")
 
 
-def _wait_http(url: str, deadline: float) -> None:
+def _wait_http(url: str, deadline: float, *, request_timeout_s: float = 3.0) -> None:
     last = ""
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=3) as response:
+            with urllib.request.urlopen(url, timeout=request_timeout_s) as response:
                 if response.status == 200:
                     return
         except (OSError, urllib.error.URLError) as e:
