@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,6 +40,14 @@ LogPath = Callable[[dict[str, Any], str], Path | None]
 """(pod, container) → the file holding that container's output (None: not started yet)."""
 
 
+class _Listener(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: tuple[str, int]) -> None:
+        """A client whose node was cut off (`KubeHarness.lose_node`) resets its connections: as a
+        real API server, say nothing of it; print anything else (socketserver's default)."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class ApiServer:
     """The store, the token, and the HTTP listeners in front of them."""
 
@@ -46,7 +55,7 @@ class ApiServer:
         self.store = Store()
         self.token = token
         self.log_path = log_path
-        self._servers: list[ThreadingHTTPServer] = []
+        self._servers: list[_Listener] = []
         self._closing = threading.Event()
         for name in ("default", "kube-system"):
             self.store.create(BY_PATH[("", "v1", "namespaces")], None,
@@ -54,7 +63,7 @@ class ApiServer:
 
     def listen(self, sock: socket.socket | None = None, host: str = "127.0.0.1") -> str:
         """Serve on `sock` (already bound and listening) or on a free port of `host`; the URL."""
-        server = ThreadingHTTPServer((host, 0), _Handler, bind_and_activate=sock is None)
+        server = _Listener((host, 0), _Handler, bind_and_activate=sock is None)
         if sock is not None:
             server.socket.close()
             server.socket = sock
