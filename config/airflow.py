@@ -122,11 +122,11 @@ def airflow_env(trainyard_home: Path, *, port: int = DEFAULT_PORT,
         "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
         # The task supervisor's longest wait between two looks at its task process (default 5 s).
-        # A failing task's process closes its sockets before it exits; the supervisor, with
-        # nothing left to wait on, slept those 5 s before it saw the exit and reported the
-        # failure: every failed task (a red attempt, `give_up`, a refused launch) ended 5.2 s
-        # after its code did, 0.25 s at 1 s (same e2e test, task instances' end dates). The
-        # cost: a running task heartbeats up to once a second (the watchers are deferred).
+        # When a task's sockets close before its exit is seen, the supervisor has nothing left
+        # to wait on and sleeps that long before it reports the end: `attempt_failed` (the task
+        # that turns a handed-over attempt red) ended 5.2 s after its code did, 0.25 s at 1 s
+        # (the same e2e test, the task instances' end dates). The cost: a running task
+        # heartbeats up to once a second (the training watchers are deferred, not running).
         "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         # The scheduler's and the triggerer's log servers (8793/8794 by default) next to the API
