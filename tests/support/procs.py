@@ -24,16 +24,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def ephemeral_ports_start() -> int:
+    """The first port the kernel lends outgoing connections (Linux's default where unreadable)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(count: int) -> int:
     """The first of `count` consecutive ports free on the loopback address now, for a server
     that listens on port + i (the stack's node agents). Chosen below the kernel's ephemeral
     range: `free_port()`'s port + 1 is an ephemeral port that an outgoing connection of a test
     running beside may hold by then (seen in CI: the demo's second node agent, "Address already
     in use"); below that range only another listener can, and this checks there is none."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+    low = ephemeral_ports_start()
     pick = random.Random()
     for _ in range(200):
         base = pick.randrange(10_000, low - count)

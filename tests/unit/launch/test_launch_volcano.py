@@ -259,6 +259,16 @@ def test_poll_of_a_vanished_or_replaced_job_is_stopped(plane: ControlPlane, laun
 # --- stop, settle, logs -------------------------------------------------------------------------
 
 
+def _deletion_graces(plane: ControlPlane, after_rv: int) -> dict[str, int | None]:
+    """Pod → the grace its deletion was given (the first event that marks it deleted after `after_rv`)."""
+    graces: dict[str, int | None] = {}
+    for rv, _, event, obj in plane.server.store.history:
+        if rv > after_rv and obj["kind"] == "Pod" and event in ("MODIFIED", "DELETED") \
+                and obj["metadata"].get("deletionTimestamp"):
+            graces.setdefault(obj["metadata"]["name"], obj["metadata"].get("deletionGracePeriodSeconds"))
+    return graces
+
+
 def test_stop_gives_the_grace_then_deletes_in_the_foreground(plane: ControlPlane, launcher: KubernetesLauncher,
                                                              tmp_path: Path) -> None:
     handle, pods = start(plane, launcher, tmp_path)
@@ -266,10 +276,7 @@ def test_stop_gives_the_grace_then_deletes_in_the_foreground(plane: ControlPlane
     stopped = launcher.stop(handle, grace_s=7)
     assert stopped.state == "stopped" and "deleted trainyard/" in stopped.message and not stopped.processes_alive
     history = [(event, obj) for rv, _, event, obj in plane.server.store.history if rv > seen_from]
-    graces = {obj["metadata"]["name"]: obj["metadata"].get("deletionGracePeriodSeconds")
-              for event, obj in history if obj["kind"] == "Pod" and event == "MODIFIED"
-              and obj["metadata"].get("deletionTimestamp")}
-    assert graces == dict.fromkeys(pods, 7)  # SIGTERM, then 7 s before SIGKILL
+    assert _deletion_graces(plane, seen_from) == dict.fromkeys(pods, 7)  # SIGTERM, then 7 s before SIGKILL
     job_finalizers = [obj["metadata"].get("finalizers") for event, obj in history
                       if obj["kind"] == "Job" and event == "MODIFIED"]
     assert ["foregroundDeletion"] in job_finalizers  # the Job waited for its pods
@@ -286,11 +293,7 @@ def test_stop_gives_no_grace_once_the_health_watch_lost_a_node_before_kubernetes
     seen_from = plane.server.store.rv
     stopped = launcher.stop(handle, grace_s=7, lost_nodes=["kube-sim-1"])
     assert stopped.state == "stopped" and f"no grace: pods on lost nodes: {pods[1]}" in stopped.message
-    graces: dict[str, int] = {}  # the grace each pod's deletion was first given
-    for rv, _, event, obj in plane.server.store.history:
-        if rv > seen_from and obj["kind"] == "Pod" and event in ("MODIFIED", "DELETED") \
-                and obj["metadata"].get("deletionTimestamp"):
-            graces.setdefault(obj["metadata"]["name"], obj["metadata"].get("deletionGracePeriodSeconds"))
+    graces = _deletion_graces(plane, seen_from)
     assert graces == dict.fromkeys(pods, 0), graces
     assert not stopped.processes_alive and plane.rest.list("v1", "pods", "trainyard") == []
 

@@ -4,13 +4,12 @@ lends outgoing connections."""
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
-from tests.support.procs import free_ports
+from tests.support.procs import ephemeral_ports_start, free_ports
 
 
 def test_a_free_block_is_bindable_and_below_the_ephemeral_range() -> None:
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low = ephemeral_ports_start()
     for _ in range(20):
         base = free_ports(3)
         assert base >= 10_000 and base + 3 <= low
