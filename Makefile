@@ -5,24 +5,25 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trainyard-installed
 
-.PHONY: venv test test-fast lint demo up down airflow lock clean
+.PHONY: venv services test test-fast lint demo up down airflow lock clean
 
 venv: $(STAMP)
 
-# uv installs the lock (~250 wheels) in parallel: seconds where pip took minutes. It honours pip's
-# find-links (PIP_FIND_LINKS: where this machine keeps the CPU torch wheel) when set.
+# uv installs the lock (~270 wheels) in parallel: seconds where pip took minutes. The first install
+# on a machine downloads ~4.5 GB into uv's cache (PyPI's torch 2.13.0 is the CUDA build: torch and
+# its NVIDIA libraries are ~4 GB; 56 s here), later ones link from the cache.
+# `.[all,test]`: every extra (the control plane, Great Expectations) and the test tools.
 # --compile-bytecode: pip compiles the installed modules, uv does not. Without the .pyc files every
 # Python process compiles what it imports, and where PYTHONDONTWRITEBYTECODE is set (this machine's
-# shell, most images) never stops doing so: `import worker.train` took 12.3 CPU-s instead of 4.6,
+# shell, most images) never stops doing so: `import trainyard.worker.train` took 12.3 CPU-s instead of 4.6,
 # and the suite starts hundreds of fresh processes (rank starters, torchrun, Airflow's parts, pods).
 # The install takes ~40 s longer, once.
 UV_VERSION := 0.13.9
-UV_FIND_LINKS := $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "uv==$(UV_VERSION)"
-	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) $(UV_FIND_LINKS) -c constraints.txt -e '.[test]'
+	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e '.[all,test]'
 	@touch $(STAMP)
 
 lint: $(STAMP)
@@ -37,9 +38,13 @@ lint: $(STAMP)
 # already): where PYTHONDONTWRITEBYTECODE is set, each fresh process (a rank starter, torchrun, a
 # node agent) would compile them again.
 PYTEST_WORKERS ?= 2
-test: $(STAMP) lint
+test: $(STAMP) lint services
 	@$(PY) -m compileall -q -x '/\.' . > /dev/null
 	$(PY) -m pytest -n $(PYTEST_WORKERS)
+
+# What the suite needs beside Python, from Debian, started on loopback (tests/services.sh says which).
+services:
+	@bash tests/services.sh
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
@@ -47,16 +52,16 @@ test-fast: $(STAMP)
 # The product end to end: the embedded stack (Airflow, MLflow UI, node agents) comes up in the
 # background and stays up for browsing (STOP=1 stops it at the end; `make down` later).
 demo: $(STAMP)
-	$(PY) -m cli.demo
+	$(PY) -m trainyard.cli.demo
 
 # The embedded stack alone: Airflow on :8080 (no login), MLflow UI on :5000, node agents.
 up: $(STAMP)
-	$(PY) -m cli.stack up
+	$(PY) -m trainyard.cli.stack up
 
 airflow: up
 
 down: $(STAMP)
-	$(PY) -m cli.stack down
+	$(PY) -m trainyard.cli.stack down
 
 # Refresh the lock from the working venv after changing pyproject.toml's dependencies.
 lock: $(STAMP)

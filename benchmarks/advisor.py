@@ -7,7 +7,7 @@ Cases, on the H100 fleet's hardware (`config/clusters/h100-fleet.yaml`): Llama 2
 (seq 4096, 256 sequences per step), Llama 3 70B on 512 GPUs and Llama 3 405B on 16,384 GPUs
 (seq 8192, 16M tokens per step), plus a 128-layer variant of the 405B model whose layer count
 every power-of-two pipeline depth divides (the real 405B's 126 layers are split unevenly at
-PP 4 … 64, `config.pipeline`).
+PP 4 … 64, `trainyard.config.pipeline`).
 
 Per case: `ms` is the median wall time of `plan_auto` (search, ranking, building the top five
 `Plan`s) over `--repeat` runs; `plans_evaluated` the layouts whose memory (and, when they fit,
@@ -15,7 +15,7 @@ time) was computed; `plans_considered` every combination counted. The baseline, 
 the same run, is the same search without pruning (`baseline_ms`, `baseline_plans_evaluated`);
 both must return the same best plan (`same_best`). Target: < 1000 ms for 16,384 GPUs.
 
-`accuracy`: `plugins.advisor.published.accuracy_summary` over the table in docs/advisor.md —
+`accuracy`: `trainyard.plugins.advisor.published.accuracy_summary` over the table in docs/advisor.md —
 `rows` (runs with a throughput figure), `within_20pct` (rows whose estimated tokens/s is within
 ±20 % of the reported), `median_abs_err`, `false_oom` (configurations that ran but are judged
 not to fit at memory_fraction 1.0).
@@ -35,15 +35,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from config.cluster import load_cluster
-from plugins.advisor.comm import group_levels
-from plugins.advisor.hardware import hardware_for
-from plugins.advisor.memory import layer_activation_bytes
-from plugins.advisor.model import ModelProfile
-from plugins.advisor.planner import plan_auto
-from plugins.advisor.published import accuracy_summary, compare, llama3, published_runs
-from plugins.advisor.search import search
-from plugins.advisor.timing import layer_cost, wave_efficiency
+from trainyard.config.cluster import load_cluster
+from trainyard.plugins.advisor.comm import group_levels
+from trainyard.plugins.advisor.hardware import hardware_for
+from trainyard.plugins.advisor.memory import layer_activation_bytes
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.planner import plan_auto
+from trainyard.plugins.advisor.published import accuracy_summary, compare, llama3, published_runs
+from trainyard.plugins.advisor.search import search
+from trainyard.plugins.advisor.timing import layer_cost, wave_efficiency
 
 TARGET_MS = 1000.0
 

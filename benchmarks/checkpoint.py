@@ -140,8 +140,8 @@ def worker(args: argparse.Namespace) -> int:
     processes hits all of them alike; each figure is the median over the rounds."""
     import torch.distributed as dist
 
-    from plugins.checkpoint.manager import CheckpointManager
     from tests.support.memory import peak_rss_mb
+    from trainyard.plugins.checkpoint.manager import CheckpointManager
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -307,7 +307,7 @@ def _round_of_ours(manager: Any, blocking_copy: Any, model: Any, optimizer: Any,
     (its commit time) and one cold, verified restore of it."""
     import torch.distributed as dist
 
-    from plugins.checkpoint.catalog import delete_checkpoint, list_checkpoints
+    from trainyard.plugins.checkpoint.catalog import delete_checkpoint, list_checkpoints
 
     step_s = _train_step(model, optimizer)
     dist.barrier()
@@ -392,7 +392,7 @@ class _Competitors:
         self.buffers: list[Any] | None = None
 
     def state(self) -> dict[str, Any]:
-        from plugins.checkpoint.manager import CheckpointManager
+        from trainyard.plugins.checkpoint.manager import CheckpointManager
 
         return CheckpointManager._state_dict(self.model, self.optimizer)  # what ours saves
 
@@ -564,7 +564,7 @@ def _direct_pass(work: Path, size: int, active: bool, settle_s: float) -> tuple[
     import mmap
     from concurrent.futures import ThreadPoolExecutor
 
-    from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES
+    from trainyard.plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES
 
     _barrier()
     write_s = read_s = 0.0
@@ -607,7 +607,7 @@ def _direct_pass(work: Path, size: int, active: bool, settle_s: float) -> tuple[
 
 def _disk_pass(work: Path, size: int, active: bool, settle_s: float) -> tuple[float, float]:
     """(write + fsync seconds, cold read seconds) of `size` raw bytes; (0, 0) when idle."""
-    from plugins.checkpoint.dcp_io import WRITEBACK_BYTES, start_writeback
+    from trainyard.plugins.checkpoint.dcp_io import WRITEBACK_BYTES, start_writeback
 
     _barrier()
     write_s = read_s = 0.0

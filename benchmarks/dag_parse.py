@@ -6,10 +6,10 @@
 in a fresh interpreter with Airflow already imported (as in the dag-processor) so only the parse
 is timed, median of `--repeat`:
 
-- `full_parse_s`: `DagBag` of the whole `dags/` folder (`training_jobs.py` and
-  `invalid_specs.py`: every spec read, validated offline and built; the platform's maintenance
-  and data DAGs too — `dags` counts them all);
-- `single_dag_parse_s`: `training_jobs.py` with Airflow's parsing context naming one DAG (what a
+- `full_parse_s`: `DagBag` of a DAGs folder holding the one Trainyard DAG file
+  (`trainyard.config.airflow.DAG_FILE`: every spec read, validated offline and built; the
+  platform's maintenance and data DAGs too — `dags` counts them all);
+- `single_dag_parse_s`: the same file with Airflow's parsing context naming one DAG (what a
   task's process parses);
 - `bare_factory_parse_s`: the baseline, in the same run — a factory that reads the same YAML
   files with `yaml.safe_load` and builds the same task graph from `EmptyOperator`s, with no
@@ -34,7 +34,6 @@ DEMO = REPO / "config" / "jobs" / "demo-tiny-lm.yaml"
 
 _TIMED = r"""
 import os, sys, time
-sys.path.insert(0, {repo!r})
 from airflow.dag_processing.dagbag import DagBag  # imported before timing, as in the dag-processor
 import airflow.sdk, airflow.providers.standard.operators.empty, airflow.providers.standard.operators.trigger_dagrun
 start = time.perf_counter()
@@ -91,19 +90,22 @@ def main() -> None:
         for i in range(args.specs):
             (jobs / f"job-{i:03d}.yaml").write_text(text.replace("name: demo-tiny-lm", f"name: job-{i:03d}"))
         (bare / "bare_factory.py").write_text(_BARE.format(jobs=str(jobs)))
+        from trainyard.config.airflow import write_dag_file
+
+        dag_folder = write_dag_file(Path(tmp) / "airflow").parent
         env = {**os.environ, "TRAINYARD_JOBS_DIR": str(jobs), "AIRFLOW_HOME": str(Path(tmp) / "airflow"),
                "TRAINYARD_HOME": str(Path(tmp) / "home"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-               "PYTHONPATH": str(REPO)}
+               "TRAINYARD_DEMO_DAGS": "true"}
         env.pop("_AIRFLOW_PARSING_CONTEXT_DAG_ID", None)
         one = {**env, "_AIRFLOW_PARSING_CONTEXT_DAG_ID": "job-042"}
         full, single, base = [], [], []
         dags_total = 0
         for _ in range(args.repeat):
-            seconds, dags = _time(REPO / "dags", env)
+            seconds, dags = _time(dag_folder, env)
             assert dags >= args.specs, f"{dags} DAGs from {args.specs} specs"  # + the platform's own DAGs
             full.append(seconds)
             dags_total = dags
-            seconds, dags = _time(REPO / "dags" / "training_jobs.py", one)
+            seconds, dags = _time(dag_folder, one)
             assert dags == 1
             single.append(seconds)
             seconds, dags = _time(bare, env)

@@ -37,7 +37,7 @@ def _blocks_to_batches(windows: np.ndarray, key: str, pending: list[np.ndarray],
                        ) -> Iterator[np.ndarray]:
     """Shuffle `windows` block by block as the pipeline does and emit whole batches; what
     does not fill a batch stays in `pending` for the next shard."""
-    from plugins.data.stream import ORDER_VERSION, block_permutation
+    from trainyard.plugins.data.stream import ORDER_VERSION, block_permutation
 
     for number, start in enumerate(range(0, len(windows), BLOCK)):
         block = windows[start:start + BLOCK]
@@ -67,7 +67,7 @@ class ShardsDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         import boto3
         import orjson
 
-        from plugins.data.documents import END, ByteTokenizer
+        from trainyard.plugins.data.documents import END, ByteTokenizer
 
         info = torch.utils.data.get_worker_info()
         mine = self.keys[info.id::info.num_workers] if info is not None else self.keys
@@ -111,8 +111,8 @@ def _as_is(rows: np.ndarray) -> np.ndarray:
 
 def parse_only_pass(manifest: Any, blobs: dict[str, bytes], seq_len: int) -> tuple[int, float]:
     """One epoch of `SampleStream` over shards already in memory: (samples, seconds)."""
-    from plugins.data.documents import ByteTokenizer
-    from plugins.data.stream import SampleStream, StreamPosition
+    from trainyard.plugins.data.documents import ByteTokenizer
+    from trainyard.plugins.data.stream import SampleStream, StreamPosition
 
     stream = SampleStream(manifest, lambda shard: io.BytesIO(blobs[shard.key]), ByteTokenizer(),
                           seq_len=seq_len, seed=0)
@@ -126,8 +126,8 @@ def parse_only_pass(manifest: Any, blobs: dict[str, bytes], seq_len: int) -> tup
 
 def write_token_file(manifest: Any, blobs: dict[str, bytes], path: Path) -> list[tuple[str, int, int]]:
     """Every shard's token ids, in epoch order, in one file; (key, start, end) per shard."""
-    from plugins.data.documents import ByteTokenizer, token_pieces
-    from plugins.data.stream import epoch_order
+    from trainyard.plugins.data.documents import ByteTokenizer, token_pieces
+    from trainyard.plugins.data.stream import epoch_order
 
     spans = []
     with open(path, "wb") as f:

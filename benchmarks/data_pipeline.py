@@ -33,14 +33,14 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
   urllib3 (`S3Store._plain_http`) — what botocore's per-request cost takes from the cold pass;
 - `cached_samples_s`: the same again on the warm cache: every shard's tokenized copy (stored by
   the cold pass as it parsed) a memory-mapped hit — no parsing, and no hashing either: this
-  process wrote those files and knows their hashes (`plugins.data.cache`: a process hashes a
+  process wrote those files and knows their hashes (`trainyard.plugins.data.cache`: a process hashes a
   file once). Given the manifest, as a warm epoch of a run is (the reader lists once per
   run) and as the memory map is given its spans;
 - `dp8_rank_vs_dp1_time` (context): on the warm cache, the seconds data-parallel rank 0 of 8
   takes for its eighth of the epoch (`cached_dp8_rank_s`) over the seconds one rank takes for all
   of it (`cached_dp1_s`), both given the manifest (listed once per run, not per rank and epoch:
   ~25 ms against moto here); 0.125 would mean a rank pays for its share only. With the default 8
-  stripes it reads its stripe's shards only (`plugins.data.stripes`);
+  stripes it reads its stripe's shards only (`trainyard.plugins.data.stripes`);
   `dp8_one_stream_rank_vs_dp1_time` is the same with `stripes: 1`, where every rank walks the
   whole stream and keeps every 8th sample — each rank pays for the global batch;
 - `peak_rss_mb`: the peak resident set of a child process streaming one epoch with a cache of a
@@ -93,8 +93,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from plugins.data.manifest import ShardManifest
     from tests.support.s3_server import S3Server
+    from trainyard.plugins.data.manifest import ShardManifest
 
 REPO = Path(__file__).resolve().parent.parent
 DP_SHARE = 8
@@ -143,8 +143,8 @@ def sequential_baseline(store: object, seq_len: int, batch_size: int,
 
     import numpy as np
 
-    from plugins.data.manifest import list_manifest
-    from plugins.data.stream import ORDER_VERSION, block_permutation, epoch_order
+    from trainyard.plugins.data.manifest import list_manifest
+    from trainyard.plugins.data.stream import ORDER_VERSION, block_permutation, epoch_order
 
     start = time.perf_counter()
     manifest = list_manifest(store, "jsonl")  # type: ignore[arg-type]
@@ -175,9 +175,9 @@ def sequential_baseline(store: object, seq_len: int, batch_size: int,
 def sequential_stream(store: object, seq_len: int) -> tuple[int, float]:
     """The pipeline's own parser and cutter (`SampleStream`) fed by one whole-shard
     `get_object` at a time, no cache, no prefetch: what the overlap of I/O and parsing adds."""
-    from plugins.data.documents import ByteTokenizer
-    from plugins.data.manifest import list_manifest
-    from plugins.data.stream import SampleStream, StreamPosition
+    from trainyard.plugins.data.documents import ByteTokenizer
+    from trainyard.plugins.data.manifest import list_manifest
+    from trainyard.plugins.data.stream import SampleStream, StreamPosition
 
     start, samples = time.perf_counter(), 0
     manifest = list_manifest(store, "jsonl")  # type: ignore[arg-type]
@@ -219,8 +219,8 @@ def streamed(store: object, seq_len: int, cache_dir: Path, cache_bytes: int, bat
     `digest`, for the check); returns (samples, seconds). `cpu` is given the pass's CPU seconds
     by thread role (`thread_cpu`), read before the reader's threads end. With `manifest`, the
     reader does not list the dataset (as when its checkpoint or rank 0 gives it the manifest)."""
-    from plugins.data.cache import ShardCache
-    from plugins.data.reader import StreamingReader
+    from trainyard.plugins.data.cache import ShardCache
+    from trainyard.plugins.data.reader import StreamingReader
 
     cache = ShardCache(cache_dir, cache_bytes)
     reader = StreamingReader(store, "jsonl", cache=cache, seq_len=seq_len, batch_size=batch_size,  # type: ignore[arg-type]
@@ -245,9 +245,9 @@ def fetch_only(store: object, in_flight: int = 3) -> float:
     """Seconds to read every shard's bytes through `ShardStream`, `in_flight` shards at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from plugins.data.cache import CHUNK_BYTES
-    from plugins.data.fetch import open_stream
-    from plugins.data.manifest import list_manifest
+    from trainyard.plugins.data.cache import CHUNK_BYTES
+    from trainyard.plugins.data.fetch import open_stream
+    from trainyard.plugins.data.manifest import list_manifest
 
     start = time.perf_counter()
     manifest = list_manifest(store, "jsonl")  # type: ignore[arg-type]
@@ -273,13 +273,13 @@ def train_child(args: argparse.Namespace) -> int:
     """The tiny training job, one process, streaming the demo dataset; prints its stall figures."""
     import torch
 
-    from config.loader import load_spec_file
-    from worker.data import open_streaming_data
-    from worker.distributed.mesh import build_mesh
-    from worker.distributed.parallelize import parallelize
-    from worker.models.llama import Llama, LlamaConfig
-    from worker.session import SessionConfig, TrainingSession
-    from worker.step import train_step
+    from trainyard.config.loader import load_spec_file
+    from trainyard.worker.data import open_streaming_data
+    from trainyard.worker.distributed.mesh import build_mesh
+    from trainyard.worker.distributed.parallelize import parallelize
+    from trainyard.worker.models.llama import Llama, LlamaConfig
+    from trainyard.worker.session import SessionConfig, TrainingSession
+    from trainyard.worker.step import train_step
 
     spec = load_spec_file(REPO / "config/jobs/demo-tiny-lm.yaml")
     config = dataclasses.replace(SessionConfig.from_env({}, spec=spec, world_size=1),
@@ -323,12 +323,12 @@ def main() -> int:
         return train_child(args)
 
     from benchmarks import data_competitors as rivals
-    from plugins.data.manifest import list_manifest
-    from plugins.data.stream import epoch_order
-    from plugins.launch import processes
-    from plugins.storage.store import S3Store, open_store
     from tests.support.datasets import write_jsonl_dataset
-    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+    from trainyard.plugins.data.manifest import list_manifest
+    from trainyard.plugins.data.stream import epoch_order
+    from trainyard.plugins.launch import processes
+    from trainyard.plugins.storage.store import S3Store, open_store
+    from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     load_start = os.getloadavg()[0]
     shards = max(4, args.dataset_mb)  # ~1 MB each

@@ -37,12 +37,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from config.cluster import load_cluster  # noqa: E402
-from plugins.placement.baseline import place_first_fit  # noqa: E402
-from plugins.placement.constraints import hard_violations  # noqa: E402
-from plugins.placement.gang import place_gang  # noqa: E402
-from plugins.placement.inventory import Inventory  # noqa: E402
-from plugins.placement.model import GangRequest, Placement, Unschedulable  # noqa: E402
+from trainyard.config.cluster import load_cluster  # noqa: E402
+from trainyard.plugins.placement.baseline import place_first_fit  # noqa: E402
+from trainyard.plugins.placement.constraints import hard_violations  # noqa: E402
+from trainyard.plugins.placement.gang import place_gang  # noqa: E402
+from trainyard.plugins.placement.inventory import Inventory  # noqa: E402
+from trainyard.plugins.placement.model import GangRequest, Placement, Unschedulable  # noqa: E402
 
 MIX = ((150, dict(tp=8, pp=1, dp=1)), (40, dict(tp=8, pp=4, dp=2)), (10, dict(tp=8, pp=4, dp=8)))
 
@@ -106,7 +106,7 @@ def main() -> int:
         jobs = job_mix(rng)
         store = None
         if i == 0:
-            from plugins.placement.state import StateStore
+            from trainyard.plugins.placement.state import StateStore
 
             tmp = tempfile.mkdtemp(prefix="trainyard-bench-")
             store = StateStore(f"sqlite:///{tmp}/state.db")

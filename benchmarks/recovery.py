@@ -133,9 +133,9 @@ def spec(args: argparse.Namespace, *, checkpoints: bool = True) -> dict[str, Any
 
 def use_home(home: Path) -> None:
     """Point this process (and its children) at a fresh Trainyard home with the demo dataset."""
-    from config.settings import Settings
-    from plugins.storage.store import open_store
-    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+    from trainyard.config.settings import Settings
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     home.mkdir(parents=True)
     os.environ["TRAINYARD_HOME"] = str(home)
@@ -143,7 +143,7 @@ def use_home(home: Path) -> None:
 
 
 def beat(heartbeat_dir: Path, rank: int) -> Any:
-    from node_agent.heartbeat import Heartbeat, heartbeat_path
+    from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
 
     try:
         return Heartbeat.model_validate_json(heartbeat_path(heartbeat_dir, rank).read_text())
@@ -188,16 +188,16 @@ def kill_and_time_next_step(heartbeats: Callable[[], Path], kill_at: int) -> tup
 
 
 def fast_path(home: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from config.cluster import cluster_for
-    from config.settings import Settings
-    from config.spec import TrainingJob
-    from plugins.advisor.plans import plan_for_job
-    from plugins.attempt.conf import in_place_restarts
-    from plugins.launch.environment import build_worker_env
-    from plugins.launch.local import LocalLauncher
-    from plugins.placement.service import place_and_reserve
-    from plugins.placement.state import open_state
-    from plugins.recovery.model import AttemptConf
+    from trainyard.config.cluster import cluster_for
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plans import plan_for_job
+    from trainyard.plugins.attempt.conf import in_place_restarts
+    from trainyard.plugins.launch.environment import build_worker_env
+    from trainyard.plugins.launch.local import LocalLauncher
+    from trainyard.plugins.placement.service import place_and_reserve
+    from trainyard.plugins.placement.state import open_state
+    from trainyard.plugins.recovery.model import AttemptConf
 
     use_home(home)
     settings = Settings(home=home)
@@ -229,7 +229,7 @@ def fast_path(home: Path, args: argparse.Namespace) -> dict[str, Any]:
 def bare_torchrun(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     import yaml
 
-    from config.settings import Settings
+    from trainyard.config.settings import Settings
 
     use_home(home)
     spec_file = home / f"{JOB}.yaml"
@@ -242,7 +242,7 @@ def bare_torchrun(home: Path, args: argparse.Namespace) -> dict[str, Any]:
            str(REPO / "worker" / "train.py"), "--spec", str(spec_file)]
     # Without TORCHRUN_ENV torchrun's own restart fails here (pytorch/pytorch#135712); both
     # launchers set it too.
-    from plugins.launch.environment import TORCHRUN_ENV
+    from trainyard.plugins.launch.environment import TORCHRUN_ENV
 
     env = {**os.environ, "PYTHONPATH": str(REPO), **TORCHRUN_ENV}
     with (home / "torchrun.log").open("wb") as log:
@@ -276,11 +276,11 @@ class socket_port:
 
 
 def control_plane(home: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from node_agent.client import inject_fault
-    from node_agent.models import FaultRequest
-    from plugins.recovery.state import JobStateStore
     from tests.e2e.airflow_stack import running_stack
     from tests.support.node_agents import node_agents
+    from trainyard.node_agent.client import inject_fault
+    from trainyard.node_agent.models import FaultRequest
+    from trainyard.plugins.recovery.state import JobStateStore
 
     with node_agents(("local-0", "local-1"), home / "runs", home.parent / "agents") as agents, \
             running_stack(home, agents=agents) as stack:
@@ -300,7 +300,7 @@ def control_plane(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         nxt = wait_for("attempt 1's first step",
                        lambda: (b := beat(beats1, 0)) is not None and b.phase == "train" and b)
         report = state.attempts(JOB, handle.run)[0].failure_report
-        from cli.airflow_api import follow_training_run
+        from trainyard.cli.airflow_api import follow_training_run
 
         follow_training_run(stack.client, JOB, first, timeout_s=600)
         # The injected fault does not kill the ranks (a real Xid 79 would): they train on
@@ -316,8 +316,8 @@ def control_plane(home: Path, args: argparse.Namespace) -> dict[str, Any]:
 def hang_detection(stack: Any, args: argparse.Namespace) -> float:
     """Seconds from the hung rank's last progress to the watcher's verdict (the job state's
     `time_to_detect_s` of the hang attempt)."""
-    from cli.airflow_api import follow_training_run
-    from plugins.recovery.state import JobStateStore
+    from trainyard.cli.airflow_api import follow_training_run
+    from trainyard.plugins.recovery.state import JobStateStore
 
     name = f"{JOB}-hang"
     doc = spec(args)
@@ -339,12 +339,12 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     """A rank killed inside its pod once rank 0 reached `--kill-at` (torchrun's fast path on
     both pods), then a gang node's link down once a checkpoint after the restart is committed;
     the times are the ranks' heartbeats, which each node keeps in its own hostPath folder."""
-    from plugins.checkpoint.catalog import list_checkpoints
-    from plugins.launch.environment import checkpoint_uri
-    from plugins.launch.manifests import pod_name
-    from plugins.recovery.state import JobStateStore
     from tests.e2e.airflow_stack import running_stack
     from tests.support.kube.harness import NODES_WITH_SPARE, KubeHarness
+    from trainyard.plugins.checkpoint.catalog import list_checkpoints
+    from trainyard.plugins.launch.environment import checkpoint_uri
+    from trainyard.plugins.launch.manifests import pod_name
+    from trainyard.plugins.recovery.state import JobStateStore
 
     doc = spec(args)
     doc["spec"]["image"] = "registry.example.com/trainyard/demo:1"  # the nodes run this checkout's venv
@@ -378,7 +378,7 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         if not restored:
             raise RuntimeError(f"the restarted rank 0 logged no restore:\n{log[-3000:]}")
         # 2. the lost node, once a checkpoint after the restart is committed
-        from config.spec import TrainingJob
+        from trainyard.config.spec import TrainingJob
 
         root = checkpoint_uri(TrainingJob.model_validate(doc), stack.settings.object_store, handle.run)
         wait_for(f"a checkpoint after step {restarted.step}",
@@ -388,7 +388,7 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         kube.lose_node(node)
         handle1 = wait_for("attempt 1's Volcano Job", lambda: live_handle(state, 1), poll_s=0.2)
         after = wait_for("attempt 1's first step", lambda: (b := beat_of(1, 0)) is not None and b.phase == "train" and b)
-        from cli.airflow_api import follow_training_run
+        from trainyard.cli.airflow_api import follow_training_run
 
         attempts = follow_training_run(stack.client, JOB, first, timeout_s=600)
         if attempts[-1].outcome != "completed":

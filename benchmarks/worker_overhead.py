@@ -57,8 +57,8 @@ def launch(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(REPO))
     from mlflow import MlflowClient
 
-    from plugins.storage.store import open_store
-    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     with tempfile.TemporaryDirectory(prefix="worker-overhead-") as tmp:
         root = Path(tmp)
@@ -86,15 +86,15 @@ def launch(args: argparse.Namespace) -> int:
 def worker(args: argparse.Namespace) -> int:
     import torch
 
-    from config.loader import load_spec_file
-    from worker.data import open_dataset_windows
-    from worker.distributed.mesh import build_mesh
-    from worker.distributed.parallelize import parallelize
-    from worker.models.llama import Llama, LlamaConfig
-    from worker.sampler import ResumableSampler
-    from worker.session import SessionConfig, TrainingSession
-    from worker.step import train_step
-    from worker.train import warmup_cosine
+    from trainyard.config.loader import load_spec_file
+    from trainyard.worker.data import open_dataset_windows
+    from trainyard.worker.distributed.mesh import build_mesh
+    from trainyard.worker.distributed.parallelize import parallelize
+    from trainyard.worker.models.llama import Llama, LlamaConfig
+    from trainyard.worker.sampler import ResumableSampler
+    from trainyard.worker.session import SessionConfig, TrainingSession
+    from trainyard.worker.step import train_step
+    from trainyard.worker.train import warmup_cosine
 
     spec = load_spec_file(REPO / "config/jobs/demo-tiny-lm.yaml")
     config = SessionConfig.from_env(spec=spec, world_size=int(os.environ["WORLD_SIZE"]))

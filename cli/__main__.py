@@ -1,7 +1,7 @@
-"""`python -m cli` runs the `trainyard` command."""
+"""`python -m trainyard.cli` runs the `trainyard` command."""
 
 import sys
 
-from cli.main import main
+from trainyard.cli.main import main
 
 sys.exit(main())

@@ -17,10 +17,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainyard.config.airflow import DAG_FILE_NAME
+
 log = logging.getLogger(__name__)
 
-JOB_DAGS_FILE = "training_jobs.py"
-"""The DAG file (relative to the DAGs folder) that builds one DAG per spec in the jobs folder."""
+JOB_DAGS_FILE = DAG_FILE_NAME
+"""The DAG file (relative to the DAGs folder) that builds one DAG per spec in the jobs folder: the
+one a deployment drops in under that name (`trainyard.config.airflow.DAG_FILE`)."""
 
 
 class AirflowUnavailable(RuntimeError):
@@ -88,7 +91,7 @@ class AirflowClient:
         return json.loads(raw) if raw else None
 
     def _retrying(self) -> Any:
-        from plugins.retry import policy
+        from trainyard.plugins.retry import policy
 
         def waiting(state: Any) -> None:
             log.warning("Airflow at %s is busy (%s); asking again (%.0f s of %.0f s of patience used)",

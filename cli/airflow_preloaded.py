@@ -1,4 +1,4 @@
-"""`python -m cli.airflow_preloaded scheduler …`: Airflow's own command line, started after
+"""`python -m trainyard.cli.airflow_preloaded scheduler …`: Airflow's own command line, started after
 importing what the tasks of a job's DAG import.
 
 Why: the LocalExecutor forks its workers from the scheduler when it starts, and each task from
@@ -35,18 +35,18 @@ from __future__ import annotations
 
 import sys
 
-from plugins.preload import preload as preload_modules
+from trainyard.plugins.preload import preload as preload_modules
 
 PARSE_PRELOAD = (
-    "dags.factory",
-    "config.loader",
-    "config.rules",
-    "config.cluster",
-    "config.settings",
-    "operators.retrain",
-    "operators.datasets",
-    "operators.maintenance",
-    "plugins.data.assets",
+    "trainyard.dags.factory",
+    "trainyard.config.loader",
+    "trainyard.config.rules",
+    "trainyard.config.cluster",
+    "trainyard.config.settings",
+    "trainyard.operators.retrain",
+    "trainyard.operators.datasets",
+    "trainyard.operators.maintenance",
+    "trainyard.plugins.data.assets",
 )
 """What the DAG files (`dags/`) import: the DAG processor's parses start with it."""
 
@@ -59,9 +59,9 @@ PRELOAD = (
     "great_expectations",
     "plugins.attempt.steps",
     "plugins.attempt.closing",
-    "plugins.tracking.registry",
-    "plugins.tracking.runs",
-    "plugins.validation.data_quality",
+    "trainyard.plugins.tracking.registry",
+    "trainyard.plugins.tracking.runs",
+    "trainyard.plugins.validation.data_quality",
     # what every task imports before its operator runs: Airflow's supervisor (in the executor's
     # worker) and task runner, and the DAG file's imports (with the settings it reads the jobs
     # folder from: a `Settings` class with attribute docstrings, whose source pydantic reads)
@@ -69,8 +69,8 @@ PRELOAD = (
     "airflow.sdk.execution_time.task_runner",
     *PARSE_PRELOAD,
     # the launch's and the closing's own: the local launcher, the checkpoint catalog, the loss plot
-    "plugins.launch.local",
-    "plugins.checkpoint",
+    "trainyard.plugins.launch.local",
+    "trainyard.plugins.checkpoint",
     "mlflow.pyfunc",
     "matplotlib.pyplot",
 )

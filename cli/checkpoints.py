@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from config.spec import TrainingJob
-    from plugins.checkpoint.catalog import CheckpointRecord
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.checkpoint.catalog import CheckpointRecord
 
 
 EXIT_CODES: dict[int, str] = {
     1: "a checkpoint does not verify or a manifest is invalid (it claims another job or run than its "
        "folder), nothing to export, or no job has this name (no spec and nothing under its checkpoint root)"}
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     settings = get_settings()
     try:
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                + " (give --spec or --uri for a job stored elsewhere)")
         return 1
     if root is None:  # a known job that has not saved anything yet: nothing to show, not an error
-        from cli.output import console
+        from trainyard.cli.output import console
 
         console.print(f"no committed checkpoints: job {args.job} has no training run with checkpoints "
                       f"yet (under {settings.object_store}/jobs/{args.job}/runs/)")
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _find_spec(args: argparse.Namespace, jobs_dir: Path) -> TrainingJob | None:
-    from config.loader import load_spec_file, read_spec_file
+    from trainyard.config.loader import load_spec_file, read_spec_file
 
     if args.spec:
         job = load_spec_file(args.spec)
@@ -111,7 +111,7 @@ def _find_spec(args: argparse.Namespace, jobs_dir: Path) -> TrainingJob | None:
 
 
 def _spec_names(jobs_dir: Path) -> list[str]:
-    from config.loader import read_spec_file
+    from trainyard.config.loader import read_spec_file
 
     return [job.metadata.name for path in sorted(Path(jobs_dir).glob("*.y*ml"))
             if (job := read_spec_file(path)[0]) is not None]
@@ -119,7 +119,7 @@ def _spec_names(jobs_dir: Path) -> list[str]:
 
 def _is_empty(root: str | None, endpoint: str | None) -> bool:
     """Nothing at all under the root: no checkpoint, no save in flight, no broken manifest."""
-    from plugins.checkpoint.catalog import scan
+    from trainyard.plugins.checkpoint.catalog import scan
 
     if root is None:
         return True
@@ -130,8 +130,8 @@ def _is_empty(root: str | None, endpoint: str | None) -> bool:
 def _checkpoint_root(args: argparse.Namespace, spec: TrainingJob | None, object_store: str,
                      endpoint: str | None) -> str | None:
     """The run's checkpoint root; None when the job has no run that stored anything."""
-    from plugins.checkpoint.catalog import list_runs
-    from plugins.checkpoint.uris import checkpoint_root, require_job_prefix
+    from trainyard.plugins.checkpoint.catalog import list_runs
+    from trainyard.plugins.checkpoint.uris import checkpoint_root, require_job_prefix
 
     storage = (spec.spec.checkpoint.storage or "") if spec is not None else ""
     if args.uri:  # inside the spec's area when the spec is known, else the area it claims
@@ -148,18 +148,18 @@ def _checkpoint_root(args: argparse.Namespace, spec: TrainingJob | None, object_
 
 
 def _area(job: str, spec: TrainingJob | None, object_store: str) -> str:
-    from plugins.checkpoint.uris import job_area_uri
+    from trainyard.plugins.checkpoint.uris import job_area_uri
 
     return job_area_uri(object_store, job, storage=(spec.spec.checkpoint.storage or "") if spec else "")
 
 
 def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:
-    from plugins.checkpoint.catalog import scan
-    from plugins.checkpoint.manifest import utc_now
+    from trainyard.plugins.checkpoint.catalog import scan
+    from trainyard.plugins.checkpoint.manifest import utc_now
 
     found = scan(root, endpoint_url=endpoint)
     if args.json:
-        from cli.output import print_json
+        from trainyard.cli.output import print_json
 
         print_json({
             "root": root,
@@ -168,7 +168,7 @@ def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) 
             "invalid": found.invalid,
         })
         return 0
-    from cli.output import console, format_age, print_table, row, table
+    from trainyard.cli.output import console, format_age, print_table, row, table
 
     now = utc_now()
     t, shown = table(f"checkpoints of {args.job}\n{root}", [
@@ -193,8 +193,8 @@ def _list(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) 
 
 
 def _verify(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:
-    from plugins.checkpoint.catalog import VerifyReport, as_store, scan, verify
-    from plugins.checkpoint.manifest import parse_step_dir
+    from trainyard.plugins.checkpoint.catalog import VerifyReport, as_store, scan, verify
+    from trainyard.plugins.checkpoint.manifest import parse_step_dir
 
     store = as_store(root, endpoint_url=endpoint)
     found = scan(store)
@@ -212,14 +212,14 @@ def _verify(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any
     reports = sorted([verify(store, r, hashes=not args.no_hashes) for r in records] + invalid,
                      key=lambda r: r.step)
     if args.json:
-        from cli.output import print_json
+        from trainyard.cli.output import print_json
 
         print_json([{"step": r.step, "folder": r.folder, "ok": r.ok, "problems": list(r.problems),
                      "hashed_bytes": r.hashed_bytes} for r in reports])
     else:
         from rich.markup import escape
 
-        from cli.output import console
+        from trainyard.cli.output import console
 
         for rep in reports:
             mark = "[green]✓[/]" if rep.ok else "[red]✗[/]"
@@ -230,7 +230,7 @@ def _verify(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any
 
 
 def _prune(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:
-    from plugins.checkpoint.retention import RetentionPolicy, apply_retention
+    from trainyard.plugins.checkpoint.retention import RetentionPolicy, apply_retention
 
     policy = RetentionPolicy.from_spec(spec.spec.checkpoint) if spec else RetentionPolicy()
     overrides = {"keep_last": args.keep_last, "best_metric": args.best_metric,
@@ -248,7 +248,7 @@ def _prune(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any)
                              orphan_grace=timedelta(minutes=args.orphan_grace_minutes),
                              endpoint_url=endpoint)
     if args.json:
-        from cli.output import print_json
+        from trainyard.cli.output import print_json
 
         print_json({"dry_run": report.dry_run, "policy": policy.model_dump(mode="json"),
                     "newest_valid": report.newest_valid,
@@ -258,7 +258,7 @@ def _prune(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any)
         return 0
     from rich.markup import escape
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     verb = "would delete" if args.dry_run else "deleted"
     console.print(f"policy: {escape(_policy_text(policy))}")
@@ -274,9 +274,9 @@ def _prune(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any)
 
 
 def _export(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any) -> int:
-    from plugins.checkpoint.catalog import as_store, latest_valid, verify
-    from plugins.checkpoint.export import export_safetensors
-    from plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
+    from trainyard.plugins.checkpoint.catalog import as_store, latest_valid, verify
+    from trainyard.plugins.checkpoint.export import export_safetensors
+    from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
 
     store = as_store(root, endpoint_url=endpoint)
     if args.step is None:
@@ -295,19 +295,19 @@ def _export(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any
         result = export_safetensors(manifest_uri, args.out, endpoint_url=endpoint, job=args.job,
                                     area=_area(args.job, spec, _object_store()) if spec else None)
     except Exception as e:  # an integrity failure is an answer, not a traceback
-        from plugins.errors import TrainyardError
+        from trainyard.plugins.errors import TrainyardError
 
         if not isinstance(e, TrainyardError | ValueError | KeyError):
             raise
         _error(f"export failed: {e}")
         return 1
     if args.json:
-        from cli.output import print_json
+        from trainyard.cli.output import print_json
 
         print_json({"path": str(result.path), "step": result.step, "tensors": result.tensors,
                     "bytes": result.bytes, "sha256": result.sha256})
     else:
-        from cli.output import console
+        from trainyard.cli.output import console
 
         console.print(f"exported step {result.step}: {result.tensors} tensors, "
                       f"{_size(result.bytes)} → {result.path} (sha256 {result.sha256[:16]}…)")
@@ -315,7 +315,7 @@ def _export(args: argparse.Namespace, root: str, endpoint: str | None, spec: Any
 
 
 def _object_store() -> str:
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     return get_settings().object_store
 
@@ -349,7 +349,7 @@ def _size(n: int) -> str:
 def _error(message: str) -> None:
     from rich.markup import escape
 
-    from cli.output import err_console
-    from config.problems import preview
+    from trainyard.cli.output import err_console
+    from trainyard.config.problems import preview
 
     err_console.print(f"[red]error:[/] {escape(preview(message, 2000))}")

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
-    from config.problems import Problem
-    from config.spec import TrainingJob
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.problems import Problem
+    from trainyard.config.spec import TrainingJob
 
 
 def load_checked_job(spec: Path, cluster_name: str | None, *, to_run: bool = False
@@ -21,17 +21,17 @@ def load_checked_job(spec: Path, cluster_name: str | None, *, to_run: bool = Fal
     (`cluster_name`, else `TRAINYARD_CLUSTER`) and its launcher must provide the spec's devices
     (`plugins.attempt.launchers.launch_problems`, which names the cluster that would). A cluster
     that does not exist raises FileNotFoundError (a usage error for the caller)."""
-    from config.cluster import cluster_for, load_cluster
-    from config.loader import read_spec_file
-    from config.rules import check_against_cluster, check_spec
-    from config.settings import get_settings
+    from trainyard.config.cluster import cluster_for, load_cluster
+    from trainyard.config.loader import read_spec_file
+    from trainyard.config.rules import check_against_cluster, check_spec
+    from trainyard.config.settings import get_settings
 
     settings = get_settings()
     explicit = load_cluster(cluster_name) if cluster_name else None
     job, problems = read_spec_file(spec)
     cluster = None
     if job is not None and to_run:
-        from plugins.attempt.launchers import launch_problems
+        from trainyard.plugins.attempt.launchers import launch_problems
 
         cluster = explicit or load_cluster(settings.cluster)
         problems = launch_problems(job, cluster, settings)
@@ -49,7 +49,7 @@ def print_problems(problems: list[Problem]) -> None:
     """Problems on stderr, one per line, as `trainyard validate` prints them."""
     from rich.markup import escape
 
-    from cli.output import err_console
+    from trainyard.cli.output import err_console
 
     for p in problems:
         style = "red" if p.severity == "error" else "yellow"

@@ -14,7 +14,7 @@ import datetime as dt
 from pathlib import Path
 
 EXIT_CODES: dict[int, str | None] = {1: None}
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,10 +68,10 @@ def _date(text: str | None, flag: str) -> dt.datetime | None:
 
 
 def report(args: argparse.Namespace) -> int:
-    from cli.output import err_console
-    from config.settings import get_settings
-    from plugins.tracking import cost
-    from plugins.tracking.rates import load_rates
+    from trainyard.cli.output import err_console
+    from trainyard.config.settings import get_settings
+    from trainyard.plugins.tracking import cost
+    from trainyard.plugins.tracking.rates import load_rates
 
     settings = get_settings()
     tracking_uri = args.tracking_uri or settings.mlflow_tracking_uri
@@ -80,7 +80,7 @@ def report(args: argparse.Namespace) -> int:
         rates = load_rates(args.rates)
         cluster = None
         if args.cluster:
-            from config.cluster import load_cluster
+            from trainyard.config.cluster import load_cluster
 
             cluster = load_cluster(args.cluster)
         if args.from_json:
@@ -97,7 +97,7 @@ def report(args: argparse.Namespace) -> int:
         args.html.write_text(cost.chargeback_html(rows, period=label))
     run_id = cost.log_chargeback(rows, tracking_uri=tracking_uri, period=label) if args.log_mlflow else None
     if args.json:
-        from cli.output import print_json
+        from trainyard.cli.output import print_json
 
         print_json({"period": label, "rows": [r.model_dump() for r in rows], "mlflow_run_id": run_id})
     else:
@@ -108,8 +108,8 @@ def report(args: argparse.Namespace) -> int:
 def _print_table(rows: list, label: str, run_id: str | None, *, wide: bool = False) -> None:
     from rich.markup import escape
 
-    from cli.output import console, print_table, row, table
-    from config.quantities import readable_number as num
+    from trainyard.cli.output import console, print_table, row, table
+    from trainyard.config.quantities import readable_number as num
 
     if not rows:
         console.print(f"no jobs in {escape(label)}")

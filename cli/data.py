@@ -23,7 +23,7 @@ def _positive(text: str) -> int:
 
 EXIT_CODES: dict[int, str] = {1: "the object store cannot be written, or the dataset has no shards",
                               3: "publish: the version is recorded but Airflow did not take the asset event"}
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,10 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def prepare_demo(args: argparse.Namespace) -> int:
-    from cli.output import console, err_console, print_json
-    from config.settings import get_settings
-    from plugins.storage.store import open_store
-    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+    from trainyard.cli.output import console, err_console, print_json
+    from trainyard.config.settings import get_settings
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     settings = get_settings()
     root = args.object_store or settings.object_store
@@ -83,7 +83,7 @@ def prepare_demo(args: argparse.Namespace) -> int:
 def airflow_url(explicit: str | None) -> str:
     import os
 
-    from config.airflow import DEFAULT_PORT
+    from trainyard.config.airflow import DEFAULT_PORT
 
     return explicit or os.environ.get("TRAINYARD_AIRFLOW_URL") or \
         f"http://127.0.0.1:{os.environ.get('TRAINYARD_AIRFLOW_PORT', DEFAULT_PORT)}"
@@ -92,10 +92,10 @@ def airflow_url(explicit: str | None) -> str:
 def publish(args: argparse.Namespace) -> int:
     import os
 
-    from cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
-    from cli.output import console, err_console, print_json
-    from config.settings import get_settings
-    from plugins.data.publish import VersionConflict, publish_version
+    from trainyard.cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
+    from trainyard.cli.output import console, err_console, print_json
+    from trainyard.config.settings import get_settings
+    from trainyard.plugins.data.publish import VersionConflict, publish_version
 
     settings = get_settings()
     try:

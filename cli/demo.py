@@ -1,4 +1,4 @@
-"""`make demo` (`python -m cli.demo`): the product, end to end, on the embedded default.
+"""`make demo` (`python -m trainyard.cli.demo`): the product, end to end, on the embedded default.
 
 What a team sees when Trainyard runs their job, on this machine, with real parts only:
 
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cli.airflow_api import AirflowClient, AttemptRun
-    from cli.stack import Stack
-    from config.settings import Settings
-    from config.spec import TrainingJob
+    from trainyard.cli.airflow_api import AirflowClient, AttemptRun
+    from trainyard.cli.stack import Stack
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import TrainingJob
 
 DEMO_SPEC = Path(__file__).resolve().parents[1] / "config" / "jobs" / "demo-tiny-lm.yaml"
 
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli.output import console
+    from trainyard.cli.output import console
 
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> None:
-    from cli.airflow_api import AirflowClient
-    from cli.stack import default_stack
-    from config.loader import load_spec_file
-    from config.settings import get_settings
+    from trainyard.cli.airflow_api import AirflowClient
+    from trainyard.cli.stack import default_stack
+    from trainyard.config.loader import load_spec_file
+    from trainyard.config.settings import get_settings
 
     started = time.monotonic()
     settings = get_settings()
@@ -88,7 +88,7 @@ def run_demo(args: argparse.Namespace) -> None:
     _prepare_data(settings)
     _step("2/5 stack", f"Airflow, MLflow UI, node agents; logs in {settings.home / 'logs'}")
     _start(stack)
-    settings = get_settings()  # again: the stack made the home's databases (`config.databases`)
+    settings = get_settings()  # again: the stack made the home's databases (`trainyard.config.databases`)
     client = AirflowClient(stack.url)
     try:
         conf: dict[str, Any] = {} if args.no_crash else {"fault_kill_rank": 1, "fault_kill_at_step": args.crash_at_step}
@@ -99,7 +99,7 @@ def run_demo(args: argparse.Namespace) -> None:
         dag_run = client.trigger(job.name, conf, note="make demo")["dag_run_id"]
         _print(f"DAG run {dag_run}: {stack.url}/dags/{job.name}/runs/{dag_run}")
         _step("4/5 train", "attempts, steps and loss as Airflow and MLflow see them")
-        from cli.submit import follow_with_progress
+        from trainyard.cli.submit import follow_with_progress
 
         attempts = follow_with_progress(client, settings, job.name, dag_run, args.timeout_s)
         _step("5/5 results", "")
@@ -111,7 +111,7 @@ def run_demo(args: argparse.Namespace) -> None:
 
 
 def _step(title: str, detail: str) -> None:
-    from cli.output import console
+    from trainyard.cli.output import console
 
     console.rule(f"[bold]{title}[/]  [dim]{detail}[/]", align="left")
 
@@ -119,14 +119,14 @@ def _step(title: str, detail: str) -> None:
 def _print(text: str) -> None:
     from rich.markup import escape
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     console.print(escape(text))
 
 
 def _prepare_data(settings: Settings) -> None:
-    from plugins.storage.store import open_store
-    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     store = open_store(settings.object_store, endpoint_url=settings.s3_endpoint_url).child(DEMO_PREFIX.rstrip("/"))
     result = prepare_demo_dataset(store)
@@ -148,9 +148,10 @@ def _results(job: TrainingJob, settings: Settings, stack: Stack, client: Airflow
              attempts: list[AttemptRun], *, crashed: bool, started: float) -> None:
     from rich.table import Table
 
-    from cli.output import console
-    from plugins.attempt.closing import run_timeline
-    from plugins.tracking.runs import client_for
+    from trainyard.cli.output import console
+    from trainyard.plugins.attempt.closing import run_timeline
+    from trainyard.plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.ui_links import mlflow_run_url
 
     if not attempts or not attempts[-1].run:
         raise DemoFailed(f"the DAG run ended before opening a training run: {attempts}")
@@ -203,7 +204,7 @@ def _results(job: TrainingJob, settings: Settings, stack: Stack, client: Airflow
            f"model {registered.get('model')} v{registered.get('version')} (alias 'candidate') from step "
            f"{registered.get('step')} · plot {png}\n\n"
            f"Airflow UI   {stack.url}/dags/{job.name}  (no login needed: local-only auth)\n"
-           f"MLflow UI    {stack.mlflow_url}/#/experiments/{experiment}/runs/{mlflow_run_id}\n"
+           f"MLflow UI    {mlflow_run_url(stack.mlflow_url, experiment, mlflow_run_id)}\n"
            f"status       .venv/bin/trainyard status {job.name} --run {run}\n"
            f"stop         make down")
     if not last < first:
@@ -211,8 +212,8 @@ def _results(job: TrainingJob, settings: Settings, stack: Stack, client: Airflow
 
 
 def _plot(settings: Settings, mlflow_run_id: str, job: str, run: str) -> Path | None:
-    from plugins.tracking.artifacts import loss_plot
-    from plugins.tracking.runs import client_for, recovery_events
+    from trainyard.plugins.tracking.artifacts import loss_plot
+    from trainyard.plugins.tracking.runs import client_for, recovery_events
 
     path = settings.home / "demo" / f"{job}-{run}.png"
     return loss_plot(client_for(settings.mlflow_tracking_uri), mlflow_run_id, path, title=f"{job} run {run}",

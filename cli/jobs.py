@@ -24,8 +24,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from config.settings import Settings
-    from plugins.recovery.state import AttemptInfo, JobStateStore, RunInfo
+    from trainyard.config.settings import Settings
+    from trainyard.plugins.recovery.state import AttemptInfo, JobStateStore, RunInfo
 
 STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "recovering": "magenta",
                "running": "cyan", "starting": "cyan", "scheduling": "blue", "pending": "blue"}
@@ -34,7 +34,7 @@ STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "re
 EXIT_CODES: dict[int, str] = {
     1: "no such job, run or node, or nothing to stop (the message says which)",
 }
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,15 +72,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _view_url(info: RunInfo) -> str:
-    from config.settings import get_settings
-    from plugins.control_room.urls import view_url
+    from trainyard.config.settings import get_settings
+    from trainyard.plugins.control_room.urls import view_url
 
     return view_url(get_settings().airflow_url, info.job, info.run)
 
 
 def _store() -> JobStateStore:
-    from config.settings import get_settings
-    from plugins.recovery.state import open_job_state
+    from trainyard.config.settings import get_settings
+    from trainyard.plugins.recovery.state import open_job_state
 
     return open_job_state(get_settings().state_db)
 
@@ -108,7 +108,7 @@ def _state(state: str) -> str:
 
 
 def _not_found(e: Exception) -> int:
-    from cli.output import err_console
+    from trainyard.cli.output import err_console
 
     err_console.print(f"[red]{e}[/]")
     return 1
@@ -120,7 +120,7 @@ def _not_found(e: Exception) -> int:
 def run_jobs(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from cli.output import console, print_json
+    from trainyard.cli.output import console, print_json
 
     runs = _store().list_runs(args.job, limit=args.limit)
     if args.json:
@@ -143,8 +143,8 @@ def run_jobs(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from cli.output import print_json
-    from plugins.recovery.state import RunNotFound
+    from trainyard.cli.output import print_json
+    from trainyard.plugins.recovery.state import RunNotFound
 
     store = _store()
     try:
@@ -170,7 +170,7 @@ def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = 
     from rich.padding import Padding
     from rich.table import Table
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     console.print(f"[bold]{escape(info.job)}[/] run [bold]{info.run}[/]  {_state(info.state)}", soft_wrap=False)
     console.print(f"[dim]team {escape(info.team or '—')} · project {escape(info.project or '—')}[/]", soft_wrap=False)
@@ -238,7 +238,7 @@ def live_progress(attempt: AttemptInfo, settings: Settings | None = None) -> Liv
     (`TRAINYARD_NODE_AGENTS`); None when neither says anything."""
     from pathlib import Path
 
-    from node_agent.verdicts import FINISHED_PHASES
+    from trainyard.node_agent.verdicts import FINISHED_PHASES
 
     handle = attempt.run_handle
     if handle is None:
@@ -246,7 +246,7 @@ def live_progress(attempt: AttemptInfo, settings: Settings | None = None) -> Liv
     beats: list[tuple[int, float, str]] = []
     source = "heartbeat files"
     if handle.heartbeat_dir and Path(handle.heartbeat_dir).is_dir():
-        from node_agent.heartbeat import read_heartbeats
+        from trainyard.node_agent.heartbeat import read_heartbeats
 
         beats = [(b.step, b.time, b.phase) for b in read_heartbeats(handle.heartbeat_dir, range(handle.world_size)).values()]
     if not beats:
@@ -261,8 +261,8 @@ def live_progress(attempt: AttemptInfo, settings: Settings | None = None) -> Liv
 
 def _agent_beats(attempt: AttemptInfo, settings: Settings | None) -> list[tuple[int, float, str]]:
     """(step, time, phase) of the attempt's ranks as the node agents report them (2 s each)."""
-    from config.settings import get_settings
-    from node_agent.client import NodeAgentError, fetch_health
+    from trainyard.config.settings import get_settings
+    from trainyard.node_agent.client import NodeAgentError, fetch_health
 
     agents = (settings or get_settings()).node_agents
     handle = attempt.run_handle
@@ -285,11 +285,11 @@ def _agent_beats(attempt: AttemptInfo, settings: Settings | None) -> list[tuple[
 
 
 def run_stop(args: argparse.Namespace) -> int:
-    from cli.output import console
-    from config.settings import get_settings
-    from plugins.attempt.launchers import Runtime
-    from plugins.attempt.stop import stop_run
-    from plugins.recovery.state import RunNotFound
+    from trainyard.cli.output import console
+    from trainyard.config.settings import get_settings
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.attempt.stop import stop_run
+    from trainyard.plugins.recovery.state import RunNotFound
 
     store = _store()
     try:
@@ -311,9 +311,9 @@ def run_stop(args: argparse.Namespace) -> int:
 def run_nodes_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from cli.output import console, print_json
-    from config.cluster import load_cluster
-    from config.settings import get_settings
+    from trainyard.cli.output import console, print_json
+    from trainyard.config.cluster import load_cluster
+    from trainyard.config.settings import get_settings
 
     cordons = _store().cordoned()
     nodes: list[Any] = list(load_cluster(get_settings().cluster).nodes)
@@ -340,7 +340,7 @@ def run_nodes_list(args: argparse.Namespace) -> int:
 def run_cordon(args: argparse.Namespace) -> int:
     import getpass
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     c = _store().cordon(args.node, args.reason, by=f"trainyard nodes cordon ({getpass.getuser()})")
     console.print(f"{c.node} [red]cordoned[/] since {c.since:%Y-%m-%d %H:%M:%S}Z: {c.reason}")
@@ -348,7 +348,7 @@ def run_cordon(args: argparse.Namespace) -> int:
 
 
 def run_uncordon(args: argparse.Namespace) -> int:
-    from cli.output import console, err_console
+    from trainyard.cli.output import console, err_console
 
     if not _store().uncordon(args.node):
         err_console.print(f"{args.node} was not cordoned (`trainyard nodes list` shows the cordons)")

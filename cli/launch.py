@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker import exit_codes
+from trainyard.worker import exit_codes
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from plugins.attempt.launchers import Runtime
-    from plugins.attempt.steps import Concluded, Started
-    from plugins.launch.model import RunStatus
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.attempt.steps import Concluded, Started
+    from trainyard.plugins.launch.model import RunStatus
 
 EXIT_HANG = 124
 """A rank hung and the gang was stopped (as `timeout(1)` says "timed out")."""
@@ -42,7 +42,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_HANG: "a rank hung (no step progress for the spec's hangTimeout): the gang was stopped",
     137: "a rank was killed by signal N gives 128+N: 137 SIGKILL (e.g. the kernel's OOM killer), 143 SIGTERM",
 }
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help:
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help:
 the worker's own codes come from `worker/exit_codes.py`, their one home."""
 
 
@@ -73,13 +73,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
-    from cli.output import err_console, print_json
-    from config.runs import check_run_id, new_run_id
-    from plugins.attempt.conf import InvalidConf, check_resume_point
-    from plugins.attempt.launchers import Runtime
-    from plugins.attempt.steps import InvalidJob, start_attempt
-    from plugins.errors import FatalError
-    from plugins.recovery.model import MAX_ATTEMPTS, AttemptConf
+    from trainyard.cli.output import err_console, print_json
+    from trainyard.config.runs import check_run_id, new_run_id
+    from trainyard.plugins.attempt.conf import InvalidConf, check_resume_point
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.attempt.steps import InvalidJob, start_attempt
+    from trainyard.plugins.errors import FatalError
+    from trainyard.plugins.recovery.model import MAX_ATTEMPTS, AttemptConf
 
     runtime = Runtime(_settings())
     if args.attach is not None:  # the follower of a detached launch
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(f"trainyard launch: error: {escape(str(e))}")
         return 2
     if args.resume_from:  # another job's checkpoint is refused before anything is placed or started
-        from config.loader import load_spec_file
+        from trainyard.config.loader import load_spec_file
 
         try:
             check_resume_point(args.resume_from, load_spec_file(args.spec), runtime.settings.object_store)
@@ -124,13 +124,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _settings() -> Any:
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     return get_settings()
 
 
 def _started(started: Started) -> None:
-    from cli.output import err_console
+    from trainyard.cli.output import err_console
 
     err_console.print(f"plan: {started.planned.plan.describe()} ({started.planned.source})")
     err_console.print(f"run {started.opened.conf.run} placed: "
@@ -146,7 +146,7 @@ def _start_follower(args: argparse.Namespace, started: Started) -> int:
 
     run_dir = Path(started.launched.handle.run_dir)
     (run_dir / STARTED_FILE).write_text(started.to_json())
-    argv = [sys.executable, "-m", "cli.main", "launch", str(args.spec.resolve()), "--attach",
+    argv = [sys.executable, "-m", "trainyard.cli.main", "launch", str(args.spec.resolve()), "--attach",
             str(run_dir / STARTED_FILE), "--grace-s", str(args.grace_s)]
     if args.timeout_s is not None:
         argv += ["--timeout-s", str(args.timeout_s)]
@@ -157,7 +157,7 @@ def _start_follower(args: argparse.Namespace, started: Started) -> int:
 
 
 def _attach(args: argparse.Namespace, runtime: Runtime) -> int:
-    from plugins.attempt.steps import Started
+    from trainyard.plugins.attempt.steps import Started
 
     return _follow(args, Started.from_json(args.attach.read_text()), runtime)
 
@@ -166,8 +166,8 @@ def _follow(args: argparse.Namespace, started: Started, runtime: Runtime) -> int
     """Until the attempt is over; then the summary, the verdict and the exit status."""
     from rich.live import Live
 
-    from cli.output import err_console
-    from plugins.attempt.steps import follow_attempt
+    from trainyard.cli.output import err_console
+    from trainyard.plugins.attempt.steps import follow_attempt
 
     handle, began = started.launched.handle, time.monotonic()
     try:
@@ -188,10 +188,10 @@ def _follow(args: argparse.Namespace, started: Started, runtime: Runtime) -> int
 
 
 def _interrupted(args: argparse.Namespace, started: Started, runtime: Runtime) -> int:
-    from cli.output import err_console
-    from plugins.attempt.steps import close
-    from plugins.attempt.stop import stop_run
-    from plugins.recovery.state import open_job_state
+    from trainyard.cli.output import err_console
+    from trainyard.plugins.attempt.steps import close
+    from trainyard.plugins.attempt.stop import stop_run
+    from trainyard.plugins.recovery.state import open_job_state
 
     err_console.print(f"interrupted: stopping (grace {args.grace_s:g}s)…")
     stop_run(open_job_state(runtime.settings.state_db), started.opened.job.name, runtime,
@@ -202,7 +202,7 @@ def _interrupted(args: argparse.Namespace, started: Started, runtime: Runtime) -
 
 @contextlib.contextmanager
 def _system_metrics(run_id: str, runtime: Runtime) -> Iterator[None]:
-    from plugins.tracking.system_metrics import start_system_metrics
+    from trainyard.plugins.tracking.system_metrics import start_system_metrics
 
     monitor = start_system_metrics(run_id, tracking_uri=runtime.settings.mlflow_tracking_uri) if run_id else None
     try:
@@ -216,7 +216,7 @@ def _verdict(concluded: Concluded | None, started: Started) -> None:
     """How the recovery engine read the attempt, and what the control plane does next."""
     from rich.markup import escape
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     if concluded is None or concluded.report.outcome == "completed":
         return
@@ -230,7 +230,7 @@ def _verdict(concluded: Concluded | None, started: Started) -> None:
 def _progress(status: RunStatus, handle: Any, elapsed: float) -> Any:
     from rich.table import Table
 
-    from cli.output import format_age
+    from trainyard.cli.output import format_age
 
     table = Table(title=f"{handle.job} attempt {handle.attempt} — {status.state} ({elapsed:.0f}s): "
                         f"{status.message}", title_justify="left")
@@ -246,8 +246,8 @@ def _progress(status: RunStatus, handle: Any, elapsed: float) -> Any:
 def _summary(status: RunStatus, handle: Any, runtime: Runtime) -> None:
     from rich.markup import escape
 
-    from cli.output import console
-    from plugins.attempt.launchers import launcher_for
+    from trainyard.cli.output import console
+    from trainyard.plugins.attempt.launchers import launcher_for
 
     style = "green" if status.succeeded else "red"
     console.print(f"[{style}]{status.state}[/]: {escape(status.message)}")

@@ -11,7 +11,7 @@ import argparse
 import time
 
 EXIT_CODES: dict[int, str] = {1: "no such job, run or attempt, or the attempt was never launched"}
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,10 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.output import err_console
-    from config.settings import get_settings
-    from plugins.attempt.launchers import Runtime, launcher_for
-    from plugins.recovery.state import RunNotFound, open_job_state
+    from trainyard.cli.output import err_console
+    from trainyard.config.settings import get_settings
+    from trainyard.plugins.attempt.launchers import Runtime, launcher_for
+    from trainyard.plugins.recovery.state import RunNotFound, open_job_state
 
     state = open_job_state(get_settings().state_db)
     try:

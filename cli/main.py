@@ -15,24 +15,24 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS: tuple[str, ...] = (
-    "cli.validate",
-    "cli.data",
-    "cli.plan",
-    "cli.checkpoints",
-    "cli.place",
-    "cli.launch",
-    "cli.submit",
-    "cli.jobs",
-    "cli.logs",
-    "cli.render",
-    "cli.models",
-    "cli.cost",
+    "trainyard.cli.validate",
+    "trainyard.cli.data",
+    "trainyard.cli.plan",
+    "trainyard.cli.checkpoints",
+    "trainyard.cli.place",
+    "trainyard.cli.launch",
+    "trainyard.cli.submit",
+    "trainyard.cli.jobs",
+    "trainyard.cli.logs",
+    "trainyard.cli.render",
+    "trainyard.cli.models",
+    "trainyard.cli.cost",
 )
 """Modules that each add one subcommand; keep the list sorted by how people discover them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cli.output import exit_codes_epilog
+    from trainyard.cli.output import exit_codes_epilog
 
     parser = argparse.ArgumentParser(
         prog="trainyard",
@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = refused_input_exit_code(e)
         if code is None:
             raise
-        from config.problems import preview
+        from trainyard.config.problems import preview
 
         print(f"trainyard {args.command}: error: {preview(str(e), 2000)}", file=sys.stderr)
         return code
@@ -110,9 +110,9 @@ def refused_input_exit_code(error: BaseException) -> int | None:
     2 for a bad file or argument (a cluster file, a URI outside the job's area), 1 for anything
     else an engine raised on purpose (`FatalError`, or a `TransientError` such as a database
     that is not running); None for a bug (its traceback stays)."""
-    from config.cluster import ClusterFileError
-    from plugins.errors import TrainyardError
-    from plugins.storage.errors import UnsafeKeyError
+    from trainyard.config.cluster import ClusterFileError
+    from trainyard.plugins.errors import TrainyardError
+    from trainyard.plugins.storage.errors import UnsafeKeyError
 
     if isinstance(error, ClusterFileError | UnsafeKeyError | FileNotFoundError | IsADirectoryError):
         return 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 EXIT_CODES: dict[int, str] = {0: "success, whether or not a version was found"}
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,23 +36,23 @@ def split_dataset_arg(text: str) -> tuple[str, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from config.settings import get_settings
-    from plugins.data.datasets import canonical_dataset_uri
-    from plugins.tracking.registry import models_trained_on, trained_datasets
+    from trainyard.config.settings import get_settings
+    from trainyard.plugins.data.datasets import canonical_dataset_uri
+    from trainyard.plugins.tracking.registry import models_trained_on, trained_datasets
 
     settings = get_settings()
     source, version = split_dataset_arg(args.dataset)
     try:
         uri = canonical_dataset_uri(source, settings)
     except ValueError as e:
-        from cli.output import err_console
+        from trainyard.cli.output import err_console
 
         err_console.print(f"trainyard models: error: {e}")
         return 2
     tracking_uri = args.tracking_uri or settings.mlflow_tracking_uri
     versions = models_trained_on(uri, version, tracking_uri=tracking_uri, digest=args.digest)
     if args.json:
-        from cli.output import print_json
+        from trainyard.cli.output import print_json
 
         print_json([v.model_dump() for v in versions])
         return 0
@@ -67,7 +67,7 @@ def _print_known(known: dict[str, list[str]], limit: int = 10) -> None:
     a version never trained on) shows what to ask instead."""
     from rich.markup import escape
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     if not known:
         console.print("no registered model version records a dataset yet")
@@ -82,7 +82,7 @@ def _print_known(known: dict[str, list[str]], limit: int = 10) -> None:
 def _print_table(versions: list, uri: str, version: str | None, *, wide: bool = False) -> None:
     from rich.markup import escape
 
-    from cli.output import console, print_table, row, table
+    from trainyard.cli.output import console, print_table, row, table
 
     label = escape(uri + (f"@{version}" if version else ""))
     if not versions:

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from plugins.placement.inventory import Inventory
-    from plugins.placement.model import Placement
+    from trainyard.plugins.placement.inventory import Inventory
+    from trainyard.plugins.placement.model import Placement
 
 
 EXIT_CODES: dict[int, str] = {1: "the spec has errors, or the gang cannot be placed (the output says why)"}
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,13 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.common import load_checked_job
-    from cli.output import console, err_console, print_json
-    from config.settings import get_settings
-    from plugins.advisor.plans import plan_for_job
-    from plugins.placement.gang import place_gang
-    from plugins.placement.inventory import Inventory
-    from plugins.placement.model import GangRequest, Unschedulable
+    from trainyard.cli.common import load_checked_job
+    from trainyard.cli.output import console, err_console, print_json
+    from trainyard.config.settings import get_settings
+    from trainyard.plugins.advisor.plans import plan_for_job
+    from trainyard.plugins.placement.gang import place_gang
+    from trainyard.plugins.placement.inventory import Inventory
+    from trainyard.plugins.placement.model import GangRequest, Unschedulable
 
     try:
         loaded = load_checked_job(args.spec, args.cluster)
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     inventory = Inventory.from_cluster(cluster)
     used: dict[str, int] = {}
     if not args.ignore_state:
-        from plugins.placement.state import open_state
+        from trainyard.plugins.placement.state import open_state
 
         used = open_state(get_settings().state_db).used_by_node()
     free = inventory.free_map(used)
@@ -131,7 +131,7 @@ def render_map(placement: Placement, inventory: Inventory, free: dict[str, int],
             cells.append(" ")
         racks.add_row(rack, cells)
 
-    from cli.output import table as compact_table
+    from trainyard.cli.output import table as compact_table
 
     columns = ("node rank", "node", "rack", "ranks", "TP groups", "PP stages", "DP replicas")
     table, _ = compact_table("nodes in rank order", [(c, "right" if c == "node rank" else "left") for c in columns])

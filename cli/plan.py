@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from plugins.advisor.plan import Plan
-    from plugins.advisor.planner import PlanResult
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.planner import PlanResult
 
 GiB = 1024**3
 
@@ -39,7 +39,7 @@ def _fraction(text: str) -> float:
 
 
 EXIT_CODES: dict[int, str] = {1: "nothing fits (the output says what would), or the spec has errors"}
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,8 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.common import load_checked_job
-    from config.settings import get_settings
+    from trainyard.cli.common import load_checked_job
+    from trainyard.config.settings import get_settings
 
     settings = get_settings()
     try:
@@ -71,18 +71,18 @@ def run(args: argparse.Namespace) -> int:
         return 1
     job, cluster = loaded
 
-    from plugins.advisor.planner import plan_job
+    from trainyard.plugins.advisor.planner import plan_job
 
     fraction = args.memory_fraction or settings.memory_fraction
     try:
         result = plan_job(job, cluster, memory_fraction=fraction, top_k=args.top)
     except ValueError as e:
-        from cli.output import err_console
+        from trainyard.cli.output import err_console
 
         err_console.print(f"{args.spec}: {e}", markup=False)
         return 1
     if args.json:
-        from cli.output import err_console, print_json
+        from trainyard.cli.output import err_console, print_json
 
         print_json(result.to_json())
         for line in result.warnings:
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _usage_error(message: str) -> None:
-    from cli.output import err_console
+    from trainyard.cli.output import err_console
 
     err_console.print(f"trainyard plan: error: {message}", markup=False)
 
@@ -114,7 +114,7 @@ def _gib(n: float | None) -> str:
 def _print_human(result: PlanResult, *, job_name: str, cluster_name: str, spec: Path) -> None:
     from rich.markup import escape
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     # One fact per line: the console does not wrap (soft_wrap), and 80 columns must do.
     console.print(f"[bold]{escape(job_name)}[/] on [bold]{escape(cluster_name)}[/]\n"
@@ -149,7 +149,7 @@ def _print_human(result: PlanResult, *, job_name: str, cluster_name: str, spec: 
 def _print_plan(plan: Plan, result: PlanResult) -> None:
     from rich.table import Table
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     layout = Table(title="Layout", show_header=False, title_justify="left")
     for label, value in (
@@ -198,7 +198,7 @@ def _print_plan(plan: Plan, result: PlanResult) -> None:
 def _print_alternatives(plans: list[Plan], *, title: str) -> None:
     from rich.table import Table
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     table = Table(title=title, title_justify="left")
     for col in ("layout", "memory", "step s", "tokens/s", "MFU"):
@@ -213,7 +213,7 @@ def _print_alternatives(plans: list[Plan], *, title: str) -> None:
 def _print_rejected(result: PlanResult) -> None:
     from rich.table import Table
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     if not result.rejected:
         console.print(f"{result.plans_considered:,} layouts considered, none rejected")

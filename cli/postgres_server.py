@@ -7,7 +7,7 @@ folder above the data directory. Here the server is a part of the stack like any
 outlives the command that started it, `make down` stops it, and a stack that crashed leaves a
 cluster the next `make up` starts again (a stale `postmaster.pid` is pg_ctl's to handle).
 
-- **No TCP port**: `listen_addresses = ''`, one Unix socket (`config.databases.socket_dir`);
+- **No TCP port**: `listen_addresses = ''`, one Unix socket (`trainyard.config.databases.socket_dir`);
   clients connect with `?host=<socket dir>`. Trust authentication is safe because only this
   machine's processes that can reach the socket file can connect.
 - **As root**, PostgreSQL refuses to run. The server then runs in a user namespace in which
@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.databases import DATABASES, PORT, database_url, postgres_root, socket_dir
-from plugins.launch import processes
-from plugins.retry import policy
+from trainyard.config.databases import DATABASES, PORT, database_url, postgres_root, socket_dir
+from trainyard.plugins.launch import processes
+from trainyard.plugins.retry import policy
 
 SERVER_USER = "nobody"
 """Who the server is inside its user namespace when started by root: any account but root that

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 EXIT_CODES: dict[int, str] = {1: "the spec has errors, the gang cannot be placed, or a setting cannot work in a cluster"}
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,17 +41,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.common import load_checked_job
-    from cli.output import err_console
-    from config.settings import get_settings
-    from config.teams import load_teams
-    from plugins.advisor.plans import plan_for_job
-    from plugins.launch.cluster_settings import cluster_setting_problems
-    from plugins.launch.environment import build_worker_env
-    from plugins.launch.manifests import KubernetesOptions, render_all, render_volcano_job, to_yaml
-    from plugins.placement.gang import place_gang
-    from plugins.placement.inventory import Inventory
-    from plugins.placement.model import GangRequest, Unschedulable
+    from trainyard.cli.common import load_checked_job
+    from trainyard.cli.output import err_console
+    from trainyard.config.settings import get_settings
+    from trainyard.config.teams import load_teams
+    from trainyard.plugins.advisor.plans import plan_for_job
+    from trainyard.plugins.launch.cluster_settings import cluster_setting_problems
+    from trainyard.plugins.launch.environment import build_worker_env
+    from trainyard.plugins.launch.manifests import (
+        KubernetesOptions,
+        render_all,
+        render_volcano_job,
+        to_yaml,
+    )
+    from trainyard.plugins.placement.gang import place_gang
+    from trainyard.plugins.placement.inventory import Inventory
+    from trainyard.plugins.placement.model import GangRequest, Unschedulable
 
     try:
         loaded = load_checked_job(args.spec, args.cluster)
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         plan, _ = plan_for_job(job, cluster, memory_fraction=settings.memory_fraction)
         inventory = Inventory.from_cluster(cluster)
         placement = place_gang(GangRequest.for_job(job, plan, attempt=args.attempt), inventory)
-        from config.runs import new_run_id
+        from trainyard.config.runs import new_run_id
 
         worker_env = build_worker_env(job, plan, settings, run=new_run_id(), attempt=args.attempt,
                                       mlflow_run_id=args.mlflow_run_id)
@@ -100,7 +105,7 @@ def _report(problems: list, *, force: bool) -> bool:
     error stops the rendering."""
     from rich.markup import escape
 
-    from cli.output import err_console
+    from trainyard.cli.output import err_console
 
     errors = [p for p in problems if p.severity == "error"]
     for p in problems:

@@ -9,7 +9,7 @@ later command (`make down`, a test) can find and stop it. Separate processes rat
 `airflow standalone`, so one part can be restarted alone — the way a deployment loses a
 scheduler — while training goes on.
 
-Usage: `python -m cli.stack up|down|status [--port P] [--airflow-only]`.
+Usage: `python -m trainyard.cli.stack up|down|status [--port P] [--airflow-only]`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli.postgres_server import EmbeddedPostgres
-from config.airflow import DEFAULT_PORT, airflow_env
-from plugins.launch import processes, rank_zygote
+from trainyard.cli.postgres_server import EmbeddedPostgres
+from trainyard.config.airflow import DEFAULT_PORT, airflow_env
+from trainyard.plugins.launch import processes, rank_zygote
 
 AIRFLOW = ("api-server", "scheduler", "dag-processor", "triggerer")
 MLFLOW_PORT = 5000
@@ -88,7 +88,7 @@ class Stack:
         """Local node → its agent's URL (empty without agents)."""
         if not self.agent_port:
             return {}
-        from config.cluster import load_cluster
+        from trainyard.config.cluster import load_cluster
 
         nodes = [n.name for n in load_cluster("local").nodes]
         return {node: f"http://127.0.0.1:{self.agent_port + i}" for i, node in enumerate(nodes)}
@@ -106,14 +106,14 @@ class Stack:
         return env
 
     def _command(self, component: str) -> list[str]:
-        # The parts that fork tasks or parses start with their imports done (`cli.airflow_preloaded`).
+        # The parts that fork tasks or parses start with their imports done (`trainyard.cli.airflow_preloaded`).
         if component == "celery-worker":
-            return [sys.executable, "-m", "cli.airflow_preloaded", "celery", "worker", "--concurrency", "8",
+            return [sys.executable, "-m", "trainyard.cli.airflow_preloaded", "celery", "worker", "--concurrency", "8",
                     "--skip-serve-logs"]
         if component in AIRFLOW:
             # (the scheduler forks tasks only with the LocalExecutor: Celery's workers run them)
             forks = component == "dag-processor" or (component == "scheduler" and not self.celery)
-            launcher = "cli.airflow_preloaded" if forks else "airflow"
+            launcher = "trainyard.cli.airflow_preloaded" if forks else "airflow"
             args = [sys.executable, "-m", launcher, component]
             if component == "api-server":
                 return [*args, "--port", str(self.port), "--host", "127.0.0.1"]
@@ -121,7 +121,7 @@ class Stack:
             # server of a one-machine stack reads the task and trigger logs from the files.
             return [*args, "--skip-serve-logs"] if component in ("scheduler", "triggerer") else args
         if component == "mlflow":
-            from config.settings import Settings
+            from trainyard.config.settings import Settings
 
             store = Settings(home=self.home).mlflow_tracking_uri
             return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
@@ -130,7 +130,7 @@ class Stack:
                     "--allowed-hosts", f"127.0.0.1:{self.mlflow_port},localhost:{self.mlflow_port}"]
         node = component.removeprefix("node-agent-")
         url = self.agents()[node]
-        return [sys.executable, "-m", "node_agent", "--node", node, "--host", "127.0.0.1",
+        return [sys.executable, "-m", "trainyard.node_agent", "--node", node, "--host", "127.0.0.1",
                 "--port", url.rsplit(":", 1)[1], "--heartbeat-dir", str(self.home / "runs")]
 
     def _pid_file(self, component: str) -> Path:
@@ -146,8 +146,8 @@ class Stack:
             subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=self.env(), check=True,
                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=600)
         # the MLflow store too, before the server and the first tasks open it side by side
-        from config.settings import Settings
-        from plugins.tracking.runs import client_for
+        from trainyard.config.settings import Settings
+        from trainyard.plugins.tracking.runs import client_for
 
         client_for(Settings(home=self.home).mlflow_tracking_uri)
 
@@ -225,7 +225,7 @@ class Stack:
         if self.postgres is not None:  # first: every other part keeps its state there
             self.postgres.start()
             self.postgres.ensure_databases()
-            from config.settings import get_settings
+            from trainyard.config.settings import get_settings
 
             get_settings.cache_clear()  # this process's settings now name the home's server
         self.migrate()
@@ -306,9 +306,9 @@ def default_stack(home: Path, *, port: int = DEFAULT_PORT, airflow_only: bool = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
-    p = argparse.ArgumentParser(prog="python -m cli.stack", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainyard.cli.stack", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=("up", "down", "status"))
     p.add_argument("--port", type=int, default=int(os.environ.get("TRAINYARD_AIRFLOW_PORT", DEFAULT_PORT)),
                    help="Airflow's API server port (default 8080)")

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cli.airflow_api import AirflowClient, AttemptRun
-    from config.settings import Settings
+    from trainyard.cli.airflow_api import AirflowClient, AttemptRun
+    from trainyard.config.settings import Settings
 
 EXIT_CODES: dict[int, str] = {
     1: "the spec is invalid, or (with --wait) the training run did not complete",
     3: "Airflow does not answer (start it with `make airflow`)",
 }
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 DAG_WAIT_S = 90.0
 """How long to wait for the DAG processor to pick up a spec new to the jobs folder."""
 
@@ -57,10 +57,10 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
-    from cli.common import load_checked_job
-    from cli.output import console, err_console
-    from config.settings import get_settings
+    from trainyard.cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
+    from trainyard.cli.common import load_checked_job
+    from trainyard.cli.output import console, err_console
+    from trainyard.config.settings import get_settings
 
     settings = get_settings()
     try:
@@ -110,7 +110,7 @@ def _into_jobs_folder(spec: Path, name: str, jobs_dir: Path) -> Path:
     spec, jobs_dir = spec.resolve(), jobs_dir.resolve()
     if spec.parent == jobs_dir:
         return spec
-    from config.loader import read_spec_file
+    from trainyard.config.loader import read_spec_file
 
     for existing in sorted(jobs_dir.glob("*.y*ml")):
         other, _ = read_spec_file(existing)
@@ -143,8 +143,8 @@ def follow_with_progress(client: AirflowClient, settings: Settings, dag_id: str,
             ) -> list[AttemptRun]:
     from rich.live import Live
 
-    from cli.airflow_api import follow_training_run
-    from cli.output import err_console
+    from trainyard.cli.airflow_api import follow_training_run
+    from trainyard.cli.output import err_console
 
     progress = _Progress(client, settings, dag_id)
     with Live(progress.table([], {}), console=err_console, refresh_per_second=2, transient=True) as live:
@@ -186,7 +186,7 @@ class _Progress:
                                                       key="mlflow_run_id") or ""
             if not self.mlflow_run_id:
                 return self.metrics
-            from plugins.tracking.runs import client_for
+            from trainyard.plugins.tracking.runs import client_for
 
             history = client_for(self.settings.mlflow_tracking_uri).get_metric_history(self.mlflow_run_id, "loss")
         except Exception:  # noqa: BLE001 - progress is best effort; the run's outcome is not
@@ -201,7 +201,7 @@ def _summary(attempts: list[AttemptRun]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     table = Table(title="attempts", title_justify="left")
     for column in ("#", "DAG run", "outcome", "action", "why"):

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from config.problems import Problem
+    from trainyard.config.problems import Problem
 
 
 EXIT_CODES: dict[int, str] = {1: "a spec has an error (warnings alone exit 0)"}
-"""This command's exit codes beyond the common ones (`cli.output.EXIT_CODES`), for its --help."""
+"""This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,9 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from config.cluster import load_cluster
-    from config.loader import read_spec_file
-    from config.settings import get_settings
+    from trainyard.config.cluster import load_cluster
+    from trainyard.config.loader import read_spec_file
+    from trainyard.config.settings import get_settings
 
     settings = get_settings()
     try:
@@ -49,15 +49,15 @@ def run(args: argparse.Namespace) -> int:
     for path in args.files:
         job, problems = read_spec_file(path)
         if job is not None:  # as an attempt is opened: where it would run first, then the dry run
-            from plugins.attempt.launchers import launch_problems
-            from plugins.validation.dry_run import validate_job
+            from trainyard.plugins.attempt.launchers import launch_problems
+            from trainyard.plugins.validation.dry_run import validate_job
 
             problems = launch_problems(job, cluster, settings) or validate_job(
                 job, cluster=cluster, settings=settings, offline=args.offline, data_quality=args.data)
         results.append((path, problems))
 
     if args.json:
-        from cli.output import print_json
+        from trainyard.cli.output import print_json
 
         print_json([{"file": str(path), **_as_dict(p)} for path, problems in results for p in problems])
     else:
@@ -73,7 +73,7 @@ def _as_dict(p: Problem) -> dict[str, str]:
 def _print_human(results: list[tuple[Path, list[Problem]]]) -> None:
     from rich.markup import escape
 
-    from cli.output import console
+    from trainyard.cli.output import console
 
     for path, problems in results:
         errors = [p for p in problems if p.severity == "error"]
@@ -91,6 +91,6 @@ def _print_human(results: list[tuple[Path, list[Problem]]]) -> None:
 
 
 def _usage_error(message: str) -> None:
-    from cli.output import err_console
+    from trainyard.cli.output import err_console
 
     err_console.print(f"trainyard validate: error: {message}")

@@ -2,10 +2,14 @@
 
 `make airflow`, `make demo`, `trainyard submit` and the end-to-end tests all run Airflow with
 the environment `airflow_env()` returns, so they agree on where its state lives
-(`<TRAINYARD_HOME>/airflow`), which folders it reads (this repository's `dags/` and `plugins/`),
-and how its parts reach each other:
+(`<TRAINYARD_HOME>/airflow`), which folders it reads, and how its parts reach each other:
 
-- metadata in the home's embedded PostgreSQL (`config.databases`; SQLite in a home without
+- the DAGs folder `<airflow home>/dags` holds the one DAG file any deployment adds
+  (`trainyard.dags.DAG_FILE`, written by `write_dag_file`), and the plugins folder is empty: the
+  operators, the triggers and the Trainyard view come from the installed provider, exactly as
+  in someone else's Airflow (the README's "Adding Trainyard to an Airflow");
+
+- metadata in the home's embedded PostgreSQL (`trainyard.config.databases`; SQLite in a home without
   one) with the LocalExecutor — production uses its own PostgreSQL and Celery, and
   `AIRFLOW__*` variables set by the caller win over these;
 - examples off, new DAGs unpaused, the DAG folder re-listed every few seconds (the default
@@ -31,10 +35,20 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from config.databases import default_url
+from trainyard.config.databases import default_url
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PORT = 8080
+
+DAG_FILE = '''\
+"""Airflow DAG file: Trainyard's DAGs, one per TrainingJob spec in $TRAINYARD_JOBS_DIR."""
+from trainyard.dags import dags
+globals().update(dags())
+'''
+"""The DAG file a deployment drops into its DAGs folder (three lines; the docstring's words
+'Airflow' and 'DAG' make Airflow's safe-mode scan parse it)."""
+
+DAG_FILE_NAME = "trainyard_dags.py"
+"""Its name in the embedded stack's DAGs folder (and the README's)."""
 
 # How long a connection to the embedded SQLite metadata waits for another process's write before
 # failing with "database is locked" (Python's default is 5 s). The scheduler, the API server, the
@@ -47,6 +61,18 @@ SQLITE_CONNECT_ARGS_ASYNC: dict[str, object] = {"timeout": 60}
 
 def airflow_home(trainyard_home: Path) -> Path:
     return trainyard_home / "airflow"
+
+
+def write_dag_file(home: Path) -> Path:
+    """The DAGs folder of the embedded Airflow, with the one Trainyard DAG file (rewritten only
+    when its text changed: a new mtime makes the DAG processor parse it again)."""
+    folder = home / "dags"
+    folder.mkdir(parents=True, exist_ok=True)
+    (home / "plugins").mkdir(exist_ok=True)
+    path = folder / DAG_FILE_NAME
+    if not path.is_file() or path.read_text() != DAG_FILE:
+        path.write_text(DAG_FILE)
+    return path
 
 
 def new_secrets() -> dict[str, str]:
@@ -62,7 +88,7 @@ def new_secrets() -> dict[str, str]:
 def shared_config(values: dict[str, str]) -> str:
     """An `airflow.cfg` holding only the shared secrets; everything else comes from `AIRFLOW__*`
     variables. The compose stack's init service writes it once into a volume every component
-    mounts (`python -m config.airflow > airflow.cfg`)."""
+    mounts (`python -m trainyard.config.airflow > airflow.cfg`)."""
     return (f"[api]\nsecret_key = {values['secret_key']}\n\n"
             f"[api_auth]\njwt_secret = {values['jwt_secret']}\n\n"
             f"[core]\nfernet_key = {values['fernet_key']}\n")
@@ -98,8 +124,8 @@ def airflow_env(trainyard_home: Path, *, port: int = DEFAULT_PORT,
     venv_bin = str(Path(sys.executable).parent)
     defaults = {
         "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(write_dag_file(home).parent),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -137,15 +163,14 @@ def airflow_env(trainyard_home: Path, *, port: int = DEFAULT_PORT,
     for key, value in defaults.items():
         env.setdefault(key, value)
     if env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite"):
-        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "config.airflow.SQLITE_CONNECT_ARGS")
+        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "trainyard.config.airflow.SQLITE_CONNECT_ARGS")
         env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC",
-                       "config.airflow.SQLITE_CONNECT_ARGS_ASYNC")
+                       "trainyard.config.airflow.SQLITE_CONNECT_ARGS_ASYNC")
     env["AIRFLOW_HOME"] = defaults["AIRFLOW_HOME"]
     env["TRAINYARD_HOME"] = str(trainyard_home.resolve())
     # Airflow starts its parts as `airflow …` from PATH: this venv's first.
     env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])
-    paths = [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.setdefault("TRAINYARD_DEMO_DAGS", "true")  # the demo's data DAG beside the jobs'
     return env
 
 

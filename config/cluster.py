@@ -26,9 +26,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from config.problems import preview
-from config.quantities import Bandwidth, Bytes
-from plugins.errors import FatalError
+from trainyard.config.problems import preview
+from trainyard.config.quantities import Bandwidth, Bytes
+from trainyard.plugins.errors import FatalError
 
 CLUSTERS_DIR = Path(__file__).parent / "clusters"
 
@@ -322,7 +322,7 @@ def parse_cluster(raw: bytes, *, where: str = "<cluster>") -> Cluster:
     """Parse and validate a cluster document; every failure is one `ClusterFileError` line."""
     from pydantic import ValidationError
 
-    from config.safe_yaml import YamlLimitError, load_documents
+    from trainyard.config.safe_yaml import YamlLimitError, load_documents
 
     where = preview(where, 200)
     if len(raw) > MAX_CLUSTER_BYTES:

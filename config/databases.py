@@ -14,7 +14,7 @@ Why PostgreSQL for a one-machine stack: four Airflow processes, their LocalExecu
 the tasks all write one metadata database; on SQLite they take turns on one file lock and the
 stack stalled for up to two minutes under load. PostgreSQL takes concurrent writers.
 
-Pure standard library (the Makefile's helpers and `config.airflow` import it before anything heavy).
+Pure standard library (the Makefile's helpers and `trainyard.config.airflow` import it before anything heavy).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from config.problems import Code, Problem, SpecError
-from config.safe_yaml import YamlLimitError, load_documents, preview_value
-from config.spec import API_VERSION, KIND, TrainingJob
+from trainyard.config.problems import Code, Problem, SpecError
+from trainyard.config.safe_yaml import YamlLimitError, load_documents, preview_value
+from trainyard.config.spec import API_VERSION, KIND, TrainingJob
 
 MAX_SPEC_BYTES = 1_000_000
 """A spec is a page of YAML; anything over 1 MB is a wrong file, not a big spec."""

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from plugins.errors import FatalError  # a leaf module with no imports, not an engine
+from trainyard.plugins.errors import FatalError  # a leaf module with no imports, not an engine
 
 SCHEMES = ("file", "s3")
 AREA_FOLDERS = ("jobs", "runs")

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.errors import FatalError  # a leaf module with no imports, not an engine
+from trainyard.plugins.errors import FatalError  # a leaf module with no imports, not an engine
 
 
 class Code(StrEnum):

@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from config.cluster import Cluster
-from config.pipeline import describe_split, rank_layer_counts, split_imbalance
-from config.prefix import UnsafePath, locate, storage_problem
-from config.problems import Code, Problem, preview
-from config.spec import TrainingJob
-from config.worker_env import is_reserved
+from trainyard.config.cluster import Cluster
+from trainyard.config.pipeline import describe_split, rank_layer_counts, split_imbalance
+from trainyard.config.prefix import UnsafePath, locate, storage_problem
+from trainyard.config.problems import Code, Problem, preview
+from trainyard.config.spec import TrainingJob
+from trainyard.config.worker_env import is_reserved
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_JOB_NAME = 52

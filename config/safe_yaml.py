@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from plugins.errors import FatalError  # a leaf module with no imports, not an engine
+from trainyard.plugins.errors import FatalError  # a leaf module with no imports, not an engine
 
 MAX_DEPTH = 64
 """Nesting levels; a spec uses about 6, a cluster file about 8."""

@@ -3,7 +3,7 @@
 Defaults describe the embedded default of DESIGN §3: everything under `.trainyard/` in the
 working directory — SQLite state, a local-folder object store, a local MLflow store — so a
 fresh clone runs with no configuration at all. The databases' defaults follow the home
-(`config.databases`): its embedded PostgreSQL once the stack has created one, else SQLite files.
+(`trainyard.config.databases`): its embedded PostgreSQL once the stack has created one, else SQLite files.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from config.databases import default_url
+from trainyard.config.databases import default_url
 
 CONFIG_DIR = Path(__file__).parent
 
@@ -32,13 +32,18 @@ class Settings(BaseSettings):
     state_db: str = ""
     """SQLAlchemy URL of the platform state (allocations, job lifecycle). Default: the database
     `trainyard` of the home's embedded PostgreSQL once `make up` has created it, else SQLite
-    `<home>/state.db` (`config.databases`)."""
+    `<home>/state.db` (`trainyard.config.databases`)."""
     mlflow_tracking_uri: str = ""
     """Default: the database `mlflow` of the home's embedded PostgreSQL once it exists, else a
     SQLite store `<home>/mlflow.db`; artifacts under `<home>/mlartifacts`."""
     cluster: str = "local"
     """Cluster name under `config/clusters/` or a path to a cluster file."""
     jobs_dir: Path = CONFIG_DIR / "jobs"
+    """The TrainingJob specs Airflow renders as DAGs (`trainyard.dags`) and `trainyard submit` writes
+    to; every Airflow component and the CLI must agree on it. Default: the package's example jobs."""
+    demo_dags: bool = False
+    """Also build the demo's data-publishing DAG (`trainyard_prepare_demo_data`); the embedded
+    stack sets it, a deployment leaves it off."""
     teams_file: Path = CONFIG_DIR / "teams.yaml"
     node_agents: dict[str, str] = Field(default_factory=dict)
     """Node name → its node agent's base URL (JSON: `{"local-0": "http://127.0.0.1:9420"}`). The
@@ -55,7 +60,7 @@ class Settings(BaseSettings):
     mlflow_ui_url: str = "http://127.0.0.1:5000"
     """Where people open the MLflow UI (the embedded stack's `mlflow server`)."""
     data_cache_dir: Path | None = None
-    """The node's shard cache for streamed datasets (`plugins.data.cache`), shared by the ranks
+    """The node's shard cache for streamed datasets (`trainyard.plugins.data.cache`), shared by the ranks
     of a node. Default: `<home>/data-cache`."""
     data_cache_bytes: int = Field(default=8 << 30, gt=0)
     """Size limit of the shard cache (least-recently-used shards are evicted above it)."""

@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from config.quantities import Bytes, Count, Duration
+from trainyard.config.quantities import Bytes, Count, Duration
 
 API_VERSION = "training.platform/v1"
 KIND = "TrainingJob"
@@ -198,7 +198,7 @@ class Dataset(Section):
     stripes: PositiveInt | None = Field(default=None, le=65_536)
     """How many stripes the shards are split into (each data-parallel rank reads only its own).
     The sample order depends on this number, not on the data-parallel size
-    (`plugins.data.stripes`). Default: the data-parallel size the run starts with (at most one
+    (`trainyard.plugins.data.stripes`). Default: the data-parallel size the run starts with (at most one
     per shard). A resumed run keeps its checkpoint's. `1`: every rank walks one global stream
     (the same order at any data-parallel size; fine for a few ranks)."""
     quality: DataQuality = Field(default_factory=DataQuality)
@@ -231,7 +231,7 @@ class Checkpoint(Section):
     """How a background save copies the state: `deferred` (the default) copies it while the next
     step's forward and backward run, and the optimizer's step waits for the copy; `blocking`
     copies it before training goes on — for a script that changes the weights outside
-    `optimizer.step()` through `.data` (`plugins.checkpoint.manager`). Host memory only for now:
+    `optimizer.step()` through `.data` (`trainyard.plugins.checkpoint.manager`). Host memory only for now:
     on CUDA machines the copy stays blocking (not yet run on a GPU)."""
     compression: Literal["none", "zstd"] = "none"
     """Per-file compression, recorded in the manifest."""

@@ -45,7 +45,7 @@ class WorkerEnv(BaseModel):
     job: str
     run: str = Field(description="The training run (one trigger of the job); all attempts share it")
     attempt: int = 0
-    plan: str = Field(description="Plan JSON (plugins.advisor.plan.Plan)")
+    plan: str = Field(description="Plan JSON (trainyard.plugins.advisor.plan.Plan)")
     spec: str = Field(description="The TrainingJob as JSON (camelCase)")
     resume_from: str = Field(default="", description="Manifest URI to restore, or empty for latest valid")
     object_store: str

@@ -1,5 +1,5 @@
-"""Build one job's DAG from its spec (DESIGN §4). Not a DAG file (`dags/.airflowignore`): the DAG
-files `training_jobs.py` and `invalid_specs.py` import it.
+"""Build one job's DAG from its spec (DESIGN §4); `training_jobs.job_dags` calls it for each
+valid spec of the jobs folder.
 
 ```
 validate_spec ─ validate_data ─ plan_parallelism ─ place_gang(setup) ─ launch_training
@@ -22,7 +22,6 @@ only the spec it is given.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -30,9 +29,9 @@ from typing import TYPE_CHECKING
 
 from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, ParamsDict
 
-from operators.common import task_defaults
-from operators.launch import LaunchTrainingOperator
-from operators.outcome import (
+from trainyard.operators.common import task_defaults
+from trainyard.operators.launch import LaunchTrainingOperator
+from trainyard.operators.outcome import (
     RECOVERY_ACTIONS,
     AttemptFailedOperator,
     CancelledOperator,
@@ -43,32 +42,31 @@ from operators.outcome import (
     RegisterModelOperator,
     ResumeNextAttemptOperator,
 )
-from operators.placement import PlaceGangOperator, PlanParallelismOperator, ReleaseGangOperator
-from operators.validate import ValidateDataOperator, ValidateSpecOperator
-from sensors.watch import WatchCheckpointsSensor, WatchHealthSensor, WatchTrainingSensor
+from trainyard.operators.placement import (
+    PlaceGangOperator,
+    PlanParallelismOperator,
+    ReleaseGangOperator,
+)
+from trainyard.operators.validate import ValidateDataOperator, ValidateSpecOperator
+from trainyard.sensors.watch import WatchCheckpointsSensor, WatchHealthSensor, WatchTrainingSensor
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
-    from config.problems import Problem
-    from config.spec import TrainingJob
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.problems import Problem
+    from trainyard.config.spec import TrainingJob
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 START = datetime(2026, 1, 1)
 FAULTS = "Fault injection (tests and game days; off by default, attempt 0 only)"
-
-
-def jobs_dir() -> Path:
-    return Path(os.environ.get("TRAINYARD_JOBS_DIR", REPO_ROOT / "config" / "jobs"))
 
 
 def read_specs(folder: Path, *, only: str | None = None
                ) -> Iterator[tuple[Path, TrainingJob | None, list[Problem]]]:
     """Every spec of the folder, sorted, with its offline problems (schema, rules, cluster) —
     or, with `only`, just the spec of that job (a task's parse builds one DAG)."""
-    from config.cluster import cluster_for
-    from config.loader import read_spec_file
-    from config.rules import check_against_cluster, check_spec
-    from config.settings import get_settings
+    from trainyard.config.cluster import cluster_for
+    from trainyard.config.loader import read_spec_file
+    from trainyard.config.rules import check_against_cluster, check_spec
+    from trainyard.config.settings import get_settings
 
     clusters: dict[str, Cluster] = {}
     for path in sorted(folder.glob("*.y*ml")):
@@ -81,19 +79,6 @@ def read_specs(folder: Path, *, only: str | None = None
                 clusters[gpu] = cluster_for(gpu, get_settings().cluster)
             problems = check_spec(job) + check_against_cluster(job, clusters[gpu])
         yield path, job, problems
-
-
-class InvalidSpecs(ValueError):
-    """Raised by `invalid_specs.py` so Airflow shows the reports as that file's import error."""
-
-    def __init__(self, broken: list[tuple[Path, list[Problem]]]) -> None:
-        lines = []
-        for path, problems in broken:
-            errors = [p for p in problems if p.severity == "error"]
-            lines.append(f"✗ {path}: {len(errors)} error(s)")
-            lines += [f"  {p.code.value} {p.render()}" for p in errors]
-        super().__init__(f"{len(broken)} TrainingJob spec(s) do not validate; their DAGs are not "
-                         "built until they do:\n" + "\n".join(lines))
 
 
 def params(job: TrainingJob) -> dict[str, Param]:
@@ -140,7 +125,7 @@ def dag_schedule(job: TrainingJob) -> str | Asset | AssetOrTimeSchedule | None:
     on_asset = job.spec.retrain.on_asset if job.spec.retrain is not None else None
     if on_asset is None:
         return cron
-    from plugins.data.assets import dataset_asset_uri
+    from trainyard.plugins.data.assets import dataset_asset_uri
 
     asset = Asset(dataset_asset_uri(on_asset))
     if cron is None:
@@ -150,7 +135,7 @@ def dag_schedule(job: TrainingJob) -> str | Asset | AssetOrTimeSchedule | None:
 
 def promotion_gate(job: TrainingJob, register: RegisterModelOperator) -> None:
     """`retrain.promote: manual`: register_model ─ evaluate ─ approve_promotion ─ promote_model."""
-    from operators.retrain import EvaluateModelOperator, PromoteModelOperator, approval
+    from trainyard.operators.retrain import EvaluateModelOperator, PromoteModelOperator, approval
 
     register >> EvaluateModelOperator(task_id="evaluate") >> approval(job.name) >> \
         PromoteModelOperator(task_id="promote_model")

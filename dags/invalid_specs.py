@@ -1,19 +1,49 @@
-"""Specs in `TRAINYARD_JOBS_DIR` that do not validate, as this file's import error.
+"""Specs in the jobs folder that do not validate, shown as the DAG file's import error.
 
 Airflow shows an import error per DAG file ("Broken DAG" in the UI, `importErrors` in the REST
-API). Reporting invalid specs from their own file keeps every valid job's DAG (built by
-`training_jobs.py`) alive while the broken ones are listed, each with its full validation report
-in the `trainyard validate` format. Nothing to report: no DAG, no error.
+API). An exception raised while the file runs would drop every DAG of it; a DAG that fails
+Airflow's own validation is rejected alone, its error recorded as the file's import error
+(`DagBag.process_file`: "Error bagging DAG"). So the invalid specs travel as one stand-in DAG
+whose `validate()` raises their full reports in the `trainyard validate` format, and every valid
+job's DAG built beside it stays. Nothing to report: no stand-in, no error.
 """
 
 from __future__ import annotations
 
-from airflow.sdk import get_parsing_context
+from typing import TYPE_CHECKING
 
-from dags.factory import InvalidSpecs, jobs_dir, read_specs
+from airflow.sdk import DAG
 
-if get_parsing_context().dag_id is None:  # a task's parse needs only its own DAG's file
-    _broken = [(path, problems) for path, job, problems in read_specs(jobs_dir())
-               if job is None or any(p.severity == "error" for p in problems)]
-    if _broken:
-        raise InvalidSpecs(_broken)
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from trainyard.config.problems import Problem
+
+DAG_ID = "trainyard_invalid_specs"
+
+
+class InvalidSpecs(ValueError):
+    """Every invalid spec's report: the message Airflow shows as the DAG file's import error."""
+
+    def __init__(self, broken: list[tuple[Path, list[Problem]]]) -> None:
+        lines = []
+        for path, problems in broken:
+            errors = [p for p in problems if p.severity == "error"]
+            lines.append(f"✗ {path}: {len(errors)} error(s)")
+            lines += [f"  {p.code.value} {p.render()}" for p in errors]
+        super().__init__(f"{len(broken)} TrainingJob spec(s) do not validate; their DAGs are not "
+                         "built until they do:\n" + "\n".join(lines))
+
+
+class InvalidSpecsDag(DAG):
+    """Never scheduled: Airflow validates every DAG before taking it, and this one's validation
+    is the invalid specs' report."""
+
+    @classmethod
+    def of(cls, broken: list[tuple[Path, list[Problem]]]) -> InvalidSpecsDag:
+        dag = cls(dag_id=DAG_ID, schedule=None, tags=["trainyard"])
+        dag.broken = broken
+        return dag
+
+    def validate(self) -> None:
+        raise InvalidSpecs(self.broken)

@@ -25,10 +25,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk import DAG, CronTriggerTimetable, get_parsing_context
+from airflow.sdk import DAG, CronTriggerTimetable
 
-from operators.common import RETRY_POLICY
-from operators.maintenance import audit_checkpoints, chargeback_report, sweep_retention
+from trainyard.operators.common import RETRY_POLICY
+from trainyard.operators.maintenance import audit_checkpoints, chargeback_report, sweep_retention
 
 TAGS = ["trainyard", "trainyard:maintenance"]
 DEFAULTS = {"retries": 1, "retry_delay": timedelta(minutes=5), "retry_policy": RETRY_POLICY}
@@ -38,32 +38,28 @@ DAILY = CronTriggerTimetable("@daily", timezone="UTC", run_immediately=NEVER)
 HOURLY = CronTriggerTimetable("@hourly", timezone="UTC", run_immediately=NEVER)
 DAILY_OVER_THE_DAY_BEFORE = CronTriggerTimetable("@daily", timezone="UTC", interval=timedelta(days=1),
                                                  run_immediately=NEVER)
-_wanted = get_parsing_context().dag_id
 
 
-def _build(dag_id: str) -> bool:
-    """A task's parse names its DAG: build only that one (as `training_jobs.py` does)."""
-    return _wanted is None or _wanted == dag_id
-
-
-if _build("trainyard_checkpoint_audit"):
-    with DAG(dag_id="trainyard_checkpoint_audit", schedule=DAILY, catchup=False,
-             max_active_runs=1, tags=TAGS, default_args=DEFAULTS,
-             doc_md="Re-hash a random sample of committed checkpoints of every job and run; fail "
-                    "loudly, naming each one that does not verify.") as checkpoint_audit:
-        PythonOperator(task_id="audit_checkpoints", python_callable=audit_checkpoints, op_kwargs={"sample": 20})
-
-if _build("trainyard_retention_sweep"):
-    with DAG(dag_id="trainyard_retention_sweep", schedule=HOURLY, catchup=False,
-             max_active_runs=1, tags=TAGS, default_args=DEFAULTS, is_paused_upon_creation=True,
-             doc_md="Apply each job's spec retention policy to its finished runs. Never deletes the "
-                    "newest valid checkpoint nor a quarantined one.") as retention_sweep:
-        PythonOperator(task_id="sweep_retention", python_callable=sweep_retention)
-
-if _build("trainyard_chargeback"):
-    with DAG(dag_id="trainyard_chargeback", schedule=DAILY_OVER_THE_DAY_BEFORE, catchup=False,
-             max_active_runs=1, tags=TAGS, default_args=DEFAULTS,
-             doc_md="GPU-hours and cost per team and project over the run's data interval "
-                    "(CSV + HTML, and an MLflow run of `trainyard/chargeback`).") as chargeback:
-        PythonOperator(task_id="chargeback_report", python_callable=chargeback_report,
-                       op_kwargs={"since": "{{ data_interval_start }}", "until": "{{ data_interval_end }}"})
+def maintenance_dags(wanted: str | None = None) -> dict[str, DAG]:
+    """The three maintenance DAGs by id (only `wanted` when a task's parse names it)."""
+    built: dict[str, DAG] = {}
+    if wanted in (None, "trainyard_checkpoint_audit"):
+        with DAG(dag_id="trainyard_checkpoint_audit", schedule=DAILY, catchup=False,
+                 max_active_runs=1, tags=TAGS, default_args=DEFAULTS,
+                 doc_md="Re-hash a random sample of committed checkpoints of every job and run; fail "
+                        "loudly, naming each one that does not verify.") as built["trainyard_checkpoint_audit"]:
+            PythonOperator(task_id="audit_checkpoints", python_callable=audit_checkpoints, op_kwargs={"sample": 20})
+    if wanted in (None, "trainyard_retention_sweep"):
+        with DAG(dag_id="trainyard_retention_sweep", schedule=HOURLY, catchup=False,
+                 max_active_runs=1, tags=TAGS, default_args=DEFAULTS, is_paused_upon_creation=True,
+                 doc_md="Apply each job's spec retention policy to its finished runs. Never deletes the "
+                        "newest valid checkpoint nor a quarantined one.") as built["trainyard_retention_sweep"]:
+            PythonOperator(task_id="sweep_retention", python_callable=sweep_retention)
+    if wanted in (None, "trainyard_chargeback"):
+        with DAG(dag_id="trainyard_chargeback", schedule=DAILY_OVER_THE_DAY_BEFORE, catchup=False,
+                 max_active_runs=1, tags=TAGS, default_args=DEFAULTS,
+                 doc_md="GPU-hours and cost per team and project over the run's data interval "
+                        "(CSV + HTML, and an MLflow run of `trainyard/chargeback`).") as built["trainyard_chargeback"]:
+            PythonOperator(task_id="chargeback_report", python_callable=chargeback_report,
+                           op_kwargs={"since": "{{ data_interval_start }}", "until": "{{ data_interval_end }}"})
+    return built

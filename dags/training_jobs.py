@@ -1,19 +1,36 @@
-"""One Airflow DAG per TrainingJob spec in `TRAINYARD_JOBS_DIR` (default `config/jobs/`).
+"""One Airflow DAG per TrainingJob spec in the jobs folder (`TRAINYARD_JOBS_DIR`).
 
-Each valid spec becomes a DAG named after the job (`dags/factory.py` builds it); a spec that
-does not validate is reported by `invalid_specs.py` as an import error, so one team's typo never
-hides the other teams' DAGs. When Airflow runs a task it parses with a parsing context naming
-the DAG: then only that spec is read and only that DAG is built.
+Each valid spec becomes a DAG named after the job (`factory.build_dag`). The specs that do not
+validate become one stand-in (`invalid_specs.InvalidSpecsDag`) that Airflow rejects with their
+reports — the DAG file's import error — so one team's typo never hides the other teams' DAGs.
+When Airflow runs a task it parses with a parsing context naming the DAG: then only that spec is
+read and only that DAG is built.
 """
 
 from __future__ import annotations
 
-from airflow.sdk import get_parsing_context
+from typing import TYPE_CHECKING
 
-from dags.factory import build_dag, jobs_dir, read_specs
+from trainyard.dags.factory import build_dag, read_specs
+from trainyard.dags.invalid_specs import InvalidSpecsDag
 
-_wanted = get_parsing_context().dag_id
+if TYPE_CHECKING:
+    from pathlib import Path
 
-for _path, _job, _problems in read_specs(jobs_dir(), only=_wanted):
-    if _job is not None and not any(p.severity == "error" for p in _problems):
-        globals()[_job.name] = build_dag(_job, _path)
+    from airflow.sdk import DAG
+
+
+def job_dags(jobs_dir: Path, wanted: str | None = None) -> dict[str, DAG]:
+    """The jobs' DAGs by id (only `wanted`'s when a task's parse names it), and the invalid
+    specs' stand-in when there are any and no single DAG is wanted."""
+    built: dict[str, DAG] = {}
+    broken = []
+    for path, job, problems in read_specs(jobs_dir, only=wanted):
+        if job is not None and not any(p.severity == "error" for p in problems):
+            built[job.name] = build_dag(job, path)
+        elif wanted is None:
+            broken.append((path, problems))
+    if broken:
+        stand_in = InvalidSpecsDag.of(broken)
+        built[stand_in.dag_id] = stand_in
+    return built

@@ -21,7 +21,7 @@ from types import FrameType
 
 from pydantic import ValidationError
 
-from node_agent.config import DEFAULT_PORT, AgentConfig
+from trainyard.node_agent.config import DEFAULT_PORT, AgentConfig
 
 log = logging.getLogger("node_agent")
 
@@ -78,8 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                for err in e.errors()))
 
     # Imported here so `--help` and usage errors stay instant.
-    from node_agent.monitor import Monitor
-    from node_agent.server import AgentServer
+    from trainyard.node_agent.monitor import Monitor
+    from trainyard.node_agent.server import AgentServer
 
     monitor = Monitor(config)
     monitor.open()

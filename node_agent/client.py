@@ -1,6 +1,6 @@
 """A small client for node agents, for the control plane's sensors and triggers, and for tests.
 
-Standard library HTTP only (`urllib`), and `node_agent.models` (pydantic): importing this from
+Standard library HTTP only (`urllib`), and `trainyard.node_agent.models` (pydantic): importing this from
 a trigger or a DAG-adjacent module costs next to nothing.
 
 The two failure modes are separate exceptions because they mean different things to a sensor:
@@ -17,8 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 
-from node_agent.models import FaultRequest, NodeHealth
-from plugins.errors import FatalError, TrainyardError, TransientError
+from trainyard.node_agent.models import FaultRequest, NodeHealth
+from trainyard.plugins.errors import FatalError, TrainyardError, TransientError
 
 
 class NodeAgentError(TrainyardError):

@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from node_agent.models import GpuStatus
-from node_agent.once import OnceLog
+from trainyard.node_agent.models import GpuStatus
+from trainyard.node_agent.once import OnceLog
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ progress for `hang_timeout_s` is a hang. `alive_at` is the writer's last sign of
 worker's writer thread rewrites the beat every `pulse_interval_s` whatever the training
 thread does, so a rank blocked in a collective, waiting for a peer, keeps a fresh `alive_at`
 while a rank that is stopped (SIGSTOP, a debugger) or stuck holding the interpreter does not.
-`hang_culprits` (`node_agent.verdicts`) blames the second kind. `pid_ns` names the writer's
+`hang_culprits` (`trainyard.node_agent.verdicts`) blames the second kind. `pid_ns` names the writer's
 PID namespace, so an agent that shares it can tell a rank whose process is gone (a cancelled or
 crashed run: nothing to hang) from one that is alive and stuck.
 """
@@ -43,7 +43,7 @@ def heartbeat_path(directory: str | Path, rank: int) -> Path:
 
 
 class DataFigures(BaseModel):
-    """The data pipeline's figures (`plugins.data.reader`) a rank reports beside its step: in its
+    """The data pipeline's figures (`trainyard.plugins.data.reader`) a rank reports beside its step: in its
     heartbeat file and, passed through as they are, in the node agent's report of it."""
 
     data_stall_s: float | None = None
@@ -144,11 +144,11 @@ def read_heartbeats(directory: str | Path, ranks: Iterable[int]) -> dict[int, He
 
 
 def write_heartbeat(directory: str | Path, beat: Heartbeat) -> Path:
-    """Atomically replace this rank's heartbeat file (`plugins.files.write_atomic`), stamped
+    """Atomically replace this rank's heartbeat file (`trainyard.plugins.files.write_atomic`), stamped
     with the time of this write (`alive_at`) and, unless set, this process's PID namespace."""
     import time
 
-    from plugins.files import write_atomic
+    from trainyard.plugins.files import write_atomic
 
     stamped = beat.model_copy(update={"alive_at": time.time(), "pid_ns": beat.pid_ns or own_pid_namespace()})
     return write_atomic(heartbeat_path(directory, beat.rank), stamped.model_dump_json())

@@ -16,8 +16,8 @@ from typing import get_args
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from node_agent.models import NodeHealth, RankHeartbeat, VerdictKind
-from node_agent.monitor import Monitor
+from trainyard.node_agent.models import NodeHealth, RankHeartbeat, VerdictKind
+from trainyard.node_agent.monitor import Monitor
 
 _GPU_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("trainyard_gpu_temperature_celsius", "temperature_celsius", "GPU core temperature."),

@@ -21,11 +21,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from node_agent.config import AgentConfig
-from node_agent.gpu_probe import NvmlProbe, XidWatcher
-from node_agent.heartbeat import Heartbeat, own_pid_namespace
-from node_agent.heartbeat_reader import HeartbeatReader
-from node_agent.models import (
+from trainyard.node_agent.config import AgentConfig
+from trainyard.node_agent.gpu_probe import NvmlProbe, XidWatcher
+from trainyard.node_agent.heartbeat import Heartbeat, own_pid_namespace
+from trainyard.node_agent.heartbeat_reader import HeartbeatReader
+from trainyard.node_agent.models import (
     UNHEALTHY_KINDS,
     FaultRequest,
     GpuStatus,
@@ -33,7 +33,7 @@ from node_agent.models import (
     RankHeartbeat,
     Verdict,
 )
-from node_agent.verdicts import (
+from trainyard.node_agent.verdicts import (
     FINISHED_PHASES,
     ThermalWatch,
     ecc_verdict,
@@ -74,7 +74,7 @@ def process_alive(beat: Heartbeat) -> bool | None:
     rules decide, as before."""
     if not beat.pid_ns or beat.pid_ns != own_pid_namespace() or not beat.pid:
         return None
-    from plugins.launch.processes import is_alive
+    from trainyard.plugins.launch.processes import is_alive
 
     return is_alive(beat.pid)
 

@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 from prometheus_client.exposition import choose_encoder
 from pydantic import ValidationError
 
-from node_agent.metrics import build_registry
-from node_agent.models import FaultRequest
-from node_agent.monitor import Monitor
+from trainyard.node_agent.metrics import build_registry
+from trainyard.node_agent.models import FaultRequest
+from trainyard.node_agent.monitor import Monitor
 
 log = logging.getLogger(__name__)
 

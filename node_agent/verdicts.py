@@ -13,8 +13,8 @@ import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from node_agent.heartbeat import DATA_FIELDS, Heartbeat
-from node_agent.models import GpuStatus, RankHeartbeat, Verdict
+from trainyard.node_agent.heartbeat import DATA_FIELDS, Heartbeat
+from trainyard.node_agent.models import GpuStatus, RankHeartbeat, Verdict
 
 FATAL_XIDS: dict[int, str] = {
     48: "double-bit (uncorrectable) ECC error",

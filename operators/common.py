@@ -2,7 +2,7 @@
 call one step of the attempt engine (`plugins/attempt/steps.py`), translate engine errors into
 Airflow's retry semantics, and push JSON back.
 
-- **Errors** (DESIGN §1): `RETRY_POLICY` maps `plugins.errors` to Airflow's retry decision by
+- **Errors** (DESIGN §1): `RETRY_POLICY` maps `trainyard.plugins.errors` to Airflow's retry decision by
   class — a `TransientError` (a lost reservation race, an unreachable agent) is retried after a
   short delay, a `FatalError` (an invalid spec, nothing fits) fails at once with its message in
   the UI. Anything else falls through to the task's `retries`.
@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from pydantic import BaseModel
 
-    from config.problems import Problem
-    from config.settings import Settings
-    from plugins.attempt.launchers import Runtime
-    from plugins.attempt.steps import Opened
+    from trainyard.config.problems import Problem
+    from trainyard.config.settings import Settings
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.attempt.steps import Opened
 
 M = TypeVar("M", bound="BaseModel")
 log = logging.getLogger(__name__)
@@ -36,9 +36,9 @@ VALIDATE = "validate_spec"
 """The first task: it opens the attempt and pushes the effective job and the attempt's conf."""
 
 RETRY_POLICY = ExceptionRetryPolicy(rules=[
-    RetryRule(exception="plugins.errors.FatalError", action=RetryAction.FAIL,
+    RetryRule(exception="trainyard.plugins.errors.FatalError", action=RetryAction.FAIL,
               reason="fatal: retrying the same input cannot succeed"),
-    RetryRule(exception="plugins.errors.TransientError", action=RetryAction.RETRY,
+    RetryRule(exception="trainyard.plugins.errors.TransientError", action=RetryAction.RETRY,
               retry_delay=timedelta(seconds=5), reason="transient: the world was not ready; retrying"),
 ])
 
@@ -51,7 +51,7 @@ def task_defaults(owner: str = "trainyard") -> dict[str, Any]:
 
 
 def settings() -> Settings:
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     return get_settings()
 
@@ -59,8 +59,8 @@ def settings() -> Settings:
 def runtime() -> Runtime:
     """The engine's runtime inside Airflow: the settings, and Kubernetes clients from the
     cncf-kubernetes provider's `KubernetesHook` on `TRAINYARD_KUBERNETES_CONN_ID`."""
-    from operators.kubernetes_clients import kubernetes_clients
-    from plugins.attempt.launchers import Runtime
+    from trainyard.operators.kubernetes_clients import kubernetes_clients
+    from trainyard.plugins.attempt.launchers import Runtime
 
     return Runtime(settings(), kube_clients=kubernetes_clients)
 
@@ -74,7 +74,7 @@ def note_dag_run(context: Context, note: str) -> None:
     """Write the DAG run's note through Airflow's REST API (a task has no other way to): the
     grid then says what happened to the attempt, not just green or red. Best effort — a note that
     cannot be written is logged, never a reason to fail the attempt."""
-    from cli.airflow_api import AirflowClient
+    from trainyard.cli.airflow_api import AirflowClient
 
     config, dag_run = settings(), context["dag_run"]
     token = config.airflow_token.get_secret_value() if config.airflow_token else ""
@@ -114,6 +114,6 @@ def push_opened(context: Context, opened: Opened) -> None:
 
 def opened_of(context: Context) -> Opened:
     """The attempt as `validate_spec` opened it (a spec edited mid-run cannot change it)."""
-    from plugins.attempt.steps import Opened
+    from trainyard.plugins.attempt.steps import Opened
 
     return pull(context, VALIDATE, Opened, key=OPENED)

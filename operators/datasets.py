@@ -8,17 +8,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from config.settings import Settings
+    from trainyard.config.settings import Settings
 
 
 def prepare_demo_version(version: str, *, outlet_events: Any = None, settings: Settings | None = None
                          ) -> dict[str, Any]:
     """Write the demo shards, publish them as `version`; the asset event (emitted by Airflow for
     the task's outlet) carries the version's identity as its `extra`."""
-    from config.settings import get_settings
-    from plugins.data.publish import publish_version
-    from plugins.storage.store import open_store
-    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+    from trainyard.config.settings import get_settings
+    from trainyard.plugins.data.publish import publish_version
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     s = settings or get_settings()
     prepare_demo_dataset(open_store(s.object_store, endpoint_url=s.s3_endpoint_url).child(DEMO_PREFIX.rstrip("/")))

@@ -3,9 +3,9 @@
 A thin adapter, outside the engines (DESIGN §1: engines never import Airflow): it turns an
 Airflow connection (`TRAINYARD_KUBERNETES_CONN_ID`, default `kubernetes_default`, which the
 provider resolves to the in-cluster service account or the kubeconfig when the connection
-does not exist) into the API clients `plugins.launch.volcano.KubernetesLauncher` takes. Where
+does not exist) into the API clients `trainyard.plugins.launch.volcano.KubernetesLauncher` takes. Where
 Airflow or the cncf-kubernetes provider is not installed — `trainyard` on a laptop — the
-clients come from the kubeconfig (`plugins.launch.kube_clients`).
+clients come from the kubeconfig (`trainyard.plugins.launch.kube_clients`).
 
 Airflow is imported inside the function, never at module level: a DAG file may import this
 module cheaply.
@@ -16,22 +16,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from plugins.launch.kube_clients import KubeClients
-    from plugins.launch.manifests import KubernetesOptions
-    from plugins.launch.model import RunHandle, RunStatus
-    from plugins.launch.volcano import KubernetesLauncher
+    from trainyard.plugins.launch.kube_clients import KubeClients
+    from trainyard.plugins.launch.manifests import KubernetesOptions
+    from trainyard.plugins.launch.model import RunHandle, RunStatus
+    from trainyard.plugins.launch.volcano import KubernetesLauncher
 
 
 def kubernetes_clients(conn_id: str | None = None) -> KubeClients:
     """From `KubernetesHook(conn_id)` when the provider imports, else from the kubeconfig."""
-    from plugins.launch.kube_clients import KubeClients, clients_from_kubeconfig
+    from trainyard.plugins.launch.kube_clients import KubeClients, clients_from_kubeconfig
 
     try:
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
     except ImportError:
         return clients_from_kubeconfig()
     if conn_id is None:
-        from config.settings import get_settings
+        from trainyard.config.settings import get_settings
 
         conn_id = get_settings().kubernetes_conn_id
     hook = KubernetesHook(conn_id=conn_id)
@@ -40,7 +40,7 @@ def kubernetes_clients(conn_id: str | None = None) -> KubeClients:
 
 def kubernetes_launcher(options: KubernetesOptions | None = None, conn_id: str | None = None) -> KubernetesLauncher:
     """The launcher the DAG's launch and watch tasks use."""
-    from plugins.launch.volcano import KubernetesLauncher
+    from trainyard.plugins.launch.volcano import KubernetesLauncher
 
     return KubernetesLauncher.from_clients(kubernetes_clients(conn_id), options=options)
 
@@ -50,10 +50,10 @@ async def poll_with_async_hook(handle: RunHandle, conn_id: str | None = None) ->
     training trigger on the triggerer: no thread, no sync client)."""
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 
-    from plugins.launch.volcano import poll_async
+    from trainyard.plugins.launch.volcano import poll_async
 
     if conn_id is None:
-        from config.settings import get_settings
+        from trainyard.config.settings import get_settings
 
         conn_id = get_settings().kubernetes_conn_id
     async with AsyncKubernetesHook(conn_id=conn_id).get_conn() as api_client:

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from operators.common import opened_of, pull, pull_optional, runtime, to_xcom
-from operators.placement import PLACE, planned_of
-from operators.validate import CHECKED, VALIDATE_DATA
+from trainyard.operators.common import opened_of, pull, pull_optional, runtime, to_xcom
+from trainyard.operators.links import MlflowRunLink, TrainyardViewLink
+from trainyard.operators.placement import PLACE, planned_of
+from trainyard.operators.validate import CHECKED, VALIDATE_DATA
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -28,10 +29,11 @@ class LaunchTrainingOperator(BaseOperator):
     """Start the attempt's gang detached; push its `RunHandle` and the MLflow run id."""
 
     ui_color = "#d5f5e3"
+    operator_extra_links = (MlflowRunLink(), TrainyardViewLink(),)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.attempt.steps import DataChecked, Placed, launch
-        from plugins.placement.model import Placement
+        from trainyard.plugins.attempt.steps import DataChecked, Placed, launch
+        from trainyard.plugins.placement.model import Placement
 
         opened = opened_of(context)
         checked = pull_optional(context, VALIDATE_DATA, DataChecked, key=CHECKED)

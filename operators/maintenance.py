@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from config.settings import Settings
-    from plugins.checkpoint.maintenance import RootsFound
-    from plugins.checkpoint.retention import RetentionPolicy
+    from trainyard.config.settings import Settings
+    from trainyard.plugins.checkpoint.maintenance import RootsFound
+    from trainyard.plugins.checkpoint.retention import RetentionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 def _settings(settings: Settings | None) -> Settings:
     if settings is not None:
         return settings
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     return get_settings()
 
@@ -30,8 +30,8 @@ def _settings(settings: Settings | None) -> Settings:
 def spec_policies(jobs_dir: Path) -> tuple[dict[str, RetentionPolicy], dict[str, str]]:
     """(job → retention policy, job → `checkpoint.storage` where set) of every spec that parses;
     a spec that does not is left out (its DAG is not built either, `invalid_specs.py` says why)."""
-    from config.loader import read_spec_file
-    from plugins.checkpoint.retention import RetentionPolicy
+    from trainyard.config.loader import read_spec_file
+    from trainyard.plugins.checkpoint.retention import RetentionPolicy
 
     policies: dict[str, RetentionPolicy] = {}
     storage: dict[str, str] = {}
@@ -51,7 +51,7 @@ def audit_checkpoints(*, sample: int = 20, seed: int | None = None, settings: Se
     `FatalError` naming each bad one) when any does not verify. Stores this process has no
     credentials for are skipped and named; when that leaves nothing to read, the task is
     skipped (Airflow's `skipped`, with the reason), not failed."""
-    from plugins.checkpoint.maintenance import audit
+    from trainyard.plugins.checkpoint.maintenance import audit
 
     s = _settings(settings)
     _, storage = spec_policies(s.jobs_dir)
@@ -67,7 +67,7 @@ def audit_checkpoints(*, sample: int = 20, seed: int | None = None, settings: Se
 def sweep_retention(*, dry_run: bool = False, settings: Settings | None = None) -> dict[str, Any]:
     """Apply each job's spec retention policy to every finished run of it (stores without
     credentials skipped, as `audit_checkpoints` does)."""
-    from plugins.checkpoint.maintenance import sweep
+    from trainyard.plugins.checkpoint.maintenance import sweep
 
     s = _settings(settings)
     policies, storage = spec_policies(s.jobs_dir)
@@ -89,7 +89,7 @@ def _readable_roots(s: Settings, storage: dict[str, str], what: str) -> RootsFou
     with the reason), not a failure and not a retry."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from plugins.checkpoint.maintenance import find_run_roots
+    from trainyard.plugins.checkpoint.maintenance import find_run_roots
 
     found = find_run_roots(s.object_store, storage=storage, endpoint_url=s.s3_endpoint_url)
     for location, why in sorted(found.skipped.items()):
@@ -102,7 +102,7 @@ def _readable_roots(s: Settings, storage: dict[str, str], what: str) -> RootsFou
 
 def live_runs_of(state_db: str, jobs: list[str]) -> dict[str, set[str]]:
     """Runs of `jobs` the job state does not show as final (the sweep leaves them alone)."""
-    from plugins.recovery.state import JobStateStore
+    from trainyard.plugins.recovery.state import JobStateStore
 
     store = JobStateStore(state_db)
     try:
@@ -116,7 +116,7 @@ def chargeback_report(since: str | dt.datetime | None = None, until: str | dt.da
     """The chargeback of the runs that ended in [since, until) (the DAG passes its data
     interval): CSV + HTML under `<home>/reports/chargeback/<period>/`, and (by default) a run
     of the MLflow experiment `trainyard/chargeback` holding both."""
-    from plugins.tracking.cost import (
+    from trainyard.plugins.tracking.cost import (
         accounting_from_mlflow,
         chargeback,
         log_chargeback,

@@ -15,15 +15,23 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import BaseBranchOperator, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from operators.common import note_dag_run, opened_of, pull, pull_optional, runtime, to_xcom
-from operators.launch import LAUNCH
-from operators.placement import PLAN
-from operators.validate import CHECKED, VALIDATE_DATA
+from trainyard.operators.common import (
+    note_dag_run,
+    opened_of,
+    pull,
+    pull_optional,
+    runtime,
+    to_xcom,
+)
+from trainyard.operators.launch import LAUNCH
+from trainyard.operators.links import MlflowRunLink, ModelVersionLink, TrainyardViewLink
+from trainyard.operators.placement import PLAN
+from trainyard.operators.validate import CHECKED, VALIDATE_DATA
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from plugins.recovery.model import RecoveryAction
+    from trainyard.plugins.recovery.model import RecoveryAction
 
 CLASSIFY = "classify_outcome"
 RESUME = "resume_next_attempt"
@@ -37,11 +45,12 @@ class ClassifyOutcomeOperator(BaseOperator):
     evidence, classifies it, decides, records it (job state, MLflow) and pushes the verdict."""
 
     ui_color = "#fadbd8"
+    operator_extra_links = (TrainyardViewLink(), MlflowRunLink(),)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.advisor.plan import Plan
-        from plugins.attempt.steps import DataChecked, conclude
-        from plugins.launch.model import RunHandle, RunStatus
+        from trainyard.plugins.advisor.plan import Plan
+        from trainyard.plugins.attempt.steps import DataChecked, conclude
+        from trainyard.plugins.launch.model import RunHandle, RunStatus
 
         opened = opened_of(context)
         result = conclude(opened, pull_optional(context, LAUNCH, RunHandle), runtime(),
@@ -66,7 +75,7 @@ class ClassifyOutcomeOperator(BaseOperator):
 
 
 def _action(context: Context) -> RecoveryAction:
-    from plugins.recovery.model import RecoveryAction
+    from trainyard.plugins.recovery.model import RecoveryAction
 
     return pull(context, CLASSIFY, RecoveryAction, key="action")
 
@@ -77,7 +86,7 @@ class ChooseActionOperator(BaseBranchOperator):
     ui_color = "#fadbd8"
 
     def choose_branch(self, context: Context) -> str:
-        from plugins.recovery.model import RecoveryAction
+        from trainyard.plugins.recovery.model import RecoveryAction
 
         action = pull_optional(context, CLASSIFY, RecoveryAction, key="action")
         if action is None:
@@ -97,7 +106,7 @@ class RecoveryActionOperator(BaseOperator):
         self.action = action
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.recovery.model import AttemptConf
+        from trainyard.plugins.recovery.model import AttemptConf
 
         action = _action(context)
         if action.kind != self.action:  # the branch chose another path: a bug in the DAG
@@ -115,9 +124,10 @@ class RegisterModelOperator(BaseOperator):
     model version (alias `candidate`) with lineage, close the MLflow run as completed."""
 
     ui_color = "#abebc6"
+    operator_extra_links = (ModelVersionLink(), MlflowRunLink(), TrainyardViewLink(),)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.attempt.steps import close, register
+        from trainyard.plugins.attempt.steps import close, register
 
         opened, rt = opened_of(context), runtime()
         mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
@@ -135,9 +145,9 @@ class GiveUpOperator(BaseOperator):
     ui_color = "#e74c3c"
 
     def execute(self, context: Context) -> None:
-        from plugins.attempt.steps import close
-        from plugins.recovery.decide import history_lines
-        from plugins.recovery.model import FailureReport
+        from trainyard.plugins.attempt.steps import close
+        from trainyard.plugins.recovery.decide import history_lines
+        from trainyard.plugins.recovery.model import FailureReport
 
         opened = opened_of(context)
         report = pull(context, CLASSIFY, FailureReport, key="report")
@@ -167,7 +177,7 @@ class AttemptFailedOperator(BaseOperator):
     ui_color = "#e6b0aa"
 
     def execute(self, context: Context) -> None:
-        from plugins.recovery.model import FailureReport
+        from trainyard.plugins.recovery.model import FailureReport
 
         report = pull(context, CLASSIFY, FailureReport, key="report")
         nxt = context["ti"].xcom_pull(task_ids=RESUME, key="return_value")
@@ -184,7 +194,7 @@ class ResumeNextAttemptOperator(TriggerDagRunOperator):
         super().__init__(trigger_dag_id="{{ dag.dag_id }}", skip_when_already_exists=True, **kwargs)
 
     def execute(self, context: Context) -> Any:
-        from plugins.recovery.model import AttemptConf
+        from trainyard.plugins.recovery.model import AttemptConf
 
         nxt = pull(context, CLASSIFY, AttemptConf, key="next_conf")
         self.conf = to_xcom(nxt)

@@ -12,20 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from operators.common import opened_of, pull, runtime, to_xcom
+from trainyard.operators.common import opened_of, pull, runtime, to_xcom
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from plugins.attempt.steps import Planned
+    from trainyard.plugins.attempt.steps import Planned
 
 PLAN = "plan_parallelism"
 PLACE = "place_gang"
 
 
 def planned_of(context: Context) -> Planned:
-    from plugins.advisor.plan import Plan
-    from plugins.attempt.steps import Planned
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.attempt.steps import Planned
 
     source = context["ti"].xcom_pull(task_ids=PLAN, key="source") or "advisor"
     return Planned(plan=pull(context, PLAN, Plan), source=source)
@@ -37,7 +37,7 @@ class PlanParallelismOperator(BaseOperator):
     ui_color = "#fdf6e3"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.attempt.steps import plan
+        from trainyard.plugins.attempt.steps import plan
 
         planned = plan(opened_of(context), runtime())
         p = planned.plan
@@ -57,7 +57,7 @@ class PlaceGangOperator(BaseOperator):
     ui_color = "#eee8d5"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.attempt.steps import place
+        from trainyard.plugins.attempt.steps import place
 
         opened = opened_of(context)
         placed = place(opened, planned_of(context), runtime())
@@ -77,7 +77,7 @@ class ReleaseGangOperator(BaseOperator):
     ui_color = "#eee8d5"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.attempt.steps import release
+        from trainyard.plugins.attempt.steps import release
 
         opened = opened_of(context)
         freed = release(opened, runtime())

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import BaseOperator
 
-from operators.common import opened_of, settings
+from trainyard.operators.common import opened_of, settings
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -38,8 +38,8 @@ class EvaluateModelOperator(BaseOperator):
     ui_color = "#d6eaf8"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.tracking.evaluate import compare_with_production
-        from plugins.tracking.registry import PRODUCTION_ALIAS
+        from trainyard.plugins.tracking.evaluate import compare_with_production
+        from trainyard.plugins.tracking.registry import PRODUCTION_ALIAS
 
         job = opened_of(context).job
         registered = context["ti"].xcom_pull(task_ids=REGISTER) or {}
@@ -73,7 +73,7 @@ class PromoteModelOperator(BaseOperator):
     ui_color = "#abebc6"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.tracking.registry import PRODUCTION_ALIAS, move_alias
+        from trainyard.plugins.tracking.registry import PRODUCTION_ALIAS, move_alias
 
         job = opened_of(context).job
         evaluated = context["ti"].xcom_pull(task_ids=EVALUATE) or {}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from operators.common import log_problems, opened_of, push_opened, runtime, to_xcom
+from trainyard.operators.common import log_problems, opened_of, push_opened, runtime, to_xcom
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -31,7 +31,7 @@ class ValidateSpecOperator(BaseOperator):
         self.spec_path = spec_path
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.attempt.steps import open_trigger
+        from trainyard.plugins.attempt.steps import open_trigger
 
         dag_run = context["dag_run"]
         opened = open_trigger(self.spec_path, dict(context["params"]), dag_run.conf, dag_id=dag_run.dag_id,
@@ -54,7 +54,7 @@ class ValidateDataOperator(BaseOperator):
     ui_color = "#e8f4fd"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.attempt.steps import check_data
+        from trainyard.plugins.attempt.steps import check_data
 
         opened = opened_of(context)
         checked = check_data(opened, runtime())

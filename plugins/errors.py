@@ -33,7 +33,7 @@ class TransientError(TrainyardError):
 
 class DatabaseDown(TransientError):
     """A database's server is not running (the home's embedded PostgreSQL after `make down`):
-    its message names the socket and the fix (`config.databases.down_message`)."""
+    its message names the socket and the fix (`trainyard.config.databases.down_message`)."""
 
 
 def is_retryable(error: BaseException) -> bool:

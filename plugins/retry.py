@@ -1,7 +1,7 @@
 """The one retry policy (tenacity): what every client of a service — the state database, S3,
 MLflow, the Kubernetes API, Airflow's REST API, the embedded PostgreSQL — retries, and how.
 
-A caller says which errors are worth another try (default: `plugins.errors.is_retryable`, a
+A caller says which errors are worth another try (default: `trainyard.plugins.errors.is_retryable`, a
 `TransientError`; a client adds its service's own transient answers: a database deadlock, an
 HTTP 503, S3's SlowDown), and how long it may keep trying: a number of attempts, a deadline, or
 both. The wait is exponential with jitter, capped, and honours what the server asked
@@ -29,7 +29,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from plugins.errors import is_retryable
+from trainyard.plugins.errors import is_retryable
 
 Predicate = Callable[[BaseException], bool]
 

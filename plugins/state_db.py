@@ -17,9 +17,9 @@ from sqlalchemy import DateTime, Engine, MetaData, TypeDecorator, create_engine,
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from tenacity import Retrying
 
-from config.databases import down_message
-from plugins.errors import DatabaseDown
-from plugins.files import sqlite_file
+from trainyard.config.databases import down_message
+from trainyard.plugins.errors import DatabaseDown
+from trainyard.plugins.files import sqlite_file
 
 TABLE_PREFIX = "trainyard_"
 
@@ -57,8 +57,8 @@ def is_retryable(exc: BaseException) -> bool:
 
 def retrying(attempts: int = 8) -> Retrying:
     """Retry a transaction on `is_retryable` errors only, with a short random back-off (the
-    platform's one retry policy, `plugins.retry`)."""
-    from plugins.retry import policy
+    platform's one retry policy, `trainyard.plugins.retry`)."""
+    from trainyard.plugins.retry import policy
 
     return policy(is_retryable, attempts=attempts, first_wait_s=0.01, max_wait_s=0.5)
 

@@ -3,7 +3,7 @@
 The only module under `plugins/` that Airflow's plugin loader imports (`plugins/.airflowignore`),
 and the one module of the engines' tree that imports Airflow. Every Airflow component loads
 plugins (the scheduler, the dag-processor, the triggerer and the api-server), so this module
-imports nothing heavy: the view's app (`plugins.control_room.app`) is built the first time the
+imports nothing heavy: the view's app (`trainyard.plugins.control_room.app`) is built the first time the
 api-server routes a request to it (`_LazyApp`).
 
 What a person gets:
@@ -26,7 +26,7 @@ from typing import Any
 from airflow.plugins_manager import AirflowPlugin
 
 URL_PREFIX = "/trainyard"
-"""Where the view's app is mounted (kept equal to `plugins.control_room.urls.URL_PREFIX`; a
+"""Where the view's app is mounted (kept equal to `trainyard.plugins.control_room.urls.URL_PREFIX`; a
 unit test checks it, so this module need not import the engine to know it)."""
 
 ICON = ("data:image/svg+xml;utf8,<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'>"
@@ -51,7 +51,7 @@ class _LazyApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if self._app is None:
-            from plugins.control_room.app import create_app
+            from trainyard.plugins.control_room.app import create_app
 
             self._app = create_app(authorize=_authorize(), mounted_at=URL_PREFIX)
         await self._app(scope, receive, send)

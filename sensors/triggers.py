@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 if TYPE_CHECKING:
-    from plugins.attempt.launchers import Runtime
-    from plugins.launch.model import RunHandle, RunStatus
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.launch.model import RunHandle, RunStatus
 
 
 def _runtime() -> Runtime:
-    from operators.common import runtime
+    from trainyard.operators.common import runtime
 
     return runtime()
 
@@ -37,7 +37,7 @@ async def _poll_on_the_loop(handle: RunHandle) -> RunStatus | None:
     triggerer. None for the other launchers: the engine polls them in its thread."""
     if handle.kind != "kubernetes":
         return None
-    from operators.kubernetes_clients import poll_with_async_hook
+    from trainyard.operators.kubernetes_clients import poll_with_async_hook
 
     return await poll_with_async_hook(handle)
 
@@ -55,12 +55,12 @@ class TrainingTrigger(BaseTrigger):
         self.poll_interval_s = poll_interval_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("sensors.triggers.TrainingTrigger", {
+        return ("trainyard.sensors.triggers.TrainingTrigger", {
             "handle": self.handle, "watch": self.watch, "poll_interval_s": self.poll_interval_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from plugins.attempt.watching import WatchState, watch_once
-        from plugins.launch.model import RunHandle
+        from trainyard.plugins.attempt.watching import WatchState, watch_once
+        from trainyard.plugins.launch.model import RunHandle
 
         handle, state, runtime = RunHandle.model_validate(self.handle), WatchState.model_validate(self.watch), _runtime()
         while True:
@@ -91,14 +91,14 @@ class CheckpointTrigger(BaseTrigger):
         self.poll_interval_s = poll_interval_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("sensors.triggers.CheckpointTrigger", {
+        return ("trainyard.sensors.triggers.CheckpointTrigger", {
             "handle": self.handle, "checkpoint_root": self.checkpoint_root, "after_step": self.after_step,
             "interval_steps": self.interval_steps, "endpoint_url": self.endpoint_url,
             "poll_interval_s": self.poll_interval_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from plugins.attempt import watching
-        from plugins.launch.model import RunHandle
+        from trainyard.plugins.attempt import watching
+        from trainyard.plugins.launch.model import RunHandle
 
         handle, runtime = RunHandle.model_validate(self.handle), _runtime()
         while True:
@@ -134,13 +134,13 @@ class HealthTrigger(BaseTrigger):
         self.max_misses = max_misses
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("sensors.triggers.HealthTrigger", {
+        return ("trainyard.sensors.triggers.HealthTrigger", {
             "handle": self.handle, "agents": self.agents, "poll_interval_s": self.poll_interval_s,
             "max_misses": self.max_misses})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from plugins.attempt import watching
-        from plugins.launch.model import RunHandle
+        from trainyard.plugins.attempt import watching
+        from trainyard.plugins.launch.model import RunHandle
 
         handle, runtime = RunHandle.model_validate(self.handle), _runtime()
         misses: dict[str, int] = {}

@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from operators.common import opened_of, pull, runtime, settings
-from operators.launch import LAUNCH
+from trainyard.operators.common import opened_of, pull, runtime, settings
+from trainyard.operators.launch import LAUNCH
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from plugins.launch.model import RunHandle
+    from trainyard.plugins.launch.model import RunHandle
 
 WATCH_TRAINING = "watch_training"
 
 
 def _handle(context: Context) -> RunHandle:
-    from plugins.launch.model import RunHandle
+    from trainyard.plugins.launch.model import RunHandle
 
     return pull(context, LAUNCH, RunHandle)
 
@@ -44,9 +44,9 @@ class WatchTrainingSensor(BaseOperator):
         self.poll_interval_s = poll_interval_s
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.attempt.steps import watch_state
-        from plugins.attempt.watching import describe_status, watch_once
-        from sensors.triggers import TrainingTrigger
+        from trainyard.plugins.attempt.steps import watch_state
+        from trainyard.plugins.attempt.watching import describe_status, watch_once
+        from trainyard.sensors.triggers import TrainingTrigger
 
         handle = _handle(context)
         step = watch_once(handle, watch_state(opened_of(context), handle), runtime())
@@ -80,9 +80,9 @@ class WatchCheckpointsSensor(BaseOperator):
         self.poll_interval_s = poll_interval_s
 
     def execute(self, context: Context, after_step: int | None = None) -> dict[str, Any]:
-        from plugins.attempt import watching
-        from plugins.attempt.steps import checkpoint_committed, checkpoints_root
-        from sensors.triggers import CheckpointTrigger
+        from trainyard.plugins.attempt import watching
+        from trainyard.plugins.attempt.steps import checkpoint_committed, checkpoints_root
+        from trainyard.sensors.triggers import CheckpointTrigger
 
         opened, rt, handle = opened_of(context), runtime(), _handle(context)
         root, endpoint = checkpoints_root(opened, rt), settings().s3_endpoint_url
@@ -127,8 +127,8 @@ class WatchHealthSensor(BaseOperator):
         self.poll_interval_s = poll_interval_s
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from plugins.attempt import watching
-        from sensors.triggers import HealthTrigger
+        from trainyard.plugins.attempt import watching
+        from trainyard.sensors.triggers import HealthTrigger
 
         handle = _handle(context)
         nodes = handle.nodes or sorted({a.node for a in handle.agents})

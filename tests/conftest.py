@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from config.settings import Settings
 from tests.support.require import missing
+from trainyard.config.settings import Settings
 
 POSTGRES_ADDRESS = ("127.0.0.1", 5432)
 POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
@@ -76,7 +76,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import os
 
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        from plugins.launch.rank_zygote import stop_templates
+        from trainyard.plugins.launch.rank_zygote import stop_templates
 
         stop_templates()
 

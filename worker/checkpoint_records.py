@@ -22,8 +22,8 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from plugins.checkpoint.manager import SaveResult
-    from plugins.checkpoint.retention import RetentionPolicy
+    from trainyard.plugins.checkpoint.manager import SaveResult
+    from trainyard.plugins.checkpoint.retention import RetentionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class CommitRecorder:
         """Each commit in MLflow first — what was committed is on record before anything is
         deleted — then retention once, the newest of them protected as the newest valid one."""
         if self.tracking_uri and self.mlflow_run_id:
-            from plugins.tracking.runs import log_committed_checkpoint
+            from trainyard.plugins.tracking.runs import log_committed_checkpoint
 
             for step, manifest_uri in commits:
                 try:
@@ -86,8 +86,8 @@ class CommitRecorder:
                 except Exception as e:  # noqa: BLE001 - the watcher records it later; training goes on
                     log.warning("checkpoint step %d: not recorded in MLflow run %s (%s: %s)", step,
                                 self.mlflow_run_id, type(e).__name__, e)
-        from plugins.checkpoint.catalog import list_checkpoints
-        from plugins.checkpoint.retention import apply_retention
+        from trainyard.plugins.checkpoint.catalog import list_checkpoints
+        from trainyard.plugins.checkpoint.retention import apply_retention
 
         newest = max(step for step, _ in commits)
         try:

@@ -7,10 +7,10 @@ window i, its input the first `seq_len` tokens and its target the last `seq_len`
 one). Samples are addressed by index, so the sampler alone decides the order.
 
 Two ways to read it:
-- `StreamingData` (what `worker/train.py` uses): the streaming reader of `plugins.data.reader`
+- `StreamingData` (what `worker/train.py` uses): the streaming reader of `trainyard.plugins.data.reader`
   — shards through the node's bounded cache, batches prepared ahead in a background thread,
   resumable on any data-parallel size; memory does not grow with the dataset;
-- `TokenWindows` + `worker.sampler.ResumableSampler`: the whole dataset in memory as one uint8
+- `TokenWindows` + `trainyard.worker.sampler.ResumableSampler`: the whole dataset in memory as one uint8
   tensor, samples addressed by index (kept for small in-memory experiments and the worker
   overhead benchmark).
 """
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from plugins.data.reader import StreamingReader
-    from plugins.storage.store import ObjectStore
+    from trainyard.plugins.data.reader import StreamingReader
+    from trainyard.plugins.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ READABLE_FORMATS = ("jsonl", "text")
 
 def shard_keys(store: ObjectStore, fmt: str) -> list[str]:
     """The dataset's shard keys, sorted (the order that defines the byte stream)."""
-    from plugins.data.shards import list_shards
+    from trainyard.plugins.data.shards import list_shards
 
     if fmt not in READABLE_FORMATS:
         raise ValueError(f"dataset format {fmt!r} is not readable by the byte-level loader; "
@@ -52,8 +52,8 @@ def shard_keys(store: ObjectStore, fmt: str) -> list[str]:
 
 def iter_rows(raw: bytes, key: str, fmt: str, text_field: str) -> Iterator[bytes]:
     """UTF-8 bytes of each document of one shard (its whole content in `raw`), by the one
-    training policy (`plugins.data.documents.iter_documents`: strict, blank lines skipped)."""
-    from plugins.data.documents import END, iter_documents
+    training policy (`trainyard.plugins.data.documents.iter_documents`: strict, blank lines skipped)."""
+    from trainyard.plugins.data.documents import END, iter_documents
 
     pieces: list[bytes] = []
     for piece in iter_documents(io.BytesIO(raw), key, fmt, text_field):
@@ -106,7 +106,7 @@ def open_dataset_windows(source: str, *, object_store: str, seq_len: int, fmt: s
                          text_field: str = "text", endpoint_url: str | None = None) -> TokenWindows:
     """Resolve a spec's `dataset.source` (a URI, or a prefix under the object store) the way
     the dry run does, and load it as windows."""
-    from plugins.data.shards import open_dataset
+    from trainyard.plugins.data.shards import open_dataset
 
     store = open_dataset(source, object_store=object_store, endpoint_url=endpoint_url)
     tokens = load_bytes(store, fmt=fmt, text_field=text_field)
@@ -117,7 +117,7 @@ def open_dataset_windows(source: str, *, object_store: str, seq_len: int, fmt: s
 
 
 class StreamingData:
-    """One data-parallel rank's batches from `plugins.data.reader.StreamingReader`, as tensors.
+    """One data-parallel rank's batches from `trainyard.plugins.data.reader.StreamingReader`, as tensors.
 
     A `Stateful` for the checkpoint (the reader's state: epoch, samples consumed, cursor and
     shard manifest — with stripes, every rank's stripes joined, so the same on every rank).
@@ -137,8 +137,8 @@ class StreamingData:
     def state_dict(self) -> dict[str, Any]:
         """The reader's state; with stripes, every rank's joined (`merge_states`) — a collective:
         every rank takes it at the same step, as it saves its checkpoint."""
-        from plugins.data.stripes import merge_states
-        from worker.distributed.objects import all_gather_objects
+        from trainyard.plugins.data.stripes import merge_states
+        from trainyard.worker.distributed.objects import all_gather_objects
 
         state = self.reader.state_dict()
         if "consumed" not in state:
@@ -160,12 +160,12 @@ def open_streaming_data(source: str, *, object_store: str, seq_len: int, batch_s
                         stripes: int | None = None) -> StreamingData:
     """The streaming reader for a spec's `dataset.source` (resolved as the dry run does), with
     the node's cache from the settings (`TRAINYARD_DATA_CACHE_DIR`, `TRAINYARD_DATA_CACHE_BYTES`)."""
-    from config.settings import Settings
-    from plugins.data.cache import ShardCache
-    from plugins.data.documents import load_tokenizer
-    from plugins.data.reader import StreamingReader
-    from plugins.data.shards import open_dataset
-    from worker.distributed.objects import broadcast_from_rank0
+    from trainyard.config.settings import Settings
+    from trainyard.plugins.data.cache import ShardCache
+    from trainyard.plugins.data.documents import load_tokenizer
+    from trainyard.plugins.data.reader import StreamingReader
+    from trainyard.plugins.data.shards import open_dataset
+    from trainyard.worker.distributed.objects import broadcast_from_rank0
 
     settings = Settings()
     store = open_dataset(source, object_store=object_store, endpoint_url=endpoint_url)

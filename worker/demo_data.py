@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from plugins.storage.store import ObjectStore
+    from trainyard.plugins.storage.store import ObjectStore
 
 DEMO_PREFIX = "datasets/pydoc-topics/"
 MANIFEST_KEY = "_manifest.json"

@@ -15,7 +15,7 @@ that hit one rank):
 - `oom@N` — every rank raises `torch.OutOfMemoryError` in step N (inside the session's
   `stop_on_oom()`, where a real one would surface).
 
-The DAG's fault Params (`plugins.recovery.model.FaultParams`) are turned into this variable.
+The DAG's fault Params (`trainyard.plugins.recovery.model.FaultParams`) are turned into this variable.
 A fault fires in torchrun's first incarnation only: the variable survives torchrun's in-place
 restarts (`TORCHELASTIC_RESTART_COUNT` > 0), and a fault that fired again after every restart
 would turn one injected crash into a crash loop that the fast path can never recover.

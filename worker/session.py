@@ -13,20 +13,20 @@ What it does, per DESIGN §5–§8:
   torchrun's variables, or a one-process group when run without torchrun;
 - restores the checkpoint named by `TRAINYARD_RESUME_FROM`, else the newest valid one, else
   starts fresh — model, optimizer, scheduler, sampler, RNG states and the step;
-- saves asynchronously through `plugins.checkpoint.CheckpointManager` every
+- saves asynchronously through `trainyard.plugins.checkpoint.CheckpointManager` every
   `checkpoint.intervalSteps` steps or `intervalMinutes` minutes, whichever comes first; rank 0
   records each commit in the MLflow run and applies the spec's retention policy itself
-  (`worker.checkpoint_records`), without waiting for the control plane's watcher;
+  (`trainyard.worker.checkpoint_records`), without waiting for the control plane's watcher;
 - writes this rank's heartbeat file every step (step, time, loss, tokens/s, NaN flag, phase);
 - stops with `exit_codes.DIVERGED` when the loss is NaN/inf or stays above its baseline
-  (`worker.divergence`), writing `<run_dir>/diverged.json` with the onset step;
+  (`trainyard.worker.divergence`), writing `<run_dir>/diverged.json` with the onset step;
 - on SIGTERM finishes the current step, takes an emergency checkpoint and exits with
   `exit_codes.PREEMPTED`;
 - exits with `exit_codes.CHECKPOINT_CORRUPT` when the checkpoint to restore does not verify
   (writing `<run_dir>/checkpoint_corrupt.json`), and with `exit_codes.OOM` on a
   `torch.OutOfMemoryError` inside `stop_on_oom()`;
 - streams loss, grad_norm, lr, tokens_per_s, step_time_s, data_stall_s and mfu from rank 0
-  to MLflow (`plugins.tracking.metrics.MetricsStreamer`: async, batched, never raises).
+  to MLflow (`trainyard.plugins.tracking.metrics.MetricsStreamer`: async, batched, never raises).
 
 Every decision to stop or to save on the clock is taken by all ranks at the same step: the
 loss is global (the same on all ranks), and a SIGTERM or a due time-based checkpoint seen by any
@@ -51,25 +51,25 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from node_agent.heartbeat import Heartbeat
-from worker import exit_codes
-from worker.divergence import Divergence, DivergenceDetector
-from worker.faults import Faults
-from worker.heartbeats import HeartbeatWriter
-from worker.stall import StallMonitor
+from trainyard.node_agent.heartbeat import Heartbeat
+from trainyard.worker import exit_codes
+from trainyard.worker.divergence import Divergence, DivergenceDetector
+from trainyard.worker.faults import Faults
+from trainyard.worker.heartbeats import HeartbeatWriter
+from trainyard.worker.stall import StallMonitor
 
 if TYPE_CHECKING:
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
-    from plugins.checkpoint.manager import CheckpointManager, SaveResult
-    from plugins.tracking.metrics import MetricsStreamer
-    from worker.checkpoint_records import CommitRecorder
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.checkpoint.manager import CheckpointManager, SaveResult
+    from trainyard.plugins.tracking.metrics import MetricsStreamer
+    from trainyard.worker.checkpoint_records import CommitRecorder
 
 log = logging.getLogger(__name__)
 
 
 class StopTraining(SystemExit):
-    """Raised by the session to end the process with one of `worker.exit_codes`."""
+    """Raised by the session to end the process with one of `trainyard.worker.exit_codes`."""
 
     def __init__(self, code: int, reason: str) -> None:
         super().__init__(code)
@@ -104,14 +104,14 @@ class SessionConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, spec: TrainingJob | None = None,
                  plan: Plan | None = None, world_size: int = 1) -> SessionConfig:
-        """The launcher's contract (`config.worker_env.WorkerEnv`) when `TRAINYARD_JOB` is set;
+        """The launcher's contract (`trainyard.config.worker_env.WorkerEnv`) when `TRAINYARD_JOB` is set;
         otherwise a standalone run of `spec` with defaults: plain data parallelism over the
-        world size, the configured object store (`config.settings`), a run folder under it."""
-        from config.settings import Settings
-        from config.spec import TrainingJob
-        from config.worker_env import WorkerEnv
-        from plugins.advisor.plan import Plan
-        from plugins.checkpoint.uris import checkpoint_root
+        world size, the configured object store (`trainyard.config.settings`), a run folder under it."""
+        from trainyard.config.settings import Settings
+        from trainyard.config.spec import TrainingJob
+        from trainyard.config.worker_env import WorkerEnv
+        from trainyard.plugins.advisor.plan import Plan
+        from trainyard.plugins.checkpoint.uris import checkpoint_root
 
         env = os.environ if environ is None else environ
         settings = Settings()
@@ -156,7 +156,7 @@ class SessionConfig:
 
 def default_plan_for(spec: TrainingJob, world_size: int) -> Plan:
     """Plain data parallelism (DDP) over `world_size` for the spec's batch and sequence."""
-    from worker.distributed.mesh import default_plan
+    from trainyard.worker.distributed.mesh import default_plan
 
     hints = spec.spec.parallelism.hints
     if hints is None:
@@ -247,7 +247,7 @@ class TrainingSession:
         if self._model is None:
             raise RuntimeError("TrainingSession.restore() needs attach(model=..., optimizer=...) first")
         self.beat(0, phase="restore")
-        from plugins.checkpoint.errors import NoValidCheckpointError
+        from trainyard.plugins.checkpoint.errors import NoValidCheckpointError
 
         manager = self.checkpoints
         target = self.resume_target()
@@ -286,7 +286,7 @@ class TrainingSession:
         named = self.config.resume_from
         if not named or self.restart == 0:
             return named
-        from plugins.checkpoint.catalog import list_checkpoints
+        from trainyard.plugins.checkpoint.catalog import list_checkpoints
 
         own = list_checkpoints(self.config.checkpoint_uri, endpoint_url=self.config.endpoint_url)
         return "" if own else named
@@ -322,8 +322,8 @@ class TrainingSession:
                  data_metrics: Mapping[str, float] | None = None) -> None:
         """After step `step` (the global loss): heartbeat, metrics, divergence, checkpoints,
         SIGTERM. Raises `StopTraining` when the process must end. `data_metrics` (prefetch
-        depth, cache counters: `plugins.data.reader.StreamingReader.metrics`) go beside
-        `data_stall_s` into the heartbeat and MLflow; stalls above 5 % warn (`worker.stall`)."""
+        depth, cache counters: `trainyard.plugins.data.reader.StreamingReader.metrics`) go beside
+        `data_stall_s` into the heartbeat and MLflow; stalls above 5 % warn (`trainyard.worker.stall`)."""
         self._step = step
         now = time.perf_counter()
         step_time = now - self._last_step_time
@@ -380,8 +380,8 @@ class TrainingSession:
     @property
     def checkpoints(self) -> CheckpointManager:
         if self._checkpoints is None:
-            from plugins.checkpoint.manager import CheckpointManager
-            from plugins.checkpoint.uris import area_for
+            from trainyard.plugins.checkpoint.manager import CheckpointManager
+            from trainyard.plugins.checkpoint.uris import area_for
 
             run_dir = self.config.run_dir
             self._checkpoints = CheckpointManager(
@@ -396,9 +396,9 @@ class TrainingSession:
         return self._checkpoints
 
     def _commit_recorder(self) -> CommitRecorder:
-        """Rank 0's bookkeeping of each commit: MLflow record, retention (`worker.checkpoint_records`)."""
-        from plugins.checkpoint.retention import RetentionPolicy
-        from worker.checkpoint_records import CommitRecorder
+        """Rank 0's bookkeeping of each commit: MLflow record, retention (`trainyard.worker.checkpoint_records`)."""
+        from trainyard.plugins.checkpoint.retention import RetentionPolicy
+        from trainyard.worker.checkpoint_records import CommitRecorder
 
         c = self.config
         self._commits = CommitRecorder(checkpoint_uri=c.checkpoint_uri,
@@ -468,7 +468,10 @@ class TrainingSession:
         """The restore target does not verify (every rank sees the same verdict)."""
         if self.rank == 0:
             log.error("checkpoint_corrupt: %s", error)
-            from plugins.launch.files import CHECKPOINT_CORRUPT_FILE, CheckpointCorruptRecord
+            from trainyard.plugins.launch.files import (
+                CHECKPOINT_CORRUPT_FILE,
+                CheckpointCorruptRecord,
+            )
 
             CheckpointCorruptRecord(job=self.config.job, attempt=self.config.attempt,
                                     resume_from=self.config.resume_from, reason=str(error),
@@ -478,7 +481,7 @@ class TrainingSession:
     def _diverged(self, d: Divergence) -> None:
         if self.rank == 0:
             log.error("diverged: %s", d.describe())
-            from plugins.launch.files import DIVERGED_FILE, DivergenceRecord
+            from trainyard.plugins.launch.files import DIVERGED_FILE, DivergenceRecord
 
             DivergenceRecord(
                 job=self.config.job, attempt=self.config.attempt, step=d.step,
@@ -490,7 +493,7 @@ class TrainingSession:
     # --- heartbeats and metrics -----------------------------------------------------------
 
     def beat(self, step: int, *, phase: str) -> None:
-        """Hand this rank's heartbeat to the writer thread (`worker.heartbeats`); a phase other
+        """Hand this rank's heartbeat to the writer thread (`trainyard.worker.heartbeats`); a phase other
         than `train` is waited for, so readers see it before the long operation it announces."""
         loss = self._loss
         finite = loss is None or math.isfinite(loss)
@@ -507,7 +510,7 @@ class TrainingSession:
         uri, run_id = self.config.mlflow_tracking_uri, self.config.mlflow_run_id
         if not uri or not run_id:
             return None
-        from plugins.tracking.metrics import MetricsStreamer
+        from trainyard.plugins.tracking.metrics import MetricsStreamer
 
         return MetricsStreamer(uri, run_id)
 
@@ -515,7 +518,7 @@ class TrainingSession:
         hints = self.config.spec.spec.parallelism.hints
         if hints is None:
             return None, None
-        from plugins.advisor.flops import flops_per_token, peak_flops_per_device
+        from trainyard.plugins.advisor.flops import flops_per_token, peak_flops_per_device
 
         try:  # the cluster's peak, as the attempt was planned; the catalog's for a plan without it
             return (flops_per_token(hints), self.config.plan.peak_flops_per_device or
@@ -540,7 +543,7 @@ class TrainingSession:
         if self._tokens_per_s is not None:
             values["tokens_per_s"] = self._tokens_per_s
             if self._flops_per_token and self._peak_flops:
-                from plugins.advisor.flops import mfu
+                from trainyard.plugins.advisor.flops import mfu
 
                 values["mfu"] = mfu(self._tokens_per_s, self._flops_per_token, self.world_size,
                                     self._peak_flops)

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from worker.distributed.grad_norm import clip_grad_norm_
+from trainyard.worker.distributed.grad_norm import clip_grad_norm_
 
 if TYPE_CHECKING:
-    from worker.distributed.parallelize import ParallelModel
+    from trainyard.worker.distributed.parallelize import ParallelModel
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from plugins.files import write_atomic
-from worker.distributed.objects import all_gather_objects
+from trainyard.plugins.files import write_atomic
+from trainyard.worker.distributed.objects import all_gather_objects
 
 if TYPE_CHECKING:
-    from worker.distributed.parallelize import ParallelModel
+    from trainyard.worker.distributed.parallelize import ParallelModel
 
 
 def local_param_digest(model: ParallelModel) -> str:

@@ -8,7 +8,7 @@ contract in the environment; for debugging, standalone:
     torchrun --nproc-per-node 2 worker/train.py --spec config/jobs/demo-tiny-lm.yaml
 
 (plain DDP over the processes, the configured object store; `--plan FILE|JSON` for another
-plan). The session (`worker.session`) restores, checkpoints, writes heartbeats, watches for
+plan). The session (`trainyard.worker.session`) restores, checkpoints, writes heartbeats, watches for
 divergence and streams metrics; this file only builds the model, the data and the loop.
 """
 
@@ -24,15 +24,15 @@ from pathlib import Path
 
 import torch
 
-from config.loader import load_spec_file
-from plugins.advisor.plan import Plan
-from worker.data import open_streaming_data
-from worker.distributed.mesh import build_mesh
-from worker.distributed.parallelize import parallelize
-from worker.models.llama import Llama, LlamaConfig
-from worker.session import SessionConfig, TrainingSession
-from worker.step import train_step
-from worker.summary import write_summary
+from trainyard.config.loader import load_spec_file
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.worker.data import open_streaming_data
+from trainyard.worker.distributed.mesh import build_mesh
+from trainyard.worker.distributed.parallelize import parallelize
+from trainyard.worker.models.llama import Llama, LlamaConfig
+from trainyard.worker.session import SessionConfig, TrainingSession
+from trainyard.worker.step import train_step
+from trainyard.worker.summary import write_summary
 
 log = logging.getLogger("train")
 

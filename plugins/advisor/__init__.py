@@ -1,7 +1,7 @@
 """The parallelism advisor: memory, FLOPs and communication models, a search over plans, and
 explanations. Pure Python (no torch, no Airflow).
 
-    from plugins.advisor import plan_job
+    from trainyard.plugins.advisor import plan_job
     result = plan_job(job, cluster, memory_fraction=0.9, top_k=5)
     result.best            # Plan to run (None when nothing fits)
     result.alternatives    # next best Plans
@@ -10,7 +10,13 @@ explanations. Pure Python (no torch, no Airflow).
     result.to_json()       # the `trainyard plan --json` document
 """
 
-from plugins.advisor.plan import Plan
-from plugins.advisor.planner import PlanResult, plan_auto, plan_job, plan_manual, replan_after_oom
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.planner import (
+    PlanResult,
+    plan_auto,
+    plan_job,
+    plan_manual,
+    replan_after_oom,
+)
 
 __all__ = ["Plan", "PlanResult", "plan_auto", "plan_job", "plan_manual", "replan_after_oom"]

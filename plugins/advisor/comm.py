@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from plugins.advisor.hardware import Hardware
+from trainyard.plugins.advisor.hardware import Hardware
 
 
 @dataclass(frozen=True, slots=True)

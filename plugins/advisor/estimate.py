@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plugins.advisor.hardware import Hardware
-from plugins.advisor.layout import PYTORCH, Implementation, Layout
-from plugins.advisor.memory import MemoryModel
-from plugins.advisor.model import ModelProfile
-from plugins.advisor.timing import StepTime, TimeModel, peak_flops
+from trainyard.plugins.advisor.hardware import Hardware
+from trainyard.plugins.advisor.layout import PYTORCH, Implementation, Layout
+from trainyard.plugins.advisor.memory import MemoryModel
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.timing import StepTime, TimeModel, peak_flops
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from plugins.advisor.plan import Plan
-    from plugins.advisor.planner import PlanResult
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.planner import PlanResult
 
 GiB = 2**30
 

@@ -23,16 +23,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from plugins.advisor.hardware import CATALOG, gpu_spec, with_peak
+from trainyard.plugins.advisor.hardware import CATALOG, gpu_spec, with_peak
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
-    from config.spec import ModelHints, Precision
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.spec import ModelHints, Precision
 
 
 def flops_per_token(hints: ModelHints) -> float:
     """Training FLOPs per token of the model the hints describe (see the module docstring)."""
-    from plugins.advisor.model import ModelProfile
+    from trainyard.plugins.advisor.model import ModelProfile
 
     return ModelProfile.from_hints(hints).model_flops_per_token()
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
+    from trainyard.config.cluster import Cluster
 
 GiB = 1024**3
 GB = 1e9

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from config.spec import Recompute
-from plugins.advisor.plan import layout_label
-from plugins.advisor.rank_layout import RankLayout
+from trainyard.config.spec import Recompute
+from trainyard.plugins.advisor.plan import layout_label
+from trainyard.plugins.advisor.rank_layout import RankLayout
 
 RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from config.pipeline import rank_layer_counts
-from plugins.advisor.hardware import Hardware
-from plugins.advisor.layout import Implementation, Layout
-from plugins.advisor.model import ModelProfile
+from trainyard.config.pipeline import rank_layer_counts
+from trainyard.plugins.advisor.hardware import Hardware
+from trainyard.plugins.advisor.layout import Implementation, Layout
+from trainyard.plugins.advisor.model import ModelProfile
 
 LOGIT_BYTES_EXTRA = 8
 """Per logit beyond its compute-dtype copy: the fp32 log-probabilities cross-entropy keeps for
@@ -193,7 +193,7 @@ class MemoryModel:
         self._counts: dict[tuple[int, int], list[int]] = {}
 
     def stage_counts(self, pp: int, vpp: int = 1) -> list[int]:
-        """Layers each pipeline rank holds (`config.pipeline.rank_layer_counts`: uneven splits
+        """Layers each pipeline rank holds (`trainyard.config.pipeline.rank_layer_counts`: uneven splits
         give the first and last stages the fewer layers)."""
         counts = self._counts.get((pp, vpp))
         if counts is None:

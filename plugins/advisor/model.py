@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from config.spec import ModelHints, Precision
+    from trainyard.config.spec import ModelHints, Precision
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ Nothing is suggested for CPU (gloo) runs.
 
 from __future__ import annotations
 
-from plugins.advisor.hardware import Hardware
-from plugins.advisor.layout import Layout
+from trainyard.plugins.advisor.hardware import Hardware
+from trainyard.plugins.advisor.layout import Layout
 
 
 def nccl_env(layout: Layout, hw: Hardware) -> dict[str, str]:

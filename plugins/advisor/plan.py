@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
 
-from config.spec import Recompute
+from trainyard.config.spec import Recompute
 
 
 class Plan(BaseModel):

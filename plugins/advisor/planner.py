@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from plugins.advisor.estimate import Estimate, Evaluator, check_layout
-from plugins.advisor.hardware import CATALOG, GiB, Hardware, hardware_for
-from plugins.advisor.layout import PYTORCH, Implementation, Layout
-from plugins.advisor.model import ModelProfile
-from plugins.advisor.nccl import nccl_env
-from plugins.advisor.plan import Plan
-from plugins.advisor.runtime import WORKER_RUNTIME, RuntimeCapabilities
-from plugins.advisor.search import Pins, SearchResult, search
+from trainyard.plugins.advisor.estimate import Estimate, Evaluator, check_layout
+from trainyard.plugins.advisor.hardware import CATALOG, GiB, Hardware, hardware_for
+from trainyard.plugins.advisor.layout import PYTORCH, Implementation, Layout
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.nccl import nccl_env
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.runtime import WORKER_RUNTIME, RuntimeCapabilities
+from trainyard.plugins.advisor.search import Pins, SearchResult, search
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
-    from config.spec import Parallelism, TrainingJob
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.spec import Parallelism, TrainingJob
 
 PLAN_JSON_KEYS = ("tp", "pp", "dp", "cp", "vpp", "zero_stage", "micro_batch_size",
                   "num_micro_batches", "activation_checkpointing", "sequence_parallel",

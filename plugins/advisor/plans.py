@@ -1,19 +1,19 @@
-"""A `Plan` for a spec: the advisor's (`plugins.advisor.plan_job`), or the spec's own degrees
+"""A `Plan` for a spec: the advisor's (`trainyard.plugins.advisor.plan_job`), or the spec's own degrees
 when the advisor cannot plan it.
 
 The advisor needs the model's shape (`parallelism.hints`). A `strategy: manual` spec without
 hints — a debugging job, a script the platform knows nothing about — is run with its degrees
 as written, data parallelism filling `gpuCount` (the advisor's one manual-plan builder,
-`plugins.advisor.planner.manual_plan`). An `auto` spec without hints is refused by the spec
+`trainyard.plugins.advisor.planner.manual_plan`). An `auto` spec without hints is refused by the spec
 rules before this point.
 """
 
 from __future__ import annotations
 
-from config.cluster import Cluster
-from config.spec import TrainingJob
-from plugins.advisor.plan import Plan
-from plugins.advisor.planner import manual_plan
+from trainyard.config.cluster import Cluster
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.planner import manual_plan
 
 __all__ = ["manual_plan", "plan_for_job"]
 
@@ -27,7 +27,7 @@ def plan_for_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float =
         if job.spec.parallelism.strategy == "auto":
             raise ValueError("strategy 'auto' needs parallelism.hints (the model's shape) to plan")
         return manual_plan(job), "manual degrees (no model hints for the advisor)"
-    from plugins.advisor import plan_job
+    from trainyard.plugins.advisor import plan_job
 
     result = plan_job(job, cluster, memory_fraction=memory_fraction)
     if result.best is not None:

@@ -1,5 +1,5 @@
 """Published training configurations, and how the advisor's estimates compare with what their
-authors reported. `python -m plugins.advisor.published` prints the table in `docs/advisor.md`;
+authors reported. `python -m trainyard.plugins.advisor.published` prints the table in `docs/advisor.md`;
 the unit tests check that none of these configurations — all of which ran — is judged not to fit.
 
 Where a paper leaves a knob out (micro-batch size, virtual stages), the row uses the reading
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from plugins.advisor.estimate import Estimate, evaluate
-from plugins.advisor.hardware import CATALOG, GB, GiB, Hardware, hardware_from_spec
-from plugins.advisor.layout import (
+from trainyard.plugins.advisor.estimate import Estimate, evaluate
+from trainyard.plugins.advisor.hardware import CATALOG, GB, GiB, Hardware, hardware_from_spec
+from trainyard.plugins.advisor.layout import (
     DEEPSPEED_ZERO3,
     FUSED,
     MEGATRON,
@@ -37,7 +37,7 @@ from plugins.advisor.layout import (
     Implementation,
     Layout,
 )
-from plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.model import ModelProfile
 
 A100_SELENE = hardware_from_spec(CATALOG["A100_80GB"], nodes_per_rack=20)
 """Selene: DGX A100 (8 × 200 Gb/s HDR per node), non-blocking fat tree."""

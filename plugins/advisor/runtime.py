@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from config.spec import Precision
+    from trainyard.config.spec import Precision
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ time, break ties towards the simpler layout.
 Validity: TP divides the query and KV heads, the FFN width and the vocabulary (the worker
 splits the output head by columns) and fits in a node; PP is any degree up to the layer
 count — when it does not divide the layers the first and last stages get the fewer
-(`config.pipeline`) and the time model runs the pipeline at its busiest rank's pace; DP =
+(`trainyard.config.pipeline`) and the time model runs the pipeline at its busiest rank's pace; DP =
 GPUs / (TP·PP·CP) divides the global batch, micro-batch × micro-batches × DP = global batch;
 a pipeline needs at least pp micro-batches, interleaving a multiple of pp and virtual stages
 that divide a stage's layers (uneven splits: that leave the busiest rank no heavier than
@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from config.pipeline import rank_layer_counts
-from plugins.advisor.estimate import Estimate, Evaluator
-from plugins.advisor.hardware import Hardware
-from plugins.advisor.layout import PYTORCH, Implementation, Layout
-from plugins.advisor.model import ModelProfile
-from plugins.advisor.runtime import RuntimeCapabilities
+from trainyard.config.pipeline import rank_layer_counts
+from trainyard.plugins.advisor.estimate import Estimate, Evaluator
+from trainyard.plugins.advisor.hardware import Hardware
+from trainyard.plugins.advisor.layout import PYTORCH, Implementation, Layout
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.runtime import RuntimeCapabilities
 
 TIE_TOLERANCE = 0.01
 """Step times within 1 % are a tie; the simpler layout wins it."""

@@ -9,7 +9,7 @@ FLOPs (input and weight gradients). Fused attention does the causal half of its 
 attention does all of them and also streams the s×s scores through HBM. Norms, RoPE,
 activations and residual adds are memory-bound: their bytes over the HBM bandwidth.
 
-Communication (times from `plugins.advisor.comm`), with the overlap we assume:
+Communication (times from `trainyard.plugins.advisor.comm`), with the overlap we assume:
 - TP: 2 all-reduces per layer in forward and 2 in backward (all-gather + reduce-scatter with
   sequence parallelism: the same bytes), 2 more when full recomputation reruns the forward.
   Not overlapped (Megatron's default; async TP would hide part of it).
@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from plugins.advisor.comm import (
+from trainyard.plugins.advisor.comm import (
     all_gather_s,
     all_reduce_s,
     all_to_all_s,
@@ -45,10 +45,10 @@ from plugins.advisor.comm import (
     group_levels,
     p2p_s,
 )
-from plugins.advisor.hardware import Hardware
-from plugins.advisor.layout import Implementation, Layout
-from plugins.advisor.memory import MemoryModel
-from plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.hardware import Hardware
+from trainyard.plugins.advisor.layout import Implementation, Layout
+from trainyard.plugins.advisor.memory import MemoryModel
+from trainyard.plugins.advisor.model import ModelProfile
 
 STEADY_PP_EXPOSED = 0.1
 NORM_PASSES_FUSED = 3

@@ -20,14 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from plugins.recovery.classify import classify
-from plugins.recovery.decide import DecisionContext, apply_quarantine, decide
-from plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
+from trainyard.plugins.recovery.classify import classify
+from trainyard.plugins.recovery.decide import DecisionContext, apply_quarantine, decide
+from trainyard.plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
 
 if TYPE_CHECKING:
-    from config.spec import TrainingJob
-    from plugins.recovery.evidence import Evidence
-    from plugins.recovery.state import JobStateStore, RunInfo
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.recovery.evidence import Evidence
+    from trainyard.plugins.recovery.state import JobStateStore, RunInfo
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def begin_attempt(state: JobStateStore, job: str, run: str, attempt: int, *, dag
     """The lifecycle up to `starting` for `attempt` (from `pending`, or from `recovering` for a
     later attempt), and its attempt row. Idempotent. A run that is already completed, failed or
     cancelled (`trainyard stop` during a hand-over) starts nothing: `IllegalTransition`."""
-    from plugins.recovery.state import IllegalTransition
+    from trainyard.plugins.recovery.state import IllegalTransition
 
     info = state.get_run(job, run)
     if info.final:

@@ -10,20 +10,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from config.settings import Settings
-    from config.spec import TrainingJob
-    from plugins.attempt.bookkeeping import AttemptResult
-    from plugins.launch.model import RunHandle
-    from plugins.recovery.model import AttemptConf
-    from plugins.tracking.registry import ModelVersionInfo
-    from plugins.tracking.runs import LoggedCheckpoint
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.attempt.bookkeeping import AttemptResult
+    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.recovery.model import AttemptConf
+    from trainyard.plugins.tracking.registry import ModelVersionInfo
+    from trainyard.plugins.tracking.runs import LoggedCheckpoint
 
 
 def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri: str) -> None:
     """A failure becomes a recovery event of the run (cause, step, what was done, time to detect,
     steps lost); each in-place torchrun restart of the attempt one more; a final action sets the
     run's status. Keyed by run, attempt and cause, so a retried task records each once."""
-    from plugins.tracking.runs import log_recovery_event, log_recovery_timings, set_run_status
+    from trainyard.plugins.tracking.runs import (
+        log_recovery_event,
+        log_recovery_timings,
+        set_run_status,
+    )
 
     report, action = result.report, result.action
     if report.restarts_in_place:
@@ -52,14 +56,14 @@ def record_resumed(job: TrainingJob, conf: AttemptConf, settings: Settings, hand
                    mlflow_run_id: str) -> float | None:
     """A later attempt's gang started: the previous attempt's time to resume (its detection to
     this start), in its job-state report and as the MLflow metric `recovery/time_to_resume_s`."""
-    from plugins.recovery.state import JobStateStore
+    from trainyard.plugins.recovery.state import JobStateStore
 
     if conf.attempt == 0:
         return None
     seconds = JobStateStore(settings.state_db).set_resumed(job.name, conf.run, conf.attempt - 1,
                                                            handle.created_at)
     if seconds is not None and mlflow_run_id:
-        from plugins.tracking.runs import log_recovery_timings
+        from trainyard.plugins.tracking.runs import log_recovery_timings
 
         log_recovery_timings(mlflow_run_id, step=0, tracking_uri=settings.mlflow_tracking_uri,
                              time_to_resume_s=seconds, attempt=conf.attempt - 1)
@@ -78,8 +82,8 @@ def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) 
     """
     import shutil
 
-    from plugins.checkpoint.uris import area_for
-    from plugins.tracking.registry import (
+    from trainyard.plugins.checkpoint.uris import area_for
+    from trainyard.plugins.tracking.registry import (
         DEFAULT_ALIAS,
         _check_manifest_digest,
         find_export,
@@ -112,8 +116,8 @@ def registered_version(name: str, mlflow_run_id: str, record: LoggedCheckpoint, 
     SHA-256, as the lineage tags say), or None; the oldest if there are several."""
     from mlflow.exceptions import MlflowException
 
-    from plugins.tracking.registry import ModelVersionInfo
-    from plugins.tracking.runs import TAG, client_for, quote_filter_value
+    from trainyard.plugins.tracking.registry import ModelVersionInfo
+    from trainyard.plugins.tracking.runs import TAG, client_for, quote_filter_value
 
     clauses = [f"name = {quote_filter_value(name)}",
                f"tags.`{TAG}run_id` = {quote_filter_value(mlflow_run_id)}",
@@ -133,8 +137,8 @@ def _with_alias(made: ModelVersionInfo, alias: str, *, tracking_uri: str) -> Mod
     between the version and the alias); an alias another version holds now is left alone."""
     from mlflow.exceptions import MlflowException
 
-    from plugins.tracking.registry import ModelVersionInfo
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.registry import ModelVersionInfo
+    from trainyard.plugins.tracking.runs import client_for
 
     client = client_for(tracking_uri)
     try:
@@ -147,7 +151,7 @@ def _with_alias(made: ModelVersionInfo, alias: str, *, tracking_uri: str) -> Mod
 def export_folder(job: TrainingJob, settings: Settings, mlflow_run_id: str) -> Path:
     """`<runs>/<job>/<run>/export`: the training run's own folder (its id from the MLflow run's
     `trainyard.run` tag; the MLflow run id for a run started outside the platform)."""
-    from plugins.tracking.runs import TAG, client_for
+    from trainyard.plugins.tracking.runs import TAG, client_for
 
     run = client_for(settings.mlflow_tracking_uri).get_run(mlflow_run_id).data.tags.get(TAG + "run") or mlflow_run_id
     return settings.runs_dir / job.name / run / "export"
@@ -155,7 +159,7 @@ def export_folder(job: TrainingJob, settings: Settings, mlflow_run_id: str) -> P
 
 def run_timeline(job: str, run: str, settings: Settings) -> list[tuple[float, str]]:
     """What happened to a training run, from the job state: (seconds since the run opened, event)."""
-    from plugins.recovery.state import open_job_state
+    from trainyard.plugins.recovery.state import open_job_state
 
     state = open_job_state(settings.state_db)
     info = state.get_run(job, run)
@@ -180,12 +184,12 @@ def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: 
     device time by phase from the job state (attempts are training, the gaps between them
     recovery), MFU and tokens/s from what the workers streamed — and its final status.
     Returns the cost figures."""
-    from config.cluster import cluster_for
-    from plugins.recovery.state import open_job_state
-    from plugins.tracking.cost import RunAccounting, job_cost, log_job_cost
-    from plugins.tracking.lifecycle import close_tracked_run
-    from plugins.tracking.rates import load_rates
-    from plugins.tracking.runs import client_for
+    from trainyard.config.cluster import cluster_for
+    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.tracking.cost import RunAccounting, job_cost, log_job_cost
+    from trainyard.plugins.tracking.lifecycle import close_tracked_run
+    from trainyard.plugins.tracking.rates import load_rates
+    from trainyard.plugins.tracking.runs import client_for
 
     state = open_job_state(settings.state_db)
     info, attempts = state.get_run(job.name, run), state.attempts(job.name, run)

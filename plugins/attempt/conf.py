@@ -17,14 +17,14 @@ import hashlib
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from config.runs import check_run_id
-from plugins.errors import FatalError
-from plugins.recovery.model import AttemptConf
+from trainyard.config.runs import check_run_id
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.recovery.model import AttemptConf
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
 
 
 class InvalidConf(FatalError):
@@ -65,7 +65,7 @@ def parse_conf(conf: dict[str, Any] | None, *, dag_id: str, trigger_run_id: str,
     errors, templated strings are coerced) and give a first attempt its run id."""
     from pydantic import ValidationError
 
-    from config.safe_yaml import preview_value
+    from trainyard.config.safe_yaml import preview_value
 
     if conf is not None and not isinstance(conf, dict):
         raise InvalidConf(f"the run's conf is {type(conf).__name__}, not a mapping: {preview_value(conf)}")
@@ -86,7 +86,7 @@ def parse_conf(conf: dict[str, Any] | None, *, dag_id: str, trigger_run_id: str,
 
 def effective_job(job: TrainingJob, conf: AttemptConf) -> TrainingJob:
     """The spec as this run trains it: the trigger form's overrides applied, revalidated."""
-    from config.spec import TrainingJob as Model
+    from trainyard.config.spec import TrainingJob as Model
 
     training: dict[str, Any] = {}
     if conf.max_steps is not None:
@@ -103,8 +103,8 @@ def effective_job(job: TrainingJob, conf: AttemptConf) -> TrainingJob:
 def plan_attempt(job: TrainingJob, cluster: Cluster, conf: AttemptConf, *, memory_fraction: float
                  ) -> tuple[Plan, str]:
     """(plan, where it came from): a re-plan handed over by the previous attempt wins."""
-    from plugins.advisor.plan import Plan
-    from plugins.advisor.plans import plan_for_job
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.plans import plan_for_job
 
     if conf.plan:
         plan = Plan.model_validate_json(conf.plan)
@@ -147,7 +147,7 @@ def _named_point(conf: AttemptConf, job: TrainingJob, *, tracking_uri: str) -> s
     start = conf.start_from.strip() or _retrain_start(job, tracking_uri=tracking_uri)
     if not start.startswith("models:/"):
         return start
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.runs import client_for
 
     name, sep, alias = start.removeprefix("models:/").partition("@")
     if not sep or not name or not alias:
@@ -166,7 +166,7 @@ def _retrain_start(job: TrainingJob | None, *, tracking_uri: str) -> str:
     alias = job.spec.retrain.start_from_alias if job is not None and job.spec.retrain is not None else None
     if not alias:
         return ""
-    from plugins.tracking.evaluate import version_at
+    from trainyard.plugins.tracking.evaluate import version_at
 
     return f"models:/{job.name}@{alias}" if version_at(job.name, alias, tracking_uri=tracking_uri) else ""
 
@@ -176,8 +176,8 @@ def check_resume_point(uri: str, job: TrainingJob, object_store: str) -> str:
     else `InvalidConf` naming the URI and why (`trainyard launch --resume-from` calls it too)."""
     if not uri:
         return ""
-    from plugins.checkpoint.uris import resolve_for_job, split_manifest_uri
-    from plugins.errors import TrainyardError
+    from trainyard.plugins.checkpoint.uris import resolve_for_job, split_manifest_uri
+    from trainyard.plugins.errors import TrainyardError
 
     try:
         split_manifest_uri(uri)

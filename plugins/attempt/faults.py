@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from plugins.errors import FatalError
+from trainyard.plugins.errors import FatalError
 
 if TYPE_CHECKING:
-    from plugins.recovery.model import AttemptConf
+    from trainyard.plugins.recovery.model import AttemptConf
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def fail_gpu(conf: AttemptConf, gang_nodes: list[str], agents: dict[str, str]) -
     if not url:
         raise FaultNotApplied(f"fault fail_gpu_node={wanted!r}: no node agent URL for {node!r} in "
                               f"TRAINYARD_NODE_AGENTS (known: {sorted(agents) or 'none'})")
-    from node_agent.client import AgentResponseError, AgentUnreachable, inject_fault
-    from node_agent.models import FaultRequest
+    from trainyard.node_agent.client import AgentResponseError, AgentUnreachable, inject_fault
+    from trainyard.node_agent.models import FaultRequest
 
     try:
         inject_fault(url, FaultRequest(gpu=0, xid=79, reason="fault injection: fail_gpu_node"))
@@ -69,8 +69,8 @@ def corrupt_newest_checkpoint(conf: AttemptConf, checkpoint_root: str, *,
     when not asked. Overwrites, never deletes: the checkpoint stays committed (and wrong)."""
     if conf.attempt != 0 or not conf.faults.corrupt_newest_checkpoint:
         return None
-    from plugins.checkpoint.catalog import list_checkpoints
-    from plugins.storage.store import open_store
+    from trainyard.plugins.checkpoint.catalog import list_checkpoints
+    from trainyard.plugins.storage.store import open_store
 
     committed = list_checkpoints(checkpoint_root, endpoint_url=endpoint_url)
     if not committed:

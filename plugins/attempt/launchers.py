@@ -21,20 +21,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Protocol
 
-from plugins.errors import FatalError
-from plugins.launch.base import LaunchOptions, Runtime
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.launch.base import LaunchOptions, Runtime
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
-    from config.problems import Problem
-    from config.settings import Settings
-    from config.spec import TrainingJob
-    from plugins.launch.base import Launcher
-    from plugins.launch.model import RunHandle
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.problems import Problem
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.launch.base import Launcher
+    from trainyard.plugins.launch.model import RunHandle
 
 BUILTIN: dict[str, str] = {
-    "local": "plugins.launch.backends:LocalBackend",
-    "kubernetes": "plugins.launch.backends:KubernetesBackend",
+    "local": "trainyard.plugins.launch.backends:LocalBackend",
+    "kubernetes": "trainyard.plugins.launch.backends:KubernetesBackend",
 }
 """Mode → the backend class, as `module:Class` (imported when first used: cheap to import here)."""
 
@@ -71,7 +71,7 @@ def backend(mode: str, settings: Settings) -> type[Backend]:
 def launcher_for(target: Cluster | RunHandle, runtime: Runtime, options: LaunchOptions | None = None) -> Launcher:
     """The launcher that starts attempts on `target` (a `Cluster`: by its mode), or that finds
     the run `target` names again (a `RunHandle`: by its kind)."""
-    from plugins.launch.model import RunHandle
+    from trainyard.plugins.launch.model import RunHandle
 
     settings = runtime.settings
     if isinstance(target, RunHandle):
@@ -86,8 +86,8 @@ def launch_problems(job: TrainingJob, cluster: Cluster, settings: Settings) -> l
     """Why this deployment cannot launch `job` on `cluster`: its devices are not on the cluster
     the launcher runs (`TRAINYARD_CLUSTER` / `--cluster`), a Kubernetes cluster and no image,
     or no launcher is wired for the cluster's mode. Checked before any device is reserved."""
-    from config.cluster import known_clusters, load_cluster
-    from config.problems import Code, Problem
+    from trainyard.config.cluster import known_clusters, load_cluster
+    from trainyard.config.problems import Code, Problem
 
     problems = []
     gpu = job.spec.hardware.gpu_type

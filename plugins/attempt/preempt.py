@@ -4,7 +4,7 @@ whole lower-priority gangs — each after an emergency checkpoint — and place 
 `place_preempting` is what the `place_gang` step calls:
 
 1. place and reserve as usual (`place_and_reserve`); done if it fits;
-2. otherwise ask the fair-share engine (`plugins.placement.fairshare.plan_preemption`) which
+2. otherwise ask the fair-share engine (`trainyard.plugins.placement.fairshare.plan_preemption`) which
    running gangs to evict: only gangs strictly below the pending one's effective priority, the
    fewest that make room, those that lose the least work first. Only gangs the control plane can
    stop are candidates — a live attempt whose launcher handle is in the job state; a reservation
@@ -12,7 +12,7 @@ whole lower-priority gangs — each after an emergency checkpoint — and place 
    something still runs on it;
 3. stop each victim the one way the control plane stops gangs (`plugins.attempt.watching.stop_gang`) with the reason
    `preempted`: SIGTERM, the worker commits an emergency checkpoint of its last completed step
-   and exits 43 (`worker.exit_codes.PREEMPTED`), SIGKILL after `grace_s`. A victim so loses at
+   and exits 43 (`trainyard.worker.exit_codes.PREEMPTED`), SIGKILL after `grace_s`. A victim so loses at
    most the time since that checkpoint (the step in flight). Its reservation is released here,
    so the pending gang can take the devices at once;
 4. place and reserve again.
@@ -31,19 +31,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from plugins.placement.model import NotSchedulableNow, Placement
-from plugins.placement.state import RESERVATION_LEASE_S
+from trainyard.plugins.placement.model import NotSchedulableNow, Placement
+from trainyard.plugins.placement.state import RESERVATION_LEASE_S
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
-    from config.spec import TrainingJob
-    from config.teams import Teams
-    from plugins.advisor.plan import Plan
-    from plugins.attempt.launchers import Runtime
-    from plugins.launch.model import RunHandle, RunStatus
-    from plugins.placement.fairshare import RunningGang, Victim
-    from plugins.placement.state import StateStore
-    from plugins.recovery.state import JobStateStore
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.spec import TrainingJob
+    from trainyard.config.teams import Teams
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.launch.model import RunHandle, RunStatus
+    from trainyard.plugins.placement.fairshare import RunningGang, Victim
+    from trainyard.plugins.placement.state import StateStore
+    from trainyard.plugins.recovery.state import JobStateStore
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def place_preempting(job: TrainingJob, plan: Plan, cluster: Cluster, store: Stat
     module docstring). With `wait_s`, a gang that fits neither way (nothing lower to evict) is
     tried again every `poll_s` until it fits or `wait_s` has passed — a requeued attempt waits for
     capacity instead of failing. Raises `NotSchedulableNow` / `NeverSchedulable` otherwise."""
-    from plugins.placement.service import place_and_reserve
+    from trainyard.plugins.placement.service import place_and_reserve
 
     exclude = frozenset(exclude)
     started = time.monotonic()
@@ -105,10 +105,10 @@ def make_room(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore,
               grace_s: float = PREEMPT_GRACE_S, now: datetime | None = None) -> list[Eviction]:
     """Decide the victims for the gang (fair share) and evict them. Raises `Unschedulable` when
     evicting every stoppable lower-priority gang would not make room (then nothing is evicted)."""
-    from plugins.placement.fairshare import plan_preemption
-    from plugins.placement.inventory import Inventory
-    from plugins.placement.model import GangRequest
-    from plugins.placement.state import free_devices
+    from trainyard.plugins.placement.fairshare import plan_preemption
+    from trainyard.plugins.placement.inventory import Inventory
+    from trainyard.plugins.placement.model import GangRequest
+    from trainyard.plugins.placement.state import free_devices
 
     inventory = Inventory.from_cluster(cluster)
     request = GangRequest.for_job(job, plan, run=run, attempt=attempt, exclude=exclude)
@@ -123,7 +123,7 @@ def make_room(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore,
 
 def live_handle(jobs: JobStateStore, gang: RunningGang) -> RunHandle | None:
     """The launcher handle of the attempt holding `gang`'s reservation, if the job state has it."""
-    from plugins.recovery.state import RunNotFound
+    from trainyard.plugins.recovery.state import RunNotFound
 
     try:
         live = jobs.live_attempt(gang.job, gang.run)
@@ -136,8 +136,8 @@ def evict(victim: Victim, handle: RunHandle, store: StateStore, runtime: Runtime
           grace_s: float = PREEMPT_GRACE_S) -> Eviction:
     """Stop the victim's gang (`preempted`: SIGTERM → emergency checkpoint → exit 43), then free
     its reservation."""
-    from plugins.attempt.watching import stop_gang
-    from plugins.launch.files import StopReason
+    from trainyard.plugins.attempt.watching import stop_gang
+    from trainyard.plugins.launch.files import StopReason
 
     reason = StopReason(reason="preempted", detail=f"evicted for {by}", nodes=sorted(victim.nodes))
     status = stop_gang(handle, reason, runtime, grace_s=grace_s)

@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from config.cluster import Cluster
-from config.problems import Problem
-from config.spec import TrainingJob
-from plugins.advisor.plan import Plan
-from plugins.attempt.conf import (
+from trainyard.config.cluster import Cluster
+from trainyard.config.problems import Problem
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.attempt.conf import (
     InvalidConf,
     check_conf_points,
     effective_job,
@@ -50,19 +50,24 @@ from plugins.attempt.conf import (
     resume_point,
     trigger_conf,
 )
-from plugins.attempt.launchers import LaunchOptions, Runtime, launch_problems, launcher_for
-from plugins.attempt.watching import WatchState, WatchStep, watch_once
-from plugins.errors import FatalError
-from plugins.launch.model import RunHandle, RunStatus
-from plugins.placement.model import Placement
-from plugins.placement.state import RESERVATION_LEASE_S
-from plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
-from plugins.validation.data_quality import DataQualityReport
+from trainyard.plugins.attempt.launchers import (
+    LaunchOptions,
+    Runtime,
+    launch_problems,
+    launcher_for,
+)
+from trainyard.plugins.attempt.watching import WatchState, WatchStep, watch_once
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.launch.model import RunHandle, RunStatus
+from trainyard.plugins.placement.model import Placement
+from trainyard.plugins.placement.state import RESERVATION_LEASE_S
+from trainyard.plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
+from trainyard.plugins.validation.data_quality import DataQualityReport
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from config.settings import Settings
+    from trainyard.config.settings import Settings
 
 REQUEUE_WAIT_S = 3600.0
 """A requeued attempt (after preemption) waits this long for capacity in `place`."""
@@ -128,7 +133,7 @@ class Concluded(_Out):
     def summary(self) -> str:
         """One line for people (the DAG run's note): `attempt 0: worker_crash at step 119
         (rank 1: killed by SIGKILL) → restart from step 100`."""
-        from plugins.launch.exit_codes import describe
+        from trainyard.plugins.launch.exit_codes import describe
 
         r, a = self.report, self.action
         where = f" at step {r.step}" if r.step is not None else ""
@@ -156,7 +161,7 @@ class Closed(_Out):
 def cluster_of(settings: Settings) -> Cluster:
     """The cluster this deployment launches on (`TRAINYARD_CLUSTER`): no fallback to another
     cluster that has the spec's devices — `launch_problems` names that one instead."""
-    from config.cluster import load_cluster
+    from trainyard.config.cluster import load_cluster
 
     return load_cluster(settings.cluster)
 
@@ -177,9 +182,9 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
     """Validate the spec for this deployment (every problem, in one report) and record the
     attempt's start: a first attempt opens its run (once per `trigger_key`). `offline` skips the
     checks that need the world (memory fit, dataset, quota), as `trainyard validate --offline`."""
-    from config.loader import load_spec_file
-    from config.problems import SpecError
-    from plugins.validation.dry_run import validate_job
+    from trainyard.config.loader import load_spec_file
+    from trainyard.config.problems import SpecError
+    from trainyard.plugins.validation.dry_run import validate_job
 
     settings = runtime.settings
     try:
@@ -199,8 +204,8 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
 
 
 def _begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_key: str) -> None:
-    from plugins.attempt.bookkeeping import begin_attempt
-    from plugins.recovery.state import open_job_state
+    from trainyard.plugins.attempt.bookkeeping import begin_attempt
+    from trainyard.plugins.recovery.state import open_job_state
 
     state = open_job_state(settings.state_db)
     if conf.attempt == 0:
@@ -215,7 +220,7 @@ def check_data(opened: Opened, runtime: Runtime) -> DataChecked:
     an earlier attempt passed skips the checks (and their seconds of imports)."""
     if not opened.job.spec.dataset.quality.enabled:
         return DataChecked(checked=False)
-    from plugins.validation.data_quality import data_fingerprint, run_data_quality
+    from trainyard.plugins.validation.data_quality import data_fingerprint, run_data_quality
 
     try:
         fingerprint = data_fingerprint(opened.job, runtime.settings)
@@ -251,7 +256,7 @@ def _failing(opened: Opened, runtime: Runtime, what: str) -> Iterator[None]:
     try:
         yield
     except (FatalError, ValueError) as e:
-        from plugins.recovery.state import open_job_state
+        from trainyard.plugins.recovery.state import open_job_state
 
         report = FailureReport(job=opened.job.name, run=opened.conf.run, attempt=opened.conf.attempt,
                                outcome="launch_failed", reason=f"{what}: {e}"[:4000])
@@ -266,7 +271,7 @@ def _failing(opened: Opened, runtime: Runtime, what: str) -> Iterator[None]:
 
 
 def plan(opened: Opened, runtime: Runtime) -> Planned:
-    from config.cluster import load_cluster
+    from trainyard.config.cluster import load_cluster
 
     cluster = load_cluster(opened.cluster)
     with _failing(opened, runtime, "no plan fits"):
@@ -277,7 +282,7 @@ def plan(opened: Opened, runtime: Runtime) -> Planned:
 
 def _peak_flops(job: TrainingJob, cluster: Cluster) -> float | None:
     """One device's peak on this cluster, at the spec's precision (None: no peak is known)."""
-    from plugins.advisor.flops import peak_flops_per_device
+    from trainyard.plugins.advisor.flops import peak_flops_per_device
 
     hints = job.spec.parallelism.hints
     try:
@@ -288,11 +293,11 @@ def _peak_flops(job: TrainingJob, cluster: Cluster) -> float | None:
 
 def place(opened: Opened, planned: Planned, runtime: Runtime) -> Placed:
     """Place and reserve (idempotent per job, run and attempt: a retry gets the live reservation)."""
-    from config.cluster import load_cluster
-    from config.teams import load_teams
-    from plugins.attempt.preempt import place_preempting
-    from plugins.placement.state import open_state
-    from plugins.recovery.state import open_job_state
+    from trainyard.config.cluster import load_cluster
+    from trainyard.config.teams import load_teams
+    from trainyard.plugins.attempt.preempt import place_preempting
+    from trainyard.plugins.placement.state import open_state
+    from trainyard.plugins.recovery.state import open_job_state
 
     settings, conf = runtime.settings, opened.conf
     jobs = open_job_state(settings.state_db)
@@ -319,10 +324,10 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
     `checked`: `check_data`'s result, whose report the first attempt logs to MLflow; without
     a report (a launch that skipped `check_data`, checks turned off) tracking makes its own,
     for the record only."""
-    from config.cluster import load_cluster
-    from plugins.attempt.faults import fail_gpu
-    from plugins.launch.environment import build_worker_env
-    from plugins.tracking.lifecycle import open_tracked_run
+    from trainyard.config.cluster import load_cluster
+    from trainyard.plugins.attempt.faults import fail_gpu
+    from trainyard.plugins.launch.environment import build_worker_env
+    from trainyard.plugins.tracking.lifecycle import open_tracked_run
 
     job, conf, settings = opened.job, opened.conf, runtime.settings
     if conf.dry_run:
@@ -347,7 +352,7 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
             launcher = launcher_for(cluster, runtime, LaunchOptions(max_restarts=restarts))
             handle = launcher.submit(job, planned.plan, placed.placement, worker_env, attempt=conf.attempt)
         except (FatalError, ValueError):  # nothing runs: the MLflow run it opened ends failed, not running
-            from plugins.tracking.runs import set_run_status
+            from trainyard.plugins.tracking.runs import set_run_status
 
             set_run_status(mlflow_run_id, "failed", tracking_uri=settings.mlflow_tracking_uri)
             raise
@@ -360,8 +365,8 @@ def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: S
               placed: Placed) -> None:
     """The gang runs: its handle (so `trainyard stop` finds it), its plan and placement, and the
     lifecycle in the job state."""
-    from plugins.attempt.closing import record_resumed
-    from plugins.recovery.state import open_job_state
+    from trainyard.plugins.attempt.closing import record_resumed
+    from trainyard.plugins.recovery.state import open_job_state
 
     job, conf = opened.job, opened.conf
     state = open_job_state(settings.state_db)
@@ -374,7 +379,7 @@ def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: S
 
 
 def _end_dry_run(opened: Opened, runtime: Runtime) -> None:
-    from plugins.recovery.state import open_job_state
+    from trainyard.plugins.recovery.state import open_job_state
 
     why = "dry run: validated, planned and placed; nothing launched"
     report = FailureReport(job=opened.job.name, run=opened.conf.run, attempt=opened.conf.attempt,
@@ -404,14 +409,14 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     job state), the record in MLflow, the next attempt's conf (with `checked`'s data
     fingerprint). Without a handle: the attempt's `launch_failed` as recorded, or None when
     nothing was started at all (a dry run)."""
-    from plugins.attempt.bookkeeping import after_attempt
-    from plugins.attempt.closing import record_in_mlflow
-    from plugins.attempt.faults import corrupt_newest_checkpoint
-    from plugins.attempt.watching import poll, settle
-    from plugins.launch.environment import checkpoint_uri
-    from plugins.recovery.decide import DecisionContext
-    from plugins.recovery.evidence import gather, observe_node
-    from plugins.recovery.state import open_job_state
+    from trainyard.plugins.attempt.bookkeeping import after_attempt
+    from trainyard.plugins.attempt.closing import record_in_mlflow
+    from trainyard.plugins.attempt.faults import corrupt_newest_checkpoint
+    from trainyard.plugins.attempt.watching import poll, settle
+    from trainyard.plugins.launch.environment import checkpoint_uri
+    from trainyard.plugins.recovery.decide import DecisionContext
+    from trainyard.plugins.recovery.evidence import gather, observe_node
+    from trainyard.plugins.recovery.state import open_job_state
 
     job, conf, settings = opened.job, opened.conf, runtime.settings
     state = open_job_state(settings.state_db)
@@ -427,7 +432,7 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     gang = set(handle.nodes or [a.node for a in handle.agents])
     nodes = [observe_node(n, url) for n, url in sorted(settings.node_agents.items()) if n in gang]
     evidence = gather(handle, status, run=conf.run, nodes=nodes, resume_from=conf.resume_from)
-    from config.cluster import load_cluster
+    from trainyard.config.cluster import load_cluster
 
     ctx = DecisionContext(checkpoint_uri=root, endpoint_url=settings.s3_endpoint_url, plan=plan_used,
                           cluster=load_cluster(opened.cluster))
@@ -461,7 +466,7 @@ def _not_launched(opened: Opened, state: Any) -> Concluded | None:
 
 def release(opened: Opened, runtime: Runtime) -> int:
     """Free the attempt's devices (idempotent: a second release frees nothing)."""
-    from plugins.placement.state import open_state
+    from trainyard.plugins.placement.state import open_state
 
     return open_state(runtime.settings.state_db).release(opened.job.name, opened.conf.attempt, run=opened.conf.run)
 
@@ -469,7 +474,7 @@ def release(opened: Opened, runtime: Runtime) -> int:
 def register(opened: Opened, mlflow_run_id: str, runtime: Runtime) -> Registered:
     """Export the run's best valid checkpoint and register it as the next version of the job's
     model, alias `candidate`."""
-    from plugins.attempt.closing import register_model
+    from trainyard.plugins.attempt.closing import register_model
 
     version = register_model(opened.job, runtime.settings, mlflow_run_id=mlflow_run_id)
     return Registered(model=version.name, version=str(version.version), step=version.checkpoint_step,
@@ -479,7 +484,7 @@ def register(opened: Opened, mlflow_run_id: str, runtime: Runtime) -> Registered
 def close(opened: Opened, mlflow_run_id: str, runtime: Runtime,
           status: Literal["completed", "failed", "cancelled"] = "completed") -> Closed:
     """End the run's MLflow run: loss plot, recovery timeline, cost, final status."""
-    from plugins.attempt.closing import close_run
+    from trainyard.plugins.attempt.closing import close_run
 
     cost = close_run(opened.job, runtime.settings, run=opened.conf.run, mlflow_run_id=mlflow_run_id, status=status)
     return Closed(status=status, cost=cost)
@@ -561,7 +566,7 @@ class CheckpointSeen(_Out):
 
 
 def checkpoints_root(opened: Opened, runtime: Runtime) -> str:
-    from plugins.launch.environment import checkpoint_uri
+    from trainyard.plugins.launch.environment import checkpoint_uri
 
     return checkpoint_uri(opened.job, runtime.settings.object_store, opened.conf.run)
 
@@ -570,12 +575,12 @@ def checkpoint_committed(opened: Opened, step: int, manifest_uri: str, runtime: 
                          mlflow_run_id: str) -> CheckpointSeen:
     """A checkpoint the run committed: verify its SHA-256 hashes and record it in the MLflow run.
     The worker's rank 0 already recorded it and applied the retention policy at the commit
-    (`worker.checkpoint_records`): the record is idempotent, and one retention deleted before
+    (`trainyard.worker.checkpoint_records`): the record is idempotent, and one retention deleted before
     this look is reported `retired`, not as a checkpoint that fails verification."""
-    from plugins.checkpoint.catalog import verify
-    from plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
-    from plugins.storage.store import open_store
-    from plugins.tracking.runs import log_committed_checkpoint
+    from trainyard.plugins.checkpoint.catalog import verify
+    from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.plugins.tracking.runs import log_committed_checkpoint
 
     settings, root = runtime.settings, checkpoints_root(opened, runtime)
     result = verify(root, step, endpoint_url=settings.s3_endpoint_url)

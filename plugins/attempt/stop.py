@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from plugins.recovery.model import FailureReport
-from plugins.recovery.state import JobStateStore, RunInfo
+from trainyard.plugins.recovery.model import FailureReport
+from trainyard.plugins.recovery.state import JobStateStore, RunInfo
 
 if TYPE_CHECKING:
-    from plugins.attempt.launchers import Runtime
-    from plugins.launch.model import RunStatus
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.launch.model import RunStatus
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ def stop_run(store: JobStateStore, job: str, runtime: Runtime, run: str = "", *,
     """Stop the live attempt's gang (SIGTERM → emergency checkpoint → SIGKILL after `grace_s`),
     record the attempt as cancelled and the run as `cancelled`, and release the attempt's
     reservation. A run already completed, failed or cancelled is left as it is."""
-    from plugins.attempt.watching import stop_gang
-    from plugins.launch.files import StopReason
+    from trainyard.plugins.attempt.watching import stop_gang
+    from trainyard.plugins.launch.files import StopReason
 
     info = store.get_run(job, run)
     if info.final:
@@ -51,7 +51,7 @@ def stop_run(store: JobStateStore, job: str, runtime: Runtime, run: str = "", *,
             evidence=[f"launcher: {status.state} — {status.message}"] if status else []))
     info = store.transition(job, info.run, "cancelled", reason=reason)
     if live is not None:  # the devices are free once the gang is gone (a teardown task may repeat it)
-        from plugins.placement.state import open_state
+        from trainyard.plugins.placement.state import open_state
 
         open_state(store.url).release(job, live.attempt, run=info.run)
     return StopResult(info, live.attempt if live else None, status)

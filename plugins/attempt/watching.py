@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.attempt.launchers import Runtime, launcher_for
-from plugins.launch.files import STOP_REASON_FILE, StopReason, read_model
-from plugins.launch.model import RunHandle, RunStatus
-from plugins.placement.state import RENEW_EVERY_S, RESERVATION_LEASE_S
+from trainyard.plugins.attempt.launchers import Runtime, launcher_for
+from trainyard.plugins.launch.files import STOP_REASON_FILE, StopReason, read_model
+from trainyard.plugins.launch.model import RunHandle, RunStatus
+from trainyard.plugins.placement.state import RENEW_EVERY_S, RESERVATION_LEASE_S
 
 if TYPE_CHECKING:
-    from plugins.checkpoint.catalog import CheckpointRecord
+    from trainyard.plugins.checkpoint.catalog import CheckpointRecord
 
 
 class WatchState(BaseModel):
@@ -80,7 +80,7 @@ def stop_gang(handle: RunHandle, reason: StopReason, runtime: Runtime, *, grace_
 def hung_ranks(status: RunStatus, handle: RunHandle | None = None) -> list[int]:
     """The ranks to blame for a hang: of those alive without step progress for longer than the
     job's `hangTimeout` (once one rank stalls, every rank does at its next collective), the
-    ones `node_agent.verdicts.hang_culprits` blames — frozen (no sign of life in their
+    ones `trainyard.node_agent.verdicts.hang_culprits` blames — frozen (no sign of life in their
     heartbeat files either) or lagging; all of them where nothing tells them apart.
 
     A culprit is blamed once its own last progress is older than `hangTimeout`, as the node
@@ -90,8 +90,8 @@ def hung_ranks(status: RunStatus, handle: RunHandle | None = None) -> list[int]:
     timeout). The culprit crosses it within that moment: a frozen rank's progress never moves."""
     if not any(r.hung for r in status.ranks):
         return []
-    from node_agent.heartbeat import read_heartbeats
-    from node_agent.verdicts import Stalled, hang_culprits
+    from trainyard.node_agent.heartbeat import read_heartbeats
+    from trainyard.node_agent.verdicts import Stalled, hang_culprits
 
     live = [r for r in status.ranks if r.hung or (r.pid is not None and r.exit_code is None)]
     beats = read_heartbeats(handle.heartbeat_dir, [r.rank for r in live]) if handle and handle.heartbeat_dir else {}
@@ -125,7 +125,7 @@ def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_
     if stop is None and state.deadline is not None and time.time() > state.deadline:
         stop = StopReason(reason="timeout", detail=state.deadline_reason)
     if stop is None and state.renew_lease and time.monotonic() - state.last_renew > RENEW_EVERY_S:
-        from plugins.placement.state import open_state
+        from trainyard.plugins.placement.state import open_state
 
         renewed = open_state(runtime.settings.state_db).renew(handle.job, handle.attempt, run=handle.run,
                                                               lease_s=RESERVATION_LEASE_S)
@@ -140,7 +140,7 @@ def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_
 
 def committed_after(root: str, after_step: int, *, endpoint_url: str | None = None) -> list[CheckpointRecord]:
     """Checkpoints of the run committed after `after_step`, oldest first."""
-    from plugins.checkpoint.catalog import list_checkpoints
+    from trainyard.plugins.checkpoint.catalog import list_checkpoints
 
     return [r for r in list_checkpoints(root, endpoint_url=endpoint_url) if r.step > after_step]
 
@@ -169,7 +169,7 @@ def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, i
     that timeout per node."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from plugins.recovery.evidence import observe_node
+    from trainyard.plugins.recovery.evidence import observe_node
 
     nodes = [n for n in handle.nodes or sorted({a.node for a in handle.agents}) if agents.get(n)]
     if not nodes:

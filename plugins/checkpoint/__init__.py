@@ -3,7 +3,7 @@ they live in is `plugins/storage/`).
 
 The control plane imports the torch-free modules (`manifest`, `catalog`, `retention`,
 `uris`) directly; the names below that need torch (`CheckpointManager`,
-`SaveResult`, `export_safetensors`) are loaded on first use, so `import plugins.checkpoint`
+`SaveResult`, `export_safetensors`) are loaded on first use, so `import trainyard.plugins.checkpoint`
 stays cheap for Airflow sensors and DAG files.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from plugins.checkpoint.catalog import (
+from trainyard.plugins.checkpoint.catalog import (
     CheckpointRecord,
     VerifyReport,
     latest_valid,
@@ -20,8 +20,8 @@ from plugins.checkpoint.catalog import (
     select_latest_valid,
     verify,
 )
-from plugins.checkpoint.manifest import CheckpointManifest, ManifestFile
-from plugins.checkpoint.retention import (
+from trainyard.plugins.checkpoint.manifest import CheckpointManifest, ManifestFile
+from trainyard.plugins.checkpoint.retention import (
     RetentionDecision,
     RetentionPolicy,
     apply_retention,
@@ -29,13 +29,13 @@ from plugins.checkpoint.retention import (
 )
 
 if TYPE_CHECKING:
-    from plugins.checkpoint.export import export_safetensors
-    from plugins.checkpoint.manager import CheckpointManager, SaveResult
+    from trainyard.plugins.checkpoint.export import export_safetensors
+    from trainyard.plugins.checkpoint.manager import CheckpointManager, SaveResult
 
 _LAZY = {
-    "CheckpointManager": "plugins.checkpoint.manager",
-    "SaveResult": "plugins.checkpoint.manager",
-    "export_safetensors": "plugins.checkpoint.export",
+    "CheckpointManager": "trainyard.plugins.checkpoint.manager",
+    "SaveResult": "trainyard.plugins.checkpoint.manager",
+    "export_safetensors": "trainyard.plugins.checkpoint.export",
 }
 
 

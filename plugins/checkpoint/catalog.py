@@ -22,16 +22,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from plugins.checkpoint.manifest import (
+from trainyard.plugins.checkpoint.manifest import (
     MANIFEST_NAME,
     CheckpointManifest,
     ManifestFile,
     parse_step_dir,
     step_dir,
 )
-from plugins.checkpoint.uris import identity_of, split_manifest_uri
-from plugins.storage.errors import ObjectNotFoundError
-from plugins.storage.store import ObjectInfo, ObjectStore, open_store, sha256_of_stream
+from trainyard.plugins.checkpoint.uris import identity_of, split_manifest_uri
+from trainyard.plugins.storage.errors import ObjectNotFoundError
+from trainyard.plugins.storage.store import ObjectInfo, ObjectStore, open_store, sha256_of_stream
 
 log = logging.getLogger(__name__)
 
@@ -334,8 +334,8 @@ def list_runs(object_store_uri: str, job: str, *, storage: str = "", endpoint_ur
               ) -> list[str]:
     """The training runs of `job` that stored anything, oldest first (run ids sort by start
     time), so `trainyard checkpoints … JOB` can default to the latest run."""
-    from config.runs import check_run_id
-    from plugins.checkpoint.uris import runs_uri
+    from trainyard.config.runs import check_run_id
+    from trainyard.plugins.checkpoint.uris import runs_uri
 
     store = open_store(runs_uri(object_store_uri, job, storage=storage), endpoint_url=endpoint_url)
     runs: set[str] = set()

@@ -43,8 +43,8 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.utils import _create_file_view
 
-from plugins.checkpoint.direct_read import HeldFile
-from plugins.checkpoint.direct_write import open_direct
+from trainyard.plugins.checkpoint.direct_read import HeldFile
+from trainyard.plugins.checkpoint.direct_write import open_direct
 
 METADATA_NAME = ".metadata"
 

@@ -27,7 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES, REFUSED, clear_o_direct, io_buffer
+from trainyard.plugins.checkpoint.direct_write import (
+    ALIGN,
+    CHUNK_BYTES,
+    REFUSED,
+    clear_o_direct,
+    io_buffer,
+)
 
 READS_IN_FLIGHT = 2
 """Reads the disk has queued while the previous piece is hashed (more measured no faster)."""

@@ -1,6 +1,6 @@
 """The checkpoint engine's exceptions, in one place so callers can catch them by kind.
 
-Each derives from `plugins.errors`' fatal or transient base (retry or not). The object store's
+Each derives from `trainyard.plugins.errors`' fatal or transient base (retry or not). The object store's
 errors (`ObjectNotFoundError`, `UnsafeKeyError`, `IntegrityError`) live with the store in
 `plugins/storage/errors.py`; a checkpoint whose files fail verification raises the store's
 `IntegrityError`.
@@ -8,7 +8,7 @@ errors (`ObjectNotFoundError`, `UnsafeKeyError`, `IntegrityError`) live with the
 
 from __future__ import annotations
 
-from plugins.errors import FatalError, TrainyardError, TransientError
+from trainyard.plugins.errors import FatalError, TrainyardError, TransientError
 
 
 class CheckpointError(TrainyardError):

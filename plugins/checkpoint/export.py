@@ -17,12 +17,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugins.checkpoint.catalog import open_manifest_uri
-from plugins.checkpoint.errors import OutsideJobPrefixError
-from plugins.checkpoint.manifest import MANIFEST_NAME
-from plugins.checkpoint.transfer import download_verified
-from plugins.checkpoint.uris import require_job_prefix
-from plugins.storage.store import sha256_of_file
+from trainyard.plugins.checkpoint.catalog import open_manifest_uri
+from trainyard.plugins.checkpoint.errors import OutsideJobPrefixError
+from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME
+from trainyard.plugins.checkpoint.transfer import download_verified
+from trainyard.plugins.checkpoint.uris import require_job_prefix
+from trainyard.plugins.storage.store import sha256_of_file
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def export_safetensors(manifest_uri: str, dest: str | os.PathLike[str], *,
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from plugins.checkpoint.dcp_io import (
+    from trainyard.plugins.checkpoint.dcp_io import (
         METADATA_NAME,
         SafeFileSystemReader,
         SafeLoadPlanner,

@@ -12,9 +12,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from plugins.checkpoint import state_json
-from plugins.checkpoint.manifest import CheckpointManifest
-from plugins.checkpoint.rng import capture_rng_state, restore_rng_state
+from trainyard.plugins.checkpoint import state_json
+from trainyard.plugins.checkpoint.manifest import CheckpointManifest
+from trainyard.plugins.checkpoint.rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
 

@@ -29,13 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plugins.checkpoint.catalog import CheckpointRecord, verify
-from plugins.checkpoint.dcp_io import METADATA_NAME, files_needed, load_metadata
-from plugins.checkpoint.direct_read import HeldFile
-from plugins.checkpoint.manifest import MANIFEST_NAME
-from plugins.checkpoint.transfer import download_verified, read_verified, verify_local_file
-from plugins.storage.errors import IntegrityError
-from plugins.storage.store import LocalStore, ObjectStore
+from trainyard.plugins.checkpoint.catalog import CheckpointRecord, verify
+from trainyard.plugins.checkpoint.dcp_io import METADATA_NAME, files_needed, load_metadata
+from trainyard.plugins.checkpoint.direct_read import HeldFile
+from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME
+from trainyard.plugins.checkpoint.transfer import (
+    download_verified,
+    read_verified,
+    verify_local_file,
+)
+from trainyard.plugins.storage.errors import IntegrityError
+from trainyard.plugins.storage.store import LocalStore, ObjectStore
 
 Identity = tuple[int, int]
 """(st_dev, st_ino) of a hard link: equal identities are the same bytes."""

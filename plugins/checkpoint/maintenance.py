@@ -10,7 +10,7 @@ the retention sweep the `trainyard_maintenance_*` DAGs run on a schedule.
                     checkpoint is never deleted (retention's own rule); quarantined checkpoints
                     (`QUARANTINED.json`) are not listed as committed, so no rule can touch them;
                     runs still live in the job state are left to their workers, whose rank 0
-                    applies the policy at each commit (`worker.checkpoint_records`).
+                    applies the policy at each commit (`trainyard.worker.checkpoint_records`).
 
 No Airflow and no torch here: the DAG's tasks, the CLI and the tests call these.
 """
@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from plugins.checkpoint.catalog import CheckpointRecord, list_runs, scan, verify
-from plugins.checkpoint.retention import RetentionPolicy, RetentionReport, apply_retention
-from plugins.checkpoint.uris import checkpoint_root
-from plugins.errors import FatalError
-from plugins.storage.store import open_store
+from trainyard.plugins.checkpoint.catalog import CheckpointRecord, list_runs, scan, verify
+from trainyard.plugins.checkpoint.retention import RetentionPolicy, RetentionReport, apply_retention
+from trainyard.plugins.checkpoint.uris import checkpoint_root
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.storage.store import open_store
 
 log = logging.getLogger(__name__)
 

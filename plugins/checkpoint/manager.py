@@ -45,7 +45,7 @@ Tricky cases:
 - `on_commit` runs on rank 0 once every rank knows the save committed, in the thread that
   committed it (the background one; the caller's for `save_sync`). The worker hands it the
   bookkeeping of a commit (MLflow record, retention) and keeps that off this thread itself
-  (`worker.checkpoint_records`): a slow tracking server must not hold the next save.
+  (`trainyard.worker.checkpoint_records`): a slow tracking server must not hold the next save.
 """
 
 from __future__ import annotations
@@ -65,29 +65,33 @@ from typing import Any, Literal
 import torch
 import torch.distributed.checkpoint as dcp
 
-from plugins.checkpoint.catalog import CheckpointRecord, list_checkpoints, open_manifest_uri
-from plugins.checkpoint.collectives import RankGroup
-from plugins.checkpoint.dcp_io import (
+from trainyard.plugins.checkpoint.catalog import (
+    CheckpointRecord,
+    list_checkpoints,
+    open_manifest_uri,
+)
+from trainyard.plugins.checkpoint.collectives import RankGroup
+from trainyard.plugins.checkpoint.dcp_io import (
     HashingFileSystemWriter,
     SafeFileSystemReader,
     SafeLoadPlanner,
 )
-from plugins.checkpoint.direct_read import HeldFile, memory_to_hold
-from plugins.checkpoint.errors import (
+from trainyard.plugins.checkpoint.direct_read import HeldFile, memory_to_hold
+from trainyard.plugins.checkpoint.errors import (
     CheckpointCatalogError,
     CheckpointMismatchError,
     CheckpointSaveError,
     ManagerClosedError,
     NoValidCheckpointError,
 )
-from plugins.checkpoint.extra_state import (
+from trainyard.plugins.checkpoint.extra_state import (
     Stateful,
     apply_extra_state,
     encode_extra_state,
     extra_file_for,
     extra_state_path,
 )
-from plugins.checkpoint.fetch import (
+from trainyard.plugins.checkpoint.fetch import (
     FetchPlan,
     assign_verifiers,
     materialize,
@@ -95,21 +99,21 @@ from plugins.checkpoint.fetch import (
     release,
     same_bytes_everywhere,
 )
-from plugins.checkpoint.manifest import (
+from trainyard.plugins.checkpoint.manifest import (
     MANIFEST_NAME,
     CheckpointManifest,
     ManifestFile,
     step_dir,
     utc_now,
 )
-from plugins.checkpoint.transfer import upload_file
-from plugins.checkpoint.uris import (
+from trainyard.plugins.checkpoint.transfer import upload_file
+from trainyard.plugins.checkpoint.uris import (
     check_job_name,
     identity_of,
     require_job_prefix,
     split_manifest_uri,
 )
-from plugins.storage.store import LocalStore, ObjectStore, open_store
+from trainyard.plugins.storage.store import LocalStore, ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +207,7 @@ class CheckpointManager:
         self.staging: Literal["blocking", "deferred"] = staging
         if staging == "deferred" and torch.cuda.is_available():
             log.info("checkpoint staging: deferred is host-only for now; with CUDA the copy stays "
-                     "inside save() (see plugins.checkpoint.manager)")
+                     "inside save() (see trainyard.plugins.checkpoint.manager)")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainyard-ckpt")
         self._inflight: tuple[SaveResult, Future[SaveResult]] | None = None
         self._staged: threading.Event | None = None
@@ -378,7 +382,7 @@ class CheckpointManager:
                   previous: SaveResult | None) -> tuple[SaveResult, Callable[[], SaveResult]]:
         """A save whose copy runs in the background job, first (module docstring): the guards
         hold whatever would change the state until it is done."""
-        from plugins.checkpoint.staging import StateVersions
+        from trainyard.plugins.checkpoint.staging import StateVersions
 
         versions = StateVersions(state)
         staged_event = threading.Event()
@@ -462,7 +466,7 @@ class CheckpointManager:
 
     def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
         if self._stager is None:
-            from plugins.checkpoint.staging import ReusingStager
+            from trainyard.plugins.checkpoint.staging import ReusingStager
 
             self._stager = ReusingStager()
         return self._stager.stage(state)

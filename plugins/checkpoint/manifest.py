@@ -28,8 +28,8 @@ from pydantic import (
     model_validator,
 )
 
-from plugins.storage.errors import UnsafeKeyError
-from plugins.storage.store import check_key
+from trainyard.plugins.storage.errors import UnsafeKeyError
+from trainyard.plugins.storage.store import check_key
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"

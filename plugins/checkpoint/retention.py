@@ -23,18 +23,18 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, field_validator
 
-from plugins.checkpoint.catalog import (
+from trainyard.plugins.checkpoint.catalog import (
     CheckpointRecord,
     as_store,
     delete_checkpoint,
     scan,
     verify,
 )
-from plugins.checkpoint.manifest import utc_now
-from plugins.storage.store import ObjectStore
+from trainyard.plugins.checkpoint.manifest import utc_now
+from trainyard.plugins.storage.store import ObjectStore
 
 if TYPE_CHECKING:
-    from config.spec import Checkpoint as CheckpointSpec
+    from trainyard.config.spec import Checkpoint as CheckpointSpec
 
 log = logging.getLogger(__name__)
 

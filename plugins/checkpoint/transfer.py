@@ -15,10 +15,10 @@ import os
 from pathlib import Path
 from typing import IO
 
-from plugins.checkpoint.direct_read import HeldFile, read_held
-from plugins.checkpoint.manifest import Compression, ManifestFile
-from plugins.storage.errors import IntegrityError, ObjectNotFoundError
-from plugins.storage.store import (
+from trainyard.plugins.checkpoint.direct_read import HeldFile, read_held
+from trainyard.plugins.checkpoint.manifest import Compression, ManifestFile
+from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError
+from trainyard.plugins.storage.store import (
     CHUNK_BYTES,
     LocalStore,
     ObjectStore,

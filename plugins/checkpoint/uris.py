@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from config.prefix import (
+from trainyard.config.prefix import (
     Location,
     UnsafePath,
     check_job_name,
@@ -25,14 +25,14 @@ from config.prefix import (
     locate,
     storage_problem,
 )
-from config.runs import check_run_id
-from plugins.checkpoint.errors import OutsideJobPrefixError
-from plugins.checkpoint.manifest import MANIFEST_NAME, parse_step_dir
-from plugins.storage.errors import UnsafeKeyError
-from plugins.storage.store import split_uri
+from trainyard.config.runs import check_run_id
+from trainyard.plugins.checkpoint.errors import OutsideJobPrefixError
+from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, parse_step_dir
+from trainyard.plugins.storage.errors import UnsafeKeyError
+from trainyard.plugins.storage.store import split_uri
 
 if TYPE_CHECKING:
-    from config.spec import TrainingJob
+    from trainyard.config.spec import TrainingJob
 
 __all__ = ["area_for", "check_job_name", "checkpoint_root", "identity_of", "job_area_uri",
            "require_job_prefix", "resolve_for_job", "resolve_in_area", "runs_uri", "split_manifest_uri"]
@@ -89,7 +89,7 @@ def _same_place(uri: str, where: Location) -> bool:
 def require_job_prefix(uri: str, job: str, *, area: str | None = None,
                        allowed: tuple[str, ...] = ()) -> str:
     """`resolve_in_area` against `area`; without one (a reader handed only a URI), against the
-    area `uri` claims by its own structure, which must be `job`'s (`config.prefix.claimed_area`:
+    area `uri` claims by its own structure, which must be `job`'s (`trainyard.config.prefix.claimed_area`:
     `<…>/jobs/<job>/…` at the last `jobs/` segment and inside no other job's area, or
     `<…>/<job>/runs/…`). Callers that know the store pass `area` (`area_for`)."""
     check_job_name(job)

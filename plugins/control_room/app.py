@@ -26,47 +26,47 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from plugins.control_room.urls import URL_PREFIX
+from trainyard.plugins.control_room.urls import URL_PREFIX
 
 if TYPE_CHECKING:
-    from config.settings import Settings
-    from plugins.control_room.model import RunView
-    from plugins.recovery.state import JobStateStore, RunInfo
+    from trainyard.config.settings import Settings
+    from trainyard.plugins.control_room.model import RunView
+    from trainyard.plugins.recovery.state import JobStateStore, RunInfo
 
 def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Callable[..., Any] | None = None,
                mounted_at: str = URL_PREFIX) -> FastAPI:
     """The app. `settings`: where the platform state, the object store and MLflow are (default
-    `config.settings.get_settings`, the api-server's `TRAINYARD_*` environment); `mounted_at`:
+    `trainyard.config.settings.get_settings`, the api-server's `TRAINYARD_*` environment); `mounted_at`:
     the prefix Airflow mounts it under, to tell Airflow's own root from this app's."""
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     read_settings = settings or get_settings
     app = FastAPI(title="Trainyard", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(authorize)] if authorize is not None else [])
 
     def store() -> JobStateStore:
-        from plugins.recovery.state import open_job_state
+        from trainyard.plugins.recovery.state import open_job_state
 
         return open_job_state(read_settings().state_db)
 
     @app.get("/", response_class=HTMLResponse)
     def all_runs(request: Request) -> HTMLResponse:
-        from plugins.control_room.build import run_summaries
-        from plugins.control_room.render import runs_page
+        from trainyard.plugins.control_room.build import run_summaries
+        from trainyard.plugins.control_room.render import runs_page
 
         return HTMLResponse(runs_page(run_summaries(store()), title="Training runs", now=_now(),
                                       base=_root(request)))
 
     @app.get("/dags/{dag_id}", response_class=HTMLResponse)
     def job_runs(dag_id: str, request: Request) -> HTMLResponse:
-        from plugins.control_room.build import run_summaries
-        from plugins.control_room.render import runs_page
+        from trainyard.plugins.control_room.build import run_summaries
+        from trainyard.plugins.control_room.render import runs_page
 
         return HTMLResponse(runs_page(run_summaries(store(), dag_id), title=f"Training runs of {dag_id}",
                                       now=_now(), base=_root(request)))
 
     def by_dag_run(dag_id: str, dag_run_id: str) -> RunInfo:
-        from plugins.control_room.locate import run_of_dag_run
+        from trainyard.plugins.control_room.locate import run_of_dag_run
 
         return run_of_dag_run(store(), dag_id, dag_run_id)
 
@@ -74,7 +74,7 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
         return store().get_run(dag_id, run)
 
     def view(info: RunInfo, request: Request) -> RunView:
-        from plugins.control_room.build import build_run_view
+        from trainyard.plugins.control_room.build import build_run_view
 
         return build_run_view(store(), info, read_settings(), airflow_base=_airflow_root(request, mounted_at,
                                                                                          read_settings()))
@@ -99,8 +99,8 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
 
 
 def _html(make: Callable[[], RunView]) -> HTMLResponse:
-    from plugins.control_room.render import message_page, run_page
-    from plugins.recovery.state import RunNotFound
+    from trainyard.plugins.control_room.render import message_page, run_page
+    from trainyard.plugins.recovery.state import RunNotFound
 
     try:
         return HTMLResponse(run_page(make(), _now()))
@@ -109,7 +109,7 @@ def _html(make: Callable[[], RunView]) -> HTMLResponse:
 
 
 def _json(make: Callable[[], RunView]) -> JSONResponse:
-    from plugins.recovery.state import RunNotFound
+    from trainyard.plugins.recovery.state import RunNotFound
 
     try:
         return JSONResponse(make().model_dump(mode="json"))

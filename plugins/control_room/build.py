@@ -2,13 +2,13 @@
 
 | part | source |
 |---|---|
-| lifecycle, attempts, causes, timings | the platform state (`plugins.recovery.state.JobStateStore`) |
+| lifecycle, attempts, causes, timings | the platform state (`trainyard.plugins.recovery.state.JobStateStore`) |
 | plan and placement of each attempt | the same state's `layouts(job, run)` (kept after the release) |
 | device capacity and budget | the cluster (`hardware_for`) and `Settings.memory_fraction` |
-| checkpoints | the run's checkpoint root in the object store (`plugins.checkpoint.catalog`) |
+| checkpoints | the run's checkpoint root in the object store (`trainyard.plugins.checkpoint.catalog`) |
 | live step / loss / tokens/s | the live attempt's heartbeat files; MLflow's latest metrics otherwise |
-| MFU | `plugins.tracking.cost.run_mfu` (the one MFU) on the measured tokens/s |
-| what a recovery cost | `plugins.tracking.recovery_timing` over the attempt's report and MLflow's points |
+| MFU | `trainyard.plugins.tracking.cost.run_mfu` (the one MFU) on the measured tokens/s |
+| what a recovery cost | `trainyard.plugins.tracking.recovery_timing` over the attempt's report and MLflow's points |
 
 Each source may be missing or down (a run opened but never launched has no layout, an MLflow
 server restarts, a job's spec was removed): the part is left out and `RunView.notes` says
@@ -24,8 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plugins.control_room.locate import airflow_dag_run_id
-from plugins.control_room.model import (
+from trainyard.plugins.control_room.locate import airflow_dag_run_id
+from trainyard.plugins.control_room.model import (
     AttemptView,
     CheckpointRow,
     DeviceCell,
@@ -42,12 +42,12 @@ from plugins.control_room.model import (
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
-    from config.cluster import Cluster
-    from config.settings import Settings
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
-    from plugins.placement.model import Placement
-    from plugins.recovery.state import AttemptInfo, JobStateStore, RunInfo
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.placement.model import Placement
+    from trainyard.plugins.recovery.state import AttemptInfo, JobStateStore, RunInfo
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def run_summaries(store: JobStateStore, job: str = "", *, limit: int = 50) -> li
 def find_job(name: str, jobs_dir: Path) -> tuple[TrainingJob | None, str]:
     """The spec of job `name` in the jobs folder (DAGs are built from it), and a note when it
     is not there: the view then shows what the state and MLflow hold, without the spec."""
-    from config.loader import read_spec_file
+    from trainyard.config.loader import read_spec_file
 
     for path in sorted(Path(jobs_dir).glob("*.y*ml")):
         job, _ = read_spec_file(path)
@@ -124,7 +124,7 @@ def find_job(name: str, jobs_dir: Path) -> tuple[TrainingJob | None, str]:
 
 
 def _cluster(gpu_type: str, ctx: _Context) -> Cluster | None:
-    from config.cluster import cluster_for
+    from trainyard.config.cluster import cluster_for
 
     try:
         return cluster_for(gpu_type, ctx.settings.cluster)
@@ -136,7 +136,7 @@ def _cluster(gpu_type: str, ctx: _Context) -> Cluster | None:
 def _capacity(placement: Placement | None, ctx: _Context) -> int | None:
     if placement is None or ctx.cluster is None:
         return None
-    from plugins.advisor.hardware import hardware_for
+    from trainyard.plugins.advisor.hardware import hardware_for
 
     try:
         return hardware_for(ctx.cluster, placement.gpu_type).memory_bytes
@@ -151,8 +151,8 @@ def _latest_layout(layouts: dict[int, tuple[str, str]], ctx: _Context) -> tuple[
     """The plan and placement of the newest attempt that launched."""
     from pydantic import ValidationError
 
-    from plugins.advisor.plan import Plan
-    from plugins.placement.model import Placement
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.placement.model import Placement
 
     if not layouts:
         return None, None
@@ -241,7 +241,7 @@ def _beats(attempt: AttemptInfo | None, placement: Placement | None) -> dict[int
 def _heartbeats(attempt: AttemptInfo, world_size: int) -> dict[int, Any]:
     """The beats of the attempt's ranks where its heartbeat folder is readable from here (the
     embedded stack, a shared volume); {} elsewhere (then MLflow tells the progress)."""
-    from node_agent.heartbeat import read_heartbeats
+    from trainyard.node_agent.heartbeat import read_heartbeats
 
     handle = attempt.run_handle
     if handle is None or not handle.heartbeat_dir or not Path(handle.heartbeat_dir).is_dir():
@@ -290,7 +290,7 @@ def _max_steps(ctx: _Context) -> int | None:
 def _mfu(ctx: _Context, tokens_per_s: float | None) -> float | None:
     if tokens_per_s is None or ctx.job is None:
         return None
-    from plugins.tracking.cost import run_mfu
+    from trainyard.plugins.tracking.cost import run_mfu
 
     try:
         return run_mfu(ctx.job, tokens_per_s, cluster=ctx.cluster)
@@ -321,7 +321,7 @@ def _points(ctx: _Context, key: str) -> list[tuple[int, float, int]]:
 
 
 def _read_points(ctx: _Context, key: str) -> list[tuple[int, float, int]]:
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.runs import client_for
 
     try:
         history = client_for(ctx.settings.mlflow_tracking_uri).get_metric_history(ctx.info.mlflow_run_id, key)
@@ -337,7 +337,7 @@ def _read_points(ctx: _Context, key: str) -> list[tuple[int, float, int]]:
 def _mlflow_run(ctx: _Context) -> Run | None:
     if not ctx.info.mlflow_run_id:
         return None
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.runs import client_for
 
     try:
         return client_for(ctx.settings.mlflow_tracking_uri).get_run(ctx.info.mlflow_run_id)
@@ -349,15 +349,16 @@ def _mlflow_run(ctx: _Context) -> Run | None:
 def _mlflow_url(ctx: _Context) -> str:
     if ctx.mlflow is None:
         return ""
-    base = ctx.settings.mlflow_ui_url.rstrip("/")
-    return f"{base}/#/experiments/{ctx.mlflow.info.experiment_id}/runs/{ctx.mlflow.info.run_id}"
+    from trainyard.plugins.tracking.ui_links import mlflow_run_url
+
+    return mlflow_run_url(ctx.settings.mlflow_ui_url, ctx.mlflow.info.experiment_id, ctx.mlflow.info.run_id)
 
 
 def _logged_checkpoints(ctx: _Context) -> set[tuple[int, str]]:
     """(step, manifest URI) of the checkpoints the watcher verified and recorded in MLflow."""
     if ctx.mlflow is None:
         return set()
-    from plugins.tracking.runs import checkpoints
+    from trainyard.plugins.tracking.runs import checkpoints
 
     try:
         return {(c.step, c.manifest_uri) for c in checkpoints(ctx.info.mlflow_run_id,
@@ -370,8 +371,8 @@ def _logged_checkpoints(ctx: _Context) -> set[tuple[int, str]]:
 # -- checkpoints ---------------------------------------------------------------------------------
 
 def _checkpoint_root(ctx: _Context) -> str:
-    from plugins.checkpoint.uris import checkpoint_root
-    from plugins.launch.environment import checkpoint_uri
+    from trainyard.plugins.checkpoint.uris import checkpoint_root
+    from trainyard.plugins.launch.environment import checkpoint_uri
 
     if ctx.job is not None:
         return checkpoint_uri(ctx.job, ctx.settings.object_store, ctx.info.run)
@@ -382,8 +383,8 @@ def _checkpoints(ctx: _Context, now: datetime) -> list[CheckpointRow]:
     """Committed and quarantined checkpoints, newest first. Files are checked for presence and
     size only (a re-hash of every checkpoint per page view would read the whole run); the
     SHA-256 check is the watcher's at commit and the restore's own."""
-    from plugins.checkpoint.catalog import read_manifest, scan, verify
-    from plugins.storage.store import open_store
+    from trainyard.plugins.checkpoint.catalog import read_manifest, scan, verify
+    from trainyard.plugins.storage.store import open_store
 
     root = _checkpoint_root(ctx)
     try:
@@ -437,7 +438,7 @@ def _attempts(ctx: _Context, attempts: list[AttemptInfo], layouts: dict[int, tup
 
 def _nodes(attempt: AttemptInfo, layouts: dict[int, tuple[str, str]]) -> list[str]:
     """The nodes the attempt ran on: its placement's, else what its launcher's handle names."""
-    from plugins.placement.model import Placement
+    from trainyard.plugins.placement.model import Placement
 
     placement_json = layouts.get(attempt.attempt, ("", ""))[1]
     if placement_json:
@@ -449,7 +450,7 @@ def _nodes(attempt: AttemptInfo, layouts: dict[int, tuple[str, str]]) -> list[st
 
 
 def _devices(attempt: AttemptInfo, layouts: dict[int, tuple[str, str]]) -> int:
-    from plugins.placement.model import Placement
+    from trainyard.plugins.placement.model import Placement
 
     placement_json = layouts.get(attempt.attempt, ("", ""))[1]
     if placement_json:
@@ -459,7 +460,7 @@ def _devices(attempt: AttemptInfo, layouts: dict[int, tuple[str, str]]) -> int:
 
 
 def _timing(ctx: _Context, report: Any, devices: int) -> Any:
-    from plugins.tracking.recovery_timing import recovery_timing
+    from trainyard.plugins.tracking.recovery_timing import recovery_timing
 
     trained_again = None
     if report.resume_step is not None:

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from html import escape
 
-from plugins.control_room import fmt
-from plugins.control_room.model import AttemptView, MemoryBar
+from trainyard.plugins.control_room import fmt
+from trainyard.plugins.control_room.model import AttemptView, MemoryBar
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")

@@ -1,7 +1,7 @@
 """The view model of one training run: everything the Trainyard view shows, as plain data.
 
-Built by `plugins.control_room.build` from the platform state, the checkpoint store, the
-ranks' heartbeats and MLflow; rendered by `plugins.control_room.render`; served as JSON too
+Built by `trainyard.plugins.control_room.build` from the platform state, the checkpoint store, the
+ranks' heartbeats and MLflow; rendered by `trainyard.plugins.control_room.render`; served as JSON too
 (`…/view.json`), so what a person sees and what a test asserts are the same object. Every
 figure that may be unknown is `None` (a finished run has no heartbeat, a hand-written plan no
 estimate): the page says "—", never a made-up number.
@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from plugins.tracking.recovery_timing import RecoveryTiming
+from trainyard.plugins.tracking.recovery_timing import RecoveryTiming
 
 
 class _View(BaseModel):

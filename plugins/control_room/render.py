@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from html import escape
 
-from plugins.control_room import charts, fmt
-from plugins.control_room.model import (
+from trainyard.plugins.control_room import charts, fmt
+from trainyard.plugins.control_room.model import (
     AttemptView,
     CheckpointRow,
     Live,

@@ -25,7 +25,7 @@ rewritten has another identity and is hashed again; what this gives up is notici
 changing a file's bytes under an unchanged identity between two epochs of one process.
 
 A reader of a streamed format (JSONL, text) does not keep the shard itself: `stream` reads it
-by ranged GETs for the parser (`plugins.data.fetch`), and only its token ids are stored.
+by ranged GETs for the parser (`trainyard.plugins.data.fetch`), and only its token ids are stored.
 
 Tokenized shards: a reader that parsed a shard stores its token ids
 (`<entry>-tokens-<variant digest>`, the variant naming the tokenizer — with its file's SHA-256 —,
@@ -61,14 +61,14 @@ from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
-from plugins.errors import FatalError
-from plugins.files import locked
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.files import locked
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from plugins.data.manifest import ShardEntry, ShardManifest
-    from plugins.storage.store import ObjectStore
+    from trainyard.plugins.data.manifest import ShardEntry, ShardManifest
+    from trainyard.plugins.storage.store import ObjectStore
 
 CHUNK_BYTES = 8 << 20
 """One ranged GET: big enough to amortise a request, small enough to bound memory."""
@@ -229,10 +229,10 @@ class ShardCache:
     def stream(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, *,
                count: bool = True) -> IO[bytes]:
         """The shard read straight from the store by ranged GETs over this cache's connections
-        (a shard of one chunk: one GET by the calling thread), not kept (`plugins.data.fetch`):
+        (a shard of one chunk: one GET by the calling thread), not kept (`trainyard.plugins.data.fetch`):
         for a reader that keeps its token ids instead. A miss
         (when `count`), its bytes counted as they arrive."""
-        from plugins.data.fetch import open_stream
+        from trainyard.plugins.data.fetch import open_stream
 
         self._count(misses=int(count))
         return open_stream(store, manifest, shard, self._pool, chunk_bytes=self.chunk_bytes,
@@ -393,7 +393,7 @@ class ShardCache:
     def _fill(self, store: ObjectStore, manifest: ShardManifest, shard: ShardEntry, name: str) -> IO[bytes]:
         """Download, commit, and return the new entry opened before its rename (so an eviction
         by another rank right after the commit cannot take it from us)."""
-        from plugins.data.fetch import shard_errors
+        from trainyard.plugins.data.fetch import shard_errors
 
         if shard.size > self.max_bytes:
             raise CacheTooSmallError(
@@ -436,7 +436,7 @@ class ShardCache:
             self._commit_locked(tmp, path, meta)
 
     def _commit_locked(self, tmp: Path, path: Path, meta: dict[str, object]) -> None:
-        from plugins.files import write_atomic
+        from trainyard.plugins.files import write_atomic
 
         os.replace(tmp, path)
         write_atomic(path.with_name(path.name + META_SUFFIX), json.dumps(meta))

@@ -23,13 +23,13 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.data.rows import BLANK, BadRow, read_rows
-from plugins.data.shards import list_shards, open_dataset
+from trainyard.plugins.data.rows import BLANK, BadRow, read_rows
+from trainyard.plugins.data.shards import list_shards, open_dataset
 
 if TYPE_CHECKING:
-    from config.settings import Settings
-    from config.spec import Dataset
-    from plugins.storage.store import ObjectStore
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import Dataset
+    from trainyard.plugins.storage.store import ObjectStore
 
 DatasetFormat = Literal["jsonl", "parquet", "text"]
 
@@ -86,7 +86,7 @@ def describe_dataset(
     for shard in shards:
         sha = shard.sha256
         if by_content and sha is None:
-            from plugins.storage.store import sha256_of_stream
+            from trainyard.plugins.storage.store import sha256_of_stream
 
             with store.open_read(shard.key) as f:
                 _, sha = sha256_of_stream(f)

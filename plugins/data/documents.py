@@ -3,7 +3,7 @@
 `iter_documents` yields the text of a shard as `bytes` pieces with `END` after each document:
 
 - `jsonl` (`.jsonl`, `.jsonl.zst`): one document per row, the row's `text_field`, parsed by
-  `plugins.data.rows` (the parser validation uses). The training policy is strict: blank lines
+  `trainyard.plugins.data.rows` (the parser validation uses). The training policy is strict: blank lines
   are skipped, any bad line stops the run naming the shard and line;
 - `text` (`.txt`): the whole file is one document, read in `TEXT_PIECE_BYTES` pieces;
 - `parquet`: one document per row of the `text_field` column, read one row group at a time
@@ -31,7 +31,7 @@ from typing import IO, TYPE_CHECKING, Final, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from plugins.storage.store import ObjectStore
+    from trainyard.plugins.storage.store import ObjectStore
 
 TEXT_PIECE_BYTES = 1 << 20
 TOKEN_PIECE_BYTES = 4 << 20
@@ -52,7 +52,7 @@ def iter_documents(f: IO[bytes], key: str, fmt: str, text_field: str = "text") -
     if fmt == "parquet":
         yield from _parquet_documents(f, key, text_field)
     elif fmt == "text":
-        from plugins.data.rows import open_shard
+        from trainyard.plugins.data.rows import open_shard
 
         raw = open_shard(f, key)
         while piece := raw.read(TEXT_PIECE_BYTES):
@@ -65,7 +65,7 @@ def iter_documents(f: IO[bytes], key: str, fmt: str, text_field: str = "text") -
 
 
 def _jsonl_documents(f: IO[bytes], key: str, text_field: str) -> Iterator[bytes | _End]:
-    from plugins.data.rows import BLANK, BadRow, read_rows
+    from trainyard.plugins.data.rows import BLANK, BadRow, read_rows
 
     for number, row in read_rows(f, key, "jsonl"):
         if row is BLANK:
@@ -233,7 +233,7 @@ def load_tokenizer(name: str, store: ObjectStore | None = None) -> Tokenizer:
                          "beside the dataset's shards (e.g. 'tokenizer.json')")
     if store is None:
         return FileTokenizer.from_file(name)
-    from plugins.storage.errors import ObjectNotFoundError
+    from trainyard.plugins.storage.errors import ObjectNotFoundError
 
     try:
         content = store.get_bytes(name)

@@ -25,14 +25,14 @@ from concurrent.futures import Executor, Future
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from plugins.data.manifest import ShardEntry, ShardManifest
-    from plugins.storage.store import ObjectStore
+    from trainyard.plugins.data.manifest import ShardEntry, ShardManifest
+    from trainyard.plugins.storage.store import ObjectStore
 
 
 @contextlib.contextmanager
 def shard_errors(manifest: ShardManifest, shard: ShardEntry) -> Iterator[None]:
     """The store's not-found and precondition errors as the manifest's `ShardGoneError`."""
-    from plugins.storage.errors import IntegrityError, ObjectNotFoundError
+    from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError
 
     try:
         yield

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.errors import FatalError
+from trainyard.plugins.errors import FatalError
 
 if TYPE_CHECKING:
-    from plugins.storage.store import ObjectStore
+    from trainyard.plugins.storage.store import ObjectStore
 
 
 class ShardGoneError(FatalError, FileNotFoundError):
@@ -63,8 +63,8 @@ class ShardManifest(BaseModel):
 
 
 def list_manifest(store: ObjectStore, fmt: str) -> ShardManifest:
-    """List the dataset's shards now (`plugins.data.shards.list_shards`); refuses an empty one."""
-    from plugins.data.shards import list_shards
+    """List the dataset's shards now (`trainyard.plugins.data.shards.list_shards`); refuses an empty one."""
+    from trainyard.plugins.data.shards import list_shards
 
     shards = tuple(ShardEntry(key=o.key, size=o.size, etag=o.etag) for o in list_shards(store, fmt))
     if not shards:

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.data.assets import dataset_asset_uri
-from plugins.data.datasets import DatasetRef, describe_dataset
-from plugins.data.shards import open_dataset
-from plugins.errors import FatalError
+from trainyard.plugins.data.assets import dataset_asset_uri
+from trainyard.plugins.data.datasets import DatasetRef, describe_dataset
+from trainyard.plugins.data.shards import open_dataset
+from trainyard.plugins.errors import FatalError
 
 if TYPE_CHECKING:
-    from plugins.storage.store import ObjectStore
+    from trainyard.plugins.storage.store import ObjectStore
 
 VERSIONS_PREFIX = "dataset-versions"
 
@@ -58,9 +58,9 @@ def version_key(asset_uri: str, version: str) -> str:
 def publish_version(source: str, *, version: str, object_store: str, fmt: str = "jsonl",
                     endpoint_url: str | None = None, now: dt.datetime | None = None) -> PublishedVersion:
     """Describe the dataset at `source` as `version` and record it (idempotent per digest)."""
-    from config.spec import Dataset
-    from plugins.storage.errors import ObjectNotFoundError
-    from plugins.storage.store import open_store
+    from trainyard.config.spec import Dataset
+    from trainyard.plugins.storage.errors import ObjectNotFoundError
+    from trainyard.plugins.storage.store import open_store
 
     data = open_dataset(source, object_store=object_store, endpoint_url=endpoint_url)
     ref = describe_dataset(data, Dataset(source=source, format=fmt, version=version))  # type: ignore[arg-type]

@@ -6,14 +6,14 @@
     reader.state_dict()                # into the checkpoint (see "stripes" below)
 
 - The shard manifest is listed on the first batch (or comes from the checkpoint, see
-  `plugins.data.manifest`); `agree` lets the ranks use one listing (the worker broadcasts
+  `trainyard.plugins.data.manifest`); `agree` lets the ranks use one listing (the worker broadcasts
   rank 0's).
-- The shards are split into stripes (`plugins.data.stripes`; `stripes`, default one per data-
+- The shards are split into stripes (`trainyard.plugins.data.stripes`; `stripes`, default one per data-
   parallel rank, at most one per shard): the rank reads only the stripes its samples come
   from, each a stream of its own, and the state names their positions only —
   `merge_states` joins the ranks' states into the checkpoint's. With one stripe every rank
   walks the one stream below and its state is the same on every rank.
-- A producer thread walks the stream (`plugins.data.stream`): it takes each shard's token ids
+- A producer thread walks the stream (`trainyard.plugins.data.stream`): it takes each shard's token ids
   (below), cuts them into windows in the epoch's order, block by block (`batch_groups`), and
   hands the batches of `HANDOVER_BLOCKS` (4) blocks, or of `HANDOVER_BYTES` (4 MB), whichever
   comes first, over at once — sooner when it may have to wait for a shard's tokens (what it
@@ -28,7 +28,7 @@
 - While a shard is cut into batches, the next `prefetch_shards` in the epoch's order are made
   ready by other threads: their tokenized copy from the node cache (memory-mapped,
   hash-verified), or, on a miss, the shard read by ranged GETs over parallel connections
-  (`plugins.data.fetch`), tokenized as its bytes arrive and stored tokenized in the cache
+  (`trainyard.plugins.data.fetch`), tokenized as its bytes arrive and stored tokenized in the cache
   (`ShardCache.fill_tokens`). Only the tokens are kept: a raw copy would cost as much to write
   as the parse and take half the cache (parquet, read by row group, is copied whole into the
   cache first). The next epoch, and the node's other ranks, read token ids instead of parsing
@@ -49,9 +49,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from plugins.data.documents import ByteTokenizer, Tokenizer, token_pieces
-from plugins.data.manifest import ShardEntry, ShardManifest, list_manifest
-from plugins.data.stream import (
+from trainyard.plugins.data.documents import ByteTokenizer, Tokenizer, token_pieces
+from trainyard.plugins.data.manifest import ShardEntry, ShardManifest, list_manifest
+from trainyard.plugins.data.stream import (
     ORDER_VERSION,
     Batch,
     SampleStream,
@@ -59,7 +59,7 @@ from plugins.data.stream import (
     batch_groups,
     token_dtype,
 )
-from plugins.data.stripes import (
+from trainyard.plugins.data.stripes import (
     StripedPosition,
     decode_positions,
     encode_positions,
@@ -71,8 +71,8 @@ from plugins.data.stripes import (
 )
 
 if TYPE_CHECKING:
-    from plugins.data.cache import ShardCache
-    from plugins.storage.store import ObjectStore
+    from trainyard.plugins.data.cache import ShardCache
+    from trainyard.plugins.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class StreamingReader:
         if stripes is not None and stripes <= 0:
             raise ValueError(f"stripes must be positive, got {stripes}")
         self.stripes_wanted = stripes
-        """Stripes for a new run (`plugins.data.stripes`); None: one per data-parallel rank."""
+        """Stripes for a new run (`trainyard.plugins.data.stripes`); None: one per data-parallel rank."""
         self.stripes: int | None = None
         """The run's stripes: decided when it starts (at most one per shard), or its checkpoint's."""
         self.position: StreamPosition | StripedPosition = StreamPosition()
@@ -142,7 +142,7 @@ class StreamingReader:
         """What a tokenized copy in the cache must have been made with."""
         self._largest_shard: int | None = None
         self.order = ORDER_VERSION
-        """The block permutation (`plugins.data.stream.block_permutation`): a resumed run keeps
+        """The block permutation (`trainyard.plugins.data.stream.block_permutation`): a resumed run keeps
         the one its checkpoint names."""
         self._prefetch_lock = threading.Lock()
 
@@ -208,7 +208,7 @@ class StreamingReader:
                             order=self.order, order_seed=order_seed)
 
     def _striped(self, manifest: ShardManifest, count: int) -> Iterator[list[Batch]]:
-        """This rank's batches from the stripes it reads (`plugins.data.stripes`)."""
+        """This rank's batches from the stripes it reads (`trainyard.plugins.data.stripes`)."""
         start = self.position
         if isinstance(start, StreamPosition):
             if start != StreamPosition():
@@ -224,7 +224,7 @@ class StreamingReader:
                 positions[s] = StreamPosition()
             else:
                 raise ValueError(f"the checkpoint's data state has no position for stripe {s} of {count} "
-                                 "(saved without every rank's stripes, see plugins.data.stripes.merge_states)")
+                                 "(saved without every rank's stripes, see trainyard.plugins.data.stripes.merge_states)")
         self.position = start = StripedPosition(start.consumed, positions)
         log.info("data-parallel rank %d of %d reads stripes %s of %d (%d of %d shards)", self.dp_rank,
                  self.dp_size, mine, count, sum(len(members[s]) for s in mine), len(manifest.shards))
@@ -363,7 +363,7 @@ class StreamingReader:
     def state_dict(self) -> dict[str, Any]:
         """Epoch, samples consumed, the shard cursor and the manifest — the same on every rank
         with one stripe; with more, each rank's names the positions of the stripes it reads
-        (`plugins.data.stripes.merge_states` joins them)."""
+        (`trainyard.plugins.data.stripes.merge_states` joins them)."""
         p = self.position
         state: dict[str, Any] = {
             "format": STATE_FORMAT, "seed": self.seed, "seq_len": self.seq_len,

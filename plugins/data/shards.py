@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 if TYPE_CHECKING:
-    from plugins.storage.store import ObjectInfo, ObjectStore
+    from trainyard.plugins.storage.store import ObjectInfo, ObjectStore
 
 SHARD_SUFFIXES: dict[str, tuple[str, ...]] = {
     "jsonl": (".jsonl", ".jsonl.zst"),
@@ -23,7 +23,7 @@ SHARD_SUFFIXES: dict[str, tuple[str, ...]] = {
 
 def open_dataset(source: str, *, object_store: str, endpoint_url: str | None = None) -> ObjectStore:
     """The store rooted at the dataset's prefix."""
-    from plugins.storage.store import open_store
+    from trainyard.plugins.storage.store import open_store
 
     if urlparse(source).scheme:
         return open_store(source, endpoint_url=endpoint_url)

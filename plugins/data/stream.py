@@ -21,7 +21,7 @@ the stream; data-parallel rank r keeps the samples r, r + dp_size, …. Every ra
 whole stream (through the node's shared cache, so each shard is fetched once per node) and
 the position after a step is the same on every rank: a checkpoint's position resumes on any
 data-parallel size without repeating or skipping a sample. The price — every rank parses
-every shard — is what `plugins.data.stripes` removes for larger jobs: there each rank reads
+every shard — is what `trainyard.plugins.data.stripes` removes for larger jobs: there each rank reads
 only its stripes, each stripe a `SampleStream` of its own.
 
 Speed: the stream is cut per shuffle block, not per sample. A block's windows are strided views
@@ -41,8 +41,8 @@ from typing import IO, NamedTuple
 
 import numpy as np
 
-from plugins.data.documents import Tokenizer, token_pieces
-from plugins.data.manifest import ShardEntry, ShardManifest
+from trainyard.plugins.data.documents import Tokenizer, token_pieces
+from trainyard.plugins.data.manifest import ShardEntry, ShardManifest
 
 Window = np.ndarray
 """`seq_len + 1` token ids (uint8 for vocabularies up to 256, else int32)."""
@@ -164,7 +164,7 @@ class SampleStream:
         self.seq_len = seq_len
         self.seed = seed
         self.order_seed = seed if order_seed is None else order_seed
-        """What the epochs' shard orders are drawn from (a stripe's own, `plugins.data.stripes`)."""
+        """What the epochs' shard orders are drawn from (a stripe's own, `trainyard.plugins.data.stripes`)."""
         self.text_field = text_field
         self.shuffle_block = shuffle_block
         self.prefetch = prefetch

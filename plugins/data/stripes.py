@@ -1,7 +1,7 @@
 """Stripes: how a data-parallel rank reads only its share of the data, in an order no
 data-parallel size changes.
 
-With one stream (`plugins.data.stream`), every rank walks the whole global stream and keeps
+With one stream (`trainyard.plugins.data.stream`), every rank walks the whole global stream and keeps
 every dp-th sample: each rank parses, and each node fetches, the *global* batch of every step.
 At a few ranks that is free; at hundreds it is the bottleneck (seed §6: ~1 GB of tokens a
 step). So a run splits its shards into S *stripes*, fixed when the run starts (the spec's
@@ -39,8 +39,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from plugins.data.manifest import ShardManifest
-from plugins.data.stream import Batch, Block, SampleStream, StreamPosition
+from trainyard.plugins.data.manifest import ShardManifest
+from trainyard.plugins.data.stream import Batch, Block, SampleStream, StreamPosition
 
 
 class StripedPosition(NamedTuple):

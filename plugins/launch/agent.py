@@ -1,6 +1,6 @@
 """One torchrun agent, run in-process, with its outcome written to a file.
 
-The launcher starts `python -m plugins.launch.agent --exit-file F -- <torchrun args>` in a new
+The launcher starts `python -m trainyard.plugins.launch.agent --exit-file F -- <torchrun args>` in a new
 session. Running torchrun in this very process (not as a child) keeps one process per agent and
 makes the agent's pid the one the launcher recorded; the `finally` writes an `AgentExit`
 (`plugins/launch/files.py`) to F whatever happens short of SIGKILL — including the
@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from plugins.launch.files import AgentExit
+from trainyard.plugins.launch.files import AgentExit
 
 
 def main(argv: list[str] | None = None) -> None:

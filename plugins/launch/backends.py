@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from config.settings import Settings
-    from plugins.launch.base import LaunchOptions, Runtime
-    from plugins.launch.local import LocalLauncher
-    from plugins.launch.model import RunHandle
-    from plugins.launch.volcano import KubernetesLauncher
+    from trainyard.config.settings import Settings
+    from trainyard.plugins.launch.base import LaunchOptions, Runtime
+    from trainyard.plugins.launch.local import LocalLauncher
+    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.launch.volcano import KubernetesLauncher
 
 
 class LocalBackend:
@@ -21,13 +21,13 @@ class LocalBackend:
 
     @classmethod
     def create(cls, settings: Settings, options: LaunchOptions, runtime: Runtime) -> LocalLauncher:
-        from plugins.launch.local import REPO_ROOT, LocalLauncher
+        from trainyard.plugins.launch.local import PACKAGE_ROOT, LocalLauncher
 
-        return LocalLauncher(settings.runs_dir, source_dir=REPO_ROOT, max_restarts=options.max_restarts)
+        return LocalLauncher(settings.runs_dir, source_dir=PACKAGE_ROOT, max_restarts=options.max_restarts)
 
     @classmethod
     def attach(cls, handle: RunHandle, settings: Settings, runtime: Runtime) -> LocalLauncher:
-        from plugins.launch.local import LocalLauncher
+        from trainyard.plugins.launch.local import LocalLauncher
 
         # the runs folder the handle's run folder lies in (<runs>/<job>/<run>/<attempt>)
         return LocalLauncher(Path(handle.run_dir).parents[2] if handle.run_dir else settings.runs_dir)
@@ -40,7 +40,7 @@ class KubernetesBackend:
 
     @classmethod
     def create(cls, settings: Settings, options: LaunchOptions, runtime: Runtime) -> KubernetesLauncher:
-        from plugins.launch.manifests import KubernetesOptions
+        from trainyard.plugins.launch.manifests import KubernetesOptions
 
         k8s = KubernetesOptions.model_validate({**options.cluster_options,
                                                  "torchrun_max_restarts": options.max_restarts})
@@ -48,14 +48,14 @@ class KubernetesBackend:
 
     @classmethod
     def attach(cls, handle: RunHandle, settings: Settings, runtime: Runtime) -> KubernetesLauncher:
-        from plugins.launch.manifests import KubernetesOptions
+        from trainyard.plugins.launch.manifests import KubernetesOptions
 
         return cls._launcher(runtime, KubernetesOptions(namespace=handle.namespace or "trainyard"))
 
     @staticmethod
     def _launcher(runtime: Runtime, options: object, records_dir: Path | None = None) -> KubernetesLauncher:
-        from plugins.launch.kube_clients import clients_from_kubeconfig
-        from plugins.launch.volcano import KubernetesLauncher
+        from trainyard.plugins.launch.kube_clients import clients_from_kubeconfig
+        from trainyard.plugins.launch.volcano import KubernetesLauncher
 
         clients = runtime.kube_clients() if runtime.kube_clients is not None else clients_from_kubeconfig()
         return KubernetesLauncher.from_clients(clients, options=options, records_dir=records_dir)

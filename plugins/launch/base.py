@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from plugins.errors import FatalError
+from trainyard.plugins.errors import FatalError
 
 if TYPE_CHECKING:
-    from config.settings import Settings
-    from config.spec import TrainingJob
-    from config.worker_env import WorkerEnv
-    from plugins.advisor.plan import Plan
-    from plugins.launch.kube_clients import KubeClients
-    from plugins.launch.model import RunHandle, RunStatus
-    from plugins.placement.model import Placement
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import TrainingJob
+    from trainyard.config.worker_env import WorkerEnv
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.launch.kube_clients import KubeClients
+    from trainyard.plugins.launch.model import RunHandle, RunStatus
+    from trainyard.plugins.placement.model import Placement
 
 
 class LaunchError(FatalError):

@@ -28,11 +28,11 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.errors import FatalError
+from trainyard.plugins.errors import FatalError
 
 if TYPE_CHECKING:
-    from config.spec import TrainingJob
-    from config.worker_env import WorkerEnv
+    from trainyard.config.spec import TrainingJob
+    from trainyard.config.worker_env import WorkerEnv
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 

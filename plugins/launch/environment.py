@@ -2,7 +2,7 @@
 
 One place decides where a run's checkpoints, heartbeats and logs go, so the CLI, the Airflow
 operator and the tests agree: checkpoints under `<object store>/jobs/<job>/runs/<run>/checkpoints`
-(`plugins.checkpoint.uris.checkpoint_root`); heartbeats under the attempt's run folder
+(`trainyard.plugins.checkpoint.uris.checkpoint_root`); heartbeats under the attempt's run folder
 `<runs_dir>/<job>/<run>/<attempt>/`.
 """
 
@@ -11,19 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from config.worker_env import WorkerEnv, is_reserved
+from trainyard.config.worker_env import WorkerEnv, is_reserved
 
 if TYPE_CHECKING:
-    from config.settings import Settings
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
 
 
 def checkpoint_uri(job: TrainingJob, object_store: str, run: str) -> str:
-    """This run's checkpoint root: `plugins.checkpoint.uris.checkpoint_root` with the spec's
+    """This run's checkpoint root: `trainyard.plugins.checkpoint.uris.checkpoint_root` with the spec's
     `checkpoint.storage` (imported here: the checkpoint package loads its catalog, which a
     launcher import should not pay for)."""
-    from plugins.checkpoint.uris import checkpoint_root
+    from trainyard.plugins.checkpoint.uris import checkpoint_root
 
     return checkpoint_root(object_store, job.metadata.name, run, storage=job.spec.checkpoint.storage or "")
 

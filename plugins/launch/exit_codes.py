@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import signal
 
-from worker import exit_codes as worker_codes
+from trainyard.worker import exit_codes as worker_codes
 
 
 @functools.cache

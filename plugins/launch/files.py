@@ -10,7 +10,7 @@ the worker, the launchers and recovery all import them from here.
     <run_dir>/checkpoint_corrupt.json  `CheckpointCorruptRecord`  rank 0 of the worker → recovery
     <run_dir>/handle.json              `RunHandle`    the launcher → any later process
 
-Every file is written whole with `plugins.files.write_atomic`. Readers parse through the
+Every file is written whole with `trainyard.plugins.files.write_atomic`. Readers parse through the
 model, so a missing or changed field fails loudly in one place instead of as a `KeyError`
 deep in the launcher; `read_model(..., missing_ok=...)` is the one reader.
 
@@ -31,7 +31,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from plugins.files import write_atomic
+from trainyard.plugins.files import write_atomic
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -4,8 +4,8 @@ Layout of one attempt's run folder (`<runs_dir>/<job>/<run>/<attempt>/`):
 
     handle.json                  the RunHandle (a second submit re-attaches to it)
     agents/<node>.log            torchrun's own output for that node
-    agents/<node>.exit.json      the agent's outcome, an `AgentExit` (`plugins.launch.agent`)
-    agents/zygote.log            the run's warm rank starter (`plugins.launch.rank_zygote`)
+    agents/<node>.exit.json      the agent's outcome, an `AgentExit` (`trainyard.plugins.launch.agent`)
+    agents/zygote.log            the run's warm rank starter (`trainyard.plugins.launch.rank_zygote`)
     ranks/rank-NNNNN.log         each rank's stdout + stderr
     ranks/rank-NNNNN.json        each rank's pids, process group, exit code: a `RankRecord`
     exits.jsonl                  every rank exit, restarts included
@@ -47,18 +47,18 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from node_agent.heartbeat import Heartbeat, heartbeat_path
-from plugins.files import write_atomic
-from plugins.launch import processes, rank_zygote
-from plugins.launch.base import LaunchError
-from plugins.launch.environment import (
+from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
+from trainyard.plugins.files import write_atomic
+from trainyard.plugins.launch import processes, rank_zygote
+from trainyard.plugins.launch.base import LaunchError
+from trainyard.plugins.launch.environment import (
     TORCHRUN_ENV,
     entry_args,
     job_environment,
     run_dir_for,
 )
-from plugins.launch.exit_codes import describe
-from plugins.launch.files import (
+from trainyard.plugins.launch.exit_codes import describe
+from trainyard.plugins.launch.files import (
     STOPPED_FILE,
     AgentExit,
     RankRecord,
@@ -66,19 +66,27 @@ from plugins.launch.files import (
     read_model,
     read_rank_records,
 )
-from plugins.launch.model import AgentRecord, AgentStatus, RankStatus, RunHandle, RunStatus
-from plugins.launch.rank_exec import log_path, rank_exec_args
+from trainyard.plugins.launch.model import (
+    AgentRecord,
+    AgentStatus,
+    RankStatus,
+    RunHandle,
+    RunStatus,
+)
+from trainyard.plugins.launch.rank_exec import log_path, rank_exec_args
 
 if TYPE_CHECKING:
-    from config.spec import TrainingJob
-    from config.worker_env import WorkerEnv
-    from plugins.advisor.plan import Plan
-    from plugins.placement.model import Placement
+    from trainyard.config.spec import TrainingJob
+    from trainyard.config.worker_env import WorkerEnv
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.placement.model import Placement
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+"""Where the product's folders lie (`worker/train.py`, …): the checkout, or the installed
+`trainyard` package — the same relative paths under both. The default source root."""
 LOCAL_ADDRESSES = frozenset({"127.0.0.1", "localhost", "::1", socket.gethostname()})
 RUN_MARKER = "TRAINYARD_RUN_DIR"
-AGENT_MODULE = "plugins.launch.agent"
+AGENT_MODULE = "trainyard.plugins.launch.agent"
 """Each node's torchrun agent (`python -m`), forked by the attempt's zygote where there is one."""
 INHERITED_TORCH_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                  "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
@@ -215,7 +223,9 @@ class LocalLauncher:
         # torchrun (a launch from inside a job) would mislead the new agents.
         env = {k: v for k, v in self.base_env.items()
                if not (k in INHERITED_TORCH_ENV or k.startswith("TORCHELASTIC_"))}
-        paths = [str(self.source_dir), str(REPO_ROOT)]
+        # The source root only: Trainyard itself is imported from the installed distribution
+        # (`trainyard.…`), never from a folder on the path beside the user's own modules.
+        paths = [str(self.source_dir)]
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

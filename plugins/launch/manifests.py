@@ -42,17 +42,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from plugins.launch.environment import TORCHRUN_ENV, entry_args, job_environment
-from plugins.launch.rank_exec import rank_exec_args
-from plugins.placement.fairshare import BASE_PRIORITY
-from plugins.placement.inventory import RACK_LABEL, UNKNOWN_RACK
+from trainyard.plugins.launch.environment import TORCHRUN_ENV, entry_args, job_environment
+from trainyard.plugins.launch.rank_exec import rank_exec_args
+from trainyard.plugins.placement.fairshare import BASE_PRIORITY
+from trainyard.plugins.placement.inventory import RACK_LABEL, UNKNOWN_RACK
 
 if TYPE_CHECKING:
-    from config.spec import TrainingJob
-    from config.teams import Teams
-    from config.worker_env import WorkerEnv
-    from plugins.advisor.plan import Plan
-    from plugins.placement.model import Placement
+    from trainyard.config.spec import TrainingJob
+    from trainyard.config.teams import Teams
+    from trainyard.config.worker_env import WorkerEnv
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.placement.model import Placement
 
 VOLCANO_GROUP = "batch.volcano.sh"
 VOLCANO_VERSION = "v1alpha1"
@@ -145,13 +145,13 @@ def job_labels(job: TrainingJob, attempt: int, run: str = "") -> dict[str, str]:
 def volcano_job_name(job_name: str, run: str = "") -> str:
     """The Volcano Job (and headless service) of one run of a job: `<job>-<6 hex digits of the
     run>` — unique per run, stable across the run's attempts (attempt N+1 replaces N's Job),
-    and no longer than a job name may be (`config.rules.MAX_JOB_NAME`: pod host names
+    and no longer than a job name may be (`trainyard.config.rules.MAX_JOB_NAME`: pod host names
     `<name>-worker-<i>-0` stay DNS labels), so a long job name is cut; the labels keep it whole."""
     if not run:
         return job_name
     import hashlib
 
-    from config.rules import MAX_JOB_NAME
+    from trainyard.config.rules import MAX_JOB_NAME
 
     digest = hashlib.sha256(run.encode()).hexdigest()[:6]
     return f"{job_name[:MAX_JOB_NAME - len(digest) - 1].rstrip('-')}-{digest}"

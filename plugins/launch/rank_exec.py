@@ -1,6 +1,6 @@
 """Per-rank wrapper: torchrun starts this instead of the user's script (stdlib and the
 stdlib-only `processes.py` and `plugins/files.py`: it runs once per rank and must start fast,
-so it writes plain JSON that the launcher validates with `plugins.launch.files.RankRecord`).
+so it writes plain JSON that the launcher validates with `trainyard.plugins.launch.files.RankRecord`).
 
 It runs the entrypoint as a child, with stdout/stderr in `<run_dir>/ranks/rank-NNNNN.log`,
 and records in `<run_dir>/ranks/rank-NNNNN.json` the pids, the process group and — when the
@@ -24,7 +24,7 @@ clean emergency-checkpoint exit into "killed by SIGTERM". The exception is a chi
 the attempt's warm rank starter (`rank_zygote`, named by `TRAINYARD_RANK_ZYGOTE`): it lives in
 a session of its own, so the wrapper passes each of those signals on to it, once.
 
-Usage (by the launcher): `torchrun … -m plugins.launch.rank_exec --run-dir DIR [--stdout] -- script.py args…`.
+Usage (by the launcher): `torchrun … -m trainyard.plugins.launch.rank_exec --run-dir DIR [--stdout] -- script.py args…`.
 `--stdout` (the Kubernetes pods): the child writes to this process's stdout/stderr, i.e. the
 container's log, instead of `ranks/rank-NNNNN.log`; the records are written the same way, and
 the pod hands `exits.jsonl` to the control plane as its termination message.
@@ -44,12 +44,12 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from plugins.files import write_atomic
-from plugins.launch import rank_zygote
-from plugins.launch.processes import start_ticks, zombie_exit_code
+from trainyard.plugins.files import write_atomic
+from trainyard.plugins.launch import rank_zygote
+from trainyard.plugins.launch.processes import start_ticks, zombie_exit_code
 
 CONTROL_PLANE_CODES = frozenset({42, 43, 44, 45, 46})
-"""`worker.exit_codes`' DIVERGED, PREEMPTED, PREEMPTED_NO_CHECKPOINT, CHECKPOINT_CORRUPT, OOM
+"""`trainyard.worker.exit_codes`' DIVERGED, PREEMPTED, PREEMPTED_NO_CHECKPOINT, CHECKPOINT_CORRUPT, OOM
 (copied: this wrapper imports nothing heavy; a unit test holds the two in step)."""
 
 SURVIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -60,7 +60,7 @@ def rank_exec_args(run_dir: str | os.PathLike[str], entry: str, args: Sequence[s
     """What follows torchrun's own options so that every rank runs `entry args` under this
     wrapper (see Usage): for the local launcher's agents, the Volcano pods (`stdout`) and the
     tests' torchrun jobs alike."""
-    return ["-m", "plugins.launch.rank_exec", "--run-dir", os.fspath(run_dir),
+    return ["-m", "trainyard.plugins.launch.rank_exec", "--run-dir", os.fspath(run_dir),
             *(["--stdout"] if stdout else []), "--", entry, *args]
 
 

@@ -92,8 +92,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plugins.launch.processes import environ_entries, is_alive, signal_pids, started_as, stat_fields
-from plugins.preload import preload
+from trainyard.plugins.launch.processes import (
+    environ_entries,
+    is_alive,
+    signal_pids,
+    started_as,
+    stat_fields,
+)
+from trainyard.plugins.preload import preload
 
 ADDRESS_ENV = "TRAINYARD_RANK_ZYGOTE"
 """The variable that names the zygote's socket to the ranks' wrappers: `@NAME`, for the abstract
@@ -115,9 +121,9 @@ process without it."""
 FIRST_REQUEST_S = 60.0
 """A zygote that nobody asked within this long after start-up exits (its launcher failed)."""
 
-ALWAYS = ("torch", "torch.distributed.checkpoint", "torch.distributed.run", "plugins.launch.files")
+ALWAYS = ("torch", "torch.distributed.checkpoint", "torch.distributed.run", "trainyard.plugins.launch.files")
 """Imported whatever the entrypoint: torch itself; DCP, which the worker runtime imports when it
-first saves or restores; and torchrun and what `plugins.launch.agent` imports, for the agents
+first saves or restores; and torchrun and what `trainyard.plugins.launch.agent` imports, for the agents
 the local launcher has forked too (the agent module itself runs as `__main__`)."""
 
 
@@ -133,7 +139,7 @@ TEMPLATE_MODULES = ("torch", "torch.distributed.checkpoint", "torch.distributed.
                     "torch.distributed.pipelining", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
                     "torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "torch.nn.parallel",
                     "mlflow", "mlflow.store.tracking.sqlalchemy_store")
-"""torch itself and `ALWAYS`'s torch modules, and the parallelism `worker.distributed` applies:
+"""torch itself and `ALWAYS`'s torch modules, and the parallelism `trainyard.worker.distributed` applies:
 pipelining (which imports torch's compiler, dynamo), FSDP2, DTensor TP, the activation
 checkpoint wrapper and DDP. Left to each attempt's starter they were 0.5 CPU-s of every one
 (0.7–1.3 s of its start in CI, 76 starters a run); a template pays them once. And MLflow with
@@ -538,7 +544,7 @@ def start(python: str, address: str, agents: list[tuple[int, int | None]], entry
         pid = _fork_from_template(args, env=env, cwd=cwd, log=log)
         if pid is not None:
             return pid
-    command = [python, "-m", "plugins.launch.rank_zygote", *args]
+    command = [python, "-m", "trainyard.plugins.launch.rank_zygote", *args]
     try:
         with log.open("ab") as out:
             proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
@@ -556,8 +562,8 @@ def template_name(env: Mapping[str, str], cwd: Path, idle_s: float) -> str:
     preloads), so a changed venv or an edited starter gets a template of its own and the old one
     idles out."""
     packages = [importlib.util.find_spec(name) for name in dict.fromkeys(m.split(".")[0] for m in TEMPLATE_MODULES)]
-    files = [Path(__file__), Path(sys.modules["plugins.preload"].__file__ or ""),
-             Path(sys.modules["plugins.launch.processes"].__file__ or ""), Path(sys.executable),
+    files = [Path(__file__), Path(sys.modules["trainyard.plugins.preload"].__file__ or ""),
+             Path(sys.modules["trainyard.plugins.launch.processes"].__file__ or ""), Path(sys.executable),
              *(Path(spec.origin) if spec and spec.origin else Path(sys.executable) for spec in packages)]
     stats = [(str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files]
     startup = sorted((k, v) for k, v in env.items() if k.startswith(STARTUP_ENV))
@@ -575,7 +581,7 @@ def _fork_from_template(args: list[str], *, env: dict[str, str], cwd: Path, log:
         name = template_name(env, cwd, idle_s)
     except (OSError, ValueError):
         return None
-    request = Request(entry="plugins.launch.rank_zygote", module=True, args=args, env=env, cwd=str(cwd),
+    request = Request(entry="trainyard.plugins.launch.rank_zygote", module=True, args=args, env=env, cwd=str(cwd),
                       detached=True)
     try:
         with log.open("ab") as out, open(os.devnull, "rb") as devnull:
@@ -603,7 +609,7 @@ def _start_template(name: str, *, env: Mapping[str, str], cwd: Path, idle_s: flo
         folder = _private_folder()
         with open(os.open(folder / "rank-template.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
                           0o600), "ab") as out:
-            subprocess.Popen([sys.executable, "-m", "plugins.launch.rank_zygote", "--template", name,
+            subprocess.Popen([sys.executable, "-m", "trainyard.plugins.launch.rank_zygote", "--template", name,
                               "--idle-s", str(idle_s)], cwd=cwd, env=keep, stdin=subprocess.DEVNULL,
                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as e:
@@ -661,7 +667,7 @@ def stop_templates(python: str = sys.executable) -> int:
     behind it. Attempts it started run on; the next attempt starts another template."""
     room = ROOM_ENV.encode() + b"="
     # the starters and ranks it forked carry its command line too, but their run's environment
-    found = [pid for pid in started_as([python, "-m", "plugins.launch.rank_zygote", "--template"])
+    found = [pid for pid in started_as([python, "-m", "trainyard.plugins.launch.rank_zygote", "--template"])
              if any(entry.startswith(room) for entry in environ_entries(pid) or [])]
     signal_pids(found, signal.SIGTERM)
     return len(found)

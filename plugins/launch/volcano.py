@@ -3,7 +3,7 @@
 The engine takes the `kubernetes` client's API objects as arguments — `CustomObjectsApi` for the
 Volcano objects, `CoreV1Api` for pods, nodes, events and logs — so credentials and connections
 stay with the caller: Airflow tasks build them from the cncf-kubernetes provider's
-`KubernetesHook` (`operators.kubernetes_clients`, connection id from
+`KubernetesHook` (`trainyard.operators.kubernetes_clients`, connection id from
 `TRAINYARD_KUBERNETES_CONN_ID`), other callers from a kubeconfig
 (`KubernetesLauncher.from_kubeconfig`), and this package never imports Airflow. Proven against
 the emulated API server of `tests/support/kube/` over HTTP, with pods that really run.
@@ -21,7 +21,7 @@ One Volcano Job per run and attempt (`manifests.render_volcano_job`; its name is
   An earlier attempt's Job that still runs is refused: it must be stopped first.
 - **poll** reads the Job's phase, its PodGroup, each pod's phase, node (and whether that node is
   Ready), the trainer container's exit code, reason and termination message (every rank's own
-  exit, `plugins.launch.kube_status`) and, while it has not started, the events: a launch that
+  exit, `trainyard.plugins.launch.kube_status`) and, while it has not started, the events: a launch that
   stays unschedulable or cannot pull its image past the Job's start timeout is reported
   `failed` with the scheduler's message and the numbers, not waited on silently.
 - **stop** deletes the Job with foreground propagation (uid precondition: a stale handle never
@@ -60,10 +60,10 @@ from tenacity import (
 from tenacity.wait import wait_base
 from urllib3.exceptions import HTTPError as Urllib3HTTPError
 
-from plugins.launch.base import LaunchError
-from plugins.launch.cluster_settings import check_cluster_settings
-from plugins.launch.environment import run_dir_for
-from plugins.launch.kube_status import (
+from trainyard.plugins.launch.base import LaunchError
+from trainyard.plugins.launch.cluster_settings import check_cluster_settings
+from trainyard.plugins.launch.environment import run_dir_for
+from trainyard.plugins.launch.kube_status import (
     ENDED_PHASES,
     PHASES,
     Observed,
@@ -74,7 +74,7 @@ from plugins.launch.kube_status import (
     pod_selector,
     run_status,
 )
-from plugins.launch.manifests import (
+from trainyard.plugins.launch.manifests import (
     QUEUE_GROUP,
     QUEUE_PLURAL,
     QUEUE_VERSION,
@@ -86,19 +86,19 @@ from plugins.launch.manifests import (
     render_queues,
     render_volcano_job,
 )
-from plugins.launch.model import RunHandle, RunStatus
-from plugins.placement.inventory import cluster_from_k8s_nodes
+from trainyard.plugins.launch.model import RunHandle, RunStatus
+from trainyard.plugins.placement.inventory import cluster_from_k8s_nodes
 
 if TYPE_CHECKING:
     from kubernetes.client import CoreV1Api, CustomObjectsApi
 
-    from config.cluster import Cluster
-    from config.spec import TrainingJob
-    from config.teams import Teams
-    from config.worker_env import WorkerEnv
-    from plugins.advisor.plan import Plan
-    from plugins.launch.kube_clients import KubeClients
-    from plugins.placement.model import Placement
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.spec import TrainingJob
+    from trainyard.config.teams import Teams
+    from trainyard.config.worker_env import WorkerEnv
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.launch.kube_clients import KubeClients
+    from trainyard.plugins.placement.model import Placement
 
 log = logging.getLogger(__name__)
 
@@ -183,15 +183,15 @@ class KubernetesLauncher:
 
     @classmethod
     def from_clients(cls, clients: KubeClients, **kwargs: Any) -> KubernetesLauncher:
-        """A launcher over `clients` (`plugins.launch.kube_clients`, or the Airflow adapter
-        `operators.kubernetes_clients`, which builds them from `KubernetesHook`)."""
+        """A launcher over `clients` (`trainyard.plugins.launch.kube_clients`, or the Airflow adapter
+        `trainyard.operators.kubernetes_clients`, which builds them from `KubernetesHook`)."""
         return cls(clients.custom, core_api=clients.core, **kwargs)
 
     @classmethod
     def from_kubeconfig(cls, config_file: str | None = None, context: str | None = None,
                         **kwargs: Any) -> KubernetesLauncher:
         """The default outside Airflow: the kubeconfig's context, or the pod's service account."""
-        from plugins.launch.kube_clients import clients_from_kubeconfig
+        from trainyard.plugins.launch.kube_clients import clients_from_kubeconfig
 
         return cls.from_clients(clients_from_kubeconfig(config_file, context), **kwargs)
 
@@ -244,7 +244,7 @@ class KubernetesLauncher:
         `uid`: the Job's uid when the caller already holds a handle for this attempt.
 
         Raises `UnsafeForCluster` (fatal) before any API call when a setting cannot work in
-        pods (`plugins.launch.cluster_settings`), `LaunchError` when the API refuses the Job
+        pods (`trainyard.plugins.launch.cluster_settings`), `LaunchError` when the API refuses the Job
         or another Job of that name is in the way."""
         for warning in check_cluster_settings(job, worker_env, shared_filesystem=self.options.shared_filesystem):
             log.warning("%s", warning.render())
@@ -339,7 +339,7 @@ class KubernetesLauncher:
 
     def poll(self, handle: RunHandle) -> RunStatus:
         """The attempt's state, message, each pod (`agents`) and each rank (`ranks`):
-        `plugins.launch.kube_status` says what each field holds."""
+        `trainyard.plugins.launch.kube_status` says what each field holds."""
         self._check_handle(handle)
         return run_status(handle, self._observe(handle))
 
@@ -380,7 +380,7 @@ class KubernetesLauncher:
     async def poll_async(self, handle: RunHandle, api_client: Any) -> RunStatus:
         """`poll` for an asyncio caller (the training trigger): `api_client` is a
         `kubernetes_asyncio` ApiClient — what `AsyncKubernetesHook.get_conn()` yields
-        (`operators.kubernetes_clients.poll_with_async_hook`). Same reads, same reading."""
+        (`trainyard.operators.kubernetes_clients.poll_with_async_hook`). Same reads, same reading."""
         return await poll_async(handle, api_client, attempts=self.attempts, max_wait_s=self.max_wait_s)
 
     # --- stop -------------------------------------------------------------------------------

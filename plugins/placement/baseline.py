@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from plugins.advisor.rank_layout import RankLayout
-from plugins.placement.gang import build_placement, slots_per_node_options
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest, PendingReason, Placement, Unschedulable
-from plugins.placement.scoring import ScoreWeights
+from trainyard.plugins.advisor.rank_layout import RankLayout
+from trainyard.plugins.placement.gang import build_placement, slots_per_node_options
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest, PendingReason, Placement, Unschedulable
+from trainyard.plugins.placement.scoring import ScoreWeights
 
 
 def place_first_fit(request: GangRequest, inventory: Inventory, free: Mapping[str, int]) -> Placement:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest, Placement
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest, Placement
 
 
 def hard_violations(

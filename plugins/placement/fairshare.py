@@ -29,11 +29,11 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
-from config.teams import Teams
-from plugins.placement.gang import place_gang
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest, PendingReason, Placement, Unschedulable
-from plugins.placement.scoring import ScoreWeights
+from trainyard.config.teams import Teams
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest, PendingReason, Placement, Unschedulable
+from trainyard.plugins.placement.scoring import ScoreWeights
 
 BASE_PRIORITY: dict[str, float] = {
     "critical": 1000.0, "high": 800.0, "normal": 500.0, "low": 200.0, "preemptible": 50.0,

@@ -31,10 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from config.cluster import Node
-from plugins.advisor.rank_layout import GroupKind, RankLayout
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import (
+from trainyard.config.cluster import Node
+from trainyard.plugins.advisor.rank_layout import GroupKind, RankLayout
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import (
     GangRequest,
     Group,
     PendingReason,
@@ -42,7 +42,7 @@ from plugins.placement.model import (
     Placement,
     Unschedulable,
 )
-from plugins.placement.scoring import ScoreWeights, score_candidate
+from trainyard.plugins.placement.scoring import ScoreWeights, score_candidate
 
 STRATEGIES: tuple[str, ...] = ("spread", "pack")
 

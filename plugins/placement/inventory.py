@@ -1,9 +1,9 @@
 """The placer's view of a cluster: nodes grouped by rack, indexed for fast search.
 
-Two sources: the cluster files (`config/clusters/*.yaml`, via `config.cluster.load_cluster`) and,
+Two sources: the cluster files (`config/clusters/*.yaml`, via `trainyard.config.cluster.load_cluster`) and,
 in Kubernetes mode, the API server's node objects (labels `topology.kubernetes.io/rack`,
 `nvidia.com/gpu.product`, `nvidia.com/gpu.count` from GPU Feature Discovery). Both end as the same
-`config.cluster.Cluster`, so every consumer (advisor, rules, placer) sees one model.
+`trainyard.config.cluster.Cluster`, so every consumer (advisor, rules, placer) sees one model.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.cluster import Cluster, Node
+from trainyard.config.cluster import Cluster, Node
 
 RACK_LABEL = "topology.kubernetes.io/rack"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
-from plugins.advisor.rank_layout import GroupKind, RankLayout
-from plugins.errors import FatalError, TrainyardError, TransientError
+from trainyard.plugins.advisor.rank_layout import GroupKind, RankLayout
+from trainyard.plugins.errors import FatalError, TrainyardError, TransientError
 
 if TYPE_CHECKING:
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
 
 
 class _Model(BaseModel):

@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from config.cluster import Node
-from plugins.advisor.rank_layout import RankLayout
+from trainyard.config.cluster import Node
+from trainyard.plugins.advisor.rank_layout import RankLayout
 
 
 class ScoreWeights(BaseModel):

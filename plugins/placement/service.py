@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from config.cluster import Cluster
-from config.spec import TrainingJob
-from plugins.advisor.plan import Plan
-from plugins.placement.gang import place_gang
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest, Placement
-from plugins.placement.state import (
+from trainyard.config.cluster import Cluster
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest, Placement
+from trainyard.plugins.placement.state import (
     RESERVATION_LEASE_S,
     ReservationConflict,
     StateStore,

@@ -43,10 +43,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from plugins.errors import FatalError, TransientError
-from plugins.placement.fairshare import RunningGang
-from plugins.placement.model import Placement
-from plugins.state_db import TABLE_PREFIX, UTCDateTime, create_tables, make_engine, retrying
+from trainyard.plugins.errors import FatalError, TransientError
+from trainyard.plugins.placement.fairshare import RunningGang
+from trainyard.plugins.placement.model import Placement
+from trainyard.plugins.state_db import (
+    TABLE_PREFIX,
+    UTCDateTime,
+    create_tables,
+    make_engine,
+    retrying,
+)
 
 RESERVATION_LEASE_S = 900.0
 """The one lease of a gang's reservation. Whoever watches the gang (the training trigger,

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from plugins.errors import FatalError
-from plugins.launch.exit_codes import describe
-from plugins.recovery.evidence import (
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.launch.exit_codes import describe
+from trainyard.plugins.recovery.evidence import (
     CORRUPT_PATTERNS,
     FATAL_VERDICTS,
     OOM_PATTERNS,
@@ -50,8 +50,8 @@ from plugins.recovery.evidence import (
     telling_line,
     utc_from_s,
 )
-from plugins.recovery.model import FailureReport, Outcome
-from worker import exit_codes
+from trainyard.plugins.recovery.model import FailureReport, Outcome
+from trainyard.worker import exit_codes
 
 PREEMPTED_CODES = (exit_codes.PREEMPTED, exit_codes.PREEMPTED_NO_CHECKPOINT)
 

@@ -42,13 +42,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from plugins.recovery.model import AttemptConf, AttemptRecord, FailureReport, RecoveryAction
+from trainyard.plugins.recovery.model import (
+    AttemptConf,
+    AttemptRecord,
+    FailureReport,
+    RecoveryAction,
+)
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
-    from plugins.checkpoint.catalog import CheckpointRecord, Selection
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.checkpoint.catalog import CheckpointRecord, Selection
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,7 @@ def history_lines(history: list[AttemptRecord], report: FailureReport | None = N
 
 def apply_quarantine(action: RecoveryAction, *, endpoint_url: str | None = None, by: str = "") -> list[str]:
     """Quarantine the checkpoints `action` names (kept, never restored again); their markers' URIs."""
-    from plugins.checkpoint.catalog import quarantine
+    from trainyard.plugins.checkpoint.catalog import quarantine
 
     return [quarantine(uri, action.reason, endpoint_url=endpoint_url, by=by) for uri in action.quarantine]
 
@@ -218,7 +223,7 @@ def _fall_back(report: FailureReport, job: TrainingJob, ctx: DecisionContext) ->
 
 
 def _replan(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> RecoveryAction:
-    from plugins.advisor.planner import replan_after_oom
+    from trainyard.plugins.advisor.planner import replan_after_oom
 
     if ctx.cluster is None or ctx.plan is None:
         raise ValueError("decide() needs DecisionContext.cluster and .plan (the plan that ran out of "
@@ -255,20 +260,20 @@ _RULES = {"worker_crash": _restart, "hang": _restart, "node_lost": _replace_node
 
 
 def _select(ctx: DecisionContext, *, before_step: int | None = None) -> Selection:
-    from plugins.checkpoint.catalog import select_latest_valid
+    from trainyard.plugins.checkpoint.catalog import select_latest_valid
 
     return select_latest_valid(ctx.checkpoint_uri, hashes=ctx.verify_hashes, before_step=before_step,
                                endpoint_url=ctx.endpoint_url)
 
 
 def _committed(ctx: DecisionContext) -> list[CheckpointRecord]:
-    from plugins.checkpoint.catalog import list_checkpoints
+    from trainyard.plugins.checkpoint.catalog import list_checkpoints
 
     return list_checkpoints(ctx.checkpoint_uri, endpoint_url=ctx.endpoint_url)
 
 
 def _step_of(manifest_uri: str) -> int | None:
-    from plugins.checkpoint.uris import split_manifest_uri
+    from trainyard.plugins.checkpoint.uris import split_manifest_uri
 
     try:
         return split_manifest_uri(manifest_uri)[2]

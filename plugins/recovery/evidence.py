@@ -33,9 +33,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from node_agent.heartbeat import FROZEN_AFTER, read_heartbeats
-from node_agent.models import NodeHealth, RankHeartbeat
-from plugins.launch.files import (
+from trainyard.node_agent.heartbeat import FROZEN_AFTER, read_heartbeats
+from trainyard.node_agent.models import NodeHealth, RankHeartbeat
+from trainyard.plugins.launch.files import (
     CHECKPOINT_CORRUPT_FILE,
     DIVERGED_FILE,
     STOP_REASON_FILE,
@@ -48,7 +48,7 @@ from plugins.launch.files import (
     read_exits,
     read_model,
 )
-from plugins.launch.model import RunHandle, RunStatus
+from trainyard.plugins.launch.model import RunHandle, RunStatus
 
 MISSED_HEARTBEATS_LOST = 3
 """A node whose agent missed this many heartbeats in a row is lost (DESIGN §5)."""
@@ -174,9 +174,9 @@ class Evidence(_Record):
     def hung_ranks(self) -> list[int]:
         """The ranks a hang blames. A hang stop names them (`stop-reason.json`, judged when the
         watcher stopped the gang). Else, of the ranks the launcher flags `hung` (every rank of a
-        gang stalls once one does), those `node_agent.verdicts.hang_culprits` blames: the
+        gang stalls once one does), those `trainyard.node_agent.verdicts.hang_culprits` blames: the
         frozen ones, judged at the status's time, else the laggards."""
-        from node_agent.verdicts import Stalled, hang_culprits
+        from trainyard.node_agent.verdicts import Stalled, hang_culprits
 
         if self.stop_reason is not None and self.stop_reason.reason == "hang" and self.stop_reason.ranks:
             return list(self.stop_reason.ranks)
@@ -230,7 +230,7 @@ def gather(handle: RunHandle, status: RunStatus, *, run: str = "",
 
 def observe_node(node: str, url: str, *, missed_before: int = 0, timeout: float = 5.0) -> NodeObservation:
     """Poll one node agent once: its health, or one more missed heartbeat."""
-    from node_agent.client import AgentResponseError, AgentUnreachable, fetch_health
+    from trainyard.node_agent.client import AgentResponseError, AgentUnreachable, fetch_health
 
     try:
         return NodeObservation(node=node, health=fetch_health(url, timeout=timeout))
@@ -262,8 +262,8 @@ def _failed_ranks(status: RunStatus, exits: list[RankRecord]) -> list[int]:
 
 
 def _log_tails(run_dir: Path, ranks: list[int], lines: int) -> dict[int, str]:
-    from plugins.launch.local import tail_lines
-    from plugins.launch.rank_exec import log_path
+    from trainyard.plugins.launch.local import tail_lines
+    from trainyard.plugins.launch.rank_exec import log_path
 
     tails = {rank: tail_lines(log_path(run_dir, rank), lines) for rank in ranks}
     return {rank: text for rank, text in tails.items() if text}

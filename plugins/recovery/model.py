@@ -25,8 +25,10 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from config.runs import check_run_id
-from config.runs import new_run_id as new_run_id  # re-exported: the run id is part of this contract
+from trainyard.config.runs import check_run_id
+from trainyard.config.runs import (
+    new_run_id as new_run_id,  # re-exported: the run id is part of this contract
+)
 
 FailureClass = Literal[
     "worker_crash", "node_lost", "hang", "diverged", "checkpoint_corrupt", "oom", "preempted",
@@ -204,7 +206,7 @@ class FaultParams(_Model):
         return any(v not in (None, False, "") for v in self.model_dump().values())
 
     def worker_faults(self) -> str:
-        """The faults the training processes inject themselves (`worker.faults`' `TRAINYARD_FAULTS`
+        """The faults the training processes inject themselves (`trainyard.worker.faults`' `TRAINYARD_FAULTS`
         syntax); the others are carried out by the control plane (corrupting a checkpoint, failing
         a GPU through the node agent)."""
         items = []
@@ -252,7 +254,7 @@ class AttemptConf(_Model):
     restarts_used: int = Field(default=0, ge=0, le=MAX_ATTEMPTS)
     """Restarts counted against `faultTolerance.maxRestarts` so far (in-place ones included)."""
     data_checked: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
-    """The fingerprint (`plugins.validation.data_quality.data_fingerprint`) of the dataset and
+    """The fingerprint (`trainyard.plugins.validation.data_quality.data_fingerprint`) of the dataset and
     quality settings an earlier attempt of this run passed; a later attempt whose dataset still
     has it does not run Great Expectations again (its recovery is that much faster)."""
 

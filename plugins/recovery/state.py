@@ -18,7 +18,7 @@ URL; `plugins/state_db.py` opens it). Three tables, prefixed `trainyard_`:
 The lifecycle (seed §7) is checked on every change (`ALLOWED`); an illegal change raises
 `IllegalTransition` naming both states. Repeating the current state is a no-op, so a retried
 Airflow task can write its state again. Writes retry only on retryable database errors
-(`plugins.state_db.is_retryable`).
+(`trainyard.plugins.state_db.is_retryable`).
 """
 
 from __future__ import annotations
@@ -33,17 +33,23 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Integer, String, Text, UniqueConstraint, delete, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from config.runs import check_run_id, new_run_id
-from plugins.errors import FatalError
-from plugins.launch.model import RunHandle
-from plugins.recovery.model import (
+from trainyard.config.runs import check_run_id, new_run_id
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.launch.model import RunHandle
+from trainyard.plugins.recovery.model import (
     FINAL_LIFECYCLE_STATES,
     AttemptRecord,
     FailureReport,
     LifecycleState,
     RecoveryAction,
 )
-from plugins.state_db import TABLE_PREFIX, UTCDateTime, create_tables, make_engine, retrying
+from trainyard.plugins.state_db import (
+    TABLE_PREFIX,
+    UTCDateTime,
+    create_tables,
+    make_engine,
+    retrying,
+)
 
 ALLOWED: dict[str, frozenset[str]] = {
     "pending": frozenset({"scheduling", "failed", "cancelled"}),

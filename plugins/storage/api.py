@@ -1,5 +1,5 @@
 """The object-store interface (`ObjectStore`, `ObjectInfo`), key rules and streaming helpers
-shared by the local and S3 stores. See `plugins.storage.store` for the guarantees; import
+shared by the local and S3 stores. See `trainyard.plugins.storage.store` for the guarantees; import
 from there. No torch, no boto3.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from plugins.storage.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
+from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
 
 CHUNK_BYTES = 8 << 20
 """Read/write chunk for streaming copies: big enough that syscalls and hashing calls amortise,

@@ -1,6 +1,6 @@
 """The object store's exceptions.
 
-Each derives from `plugins.errors`' fatal or transient base, so a caller decides whether to
+Each derives from `trainyard.plugins.errors`' fatal or transient base, so a caller decides whether to
 retry from the class alone. `ObjectNotFoundError` is also a `FileNotFoundError` and
 `UnsafeKeyError` also a `ValueError`, so code that knows nothing about this module still
 handles them sensibly.
@@ -8,7 +8,7 @@ handles them sensibly.
 
 from __future__ import annotations
 
-from plugins.errors import FatalError, TrainyardError
+from trainyard.plugins.errors import FatalError, TrainyardError
 
 
 class StorageError(TrainyardError):

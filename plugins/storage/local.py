@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from plugins.storage.api import (
+from trainyard.plugins.storage.api import (
     PARTIAL_MARKER,
     ObjectInfo,
     ObjectStore,
@@ -22,7 +22,7 @@ from plugins.storage.api import (
     read_ahead,
     write_local_atomic,
 )
-from plugins.storage.errors import IntegrityError, ObjectNotFoundError
+from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError
 
 
 class LocalStore(ObjectStore):

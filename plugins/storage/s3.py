@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from plugins.storage.api import (
+from trainyard.plugins.storage.api import (
     ObjectInfo,
     ObjectStore,
     check_expected,
@@ -23,7 +23,7 @@ from plugins.storage.api import (
     read_ahead,
     write_local_atomic,
 )
-from plugins.storage.errors import IntegrityError, ObjectNotFoundError
+from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
@@ -65,7 +65,7 @@ def _retry_policy(attempts: int) -> Any:
     """One tenacity `Retrying` per attempt count, shared: its per-call state is thread-local,
     and building a policy costs more than a ranged GET's own request (measured: a fifth of
     the fetch's time under the GIL when `read_range` made one per call)."""
-    from plugins.retry import policy
+    from trainyard.plugins.retry import policy
 
     return policy(_is_transient, attempts=attempts, first_wait_s=0.5, max_wait_s=8)
 

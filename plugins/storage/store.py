@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from plugins.storage.api import (
+from trainyard.plugins.storage.api import (
     CHUNK_BYTES,
     PARTIAL_MARKER,
     ObjectInfo,
@@ -34,9 +34,9 @@ from plugins.storage.api import (
     sha256_of_file,
     sha256_of_stream,
 )
-from plugins.storage.errors import UnsafeKeyError
-from plugins.storage.local import LocalStore
-from plugins.storage.s3 import S3Store
+from trainyard.plugins.storage.errors import UnsafeKeyError
+from trainyard.plugins.storage.local import LocalStore
+from trainyard.plugins.storage.s3 import S3Store
 
 __all__ = [
     "CHUNK_BYTES",

@@ -31,12 +31,12 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-    from config.cluster import Cluster
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
-    from plugins.advisor.planner import PlanResult
-    from plugins.tracking.runs import RecoveryEvent
-    from plugins.validation.data_quality import DataQualityReport
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.planner import PlanResult
+    from trainyard.plugins.tracking.runs import RecoveryEvent
+    from trainyard.plugins.validation.data_quality import DataQualityReport
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,9 @@ def log_start_artifacts(
     holds the plan alone."""
     import yaml
 
-    from plugins.advisor.explain import explanation_json, explanation_text
-    from plugins.tracking.params import redacted_spec
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.advisor.explain import explanation_json, explanation_text
+    from trainyard.plugins.tracking.params import redacted_spec
+    from trainyard.plugins.tracking.runs import client_for
 
     client = client_for(tracking_uri)
     spec_path = f"spec/{job.name}.yaml"
@@ -92,7 +92,7 @@ def log_start_artifacts(
 def log_data_quality(run_id: str, report: DataQualityReport, *, tracking_uri: str) -> list[str]:
     """The report as JSON (with its tag and metrics, `log_report`) and as a page a browser shows
     in the MLflow UI's artifact view."""
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.runs import client_for
 
     log_report(report, run_id, tracking_uri=tracking_uri)
     client_for(tracking_uri).log_text(run_id, data_quality_html(report), "data_quality/report.html")
@@ -104,8 +104,8 @@ def log_end_artifacts(
     title: str | None = None,
 ) -> list[str]:
     """The loss plot and the recovery timeline, from what the run recorded; returns the paths."""
-    from plugins.tracking.recoveries import record_recovery_costs
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.recoveries import record_recovery_costs
+    from trainyard.plugins.tracking.runs import client_for
 
     client = client_for(tracking_uri)
     events = record_recovery_costs(run_id, tracking_uri=tracking_uri)  # measured now the run has ended
@@ -202,7 +202,7 @@ def loss_plot(client: MlflowClient, run_id: str, path: Path, *, events: Sequence
               title: str | None = None) -> Path | None:
     """`loss` by step, `replay/loss` dotted over it, a dashed line at each recovery event's step.
     None when the run has no `loss` (a job that failed before its first step)."""
-    from plugins.tracking.metrics import REPLAY_PREFIX
+    from trainyard.plugins.tracking.metrics import REPLAY_PREFIX
 
     loss = _series(client, run_id, "loss")
     if not loss:
@@ -242,7 +242,7 @@ def _series(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
 def _advisor_result(job: TrainingJob, cluster: Cluster | None, memory_fraction: float) -> PlanResult | None:
     if cluster is None or job.spec.parallelism.hints is None:
         return None
-    from plugins.advisor import plan_job
+    from trainyard.plugins.advisor import plan_job
 
     try:
         return plan_job(job, cluster, memory_fraction=memory_fraction)
@@ -261,7 +261,7 @@ def artifact_paths(client: MlflowClient, run_id: str, folder: str = "") -> list[
 
 def log_report(report: DataQualityReport, run_id: str, *, tracking_uri: str) -> None:
     """The report as the run's artifact `data_quality/report.json`, a tag and a few metrics."""
-    from plugins.tracking.runs import client_for, log_metrics
+    from trainyard.plugins.tracking.runs import client_for, log_metrics
 
     client = client_for(tracking_uri)
     client.log_text(run_id, report.model_dump_json(indent=2), "data_quality/report.json")

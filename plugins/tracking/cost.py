@@ -40,15 +40,20 @@ from pydantic import (
     model_validator,
 )
 
-from config.quantities import readable_number
-from config.spec import Precision
-from plugins.advisor.flops import flops_per_token, flops_per_token_6n, mfu, peak_flops_per_device
-from plugins.tracking.rates import Rates, load_rates
+from trainyard.config.quantities import readable_number
+from trainyard.config.spec import Precision
+from trainyard.plugins.advisor.flops import (
+    flops_per_token,
+    flops_per_token_6n,
+    mfu,
+    peak_flops_per_device,
+)
+from trainyard.plugins.tracking.rates import Rates, load_rates
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -401,7 +406,7 @@ def log_job_cost(run_id: str, acct: RunAccounting, cost: JobCost, *, tracking_ur
     The tag records the run's measured `mfu` and `tokens_per_s` (its latest points) when the
     caller did not know them. Those two stay the training processes' series: the cost adds no
     point to them (a step-0 point would draw a spike at the start of their charts)."""
-    from plugins.tracking.runs import client_for, log_metrics
+    from trainyard.plugins.tracking.runs import client_for, log_metrics
 
     client = client_for(tracking_uri)
     acct = acct.with_run_metrics(client.get_run(run_id).data.metrics)
@@ -420,7 +425,7 @@ def log_chargeback(
 ) -> str:
     """A run in `experiment` holding the report as `chargeback.csv` and `chargeback.html` plus
     total metrics; returns its id."""
-    from plugins.tracking.runs import (
+    from trainyard.plugins.tracking.runs import (
         client_for,
         default_artifact_location,
         ensure_experiment,
@@ -464,7 +469,7 @@ def accounting_from_mlflow(tracking_uri: str, *, experiments: Sequence[str] | No
     rest counted as training; waiting is unknown there and left at 0), tokens from the latest
     `tokens_total` metric and MFU from the latest `mfu` metric.
     """
-    from plugins.tracking.runs import TAG, client_for
+    from trainyard.plugins.tracking.runs import TAG, client_for
 
     client = client_for(tracking_uri)
     if experiments:

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.errors import FatalError
-from plugins.tracking.registry import PRODUCTION_ALIAS, ModelVersionInfo
-from plugins.tracking.runs import TAG, client_for
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.tracking.registry import PRODUCTION_ALIAS, ModelVersionInfo
+from trainyard.plugins.tracking.runs import TAG, client_for
 
 if TYPE_CHECKING:
     import torch
 
-    from config.spec import TrainingJob
+    from trainyard.config.spec import TrainingJob
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +108,9 @@ def eval_windows(job: TrainingJob, *, object_store: str, endpoint_url: str | Non
     import numpy as np
     import torch
 
-    from plugins.data.documents import load_tokenizer, token_pieces
-    from plugins.data.shards import open_dataset
-    from worker.data import TokenWindows, shard_keys
+    from trainyard.plugins.data.documents import load_tokenizer, token_pieces
+    from trainyard.plugins.data.shards import open_dataset
+    from trainyard.worker.data import TokenWindows, shard_keys
 
     hints = job.spec.parallelism.hints
     if hints is None:
@@ -140,7 +140,7 @@ def eval_loss(job: TrainingJob, weights: Path, inputs: torch.Tensor, targets: to
     import torch
     from safetensors.torch import load_file
 
-    from worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
+    from trainyard.worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
 
     model = Llama(LlamaConfig.from_hints(job.spec.parallelism.hints))  # type: ignore[arg-type]
     model.load_state_dict(load_file(str(weights)), strict=True)
@@ -157,7 +157,7 @@ def eval_loss(job: TrainingJob, weights: Path, inputs: torch.Tensor, targets: to
 def evaluate_version(job: TrainingJob, version: ModelVersionInfo, inputs: torch.Tensor,
                      targets: torch.Tensor, *, endpoint_url: str | None = None) -> EvalResult:
     """Export the version's checkpoint again, check it is the registered weights, score it."""
-    from plugins.checkpoint.export import export_safetensors
+    from trainyard.plugins.checkpoint.export import export_safetensors
 
     if not version.checkpoint_uri:
         raise EvaluationError(f"model {version.name} version {version.version} records no checkpoint "

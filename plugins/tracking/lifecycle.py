@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from config.cluster import Cluster
-    from config.settings import Settings
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
-    from plugins.tracking.artifacts import TimelineEntry
-    from plugins.validation.data_quality import DataQualityReport
+    from trainyard.config.cluster import Cluster
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.tracking.artifacts import TimelineEntry
+    from trainyard.plugins.validation.data_quality import DataQualityReport
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +32,13 @@ def open_tracked_run(
     """Create (attempt 0) or resume the job's run, record its dataset and, on the attempt that
     creates it, its start artifacts; returns the run id. A dataset that cannot be described or
     checked is said in the log and left out: tracking never stops a launch that validated."""
-    from plugins.tracking.artifacts import log_start_artifacts
-    from plugins.tracking.runs import start_or_resume_run
+    from trainyard.plugins.tracking.artifacts import log_start_artifacts
+    from trainyard.plugins.tracking.runs import start_or_resume_run
 
     uri = settings.mlflow_tracking_uri
     dataset, store = None, None
     try:
-        from plugins.data.datasets import describe_dataset, open_dataset_store
+        from trainyard.plugins.data.datasets import describe_dataset, open_dataset_store
 
         store = open_dataset_store(job.spec.dataset.source, settings)
         dataset = describe_dataset(store, job.spec.dataset)
@@ -47,7 +47,7 @@ def open_tracked_run(
     rid = start_or_resume_run(job, plan, tracking_uri=uri, run_id=run_id, attempt=attempt, dataset=dataset,
                               trigger_id=run or None)
     if check_quality and quality is None and store is not None:
-        from plugins.validation.data_quality import check_data_quality
+        from trainyard.plugins.validation.data_quality import check_data_quality
 
         try:
             quality = check_data_quality(job, store=store)
@@ -63,8 +63,8 @@ def close_tracked_run(
     timeline: Sequence[TimelineEntry | tuple[float, str]] = (), title: str | None = None,
 ) -> list[str]:
     """The end artifacts (loss plot, recovery timeline), then the status that ends the run."""
-    from plugins.tracking.artifacts import log_end_artifacts
-    from plugins.tracking.runs import set_run_status
+    from trainyard.plugins.tracking.artifacts import log_end_artifacts
+    from trainyard.plugins.tracking.runs import set_run_status
 
     paths = log_end_artifacts(run_id, tracking_uri=tracking_uri, timeline=timeline, title=title)
     set_run_status(run_id, status, tracking_uri=tracking_uri)

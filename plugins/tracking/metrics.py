@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from tenacity import RetryCallState
 
-from plugins.retry import policy
+from trainyard.plugins.retry import policy
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -265,7 +265,7 @@ class MetricsStreamer:
 
     def _run(self) -> None:
         try:
-            from plugins.tracking.runs import client_for
+            from trainyard.plugins.tracking.runs import client_for
 
             client = client_for(self.tracking_uri)
         except Exception:

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
 
 MAX_PARAM_VALUE_CHARS = 6000
 """`mlflow.utils.validation.MAX_PARAM_VAL_LENGTH`."""

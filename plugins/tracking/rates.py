@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFlo
 from pydantic.alias_generators import to_camel
 
 if TYPE_CHECKING:
-    from config.cluster import Cluster
+    from trainyard.config.cluster import Cluster
 
 RATES_FILE = Path(__file__).resolve().parents[2] / "config" / "rates.yaml"
 

@@ -5,7 +5,7 @@ it when the next gang starts (`runs.log_recovery_timings(attempt=…)`). The tim
 needs the next attempt's first step after its restore, which only the run's own points show:
 the first `replay/loss` (or `loss`) point above the resume step, logged after the detection.
 `record_recovery_costs` reads those at the run's end and writes, per event, the figures of
-`plugins.tracking.recovery_timing` — into the event's record, as metrics at the failure's step
+`trainyard.plugins.tracking.recovery_timing` — into the event's record, as metrics at the failure's step
 (`recovery/time_to_train_again_s`, `recovery/device_hours_lost`), and their sum as the tag
 `trainyard.recovery_s` (what the job stood still; the chargeback's fallback reads it).
 """
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-    from plugins.tracking.runs import RecoveryEvent
+    from trainyard.plugins.tracking.runs import RecoveryEvent
 
 RECOVERY_SECONDS_TAG = "trainyard.recovery_s"
 """Seconds the job stood still across its recoveries (each one's time to train again, or its
@@ -28,9 +28,14 @@ detection where nothing later was measured)."""
 
 def record_recovery_costs(run_id: str, *, tracking_uri: str) -> list[RecoveryEvent]:
     """Measure and record each event's costs (see the module docstring); returns the events."""
-    from plugins.tracking.metrics import REPLAY_PREFIX
-    from plugins.tracking.recovery_timing import recovery_timing
-    from plugins.tracking.runs import client_for, log_metrics, recovery_events, set_recovery_event
+    from trainyard.plugins.tracking.metrics import REPLAY_PREFIX
+    from trainyard.plugins.tracking.recovery_timing import recovery_timing
+    from trainyard.plugins.tracking.runs import (
+        client_for,
+        log_metrics,
+        recovery_events,
+        set_recovery_event,
+    )
 
     client = client_for(tracking_uri)
     events = recovery_events(run_id, tracking_uri=tracking_uri)

@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from plugins.tracking.runs import TAG, LoggedCheckpoint, checkpoints, client_for, quote_filter_value
+from trainyard.plugins.tracking.runs import (
+    TAG,
+    LoggedCheckpoint,
+    checkpoints,
+    client_for,
+    quote_filter_value,
+)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -143,7 +149,7 @@ def register_checkpoint(
 ) -> ModelVersionInfo:
     """Export the final (or best by `metric`) checkpoint the run recorded to safetensors and
     register it. The default export is the checkpoint engine's `export_safetensors`, held to
-    the job's own area (`area`, `plugins.checkpoint.uris.area_for`; without it, the area the
+    the job's own area (`area`, `trainyard.plugins.checkpoint.uris.area_for`; without it, the area the
     checkpoint's URI claims by structure): a job reads only its own checkpoints."""
     record = select_checkpoint(run_id, tracking_uri=tracking_uri, metric=metric, mode=mode)
     if export is None:
@@ -161,7 +167,7 @@ def register_checkpoint(
 
 def find_export() -> Callable[..., object]:
     """The checkpoint engine's `export_safetensors(manifest_uri, dest, *, endpoint_url, job)`."""
-    from plugins.checkpoint.export import export_safetensors
+    from trainyard.plugins.checkpoint.export import export_safetensors
 
     return export_safetensors
 
@@ -197,7 +203,7 @@ def register_safetensors(
     name = model_name or run.data.tags.get(TAG + "job") or run.info.run_name
     if not name:
         raise ValueError(f"run {run_id} has no job tag; pass model_name")
-    from plugins.storage.store import sha256_of_stream
+    from trainyard.plugins.storage.store import sha256_of_stream
 
     with weights.open("rb") as f:
         _, weights_sha = sha256_of_stream(f)

@@ -4,7 +4,7 @@ DESIGN §4: every attempt of a job (the chain of DAG runs after failures) contin
 MLflow run, resumed by id, so the UI shows one loss curve with the recoveries on it. This
 module is the control plane's side: it creates or resumes the run, records params and lineage
 tags, recovery events, committed checkpoints (URI + SHA-256, never bytes) and the dataset.
-The training processes stream metrics into the same run with `plugins.tracking.metrics`.
+The training processes stream metrics into the same run with `trainyard.plugins.tracking.metrics`.
 
 MLflow params are immutable: a resumed attempt logs only the params not logged before. A
 value that changed (the advisor re-planned after an OOM, say) keeps its first value as the
@@ -44,18 +44,24 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from config.databases import down_message
-from plugins.errors import DatabaseDown
-from plugins.files import locked, sqlite_file
-from plugins.tracking.params import param_value, plan_params, safe_key, spec_params, truncate
+from trainyard.config.databases import down_message
+from trainyard.plugins.errors import DatabaseDown
+from trainyard.plugins.files import locked, sqlite_file
+from trainyard.plugins.tracking.params import (
+    param_value,
+    plan_params,
+    safe_key,
+    spec_params,
+    truncate,
+)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import LoggedModel, Run
 
-    from config.spec import TrainingJob
-    from plugins.advisor.plan import Plan
-    from plugins.data.datasets import DatasetRef
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.data.datasets import DatasetRef
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +332,7 @@ def set_run_status(run_id: str, status: RunLifecycleState, *, tracking_uri: str)
 
 class RecoveryEvent(BaseModel):
     """One recovery of the run, with what it cost as far as it is known (the figures of
-    `plugins.tracking.recovery_timing`; the later ones are filled in as they are measured)."""
+    `trainyard.plugins.tracking.recovery_timing`; the later ones are filled in as they are measured)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -387,7 +393,7 @@ def log_recovery_event(
     detection (default: now); `resume_step` what the next attempt restores. What the recovery
     cost beyond detecting it is known later: the restart when the next gang starts
     (`log_recovery_timings(attempt=…)`), the time to train again and the device-hours at the
-    run's end (`plugins.tracking.recoveries.record_recovery_costs`).
+    run's end (`trainyard.plugins.tracking.recoveries.record_recovery_costs`).
 
     `key` makes it idempotent: an event with the same key already on the run is returned and
     nothing is logged again (an Airflow task that retries records its event once).
@@ -451,7 +457,7 @@ def recovery_events(run_id: str, *, tracking_uri: str) -> list[RecoveryEvent]:
 
 class LoggedCheckpoint(BaseModel):
     """A committed checkpoint as the MLflow run remembers it: where and which bytes, never the
-    bytes (the store's own view of a checkpoint is `plugins.checkpoint.catalog.CheckpointRecord`)."""
+    bytes (the store's own view of a checkpoint is `trainyard.plugins.checkpoint.catalog.CheckpointRecord`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -551,8 +557,8 @@ def log_committed_checkpoint(
     step and metrics (what the checkpoint watcher calls for each new commit)."""
     import hashlib
 
-    from plugins.checkpoint.catalog import open_manifest_uri
-    from plugins.checkpoint.manifest import MANIFEST_NAME
+    from trainyard.plugins.checkpoint.catalog import open_manifest_uri
+    from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME
 
     store, record = open_manifest_uri(manifest_uri, endpoint_url=endpoint_url)
     digest = hashlib.sha256(store.get_bytes(f"{record.folder}/{MANIFEST_NAME}")).hexdigest()

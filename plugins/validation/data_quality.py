@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from config.problems import Code, Problem
+from trainyard.config.problems import Code, Problem
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from config.settings import Settings
-    from config.spec import DataQuality, TrainingJob
-    from plugins.data.datasets import RowSample
-    from plugins.storage.store import ObjectStore
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import DataQuality, TrainingJob
+    from trainyard.plugins.data.datasets import RowSample
+    from trainyard.plugins.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,9 @@ def check_data_quality(
 ) -> DataQualityReport:
     """Run the spec's data-quality checks on the dataset in `store` (opened at its root).
 
-    Logging it to a run is tracking's (`plugins.tracking.artifacts.log_data_quality`).
+    Logging it to a run is tracking's (`trainyard.plugins.tracking.artifacts.log_data_quality`).
     """
-    from plugins.data.datasets import sample_rows as read_sample
+    from trainyard.plugins.data.datasets import sample_rows as read_sample
 
     quality = job.spec.dataset.quality
     uri = store.uri.rstrip("/")
@@ -189,7 +189,7 @@ def data_fingerprint(job: TrainingJob, settings: Settings) -> str:
     dataset) and the spec's quality settings. Raises what listing the dataset raises."""
     import hashlib
 
-    from plugins.data.datasets import describe_dataset, open_dataset_store
+    from trainyard.plugins.data.datasets import describe_dataset, open_dataset_store
 
     store = open_dataset_store(job.spec.dataset.source, settings)
     listing = describe_dataset(store, job.spec.dataset, hash_contents=False).digest
@@ -206,7 +206,7 @@ def run_data_quality(job: TrainingJob, settings: Settings) -> tuple[DataQualityR
     """Check the spec's dataset: the report (None when the checks could not run) and its
     problems. The DAG's `validate_data` hands the report on, so the launch logs it to MLflow
     without importing Great Expectations a second time."""
-    from plugins.data.datasets import open_dataset_store
+    from trainyard.plugins.data.datasets import open_dataset_store
 
     try:
         store = open_dataset_store(job.spec.dataset.source, settings)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from config.problems import Code, Problem
-from config.settings import Settings
-from config.spec import TrainingJob
-from plugins.data.shards import list_shards, open_dataset
+from trainyard.config.problems import Code, Problem
+from trainyard.config.settings import Settings
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.data.shards import list_shards, open_dataset
 
 if TYPE_CHECKING:
-    from plugins.storage.store import ObjectStore
+    from trainyard.plugins.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def check_dataset(job: TrainingJob, settings: Settings) -> list[Problem]:
 
 
 def _check_stripes(stripes: int | None, shards: int) -> list[Problem]:
-    """A stripe is a set of whole shards (`plugins.data.stripes`): more than one per shard
+    """A stripe is a set of whole shards (`trainyard.plugins.data.stripes`): more than one per shard
     cannot be made, so the run would quietly use fewer — and another order than asked for."""
     if stripes is None or stripes <= shards:
         return []
@@ -64,7 +64,7 @@ def _check_stripes(stripes: int | None, shards: int) -> list[Problem]:
 
 def _check_tokenizer(job: TrainingJob, store: ObjectStore) -> list[Problem]:
     """A `tokenizer.json` is there, loads, and its vocabulary fits the model's `vocabSize`."""
-    from plugins.data.documents import BYTES, load_tokenizer
+    from trainyard.plugins.data.documents import BYTES, load_tokenizer
 
     name, hints = job.spec.dataset.tokenizer, job.spec.parallelism.hints
     if name == BYTES:

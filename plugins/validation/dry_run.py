@@ -11,16 +11,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from config.cluster import Cluster
-from config.problems import Problem
-from config.rules import check_against_cluster, check_spec
-from config.settings import Settings
-from config.spec import TrainingJob
-from config.teams import Teams, load_teams
-from plugins.validation.dataset import check_dataset
-from plugins.validation.memory import check_memory
-from plugins.validation.quota import check_quota
-from plugins.validation.runtime import check_runtime
+from trainyard.config.cluster import Cluster
+from trainyard.config.problems import Problem
+from trainyard.config.rules import check_against_cluster, check_spec
+from trainyard.config.settings import Settings
+from trainyard.config.spec import TrainingJob
+from trainyard.config.teams import Teams, load_teams
+from trainyard.plugins.validation.dataset import check_dataset
+from trainyard.plugins.validation.memory import check_memory
+from trainyard.plugins.validation.quota import check_quota
+from trainyard.plugins.validation.runtime import check_runtime
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def validate_job(
     dataset_problems = check_dataset(job, settings)
     problems += dataset_problems
     if data_quality and not dataset_problems and job.spec.dataset.quality.enabled:
-        from plugins.validation.data_quality import data_quality_problems
+        from trainyard.plugins.validation.data_quality import data_quality_problems
 
         problems += data_quality_problems(job, settings)
     return problems
@@ -56,6 +56,6 @@ def validate_job(
 
 def current_usage(settings: Settings) -> dict[str, int]:
     """Accelerators reserved per team right now, from the platform state."""
-    from plugins.placement.state import usage_by_team
+    from trainyard.plugins.placement.state import usage_by_team
 
     return usage_by_team(settings.state_db)

@@ -16,15 +16,15 @@ configuration) produce nothing here: `config/rules.py` already reports why.
 
 from __future__ import annotations
 
-from config.cluster import Cluster
-from config.problems import Code, Problem
-from config.spec import TrainingJob
+from trainyard.config.cluster import Cluster
+from trainyard.config.problems import Code, Problem
+from trainyard.config.spec import TrainingJob
 
 GiB = 1024**3
 
 
 def check_memory(job: TrainingJob, cluster: Cluster, *, memory_fraction: float) -> list[Problem]:
-    from plugins.advisor.planner import plan_job
+    from trainyard.plugins.advisor.planner import plan_job
 
     hints = job.spec.parallelism.hints
     if hints is None or job.spec.hardware.gpu_type not in cluster.gpu_types():

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from config.problems import Code, Problem
-from config.spec import TrainingJob
-from config.teams import Teams
+from trainyard.config.problems import Code, Problem
+from trainyard.config.spec import TrainingJob
+from trainyard.config.teams import Teams
 
 
 def check_quota(job: TrainingJob, teams: Teams, usage: Mapping[str, int]) -> list[Problem]:

@@ -10,9 +10,9 @@ store, no cluster), so it runs in offline validation too. It lives here, not in
 
 from __future__ import annotations
 
-from config.problems import Code, Problem
-from config.spec import TrainingJob
-from plugins.advisor.runtime import WORKER_RUNTIME, RuntimeCapabilities
+from trainyard.config.problems import Code, Problem
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.advisor.runtime import WORKER_RUNTIME, RuntimeCapabilities
 
 
 def check_runtime(job: TrainingJob, runtime: RuntimeCapabilities = WORKER_RUNTIME) -> list[Problem]:

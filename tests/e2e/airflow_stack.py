@@ -2,7 +2,7 @@
 embedded PostgreSQL, with the LocalExecutor) over a Trainyard home in a temporary folder, for
 the end-to-end tests.
 
-The same `cli.stack.Stack` that `make up` starts; only the demo spec is in its jobs folder at
+The same `trainyard.cli.stack.Stack` that `make up` starts; only the demo spec is in its jobs folder at
 first (fewer DAGs to parse; its model smaller, `SMALLER_MODEL`) — a test adds its own with
 `add_jobs` — and the demo dataset is written before the first DAG run. The tests under
 `shared_stack/` share one for the session's part they run in (`shared_stack/conftest.py`); the
@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from cli.airflow_api import AirflowClient, AttemptRun, follow_training_run
-from cli.stack import Stack
-from config.settings import Settings, get_settings
 from tests.support import procs
 from tests.support.waiting import wait_for
+from trainyard.cli.airflow_api import AirflowClient, AttemptRun, follow_training_run
+from trainyard.cli.stack import Stack
+from trainyard.config.settings import Settings, get_settings
 
 DEMO = procs.REPO_ROOT / "config" / "jobs" / "demo-tiny-lm.yaml"
 DAG_ID = "demo-tiny-lm"
@@ -115,7 +115,7 @@ def running_stack(home: Path, *, overrides: dict[str, str] | None = None,
     """The stack over `home`; `overrides` (also set in this process, for its own checks) switch
     it to the production path: metadata, state and MLflow on PostgreSQL, the CeleryExecutor.
     `agents` (node → URL) are the node agents the health watches poll."""
-    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+    from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     jobs = home / "jobs"
     jobs.mkdir(parents=True)
@@ -128,13 +128,13 @@ def running_stack(home: Path, *, overrides: dict[str, str] | None = None,
            **({"TRAINYARD_NODE_AGENTS": json.dumps(agents)} if agents else {}), **(overrides or {})}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    from plugins.storage.store import open_store
+    from trainyard.plugins.storage.store import open_store
 
     prepare_demo_dataset(open_store(Settings().object_store).child(DEMO_PREFIX.rstrip("/")))
     stack = Stack(home, port=procs.free_port(), overrides=dict(overrides or {}), durable_db=False)
     try:
         stack.up(timeout_s=240)
-        get_settings.cache_clear()  # this process's commands (`cli.main`) read the stack's home
+        get_settings.cache_clear()  # this process's commands (`trainyard.cli.main`) read the stack's home
         # read once the stack is up: its databases (the home's embedded PostgreSQL) exist now
         yield RunningStack(stack, Settings(), AirflowClient(stack.url))
     finally:  # the rank templates stay: the other worker's attempts use them (the session's

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from cli.airflow_api import AttemptRun, follow_training_run
 from tests.e2e.airflow_stack import RunningStack, demo_spec, running_stack
 from tests.support.kube.harness import NODES_WITH_SPARE, KubeHarness, harness_or_skip
+from trainyard.cli.airflow_api import AttemptRun, follow_training_run
 
 pytestmark = pytest.mark.slow
 
@@ -84,13 +84,13 @@ def _pods(kube: KubeHarness, job_name: str) -> list[dict[str, Any]]:
 
 
 def _handle(s: RunningStack, attempt: AttemptRun) -> Any:
-    from plugins.launch.model import RunHandle
+    from trainyard.plugins.launch.model import RunHandle
 
     return RunHandle.model_validate(s.client.xcom(JOB, attempt.dag_run_id, "launch_training"))
 
 
 def _losses(s: RunningStack, run: str) -> list[Any]:
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.runs import client_for
 
     client = client_for(s.settings.mlflow_tracking_uri)
     exp = client.get_experiment_by_name("demo/tiny-lm")
@@ -123,7 +123,7 @@ def test_the_demo_job_trains_as_a_volcano_job_on_the_simulated_nodes(stack: Runn
     assert len({p["spec"]["nodeName"] for p in pods}) == 2  # one slot a node: the gang spans two
     assert max(m.step for m in _losses(stack, attempt.run)) == steps  # the pods reached MLflow
     assert stack.client.task_instances(JOB, attempt.dag_run_id)["launch_training"]["try_number"] == 1
-    from plugins.recovery.state import JobStateStore
+    from trainyard.plugins.recovery.state import JobStateStore
 
     info = JobStateStore(stack.settings.state_db).get_run(JOB, attempt.run)
     assert info.state == "completed", info
@@ -180,8 +180,8 @@ def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: Runnin
     lost: dict[str, str] = {}
 
     def take_a_node_down(first_dag_run: str) -> None:
-        from plugins.checkpoint.catalog import list_checkpoints
-        from plugins.launch.environment import checkpoint_uri
+        from trainyard.plugins.checkpoint.catalog import list_checkpoints
+        from trainyard.plugins.launch.environment import checkpoint_uri
 
         deadline = time.monotonic() + 300
         handle = None
@@ -193,8 +193,8 @@ def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: Runnin
                 continue
             if not raw:
                 continue
-            from config.spec import TrainingJob
-            from plugins.launch.model import RunHandle
+            from trainyard.config.spec import TrainingJob
+            from trainyard.plugins.launch.model import RunHandle
 
             handle = RunHandle.model_validate(raw)
             root = checkpoint_uri(TrainingJob.model_validate(_spec(steps)), stack.settings.object_store, handle.run)
@@ -209,7 +209,7 @@ def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: Runnin
     assert [(a.outcome, a.action) for a in attempts][:1] == [("node_lost", "replace_node")], f"{attempts}\n{stack.logs()}"
     assert attempts[-1].outcome == "completed", f"{attempts}\n{stack.logs()}"
     assert attempts[0].state == "failed"
-    from plugins.recovery.state import JobStateStore
+    from trainyard.plugins.recovery.state import JobStateStore
 
     # whichever saw it first — the health watch (3 missed agent polls, its stop reason kept) or
     # Kubernetes (the pod evicted from the node not Ready) — the lost node is the one named

@@ -9,7 +9,7 @@ attempts (screenshots kept beside the test's home for a look).
 The run is shortened as a user would shorten it (`--max-steps`, the DAG's `max_steps` Param): 80
 steps with the crash at 60 instead of 200 with it at 120, ~90 steps of training instead of ~220
 (its cost per step: `tests.e2e.airflow_stack.SMALLER_MODEL`). Every part of the path is the
-same; the default's numbers are `cli.demo`'s arguments.
+same; the default's numbers are `trainyard.cli.demo`'s arguments.
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ def test_make_demo_recovers_registers_and_shows_it_in_both_uis(tmp_path: Path) -
     airflow = f"http://127.0.0.1:{ports['TRAINYARD_AIRFLOW_PORT']}"
     mlflow = f"http://127.0.0.1:{ports['TRAINYARD_MLFLOW_PORT']}"
     log = tmp_path / "demo.log"
-    from cli.stack import default_stack
+    from trainyard.cli.stack import default_stack
 
     try:
         with log.open("w") as out:
-            demo = subprocess.Popen([sys.executable, "-m", "cli.demo", *SHORTER], cwd=procs.REPO_ROOT, env=env,
+            demo = subprocess.Popen([sys.executable, "-m", "trainyard.cli.demo", *SHORTER], cwd=procs.REPO_ROOT, env=env,
                                     stdout=out, stderr=subprocess.STDOUT)
         answered = {"airflow": False, "mlflow": False}
         deadline = time.monotonic() + 1200
@@ -64,9 +64,9 @@ def test_make_demo_recovers_registers_and_shows_it_in_both_uis(tmp_path: Path) -
         assert demo.returncode == 0, output[-8000:]
         assert answered == {"airflow": True, "mlflow": True}, answered
 
-        from config.settings import Settings
-        from plugins.recovery.state import JobStateStore
-        from plugins.tracking.runs import client_for
+        from trainyard.config.settings import Settings
+        from trainyard.plugins.recovery.state import JobStateStore
+        from trainyard.plugins.tracking.runs import client_for
 
         settings = Settings(home=home)
         (run,) = JobStateStore(settings.state_db).list_runs("demo-tiny-lm")

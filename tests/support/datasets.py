@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from plugins.storage.store import ObjectStore
+    from trainyard.plugins.storage.store import ObjectStore
 
 
 def row_text(shard: int, row: int, row_bytes: int) -> str:

@@ -16,16 +16,16 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plugins.launch.environment import run_dir_for
-from plugins.launch.model import RankStatus, RunHandle, RunStatus
+from trainyard.plugins.launch.environment import run_dir_for
+from trainyard.plugins.launch.model import RankStatus, RunHandle, RunStatus
 
 if TYPE_CHECKING:
-    from config.settings import Settings
-    from config.spec import TrainingJob
-    from config.worker_env import WorkerEnv
-    from plugins.advisor.plan import Plan
-    from plugins.launch.base import LaunchOptions, Runtime
-    from plugins.placement.model import Placement
+    from trainyard.config.settings import Settings
+    from trainyard.config.spec import TrainingJob
+    from trainyard.config.worker_env import WorkerEnv
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.launch.base import LaunchOptions, Runtime
+    from trainyard.plugins.placement.model import Placement
 
 MODE = "fake"
 BACKEND = "tests.support.fake_launcher:FakeBackend"

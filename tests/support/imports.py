@@ -19,15 +19,15 @@ from pathlib import Path
 from tests.support import procs
 
 STEPS: dict[str, str] = {
-    "node_agent": "import node_agent.models, node_agent.client",
-    "kubernetes_adapter": "import operators.kubernetes_clients",
-    "metrics_streamer": "import plugins.tracking.metrics",
+    "node_agent": "import trainyard.node_agent.models, trainyard.node_agent.client",
+    "kubernetes_adapter": "import trainyard.operators.kubernetes_clients",
+    "metrics_streamer": "import trainyard.plugins.tracking.metrics",
     "tracking_and_validation": "\n".join(f"import {m}" for m in (
-        "plugins.tracking.runs", "plugins.tracking.registry", "plugins.tracking.cost",
-        "plugins.data.datasets", "plugins.data.rows", "plugins.data.shards", "plugins.storage.store",
-        "plugins.tracking.system_metrics", "plugins.validation.data_quality", "cli.models", "cli.cost")),
-    "dag_files": "import runpy; runpy.run_path('dags/training_jobs.py')",
-    "dag_processor_preload": "from cli.airflow_preloaded import PARSE_PRELOAD, preload; preload(PARSE_PRELOAD)",
+        "trainyard.plugins.tracking.runs", "trainyard.plugins.tracking.registry", "trainyard.plugins.tracking.cost",
+        "trainyard.plugins.data.datasets", "trainyard.plugins.data.rows", "trainyard.plugins.data.shards", "trainyard.plugins.storage.store",
+        "trainyard.plugins.tracking.system_metrics", "trainyard.plugins.validation.data_quality", "trainyard.cli.models", "trainyard.cli.cost")),
+    "dag_files": "from trainyard.dags import dags; dags()",
+    "dag_processor_preload": "from trainyard.cli.airflow_preloaded import PARSE_PRELOAD, preload; preload(PARSE_PRELOAD)",
 }
 
 DAG_PARSE_HEAVY = frozenset({"torch", "mlflow", "boto3", "great_expectations"})

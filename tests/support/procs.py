@@ -86,7 +86,7 @@ def run_torchrun(
     again (a fresh torchrun did: 1.2 CPU-s, 25 of them a suite). The ranks' output is torchrun's
     (returned here), or with `rank_logs` in RUN_DIR's `ranks/rank-NNNNN.log`, as the launcher
     keeps it. `TRAINYARD_WARM_RANKS=0` in `env` turns the zygote off: plain processes."""
-    from plugins.launch import rank_exec, rank_zygote
+    from trainyard.plugins.launch import rank_exec, rank_zygote
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
@@ -119,7 +119,7 @@ def _run_forked(cmd: list[str], env: dict[str, str], timeout: float) -> subproce
     when the zygote does not answer."""
     import threading
 
-    from plugins.launch import rank_exec
+    from trainyard.plugins.launch import rank_exec
 
     pipes = [os.pipe(), os.pipe()]
     with open(os.devnull, "rb") as devnull:

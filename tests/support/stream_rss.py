@@ -25,10 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=1)
     args = p.parse_args(argv)
 
-    from plugins.data.cache import ShardCache
-    from plugins.data.reader import StreamingReader
-    from plugins.storage.store import open_store
     from tests.support.memory import peak_rss_mb
+    from trainyard.plugins.data.cache import ShardCache
+    from trainyard.plugins.data.reader import StreamingReader
+    from trainyard.plugins.storage.store import open_store
 
     store = open_store(args.uri, endpoint_url=args.endpoint_url)
     cache = ShardCache(args.cache_dir, args.cache_bytes)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.errors import FatalError, TrainyardError, TransientError, is_retryable
+from trainyard.plugins.errors import FatalError, TrainyardError, TransientError, is_retryable
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("plugins", "node_agent", "config")
@@ -28,7 +28,7 @@ def scan() -> tuple[dict[str, str], set[str]]:
     raised: set[str] = set()
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
-            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            module = ".".join(("trainyard", *path.relative_to(ROOT).with_suffix("").parts))
             tree = ast.parse(path.read_text())
             for node in ast.walk(tree):
                 if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
@@ -68,7 +68,7 @@ def test_the_scan_finds_the_engine_errors() -> None:
 
 @pytest.mark.parametrize("name", sorted(ERRORS))
 def test_every_engine_error_is_a_trainyard_error(name: str) -> None:
-    assert issubclass(load(name), TrainyardError), f"{name} ({ERRORS[name]}) must derive from plugins.errors"
+    assert issubclass(load(name), TrainyardError), f"{name} ({ERRORS[name]}) must derive from trainyard.plugins.errors"
 
 
 @pytest.mark.parametrize("name", sorted(n for n in RAISED if n in ERRORS))
@@ -84,22 +84,22 @@ def test_every_raised_error_says_whether_to_retry(name: str) -> None:
 
 
 def test_the_classes_callers_rely_on_keep_their_other_bases() -> None:
-    from config.problems import SpecError
-    from plugins.storage.errors import ObjectNotFoundError, UnsafeKeyError
+    from trainyard.config.problems import SpecError
+    from trainyard.plugins.storage.errors import ObjectNotFoundError, UnsafeKeyError
 
     assert issubclass(ObjectNotFoundError, FileNotFoundError) and issubclass(UnsafeKeyError, ValueError)
     assert issubclass(SpecError, ValueError) and not is_retryable(SpecError([]))
 
 
 def test_unschedulable_tells_not_now_from_never() -> None:
-    from plugins.placement.gang import place_gang
-    from plugins.placement.model import (
+    from tests.unit.placement.placement_fixtures import busy, inventory
+    from trainyard.plugins.placement.gang import place_gang
+    from trainyard.plugins.placement.model import (
         GangRequest,
         NeverSchedulable,
         NotSchedulableNow,
         Unschedulable,
     )
-    from tests.unit.placement.placement_fixtures import busy, inventory
 
     inv = inventory([(2, 8, "H100")])
     with pytest.raises(NeverSchedulable) as never:  # 32 devices on a 16-device cluster

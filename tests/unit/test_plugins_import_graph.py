@@ -16,16 +16,16 @@ PLUGINS = ROOT / "plugins"
 
 
 def package_of(module: str) -> str | None:
-    """`plugins.advisor.search` → `advisor`; None for anything outside plugins/."""
+    """`trainyard.plugins.advisor.search` → `advisor`; None for anything outside plugins/."""
     parts = module.split(".")
-    if parts[0] != "plugins" or len(parts) < 2 or parts[1] == "__init__":
+    if parts[:2] != ["trainyard", "plugins"] or len(parts) < 3 or parts[2] == "__init__":
         return None
-    return parts[1]
+    return parts[2]
 
 
 def imported_modules(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    module = ".".join(("trainyard", *path.relative_to(ROOT).with_suffix("").parts))
     out: set[str] = set()
     for node in ast.walk(tree):  # every import, at any depth: functions, TYPE_CHECKING blocks
         if isinstance(node, ast.Import):
@@ -44,7 +44,7 @@ def imported_modules(path: Path) -> set[str]:
 def package_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in PLUGINS.rglob("*.py"):
-        source = package_of(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        source = package_of(".".join(("trainyard", *path.relative_to(ROOT).with_suffix("").parts)))
         if source is None:
             continue
         edges = graph.setdefault(source, set())

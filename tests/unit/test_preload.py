@@ -10,7 +10,7 @@ from tests.support import procs
 
 CHECK = """
 import gc, json
-from plugins.preload import preload
+from trainyard.plugins.preload import preload
 before = gc.get_freeze_count()
 took = preload(["json", "no_such_module_here"], who="test")
 print(json.dumps({"took": sorted(took), "before": before, "after": gc.get_freeze_count()}))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from plugins.errors import FatalError, TransientError
-from plugins.retry import any_of, policy
+from trainyard.plugins.errors import FatalError, TransientError
+from trainyard.plugins.retry import any_of, policy
 
 
 class Flaky:

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 if TYPE_CHECKING:
     from torch import nn
 
-    from config.spec import Recompute
+    from trainyard.config.spec import Recompute
 
 _SAVE_OPS = frozenset({
     torch.ops.aten.mm.default,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from plugins.advisor.plan import Plan
-from plugins.advisor.rank_layout import MESH_DIMS, RankLayout
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import MESH_DIMS, RankLayout
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

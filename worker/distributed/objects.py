@@ -1,7 +1,7 @@
 """Python objects across the training ranks (the default process group), and the identity in
 one process — for the few small values the ranks must agree on: the shard manifest listed
 once, the data state's stripe positions, the parameter digest. (Checkpoint saves use their own
-gloo group, `plugins.checkpoint.collectives`, since they run beside the training loop.)"""
+gloo group, `trainyard.plugins.checkpoint.collectives`, since they run beside the training loop.)"""
 
 from __future__ import annotations
 

@@ -20,18 +20,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from plugins.advisor.runtime import WORKER_RUNTIME
-from worker.distributed.activation_checkpoint import apply_ac
-from worker.distributed.data_parallel import apply_ddp, apply_fsdp
-from worker.distributed.pipeline_parallel import build_schedule, build_stages, check_pipeline_plan
-from worker.distributed.tensor_parallel import apply_tp, check_tp_degree
-from worker.models.llama import Llama, cross_entropy_loss
+from trainyard.plugins.advisor.runtime import WORKER_RUNTIME
+from trainyard.worker.distributed.activation_checkpoint import apply_ac
+from trainyard.worker.distributed.data_parallel import apply_ddp, apply_fsdp
+from trainyard.worker.distributed.pipeline_parallel import (
+    build_schedule,
+    build_stages,
+    check_pipeline_plan,
+)
+from trainyard.worker.distributed.tensor_parallel import apply_tp, check_tp_degree
+from trainyard.worker.models.llama import Llama, cross_entropy_loss
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
-    from plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.plan import Plan
 
 
 def mesh_device(mesh: DeviceMesh) -> torch.device:
@@ -165,7 +169,7 @@ class StagesView(nn.Module):
 
 
 def parallelize(model: Llama, plan: Plan, mesh: DeviceMesh, *, precision: str = "bf16") -> ParallelModel:
-    """Apply `plan` to `model` over `mesh` (built by `worker.distributed.mesh.build_mesh`).
+    """Apply `plan` to `model` over `mesh` (built by `trainyard.worker.distributed.mesh.build_mesh`).
 
     `model` must hold the same initial weights on every rank (build it after seeding the same
     way everywhere); it is moved to the mesh's device and may be consumed (pipeline stages are

@@ -3,7 +3,7 @@ layer, then run 1F1B or interleaved 1F1B over the plan's micro-batches.
 
 The split is manual, as in torchtitan: each stage is a copy of the model that keeps only its
 own contiguous run of layers (the first stage also the embeddings, the last the final norm and
-the head). Stages need not divide the layers: `config.pipeline.stage_layer_counts` gives the
+the head). Stages need not divide the layers: `trainyard.config.pipeline.stage_layer_counts` gives the
 first and last stages the fewer (5 layers on PP2 run as 3 + 2; Llama 3 ran 126 on 16). `layers` is a `ModuleDict`, so the surviving layers keep their original names and
 checkpoints stay addressable by the same keys whatever the pipeline layout.
 
@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING
 import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
-from config.pipeline import stage_layer_counts
+from trainyard.config.pipeline import stage_layer_counts
 
 if TYPE_CHECKING:
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
 
-    from plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.plan import Plan
 
 
 def stage_layer_ranges(num_layers: int, num_stages: int) -> list[range]:
-    """Contiguous layer indices per stage. The sizes are `config.pipeline.stage_layer_counts`
+    """Contiguous layer indices per stage. The sizes are `trainyard.config.pipeline.stage_layer_counts`
     — the split the advisor's memory and time models assume: even when the stages divide the
     layers, otherwise the first and last stages (embedding; head and loss) get the fewer."""
     ranges, start = [], 0

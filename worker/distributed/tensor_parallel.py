@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
 
-    from worker.models.llama import LlamaConfig
+    from trainyard.worker.models.llama import LlamaConfig
 
 
 def check_tp_degree(config: LlamaConfig, tp: int) -> None:

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from config.spec import ModelHints
+    from trainyard.config.spec import ModelHints
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ class Llama(nn.Module):
 
     A pipeline stage is this same class with some parts set to None: without
     `tok_embeddings` it takes hidden states instead of tokens, without `output` it returns
-    hidden states (see `worker.distributed.pipeline_parallel`).
+    hidden states (see `trainyard.worker.distributed.pipeline_parallel`).
     """
 
     def __init__(self, config: LlamaConfig) -> None:

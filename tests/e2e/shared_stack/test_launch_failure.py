@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.airflow_api import follow_training_run
 from tests.e2e.airflow_stack import RunningStack, demo_spec
+from trainyard.cli.airflow_api import follow_training_run
 
 JOB = "launch-fails"
 
@@ -19,7 +19,7 @@ def _spec() -> dict[str, Any]:
 
 
 def test_a_launch_the_launcher_refuses_ends_the_run_failed_with_its_message(shared: RunningStack) -> None:
-    from plugins.recovery.state import JobStateStore
+    from trainyard.plugins.recovery.state import JobStateStore
 
     shared.add_jobs({JOB: _spec()})
     first = shared.client.trigger(JOB, {"max_steps": 5})["dag_run_id"]

@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 
-from cli.airflow_api import (
+from tests.e2e.airflow_stack import RunningStack, demo_spec
+from trainyard.cli.airflow_api import (
     AirflowRequestFailed,
     AttemptRun,
     attempt_dag_run_id,
     follow_training_run,
 )
-from plugins.checkpoint.manifest import parse_step_dir
-from tests.e2e.airflow_stack import RunningStack, demo_spec
+from trainyard.plugins.checkpoint.manifest import parse_step_dir
 
 pytestmark = pytest.mark.slow
 
@@ -64,13 +64,13 @@ def stack(shared: RunningStack) -> RunningStack:
 
 
 def _job(name: str = JOB):
-    from config.spec import TrainingJob
+    from trainyard.config.spec import TrainingJob
 
     return TrainingJob.model_validate(_spec(name))
 
 
 def _root(s: RunningStack, run: str, name: str = JOB) -> str:
-    from plugins.launch.environment import checkpoint_uri
+    from trainyard.plugins.launch.environment import checkpoint_uri
 
     return checkpoint_uri(_job(name), s.settings.object_store, run)
 
@@ -80,13 +80,13 @@ def _follow(s: RunningStack, first: str, name: str = JOB) -> list[AttemptRun]:
 
 
 def _reports(s: RunningStack, run: str, name: str = JOB) -> list[Any]:
-    from plugins.recovery.state import JobStateStore
+    from trainyard.plugins.recovery.state import JobStateStore
 
     return [a.failure_report for a in JobStateStore(s.settings.state_db).attempts(name, run)]
 
 
 def _metric(s: RunningStack, run: str, key: str) -> list[Any]:
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.runs import client_for
 
     client = client_for(s.settings.mlflow_tracking_uri)
     exp = client.get_experiment_by_name("demo/tiny-lm")
@@ -97,7 +97,7 @@ def _metric(s: RunningStack, run: str, key: str) -> list[Any]:
 def _assert_nothing_deleted(s: RunningStack, run: str, reached: int, name: str = JOB) -> None:
     """Every checkpoint step any attempt committed is still in the store (committed or
     quarantined): retention keeps all of them in these specs, so only a recovery could delete."""
-    from plugins.checkpoint.catalog import scan
+    from trainyard.plugins.checkpoint.catalog import scan
 
     found = scan(_root(s, run, name))
     steps = {r.step for r in found.committed} | {parse_step_dir(f) for f in found.quarantined}
@@ -117,9 +117,9 @@ class QuarantineWatch(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        from plugins.attempt.faults import CORRUPTION
-        from plugins.checkpoint.catalog import scan
-        from plugins.storage.store import open_store
+        from trainyard.plugins.attempt.faults import CORRUPTION
+        from trainyard.plugins.checkpoint.catalog import scan
+        from trainyard.plugins.storage.store import open_store
 
         deadline = time.monotonic() + 600
         run = ""
@@ -181,9 +181,9 @@ def test_nan_rolls_back_to_a_checkpoint_before_the_onset_and_the_loss_stays_fini
     assert (report.onset_step, report.resume_step, report.steps_lost) == (17, 15, report.step - 15)
     assert report.time_to_detect_s is not None and report.time_to_resume_s is not None  # job state
     # Every loss the resumed attempt logged is finite. The steps it trained again (16, 17) are
-    # logged as `replay/loss` (`plugins.tracking.metrics`: `loss` keeps the first attempt's
+    # logged as `replay/loss` (`trainyard.plugins.tracking.metrics`: `loss` keeps the first attempt's
     # point of a step, the NaN at 17 included); the later ones as `loss`.
-    from plugins.launch.model import RunHandle
+    from trainyard.plugins.launch.model import RunHandle
 
     resumed = RunHandle.model_validate(stack.client.xcom(JOB, attempts[1].dag_run_id, "launch_training"))
     since_ms = resumed.created_at.timestamp() * 1000
@@ -207,9 +207,9 @@ def test_a_corrupt_newest_checkpoint_is_quarantined_and_kept_and_the_previous_on
     report = _reports(stack, run)[0]
     assert report.time_to_detect_s is not None and report.time_to_detect_s >= HANG_TIMEOUT_S, report
     assert re.search(r"hung ranks \[[^\]]*1", report.reason), report.reason
-    from plugins.attempt import watching
-    from plugins.attempt.launchers import Runtime
-    from plugins.launch.model import RunHandle
+    from trainyard.plugins.attempt import watching
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.launch.model import RunHandle
 
     hung = RunHandle.model_validate(stack.client.xcom(JOB, attempts[0].dag_run_id, "launch_training"))
     stop = watching.read_stop_reason(hung.run_dir)
@@ -232,7 +232,7 @@ def test_a_corrupt_newest_checkpoint_is_quarantined_and_kept_and_the_previous_on
 
 
 def test_oom_re_plans_with_less_memory(stack: RunningStack, second_pair: dict[str, str]) -> None:
-    from plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.plan import Plan
 
     attempts = _follow(stack, second_pair["oom"], OOM_JOB)
     assert [(a.outcome, a.action) for a in attempts] == [("oom", "replan"), ("completed", "register")], \
@@ -247,7 +247,7 @@ def test_oom_re_plans_with_less_memory(stack: RunningStack, second_pair: dict[st
 
 def test_a_spent_budget_fails_the_dag_with_a_report_of_every_attempt(stack: RunningStack,
                                                                     second_pair: dict[str, str]) -> None:
-    from plugins.recovery.state import JobStateStore
+    from trainyard.plugins.recovery.state import JobStateStore
 
     attempts = _follow(stack, second_pair["broke"], NO_BUDGET)  # killed before step 12
     assert [(a.state, a.outcome, a.action) for a in attempts] == [("failed", "worker_crash", "give_up")], \
@@ -264,8 +264,8 @@ def test_a_spent_budget_fails_the_dag_with_a_report_of_every_attempt(stack: Runn
 
 def test_a_failed_gpu_loses_its_node_which_the_next_placement_leaves_out(
         stack: RunningStack, second_pair: dict[str, str]) -> None:
-    from node_agent.client import clear_faults
-    from plugins.recovery.state import JobStateStore
+    from trainyard.node_agent.client import clear_faults
+    from trainyard.plugins.recovery.state import JobStateStore
 
     for key, name in (("oom", OOM_JOB), ("broke", NO_BUDGET)):  # alone: its node is cordoned for all
         _follow(stack, second_pair[key], name)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.airflow_api import AttemptRun
 from tests.e2e.airflow_stack import DAG_ID, RunningStack
+from trainyard.cli.airflow_api import AttemptRun
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def stack(shared: RunningStack) -> RunningStack:
 def uninterrupted(stack: RunningStack) -> list[list[AttemptRun]]:
     """Two triggers of the same spec at once, nothing injected: the first test's subject, and
     the weights an uninterrupted run ends with, which the resumed run of the next must match."""
-    from cli.airflow_api import follow_training_run
+    from trainyard.cli.airflow_api import follow_training_run
 
     first = stack.client.trigger(DAG_ID, {"max_steps": STEPS})["dag_run_id"]
     second = stack.client.trigger(DAG_ID, {"max_steps": STEPS})["dag_run_id"]
@@ -43,7 +43,7 @@ def uninterrupted(stack: RunningStack) -> list[list[AttemptRun]]:
 
 
 def _mlflow_run(s: RunningStack, run: str):
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.runs import client_for
 
     client = client_for(s.settings.mlflow_tracking_uri)
     exp = client.get_experiment_by_name("demo/tiny-lm")
@@ -56,11 +56,11 @@ def _final_weights(s: RunningStack, run: str, dest: Path) -> dict[str, object]:
     differ between runs: its header names the manifest it came from)."""
     from safetensors.torch import load_file
 
-    from config.loader import load_spec_file
-    from plugins.checkpoint.catalog import list_checkpoints
-    from plugins.checkpoint.export import export_safetensors
-    from plugins.launch.environment import checkpoint_uri
     from tests.e2e.airflow_stack import DEMO
+    from trainyard.config.loader import load_spec_file
+    from trainyard.plugins.checkpoint.catalog import list_checkpoints
+    from trainyard.plugins.checkpoint.export import export_safetensors
+    from trainyard.plugins.launch.environment import checkpoint_uri
 
     final = list_checkpoints(checkpoint_uri(load_spec_file(DEMO), s.settings.object_store, run))[-1]
     export_safetensors(final.manifest_uri, dest)
@@ -68,7 +68,7 @@ def _final_weights(s: RunningStack, run: str, dest: Path) -> dict[str, object]:
 
 
 def client_for_versions(s: RunningStack, mlflow_run_id: str) -> list[object]:
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.runs import client_for
 
     return client_for(s.settings.mlflow_tracking_uri).search_model_versions(f"run_id = '{mlflow_run_id}'")
 
@@ -86,10 +86,10 @@ def _same(a: dict[str, object], b: dict[str, object]) -> bool:
 
 def test_two_triggers_are_two_independent_runs_that_complete_and_register(
         stack: RunningStack, uninterrupted: list[list[AttemptRun]], tmp_path: Path) -> None:
-    from plugins.checkpoint.catalog import list_checkpoints
-    from plugins.launch.environment import checkpoint_uri
-    from plugins.placement.state import usage_by_team
-    from plugins.recovery.state import JobStateStore
+    from trainyard.plugins.checkpoint.catalog import list_checkpoints
+    from trainyard.plugins.launch.environment import checkpoint_uri
+    from trainyard.plugins.placement.state import usage_by_team
+    from trainyard.plugins.recovery.state import JobStateStore
 
     for attempts in uninterrupted:
         assert [(a.state, a.outcome, a.action) for a in attempts] == [("success", "completed", "register")], \
@@ -98,8 +98,8 @@ def test_two_triggers_are_two_independent_runs_that_complete_and_register(
     assert len(set(ids)) == 2  # two training runs, not one re-attached to the other
 
     state = JobStateStore(stack.settings.state_db)
-    from config.loader import load_spec_file
     from tests.e2e.airflow_stack import DEMO
+    from trainyard.config.loader import load_spec_file
 
     job = load_spec_file(DEMO)
     weights = []
@@ -119,7 +119,7 @@ def test_two_triggers_are_two_independent_runs_that_complete_and_register(
 def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same_mlflow_run(
         stack: RunningStack, uninterrupted: list[list[AttemptRun]], tmp_path: Path) -> None:
     """The fast path (DESIGN §5): torchrun's own restart, counted against the budget."""
-    from plugins.recovery.state import JobStateStore
+    from trainyard.plugins.recovery.state import JobStateStore
 
     attempts = stack.train({"max_steps": STEPS, "fault_kill_rank": 1, "fault_kill_at_step": 55})
     assert [(a.outcome, a.action) for a in attempts] == [("completed", "register")], f"{attempts}\n{stack.logs()}"
@@ -130,13 +130,13 @@ def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same
     mlflow_run = _mlflow_run(stack, run)
     tags = mlflow_run.data.tags
     assert tags["trainyard.attempts"] == "0" and tags["trainyard.failure_causes"] == "worker_crash"
-    from plugins.tracking.runs import client_for, recovery_events
+    from trainyard.plugins.tracking.runs import client_for, recovery_events
 
     (event,) = recovery_events(mlflow_run.info.run_id, tracking_uri=stack.settings.mlflow_tracking_uri)
     assert "in place 1 time(s)" in event.detail
     history = client_for(stack.settings.mlflow_tracking_uri).get_metric_history(mlflow_run.info.run_id, "loss")
     assert {m.step for m in history} == set(range(1, STEPS + 1))
-    from plugins.launch.model import RunHandle
+    from trainyard.plugins.launch.model import RunHandle
 
     handle = RunHandle.model_validate(stack.client.xcom(DAG_ID, attempts[0].dag_run_id, "launch_training"))
     log = Path(handle.run_dir, "ranks", "rank-00000.log").read_text()
@@ -155,11 +155,11 @@ def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same
 def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alone(stack: RunningStack) -> None:
     """…even when they crash (SIGKILL of each part's own process): the next start ends what the
     crashed part left (the LocalExecutor's workers ignore SIGTERM), and the trigger re-attaches."""
-    from cli.airflow_api import follow_training_run
-    from plugins.attempt import watching as watch
-    from plugins.attempt.launchers import Runtime
-    from plugins.launch import processes
-    from plugins.launch.model import RunHandle
+    from trainyard.cli.airflow_api import follow_training_run
+    from trainyard.plugins.attempt import watching as watch
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.launch import processes
+    from trainyard.plugins.launch.model import RunHandle
 
     first = stack.client.trigger(DAG_ID, {"max_steps": 200})["dag_run_id"]  # outlives the restart (~0.3 s a step)
     stack.wait_for_task(DAG_ID, first, "watch_training", "deferred")

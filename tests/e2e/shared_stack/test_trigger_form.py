@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.airflow_api import follow_training_run
 from tests.e2e.airflow_stack import DAG_ID, RunningStack
 from tests.support.browser import chromium_page, screenshots
+from trainyard.cli.airflow_api import follow_training_run
 
 
 def _new_run(s: RunningStack, before: set[str], timeout_s: float = 120) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def _trigger_from_the_form(s: RunningStack, fill: dict[str, str], shot: str) -> 
 
 
 def test_the_form_submits_its_defaults_and_a_cancelled_attempt_shows_failed_with_its_note(shared: RunningStack) -> None:
-    from cli.main import main
+    from trainyard.cli.main import main
 
     dag_run = _trigger_from_the_form(shared, {}, "trigger-form-defaults.png")
     assert {k: v for k, v in (dag_run.get("conf") or {}).items() if v not in (None, False)} == {}
@@ -54,7 +54,7 @@ def test_the_form_submits_its_defaults_and_a_cancelled_attempt_shows_failed_with
 
 
 def test_what_is_typed_into_the_form_reaches_the_run(shared: RunningStack) -> None:
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.runs import client_for
 
     dag_run = _trigger_from_the_form(shared, {"Max steps": "4"}, "trigger-form-max-steps.png")
     assert dag_run["conf"]["max_steps"] == 4

@@ -64,7 +64,7 @@ def test_the_trainyard_tab_of_a_finished_run_shows_plan_placement_checkpoints_an
 def _mlflow_holds_a_model_training_run(s: RunningStack, run: str) -> None:
     """The run's MLflow experiment opens as a model-training one; its final checkpoint is a
     LoggedModel of the run."""
-    from plugins.tracking.runs import checkpoints, client_for
+    from trainyard.plugins.tracking.runs import checkpoints, client_for
 
     client = client_for(s.settings.mlflow_tracking_uri)
     exp = client.get_experiment_by_name("demo/tiny-lm")

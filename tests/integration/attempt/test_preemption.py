@@ -11,27 +11,27 @@ from typing import Any
 import pytest
 import yaml
 
-from config.cluster import load_cluster
-from config.loader import load_spec_file
-from config.settings import Settings
-from config.spec import TrainingJob
-from config.teams import load_teams
-from plugins.advisor.plan import Plan
-from plugins.attempt.launchers import Runtime
-from plugins.attempt.preempt import place_preempting
-from plugins.attempt.watching import read_stop_reason
-from plugins.launch.environment import build_worker_env
-from plugins.launch.local import LocalLauncher
-from plugins.placement.model import NotSchedulableNow
-from plugins.placement.state import open_state
-from plugins.recovery.classify import classify
-from plugins.recovery.decide import DecisionContext, decide
-from plugins.recovery.evidence import gather
-from plugins.recovery.model import AttemptConf
-from plugins.recovery.state import JobStateStore
 from tests.integration.launch.test_local_launcher import ENTRYPOINT, wait_for
 from tests.support import procs
 from tests.support.procs import REPO_ROOT
+from trainyard.config.cluster import load_cluster
+from trainyard.config.loader import load_spec_file
+from trainyard.config.settings import Settings
+from trainyard.config.spec import TrainingJob
+from trainyard.config.teams import load_teams
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.attempt.launchers import Runtime
+from trainyard.plugins.attempt.preempt import place_preempting
+from trainyard.plugins.attempt.watching import read_stop_reason
+from trainyard.plugins.launch.environment import build_worker_env
+from trainyard.plugins.launch.local import LocalLauncher
+from trainyard.plugins.placement.model import NotSchedulableNow
+from trainyard.plugins.placement.state import open_state
+from trainyard.plugins.recovery.classify import classify
+from trainyard.plugins.recovery.decide import DecisionContext, decide
+from trainyard.plugins.recovery.evidence import gather
+from trainyard.plugins.recovery.model import AttemptConf
+from trainyard.plugins.recovery.state import JobStateStore
 
 pytestmark = pytest.mark.slow
 RUN_LOW, RUN_HIGH = "20260101t000000-10w10w", "20260101t000001-4164a4"

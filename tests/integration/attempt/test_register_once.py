@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from config.settings import Settings
-from plugins.attempt.closing import export_folder, register_model
-from plugins.launch.environment import checkpoint_uri
-from plugins.tracking import runs
-from plugins.tracking.runs import CHECKPOINT_MODEL_TYPE
 from tests.unit.tracking.factories import make_job, make_plan
+from trainyard.config.settings import Settings
+from trainyard.plugins.attempt.closing import export_folder, register_model
+from trainyard.plugins.launch.environment import checkpoint_uri
+from trainyard.plugins.tracking import runs
+from trainyard.plugins.tracking.runs import CHECKPOINT_MODEL_TYPE
 
 RUN = "20260101t000000-ab12cd"
 
@@ -24,7 +24,7 @@ def commit(job_name: str, root: str, staging: Path, steps: list[int]) -> None:
     import torch
     from torch import nn
 
-    from plugins.checkpoint.manager import CheckpointManager
+    from trainyard.plugins.checkpoint.manager import CheckpointManager
 
     torch.manual_seed(0)
     model = nn.Linear(4, 2)

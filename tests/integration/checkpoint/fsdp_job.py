@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from plugins.checkpoint.manager import CheckpointManager
+from trainyard.plugins.checkpoint.manager import CheckpointManager
 
 
 class Sampler:
@@ -103,7 +103,7 @@ def compare(got: Any, want: Any, where: str = "") -> list[str]:
 def kill_during_upload(manager: CheckpointManager, step: int) -> None:
     """Make this rank die by SIGKILL in the middle of the save of `step`: after rank 0 has
     uploaded its shard (we wait to see it in the store), before this rank uploads its own."""
-    import plugins.checkpoint.manager as manager_module
+    import trainyard.plugins.checkpoint.manager as manager_module
 
     real_upload = manager_module.upload_file
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from plugins.checkpoint.manager import CheckpointManager
+from trainyard.plugins.checkpoint.manager import CheckpointManager
 
 
 class Stage(nn.Module):

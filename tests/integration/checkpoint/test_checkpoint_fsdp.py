@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan
-from plugins.checkpoint.manifest import MANIFEST_NAME
-from plugins.storage.store import LocalStore
 from tests.support.procs import check, run_torchrun
 from tests.support.s3_server import S3Server
+from trainyard.plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan
+from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME
+from trainyard.plugins.storage.store import LocalStore
 
 pytestmark = pytest.mark.slow
 

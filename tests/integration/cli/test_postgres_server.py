@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-from cli.postgres_server import EmbeddedPostgres
-from config.databases import default_url, has_cluster, socket_dir
-from config.settings import Settings
+from trainyard.cli.postgres_server import EmbeddedPostgres
+from trainyard.config.databases import default_url, has_cluster, socket_dir
+from trainyard.config.settings import Settings
 
 pytestmark = pytest.mark.slow
 

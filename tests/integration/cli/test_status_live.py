@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from config.settings import Settings, get_settings
-from node_agent.heartbeat import read_heartbeats, write_heartbeat
-from plugins.advisor.plan import Plan
-from plugins.attempt.launchers import Runtime
-from plugins.attempt.watching import stop_gang
-from plugins.launch.files import StopReason
-from plugins.recovery.state import open_job_state
 from tests.integration.launch.test_local_launcher import ENTRYPOINT
 from tests.integration.node_agent.test_run_evidence import spec, submit
 from tests.support.node_agents import node_agents
 from tests.support.waiting import wait_for
+from trainyard.cli.main import main
+from trainyard.config.settings import Settings, get_settings
+from trainyard.node_agent.heartbeat import read_heartbeats, write_heartbeat
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.attempt.launchers import Runtime
+from trainyard.plugins.attempt.watching import stop_gang
+from trainyard.plugins.launch.files import StopReason
+from trainyard.plugins.recovery.state import open_job_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 JOB = "tiny-status"

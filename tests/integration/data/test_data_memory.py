@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from plugins.storage.store import S3Store
 from tests.support.datasets import write_jsonl_dataset
 from tests.support.procs import REPO_ROOT
 from tests.support.s3_server import running_s3_server
+from trainyard.plugins.storage.store import S3Store
 
 pytestmark = pytest.mark.slow
 

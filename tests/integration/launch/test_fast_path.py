@@ -11,24 +11,24 @@ from pathlib import Path
 
 import pytest
 
-from config.cluster import load_cluster
-from config.settings import Settings
-from plugins.advisor.plan import Plan
-from plugins.launch.environment import build_worker_env
-from plugins.launch.local import LocalLauncher
-from plugins.placement.gang import place_gang
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest
-from plugins.recovery.classify import classify
-from plugins.recovery.evidence import gather
 from tests.integration.worker.conftest import tiny_job
 from tests.support import procs
+from trainyard.config.cluster import load_cluster
+from trainyard.config.settings import Settings
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.launch.environment import build_worker_env
+from trainyard.plugins.launch.local import LocalLauncher
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest
+from trainyard.plugins.recovery.classify import classify
+from trainyard.plugins.recovery.evidence import gather
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_killed_rank_is_restarted_in_place_from_the_newest_checkpoint(tmp_path: Path) -> None:
-    from cli.main import main
+    from trainyard.cli.main import main
 
     settings = Settings(home=tmp_path / "home")
     assert main(["data", "prepare-demo", "--object-store", settings.object_store, "--shards", "4"]) == 0
@@ -53,7 +53,7 @@ def test_a_killed_rank_is_restarted_in_place_from_the_newest_checkpoint(tmp_path
     committed = [int(m) for m in re.findall(r"checkpoint step (\d+) committed", first)]
     assert committed, log[-3000:]
     assert f"resumed from step {max(committed)}" in restarted, log[-3000:]
-    from node_agent.heartbeat import heartbeat_path
+    from trainyard.node_agent.heartbeat import heartbeat_path
 
     for rank in (0, 1):  # the gang's count, in what the node agents serve
         assert json.loads(heartbeat_path(Path(handle.heartbeat_dir), rank).read_text())["restart"] == 1

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from plugins.launch.model import RunHandle, RunStatus
-from plugins.launch.volcano import KubernetesLauncher
 from tests.support.kube.harness import KubeHarness, harness_or_skip
 from tests.support.kube.jobs import placed, tiny_job, wide_cluster
+from trainyard.plugins.launch.model import RunHandle, RunStatus
+from trainyard.plugins.launch.volcano import KubernetesLauncher
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 JOBS = ("batch.volcano.sh/v1alpha1", "jobs")
@@ -34,7 +34,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeHarness]:
 
 @pytest.fixture(scope="module")
 def launcher(kube: KubeHarness) -> KubernetesLauncher:
-    from config.teams import load_teams
+    from trainyard.config.teams import load_teams
 
     launcher = KubernetesLauncher.from_kubeconfig(str(kube.kubeconfig), options=kube.launcher_options())
     launcher.ensure_queues(load_teams(), total_gpus=2)
@@ -101,7 +101,7 @@ def test_a_rank_exiting_42_and_a_sigkilled_pod_are_failed_ranks_with_their_codes
 def test_a_rank_killed_inside_its_pod_is_restarted_in_place_by_both_nodes_torchrun(kube: KubeHarness) -> None:
     """torchrun's fast path across pods: the c10d rendezvous starts a new round on both nodes,
     so the restarted rank and its peer on the other node meet again and the Job never fails."""
-    from plugins.launch.volcano import KubernetesLauncher
+    from trainyard.plugins.launch.volcano import KubernetesLauncher
 
     launcher = KubernetesLauncher.from_kubeconfig(str(kube.kubeconfig),
                                                   options=kube.launcher_options(torchrun_max_restarts=1))

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.launch import EXIT_HANG
-from plugins.launch.files import StopReason
 from tests.integration.launch.test_local_launcher import cli, write_spec
+from trainyard.cli.launch import EXIT_HANG
+from trainyard.plugins.launch.files import StopReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 

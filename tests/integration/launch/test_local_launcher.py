@@ -16,22 +16,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config.cluster import load_cluster
-from config.loader import load_spec_file
-from config.settings import Settings
-from plugins.advisor.plan import Plan
-from plugins.launch import processes
-from plugins.launch.environment import build_worker_env
-from plugins.launch.exit_codes import describe
-from plugins.launch.files import read_rank_records
-from plugins.launch.local import RUN_MARKER, LocalLauncher
-from plugins.launch.model import RunHandle, RunStatus
-from plugins.placement.gang import place_gang
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest
-from plugins.placement.state import usage_by_team
 from tests.support import procs
 from tests.support.procs import REPO_ROOT, check
+from trainyard.config.cluster import load_cluster
+from trainyard.config.loader import load_spec_file
+from trainyard.config.settings import Settings
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.launch import processes
+from trainyard.plugins.launch.environment import build_worker_env
+from trainyard.plugins.launch.exit_codes import describe
+from trainyard.plugins.launch.files import read_rank_records
+from trainyard.plugins.launch.local import RUN_MARKER, LocalLauncher
+from trainyard.plugins.launch.model import RunHandle, RunStatus
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest
+from trainyard.plugins.placement.state import usage_by_team
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 ENTRYPOINT = "tests/integration/launch/tiny_job.py"
@@ -55,7 +55,7 @@ def write_spec(path: Path, name: str, args: list[str], *, hang_timeout: str = "5
 
 def cli(home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = procs.test_env({"TRAINYARD_HOME": str(home), "TRAINYARD_CLUSTER": "local", "COLUMNS": "200"})
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO_ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "trainyard.cli", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -131,7 +131,7 @@ def test_cli_reports_the_failing_rank_and_exits_with_its_code(tmp_path: Path) ->
     # The launch opened an MLflow run like the demo's, and ended it FAILED with its artifacts.
     from mlflow import MlflowClient
 
-    from plugins.tracking.artifacts import artifact_paths
+    from trainyard.plugins.tracking.artifacts import artifact_paths
 
     uri = Settings(home=home).mlflow_tracking_uri
     (run,) = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("demo/default").experiment_id])
@@ -186,7 +186,7 @@ def test_stop_leaves_no_process_behind_and_submit_is_idempotent(tmp_path: Path) 
 def test_cli_launch_leaves_cordoned_nodes_out_and_records_the_job_state_like_the_dag(tmp_path: Path) -> None:
     """`trainyard launch` runs the attempt engine's steps, the DAG's: a cordoned node is not
     placed on, and the run, its attempt, its handle and its outcome are in the job state."""
-    from plugins.recovery.state import JobStateStore
+    from trainyard.plugins.recovery.state import JobStateStore
 
     home = tmp_path / "home"
     state = JobStateStore(Settings(home=home).state_db)

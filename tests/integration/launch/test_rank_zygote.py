@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from plugins.launch import processes, rank_zygote
-from plugins.launch.files import read_rank_records
 from tests.support.procs import REPO_ROOT
 from tests.support.waiting import wait_for
+from trainyard.plugins.launch import processes, rank_zygote
+from trainyard.plugins.launch.files import read_rank_records
 
 pytestmark = pytest.mark.waits
 
@@ -45,7 +45,7 @@ def wrapper(run_dir: Path, mode: str, address: str | None, *, rank: int = 3) -> 
     env.pop(rank_zygote.ADDRESS_ENV, None)
     if address:
         env[rank_zygote.ADDRESS_ENV] = address
-    return subprocess.Popen([sys.executable, "-m", "plugins.launch.rank_exec", "--run-dir", str(run_dir), "--",
+    return subprocess.Popen([sys.executable, "-m", "trainyard.plugins.launch.rank_exec", "--run-dir", str(run_dir), "--",
                              str(PROBE), mode, str(run_dir / "facts.json")],
                             cwd=REPO_ROOT, env=env, start_new_session=True)
 
@@ -259,7 +259,7 @@ def test_make_down_stops_the_templates_and_the_attempts_they_started_run_on(tmp_
         template = parent(pid)
         ticks = processes.start_ticks(template)
         assert template != os.getpid()
-        assert rank_zygote.stop_templates() >= 1  # what `make down` (cli.stack's down) calls
+        assert rank_zygote.stop_templates() >= 1  # what `make down` (trainyard.cli.stack's down) calls
         wait_for(lambda: not processes.is_alive(template, ticks), "the template to stop", 30)
         assert processes.is_alive(pid)
     finally:

@@ -15,8 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from config.worker_env import WorkerEnv
-from node_agent.heartbeat import Heartbeat, write_heartbeat
+from trainyard.config.worker_env import WorkerEnv
+from trainyard.node_agent.heartbeat import Heartbeat, write_heartbeat
 
 TERMINATED = 43
 

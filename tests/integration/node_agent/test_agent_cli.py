@@ -1,4 +1,4 @@
-"""`python -m node_agent` / `trainyard-node-agent` as a real process on a free port, with this
+"""`python -m trainyard.node_agent` / `trainyard-node-agent` as a real process on a free port, with this
 machine's real NVML (none here: CPU slots; on an NVIDIA machine the same tests see its GPUs)."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node_agent import client
-from node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
-from node_agent.models import FaultRequest, NodeHealth
 from tests.support import procs
 from tests.support.require import missing
+from trainyard.node_agent import client
+from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
+from trainyard.node_agent.models import FaultRequest, NodeHealth
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def _launch(tmp_path: Path, extra: Sequence[str] = ()) -> RunningAgent:
     port = procs.free_port()
     heartbeats = tmp_path / "heartbeats"
     log = tmp_path / f"agent-{port}.log"
-    cmd = [sys.executable, "-m", "node_agent", "--node", "test-node", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "trainyard.node_agent", "--node", "test-node", "--host", "127.0.0.1", "--port", str(port),
            "--heartbeat-dir", str(heartbeats), "--poll-interval-s", "0.2", "--cpu-slots", "2", *extra]
     with open(log, "w") as out:
         process = subprocess.Popen(cmd, cwd=procs.REPO_ROOT, env=procs.test_env(), stdout=out,
@@ -139,7 +139,7 @@ def test_fault_injection_when_enabled(tmp_path: Path) -> None:
 
 def test_once_prints_one_report(tmp_path: Path) -> None:
     write_heartbeat(tmp_path, Heartbeat(job="j", rank=0, pid=1, step=1, time=time.time()))
-    out = subprocess.run([sys.executable, "-m", "node_agent", "--once", "--node", "n1", "--heartbeat-dir",
+    out = subprocess.run([sys.executable, "-m", "trainyard.node_agent", "--once", "--node", "n1", "--heartbeat-dir",
                           str(tmp_path), "--cpu-slots", "3"], cwd=procs.REPO_ROOT, env=procs.test_env(),
                          capture_output=True, text=True, timeout=120)
     procs.check(out)
@@ -149,7 +149,7 @@ def test_once_prints_one_report(tmp_path: Path) -> None:
 
 
 def test_usage_errors_and_a_busy_port(tmp_path: Path, agent: RunningAgent) -> None:
-    base = [sys.executable, "-m", "node_agent", "--once"]
+    base = [sys.executable, "-m", "trainyard.node_agent", "--once"]
     env = procs.test_env({"TRAINYARD_HEARTBEAT_DIR": ""})
     missing = subprocess.run(base, cwd=procs.REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "--heartbeat-dir is required" in missing.stderr
@@ -157,7 +157,7 @@ def test_usage_errors_and_a_busy_port(tmp_path: Path, agent: RunningAgent) -> No
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--poll-interval-s" in bad.stderr
     port = agent.url.rsplit(":", 1)[1]
-    busy = subprocess.run([sys.executable, "-m", "node_agent", "--heartbeat-dir", str(tmp_path), "--host",
+    busy = subprocess.run([sys.executable, "-m", "trainyard.node_agent", "--heartbeat-dir", str(tmp_path), "--host",
                            "127.0.0.1", "--port", port], cwd=procs.REPO_ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert busy.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr

@@ -16,28 +16,28 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config.cluster import load_cluster
-from config.settings import Settings
-from config.spec import TrainingJob
-from node_agent.client import fetch_health
-from node_agent.models import NodeHealth, Verdict
-from plugins.advisor.plan import Plan
-from plugins.attempt.launchers import Runtime
-from plugins.attempt.watching import WatchState, stop_gang, watch_once
-from plugins.launch.environment import build_worker_env
-from plugins.launch.files import StopReason
-from plugins.launch.local import LocalLauncher
-from plugins.launch.model import RunHandle
-from plugins.placement.gang import place_gang
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest
-from plugins.recovery.classify import classify
-from plugins.recovery.evidence import gather, observe_node
 from tests.integration.launch.test_local_launcher import ENTRYPOINT
 from tests.support import procs
 from tests.support.node_agents import node_agents
 from tests.support.procs import REPO_ROOT
 from tests.support.waiting import wait_for
+from trainyard.config.cluster import load_cluster
+from trainyard.config.settings import Settings
+from trainyard.config.spec import TrainingJob
+from trainyard.node_agent.client import fetch_health
+from trainyard.node_agent.models import NodeHealth, Verdict
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.attempt.launchers import Runtime
+from trainyard.plugins.attempt.watching import WatchState, stop_gang, watch_once
+from trainyard.plugins.launch.environment import build_worker_env
+from trainyard.plugins.launch.files import StopReason
+from trainyard.plugins.launch.local import LocalLauncher
+from trainyard.plugins.launch.model import RunHandle
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest
+from trainyard.plugins.recovery.classify import classify
+from trainyard.plugins.recovery.evidence import gather, observe_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 NODES = ("local-0", "local-1")
@@ -102,7 +102,7 @@ def test_a_cancelled_runs_verdicts_never_appear_in_the_next_runs_evidence(tmp_pa
 def test_a_hang_of_one_stopped_rank_names_that_rank_only(tmp_path: Path) -> None:
     """Rank 1 of a real training gang stops itself with SIGSTOP before step 6 (`hang@6:1`);
     rank 0 blocks in its next collective, its step as stale as rank 1's."""
-    from cli.main import main
+    from trainyard.cli.main import main
 
     settings = Settings(home=tmp_path / "home")
     assert main(["data", "prepare-demo", "--object-store", settings.object_store, "--shards", "2"]) == 0

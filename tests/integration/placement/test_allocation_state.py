@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-from plugins.placement.model import PlacedNode, Placement
-from plugins.placement.state import (
+from trainyard.plugins.placement.model import PlacedNode, Placement
+from trainyard.plugins.placement.state import (
     ReservationConflict,
     SlotRow,
     StateStore,
@@ -209,10 +209,10 @@ def test_concurrent_processes_never_double_book_on_postgres(postgres_url: str) -
 
 
 def test_place_and_reserve_re_places_after_losing_a_race(store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    from config.cluster import load_cluster
-    from config.loader import load_spec_file
-    from plugins.advisor.plan import Plan
-    from plugins.placement import service
+    from trainyard.config.cluster import load_cluster
+    from trainyard.config.loader import load_spec_file
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.placement import service
 
     job = load_spec_file("config/jobs/demo-tiny-lm.yaml")
     cluster = load_cluster("local")

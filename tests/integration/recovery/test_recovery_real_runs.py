@@ -8,21 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from config.settings import Settings
-from plugins.attempt.launchers import Runtime
-from plugins.attempt.watching import stop_gang
-from plugins.launch.files import StopReason
-from plugins.recovery.classify import classify
-from plugins.recovery.decide import DecisionContext, decide
-from plugins.recovery.evidence import gather
-from plugins.recovery.model import AttemptConf
 from tests.integration.launch.test_local_launcher import start, wait_for
+from trainyard.config.settings import Settings
+from trainyard.plugins.attempt.launchers import Runtime
+from trainyard.plugins.attempt.watching import stop_gang
+from trainyard.plugins.launch.files import StopReason
+from trainyard.plugins.recovery.classify import classify
+from trainyard.plugins.recovery.decide import DecisionContext, decide
+from trainyard.plugins.recovery.evidence import gather
+from trainyard.plugins.recovery.model import AttemptConf
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 
 def test_a_real_crash_is_a_worker_crash_and_the_same_crash_twice_gives_up(tmp_path: Path) -> None:
-    from config.loader import load_spec_file
+    from trainyard.config.loader import load_spec_file
 
     conf, ctx = AttemptConf(), DecisionContext(checkpoint_uri=(tmp_path / "ckpt").as_uri())
     actions = []

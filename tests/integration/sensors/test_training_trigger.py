@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from plugins.attempt.watching import read_stop_reason
-from sensors.triggers import TrainingTrigger
 from tests.integration.launch.test_local_launcher import start, wait_for
+from trainyard.plugins.attempt.watching import read_stop_reason
+from trainyard.sensors.triggers import TrainingTrigger
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 

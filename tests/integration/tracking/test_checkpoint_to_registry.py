@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from plugins.tracking import registry, runs
 from tests.unit.tracking.factories import make_job, make_plan, registry_dataset
+from trainyard.plugins.tracking import registry, runs
 
 
 def test_best_committed_checkpoint_is_exported_and_registered(sqlite_tracking_uri: str, tmp_path: Path) -> None:
@@ -16,7 +16,7 @@ def test_best_committed_checkpoint_is_exported_and_registered(sqlite_tracking_ur
     from safetensors.torch import load_file
     from torch import nn
 
-    from plugins.checkpoint.manager import CheckpointManager
+    from trainyard.plugins.checkpoint.manager import CheckpointManager
 
     job = make_job("ckpt-to-registry")
     root = (tmp_path / "objects" / "jobs" / job.name / "checkpoints").as_uri()
@@ -57,7 +57,7 @@ def test_best_committed_checkpoint_is_exported_and_registered(sqlite_tracking_ur
 
 
 def test_a_checkpoint_of_another_job_is_not_exported(sqlite_tracking_uri: str, tmp_path: Path) -> None:
-    from plugins.checkpoint.errors import OutsideJobPrefixError
+    from trainyard.plugins.checkpoint.errors import OutsideJobPrefixError
 
     rid = runs.start_or_resume_run(make_job("prefix-owner"), make_plan(), tracking_uri=sqlite_tracking_uri, attempt=0)
     runs.log_checkpoint(rid, (tmp_path / "jobs/someone-else/checkpoints/step-00000001/MANIFEST.json").as_uri(),

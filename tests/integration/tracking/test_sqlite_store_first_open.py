@@ -17,7 +17,7 @@ from tests.support.procs import REPO_ROOT
 OPENER = """
 import sys, time
 from pathlib import Path
-from plugins.tracking.runs import client_for, ensure_experiment
+from trainyard.plugins.tracking.runs import client_for, ensure_experiment
 import mlflow  # imported before the start signal, so the opens overlap
 go = Path(sys.argv[2])
 Path(sys.argv[3]).touch()  # ready
@@ -43,6 +43,6 @@ def test_processes_opening_a_fresh_store_together_all_succeed(tmp_path: Path) ->
     results = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, results, strict=True):
         assert p.returncode == 0 and "opened" in out, err[-2000:]
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.tracking.runs import client_for
 
     assert client_for(uri).get_experiment_by_name("team/project") is not None

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from plugins.tracking.metrics import MetricsStreamer
 from tests.integration.tracking.mlflow_servers import MlflowServer, start_mlflow_server
 from tests.support import procs
+from trainyard.plugins.tracking.metrics import MetricsStreamer
 
 pytestmark = pytest.mark.waits  # for its server's restart and the streamer's retries
 

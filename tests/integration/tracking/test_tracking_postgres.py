@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from plugins.tracking import registry, runs
-from plugins.tracking.metrics import MetricsStreamer
 from tests.unit.tracking.factories import (
     SHA,
     export_marking_the_step,
@@ -17,6 +15,8 @@ from tests.unit.tracking.factories import (
     make_plan,
     registry_dataset,
 )
+from trainyard.plugins.tracking import registry, runs
+from trainyard.plugins.tracking.metrics import MetricsStreamer
 
 pytestmark = pytest.mark.postgres
 

@@ -7,11 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from config.settings import Settings
-from plugins.data.datasets import describe_dataset, open_dataset_store
-from plugins.tracking import cost, registry, runs
-from plugins.tracking.metrics import MetricsStreamer
-from plugins.validation.data_quality import check_data_quality
 from tests.integration.tracking.mlflow_servers import MlflowServer
 from tests.unit.tracking.factories import (
     SHA,
@@ -21,6 +16,11 @@ from tests.unit.tracking.factories import (
     write_jsonl,
 )
 from tests.unit.tracking.test_cost_model import fleet
+from trainyard.config.settings import Settings
+from trainyard.plugins.data.datasets import describe_dataset, open_dataset_store
+from trainyard.plugins.tracking import cost, registry, runs
+from trainyard.plugins.tracking.metrics import MetricsStreamer
+from trainyard.plugins.validation.data_quality import check_data_quality
 
 
 @pytest.fixture
@@ -107,8 +107,8 @@ def test_registry_and_lineage_query_through_the_server(
 def test_data_quality_report_is_logged_as_an_artifact(mlflow_server: MlflowServer, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from plugins.storage.store import open_store
-    from plugins.tracking.artifacts import log_data_quality
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.plugins.tracking.artifacts import log_data_quality
 
     uri = mlflow_server.uri
     root = tmp_path / "dirty"

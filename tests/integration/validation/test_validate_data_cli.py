@@ -23,7 +23,7 @@ def validate(tmp_path: Path, rows: list) -> tuple[int, list[dict]]:
     doc["spec"]["dataset"]["source"] = "datasets/corpus/"
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(doc))
-    out = subprocess.run([sys.executable, "-m", "cli", "validate", "--data", "--json", str(spec)],
+    out = subprocess.run([sys.executable, "-m", "trainyard.cli", "validate", "--data", "--json", str(spec)],
                          cwd=tmp_path, env=procs.test_env({"TRAINYARD_HOME": str(home)}),
                          capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode in (0, 1), out.stderr[-4000:]

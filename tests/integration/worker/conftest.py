@@ -1,6 +1,6 @@
 """Fixtures for running the example `worker/train.py` the way the local launcher does:
-torchrun → `plugins.launch.rank_exec` (which records each rank's exit code) → train.py, with
-the `TRAINYARD_*` contract of `config.worker_env.WorkerEnv` in the environment."""
+torchrun → `trainyard.plugins.launch.rank_exec` (which records each rank's exit code) → train.py, with
+the `TRAINYARD_*` contract of `trainyard.config.worker_env.WorkerEnv` in the environment."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from config.spec import TrainingJob
-from config.worker_env import WorkerEnv
-from node_agent.heartbeat import Heartbeat, heartbeat_path
-from plugins.advisor.plan import Plan
-from plugins.checkpoint import list_checkpoints
-from plugins.checkpoint.uris import checkpoint_root
-from plugins.launch.files import read_rank_records
-from plugins.storage.store import open_store
 from tests.support.procs import REPO_ROOT, run_torchrun
+from trainyard.config.spec import TrainingJob
+from trainyard.config.worker_env import WorkerEnv
+from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.checkpoint import list_checkpoints
+from trainyard.plugins.checkpoint.uris import checkpoint_root
+from trainyard.plugins.launch.files import read_rank_records
+from trainyard.plugins.storage.store import open_store
 
 RUN = "r-test"
 """The one training run these tests launch attempts of."""
@@ -84,7 +84,7 @@ class WorkerRun:
 @pytest.fixture(scope="module")
 def object_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A local object store holding the demo dataset (`trainyard data prepare-demo`)."""
-    from cli.main import main
+    from trainyard.cli.main import main
 
     uri = (tmp_path_factory.mktemp("objects")).as_uri()
     assert main(["data", "prepare-demo", "--object-store", uri, "--shards", "4"]) == 0
@@ -94,8 +94,8 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def s3_object_store() -> Iterator[tuple[str, str]]:
     """(store URI, endpoint) of a real S3 endpoint (moto server) holding the demo dataset."""
-    from cli.main import main
     from tests.support.s3_server import running_s3_server
+    from trainyard.cli.main import main
 
     with running_s3_server() as server:
         uri = f"s3://{server.new_bucket('objects')}/trainyard"

@@ -15,11 +15,11 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from plugins.advisor.plan import Plan
-from worker.distributed.mesh import build_mesh
-from worker.distributed.parallelize import parallelize
-from worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
-from worker.step import train_step
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.worker.distributed.mesh import build_mesh
+from trainyard.worker.distributed.parallelize import parallelize
+from trainyard.worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
+from trainyard.worker.step import train_step
 
 CONFIG = LlamaConfig(vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                      ffn_hidden_size=128, max_seq_len=32)

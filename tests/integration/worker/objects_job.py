@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from worker.distributed.objects import broadcast_from_rank0
+from trainyard.worker.distributed.objects import broadcast_from_rank0
 
 
 def make(fail: bool) -> str:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from config.spec import TrainingJob
-from plugins.tracking import runs
 from tests.integration.worker.conftest import RUN, committed_steps, fsdp_plan, launch, tiny_job
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.tracking import runs
 
 pytestmark = pytest.mark.slow
 

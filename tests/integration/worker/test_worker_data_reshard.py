@@ -1,6 +1,6 @@
 """The streaming reader's promise under torchrun: a checkpoint taken on 2 data-parallel ranks
 resumes on 1 (and one taken on 1 resumes on 2) and continues the same global sample order —
-with 2 stripes (`plugins.data.stripes`), so the 2 ranks each read their own shards and the
+with 2 stripes (`trainyard.plugins.data.stripes`), so the 2 ranks each read their own shards and the
 checkpoint joins their stripes' positions (an all-gather as it saves).
 
 The evidence is the loss: every step's global batch is the same 8 samples whichever data-
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from plugins.advisor.plan import Plan
 from tests.integration.worker.conftest import committed_steps, launch, tiny_job
+from trainyard.plugins.advisor.plan import Plan
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """A pipeline whose stages do not divide the layers trains like one process does: a 5-layer
-tiny Llama on PP2 (stages of 3 + 2 layers, `config.pipeline.stage_layer_counts`) and on PP2
+tiny Llama on PP2 (stages of 3 + 2 layers, `trainyard.config.pipeline.stage_layer_counts`) and on PP2
 with 2 virtual stages (1, 2, 1, 1), one torchrun launch of 2 processes (gloo), 20 steps,
 loss within 1e-4 (relative, per step) of a single-process run of the same 5-layer model."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from config.pipeline import stage_layer_counts
 from tests.integration.worker.equivalence_job import PLANS_UNEVEN
 from tests.support.procs import check, run_torchrun
+from trainyard.config.pipeline import stage_layer_counts
 
 pytestmark = pytest.mark.slow
 

@@ -13,15 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint.catalog import scan, verify
-from plugins.checkpoint.uris import checkpoint_root
-from plugins.launch.local import LocalLauncher
-from plugins.launch.model import RunHandle
-from plugins.recovery.classify import classify
-from plugins.recovery.decide import DecisionContext, apply_quarantine, decide
-from plugins.recovery.evidence import gather
-from plugins.recovery.model import AttemptConf, FailureReport
-from plugins.storage.store import open_store
 from tests.integration.worker.conftest import (
     RUN,
     WorkerRun,
@@ -30,7 +21,16 @@ from tests.integration.worker.conftest import (
     launch,
     tiny_job,
 )
-from worker import exit_codes
+from trainyard.plugins.checkpoint.catalog import scan, verify
+from trainyard.plugins.checkpoint.uris import checkpoint_root
+from trainyard.plugins.launch.local import LocalLauncher
+from trainyard.plugins.launch.model import RunHandle
+from trainyard.plugins.recovery.classify import classify
+from trainyard.plugins.recovery.decide import DecisionContext, apply_quarantine, decide
+from trainyard.plugins.recovery.evidence import gather
+from trainyard.plugins.recovery.model import AttemptConf, FailureReport
+from trainyard.plugins.storage.store import open_store
+from trainyard.worker import exit_codes
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from plugins.advisor.plan import Plan
 from tests.integration.worker.conftest import committed_steps, fsdp_plan, launch, tiny_job
+from trainyard.plugins.advisor.plan import Plan
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint.uris import checkpoint_root
-from plugins.launch.files import DIVERGED_FILE, DivergenceRecord, read_model
 from tests.integration.worker.conftest import RUN, committed_steps, fsdp_plan, launch, tiny_job
-from worker import exit_codes
+from trainyard.plugins.checkpoint.uris import checkpoint_root
+from trainyard.plugins.launch.files import DIVERGED_FILE, DivergenceRecord, read_model
+from trainyard.worker import exit_codes
 
 pytestmark = pytest.mark.slow
 

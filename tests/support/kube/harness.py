@@ -284,7 +284,7 @@ class KubeHarness:
                   namespace: str | None = None) -> int:
         """Signal one rank's process inside a pod (the container's torchrun and the rank's exit
         recorder live on, as when a rank crashes); returns its pid on this machine."""
-        from plugins.launch.processes import marked_processes
+        from trainyard.plugins.launch.processes import marked_processes
 
         init = int((self.pod_dir(pod, namespace) / "trainer.pid").read_text())
         marked = set(marked_processes("LOCAL_RANK", str(local_rank)))
@@ -342,7 +342,7 @@ class KubeHarness:
     def launcher_options(self, **overrides: Any) -> Any:
         """`KubernetesOptions` for this cluster: its namespace, mount points under the harness's
         folder, no RDMA device, a short SIGTERM grace."""
-        from plugins.launch.manifests import KubernetesOptions
+        from trainyard.plugins.launch.manifests import KubernetesOptions
 
         values: dict[str, Any] = {"namespace": self.namespace, "rdma_resource": None,
                                   "heartbeat_root": self.heartbeat_root, "run_dir": str(self.root / "mnt" / "run"),
@@ -356,9 +356,9 @@ class KubeHarness:
         one Volcano queue per team (`trainyard render` writes them too)."""
         import yaml
 
-        from config.cluster import CLUSTERS_DIR
-        from config.teams import load_teams
-        from plugins.launch.volcano import KubernetesLauncher
+        from trainyard.config.cluster import CLUSTERS_DIR
+        from trainyard.config.teams import load_teams
+        from trainyard.plugins.launch.volcano import KubernetesLauncher
 
         KubernetesLauncher.from_kubeconfig(str(self.kubeconfig), options=self.launcher_options()
                                            ).ensure_queues(load_teams(), total_gpus=len(self.node_names))

@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from config.cluster import Cluster, load_cluster
-from config.settings import Settings
-from config.spec import TrainingJob
-from config.worker_env import WorkerEnv
-from plugins.advisor.plan import Plan
-from plugins.launch.environment import build_worker_env
-from plugins.placement.gang import place_gang
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest, Placement
+from trainyard.config.cluster import Cluster, load_cluster
+from trainyard.config.settings import Settings
+from trainyard.config.spec import TrainingJob
+from trainyard.config.worker_env import WorkerEnv
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.launch.environment import build_worker_env
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest, Placement
 
 ENTRYPOINT = "tests/integration/launch/tiny_job.py"
 IMAGE = "registry.example.com/trainyard/tiny:1"

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plugins.advisor.layout import MEGATRON, PYTORCH
-from plugins.advisor.memory import layer_activation_bytes, layer_activation_items
-from plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.layout import MEGATRON, PYTORCH
+from trainyard.plugins.advisor.memory import layer_activation_bytes, layer_activation_items
+from trainyard.plugins.advisor.model import ModelProfile
 
 TOLERANCE = 0.10
 

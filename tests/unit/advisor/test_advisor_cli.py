@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from config.settings import get_settings
-from plugins.advisor.planner import PLAN_JSON_KEYS
+from trainyard.cli.main import main
+from trainyard.config.settings import get_settings
+from trainyard.plugins.advisor.planner import PLAN_JSON_KEYS
 
 ROOT = Path(__file__).resolve().parents[3]
 JOBS = ROOT / "config" / "jobs"

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from plugins.advisor.comm import (
+from trainyard.plugins.advisor.comm import (
     COLLECTIVE_BASE_LATENCY_S,
     all_gather_s,
     all_reduce_s,
@@ -15,10 +15,10 @@ from plugins.advisor.comm import (
     p2p_s,
     ring_latency_s,
 )
-from plugins.advisor.hardware import CATALOG, hardware_from_spec
-from plugins.advisor.layout import PYTORCH
-from plugins.advisor.model import ModelProfile
-from plugins.advisor.timing import layer_cost
+from trainyard.plugins.advisor.hardware import CATALOG, hardware_from_spec
+from trainyard.plugins.advisor.layout import PYTORCH
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.timing import layer_cost
 
 H100 = hardware_from_spec(CATALOG["H100"], nodes_per_rack=4, oversubscription=2.0)
 

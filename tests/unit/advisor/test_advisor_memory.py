@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from config.pipeline import rank_layer_counts, stage_layer_counts
-from plugins.advisor.estimate import evaluate
-from plugins.advisor.hardware import CATALOG, GiB, hardware_from_spec
-from plugins.advisor.layout import FUSED, MEGATRON, PYTORCH, Layout
-from plugins.advisor.memory import (
+from trainyard.config.pipeline import rank_layer_counts, stage_layer_counts
+from trainyard.plugins.advisor.estimate import evaluate
+from trainyard.plugins.advisor.hardware import CATALOG, GiB, hardware_from_spec
+from trainyard.plugins.advisor.layout import FUSED, MEGATRON, PYTORCH, Layout
+from trainyard.plugins.advisor.memory import (
     MemoryModel,
     inflight_layer_microbatches,
     memory_breakdown,
     state_bytes_per_param,
 )
-from plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.model import ModelProfile
 
 H100 = hardware_from_spec(CATALOG["H100"])
 LLAMA7B = ModelProfile(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32,

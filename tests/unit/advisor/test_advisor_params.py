@@ -1,5 +1,5 @@
 """The advisor's parameter count equals `sum(p.numel())` of real models: the worker's Llama
-(when `worker.models.llama` is importable) and an independent reference written here, so the
+(when `trainyard.worker.models.llama` is importable) and an independent reference written here, so the
 check never silently skips everything."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from config.spec import ModelHints
-from plugins.advisor.model import ModelProfile
+from trainyard.config.spec import ModelHints
+from trainyard.plugins.advisor.model import ModelProfile
 
 CONFIGS = [
     # hidden, layers, heads, kv heads, ffn, vocab, tied, activation
@@ -72,7 +72,7 @@ def test_count_matches_reference_torch_model(cfg: dict) -> None:
 @pytest.mark.parametrize("cfg", [c for c in CONFIGS if c.get("activation", "swiglu") == "swiglu"],
                          ids=lambda c: f"h{c['hidden_size']}-L{c['num_layers']}")
 def test_count_matches_the_workers_llama(cfg: dict) -> None:
-    from worker.models import llama
+    from trainyard.worker.models import llama
 
     h = hints(**cfg)
     torch.manual_seed(0)

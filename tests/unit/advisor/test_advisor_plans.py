@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from config.cluster import load_cluster
-from config.loader import load_spec_file
-from config.spec import TrainingJob
-from plugins.advisor.plans import manual_plan, plan_for_job
+from trainyard.config.cluster import load_cluster
+from trainyard.config.loader import load_spec_file
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.advisor.plans import manual_plan, plan_for_job
 
 
 def with_parallelism(job: TrainingJob, **changes: object) -> TrainingJob:
@@ -43,8 +43,8 @@ def test_nothing_fits_is_an_error_unless_previewing_a_manual_configuration() -> 
 
 
 def test_one_manual_builder_for_specs_with_and_without_hints() -> None:
-    from plugins.advisor.model import ModelProfile
-    from plugins.advisor.planner import manual_layout
+    from trainyard.plugins.advisor.model import ModelProfile
+    from trainyard.plugins.advisor.planner import manual_layout
 
     job = load_spec_file("config/examples/gpt-200b-pretrain.yaml")
     par = with_parallelism(job, strategy="manual", tensor_parallel=8, pipeline_parallel=4).spec.parallelism

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from config.cluster import load_cluster
-from config.loader import load_spec_file
-from plugins.advisor.estimate import Evaluator
-from plugins.advisor.hardware import CATALOG, hardware_from_spec
-from plugins.advisor.layout import PYTORCH, Layout
-from plugins.advisor.model import ModelProfile
-from plugins.advisor.planner import PLAN_JSON_KEYS, plan_auto, plan_job, plan_manual
-from plugins.advisor.search import (
+from trainyard.config.cluster import load_cluster
+from trainyard.config.loader import load_spec_file
+from trainyard.plugins.advisor.estimate import Evaluator
+from trainyard.plugins.advisor.hardware import CATALOG, hardware_from_spec
+from trainyard.plugins.advisor.layout import PYTORCH, Layout
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.planner import PLAN_JSON_KEYS, plan_auto, plan_job, plan_manual
+from trainyard.plugins.advisor.search import (
     REJECT_FEW_MICRO,
     REJECT_INTERLEAVE,
     REJECT_MEMORY,
@@ -44,8 +44,8 @@ def test_demo_spec_plans_plain_data_parallelism_on_the_local_cluster() -> None:
     assert plan.micro_batch_size * plan.num_micro_batches * plan.dp == 16
     assert plan.memory_per_gpu_bytes is not None and plan.memory_per_gpu_bytes <= result.budget_bytes
     assert plan.nccl_env == {}  # gloo on CPU
-    from worker.distributed import parallelize as worker
-    from worker.models import llama
+    from trainyard.worker.distributed import parallelize as worker
+    from trainyard.worker.models import llama
 
     job = load_spec_file(JOBS / "demo-tiny-lm.yaml")
     worker.check_plan(plan, llama.Llama(llama.LlamaConfig.from_hints(job.spec.parallelism.hints)))
@@ -184,7 +184,7 @@ def test_mixture_of_experts_plans_use_expert_parallelism() -> None:
 
 
 def test_replanning_after_an_oom_demands_less_memory() -> None:
-    from plugins.advisor.planner import replan_after_oom
+    from trainyard.plugins.advisor.planner import replan_after_oom
 
     job = load_spec_file(JOBS.parent / "examples" / "llama-7b-finetune.yaml")
     fleet = load_cluster("h100-fleet")
@@ -200,8 +200,8 @@ def test_search_offers_uneven_pipeline_splits() -> None:
     """Llama 3 405B's 126 layers: PP16 (7, 8 ×14, 7) is a candidate, as Meta ran it, and so is
     interleaving that keeps the busiest rank at 8 layers (every v up to 7; v = 8 would need
     128 stages)."""
-    from plugins.advisor.published import llama3
-    from plugins.advisor.search import _vpp_options
+    from trainyard.plugins.advisor.published import llama3
+    from trainyard.plugins.advisor.search import _vpp_options
 
     model = llama3("405B", batch=2048)
     found = search(model, H100, 16384, pins=Pins(tp=8, pp=16), top_k=50)

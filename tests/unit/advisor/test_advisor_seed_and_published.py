@@ -8,19 +8,19 @@ from dataclasses import replace
 
 import pytest
 
-from plugins.advisor.estimate import evaluate
-from plugins.advisor.hardware import CATALOG, hardware_from_spec
-from plugins.advisor.layout import PYTORCH, Layout
-from plugins.advisor.model import ModelProfile
-from plugins.advisor.planner import plan_manual
-from plugins.advisor.published import (
+from trainyard.plugins.advisor.estimate import evaluate
+from trainyard.plugins.advisor.hardware import CATALOG, hardware_from_spec
+from trainyard.plugins.advisor.layout import PYTORCH, Layout
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.planner import plan_manual
+from trainyard.plugins.advisor.published import (
     accuracy_summary,
     compare,
     published_runs,
     tokens_per_s_error,
 )
-from plugins.advisor.search import TIE_TOLERANCE, search
-from plugins.advisor.seed import (
+from trainyard.plugins.advisor.search import TIE_TOLERANCE, search
+from trainyard.plugins.advisor.seed import (
     SEED_EXAMPLE_2_PRINTED,
     seed_example_1,
     seed_example_2,

@@ -7,14 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from plugins.advisor.comm import all_gather_s, group_levels
-from plugins.advisor.estimate import evaluate
-from plugins.advisor.hardware import CATALOG, hardware_from_spec
-from plugins.advisor.layout import DEEPSPEED_ZERO3, PYTORCH, Layout
-from plugins.advisor.memory import MemoryModel
-from plugins.advisor.model import ModelProfile
-from plugins.advisor.published import A100_SELENE, gpt
-from plugins.advisor.timing import TimeModel, wave_efficiency
+from trainyard.plugins.advisor.comm import all_gather_s, group_levels
+from trainyard.plugins.advisor.estimate import evaluate
+from trainyard.plugins.advisor.hardware import CATALOG, hardware_from_spec
+from trainyard.plugins.advisor.layout import DEEPSPEED_ZERO3, PYTORCH, Layout
+from trainyard.plugins.advisor.memory import MemoryModel
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.published import A100_SELENE, gpt
+from trainyard.plugins.advisor.timing import TimeModel, wave_efficiency
 
 H100 = hardware_from_spec(CATALOG["H100"])
 
@@ -31,7 +31,7 @@ def test_wave_efficiency_is_one_for_large_gemms_and_falls_for_small_ones() -> No
 
 def test_small_gemms_run_below_the_large_gemm_efficiency() -> None:
     """The same FLOPs in one big GEMM or in 64 narrow ones: the narrow ones are slower."""
-    from plugins.advisor.timing import _gemm_s
+    from trainyard.plugins.advisor.timing import _gemm_s
 
     peak = H100.gpu.peak_flops
     big = _gemm_s(H100, peak, 2, 8192, 8192, 8192)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugins.advisor.rank_layout import MESH_DIMS, RankLayout
+from trainyard.plugins.advisor.rank_layout import MESH_DIMS, RankLayout
 
 
 def test_rank_order_is_the_meshs_pp_dp_cp_tp() -> None:

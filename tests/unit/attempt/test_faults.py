@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.client import fetch_health
-from node_agent.config import AgentConfig
-from node_agent.monitor import Monitor
-from node_agent.server import AgentServer
-from plugins.attempt.faults import FaultNotApplied, corrupt_newest_checkpoint, fail_gpu
-from plugins.checkpoint.catalog import latest_valid, list_checkpoints, verify
-from plugins.recovery.evidence import FATAL_VERDICTS
-from plugins.recovery.model import AttemptConf, FaultParams
-from plugins.storage.store import open_store
 from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.node_agent.client import fetch_health
+from trainyard.node_agent.config import AgentConfig
+from trainyard.node_agent.monitor import Monitor
+from trainyard.node_agent.server import AgentServer
+from trainyard.plugins.attempt.faults import FaultNotApplied, corrupt_newest_checkpoint, fail_gpu
+from trainyard.plugins.checkpoint.catalog import latest_valid, list_checkpoints, verify
+from trainyard.plugins.recovery.evidence import FATAL_VERDICTS
+from trainyard.plugins.recovery.model import AttemptConf, FaultParams
+from trainyard.plugins.storage.store import open_store
 
 
 def conf(attempt: int = 0, **faults: object) -> AttemptConf:
@@ -79,9 +79,9 @@ def test_failing_a_gpu_of_an_unknown_node_names_the_known_ones(agent: str) -> No
 def test_the_fast_path_never_restarts_more_than_the_budget_has_left() -> None:
     import yaml
 
-    from config.spec import TrainingJob
-    from plugins.attempt.conf import in_place_restarts
     from tests.support.procs import REPO_ROOT
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.attempt.conf import in_place_restarts
 
     doc = yaml.safe_load((REPO_ROOT / "config/jobs/demo-tiny-lm.yaml").read_text())  # maxRestarts 3
     del doc["spec"]["faultTolerance"]["inPlaceRestarts"]  # the demo turns it off to show the DAG's hand-over

@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from node_agent.heartbeat import Heartbeat, heartbeat_path
-from plugins.attempt.watching import hang_stop
-from plugins.launch.model import RankStatus, RunHandle, RunStatus
+from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
+from trainyard.plugins.attempt.watching import hang_stop
+from trainyard.plugins.launch.model import RankStatus, RunHandle, RunStatus
 
 TIMEOUT_S = 30.0
 

@@ -15,20 +15,25 @@ from typing import Any
 import pytest
 import yaml
 
-from config.cluster import load_cluster
-from config.settings import Settings, get_settings
-from plugins.attempt.launchers import LauncherNotWired, Runtime, launch_problems, launcher_for
-from plugins.launch.model import RunHandle
 from tests.support import fake_launcher
 from tests.support.fake_launcher import FakeLauncher, fake_cluster
 from tests.unit.tracking.factories import make_job
+from trainyard.config.cluster import load_cluster
+from trainyard.config.settings import Settings, get_settings
+from trainyard.plugins.attempt.launchers import (
+    LauncherNotWired,
+    Runtime,
+    launch_problems,
+    launcher_for,
+)
+from trainyard.plugins.launch.model import RunHandle
 
 
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     """A home on the fake cluster, its launcher registered, the demo dataset in its store."""
-    from plugins.storage.store import open_store
-    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     cluster = fake_cluster(tmp_path / "fake-fleet.yaml")
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
@@ -119,12 +124,16 @@ def _run(op: Any, context: dict[str, Any]) -> Any:
 
 def test_the_dags_tasks_and_the_trigger_launch_and_watch_through_the_registered_backend(
         world: SimpleNamespace) -> None:
-    from operators.launch import LaunchTrainingOperator
-    from operators.outcome import ClassifyOutcomeOperator
-    from operators.placement import PlaceGangOperator, PlanParallelismOperator, ReleaseGangOperator
-    from operators.validate import ValidateSpecOperator
-    from plugins.recovery.state import JobStateStore
-    from sensors.watch import WatchTrainingSensor
+    from trainyard.operators.launch import LaunchTrainingOperator
+    from trainyard.operators.outcome import ClassifyOutcomeOperator
+    from trainyard.operators.placement import (
+        PlaceGangOperator,
+        PlanParallelismOperator,
+        ReleaseGangOperator,
+    )
+    from trainyard.operators.validate import ValidateSpecOperator
+    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.sensors.watch import WatchTrainingSensor
 
     dag_run = SimpleNamespace(dag_id="seam-job", run_id="manual__1", conf={"fault_kill_rank": 1,
                                                                               "fault_kill_at_step": 3},
@@ -152,8 +161,8 @@ def test_the_dags_tasks_and_the_trigger_launch_and_watch_through_the_registered_
 def test_trainyard_launch_runs_on_the_registered_backend_and_records_the_job_state(world: SimpleNamespace) -> None:
     import os
 
-    from cli.main import main
-    from plugins.recovery.state import JobStateStore
+    from trainyard.cli.main import main
+    from trainyard.plugins.recovery.state import JobStateStore
 
     assert main(["launch", str(world.spec), "--run", "20261201t000000-5ea111"]) == 0
     state = JobStateStore(world.settings.state_db)

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from config.cluster import load_cluster
-from config.settings import Settings
-from config.teams import load_teams
-from plugins.advisor.plan import Plan
-from plugins.attempt.launchers import Runtime
-from plugins.attempt.preempt import place_preempting
-from plugins.placement.model import NotSchedulableNow
-from plugins.placement.state import open_state
-from plugins.recovery.state import JobStateStore
 from tests.unit.tracking.factories import make_job
+from trainyard.config.cluster import load_cluster
+from trainyard.config.settings import Settings
+from trainyard.config.teams import load_teams
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.attempt.launchers import Runtime
+from trainyard.plugins.attempt.preempt import place_preempting
+from trainyard.plugins.placement.model import NotSchedulableNow
+from trainyard.plugins.placement.state import open_state
+from trainyard.plugins.recovery.state import JobStateStore
 
 
 def test_a_requeued_gang_waits_for_capacity_and_takes_it_when_it_returns(tmp_path: Path) -> None:

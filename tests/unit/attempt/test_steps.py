@@ -12,21 +12,29 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from config.settings import Settings
-from plugins.attempt.launchers import Runtime
-from plugins.attempt.steps import InvalidJob, Placed, conclude, launch, open_attempt, place, plan
-from plugins.recovery.model import AttemptConf
-from plugins.recovery.state import JobStateStore
 from tests.unit.recovery.runs import Rank, fabricate
 from tests.unit.tracking.factories import make_job
+from trainyard.config.settings import Settings
+from trainyard.plugins.attempt.launchers import Runtime
+from trainyard.plugins.attempt.steps import (
+    InvalidJob,
+    Placed,
+    conclude,
+    launch,
+    open_attempt,
+    place,
+    plan,
+)
+from trainyard.plugins.recovery.model import AttemptConf
+from trainyard.plugins.recovery.state import JobStateStore
 
 RUN = "20261201t000000-57e950"
 
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[SimpleNamespace]:
-    from plugins.storage.store import open_store
-    from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     settings = Settings(home=tmp_path / "home")
     prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")))
@@ -73,10 +81,10 @@ def test_conclude_reads_the_run_folder_and_records_the_decision(world: SimpleNam
 
 def test_a_recovery_attempt_skips_the_data_checks_its_run_passed_until_the_data_changes(
         world: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from plugins.attempt.steps import check_data
-    from plugins.storage.store import open_store
-    from plugins.validation import data_quality
-    from worker.demo_data import DEMO_PREFIX
+    from trainyard.plugins.attempt.steps import check_data
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.plugins.validation import data_quality
+    from trainyard.worker.demo_data import DEMO_PREFIX
 
     opened = open_attempt(world.spec, AttemptConf(run=RUN), trigger_key="t/1", runtime=world.runtime)
     first = check_data(opened, world.runtime)
@@ -127,8 +135,8 @@ def test_a_dry_run_launches_nothing_and_ends_the_run(world: SimpleNamespace) -> 
 
 
 def test_a_launcher_that_refuses_the_spec_ends_the_run_and_its_mlflow_run_failed(world: SimpleNamespace) -> None:
-    from plugins.attempt.steps import AttemptNotStarted
-    from plugins.tracking.runs import client_for
+    from trainyard.plugins.attempt.steps import AttemptNotStarted
+    from trainyard.plugins.tracking.runs import client_for
 
     doc = yaml.safe_load(world.spec.read_text())
     doc["spec"]["source"]["entrypoint"] = "worker/no_such_train.py"

@@ -5,9 +5,14 @@ from __future__ import annotations
 import hashlib
 from datetime import UTC, datetime
 
-from plugins.checkpoint.manifest import MANIFEST_NAME, CheckpointManifest, ManifestFile, step_dir
-from plugins.checkpoint.uris import identity_of
-from plugins.storage.store import ObjectStore
+from trainyard.plugins.checkpoint.manifest import (
+    MANIFEST_NAME,
+    CheckpointManifest,
+    ManifestFile,
+    step_dir,
+)
+from trainyard.plugins.checkpoint.uris import identity_of
+from trainyard.plugins.storage.store import ObjectStore
 
 
 def make_checkpoint(

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from plugins.checkpoint.catalog import (
+from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.plugins.checkpoint.catalog import (
     delete_checkpoint,
     latest_valid,
     list_checkpoints,
@@ -14,9 +15,8 @@ from plugins.checkpoint.catalog import (
     select_latest_valid,
     verify,
 )
-from plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
-from plugins.storage.store import ObjectStore
-from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
+from trainyard.plugins.storage.store import ObjectStore
 
 
 def _flip_byte(store: ObjectStore, key: str) -> None:
@@ -62,7 +62,7 @@ def test_latest_valid_falls_back_and_logs_why(store: ObjectStore,
         make_checkpoint(store, step)
     _flip_byte(store, f"{step_dir(3)}/__0_0.distcp")
     store.delete(f"{step_dir(2)}/.metadata")
-    with caplog.at_level(logging.WARNING, logger="plugins.checkpoint.catalog"):
+    with caplog.at_level(logging.WARNING, logger="trainyard.plugins.checkpoint.catalog"):
         selection = select_latest_valid(store)
     assert selection.chosen is not None and selection.chosen.step == 1
     assert [(r.step, rep.reason) for r, rep in selection.rejected] == [
@@ -107,7 +107,7 @@ def test_delete_removes_the_manifest_first(store: ObjectStore) -> None:
 
 
 def test_a_quarantined_checkpoint_is_kept_but_never_chosen(store: ObjectStore) -> None:
-    from plugins.checkpoint.catalog import QUARANTINE_NAME, quarantine
+    from trainyard.plugins.checkpoint.catalog import QUARANTINE_NAME, quarantine
 
     for step in (10, 20, 30):
         make_checkpoint(store, step)
@@ -130,7 +130,7 @@ def test_a_quarantined_checkpoint_is_kept_but_never_chosen(store: ObjectStore) -
 
 
 def test_a_step_committed_again_after_its_quarantine_counts_again(store: ObjectStore) -> None:
-    from plugins.checkpoint.catalog import quarantine
+    from trainyard.plugins.checkpoint.catalog import quarantine
 
     for step in (10, 20):
         make_checkpoint(store, step)

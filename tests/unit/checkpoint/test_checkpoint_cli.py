@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from cli import checkpoints as cli_checkpoints
-from config.settings import get_settings
-from plugins.checkpoint.catalog import list_checkpoints
-from plugins.checkpoint.manifest import step_dir
-from plugins.storage.store import LocalStore, open_store
 from tests.support.s3_server import S3Server
 from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.cli import checkpoints as cli_checkpoints
+from trainyard.config.settings import get_settings
+from trainyard.plugins.checkpoint.catalog import list_checkpoints
+from trainyard.plugins.checkpoint.manifest import step_dir
+from trainyard.plugins.storage.store import LocalStore, open_store
 
 JOB = "demo"
 OLDER_RUN, RUN = "20261129t100000-aaaaaa", "20261130t100000-bbbbbb"
@@ -113,7 +113,7 @@ def test_prune_takes_the_policy_from_the_job_spec(store: LocalStore, tmp_path: P
     spec = tmp_path / "jobs" / "demo.yaml"
     spec.write_text(Path(__file__).parents[3].joinpath("config/jobs/demo-tiny-lm.yaml").read_text()
                     .replace("name: demo-tiny-lm", f"name: {JOB}"))
-    from config.loader import load_spec_file
+    from trainyard.config.loader import load_spec_file
 
     job = load_spec_file(spec)
     assert run_cli("checkpoints", "prune", JOB, "--dry-run", "--json") == 0
@@ -127,7 +127,7 @@ def test_export_writes_safetensors(store: LocalStore, tmp_path: Path,
     import torch
     from safetensors.torch import load_file
 
-    from plugins.checkpoint.manager import CheckpointManager
+    from trainyard.plugins.checkpoint.manager import CheckpointManager
 
     model = torch.nn.Linear(4, 3)
     with CheckpointManager(checkpoint_uri=store.uri, job=JOB, rank=0, world_size=1,

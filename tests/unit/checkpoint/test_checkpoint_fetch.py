@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plugins.checkpoint.fetch import assign_verifiers, same_bytes_everywhere
+from trainyard.plugins.checkpoint.fetch import assign_verifiers, same_bytes_everywhere
 
 
 def test_each_shared_file_is_hashed_once_by_a_rank_that_reads_it() -> None:
@@ -51,8 +51,8 @@ def test_links_are_tried_not_assumed_from_the_device(tmp_path: Path, monkeypatch
     then the files are copied and verified instead of the restore failing."""
     import errno
 
-    from plugins.checkpoint import fetch
-    from plugins.storage.store import LocalStore
+    from trainyard.plugins.checkpoint import fetch
+    from trainyard.plugins.storage.store import LocalStore
 
     store = LocalStore(tmp_path / "store")
     store.put_bytes("step-00000010/MANIFEST.json", b"{}")

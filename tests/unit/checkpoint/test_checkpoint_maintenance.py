@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint.catalog import QUARANTINE_NAME, list_checkpoints, quarantine, scan
-from plugins.checkpoint.maintenance import AuditFailed, RunRoot, audit, run_roots, sweep
-from plugins.checkpoint.manifest import step_dir
-from plugins.checkpoint.retention import RetentionPolicy
-from plugins.checkpoint.uris import checkpoint_root
-from plugins.storage.store import open_store
 from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.plugins.checkpoint.catalog import QUARANTINE_NAME, list_checkpoints, quarantine, scan
+from trainyard.plugins.checkpoint.maintenance import AuditFailed, RunRoot, audit, run_roots, sweep
+from trainyard.plugins.checkpoint.manifest import step_dir
+from trainyard.plugins.checkpoint.retention import RetentionPolicy
+from trainyard.plugins.checkpoint.uris import checkpoint_root
+from trainyard.plugins.storage.store import open_store
 
 OLD = datetime(2026, 1, 1, tzinfo=UTC)
 RUN_A, RUN_B = "20260101t000000-aaaaaa", "20260102t000000-bbbbbb"

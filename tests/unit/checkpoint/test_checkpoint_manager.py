@@ -15,17 +15,17 @@ import pytest
 import torch
 from torch import nn
 
-from plugins.checkpoint.catalog import list_checkpoints
-from plugins.checkpoint.errors import (
+from tests.support.s3_server import S3Server
+from trainyard.plugins.checkpoint.catalog import list_checkpoints
+from trainyard.plugins.checkpoint.errors import (
     CheckpointSaveError,
     ManagerClosedError,
     NoValidCheckpointError,
     OutsideJobPrefixError,
 )
-from plugins.checkpoint.export import export_safetensors
-from plugins.checkpoint.manager import CheckpointManager
-from plugins.checkpoint.manifest import step_dir
-from tests.support.s3_server import S3Server
+from trainyard.plugins.checkpoint.export import export_safetensors
+from trainyard.plugins.checkpoint.manager import CheckpointManager
+from trainyard.plugins.checkpoint.manifest import step_dir
 
 JOB = "unit-job"
 
@@ -164,7 +164,7 @@ def test_restore_falls_back_past_a_corrupt_checkpoint(root: str, tmp_path: Path,
         _flip(root, 2)
         fresh = Trainer(seed=3)
         before = fresh.snapshot()
-        with caplog.at_level(logging.WARNING, logger="plugins.checkpoint.manager"):
+        with caplog.at_level(logging.WARNING, logger="trainyard.plugins.checkpoint.manager"):
             with pytest.raises(NoValidCheckpointError, match="does not verify"):
                 mgr.restore(model=fresh.model, optimizer=fresh.optimizer,
                             manifest_uri=mgr.manifest_uri(2))  # explicit choice: no fallback
@@ -187,7 +187,7 @@ def test_a_restore_loads_the_bytes_it_hashed_not_a_second_read(
         root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The data file is read into memory as it is hashed and DCP loads those bytes: a change
     to the file on disk after its hash (here, right after) cannot reach the model."""
-    from plugins.checkpoint import fetch
+    from trainyard.plugins.checkpoint import fetch
 
     real = fetch.read_verified
     held: list[str] = []
@@ -216,7 +216,7 @@ def test_a_restore_loads_the_bytes_it_hashed_not_a_second_read(
 
 def test_without_memory_to_spare_a_restore_reads_the_verified_files_again(
         root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from plugins.checkpoint import fetch, manager
+    from trainyard.plugins.checkpoint import fetch, manager
 
     monkeypatch.setattr(manager, "memory_to_hold", lambda: 0)
     monkeypatch.setattr(fetch, "read_verified", lambda *a: pytest.fail("held with no memory"))

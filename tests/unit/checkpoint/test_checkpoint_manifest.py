@@ -9,21 +9,21 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from plugins.checkpoint.catalog import list_checkpoints, scan, verify
-from plugins.checkpoint.manifest import (
+from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.plugins.checkpoint.catalog import list_checkpoints, scan, verify
+from trainyard.plugins.checkpoint.manifest import (
     MANIFEST_NAME,
     CheckpointManifest,
     ManifestFile,
     parse_step_dir,
     step_dir,
 )
-from plugins.checkpoint.uris import (
+from trainyard.plugins.checkpoint.uris import (
     checkpoint_root,
     require_job_prefix,
     split_manifest_uri,
 )
-from plugins.storage.store import ObjectStore
-from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.plugins.storage.store import ObjectStore
 
 SHA = "0" * 64
 

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugins.checkpoint.catalog import list_checkpoints, scan
-from plugins.checkpoint.manifest import step_dir
-from plugins.checkpoint.retention import RetentionPolicy, apply_retention, plan_retention
-from plugins.storage.store import LocalStore, ObjectStore
 from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.plugins.checkpoint.catalog import list_checkpoints, scan
+from trainyard.plugins.checkpoint.manifest import step_dir
+from trainyard.plugins.checkpoint.retention import RetentionPolicy, apply_retention, plan_retention
+from trainyard.plugins.storage.store import LocalStore, ObjectStore
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -133,7 +133,7 @@ def test_reasons_name_the_rules() -> None:
 
 
 def test_policy_from_spec() -> None:
-    from config.spec import Checkpoint
+    from trainyard.config.spec import Checkpoint
 
     spec = Checkpoint(max_keep=3, keep_best_metric="eval_loss", keep_best_count=2,
                       keep_every_m_steps=1000, min_age_minutes=30)

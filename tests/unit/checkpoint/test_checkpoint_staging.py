@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from plugins.checkpoint.staging import ReusingStager
+from trainyard.plugins.checkpoint.staging import ReusingStager
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from plugins.checkpoint import state_json
-from plugins.checkpoint.dcp_io import load_metadata
-from plugins.checkpoint.rng import capture_rng_state, restore_rng_state
-from plugins.checkpoint.transfer import download_verified, upload_file
-from plugins.storage.errors import IntegrityError
-from plugins.storage.store import ObjectStore
+from trainyard.plugins.checkpoint import state_json
+from trainyard.plugins.checkpoint.dcp_io import load_metadata
+from trainyard.plugins.checkpoint.rng import capture_rng_state, restore_rng_state
+from trainyard.plugins.checkpoint.transfer import download_verified, upload_file
+from trainyard.plugins.storage.errors import IntegrityError
+from trainyard.plugins.storage.store import ObjectStore
 
 
 def test_state_json_round_trips_what_state_dicts_hold() -> None:
@@ -115,7 +115,7 @@ def test_hashing_writer_knows_each_file_hash(tmp_path: Path) -> None:
 
     import torch.distributed.checkpoint as dcp
 
-    from plugins.checkpoint.dcp_io import HashingFileSystemWriter
+    from trainyard.plugins.checkpoint.dcp_io import HashingFileSystemWriter
 
     model = torch.nn.Linear(64, 32)
     writer = HashingFileSystemWriter(tmp_path, single_file_per_rank=True, sync_files=False)
@@ -135,7 +135,7 @@ def test_hashing_writer_hashes_large_writes_aside_and_exactly(tmp_path: Path) ->
 
     import torch.distributed.checkpoint as dcp
 
-    from plugins.checkpoint.dcp_io import HASH_ASIDE_BYTES, HashingFileSystemWriter
+    from trainyard.plugins.checkpoint.dcp_io import HASH_ASIDE_BYTES, HashingFileSystemWriter
 
     big = torch.randn(3 * HASH_ASIDE_BYTES // 4 + 7)  # 3 MiB + 28 bytes: hashed on the side
     writer = HashingFileSystemWriter(tmp_path, single_file_per_rank=True, sync_files=False)
@@ -149,7 +149,7 @@ def test_hashing_writer_hashes_large_writes_aside_and_exactly(tmp_path: Path) ->
 def test_safe_reader_reads_tensors_straight_into_their_destination(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from plugins.checkpoint.dcp_io import SafeFileSystemReader, SafeLoadPlanner
+    from trainyard.plugins.checkpoint.dcp_io import SafeFileSystemReader, SafeLoadPlanner
 
     saved = {"w": torch.randn(64, 48), "bf16": torch.randn(33).to(torch.bfloat16),
              "scalar": torch.tensor(2.5), "empty": torch.empty(0, 3),
@@ -181,7 +181,7 @@ def test_safe_reader_reads_tensors_straight_into_their_destination(tmp_path: Pat
 def test_safe_reader_names_a_file_cut_short(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from plugins.checkpoint.dcp_io import SafeFileSystemReader, SafeLoadPlanner
+    from trainyard.plugins.checkpoint.dcp_io import SafeFileSystemReader, SafeLoadPlanner
 
     dcp.save({"w": torch.randn(256, 256)}, checkpoint_id=tmp_path, no_dist=True)
     shard = tmp_path / "__0_0.distcp"
@@ -199,7 +199,7 @@ def test_direct_io_writer_files_load_back_and_match_their_hash(tmp_path: Path) -
 
     import torch.distributed.checkpoint as dcp
 
-    from plugins.checkpoint.dcp_io import (
+    from trainyard.plugins.checkpoint.dcp_io import (
         HashingFileSystemWriter,
         SafeFileSystemReader,
         SafeLoadPlanner,
@@ -232,7 +232,7 @@ def _record_crcs(saved: object) -> list[int]:
 def test_checkpoint_files_go_without_the_zip_crc_and_torch_save_gets_it_back() -> None:
     """The CRC-32 is off only while a checkpoint is written (the SHA-256 covers the bytes),
     until the last of several concurrent writers ends; then torch.save has it as before."""
-    from plugins.checkpoint.dcp_io import without_zip_crc32
+    from trainyard.plugins.checkpoint.dcp_io import without_zip_crc32
 
     tensor = torch.arange(1000.0)
     assert all(_record_crcs(tensor))
@@ -248,7 +248,7 @@ def test_checkpoint_files_go_without_the_zip_crc_and_torch_save_gets_it_back() -
 def test_files_without_the_zip_crc_load_by_both_reading_paths(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from plugins.checkpoint.dcp_io import (
+    from trainyard.plugins.checkpoint.dcp_io import (
         HashingFileSystemWriter,
         SafeFileSystemReader,
         SafeLoadPlanner,

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from plugins.checkpoint.catalog import list_checkpoints
-from plugins.checkpoint.errors import CheckpointSaveError
-from plugins.checkpoint.manager import CheckpointManager
 from tests.unit.checkpoint.test_checkpoint_manager import JOB, Trainer, _same
+from trainyard.plugins.checkpoint.catalog import list_checkpoints
+from trainyard.plugins.checkpoint.errors import CheckpointSaveError
+from trainyard.plugins.checkpoint.manager import CheckpointManager
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

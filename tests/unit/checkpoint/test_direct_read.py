@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint import direct_read
-from plugins.checkpoint.dcp_io import _MemoryReader
-from plugins.checkpoint.direct_read import memory_to_hold, read_held
-from plugins.checkpoint.direct_write import CHUNK_BYTES, HUGE_PAGE
-from plugins.checkpoint.manifest import ManifestFile
-from plugins.checkpoint.transfer import read_verified
-from plugins.storage.errors import IntegrityError
+from trainyard.plugins.checkpoint import direct_read
+from trainyard.plugins.checkpoint.dcp_io import _MemoryReader
+from trainyard.plugins.checkpoint.direct_read import memory_to_hold, read_held
+from trainyard.plugins.checkpoint.direct_write import CHUNK_BYTES, HUGE_PAGE
+from trainyard.plugins.checkpoint.manifest import ManifestFile
+from trainyard.plugins.checkpoint.transfer import read_verified
+from trainyard.plugins.storage.errors import IntegrityError
 
 
 def _file(tmp_path: Path, size: int) -> tuple[Path, bytes]:
@@ -141,7 +141,7 @@ def test_the_memory_reader_reads_and_seeks_as_a_file_does(ops: list[tuple]) -> N
 def test_a_pods_memory_limit_bounds_what_a_restore_holds(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, limit: str, usage: str,
         room: int | None) -> None:
-    from plugins.checkpoint.direct_read import cgroup_room
+    from trainyard.plugins.checkpoint.direct_read import cgroup_room
 
     if version == "v2":
         lines, folder, names = "0::/kubepods/pod1/c1\n", tmp_path / "kubepods/pod1/c1", (

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint import direct_write
-from plugins.checkpoint.direct_write import CHUNK_BYTES, DirectHashingStream, open_direct
+from trainyard.plugins.checkpoint import direct_write
+from trainyard.plugins.checkpoint.direct_write import CHUNK_BYTES, DirectHashingStream, open_direct
 
 
 def _direct_or_skip(path: Path) -> DirectHashingStream:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
 from tests.support.procs import free_port
+from trainyard.cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
 
 
 class FlakyAirflow:

@@ -1,5 +1,5 @@
 """The parts of the stack that fork tasks or DAG-file parses start with their imports done
-(`cli.airflow_preloaded`), and then are Airflow's own command line, unchanged."""
+(`trainyard.cli.airflow_preloaded`), and then are Airflow's own command line, unchanged."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import airflow_preloaded
-from cli.stack import Stack
+from trainyard.cli import airflow_preloaded
+from trainyard.cli.stack import Stack
 
 
 def test_preload_imports_each_module_and_reports_one_that_fails(capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,13 +44,13 @@ def test_only_the_parts_that_fork_start_preloaded(tmp_path: Path) -> None:
     scheduler starts bare (the preload would cost it ~7.5 CPU-s and ~600 MB for nothing)."""
     local = Stack(home=tmp_path / "home")
     launchers = {part: local._command(part)[2] for part in local.components}
-    assert launchers == {"api-server": "airflow", "scheduler": "cli.airflow_preloaded",
-                         "dag-processor": "cli.airflow_preloaded", "triggerer": "airflow"}
+    assert launchers == {"api-server": "airflow", "scheduler": "trainyard.cli.airflow_preloaded",
+                         "dag-processor": "trainyard.cli.airflow_preloaded", "triggerer": "airflow"}
     assert local._command("scheduler")[3:] == ["scheduler", "--skip-serve-logs"]
     celery = Stack(home=tmp_path / "home", overrides={"AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"})
     launchers = {part: celery._command(part)[2] for part in celery.components}
-    assert launchers == {"api-server": "airflow", "scheduler": "airflow", "dag-processor": "cli.airflow_preloaded",
-                         "triggerer": "airflow", "celery-worker": "cli.airflow_preloaded"}
+    assert launchers == {"api-server": "airflow", "scheduler": "airflow", "dag-processor": "trainyard.cli.airflow_preloaded",
+                         "triggerer": "airflow", "celery-worker": "trainyard.cli.airflow_preloaded"}
 
 
 def test_after_the_preload_the_command_line_is_airflows(monkeypatch: pytest.MonkeyPatch,
@@ -58,7 +58,7 @@ def test_after_the_preload_the_command_line_is_airflows(monkeypatch: pytest.Monk
     from importlib.metadata import version
 
     monkeypatch.setattr(airflow_preloaded, "PRELOAD", ("colorsys",))
-    monkeypatch.setattr(sys, "argv", ["cli.airflow_preloaded", "version"])
+    monkeypatch.setattr(sys, "argv", ["trainyard.cli.airflow_preloaded", "version"])
     airflow_preloaded.main()
     out = capsys.readouterr()
     assert version("apache-airflow") in out.out and "trainyard preload:" in out.err

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import build_parser, main, version
-from cli.output import format_age
+from trainyard.cli.main import build_parser, main, version
+from trainyard.cli.output import format_age
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -79,7 +79,7 @@ def test_ages_have_one_format(seconds: float | None, text: str) -> None:
 
 def test_checkpoints_of_an_unknown_job_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
     get_settings.cache_clear()

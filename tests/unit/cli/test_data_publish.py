@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from config.settings import get_settings
-from plugins.data.publish import PublishedVersion
-from plugins.storage.store import open_store
 from tests.support.procs import free_port
+from trainyard.cli.main import main
+from trainyard.config.settings import get_settings
+from trainyard.plugins.data.publish import PublishedVersion
+from trainyard.plugins.storage.store import open_store
 
 
 @pytest.fixture

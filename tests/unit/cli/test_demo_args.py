@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.demo import parse_args
+from trainyard.cli.demo import parse_args
 
 
 def test_the_default_is_the_specs_length_with_the_crash_at_step_120() -> None:

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from config.settings import get_settings
-from plugins.launch import processes
-from plugins.launch.model import AgentRecord, RunHandle
-from plugins.placement.model import PlacedNode, Placement
-from plugins.placement.state import open_state
-from plugins.recovery.model import FailureReport, RecoveryAction
-from plugins.recovery.state import JobStateStore, open_job_state
+from trainyard.cli.main import main
+from trainyard.config.settings import get_settings
+from trainyard.plugins.launch import processes
+from trainyard.plugins.launch.model import AgentRecord, RunHandle
+from trainyard.plugins.placement.model import PlacedNode, Placement
+from trainyard.plugins.placement.state import open_state
+from trainyard.plugins.recovery.model import FailureReport, RecoveryAction
+from trainyard.plugins.recovery.state import JobStateStore, open_job_state
 
 T0 = datetime.now(UTC) - timedelta(minutes=5)
 
@@ -144,7 +144,7 @@ def test_a_stopped_embedded_database_is_one_line_naming_its_socket_and_the_fix(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """After `make down` the home's embedded PostgreSQL is gone: `trainyard jobs` and `models`
     say so and how to start it, instead of the driver's traceback."""
-    from config.databases import postgres_root, socket_dir
+    from trainyard.config.databases import postgres_root, socket_dir
 
     home = tmp_path / "home"
     (postgres_root(home) / "data").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The environment the embedded stack gives its parts (`cli.stack.Stack.env`)."""
+"""The environment the embedded stack gives its parts (`trainyard.cli.stack.Stack.env`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.stack import Stack
+from trainyard.cli.stack import Stack
 
 
 def test_the_mlflow_ui_starts_without_a_job_runner_unless_asked(tmp_path: Path,

@@ -9,9 +9,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-from cli.stack import Stack, _alive
-from plugins.launch import processes
 from tests.support.waiting import wait_for
+from trainyard.cli.stack import Stack, _alive
+from trainyard.plugins.launch import processes
 
 
 def _state(pid: int) -> str:

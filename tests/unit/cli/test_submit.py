@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from cli.submit import _into_jobs_folder, parse_params
+from trainyard.cli.main import main
+from trainyard.cli.submit import _into_jobs_folder, parse_params
 
 DEMO = Path(__file__).resolve().parents[3] / "config" / "jobs" / "demo-tiny-lm.yaml"
 
@@ -37,8 +37,8 @@ def test_the_spec_goes_where_the_dag_factory_reads_it_once(tmp_path: Path) -> No
 
 def test_airflow_down_is_exit_3_with_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    from config.settings import get_settings
     from tests.support.procs import free_port
+    from trainyard.config.settings import get_settings
 
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TRAINYARD_JOBS_DIR", str(tmp_path / "jobs"))

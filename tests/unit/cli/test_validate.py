@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
+from trainyard.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[3]
 JOBS = sorted([*(ROOT / "config" / "jobs").glob("*.yaml"), *(ROOT / "config" / "examples").glob("*.yaml")],
@@ -19,7 +19,7 @@ JOBS = sorted([*(ROOT / "config" / "jobs").glob("*.yaml"), *(ROOT / "config" / "
 def test_examples_are_valid_offline_on_the_cluster_that_has_their_devices(capsys: pytest.CaptureFixture[str]) -> None:
     import yaml
 
-    from config.cluster import cluster_for
+    from trainyard.config.cluster import cluster_for
 
     for spec in JOBS:
         gpu = yaml.safe_load(spec.read_text())["spec"]["hardware"]["gpuType"]
@@ -30,7 +30,7 @@ def test_examples_are_valid_offline_on_the_cluster_that_has_their_devices(capsys
 
 def test_a_spec_whose_devices_another_cluster_has_is_refused_naming_it(capsys: pytest.CaptureFixture[str],
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     monkeypatch.setenv("TRAINYARD_CLUSTER", "local")
     get_settings.cache_clear()
@@ -65,7 +65,7 @@ def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 def test_usage_errors_exit_2() -> None:
     for args in (["validate"], ["validate", "--bogus", "x.yaml"], ["validate", "--cluster", "nope", str(JOBS[0])]):
-        result = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True, text=True,
+        result = subprocess.run([sys.executable, "-m", "trainyard.cli", *args], cwd=ROOT, capture_output=True, text=True,
                                 check=False)
         assert result.returncode == 2, (args, result.stderr)
         assert "Traceback" not in result.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from config.airflow import airflow_env
+from trainyard.config.airflow import airflow_env
 
 
 def _imported(path: str) -> object:

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from config.cluster import Cluster, cluster_for, known_clusters, load_cluster
+from trainyard.config.cluster import Cluster, cluster_for, known_clusters, load_cluster
 
 
 def test_the_seed_fleet_expands_from_a_few_lines() -> None:
@@ -78,7 +78,7 @@ def test_bandwidths_are_read_with_their_unit_and_the_old_gbps_names_are_refused(
 
 
 def test_the_advisor_uses_the_clusters_bandwidths() -> None:
-    from plugins.advisor.hardware import hardware_for
+    from trainyard.plugins.advisor.hardware import hardware_for
 
     hw = hardware_for(load_cluster("h100-fleet"), "H100")
     assert (hw.gpu.intra_node_bandwidth, hw.gpu.inter_node_bandwidth) == (450e9, 50e9)

@@ -1,10 +1,10 @@
-"""Which database URLs name a server that is not running (`config.databases.silent_socket`)."""
+"""Which database URLs name a server that is not running (`trainyard.config.databases.silent_socket`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from config.databases import down_message, postgres_url, silent_socket
+from trainyard.config.databases import down_message, postgres_url, silent_socket
 
 
 def test_a_socket_url_with_no_socket_is_silent_until_the_server_makes_one(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import MAX_SPEC_BYTES, read_spec_file
-from config.problems import Code
+from trainyard.config.loader import MAX_SPEC_BYTES, read_spec_file
+from trainyard.config.problems import Code
 
 DEMO = Path(__file__).resolve().parents[3] / "config" / "jobs" / "demo-tiny-lm.yaml"
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from config.pipeline import describe_split, rank_layer_counts, split_imbalance, stage_layer_counts
+from trainyard.config.pipeline import (
+    describe_split,
+    rank_layer_counts,
+    split_imbalance,
+    stage_layer_counts,
+)
 
 
 @pytest.mark.parametrize("layers", range(1, 40))

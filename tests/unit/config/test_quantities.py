@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from config.quantities import parse_count, parse_duration
+from trainyard.config.quantities import parse_count, parse_duration
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -40,7 +40,7 @@ def test_bad_counts(bad: object) -> None:
     ("25Gbps", 25e9 / 8),
 ])
 def test_bandwidths_carry_their_unit(text: str, bytes_per_s: float) -> None:
-    from config.quantities import parse_bandwidth
+    from trainyard.config.quantities import parse_bandwidth
 
     assert parse_bandwidth(text) == pytest.approx(bytes_per_s)
 
@@ -51,7 +51,7 @@ def test_bandwidths_carry_their_unit(text: str, bytes_per_s: float) -> None:
     (True, "expected a bandwidth"),
 ])
 def test_bad_bandwidths(bad: object, message: str) -> None:
-    from config.quantities import parse_bandwidth
+    from trainyard.config.quantities import parse_bandwidth
 
     with pytest.raises(ValueError, match=message):
         parse_bandwidth(bad)

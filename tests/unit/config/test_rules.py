@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from config.cluster import load_cluster
-from config.loader import validate_document
-from config.problems import Code, Problem
-from config.rules import check_against_cluster, check_spec
-from config.spec import TrainingJob
+from trainyard.config.cluster import load_cluster
+from trainyard.config.loader import validate_document
+from trainyard.config.problems import Code, Problem
+from trainyard.config.rules import check_against_cluster, check_spec
+from trainyard.config.spec import TrainingJob
 
 
 def _job(doc: dict[str, Any]) -> TrainingJob:

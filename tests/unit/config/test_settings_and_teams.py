@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from config.settings import Settings
-from config.teams import Teams, load_teams
-from config.worker_env import WorkerEnv, is_reserved
+from trainyard.config.settings import Settings
+from trainyard.config.teams import Teams, load_teams
+from trainyard.config.worker_env import WorkerEnv, is_reserved
 
 
 def test_defaults_are_the_embedded_default(tmp_path: Path) -> None:

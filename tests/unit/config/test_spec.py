@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from config.loader import load_spec_file, validate_document
-from config.problems import Code, SpecError
-from config.spec import TrainingJob
+from trainyard.config.loader import load_spec_file, validate_document
+from trainyard.config.problems import Code, SpecError
+from trainyard.config.spec import TrainingJob
 
 CONFIG = Path(__file__).resolve().parents[3] / "config"
 SPECS = sorted([*(CONFIG / "jobs").glob("*.yaml"), *(CONFIG / "examples").glob("*.yaml")])
@@ -108,7 +108,7 @@ def test_spec_error_carries_every_problem(tmp_path: Path) -> None:
 
 
 def test_ffn_and_kv_defaults() -> None:
-    from config.spec import ModelHints
+    from trainyard.config.spec import ModelHints
 
     llama = ModelHints(hidden_size=4096, num_layers=32, num_attention_heads=32, sequence_length=2048,
                        global_batch_size=8)

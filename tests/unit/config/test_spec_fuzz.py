@@ -11,10 +11,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config.cluster import load_cluster
-from config.loader import parse_spec_text, validate_document
-from config.problems import Problem
-from config.rules import check_against_cluster, check_spec
+from trainyard.config.cluster import load_cluster
+from trainyard.config.loader import parse_spec_text, validate_document
+from trainyard.config.problems import Problem
+from trainyard.config.rules import check_against_cluster, check_spec
 
 CONFIG = Path(__file__).resolve().parents[3] / "config"
 SPECS = [yaml.safe_load(p.read_text())

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from config.settings import Settings
-from config.spec import TrainingJob
-from plugins.advisor.plan import Plan
-from plugins.placement.model import Placement
-from plugins.recovery.state import JobStateStore
 from tests.support.procs import REPO_ROOT
+from trainyard.config.settings import Settings
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.placement.model import Placement
+from trainyard.plugins.recovery.state import JobStateStore
 
 JOB = "demo-tiny-lm"
 RUN = "20260501t120000-abc123"
@@ -41,11 +41,11 @@ def settings_for(home: Path, tracking_uri: str) -> Settings:
 
 
 def plan_and_place(job: TrainingJob, attempt: int) -> tuple[Plan, Placement]:
-    from config.cluster import load_cluster
-    from plugins.advisor import plan_job
-    from plugins.placement.gang import place_gang
-    from plugins.placement.inventory import Inventory
-    from plugins.placement.model import GangRequest
+    from trainyard.config.cluster import load_cluster
+    from trainyard.plugins.advisor import plan_job
+    from trainyard.plugins.placement.gang import place_gang
+    from trainyard.plugins.placement.inventory import Inventory
+    from trainyard.plugins.placement.model import GangRequest
 
     cluster = load_cluster("local")
     plan = plan_job(job, cluster).best
@@ -55,13 +55,13 @@ def plan_and_place(job: TrainingJob, attempt: int) -> tuple[Plan, Placement]:
 
 
 def record_run(home: Path, tracking_uri: str) -> Recorded:
-    from config.loader import load_spec_file
-    from plugins.launch.environment import checkpoint_uri
-    from plugins.launch.model import RunHandle
-    from plugins.recovery.model import FailureReport, RecoveryAction
-    from plugins.storage.store import open_store
-    from plugins.tracking import runs
     from tests.unit.checkpoint.fabricate import make_checkpoint
+    from trainyard.config.loader import load_spec_file
+    from trainyard.plugins.launch.environment import checkpoint_uri
+    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.recovery.model import FailureReport, RecoveryAction
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.plugins.tracking import runs
 
     settings = settings_for(home, tracking_uri)
     job = load_spec_file(REPO_ROOT / "config" / "jobs" / f"{JOB}.yaml")
@@ -124,7 +124,7 @@ def _train(client: object, rid: str, steps: range, start: datetime) -> None:
     stamped `STEP_S` apart; a step the run already has goes to `replay/loss`."""
     from mlflow.entities import Metric
 
-    from plugins.tracking.metrics import REPLAY_PREFIX
+    from trainyard.plugins.tracking.metrics import REPLAY_PREFIX
 
     have = {m.step for m in client.get_metric_history(rid, "loss")}  # type: ignore[attr-defined]
     metrics = []

@@ -11,10 +11,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from plugins.control_room.app import create_app
-from plugins.control_room.build import build_run_view
-from plugins.control_room.urls import URL_PREFIX, view_path, view_url
 from tests.unit.control_room.recorded import FIRST_DAG_RUN, JOB, RUN, Recorded
+from trainyard.plugins.control_room.app import create_app
+from trainyard.plugins.control_room.build import build_run_view
+from trainyard.plugins.control_room.urls import URL_PREFIX, view_path, view_url
 
 SECTIONS = ("Progress", "Plan", "Placement", "Checkpoints", "Recovery timeline")
 
@@ -83,7 +83,7 @@ def test_the_plugin_declares_what_airflows_ui_accepts() -> None:
         FastAPIAppResponse,
     )
 
-    from plugins import trainyard_plugin
+    from trainyard.plugins import trainyard_plugin
 
     plugin = trainyard_plugin.TrainyardPlugin
     views = [ExternalViewResponse.model_validate(v) for v in plugin.external_views]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from plugins.control_room.build import build_run_view
-from plugins.control_room.locate import run_of_dag_run
-from plugins.control_room.model import RunView
-from plugins.recovery.state import RunNotFound
 from tests.unit.control_room.recorded import FIRST_DAG_RUN, JOB, RUN, STEP_S, Recorded, record_run
+from trainyard.plugins.control_room.build import build_run_view
+from trainyard.plugins.control_room.locate import run_of_dag_run
+from trainyard.plugins.control_room.model import RunView
+from trainyard.plugins.recovery.state import RunNotFound
 
 
 def view_of(rec: Recorded, **kwargs: object) -> RunView:
@@ -22,8 +22,8 @@ def view_of(rec: Recorded, **kwargs: object) -> RunView:
 
 
 def test_the_plan_and_its_memory_against_the_budget_and_the_device(recorded: Recorded) -> None:
-    from config.cluster import load_cluster
-    from plugins.advisor.hardware import hardware_for
+    from trainyard.config.cluster import load_cluster
+    from trainyard.plugins.advisor.hardware import hardware_for
 
     plan = view_of(recorded).plan
     assert plan is not None
@@ -108,9 +108,9 @@ def test_a_checkpoint_missing_a_file_is_not_what_a_resume_takes(tmp_path: Path) 
 
 
 def test_a_live_attempt_shows_its_ranks_heartbeats(tmp_path: Path) -> None:
-    from node_agent.heartbeat import Heartbeat, write_heartbeat
-    from plugins.launch.model import RunHandle
-    from plugins.tracking.cost import run_mfu
+    from trainyard.node_agent.heartbeat import Heartbeat, write_heartbeat
+    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.tracking.cost import run_mfu
 
     rec = _own_run(tmp_path)
     beats = tmp_path / "beats"

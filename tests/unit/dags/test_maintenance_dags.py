@@ -13,16 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from plugins.checkpoint.catalog import list_checkpoints, quarantine
-from plugins.checkpoint.manifest import step_dir
-from plugins.checkpoint.uris import checkpoint_root
-from plugins.errors import FatalError
-from plugins.storage.store import open_store
+from tests.support.dag_file import dagbag
 from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.plugins.checkpoint.catalog import list_checkpoints, quarantine
+from trainyard.plugins.checkpoint.manifest import step_dir
+from trainyard.plugins.checkpoint.uris import checkpoint_root
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.storage.store import open_store
 
 REPO = Path(__file__).resolve().parents[3]
 OLD = datetime(2026, 1, 1, tzinfo=UTC)
 RUN = "20260101t000000-abcdef"
+
+
+def maintenance(bag: object) -> dict[str, object]:
+    """The maintenance DAGs of the DAG file (it builds the jobs' DAGs beside them)."""
+    return {k: d for k, d in bag.dags.items() if "trainyard:maintenance" in d.tags}  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -34,7 +40,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
     monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     get_settings.cache_clear()
     yield get_settings()
@@ -53,19 +59,18 @@ def test_three_maintenance_dags_on_presets_with_one_task_each(env: object, now: 
     serialised DAG: never at once when a fresh stack first sees it (its first tries used to
     fail there, queued before the API server listened). The chargeback bills a whole day."""
     import pendulum
-    from airflow.dag_processing.dagbag import DagBag
     from airflow.serialization.serialized_objects import DagSerialization
     from airflow.timetables import trigger
     from airflow.timetables.base import TimeRestriction
 
     monkeypatch.setattr(trigger, "utcnow", lambda: pendulum.instance(now))
 
-    bag = DagBag(str(REPO / "dags" / "maintenance.py"))
+    bag = dagbag()
     assert bag.import_errors == {}
     expected = {"trainyard_checkpoint_audit": ("0 0 * * *", "audit_checkpoints", timedelta(0)),
                 "trainyard_retention_sweep": ("0 * * * *", "sweep_retention", timedelta(0)),
                 "trainyard_chargeback": ("0 0 * * *", "chargeback_report", timedelta(days=1))}
-    assert set(bag.dags) == set(expected)
+    assert set(maintenance(bag)) == set(expected)
     for dag_id, (cron, task, covers) in expected.items():
         dag = DagSerialization.from_dict(DagSerialization.to_dict(bag.dags[dag_id]))
         assert (dag.timetable.summary, list(dag.task_dict)) == (cron, [task])
@@ -78,10 +83,9 @@ def test_three_maintenance_dags_on_presets_with_one_task_each(env: object, now: 
 
 
 def test_a_tasks_parse_builds_only_its_maintenance_dag(env: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.dag_processing.dagbag import DagBag
 
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "trainyard_retention_sweep")
-    assert set(DagBag(str(REPO / "dags" / "maintenance.py")).dags) == {"trainyard_retention_sweep"}
+    assert set(dagbag().dags) == {"trainyard_retention_sweep"}
 
 
 def _fabricate(settings: object, job: str, steps: list[int]) -> str:
@@ -93,7 +97,7 @@ def _fabricate(settings: object, job: str, steps: list[int]) -> str:
 
 
 def test_audit_callable_passes_then_fails_naming_the_corrupt_checkpoint(env: object) -> None:
-    from operators.maintenance import audit_checkpoints
+    from trainyard.operators.maintenance import audit_checkpoints
 
     root = _fabricate(env, "demo-tiny-lm", [10, 20])
     _fabricate(env, "orphan-job", [7])  # no spec: audited all the same
@@ -108,13 +112,13 @@ def test_audit_callable_passes_then_fails_naming_the_corrupt_checkpoint(env: obj
 
 
 def test_sweep_callable_applies_the_spec_policy_and_keeps_quarantined(env: object) -> None:
-    from operators.maintenance import sweep_retention
+    from trainyard.operators.maintenance import sweep_retention
 
     steps = list(range(10, 90, 10))  # 8 checkpoints; the demo spec keeps the last maxKeep
     root = _fabricate(env, "demo-tiny-lm", steps)
     quarantine(f"{root}/{step_dir(10)}/MANIFEST.json", "restore failed verification")
     other = _fabricate(env, "orphan-job", [1, 2, 3])
-    from config.loader import load_spec_file
+    from trainyard.config.loader import load_spec_file
 
     keep = load_spec_file(REPO / "config" / "jobs" / "demo-tiny-lm.yaml").spec.checkpoint.max_keep
     result = sweep_retention()
@@ -129,9 +133,9 @@ def test_sweep_callable_applies_the_spec_policy_and_keeps_quarantined(env: objec
 def test_chargeback_callable_writes_csv_html_and_an_mlflow_run(env: object) -> None:
     from mlflow import MlflowClient
 
-    from operators.maintenance import chargeback_report
-    from plugins.tracking import cost, runs
     from tests.unit.tracking.factories import make_job, make_plan
+    from trainyard.operators.maintenance import chargeback_report
+    from trainyard.plugins.tracking import cost, runs
 
     uri = env.mlflow_tracking_uri  # type: ignore[attr-defined]
     job = make_job("billed", team="acct", project="p1", gpu_type="H100", gpu_count=8)
@@ -166,7 +170,7 @@ def no_aws_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_store_without_credentials_is_skipped_and_named_not_failed(env: object, no_aws_credentials: None) -> None:
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from operators.maintenance import audit_checkpoints, sweep_retention
+    from trainyard.operators.maintenance import audit_checkpoints, sweep_retention
 
     jobs = Path(env.jobs_dir)  # type: ignore[attr-defined]
     shutil.copy(REPO / "config" / "examples" / "llama-7b-finetune.yaml", jobs)  # checkpoints in s3://checkpoints/
@@ -187,11 +191,10 @@ def test_a_fresh_stack_s_maintenance_tasks_end_without_a_failure(tmp_path: Path,
     """The embedded stack's own jobs folder (`config/jobs/`, no TRAINYARD_JOBS_DIR), a fresh home:
     each maintenance task the stack schedules at start-up succeeds (or skips) at its first try —
     and that folder holds only jobs this machine runs (no production bucket, CPU devices)."""
-    from airflow.dag_processing.dagbag import DagBag
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from config.loader import load_spec_file
-    from config.settings import get_settings
+    from trainyard.config.loader import load_spec_file
+    from trainyard.config.settings import get_settings
 
     monkeypatch.delenv("TRAINYARD_JOBS_DIR", raising=False)
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
@@ -205,8 +208,8 @@ def test_a_fresh_stack_s_maintenance_tasks_end_without_a_failure(tmp_path: Path,
             stores = [spec.checkpoint.storage or "", spec.dataset.source]
             assert not [s for s in stores if "://" in s and not s.startswith("file://")], path
             assert spec.hardware.gpu_type == "cpu", path
-        bag = DagBag(str(REPO / "dags" / "maintenance.py"))
-        scheduled = [dag for dag in bag.dags.values() if not dag.is_paused_upon_creation]
+        bag = dagbag()
+        scheduled = [dag for dag in maintenance(bag).values() if not dag.is_paused_upon_creation]
         assert {d.dag_id for d in scheduled} == {"trainyard_checkpoint_audit", "trainyard_chargeback"}
         interval = {"data_interval_start": "2026-12-01T00:00:00+00:00", "data_interval_end": "2026-12-02T00:00:00+00:00"}
         for dag in [*scheduled, bag.dags["trainyard_retention_sweep"]]:

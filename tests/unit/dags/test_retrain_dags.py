@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.dag_file import dagbag
+
 REPO = Path(__file__).resolve().parents[3]
 DEMO = yaml.safe_load((REPO / "config" / "jobs" / "demo-tiny-lm.yaml").read_text())
 
@@ -34,12 +36,11 @@ def bag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
-    from airflow.dag_processing.dagbag import DagBag
 
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     get_settings.cache_clear()
-    yield DagBag(str(REPO / "dags" / "training_jobs.py"))
+    yield dagbag()
     get_settings.cache_clear()
 
 
@@ -85,7 +86,7 @@ def test_retraining_dags_serialise_with_their_schedule_and_gate(bag: Any) -> Non
 
 
 def test_asset_uri_of_a_dataset() -> None:
-    from plugins.data.assets import dataset_asset_uri
+    from trainyard.plugins.data.assets import dataset_asset_uri
 
     assert dataset_asset_uri("datasets/pydoc-topics/") == "trainyard://datasets/pydoc-topics"
     assert dataset_asset_uri("s3://lake/text/") == "s3://lake/text"
@@ -94,18 +95,20 @@ def test_asset_uri_of_a_dataset() -> None:
 
 
 def test_the_data_preparation_task_emits_the_datasets_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.dag_processing.dagbag import DagBag
     from airflow.sdk import Asset
     from airflow.sdk.execution_time.context import OutletEventAccessors
 
-    from config.settings import Settings
-    from operators.datasets import prepare_demo_version
-    from plugins.data.publish import PublishedVersion
-    from plugins.storage.store import open_store
+    from trainyard.config.settings import Settings
+    from trainyard.operators.datasets import prepare_demo_version
+    from trainyard.plugins.data.publish import PublishedVersion
+    from trainyard.plugins.storage.store import open_store
 
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
     monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
-    dag = DagBag(str(REPO / "dags" / "datasets.py")).dags["trainyard_prepare_demo_data"]
+    monkeypatch.delenv("TRAINYARD_DEMO_DAGS", raising=False)
+    assert "trainyard_prepare_demo_data" not in dagbag().dags  # a deployment's Airflow: no demo DAG
+    monkeypatch.setenv("TRAINYARD_DEMO_DAGS", "true")  # the embedded stack's
+    dag = dagbag().dags["trainyard_prepare_demo_data"]
     (task,) = dag.tasks
     asset = Asset("trainyard://datasets/pydoc-topics")
     assert task.outlets == [asset] and dag.schedule is None

@@ -1,4 +1,4 @@
-"""The DAG folder as Airflow's own loader sees it: one DAG per spec with DESIGN §4's graph,
+"""The one DAG file (`trainyard.config.airflow.DAG_FILE`) as Airflow's own loader sees it: one DAG per spec with DESIGN §4's graph,
 an invalid spec reported as an import error carrying its validation report, one DAG built when
 a task's parse names it, and every DAG serialisable (what the dag-processor stores)."""
 
@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.dag_file import dagbag
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted([*(REPO / "config" / "jobs").glob("*.yaml"), *(REPO / "config" / "examples").glob("*.yaml")])
@@ -23,24 +25,19 @@ def jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("TRAINYARD_JOBS_DIR", str(folder))
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRAINYARD_DEMO_DAGS", "true")
     monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     get_settings.cache_clear()
     yield folder
     get_settings.cache_clear()
 
 
-def dagbag() -> object:
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(str(REPO / "dags"))
-
-
 MAINTENANCE = {"trainyard_checkpoint_audit", "trainyard_retention_sweep", "trainyard_chargeback",
                "trainyard_prepare_demo_data"}
 """The platform's own DAGs: `dags/maintenance.py` (tested in `test_maintenance_dags.py`) and
-`dags/datasets.py` (`test_retrain_dags.py`)."""
+`dags/datasets.py` (`test_retrain_dags.py`; built where `TRAINYARD_DEMO_DAGS` is set)."""
 
 
 def training_dags(bag: object) -> dict[str, object]:
@@ -48,7 +45,7 @@ def training_dags(bag: object) -> dict[str, object]:
 
 
 def names(specs: list[Path]) -> set[str]:
-    from config.loader import load_spec_file
+    from trainyard.config.loader import load_spec_file
 
     return {load_spec_file(p).name for p in specs}
 
@@ -93,7 +90,7 @@ def test_an_invalid_spec_is_an_import_error_with_its_report_and_the_others_stay(
     bag = dagbag()
     assert set(training_dags(bag)) == names(EXAMPLES)  # the valid ones are all there
     ((path, error),) = bag.import_errors.items()
-    assert path.endswith("invalid_specs.py")
+    assert path.endswith("trainyard_dags.py")  # the one DAG file: its import error
     assert "broken.yaml" in error and "gpuCuont" in error and "did you mean 'gpuCount'" in error
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from plugins.data.datasets import sample_rows
-from plugins.data.rows import BLANK, BadRow, read_rows
-from plugins.storage.store import open_store
-from worker.data import load_bytes
+from trainyard.plugins.data.datasets import sample_rows
+from trainyard.plugins.data.rows import BLANK, BadRow, read_rows
+from trainyard.plugins.storage.store import open_store
+from trainyard.worker.data import load_bytes
 
 SHARD = b'{"text": "a"}\n\n[1, 2]\nnot json\n{"text": "\xff"}\n' + '{"text": "é"}\r\n'.encode()
 

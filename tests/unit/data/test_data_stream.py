@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from plugins.data.cache import ShardCache
-from plugins.data.documents import END, iter_documents
-from plugins.data.manifest import ShardGoneError, list_manifest
-from plugins.data.reader import StreamingReader
-from plugins.storage.store import ObjectStore, S3Store, open_store
 from tests.support.datasets import write_jsonl_dataset
 from tests.support.s3_server import S3Server
+from trainyard.plugins.data.cache import ShardCache
+from trainyard.plugins.data.documents import END, iter_documents
+from trainyard.plugins.data.manifest import ShardGoneError, list_manifest
+from trainyard.plugins.data.reader import StreamingReader
+from trainyard.plugins.storage.store import ObjectStore, S3Store, open_store
 
 SEQ = 63
 
@@ -257,7 +257,7 @@ def test_ranks_of_a_node_share_the_cache_and_fetch_each_shard_once(store: Object
 def test_windows_are_numpys_sliding_windows_every_seq_len(length: int, dtype: str) -> None:
     import numpy as np
 
-    from plugins.data.stream import windows_of
+    from trainyard.plugins.data.stream import windows_of
 
     for tokens in (np.arange(length, dtype=dtype), np.arange(2 * length, dtype=dtype)[::2]):
         expected = np.lib.stride_tricks.sliding_window_view(tokens, SEQ + 1)[::SEQ] \

@@ -1,4 +1,4 @@
-"""Stripes (`plugins.data.stripes`) against a real S3 endpoint and a local store: each rank
+"""Stripes (`trainyard.plugins.data.stripes`) against a real S3 endpoint and a local store: each rank
 reads only its share of the shards, the order depends on the stripes and not on the data-
 parallel size, a checkpoint resumes on any size, and each stripe's epoch is every one of its
 samples once."""
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from plugins.data.cache import ShardCache
-from plugins.data.manifest import ShardEntry, ShardManifest, list_manifest
-from plugins.data.reader import StreamingReader
-from plugins.data.stripes import merge_states, read_by, stripe_members, taken_from
-from plugins.storage.store import ObjectStore, S3Store, open_store
 from tests.support.datasets import row_text
 from tests.support.s3_server import S3Server
+from trainyard.plugins.data.cache import ShardCache
+from trainyard.plugins.data.manifest import ShardEntry, ShardManifest, list_manifest
+from trainyard.plugins.data.reader import StreamingReader
+from trainyard.plugins.data.stripes import merge_states, read_by, stripe_members, taken_from
+from trainyard.plugins.storage.store import ObjectStore, S3Store, open_store
 
 SEQ, GLOBAL_BATCH = 63, 12
 

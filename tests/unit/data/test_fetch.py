@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from plugins.data.fetch import open_stream
-from plugins.data.manifest import ShardGoneError, ShardManifest, list_manifest
-from plugins.storage.store import S3Store
 from tests.support.s3_server import S3Server
+from trainyard.plugins.data.fetch import open_stream
+from trainyard.plugins.data.manifest import ShardGoneError, ShardManifest, list_manifest
+from trainyard.plugins.storage.store import S3Store
 
 CHUNK = 1000
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plugins.data.cache import ChunkHasher, ShardCache, chunks_sha256
-from plugins.data.documents import END, ByteTokenizer
-from plugins.data.reader import StreamingReader
-from plugins.data.stream import ORDER_VERSION, block_permutation
-from plugins.storage.store import ObjectStore, open_store
 from tests.support.datasets import write_jsonl_dataset
+from trainyard.plugins.data.cache import ChunkHasher, ShardCache, chunks_sha256
+from trainyard.plugins.data.documents import END, ByteTokenizer
+from trainyard.plugins.data.reader import StreamingReader
+from trainyard.plugins.data.stream import ORDER_VERSION, block_permutation
+from trainyard.plugins.storage.store import ObjectStore, open_store
 
 
 class CountingTokenizer(ByteTokenizer):
@@ -108,7 +108,7 @@ def test_a_corrupted_token_file_is_dropped_and_parsed_again(store: ObjectStore, 
 
 def test_a_process_hashes_a_token_file_once_and_a_rewritten_one_again(
         store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from plugins.data import cache as cache_module
+    from trainyard.plugins.data import cache as cache_module
 
     hashed: list[str] = []
     real = cache_module.chunks_sha256
@@ -142,7 +142,7 @@ def test_a_warm_epoch_opens_known_copies_in_the_producer_and_hashes_others_on_pr
     """A copy this process verified is opened where the batches are cut (a hand-over to a thread
     cost more than the open); one it must hash first still goes to a prefetch thread, so a hash
     never holds up the cut, and a corrupt one is still caught there."""
-    from plugins.data import cache as cache_module
+    from trainyard.plugins.data import cache as cache_module
 
     first = _epochs(_reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer()), 1)
     warm = _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer())
@@ -236,7 +236,7 @@ def test_hashing_pieces_as_they_are_written_matches_hashing_the_file(cuts: list[
 
 
 def test_tokens_larger_than_the_cache_are_returned_but_not_kept(store: ObjectStore, tmp_path: Path) -> None:
-    from plugins.data.manifest import list_manifest
+    from trainyard.plugins.data.manifest import list_manifest
 
     manifest = list_manifest(store, "jsonl")
     shard = manifest.shards[0]
@@ -291,8 +291,8 @@ def test_what_the_producer_cut_reaches_the_consumer_before_it_waits_for_a_shard(
     """A hand-over gathers up to four blocks' batches (`HANDOVER_BLOCKS`), but never holds them
     through a wait: here every shard after the first is stuck in its fetch, and the first
     shard's batches (one block: fewer than four) still reach the consumer."""
-    from plugins.data.manifest import list_manifest
-    from plugins.data.stream import epoch_order
+    from trainyard.plugins.data.manifest import list_manifest
+    from trainyard.plugins.data.stream import epoch_order
 
     shards = list_manifest(store, "jsonl").shards
     first = shards[epoch_order(len(shards), 1, 0)[0]].key

@@ -11,15 +11,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from config.loader import load_spec_file
-from config.problems import Code
-from config.rules import check_spec
-from config.settings import Settings
-from plugins.data.cache import ShardCache
-from plugins.data.documents import END, ByteTokenizer, FileTokenizer, load_tokenizer, token_pieces
-from plugins.data.reader import StreamingReader
-from plugins.storage.store import ObjectStore, open_store
-from plugins.validation.dataset import check_dataset
+from trainyard.config.loader import load_spec_file
+from trainyard.config.problems import Code
+from trainyard.config.rules import check_spec
+from trainyard.config.settings import Settings
+from trainyard.plugins.data.cache import ShardCache
+from trainyard.plugins.data.documents import (
+    END,
+    ByteTokenizer,
+    FileTokenizer,
+    load_tokenizer,
+    token_pieces,
+)
+from trainyard.plugins.data.reader import StreamingReader
+from trainyard.plugins.storage.store import ObjectStore, open_store
+from trainyard.plugins.validation.dataset import check_dataset
 
 DEMO = load_spec_file(Path(__file__).resolve().parents[3] / "config" / "jobs" / "demo-tiny-lm.yaml")
 DOCS = [f"document {i}: the quick brown fox jumps over the lazy dog, {i} times — naïve café"

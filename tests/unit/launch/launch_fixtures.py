@@ -10,17 +10,17 @@ from typing import Any
 
 import yaml
 
-from config.cluster import load_cluster
-from config.settings import Settings
-from config.spec import TrainingJob
-from config.worker_env import WorkerEnv
-from plugins.advisor.plan import Plan
-from plugins.launch.environment import build_worker_env
-from plugins.placement.gang import place_gang
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest, Placement
 from tests.support.procs import REPO_ROOT
 from tests.support.require import missing
+from trainyard.config.cluster import load_cluster
+from trainyard.config.settings import Settings
+from trainyard.config.spec import TrainingJob
+from trainyard.config.worker_env import WorkerEnv
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.launch.environment import build_worker_env
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest, Placement
 
 SCHEMAS = Path(os.environ.get("TRAINYARD_SHARED_SCHEMAS") or REPO_ROOT.parent / "shared" / "schemas")
 """`../shared/schemas` beside the checkout; a git worktree elsewhere names it with the variable."""

@@ -8,14 +8,14 @@ from unittest.mock import create_autospec
 import pytest
 from kubernetes.client import CustomObjectsApi
 
-from plugins.errors import FatalError
-from plugins.launch.cluster_settings import (
+from tests.unit.launch.launch_fixtures import gpu_job
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.launch.cluster_settings import (
     UnsafeForCluster,
     check_cluster_settings,
     cluster_setting_problems,
 )
-from plugins.launch.volcano import KubernetesLauncher
-from tests.unit.launch.launch_fixtures import gpu_job
+from trainyard.plugins.launch.volcano import KubernetesLauncher
 
 
 def problems(env_update: dict[str, Any] | None = None, **spec: Any) -> dict[str, str]:

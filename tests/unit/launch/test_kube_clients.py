@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from kubernetes.config import ConfigException
 
-from plugins.launch.kube_clients import clients_from_kubeconfig
-from plugins.launch.volcano import KubernetesLauncher
 from tests.unit.launch.kubeconfig import write_kubeconfig
+from trainyard.plugins.launch.kube_clients import clients_from_kubeconfig
+from trainyard.plugins.launch.volcano import KubernetesLauncher
 
 
 def test_the_current_or_a_named_context(tmp_path: Path) -> None:

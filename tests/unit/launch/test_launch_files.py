@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from plugins.files import write_atomic
-from plugins.launch.files import (
+from tests.support.procs import REPO_ROOT
+from trainyard.plugins.files import write_atomic
+from trainyard.plugins.launch.files import (
     AgentExit,
     DivergenceRecord,
     RankRecord,
@@ -20,7 +21,6 @@ from plugins.launch.files import (
     read_model,
     read_rank_records,
 )
-from tests.support.procs import REPO_ROOT
 
 
 def test_write_atomic_replaces_whole_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ def test_the_real_rank_wrapper_writes_what_the_model_reads(tmp_path: Path) -> No
     script.write_text("import sys; print('hello'); sys.exit(3)\n")
     env = {**os.environ, "RANK": "1", "LOCAL_RANK": "0", "TRAINYARD_NODE": "local-0",
            "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-m", "plugins.launch.rank_exec", "--run-dir", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "trainyard.plugins.launch.rank_exec", "--run-dir", str(tmp_path),
                            "--", str(script)], env=env, cwd=REPO_ROOT, timeout=60, check=False)
     assert done.returncode == 3
     record = read_rank_records(tmp_path)[1]  # extra fields are forbidden: no drift goes unseen
@@ -70,14 +70,14 @@ def test_the_divergence_record_keeps_non_finite_losses(tmp_path: Path) -> None:
 def _rank(tmp_path: Path, script: Path, restart: int) -> int:
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "TORCHELASTIC_RESTART_COUNT": str(restart),
            "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "plugins.launch.rank_exec", "--run-dir", str(tmp_path),
+    return subprocess.run([sys.executable, "-m", "trainyard.plugins.launch.rank_exec", "--run-dir", str(tmp_path),
                            "--", str(script)], env=env, cwd=REPO_ROOT, timeout=60, check=False).returncode
 
 
 def test_an_in_place_restart_after_a_control_plane_exit_replays_it_without_running_the_script(
         tmp_path: Path) -> None:
-    from plugins.launch.rank_exec import CONTROL_PLANE_CODES
-    from worker import exit_codes
+    from trainyard.plugins.launch.rank_exec import CONTROL_PLANE_CODES
+    from trainyard.worker import exit_codes
 
     assert {exit_codes.DIVERGED, exit_codes.PREEMPTED, exit_codes.OOM,
                                    exit_codes.PREEMPTED_NO_CHECKPOINT, exit_codes.CHECKPOINT_CORRUPT} == CONTROL_PLANE_CODES

@@ -12,21 +12,27 @@ from pathlib import Path
 
 import pytest
 
-from config.cluster import load_cluster
-from config.settings import Settings
-from config.spec import TrainingJob
-from node_agent.heartbeat import Heartbeat, write_heartbeat
-from plugins.advisor.plan import Plan
-from plugins.launch import processes
-from plugins.launch.environment import build_worker_env
-from plugins.launch.exit_codes import describe, known_codes
-from plugins.launch.files import AgentExit, RankRecord, StopRequest
-from plugins.launch.local import LocalLauncher, tail_lines, waiting_in_exit_barrier
-from plugins.launch.model import AgentRecord, AgentStatus, RankStatus, RunHandle, RunStatus
-from plugins.placement.gang import place_gang
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest
 from tests.support.waiting import wait_for
+from trainyard.config.cluster import load_cluster
+from trainyard.config.settings import Settings
+from trainyard.config.spec import TrainingJob
+from trainyard.node_agent.heartbeat import Heartbeat, write_heartbeat
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.launch import processes
+from trainyard.plugins.launch.environment import build_worker_env
+from trainyard.plugins.launch.exit_codes import describe, known_codes
+from trainyard.plugins.launch.files import AgentExit, RankRecord, StopRequest
+from trainyard.plugins.launch.local import LocalLauncher, tail_lines, waiting_in_exit_barrier
+from trainyard.plugins.launch.model import (
+    AgentRecord,
+    AgentStatus,
+    RankStatus,
+    RunHandle,
+    RunStatus,
+)
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest
 
 
 def dead_pid() -> tuple[int, int | None]:
@@ -231,8 +237,8 @@ def test_both_launchers_implement_the_interface(tmp_path: Path) -> None:
 
     from kubernetes.client import CustomObjectsApi
 
-    from plugins.launch.base import Launcher
-    from plugins.launch.volcano import KubernetesLauncher
+    from trainyard.plugins.launch.base import Launcher
+    from trainyard.plugins.launch.volcano import KubernetesLauncher
 
     assert isinstance(LocalLauncher(tmp_path), Launcher)
     assert isinstance(KubernetesLauncher(create_autospec(CustomObjectsApi, instance=True)), Launcher)

@@ -10,9 +10,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from config.teams import load_teams
-from config.worker_env import WorkerEnv
-from plugins.launch.manifests import (
+from tests.unit.launch.launch_fixtures import gpu_job, pod_of, validate_k8s, validate_volcano
+from trainyard.config.teams import load_teams
+from trainyard.config.worker_env import WorkerEnv
+from trainyard.plugins.launch.manifests import (
     KubernetesOptions,
     render_all,
     render_node_agent_daemonset,
@@ -21,7 +22,6 @@ from plugins.launch.manifests import (
     render_volcano_job,
     volcano_job_name,
 )
-from tests.unit.launch.launch_fixtures import gpu_job, pod_of, validate_k8s, validate_volcano
 
 JOBS_CRD = "batch.volcano.sh_jobs.yaml"
 QUEUES_CRD = "scheduling.volcano.sh_queues.yaml"
@@ -164,19 +164,19 @@ def test_node_agent_daemonset_runs_the_agent_as_specified() -> None:
 
 
 def test_cpu_job_requests_cpus_without_nccl_or_rdma() -> None:
-    from config.cluster import load_cluster
-    from config.loader import load_spec_file
-    from plugins.advisor.plan import Plan
-    from plugins.launch.environment import build_worker_env
-    from plugins.placement.gang import place_gang
-    from plugins.placement.inventory import Inventory
-    from plugins.placement.model import GangRequest
+    from trainyard.config.cluster import load_cluster
+    from trainyard.config.loader import load_spec_file
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.launch.environment import build_worker_env
+    from trainyard.plugins.placement.gang import place_gang
+    from trainyard.plugins.placement.inventory import Inventory
+    from trainyard.plugins.placement.model import GangRequest
 
     job = load_spec_file("config/jobs/demo-tiny-lm.yaml").model_copy(deep=True)
     job = job.model_copy(update={"spec": job.spec.model_copy(update={"image": "trainyard:demo"})})
     plan = Plan(dp=2)
     placement = place_gang(GangRequest.for_job(job, plan), Inventory.from_cluster(load_cluster("local")))
-    from config.settings import Settings
+    from trainyard.config.settings import Settings
 
     env = build_worker_env(job, plan, Settings(home="/tmp/unused-trainyard-home"), run="r-test", attempt=0)
     body = render_volcano_job(job, plan, placement, env, attempt=0)
@@ -239,7 +239,7 @@ def test_the_agents_liveness_probe_is_livez() -> None:
 def test_yaml_is_plain_no_anchors_and_utf8() -> None:
     import yaml
 
-    from plugins.launch.manifests import to_yaml
+    from trainyard.plugins.launch.manifests import to_yaml
 
     job, plan, placement, env = gpu_job()
     docs = render_all(job, plan, placement, env, load_teams(), attempt=0, total_gpus=10_000)
@@ -251,7 +251,7 @@ def test_yaml_is_plain_no_anchors_and_utf8() -> None:
 
 
 def test_two_runs_of_a_job_are_two_volcano_jobs_within_the_name_limit() -> None:
-    from config.rules import MAX_JOB_NAME
+    from trainyard.config.rules import MAX_JOB_NAME
 
     first, second = volcano_job_name("gpt-200b", "20261201t031500-aaaaaa"), volcano_job_name("gpt-200b", "20261201t031501-bbbbbb")
     assert first != second and first.startswith("gpt-200b-") and second.startswith("gpt-200b-")

@@ -24,15 +24,15 @@ from kubernetes.client import CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
 
-from plugins.launch.base import LaunchError
-from plugins.launch.manifests import KubernetesOptions, render_volcano_job
-from plugins.launch.model import RunHandle
-from plugins.launch.volcano import KubernetesLauncher, retry_after_s
 from tests.support.kube import schemas
 from tests.support.kube.control_plane import ControlPlane
 from tests.support.kube.jobs import placed, tiny_job, wide_cluster
 from tests.support.require import missing
 from tests.unit.launch.launch_fixtures import gpu_job
+from trainyard.plugins.launch.base import LaunchError
+from trainyard.plugins.launch.manifests import KubernetesOptions, render_volcano_job
+from trainyard.plugins.launch.model import RunHandle
+from trainyard.plugins.launch.volcano import KubernetesLauncher, retry_after_s
 
 JOBS = ("batch.volcano.sh/v1alpha1", "jobs")
 NODE_LABELS = {"topology.kubernetes.io/rack": "sim-rack", "nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "cpu"}
@@ -345,7 +345,7 @@ def test_the_inventory_comes_from_the_nodes(plane: ControlPlane, launcher: Kuber
 
 def test_the_providers_hooks_drive_the_launcher(plane: ControlPlane, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from operators.kubernetes_clients import kubernetes_launcher, poll_with_async_hook
+    from trainyard.operators.kubernetes_clients import kubernetes_launcher, poll_with_async_hook
 
     monkeypatch.setenv("AIRFLOW_CONN_KUBE_SIM", plane.connection_json)
     launcher = kubernetes_launcher(KubernetesOptions(namespace="trainyard", rdma_resource=None,
@@ -410,8 +410,8 @@ def test_a_local_handle_is_refused(mocked: tuple[KubernetesLauncher, Any, list[f
 
 def test_both_launchers_meet_the_protocol_settle_included(mocked: tuple[KubernetesLauncher, Any, list[float]],
                                                           tmp_path: Path) -> None:
-    from plugins.launch.base import Launcher
-    from plugins.launch.local import LocalLauncher
+    from trainyard.plugins.launch.base import Launcher
+    from trainyard.plugins.launch.local import LocalLauncher
 
     assert isinstance(mocked[0], Launcher) and isinstance(LocalLauncher(tmp_path), Launcher)
     assert "settle" in Launcher.__dict__

@@ -10,16 +10,16 @@ import sysconfig
 import time
 from pathlib import Path
 
-from plugins.launch import processes
-from plugins.launch.rank_zygote import TEMPLATE_MODULES, entry_imports, socket_address
 from tests.support.waiting import wait_for
+from trainyard.plugins.launch import processes
+from trainyard.plugins.launch.rank_zygote import TEMPLATE_MODULES, entry_imports, socket_address
 
 
 def test_the_preload_is_the_entrypoints_top_level_absolute_imports(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(
         "from __future__ import annotations\n"
         "import os, torch.distributed as dist\n"
-        "from worker.session import TrainingSession\n"
+        "from trainyard.worker.session import TrainingSession\n"
         "from . import sibling\n"
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
@@ -32,12 +32,12 @@ def test_the_preload_is_the_entrypoints_top_level_absolute_imports(tmp_path: Pat
         "    import lazily_imported\n"
         "import os\n"
     )
-    assert entry_imports("job.py", False, tmp_path) == ["os", "torch.distributed", "worker.session", "typing"]
+    assert entry_imports("job.py", False, tmp_path) == ["os", "torch.distributed", "trainyard.worker.session", "typing"]
 
 
 def test_a_module_entrypoint_is_found_on_the_path_and_a_missing_or_broken_one_preloads_nothing(tmp_path: Path) -> None:
-    imports = entry_imports("plugins.launch.rank_exec", True, tmp_path)
-    assert "plugins.files" in imports and "subprocess" in imports
+    imports = entry_imports("trainyard.plugins.launch.rank_exec", True, tmp_path)
+    assert "trainyard.plugins.files" in imports and "subprocess" in imports
     assert entry_imports("no_such_module_anywhere", True, tmp_path) == []
     assert entry_imports("missing.py", False, tmp_path) == []
     (tmp_path / "broken.py").write_text("def (:\n")
@@ -82,7 +82,7 @@ def test_a_killed_process_reads_as_minus_the_signal_and_a_running_one_as_none() 
 
 
 def test_a_template_serves_one_start_up_environment_whatever_the_run() -> None:
-    from plugins.launch.rank_zygote import template_name
+    from trainyard.plugins.launch.rank_zygote import template_name
 
     base = {"PATH": "/usr/bin", "PYTHONPATH": "/src"}
     name = template_name(base, Path.cwd(), 300.0)

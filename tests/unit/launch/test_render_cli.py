@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.main import main
-from config.settings import get_settings
 from tests.unit.launch.launch_fixtures import GPU_SPEC, validate_volcano
+from trainyard.cli.main import main
+from trainyard.config.settings import get_settings
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from node_agent.models import GpuStatus, NodeHealth, RankHeartbeat, Verdict
+from trainyard.node_agent.models import GpuStatus, NodeHealth, RankHeartbeat, Verdict
 
 
 def _health() -> NodeHealth:

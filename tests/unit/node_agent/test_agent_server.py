@@ -15,15 +15,15 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from node_agent import client
-from node_agent.config import AgentConfig
-from node_agent.gpu_probe import NvmlProbe
-from node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
-from node_agent.models import FaultRequest, NodeHealth
-from node_agent.monitor import Monitor
-from node_agent.server import AgentServer
 from tests.support.procs import free_port
 from tests.unit.node_agent.fake_nvml import FakeGpu, FakeNvml
+from trainyard.node_agent import client
+from trainyard.node_agent.config import AgentConfig
+from trainyard.node_agent.gpu_probe import NvmlProbe
+from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
+from trainyard.node_agent.models import FaultRequest, NodeHealth
+from trainyard.node_agent.monitor import Monitor
+from trainyard.node_agent.server import AgentServer
 
 
 @dataclass
@@ -210,7 +210,7 @@ def test_client_builds_endpoints() -> None:
 
 
 def test_data_pipeline_figures_reach_prometheus(cpu_agent: Agent) -> None:
-    """A heartbeat's data figures (`worker.session`: stall, prefetch depth, cache counters)
+    """A heartbeat's data figures (`trainyard.worker.session`: stall, prefetch depth, cache counters)
     become per-rank gauges; a heartbeat without them (an older runtime) exposes none."""
     write_heartbeat(cpu_agent.heartbeats, Heartbeat(
         job="llama", rank=0, pid=1, step=5, time=time.time(), data_stall_s=0.25, prefetch_depth=3,

@@ -9,14 +9,25 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.config import AgentConfig
-from node_agent.gpu_probe import NvmlProbe
-from node_agent.heartbeat import Heartbeat, heartbeat_path, own_pid_namespace, write_heartbeat
-from node_agent.models import FaultRequest
-from node_agent.monitor import Monitor
-from node_agent.verdicts import FATAL_XIDS, Stalled, ThermalWatch, hang_culprits, xid_verdict
-from plugins.files import write_atomic
 from tests.unit.node_agent.fake_nvml import FakeGpu, FakeNvml
+from trainyard.node_agent.config import AgentConfig
+from trainyard.node_agent.gpu_probe import NvmlProbe
+from trainyard.node_agent.heartbeat import (
+    Heartbeat,
+    heartbeat_path,
+    own_pid_namespace,
+    write_heartbeat,
+)
+from trainyard.node_agent.models import FaultRequest
+from trainyard.node_agent.monitor import Monitor
+from trainyard.node_agent.verdicts import (
+    FATAL_XIDS,
+    Stalled,
+    ThermalWatch,
+    hang_culprits,
+    xid_verdict,
+)
+from trainyard.plugins.files import write_atomic
 
 
 class Clock:
@@ -182,7 +193,7 @@ def test_fault_request_takes_exactly_one_fault() -> None:
 
 
 def test_rank_status_ages_and_flags_non_finite_losses() -> None:
-    from node_agent.verdicts import rank_status
+    from trainyard.node_agent.verdicts import rank_status
 
     beat = Heartbeat.model_validate_json(
         '{"job": "j", "rank": 2, "pid": 1, "step": 9, "time": 100.0, "loss": NaN, "hang_timeout_s": 30}')

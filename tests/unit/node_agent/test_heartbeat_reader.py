@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
-from node_agent.heartbeat_reader import MAX_HEARTBEAT_BYTES, HeartbeatReader
 from tests.support import procs
 from tests.support.require import missing
+from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
+from trainyard.node_agent.heartbeat_reader import MAX_HEARTBEAT_BYTES, HeartbeatReader
 
 
 def _beat(rank: int, step: int = 1, job: str = "j") -> Heartbeat:
@@ -121,7 +121,7 @@ def test_the_reader_writes_nothing(tmp_path: Path) -> None:
 
 SCAN_WITHOUT_PRIVILEGES = """
 import json, sys
-from node_agent.heartbeat_reader import HeartbeatReader
+from trainyard.node_agent.heartbeat_reader import HeartbeatReader
 reader = HeartbeatReader(sys.argv[1])
 print(json.dumps({"valid": len(reader.scan()), "invalid": reader.invalid}))
 """

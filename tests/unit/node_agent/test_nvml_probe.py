@@ -9,10 +9,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from node_agent.config import AgentConfig
-from node_agent.gpu_probe import NvmlProbe
-from node_agent.monitor import Monitor
 from tests.unit.node_agent.fake_nvml import NOT_SUPPORTED, FakeGpu, FakeNvml
+from trainyard.node_agent.config import AgentConfig
+from trainyard.node_agent.gpu_probe import NvmlProbe
+from trainyard.node_agent.monitor import Monitor
 
 
 def _gpus(n: int = 2) -> list[FakeGpu]:

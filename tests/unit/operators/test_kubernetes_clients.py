@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from config.settings import get_settings
-from operators.kubernetes_clients import kubernetes_clients, kubernetes_launcher
 from tests.unit.launch.kubeconfig import write_kubeconfig
+from trainyard.config.settings import get_settings
+from trainyard.operators.kubernetes_clients import kubernetes_clients, kubernetes_launcher
 
 
 @pytest.fixture

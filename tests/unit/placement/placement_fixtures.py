@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from config.cluster import Cluster
-from plugins.placement.inventory import Inventory
+from trainyard.config.cluster import Cluster
+from trainyard.plugins.placement.inventory import Inventory
 
 
 def make_cluster(racks: Sequence[tuple[int, int, str]] | Sequence[tuple[int, int, str, int]],

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.main import main
+from trainyard.cli.main import main
 
 SPEC = {
     "apiVersion": "training.platform/v1", "kind": "TrainingJob",

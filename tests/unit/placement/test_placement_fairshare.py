@@ -4,10 +4,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from config.teams import Teams
-from plugins.placement.fairshare import RunningGang, effective_priority, plan_preemption
-from plugins.placement.model import GangRequest, Unschedulable
 from tests.unit.placement.placement_fixtures import inventory
+from trainyard.config.teams import Teams
+from trainyard.plugins.placement.fairshare import RunningGang, effective_priority, plan_preemption
+from trainyard.plugins.placement.model import GangRequest, Unschedulable
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TEAMS = Teams.model_validate({"teams": {"lender": {"share": 0.5}, "borrower": {"share": 0.25},

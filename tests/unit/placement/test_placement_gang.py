@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from config.cluster import load_cluster
-from plugins.placement.baseline import place_first_fit
-from plugins.placement.constraints import hard_violations
-from plugins.placement.gang import place_gang, slots_per_node_options
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest, Placement, Unschedulable
 from tests.unit.placement.placement_fixtures import busy, inventory
+from trainyard.config.cluster import load_cluster
+from trainyard.plugins.placement.baseline import place_first_fit
+from trainyard.plugins.placement.constraints import hard_violations
+from trainyard.plugins.placement.gang import place_gang, slots_per_node_options
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest, Placement, Unschedulable
 
 
 @pytest.fixture(scope="module")
@@ -170,8 +170,8 @@ def test_topology_aware_search_beats_first_fit_on_a_fragmented_fleet() -> None:
 
 
 def test_for_job_builds_the_request_from_spec_and_plan() -> None:
-    from config.loader import load_spec_file
-    from plugins.advisor.plan import Plan
+    from trainyard.config.loader import load_spec_file
+    from trainyard.plugins.advisor.plan import Plan
 
     job = load_spec_file("config/jobs/demo-tiny-lm.yaml")
     request = GangRequest.for_job(job, Plan(dp=2), attempt=3, exclude={"local-1"})

@@ -18,10 +18,14 @@ from kubernetes.client import (
     V1Taint,
 )
 
-from plugins.launch.volcano import KubernetesLauncher
-from plugins.placement.gang import place_gang
-from plugins.placement.inventory import Inventory, cluster_from_k8s_nodes, gpu_type_from_product
-from plugins.placement.model import GangRequest
+from trainyard.plugins.launch.volcano import KubernetesLauncher
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.inventory import (
+    Inventory,
+    cluster_from_k8s_nodes,
+    gpu_type_from_product,
+)
+from trainyard.plugins.placement.model import GangRequest
 
 
 def node(name: str, rack: str | None, *, product: str = "NVIDIA-H100-80GB-HBM3", gpus: int | None = 8,

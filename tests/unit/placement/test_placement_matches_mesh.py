@@ -11,15 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugins.advisor.hardware import CATALOG, hardware_from_spec
-from plugins.advisor.model import ModelProfile
-from plugins.advisor.plan import Plan
-from plugins.advisor.planner import plan_auto
-from plugins.placement.constraints import hard_violations
-from plugins.placement.gang import place_gang
-from plugins.placement.model import GangRequest
 from tests.unit.placement.placement_fixtures import inventory
-from worker.distributed.mesh import MESH_DIMS, mesh_shape
+from trainyard.plugins.advisor.hardware import CATALOG, hardware_from_spec
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.planner import plan_auto
+from trainyard.plugins.placement.constraints import hard_violations
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.model import GangRequest
+from trainyard.worker.distributed.mesh import MESH_DIMS, mesh_shape
 
 H100 = hardware_from_spec(CATALOG["H100"])
 SMALL = ModelProfile(hidden_size=2048, num_layers=8, num_heads=16, num_kv_heads=4,

@@ -15,13 +15,18 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config.teams import Teams
-from plugins.placement.constraints import hard_violations
-from plugins.placement.fairshare import RunningGang, effective_priority, plan_preemption, team_usage
-from plugins.placement.gang import place_gang, slots_per_node_options
-from plugins.placement.inventory import Inventory
-from plugins.placement.model import GangRequest, Unschedulable
 from tests.unit.placement.placement_fixtures import make_cluster
+from trainyard.config.teams import Teams
+from trainyard.plugins.placement.constraints import hard_violations
+from trainyard.plugins.placement.fairshare import (
+    RunningGang,
+    effective_priority,
+    plan_preemption,
+    team_usage,
+)
+from trainyard.plugins.placement.gang import place_gang, slots_per_node_options
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest, Unschedulable
 
 TYPES = ("H100", "A100_80GB")
 

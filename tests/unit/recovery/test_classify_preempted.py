@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plugins.recovery.classify import classify
-from plugins.recovery.decide import DecisionContext, decide
-from plugins.recovery.model import AttemptConf
 from tests.unit.recovery.runs import Rank, evidence
+from trainyard.plugins.recovery.classify import classify
+from trainyard.plugins.recovery.decide import DecisionContext, decide
+from trainyard.plugins.recovery.model import AttemptConf
 
 
 def test_an_evicted_gang_with_its_emergency_checkpoint_is_preempted_and_requeued(tmp_path: Path) -> None:
-    from config.loader import load_spec_file
+    from trainyard.config.loader import load_spec_file
 
     ev, _ = evidence(tmp_path, [Rank(43, ended_at=101)] * 2, stop_reason="preempted: evicted for big-job run r-1")
     report = classify(ev)

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from config.cluster import load_cluster
-from config.loader import load_spec_file
-from config.spec import TrainingJob
-from plugins.advisor import plan_job
-from plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan, verify
-from plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
-from plugins.recovery.decide import DecisionContext, apply_quarantine, decide
-from plugins.recovery.model import AttemptConf, FailureReport
-from plugins.storage.store import ObjectStore, open_store
 from tests.support.procs import REPO_ROOT
 from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.config.cluster import load_cluster
+from trainyard.config.loader import load_spec_file
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.advisor import plan_job
+from trainyard.plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan, verify
+from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
+from trainyard.plugins.recovery.decide import DecisionContext, apply_quarantine, decide
+from trainyard.plugins.recovery.model import AttemptConf, FailureReport
+from trainyard.plugins.storage.store import ObjectStore, open_store
 
 SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
 
@@ -138,7 +138,7 @@ def test_oom_replans_with_less_memory(store: ObjectStore) -> None:
     ctx = DecisionContext(checkpoint_uri=store.uri, cluster=cluster, plan=plan)
     action = decide(report("oom"), job(), AttemptConf(), ctx)
     assert action.kind == "replan", action.reason
-    from plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.plan import Plan
 
     new = Plan.model_validate_json(action.plan)
     assert new.memory_per_gpu_bytes < 0.9 * plan.memory_per_gpu_bytes  # what replan_after_oom demands
@@ -226,10 +226,10 @@ def test_the_same_divergence_after_a_rollback_gives_up(store: ObjectStore, ctx: 
 
 
 def test_after_attempt_quarantines_cordons_and_records(tmp_path: Path, store: ObjectStore, ctx: DecisionContext) -> None:
-    from plugins.attempt.bookkeeping import after_attempt, begin_attempt
-    from plugins.recovery.evidence import NodeObservation
-    from plugins.recovery.state import JobStateStore
     from tests.unit.recovery.runs import Rank, evidence
+    from trainyard.plugins.attempt.bookkeeping import after_attempt, begin_attempt
+    from trainyard.plugins.recovery.evidence import NodeObservation
+    from trainyard.plugins.recovery.state import JobStateStore
 
     state = JobStateStore(f"sqlite:///{tmp_path / 'state.db'}")
     run = state.open_run("tiny", trigger_key="t").run
@@ -270,9 +270,9 @@ def test_a_restart_quarantines_a_newer_checkpoint_that_does_not_verify(store: Ob
 def test_steps_lost_and_timings_land_in_the_report(tmp_path: Path, store: ObjectStore, ctx: DecisionContext) -> None:
     from datetime import timedelta
 
-    from plugins.attempt.bookkeeping import after_attempt, begin_attempt
-    from plugins.recovery.state import JobStateStore
     from tests.unit.recovery.runs import Rank, evidence
+    from trainyard.plugins.attempt.bookkeeping import after_attempt, begin_attempt
+    from trainyard.plugins.recovery.state import JobStateStore
 
     state = JobStateStore(f"sqlite:///{tmp_path / 'state.db'}")
     run = state.open_run("tiny", trigger_key="t").run

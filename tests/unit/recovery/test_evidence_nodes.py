@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from node_agent import client
-from node_agent.models import FaultRequest
-from plugins.recovery.evidence import MISSED_HEARTBEATS_LOST, observe_node
 from tests.support.procs import free_port
 from tests.unit.node_agent.test_agent_server import Agent, _start
+from trainyard.node_agent import client
+from trainyard.node_agent.models import FaultRequest
+from trainyard.plugins.recovery.evidence import MISSED_HEARTBEATS_LOST, observe_node
 
 
 @pytest.fixture
@@ -42,8 +42,8 @@ def test_missed_heartbeats_add_up_to_a_lost_node() -> None:
 
 
 def test_the_health_watcher_judges_nodes_the_same_way(agent: Agent) -> None:
-    from plugins.attempt.watching import lost_nodes
-    from plugins.launch.model import RunHandle
+    from trainyard.plugins.attempt.watching import lost_nodes
+    from trainyard.plugins.launch.model import RunHandle
 
     handle = RunHandle(kind="local", job="tiny", attempt=0, world_size=2, nodes=["node-7", "node-8"])
     agents = {"node-7": agent.url, "node-8": f"http://127.0.0.1:{free_port()}"}
@@ -66,9 +66,9 @@ def test_the_health_watcher_asks_every_node_at_once() -> None:
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from node_agent.models import NodeHealth
-    from plugins.attempt.watching import PROBE_TIMEOUT_S, lost_nodes
-    from plugins.launch.model import RunHandle
+    from trainyard.node_agent.models import NodeHealth
+    from trainyard.plugins.attempt.watching import PROBE_TIMEOUT_S, lost_nodes
+    from trainyard.plugins.launch.model import RunHandle
 
     nodes = [f"node-{i}" for i in range(4)]
     everyone_asked = threading.Barrier(len(nodes), timeout=PROBE_TIMEOUT_S + 1)
@@ -105,7 +105,7 @@ def test_the_health_watcher_asks_every_node_at_once() -> None:
 
 
 def test_a_node_lost_to_silence_is_dated_by_its_last_answer_and_a_verdict_by_itself() -> None:
-    from plugins.attempt.watching import node_lost_stop
+    from trainyard.plugins.attempt.watching import node_lost_stop
 
     answered = {"node-7": 1_000.0, "node-8": 1_004.0, "node-9": 990.0}
     stop = node_lost_stop([("node-8", "node agent on node-8 missed 3 heartbeats"), ("node-9", "node-9 GPU 0: gpu_failed")],

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-from plugins.errors import FatalError
-from plugins.launch.model import AgentRecord, RunHandle
-from plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
-from plugins.recovery.state import IllegalTransition, JobStateStore, RunNotFound
+from trainyard.plugins.errors import FatalError
+from trainyard.plugins.launch.model import AgentRecord, RunHandle
+from trainyard.plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
+from trainyard.plugins.recovery.state import IllegalTransition, JobStateStore, RunNotFound
 
 T0 = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
 
@@ -165,7 +165,7 @@ def test_cordons(store: JobStateStore) -> None:
 
 
 def test_shares_the_database_with_placement(tmp_path: Path) -> None:
-    from plugins.placement.state import StateStore
+    from trainyard.plugins.placement.state import StateStore
 
     url = f"sqlite:///{tmp_path / 'state.db'}"
     StateStore(url).close()
@@ -175,7 +175,7 @@ def test_shares_the_database_with_placement(tmp_path: Path) -> None:
 
 
 def test_begin_attempt_walks_the_lifecycle_and_refuses_a_final_run(store: JobStateStore) -> None:
-    from plugins.attempt.bookkeeping import begin_attempt
+    from trainyard.plugins.attempt.bookkeeping import begin_attempt
 
     run = store.open_run("tiny", trigger_key="b").run
     assert begin_attempt(store, "tiny", run, 0).state == "starting"

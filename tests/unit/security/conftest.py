@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from config.settings import get_settings
 from tests.unit.security.hostile import World, build_world
+from trainyard.config.settings import get_settings
 
 
 @pytest.fixture

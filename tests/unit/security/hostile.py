@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
-from plugins.storage.store import LocalStore
 from tests.unit.checkpoint.fabricate import make_checkpoint
+from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
+from trainyard.plugins.storage.store import LocalStore
 
 TIMEOUT_S = 10
 

@@ -10,12 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from plugins.checkpoint.catalog import latest_valid, scan
-from plugins.checkpoint.errors import OutsideJobPrefixError
-from plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
-from plugins.checkpoint.uris import job_area_uri, require_job_prefix, resolve_in_area
-from plugins.storage.errors import UnsafeKeyError
 from tests.unit.security.audit import recording, snapshot, touched_under
 from tests.unit.security.hostile import (
     MALLORY,
@@ -26,6 +20,12 @@ from tests.unit.security.hostile import (
     World,
     write_spec,
 )
+from trainyard.cli.main import main
+from trainyard.plugins.checkpoint.catalog import latest_valid, scan
+from trainyard.plugins.checkpoint.errors import OutsideJobPrefixError
+from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
+from trainyard.plugins.checkpoint.uris import job_area_uri, require_job_prefix, resolve_in_area
+from trainyard.plugins.storage.errors import UnsafeKeyError
 
 pytestmark = [pytest.mark.timeout(TIMEOUT_S),
               pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
@@ -115,7 +115,7 @@ CASES = ["another job's manifest", "another run's manifest", "no run", "path tra
 @pytest.mark.parametrize("case", CASES)
 def test_a_planted_manifest_is_invalid_never_restored_nor_exported(
         world: World, case: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from plugins.checkpoint.export import export_safetensors
+    from trainyard.plugins.checkpoint.export import export_safetensors
 
     manifest, words = _planted_cases(world)[case]
     _plant(world, step_dir(9), manifest, copy_files_from=world.root(VICTIM) / step_dir(5))
@@ -199,9 +199,9 @@ def test_launch_with_hostile_run_or_attempt_exits_2_before_anything_starts(
 
 
 def test_resume_points_of_a_run_stay_in_the_area_or_are_the_specs_init_from(world: World) -> None:
-    from config.loader import load_spec_file
-    from plugins.attempt.conf import InvalidConf, resume_point
-    from plugins.recovery.model import AttemptConf
+    from trainyard.config.loader import load_spec_file
+    from trainyard.plugins.attempt.conf import InvalidConf, resume_point
+    from trainyard.plugins.recovery.model import AttemptConf
 
     job = load_spec_file(world.jobs_dir / f"{MALLORY}.yaml")
     ours, theirs = world.manifest_uri(MALLORY, 1), world.manifest_uri(VICTIM, 5)
@@ -224,7 +224,7 @@ def test_a_manager_restores_only_its_own_area_and_reads_init_from_without_writin
         world: World, tmp_path: Path) -> None:
     import torch
 
-    from plugins.checkpoint.manager import CheckpointManager
+    from trainyard.plugins.checkpoint.manager import CheckpointManager
 
     def manager(job: str, **kwargs: str) -> CheckpointManager:
         return CheckpointManager(checkpoint_uri=world.root(job, OTHER_RUN).as_uri(), job=job, rank=0,

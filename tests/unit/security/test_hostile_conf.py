@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from plugins.attempt.conf import InvalidConf, parse_conf
-from plugins.errors import FatalError
 from tests.unit.security.hostile import TIMEOUT_S
+from trainyard.plugins.attempt.conf import InvalidConf, parse_conf
+from trainyard.plugins.errors import FatalError
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
@@ -59,10 +59,10 @@ def test_a_good_conf_still_opens_its_run() -> None:
 
 
 def test_a_conf_pointing_into_another_jobs_area_is_refused_before_placement(tmp_path: Path) -> None:
-    from config.spec import TrainingJob
-    from plugins.attempt.conf import check_conf_points
-    from plugins.recovery.model import AttemptConf
     from tests.unit.security.hostile import spec_doc
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.attempt.conf import check_conf_points
+    from trainyard.plugins.recovery.model import AttemptConf
 
     job = TrainingJob.model_validate(spec_doc("mallory"))
     store = tmp_path.as_uri()

@@ -9,11 +9,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.main import main
-from config.cluster import ClusterFileError, load_cluster, parse_cluster
-from config.loader import read_spec_file
-from config.problems import Code
-from config.rules import check_spec
 from tests.unit.security.hostile import (
     ALIAS_BOMB,
     MERGE_BOMB,
@@ -22,6 +17,11 @@ from tests.unit.security.hostile import (
     spec_doc,
     write_spec,
 )
+from trainyard.cli.main import main
+from trainyard.config.cluster import ClusterFileError, load_cluster, parse_cluster
+from trainyard.config.loader import read_spec_file
+from trainyard.config.problems import Code
+from trainyard.config.rules import check_spec
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
@@ -102,7 +102,7 @@ def test_a_spec_file_that_is_a_folder_fifo_device_or_missing_is_one_problem(tmp_
     ("s3://ckpt/" + "m/" * 3000 + "mallory", "characters (limit"),
 ])
 def test_a_storage_inside_another_jobs_area_is_invalid(storage: str, words: str) -> None:
-    from config.spec import TrainingJob
+    from trainyard.config.spec import TrainingJob
 
     job = TrainingJob.model_validate(spec_doc("mallory", storage=storage))
     (problem,) = [p for p in check_spec(job) if p.code == Code.CHECKPOINT_PREFIX]
@@ -117,7 +117,7 @@ def test_a_storage_inside_another_jobs_area_is_invalid(storage: str, words: str)
     "ftp://ckpt/step-00000005/MANIFEST.json",
 ])
 def test_init_from_must_name_a_manifest(init_from: str) -> None:
-    from config.spec import TrainingJob
+    from trainyard.config.spec import TrainingJob
 
     job = TrainingJob.model_validate(spec_doc("mallory", initFrom=init_from))
     problems = [p for p in check_spec(job) if p.code == Code.CHECKPOINT_PREFIX]
@@ -186,7 +186,7 @@ def test_a_bad_configured_cluster_is_one_line_for_any_command(
         capsys: pytest.CaptureFixture[str]) -> None:
     """`TRAINYARD_CLUSTER` naming a bad file reaches commands that do not catch it: the CLI's
     net turns the refusal into one line and the usage exit."""
-    from config.settings import get_settings
+    from trainyard.config.settings import get_settings
 
     path = tmp_path / "cluster-folder" if cluster == "folder" else tmp_path / "cluster.yaml"
     if cluster == "folder":

@@ -15,14 +15,14 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node_agent.config import AgentConfig
-from node_agent.gpu_probe import NvmlProbe
-from node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
-from node_agent.models import NodeHealth
-from node_agent.monitor import Monitor
-from node_agent.server import AgentServer
 from tests.unit.node_agent.fake_nvml import FakeNvml
 from tests.unit.security.hostile import TIMEOUT_S
+from trainyard.node_agent.config import AgentConfig
+from trainyard.node_agent.gpu_probe import NvmlProbe
+from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
+from trainyard.node_agent.models import NodeHealth
+from trainyard.node_agent.monitor import Monitor
+from trainyard.node_agent.server import AgentServer
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sensors.triggers import CheckpointTrigger, HealthTrigger, TrainingTrigger
 from tests.unit.checkpoint.fabricate import make_checkpoint
 from tests.unit.recovery.runs import Rank, fabricate
+from trainyard.sensors.triggers import CheckpointTrigger, HealthTrigger, TrainingTrigger
 
 NO_LEASE = {"renew_lease": False}
 """The fabricated runs reserved nothing."""
@@ -59,7 +59,7 @@ def test_training_trigger_reports_a_failed_run_as_finished_too(tmp_path: Path) -
 
 
 def test_checkpoint_trigger_fires_per_new_checkpoint_then_finished(tmp_path: Path) -> None:
-    from plugins.storage.store import open_store
+    from trainyard.plugins.storage.store import open_store
 
     handle = fabricate(tmp_path / "runs", [Rank(exit_code=0, step=30), Rank(exit_code=0, step=30)])
     root = (tmp_path / "objects" / "checkpoints").as_uri()

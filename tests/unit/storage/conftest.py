@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from plugins.storage.store import ObjectStore, S3Store, open_store
 from tests.support.s3_server import S3Server, running_s3_server
+from trainyard.plugins.storage.store import ObjectStore, S3Store, open_store
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from plugins.storage.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
-from plugins.storage.store import (
+from tests.support.s3_server import S3Server
+from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
+from trainyard.plugins.storage.store import (
     PARTIAL_MARKER,
     LocalStore,
     ObjectStore,
@@ -19,7 +20,6 @@ from plugins.storage.store import (
     open_store,
     split_uri,
 )
-from tests.support.s3_server import S3Server
 
 
 def _sha(data: bytes) -> str:
@@ -243,7 +243,7 @@ def test_local_store_copies_a_moved_file_a_rename_cannot_reach(tmp_path: Path, m
     the bytes are copied instead, and the staged file still given up."""
     import errno
 
-    from plugins.storage import local
+    from trainyard.plugins.storage import local
 
     store = LocalStore(tmp_path / "store")
     src = tmp_path / "staged.bin"
@@ -265,7 +265,7 @@ def test_transient_s3_errors_are_told_apart_and_retried(s3_server: object) -> No
     """botocore retries each request; a body that breaks mid-stream is retried whole."""
     from botocore.exceptions import ClientError, ReadTimeoutError
 
-    from plugins.storage.s3 import _is_transient
+    from trainyard.plugins.storage.s3 import _is_transient
 
     def client_error(status: int, code: str) -> ClientError:
         return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}},

@@ -15,10 +15,10 @@ from kubernetes import watch
 from kubernetes.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions, V1Preconditions
 from kubernetes.client.exceptions import ApiException
 
-from plugins.launch.kube_clients import clients_from_kubeconfig
 from tests.support.kube import schemas
 from tests.support.kube.control_plane import ControlPlane
 from tests.support.require import missing
+from trainyard.plugins.launch.kube_clients import clients_from_kubeconfig
 
 NS = "trainyard"
 

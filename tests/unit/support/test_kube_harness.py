@@ -60,7 +60,7 @@ def test_it_cleans_up_after_a_failing_test_and_after_a_killed_harness(tmp_path: 
         pids = [p.pid for n in kube.nodes.values() for p in (n.kubelet, n.agent) if p is not None]
         assert set(made) <= namespaces() and all((netns.NETNS_ETC / m / "hosts").exists() for m in made[1:])
         nodes = kube.rest().list("v1", "nodes")
-        from plugins.placement.inventory import cluster_from_k8s_nodes
+        from trainyard.plugins.placement.inventory import cluster_from_k8s_nodes
 
         cluster = cluster_from_k8s_nodes(nodes, name="kube-sim")
         assert [(n.name, n.rack, n.gpu_type, n.gpus, n.address) for n in cluster.nodes] == [

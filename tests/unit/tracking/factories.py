@@ -12,11 +12,11 @@ import numpy as np
 import yaml
 from safetensors.numpy import save_file
 
-from config.spec import TrainingJob
-from plugins.advisor.plan import Plan
-from plugins.data.datasets import DatasetRef
-from plugins.tracking import runs
 from tests.support.procs import REPO_ROOT
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.data.datasets import DatasetRef
+from trainyard.plugins.tracking import runs
 
 _DEMO = yaml.safe_load((REPO_ROOT / "config/jobs/demo-tiny-lm.yaml").read_text())
 
@@ -78,7 +78,7 @@ def trained_run(uri: str, name: str, ds: DatasetRef, losses: dict[int, float]) -
 
 
 def export_marking_the_step(manifest_uri: str, dest: Path) -> None:
-    """Stands in for plugins.checkpoint's export_safetensors (not in the tree yet): a real
+    """Stands in for trainyard.plugins.checkpoint's export_safetensors (not in the tree yet): a real
     safetensors file whose tensor says which checkpoint was exported."""
     step = int(manifest_uri.rsplit("step-", 1)[1].split("/")[0])
     save_file({"layer.weight": np.full((4, 8), step, dtype=np.float32), "layer.bias": np.zeros(8, np.float32)},
@@ -99,9 +99,9 @@ def register_llama_version(uri: str, tmp_path: Path, job: TrainingJob, objects: 
     prefix, recorded on a run and registered through the real export. Returns the version."""
     import torch
 
-    from plugins.checkpoint.manager import CheckpointManager
-    from plugins.tracking import evaluate, registry
-    from worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
+    from trainyard.plugins.checkpoint.manager import CheckpointManager
+    from trainyard.plugins.tracking import evaluate, registry
+    from trainyard.worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
 
     torch.manual_seed(0)
     model = Llama(LlamaConfig.from_hints(job.spec.parallelism.hints))

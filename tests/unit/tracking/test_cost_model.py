@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from config.cluster import load_cluster
-from plugins.advisor import flops
-from plugins.tracking import cost
-from plugins.tracking.rates import Rates, load_rates
 from tests.unit.tracking.factories import make_job, make_plan
+from trainyard.config.cluster import load_cluster
+from trainyard.plugins.advisor import flops
+from trainyard.plugins.tracking import cost
+from trainyard.plugins.tracking.rates import Rates, load_rates
 
 T0 = dt.datetime(2026, 11, 2, tzinfo=dt.UTC)
 H = 3600.0

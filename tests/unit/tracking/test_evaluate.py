@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from plugins.tracking import evaluate, registry
 from tests.unit.tracking.factories import make_job, register_llama_version
+from trainyard.plugins.tracking import evaluate, registry
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
 @pytest.fixture
 def objects(tmp_path: Path) -> str:
-    from plugins.storage.store import open_store
-    from worker.demo_data import prepare_demo_dataset
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.worker.demo_data import prepare_demo_dataset
 
     uri = (tmp_path / "objects").as_uri()
     prepare_demo_dataset(open_store(uri).child("datasets/pydoc-topics"), shards=2)
@@ -66,9 +66,9 @@ def test_weights_that_differ_from_the_registered_ones_are_refused(
 
 def test_a_retraining_run_starts_from_the_alias_once_a_version_holds_it(
         sqlite_tracking_uri: str, tmp_path: Path, objects: str) -> None:
-    from config.spec import TrainingJob
-    from plugins.attempt.conf import resume_point
-    from plugins.recovery.model import AttemptConf
+    from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.attempt.conf import resume_point
+    from trainyard.plugins.recovery.model import AttemptConf
 
     base = make_job("eval-start")
     doc = base.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -89,9 +89,9 @@ def test_a_retraining_run_starts_from_the_alias_once_a_version_holds_it(
 def test_the_held_out_samples_are_the_tail_of_the_data_as_the_worker_reads_it(tmp_path: Path) -> None:
     import torch
 
-    from plugins.storage.store import open_store
-    from worker.data import load_bytes
-    from worker.demo_data import prepare_demo_dataset
+    from trainyard.plugins.storage.store import open_store
+    from trainyard.worker.data import load_bytes
+    from trainyard.worker.demo_data import prepare_demo_dataset
 
     objects = (tmp_path / "objects").as_uri()
     store = open_store(objects).child("datasets/pydoc-topics")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from config.cluster import load_cluster
-from config.settings import Settings
-from plugins.storage.store import open_store
-from plugins.tracking import runs
-from plugins.tracking.artifacts import artifact_paths
-from plugins.tracking.lifecycle import close_tracked_run, open_tracked_run
 from tests.unit.tracking.factories import make_job, make_plan
-from worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
+from trainyard.config.cluster import load_cluster
+from trainyard.config.settings import Settings
+from trainyard.plugins.storage.store import open_store
+from trainyard.plugins.tracking import runs
+from trainyard.plugins.tracking.artifacts import artifact_paths
+from trainyard.plugins.tracking.lifecycle import close_tracked_run, open_tracked_run
+from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
 
 def test_a_launch_opens_a_run_with_its_dataset_and_quality_and_closes_it(tmp_path: Path) -> None:
@@ -41,8 +41,8 @@ def test_a_missing_dataset_is_said_and_the_run_still_opens(tmp_path: Path) -> No
 
 def test_a_report_validate_data_made_is_logged_without_checking_again(tmp_path: Path, monkeypatch) -> None:
     """The DAG's `validate_data` ran Great Expectations already: its report is the one logged."""
-    from plugins.validation import data_quality
-    from plugins.validation.data_quality import DataQualityReport
+    from trainyard.plugins.validation import data_quality
+    from trainyard.plugins.validation.data_quality import DataQualityReport
 
     settings = Settings(home=tmp_path / "home")
     prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")), shards=2)

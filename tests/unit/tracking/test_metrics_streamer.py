@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from plugins.tracking.metrics import MetricsStreamer, is_transient
+from trainyard.plugins.tracking.metrics import MetricsStreamer, is_transient
 
 
 def history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:

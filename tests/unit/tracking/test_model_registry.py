@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from plugins.data.datasets import DatasetRef
-from plugins.tracking import registry, runs
 from tests.unit.tracking.factories import (
     SHA,
     export_marking_the_step,
@@ -18,6 +16,8 @@ from tests.unit.tracking.factories import (
     trained_run,
 )
 from tests.unit.tracking.factories import registry_dataset as dataset
+from trainyard.plugins.data.datasets import DatasetRef
+from trainyard.plugins.tracking import registry, runs
 
 
 def test_best_checkpoint_becomes_a_candidate_version_with_lineage(
@@ -125,7 +125,7 @@ def test_a_pickle_named_safetensors_is_refused(sqlite_tracking_uri: str, tmp_pat
 
 
 def test_the_default_export_is_the_checkpoint_engines() -> None:
-    from plugins.checkpoint.export import export_safetensors
+    from trainyard.plugins.checkpoint.export import export_safetensors
 
     assert registry.find_export() is export_safetensors
 

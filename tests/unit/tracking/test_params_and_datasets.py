@@ -6,12 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from config.settings import Settings
-from config.spec import Dataset
-from plugins.data.datasets import canonical_dataset_uri, describe_dataset, sample_rows
-from plugins.storage.store import open_store
-from plugins.tracking.params import MAX_KEY_CHARS, flatten, param_value, safe_key, spec_params
 from tests.unit.tracking.factories import make_job, write_jsonl
+from trainyard.config.settings import Settings
+from trainyard.config.spec import Dataset
+from trainyard.plugins.data.datasets import canonical_dataset_uri, describe_dataset, sample_rows
+from trainyard.plugins.storage.store import open_store
+from trainyard.plugins.tracking.params import (
+    MAX_KEY_CHARS,
+    flatten,
+    param_value,
+    safe_key,
+    spec_params,
+)
 
 
 def test_flatten_uses_dotted_names_json_for_lists_and_skips_empty() -> None:

@@ -1,4 +1,4 @@
-"""A recovery's costs recorded in MLflow (`plugins.tracking.recoveries`), on a real store: the
+"""A recovery's costs recorded in MLflow (`trainyard.plugins.tracking.recoveries`), on a real store: the
 event knows its detection, the restart is written in when the next gang starts, and the time to
 train again and the device-hours come from the run's own points at its end."""
 
@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from plugins.tracking import runs
-from plugins.tracking.artifacts import TIMELINE_TEXT, log_end_artifacts
 from tests.unit.tracking.factories import make_job, make_plan
+from trainyard.plugins.tracking import runs
+from trainyard.plugins.tracking.artifacts import TIMELINE_TEXT, log_end_artifacts
 
 T = datetime(2026, 5, 1, 12, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""What a recovery cost, phase by phase (`plugins.tracking.recovery_timing`): the issue's
+"""What a recovery cost, phase by phase (`trainyard.plugins.tracking.recovery_timing`): the issue's
 worked example by hand, and the figures that stay unknown when a moment was not recorded."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from plugins.tracking.recovery_timing import recovery_timing
+from trainyard.plugins.tracking.recovery_timing import recovery_timing
 
 T = datetime(2026, 5, 1, 12, tzinfo=UTC)
 

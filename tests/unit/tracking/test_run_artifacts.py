@@ -7,11 +7,11 @@ from pathlib import Path
 
 import yaml
 
-from config.cluster import load_cluster
-from plugins.tracking import artifacts, runs
-from plugins.tracking.metrics import MetricsStreamer
-from plugins.validation.data_quality import CheckOutcome, DataQualityReport
 from tests.unit.tracking.factories import make_job, make_plan
+from trainyard.config.cluster import load_cluster
+from trainyard.plugins.tracking import artifacts, runs
+from trainyard.plugins.tracking.metrics import MetricsStreamer
+from trainyard.plugins.validation.data_quality import CheckOutcome, DataQualityReport
 
 
 def _download(uri: str, run_id: str, path: str, dest: Path) -> Path:

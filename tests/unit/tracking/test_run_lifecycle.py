@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from config.settings import Settings
-from plugins.data.datasets import describe_dataset, open_dataset_store
-from plugins.tracking import runs
-from plugins.tracking.metrics import MetricsStreamer
-from plugins.tracking.params import REDACTED
 from tests.support.procs import REPO_ROOT
 from tests.unit.tracking.factories import make_job, make_plan, write_jsonl
+from trainyard.config.settings import Settings
+from trainyard.plugins.data.datasets import describe_dataset, open_dataset_store
+from trainyard.plugins.tracking import runs
+from trainyard.plugins.tracking.metrics import MetricsStreamer
+from trainyard.plugins.tracking.params import REDACTED
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -177,7 +177,7 @@ def test_secret_looking_env_values_never_reach_params(sqlite_tracking_uri: str, 
 
 
 def test_system_metrics_are_sampled_into_the_run(sqlite_tracking_uri: str, request: pytest.FixtureRequest) -> None:
-    from plugins.tracking.system_metrics import start_system_metrics
+    from trainyard.plugins.tracking.system_metrics import start_system_metrics
 
     rid = runs.start_or_resume_run(make_job(unique(request)), make_plan(), tracking_uri=sqlite_tracking_uri, attempt=0)
     monitor = start_system_metrics(rid, tracking_uri=sqlite_tracking_uri, node_id="local-0",

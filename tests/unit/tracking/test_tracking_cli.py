@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from cli.cost import parse_period
-from cli.main import main
-from cli.models import split_dataset_arg
-from config.settings import get_settings
-from plugins.data.datasets import DatasetRef
-from plugins.tracking import cost, registry, runs
 from tests.unit.tracking.factories import export_marking_the_step, make_job, make_plan, trained_run
 from tests.unit.tracking.factories import registry_dataset as dataset
 from tests.unit.tracking.test_cost_model import fleet
+from trainyard.cli.cost import parse_period
+from trainyard.cli.main import main
+from trainyard.cli.models import split_dataset_arg
+from trainyard.config.settings import get_settings
+from trainyard.plugins.data.datasets import DatasetRef
+from trainyard.plugins.tracking import cost, registry, runs
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def test_dataset_argument_splits_off_the_version(arg: str, expected: tuple[str, 
 def test_models_lists_versions_trained_on_a_dataset_version(
     sqlite_tracking_uri: str, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cli import output
+    from trainyard.cli import output
 
     monkeypatch.setattr(output, "console", output.Console(width=80, highlight=False))
     rid = trained_run(sqlite_tracking_uri, "cli-models", dataset("v3", "e" * 64), {10: 1.0})
@@ -147,7 +147,7 @@ def test_cost_report_takes_mfu_and_throughput_from_the_run_and_prints_small_valu
 ) -> None:
     import datetime as dt
 
-    from plugins.tracking.metrics import MetricsStreamer
+    from trainyard.plugins.tracking.metrics import MetricsStreamer
 
     uri = f"sqlite:///{tmp_path / 'own.db'}"
     job = make_job("tiny-costed", team="demo", project="tiny", gpu_type="cpu", gpu_count=2)
@@ -171,7 +171,7 @@ def test_cost_report_takes_mfu_and_throughput_from_the_run_and_prints_small_valu
     assert r["avg_mfu_pct"] == pytest.approx(18.5) and r["avg_tokens_per_s"] == pytest.approx(16000)
 
     monkeypatch.setenv("COLUMNS", "80")
-    from cli import output
+    from trainyard.cli import output
 
     monkeypatch.setattr(output, "console", output.Console(width=80, highlight=False))
     assert main(["cost", "report", "--tracking-uri", uri]) == 0
@@ -188,7 +188,7 @@ def test_one_name_per_quantity_across_params_metrics_and_reports(tmp_path: Path)
     the reports' columns the same words."""
     import datetime as dt
 
-    from plugins.tracking.params import plan_params
+    from trainyard.plugins.tracking.params import plan_params
 
     plan = make_plan(tokens_per_s=15000.0, mfu=0.4, step_time_s=0.1)
     assert {"plan.tokens_per_s", "plan.mfu", "plan.step_time_s"} <= set(plan_params(plan))

@@ -8,18 +8,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from config.problems import Code
-from config.settings import Settings
-from plugins.storage.store import open_store
-from plugins.validation.data_quality import (
+from tests.support import procs
+from tests.unit.tracking.factories import make_job, write_jsonl
+from trainyard.config.problems import Code
+from trainyard.config.settings import Settings
+from trainyard.plugins.storage.store import open_store
+from trainyard.plugins.validation.data_quality import (
     CheckOutcome,
     DataQualityReport,
     check_data_quality,
     data_quality_problems,
     report_problems,
 )
-from tests.support import procs
-from tests.unit.tracking.factories import make_job, write_jsonl
 
 
 def clean_rows(n: int, start: int = 0) -> list[dict[str, Any]]:
@@ -138,7 +138,7 @@ def test_compressed_and_parquet_shards_are_read(tmp_path: Path) -> None:
     job = make_job(source=pq.as_uri()).model_copy(deep=True)
     doc = job.to_yaml_dict()
     doc["spec"]["dataset"]["format"] = "parquet"
-    from config.spec import TrainingJob
+    from trainyard.config.spec import TrainingJob
 
     report = check_data_quality(TrainingJob.model_validate(doc), store=open_store(pq.as_uri()))
     assert failed(report, "expect_column_values_to_not_be_null").failing_rows == 1
@@ -175,9 +175,9 @@ def test_importing_is_cheap_and_gx_logs_stay_quiet(tmp_path: Path) -> None:
 import logging, sys
 import airflow  # noqa: F401
 logging.getLogger().setLevel(logging.INFO)
-import plugins.validation.data_quality as dq
+import trainyard.plugins.validation.data_quality as dq
 print("GX_IMPORTED", "great_expectations" in sys.modules)
-from plugins.storage.store import open_store
+from trainyard.plugins.storage.store import open_store
 from tests.unit.tracking.factories import make_job
 r = dq.check_data_quality(make_job(source={root.as_uri()!r}), store=open_store({root.as_uri()!r}))
 print("SUCCESS", r.success)

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import load_spec_file
-from config.problems import Code
-from config.settings import Settings
-from plugins.data.shards import list_shards, open_dataset
-from plugins.storage.store import open_store
-from plugins.validation.dataset import check_dataset
 from tests.support.s3_server import CREDENTIALS, S3Server, running_s3_server
+from trainyard.config.loader import load_spec_file
+from trainyard.config.problems import Code
+from trainyard.config.settings import Settings
+from trainyard.plugins.data.shards import list_shards, open_dataset
+from trainyard.plugins.storage.store import open_store
+from trainyard.plugins.validation.dataset import check_dataset
 
 DEMO = load_spec_file(Path(__file__).resolve().parents[3] / "config" / "jobs" / "demo-tiny-lm.yaml")
 

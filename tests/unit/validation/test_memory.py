@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from config.cluster import load_cluster
-from config.loader import parse_spec_text
-from config.problems import Code
-from config.spec import TrainingJob
-from plugins.advisor.model import ModelProfile
-from plugins.validation.memory import check_memory
+from trainyard.config.cluster import load_cluster
+from trainyard.config.loader import parse_spec_text
+from trainyard.config.problems import Code
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.validation.memory import check_memory
 
 JOBS = Path(__file__).resolve().parents[3] / "config" / "jobs"
 EXAMPLES = JOBS.parent / "examples"

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from config.loader import load_spec_file
-from config.problems import Code
-from config.teams import Teams
-from plugins.validation.quota import check_quota
+from trainyard.config.loader import load_spec_file
+from trainyard.config.problems import Code
+from trainyard.config.teams import Teams
+from trainyard.plugins.validation.quota import check_quota
 
 JOB = load_spec_file(Path(__file__).resolve().parents[3] / "config" / "examples" / "llama-7b-finetune.yaml")
 TEAMS = Teams.model_validate({"teams": {"nlp-research": {"share": 0.25, "quotaGpus": 100},

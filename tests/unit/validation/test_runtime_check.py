@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from config.cluster import load_cluster
-from config.loader import parse_spec_text
-from config.problems import Code
-from config.settings import Settings
-from config.spec import TrainingJob
-from plugins.advisor.planner import plan_job
-from plugins.advisor.runtime import WORKER_RUNTIME
-from plugins.advisor.search import REJECT_RUNTIME
-from plugins.validation.dry_run import validate_job
-from plugins.validation.runtime import check_runtime
+from trainyard.config.cluster import load_cluster
+from trainyard.config.loader import parse_spec_text
+from trainyard.config.problems import Code
+from trainyard.config.settings import Settings
+from trainyard.config.spec import TrainingJob
+from trainyard.plugins.advisor.planner import plan_job
+from trainyard.plugins.advisor.runtime import WORKER_RUNTIME
+from trainyard.plugins.advisor.search import REJECT_RUNTIME
+from trainyard.plugins.validation.dry_run import validate_job
+from trainyard.plugins.validation.runtime import check_runtime
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "config" / "examples"
 FLEET = load_cluster("h100-fleet")
@@ -78,9 +78,9 @@ def test_the_advisor_avoids_tp_and_pp_for_tied_embeddings() -> None:
 
 
 def test_the_worker_refuses_what_the_declaration_refuses() -> None:
-    from plugins.advisor.plan import Plan
-    from worker.distributed.parallelize import check_plan, compute_dtype
-    from worker.models.llama import Llama, LlamaConfig
+    from trainyard.plugins.advisor.plan import Plan
+    from trainyard.worker.distributed.parallelize import check_plan, compute_dtype
+    from trainyard.worker.models.llama import Llama, LlamaConfig
 
     model = Llama(LlamaConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64))
     assert WORKER_RUNTIME.max_cp == 1

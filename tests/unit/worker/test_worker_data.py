@@ -12,13 +12,13 @@ import pytest
 import torch
 import zstandard
 
-from cli.main import main
-from config.loader import load_spec_file
-from plugins.storage.store import open_store
-from plugins.validation.dataset import check_dataset
 from tests.support.procs import REPO_ROOT
-from worker.data import DOCUMENT_SEPARATOR, TokenWindows, load_bytes, open_dataset_windows
-from worker.demo_data import demo_rows
+from trainyard.cli.main import main
+from trainyard.config.loader import load_spec_file
+from trainyard.plugins.storage.store import open_store
+from trainyard.plugins.validation.dataset import check_dataset
+from trainyard.worker.data import DOCUMENT_SEPARATOR, TokenWindows, load_bytes, open_dataset_windows
+from trainyard.worker.demo_data import demo_rows
 
 
 def test_rows_are_joined_in_key_order_with_separators(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_prepare_demo_writes_shards_manifest_and_the_dataset_validates(tmp_path:
 
     # The spec's source (a prefix under the store) resolves to it, for the dry run and the worker.
     job = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
-    from config.settings import Settings
+    from trainyard.config.settings import Settings
 
     assert check_dataset(job, Settings(home=tmp_path, object_store=uri)) == []
     windows = open_dataset_windows(job.spec.dataset.source, object_store=uri, seq_len=128)

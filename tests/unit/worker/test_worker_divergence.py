@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from worker.divergence import DivergenceDetector
+from trainyard.worker.divergence import DivergenceDetector
 
 
 def feed(detector: DivergenceDetector, losses: list[float], start: int = 1):

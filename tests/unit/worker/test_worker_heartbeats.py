@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from node_agent.heartbeat import Heartbeat, heartbeat_path
-from worker.heartbeats import HeartbeatWriter
+from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
+from trainyard.worker.heartbeats import HeartbeatWriter
 
 
 def beat(step: int, phase: str = "train") -> Heartbeat:

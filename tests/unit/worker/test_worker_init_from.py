@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from config.loader import load_spec_file
-from plugins.checkpoint.errors import OutsideJobPrefixError
 from tests.support.procs import REPO_ROOT
 from tests.unit.security.audit import snapshot
-from worker.session import SessionConfig, TrainingSession
+from trainyard.config.loader import load_spec_file
+from trainyard.plugins.checkpoint.errors import OutsideJobPrefixError
+from trainyard.worker.session import SessionConfig, TrainingSession
 
 BASE = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

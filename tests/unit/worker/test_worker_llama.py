@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from config.loader import load_spec_file
-from plugins.advisor.model import ModelProfile
 from tests.support.procs import REPO_ROOT
-from worker.models.llama import Llama, LlamaConfig, num_params, param_breakdown
+from trainyard.config.loader import load_spec_file
+from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.worker.models.llama import Llama, LlamaConfig, num_params, param_breakdown
 
 SHAPES = [
     LlamaConfig(),

@@ -8,12 +8,16 @@ import copy
 import pytest
 import torch
 
-from plugins.advisor.plan import Plan
-from worker.distributed.activation_checkpoint import apply_ac
-from worker.distributed.mesh import default_plan, mesh_shape
-from worker.distributed.parallelize import StagesView, check_plan
-from worker.distributed.pipeline_parallel import split_stage, stage_indices, stage_layer_ranges
-from worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.worker.distributed.activation_checkpoint import apply_ac
+from trainyard.worker.distributed.mesh import default_plan, mesh_shape
+from trainyard.worker.distributed.parallelize import StagesView, check_plan
+from trainyard.worker.distributed.pipeline_parallel import (
+    split_stage,
+    stage_indices,
+    stage_layer_ranges,
+)
+from trainyard.worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
 
 CONFIG = LlamaConfig(hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, ffn_hidden_size=128,
                      max_seq_len=16)

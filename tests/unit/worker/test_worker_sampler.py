@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.sampler import ResumableSampler
+from trainyard.worker.sampler import ResumableSampler
 
 
 def stream_prefix(size: int, seed: int, n: int) -> list[int]:

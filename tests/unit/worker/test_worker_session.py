@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import load_spec_file
-from config.worker_env import WorkerEnv
-from plugins.advisor.flops import flops_per_token, mfu, peak_flops_per_device
-from plugins.advisor.plan import Plan
-from plugins.launch.exit_codes import describe
 from tests.support.procs import REPO_ROOT
-from worker import exit_codes
-from worker.faults import Faults
-from worker.session import SessionConfig
+from trainyard.config.loader import load_spec_file
+from trainyard.config.worker_env import WorkerEnv
+from trainyard.plugins.advisor.flops import flops_per_token, mfu, peak_flops_per_device
+from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.launch.exit_codes import describe
+from trainyard.worker import exit_codes
+from trainyard.worker.faults import Faults
+from trainyard.worker.session import SessionConfig
 
 SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
 

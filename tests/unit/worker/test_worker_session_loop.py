@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from config.loader import load_spec_file
-from node_agent.heartbeat import Heartbeat, heartbeat_path
-from plugins.checkpoint import list_checkpoints
-from plugins.storage.store import open_store
 from tests.support.procs import REPO_ROOT
-from worker import exit_codes
-from worker.session import SessionConfig, StopTraining, TrainingSession
+from trainyard.config.loader import load_spec_file
+from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
+from trainyard.plugins.checkpoint import list_checkpoints
+from trainyard.plugins.storage.store import open_store
+from trainyard.worker import exit_codes
+from trainyard.worker.session import SessionConfig, StopTraining, TrainingSession
 
 SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
 

@@ -1,4 +1,4 @@
-"""`worker.stall`: a warning per window of steps whose data stalls pass 5 % of step time."""
+"""`trainyard.worker.stall`: a warning per window of steps whose data stalls pass 5 % of step time."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
-from worker.stall import StallMonitor
+from trainyard.worker.stall import StallMonitor
 
 
 def test_warns_only_for_windows_above_the_threshold(caplog: pytest.LogCaptureFixture) -> None:
     monitor = StallMonitor(window_steps=4)
-    caplog.set_level(logging.WARNING, logger="worker.stall")
+    caplog.set_level(logging.WARNING, logger="trainyard.worker.stall")
     shares = [monitor.update(s, 0.004, 0.1) for s in range(1, 5)]  # 4 % stalled
     assert shares[:3] == [None] * 3 and shares[3] == pytest.approx(0.04) and monitor.warnings == 0
     data = {"prefetch_depth": 0.0, "cache_hit_rate": 0.5, "cache_hits": 1.0}
