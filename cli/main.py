@@ -71,18 +71,10 @@ def _add_exit_codes(parser: argparse.ArgumentParser, epilog: str) -> None:
 
 
 def version() -> str:
-    """The installed distribution's version, else pyproject's (a checkout run without install)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+    """The installed distribution's version (`trainyard.__version__`)."""
+    from trainyard import __version__
 
-    try:
-        return dist_version("trainyard")
-    except PackageNotFoundError:
-        import tomllib
-        from pathlib import Path
-
-        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-        return tomllib.loads(pyproject.read_text())["project"]["version"]
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

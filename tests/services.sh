@@ -3,8 +3,9 @@
 # on loopback when they are missing (`make test` and `.ci/run` call this; `make demo` needs none):
 #
 # - PostgreSQL (the production path of the platform state, Airflow's metadata and MLflow's store):
-#   the machine's cluster, started; the database `test`, which user `postgres` reaches over
-#   127.0.0.1 without a password (trust for that database on loopback only);
+#   the machine's cluster, started, with the database `test`; user `postgres` connects over
+#   127.0.0.1 without a password (trust for that user on loopback only: the tests create and
+#   drop databases of their own);
 # - Redis on 127.0.0.1:6379 (the Celery broker of the production-path test), no persistence;
 # - Debian's Chromium, which the UI tests drive through Playwright (no browser download).
 #
@@ -31,17 +32,22 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
-if ! answers 5432 && command -v pg_ctlcluster >/dev/null 2>&1 && root; then
-  version=$(ls /etc/postgresql | sort -n | tail -1)
-  [ -n "$version" ] || pg_createcluster --start-conf=manual 15 main >/dev/null
+if command -v pg_ctlcluster >/dev/null 2>&1 && root; then
+  [ -n "$(ls /etc/postgresql 2>/dev/null)" ] || pg_createcluster --start-conf=manual 15 main >/dev/null
   version=$(ls /etc/postgresql | sort -n | tail -1)
   hba=/etc/postgresql/$version/main/pg_hba.conf
-  rule="host    test            postgres        127.0.0.1/32            trust"
+  rule="host    all             postgres        127.0.0.1/32            trust"
+  changed=
   if ! grep -qF "$rule" "$hba"; then  # before the password rules: the first matching line wins
-    { echo "# trainyard tests: user postgres, database test, loopback only"; echo "$rule"; cat "$hba"; } > "$hba.new"
+    { echo "# trainyard tests: user postgres, loopback only"; echo "$rule"; cat "$hba"; } > "$hba.new"
     chown --reference="$hba" "$hba.new"; chmod --reference="$hba" "$hba.new"; mv "$hba.new" "$hba"
+    changed=1
   fi
-  pg_ctlcluster --skip-systemctl-redirect "$version" main start || echo "services: PostgreSQL did not start"
+  if ! answers 5432; then
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start || echo "services: PostgreSQL did not start"
+  elif [ -n "$changed" ]; then
+    pg_ctlcluster --skip-systemctl-redirect "$version" main reload || true
+  fi
 fi
 if answers 5432 && root && command -v psql >/dev/null 2>&1; then
   su postgres -c "psql -qtAc \"select 1 from pg_database where datname = 'test'\"" | grep -q 1 \

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -220,6 +221,11 @@ def check_data(opened: Opened, runtime: Runtime) -> DataChecked:
     an earlier attempt passed skips the checks (and their seconds of imports)."""
     if not opened.job.spec.dataset.quality.enabled:
         return DataChecked(checked=False)
+    if importlib.util.find_spec("great_expectations") is None:  # the `validation` extra
+        with _failing(opened, runtime, "its dataset cannot be checked"):
+            raise InvalidJob(f"{opened.job.name} asks for data-quality checks (spec.dataset.quality is on) but Great "
+                             "Expectations is not installed where this task runs: install trainyard[validation] "
+                             "beside Airflow, or set spec.dataset.quality.enabled: false")
     from trainyard.plugins.validation.data_quality import data_fingerprint, run_data_quality
 
     try:

@@ -110,6 +110,24 @@ def test_a_recovery_attempt_skips_the_data_checks_its_run_passed_until_the_data_
         check_data(recovery, world.runtime)
 
 
+def test_data_checks_asked_for_without_great_expectations_end_the_run_saying_which_extra(
+        world: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Airflow with `trainyard[airflow]` but not `[validation]`: a spec that asks for the
+    checks is refused with the fix, never run unchecked."""
+    import importlib.util
+
+    from trainyard.plugins.attempt.steps import check_data
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "great_expectations" else real(name, *a))
+    opened = open_attempt(world.spec, AttemptConf(run=RUN), trigger_key="t/1", runtime=world.runtime)
+    with pytest.raises(InvalidJob, match=re.escape("install trainyard[validation]")):
+        check_data(opened, world.runtime)
+    info = world.state.get_run("steps-job", RUN)
+    assert info.state == "failed" and "Great Expectations is not installed" in info.final_reason
+
+
 def test_a_launch_that_fails_for_good_ends_the_run_failed_with_the_message(world: SimpleNamespace) -> None:
     opened = open_attempt(world.spec, AttemptConf(run=RUN, start_from="models:/nobody"),
                           trigger_key="t/1", runtime=world.runtime)
