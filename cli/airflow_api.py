@@ -173,6 +173,10 @@ class AirflowClient:
     def dags(self) -> list[str]:
         return [d["dag_id"] for d in self._call("GET", "dags", query={"limit": 1000})["dags"]]
 
+    def dag_details(self, dag_id: str) -> dict[str, Any]:
+        """The DAG's description, documentation, tags, paused state (`dags/{id}/details`)."""
+        return dict(self._call("GET", f"dags/{urllib.parse.quote(dag_id)}/details"))
+
     def request_parse(self, relative_fileloc: str = JOB_DAGS_FILE) -> bool:
         """Ask the DAG processor to parse a DAG file now (Airflow's `parseDagFile`; it takes the
         request within about a second) instead of at its next periodic parse, up to

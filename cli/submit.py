@@ -126,10 +126,18 @@ def _into_jobs_folder(spec: Path, name: str, jobs_dir: Path) -> Path:
 
 
 def _wait_for_dag(client: AirflowClient, dag_id: str, spec: Path) -> None:
+    from trainyard.config.airflow import INVALID_SPEC_TAG
+
     deadline = time.monotonic() + DAG_WAIT_S
     if dag_id not in client.dags():
         client.request_parse()  # a new spec: parsed now, not at the next periodic parse
-    while dag_id not in client.dags():
+    while True:
+        if dag_id in client.dags():
+            details = client.dag_details(dag_id)
+            if INVALID_SPEC_TAG not in {t["name"] if isinstance(t, dict) else t for t in details.get("tags") or []}:
+                return
+            raise ValueError(f"Airflow's DAG {dag_id!r} says its spec does not validate there (its jobs folder, "
+                             f"cluster and settings):\n{details.get('doc_md') or details.get('description')}")
         broken = [e for e in client.import_errors() if spec.name in e.get("stack_trace", "")]
         if broken:
             raise TimeoutError(f"Airflow cannot build the DAG: {broken[0]['stack_trace'][-2000:]}")

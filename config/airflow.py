@@ -50,6 +50,10 @@ globals().update(dags())
 DAG_FILE_NAME = "trainyard_dags.py"
 """Its name in the embedded stack's DAGs folder (and the README's)."""
 
+INVALID_SPEC_TAG = "trainyard:invalid-spec"
+"""The tag of the DAG an invalid spec becomes (`trainyard.dags.invalid_specs`): `trainyard submit`
+reads it over the REST API."""
+
 # How long a connection to the embedded SQLite metadata waits for another process's write before
 # failing with "database is locked" (Python's default is 5 s). The scheduler, the API server, the
 # DAG processor, the triggerer and every task write to one file; on a loaded two-core machine a

@@ -9,9 +9,8 @@ are imported from the installed distribution (an Airflow provider: `trainyard.pr
 
 `dags()` returns what that file puts in its globals:
 - one DAG per valid spec in the jobs folder (`training_jobs.py`; `factory.py` builds each);
-- when specs do not validate, one stand-in whose validation fails with every report: Airflow
-  then shows the reports as the DAG file's import error, and — since it rejects only that DAG,
-  not the file — every valid job's DAG stays (`invalid_specs.py`);
+- for each spec that does not validate, a paused DAG that shows its report and runs nothing
+  (`invalid_specs.py` says why not Airflow's import error: it would hide every job of the file);
 - the platform's maintenance DAGs (`maintenance.py`) and, where `TRAINYARD_DEMO_DAGS` is set (the
   embedded stack), the demo's data-publishing DAG (`datasets.py`).
 When Airflow parses for a task it names the task's DAG: only that DAG is built.

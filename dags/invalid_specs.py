@@ -1,49 +1,77 @@
-"""Specs in the jobs folder that do not validate, shown as the DAG file's import error.
+"""A spec in the jobs folder that does not validate: a DAG of its own that says so and runs nothing.
 
-Airflow shows an import error per DAG file ("Broken DAG" in the UI, `importErrors` in the REST
-API). An exception raised while the file runs would drop every DAG of it; a DAG that fails
-Airflow's own validation is rejected alone, its error recorded as the file's import error
-(`DagBag.process_file`: "Error bagging DAG"). So the invalid specs travel as one stand-in DAG
-whose `validate()` raises their full reports in the `trainyard validate` format, and every valid
-job's DAG built beside it stays. Nothing to report: no stand-in, no error.
+Why not Airflow's import error ("Broken DAG")? Airflow keeps one import error per DAG *file*, and
+when a file has one it marks every DAG of that file stale (`_update_import_errors`): with the one
+Trainyard DAG file, a single team's typo would hide every team's jobs. So each invalid spec
+becomes its own DAG instead, under the job's name when the file gives one (its runs stay in the
+history of the DAG it was):
+
+- created paused, never scheduled; its description and documentation carry the full report in
+  the `trainyard validate` format, its tags the team and `trainyard:invalid-spec`;
+- its one task, `spec_is_invalid`, fails with that report if anyone triggers it;
+- `trainyard submit` sees the tag and prints the report instead of waiting for a DAG.
+Every valid spec's DAG is built beside it as usual.
 """
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from airflow.sdk import DAG
+
+from trainyard.config.airflow import INVALID_SPEC_TAG
+from trainyard.operators.validate import SpecIsInvalidOperator
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from trainyard.config.problems import Problem
 
-DAG_ID = "trainyard_invalid_specs"
+START = datetime(2026, 1, 1)
 
 
-class InvalidSpecs(ValueError):
-    """Every invalid spec's report: the message Airflow shows as the DAG file's import error."""
-
-    def __init__(self, broken: list[tuple[Path, list[Problem]]]) -> None:
-        lines = []
-        for path, problems in broken:
-            errors = [p for p in problems if p.severity == "error"]
-            lines.append(f"✗ {path}: {len(errors)} error(s)")
-            lines += [f"  {p.code.value} {p.render()}" for p in errors]
-        super().__init__(f"{len(broken)} TrainingJob spec(s) do not validate; their DAGs are not "
-                         "built until they do:\n" + "\n".join(lines))
+def report(path: Path, problems: list[Problem]) -> str:
+    """`✗ <file>: N error(s)` and one line per error, as `trainyard validate` prints them."""
+    errors = [p for p in problems if p.severity == "error"]
+    return "\n".join([f"✗ {path}: {len(errors)} error(s)", *(f"  {p.code.value} {p.render()}" for p in errors)])
 
 
-class InvalidSpecsDag(DAG):
-    """Never scheduled: Airflow validates every DAG before taking it, and this one's validation
-    is the invalid specs' report."""
+def dag_id_for(path: Path, taken: set[str]) -> str:
+    """The job's name from the file (`metadata.name`) when it reads as one and no valid spec has
+    it; else `invalid-spec-<file name>`."""
+    name = _declared_name(path)
+    if name and name not in taken:
+        return name
+    return "invalid-spec-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-") or "unnamed")
 
-    @classmethod
-    def of(cls, broken: list[tuple[Path, list[Problem]]]) -> InvalidSpecsDag:
-        dag = cls(dag_id=DAG_ID, schedule=None, tags=["trainyard"])
-        dag.broken = broken
-        return dag
 
-    def validate(self) -> None:
-        raise InvalidSpecs(self.broken)
+def invalid_spec_dag(path: Path, problems: list[Problem], dag_id: str) -> DAG:
+    text = report(path, problems)
+    errors = sum(p.severity == "error" for p in problems)
+    team = _declared(path, "team")
+    with DAG(dag_id=dag_id, schedule=None, start_date=START, catchup=False, is_paused_upon_creation=True,
+             max_active_runs=1, tags=["trainyard", INVALID_SPEC_TAG, *([f"team:{team}"] if team else [])],
+             description=f"INVALID SPEC ({errors} error(s)): not runnable until {path.name} validates",
+             doc_md=f"**The TrainingJob spec `{path}` does not validate**; this DAG runs nothing until it "
+                    f"does. Fix the spec (`trainyard validate {path.name}`):\n\n```\n{text}\n```\n") as dag:
+        SpecIsInvalidOperator(task_id="spec_is_invalid", report=text)
+    return dag
+
+
+def _declared(path: Path, field: str) -> str | None:
+    """`metadata.<field>` as the file writes it, if it reads as a short name (best effort: the
+    file did not validate)."""
+    from trainyard.config.safe_yaml import load_documents
+
+    try:
+        (doc,) = load_documents(path.read_text())
+        value = doc["metadata"][field]
+    except Exception:  # noqa: BLE001 - unreadable, not YAML, several documents, no such field
+        return None
+    return value if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value) else None
+
+
+def _declared_name(path: Path) -> str | None:
+    return _declared(path, "name")

@@ -1,10 +1,9 @@
 """One Airflow DAG per TrainingJob spec in the jobs folder (`TRAINYARD_JOBS_DIR`).
 
-Each valid spec becomes a DAG named after the job (`factory.build_dag`). The specs that do not
-validate become one stand-in (`invalid_specs.InvalidSpecsDag`) that Airflow rejects with their
-reports — the DAG file's import error — so one team's typo never hides the other teams' DAGs.
-When Airflow runs a task it parses with a parsing context naming the DAG: then only that spec is
-read and only that DAG is built.
+Each valid spec becomes a DAG named after the job (`factory.build_dag`); each spec that does not
+validate a paused DAG that shows its report and runs nothing (`invalid_specs`), so one team's
+typo never hides the other teams' DAGs. When Airflow runs a task it parses with a parsing context
+naming the DAG: then only that spec is read and only that DAG is built.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainyard.dags.factory import build_dag, read_specs
-from trainyard.dags.invalid_specs import InvalidSpecsDag
+from trainyard.dags.invalid_specs import dag_id_for, invalid_spec_dag
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -21,16 +20,16 @@ if TYPE_CHECKING:
 
 
 def job_dags(jobs_dir: Path, wanted: str | None = None) -> dict[str, DAG]:
-    """The jobs' DAGs by id (only `wanted`'s when a task's parse names it), and the invalid
-    specs' stand-in when there are any and no single DAG is wanted."""
+    """The jobs' DAGs by id (only `wanted`'s when a task's parse names it)."""
     built: dict[str, DAG] = {}
     broken = []
     for path, job, problems in read_specs(jobs_dir, only=wanted):
         if job is not None and not any(p.severity == "error" for p in problems):
             built[job.name] = build_dag(job, path)
-        elif wanted is None:
+        else:
             broken.append((path, problems))
-    if broken:
-        stand_in = InvalidSpecsDag.of(broken)
-        built[stand_in.dag_id] = stand_in
+    for path, problems in broken:
+        dag_id = dag_id_for(path, set(built))
+        if wanted in (None, dag_id):
+            built[dag_id] = invalid_spec_dag(path, problems, dag_id)
     return built

@@ -67,3 +67,20 @@ class ValidateDataOperator(BaseOperator):
                           "(fingerprint %s): not checked again", checked.fingerprint[:12])
         return {"checked": checked.checked, "unchanged": checked.unchanged, "run": opened.conf.run,
                 "warnings": len(checked.warnings)}
+
+
+class SpecIsInvalidOperator(BaseOperator):
+    """The one task of an invalid spec's DAG (`dags/invalid_specs.py`): fails with the report, no
+    retry — the spec must change first."""
+
+    ui_color = "#e74c3c"
+    template_fields = ()
+
+    def __init__(self, *, report: str, **kwargs: Any) -> None:
+        super().__init__(retries=0, **kwargs)
+        self.report = report
+
+    def execute(self, context: Context) -> None:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(f"this job's spec does not validate; nothing runs until it does:\n{self.report}")

@@ -131,19 +131,23 @@ def test_the_demo_job_trains_as_a_volcano_job_on_the_simulated_nodes(stack: Runn
 
 def test_a_gang_larger_than_the_cluster_is_refused_with_the_numbers_and_submits_nothing(
         stack: RunningStack, kube: KubeHarness) -> None:
-    """Before anything is allocated: the spec's DAG file reports it (Airflow's import error, the
-    "Broken DAG" banner) with what was asked and what the cluster has; no Volcano Job is made.
-    (The launcher's own Unschedulable, past Volcano's gang check, is an integration test.)"""
+    """Before anything is allocated: the job's DAG reports it (paused, tagged invalid, the report
+    in its documentation) with what was asked and what the cluster has, and runs nothing; the
+    other jobs' DAGs stay; no Volcano Job is made. (The launcher's own Unschedulable, past
+    Volcano's gang check, is an integration test.)"""
     spec = _spec(5)
     spec["metadata"]["name"] = big = "kube-too-big"
     spec["spec"]["hardware"]["gpuCount"] = len(NODES) + 1
     stack.write_jobs({big: spec})
     try:
-        (error,) = stack.until(f"an import error naming {big}", lambda: [
-            e["stack_trace"] for e in stack.client.import_errors() if big in e["stack_trace"]], timeout_s=120)
+        stack.client.request_parse()
+        details = stack.until(f"the DAG {big}", lambda: big in stack.client.dags() and stack.client.dag_details(big),
+                              timeout_s=120)
+        error = details["doc_md"]
+        assert "trainyard:invalid-spec" in {t["name"] for t in details["tags"]} and details["is_paused"], details
         assert "CLUSTER_TOO_SMALL spec.hardware.gpuCount" in error, error
         assert f"{len(NODES) + 1} cpu requested; cluster 'kube-sim' has {len(NODES)} healthy" in error, error
-        assert big not in stack.client.dags()
+        assert JOB in stack.client.dags() and stack.client.import_errors() == []
         assert not [j for j in kube.rest().list(*JOBS, namespace=kube.namespace)
                     if j["metadata"].get("labels", {}).get("trainyard.io/job") == big]
     finally:  # the next tests' DAG file parses without it

@@ -123,6 +123,18 @@ def test_trainyard_in_a_stock_airflow_lists_its_provider_and_trains_a_job_to_gre
         assert links["Trainyard view"].endswith(f"/dags/{JOB}/runs/{run.replace(':', '%3A').replace('+', '%2B')}"
                                                  "/plugin/trainyard-run"), links
 
+        # another team's typo: its own paused DAG says what is wrong; nothing else changes
+        broken = yaml.safe_load((Path(env["TRAINYARD_JOBS_DIR"]) / f"{JOB}.yaml").read_text())
+        broken["metadata"].update(name="typo-job", team="nlp")
+        broken["spec"]["hardware"]["gpuCuont"] = broken["spec"]["hardware"].pop("gpuCount")
+        (Path(env["TRAINYARD_JOBS_DIR"]) / "typo-job.yaml").write_text(yaml.safe_dump(broken))
+        client.request_parse()
+        details = _until("the typo's DAG", lambda: "typo-job" in client.dags() and client.dag_details("typo-job"),
+                         timeout_s=120)
+        assert {"trainyard:invalid-spec", "team:nlp"} <= {t["name"] for t in details["tags"]}, details
+        assert details["is_paused"] and "did you mean 'gpuCount'" in details["doc_md"], details
+        assert {JOB, TEAM_DAG} <= set(client.dags()) and client.import_errors() == []
+
 
 def _write_job(jobs: Path) -> None:
     """The demo job, smaller and shorter, without data-quality checks (the `validation` extra is

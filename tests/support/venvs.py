@@ -24,9 +24,11 @@ UV = Path(sys.executable).with_name("uv")
 
 @functools.cache
 def built_wheel() -> Path:
-    """`trainyard-<version>-py3-none-any.whl`, built from this checkout into a session folder."""
+    """`trainyard-<version>-py3-none-any.whl`, built from this checkout into a session folder as a
+    package index gets it: the source distribution first, the wheel from that (which also leaves
+    no `build/` folder in the checkout)."""
     out = Path(tempfile.mkdtemp(prefix="trainyard-wheel-"))
-    subprocess.run([str(UV), "build", "--wheel", "--quiet", "--out-dir", str(out), str(REPO_ROOT)],
+    subprocess.run([str(UV), "build", "--quiet", "--out-dir", str(out), str(REPO_ROOT)],
                    check=True, capture_output=True, text=True, timeout=600, env=clean_env())
     (wheel,) = out.glob("trainyard-*.whl")
     return wheel

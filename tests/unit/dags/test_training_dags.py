@@ -84,14 +84,24 @@ def test_every_dag_serialises_as_the_dag_processor_stores_it(jobs: Path) -> None
         assert restored.task_dict["validate_spec"].has_retry_policy  # evaluated in the worker
 
 
-def test_an_invalid_spec_is_an_import_error_with_its_report_and_the_others_stay(jobs: Path) -> None:
+def test_an_invalid_spec_is_a_paused_dag_with_its_report_and_the_others_stay(jobs: Path) -> None:
+    """Not an import error: Airflow would mark every DAG of the one DAG file stale with it."""
     broken = (jobs / "demo-tiny-lm.yaml").read_text().replace("gpuCount: 2", "gpuCuont: 2")
     (jobs / "broken.yaml").write_text(broken.replace("name: demo-tiny-lm", "name: broken-job"))
+    (jobs / "garbage.yaml").write_text("apiVersion: [nope\n")
     bag = dagbag()
-    assert set(training_dags(bag)) == names(EXAMPLES)  # the valid ones are all there
-    ((path, error),) = bag.import_errors.items()
-    assert path.endswith("trainyard_dags.py")  # the one DAG file: its import error
-    assert "broken.yaml" in error and "gpuCuont" in error and "did you mean 'gpuCount'" in error
+    assert bag.import_errors == {}
+    assert set(training_dags(bag)) == names(EXAMPLES) | {"broken-job", "invalid-spec-garbage"}
+    dag = bag.dags["broken-job"]  # the job's own name, as the file declares it
+    assert dag.is_paused_upon_creation and dag.schedule is None
+    assert {"trainyard:invalid-spec", "team:demo"} <= set(dag.tags)
+    assert "gpuCuont" in dag.doc_md and "did you mean 'gpuCount'" in dag.doc_md and "broken.yaml" in dag.description
+    (task,) = dag.tasks
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException, match="gpuCuont"):
+        task.execute({})
+    assert "NOT_YAML" in bag.dags["invalid-spec-garbage"].doc_md  # no name to read: the file's
 
 
 def test_a_tasks_parse_builds_only_its_dag(jobs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
