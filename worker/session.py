@@ -187,6 +187,8 @@ class TrainingSession:
 
     def __init__(self, config: SessionConfig) -> None:
         self.config = config
+        self._owns_group = not dist.is_initialized()
+        """A process group the script created is the script's to destroy (`close` leaves it)."""
         self.rank, self.world_size, self.local_rank, self.device = init_distributed()
         (self.restart,) = self._max_over_ranks(config.restart)
         """torchrun's in-place restarts of the gang before this incarnation: the most any rank's
@@ -319,11 +321,13 @@ class TrainingSession:
     def step_end(self, step: int, *, loss: float, grad_norm: float | None = None,
                  lr: float | None = None, tokens: int | None = None,
                  data_stall_s: float | None = None,
-                 data_metrics: Mapping[str, float] | None = None) -> None:
+                 data_metrics: Mapping[str, float] | None = None,
+                 metrics: Mapping[str, float | None] | None = None) -> None:
         """After step `step` (the global loss): heartbeat, metrics, divergence, checkpoints,
         SIGTERM. Raises `StopTraining` when the process must end. `data_metrics` (prefetch
         depth, cache counters: `trainyard.plugins.data.reader.StreamingReader.metrics`) go beside
-        `data_stall_s` into the heartbeat and MLflow; stalls above 5 % warn (`trainyard.worker.stall`)."""
+        `data_stall_s` into the heartbeat and MLflow; stalls above 5 % warn (`trainyard.worker.stall`).
+        `metrics`: the script's own values for MLflow, by name."""
         self._step = step
         now = time.perf_counter()
         step_time = now - self._last_step_time
@@ -336,7 +340,7 @@ class TrainingSession:
         diverged = self.divergence.update(step, loss)
         self.beat(step, phase="diverged" if diverged else "train")
         self._log_metrics(step, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=step_time,
-                          data_stall_s=data_stall_s, data_metrics=data_metrics)
+                          data_stall_s=data_stall_s, data_metrics=data_metrics, metrics=metrics)
         if diverged is not None:
             self._diverged(diverged)
         sigterm, time_due = self._agree(self._sigterm, self._time_due())
@@ -372,7 +376,7 @@ class TrainingSession:
             self._metrics = None
         self._heartbeats.close()
         signal.signal(signal.SIGTERM, self._previous_handler)
-        if dist.is_initialized():
+        if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
     # --- checkpoints ----------------------------------------------------------------------
@@ -529,10 +533,12 @@ class TrainingSession:
 
     def _log_metrics(self, step: int, *, loss: float, grad_norm: float | None, lr: float | None,
                      step_time_s: float, data_stall_s: float | None,
-                     data_metrics: Mapping[str, float] | None = None) -> None:
+                     data_metrics: Mapping[str, float] | None = None,
+                     metrics: Mapping[str, float | None] | None = None) -> None:
         if self._metrics is None:
             return
-        values = {"loss": loss, "step_time_s": step_time_s}
+        values = {k: v for k, v in (metrics or {}).items() if v is not None}
+        values |= {"loss": loss, "step_time_s": step_time_s}
         if grad_norm is not None:
             values["grad_norm"] = grad_norm
         if lr is not None:
