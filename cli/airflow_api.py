@@ -247,6 +247,8 @@ def follow_training_run(client: AirflowClient, dag_id: str, first_dag_run_id: st
     are read once the DAG run has ended."""
     import time
 
+    from trainyard.plugins.recovery.model import FINAL_KINDS
+
     deadline = time.monotonic() + timeout_s
     attempts: list[AttemptRun] = []
     dag_run_id, attempt, run = first_dag_run_id, 0, ""
@@ -266,7 +268,7 @@ def follow_training_run(client: AirflowClient, dag_id: str, first_dag_run_id: st
         if state in FINAL_DAG_RUN_STATES:
             current = _with_outcome(client, dag_id, current, tasks)
             attempts.append(current)
-            if current.action in ("register", "give_up", "cancel", "") or not run:
+            if current.action in FINAL_KINDS or not current.action or not run:
                 return attempts
             dag_run_id, attempt = attempt_dag_run_id(run, attempt + 1), attempt + 1
             continue

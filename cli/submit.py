@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(f"[yellow]{e}[/]; it goes on in Airflow")
         return 1
     _summary(attempts)
-    return 0 if attempts and attempts[-1].action == "register" else 1
+    last = attempts[-1] if attempts else None
+    return 0 if last is not None and last.state == "success" and last.action in ("register", "finish") else 1
 
 
 def _into_jobs_folder(spec: Path, name: str, jobs_dir: Path) -> Path:

@@ -5,6 +5,7 @@ valid spec of the jobs folder.
 validate_spec ─ validate_data ─ plan_parallelism ─ place_gang(setup) ─ launch_training
    ─ [watch_training, watch_checkpoints, watch_health] ─ classify_outcome(all_done)
    ─ release_gang(teardown) ─ choose_action ─┬─ register_model
+                                             ├─ finish_run (completed; no checkpoint to register)
                                              ├─ restart | replace_node | rollback | fall_back
                                              │  | replan | requeue ─ resume_next_attempt
                                              ├─ give_up
@@ -37,6 +38,7 @@ from trainyard.operators.outcome import (
     CancelledOperator,
     ChooseActionOperator,
     ClassifyOutcomeOperator,
+    FinishRunOperator,
     GiveUpOperator,
     RecoveryActionOperator,
     RegisterModelOperator,
@@ -175,7 +177,7 @@ def build_dag(job: TrainingJob, spec_path: Path) -> DAG:
         for action in RECOVERY_ACTIONS:
             choose >> RecoveryActionOperator(task_id=action, action=action) >> resume
         register = RegisterModelOperator(task_id="register_model")
-        choose >> [register, GiveUpOperator(task_id="give_up", retries=0),
+        choose >> [register, FinishRunOperator(task_id="finish_run"), GiveUpOperator(task_id="give_up", retries=0),
                    CancelledOperator(task_id="cancelled", retries=0)]
         if job.spec.retrain is not None and job.spec.retrain.promote == "manual":
             promotion_gate(job, register)

@@ -37,7 +37,7 @@ CLASSIFY = "classify_outcome"
 RESUME = "resume_next_attempt"
 RECOVERY_ACTIONS = ("restart", "replace_node", "rollback", "fall_back", "replan", "requeue")
 """The actions that start another attempt; each is a task of the same name."""
-FINAL_ACTIONS = {"register": "register_model", "give_up": "give_up", "cancel": "cancelled"}
+FINAL_ACTIONS = {"register": "register_model", "finish": "finish_run", "give_up": "give_up", "cancel": "cancelled"}
 
 
 class ClassifyOutcomeOperator(BaseOperator):
@@ -137,6 +137,24 @@ class RegisterModelOperator(BaseOperator):
         closed = close(opened, mlflow_run_id, rt)
         self.log.info("run %s: %s", opened.conf.run, ", ".join(f"{k} {v:.4g}" for k, v in closed.cost.items()))
         return {**version.model_dump(), **closed.cost}
+
+
+class FinishRunOperator(BaseOperator):
+    """The attempt completed and the script wrote no Trainyard checkpoint (a plain script): the run
+    is completed and its MLflow run closed FINISHED; nothing is registered, by design — never an
+    attempted and failed registration."""
+
+    ui_color = "#d5f5e3"
+    operator_extra_links = (MlflowRunLink(), TrainyardViewLink(),)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from trainyard.plugins.attempt.steps import close
+
+        opened, rt = opened_of(context), runtime()
+        mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
+        self.log.info("run %s: %s", opened.conf.run, _action(context).reason)
+        closed = close(opened, mlflow_run_id, rt) if mlflow_run_id else None
+        return {"registered": False, "reason": _action(context).reason, **(closed.cost if closed else {})}
 
 
 class GiveUpOperator(BaseOperator):

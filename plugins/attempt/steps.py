@@ -62,7 +62,12 @@ from trainyard.plugins.errors import FatalError
 from trainyard.plugins.launch.model import RunHandle, RunStatus
 from trainyard.plugins.placement.model import Placement
 from trainyard.plugins.placement.state import RESERVATION_LEASE_S
-from trainyard.plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
+from trainyard.plugins.recovery.model import (
+    NOT_REGISTERED,
+    AttemptConf,
+    FailureReport,
+    RecoveryAction,
+)
 from trainyard.plugins.validation.data_quality import DataQualityReport
 
 log = logging.getLogger(__name__)
@@ -141,7 +146,8 @@ class Concluded(_Out):
         who = (f"rank {r.rank}: {describe(r.exit_code)}" if r.rank is not None and r.exit_code not in (None, 0)
                else f"rank {r.rank}" if r.rank is not None else ", ".join(r.failed_nodes))
         detail = f" ({who})" if who and r.failed else ""
-        then = {"register": "registered", "give_up": "gave up", "cancel": "cancelled"}.get(a.kind, a.kind)
+        then = {"register": "registered", "finish": NOT_REGISTERED, "give_up": "gave up",
+                "cancel": "cancelled"}.get(a.kind, a.kind)
         resume = f" from step {a.resume_step}" if a.retries and a.resume_step is not None else ""
         why = f": {a.reason}" if a.kind in ("give_up", "cancel") else ""
         return f"attempt {r.attempt}: {r.outcome}{where}{detail} → {then}{resume}{why}"[:1000]

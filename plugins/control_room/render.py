@@ -24,6 +24,7 @@ from trainyard.plugins.control_room.model import (
     RunSummary,
     RunView,
 )
+from trainyard.plugins.recovery.model import FINAL_KINDS
 
 REFRESH_S = 5
 """How often the page of a run that has not ended reloads itself."""
@@ -233,7 +234,7 @@ def _recovery(attempts: Sequence[AttemptView], now: datetime) -> str:
         if a.restarts_in_place:
             outcome += f" <span class='warn'>(torchrun restarted it in place {a.restarts_in_place}×)</span>"
         action = escape(a.action) + (f" from step {a.resume_step}" if a.resume_step is not None and a.action
-                                     not in ("register", "give_up", "cancel") else "")
+                                     not in FINAL_KINDS else "")
         rows.append(
             f"<tr><td class='n'>{a.attempt}</td><td>{outcome}<div class='muted'>{escape(a.reason)}</div></td>"
             f"<td>{action or fmt.DASH}</td><td class='n'>{fmt.seconds(t.detect_s if t else None)}</td>"

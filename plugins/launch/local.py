@@ -146,7 +146,8 @@ class LocalLauncher:
         if not worker_env.run_dir:
             worker_env = worker_env.model_copy(update={"run_dir": str(run_dir)})
         entry = self._entrypoint(job)
-        env = self._environment(job, plan, worker_env, gpu=placement.gpu_type != "cpu")
+        workdir = self._workdir(entry)
+        env = self._environment(job, plan, worker_env, workdir, gpu=placement.gpu_type != "cpu")
         self._sweep_half_started(run_dir)
         for sub in ("agents", "ranks"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -155,12 +156,12 @@ class LocalLauncher:
         if self.warm_ranks:
             env[rank_zygote.ADDRESS_ENV] = rank_zygote.new_address()
             if rank_zygote.start(self.python, env[rank_zygote.ADDRESS_ENV], [], entry, env=env,
-                                 cwd=self.source_dir, log=run_dir / "agents" / "zygote.log") is None:
+                                 cwd=workdir, log=run_dir / "agents" / "zygote.log") is None:
                 del env[rank_zygote.ADDRESS_ENV]
         agents: list[AgentRecord] = []
         try:
             for node in placement.nodes:
-                agents.append(self._start_agent(job, placement, node, env, run_dir, port, entry, attempt))
+                agents.append(self._start_agent(job, placement, node, env, run_dir, port, entry, attempt, workdir))
         except OSError as e:
             self._kill_agents(agents)
             raise LaunchError(f"could not start torchrun for {job.metadata.name}: {e}") from e
@@ -211,6 +212,11 @@ class LocalLauncher:
             while processes.marked_processes(RUN_MARKER, str(run_dir)) and time.monotonic() < deadline:
                 time.sleep(0.1)
 
+    def _workdir(self, entry: str) -> Path:
+        """Where the ranks run: the script's own folder (the working directory a user runs it from,
+        so a file it opens relative to itself is found), or the source root for a module."""
+        return Path(entry).parent if entry.endswith(".py") else self.source_dir
+
     def _entrypoint(self, job: TrainingJob) -> str:
         entry = job.spec.source.entrypoint
         path = (self.source_dir / entry).resolve()
@@ -218,14 +224,15 @@ class LocalLauncher:
             raise ValueError(f"entrypoint {entry!r} not found under {self.source_dir}")
         return str(path) if entry.endswith(".py") else entry
 
-    def _environment(self, job: TrainingJob, plan: Plan, worker_env: WorkerEnv, *, gpu: bool) -> dict[str, str]:
+    def _environment(self, job: TrainingJob, plan: Plan, worker_env: WorkerEnv, workdir: Path, *,
+                     gpu: bool) -> dict[str, str]:
         # torchrun sets the torch.distributed variables itself; ones inherited from an enclosing
         # torchrun (a launch from inside a job) would mislead the new agents.
         env = {k: v for k, v in self.base_env.items()
                if not (k in INHERITED_TORCH_ENV or k.startswith("TORCHELASTIC_"))}
-        # The source root only: Trainyard itself is imported from the installed distribution
+        # The script's folder only: Trainyard itself is imported from the installed distribution
         # (`trainyard.…`), never from a folder on the path beside the user's own modules.
-        paths = [str(self.source_dir)]
+        paths = [str(workdir)]
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
@@ -235,7 +242,7 @@ class LocalLauncher:
         return env
 
     def _start_agent(self, job: TrainingJob, placement: Placement, node: Any, env: Mapping[str, str],
-                     run_dir: Path, port: int, entry: str, attempt: int) -> AgentRecord:
+                     run_dir: Path, port: int, entry: str, attempt: int, workdir: Path) -> AgentRecord:
         agent_args = [
             "--exit-file", str(run_dir / "agents" / f"{node.name}.exit.json"), "--",
             "--nnodes", str(len(placement.nodes)), "--node-rank", str(node.node_rank),
@@ -251,22 +258,22 @@ class LocalLauncher:
         if placement.gpu_type != "cpu" and node.devices:
             node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.devices))
         with (run_dir / "agents" / f"{node.name}.log").open("ab") as log:
-            pid = self._fork_agent(agent_args, node_env, log.fileno())
+            pid = self._fork_agent(agent_args, node_env, log.fileno(), workdir)
             if pid is None:
                 cmd = [self.python, "-m", AGENT_MODULE, *agent_args]
-                pid = subprocess.Popen(cmd, cwd=self.source_dir, env=node_env, stdin=subprocess.DEVNULL,
+                pid = subprocess.Popen(cmd, cwd=workdir, env=node_env, stdin=subprocess.DEVNULL,
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True).pid
         return AgentRecord(node=node.name, node_rank=node.node_rank, pid=pid, pgid=pid,
                            start_ticks=processes.start_ticks(pid), nproc=node.slots)
 
-    def _fork_agent(self, agent_args: list[str], env: dict[str, str], log: int) -> int | None:
+    def _fork_agent(self, agent_args: list[str], env: dict[str, str], log: int, workdir: Path) -> int | None:
         """The agent forked by the attempt's zygote (torch already imported; a session of its
         own, as `start_new_session` gives), or None to start it as a plain process."""
         name = env.get(rank_zygote.ADDRESS_ENV)
         if not name:
             return None
         request = rank_zygote.Request(entry=AGENT_MODULE, module=True, args=agent_args, env=env,
-                                      cwd=str(self.source_dir), detached=True)  # it outlives this process, as the launch does
+                                      cwd=str(workdir), detached=True)  # it outlives this process, as the launch does
         with open(os.devnull, "rb") as devnull:
             answer = rank_zygote.ask(name, request, [devnull.fileno(), log, log])
         if answer is None:

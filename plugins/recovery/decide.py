@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trainyard.plugins.recovery.model import (
+    NOT_REGISTERED,
     AttemptConf,
     AttemptRecord,
     FailureReport,
@@ -73,6 +74,8 @@ class DecisionContext:
 def decide(report: FailureReport, job: TrainingJob, conf: AttemptConf, ctx: DecisionContext) -> RecoveryAction:
     """The action after `report` (see the module docstring for the rules and their order)."""
     if report.outcome == "completed":
+        if not _committed(ctx):
+            return RecoveryAction(kind="finish", reason=f"completed — {NOT_REGISTERED}", counts_against_budget=False)
         return RecoveryAction(kind="register", reason="the attempt completed: export and register the model",
                               counts_against_budget=False)
     if report.outcome == "cancelled":

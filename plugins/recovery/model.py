@@ -45,11 +45,20 @@ or one failure class."""
 
 FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
 
+FINAL_KINDS = frozenset({"register", "finish", "give_up", "cancel"})
+"""The actions after which no attempt follows: the training run ends."""
+
+NOT_REGISTERED = ("not registered: the script wrote no Trainyard checkpoint (a plain script; see "
+                  "docs/bring-your-own.md)")
+"""What every surface says of a completed run with nothing to register (the `finish` action)."""
+
 ActionKind = Literal[
-    "register", "restart", "replace_node", "rollback", "fall_back", "replan", "requeue",
+    "register", "finish", "restart", "replace_node", "rollback", "fall_back", "replan", "requeue",
     "give_up", "cancel",
 ]
 """- `register`: the attempt completed; export and register the model.
+- `finish`: the attempt completed, but the script wrote no Trainyard checkpoint (a plain script):
+  the run is completed and nothing is registered, by design (`NOT_REGISTERED`).
 - `restart`: same gang, from the newest valid checkpoint (worker crash, hang).
 - `replace_node`: re-place excluding the failed nodes (node lost), then restart.
 - `rollback`: restart from the newest valid checkpoint *before the divergence onset*.
@@ -156,7 +165,7 @@ class RecoveryAction(_Model):
     @property
     def retries(self) -> bool:
         """True when the action starts another attempt."""
-        return self.kind not in ("register", "give_up", "cancel")
+        return self.kind not in FINAL_KINDS
 
 
 class AttemptRecord(_Model):

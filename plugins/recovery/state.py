@@ -68,7 +68,8 @@ so short it ended before anyone saw it run."""
 AttemptState = Literal["running", "ended"]
 T = TypeVar("T")
 
-FINAL_BY_ACTION: dict[str, str] = {"register": "completed", "cancel": "cancelled", "give_up": "failed"}
+FINAL_BY_ACTION: dict[str, str] = {"register": "completed", "finish": "completed", "cancel": "cancelled",
+                                   "give_up": "failed"}
 
 
 class IllegalTransition(FatalError):

@@ -197,6 +197,6 @@ def test_cli_launch_leaves_cordoned_nodes_out_and_records_the_job_state_like_the
     assert "placed: local-1×2" in result.stderr and "excluded local-0" in result.stderr, result.stderr
     info = state.get_run("tiny-cordon", "20261201t000000-c0d0aa")
     (attempt,) = state.attempts("tiny-cordon", info.run)
-    assert (info.state, attempt.outcome, attempt.action) == ("completed", "completed", "register")
+    assert (info.state, attempt.outcome, attempt.action) == ("completed", "completed", "finish")  # no checkpoint
     assert attempt.run_handle is not None and attempt.run_handle.nodes == ["local-1"]
     assert usage_by_team(Settings(home=home).state_db) == {}  # released

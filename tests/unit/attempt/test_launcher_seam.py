@@ -149,7 +149,7 @@ def test_the_dags_tasks_and_the_trigger_launch_and_watch_through_the_registered_
     assert final["state"] == "succeeded"  # through the trigger: the first look saw it running
     verdict = _run(ClassifyOutcomeOperator(task_id="classify_outcome"), context)
     _run(ReleaseGangOperator(task_id="release_gang"), context)
-    assert verdict == {"outcome": "completed", "action": "register"}
+    assert verdict == {"outcome": "completed", "action": "finish"}  # the fake ranks write no checkpoint
     seen = fake_launcher.calls(handle.run_dir)
     assert seen[0]["call"] == "submit" and seen[0]["faults"] == "sigkill@3:1"  # the form's fault, to the worker
     assert {c["call"] for c in seen} >= {"submit", "poll", "settle"}
@@ -168,6 +168,6 @@ def test_trainyard_launch_runs_on_the_registered_backend_and_records_the_job_sta
     state = JobStateStore(world.settings.state_db)
     info = state.get_run("seam-job", "20261201t000000-5ea111")
     (attempt,) = state.attempts("seam-job", info.run)
-    assert (info.state, attempt.outcome, attempt.action) == ("completed", "completed", "register")
+    assert (info.state, attempt.outcome, attempt.action) == ("completed", "completed", "finish")
     seen = fake_launcher.calls(attempt.run_handle.run_dir)
     assert {c["pid"] for c in seen} == {os.getpid()} and seen[0]["call"] == "submit"

@@ -95,9 +95,9 @@ def test_a_file_that_does_not_match_its_manifest_entry_is_refused(tmp_path: Path
     good = read_verified(entry, path)
     assert good.view().tobytes() == data
     good.close()
-    with path.open("r+b") as f:
+    with path.open("r+b") as f:  # one byte flipped (a fixed value was already there 1 time in 256)
         f.seek(5_000)
-        f.write(b"\xff")
+        f.write(bytes([data[5_000] ^ 0xFF]))
     with pytest.raises(IntegrityError, match=r"__0_0.distcp: SHA-256 .*\(corrupt\)"):
         read_verified(entry, path)
 

@@ -62,8 +62,8 @@ def test_every_example_spec_is_a_dag_with_the_designed_graph(jobs: Path) -> None
     for watcher in ("watch_training", "watch_checkpoints", "watch_health"):
         assert down[watcher] == ["classify_outcome"]
     assert down["release_gang"] == ["choose_action"]
-    assert down["choose_action"] == sorted(["register_model", "give_up", "cancelled", "restart", "replace_node",
-                                            "rollback", "fall_back", "replan", "requeue"])
+    assert down["choose_action"] == sorted(["register_model", "finish_run", "give_up", "cancelled", "restart",
+                                            "replace_node", "rollback", "fall_back", "replan", "requeue"])
     for action in ("restart", "replace_node", "rollback", "fall_back", "replan", "requeue"):
         assert down[action] == ["resume_next_attempt"]
     tasks = dag.task_dict

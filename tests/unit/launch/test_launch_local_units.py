@@ -252,11 +252,15 @@ def test_environment_layers_spec_env_under_the_contract_and_drops_inherited_torc
         "training": job.spec.training.model_copy(update={"env": {"MY_FLAG": "on"}})})})
     launcher = LocalLauncher(tmp_path, source_dir=REPO_ROOT, base_env={
         "PATH": "/usr/bin", "RANK": "3", "MASTER_PORT": "1", "TORCHELASTIC_RUN_ID": "outer", "PYTHONPATH": "/x"})
-    out = launcher._environment(job, plan, env, gpu=False)
+    workdir = launcher._workdir(launcher._entrypoint(job))
+    out = launcher._environment(job, plan, env, workdir, gpu=False)
     assert "RANK" not in out and "MASTER_PORT" not in out and "TORCHELASTIC_RUN_ID" not in out
     assert out["MY_FLAG"] == "on" and out["PATH"] == "/usr/bin"
     assert out["TRAINYARD_JOB"] == "unit-job" and out["TRAINYARD_PLAN"] == plan.model_dump_json()
-    assert out["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT), "/x"]
+    # the script's own folder (its working directory too), never the checkout root: no bare
+    # `config`, `worker`, … of Trainyard's beside the user's modules
+    assert workdir == (REPO_ROOT / job.spec.source.entrypoint).parent
+    assert out["PYTHONPATH"].split(os.pathsep) == [str(workdir), "/x"]
 
 
 def test_a_half_started_submit_is_swept_before_a_retry(tmp_path: Path) -> None:

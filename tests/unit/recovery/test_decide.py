@@ -16,7 +16,7 @@ from trainyard.plugins.advisor import plan_job
 from trainyard.plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan, verify
 from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
 from trainyard.plugins.recovery.decide import DecisionContext, apply_quarantine, decide
-from trainyard.plugins.recovery.model import AttemptConf, FailureReport
+from trainyard.plugins.recovery.model import NOT_REGISTERED, AttemptConf, FailureReport
 from trainyard.plugins.storage.store import ObjectStore, open_store
 
 SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
@@ -50,7 +50,11 @@ def corrupt(store: ObjectStore, step: int) -> None:
     store.put_bytes(f"{step_dir(step)}/__0_0.distcp", b"bit rot" * 200)
 
 
-def test_completed_and_cancelled(ctx: DecisionContext) -> None:
+def test_completed_and_cancelled(ctx: DecisionContext, store: ObjectStore) -> None:
+    finished = decide(report("completed"), job(), AttemptConf(), ctx)  # no checkpoint of ours: a plain script
+    assert (finished.kind, finished.retries) == ("finish", False)
+    assert finished.reason == f"completed — {NOT_REGISTERED}"
+    make_checkpoint(store, 10)
     assert decide(report("completed"), job(), AttemptConf(), ctx).kind == "register"
     action = decide(report("cancelled", reason="stopped on request (user: x)"), job(), AttemptConf(), ctx)
     assert (action.kind, action.retries, action.reason) == ("cancel", False, "stopped on request (user: x)")
