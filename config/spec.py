@@ -250,7 +250,8 @@ class Training(Section):
     eval_interval_steps: PositiveInt | None = None
     seed: NonNegativeInt = 0
     learning_rate: PositiveFloat | None = None
-    """Passed to the entrypoint as `--lr` when set (overridable from the Airflow trigger form)."""
+    """The peak learning rate, overridable from the Airflow trigger form: the script reads it as
+    `TRAINYARD_LEARNING_RATE` (or from `TRAINYARD_SPEC`); nothing is added to its arguments."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment for the workers; platform-reserved names are refused."""
 

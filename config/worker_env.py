@@ -57,12 +57,17 @@ class WorkerEnv(BaseModel):
     mlflow_run_id: str = ""
     faults: str = Field(default="", description="Test-only fault injection (`worker/faults.py`, "
                                                 "TRAINYARD_FAULTS); empty: none")
+    learning_rate: float | None = Field(default=None, description="`training.learningRate` as this attempt "
+                                        "trains it (the trigger form's override applied); unset: none given")
+    max_steps: int | None = Field(default=None, description="`training.maxSteps` as this attempt trains it "
+                                  "(the trigger form's `max_steps` applied)")
 
     def to_env(self) -> dict[str, str]:
         """Every field as its variable; no `TRAINYARD_FAULTS` at all when there are none (a
-        base environment's own stays, as the fault tests set it)."""
+        base environment's own stays, as the fault tests set it), nothing for an unset value."""
         skip = set() if self.faults else {"faults"}
-        return {_variable(name): str(value) for name, value in self.model_dump(exclude=skip).items()}
+        return {_variable(name): str(value) for name, value in self.model_dump(exclude=skip).items()
+                if value is not None}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:

@@ -1,7 +1,7 @@
 """Example entrypoint: a byte-level Llama language model on Python's documentation text,
 trained with whatever parallelism the advisor planned. Copy it as the start of your own script.
 
-Launched by the platform as `torchrun … worker/train.py [--lr X]` with the `TRAINYARD_*`
+Launched by the platform as `torchrun … worker/train.py` with the `TRAINYARD_*`
 contract in the environment; for debugging, standalone:
 
     trainyard data prepare-demo

@@ -52,6 +52,7 @@ def build_worker_env(
         heartbeat_dir=str(folder / "heartbeats"),
         hang_timeout_s=job.spec.fault_tolerance.hang_timeout.total_seconds(),
         run_dir=str(folder), mlflow_tracking_uri=settings.mlflow_tracking_uri, mlflow_run_id=mlflow_run_id,
+        learning_rate=job.spec.training.learning_rate, max_steps=job.spec.training.max_steps,
     )
 
 
@@ -79,7 +80,7 @@ def job_environment(job: TrainingJob, plan: Plan, worker_env: WorkerEnv, *, gpu:
 
 
 def entry_args(job: TrainingJob) -> list[str]:
-    """The entrypoint's arguments, on every launcher: the spec's `source.args`, then `--lr X`
-    when the spec sets `training.learningRate` (config/spec.py's contract)."""
-    lr = job.spec.training.learning_rate
-    return [*job.spec.source.args, *(["--lr", repr(lr)] if lr is not None else [])]
+    """The entrypoint's arguments, on every launcher: the spec's `source.args`, as written. The
+    trigger form's overrides reach the script as variables (`TRAINYARD_LEARNING_RATE`,
+    `TRAINYARD_MAX_STEPS`), never as added arguments a script may reject."""
+    return list(job.spec.source.args)

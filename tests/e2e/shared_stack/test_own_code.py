@@ -31,7 +31,7 @@ def test_a_stock_torchrun_script_runs_unchanged_to_an_honest_green_not_registere
     (team / "utils.py").write_text("raise RuntimeError('the team utils are not imported by Trainyard')\n")
     spec = demo_spec(JOB)
     spec["spec"]["source"] = {"entrypoint": str(script), "args": ["2", "1", "--batch_size", "32"]}
-    spec["spec"]["training"].pop("learningRate", None)  # the script takes no --lr
+    assert spec["spec"]["training"]["learningRate"]  # reaches it as TRAINYARD_LEARNING_RATE, not as a --lr
     shared.add_jobs({JOB: spec})
 
     first = shared.client.trigger(JOB, {})["dag_run_id"]

@@ -77,7 +77,7 @@ def test_gang_queue_priority_and_node_pinning(rendered: tuple[dict[str, Any], An
                          "topologyKey": "kubernetes.io/hostname"}
         command = pod["containers"][0]["command"]
         assert command[:3] == ["python", "-m", "torch.distributed.run"]
-        args = dict(zip(command[3:-5:2], command[4:-5:2], strict=False))
+        args = dict(zip(command[3:-3:2], command[4:-3:2], strict=False))
         assert args["--nnodes"] == "32" and args["--node-rank"] == str(i) and args["--nproc-per-node"] == "8"
         name = body["metadata"]["name"]
         assert name == volcano_job_name("gpt-200b", body["metadata"]["labels"]["trainyard.io/run"])
@@ -85,7 +85,9 @@ def test_gang_queue_priority_and_node_pinning(rendered: tuple[dict[str, Any], An
         assert args["--rdzv-backend"] == "c10d" and args["--rdzv-endpoint"] == f"{name}-worker-00-0.{name}:29500"
         assert args["--rdzv-conf"] == f"is_host={'true' if i == 0 else 'false'}"
         assert task["name"] == f"worker-{i:02d}" and args["--local-addr"] == f"{name}-worker-{i:02d}-0.{name}"
-        assert command[-5:] == ["pretrain.py", "--config", "200b.yaml", "--lr", "0.0003"]
+        assert command[-3:] == ["pretrain.py", "--config", "200b.yaml"]  # the spec's args, nothing added
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["TRAINYARD_LEARNING_RATE"] == "0.0003"  # the learning rate as a variable instead
         assert task["template"]["metadata"]["labels"]["trainyard.io/rack"] == placement.nodes[i].rack
         addrs.append(args["--local-addr"])
     assert sorted(addrs) == addrs  # c10d ranks the agents by their addresses: node-rank order
