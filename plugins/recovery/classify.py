@@ -27,7 +27,11 @@ Precedence (first match wins):
 9. **hang** — the hang watcher stopped the gang (`hang`), or a rank is flagged `hung`; the
    report blames the ranks `Evidence.hung_ranks` names (the frozen or lagging ones), not the
    whole gang that stalled behind them.
-10. **worker_crash** — any other failure (non-zero exit, a signal, a torchrun agent that died).
+10. **user_error** — the script failed before training, the same way on every failed rank: a
+    start-up error line (`evidence.STARTUP_ERROR`: ModuleNotFoundError, SyntaxError, a missing
+    file, an argument its parser refuses), a plain exit code (no signal), no step reached. Not
+    retried: restarting the same code on the same inputs cannot help.
+11. **worker_crash** — any other failure (non-zero exit, a signal, a torchrun agent that died).
 
 A stop that came *after* a rank had already failed only cleaned up (the launcher reports the
 run `failed`, not `stopped`): then the rank's failure is the cause (rules 8–10), except for a
@@ -36,6 +40,7 @@ user's stop (rule 2).
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from trainyard.plugins.errors import FatalError
@@ -44,6 +49,7 @@ from trainyard.plugins.recovery.evidence import (
     CORRUPT_PATTERNS,
     FATAL_VERDICTS,
     OOM_PATTERNS,
+    STARTUP_ERROR,
     STOP_CAUSES_CANCEL,
     Evidence,
     find_line,
@@ -147,10 +153,31 @@ def classify(ev: Evidence) -> FailureReport:
 
     if stopped:  # a platform stop with a cause this engine does not know: report it, as a crash
         return report("worker_crash", f"stopped by the platform ({stop_cause}): {why_stopped}")
+    startup = _startup_error(ev, first, tail)
+    if startup:
+        return report("user_error", f"{_who(ev, first)} failed before training: {startup}", log_line=startup)
     return report("worker_crash", _crash_reason(ev, first, tail))
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _startup_error(ev: Evidence, first: tuple[int, int | None] | None, tail: str) -> str:
+    """The start-up error line every failed rank ended with ('' when it is not one): the first
+    failure exited with a plain code (a signal is the world's doing), no rank reached a step, and
+    each failed rank whose log was read ends with the same start-up error."""
+    if first is None or first[1] is None or first[1] <= 0 or first[1] >= 128:
+        return ""
+    if (ev.status.step or 0) > 0 or (_min_step(ev) or 0) > 0:
+        return ""
+    line = _unprefixed(find_line(tail, (STARTUP_ERROR,)))
+    others = {_unprefixed(find_line(t, (STARTUP_ERROR,))) for t in ev.log_tails.values() if t}
+    return line if line and others <= {line} else ""
+
+
+def _unprefixed(line: str) -> str:
+    """`[rank1]: ModuleNotFoundError: …` → `ModuleNotFoundError: …` (torchrun's per-rank prefix)."""
+    return re.sub(r"^\[(default)?(rank)?\d+\]:\s*", "", line)
 
 
 def _first_failed(ev: Evidence) -> tuple[int, int | None] | None:

@@ -80,6 +80,9 @@ def decide(report: FailureReport, job: TrainingJob, conf: AttemptConf, ctx: Deci
                               counts_against_budget=False)
     if report.outcome == "cancelled":
         return RecoveryAction(kind="cancel", reason=report.reason, counts_against_budget=False)
+    if report.outcome == "user_error":
+        return _give_up(f"{report.reason} — not retried: the same code and inputs fail the same way; fix the script "
+                        "(or its inputs) and trigger the job again (no restart of the budget was used)")
     repeated = _same_failure_again(report, conf.history)
     if repeated:
         return _give_up(repeated)

@@ -65,6 +65,12 @@ the worker's `stop_on_oom`, e.g. during restore or in user code outside the loop
 CORRUPT_PATTERNS = (re.compile(r"NoValidCheckpointError"), re.compile(r"does not verify"))
 """Log lines that mean a restore target failed verification."""
 
+STARTUP_ERROR = re.compile(
+    r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError|FileNotFoundError): "
+    r"|: error: (unrecognized arguments|the following arguments are required|argument )")
+"""A failure of the script itself before it trains: a missing module, a syntax error, a missing
+input file, arguments its parser refuses. The same code and inputs fail the same way again."""
+
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Traceback|Killed|out of memory)", re.I)
 
 

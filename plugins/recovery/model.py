@@ -31,13 +31,13 @@ from trainyard.config.runs import (
 )
 
 FailureClass = Literal[
-    "worker_crash", "node_lost", "hang", "diverged", "checkpoint_corrupt", "oom", "preempted",
+    "worker_crash", "node_lost", "hang", "diverged", "checkpoint_corrupt", "oom", "preempted", "user_error",
 ]
 """DESIGN §5's failure classes, in the order the DAG shows their branches."""
 
 Outcome = Literal[
     "completed", "cancelled", "launch_failed",
-    "worker_crash", "node_lost", "hang", "diverged", "checkpoint_corrupt", "oom", "preempted",
+    "worker_crash", "node_lost", "hang", "diverged", "checkpoint_corrupt", "oom", "preempted", "user_error",
 ]
 """How an attempt ended: completed, cancelled on request, never started (`launch_failed`: it
 could not be planned, placed or submitted — the step's message says why; nothing to recover),

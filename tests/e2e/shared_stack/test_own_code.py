@@ -56,3 +56,27 @@ def test_a_stock_torchrun_script_runs_unchanged_to_an_honest_green_not_registere
 
     assert (team / "snapshot.pt").is_file()  # its working directory is its own folder
     assert not (REPO_ROOT / "snapshot.pt").exists()
+
+
+def test_a_start_up_error_ends_the_run_as_the_users_after_one_attempt(shared: RunningStack, tmp_path: Path) -> None:
+    """The same ModuleNotFoundError on every rank before a step: `user_error`, given up at once —
+    one attempt, no restart of the budget spent — the error line in the note and the job state."""
+    team = tmp_path / "team-code"
+    script = adapt.write(team, "import transformerz  # not installed\n" + adapt.cpu_port())
+    spec = demo_spec("typo-import")
+    spec["spec"]["source"] = {"entrypoint": str(script), "args": ["1", "1"]}
+    shared.add_jobs({"typo-import": spec})
+    first = shared.client.trigger("typo-import", {})["dag_run_id"]
+    attempts = follow_training_run(shared.client, "typo-import", first, timeout_s=600)
+    assert [(a.state, a.outcome, a.action) for a in attempts] == [("failed", "user_error", "give_up")], \
+        f"{attempts}\n{shared.logs()}"
+    note = shared.client.dag_run("typo-import", attempts[0].dag_run_id).get("note") or ""
+    assert "user_error" in note and "ModuleNotFoundError: No module named 'transformerz'" in note, note
+
+    from trainyard.plugins.recovery.state import JobStateStore
+
+    state = JobStateStore(shared.settings.state_db)
+    info = state.get_run("typo-import", attempts[0].run)
+    assert info.state == "failed" and "not retried" in info.final_reason, info
+    (attempt,) = state.attempts("typo-import", attempts[0].run)
+    assert attempt.outcome == "user_error"

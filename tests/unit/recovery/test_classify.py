@@ -321,3 +321,26 @@ def test_a_hang_stop_without_detail_still_reads(tmp_path: Path) -> None:
     ev, _ = evidence(tmp_path, [Rank(-9, ended_at=101)] * 2, stop_reason="hang:")
     report = classify(ev)
     assert (report.outcome, report.reason) == ("hang", "hang: the hang watcher stopped the gang")
+
+
+IMPORT_ERROR = ("Traceback (most recent call last):\n  File \"/team/train.py\", line 2, in <module>\n"
+                "    import transformerz\nModuleNotFoundError: No module named 'transformerz'\n")
+
+
+def test_the_same_start_up_error_on_every_rank_before_a_step_is_the_users_error(tmp_path: Path) -> None:
+    ev, _ = evidence(tmp_path, [Rank(1, step=0, log=IMPORT_ERROR, ended_at=1),
+                                Rank(1, step=0, log="[rank1]: " + IMPORT_ERROR.splitlines()[-1], ended_at=2)])
+    report = classify(ev)
+    assert (report.outcome, report.rank, report.exit_code) == ("user_error", 0, 1)
+    assert report.reason == ("rank 0 on local-0 failed before training: "
+                             "ModuleNotFoundError: No module named 'transformerz'")
+
+
+@pytest.mark.parametrize(("ranks", "why"), [
+    ([Rank(1, step=5, log=IMPORT_ERROR, ended_at=1), Rank(-15, step=5, ended_at=2)], "it had trained"),
+    ([Rank(-9, step=0, log=IMPORT_ERROR, ended_at=1), Rank(-15, step=0, ended_at=2)], "a signal"),
+    ([Rank(1, step=0, log=IMPORT_ERROR, ended_at=1), Rank(1, step=0, log=TRACEBACK, ended_at=2)], "ranks differ"),
+    ([Rank(1, step=0, log=TRACEBACK, ended_at=1), Rank(1, step=0, log=TRACEBACK, ended_at=2)], "not a start-up error"),
+])
+def test_anything_else_stays_a_worker_crash(tmp_path: Path, ranks: list[Rank], why: str) -> None:
+    assert classify(evidence(tmp_path, ranks)[0]).outcome == "worker_crash", why

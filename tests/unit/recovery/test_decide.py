@@ -296,3 +296,10 @@ def test_steps_lost_and_timings_land_in_the_report(tmp_path: Path, store: Object
     assert seconds == pytest.approx(7.0)
     assert state.attempts("tiny", run)[0].failure_report.time_to_resume_s == pytest.approx(7.0)
     state.close()
+
+
+def test_a_users_error_gives_up_at_once_and_leaves_the_budget_alone(ctx: DecisionContext) -> None:
+    action = decide(report("user_error", reason="rank 0 failed before training: ModuleNotFoundError: x"),
+                    job(), AttemptConf(), ctx)
+    assert (action.kind, action.retries, action.counts_against_budget) == ("give_up", False, False)
+    assert action.reason.startswith("rank 0 failed before training: ModuleNotFoundError: x — not retried")
