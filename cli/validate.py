@@ -48,12 +48,10 @@ def run(args: argparse.Namespace) -> int:
     results: list[tuple[Path, list[Problem]]] = []
     for path in args.files:
         job, problems = read_spec_file(path)
-        if job is not None:  # as an attempt is opened: where it would run first, then the dry run
-            from trainyard.plugins.attempt.launchers import launch_problems
-            from trainyard.plugins.validation.dry_run import validate_job
+        if job is not None:  # as an attempt is opened
+            from trainyard.plugins.attempt.launchers import all_problems
 
-            problems = launch_problems(job, cluster, settings) or validate_job(
-                job, cluster=cluster, settings=settings, offline=args.offline, data_quality=args.data)
+            problems = all_problems(job, cluster, settings, offline=args.offline, data_quality=args.data)
         results.append((path, problems))
 
     if args.json:

@@ -82,6 +82,22 @@ def launcher_for(target: Cluster | RunHandle, runtime: Runtime, options: LaunchO
     return backend(target.spec.mode, settings).create(settings, opts, runtime)
 
 
+def all_problems(job: TrainingJob, cluster: Cluster, settings: Settings, *, offline: bool = False,
+                 data_quality: bool = False) -> list[Problem]:
+    """Every problem of `job` on `cluster` at once, as `trainyard validate` and an attempt's
+    opening report them: where it cannot run (`launch_problems`) beside the spec's own rules and
+    what the worker runtime needs — never one in place of the others; the rest of the dry run
+    (the cluster's rules, memory, quota, dataset) where it can run."""
+    from trainyard.config.rules import check_spec
+    from trainyard.plugins.validation.dry_run import validate_job
+    from trainyard.plugins.validation.runtime import check_runtime
+
+    launch = launch_problems(job, cluster, settings)
+    if launch:
+        return launch + check_spec(job) + check_runtime(job)
+    return validate_job(job, cluster=cluster, settings=settings, offline=offline, data_quality=data_quality)
+
+
 def launch_problems(job: TrainingJob, cluster: Cluster, settings: Settings) -> list[Problem]:
     """Why this deployment cannot launch `job` on `cluster`: its devices are not on the cluster
     the launcher runs (`TRAINYARD_CLUSTER` / `--cluster`), a Kubernetes cluster and no image,

@@ -54,7 +54,7 @@ from trainyard.plugins.attempt.conf import (
 from trainyard.plugins.attempt.launchers import (
     LaunchOptions,
     Runtime,
-    launch_problems,
+    all_problems,
     launcher_for,
 )
 from trainyard.plugins.attempt.watching import WatchState, WatchStep, watch_once
@@ -191,7 +191,6 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
     checks that need the world (memory fit, dataset, quota), as `trainyard validate --offline`."""
     from trainyard.config.loader import load_spec_file
     from trainyard.config.problems import SpecError
-    from trainyard.plugins.validation.dry_run import validate_job
 
     settings = runtime.settings
     try:
@@ -199,8 +198,7 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
     except (SpecError, ValueError) as e:
         raise InvalidJob(f"{spec_path}: {e}") from e
     cluster = cluster_of(settings)
-    problems = launch_problems(job, cluster, settings)
-    problems += validate_job(job, cluster=cluster, settings=settings, offline=offline) if not problems else []
+    problems = all_problems(job, cluster, settings, offline=offline)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         lines = "\n".join(f"  {p.code.value} {p.render()}" for p in errors)

@@ -44,6 +44,22 @@ def test_a_spec_whose_devices_another_cluster_has_is_refused_naming_it(capsys: p
     assert "TRAINYARD_CLUSTER=h100-fleet or --cluster h100-fleet" in out
 
 
+def test_a_spec_on_the_wrong_cluster_still_reports_its_other_problems(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Every problem at once: where it cannot run does not hide what is wrong in it."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "config" / "jobs" / "demo-tiny-lm.yaml").read_text())
+    doc["spec"]["hardware"]["gpuType"] = "V100"
+    doc["spec"]["training"]["env"] = {"WORLD_SIZE": "8"}
+    spec = tmp_path / "v100.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    assert main(["validate", "--offline", "--cluster", "local", str(spec)]) == 1
+    out = capsys.readouterr().out
+    assert "2 error(s)" in out and "LAUNCHER_UNAVAILABLE spec.hardware.gpuType" in out
+    assert "RESERVED_ENV spec.training.env.WORLD_SIZE" in out
+
+
 def test_problems_are_listed_path_message_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "typo.yaml"
     text = (ROOT / "config" / "jobs" / "demo-tiny-lm.yaml").read_text()
