@@ -72,20 +72,18 @@ def run(args: argparse.Namespace) -> int:
     if loaded is None:
         return 1
     job, _ = loaded
-    try:
-        placed = _into_jobs_folder(args.spec, job.name, settings.jobs_dir)
-    except ValueError as e:
-        err_console.print(f"trainyard submit: error: {e}")
-        return 1
+    placed, changed = _into_jobs_folder(args.spec, job.name, settings.jobs_dir)
+    if changed:
+        err_console.print(f"{placed}: written (the job's one spec in Airflow's jobs folder)")
     token = settings.airflow_token.get_secret_value() if settings.airflow_token else ""
     client = AirflowClient(settings.airflow_url, token=token)
     try:
-        _wait_for_dag(client, job.name, placed)
+        _wait_for_dag(client, job.name, placed, changed=changed)
         dag_run = client.trigger(job.name, conf, note=f"trainyard submit {args.spec}")
     except AirflowUnavailable as e:
         err_console.print(f"[red]{e}[/]")
         return 3
-    except (AirflowRequestFailed, TimeoutError) as e:
+    except (AirflowRequestFailed, TimeoutError, ValueError) as e:
         err_console.print(f"[red]cannot trigger {job.name}[/]: {e}")
         return 1
     url = f"{settings.airflow_url.rstrip('/')}/dags/{job.name}/runs/{dag_run['dag_run_id']}"
@@ -105,33 +103,35 @@ def run(args: argparse.Namespace) -> int:
     return 0 if last is not None and last.state == "success" and last.action in ("register", "finish") else 1
 
 
-def _into_jobs_folder(spec: Path, name: str, jobs_dir: Path) -> Path:
-    """The spec's place in the folder Airflow's DAG factory reads (copied as `<job>.yaml` when
-    it is not there yet; a different spec of the same job already there is an error)."""
+def _into_jobs_folder(spec: Path, name: str, jobs_dir: Path) -> tuple[Path, bool]:
+    """The spec's place in the folder Airflow's DAG factory reads, and whether its content
+    changed there: copied as `<job>.yaml` when the job is not there yet, and over the job's one
+    copy when the spec was edited (a resubmit updates the job; attempts already running keep the
+    spec they started with). Never a second copy of a job."""
     spec, jobs_dir = spec.resolve(), jobs_dir.resolve()
     if spec.parent == jobs_dir:
-        return spec
+        return spec, False
     from trainyard.config.loader import read_spec_file
 
     for existing in sorted(jobs_dir.glob("*.y*ml")):
         other, _ = read_spec_file(existing)
         if other is not None and other.name == name:
-            if existing.read_bytes() != spec.read_bytes():
-                raise ValueError(f"{existing} already defines job {name!r} with other content; "
-                                 f"edit that file, or rename the job in {spec}")
-            return existing
+            if existing.read_bytes() == spec.read_bytes():
+                return existing, False
+            shutil.copyfile(spec, existing)
+            return existing, True
     jobs_dir.mkdir(parents=True, exist_ok=True)
     target = jobs_dir / f"{name}.yaml"
     shutil.copyfile(spec, target)
-    return target
+    return target, True
 
 
-def _wait_for_dag(client: AirflowClient, dag_id: str, spec: Path) -> None:
+def _wait_for_dag(client: AirflowClient, dag_id: str, spec: Path, *, changed: bool = False) -> None:
     from trainyard.config.airflow import INVALID_SPEC_TAG
 
     deadline = time.monotonic() + DAG_WAIT_S
-    if dag_id not in client.dags():
-        client.request_parse()  # a new spec: parsed now, not at the next periodic parse
+    if changed or dag_id not in client.dags():
+        client.request_parse()  # a new or edited spec: parsed now, not at the next periodic parse
     while True:
         if dag_id in client.dags():
             details = client.dag_details(dag_id)

@@ -23,16 +23,16 @@ def test_params_are_json_when_they_parse_and_text_otherwise() -> None:
         parse_params(["max_steps"])
 
 
-def test_the_spec_goes_where_the_dag_factory_reads_it_once(tmp_path: Path) -> None:
+def test_the_spec_goes_where_the_dag_factory_reads_it_once_and_an_edit_updates_it(tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"
     mine = tmp_path / "mine.yaml"
     shutil.copy(DEMO, mine)
-    placed = _into_jobs_folder(mine, "demo-tiny-lm", jobs)
-    assert placed == jobs / "demo-tiny-lm.yaml" and placed.read_bytes() == mine.read_bytes()
-    assert _into_jobs_folder(mine, "demo-tiny-lm", jobs) == placed  # the same spec again: nothing new
+    placed, changed = _into_jobs_folder(mine, "demo-tiny-lm", jobs)
+    assert changed and placed == jobs / "demo-tiny-lm.yaml" and placed.read_bytes() == mine.read_bytes()
+    assert _into_jobs_folder(mine, "demo-tiny-lm", jobs) == (placed, False)  # the same spec again: nothing new
     mine.write_text(mine.read_text().replace("maxSteps: 200", "maxSteps: 300"))
-    with pytest.raises(ValueError, match="already defines job 'demo-tiny-lm' with other content"):
-        _into_jobs_folder(mine, "demo-tiny-lm", jobs)
+    assert _into_jobs_folder(mine, "demo-tiny-lm", jobs) == (placed, True)  # the edit updates the job's copy
+    assert placed.read_bytes() == mine.read_bytes() and [p.name for p in jobs.iterdir()] == ["demo-tiny-lm.yaml"]
 
 
 def test_airflow_down_is_exit_3_with_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
