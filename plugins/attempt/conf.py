@@ -14,6 +14,7 @@ The attempt engine's steps (`plugins/attempt/steps.py`) decide these through the
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ from trainyard.plugins.errors import FatalError
 from trainyard.plugins.recovery.model import AttemptConf
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from trainyard.config.cluster import Cluster
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.advisor.plan import Plan
@@ -82,6 +85,29 @@ def parse_conf(conf: dict[str, Any] | None, *, dag_id: str, trigger_run_id: str,
     if parsed.attempt:
         raise InvalidConf(f"attempt {parsed.attempt} names no run: only a first attempt opens one")
     return parsed.model_copy(update={"run": run_id_for_trigger(dag_id, trigger_run_id, when)})
+
+
+MANAGED_SCRIPT = re.compile(r"^[ \t]*(import trainyard\b|from trainyard\b)", re.M)
+"""A script that imports Trainyard's runtime: managed (it reports its steps, checkpoints through
+the session, applies the fault Params); one that does not is plain (docs/bring-your-own.md)."""
+
+
+def managed_only_params(conf: AttemptConf, script: Path | None) -> list[str]:
+    """The trigger form's Params that only a managed script can honour, set for a first attempt
+    of a script known to be plain (`script`: its file, when this host can read it): they would be
+    ignored without a word, so the trigger is refused instead."""
+    if conf.attempt != 0 or script is None or not script.is_file():
+        return []
+    try:
+        if MANAGED_SCRIPT.search(script.read_text(errors="replace")):
+            return []
+    except OSError:
+        return []
+    f = conf.faults
+    named = {"max_steps": conf.max_steps is not None, "fault_kill_at_step": f.kill_at_step is not None,
+             "fault_hang_at_step": f.hang_at_step is not None, "fault_nan_at_step": f.nan_at_step is not None,
+             "fault_oom_at_step": f.oom_at_step is not None}
+    return [name for name, given in named.items() if given]
 
 
 def effective_job(job: TrainingJob, conf: AttemptConf) -> TrainingJob:

@@ -25,6 +25,8 @@ from trainyard.plugins.errors import FatalError
 from trainyard.plugins.launch.base import LaunchOptions, Runtime
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from trainyard.config.cluster import Cluster
     from trainyard.config.problems import Problem
     from trainyard.config.settings import Settings
@@ -80,6 +82,17 @@ def launcher_for(target: Cluster | RunHandle, runtime: Runtime, options: LaunchO
     if target.spec.launcher and not opts.cluster_options:
         opts = opts.model_copy(update={"cluster_options": dict(target.spec.launcher)})
     return backend(target.spec.mode, settings).create(settings, opts, runtime)
+
+
+def local_script(job: TrainingJob, cluster: Cluster) -> Path | None:
+    """The entrypoint file the local launcher would run (None on other launchers: the script is
+    in the pod's image)."""
+    entry = job.spec.source.entrypoint
+    if cluster.spec.mode != "local" or not entry.endswith(".py"):
+        return None
+    from trainyard.plugins.launch.local import PACKAGE_ROOT
+
+    return PACKAGE_ROOT / entry
 
 
 def all_problems(job: TrainingJob, cluster: Cluster, settings: Settings, *, offline: bool = False,

@@ -46,6 +46,7 @@ from trainyard.plugins.attempt.conf import (
     check_conf_points,
     effective_job,
     in_place_restarts,
+    managed_only_params,
     parse_conf,
     plan_attempt,
     resume_point,
@@ -56,6 +57,7 @@ from trainyard.plugins.attempt.launchers import (
     Runtime,
     all_problems,
     launcher_for,
+    local_script,
 )
 from trainyard.plugins.attempt.watching import WatchState, WatchStep, watch_once
 from trainyard.plugins.errors import FatalError
@@ -204,6 +206,11 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
         lines = "\n".join(f"  {p.code.value} {p.render()}" for p in errors)
         raise InvalidJob(f"{job.name} is invalid on cluster {cluster.name!r}: {len(errors)} error(s)\n{lines}")
     check_conf_points(conf, job, object_store=settings.object_store)  # another job's checkpoint: no
+    refused = managed_only_params(conf, local_script(job, cluster))
+    if refused:
+        raise InvalidJob(f"{', '.join(refused)}: only a managed script honours them (one that calls trainyard.init(), "
+                         f"docs/bring-your-own.md); {job.spec.source.entrypoint} is a plain script and would ignore "
+                         "them — trigger without them, or make the script managed")
     _begin(job, conf, settings, trigger_key=trigger_key)
     return Opened(job=job, conf=conf, cluster=str(settings.cluster), warnings=problems)
 

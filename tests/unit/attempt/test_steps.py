@@ -128,6 +128,23 @@ def test_data_checks_asked_for_without_great_expectations_end_the_run_saying_whi
     assert info.state == "failed" and "Great Expectations is not installed" in info.final_reason
 
 
+def test_params_only_a_managed_script_honours_are_refused_for_a_plain_one(world: SimpleNamespace,
+                                                                         tmp_path: Path) -> None:
+    """Never ignored without a word: `max_steps` and the worker's fault Params need the session."""
+    plain = tmp_path / "plain_train.py"
+    plain.write_text("import torch\nprint('training my own way')\n")
+    doc = yaml.safe_load(world.spec.read_text())
+    doc["spec"]["source"]["entrypoint"] = str(plain)
+    world.spec.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InvalidJob, match=r"max_steps, fault_kill_at_step: only a managed script honours them"):
+        open_attempt(world.spec, AttemptConf(run=RUN, max_steps=5, faults={"kill_at_step": 3}),
+                     trigger_key="t/1", runtime=world.runtime)
+    open_attempt(world.spec, AttemptConf(run=RUN, learning_rate=0.1), trigger_key="t/2", runtime=world.runtime)
+    plain.write_text("import trainyard\n" + plain.read_text())  # managed now: the Params reach it
+    open_attempt(world.spec, AttemptConf(run="20261201t000000-bbbbbb", max_steps=5), trigger_key="t/3",
+                 runtime=world.runtime)
+
+
 def test_a_launch_that_fails_for_good_ends_the_run_failed_with_the_message(world: SimpleNamespace) -> None:
     opened = open_attempt(world.spec, AttemptConf(run=RUN, start_from="models:/nobody"),
                           trigger_key="t/1", runtime=world.runtime)
