@@ -50,7 +50,7 @@ MODEL_CODE = Path(__file__).with_name("safetensors_pyfunc.py")
 DEFAULT_ALIAS = "candidate"
 PRODUCTION_ALIAS = "production"
 """The alias serving reads; only an approved promotion moves it (`operators/retrain.py`)."""
-_RUN_TAGS_COPIED = ("job", "team", "project", "git.commit", "dataset.uri", "dataset.version",
+_RUN_TAGS_COPIED = ("job", "team", "project", "git.commit", "source.digest", "dataset.uri", "dataset.version",
                     "dataset.digest", "dataset.digest_method", "init_from")
 _PIP_REQUIREMENTS = ("safetensors", "numpy")
 """What loading the registered model needs (pinned to the versions installed here), so MLflow

@@ -18,7 +18,8 @@ which its UI shows as the run's source, and `mlflow.experimentKind` on the exper
 | `job`, `team`, `project`, `run`, `status` | who, which training run; status = pending/running/recovering/completed/failed/cancelled |
 | `attempt`, `attempts` | latest attempt, every attempt started (append-only) |
 | `attempt.<n>` | that attempt's layout and start; `attempt.<n>.<param>` a param it changed |
-| `platform.commit` | the Trainyard code (the training code is `mlflow.source.git.commit`) |
+| `platform.commit` | the Trainyard code (the training code is `mlflow.source.git.commit`: the spec's `source.git` commit, or the git commit of the entrypoint's folder) |
+| `source.digest` | the training code outside git: SHA-256 of the entrypoint folder's Python files (`source_digest`) |
 | `dataset.uri`, `dataset.version`, `dataset.digest`, `dataset.digest_method` | lineage (the registry searches by it) |
 | `failure_causes` | failure classes seen, in order (append-only) |
 | `recovery.NNNN` | one JSON record per recovery event, with what it cost (`recoveries`) |
@@ -254,10 +255,41 @@ def _existing_run(client: MlflowClient, job: TrainingJob, run_id: str | None, at
     return runs[0] if runs else None
 
 
+def _code_identity(job: TrainingJob) -> tuple[str | None, str | None]:
+    """(git commit, content digest) of the training code that runs — the user's, never Trainyard's
+    unless the entrypoint is Trainyard's own (the reference script in its checkout): the spec's
+    pinned `source.git` commit; else the commit of the git work tree the entrypoint's folder is
+    in; else no commit and a digest of the folder's Python files."""
+    src = job.spec.source
+    if src.git and src.git.commit:
+        return src.git.commit, None
+    folder = (REPO_ROOT / src.entrypoint).parent if src.entrypoint.endswith(".py") else None
+    if folder is None or not folder.is_dir():
+        return None, None
+    try:
+        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=True)
+        return out.stdout.strip() or None, None
+    except (OSError, subprocess.SubprocessError):
+        return None, source_digest(folder)
+
+
+def source_digest(folder: Path, *, max_files: int = 2000) -> str:
+    """SHA-256 over the relative paths and bytes of the folder's `*.py` files, sorted (at most
+    `max_files`: a code folder, not a dataset)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*.py"))[:max_files]:
+        if path.is_file():
+            digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def _identity_tags(job: TrainingJob) -> dict[str, str]:
     meta, src = job.metadata, job.spec.source
     platform = platform_git_commit()
-    code_commit = src.git.commit if src.git and src.git.commit else platform
+    code_commit, code_digest = _code_identity(job)
     tags = {
         TAG + "job": job.name,
         TAG + "team": meta.team,
@@ -270,6 +302,8 @@ def _identity_tags(job: TrainingJob) -> dict[str, str]:
         tags[TAG + "platform.commit"] = platform
     if code_commit:  # MLflow's own tags, which its UI shows as the run's source
         tags["mlflow.source.git.commit"] = code_commit
+    if code_digest:
+        tags[TAG + "source.digest"] = code_digest
     if src.git:
         tags["mlflow.source.git.repoURL"] = src.git.repo
         tags["mlflow.source.git.branch"] = src.git.branch

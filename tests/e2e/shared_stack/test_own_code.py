@@ -53,6 +53,11 @@ def test_a_stock_torchrun_script_runs_unchanged_to_an_honest_green_not_registere
     (run,) = mlflow.search_runs([experiment.experiment_id], filter_string=f"tags.`trainyard.run` = '{attempt.run}'")
     assert run.info.status == "FINISHED", run.info
     assert mlflow.search_model_versions(f"run_id = '{run.info.run_id}'") == []
+    from trainyard.plugins.tracking.runs import source_digest
+
+    # lineage names the team's code (outside git: its digest), not Trainyard's commit
+    assert "mlflow.source.git.commit" not in run.data.tags, run.data.tags
+    assert run.data.tags["trainyard.source.digest"] == source_digest(team)
 
     assert (team / "snapshot.pt").is_file()  # its working directory is its own folder
     assert not (REPO_ROOT / "snapshot.pt").exists()
