@@ -88,8 +88,8 @@ def local_script(job: TrainingJob, cluster: Cluster) -> Path | None:
     """The entrypoint file the local launcher would run (None on other launchers: the script is
     in the pod's image)."""
     entry = job.spec.source.entrypoint
-    if cluster.spec.mode != "local" or not entry.endswith(".py"):
-        return None
+    if cluster.spec.mode != "local" or not entry.endswith(".py") or job.spec.source.git is not None:
+        return None  # in an image, a module, or a commit not checked out yet
     from trainyard.plugins.launch.local import PACKAGE_ROOT
 
     return PACKAGE_ROOT / entry
@@ -129,6 +129,13 @@ def launch_problems(job: TrainingJob, cluster: Cluster, settings: Settings) -> l
             message=f"{gpu} devices are not on cluster {cluster.name!r} (mode {cluster.spec.mode}, "
                     f"devices: {', '.join(sorted(cluster.gpu_types()))}), the one this deployment launches on",
             hint=fix))
+    git = job.spec.source.git
+    if cluster.spec.mode == "local" and git is not None and not git.commit:
+        problems.append(Problem(
+            code=Code.LAUNCHER_UNAVAILABLE, path="spec.source.git.commit",
+            message=f"{git.repo} is given without a commit: the local launcher runs a pinned commit (a branch "
+                    "moves between attempts)",
+            hint="pin the commit: spec.source.git.commit: <sha>"))
     if cluster.spec.mode == "kubernetes" and not job.spec.image:
         problems.append(Problem(
             code=Code.LAUNCHER_UNAVAILABLE, path="spec.image", message=(

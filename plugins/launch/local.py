@@ -146,7 +146,7 @@ class LocalLauncher:
         if not worker_env.run_dir:
             worker_env = worker_env.model_copy(update={"run_dir": str(run_dir)})
         entry = self._entrypoint(job)
-        workdir = self._workdir(entry)
+        workdir = self._workdir(job, entry)
         env = self._environment(job, plan, worker_env, workdir, gpu=placement.gpu_type != "cpu")
         self._sweep_half_started(run_dir)
         for sub in ("agents", "ranks"):
@@ -212,16 +212,25 @@ class LocalLauncher:
             while processes.marked_processes(RUN_MARKER, str(run_dir)) and time.monotonic() < deadline:
                 time.sleep(0.1)
 
-    def _workdir(self, entry: str) -> Path:
+    def _workdir(self, job: TrainingJob, entry: str) -> Path:
         """Where the ranks run: the script's own folder (the working directory a user runs it from,
         so a file it opens relative to itself is found), or the source root for a module."""
-        return Path(entry).parent if entry.endswith(".py") else self.source_dir
+        return Path(entry).parent if entry.endswith(".py") else self._source_root(job)
+
+    def _source_root(self, job: TrainingJob) -> Path:
+        """The code's root: the pinned commit of `spec.source.git` (checked out once into
+        `<home>/sources/<commit>`), else this launcher's source folder."""
+        if job.spec.source.git is None:
+            return self.source_dir
+        from trainyard.plugins.launch.sources import checkout
+
+        return checkout(job.spec.source.git, self.runs_dir.parent / "sources")
 
     def _entrypoint(self, job: TrainingJob) -> str:
-        entry = job.spec.source.entrypoint
-        path = (self.source_dir / entry).resolve()
+        entry, root = job.spec.source.entrypoint, self._source_root(job)
+        path = (root / entry).resolve()
         if entry.endswith(".py") and not path.is_file():
-            raise ValueError(f"entrypoint {entry!r} not found under {self.source_dir}")
+            raise ValueError(f"entrypoint {entry!r} not found under {root}")
         return str(path) if entry.endswith(".py") else entry
 
     def _environment(self, job: TrainingJob, plan: Plan, worker_env: WorkerEnv, workdir: Path, *,

@@ -252,7 +252,7 @@ def test_environment_layers_spec_env_under_the_contract_and_drops_inherited_torc
         "training": job.spec.training.model_copy(update={"env": {"MY_FLAG": "on"}})})})
     launcher = LocalLauncher(tmp_path, source_dir=REPO_ROOT, base_env={
         "PATH": "/usr/bin", "RANK": "3", "MASTER_PORT": "1", "TORCHELASTIC_RUN_ID": "outer", "PYTHONPATH": "/x"})
-    workdir = launcher._workdir(launcher._entrypoint(job))
+    workdir = launcher._workdir(job, launcher._entrypoint(job))
     out = launcher._environment(job, plan, env, workdir, gpu=False)
     assert "RANK" not in out and "MASTER_PORT" not in out and "TORCHELASTIC_RUN_ID" not in out
     assert out["MY_FLAG"] == "on" and out["PATH"] == "/usr/bin"
