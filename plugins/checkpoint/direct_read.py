@@ -89,14 +89,18 @@ def read_held(path: str | os.PathLike[str]) -> HeldFile:
 def _read_fully(fd: int, view: memoryview, offset: int, want: int) -> None:
     """Read `want` bytes at `offset` into `view[offset:]`. O_DIRECT is asked for whole blocks
     (the buffer is padded for the file's tail, which comes back short)."""
-    got = 0
+    got, buffered = 0, False
     while got < want:
         end = offset + -(-want // ALIGN) * ALIGN
         try:
             n = os.preadv(fd, [view[offset + got:end]], offset + got)
         except OSError as e:
-            if e.errno not in REFUSED or not clear_o_direct(fd):
+            if e.errno not in REFUSED or buffered:
                 raise
+            # The fd's flag is shared by the reads in flight: another one may have cleared it
+            # already (after this read was issued direct). Either way the next try is buffered.
+            clear_o_direct(fd)
+            buffered = True
             continue
         if not n:
             raise EOFError(f"the file ended {want - got} bytes early (it shrank while read)")

@@ -24,7 +24,7 @@ from trainyard.plugins.control_room.model import (
     RunSummary,
     RunView,
 )
-from trainyard.plugins.recovery.model import FINAL_KINDS
+from trainyard.plugins.recovery.model import FINAL_KINDS, NOT_REGISTERED
 
 REFRESH_S = 5
 """How often the page of a run that has not ended reloads itself."""
@@ -78,6 +78,8 @@ def run_page(view: RunView, now: datetime) -> str:
             f"{' · ' + ' · '.join(links) if links else ''}</div>")
     if view.final_reason and view.state != "completed":
         head += f'<p class="warn">{escape(view.final_reason)}</p>'
+    elif NOT_REGISTERED in view.final_reason:  # completed, and nothing registered by design
+        head += f'<p>{escape(view.final_reason)}</p>'
     body = "".join([
         head,
         _section("live", "Progress", _live(view.live, now)),

@@ -59,6 +59,12 @@ def test_a_stock_torchrun_script_runs_unchanged_to_an_honest_green_not_registere
     assert "mlflow.source.git.commit" not in run.data.tags, run.data.tags
     assert run.data.tags["trainyard.source.digest"] == source_digest(team)
 
+    import urllib.request
+
+    view = f"{shared.client.url}/trainyard/dags/{JOB}/runs/{urllib.parse.quote(attempt.dag_run_id, safe='')}"
+    with urllib.request.urlopen(view, timeout=30) as page:  # the Trainyard view says the same
+        assert NOT_REGISTERED in page.read().decode(), view
+
     assert (team / "snapshot.pt").is_file()  # its working directory is its own folder
     assert not (REPO_ROOT / "snapshot.pt").exists()
 

@@ -27,7 +27,6 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--exit-code", type=int, default=7)
-    parser.add_argument("--lr", type=float, default=None)
     args = parser.parse_args()
     stop = {"requested": False}
 
@@ -44,7 +43,7 @@ def main() -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"hello rank={rank} world={world} job={env.job} attempt={env.attempt} "
-          f"node={os.environ.get('TRAINYARD_NODE')} lr={args.lr}", flush=True)
+          f"node={os.environ.get('TRAINYARD_NODE')} lr={os.environ.get('TRAINYARD_LEARNING_RATE')}", flush=True)
     for step in range(1, args.steps + 1):
         value = torch.tensor([float(rank + 1), float(stop["requested"])])
         dist.all_reduce(value)

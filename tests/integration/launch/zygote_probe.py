@@ -19,11 +19,7 @@ def main() -> int:
     facts = {"preloaded": PRELOADED, "name": __name__, "argv": sys.argv, "cwd": os.getcwd(),
              "path0": sys.path[0], "rank": os.environ.get("RANK"), "threads": torch.get_num_threads(),
              "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0), "ppid": os.getppid()}
-    out.write_text(json.dumps(facts))
-    print("probe started", flush=True)
-    if mode == "raise":
-        raise RuntimeError("probe failed on purpose")
-    if mode == "term":
+    if mode == "term":  # before the facts: the test sends SIGTERM as soon as it reads them
         terms: list[float] = []
 
         def on_term(*_: object) -> None:
@@ -34,6 +30,12 @@ def main() -> int:
                 sys.exit(43)
 
         signal.signal(signal.SIGTERM, on_term)
+    partial = out.with_name(out.name + ".partial")  # whole or absent: the test reads it at once
+    partial.write_text(json.dumps(facts))
+    partial.rename(out)
+    print("probe started", flush=True)
+    if mode == "raise":
+        raise RuntimeError("probe failed on purpose")
     if mode in ("term", "sleep"):
         time.sleep(120)
         return 0
