@@ -31,10 +31,10 @@ def load_checked_job(spec: Path, cluster_name: str | None, *, to_run: bool = Fal
     job, problems = read_spec_file(spec)
     cluster = None
     if job is not None and to_run:
-        from trainyard.plugins.attempt.launchers import launch_problems
+        from trainyard.plugins.attempt.launchers import entrypoint_problems, launch_problems
 
         cluster = explicit or load_cluster(settings.cluster)
-        problems = launch_problems(job, cluster, settings)
+        problems = launch_problems(job, cluster, settings) + entrypoint_problems(job, cluster)
         problems += check_spec(job) + ([] if problems else check_against_cluster(job, cluster))
     elif job is not None:
         cluster = explicit or cluster_for(job.spec.hardware.gpu_type, settings.cluster)

@@ -49,9 +49,10 @@ def run(args: argparse.Namespace) -> int:
     for path in args.files:
         job, problems = read_spec_file(path)
         if job is not None:  # as an attempt is opened
-            from trainyard.plugins.attempt.launchers import all_problems
+            from trainyard.plugins.attempt.launchers import all_problems, entrypoint_problems
 
-            problems = all_problems(job, cluster, settings, offline=args.offline, data_quality=args.data)
+            problems = entrypoint_problems(job, cluster) + all_problems(
+                job, cluster, settings, offline=args.offline, data_quality=args.data)
         results.append((path, problems))
 
     if args.json:

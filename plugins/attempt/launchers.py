@@ -95,6 +95,21 @@ def local_script(job: TrainingJob, cluster: Cluster) -> Path | None:
     return PACKAGE_ROOT / entry
 
 
+def entrypoint_problems(job: TrainingJob, cluster: Cluster) -> list[Problem]:
+    """The entrypoint the local launcher would run is not on this host: said by the commands a
+    person runs here (`trainyard validate`, `submit`, `launch`) before anything starts. Not part
+    of an attempt's opening: there the launch itself refuses it, and the run ends `launch_failed`
+    with that message in every surface (the host that launches may not be the one that checked)."""
+    from trainyard.config.problems import Code, Problem
+
+    script = local_script(job, cluster)
+    if script is None or script.is_file():
+        return []
+    return [Problem(code=Code.LAUNCHER_UNAVAILABLE, path="spec.source.entrypoint",
+                    message=f"entrypoint {job.spec.source.entrypoint!r} not found: the local launcher runs {script}",
+                    hint="give the script's path, absolute or relative to that folder")]
+
+
 def all_problems(job: TrainingJob, cluster: Cluster, settings: Settings, *, offline: bool = False,
                  data_quality: bool = False) -> list[Problem]:
     """Every problem of `job` on `cluster` at once, as `trainyard validate` and an attempt's

@@ -60,6 +60,18 @@ def test_a_spec_on_the_wrong_cluster_still_reports_its_other_problems(tmp_path: 
     assert "RESERVED_ENV spec.training.env.WORLD_SIZE" in out
 
 
+def test_an_entrypoint_this_host_does_not_have_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "config" / "jobs" / "demo-tiny-lm.yaml").read_text())
+    doc["spec"]["source"]["entrypoint"] = str(tmp_path / "no_such_train.py")
+    spec = tmp_path / "missing.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    assert main(["validate", "--offline", "--cluster", "local", str(spec)]) == 1
+    out = capsys.readouterr().out
+    assert "LAUNCHER_UNAVAILABLE spec.source.entrypoint" in out and "no_such_train.py' not found" in out
+
+
 def test_problems_are_listed_path_message_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "typo.yaml"
     text = (ROOT / "config" / "jobs" / "demo-tiny-lm.yaml").read_text()
