@@ -16,6 +16,8 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainyard.plugins.errors import FatalError
+
 if TYPE_CHECKING:
     from trainyard.config.spec import GitSource
 
@@ -23,9 +25,10 @@ COMMIT = re.compile(r"^[0-9a-f]{7,64}$")
 """A commit as the spec pins it: hexadecimal, abbreviated or whole (SHA-1 or SHA-256)."""
 
 
-class SourceUnavailable(ValueError):
-    """The pinned commit cannot be had (unreachable repository, unknown commit): the launch is
-    refused with git's own words."""
+class SourceUnavailable(FatalError, ValueError):
+    """The pinned commit cannot be had (an unknown commit, an unreachable repository): the launch
+    is refused with git's own words, and the run ends `launch_failed` — retrying the same attempt
+    fetches the same nothing."""
 
 
 def checkout(git: GitSource, cache: Path) -> Path:
