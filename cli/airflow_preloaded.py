@@ -38,6 +38,9 @@ import sys
 from trainyard.plugins.preload import preload as preload_modules
 
 PARSE_PRELOAD = (
+    "trainyard.dags.training_jobs",
+    "trainyard.dags.maintenance",
+    "trainyard.dags.datasets",
     "trainyard.dags.factory",
     "trainyard.config.loader",
     "trainyard.config.rules",
@@ -48,7 +51,7 @@ PARSE_PRELOAD = (
     "trainyard.operators.maintenance",
     "trainyard.plugins.data.assets",
 )
-"""What the DAG files (`dags/`) import: the DAG processor's parses start with it."""
+"""What the DAG file (`trainyard.dags.dags`) imports: the DAG processor's parses start with it."""
 
 PRELOAD = (
     "torch",

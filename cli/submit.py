@@ -135,7 +135,7 @@ def _wait_for_dag(client: AirflowClient, dag_id: str, spec: Path, *, changed: bo
     while True:
         if dag_id in client.dags():
             details = client.dag_details(dag_id)
-            if INVALID_SPEC_TAG not in {t["name"] if isinstance(t, dict) else t for t in details.get("tags") or []}:
+            if INVALID_SPEC_TAG not in {tag["name"] for tag in details.get("tags") or []}:
                 return
             raise ValueError(f"Airflow's DAG {dag_id!r} says its spec does not validate there (its jobs folder, "
                              f"cluster and settings):\n{details.get('doc_md') or details.get('description')}")

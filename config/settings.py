@@ -17,6 +17,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from trainyard.config.databases import default_url
 
 CONFIG_DIR = Path(__file__).parent
+PACKAGE_ROOT = CONFIG_DIR.parent
+"""Where the product's folders lie (`config/`, `worker/train.py`, …): the checkout, or the
+installed `trainyard` package — the same relative paths under both."""
 
 
 class Settings(BaseSettings):

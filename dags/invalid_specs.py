@@ -38,19 +38,15 @@ def report(path: Path, problems: list[Problem]) -> str:
     return "\n".join([f"✗ {path}: {len(errors)} error(s)", *(f"  {p.code.value} {p.render()}" for p in errors)])
 
 
-def dag_id_for(path: Path, taken: set[str]) -> str:
-    """The job's name from the file (`metadata.name`) when it reads as one and no valid spec has
-    it; else `invalid-spec-<file name>`."""
-    name = _declared_name(path)
-    if name and name not in taken:
-        return name
-    return "invalid-spec-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-") or "unnamed")
-
-
-def invalid_spec_dag(path: Path, problems: list[Problem], dag_id: str) -> DAG:
+def invalid_spec_dag(path: Path, problems: list[Problem], taken: set[str]) -> DAG:
+    """Named after the job (`metadata.name`) when the file gives a name no valid spec has; else
+    `invalid-spec-<file name>`."""
+    declared = _metadata(path)
+    name, team = declared.get("name"), declared.get("team")
+    dag_id = name if name and name not in taken else \
+        "invalid-spec-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-") or "unnamed")
     text = report(path, problems)
     errors = sum(p.severity == "error" for p in problems)
-    team = _declared(path, "team")
     with DAG(dag_id=dag_id, schedule=None, start_date=START, catchup=False, is_paused_upon_creation=True,
              max_active_runs=1, tags=["trainyard", INVALID_SPEC_TAG, *([f"team:{team}"] if team else [])],
              description=f"INVALID SPEC ({errors} error(s)): not runnable until {path.name} validates",
@@ -60,18 +56,15 @@ def invalid_spec_dag(path: Path, problems: list[Problem], dag_id: str) -> DAG:
     return dag
 
 
-def _declared(path: Path, field: str) -> str | None:
-    """`metadata.<field>` as the file writes it, if it reads as a short name (best effort: the
-    file did not validate)."""
+def _metadata(path: Path) -> dict[str, str]:
+    """`metadata`'s fields that read as short names, as the file writes them (best effort: the
+    file did not validate; nothing when it is unreadable, not YAML or has no such mapping)."""
     from trainyard.config.safe_yaml import load_documents
 
     try:
         (doc,) = load_documents(path.read_text())
-        value = doc["metadata"][field]
-    except Exception:  # noqa: BLE001 - unreadable, not YAML, several documents, no such field
-        return None
-    return value if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value) else None
-
-
-def _declared_name(path: Path) -> str | None:
-    return _declared(path, "name")
+        items = doc["metadata"].items()
+    except Exception:  # noqa: BLE001 - unreadable, not YAML, several documents, no mapping
+        return {}
+    return {k: v for k, v in items
+            if isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", v)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainyard.dags.factory import build_dag, read_specs
-from trainyard.dags.invalid_specs import dag_id_for, invalid_spec_dag
+from trainyard.dags.invalid_specs import invalid_spec_dag
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -28,8 +28,8 @@ def job_dags(jobs_dir: Path, wanted: str | None = None) -> dict[str, DAG]:
             built[job.name] = build_dag(job, path)
         else:
             broken.append((path, problems))
-    for path, problems in broken:
-        dag_id = dag_id_for(path, set(built))
-        if wanted in (None, dag_id):
-            built[dag_id] = invalid_spec_dag(path, problems, dag_id)
+    valid = set(built)
+    for path, problems in broken:  # a task's parse read only its own spec
+        dag = invalid_spec_dag(path, problems, valid)
+        built[dag.dag_id] = dag
     return built

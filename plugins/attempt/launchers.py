@@ -90,7 +90,7 @@ def local_script(job: TrainingJob, cluster: Cluster) -> Path | None:
     entry = job.spec.source.entrypoint
     if cluster.spec.mode != "local" or not entry.endswith(".py") or job.spec.source.git is not None:
         return None  # in an image, a module, or a commit not checked out yet
-    from trainyard.plugins.launch.local import PACKAGE_ROOT
+    from trainyard.config.settings import PACKAGE_ROOT
 
     return PACKAGE_ROOT / entry
 

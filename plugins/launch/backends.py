@@ -21,7 +21,8 @@ class LocalBackend:
 
     @classmethod
     def create(cls, settings: Settings, options: LaunchOptions, runtime: Runtime) -> LocalLauncher:
-        from trainyard.plugins.launch.local import PACKAGE_ROOT, LocalLauncher
+        from trainyard.config.settings import PACKAGE_ROOT
+        from trainyard.plugins.launch.local import LocalLauncher
 
         return LocalLauncher(settings.runs_dir, source_dir=PACKAGE_ROOT, max_restarts=options.max_restarts)
 

@@ -81,9 +81,6 @@ if TYPE_CHECKING:
     from trainyard.plugins.advisor.plan import Plan
     from trainyard.plugins.placement.model import Placement
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-"""Where the product's folders lie (`worker/train.py`, …): the checkout, or the installed
-`trainyard` package — the same relative paths under both. The default source root."""
 LOCAL_ADDRESSES = frozenset({"127.0.0.1", "localhost", "::1", socket.gethostname()})
 RUN_MARKER = "TRAINYARD_RUN_DIR"
 AGENT_MODULE = "trainyard.plugins.launch.agent"

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from trainyard.config.databases import down_message
+from trainyard.config.settings import PACKAGE_ROOT
 from trainyard.plugins.errors import DatabaseDown
 from trainyard.plugins.files import locked, sqlite_file
 from trainyard.plugins.tracking.params import (
@@ -78,7 +79,6 @@ RunLifecycleState = Literal["pending", "running", "recovering", "completed", "fa
 _TERMINAL = {"completed": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CHECKPOINT_TAG = re.compile(re.escape(TAG) + r"checkpoint\.\d{10}$")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
@@ -163,7 +163,7 @@ def ensure_experiment(client: MlflowClient, name: str, *, artifact_location: str
 def platform_git_commit() -> str | None:
     """`git rev-parse HEAD` of the Trainyard checkout, or None outside a git checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PACKAGE_ROOT, capture_output=True,
                              text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -263,7 +263,7 @@ def _code_identity(job: TrainingJob) -> tuple[str | None, str | None]:
     src = job.spec.source
     if src.git and src.git.commit:
         return src.git.commit, None
-    folder = (REPO_ROOT / src.entrypoint).parent if src.entrypoint.endswith(".py") else None
+    folder = (PACKAGE_ROOT / src.entrypoint).parent if src.entrypoint.endswith(".py") else None
     if folder is None or not folder.is_dir():
         return None, None
     try:

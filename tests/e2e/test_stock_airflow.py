@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import yaml
 from tests.e2e.airflow_stack import demo_spec
 from tests.support.procs import free_port
 from tests.support.venvs import Venv, built_wheel
+from tests.support.waiting import wait_for
 from trainyard.cli.airflow_api import AirflowClient
 
 pytestmark = pytest.mark.slow
@@ -102,8 +102,8 @@ def test_trainyard_in_a_stock_airflow_lists_its_provider_and_trains_a_job_to_gre
     assert prepared.returncode == 0, prepared.stderr[-3000:]
 
     with _standalone(venv, root, env) as client:
-        _until("both teams' DAGs", lambda: {JOB, TEAM_DAG} <= set(client.dags()), timeout_s=240,
-               problem=lambda: client.import_errors())
+        wait_for(lambda: {JOB, TEAM_DAG} <= set(client.dags()), "both teams' DAGs", 240, poll_s=2,
+                 detail=client.import_errors)
         assert client.import_errors() == []
         assert "trainyard" in {p["package_name"] for p in client._call("GET", "providers")["providers"]}
         assert "trainyard" in {p["name"] for p in client._call("GET", "plugins")["plugins"]}
@@ -111,8 +111,8 @@ def test_trainyard_in_a_stock_airflow_lists_its_provider_and_trains_a_job_to_gre
         team_run = client.trigger(TEAM_DAG)["dag_run_id"]
         run = client.trigger(JOB, {})["dag_run_id"]
         for dag_id, run_id in ((TEAM_DAG, team_run), (JOB, run)):
-            state = _until(f"{dag_id} to end", lambda d=dag_id, r=run_id: _ended(client, d, r), timeout_s=600,
-                           problem=lambda d=dag_id, r=run_id: _states(client, d, r))
+            state = wait_for(lambda d=dag_id, r=run_id: _ended(client, d, r), f"{dag_id} to end", 600, poll_s=2,
+                             detail=lambda d=dag_id, r=run_id: _states(client, d, r))
             assert state == "success", (dag_id, _states(client, dag_id, run_id), _logs(root))
         assert client.xcom(TEAM_DAG, team_run, "report") == "report of team vision"
         registered = client.xcom(JOB, run, "register_model")
@@ -129,8 +129,8 @@ def test_trainyard_in_a_stock_airflow_lists_its_provider_and_trains_a_job_to_gre
         broken["spec"]["hardware"]["gpuCuont"] = broken["spec"]["hardware"].pop("gpuCount")
         (Path(env["TRAINYARD_JOBS_DIR"]) / "typo-job.yaml").write_text(yaml.safe_dump(broken))
         client.request_parse()
-        details = _until("the typo's DAG", lambda: "typo-job" in client.dags() and client.dag_details("typo-job"),
-                         timeout_s=120)
+        details = wait_for(lambda: "typo-job" in client.dags() and client.dag_details("typo-job"), "the typo's DAG",
+                           120, poll_s=2)
         assert {"trainyard:invalid-spec", "team:nlp"} <= {t["name"] for t in details["tags"]}, details
         assert details["is_paused"] and "did you mean 'gpuCount'" in details["doc_md"], details
         assert {JOB, TEAM_DAG} <= set(client.dags()) and client.import_errors() == []
@@ -170,7 +170,7 @@ class _standalone:
             return all(part.get("status") == "healthy" for name, part in health.items()
                        if name in ("metadatabase", "scheduler", "dag_processor", "triggerer"))
 
-        _until("airflow standalone to be healthy", healthy, timeout_s=300, problem=lambda: _logs(self.root))
+        wait_for(healthy, "airflow standalone to be healthy", 300, poll_s=2, detail=lambda: _logs(self.root))
         return client
 
     def __exit__(self, *exc: object) -> None:
@@ -186,16 +186,6 @@ class _standalone:
                 break
             except subprocess.TimeoutExpired:
                 continue
-
-
-def _until(what: str, check: Any, *, timeout_s: float, problem: Any = None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(2)
-    raise AssertionError(f"waited {timeout_s:g}s for {what}: {problem() if problem else ''}")
 
 
 def _ended(client: AirflowClient, dag_id: str, run_id: str) -> str | None:

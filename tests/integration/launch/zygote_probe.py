@@ -13,6 +13,8 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
+from trainyard.plugins.files import write_atomic  # noqa: E402
+
 
 def main() -> int:
     mode, out = sys.argv[1], Path(sys.argv[2])
@@ -30,9 +32,7 @@ def main() -> int:
                 sys.exit(43)
 
         signal.signal(signal.SIGTERM, on_term)
-    partial = out.with_name(out.name + ".partial")  # whole or absent: the test reads it at once
-    partial.write_text(json.dumps(facts))
-    partial.rename(out)
+    write_atomic(out, json.dumps(facts))  # whole or absent: the test reads it at once
     print("probe started", flush=True)
     if mode == "raise":
         raise RuntimeError("probe failed on purpose")
