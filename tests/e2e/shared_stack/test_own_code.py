@@ -92,38 +92,3 @@ def test_a_start_up_error_ends_the_run_as_the_users_after_one_attempt(shared: Ru
     (attempt,) = state.attempts("typo-import", attempts[0].run)
     assert attempt.outcome == "user_error"
 
-
-def test_a_git_source_runs_its_pinned_commit_and_lineage_names_it(shared: RunningStack, tmp_path: Path) -> None:
-    """`spec.source.git` on the local launcher: a local bare repository whose branch has moved on
-    past the pinned commit; the pinned one runs (from the commit-keyed cache) and MLflow's source
-    commit is that one, not Trainyard's."""
-    import subprocess
-
-    work, bare = tmp_path / "work", tmp_path / "tutorial.git"
-    adapt.write(work, adapt.cpu_port())
-    git = ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "the tutorial, CPU port"], check=True)
-    pinned = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    (work / "multigpu_torchrun.py").write_text("raise SystemExit('the branch moved on: not this code')\n")
-    subprocess.run([*git, "commit", "-qam", "moved on"], check=True)
-    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
-
-    spec = demo_spec("from-git")
-    spec["spec"]["source"] = {"git": {"repo": str(bare), "commit": pinned}, "entrypoint": "multigpu_torchrun.py",
-                              "args": ["1", "1", "--batch_size", "64"]}
-    shared.add_jobs({"from-git": spec})
-    first = shared.client.trigger("from-git", {})["dag_run_id"]
-    attempts = follow_training_run(shared.client, "from-git", first, timeout_s=600)
-    assert [(a.state, a.outcome, a.action) for a in attempts] == [("success", "completed", "finish")], \
-        f"{attempts}\n{shared.logs()}"
-    assert (shared.settings.home / "sources" / pinned / "multigpu_torchrun.py").read_text() == adapt.cpu_port()
-
-    from trainyard.plugins.tracking.runs import client_for
-
-    mlflow = client_for(shared.settings.mlflow_tracking_uri)
-    (run,) = mlflow.search_runs([mlflow.get_experiment_by_name("demo/tiny-lm").experiment_id],
-                                filter_string=f"tags.`trainyard.run` = '{attempts[0].run}'")
-    assert run.data.tags["mlflow.source.git.commit"] == pinned
-    assert run.data.tags["mlflow.source.git.repoURL"] == str(bare)
