@@ -212,8 +212,8 @@ def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = 
 class LiveProgress:
     """A live attempt as its ranks' heartbeats say, whatever the control plane last recorded."""
 
-    step: int
-    """The slowest rank's last step."""
+    step: int | None
+    """The slowest rank's last step (None: a plain script, whose ranks do not say)."""
     ranks: int
     """Ranks heard from."""
     world_size: int
@@ -223,13 +223,19 @@ class LiveProgress:
     """Every rank of the gang says it is done: training ended, the control plane has not
     recorded it yet (its watcher may be down)."""
     source: str
+    signal: str = "steps"
+    """What watches the attempt for a hang (`RunStatus.hang_signal`)."""
 
     def describe(self) -> str:
         heard = f"{self.ranks} of {self.world_size} ranks" if self.ranks < self.world_size else f"{self.ranks} ranks"
         if self.finished:
             return (f"the workers finished at step {self.step} ({_ago(self.beat_at)}); not "
                     f"recorded by the control plane yet ({self.source})")
-        return f"step {self.step} (slowest of {heard}), heartbeat {_ago(self.beat_at)} ({self.source})"
+        if self.signal == "activity":
+            return (f"a plain script: hang watch on its ranks' CPU time and I/O, last active "
+                    f"{_ago(self.beat_at)} ({heard}, {self.source})")
+        return (f"step {self.step} (slowest of {heard}), heartbeat {_ago(self.beat_at)} ({self.source}); "
+                "hang watch on its steps")
 
 
 def live_progress(attempt: AttemptInfo, settings: Settings | None = None) -> LiveProgress | None:
@@ -243,31 +249,33 @@ def live_progress(attempt: AttemptInfo, settings: Settings | None = None) -> Liv
     handle = attempt.run_handle
     if handle is None:
         return None
-    beats: list[tuple[int, float, str]] = []
+    beats: list[tuple[int, float, str, str]] = []
     source = "heartbeat files"
     if handle.heartbeat_dir and Path(handle.heartbeat_dir).is_dir():
         from trainyard.node_agent.heartbeat import read_heartbeats
 
-        beats = [(b.step, b.time, b.phase) for b in read_heartbeats(handle.heartbeat_dir, range(handle.world_size)).values()]
+        beats = [(b.step, b.time, b.phase, b.signal)
+                 for b in read_heartbeats(handle.heartbeat_dir, range(handle.world_size)).values()]
     if not beats:
         beats, source = _agent_beats(attempt, settings), "node agents"
     if not beats:
         return None
-    finished = len(beats) == handle.world_size and all(phase in FINISHED_PHASES for _, _, phase in beats)
-    return LiveProgress(step=min(step for step, _, _ in beats), ranks=len(beats), world_size=handle.world_size,
-                        beat_at=datetime.fromtimestamp(max(t for _, t, _ in beats), UTC), finished=finished,
-                        source=source)
+    finished = len(beats) == handle.world_size and all(phase in FINISHED_PHASES for _, _, phase, _ in beats)
+    stepped = [step for step, _, _, signal in beats if signal == "steps"]
+    return LiveProgress(step=min(stepped) if stepped else None, ranks=len(beats), world_size=handle.world_size,
+                        beat_at=datetime.fromtimestamp(max(t for _, t, _, _ in beats), UTC), finished=finished,
+                        source=source, signal="steps" if stepped else "activity")
 
 
-def _agent_beats(attempt: AttemptInfo, settings: Settings | None) -> list[tuple[int, float, str]]:
-    """(step, time, phase) of the attempt's ranks as the node agents report them (2 s each)."""
+def _agent_beats(attempt: AttemptInfo, settings: Settings | None) -> list[tuple[int, float, str, str]]:
+    """(step, time, phase, signal) of the attempt's ranks as the node agents report them (2 s each)."""
     from trainyard.config.settings import get_settings
     from trainyard.node_agent.client import NodeAgentError, fetch_health
 
     agents = (settings or get_settings()).node_agents
     handle = attempt.run_handle
     nodes = set(handle.nodes or [a.node for a in handle.agents]) if handle else set()
-    found: dict[int, tuple[int, float, str]] = {}
+    found: dict[int, tuple[int, float, str, str]] = {}
     for node, url in sorted(agents.items()):
         if nodes and node not in nodes:
             continue
@@ -277,7 +285,7 @@ def _agent_beats(attempt: AttemptInfo, settings: Settings | None) -> list[tuple[
             continue
         for r in health.ranks:
             if (r.job, r.run, r.attempt) == (attempt.job, attempt.run, attempt.attempt):
-                found[r.rank] = (r.step, r.time, r.phase)
+                found[r.rank] = (r.step, r.time, r.phase, r.signal)
     return list(found.values())
 
 

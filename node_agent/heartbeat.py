@@ -22,7 +22,7 @@ import functools
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -98,6 +98,15 @@ class Heartbeat(DataFigures):
     pid_ns: str = Field(default="", max_length=64)
     """The writer's PID namespace (`pid:[4026531836]`; `write_heartbeat` stamps it): `pid` means
     something to a reader only in the same one. Empty: unknown."""
+    signal: Literal["steps", "activity"] = "steps"
+    """What dates `time`: `steps`, the rank's own last step (a managed script); `activity`, the
+    last moment its CPU time or I/O moved, written for a plain script by its rank wrapper
+    (`trainyard.plugins.launch.activity`), whose `step` means nothing."""
+
+    @property
+    def progress_step(self) -> int | None:
+        """The rank's step, None where the beat does not know it (`signal: activity`)."""
+        return self.step if self.signal == "steps" else None
 
     def frozen(self, now: float) -> bool | None:
         """No sign of life for `FROZEN_AFTER` of the hang timeout: the whole process is stopped,

@@ -101,6 +101,8 @@ class RankHeartbeat(_Model, DataFigures):
     step: int
     time: float
     """Unix time of the heartbeat."""
+    signal: Literal["steps", "activity"] = "steps"
+    """What dates `time` (`Heartbeat.signal`): the rank's steps, or its activity (a plain script)."""
     restart: int = 0
     """The gang's in-place restarts before this incarnation (`Heartbeat.restart`)."""
     age_s: float

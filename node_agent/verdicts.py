@@ -107,6 +107,7 @@ def rank_status(beat: Heartbeat, now: float, path: str = "", *, process_alive: b
     nan = beat.nan or (beat.loss is not None and not math.isfinite(beat.loss))
     return RankHeartbeat(job=beat.job, run=beat.run, attempt=beat.attempt, rank=beat.rank, local_rank=beat.local_rank,
                          pid=beat.pid, phase=beat.phase, step=beat.step, time=beat.time, age_s=age,
+                         signal=beat.signal,
                          restart=beat.restart,
                          loss=beat.loss, tokens_per_s=beat.tokens_per_s, nan=nan,
                          hang_timeout_s=beat.hang_timeout_s, stale=stale, alive_at=beat.alive_at,
@@ -124,6 +125,8 @@ class Stalled(NamedTuple):
     """No sign of life for half the hang timeout (`Heartbeat.frozen`); None: the writer does not say."""
     stale: bool = True
     """No step progress for the hang timeout."""
+    activity: bool = False
+    """Watched by its activity, not its steps (a plain script: `Heartbeat.signal`)."""
 
 
 def hang_culprits(ranks: Iterable[Stalled]) -> list[int]:
@@ -137,10 +140,14 @@ def hang_culprits(ranks: Iterable[Stalled]) -> list[int]:
     2. else the stale ones at the lowest step: the others finished that step and wait for them;
     3. else (the same step, all alive or all unknown) every stale one: nothing tells them apart.
     A node agent applies it to the ranks it sees; the control plane to the whole gang.
+
+    Ranks watched by their activity (a plain script) hang only when every one of them is still:
+    a rank waiting in a barrier uses no CPU either, and the one it waits for may be busy
+    (rank 0 evaluating for minutes while the others wait).
     """
     ranks = sorted(ranks)
     stale = [r for r in ranks if r.stale]
-    if not stale:
+    if not stale or (any(r.activity for r in ranks) and len(stale) < len(ranks)):
         return []
     frozen = [r.rank for r in ranks if r.frozen]
     if frozen and len(frozen) < len(ranks):
@@ -158,7 +165,7 @@ def hang_verdicts(ranks: Iterable[RankHeartbeat]) -> list[Verdict]:
             by_attempt.setdefault((r.job, r.run, r.attempt), []).append(r)
     verdicts = []
     for group in by_attempt.values():
-        blamed = set(hang_culprits(Stalled(r.rank, r.step, r.frozen, r.stale) for r in group))
+        blamed = set(hang_culprits(Stalled(r.rank, r.step, r.frozen, r.stale, r.signal == "activity") for r in group))
         verdicts += [hang_verdict(r) for r in group if r.rank in blamed]  # a culprit not stale yet: soon
     return [v for v in verdicts if v is not None]
 
@@ -169,6 +176,12 @@ def hang_verdict(rank: RankHeartbeat) -> Verdict | None:
     run = f" run {rank.run}" if rank.run else ""
     how = {True: "; its process shows no sign of life either (stopped or frozen)",
            False: "; its process is alive (stuck in its own code, or waiting for a peer)"}.get(rank.frozen, "")
+    if rank.signal == "activity":
+        return Verdict(kind="hang", job=rank.job, run=rank.run or None, attempt=rank.attempt, rank=rank.rank,
+                       since=rank.time, step=None, frozen=rank.frozen,
+                       reason=f"rank {rank.rank} of job {rank.job!r}{run} attempt {rank.attempt} (a plain script, "
+                              f"watched by its activity): no CPU time and no I/O for {rank.age_s:.0f} s "
+                              f"(hang timeout {rank.hang_timeout_s:g} s)")
     return Verdict(kind="hang", job=rank.job, run=rank.run or None, attempt=rank.attempt, rank=rank.rank,
                    since=rank.time, step=rank.step, frozen=rank.frozen,
                    reason=f"rank {rank.rank} of job {rank.job!r}{run} attempt {rank.attempt}: no heartbeat "

@@ -96,8 +96,8 @@ def hung_ranks(status: RunStatus, handle: RunHandle | None = None) -> list[int]:
     live = [r for r in status.ranks if r.hung or (r.pid is not None and r.exit_code is None)]
     beats = read_heartbeats(handle.heartbeat_dir, [r.rank for r in live]) if handle and handle.heartbeat_dir else {}
     now = time.time()
-    culprits = hang_culprits(Stalled(r.rank, r.step, beats[r.rank].frozen(now) if r.rank in beats else None, r.hung)
-                             for r in live)
+    culprits = hang_culprits(Stalled(r.rank, r.step, beats[r.rank].frozen(now) if r.rank in beats else None, r.hung,
+                                     r.signal == "activity") for r in live)
     stale = {r.rank for r in live if r.hung}
     return [rank for rank in culprits if rank in stale]
 
@@ -107,9 +107,12 @@ def hang_stop(status: RunStatus, handle: RunHandle | None = None) -> StopReason 
     hung = hung_ranks(status, handle)
     if not hung:
         return None
+    from trainyard.plugins.launch.model import stillness
+
+    last = f"last step {status.step}" if status.step is not None else "a plain script, watched by its activity"
     return StopReason(reason="hang", ranks=hung,
-                      detail=f"ranks {hung} made no step progress for longer than the job's "
-                             f"hangTimeout (last step {status.step})")
+                      detail=f"ranks {hung} {stillness(status.hang_signal)} for longer than the job's "
+                             f"hangTimeout ({last})")
 
 
 def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_s: float = 10.0,

@@ -329,14 +329,15 @@ class LocalLauncher:
         beat = _read_heartbeat(handle.heartbeat_dir, rank)
         now = time.time()
         age = round(now - beat.time, 3) if beat else None
+        step, signal = (beat.progress_step, beat.signal) if beat else (None, "")
         if record is None:
-            return RankStatus(rank=rank, step=beat.step if beat else None, heartbeat_age_s=age)
+            return RankStatus(rank=rank, step=step, heartbeat_age_s=age, signal=signal)
         code = record.exit_code
         alive = code is None and processes.is_alive(record.child_pid, record.child_start_ticks)
         return RankStatus(
             rank=rank, node=record.node, pid=record.child_pid,
             restart=record.restart, exit_code=code, outcome=describe(code),
-            step=beat.step if beat else None, phase=beat.phase if beat else "",
+            step=step, phase=beat.phase if beat else "", signal=signal,
             heartbeat_age_s=age, hung=bool(alive and beat and age is not None and age > beat.hang_timeout_s),
         )
 

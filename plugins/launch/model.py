@@ -75,6 +75,9 @@ class RankStatus(_Model):
     heartbeat_age_s: float | None = None
     hung: bool = False
     """The heartbeat is older than the job's hang timeout while the process is alive."""
+    signal: str = ""
+    """What watches the rank for a hang: `steps` (its own heartbeats), `activity` (its CPU time
+    and I/O, for a plain script: `trainyard.plugins.launch.activity`), '' before any beat."""
 
 
 class AgentStatus(_Model):
@@ -96,6 +99,14 @@ class AgentStatus(_Model):
     """Kubernetes: the pod's node reports Ready (False: NotReady or unreachable; None: unknown)."""
 
 
+STILLNESS = {"steps": "made no step progress", "activity": "used no CPU and did no I/O"}
+"""What a hung rank did not do, by the signal that watches it (`RankStatus.signal`)."""
+
+
+def stillness(signal: str) -> str:
+    return STILLNESS.get(signal, STILLNESS["steps"])
+
+
 class RunStatus(_Model):
     state: RunState
     message: str = ""
@@ -113,6 +124,13 @@ class RunStatus(_Model):
     @property
     def finished(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def hang_signal(self) -> str:
+        """What watches the attempt for a hang: `steps` once any rank writes its own heartbeats,
+        `activity` where only its wrappers do (a plain script), '' before any beat."""
+        signals = {r.signal for r in self.ranks if r.signal}
+        return "steps" if "steps" in signals else signals.pop() if signals else ""
 
     @property
     def succeeded(self) -> bool:

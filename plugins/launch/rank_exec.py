@@ -16,6 +16,10 @@ wrapper looks at how the previous incarnation ended (`exits.jsonl`): when its fi
 one of the worker's own exit codes, it does not start the script and exits with that code again
 (recorded with `"replayed": true`, which the control plane does not count as a restart).
 
+While the child runs, the wrapper also stands in for the heartbeats a plain script never
+writes (`activity`: the rank's CPU time and I/O date its heartbeat until the script writes one
+of its own), so a plain script's hang is seen like a managed one's.
+
 Signals: torchrun and the launcher signal the rank's whole process group, which holds this
 wrapper and the child, so the child already gets every SIGTERM; the wrapper only survives them
 (to record the exit code) and never forwards — a duplicate SIGTERM can kill a Python process
@@ -45,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from trainyard.plugins.files import write_atomic
-from trainyard.plugins.launch import rank_zygote
+from trainyard.plugins.launch import activity, rank_zygote
 from trainyard.plugins.launch.processes import start_ticks, zombie_exit_code
 
 CONTROL_PLANE_CODES = frozenset({42, 43, 44, 45, 46})
@@ -225,7 +229,10 @@ def main(argv: list[str] | None = None) -> None:
 
     for sig in SURVIVED:  # a forked child is not in this group, so it hears them only from here
         signal.signal(sig, forward_once if isinstance(child, ForkedChild) else lambda *_: None)
+    watching = activity.start(child.pid, os.environ, rank, restart)  # a plain script's hang watch
     code = child.wait()
+    if watching is not None:
+        watching.set()
     record.update(exit_code=code, ended_at=getattr(child, "ended_at", None) or time.time())
     write_atomic(path, json.dumps(record))
     with (run_dir / "exits.jsonl").open("a") as history:

@@ -45,6 +45,7 @@ from datetime import datetime
 
 from trainyard.plugins.errors import FatalError
 from trainyard.plugins.launch.exit_codes import describe
+from trainyard.plugins.launch.model import stillness
 from trainyard.plugins.recovery.evidence import (
     CORRUPT_PATTERNS,
     FATAL_VERDICTS,
@@ -144,7 +145,7 @@ def classify(ev: Evidence) -> FailureReport:
         if stop_cause == "hang" and why_stopped:
             detail = why_stopped
         elif blamed is not None:
-            detail = f"rank {blamed.rank} has no step progress for {blamed.heartbeat_age_s or 0:.0f} s"
+            detail = f"rank {blamed.rank} {stillness(blamed.signal)} for {blamed.heartbeat_age_s or 0:.0f} s"
         else:
             detail = "the hang watcher stopped the gang"
         rank = ranks[0] if ranks else None
@@ -285,7 +286,8 @@ def _facts(ev: Evidence) -> list[str]:
             if r.exit_code is not None and not what.startswith("exit"):
                 what += f" (exit code {r.exit_code})"
             age = f", heartbeat {r.heartbeat_age_s:.0f} s old" if r.hung and r.heartbeat_age_s is not None else ""
-            facts.append(f"rank {r.rank}{where}: {what} at step {r.step}{age}"
+            at = f" at step {r.step}" if r.step is not None or r.signal != "activity" else " (watched by its activity)"
+            facts.append(f"rank {r.rank}{where}: {what}{at}{age}"
                          + (f", restart {r.restart}" if r.restart else ""))
     if ev.restarts_in_place:
         facts.append(f"torchrun restarted the workers in place {ev.restarts_in_place} time(s) "

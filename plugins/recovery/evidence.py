@@ -189,7 +189,8 @@ class Evidence(_Record):
         live = [r for r in self.status.ranks if r.hung or (r.pid is not None and r.exit_code is None)]
         at, timeout = self.status.updated_at.timestamp(), self.hang_timeout_s
         return hang_culprits(Stalled(r.rank, r.step, None if r.rank not in self.last_alive or timeout is None
-                                     else at - self.last_alive[r.rank] > FROZEN_AFTER * timeout, r.hung)
+                                     else at - self.last_alive[r.rank] > FROZEN_AFTER * timeout, r.hung,
+                                     r.signal == "activity")
                              for r in live)
 
     def first_failure(self) -> RankRecord | None:

@@ -293,3 +293,13 @@ def test_a_stale_rank_whose_process_is_gone_is_no_hang(tmp_path: Path) -> None:
     assert [v.run for v in health.verdicts if v.kind == "hang"] == ["hung"]
     assert health.about("j", "cancelled", 0).verdicts == [v for v in health.verdicts if v.job is None]
     assert [v.run for v in health.about("j", "hung", 0).verdicts if v.kind == "hang"] == ["hung"]
+
+
+def test_a_plain_script_s_gang_hangs_only_when_every_rank_is_still() -> None:
+    # rank 0 evaluates for minutes; rank 1 waits in a barrier, still and "frozen" by its activity
+    waiting = [Stalled(0, None, False, False, True), Stalled(1, None, True, True, True)]
+    assert hang_culprits(waiting) == []
+    stuck = [Stalled(0, None, True, True, True), Stalled(1, None, True, True, True)]
+    assert hang_culprits(stuck) == [0, 1]
+    # ranks watched by their steps keep blaming the frozen one
+    assert hang_culprits([Stalled(0, 5, False, False), Stalled(1, 5, True, True)]) == [1]
