@@ -105,11 +105,36 @@ def pipeline_split_problem(layers: int, pp: int, vpp: int) -> Problem:
 
 
 def hints_present(job: TrainingJob) -> Iterable[Problem]:
-    if job.spec.parallelism.strategy == "auto" and job.spec.parallelism.hints is None:
+    """Trainyard's worker builds its model from the hints; a script of its own only loses the
+    advisor (and the memory fit) without them, which `validate` says as a note."""
+    if job.spec.parallelism.hints is not None:
+        return
+    if job.runs_platform_worker:
         yield Problem(code=Code.HINTS_REQUIRED, path="spec.parallelism.hints",
-                      message="strategy 'auto' needs the model's shape to plan",
+                      message="Trainyard's worker (worker/train.py) builds its model from the hints",
                       hint="add hints (hiddenSize, numLayers, numAttentionHeads, sequenceLength, "
-                           "globalBatchSize) or use strategy: manual")
+                           "globalBatchSize)")
+    elif job.spec.parallelism.strategy == "auto":
+        yield Problem(code=Code.HINTS_REQUIRED, path="spec.parallelism.hints", severity="warning",
+                      message=f"no model hints: no advisor plan and no memory-fit check; each of the "
+                              f"{job.spec.hardware.gpu_count} ranks runs the script, which decides its own "
+                              "parallelism (data parallel as far as Trainyard knows)",
+                      hint="add hints (hiddenSize, numLayers, numAttentionHeads, sequenceLength, "
+                           "globalBatchSize) for a plan and a memory check")
+
+
+def platform_worker_inputs(job: TrainingJob) -> Iterable[Problem]:
+    """What Trainyard's own worker reads that a script of the team's own need not give."""
+    if not job.runs_platform_worker:
+        return
+    if job.spec.dataset is None:
+        yield Problem(code=Code.INVALID_VALUE, path="spec.dataset",
+                      message="Trainyard's worker (worker/train.py) trains on spec.dataset, and there is none",
+                      hint="add dataset.source (an object-store prefix of jsonl/parquet/text shards)")
+    if job.spec.training.max_steps is None:
+        yield Problem(code=Code.INVALID_VALUE, path="spec.training.maxSteps",
+                      message="Trainyard's worker (worker/train.py) trains for training.maxSteps, and it is not set",
+                      hint="add training.maxSteps")
 
 
 def min_gpu_count(job: TrainingJob) -> Iterable[Problem]:
@@ -154,6 +179,8 @@ def tokenizer(job: TrainingJob) -> Iterable[Problem]:
     """`dataset.tokenizer` is `bytes` or a `.json` key inside the dataset's prefix (never a way
     out of it), and a byte-level model has room for 256 ids. A file's vocabulary against
     `vocabSize` needs the file: the dry run (`plugins/validation/dataset.py`)."""
+    if job.spec.dataset is None:
+        return
     name = job.spec.dataset.tokenizer
     path = "spec.dataset.tokenizer"
     hints = job.spec.parallelism.hints
@@ -215,7 +242,7 @@ def warnings(job: TrainingJob) -> Iterable[Problem]:
 
 
 SPEC_RULES: tuple[Rule, ...] = (
-    job_name, hints_present, manual_degrees, model_divisibility, min_gpu_count,
+    job_name, hints_present, platform_worker_inputs, manual_degrees, model_divisibility, min_gpu_count,
     checkpoint_prefix, tokenizer, reserved_env, schedule, warnings,
 )
 

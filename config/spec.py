@@ -22,6 +22,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     field_validator,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -68,12 +69,28 @@ class GitSource(Section):
     """Pin a commit for reproducible runs; recorded as an MLflow tag."""
 
 
+PLATFORM_WORKER = ("worker/train.py", "trainyard.worker.train")
+"""How a spec names Trainyard's own worker as its entrypoint (the script, or the module)."""
+
+
 class Source(Section):
     git: GitSource | None = None
     """Where the training code comes from. Omit for code already in the image / checkout."""
+    path: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Or: a folder on this machine (`/abs/folder`, `file:///abs/folder`) or a prefix in the
+    object store (`s3://bucket/code/`, fetched once per content into the home's source cache).
+    The local launcher only; the ranks run in it (docs/bring-your-own.md)."""
     entrypoint: str = Field(min_length=1)
     """Script torchrun runs, relative to the source root (e.g. `worker/train.py`)."""
     args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Source:
+        if self.git is not None and self.path is not None:
+            raise ValueError("give source.git or source.path, not both")
+        if self.path is not None and not (self.path.startswith(("/", "file:///", "s3://"))):
+            raise ValueError(f"source.path {self.path!r} is not an absolute folder, file:///… or s3://bucket/prefix")
+        return self
 
 
 class HardwareRequest(Section):
@@ -245,7 +262,9 @@ class Checkpoint(Section):
 
 
 class Training(Section):
-    max_steps: PositiveInt
+    max_steps: PositiveInt | None = None
+    """Optimizer steps to train. Trainyard's worker needs it; a managed script stops at it
+    (`session.should_stop`); a plain script ignores it and decides for itself."""
     max_runtime: Duration | None = None
     eval_interval_steps: PositiveInt | None = None
     seed: NonNegativeInt = 0
@@ -316,9 +335,11 @@ class JobBody(Section):
     """Container image for Kubernetes launches; ignored by the local launcher."""
     hardware: HardwareRequest
     parallelism: Parallelism = Field(default_factory=Parallelism)
-    dataset: Dataset
+    dataset: Dataset | None = None
+    """The data Trainyard's worker trains on; optional for a script of your own (which reads its
+    data itself: then no data-quality check runs, and MLflow records no dataset)."""
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
-    training: Training
+    training: Training = Field(default_factory=Training)
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
     schedule: str | None = None
     """Cron expression or preset (`@daily`): a scheduled retraining DAG."""
@@ -337,6 +358,13 @@ class TrainingJob(Section):
     @property
     def name(self) -> str:
         return self.metadata.name
+
+    @property
+    def runs_platform_worker(self) -> bool:
+        """The entrypoint is Trainyard's own worker (`worker/train.py`), which builds its model
+        from `parallelism.hints` and reads `dataset` and `training.maxSteps`."""
+        s = self.spec.source
+        return s.git is None and s.path is None and s.entrypoint in PLATFORM_WORKER
 
     def to_yaml_dict(self) -> dict:
         """The spec in its YAML spelling (camelCase, quantities as strings)."""

@@ -92,7 +92,8 @@ def params(job: TrainingJob) -> dict[str, Param]:
     fault = {"section": FAULTS}
     return {
         "max_steps": Param(None, type=["null", "integer"], minimum=1, title="Max steps",
-                           description=f"Override training.maxSteps (spec: {t.max_steps})"),
+                           description=f"Override training.maxSteps (spec: {t.max_steps or 'not set'}; "
+                                       "a managed script or Trainyard's worker only)"),
         "learning_rate": Param(None, type=["null", "number"], exclusiveMinimum=0, title="Learning rate",
                                description=f"Override training.learningRate (spec: {t.learning_rate})"),
         "start_from": Param(None, type=["null", "string"], title="Start from",
@@ -147,7 +148,8 @@ def build_dag(job: TrainingJob, spec_path: Path) -> DAG:
     meta = job.metadata
     doc = (f"**{job.name}** — team `{meta.team}`, project `{meta.project}`, priority `{meta.priority}`.\n\n"
            f"{job.spec.hardware.gpu_count} × {job.spec.hardware.gpu_type}, "
-           f"{job.spec.training.max_steps} steps, up to {job.spec.fault_tolerance.max_restarts} restarts.\n\n"
+           f"{f'{job.spec.training.max_steps} steps' if job.spec.training.max_steps else 'steps as the script decides'}, "
+           f"up to {job.spec.fault_tolerance.max_restarts} restarts.\n\n"
            f"Spec: `{spec_path}`. Each attempt of a training run is one DAG run; "
            "`resume_next_attempt` hands the run to the next one.")
     with DAG(

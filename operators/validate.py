@@ -61,7 +61,7 @@ class ValidateDataOperator(BaseOperator):
         log_problems(self.log, checked.warnings)
         context["ti"].xcom_push(key=CHECKED, value=to_xcom(checked))
         if not checked.checked:
-            self.log.info("spec.dataset.quality is off: nothing to check")
+            self.log.info("no spec.dataset, or its quality checks are off: nothing to check")
         elif checked.unchanged:
             self.log.info("the dataset and its quality settings are unchanged since this run passed its checks "
                           "(fingerprint %s): not checked again", checked.fingerprint[:12])

@@ -75,7 +75,8 @@ class Session:
         self._steps = 0
         self._restored = False
         self.max_steps = inner.config.spec.spec.training.max_steps
-        """The steps this run trains to (`training.maxSteps`, or the trigger form's `max_steps`)."""
+        """The steps this run trains to (`training.maxSteps`, or the trigger form's `max_steps`);
+        None: the script's own loop decides."""
 
     @property
     def rank(self) -> int:
@@ -125,7 +126,7 @@ class Session:
     @property
     def should_stop(self) -> bool:
         """True once the run has done its `max_steps`."""
-        return self._steps >= self.max_steps
+        return self.max_steps is not None and self._steps >= self.max_steps
 
     def finish(self) -> None:
         """The last step is done: commit its checkpoint, mark the rank done, end the session."""

@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                                     world_size=int(os.environ.get("WORLD_SIZE", "1")))
     job, plan = config.spec.spec, config.plan
     hints = job.parallelism.hints
-    if hints is None:
-        raise ValueError("the spec needs parallelism.hints to describe the model")
+    if hints is None or job.dataset is None or job.training.max_steps is None:
+        raise ValueError("Trainyard's worker needs the spec's parallelism.hints (the model), dataset and "
+                         "training.maxSteps (`trainyard validate` says which are missing)")
     with TrainingSession(config) as session:
         torch.manual_seed(job.training.seed)  # the same initial weights on every rank
         mesh = build_mesh(plan, session.device.type)

@@ -24,9 +24,12 @@ def plan_for_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float =
     (with its suggestions), unless `allow_unfit` and the spec's own manual configuration was
     evaluated — then that one is returned, for placement previews."""
     if job.spec.parallelism.hints is None:
-        if job.spec.parallelism.strategy == "auto":
+        if job.spec.parallelism.strategy == "auto" and job.runs_platform_worker:
             raise ValueError("strategy 'auto' needs parallelism.hints (the model's shape) to plan")
-        return manual_plan(job), "manual degrees (no model hints for the advisor)"
+        return manual_plan(job), ("manual degrees (no model hints for the advisor)"
+                                  if job.spec.parallelism.strategy == "manual" else
+                                  "no model hints: every rank runs the script, data parallel as far as "
+                                  "Trainyard knows (no advisor plan, no memory-fit check)")
     from trainyard.plugins.advisor import plan_job
 
     result = plan_job(job, cluster, memory_fraction=memory_fraction)

@@ -193,9 +193,11 @@ def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: 
 
     state = open_job_state(settings.state_db)
     info, attempts = state.get_run(job.name, run), state.attempts(job.name, run)
+    logs = [(a.attempt, Path(h.run_dir) / "ranks") for a in attempts if (h := a.run_handle) is not None and h.run_dir]
     spans = [(a.started_at, a.ended_at) for a in attempts if a.ended_at is not None]
     if not spans:
-        close_tracked_run(mlflow_run_id, status, tracking_uri=settings.mlflow_tracking_uri, title=job.name)
+        close_tracked_run(mlflow_run_id, status, tracking_uri=settings.mlflow_tracking_uri, title=job.name,
+                          rank_logs=logs)
         return {}
     training = sum((end - start).total_seconds() for start, end in spans)
     recovery = sum(max((nxt[0] - prev[1]).total_seconds(), 0.0) for prev, nxt in itertools.pairwise(spans))
@@ -208,6 +210,6 @@ def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: 
     cost = job_cost(acct, load_rates(), cluster=cluster_for(job.spec.hardware.gpu_type, settings.cluster))
     log_job_cost(mlflow_run_id, acct, cost, tracking_uri=settings.mlflow_tracking_uri)
     close_tracked_run(mlflow_run_id, status, tracking_uri=settings.mlflow_tracking_uri,
-                      timeline=run_timeline(job.name, run, settings), title=f"{job.name} run {run}")
+                      timeline=run_timeline(job.name, run, settings), title=f"{job.name} run {run}", rank_logs=logs)
     return {"device_hours": cost.total_gpu_hours, "recovery_device_hours": cost.recovery_gpu_hours,
             "cost_usd": cost.total_cost_usd}

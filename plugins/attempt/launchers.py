@@ -19,6 +19,7 @@ A cluster whose mode is not wired is refused before anything is allocated
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from trainyard.plugins.errors import FatalError
@@ -87,12 +88,14 @@ def launcher_for(target: Cluster | RunHandle, runtime: Runtime, options: LaunchO
 def local_script(job: TrainingJob, cluster: Cluster) -> Path | None:
     """The entrypoint file the local launcher would run (None on other launchers: the script is
     in the pod's image)."""
-    entry = job.spec.source.entrypoint
-    if cluster.spec.mode != "local" or not entry.endswith(".py") or job.spec.source.git is not None:
-        return None  # in an image, a module, or a commit not checked out yet
+    src = job.spec.source
+    entry = src.entrypoint
+    if cluster.spec.mode != "local" or not entry.endswith(".py") or src.git is not None or \
+            (src.path or "").startswith("s3://"):
+        return None  # in an image, a module, or a commit or prefix not fetched yet
     from trainyard.config.settings import PACKAGE_ROOT
 
-    return PACKAGE_ROOT / entry
+    return (Path(src.path.removeprefix("file://")) if src.path else PACKAGE_ROOT) / entry
 
 
 def entrypoint_problems(job: TrainingJob, cluster: Cluster) -> list[Problem]:
@@ -102,6 +105,11 @@ def entrypoint_problems(job: TrainingJob, cluster: Cluster) -> list[Problem]:
     with that message in every surface (the host that launches may not be the one that checked)."""
     from trainyard.config.problems import Code, Problem
 
+    if job.spec.source.path is not None and cluster.spec.mode != "local":
+        return [Problem(code=Code.LAUNCHER_UNAVAILABLE, path="spec.source.path",
+                        message=f"source.path is run by the local launcher only; cluster {cluster.name!r} "
+                                "starts pods from an image",
+                        hint="use source.git (fetched by the pods' init container) or build the code into spec.image")]
     script = local_script(job, cluster)
     if script is None or script.is_file():
         return []

@@ -230,7 +230,8 @@ def check_data(opened: Opened, runtime: Runtime) -> DataChecked:
     """Great Expectations on the job's dataset when `spec.dataset.quality` is on — once per run
     while the data stays the same: a recovery attempt whose dataset still has the fingerprint
     an earlier attempt passed skips the checks (and their seconds of imports)."""
-    if not opened.job.spec.dataset.quality.enabled:
+    dataset = opened.job.spec.dataset
+    if dataset is None or not dataset.quality.enabled:
         return DataChecked(checked=False)
     if importlib.util.find_spec("great_expectations") is None:  # the `validation` extra
         with _failing(opened, runtime, "its dataset cannot be checked"):

@@ -235,7 +235,8 @@ def _beats(attempt: AttemptInfo | None, placement: Placement | None) -> dict[int
     """Rank → its last heartbeat step, for the live attempt whose placement is shown."""
     if attempt is None or placement is None or placement.attempt != attempt.attempt:
         return {}
-    return {rank: beat.step for rank, beat in _heartbeats(attempt, placement.world_size).items()}
+    return {rank: beat.step for rank, beat in _heartbeats(attempt, placement.world_size).items()
+            if beat.progress_step is not None}
 
 
 def _heartbeats(attempt: AttemptInfo, world_size: int) -> dict[int, Any]:
@@ -259,7 +260,8 @@ def _live(ctx: _Context, attempt: AttemptInfo | None, placement: Placement | Non
         beats = _heartbeats(attempt, world)
         if beats:
             first = beats[min(beats)]
-            return Live(source="heartbeats", step=min(b.step for b in beats.values()), max_steps=max_steps,
+            steps = [b.progress_step for b in beats.values() if b.progress_step is not None]
+            return Live(source="heartbeats", step=min(steps) if steps else None, max_steps=max_steps,
                         loss=first.loss, tokens_per_s=first.tokens_per_s, mfu=_mfu(ctx, first.tokens_per_s),
                         updated_at=datetime.fromtimestamp(max(b.time for b in beats.values()), UTC),
                         ranks_reporting=len(beats), loss_curve=curve)

@@ -12,7 +12,8 @@ the node agent and `classify` treat it as any hang.
 
 The threshold: a rank blocked in a gloo collective (a peer gone or asleep) used 2–3 clock ticks
 of CPU in 8 s on this machine (0.3 % of a core) and no I/O at all; a training or evaluating
-rank uses most of a core. `MIN_BUSY` (2 % of a core) sits between.
+rank uses most of a core. `MIN_BUSY` (2 % of a core, and at least `MIN_TICKS` clock ticks, over
+at least a second) sits between.
 
 The wrapper steps aside for good once the rank writes a heartbeat of its own (a managed script,
 or Trainyard's worker): the steps are the better signal. It cannot see: a rank spinning while
@@ -39,7 +40,12 @@ from trainyard.plugins.launch.processes import PROC, stat_fields
 SIGNAL = "activity"
 """The heartbeat's `signal` when the wrapper wrote it; `steps` (the default) when the rank did."""
 MIN_BUSY = 0.02
-"""Share of one core, over a pulse, above which the rank counts as busy."""
+"""Share of one core, over a look's window, above which the rank counts as busy."""
+MIN_TICKS = 3
+"""And never fewer clock ticks (10 ms each): the kernel counts CPU time in ticks, and one tick
+of a waiting rank's poll thread landing in a short window would read as several percent."""
+MIN_WINDOW_S = 1.0
+"""CPU time is compared over at least this long (a short pulse looks at I/O only in between)."""
 PULSE_EVERY_S = 5.0
 """As the worker's writer thread (`trainyard.node_agent.heartbeat.PULSE_EVERY_S`)."""
 
@@ -86,8 +92,13 @@ class Activity:
 
     def look(self) -> bool:
         now, seen = time.monotonic(), cpu_and_io(self.pid)
-        cpu, io = seen[0] - self.last[0], seen[1] - self.last[1]
-        busy = cpu > MIN_BUSY * max(now - self.looked_at, 1e-3) or io > 0
+        cpu, io, window = seen[0] - self.last[0], seen[1] - self.last[1], now - self.looked_at
+        if io > 0:
+            busy = True
+        elif window < MIN_WINDOW_S:
+            return False  # too short to judge the CPU time: the next look compares from the same start
+        else:
+            busy = cpu > max(MIN_BUSY * window, MIN_TICKS / os.sysconf("SC_CLK_TCK"))
         self.last, self.looked_at = seen, now
         return busy
 

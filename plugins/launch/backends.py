@@ -24,7 +24,8 @@ class LocalBackend:
         from trainyard.config.settings import PACKAGE_ROOT
         from trainyard.plugins.launch.local import LocalLauncher
 
-        return LocalLauncher(settings.runs_dir, source_dir=PACKAGE_ROOT, max_restarts=options.max_restarts)
+        return LocalLauncher(settings.runs_dir, source_dir=PACKAGE_ROOT, max_restarts=options.max_restarts,
+                             endpoint_url=settings.s3_endpoint_url)
 
     @classmethod
     def attach(cls, handle: RunHandle, settings: Settings, runtime: Runtime) -> LocalLauncher:

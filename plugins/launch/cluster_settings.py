@@ -70,7 +70,7 @@ def cluster_setting_problems(job: TrainingJob, worker_env: WorkerEnv, *, s3_endp
     for setting, value in (("TRAINYARD_OBJECT_STORE", worker_env.object_store),
                            ("spec.checkpoint.storage", checkpoints),
                            ("TRAINYARD_RESUME_FROM", worker_env.resume_from),
-                           ("spec.dataset.source", job.spec.dataset.source)):
+                           ("spec.dataset.source", job.spec.dataset.source if job.spec.dataset else "")):
         if value and urlparse(value).scheme == "file" and not shared_filesystem:
             out.append(ClusterSetting(severity="error", setting=setting, value=value,
                                       message="a file:// URI names a folder inside each pod, which no "

@@ -23,7 +23,8 @@ every rank in a session of its own. `stop` therefore signals every process group
 
 One warm rank starter (`rank_zygote`) per attempt imports torch and the worker's libraries
 once; the ranks' wrappers have their training processes forked from it (`TRAINYARD_WARM_RANKS=0`
-in the launcher's environment turns it off). It carries the run's marker, so `stop` sweeps it
+in the launcher's environment turns it off). Only for a script that imports Trainyard: a plain
+script's ranks start as torchrun would start them (`rank_zygote.warm_start_for`). It carries the run's marker, so `stop` sweeps it
 with the rest, and it exits by itself once the agents are gone and its last rank has ended.
 
 Rendezvous is c10d on 127.0.0.1. c10d numbers nodes by sorting (address, agent pid); every
@@ -122,8 +123,11 @@ class LocalLauncher:
         python: str = sys.executable,
         max_restarts: int = 0,
         base_env: Mapping[str, str] | None = None,
+        endpoint_url: str | None = None,
     ) -> None:
         self.runs_dir = Path(runs_dir)
+        self.endpoint_url = endpoint_url
+        """The S3 endpoint a `source.path` prefix is fetched from (None: AWS's)."""
         self.source_dir = Path(source_dir or Path.cwd()).resolve()
         self.python = python
         self.max_restarts = max_restarts
@@ -150,7 +154,7 @@ class LocalLauncher:
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         Path(worker_env.heartbeat_dir).mkdir(parents=True, exist_ok=True)
         port = _free_port()
-        if self.warm_ranks:
+        if self.warm_ranks and rank_zygote.warm_start_for(entry, workdir):
             env[rank_zygote.ADDRESS_ENV] = rank_zygote.new_address()
             if rank_zygote.start(self.python, env[rank_zygote.ADDRESS_ENV], [], entry, env=env,
                                  cwd=workdir, log=run_dir / "agents" / "zygote.log") is None:
@@ -216,12 +220,12 @@ class LocalLauncher:
 
     def _source_root(self, job: TrainingJob) -> Path:
         """The code's root: the pinned commit of `spec.source.git` (checked out once into
-        `<home>/sources/<commit>`), else this launcher's source folder."""
-        if job.spec.source.git is None:
-            return self.source_dir
-        from trainyard.plugins.launch.sources import checkout
+        `<home>/sources/<commit>`), the `spec.source.path` folder or object-store prefix (fetched
+        once per content into `<home>/sources/prefix-<digest>`), else this launcher's source folder."""
+        from trainyard.plugins.launch.sources import source_root
 
-        return checkout(job.spec.source.git, self.runs_dir.parent / "sources")
+        return source_root(job.spec.source, self.runs_dir.parent / "sources", self.source_dir,
+                           endpoint_url=self.endpoint_url)
 
     def _entrypoint(self, job: TrainingJob) -> str:
         entry, root = job.spec.source.entrypoint, self._source_root(job)

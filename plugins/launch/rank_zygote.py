@@ -197,6 +197,30 @@ def entry_imports(entry: str, module: bool, cwd: Path) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+PLATFORM_WORKER = Path(__file__).resolve().parents[2] / "worker" / "train.py"
+"""`config.settings.PACKAGE_ROOT`'s worker, found without importing pydantic into every rank's wrapper."""
+
+
+def runs_platform_worker(entry: str) -> bool:
+    """`entry` is Trainyard's own worker, the one script the host's template may start: the
+    template preloads the worker's parallelism (`TEMPLATE_MODULES`: pipelining imports torch's
+    compiler), which the worker imports anyway and any other script would run with unasked
+    (see `warm_start_for`); a managed script's starter preloads only `ALWAYS` and its own imports."""
+    return entry == "trainyard.worker.train" or (entry.endswith(".py") and Path(entry).resolve() == PLATFORM_WORKER)
+
+
+def warm_start_for(entry: str, cwd: Path) -> bool:
+    """Whether ranks of `entry` may be forked from a warm starter: only a script that imports
+    Trainyard at its top level (a managed script, Trainyard's worker), whose imports the starter
+    preloads anyway. A plain script runs as torchrun would run it, importing only what it imports:
+    a preloaded module changes the program — with `torch.distributed.pipelining` (the template
+    preloads it: it imports torch's compiler) imported first, pytorch/examples' DDP tutorial
+    deadlocked at exit in 1 of 6 runs under plain torchrun (its Reducer's process group joining a
+    gloo thread that waits for the GIL), and in none of 6 without."""
+    names = entry_imports(entry, is_module(entry), cwd)
+    return any(n == "trainyard" or n.startswith("trainyard.") for n in names)
+
+
 @dataclass
 class Request:
     """One rank to start: `python -u ENTRY ARGS…` (or `-m ENTRY`) as the wrapper would have."""
@@ -540,7 +564,7 @@ def start(python: str, address: str, agents: list[tuple[int, int | None]], entry
     except OSError as e:
         print(f"rank zygote: not started: {e}", file=sys.stderr, flush=True)
         return None
-    if env.get(TEMPLATE_SWITCH_ENV, "1") != "0" and python == sys.executable:
+    if env.get(TEMPLATE_SWITCH_ENV, "1") != "0" and python == sys.executable and runs_platform_worker(entry):
         pid = _fork_from_template(args, env=env, cwd=cwd, log=log)
         if pid is not None:
             return pid

@@ -61,7 +61,7 @@ class GangRequest(_Model):
             priority=job.metadata.priority, gpu_type=hw.gpu_type,
             tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,
             nodes_preferred=hw.nodes_preferred, exclude=frozenset(exclude),
-            dataset=job.spec.dataset.source,
+            dataset=job.spec.dataset.source if job.spec.dataset else "",
         )
         values.update(overrides)
         return cls.model_validate(values)

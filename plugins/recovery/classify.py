@@ -262,7 +262,8 @@ def _min_step(ev: Evidence) -> int | None:
     """The last step every rank reached: the launcher's, else (a stopped Kubernetes Job took its
     pods' records) the heartbeats the node agents still serve — the lost node's ranks are not
     among them, but a synchronous gang's ranks are never a step apart."""
-    steps = [r.step for r in ev.status.ranks if r.step is not None] or [b.step for b in ev.served_beats]
+    steps = [r.step for r in ev.status.ranks if r.step is not None] or \
+        [b.step for b in ev.served_beats if b.signal == "steps"]
     return min(steps) if steps else None
 
 

@@ -21,6 +21,7 @@ artifact that cannot be built (no `loss` yet for a plot) is left out and said in
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 LOSS_PLOT = "plots/loss.png"
 TIMELINE_JSON = "recovery/timeline.json"
 TIMELINE_TEXT = "recovery/timeline.txt"
+RANK_LOGS = "logs"
+"""`logs/attempt-N/rank-NNNNN.log`: each attempt's rank output, attached when the run ends."""
+MAX_LOG_BYTES = 8 << 20
+"""A rank log longer than this is attached as its last 8 MiB (a first line says so)."""
 
 
 class TimelineEntry(BaseModel):
@@ -119,6 +124,34 @@ def log_end_artifacts(
         if png is not None:
             client.log_artifact(run_id, str(png), LOSS_PLOT.rsplit("/", 1)[0])
             paths.append(LOSS_PLOT)
+    return paths
+
+
+def log_rank_logs(run_id: str, folders: Sequence[tuple[int, Path]], *, tracking_uri: str) -> list[str]:
+    """Each attempt's rank logs (`(attempt, <run folder>/ranks)`, the local launcher's) under
+    `logs/attempt-N/`: a plain script's only record of what it did, and a failed rank's
+    traceback beside the run's charts. Returns the artifact paths."""
+    from trainyard.plugins.tracking.runs import client_for
+
+    client, paths = client_for(tracking_uri), []
+    with tempfile.TemporaryDirectory(prefix="trainyard-logs-") as tmp:
+        for attempt, folder in folders:
+            logs = sorted(folder.glob("rank-*.log")) if folder.is_dir() else []
+            if not logs:
+                continue
+            where = f"{RANK_LOGS}/attempt-{attempt}"
+            staged = Path(tmp) / f"attempt-{attempt}"
+            staged.mkdir()
+            for log in logs:
+                size = log.stat().st_size
+                with log.open("rb") as src, (staged / log.name).open("wb") as out:
+                    if size > MAX_LOG_BYTES:
+                        src.seek(size - MAX_LOG_BYTES)
+                        out.write(f"[the first {size - MAX_LOG_BYTES} bytes of {log.name} are left out; "
+                                  f"the whole file: {log}]\n".encode())
+                    shutil.copyfileobj(src, out)
+                paths.append(f"{where}/{log.name}")
+            client.log_artifacts(run_id, str(staged), where)
     return paths
 
 

@@ -118,6 +118,8 @@ def eval_windows(job: TrainingJob, *, object_store: str, endpoint_url: str | Non
     if samples < 1:
         raise ValueError(f"samples must be ≥ 1, got {samples}")
     ds = job.spec.dataset
+    if ds is None:
+        raise EvaluationError(f"job {job.name} has no spec.dataset: nothing to evaluate on")
     store = open_dataset(ds.source, object_store=object_store, endpoint_url=endpoint_url)
     tokenizer = load_tokenizer(ds.tokenizer, store)
     need = samples * hints.sequence_length + 1

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from pathlib import Path
 
     from trainyard.config.cluster import Cluster
     from trainyard.config.settings import Settings
@@ -40,10 +41,11 @@ def open_tracked_run(
     try:
         from trainyard.plugins.data.datasets import describe_dataset, open_dataset_store
 
-        store = open_dataset_store(job.spec.dataset.source, settings)
-        dataset = describe_dataset(store, job.spec.dataset)
+        if job.spec.dataset is not None:  # none: a script of the team's own reads its data itself
+            store = open_dataset_store(job.spec.dataset.source, settings)
+            dataset = describe_dataset(store, job.spec.dataset)
     except Exception as e:  # noqa: BLE001 - lineage is best effort here; validate checks the data
-        log.warning("dataset %s not recorded on the run: %s", job.spec.dataset.source, e)
+        log.warning("dataset %s not recorded on the run: %s", job.spec.dataset.source, e)  # type: ignore[union-attr]
     rid = start_or_resume_run(job, plan, tracking_uri=uri, run_id=run_id, attempt=attempt, dataset=dataset,
                               trigger_id=run or None)
     if check_quality and quality is None and store is not None:
@@ -61,12 +63,18 @@ def open_tracked_run(
 def close_tracked_run(
     run_id: str, status: Literal["completed", "failed", "cancelled"], *, tracking_uri: str,
     timeline: Sequence[TimelineEntry | tuple[float, str]] = (), title: str | None = None,
+    rank_logs: Sequence[tuple[int, Path]] = (),
 ) -> list[str]:
-    """The end artifacts (loss plot, recovery timeline), then the status that ends the run."""
-    from trainyard.plugins.tracking.artifacts import log_end_artifacts
+    """The end artifacts (loss plot, recovery timeline, the attempts' rank logs), then the
+    status that ends the run."""
+    from trainyard.plugins.tracking.artifacts import log_end_artifacts, log_rank_logs
     from trainyard.plugins.tracking.runs import set_run_status
 
     paths = log_end_artifacts(run_id, tracking_uri=tracking_uri, timeline=timeline, title=title)
+    try:
+        paths += log_rank_logs(run_id, rank_logs, tracking_uri=tracking_uri)
+    except OSError as e:  # the run still ends with its status; the logs stay in the run folder
+        log.warning("rank logs not attached to run %s: %s", run_id, e)
     set_run_status(run_id, status, tracking_uri=tracking_uri)
     return paths
 

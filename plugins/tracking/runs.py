@@ -229,7 +229,7 @@ def start_or_resume_run(
     if changed:
         log.info("run %s attempt %d: %d param(s) changed since the first attempt (kept as tags): %s",
                  rid, attempt, len(changed), ", ".join(sorted(changed)[:10]))
-    if dataset is not None:
+    if dataset is not None and job.spec.dataset is not None:
         log_dataset_input(rid, dataset, tracking_uri=tracking_uri, fields=job.spec.dataset.quality.required_fields)
     return rid
 
@@ -263,7 +263,16 @@ def _code_identity(job: TrainingJob) -> tuple[str | None, str | None]:
     src = job.spec.source
     if src.git and src.git.commit:
         return src.git.commit, None
-    folder = (PACKAGE_ROOT / src.entrypoint).parent if src.entrypoint.endswith(".py") else None
+    if src.path and src.path.startswith("s3://"):
+        from trainyard.config.settings import get_settings
+        from trainyard.plugins.launch.sources import prefix_digest
+
+        try:  # the listing's digest names the content without downloading it
+            return None, "prefix:" + prefix_digest(src.path, endpoint_url=get_settings().s3_endpoint_url)[0]
+        except Exception:  # noqa: BLE001 - lineage is best effort; the launch says why it cannot fetch
+            return None, None
+    root = Path(src.path.removeprefix("file://")) if src.path else PACKAGE_ROOT
+    folder = (root / src.entrypoint).parent if src.entrypoint.endswith(".py") else None
     if folder is None or not folder.is_dir():
         return None, None
     try:

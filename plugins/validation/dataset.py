@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 def check_dataset(job: TrainingJob, settings: Settings) -> list[Problem]:
     ds = job.spec.dataset
     path = "spec.dataset.source"
+    if ds is None:  # a script of the team's own reads its data itself
+        return []
     try:
         store = open_dataset(ds.source, object_store=settings.object_store,
                              endpoint_url=settings.s3_endpoint_url)
@@ -66,6 +68,8 @@ def _check_tokenizer(job: TrainingJob, store: ObjectStore) -> list[Problem]:
     """A `tokenizer.json` is there, loads, and its vocabulary fits the model's `vocabSize`."""
     from trainyard.plugins.data.documents import BYTES, load_tokenizer
 
+    if job.spec.dataset is None:
+        return []
     name, hints = job.spec.dataset.tokenizer, job.spec.parallelism.hints
     if name == BYTES:
         return []

@@ -47,7 +47,7 @@ def validate_job(
                             usage if usage is not None else current_usage(settings))
     dataset_problems = check_dataset(job, settings)
     problems += dataset_problems
-    if data_quality and not dataset_problems and job.spec.dataset.quality.enabled:
+    if data_quality and not dataset_problems and job.spec.dataset is not None and job.spec.dataset.quality.enabled:
         from trainyard.plugins.validation.data_quality import data_quality_problems
 
         problems += data_quality_problems(job, settings)

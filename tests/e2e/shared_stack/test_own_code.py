@@ -1,10 +1,13 @@
 """Third-party training code through the DAG, unchanged: pytorch/examples' DDP tutorial
 (`tests/fixtures/ddp_tutorial/`, CPU-ported in its 3 device lines), in a team's folder beside
-the team's own `config.py` and `utils.py`, as the spec's entrypoint. It writes no checkpoint of
+the team's own `config.py` and `utils.py`, as the spec's `source.path` and entrypoint, in a spec
+of only metadata, source and hardware. It writes no checkpoint of
 Trainyard's (a plain script), so the run ends completed and *not registered* — by design, said the
 same way by the DAG run (green, its note), the job state and MLflow (the run FINISHED, no model
 version) — never an attempted and failed registration. It runs in its own folder: the snapshot
-it writes relative to the working directory lands there, not in Trainyard's checkout."""
+it writes relative to the working directory lands there, not in Trainyard's checkout; its rank
+logs are on the MLflow run. A plain script that goes still is stopped as hung (by its ranks'
+activity)."""
 
 from __future__ import annotations
 
@@ -23,15 +26,26 @@ pytestmark = pytest.mark.slow
 JOB = "ddp-tutorial-plain"
 
 
+def minimal_spec(name: str, script: Path, args: list[str], *, in_folder: bool = False,
+                 **spec: object) -> dict[str, object]:
+    """A spec with only metadata, source and hardware (and what `spec` adds): no dataset, no
+    model hints, no checkpoint section, no maxSteps — what a team's own script needs. The script
+    by its path, or (`in_folder`) as `source.path` (its folder) and the entrypoint's name in it."""
+    demo = demo_spec(name)
+    source = {"path": str(script.parent), "entrypoint": script.name} if in_folder else {"entrypoint": str(script)}
+    return {"apiVersion": demo["apiVersion"], "kind": demo["kind"], "metadata": demo["metadata"],
+            "spec": {"source": {**source, "args": args}, "hardware": demo["spec"]["hardware"], **spec}}
+
+
 def test_a_stock_torchrun_script_runs_unchanged_to_an_honest_green_not_registered(
         shared: RunningStack, tmp_path: Path) -> None:
     team = tmp_path / "team-code"
     script = adapt.write(team, adapt.cpu_port())
     (team / "config.py").write_text("raise RuntimeError('the team config is not imported by Trainyard')\n")
     (team / "utils.py").write_text("raise RuntimeError('the team utils are not imported by Trainyard')\n")
-    spec = demo_spec(JOB)
-    spec["spec"]["source"] = {"entrypoint": str(script), "args": ["2", "1", "--batch_size", "32"]}
-    assert spec["spec"]["training"]["learningRate"]  # reaches it as TRAINYARD_LEARNING_RATE, not as a --lr
+    # reaches it as TRAINYARD_LEARNING_RATE, not as a --lr its parser would refuse
+    spec = minimal_spec(JOB, script, ["2", "1", "--batch_size", "32"], in_folder=True,
+                        training={"learningRate": 0.01})
     shared.add_jobs({JOB: spec})
 
     first = shared.client.trigger(JOB, {})["dag_run_id"]
@@ -40,6 +54,7 @@ def test_a_stock_torchrun_script_runs_unchanged_to_an_honest_green_not_registere
         f"{attempts}\n{shared.logs()}"
     (attempt,) = attempts
     assert attempt.tasks["finish_run"] == "success" and attempt.tasks["register_model"] == "skipped"
+    assert attempt.tasks["validate_data"] == "success"  # no dataset: nothing to check, and it says so
     note = shared.client.dag_run(JOB, attempt.dag_run_id).get("note") or ""
     assert note == f"attempt 0: completed → {NOT_REGISTERED}", note
 
@@ -53,6 +68,8 @@ def test_a_stock_torchrun_script_runs_unchanged_to_an_honest_green_not_registere
     (run,) = mlflow.search_runs([experiment.experiment_id], filter_string=f"tags.`trainyard.run` = '{attempt.run}'")
     assert run.info.status == "FINISHED", run.info
     assert mlflow.search_model_versions(f"run_id = '{run.info.run_id}'") == []
+    artifacts = {f.path for f in mlflow.list_artifacts(run.info.run_id, "logs/attempt-0")}
+    assert artifacts == {"logs/attempt-0/rank-00000.log", "logs/attempt-0/rank-00001.log"}, artifacts
     from trainyard.plugins.tracking.runs import source_digest
 
     # lineage names the team's code (outside git: its digest), not Trainyard's commit
@@ -92,3 +109,35 @@ def test_a_start_up_error_ends_the_run_as_the_users_after_one_attempt(shared: Ru
     (attempt,) = state.attempts("typo-import", attempts[0].run)
     assert attempt.outcome == "user_error"
 
+
+
+def test_a_plain_script_that_stops_making_progress_is_stopped_as_hung(shared: RunningStack, tmp_path: Path) -> None:
+    """(e): a plain script writes no heartbeat; its ranks' activity (CPU time and I/O, written by
+    their wrappers) stands in, so a gang that goes still is stopped as `hang` within its
+    `hangTimeout`, plus one pulse of the watch and one poll of the training trigger (with 2 s
+    for a loaded machine) — and with no budget left the run ends there, `hang` on every surface."""
+    from tests.integration.launch.test_launch_hang import PLAIN_STUCK
+    from trainyard.plugins.launch.activity import pulse_s
+    from trainyard.plugins.launch.files import STOP_REASON_FILE, StopReason
+
+    script, still = tmp_path / "team-code" / "stuck.py", tmp_path / "still-at"
+    script.parent.mkdir()
+    script.write_text(PLAIN_STUCK)
+    hang_timeout = 6.0
+    spec = minimal_spec("plain-hang", script, [str(still)],
+                        faultTolerance={"hangTimeout": f"{hang_timeout:g}s", "maxRestarts": 0, "inPlaceRestarts": 0})
+    shared.add_jobs({"plain-hang": spec})
+    first = shared.client.trigger("plain-hang", {})["dag_run_id"]
+    attempts = follow_training_run(shared.client, "plain-hang", first, timeout_s=600)
+    assert [(a.state, a.outcome) for a in attempts] == [("failed", "hang")], f"{attempts}\n{shared.logs()}"
+    note = shared.client.dag_run("plain-hang", attempts[0].dag_run_id).get("note") or ""
+    assert "hang" in note and "used no CPU and did no I/O" in note, note
+
+    from trainyard.plugins.recovery.state import JobStateStore
+
+    (attempt,) = JobStateStore(shared.settings.state_db).attempts("plain-hang", attempts[0].run)
+    assert attempt.outcome == "hang", attempt
+    reason = StopReason.model_validate_json((Path(attempt.run_handle.run_dir) / STOP_REASON_FILE).read_text())
+    went_still = float(still.read_text())
+    assert hang_timeout < reason.at - went_still <= hang_timeout + pulse_s(hang_timeout) + 2.0 + 2.0, \
+        (reason.at - went_still, reason)

@@ -161,6 +161,13 @@ def environ(pid: int) -> dict[str, str]:
     return dict(e.decode().split("=", 1) for e in processes.environ_entries(pid) or [] if b"=" in e)
 
 
+@pytest.fixture
+def probe_as_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's template starts Trainyard's worker only (`runs_platform_worker`): the probe
+    stands in for it."""
+    monkeypatch.setattr(rank_zygote, "PLATFORM_WORKER", PROBE.resolve())
+
+
 def starter(run_dir: Path, **extra: str) -> tuple[str, int]:
     """An attempt's starter for `run_dir`, as the local launcher starts one (no agents to watch)."""
     address = rank_zygote.new_address()
@@ -171,6 +178,7 @@ def starter(run_dir: Path, **extra: str) -> tuple[str, int]:
     return address, pid
 
 
+@pytest.mark.usefixtures("probe_as_worker")
 def test_attempts_starters_forked_from_the_host_template_carry_their_runs_environment(tmp_path: Path) -> None:
     """The sweeps that stop a run (`TRAINYARD_RUN_DIR`) or a home (`TRAINYARD_HOME`) find a run's
     processes by their environment in /proc: a starter forked from the shared template, and the
@@ -197,23 +205,25 @@ def test_attempts_starters_forked_from_the_host_template_carry_their_runs_enviro
         processes.signal_pids([pid_a, pid_b], signal.SIGKILL)
 
 
-def test_without_the_template_or_with_an_environment_too_large_for_it_the_starter_is_our_child(
+def test_without_the_template_for_another_script_or_with_an_environment_too_large_the_starter_is_our_child(
     tmp_path: Path,
 ) -> None:
     (_, off), (_, large) = (starter(tmp_path / "off", TRAINYARD_RANK_TEMPLATE="0"),
                             starter(tmp_path / "large", BIG="x" * rank_zygote.ROOM_BYTES))
+    (_, other) = starter(tmp_path / "other")  # not Trainyard's worker: never what the template preloads
     try:
-        assert parent(off) == os.getpid() == parent(large)
+        assert parent(off) == os.getpid() == parent(large) == parent(other)
         # Popen returns once the child's exec has begun (vfork), before the kernel has laid out
         # its new environment: /proc/PID/environ reads empty for a moment (~5 % of tries here)
         wait_for(lambda: processes.marked_processes("TRAINYARD_RUN_DIR", str(tmp_path / "large")) == [large],
                  f"the fresh starter to be found by its run's marker: {processes.stat_fields(large)}", 30)
     finally:
-        processes.signal_pids([off, large], signal.SIGKILL)
-        processes.reap(off)
-        processes.reap(large)
+        processes.signal_pids([off, large, other], signal.SIGKILL)
+        for pid in (off, large, other):
+            processes.reap(pid)
 
 
+@pytest.mark.usefixtures("probe_as_worker")
 def test_an_idle_template_exits_and_the_attempts_it_started_run_on(tmp_path: Path) -> None:
     _, pid = starter(tmp_path, TRAINYARD_RANK_TEMPLATE_IDLE_S="1")
     try:
@@ -253,6 +263,7 @@ def test_a_name_another_user_serves_is_never_handed_a_request(tmp_path: Path) ->
         assert other.stdout.read().strip() == "b''"  # closed without a byte sent
 
 
+@pytest.mark.usefixtures("probe_as_worker")
 def test_make_down_stops_the_templates_and_the_attempts_they_started_run_on(tmp_path: Path) -> None:
     _, pid = starter(tmp_path, TRAINYARD_RANK_TEMPLATE_IDLE_S="120")  # a template of its own
     try:

@@ -103,3 +103,17 @@ def test_the_templates_preload_is_third_party_only_and_every_module_exists() -> 
     not_installed = [name for name, spec in specs.items()
                      if not installed & set(Path(str(spec.origin)).resolve().parents)]
     assert not_installed == [], not_installed  # e.g. a module of this checkout
+
+
+def test_only_a_script_that_imports_trainyard_is_started_warm(tmp_path: Path) -> None:
+    """A plain script runs with only its own imports, as under torchrun (a preloaded module
+    changes the program: see `warm_start_for`)."""
+    from trainyard.plugins.launch.rank_zygote import warm_start_for
+
+    (tmp_path / "plain.py").write_text("import torch\nimport torch.distributed as dist\n")
+    (tmp_path / "managed.py").write_text("import os\nimport trainyard\n")
+    (tmp_path / "worker_like.py").write_text("from trainyard.worker.session import TrainingSession\n")
+    assert not warm_start_for(str(tmp_path / "plain.py"), tmp_path)
+    assert warm_start_for(str(tmp_path / "managed.py"), tmp_path)
+    assert warm_start_for(str(tmp_path / "worker_like.py"), tmp_path)
+    assert warm_start_for("trainyard.worker.train", tmp_path)

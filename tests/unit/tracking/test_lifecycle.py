@@ -59,3 +59,26 @@ def test_a_report_validate_data_made_is_logged_without_checking_again(tmp_path: 
     logged = DataQualityReport.model_validate_json(
         (Path(client.download_artifacts(rid, "data_quality/report.json", str(tmp_path)))).read_text())
     assert logged == given
+
+
+def test_closing_attaches_each_attempt_s_rank_logs_the_long_one_cut_to_its_tail(tmp_path: Path, monkeypatch) -> None:
+    from trainyard.plugins.tracking import artifacts
+
+    monkeypatch.setattr(artifacts, "MAX_LOG_BYTES", 64)
+    settings = Settings(home=tmp_path / "home")
+    rid = open_tracked_run(make_job("logged", team="lc", project="open"), make_plan(), settings, attempt=0)
+    first, second = tmp_path / "0" / "ranks", tmp_path / "1" / "ranks"
+    first.mkdir(parents=True)
+    second.mkdir(parents=True)
+    (first / "rank-00000.log").write_text("epoch 0\nTraceback…\nRuntimeError: boom\n")
+    (second / "rank-00001.log").write_text("x" * 100 + "\nthe end\n")
+    close_tracked_run(rid, "failed", tracking_uri=settings.mlflow_tracking_uri,
+                      rank_logs=[(0, first), (1, second), (2, tmp_path / "gone")])
+    client = runs.client_for(settings.mlflow_tracking_uri)
+    assert client.get_run(rid).info.status == "FAILED"
+    paths = artifact_paths(client, rid)
+    assert "logs/attempt-0/rank-00000.log" in paths and "logs/attempt-1/rank-00001.log" in paths, paths
+    whole = Path(client.download_artifacts(rid, "logs/attempt-0/rank-00000.log", str(tmp_path / "a"))).read_text()
+    assert whole.endswith("RuntimeError: boom\n")
+    cut = Path(client.download_artifacts(rid, "logs/attempt-1/rank-00001.log", str(tmp_path / "b"))).read_text()
+    assert cut.startswith("[the first 45 bytes of rank-00001.log are left out") and cut.endswith("the end\n"), cut
