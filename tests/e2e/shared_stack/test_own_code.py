@@ -81,6 +81,14 @@ def test_a_stock_torchrun_script_runs_unchanged_to_an_honest_green_not_registere
     view = f"{shared.client.url}/trainyard/dags/{JOB}/runs/{urllib.parse.quote(attempt.dag_run_id, safe='')}"
     with urllib.request.urlopen(view, timeout=30) as page:  # the Trainyard view says the same
         assert NOT_REGISTERED in page.read().decode(), view
+    from tests.support.browser import chromium_page, screenshots
+
+    with chromium_page() as browser:  # as a person sees it: the DAG run's Trainyard tab in Airflow
+        browser.goto(f"{shared.stack.url}/dags/{JOB}/runs/{urllib.parse.quote(attempt.dag_run_id, safe='')}"
+                     "/plugin/trainyard-run", wait_until="networkidle")
+        tab = browser.frame_locator('iframe[title="Trainyard"]')
+        tab.get_by_text(NOT_REGISTERED).first.wait_for()
+        browser.screenshot(path=str(screenshots() / "plain-script-run-tab.png"), full_page=True)
 
     assert (team / "snapshot.pt").is_file()  # its working directory is its own folder
     assert not (REPO_ROOT / "snapshot.pt").exists()
@@ -141,3 +149,51 @@ def test_a_plain_script_that_stops_making_progress_is_stopped_as_hung(shared: Ru
     went_still = float(still.read_text())
     assert hang_timeout < reason.at - went_still <= hang_timeout + pulse_s(hang_timeout) + 2.0 + 2.0, \
         (reason.at - went_still, reason)
+
+
+def test_a_managed_script_from_a_pinned_commit_recovers_from_a_killed_rank_and_registers(
+        shared: RunningStack, tmp_path: Path) -> None:
+    """(b) and (c): the tutorial's managed adaptation (9 added lines, nothing changed or
+    re-indented: `tests/fixtures/ddp_tutorial/adapt.py`'s `MANAGED` is the diff) committed to a
+    local bare repository whose branch then moved on; the spec pins the commit. Rank 1 is killed
+    before step 25: the run recovers from the session's checkpoint, the loss has a point for
+    every step on one MLflow run, the model is registered, and the lineage names the pinned
+    commit — not Trainyard's."""
+    import subprocess
+
+    from trainyard.plugins.tracking.runs import client_for
+
+    work, bare = tmp_path / "work", tmp_path / "tutorial.git"
+    adapt.write(work, adapt.managed())
+    git = ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "the tutorial, managed"], check=True)
+    pinned = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    (work / "multigpu_torchrun.py").write_text("raise SystemExit('the branch moved on: not this code')\n")
+    subprocess.run([*git, "commit", "-qam", "moved on"], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
+
+    spec = minimal_spec("managed-from-git", Path("multigpu_torchrun.py"), ["50", "100", "--batch_size", "32"],
+                        training={"maxSteps": 40}, checkpoint={"intervalSteps": 10})
+    spec["spec"]["source"] = {"git": {"repo": str(bare), "commit": pinned}, "entrypoint": "multigpu_torchrun.py",
+                              "args": ["50", "100", "--batch_size", "32"]}
+    shared.add_jobs({"managed-from-git": spec})
+    first = shared.client.trigger("managed-from-git", {"fault_kill_rank": 1, "fault_kill_at_step": 25})["dag_run_id"]
+    attempts = follow_training_run(shared.client, "managed-from-git", first, timeout_s=600)
+    assert attempts[-1].state == "success" and attempts[-1].tasks["register_model"] == "success", \
+        f"{attempts}\n{shared.logs()}"
+    assert (shared.settings.home / "sources" / pinned / "multigpu_torchrun.py").read_text() == adapt.managed()
+
+    logs = "".join(p.read_text(errors="replace")
+                   for p in (shared.settings.runs_dir / "managed-from-git" / attempts[0].run).glob("*/ranks/rank-*.log"))
+    assert "killed" in logs.lower() or len(attempts) > 1 or "restart 1" in logs, logs[-3000:]
+    assert "trainyard [rank 0]: resumed from step" in logs, logs[-3000:]
+
+    mlflow = client_for(shared.settings.mlflow_tracking_uri)
+    (run,) = mlflow.search_runs([mlflow.get_experiment_by_name("demo/tiny-lm").experiment_id],
+                                filter_string=f"tags.`trainyard.run` = '{attempts[0].run}'")
+    assert {m.step for m in mlflow.get_metric_history(run.info.run_id, "loss")} == set(range(1, 41))
+    assert [v.version for v in mlflow.search_model_versions(f"run_id = '{run.info.run_id}'")], run.info
+    assert run.data.tags["mlflow.source.git.commit"] == pinned
+    assert run.data.tags["mlflow.source.git.repoURL"] == str(bare)

@@ -4,6 +4,9 @@ steps aside for the rank's own."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -27,13 +30,14 @@ def child() -> Iterator[callable]:
     started: list[subprocess.Popen[bytes]] = []
 
     def run(code: str) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, start_new_session=True)
         started.append(p)
         return p
 
     yield run
-    for p in started:
-        p.kill()
+    for p in started:  # the whole group: a grandchild must not outlive the test, spinning
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
         p.wait()
 
 
