@@ -8,13 +8,17 @@ restarting the triggerer (or Airflow) re-creates it from `serialize()` and it ca
 holds a worker slot while training runs.
 
 Events carry `{"status": ..., "message": ...}` plus the facts the sensor needs; the sensor's
-`execute_complete` decides what to do with them (Airflow's provider habit).
+`execute_complete` decides what to do with them (Airflow's provider habit). A trigger whose own
+code raises reports it as one `error` event — the exception's class, message and stack trace, as
+the cncf-kubernetes provider's triggers do — and its task fails with them (`sensors/watch.py`),
+instead of the triggerer logging the exception while the task waits for an event that never comes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +46,17 @@ async def _poll_on_the_loop(handle: RunHandle) -> RunStatus | None:
     return await poll_with_async_hook(handle)
 
 
+async def reported(events: AsyncIterator[TriggerEvent]) -> AsyncIterator[TriggerEvent]:
+    """`events`, or — when the trigger's own code raises — one `error` event saying what raised."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as e:  # noqa: BLE001 - every failure becomes the task's, with its class and trace
+        yield TriggerEvent({"status": "error", "message": f"{type(e).__name__}: {e}",
+                            "error_class": f"{type(e).__module__}.{type(e).__qualname__}",
+                            "stack_trace": traceback.format_exc()})
+
+
 class TrainingTrigger(BaseTrigger):
     """Loops over the attempt engine's `watch_once` until the attempt is over: the workers have
     all exited, or it stopped the gang (a hang, `training.maxRuntime`, a lost lease) with the
@@ -59,6 +74,10 @@ class TrainingTrigger(BaseTrigger):
             "handle": self.handle, "watch": self.watch, "poll_interval_s": self.poll_interval_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        async for event in reported(self._events()):
+            yield event
+
+    async def _events(self) -> AsyncIterator[TriggerEvent]:
         from trainyard.plugins.attempt.watching import WatchState, watch_once
         from trainyard.plugins.launch.model import RunHandle
 
@@ -97,6 +116,10 @@ class CheckpointTrigger(BaseTrigger):
             "poll_interval_s": self.poll_interval_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        async for event in reported(self._events()):
+            yield event
+
+    async def _events(self) -> AsyncIterator[TriggerEvent]:
         from trainyard.plugins.attempt import watching
         from trainyard.plugins.launch.model import RunHandle
 
@@ -139,6 +162,10 @@ class HealthTrigger(BaseTrigger):
             "max_misses": self.max_misses})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        async for event in reported(self._events()):
+            yield event
+
+    async def _events(self) -> AsyncIterator[TriggerEvent]:
         from trainyard.plugins.attempt import watching
         from trainyard.plugins.launch.model import RunHandle
 

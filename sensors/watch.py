@@ -26,6 +26,18 @@ if TYPE_CHECKING:
 WATCH_TRAINING = "watch_training"
 
 
+class TriggerFailed(AirflowException):
+    """The watcher's trigger failed in its own code (an `error` event from `triggers.reported`),
+    not the training: its exception's class and message, and the triggerer's stack trace."""
+
+
+def raise_trigger_error(event: dict[str, Any]) -> None:
+    """Fail the task with the trigger's own failure, where the event is one."""
+    if event.get("status") == "error":
+        raise TriggerFailed(f"the trigger failed: {event.get('error_class', 'an exception')}: "
+                            f"{event.get('message', '')}\n{event.get('stack_trace', '')}")
+
+
 def _handle(context: Context) -> RunHandle:
     from trainyard.plugins.launch.model import RunHandle
 
@@ -60,6 +72,7 @@ class WatchTrainingSensor(BaseOperator):
         raise AssertionError("defer() returns only by raising")  # pragma: no cover
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        raise_trigger_error(event)
         self.log.info("training watch ended: %s — %s", event["status"], event.get("message", ""))
         return event["run_status"]
 
@@ -109,6 +122,7 @@ class WatchCheckpointsSensor(BaseOperator):
         raise AssertionError("defer() returns only by raising")  # pragma: no cover
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        raise_trigger_error(event)
         if event["status"] == "overdue":
             raise AirflowException(f"checkpoint alarm: {event['message']}")
         # a new checkpoint or the end: record everything new since the trigger started, then
@@ -145,5 +159,6 @@ class WatchHealthSensor(BaseOperator):
         raise AssertionError("defer() returns only by raising")  # pragma: no cover
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        raise_trigger_error(event)
         self.log.info("health watch ended: %s — %s", event["status"], event.get("message", ""))
         return {"status": event["status"], "message": event.get("message", ""), "nodes": event.get("nodes", [])}

@@ -77,3 +77,24 @@ def test_health_trigger_ends_with_the_run(tmp_path: Path) -> None:
     handle = fabricate(tmp_path, [Rank(exit_code=0), Rank(exit_code=0)])
     event = _first_event(HealthTrigger(handle.model_dump(mode="json"), agents={}, poll_interval_s=0.1))
     assert event["status"] == "finished"
+
+
+def test_a_trigger_that_raises_fires_an_error_event_and_its_task_fails_with_the_class(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """The cncf-kubernetes provider's habit: the trigger's own failure is an event, not a
+    traceback in the triggerer's log while the task waits forever."""
+    from trainyard.plugins.attempt import watching
+    from trainyard.sensors.watch import TriggerFailed, raise_trigger_error
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise PermissionError("the state database refused the lease renewal")
+
+    monkeypatch.setattr(watching, "watch_once", broken)
+    handle = fabricate(tmp_path, [Rank(step=3), Rank(step=3)])
+    event = _first_event(TrainingTrigger(handle.model_dump(mode="json"), watch=NO_LEASE, poll_interval_s=0.1))
+    assert (event["status"], event["error_class"]) == ("error", "builtins.PermissionError")
+    assert event["message"] == "PermissionError: the state database refused the lease renewal"
+    assert "in broken" in event["stack_trace"]
+    with pytest.raises(TriggerFailed, match=r"builtins\.PermissionError: PermissionError: the state database"):
+        raise_trigger_error(event)
+    raise_trigger_error({"status": "finished"})  # any other event is the sensor's to read
