@@ -1,1 +1,4 @@
-"""Trainyard."""
+"""The engines, one room each, none importing Airflow (DESIGN §1-§2): `advisor` (plans),
+`validation`, `placement`, `launch`, `checkpoint`, `data`, `storage`, `tracking` (MLflow),
+`recovery` (classify and decide), `attempt` (one attempt's steps, over all of them) and
+`control_room` (the Trainyard view). `trainyard_plugin.py` is the Airflow plugin that serves the view."""
