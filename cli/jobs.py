@@ -132,7 +132,9 @@ def run_jobs(args: argparse.Namespace) -> int:
     table = Table(box=None, pad_edge=False)
     for name, justify in (("job", "left"), ("run", "left"), ("state", "left"), ("att.", "right"),
                           ("last cause", "left"), ("started", "right")):
-        table.add_column(name, justify=justify, no_wrap=name in ("run", "state"))
+        # a long job name or cause wraps onto more lines of its cell (folded mid-word), never cut
+        table.add_column(name, justify=justify, no_wrap=name in ("run", "state"),
+                         overflow="ellipsis" if name in ("run", "state") else "fold")
     for r in runs:
         table.add_row(r.job, r.run, _state(r.state), str(r.attempts), r.last_cause or "—", _ago(r.created_at))
     console.print(table)

@@ -67,6 +67,17 @@ def test_jobs_lists_runs_newest_first(store: JobStateStore, capsys: pytest.Captu
     assert [(r["run"], r["attempts"], r["last_cause"]) for r in runs] == [(first, 2, "worker_crash")]
 
 
+def test_a_long_job_name_wraps_in_its_cell_and_is_never_cut(store: JobStateStore,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    name = "a-team-s-very-long-job-name-of-the-longest-kind-x52"
+    store.open_run(name, trigger_key="t")
+    assert main(["jobs"]) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    assert "…" not in out
+    assert "".join(line.split()[0] for line in out.splitlines()[1:] if line.strip()).startswith(name), out
+
+
 def test_status_shows_every_attempt_in_80_columns(store: JobStateStore, capsys: pytest.CaptureFixture[str]) -> None:
     run = recovered_run(store)
     assert main(["status", "demo-tiny-lm"]) == 0
