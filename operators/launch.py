@@ -32,7 +32,14 @@ class LaunchTrainingOperator(BaseOperator):
     operator_extra_links = (MlflowRunLink(), TrainyardViewLink(),)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from trainyard.plugins.attempt.steps import DataChecked, Placed, launch
+        from trainyard.plugins.attempt.steps import (
+            DataChecked,
+            Placed,
+            checkpoints_root,
+            launch,
+            start_point,
+        )
+        from trainyard.plugins.attempt.watching import committed_after
         from trainyard.plugins.placement.model import Placement
 
         opened = opened_of(context)
@@ -41,10 +48,17 @@ class LaunchTrainingOperator(BaseOperator):
                           checked=checked)
         if launched is None:
             raise AirflowSkipException("dry run: validated, planned and placed; nothing launched")
-        h = launched.handle
-        self.log.info("run %s attempt %d: %d ranks started on %s (%s), resuming from %s; MLflow run %s; logs "
-                      "under %s", h.run, h.attempt, h.world_size, ", ".join(h.nodes), h.kind,
-                      launched.resume_from or "the run's newest valid checkpoint", launched.mlflow_run_id,
+        h, rt = launched.handle, runtime()
+        try:
+            committed = [] if launched.resume_from else [
+                (r.step, r.manifest_uri) for r in committed_after(checkpoints_root(opened, rt), -1,
+                                                                  endpoint_url=rt.settings.s3_endpoint_url)]
+        except Exception as e:  # noqa: BLE001 - a log line must not fail the launch that already happened
+            self.log.warning("the run's checkpoints could not be listed for the log: %s", e)
+            committed = []
+        self.log.info("run %s attempt %d: %d ranks started on %s (%s), %s; MLflow run %s; logs under %s",
+                      h.run, h.attempt, h.world_size, ", ".join(h.nodes), h.kind,
+                      start_point(launched.resume_from, committed), launched.mlflow_run_id,
                       h.run_dir or f"{h.namespace}/{h.name}")
         context["ti"].xcom_push(key="mlflow_run_id", value=launched.mlflow_run_id)
         return to_xcom(h)

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -581,6 +582,19 @@ class CheckpointSeen(_Out):
     problems: list[str] = Field(default_factory=list)
     retired: bool = False
     """Gone before the watcher looked: the worker's retention deleted it (not a corrupt one)."""
+
+
+def start_point(resume_from: str, committed: list[tuple[int, str]]) -> str:
+    """What an attempt's launch starts from, in words for its log: a named checkpoint and its step,
+    the run's newest committed one (which the ranks verify, falling back past a bad one), or a
+    fresh start. `committed`: (step, manifest URI) of the run's checkpoints, oldest first."""
+    if resume_from:
+        named = re.search(r"step-(\d+)/MANIFEST\.json$", resume_from)
+        return f"resuming from step {int(named.group(1))} ({resume_from})" if named else f"resuming from {resume_from}"
+    if not committed:
+        return "fresh start (the run has no checkpoint yet)"
+    step, uri = committed[-1]
+    return f"resuming from step {step}, the run's newest checkpoint ({uri}; the ranks verify it first)"
 
 
 def checkpoints_root(opened: Opened, runtime: Runtime) -> str:

@@ -186,3 +186,14 @@ def test_a_launcher_that_refuses_the_spec_ends_the_run_and_its_mlflow_run_failed
     client = client_for(world.settings.mlflow_tracking_uri)
     (mlflow_run,) = client.search_runs([client.get_experiment_by_name("demo/tiny-lm").experiment_id])
     assert mlflow_run.info.status == "FAILED"  # opened for the launch, not left running
+
+
+def test_the_launch_log_says_fresh_start_or_the_step_it_resumes_from() -> None:
+    from trainyard.plugins.attempt.steps import start_point
+
+    root = "s3://store/jobs/j/runs/r/checkpoints"
+    assert start_point("", []) == "fresh start (the run has no checkpoint yet)"
+    assert start_point("", [(50, f"{root}/step-00000050/MANIFEST.json"), (100, f"{root}/step-00000100/MANIFEST.json")]
+                       ).startswith(f"resuming from step 100, the run's newest checkpoint ({root}/step-00000100/")
+    assert start_point(f"{root}/step-00000050/MANIFEST.json", []) == \
+        f"resuming from step 50 ({root}/step-00000050/MANIFEST.json)"
