@@ -27,8 +27,15 @@ def test_manual_specs_without_hints_keep_their_degrees() -> None:
     plan, source = plan_for_job(job, load_cluster("h100-fleet"))
     assert (plan.tp, plan.pp, plan.dp) == (8, 4, 8) and "no model hints" in source
     assert manual_plan(job) == plan
+    # a script of the team's own (this one is from git): no advisor, every rank runs it, DP over gpuCount
+    plan, source = plan_for_job(with_parallelism(job, strategy="auto", tensor_parallel=None, pipeline_parallel=None),
+                                load_cluster("h100-fleet"))
+    assert (plan.tp, plan.pp, plan.dp) == (1, 1, 256) and "no advisor plan" in source
+    # Trainyard's own worker builds its model from the hints: nothing to plan without them
+    worker = job.model_copy(update={"spec": job.spec.model_copy(update={"source": job.spec.source.model_copy(
+        update={"git": None, "entrypoint": "worker/train.py"})})})
     with pytest.raises(ValueError, match=r"strategy 'auto' needs parallelism\.hints"):
-        plan_for_job(with_parallelism(job, strategy="auto"), load_cluster("h100-fleet"))
+        plan_for_job(with_parallelism(worker, strategy="auto"), load_cluster("h100-fleet"))
 
 
 def test_nothing_fits_is_an_error_unless_previewing_a_manual_configuration() -> None:

@@ -187,10 +187,25 @@ def test_job_name_hint_offers_a_valid_name(demo_doc: dict[str, Any]) -> None:
     assert p.hint == "try 'llama-7b-finetune'"
 
 
-def test_auto_needs_hints(demo_doc: dict[str, Any]) -> None:
+def test_trainyards_worker_needs_hints_a_script_of_ones_own_is_only_told(demo_doc: dict[str, Any]) -> None:
     del demo_doc["spec"]["parallelism"]["hints"]
-    assert _codes(check_spec(_job(demo_doc))) == [Code.HINTS_REQUIRED]
+    assert _codes(check_spec(_job(demo_doc))) == [Code.HINTS_REQUIRED]  # worker/train.py builds its model from them
     demo_doc["spec"]["parallelism"]["strategy"] = "manual"
+    assert _codes(check_spec(_job(demo_doc))) == [Code.HINTS_REQUIRED]
+    demo_doc["spec"]["source"]["entrypoint"] = "/home/team/train.py"
+    assert _codes(check_spec(_job(demo_doc))) == []
+    demo_doc["spec"]["parallelism"]["strategy"] = "auto"
+    (note,) = [p for p in check_spec(_job(demo_doc)) if p.code == Code.HINTS_REQUIRED]
+    assert note.severity == "warning" and "no advisor plan and no memory-fit check" in note.message
+
+
+def test_trainyards_worker_needs_a_dataset_and_max_steps_a_script_of_ones_own_does_not(
+        demo_doc: dict[str, Any]) -> None:
+    del demo_doc["spec"]["dataset"]
+    del demo_doc["spec"]["training"]["maxSteps"]
+    problems = [p for p in check_spec(_job(demo_doc)) if p.severity == "error"]
+    assert sorted(p.path for p in problems) == ["spec.dataset", "spec.training.maxSteps"]
+    demo_doc["spec"]["source"]["entrypoint"] = "/home/team/train.py"
     assert _codes(check_spec(_job(demo_doc))) == []
 
 
