@@ -35,7 +35,8 @@ def load_checked_job(spec: Path, cluster_name: str | None, *, to_run: bool = Fal
 
         cluster = explicit or load_cluster(settings.cluster)
         problems = launch_problems(job, cluster, settings) + entrypoint_problems(job, cluster)
-        problems += check_spec(job) + ([] if problems else check_against_cluster(job, cluster))
+        refused = any(p.severity == "error" for p in problems)
+        problems += check_spec(job) + ([] if refused else check_against_cluster(job, cluster))
     elif job is not None:
         cluster = explicit or cluster_for(job.spec.hardware.gpu_type, settings.cluster)
         problems = check_spec(job) + check_against_cluster(job, cluster)

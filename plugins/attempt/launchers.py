@@ -129,9 +129,9 @@ def all_problems(job: TrainingJob, cluster: Cluster, settings: Settings, *, offl
     from trainyard.plugins.validation.runtime import check_runtime
 
     launch = launch_problems(job, cluster, settings)
-    if launch:
+    if any(p.severity == "error" for p in launch):
         return launch + check_spec(job) + check_runtime(job)
-    return validate_job(job, cluster=cluster, settings=settings, offline=offline, data_quality=data_quality)
+    return launch + validate_job(job, cluster=cluster, settings=settings, offline=offline, data_quality=data_quality)
 
 
 def launch_problems(job: TrainingJob, cluster: Cluster, settings: Settings) -> list[Problem]:
@@ -158,6 +158,12 @@ def launch_problems(job: TrainingJob, cluster: Cluster, settings: Settings) -> l
             code=Code.LAUNCHER_UNAVAILABLE, path="spec.source.git.commit",
             message=f"{git.repo} is given without a commit: the local launcher runs a pinned commit (a branch "
                     "moves between attempts)",
+            hint="pin the commit: spec.source.git.commit: <sha>"))
+    elif git is not None and not git.commit:
+        problems.append(Problem(
+            code=Code.LAUNCHER_UNAVAILABLE, path="spec.source.git.commit", severity="warning",
+            message=f"{git.repo} is given without a commit: each pod clones {git.branch!r} as it starts, so pods "
+                    "started apart, and later attempts, may run different code (the lineage cannot name it)",
             hint="pin the commit: spec.source.git.commit: <sha>"))
     if cluster.spec.mode == "kubernetes" and not job.spec.image:
         problems.append(Problem(

@@ -89,6 +89,20 @@ def test_a_kubernetes_cluster_refuses_a_spec_without_an_image_before_allocation(
     assert launch_problems(job, load_cluster("local"), settings) == []  # the local launcher ignores it
 
 
+def test_a_branch_without_a_commit_is_refused_here_and_warned_of_on_a_cluster_of_pods(tmp_path: Path) -> None:
+    from trainyard.config.spec import GitSource
+
+    settings = Settings(home=tmp_path / "home")
+    job = make_job("from-branch", gpu_count=2)
+    source = job.spec.source.model_copy(update={"git": GitSource(repo="https://example.com/team/code.git")})
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"source": source,
+                                                                     "image": "registry.example.com/x:1"})})
+    (here,) = launch_problems(job, load_cluster("local"), settings)
+    assert (here.path, here.severity) == ("spec.source.git.commit", "error")
+    (pods,) = launch_problems(job, load_cluster("kube-sim"), settings)
+    assert (pods.path, pods.severity) == ("spec.source.git.commit", "warning") and "'main'" in pods.message
+
+
 class FakeTI:
     """The XCom side of a task instance, for running the DAG's operators in this process."""
 
