@@ -135,6 +135,30 @@ def test_stop_stops_the_live_gang_and_cancels_the_run(store: JobStateStore, tmp_
     assert "already cancelled" in capsys.readouterr().out
 
 
+def test_status_says_which_signal_watches_a_live_attempt_for_a_hang(store: JobStateStore, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from trainyard.node_agent.heartbeat import Heartbeat, write_heartbeat
+
+    run = recovered_run(store)
+    beats = tmp_path / "beats"
+    store.set_handle("demo-tiny-lm", run, 1, RunHandle(kind="local", job="demo-tiny-lm", run=run, attempt=1,
+                                                       world_size=2, heartbeat_dir=str(beats)))
+    for rank in (0, 1):  # a plain script: its wrappers write activity beats (step 0 means nothing)
+        write_heartbeat(beats, Heartbeat(job="demo-tiny-lm", run=run, attempt=1, rank=rank, pid=1, step=0,
+                                         time=time.time(), signal="activity"))
+    assert main(["status", "demo-tiny-lm"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a plain script: hang watch on its ranks' CPU time and I/O, last active" in out, out
+    for rank in (0, 1):  # the script writes its own beats (managed): the steps watch it
+        write_heartbeat(beats, Heartbeat(job="demo-tiny-lm", run=run, attempt=1, rank=rank, pid=1, step=130 + rank,
+                                         time=time.time()))
+    assert main(["status", "demo-tiny-lm"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "step 130 (slowest of 2 ranks)" in out and "hang watch on its steps" in out, out
+
+
 def test_nodes_cordon_list_uncordon(store: JobStateStore, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["nodes", "cordon", "local-1", "--reason", "gpu_failed: Xid 79"]) == 0
     assert main(["nodes", "list"]) == 0
