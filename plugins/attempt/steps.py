@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -589,8 +588,10 @@ def start_point(resume_from: str, committed: list[tuple[int, str]]) -> str:
     the run's newest committed one (which the ranks verify, falling back past a bad one), or a
     fresh start. `committed`: (step, manifest URI) of the run's checkpoints, oldest first."""
     if resume_from:
-        named = re.search(r"step-(\d+)/MANIFEST\.json$", resume_from)
-        return f"resuming from step {int(named.group(1))} ({resume_from})" if named else f"resuming from {resume_from}"
+        from trainyard.plugins.checkpoint.manifest import parse_step_dir
+
+        step = parse_step_dir(resume_from.rstrip("/").rsplit("/", 2)[-2]) if resume_from.count("/") >= 2 else None
+        return f"resuming from step {step} ({resume_from})" if step is not None else f"resuming from {resume_from}"
     if not committed:
         return "fresh start (the run has no checkpoint yet)"
     step, uri = committed[-1]

@@ -103,6 +103,11 @@ class Activity:
         return busy
 
 
+def beat_path(directory: str | Path, rank: int) -> Path:
+    """`trainyard.node_agent.heartbeat.heartbeat_path`, without its pydantic import."""
+    return Path(directory) / f"rank-{rank:05d}.json"
+
+
 def pulse_s(hang_timeout_s: float) -> float:
     return min(PULSE_EVERY_S, hang_timeout_s / 10)
 
@@ -155,7 +160,7 @@ def start(pid: int, environ: dict[str, str] | os._Environ[str], rank: int, resta
             "attempt": int(environ.get("TRAINYARD_ATTEMPT", "0") or 0), "rank": rank,
             "local_rank": int(environ.get("LOCAL_RANK", "0") or 0), "node": environ.get("TRAINYARD_NODE", ""),
             "restart": restart}
-    path = Path(directory) / f"rank-{rank:05d}.json"
+    path = beat_path(directory, rank)
     stop = threading.Event()
     threading.Thread(target=watch, args=(pid, path, beat, timeout, stop), name="activity-watch", daemon=True).start()
     return stop

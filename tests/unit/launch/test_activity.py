@@ -105,3 +105,13 @@ def test_the_watch_steps_aside_once_the_rank_writes_its_own_beat(child, tmp_path
 def test_no_watch_without_a_heartbeat_folder_or_a_job() -> None:
     assert activity.start(1, {}, 0, 0) is None
     assert activity.start(1, {"TRAINYARD_HEARTBEAT_DIR": "/tmp"}, 0, 0) is None
+
+
+def test_the_stdlib_copies_stay_in_step_with_the_heartbeat_module() -> None:
+    """The wrapper cannot import `node_agent.heartbeat` (pydantic, in every rank's start): its
+    pulse and file name are copies, held to the originals here."""
+    from trainyard.node_agent.heartbeat import pulse_interval_s
+
+    for timeout in (1.0, 6.0, 600.0):
+        assert activity.pulse_s(timeout) == pulse_interval_s(timeout)
+    assert activity.beat_path("/d", 7) == heartbeat_path("/d", 7)
