@@ -326,7 +326,7 @@ def main() -> int:
     from tests.support.datasets import write_jsonl_dataset
     from trainyard.plugins.data.manifest import list_manifest
     from trainyard.plugins.data.stream import epoch_order
-    from trainyard.plugins.launch import processes
+    from trainyard.plugins.run import processes
     from trainyard.plugins.storage.store import S3Store, open_store
     from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 

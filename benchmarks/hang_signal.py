@@ -40,8 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.fixtures.ddp_tutorial import adapt  # noqa: E402
-from trainyard.node_agent.verdicts import Stalled, hang_culprits  # noqa: E402
 from trainyard.plugins.launch.activity import Activity, pulse_s  # noqa: E402
+from trainyard.plugins.run.rules import Stalled, hang_culprits  # noqa: E402
 
 COMMON = """\
 import os, sys, time

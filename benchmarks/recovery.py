@@ -143,7 +143,7 @@ def use_home(home: Path) -> None:
 
 
 def beat(heartbeat_dir: Path, rank: int) -> Any:
-    from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
+    from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path
 
     try:
         return Heartbeat.model_validate_json(heartbeat_path(heartbeat_dir, rank).read_text())

@@ -9,7 +9,7 @@ the four Airflow parts, MLflow; the demo dataset written):
 
 - `startup_s`: from the call to a healthy stack (every part answering);
 - `idle_cpu_pct`: after `--settle-s` (the first DAG parse), the CPU time the home's processes
-  (`trainyard.plugins.launch.processes.of_home`) use over `--idle-s`, as % of one core; `idle_cpu_pct_by_part`
+  (`trainyard.plugins.run.processes.of_home`) use over `--idle-s`, as % of one core; `idle_cpu_pct_by_part`
   splits it by command (the top ones).
 
 SQLite is the same stack with `AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`, `TRAINYARD_STATE_DB` and
@@ -54,7 +54,7 @@ def main() -> int:
 
 def measure(home: Path, overrides: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     from tests.e2e.airflow_stack import running_stack
-    from trainyard.plugins.launch import processes
+    from trainyard.plugins.run import processes
 
     began = time.perf_counter()
     with running_stack(home, overrides=overrides or None):

@@ -246,7 +246,7 @@ def live_progress(attempt: AttemptInfo, settings: Settings | None = None) -> Liv
     (`TRAINYARD_NODE_AGENTS`); None when neither says anything."""
     from pathlib import Path
 
-    from trainyard.node_agent.verdicts import FINISHED_PHASES
+    from trainyard.plugins.run.rules import FINISHED_PHASES
 
     handle = attempt.run_handle
     if handle is None:
@@ -254,7 +254,7 @@ def live_progress(attempt: AttemptInfo, settings: Settings | None = None) -> Liv
     beats: list[tuple[int, float, str, str]] = []
     source = "heartbeat files"
     if handle.heartbeat_dir and Path(handle.heartbeat_dir).is_dir():
-        from trainyard.node_agent.heartbeat import read_heartbeats
+        from trainyard.plugins.run.heartbeat import read_heartbeats
 
         beats = [(b.step, b.time, b.phase, b.signal)
                  for b in read_heartbeats(handle.heartbeat_dir, range(handle.world_size)).values()]

@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainyard.worker import exit_codes
+from trainyard.plugins.run import exit_codes
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from trainyard.plugins.attempt.launchers import Runtime
     from trainyard.plugins.attempt.steps import Concluded, Started
-    from trainyard.plugins.launch.model import RunStatus
+    from trainyard.plugins.run.model import RunStatus
 
 EXIT_HANG = 124
 """A rank hung and the gang was stopped (as `timeout(1)` says "timed out")."""
@@ -43,7 +43,7 @@ EXIT_CODES: dict[int, str] = {
     137: "a rank was killed by signal N gives 128+N: 137 SIGKILL (e.g. the kernel's OOM killer), 143 SIGTERM",
 }
 """This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help:
-the worker's own codes come from `worker/exit_codes.py`, their one home."""
+the worker's own codes come from `plugins/run/exit_codes.py`, their one home."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

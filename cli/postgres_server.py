@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard.config.databases import DATABASES, PORT, database_url, postgres_root, socket_dir
-from trainyard.plugins.launch import processes
 from trainyard.plugins.retry import policy
+from trainyard.plugins.run import processes
 
 SERVER_USER = "nobody"
 """Who the server is inside its user namespace when started by root: any account but root that

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from trainyard.cli.postgres_server import EmbeddedPostgres
 from trainyard.config.airflow import DEFAULT_PORT, airflow_env
-from trainyard.plugins.launch import processes, rank_zygote
+from trainyard.plugins.launch import rank_zygote
+from trainyard.plugins.run import processes
 
 AIRFLOW = ("api-server", "scheduler", "dag-processor", "triggerer")
 MLFLOW_PORT = 5000

@@ -1,6 +1,6 @@
 """Finds and parses the per-rank heartbeat files under the agent's heartbeat root.
 
-Workers write `rank-NNNNN.json` atomically (`trainyard.node_agent.heartbeat.write_heartbeat`), one
+Workers write `rank-NNNNN.json` atomically (`trainyard.plugins.run.heartbeat.write_heartbeat`), one
 folder per job/attempt below the root, so the reader globs recursively. It must survive
 whatever else lands there: a half-written file from a writer that does not rename, a foreign
 JSON document, an empty file after a full disk. Such a file is skipped and warned about once
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from trainyard.node_agent.heartbeat import FILE_PATTERN, Heartbeat
 from trainyard.node_agent.once import OnceLog
+from trainyard.plugins.run.heartbeat import FILE_PATTERN, Heartbeat
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainyard.node_agent.heartbeat import DataFigures
+from trainyard.plugins.run.heartbeat import DataFigures
 
 VerdictKind = Literal["gpu_failed", "thermal", "hang", "node_unhealthy", "no_gpu"]
 """

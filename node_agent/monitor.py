@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable
 
 from trainyard.node_agent.config import AgentConfig
 from trainyard.node_agent.gpu_probe import NvmlProbe, XidWatcher
-from trainyard.node_agent.heartbeat import Heartbeat, own_pid_namespace
 from trainyard.node_agent.heartbeat_reader import HeartbeatReader
 from trainyard.node_agent.models import (
     UNHEALTHY_KINDS,
@@ -41,6 +40,7 @@ from trainyard.node_agent.verdicts import (
     rank_status,
     xid_verdict,
 )
+from trainyard.plugins.run.heartbeat import Heartbeat, own_pid_namespace
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def process_alive(beat: Heartbeat) -> bool | None:
     rules decide, as before."""
     if not beat.pid_ns or beat.pid_ns != own_pid_namespace() or not beat.pid:
         return None
-    from trainyard.plugins.launch.processes import is_alive
+    from trainyard.plugins.run.processes import is_alive
 
     return is_alive(beat.pid)
 

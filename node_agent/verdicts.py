@@ -4,17 +4,18 @@ Kept apart from the probes so each rule is a small pure function tested with a f
 - a fatal Xid, an uncorrectable ECC error, or a lost GPU → `gpu_failed`;
 - above `threshold_c` for `window_s` without a break → `thermal`;
 - a heartbeat older than its job's hang timeout (rank not finished, process not gone) → `hang`,
-  for the ranks `hang_culprits` blames, not every rank that waits for them.
+  for the ranks `hang_culprits` (`plugins/run/rules.py`, shared with the control plane) blames,
+  not every rank that waits for them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import NamedTuple
 
-from trainyard.node_agent.heartbeat import DATA_FIELDS, Heartbeat
 from trainyard.node_agent.models import GpuStatus, RankHeartbeat, Verdict
+from trainyard.plugins.run.heartbeat import DATA_FIELDS, Heartbeat
+from trainyard.plugins.run.rules import FINISHED_PHASES, Stalled, hang_culprits
 
 FATAL_XIDS: dict[int, str] = {
     48: "double-bit (uncorrectable) ECC error",
@@ -93,10 +94,6 @@ class ThermalWatch:
                               f"for {now - since:.0f} s (window {self.window_s:g} s)")
 
 
-FINISHED_PHASES = frozenset({"done", "diverged"})
-"""Phases after which a rank stops beating on purpose: its old file is not a hang."""
-
-
 def rank_status(beat: Heartbeat, now: float, path: str = "", *, process_alive: bool | None = None) -> RankHeartbeat:
     """Judge one heartbeat at `now`. A non-finite loss counts as `nan` even if the writer did
     not set the flag (a hand-written loop or an older runtime). `process_alive` is whether the
@@ -114,46 +111,6 @@ def rank_status(beat: Heartbeat, now: float, path: str = "", *, process_alive: b
                          frozen=None if gone or beat.phase in FINISHED_PHASES else beat.frozen(now), gone=gone,
                          path=path,
                          **{name: getattr(beat, name) for name in DATA_FIELDS})
-
-
-class Stalled(NamedTuple):
-    """A live, unfinished rank of a gang, as `hang_culprits` weighs it."""
-
-    rank: int
-    step: int | None
-    frozen: bool | None
-    """No sign of life for half the hang timeout (`Heartbeat.frozen`); None: the writer does not say."""
-    stale: bool = True
-    """No step progress for the hang timeout."""
-    activity: bool = False
-    """Watched by its activity, not its steps (a plain script: `Heartbeat.signal`)."""
-
-
-def hang_culprits(ranks: Iterable[Stalled]) -> list[int]:
-    """The ranks to blame for a hang among a gang's live, unfinished ranks ([] when none is stale).
-
-    In a gang, one stuck rank stops every other at its next collective, so all of them go
-    stale and the whole gang looks hung. Told apart by, in order:
-    1. the frozen ones — no sign of life at all (stopped, or stuck holding the interpreter),
-       stale yet or not (the first rank to cross the timeout may be one waiting for them): the
-       others are alive, waiting inside a collective;
-    2. else the stale ones at the lowest step: the others finished that step and wait for them;
-    3. else (the same step, all alive or all unknown) every stale one: nothing tells them apart.
-    A node agent applies it to the ranks it sees; the control plane to the whole gang.
-
-    Ranks watched by their activity (a plain script) hang only when every one of them is still:
-    a rank waiting in a barrier uses no CPU either, and the one it waits for may be busy
-    (rank 0 evaluating for minutes while the others wait).
-    """
-    ranks = sorted(ranks)
-    stale = [r for r in ranks if r.stale]
-    if not stale or (any(r.activity for r in ranks) and len(stale) < len(ranks)):
-        return []
-    frozen = [r.rank for r in ranks if r.frozen]
-    if frozen and len(frozen) < len(ranks):
-        return frozen
-    lowest = min((r.step for r in stale if r.step is not None), default=None)
-    return [r.rank for r in stale if lowest is None or r.step is None or r.step == lowest]
 
 
 def hang_verdicts(ranks: Iterable[RankHeartbeat]) -> list[Verdict]:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from trainyard.plugins.launch.kube_clients import KubeClients
     from trainyard.plugins.launch.manifests import KubernetesOptions
-    from trainyard.plugins.launch.model import RunHandle, RunStatus
     from trainyard.plugins.launch.volcano import KubernetesLauncher
+    from trainyard.plugins.run.model import RunHandle, RunStatus
 
 
 def kubernetes_clients(conn_id: str | None = None) -> KubeClients:

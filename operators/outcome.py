@@ -50,7 +50,7 @@ class ClassifyOutcomeOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from trainyard.plugins.advisor.plan import Plan
         from trainyard.plugins.attempt.steps import DataChecked, conclude
-        from trainyard.plugins.launch.model import RunHandle, RunStatus
+        from trainyard.plugins.run.model import RunHandle, RunStatus
 
         opened = opened_of(context)
         result = conclude(opened, pull_optional(context, LAUNCH, RunHandle), runtime(),

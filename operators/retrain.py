@@ -4,7 +4,7 @@
 register_model ─ evaluate ─ approve_promotion (Airflow HITL: Approve / Reject) ─ promote_model
 ```
 
-`evaluate` scores the new version and the `production` one (`plugins/tracking/evaluate.py`) and
+`evaluate` scores the new version and the `production` one (`worker/evaluate.py`) and
 pushes the approval's Markdown body; `approve_promotion` is Airflow's `ApprovalOperator` (the task
 waits in `awaiting_input` until someone answers in the UI's "Required actions" or through
 `PATCH …/taskInstances/approve_promotion/-1/hitlDetails`); a Reject skips `promote_model`, so the
@@ -38,8 +38,8 @@ class EvaluateModelOperator(BaseOperator):
     ui_color = "#d6eaf8"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from trainyard.plugins.tracking.evaluate import compare_with_production
         from trainyard.plugins.tracking.registry import PRODUCTION_ALIAS
+        from trainyard.worker.evaluate import compare_with_production
 
         job = opened_of(context).job
         registered = context["ti"].xcom_pull(task_ids=REGISTER) or {}

@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST
+
 if TYPE_CHECKING:
     from trainyard.plugins.attempt.launchers import Runtime
-    from trainyard.plugins.launch.model import RunHandle, RunStatus
+    from trainyard.plugins.run.model import RunHandle, RunStatus
 
 
 def _runtime() -> Runtime:
@@ -79,7 +81,7 @@ class TrainingTrigger(BaseTrigger):
 
     async def _events(self) -> AsyncIterator[TriggerEvent]:
         from trainyard.plugins.attempt.watching import WatchState, watch_once
-        from trainyard.plugins.launch.model import RunHandle
+        from trainyard.plugins.run.model import RunHandle
 
         handle, state, runtime = RunHandle.model_validate(self.handle), WatchState.model_validate(self.watch), _runtime()
         while True:
@@ -121,7 +123,7 @@ class CheckpointTrigger(BaseTrigger):
 
     async def _events(self) -> AsyncIterator[TriggerEvent]:
         from trainyard.plugins.attempt import watching
-        from trainyard.plugins.launch.model import RunHandle
+        from trainyard.plugins.run.model import RunHandle
 
         handle, runtime = RunHandle.model_validate(self.handle), _runtime()
         while True:
@@ -145,11 +147,11 @@ class CheckpointTrigger(BaseTrigger):
 
 
 class HealthTrigger(BaseTrigger):
-    """Polls the node agents of the gang's nodes; on a fatal verdict (or 3 missed polls) it stops
+    """Polls the node agents of the gang's nodes; on a fatal verdict (or `MISSED_HEARTBEATS_LOST` missed polls) it stops
     the gang with the reason and fires. Fires `finished` when the attempt ends on its own."""
 
     def __init__(self, handle: dict[str, Any], *, agents: dict[str, str], poll_interval_s: float = 5.0,
-                 max_misses: int = 3) -> None:
+                 max_misses: int = MISSED_HEARTBEATS_LOST) -> None:
         super().__init__()
         self.handle = handle
         self.agents = agents
@@ -167,7 +169,7 @@ class HealthTrigger(BaseTrigger):
 
     async def _events(self) -> AsyncIterator[TriggerEvent]:
         from trainyard.plugins.attempt import watching
-        from trainyard.plugins.launch.model import RunHandle
+        from trainyard.plugins.run.model import RunHandle
 
         handle, runtime = RunHandle.model_validate(self.handle), _runtime()
         misses: dict[str, int] = {}

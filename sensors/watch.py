@@ -21,7 +21,7 @@ from trainyard.operators.launch import LAUNCH
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.model import RunHandle
 
 WATCH_TRAINING = "watch_training"
 
@@ -39,7 +39,7 @@ def raise_trigger_error(event: dict[str, Any]) -> None:
 
 
 def _handle(context: Context) -> RunHandle:
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.model import RunHandle
 
     return pull(context, LAUNCH, RunHandle)
 

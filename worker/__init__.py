@@ -10,7 +10,7 @@
   for an in-memory dataset addressed by index (`trainyard.worker.data.TokenWindows`).
 - `trainyard.worker.stall.StallMonitor` — warns when the loop waits for data more than 5 % of the time.
 - `trainyard.worker.models.llama` — the example model; `worker/train.py` — the example script.
-- `trainyard.worker.exit_codes` — what a training process's exit code means to the control plane.
+- `trainyard.plugins.run.exit_codes` — what a training process's exit code means to the control plane.
 
 No Airflow here; torch is imported by the modules that need it, not by this package.
 """

@@ -1,6 +1,6 @@
 """This rank's heartbeat file, written off the training thread.
 
-An atomic replace (`trainyard.node_agent.heartbeat.write_heartbeat`: temp file + rename) costs ~0.1 ms
+An atomic replace (`trainyard.plugins.run.heartbeat.write_heartbeat`: temp file + rename) costs ~0.1 ms
 on tmpfs but ~3 ms on ext4 here (a rename over an existing file makes ext4 allocate and flush
 the new file's blocks), and far more on a struggling network filesystem — 2 % of a 150 ms step,
 or a stalled step. So the training thread only hands the newest beat to a writer thread and
@@ -12,7 +12,7 @@ a hang, as they should. `flush()` waits until the newest beat is on disk (phase 
 Between steps the thread rewrites the last beat every `pulse_interval_s` (its `time`, the
 step's, unchanged; `alive_at`, the write's, new): a rank blocked in a collective waiting for a
 stopped peer still shows life, the stopped peer does not — which is how a hang names the rank
-that stopped rather than the whole gang (`trainyard.node_agent.verdicts.hang_culprits`).
+that stopped rather than the whole gang (`trainyard.plugins.run.rules.hang_culprits`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 import threading
 from pathlib import Path
 
-from trainyard.node_agent.heartbeat import Heartbeat, pulse_interval_s, write_heartbeat
+from trainyard.plugins.run.heartbeat import Heartbeat, pulse_interval_s, write_heartbeat
 
 log = logging.getLogger(__name__)
 

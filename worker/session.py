@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from trainyard.node_agent.heartbeat import Heartbeat
-from trainyard.worker import exit_codes
+from trainyard.plugins.run import exit_codes
+from trainyard.plugins.run.heartbeat import Heartbeat
 from trainyard.worker.divergence import Divergence, DivergenceDetector
 from trainyard.worker.faults import Faults
 from trainyard.worker.heartbeats import HeartbeatWriter
@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 
 class StopTraining(SystemExit):
-    """Raised by the session to end the process with one of `trainyard.worker.exit_codes`."""
+    """Raised by the session to end the process with one of `trainyard.plugins.run.exit_codes`."""
 
     def __init__(self, code: int, reason: str) -> None:
         super().__init__(code)
@@ -472,7 +472,7 @@ class TrainingSession:
         """The restore target does not verify (every rank sees the same verdict)."""
         if self.rank == 0:
             log.error("checkpoint_corrupt: %s", error)
-            from trainyard.plugins.launch.files import (
+            from trainyard.plugins.run.records import (
                 CHECKPOINT_CORRUPT_FILE,
                 CheckpointCorruptRecord,
             )
@@ -485,7 +485,7 @@ class TrainingSession:
     def _diverged(self, d: Divergence) -> None:
         if self.rank == 0:
             log.error("diverged: %s", d.describe())
-            from trainyard.plugins.launch.files import DIVERGED_FILE, DivergenceRecord
+            from trainyard.plugins.run.records import DIVERGED_FILE, DivergenceRecord
 
             DivergenceRecord(
                 job=self.config.job, attempt=self.config.attempt, step=d.step,

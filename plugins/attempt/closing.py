@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from trainyard.config.settings import Settings
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.attempt.bookkeeping import AttemptResult
-    from trainyard.plugins.launch.model import RunHandle
     from trainyard.plugins.recovery.model import AttemptConf
+    from trainyard.plugins.run.model import RunHandle
     from trainyard.plugins.tracking.registry import ModelVersionInfo
     from trainyard.plugins.tracking.runs import LoggedCheckpoint
 

@@ -192,7 +192,7 @@ def _retrain_start(job: TrainingJob | None, *, tracking_uri: str) -> str:
     alias = job.spec.retrain.start_from_alias if job is not None and job.spec.retrain is not None else None
     if not alias:
         return ""
-    from trainyard.plugins.tracking.evaluate import version_at
+    from trainyard.plugins.tracking.registry import version_at
 
     return f"models:/{job.name}@{alias}" if version_at(job.name, alias, tracking_uri=tracking_uri) else ""
 

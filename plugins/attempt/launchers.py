@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from trainyard.config.settings import Settings
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.launch.base import Launcher
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.model import RunHandle
 
 BUILTIN: dict[str, str] = {
     "local": "trainyard.plugins.launch.backends:LocalBackend",
@@ -74,7 +74,7 @@ def backend(mode: str, settings: Settings) -> type[Backend]:
 def launcher_for(target: Cluster | RunHandle, runtime: Runtime, options: LaunchOptions | None = None) -> Launcher:
     """The launcher that starts attempts on `target` (a `Cluster`: by its mode), or that finds
     the run `target` names again (a `RunHandle`: by its kind)."""
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.model import RunHandle
 
     settings = runtime.settings
     if isinstance(target, RunHandle):

@@ -12,7 +12,7 @@ whole lower-priority gangs — each after an emergency checkpoint — and place 
    something still runs on it;
 3. stop each victim the one way the control plane stops gangs (`plugins.attempt.watching.stop_gang`) with the reason
    `preempted`: SIGTERM, the worker commits an emergency checkpoint of its last completed step
-   and exits 43 (`trainyard.worker.exit_codes.PREEMPTED`), SIGKILL after `grace_s`. A victim so loses at
+   and exits 43 (`trainyard.plugins.run.exit_codes.PREEMPTED`), SIGKILL after `grace_s`. A victim so loses at
    most the time since that checkpoint (the step in flight). Its reservation is released here,
    so the pending gang can take the devices at once;
 4. place and reserve again.
@@ -40,10 +40,10 @@ if TYPE_CHECKING:
     from trainyard.config.teams import Teams
     from trainyard.plugins.advisor.plan import Plan
     from trainyard.plugins.attempt.launchers import Runtime
-    from trainyard.plugins.launch.model import RunHandle, RunStatus
     from trainyard.plugins.placement.fairshare import RunningGang, Victim
     from trainyard.plugins.placement.state import StateStore
     from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.run.model import RunHandle, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def evict(victim: Victim, handle: RunHandle, store: StateStore, runtime: Runtime
     """Stop the victim's gang (`preempted`: SIGTERM → emergency checkpoint → exit 43), then free
     its reservation."""
     from trainyard.plugins.attempt.watching import stop_gang
-    from trainyard.plugins.launch.files import StopReason
+    from trainyard.plugins.run.records import StopReason
 
     reason = StopReason(reason="preempted", detail=f"evicted for {by}", nodes=sorted(victim.nodes))
     status = stop_gang(handle, reason, runtime, grace_s=grace_s)

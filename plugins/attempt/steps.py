@@ -61,7 +61,6 @@ from trainyard.plugins.attempt.launchers import (
 )
 from trainyard.plugins.attempt.watching import WatchState, WatchStep, watch_once
 from trainyard.plugins.errors import FatalError
-from trainyard.plugins.launch.model import RunHandle, RunStatus
 from trainyard.plugins.placement.model import Placement
 from trainyard.plugins.placement.state import RESERVATION_LEASE_S
 from trainyard.plugins.recovery.model import (
@@ -70,6 +69,7 @@ from trainyard.plugins.recovery.model import (
     FailureReport,
     RecoveryAction,
 )
+from trainyard.plugins.run.model import RunHandle, RunStatus
 from trainyard.plugins.validation.data_quality import DataQualityReport
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class Concluded(_Out):
     def summary(self) -> str:
         """One line for people (the DAG run's note): `attempt 0: worker_crash at step 119
         (rank 1: killed by SIGKILL) → restart from step 100`."""
-        from trainyard.plugins.launch.exit_codes import describe
+        from trainyard.plugins.run.exit_codes import describe
 
         r, a = self.report, self.action
         where = f" at step {r.step}" if r.step is not None else ""

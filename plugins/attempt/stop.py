@@ -17,7 +17,7 @@ from trainyard.plugins.recovery.state import JobStateStore, RunInfo
 
 if TYPE_CHECKING:
     from trainyard.plugins.attempt.launchers import Runtime
-    from trainyard.plugins.launch.model import RunStatus
+    from trainyard.plugins.run.model import RunStatus
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def stop_run(store: JobStateStore, job: str, runtime: Runtime, run: str = "", *,
     record the attempt as cancelled and the run as `cancelled`, and release the attempt's
     reservation. A run already completed, failed or cancelled is left as it is."""
     from trainyard.plugins.attempt.watching import stop_gang
-    from trainyard.plugins.launch.files import StopReason
+    from trainyard.plugins.run.records import StopReason
 
     info = store.get_run(job, run)
     if info.final:

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from trainyard.plugins.attempt.launchers import Runtime, launcher_for
-from trainyard.plugins.launch.files import STOP_REASON_FILE, StopReason, read_model
-from trainyard.plugins.launch.model import RunHandle, RunStatus
 from trainyard.plugins.placement.state import RENEW_EVERY_S, RESERVATION_LEASE_S
+from trainyard.plugins.run.model import RunHandle, RunStatus
+from trainyard.plugins.run.records import STOP_REASON_FILE, StopReason, read_model
+from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST
 
 if TYPE_CHECKING:
     from trainyard.plugins.checkpoint.catalog import CheckpointRecord
@@ -80,7 +81,7 @@ def stop_gang(handle: RunHandle, reason: StopReason, runtime: Runtime, *, grace_
 def hung_ranks(status: RunStatus, handle: RunHandle | None = None) -> list[int]:
     """The ranks to blame for a hang: of those alive without step progress for longer than the
     job's `hangTimeout` (once one rank stalls, every rank does at its next collective), the
-    ones `trainyard.node_agent.verdicts.hang_culprits` blames — frozen (no sign of life in their
+    ones `trainyard.plugins.run.rules.hang_culprits` blames — frozen (no sign of life in their
     heartbeat files either) or lagging; all of them where nothing tells them apart.
 
     A culprit is blamed once its own last progress is older than `hangTimeout`, as the node
@@ -90,8 +91,8 @@ def hung_ranks(status: RunStatus, handle: RunHandle | None = None) -> list[int]:
     timeout). The culprit crosses it within that moment: a frozen rank's progress never moves."""
     if not any(r.hung for r in status.ranks):
         return []
-    from trainyard.node_agent.heartbeat import read_heartbeats
-    from trainyard.node_agent.verdicts import Stalled, hang_culprits
+    from trainyard.plugins.run.heartbeat import read_heartbeats
+    from trainyard.plugins.run.rules import Stalled, hang_culprits
 
     live = [r for r in status.ranks if r.hung or (r.pid is not None and r.exit_code is None)]
     beats = read_heartbeats(handle.heartbeat_dir, [r.rank for r in live]) if handle and handle.heartbeat_dir else {}
@@ -107,7 +108,7 @@ def hang_stop(status: RunStatus, handle: RunHandle | None = None) -> StopReason 
     hung = hung_ranks(status, handle)
     if not hung:
         return None
-    from trainyard.plugins.launch.model import stillness
+    from trainyard.plugins.run.model import stillness
 
     last = f"last step {status.step}" if status.step is not None else "a plain script, watched by its activity"
     return StopReason(reason="hang", ranks=hung,
@@ -159,7 +160,7 @@ PROBES_AT_ONCE = 64
 """Threads one poll probes with: a gang of more nodes is probed in waves of this many."""
 
 
-def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, int], max_misses: int = 3,
+def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, int], max_misses: int = MISSED_HEARTBEATS_LOST,
                answered: dict[str, float] | None = None) -> list[tuple[str, str]]:
     """(node, why) for each node of the gang whose agent reports a fatal verdict or missed
     `max_misses` polls in a row (`misses` carries the count between polls; `answered`, where

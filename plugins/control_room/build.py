@@ -242,7 +242,7 @@ def _beats(attempt: AttemptInfo | None, placement: Placement | None) -> dict[int
 def _heartbeats(attempt: AttemptInfo, world_size: int) -> dict[int, Any]:
     """The beats of the attempt's ranks where its heartbeat folder is readable from here (the
     embedded stack, a shared volume); {} elsewhere (then MLflow tells the progress)."""
-    from trainyard.node_agent.heartbeat import read_heartbeats
+    from trainyard.plugins.run.heartbeat import read_heartbeats
 
     handle = attempt.run_handle
     if handle is None or not handle.heartbeat_dir or not Path(handle.heartbeat_dir).is_dir():

@@ -10,7 +10,7 @@
 - `manifests.py`    Volcano Job, Queues, PriorityClasses, node-agent DaemonSet
 - `volcano.py`      `KubernetesLauncher` over the `kubernetes` client (passed in)
 - `environment.py`  the `WorkerEnv` and process environment of a launch
-- `exit_codes.py`   what a rank's exit code means (reads `worker/exit_codes.py`)
+- `exit_codes.py`   what a rank's exit code means (reads `plugins/run/exit_codes.py`)
 
 No Airflow imports here; this package must stay importable from inside every rank.
 """

@@ -21,7 +21,7 @@ stuck (CUDA's default synchronisation spins a core inside a stuck NCCL collectiv
 timeout ends those), or a script that keeps printing while making no progress.
 
 Stdlib only: it runs in every rank's wrapper, which must start fast. Its JSON is a
-`trainyard.node_agent.heartbeat.Heartbeat` (a unit test holds the fields in step).
+`trainyard.plugins.run.heartbeat.Heartbeat` (a unit test holds the fields in step).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainyard.plugins.files import write_atomic
-from trainyard.plugins.launch.processes import PROC, stat_fields
+from trainyard.plugins.run.processes import PROC, stat_fields
 
 SIGNAL = "activity"
 """The heartbeat's `signal` when the wrapper wrote it; `steps` (the default) when the rank did."""
@@ -47,7 +47,7 @@ of a waiting rank's poll thread landing in a short window would read as several 
 MIN_WINDOW_S = 1.0
 """CPU time is compared over at least this long (a short pulse looks at I/O only in between)."""
 PULSE_EVERY_S = 5.0
-"""As the worker's writer thread (`trainyard.node_agent.heartbeat.PULSE_EVERY_S`)."""
+"""As the worker's writer thread (`trainyard.plugins.run.heartbeat.PULSE_EVERY_S`)."""
 
 
 def tree(pid: int) -> list[int]:
@@ -104,7 +104,7 @@ class Activity:
 
 
 def beat_path(directory: str | Path, rank: int) -> Path:
-    """`trainyard.node_agent.heartbeat.heartbeat_path`, without its pydantic import."""
+    """`trainyard.plugins.run.heartbeat.heartbeat_path`, without its pydantic import."""
     return Path(directory) / f"rank-{rank:05d}.json"
 
 

@@ -3,7 +3,7 @@
 The launcher starts `python -m trainyard.plugins.launch.agent --exit-file F -- <torchrun args>` in a new
 session. Running torchrun in this very process (not as a child) keeps one process per agent and
 makes the agent's pid the one the launcher recorded; the `finally` writes an `AgentExit`
-(`plugins/launch/files.py`) to F whatever happens short of SIGKILL — including the
+(`plugins/run/records.py`) to F whatever happens short of SIGKILL — including the
 per-rank exit codes torchrun collected (`ChildFailedError.failures`). A process that is gone
 without that file was killed hard.
 """
@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from trainyard.plugins.launch.files import AgentExit
+from trainyard.plugins.run.records import AgentExit
 
 
 def main(argv: list[str] | None = None) -> None:

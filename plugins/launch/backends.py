@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from trainyard.config.settings import Settings
     from trainyard.plugins.launch.base import LaunchOptions, Runtime
     from trainyard.plugins.launch.local import LocalLauncher
-    from trainyard.plugins.launch.model import RunHandle
     from trainyard.plugins.launch.volcano import KubernetesLauncher
+    from trainyard.plugins.run.model import RunHandle
 
 
 class LocalBackend:

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from trainyard.config.worker_env import WorkerEnv
     from trainyard.plugins.advisor.plan import Plan
     from trainyard.plugins.launch.kube_clients import KubeClients
-    from trainyard.plugins.launch.model import RunHandle, RunStatus
     from trainyard.plugins.placement.model import Placement
+    from trainyard.plugins.run.model import RunHandle, RunStatus
 
 
 class LaunchError(FatalError):

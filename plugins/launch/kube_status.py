@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from trainyard.plugins.launch.exit_codes import describe
-from trainyard.plugins.launch.model import AgentStatus, RankStatus, RunHandle, RunStatus
+from trainyard.plugins.run.exit_codes import describe
+from trainyard.plugins.run.model import AgentStatus, RankStatus, RunHandle, RunStatus
 
 PHASES: Mapping[str, str] = {
     "Pending": "pending", "Running": "running", "Restarting": "running", "Completing": "running",

@@ -13,7 +13,7 @@ Layout of one attempt's run folder (`<runs_dir>/<job>/<run>/<attempt>/`):
     stopped.json                 a `StopRequest`, written by `stop`
     diverged.json                a `DivergenceRecord`, written by the worker
 
-(the models are in `plugins/launch/files.py`)
+(the models are in `plugins/run/records.py`)
 
 Agents start in their own session (`start_new_session=True`), so they outlive the launching
 process and a signal to the launcher's terminal never reaches them; torchrun itself starts
@@ -48,9 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
 from trainyard.plugins.files import write_atomic
-from trainyard.plugins.launch import processes, rank_zygote
+from trainyard.plugins.launch import rank_zygote
 from trainyard.plugins.launch.base import LaunchError
 from trainyard.plugins.launch.environment import (
     TORCHRUN_ENV,
@@ -58,8 +57,18 @@ from trainyard.plugins.launch.environment import (
     job_environment,
     run_dir_for,
 )
-from trainyard.plugins.launch.exit_codes import describe
-from trainyard.plugins.launch.files import (
+from trainyard.plugins.launch.rank_exec import log_path, rank_exec_args
+from trainyard.plugins.run import processes
+from trainyard.plugins.run.exit_codes import describe
+from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path
+from trainyard.plugins.run.model import (
+    AgentRecord,
+    AgentStatus,
+    RankStatus,
+    RunHandle,
+    RunStatus,
+)
+from trainyard.plugins.run.records import (
     STOPPED_FILE,
     AgentExit,
     RankRecord,
@@ -67,14 +76,6 @@ from trainyard.plugins.launch.files import (
     read_model,
     read_rank_records,
 )
-from trainyard.plugins.launch.model import (
-    AgentRecord,
-    AgentStatus,
-    RankStatus,
-    RunHandle,
-    RunStatus,
-)
-from trainyard.plugins.launch.rank_exec import log_path, rank_exec_args
 
 if TYPE_CHECKING:
     from trainyard.config.spec import TrainingJob

@@ -1,6 +1,6 @@
 """Per-rank wrapper: torchrun starts this instead of the user's script (stdlib and the
 stdlib-only `processes.py` and `plugins/files.py`: it runs once per rank and must start fast,
-so it writes plain JSON that the launcher validates with `trainyard.plugins.launch.files.RankRecord`).
+so it writes plain JSON that the launcher validates with `trainyard.plugins.run.records.RankRecord`).
 
 It runs the entrypoint as a child, with stdout/stderr in `<run_dir>/ranks/rank-NNNNN.log`,
 and records in `<run_dir>/ranks/rank-NNNNN.json` the pids, the process group and — when the
@@ -50,10 +50,10 @@ from pathlib import Path
 
 from trainyard.plugins.files import write_atomic
 from trainyard.plugins.launch import activity, rank_zygote
-from trainyard.plugins.launch.processes import start_ticks, zombie_exit_code
+from trainyard.plugins.run.processes import start_ticks, zombie_exit_code
 
 CONTROL_PLANE_CODES = frozenset({42, 43, 44, 45, 46})
-"""`trainyard.worker.exit_codes`' DIVERGED, PREEMPTED, PREEMPTED_NO_CHECKPOINT, CHECKPOINT_CORRUPT, OOM
+"""`trainyard.plugins.run.exit_codes`' DIVERGED, PREEMPTED, PREEMPTED_NO_CHECKPOINT, CHECKPOINT_CORRUPT, OOM
 (copied: this wrapper imports nothing heavy; a unit test holds the two in step)."""
 
 SURVIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

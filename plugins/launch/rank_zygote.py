@@ -92,14 +92,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainyard.plugins.launch.processes import (
+from trainyard.plugins.preload import preload
+from trainyard.plugins.run.processes import (
     environ_entries,
     is_alive,
     signal_pids,
     started_as,
     stat_fields,
 )
-from trainyard.plugins.preload import preload
 
 ADDRESS_ENV = "TRAINYARD_RANK_ZYGOTE"
 """The variable that names the zygote's socket to the ranks' wrappers: `@NAME`, for the abstract
@@ -121,7 +121,7 @@ process without it."""
 FIRST_REQUEST_S = 60.0
 """A zygote that nobody asked within this long after start-up exits (its launcher failed)."""
 
-ALWAYS = ("torch", "torch.distributed.checkpoint", "torch.distributed.run", "trainyard.plugins.launch.files")
+ALWAYS = ("torch", "torch.distributed.checkpoint", "torch.distributed.run", "trainyard.plugins.run.records")
 """Imported whatever the entrypoint: torch itself; DCP, which the worker runtime imports when it
 first saves or restores; and torchrun and what `trainyard.plugins.launch.agent` imports, for the agents
 the local launcher has forked too (the agent module itself runs as `__main__`)."""
@@ -587,7 +587,7 @@ def template_name(env: Mapping[str, str], cwd: Path, idle_s: float) -> str:
     idles out."""
     packages = [importlib.util.find_spec(name) for name in dict.fromkeys(m.split(".")[0] for m in TEMPLATE_MODULES)]
     files = [Path(__file__), Path(sys.modules["trainyard.plugins.preload"].__file__ or ""),
-             Path(sys.modules["trainyard.plugins.launch.processes"].__file__ or ""), Path(sys.executable),
+             Path(sys.modules["trainyard.plugins.run.processes"].__file__ or ""), Path(sys.executable),
              *(Path(spec.origin) if spec and spec.origin else Path(sys.executable) for spec in packages)]
     stats = [(str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files]
     startup = sorted((k, v) for k, v in env.items() if k.startswith(STARTUP_ENV))

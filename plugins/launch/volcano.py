@@ -86,8 +86,8 @@ from trainyard.plugins.launch.manifests import (
     render_queues,
     render_volcano_job,
 )
-from trainyard.plugins.launch.model import RunHandle, RunStatus
 from trainyard.plugins.placement.inventory import cluster_from_k8s_nodes
+from trainyard.plugins.run.model import RunHandle, RunStatus
 
 if TYPE_CHECKING:
     from kubernetes.client import CoreV1Api, CustomObjectsApi

@@ -44,8 +44,6 @@ import re
 from datetime import datetime
 
 from trainyard.plugins.errors import FatalError
-from trainyard.plugins.launch.exit_codes import describe
-from trainyard.plugins.launch.model import stillness
 from trainyard.plugins.recovery.evidence import (
     CORRUPT_PATTERNS,
     FATAL_VERDICTS,
@@ -58,7 +56,9 @@ from trainyard.plugins.recovery.evidence import (
     utc_from_s,
 )
 from trainyard.plugins.recovery.model import FailureReport, Outcome
-from trainyard.worker import exit_codes
+from trainyard.plugins.run import exit_codes
+from trainyard.plugins.run.exit_codes import describe
+from trainyard.plugins.run.model import stillness
 
 PREEMPTED_CODES = (exit_codes.PREEMPTED, exit_codes.PREEMPTED_NO_CHECKPOINT)
 

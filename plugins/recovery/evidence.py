@@ -17,7 +17,7 @@ again later (an Airflow task on another worker, `trainyard status`, a test):
   An agent reports every run on its node: `gather` keeps the node's own verdicts (a GPU, the
   node) and this attempt's rank verdicts only — another run's hang is not this one's evidence;
 
-Every run-folder record is parsed with its one model (`plugins/launch/files.py`), leniently: a
+Every run-folder record is parsed with its one model (`plugins/run/records.py`), leniently: a
 record a crashed process left half-written is as good as none.
 
 Pure Python: no Airflow, no torch.
@@ -33,9 +33,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainyard.node_agent.heartbeat import FROZEN_AFTER, read_heartbeats
 from trainyard.node_agent.models import NodeHealth, RankHeartbeat
-from trainyard.plugins.launch.files import (
+from trainyard.plugins.run.heartbeat import FROZEN_AFTER, read_heartbeats
+from trainyard.plugins.run.model import RunHandle, RunStatus
+from trainyard.plugins.run.records import (
     CHECKPOINT_CORRUPT_FILE,
     DIVERGED_FILE,
     STOP_REASON_FILE,
@@ -48,10 +49,7 @@ from trainyard.plugins.launch.files import (
     read_exits,
     read_model,
 )
-from trainyard.plugins.launch.model import RunHandle, RunStatus
-
-MISSED_HEARTBEATS_LOST = 3
-"""A node whose agent missed this many heartbeats in a row is lost (DESIGN §5)."""
+from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST
 
 LOG_TAIL_LINES = 60
 MAX_LOGS = 8
@@ -180,9 +178,9 @@ class Evidence(_Record):
     def hung_ranks(self) -> list[int]:
         """The ranks a hang blames. A hang stop names them (`stop-reason.json`, judged when the
         watcher stopped the gang). Else, of the ranks the launcher flags `hung` (every rank of a
-        gang stalls once one does), those `trainyard.node_agent.verdicts.hang_culprits` blames: the
+        gang stalls once one does), those `trainyard.plugins.run.rules.hang_culprits` blames: the
         frozen ones, judged at the status's time, else the laggards."""
-        from trainyard.node_agent.verdicts import Stalled, hang_culprits
+        from trainyard.plugins.run.rules import Stalled, hang_culprits
 
         if self.stop_reason is not None and self.stop_reason.reason == "hang" and self.stop_reason.ranks:
             return list(self.stop_reason.ranks)

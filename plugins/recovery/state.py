@@ -35,7 +35,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from trainyard.config.runs import check_run_id, new_run_id
 from trainyard.plugins.errors import FatalError
-from trainyard.plugins.launch.model import RunHandle
 from trainyard.plugins.recovery.model import (
     FINAL_LIFECYCLE_STATES,
     AttemptRecord,
@@ -43,6 +42,7 @@ from trainyard.plugins.recovery.model import (
     LifecycleState,
     RecoveryAction,
 )
+from trainyard.plugins.run.model import RunHandle
 from trainyard.plugins.state_db import (
     TABLE_PREFIX,
     UTCDateTime,

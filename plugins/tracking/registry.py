@@ -398,3 +398,14 @@ def _check_safetensors(path: Path) -> None:
         raise
     except Exception as e:
         raise ValueError(f"{path} is not a safetensors file: {e}") from e
+
+
+def version_at(name: str, alias: str, *, tracking_uri: str) -> ModelVersionInfo | None:
+    """The version holding `alias`, or None when no version does."""
+    from mlflow.exceptions import MlflowException
+
+    client = client_for(tracking_uri)
+    try:
+        return ModelVersionInfo.from_mlflow(client.get_model_version_by_alias(name, alias))
+    except MlflowException:
+        return None

@@ -84,7 +84,7 @@ def _pods(kube: KubeHarness, job_name: str) -> list[dict[str, Any]]:
 
 
 def _handle(s: RunningStack, attempt: AttemptRun) -> Any:
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.model import RunHandle
 
     return RunHandle.model_validate(s.client.xcom(JOB, attempt.dag_run_id, "launch_training"))
 
@@ -198,7 +198,7 @@ def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: Runnin
             if not raw:
                 continue
             from trainyard.config.spec import TrainingJob
-            from trainyard.plugins.launch.model import RunHandle
+            from trainyard.plugins.run.model import RunHandle
 
             handle = RunHandle.model_validate(raw)
             root = checkpoint_uri(TrainingJob.model_validate(_spec(steps)), stack.settings.object_store, handle.run)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainyard.plugins.launch.environment import run_dir_for
-from trainyard.plugins.launch.model import RankStatus, RunHandle, RunStatus
+from trainyard.plugins.run.model import RankStatus, RunHandle, RunStatus
 
 if TYPE_CHECKING:
     from trainyard.config.settings import Settings

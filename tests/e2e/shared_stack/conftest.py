@@ -24,7 +24,7 @@ NODES = ("local-0", "local-1")
 
 @pytest.fixture(scope="package")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    from trainyard.plugins.launch import processes
+    from trainyard.plugins.run import processes
 
     home = tmp_path_factory.mktemp("airflow-shared") / "home"
     with node_agents(NODES, home / "runs", home.parent / "agents") as agents, \

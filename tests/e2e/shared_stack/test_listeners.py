@@ -46,7 +46,7 @@ def _sockets_of(pid: int) -> set[int]:
 
 
 def test_every_port_the_stack_opens_listens_on_loopback_only(shared: RunningStack) -> None:
-    from trainyard.plugins.launch import processes
+    from trainyard.plugins.run import processes
 
     listening = _listening()
     held = {pid: [listening[i] for i in _sockets_of(pid) if i in listening]

@@ -126,7 +126,7 @@ def test_a_plain_script_that_stops_making_progress_is_stopped_as_hung(shared: Ru
     for a loaded machine) — and with no budget left the run ends there, `hang` on every surface."""
     from tests.integration.launch.test_launch_hang import PLAIN_STUCK
     from trainyard.plugins.launch.activity import pulse_s
-    from trainyard.plugins.launch.files import STOP_REASON_FILE, StopReason
+    from trainyard.plugins.run.records import STOP_REASON_FILE, StopReason
 
     script, still = tmp_path / "team-code" / "stuck.py", tmp_path / "still-at"
     script.parent.mkdir()

@@ -183,7 +183,7 @@ def test_nan_rolls_back_to_a_checkpoint_before_the_onset_and_the_loss_stays_fini
     # Every loss the resumed attempt logged is finite. The steps it trained again (16, 17) are
     # logged as `replay/loss` (`trainyard.plugins.tracking.metrics`: `loss` keeps the first attempt's
     # point of a step, the NaN at 17 included); the later ones as `loss`.
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.model import RunHandle
 
     resumed = RunHandle.model_validate(stack.client.xcom(JOB, attempts[1].dag_run_id, "launch_training"))
     since_ms = resumed.created_at.timestamp() * 1000
@@ -209,7 +209,7 @@ def test_a_corrupt_newest_checkpoint_is_quarantined_and_kept_and_the_previous_on
     assert re.search(r"hung ranks \[[^\]]*1", report.reason), report.reason
     from trainyard.plugins.attempt import watching
     from trainyard.plugins.attempt.launchers import Runtime
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.model import RunHandle
 
     hung = RunHandle.model_validate(stack.client.xcom(JOB, attempts[0].dag_run_id, "launch_training"))
     stop = watching.read_stop_reason(hung.run_dir)

@@ -30,8 +30,7 @@ def _spec() -> dict[str, Any]:
 def test_publish_trains_evaluates_waits_for_approval_and_promotes(shared: RunningStack, tmp_path: Path) -> None:
     from tests.unit.tracking.factories import make_job, register_llama_version
     from trainyard.cli.main import main
-    from trainyard.plugins.tracking.evaluate import version_at
-    from trainyard.plugins.tracking.registry import move_alias
+    from trainyard.plugins.tracking.registry import move_alias, version_at
 
     s = shared
     uri = s.settings.mlflow_tracking_uri

@@ -136,7 +136,7 @@ def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same
     assert "in place 1 time(s)" in event.detail
     history = client_for(stack.settings.mlflow_tracking_uri).get_metric_history(mlflow_run.info.run_id, "loss")
     assert {m.step for m in history} == set(range(1, STEPS + 1))
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.model import RunHandle
 
     handle = RunHandle.model_validate(stack.client.xcom(DAG_ID, attempts[0].dag_run_id, "launch_training"))
     log = Path(handle.run_dir, "ranks", "rank-00000.log").read_text()
@@ -158,8 +158,8 @@ def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alo
     from trainyard.cli.airflow_api import follow_training_run
     from trainyard.plugins.attempt import watching as watch
     from trainyard.plugins.attempt.launchers import Runtime
-    from trainyard.plugins.launch import processes
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run import processes
+    from trainyard.plugins.run.model import RunHandle
 
     first = stack.client.trigger(DAG_ID, {"max_steps": 200})["dag_run_id"]  # outlives the restart (~0.3 s a step)
     stack.wait_for_task(DAG_ID, first, "watch_training", "deferred")

@@ -19,12 +19,12 @@ from tests.support.node_agents import node_agents
 from tests.support.waiting import wait_for
 from trainyard.cli.main import main
 from trainyard.config.settings import Settings, get_settings
-from trainyard.node_agent.heartbeat import read_heartbeats, write_heartbeat
 from trainyard.plugins.advisor.plan import Plan
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.watching import stop_gang
-from trainyard.plugins.launch.files import StopReason
 from trainyard.plugins.recovery.state import open_job_state
+from trainyard.plugins.run.heartbeat import read_heartbeats, write_heartbeat
+from trainyard.plugins.run.records import StopReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 JOB = "tiny-status"

@@ -53,7 +53,7 @@ def test_a_killed_rank_is_restarted_in_place_from_the_newest_checkpoint(tmp_path
     committed = [int(m) for m in re.findall(r"checkpoint step (\d+) committed", first)]
     assert committed, log[-3000:]
     assert f"resumed from step {max(committed)}" in restarted, log[-3000:]
-    from trainyard.node_agent.heartbeat import heartbeat_path
+    from trainyard.plugins.run.heartbeat import heartbeat_path
 
     for rank in (0, 1):  # the gang's count, in what the node agents serve
         assert json.loads(heartbeat_path(Path(handle.heartbeat_dir), rank).read_text())["restart"] == 1

@@ -16,8 +16,8 @@ import pytest
 
 from tests.support.kube.harness import KubeHarness, harness_or_skip
 from tests.support.kube.jobs import placed, tiny_job, wide_cluster
-from trainyard.plugins.launch.model import RunHandle, RunStatus
 from trainyard.plugins.launch.volcano import KubernetesLauncher
+from trainyard.plugins.run.model import RunHandle, RunStatus
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 JOBS = ("batch.volcano.sh/v1alpha1", "jobs")

@@ -11,7 +11,7 @@ import yaml
 
 from tests.integration.launch.test_local_launcher import cli, write_spec
 from trainyard.cli.launch import EXIT_HANG
-from trainyard.plugins.launch.files import StopReason
+from trainyard.plugins.run.records import StopReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 

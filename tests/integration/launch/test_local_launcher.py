@@ -22,16 +22,16 @@ from trainyard.config.cluster import load_cluster
 from trainyard.config.loader import load_spec_file
 from trainyard.config.settings import Settings
 from trainyard.plugins.advisor.plan import Plan
-from trainyard.plugins.launch import processes
 from trainyard.plugins.launch.environment import build_worker_env
-from trainyard.plugins.launch.exit_codes import describe
-from trainyard.plugins.launch.files import read_rank_records
 from trainyard.plugins.launch.local import RUN_MARKER, LocalLauncher
-from trainyard.plugins.launch.model import RunHandle, RunStatus
 from trainyard.plugins.placement.gang import place_gang
 from trainyard.plugins.placement.inventory import Inventory
 from trainyard.plugins.placement.model import GangRequest
 from trainyard.plugins.placement.state import usage_by_team
+from trainyard.plugins.run import processes
+from trainyard.plugins.run.exit_codes import describe
+from trainyard.plugins.run.model import RunHandle, RunStatus
+from trainyard.plugins.run.records import read_rank_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 ENTRYPOINT = "tests/integration/launch/tiny_job.py"

@@ -18,8 +18,9 @@ import pytest
 
 from tests.support.procs import REPO_ROOT
 from tests.support.waiting import wait_for
-from trainyard.plugins.launch import processes, rank_zygote
-from trainyard.plugins.launch.files import read_rank_records
+from trainyard.plugins.launch import rank_zygote
+from trainyard.plugins.run import processes
+from trainyard.plugins.run.records import read_rank_records
 
 pytestmark = pytest.mark.waits
 

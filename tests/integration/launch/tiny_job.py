@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from trainyard.config.worker_env import WorkerEnv
-from trainyard.node_agent.heartbeat import Heartbeat, write_heartbeat
+from trainyard.plugins.run.heartbeat import Heartbeat, write_heartbeat
 
 TERMINATED = 43
 

@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support import procs
 from tests.support.require import missing
 from trainyard.node_agent import client
-from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
 from trainyard.node_agent.models import FaultRequest, NodeHealth
+from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
 
 pytestmark = pytest.mark.slow
 

@@ -30,14 +30,14 @@ from trainyard.plugins.advisor.plan import Plan
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.watching import WatchState, stop_gang, watch_once
 from trainyard.plugins.launch.environment import build_worker_env
-from trainyard.plugins.launch.files import StopReason
 from trainyard.plugins.launch.local import LocalLauncher
-from trainyard.plugins.launch.model import RunHandle
 from trainyard.plugins.placement.gang import place_gang
 from trainyard.plugins.placement.inventory import Inventory
 from trainyard.plugins.placement.model import GangRequest
 from trainyard.plugins.recovery.classify import classify
 from trainyard.plugins.recovery.evidence import gather, observe_node
+from trainyard.plugins.run.model import RunHandle
+from trainyard.plugins.run.records import StopReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 NODES = ("local-0", "local-1")

@@ -12,11 +12,11 @@ from tests.integration.launch.test_local_launcher import start, wait_for
 from trainyard.config.settings import Settings
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.watching import stop_gang
-from trainyard.plugins.launch.files import StopReason
 from trainyard.plugins.recovery.classify import classify
 from trainyard.plugins.recovery.decide import DecisionContext, decide
 from trainyard.plugins.recovery.evidence import gather
 from trainyard.plugins.recovery.model import AttemptConf
+from trainyard.plugins.run.records import StopReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 

@@ -17,11 +17,11 @@ import yaml
 from tests.support.procs import REPO_ROOT, run_torchrun
 from trainyard.config.spec import TrainingJob
 from trainyard.config.worker_env import WorkerEnv
-from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
 from trainyard.plugins.advisor.plan import Plan
 from trainyard.plugins.checkpoint import list_checkpoints
 from trainyard.plugins.checkpoint.uris import checkpoint_root
-from trainyard.plugins.launch.files import read_rank_records
+from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path
+from trainyard.plugins.run.records import read_rank_records
 from trainyard.plugins.storage.store import open_store
 
 RUN = "r-test"

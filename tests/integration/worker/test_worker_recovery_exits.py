@@ -24,13 +24,13 @@ from tests.integration.worker.conftest import (
 from trainyard.plugins.checkpoint.catalog import scan, verify
 from trainyard.plugins.checkpoint.uris import checkpoint_root
 from trainyard.plugins.launch.local import LocalLauncher
-from trainyard.plugins.launch.model import RunHandle
 from trainyard.plugins.recovery.classify import classify
 from trainyard.plugins.recovery.decide import DecisionContext, apply_quarantine, decide
 from trainyard.plugins.recovery.evidence import gather
 from trainyard.plugins.recovery.model import AttemptConf, FailureReport
+from trainyard.plugins.run import exit_codes
+from trainyard.plugins.run.model import RunHandle
 from trainyard.plugins.storage.store import open_store
-from trainyard.worker import exit_codes
 
 pytestmark = pytest.mark.slow
 

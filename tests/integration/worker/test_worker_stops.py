@@ -10,8 +10,8 @@ import pytest
 
 from tests.integration.worker.conftest import RUN, committed_steps, fsdp_plan, launch, tiny_job
 from trainyard.plugins.checkpoint.uris import checkpoint_root
-from trainyard.plugins.launch.files import DIVERGED_FILE, DivergenceRecord, read_model
-from trainyard.worker import exit_codes
+from trainyard.plugins.run import exit_codes
+from trainyard.plugins.run.records import DIVERGED_FILE, DivergenceRecord, read_model
 
 pytestmark = pytest.mark.slow
 

@@ -284,7 +284,7 @@ class KubeHarness:
                   namespace: str | None = None) -> int:
         """Signal one rank's process inside a pod (the container's torchrun and the rank's exit
         recorder live on, as when a rank crashes); returns its pid on this machine."""
-        from trainyard.plugins.launch.processes import marked_processes
+        from trainyard.plugins.run.processes import marked_processes
 
         init = int((self.pod_dir(pod, namespace) / "trainer.pid").read_text())
         marked = set(marked_processes("LOCAL_RANK", str(local_rank)))

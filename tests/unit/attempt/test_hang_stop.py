@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
 from trainyard.plugins.attempt.watching import hang_stop
-from trainyard.plugins.launch.model import RankStatus, RunHandle, RunStatus
+from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path
+from trainyard.plugins.run.model import RankStatus, RunHandle, RunStatus
 
 TIMEOUT_S = 30.0
 

@@ -26,7 +26,7 @@ from trainyard.plugins.attempt.launchers import (
     launch_problems,
     launcher_for,
 )
-from trainyard.plugins.launch.model import RunHandle
+from trainyard.plugins.run.model import RunHandle
 
 
 @pytest.fixture

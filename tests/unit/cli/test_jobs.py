@@ -15,12 +15,12 @@ import pytest
 
 from trainyard.cli.main import main
 from trainyard.config.settings import get_settings
-from trainyard.plugins.launch import processes
-from trainyard.plugins.launch.model import AgentRecord, RunHandle
 from trainyard.plugins.placement.model import PlacedNode, Placement
 from trainyard.plugins.placement.state import open_state
 from trainyard.plugins.recovery.model import FailureReport, RecoveryAction
 from trainyard.plugins.recovery.state import JobStateStore, open_job_state
+from trainyard.plugins.run import processes
+from trainyard.plugins.run.model import AgentRecord, RunHandle
 
 T0 = datetime.now(UTC) - timedelta(minutes=5)
 
@@ -139,7 +139,7 @@ def test_status_says_which_signal_watches_a_live_attempt_for_a_hang(store: JobSt
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
-    from trainyard.node_agent.heartbeat import Heartbeat, write_heartbeat
+    from trainyard.plugins.run.heartbeat import Heartbeat, write_heartbeat
 
     run = recovered_run(store)
     beats = tmp_path / "beats"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.support.waiting import wait_for
 from trainyard.cli.stack import Stack, _alive
-from trainyard.plugins.launch import processes
+from trainyard.plugins.run import processes
 
 
 def _state(pid: int) -> str:

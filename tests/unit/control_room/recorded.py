@@ -58,8 +58,8 @@ def record_run(home: Path, tracking_uri: str) -> Recorded:
     from tests.unit.checkpoint.fabricate import make_checkpoint
     from trainyard.config.loader import load_spec_file
     from trainyard.plugins.launch.environment import checkpoint_uri
-    from trainyard.plugins.launch.model import RunHandle
     from trainyard.plugins.recovery.model import FailureReport, RecoveryAction
+    from trainyard.plugins.run.model import RunHandle
     from trainyard.plugins.storage.store import open_store
     from trainyard.plugins.tracking import runs
 

@@ -108,8 +108,8 @@ def test_a_checkpoint_missing_a_file_is_not_what_a_resume_takes(tmp_path: Path) 
 
 
 def test_a_live_attempt_shows_its_ranks_heartbeats(tmp_path: Path) -> None:
-    from trainyard.node_agent.heartbeat import Heartbeat, write_heartbeat
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.heartbeat import Heartbeat, write_heartbeat
+    from trainyard.plugins.run.model import RunHandle
     from trainyard.plugins.tracking.cost import run_mfu
 
     rec = _own_run(tmp_path)

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.node_agent.heartbeat import (
+from trainyard.plugins.launch import activity
+from trainyard.plugins.run.heartbeat import (
     Heartbeat,
     heartbeat_path,
     read_heartbeats,
     write_heartbeat,
 )
-from trainyard.plugins.launch import activity
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_no_watch_without_a_heartbeat_folder_or_a_job() -> None:
 def test_the_stdlib_copies_stay_in_step_with_the_heartbeat_module() -> None:
     """The wrapper cannot import `node_agent.heartbeat` (pydantic, in every rank's start): its
     pulse and file name are copies, held to the originals here."""
-    from trainyard.node_agent.heartbeat import pulse_interval_s
+    from trainyard.plugins.run.heartbeat import pulse_interval_s
 
     for timeout in (1.0, 6.0, 600.0):
         assert activity.pulse_s(timeout) == pulse_interval_s(timeout)

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from tests.support.procs import REPO_ROOT
 from trainyard.plugins.files import write_atomic
-from trainyard.plugins.launch.files import (
+from trainyard.plugins.run.records import (
     AgentExit,
     DivergenceRecord,
     RankRecord,
@@ -77,7 +77,7 @@ def _rank(tmp_path: Path, script: Path, restart: int) -> int:
 def test_an_in_place_restart_after_a_control_plane_exit_replays_it_without_running_the_script(
         tmp_path: Path) -> None:
     from trainyard.plugins.launch.rank_exec import CONTROL_PLANE_CODES
-    from trainyard.worker import exit_codes
+    from trainyard.plugins.run import exit_codes
 
     assert {exit_codes.DIVERGED, exit_codes.PREEMPTED, exit_codes.OOM,
                                    exit_codes.PREEMPTED_NO_CHECKPOINT, exit_codes.CHECKPOINT_CORRUPT} == CONTROL_PLANE_CODES

@@ -16,23 +16,23 @@ from tests.support.waiting import wait_for
 from trainyard.config.cluster import load_cluster
 from trainyard.config.settings import Settings
 from trainyard.config.spec import TrainingJob
-from trainyard.node_agent.heartbeat import Heartbeat, write_heartbeat
 from trainyard.plugins.advisor.plan import Plan
-from trainyard.plugins.launch import processes
 from trainyard.plugins.launch.environment import build_worker_env
-from trainyard.plugins.launch.exit_codes import describe, known_codes
-from trainyard.plugins.launch.files import AgentExit, RankRecord, StopRequest
 from trainyard.plugins.launch.local import LocalLauncher, tail_lines, waiting_in_exit_barrier
-from trainyard.plugins.launch.model import (
+from trainyard.plugins.placement.gang import place_gang
+from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.model import GangRequest
+from trainyard.plugins.run import processes
+from trainyard.plugins.run.exit_codes import describe, known_codes
+from trainyard.plugins.run.heartbeat import Heartbeat, write_heartbeat
+from trainyard.plugins.run.model import (
     AgentRecord,
     AgentStatus,
     RankStatus,
     RunHandle,
     RunStatus,
 )
-from trainyard.plugins.placement.gang import place_gang
-from trainyard.plugins.placement.inventory import Inventory
-from trainyard.plugins.placement.model import GangRequest
+from trainyard.plugins.run.records import AgentExit, RankRecord, StopRequest
 
 
 def dead_pid() -> tuple[int, int | None]:
@@ -193,7 +193,7 @@ def test_exit_code_names() -> None:
     assert describe(0) == "completed" and describe(None) == ""
     assert describe(-9) == "killed by SIGKILL" and describe(137) == "exit 137 (killed by SIGKILL)"
     assert describe(3) == known_codes().get(3, "exit 3")
-    # The worker runtime's codes (worker/exit_codes.py), read, not copied.
+    # The worker runtime's codes (plugins/run/exit_codes.py), read, not copied.
     assert (describe(42), describe(43), describe(44)) == ("diverged", "preempted", "preempted_no_checkpoint")
 
 

@@ -31,8 +31,8 @@ from tests.support.require import missing
 from tests.unit.launch.launch_fixtures import gpu_job
 from trainyard.plugins.launch.base import LaunchError
 from trainyard.plugins.launch.manifests import KubernetesOptions, render_volcano_job
-from trainyard.plugins.launch.model import RunHandle
 from trainyard.plugins.launch.volcano import KubernetesLauncher, retry_after_s
+from trainyard.plugins.run.model import RunHandle
 
 JOBS = ("batch.volcano.sh/v1alpha1", "jobs")
 NODE_LABELS = {"topology.kubernetes.io/rack": "sim-rack", "nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "cpu"}

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from tests.support.waiting import wait_for
-from trainyard.plugins.launch import processes
 from trainyard.plugins.launch.rank_zygote import TEMPLATE_MODULES, entry_imports, socket_address
+from trainyard.plugins.run import processes
 
 
 def test_the_preload_is_the_entrypoints_top_level_absolute_imports(tmp_path: Path) -> None:

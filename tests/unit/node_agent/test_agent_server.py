@@ -20,10 +20,10 @@ from tests.unit.node_agent.fake_nvml import FakeGpu, FakeNvml
 from trainyard.node_agent import client
 from trainyard.node_agent.config import AgentConfig
 from trainyard.node_agent.gpu_probe import NvmlProbe
-from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
 from trainyard.node_agent.models import FaultRequest, NodeHealth
 from trainyard.node_agent.monitor import Monitor
 from trainyard.node_agent.server import AgentServer
+from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
 
 
 @dataclass

@@ -12,22 +12,21 @@ import pytest
 from tests.unit.node_agent.fake_nvml import FakeGpu, FakeNvml
 from trainyard.node_agent.config import AgentConfig
 from trainyard.node_agent.gpu_probe import NvmlProbe
-from trainyard.node_agent.heartbeat import (
+from trainyard.node_agent.models import FaultRequest
+from trainyard.node_agent.monitor import Monitor
+from trainyard.node_agent.verdicts import (
+    FATAL_XIDS,
+    ThermalWatch,
+    xid_verdict,
+)
+from trainyard.plugins.files import write_atomic
+from trainyard.plugins.run.heartbeat import (
     Heartbeat,
     heartbeat_path,
     own_pid_namespace,
     write_heartbeat,
 )
-from trainyard.node_agent.models import FaultRequest
-from trainyard.node_agent.monitor import Monitor
-from trainyard.node_agent.verdicts import (
-    FATAL_XIDS,
-    Stalled,
-    ThermalWatch,
-    hang_culprits,
-    xid_verdict,
-)
-from trainyard.plugins.files import write_atomic
+from trainyard.plugins.run.rules import Stalled, hang_culprits
 
 
 class Clock:

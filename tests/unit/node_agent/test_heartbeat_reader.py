@@ -14,8 +14,8 @@ import pytest
 
 from tests.support import procs
 from tests.support.require import missing
-from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
 from trainyard.node_agent.heartbeat_reader import MAX_HEARTBEAT_BYTES, HeartbeatReader
+from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
 
 
 def _beat(rank: int, step: int = 1, job: str = "j") -> Heartbeat:

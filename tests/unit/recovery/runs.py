@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from trainyard.node_agent.heartbeat import Heartbeat, write_heartbeat
-from trainyard.plugins.launch.files import STOP_REASON_FILE, StopReason
 from trainyard.plugins.launch.local import LocalLauncher
-from trainyard.plugins.launch.model import AgentRecord, RunHandle, RunStatus
 from trainyard.plugins.recovery.evidence import Evidence, NodeObservation, gather
+from trainyard.plugins.run.heartbeat import Heartbeat, write_heartbeat
+from trainyard.plugins.run.model import AgentRecord, RunHandle, RunStatus
+from trainyard.plugins.run.records import STOP_REASON_FILE, StopReason
 
 DEAD = -1
 """A start time no process has: `processes.is_alive` reads the pid as gone."""

@@ -12,7 +12,7 @@ from tests.unit.recovery.runs import Rank, evidence
 from trainyard.node_agent.models import NodeHealth, Verdict
 from trainyard.plugins.recovery.classify import AttemptStillRunning, classify
 from trainyard.plugins.recovery.evidence import NodeObservation
-from trainyard.worker import exit_codes
+from trainyard.plugins.run import exit_codes
 
 TRACEBACK = "Traceback (most recent call last):\n  File \"train.py\", line 3\nValueError: bad row 17\n"
 OOM_LOG = ("step 9 loss 2.1\ntorch.OutOfMemoryError after step 9: CUDA out of memory. Tried to "
@@ -122,8 +122,8 @@ def test_a_node_lost_to_silence_is_dated_by_its_agents_last_answer(tmp_path: Pat
 def test_node_lost_when_kubernetes_evicted_the_pod_of_a_node_not_ready() -> None:
     """Kubernetes can see the node go before the health watch misses its agent three times: the
     Job aborts with the pod evicted from a node not Ready. That is the node's loss, not a crash."""
-    from trainyard.plugins.launch.model import AgentStatus, RankStatus, RunStatus
     from trainyard.plugins.recovery.evidence import Evidence
+    from trainyard.plugins.run.model import AgentStatus, RankStatus, RunStatus
 
     aborted = RunStatus(state="failed", message="Volcano phase Aborted: pod w-1 on kube-sim-1 was evicted",
                         ranks=[RankStatus(rank=0, node="kube-sim-0", step=14), RankStatus(rank=1, node="kube-sim-1")],
@@ -137,8 +137,8 @@ def test_node_lost_when_kubernetes_evicted_the_pod_of_a_node_not_ready() -> None
 
 
 def test_a_running_attempt_without_symptoms_is_refused(tmp_path: Path) -> None:
-    from trainyard.plugins.launch.model import RankStatus, RunStatus
     from trainyard.plugins.recovery.evidence import Evidence
+    from trainyard.plugins.run.model import RankStatus, RunStatus
 
     running = RunStatus(state="running", ranks=[RankStatus(rank=0, step=3)])
     with pytest.raises(AttemptStillRunning, match="nothing to classify yet"):

@@ -14,7 +14,8 @@ from tests.support.procs import free_port
 from tests.unit.node_agent.test_agent_server import Agent, _start
 from trainyard.node_agent import client
 from trainyard.node_agent.models import FaultRequest
-from trainyard.plugins.recovery.evidence import MISSED_HEARTBEATS_LOST, observe_node
+from trainyard.plugins.recovery.evidence import observe_node
+from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def test_missed_heartbeats_add_up_to_a_lost_node() -> None:
 
 def test_the_health_watcher_judges_nodes_the_same_way(agent: Agent) -> None:
     from trainyard.plugins.attempt.watching import lost_nodes
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.model import RunHandle
 
     handle = RunHandle(kind="local", job="tiny", attempt=0, world_size=2, nodes=["node-7", "node-8"])
     agents = {"node-7": agent.url, "node-8": f"http://127.0.0.1:{free_port()}"}
@@ -68,7 +69,7 @@ def test_the_health_watcher_asks_every_node_at_once() -> None:
 
     from trainyard.node_agent.models import NodeHealth
     from trainyard.plugins.attempt.watching import PROBE_TIMEOUT_S, lost_nodes
-    from trainyard.plugins.launch.model import RunHandle
+    from trainyard.plugins.run.model import RunHandle
 
     nodes = [f"node-{i}" for i in range(4)]
     everyone_asked = threading.Barrier(len(nodes), timeout=PROBE_TIMEOUT_S + 1)

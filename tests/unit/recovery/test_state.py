@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy
 
 from trainyard.plugins.errors import FatalError
-from trainyard.plugins.launch.model import AgentRecord, RunHandle
 from trainyard.plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
 from trainyard.plugins.recovery.state import IllegalTransition, JobStateStore, RunNotFound
+from trainyard.plugins.run.model import AgentRecord, RunHandle
 
 T0 = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
 

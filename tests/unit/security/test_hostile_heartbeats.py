@@ -19,10 +19,10 @@ from tests.unit.node_agent.fake_nvml import FakeNvml
 from tests.unit.security.hostile import TIMEOUT_S
 from trainyard.node_agent.config import AgentConfig
 from trainyard.node_agent.gpu_probe import NvmlProbe
-from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
 from trainyard.node_agent.models import NodeHealth
 from trainyard.node_agent.monitor import Monitor
 from trainyard.node_agent.server import AgentServer
+from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path, write_heartbeat
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 

@@ -100,7 +100,8 @@ def register_llama_version(uri: str, tmp_path: Path, job: TrainingJob, objects: 
     import torch
 
     from trainyard.plugins.checkpoint.manager import CheckpointManager
-    from trainyard.plugins.tracking import evaluate, registry
+    from trainyard.plugins.tracking import registry
+    from trainyard.worker import evaluate
     from trainyard.worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
 
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
+from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path
 from trainyard.worker.heartbeats import HeartbeatWriter
 
 

@@ -12,8 +12,8 @@ from trainyard.config.loader import load_spec_file
 from trainyard.config.worker_env import WorkerEnv
 from trainyard.plugins.advisor.flops import flops_per_token, mfu, peak_flops_per_device
 from trainyard.plugins.advisor.plan import Plan
-from trainyard.plugins.launch.exit_codes import describe
-from trainyard.worker import exit_codes
+from trainyard.plugins.run import exit_codes
+from trainyard.plugins.run.exit_codes import describe
 from trainyard.worker.faults import Faults
 from trainyard.worker.session import SessionConfig
 

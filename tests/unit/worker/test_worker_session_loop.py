@@ -17,10 +17,10 @@ import torch
 
 from tests.support.procs import REPO_ROOT
 from trainyard.config.loader import load_spec_file
-from trainyard.node_agent.heartbeat import Heartbeat, heartbeat_path
 from trainyard.plugins.checkpoint import list_checkpoints
+from trainyard.plugins.run import exit_codes
+from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path
 from trainyard.plugins.storage.store import open_store
-from trainyard.worker import exit_codes
 from trainyard.worker.session import SessionConfig, StopTraining, TrainingSession
 
 SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")

@@ -1,5 +1,6 @@
-"""Exit codes of a training process, read by the launcher and the control plane's outcome
-classifier (`plugins/launch/exit_codes.py` reads the integer constants below).
+"""Exit codes of a training process: the worker exits with them, the launcher reports them
+(`describe`: `diverged` rather than `exit 42`) and the control plane's outcome classifier reads
+them. One table, on the run's floor, so none of the three imports another for it.
 
 A crash is any other non-zero exit (a Python exception exits 1; a signal shows as
 128 + signal number, or as a negative code from `subprocess`). The codes are above the range
@@ -7,6 +8,9 @@ Python, torchrun and shells use for themselves, and below 128 (signals).
 """
 
 from __future__ import annotations
+
+import functools
+import signal
 
 COMPLETED = 0
 """Training reached `training.maxSteps` (the final checkpoint is committed)."""
@@ -45,3 +49,34 @@ MEANINGS: dict[int, str] = {
 }
 """Each code in a few words, for people (`trainyard launch --help`, the launcher's status): the
 one table of what the codes mean."""
+
+
+@functools.cache
+def known_codes() -> dict[int, str]:
+    """Exit code → lower-case constant name (`DIVERGED = 42` → `diverged`)."""
+    names: dict[int, str] = {}
+    for name, value in dict(globals()).items():
+        if name.isupper() and isinstance(value, int) and not isinstance(value, bool):
+            names.setdefault(value, name.lower())
+    return names
+
+
+def describe(code: int | None) -> str:
+    """`completed`, `diverged`, `killed by SIGKILL`, `exit 1`, or '' while running."""
+    if code is None:
+        return ""
+    if code < 0:
+        return f"killed by {_signal_name(-code)}"
+    known = known_codes().get(code)
+    if known:
+        return known
+    if 128 < code <= 128 + 64:
+        return f"exit {code} (killed by {_signal_name(code - 128)})"
+    return f"exit {code}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

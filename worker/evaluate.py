@@ -13,7 +13,9 @@ dataset (as the worker reads it; only the last shards are read). Partial, and sa
 windows are not excluded from training — the numbers compare versions on a fixed slice, they do
 not measure generalisation. A job with a separate eval split would point `source` at it.
 
-No Airflow here; torch and MLflow are imported inside the functions.
+It runs the model, so it lives with the model: the worker's package uses the tracking engine's
+registry, never the other way round. No Airflow here; torch and MLflow are imported inside the
+functions.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from trainyard.plugins.errors import FatalError
-from trainyard.plugins.tracking.registry import PRODUCTION_ALIAS, ModelVersionInfo
+from trainyard.plugins.tracking.registry import PRODUCTION_ALIAS, ModelVersionInfo, version_at
 from trainyard.plugins.tracking.runs import TAG, client_for
 
 if TYPE_CHECKING:
@@ -185,17 +187,6 @@ def _manifest_digest(weights: Path) -> str:
 
     with safe_open(str(weights), framework="numpy") as f:
         return (f.metadata() or {}).get("trainyard.manifest_sha256", "")
-
-
-def version_at(name: str, alias: str, *, tracking_uri: str) -> ModelVersionInfo | None:
-    """The version holding `alias`, or None when no version does."""
-    from mlflow.exceptions import MlflowException
-
-    client = client_for(tracking_uri)
-    try:
-        return ModelVersionInfo.from_mlflow(client.get_model_version_by_alias(name, alias))
-    except MlflowException:
-        return None
 
 
 def compare_with_production(job: TrainingJob, version: str, *, tracking_uri: str, object_store: str,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.tracking.factories import make_job, register_llama_version
-from trainyard.plugins.tracking import evaluate, registry
+from trainyard.plugins.tracking import registry
+from trainyard.worker import evaluate
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -49,7 +50,7 @@ def test_the_candidate_is_scored_against_production_on_the_same_samples(
     tags = MlflowClient(sqlite_tracking_uri).get_model_version(job.name, second).tags
     assert float(tags["trainyard.eval.loss"]) == result.candidate.loss
     assert registry.move_alias(job.name, "production", second, tracking_uri=sqlite_tracking_uri, by="bob") == first
-    assert evaluate.version_at(job.name, "production", tracking_uri=sqlite_tracking_uri).version == second
+    assert registry.version_at(job.name, "production", tracking_uri=sqlite_tracking_uri).version == second
 
 
 def test_weights_that_differ_from_the_registered_ones_are_refused(
