@@ -108,7 +108,7 @@ def test_no_watch_without_a_heartbeat_folder_or_a_job() -> None:
 
 
 def test_the_stdlib_copies_stay_in_step_with_the_heartbeat_module() -> None:
-    """The wrapper cannot import `node_agent.heartbeat` (pydantic, in every rank's start): its
+    """The wrapper cannot import `plugins.run.heartbeat` (pydantic, in every rank's start): its
     pulse and file name are copies, held to the originals here."""
     from trainyard.plugins.run.heartbeat import pulse_interval_s
 
