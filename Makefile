@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trainyard-installed
 
-.PHONY: venv services test test-fast lint demo up down airflow lock clean
+.PHONY: venv services test test-fast lint layout demo up down airflow lock clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,10 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# README.md's layout section, made from each package's docstring (tests/unit/test_layout.py holds it).
+layout: $(STAMP)
+	$(PY) -m tests.support.layout --write
 
 # The suite on two pytest-xdist workers (tests/conftest.py says what stays together): the shared
 # end-to-end stack's tests on one, the tests with stacks of their own and then the rest of the

@@ -300,7 +300,7 @@ def control_plane(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         nxt = wait_for("attempt 1's first step",
                        lambda: (b := beat(beats1, 0)) is not None and b.phase == "train" and b)
         report = state.attempts(JOB, handle.run)[0].failure_report
-        from trainyard.cli.airflow_api import follow_training_run
+        from trainyard.plugins.airflow_api import follow_training_run
 
         follow_training_run(stack.client, JOB, first, timeout_s=600)
         # The injected fault does not kill the ranks (a real Xid 79 would): they train on
@@ -316,7 +316,7 @@ def control_plane(home: Path, args: argparse.Namespace) -> dict[str, Any]:
 def hang_detection(stack: Any, args: argparse.Namespace) -> float:
     """Seconds from the hung rank's last progress to the watcher's verdict (the job state's
     `time_to_detect_s` of the hang attempt)."""
-    from trainyard.cli.airflow_api import follow_training_run
+    from trainyard.plugins.airflow_api import follow_training_run
     from trainyard.plugins.recovery.state import JobStateStore
 
     name = f"{JOB}-hang"
@@ -388,7 +388,7 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         kube.lose_node(node)
         handle1 = wait_for("attempt 1's Volcano Job", lambda: live_handle(state, 1), poll_s=0.2)
         after = wait_for("attempt 1's first step", lambda: (b := beat_of(1, 0)) is not None and b.phase == "train" and b)
-        from trainyard.cli.airflow_api import follow_training_run
+        from trainyard.plugins.airflow_api import follow_training_run
 
         attempts = follow_training_run(stack.client, JOB, first, timeout_s=600)
         if attempts[-1].outcome != "completed":

@@ -92,9 +92,13 @@ def airflow_url(explicit: str | None) -> str:
 def publish(args: argparse.Namespace) -> int:
     import os
 
-    from trainyard.cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
     from trainyard.cli.output import console, err_console, print_json
     from trainyard.config.settings import get_settings
+    from trainyard.plugins.airflow_api import (
+        AirflowClient,
+        AirflowRequestFailed,
+        AirflowUnavailable,
+    )
     from trainyard.plugins.data.publish import VersionConflict, publish_version
 
     settings = get_settings()

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainyard.cli.airflow_api import AirflowClient, AttemptRun
     from trainyard.cli.stack import Stack
     from trainyard.config.settings import Settings
     from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.airflow_api import AirflowClient, AttemptRun
 
 DEMO_SPEC = Path(__file__).resolve().parents[1] / "config" / "jobs" / "demo-tiny-lm.yaml"
 
@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> None:
-    from trainyard.cli.airflow_api import AirflowClient
     from trainyard.cli.stack import default_stack
     from trainyard.config.loader import load_spec_file
     from trainyard.config.settings import get_settings
+    from trainyard.plugins.airflow_api import AirflowClient
 
     started = time.monotonic()
     settings = get_settings()

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainyard.cli.airflow_api import AirflowClient, AttemptRun
     from trainyard.config.settings import Settings
+    from trainyard.plugins.airflow_api import AirflowClient, AttemptRun
 
 EXIT_CODES: dict[int, str] = {
     1: "the spec is invalid, or (with --wait) the training run did not complete",
@@ -57,10 +57,14 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainyard.cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
     from trainyard.cli.common import load_checked_job
     from trainyard.cli.output import console, err_console
     from trainyard.config.settings import get_settings
+    from trainyard.plugins.airflow_api import (
+        AirflowClient,
+        AirflowRequestFailed,
+        AirflowUnavailable,
+    )
 
     settings = get_settings()
     try:
@@ -152,8 +156,8 @@ def follow_with_progress(client: AirflowClient, settings: Settings, dag_id: str,
             ) -> list[AttemptRun]:
     from rich.live import Live
 
-    from trainyard.cli.airflow_api import follow_training_run
     from trainyard.cli.output import err_console
+    from trainyard.plugins.airflow_api import follow_training_run
 
     progress = _Progress(client, settings, dag_id)
     with Live(progress.table([], {}), console=err_console, refresh_per_second=2, transient=True) as live:

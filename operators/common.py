@@ -74,7 +74,7 @@ def note_dag_run(context: Context, note: str) -> None:
     """Write the DAG run's note through Airflow's REST API (a task has no other way to): the
     grid then says what happened to the attempt, not just green or red. Best effort — a note that
     cannot be written is logged, never a reason to fail the attempt."""
-    from trainyard.cli.airflow_api import AirflowClient
+    from trainyard.plugins.airflow_api import AirflowClient
 
     config, dag_run = settings(), context["dag_run"]
     token = config.airflow_token.get_secret_value() if config.airflow_token else ""

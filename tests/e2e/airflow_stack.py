@@ -24,9 +24,9 @@ import yaml
 
 from tests.support import procs
 from tests.support.waiting import wait_for
-from trainyard.cli.airflow_api import AirflowClient, AttemptRun, follow_training_run
 from trainyard.cli.stack import Stack
 from trainyard.config.settings import Settings, get_settings
+from trainyard.plugins.airflow_api import AirflowClient, AttemptRun, follow_training_run
 
 DEMO = procs.REPO_ROOT / "config" / "jobs" / "demo-tiny-lm.yaml"
 DAG_ID = "demo-tiny-lm"

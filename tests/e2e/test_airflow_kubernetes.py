@@ -26,7 +26,7 @@ import pytest
 
 from tests.e2e.airflow_stack import RunningStack, demo_spec, running_stack
 from tests.support.kube.harness import NODES_WITH_SPARE, KubeHarness, harness_or_skip
-from trainyard.cli.airflow_api import AttemptRun, follow_training_run
+from trainyard.plugins.airflow_api import AttemptRun, follow_training_run
 
 pytestmark = pytest.mark.slow
 

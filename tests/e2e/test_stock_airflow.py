@@ -26,7 +26,7 @@ from tests.e2e.airflow_stack import demo_spec
 from tests.support.procs import free_port
 from tests.support.venvs import Venv, built_wheel
 from tests.support.waiting import wait_for
-from trainyard.cli.airflow_api import AirflowClient
+from trainyard.plugins.airflow_api import AirflowClient
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.e2e.airflow_stack import RunningStack, demo_spec
-from trainyard.cli.airflow_api import follow_training_run
+from trainyard.plugins.airflow_api import follow_training_run
 
 JOB = "launch-fails"
 

@@ -18,7 +18,7 @@ import pytest
 from tests.e2e.airflow_stack import RunningStack, demo_spec
 from tests.fixtures.ddp_tutorial import adapt
 from tests.support.procs import REPO_ROOT
-from trainyard.cli.airflow_api import follow_training_run
+from trainyard.plugins.airflow_api import follow_training_run
 from trainyard.plugins.recovery.model import NOT_REGISTERED
 
 pytestmark = pytest.mark.slow

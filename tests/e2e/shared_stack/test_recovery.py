@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.airflow_stack import RunningStack, demo_spec
-from trainyard.cli.airflow_api import (
+from trainyard.plugins.airflow_api import (
     AirflowRequestFailed,
     AttemptRun,
     attempt_dag_run_id,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.airflow_stack import DAG_ID, RunningStack
-from trainyard.cli.airflow_api import AttemptRun
+from trainyard.plugins.airflow_api import AttemptRun
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def stack(shared: RunningStack) -> RunningStack:
 def uninterrupted(stack: RunningStack) -> list[list[AttemptRun]]:
     """Two triggers of the same spec at once, nothing injected: the first test's subject, and
     the weights an uninterrupted run ends with, which the resumed run of the next must match."""
-    from trainyard.cli.airflow_api import follow_training_run
+    from trainyard.plugins.airflow_api import follow_training_run
 
     first = stack.client.trigger(DAG_ID, {"max_steps": STEPS})["dag_run_id"]
     second = stack.client.trigger(DAG_ID, {"max_steps": STEPS})["dag_run_id"]
@@ -155,7 +155,7 @@ def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same
 def test_restarting_the_scheduler_and_triggerer_mid_training_leaves_training_alone(stack: RunningStack) -> None:
     """…even when they crash (SIGKILL of each part's own process): the next start ends what the
     crashed part left (the LocalExecutor's workers ignore SIGTERM), and the trigger re-attaches."""
-    from trainyard.cli.airflow_api import follow_training_run
+    from trainyard.plugins.airflow_api import follow_training_run
     from trainyard.plugins.attempt import watching as watch
     from trainyard.plugins.attempt.launchers import Runtime
     from trainyard.plugins.run import processes

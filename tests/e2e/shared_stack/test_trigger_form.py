@@ -8,7 +8,7 @@ from typing import Any
 
 from tests.e2e.airflow_stack import DAG_ID, RunningStack
 from tests.support.browser import chromium_page, screenshots
-from trainyard.cli.airflow_api import follow_training_run
+from trainyard.plugins.airflow_api import follow_training_run
 
 
 def _new_run(s: RunningStack, before: set[str], timeout_s: float = 120) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainyard.cli.airflow_api import (
+from trainyard.plugins.airflow_api import (
     FINAL_DAG_RUN_STATES,
     AirflowRequestFailed,
     attempt_dag_run_id,

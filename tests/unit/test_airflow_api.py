@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.procs import free_port
-from trainyard.cli.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
+from trainyard.plugins.airflow_api import AirflowClient, AirflowRequestFailed, AirflowUnavailable
 
 
 class FlakyAirflow:

@@ -1,5 +1,7 @@
-"""A small client of Airflow's REST API v2: what `trainyard submit`, the demo and the end-to-end
-tests need (trigger a job's DAG, follow its DAG runs and tasks), with errors a person can act on.
+"""A small client of Airflow's REST API v2: what `trainyard submit`, the demo, the operators' DAG-run
+notes and the end-to-end tests need (trigger a job's DAG, follow its DAG runs and tasks, write a
+note), with errors a person can act on. Plain HTTP, no Airflow import; it sits under plugins/
+because the operators use it too, and nothing below the command line may import `cli/`.
 
 The embedded stack answers without a token (local-only simple auth, `config/airflow.py`); a real
 deployment takes a bearer token (`TRAINYARD_AIRFLOW_TOKEN`). The standard library, and tenacity
