@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trainyard-installed
 
-.PHONY: venv services test test-fast lint layout demo up down airflow lock clean
+.PHONY: venv services test test-fast lint layout kube-components demo up down airflow lock clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,12 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# Real Kubernetes control-plane binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
+# etcd, Kueue) built once with this machine's Go into ~/.cache/trainyard/kube/<versions>/bin and
+# reused after (tests/support/kube/components.py says which versions and why Kueue, not Volcano).
+kube-components: $(STAMP)
+	$(PY) -m tests.support.kube.components
 
 # README.md's layout section, made from each package's docstring (tests/unit/test_layout.py holds it).
 layout: $(STAMP)

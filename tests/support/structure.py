@@ -70,10 +70,10 @@ def world_size_products(files: list[Path]) -> list[str]:
     for path in files:
         seen: set[int] = set()
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and node.lineno not in seen:
-                if sum(degree(f) for f in factors(node)) >= 2:
-                    seen.add(node.lineno)
-                    found.append(f"{path.relative_to(graph.ROOT)}:{node.lineno}")
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and node.lineno not in seen
+                    and sum(degree(f) for f in factors(node)) >= 2):
+                seen.add(node.lineno)
+                found.append(f"{path.relative_to(graph.ROOT)}:{node.lineno}")
     return sorted(found)
 
 
