@@ -27,7 +27,7 @@ from trainyard.plugins.recovery.model import AttemptConf, FailureReport, Recover
 if TYPE_CHECKING:
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.recovery.evidence import Evidence
-    from trainyard.plugins.recovery.state import JobStateStore, RunInfo
+    from trainyard.plugins.state.jobs import JobStateStore, RunInfo
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def begin_attempt(state: JobStateStore, job: str, run: str, attempt: int, *, dag
     """The lifecycle up to `starting` for `attempt` (from `pending`, or from `recovering` for a
     later attempt), and its attempt row. Idempotent. A run that is already completed, failed or
     cancelled (`trainyard stop` during a hand-over) starts nothing: `IllegalTransition`."""
-    from trainyard.plugins.recovery.state import IllegalTransition
+    from trainyard.plugins.state.jobs import IllegalTransition
 
     info = state.get_run(job, run)
     if info.final:

@@ -62,7 +62,6 @@ from trainyard.plugins.attempt.launchers import (
 from trainyard.plugins.attempt.watching import WatchState, WatchStep, watch_once
 from trainyard.plugins.errors import FatalError
 from trainyard.plugins.placement.model import Placement
-from trainyard.plugins.placement.state import RESERVATION_LEASE_S
 from trainyard.plugins.recovery.model import (
     NOT_REGISTERED,
     AttemptConf,
@@ -70,6 +69,7 @@ from trainyard.plugins.recovery.model import (
     RecoveryAction,
 )
 from trainyard.plugins.run.model import RunHandle, RunStatus
+from trainyard.plugins.state.reservations import RESERVATION_LEASE_S
 from trainyard.plugins.validation.data_quality import DataQualityReport
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
 
 def _begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_key: str) -> None:
     from trainyard.plugins.attempt.bookkeeping import begin_attempt
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     state = open_job_state(settings.state_db)
     if conf.attempt == 0:
@@ -274,7 +274,7 @@ def _failing(opened: Opened, runtime: Runtime, what: str) -> Iterator[None]:
     try:
         yield
     except (FatalError, ValueError) as e:
-        from trainyard.plugins.recovery.state import open_job_state
+        from trainyard.plugins.state.jobs import open_job_state
 
         report = FailureReport(job=opened.job.name, run=opened.conf.run, attempt=opened.conf.attempt,
                                outcome="launch_failed", reason=f"{what}: {e}"[:4000])
@@ -314,8 +314,8 @@ def place(opened: Opened, planned: Planned, runtime: Runtime) -> Placed:
     from trainyard.config.cluster import load_cluster
     from trainyard.config.teams import load_teams
     from trainyard.plugins.attempt.preempt import place_preempting
-    from trainyard.plugins.placement.state import open_state
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
+    from trainyard.plugins.state.reservations import open_state
 
     settings, conf = runtime.settings, opened.conf
     jobs = open_job_state(settings.state_db)
@@ -384,7 +384,7 @@ def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: S
     """The gang runs: its handle (so `trainyard stop` finds it), its plan and placement, and the
     lifecycle in the job state."""
     from trainyard.plugins.attempt.closing import record_resumed
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     job, conf = opened.job, opened.conf
     state = open_job_state(settings.state_db)
@@ -397,7 +397,7 @@ def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: S
 
 
 def _end_dry_run(opened: Opened, runtime: Runtime) -> None:
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     why = "dry run: validated, planned and placed; nothing launched"
     report = FailureReport(job=opened.job.name, run=opened.conf.run, attempt=opened.conf.attempt,
@@ -434,7 +434,7 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     from trainyard.plugins.launch.environment import checkpoint_uri
     from trainyard.plugins.recovery.decide import DecisionContext
     from trainyard.plugins.recovery.evidence import gather, observe_node
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     job, conf, settings = opened.job, opened.conf, runtime.settings
     state = open_job_state(settings.state_db)
@@ -484,7 +484,7 @@ def _not_launched(opened: Opened, state: Any) -> Concluded | None:
 
 def release(opened: Opened, runtime: Runtime) -> int:
     """Free the attempt's devices (idempotent: a second release frees nothing)."""
-    from trainyard.plugins.placement.state import open_state
+    from trainyard.plugins.state.reservations import open_state
 
     return open_state(runtime.settings.state_db).release(opened.job.name, opened.conf.attempt, run=opened.conf.run)
 

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from trainyard.plugins.attempt.launchers import Runtime, launcher_for
-from trainyard.plugins.placement.state import RENEW_EVERY_S, RESERVATION_LEASE_S
 from trainyard.plugins.run.model import RunHandle, RunStatus
 from trainyard.plugins.run.records import STOP_REASON_FILE, StopReason, read_model
 from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST
+from trainyard.plugins.state.reservations import RENEW_EVERY_S, RESERVATION_LEASE_S
 
 if TYPE_CHECKING:
     from trainyard.plugins.checkpoint.catalog import CheckpointRecord
@@ -129,7 +129,7 @@ def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_
     if stop is None and state.deadline is not None and time.time() > state.deadline:
         stop = StopReason(reason="timeout", detail=state.deadline_reason)
     if stop is None and state.renew_lease and time.monotonic() - state.last_renew > RENEW_EVERY_S:
-        from trainyard.plugins.placement.state import open_state
+        from trainyard.plugins.state.reservations import open_state
 
         renewed = open_state(runtime.settings.state_db).renew(handle.job, handle.attempt, run=handle.run,
                                                               lease_s=RESERVATION_LEASE_S)

@@ -26,12 +26,12 @@ from trainyard.plugins.attempt.watching import read_stop_reason
 from trainyard.plugins.launch.environment import build_worker_env
 from trainyard.plugins.launch.local import LocalLauncher
 from trainyard.plugins.placement.model import NotSchedulableNow
-from trainyard.plugins.placement.state import open_state
 from trainyard.plugins.recovery.classify import classify
 from trainyard.plugins.recovery.decide import DecisionContext, decide
 from trainyard.plugins.recovery.evidence import gather
 from trainyard.plugins.recovery.model import AttemptConf
-from trainyard.plugins.recovery.state import JobStateStore
+from trainyard.plugins.state.jobs import JobStateStore
+from trainyard.plugins.state.reservations import open_state
 
 pytestmark = pytest.mark.slow
 RUN_LOW, RUN_HIGH = "20260101t000000-10w10w", "20260101t000001-4164a4"

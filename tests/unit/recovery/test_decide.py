@@ -233,7 +233,7 @@ def test_after_attempt_quarantines_cordons_and_records(tmp_path: Path, store: Ob
     from tests.unit.recovery.runs import Rank, evidence
     from trainyard.plugins.attempt.bookkeeping import after_attempt, begin_attempt
     from trainyard.plugins.recovery.evidence import NodeObservation
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     state = JobStateStore(f"sqlite:///{tmp_path / 'state.db'}")
     run = state.open_run("tiny", trigger_key="t").run
@@ -276,7 +276,7 @@ def test_steps_lost_and_timings_land_in_the_report(tmp_path: Path, store: Object
 
     from tests.unit.recovery.runs import Rank, evidence
     from trainyard.plugins.attempt.bookkeeping import after_attempt, begin_attempt
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     state = JobStateStore(f"sqlite:///{tmp_path / 'state.db'}")
     run = state.open_run("tiny", trigger_key="t").run
