@@ -429,11 +429,11 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     nothing was started at all (a dry run)."""
     from trainyard.plugins.attempt.bookkeeping import after_attempt
     from trainyard.plugins.attempt.closing import record_in_mlflow
+    from trainyard.plugins.attempt.evidence import gather, observe_node
     from trainyard.plugins.attempt.faults import corrupt_newest_checkpoint
     from trainyard.plugins.attempt.watching import poll, settle
     from trainyard.plugins.launch.environment import checkpoint_uri
     from trainyard.plugins.recovery.decide import DecisionContext
-    from trainyard.plugins.recovery.evidence import gather, observe_node
     from trainyard.plugins.state.jobs import open_job_state
 
     job, conf, settings = opened.job, opened.conf, runtime.settings
@@ -449,7 +449,8 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
         corrupt_newest_checkpoint(conf, root, endpoint_url=settings.s3_endpoint_url)
     gang = set(handle.nodes or [a.node for a in handle.agents])
     nodes = [observe_node(n, url) for n, url in sorted(settings.node_agents.items()) if n in gang]
-    evidence = gather(handle, status, run=conf.run, nodes=nodes, resume_from=conf.resume_from)
+    evidence = gather(handle, status, launcher=launcher_for(handle, runtime), run=conf.run, nodes=nodes,
+                      resume_from=conf.resume_from)
     from trainyard.config.cluster import load_cluster
 
     ctx = DecisionContext(checkpoint_uri=root, endpoint_url=settings.s3_endpoint_url, plan=plan_used,
