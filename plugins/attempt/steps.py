@@ -427,13 +427,12 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     job state), the record in MLflow, the next attempt's conf (with `checked`'s data
     fingerprint). Without a handle: the attempt's `launch_failed` as recorded, or None when
     nothing was started at all (a dry run)."""
-    from trainyard.plugins.attempt.bookkeeping import after_attempt
+    from trainyard.plugins.attempt.bookkeeping import DecisionInputs, after_attempt
     from trainyard.plugins.attempt.closing import record_in_mlflow
     from trainyard.plugins.attempt.evidence import gather, observe_node
     from trainyard.plugins.attempt.faults import corrupt_newest_checkpoint
     from trainyard.plugins.attempt.watching import poll, settle
     from trainyard.plugins.launch.environment import checkpoint_uri
-    from trainyard.plugins.recovery.decide import DecisionContext
     from trainyard.plugins.state.jobs import open_job_state
 
     job, conf, settings = opened.job, opened.conf, runtime.settings
@@ -453,9 +452,9 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
                       resume_from=conf.resume_from)
     from trainyard.config.cluster import load_cluster
 
-    ctx = DecisionContext(checkpoint_uri=root, endpoint_url=settings.s3_endpoint_url, plan=plan_used,
-                          cluster=load_cluster(opened.cluster))
-    result = after_attempt(evidence, job, conf, ctx, state=state if apply else None, by=by, apply=apply)
+    inputs = DecisionInputs(checkpoint_uri=root, endpoint_url=settings.s3_endpoint_url, plan=plan_used,
+                            cluster=load_cluster(opened.cluster))
+    result = after_attempt(evidence, job, conf, inputs, state=state if apply else None, by=by, apply=apply)
     if result.next_conf is not None:  # every attempt continues the same MLflow run; passed data stays passed
         update = {"mlflow_run_id": mlflow_run_id} if mlflow_run_id else {}
         if checked is not None and checked.fingerprint:

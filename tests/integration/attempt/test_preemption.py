@@ -20,6 +20,7 @@ from trainyard.config.settings import Settings
 from trainyard.config.spec import TrainingJob
 from trainyard.config.teams import load_teams
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.attempt.bookkeeping import DecisionInputs, decide_from_catalog
 from trainyard.plugins.attempt.evidence import gather
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.preempt import place_preempting
@@ -28,7 +29,6 @@ from trainyard.plugins.launch.environment import build_worker_env
 from trainyard.plugins.launch.local import LocalLauncher
 from trainyard.plugins.placement.model import NotSchedulableNow
 from trainyard.plugins.recovery.classify import classify
-from trainyard.plugins.recovery.decide import DecisionContext, decide
 from trainyard.plugins.recovery.model import AttemptConf
 from trainyard.plugins.state.jobs import JobStateStore
 from trainyard.plugins.state.reservations import open_state
@@ -86,7 +86,7 @@ def test_a_higher_priority_gang_evicts_the_low_one_which_is_requeued_and_placed_
 
     report = classify(gather(handle, status, launcher=launcher, run=RUN_LOW))
     assert report.outcome == "preempted" and "emergency checkpoint committed" in report.reason, report
-    action = decide(report, low, AttemptConf(run=RUN_LOW), DecisionContext(checkpoint_uri=(tmp_path / "c").as_uri()))
+    action = decide_from_catalog(report, low, AttemptConf(run=RUN_LOW), DecisionInputs(checkpoint_uri=(tmp_path / "c").as_uri()))
     assert action.kind == "requeue" and not action.counts_against_budget
     requeued = AttemptConf(run=RUN_LOW).next_attempt(report, action)
     assert requeued.attempt == 1 and requeued.restarts_used == 0
