@@ -106,7 +106,7 @@ def main() -> int:
         jobs = job_mix(rng)
         store = None
         if i == 0:
-            from trainyard.plugins.placement.state import StateStore
+            from trainyard.plugins.state.reservations import StateStore
 
             tmp = tempfile.mkdtemp(prefix="trainyard-bench-")
             store = StateStore(f"sqlite:///{tmp}/state.db")

@@ -193,11 +193,11 @@ def fast_path(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.advisor.plans import plan_for_job
     from trainyard.plugins.attempt.conf import in_place_restarts
+    from trainyard.plugins.attempt.reserve import place_and_reserve
     from trainyard.plugins.launch.environment import build_worker_env
     from trainyard.plugins.launch.local import LocalLauncher
-    from trainyard.plugins.placement.service import place_and_reserve
-    from trainyard.plugins.placement.state import open_state
     from trainyard.plugins.recovery.model import AttemptConf
+    from trainyard.plugins.state.reservations import open_state
 
     use_home(home)
     settings = Settings(home=home)
@@ -280,7 +280,7 @@ def control_plane(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     from tests.support.node_agents import node_agents
     from trainyard.node_agent.client import inject_fault
     from trainyard.node_agent.models import FaultRequest
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     with node_agents(("local-0", "local-1"), home / "runs", home.parent / "agents") as agents, \
             running_stack(home, agents=agents) as stack:
@@ -317,7 +317,7 @@ def hang_detection(stack: Any, args: argparse.Namespace) -> float:
     """Seconds from the hung rank's last progress to the watcher's verdict (the job state's
     `time_to_detect_s` of the hang attempt)."""
     from trainyard.plugins.airflow_api import follow_training_run
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     name = f"{JOB}-hang"
     doc = spec(args)
@@ -344,7 +344,7 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     from trainyard.plugins.checkpoint.catalog import list_checkpoints
     from trainyard.plugins.launch.environment import checkpoint_uri
     from trainyard.plugins.launch.manifests import pod_name
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     doc = spec(args)
     doc["spec"]["image"] = "registry.example.com/trainyard/demo:1"  # the nodes run this checkout's venv

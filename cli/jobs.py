@@ -1,5 +1,5 @@
 """`trainyard jobs`, `trainyard status JOB`, `trainyard stop JOB`, `trainyard nodes …`: the job
-state of the platform (`plugins/recovery/state.py`), for people.
+state of the platform (`plugins/state/jobs.py`), for people.
 
 - `jobs`: training runs, newest first — job, run, lifecycle state, attempts, last failure cause;
 - `status JOB [--run R] [--evidence]`: one run (its newest by default): its lifecycle and every
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainyard.config.settings import Settings
-    from trainyard.plugins.recovery.state import AttemptInfo, JobStateStore, RunInfo
+    from trainyard.plugins.state.jobs import AttemptInfo, JobStateStore, RunInfo
 
 STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "recovering": "magenta",
                "running": "cyan", "starting": "cyan", "scheduling": "blue", "pending": "blue"}
@@ -80,7 +80,7 @@ def _view_url(info: RunInfo) -> str:
 
 def _store() -> JobStateStore:
     from trainyard.config.settings import get_settings
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     return open_job_state(get_settings().state_db)
 
@@ -146,7 +146,7 @@ def run_jobs(args: argparse.Namespace) -> int:
 
 def run_status(args: argparse.Namespace) -> int:
     from trainyard.cli.output import print_json
-    from trainyard.plugins.recovery.state import RunNotFound
+    from trainyard.plugins.state.jobs import RunNotFound
 
     store = _store()
     try:
@@ -299,7 +299,7 @@ def run_stop(args: argparse.Namespace) -> int:
     from trainyard.config.settings import get_settings
     from trainyard.plugins.attempt.launchers import Runtime
     from trainyard.plugins.attempt.stop import stop_run
-    from trainyard.plugins.recovery.state import RunNotFound
+    from trainyard.plugins.state.jobs import RunNotFound
 
     store = _store()
     try:

@@ -191,7 +191,7 @@ def _interrupted(args: argparse.Namespace, started: Started, runtime: Runtime) -
     from trainyard.cli.output import err_console
     from trainyard.plugins.attempt.steps import close
     from trainyard.plugins.attempt.stop import stop_run
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     err_console.print(f"interrupted: stopping (grace {args.grace_s:g}s)…")
     stop_run(open_job_state(runtime.settings.state_db), started.opened.job.name, runtime,

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from trainyard.cli.output import err_console
     from trainyard.config.settings import get_settings
     from trainyard.plugins.attempt.launchers import Runtime, launcher_for
-    from trainyard.plugins.recovery.state import RunNotFound, open_job_state
+    from trainyard.plugins.state.jobs import RunNotFound, open_job_state
 
     state = open_job_state(get_settings().state_db)
     try:

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     inventory = Inventory.from_cluster(cluster)
     used: dict[str, int] = {}
     if not args.ignore_state:
-        from trainyard.plugins.placement.state import open_state
+        from trainyard.plugins.state.reservations import open_state
 
         used = open_state(get_settings().state_db).used_by_node()
     free = inventory.free_map(used)

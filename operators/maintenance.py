@@ -102,7 +102,7 @@ def _readable_roots(s: Settings, storage: dict[str, str], what: str) -> RootsFou
 
 def live_runs_of(state_db: str, jobs: list[str]) -> dict[str, set[str]]:
     """Runs of `jobs` the job state does not show as final (the sweep leaves them alone)."""
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     store = JobStateStore(state_db)
     try:

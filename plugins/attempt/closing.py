@@ -56,7 +56,7 @@ def record_resumed(job: TrainingJob, conf: AttemptConf, settings: Settings, hand
                    mlflow_run_id: str) -> float | None:
     """A later attempt's gang started: the previous attempt's time to resume (its detection to
     this start), in its job-state report and as the MLflow metric `recovery/time_to_resume_s`."""
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     if conf.attempt == 0:
         return None
@@ -159,7 +159,7 @@ def export_folder(job: TrainingJob, settings: Settings, mlflow_run_id: str) -> P
 
 def run_timeline(job: str, run: str, settings: Settings) -> list[tuple[float, str]]:
     """What happened to a training run, from the job state: (seconds since the run opened, event)."""
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     state = open_job_state(settings.state_db)
     info = state.get_run(job, run)
@@ -185,7 +185,7 @@ def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: 
     recovery), MFU and tokens/s from what the workers streamed — and its final status.
     Returns the cost figures."""
     from trainyard.config.cluster import cluster_for
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
     from trainyard.plugins.tracking.cost import RunAccounting, job_cost, log_job_cost
     from trainyard.plugins.tracking.lifecycle import close_tracked_run
     from trainyard.plugins.tracking.rates import load_rates

@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from trainyard.plugins.placement.model import NotSchedulableNow, Placement
-from trainyard.plugins.placement.state import RESERVATION_LEASE_S
+from trainyard.plugins.state.reservations import RESERVATION_LEASE_S
 
 if TYPE_CHECKING:
     from trainyard.config.cluster import Cluster
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
     from trainyard.plugins.advisor.plan import Plan
     from trainyard.plugins.attempt.launchers import Runtime
     from trainyard.plugins.placement.fairshare import RunningGang, Victim
-    from trainyard.plugins.placement.state import StateStore
-    from trainyard.plugins.recovery.state import JobStateStore
     from trainyard.plugins.run.model import RunHandle, RunStatus
+    from trainyard.plugins.state.jobs import JobStateStore
+    from trainyard.plugins.state.reservations import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def place_preempting(job: TrainingJob, plan: Plan, cluster: Cluster, store: Stat
     module docstring). With `wait_s`, a gang that fits neither way (nothing lower to evict) is
     tried again every `poll_s` until it fits or `wait_s` has passed — a requeued attempt waits for
     capacity instead of failing. Raises `NotSchedulableNow` / `NeverSchedulable` otherwise."""
-    from trainyard.plugins.placement.service import place_and_reserve
+    from trainyard.plugins.attempt.reserve import place_and_reserve
 
     exclude = frozenset(exclude)
     started = time.monotonic()
@@ -108,7 +108,7 @@ def make_room(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore,
     from trainyard.plugins.placement.fairshare import plan_preemption
     from trainyard.plugins.placement.inventory import Inventory
     from trainyard.plugins.placement.model import GangRequest
-    from trainyard.plugins.placement.state import free_devices
+    from trainyard.plugins.state.reservations import free_devices
 
     inventory = Inventory.from_cluster(cluster)
     request = GangRequest.for_job(job, plan, run=run, attempt=attempt, exclude=exclude)
@@ -123,7 +123,7 @@ def make_room(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore,
 
 def live_handle(jobs: JobStateStore, gang: RunningGang) -> RunHandle | None:
     """The launcher handle of the attempt holding `gang`'s reservation, if the job state has it."""
-    from trainyard.plugins.recovery.state import RunNotFound
+    from trainyard.plugins.state.jobs import RunNotFound
 
     try:
         live = jobs.live_attempt(gang.job, gang.run)

@@ -62,7 +62,6 @@ from trainyard.plugins.attempt.launchers import (
 from trainyard.plugins.attempt.watching import WatchState, WatchStep, watch_once
 from trainyard.plugins.errors import FatalError
 from trainyard.plugins.placement.model import Placement
-from trainyard.plugins.placement.state import RESERVATION_LEASE_S
 from trainyard.plugins.recovery.model import (
     NOT_REGISTERED,
     AttemptConf,
@@ -70,6 +69,7 @@ from trainyard.plugins.recovery.model import (
     RecoveryAction,
 )
 from trainyard.plugins.run.model import RunHandle, RunStatus
+from trainyard.plugins.state.reservations import RESERVATION_LEASE_S
 from trainyard.plugins.validation.data_quality import DataQualityReport
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
 
 def _begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_key: str) -> None:
     from trainyard.plugins.attempt.bookkeeping import begin_attempt
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     state = open_job_state(settings.state_db)
     if conf.attempt == 0:
@@ -274,7 +274,7 @@ def _failing(opened: Opened, runtime: Runtime, what: str) -> Iterator[None]:
     try:
         yield
     except (FatalError, ValueError) as e:
-        from trainyard.plugins.recovery.state import open_job_state
+        from trainyard.plugins.state.jobs import open_job_state
 
         report = FailureReport(job=opened.job.name, run=opened.conf.run, attempt=opened.conf.attempt,
                                outcome="launch_failed", reason=f"{what}: {e}"[:4000])
@@ -314,8 +314,8 @@ def place(opened: Opened, planned: Planned, runtime: Runtime) -> Placed:
     from trainyard.config.cluster import load_cluster
     from trainyard.config.teams import load_teams
     from trainyard.plugins.attempt.preempt import place_preempting
-    from trainyard.plugins.placement.state import open_state
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
+    from trainyard.plugins.state.reservations import open_state
 
     settings, conf = runtime.settings, opened.conf
     jobs = open_job_state(settings.state_db)
@@ -384,7 +384,7 @@ def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: S
     """The gang runs: its handle (so `trainyard stop` finds it), its plan and placement, and the
     lifecycle in the job state."""
     from trainyard.plugins.attempt.closing import record_resumed
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     job, conf = opened.job, opened.conf
     state = open_job_state(settings.state_db)
@@ -397,7 +397,7 @@ def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: S
 
 
 def _end_dry_run(opened: Opened, runtime: Runtime) -> None:
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     why = "dry run: validated, planned and placed; nothing launched"
     report = FailureReport(job=opened.job.name, run=opened.conf.run, attempt=opened.conf.attempt,
@@ -427,14 +427,13 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     job state), the record in MLflow, the next attempt's conf (with `checked`'s data
     fingerprint). Without a handle: the attempt's `launch_failed` as recorded, or None when
     nothing was started at all (a dry run)."""
-    from trainyard.plugins.attempt.bookkeeping import after_attempt
+    from trainyard.plugins.attempt.bookkeeping import DecisionInputs, after_attempt
     from trainyard.plugins.attempt.closing import record_in_mlflow
+    from trainyard.plugins.attempt.evidence import gather, observe_node
     from trainyard.plugins.attempt.faults import corrupt_newest_checkpoint
     from trainyard.plugins.attempt.watching import poll, settle
     from trainyard.plugins.launch.environment import checkpoint_uri
-    from trainyard.plugins.recovery.decide import DecisionContext
-    from trainyard.plugins.recovery.evidence import gather, observe_node
-    from trainyard.plugins.recovery.state import open_job_state
+    from trainyard.plugins.state.jobs import open_job_state
 
     job, conf, settings = opened.job, opened.conf, runtime.settings
     state = open_job_state(settings.state_db)
@@ -449,12 +448,13 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
         corrupt_newest_checkpoint(conf, root, endpoint_url=settings.s3_endpoint_url)
     gang = set(handle.nodes or [a.node for a in handle.agents])
     nodes = [observe_node(n, url) for n, url in sorted(settings.node_agents.items()) if n in gang]
-    evidence = gather(handle, status, run=conf.run, nodes=nodes, resume_from=conf.resume_from)
+    evidence = gather(handle, status, launcher=launcher_for(handle, runtime), run=conf.run, nodes=nodes,
+                      resume_from=conf.resume_from)
     from trainyard.config.cluster import load_cluster
 
-    ctx = DecisionContext(checkpoint_uri=root, endpoint_url=settings.s3_endpoint_url, plan=plan_used,
-                          cluster=load_cluster(opened.cluster))
-    result = after_attempt(evidence, job, conf, ctx, state=state if apply else None, by=by, apply=apply)
+    inputs = DecisionInputs(checkpoint_uri=root, endpoint_url=settings.s3_endpoint_url, plan=plan_used,
+                            cluster=load_cluster(opened.cluster))
+    result = after_attempt(evidence, job, conf, inputs, state=state if apply else None, by=by, apply=apply)
     if result.next_conf is not None:  # every attempt continues the same MLflow run; passed data stays passed
         update = {"mlflow_run_id": mlflow_run_id} if mlflow_run_id else {}
         if checked is not None and checked.fingerprint:
@@ -484,7 +484,7 @@ def _not_launched(opened: Opened, state: Any) -> Concluded | None:
 
 def release(opened: Opened, runtime: Runtime) -> int:
     """Free the attempt's devices (idempotent: a second release frees nothing)."""
-    from trainyard.plugins.placement.state import open_state
+    from trainyard.plugins.state.reservations import open_state
 
     return open_state(runtime.settings.state_db).release(opened.job.name, opened.conf.attempt, run=opened.conf.run)
 

@@ -1,7 +1,7 @@
 """Stopping a training run on request: the gang of its live attempt, then its lifecycle.
 
 `trainyard stop` (and an Airflow "cancel") call `stop_run`. The live attempt's processes are
-found through the launcher handle stored in the job state (`plugins/recovery/state.py`), so the
+found through the launcher handle stored in the job state (`plugins/state/jobs.py`), so the
 stop works from any process, long after the one that launched them is gone; the gang is stopped
 the one way the control plane stops gangs (`plugins.attempt.watching.stop_gang`), with the reason `requested`,
 which `classify` reads as `cancelled` (never restarted).
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trainyard.plugins.recovery.model import FailureReport
-from trainyard.plugins.recovery.state import JobStateStore, RunInfo
+from trainyard.plugins.state.jobs import JobStateStore, RunInfo
 
 if TYPE_CHECKING:
     from trainyard.plugins.attempt.launchers import Runtime
@@ -51,7 +51,7 @@ def stop_run(store: JobStateStore, job: str, runtime: Runtime, run: str = "", *,
             evidence=[f"launcher: {status.state} — {status.message}"] if status else []))
     info = store.transition(job, info.run, "cancelled", reason=reason)
     if live is not None:  # the devices are free once the gang is gone (a teardown task may repeat it)
-        from trainyard.plugins.placement.state import open_state
+        from trainyard.plugins.state.reservations import open_state
 
         open_state(store.url).release(job, live.attempt, run=info.run)
     return StopResult(info, live.attempt if live else None, status)

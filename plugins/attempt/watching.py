@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from trainyard.plugins.attempt.launchers import Runtime, launcher_for
-from trainyard.plugins.placement.state import RENEW_EVERY_S, RESERVATION_LEASE_S
 from trainyard.plugins.run.model import RunHandle, RunStatus
 from trainyard.plugins.run.records import STOP_REASON_FILE, StopReason, read_model
 from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST
+from trainyard.plugins.state.reservations import RENEW_EVERY_S, RESERVATION_LEASE_S
 
 if TYPE_CHECKING:
     from trainyard.plugins.checkpoint.catalog import CheckpointRecord
@@ -129,7 +129,7 @@ def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_
     if stop is None and state.deadline is not None and time.time() > state.deadline:
         stop = StopReason(reason="timeout", detail=state.deadline_reason)
     if stop is None and state.renew_lease and time.monotonic() - state.last_renew > RENEW_EVERY_S:
-        from trainyard.plugins.placement.state import open_state
+        from trainyard.plugins.state.reservations import open_state
 
         renewed = open_state(runtime.settings.state_db).renew(handle.job, handle.attempt, run=handle.run,
                                                               lease_s=RESERVATION_LEASE_S)
@@ -165,7 +165,7 @@ def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, i
     """(node, why) for each node of the gang whose agent reports a fatal verdict or missed
     `max_misses` polls in a row (`misses` carries the count between polls; `answered`, where
     given, each agent's last answer — what dates a node lost to silence). One probe and one
-    judgement per node: `evidence.observe_node` and `NodeObservation.fatal_reasons`, the same
+    judgement per node: `evidence.observe_node` and `classify.node_fatal_reasons`, the same
     ones `classify` reads (an agent that answers with garbage is alive: not a missed beat).
 
     The nodes are probed at once: a silent agent costs its probe the whole timeout, and one
@@ -173,7 +173,8 @@ def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, i
     that timeout per node."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from trainyard.plugins.recovery.evidence import observe_node
+    from trainyard.plugins.attempt.evidence import observe_node
+    from trainyard.plugins.recovery.classify import node_fatal_reasons
 
     nodes = [n for n in handle.nodes or sorted({a.node for a in handle.agents}) if agents.get(n)]
     if not nodes:
@@ -187,7 +188,7 @@ def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, i
         misses[node] = observation.missed_heartbeats
         if answered is not None and observation.missed_heartbeats == 0:
             answered[node] = asked
-        reasons = observation.fatal_reasons(max_misses=max_misses)
+        reasons = node_fatal_reasons(observation, max_misses=max_misses)
         if reasons:
             lost.append((node, "; ".join(reasons)))
     return lost

@@ -31,7 +31,7 @@ from trainyard.plugins.control_room.urls import URL_PREFIX
 if TYPE_CHECKING:
     from trainyard.config.settings import Settings
     from trainyard.plugins.control_room.model import RunView
-    from trainyard.plugins.recovery.state import JobStateStore, RunInfo
+    from trainyard.plugins.state.jobs import JobStateStore, RunInfo
 
 def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Callable[..., Any] | None = None,
                mounted_at: str = URL_PREFIX) -> FastAPI:
@@ -45,7 +45,7 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
                   dependencies=[Depends(authorize)] if authorize is not None else [])
 
     def store() -> JobStateStore:
-        from trainyard.plugins.recovery.state import open_job_state
+        from trainyard.plugins.state.jobs import open_job_state
 
         return open_job_state(read_settings().state_db)
 
@@ -100,7 +100,7 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
 
 def _html(make: Callable[[], RunView]) -> HTMLResponse:
     from trainyard.plugins.control_room.render import message_page, run_page
-    from trainyard.plugins.recovery.state import RunNotFound
+    from trainyard.plugins.state.jobs import RunNotFound
 
     try:
         return HTMLResponse(run_page(make(), _now()))
@@ -109,7 +109,7 @@ def _html(make: Callable[[], RunView]) -> HTMLResponse:
 
 
 def _json(make: Callable[[], RunView]) -> JSONResponse:
-    from trainyard.plugins.recovery.state import RunNotFound
+    from trainyard.plugins.state.jobs import RunNotFound
 
     try:
         return JSONResponse(make().model_dump(mode="json"))

@@ -2,7 +2,7 @@
 
 | part | source |
 |---|---|
-| lifecycle, attempts, causes, timings | the platform state (`trainyard.plugins.recovery.state.JobStateStore`) |
+| lifecycle, attempts, causes, timings | the platform state (`trainyard.plugins.state.jobs.JobStateStore`) |
 | plan and placement of each attempt | the same state's `layouts(job, run)` (kept after the release) |
 | device capacity and budget | the cluster (`hardware_for`) and `Settings.memory_fraction` |
 | checkpoints | the run's checkpoint root in the object store (`trainyard.plugins.checkpoint.catalog`) |
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.advisor.plan import Plan
     from trainyard.plugins.placement.model import Placement
-    from trainyard.plugins.recovery.state import AttemptInfo, JobStateStore, RunInfo
+    from trainyard.plugins.state.jobs import AttemptInfo, JobStateStore, RunInfo
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainyard.plugins.recovery.state import JobStateStore, RunInfo
+    from trainyard.plugins.state.jobs import JobStateStore, RunInfo
 
 LATER_ATTEMPT = re.compile(r"^(?P<run>[A-Za-z0-9][A-Za-z0-9._-]*)__attempt-(?P<attempt>\d+)$")
 
@@ -23,7 +23,7 @@ def run_of_dag_run(store: JobStateStore, dag_id: str, dag_run_id: str) -> RunInf
     """The training run (all attempts) that the DAG run `dag_run_id` of `dag_id` is an attempt
     of. Raises `RunNotFound` when the platform state has none (a DAG run that failed before
     `validate_spec` opened its run, or a DAG of another kind)."""
-    from trainyard.plugins.recovery.state import RunNotFound
+    from trainyard.plugins.state.jobs import RunNotFound
 
     later = LATER_ATTEMPT.match(dag_run_id)
     if later:
@@ -41,7 +41,7 @@ def _run_by_trigger_key(store: JobStateStore, job: str, key: str) -> str | None:
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from trainyard.plugins.recovery.state import RunRow
+    from trainyard.plugins.state.jobs import RunRow
 
     with Session(store.engine) as s:
         return s.scalars(select(RunRow.run).where(RunRow.job == job, RunRow.trigger_key == key)).first()

@@ -9,9 +9,9 @@
                    `scoring.py`; `baseline.py` is first-fit, for comparison
 - `constraints.py` an independent check of the hard constraints
 - `fairshare.py`   effective priority (seed §4) and whole-gang preemption
-- `state.py`       allocations in the platform state DB (SQLAlchemy): reserve, lease, release;
-                   `usage_by_team()` for the quota check
-- `service.py`     place and reserve in one call, re-placing after a lost race
+- allocations (reserve, lease, release; `usage_by_team()` for the quota check) live with the
+  rest of the platform's SQL state: `plugins/state/reservations.py`; placing and reserving in
+  one call, re-placing after a lost race, is an attempt step: `plugins/attempt/reserve.py`
 
 No Airflow imports here.
 """

@@ -25,10 +25,10 @@ Precedence (first match wins):
 8. **preempted** — exit `PREEMPTED` / `PREEMPTED_NO_CHECKPOINT` without a stop by a user: a
    SIGTERM from outside (a spot notice, a node drain).
 9. **hang** — the hang watcher stopped the gang (`hang`), or a rank is flagged `hung`; the
-   report blames the ranks `Evidence.hung_ranks` names (the frozen or lagging ones), not the
+   report blames the ranks `hung_ranks` names (the frozen or lagging ones), not the
    whole gang that stalled behind them.
 10. **user_error** — the script failed before training, the same way on every failed rank: a
-    start-up error line (`evidence.STARTUP_ERROR`: ModuleNotFoundError, SyntaxError, a missing
+    start-up error line (`STARTUP_ERROR`: ModuleNotFoundError, SyntaxError, a missing
     file, an argument its parser refuses), a plain exit code (no signal), no step reached. Not
     retried: restarting the same code on the same inputs cannot help.
 11. **worker_crash** — any other failure (non-zero exit, a signal, a torchrun agent that died).
@@ -36,31 +36,54 @@ Precedence (first match wins):
 A stop that came *after* a rank had already failed only cleaned up (the launcher reports the
 run `failed`, not `stopped`): then the rank's failure is the cause (rules 8–10), except for a
 user's stop (rule 2).
+
+Every rule lives in this file, the readings of the evidence they rest on included (what a stop
+means, which node verdicts are fatal, which log lines mean OOM, a corrupt restore or a start-up
+error, the first failure, the in-place restarts, a hang's culprits): `Evidence` only holds the
+observations. The health watcher (`plugins/attempt/watching.py`) judges nodes with the same
+`node_fatal_reasons`. Pure: no files, no network, no database.
 """
 
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from collections.abc import Iterable
+from datetime import UTC, datetime
 
 from trainyard.plugins.errors import FatalError
-from trainyard.plugins.recovery.evidence import (
-    CORRUPT_PATTERNS,
-    FATAL_VERDICTS,
-    OOM_PATTERNS,
-    STARTUP_ERROR,
-    STOP_CAUSES_CANCEL,
-    Evidence,
-    find_line,
-    telling_line,
-    utc_from_s,
-)
+from trainyard.plugins.recovery.evidence import Evidence, NodeObservation
 from trainyard.plugins.recovery.model import FailureReport, Outcome
 from trainyard.plugins.run import exit_codes
 from trainyard.plugins.run.exit_codes import describe
+from trainyard.plugins.run.heartbeat import FROZEN_AFTER
 from trainyard.plugins.run.model import stillness
+from trainyard.plugins.run.records import RankRecord
+from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST, Stalled, hang_culprits
 
 PREEMPTED_CODES = (exit_codes.PREEMPTED, exit_codes.PREEMPTED_NO_CHECKPOINT)
+
+OOM_PATTERNS = (re.compile(r"torch\.OutOfMemoryError"), re.compile(r"CUDA out of memory"),
+                re.compile(r"torch\.cuda\.OutOfMemoryError"))
+"""Log lines that mean the device ran out of memory (a rank may die of it without reaching
+the worker's `stop_on_oom`, e.g. during restore or in user code outside the loop)."""
+
+CORRUPT_PATTERNS = (re.compile(r"NoValidCheckpointError"), re.compile(r"does not verify"))
+"""Log lines that mean a restore target failed verification."""
+
+STARTUP_ERROR = re.compile(
+    r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError|FileNotFoundError): "
+    r"|: error: (unrecognized arguments|the following arguments are required|argument )")
+"""A failure of the script itself before it trains: a missing module, a syntax error, a missing
+input file, arguments its parser refuses. The same code and inputs fail the same way again."""
+
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|Traceback|Killed|out of memory)", re.I)
+
+STOP_CAUSES_CANCEL = ("requested", "timeout")
+"""`StopReason.reason`s that end the run on purpose: nothing to recover. (A stop without a
+`stop-reason.json` counts as `requested`.)"""
+
+FATAL_VERDICTS = ("gpu_failed", "node_unhealthy")
+"""Node-agent verdicts that lose the node for this attempt (a thermal warning does not)."""
 
 
 class AttemptStillRunning(FatalError):
@@ -71,7 +94,7 @@ def classify(ev: Evidence) -> FailureReport:
     """The verdict on one attempt (see the module docstring for the order of the rules)."""
     status = ev.status
     facts = _facts(ev)
-    stop_cause = ev.stop_cause
+    stop_cause = stop_cause_of(ev)
     why_stopped = ev.stop_reason.detail if ev.stop_reason is not None else ""
     stopped = status.state == "stopped"
     first = _first_failed(ev)
@@ -82,7 +105,7 @@ def classify(ev: Evidence) -> FailureReport:
         fields: dict = {"rank": first[0] if first else None, "node": _node_of(ev, first[0]) if first else None,
                         "exit_code": code, "log_line": telling_line(tail) if tail else "",
                         "step": status.step if status.step is not None else _min_step(ev),
-                        "restarts_in_place": ev.restarts_in_place, "started_at": ev.started_at,
+                        "restarts_in_place": restarts_in_place(ev), "started_at": ev.started_at,
                         "ended_at": ev.ended_at or _ended(ev), **_timing(ev, outcome, first), **extra}
         return FailureReport(job=ev.job, run=ev.run, attempt=ev.attempt, outcome=outcome, reason=reason,
                              evidence=facts, **fields)
@@ -99,7 +122,7 @@ def classify(ev: Evidence) -> FailureReport:
                  else "no emergency checkpoint: resumes from the newest one")
         return report("preempted", f"preempted by the platform: {why_stopped} ({saved})")
 
-    lost = {o.node: o.fatal_reasons() for o in ev.nodes if o.node in ev.gang_nodes or not ev.gang_nodes}
+    lost = {o.node: node_fatal_reasons(o) for o in ev.nodes if o.node in ev.gang_nodes or not ev.gang_nodes}
     lost = {node: why for node, why in lost.items() if why}
     # Kubernetes saw it first: a pod of the gang on a node that is not Ready (evicted by the
     # NoExecute taint, or gone with its node) — the node is lost, whatever the rank's exit says
@@ -140,7 +163,7 @@ def classify(ev: Evidence) -> FailureReport:
 
     hung = [r for r in status.ranks if r.hung]
     if (stopped and stop_cause == "hang") or (hung and first is None):
-        ranks = ev.hung_ranks()  # the ones to blame, not every rank that waited for them
+        ranks = hung_ranks(ev)  # the ones to blame, not every rank that waited for them
         blamed = next((r for r in hung if r.rank in ranks), hung[0] if hung else None)
         if stop_cause == "hang" and why_stopped:
             detail = why_stopped
@@ -158,6 +181,84 @@ def classify(ev: Evidence) -> FailureReport:
     if startup:
         return report("user_error", f"{_who(ev, first)} failed before training: {startup}", log_line=startup)
     return report("worker_crash", _crash_reason(ev, first, tail))
+
+
+# --- readings of the evidence -----------------------------------------------------------------
+
+
+def stop_cause_of(ev: Evidence) -> str | None:
+    """None when nobody stopped the gang; else `StopReason.reason` (`requested` when the
+    launcher was stopped without a recorded reason: a person's stop, a Ctrl-C). A stop with
+    no reason on an attempt that had already failed is the launcher's clean-up of the
+    failed gang (`LocalLauncher.settle`), not a request: None."""
+    if ev.stop_reason is not None:
+        return ev.stop_reason.reason
+    return "requested" if ev.stop is not None and ev.status.state == "stopped" else None
+
+
+def restarts_in_place(ev: Evidence) -> int:
+    """torchrun's restarts inside this attempt that ran the script again (the fast path): the
+    highest restart count any rank reached, leaving out incarnations that only replayed a
+    control-plane exit (`RankRecord.replayed`). On Kubernetes a stopped Job takes its pods'
+    exit records with it; the ranks' heartbeats, served by the node agents, still say."""
+    replayed = {e.restart for e in ev.exits if e.replayed}
+    counts = ([r.restart for r in ev.status.ranks] + [e.restart for e in ev.exits]
+              + [b.restart for b in ev.served_beats])
+    return max((c for c in counts if c not in replayed), default=0)
+
+
+def hung_ranks(ev: Evidence) -> list[int]:
+    """The ranks a hang blames. A hang stop names them (`stop-reason.json`, judged when the
+    watcher stopped the gang). Else, of the ranks the launcher flags `hung` (every rank of a
+    gang stalls once one does), those `trainyard.plugins.run.rules.hang_culprits` blames: the
+    frozen ones, judged at the status's time, else the laggards."""
+    if ev.stop_reason is not None and ev.stop_reason.reason == "hang" and ev.stop_reason.ranks:
+        return list(ev.stop_reason.ranks)
+    live = [r for r in ev.status.ranks if r.hung or (r.pid is not None and r.exit_code is None)]
+    at, timeout = ev.status.updated_at.timestamp(), ev.hang_timeout_s
+    return hang_culprits(Stalled(r.rank, r.step, None if r.rank not in ev.last_alive or timeout is None
+                                 else at - ev.last_alive[r.rank] > FROZEN_AFTER * timeout, r.hung,
+                                 r.signal == "activity")
+                         for r in live)
+
+
+def first_failure(ev: Evidence) -> RankRecord | None:
+    """The earliest non-zero exit of the attempt's last incarnation (torchrun restarts
+    before it were recovered in place)."""
+    last = restarts_in_place(ev)
+    failed = [e for e in ev.exits if e.exit_code not in (None, 0) and e.restart == last]
+    return min(failed, key=lambda e: e.ended_at or 0.0) if failed else None
+
+
+def node_fatal_reasons(observation: NodeObservation, *, max_misses: int = MISSED_HEARTBEATS_LOST) -> list[str]:
+    """Why this node is lost, one line each; empty when it is fine. The health watcher stops a
+    gang on the same judgement (`plugins/attempt/watching.py`)."""
+    o = observation
+    reasons = []
+    if o.missed_heartbeats >= max_misses:
+        detail = f": {o.error}" if o.error else ""
+        reasons.append(f"node agent on {o.node} missed {o.missed_heartbeats} heartbeats{detail}")
+    if o.health is not None:
+        for v in o.health.verdicts:
+            if v.kind in FATAL_VERDICTS:
+                gpu = f" GPU {v.gpu}" if v.gpu is not None else ""
+                xid = f" (Xid {v.xid})" if v.xid is not None else ""
+                reasons.append(f"{o.node}{gpu}: {v.kind}{xid}: {v.reason}")
+    return reasons
+
+
+def find_line(text: str, patterns: Iterable[re.Pattern[str]]) -> str:
+    """The last line of `text` that matches one of `patterns`, stripped ('' when none)."""
+    for line in reversed(text.splitlines()):
+        if any(p.search(line) for p in patterns):
+            return line.strip()
+    return ""
+
+
+def telling_line(text: str) -> str:
+    """The line a person should read first: the last error-looking line ('' when none — the
+    last ordinary line of a killed rank says nothing about why it died)."""
+    return find_line(text, (_ERROR_LINE,))
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -187,7 +288,7 @@ def _first_failed(ev: Evidence) -> tuple[int, int | None] | None:
     if status.failed_rank is not None:
         rank = next((r for r in status.ranks if r.rank == status.failed_rank), None)
         return status.failed_rank, rank.exit_code if rank else status.exit_code
-    first = ev.first_failure()
+    first = first_failure(ev)
     if first is not None:
         return first.rank, first.exit_code
     failed = [r for r in status.ranks if r.exit_code not in (None, 0)]
@@ -240,10 +341,10 @@ def _timing(ev: Evidence, outcome: str, first: tuple[int, int | None] | None) ->
             since.append(ev.stop_reason.since)
         failed = min(since) if since else None
     elif outcome == "hang":
-        beats = [ev.last_beats[r] for r in ev.hung_ranks() if r in ev.last_beats]
+        beats = [ev.last_beats[r] for r in hung_ranks(ev) if r in ev.last_beats]
         failed = min(beats) if beats else None
     elif first is not None:
-        failure = ev.first_failure()
+        failure = first_failure(ev)
         ends = [e.ended_at for e in ev.exits if e.rank == first[0] and e.ended_at]
         failed = (failure.ended_at if failure is not None else None) or (max(ends) if ends else None)
     out: dict[str, datetime] = {}
@@ -271,6 +372,10 @@ def _hung(ev: Evidence) -> bool:
     return any(r.hung for r in ev.status.ranks)
 
 
+def utc_from_s(seconds: float | None) -> datetime | None:
+    return datetime.fromtimestamp(seconds, UTC) if seconds else None
+
+
 def _ended(ev: Evidence) -> datetime | None:
     ends = [e.ended_at for e in ev.exits if e.ended_at]
     return utc_from_s(max(ends)) if ends else None
@@ -290,8 +395,8 @@ def _facts(ev: Evidence) -> list[str]:
             at = f" at step {r.step}" if r.step is not None or r.signal != "activity" else " (watched by its activity)"
             facts.append(f"rank {r.rank}{where}: {what}{at}{age}"
                          + (f", restart {r.restart}" if r.restart else ""))
-    if ev.restarts_in_place:
-        facts.append(f"torchrun restarted the workers in place {ev.restarts_in_place} time(s) "
+    if restarts := restarts_in_place(ev):
+        facts.append(f"torchrun restarted the workers in place {restarts} time(s) "
                      f"(of {ev.max_restarts_in_place})")
     if ev.stop_reason is not None:
         facts.append(f"stop-reason.json: {ev.stop_reason.reason}: {ev.stop_reason.detail}")
@@ -307,7 +412,7 @@ def _facts(ev: Evidence) -> list[str]:
         if line:
             facts.append(f"rank {rank} log: {line}")
     for o in ev.nodes:
-        reasons = o.fatal_reasons()
+        reasons = node_fatal_reasons(o)
         if reasons:
             facts.extend(reasons)
         elif o.missed_heartbeats:

@@ -33,8 +33,14 @@ The rules, in the order they are applied:
 Every retrying action says which step the next attempt resumes from (`resume_step`: the steps
 lost are counted from it). "Newest valid" restarts leave `resume_from` empty: the worker restores its newest valid
 checkpoint itself, and so does an in-place torchrun restart inside the next attempt; rollback
-and fall-back name their checkpoint explicitly. `decide` reads the checkpoint catalog (and
-writes nothing: quarantining is the caller's, see `apply_quarantine`), imports no Airflow.
+and fall-back name their checkpoint explicitly.
+
+Pure: `decide` reads no catalog and writes nothing. It says what it needs to know about the
+run's checkpoints (`checkpoint_query`: none, for a decision the guards make; else the newest
+valid one, before the onset or the corrupt step where that matters); the attempt engine looks
+that up and hands the answer in (`DecisionContext.checkpoints`, a `ResumeCheckpoints`). The
+checkpoints to quarantine come back in the action (`RecoveryAction.quarantine`), and the attempt
+engine quarantines them (`plugins/attempt/bookkeeping.py`).
 """
 
 from __future__ import annotations
@@ -46,38 +52,67 @@ from trainyard.plugins.recovery.model import (
     NOT_REGISTERED,
     AttemptConf,
     AttemptRecord,
+    CheckpointQuery,
     FailureReport,
     RecoveryAction,
+    ResumeCheckpoints,
 )
 
 if TYPE_CHECKING:
     from trainyard.config.cluster import Cluster
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.advisor.plan import Plan
-    from trainyard.plugins.checkpoint.catalog import CheckpointRecord, Selection
 
 
 @dataclass(frozen=True)
 class DecisionContext:
-    """What decisions need beyond the report: where the run's checkpoints are, and the plan
-    and cluster the attempt ran with (for an OOM re-plan)."""
+    """What decisions need beyond the report, as values: the run's checkpoints as the catalog
+    answered `checkpoint_query` (None when it asked nothing), and the plan and cluster the
+    attempt ran with (for an OOM re-plan)."""
 
-    checkpoint_uri: str
-    """The run's checkpoint root (`…/jobs/<job>/runs/<run>/checkpoints`)."""
-    endpoint_url: str | None = None
+    checkpoints: ResumeCheckpoints | None = None
     cluster: Cluster | None = None
     plan: Plan | None = None
-    verify_hashes: bool = True
-    """Re-hash candidate checkpoints (False: sizes only, for very large checkpoints)."""
+
+
+def checkpoint_query(report: FailureReport, job: TrainingJob, conf: AttemptConf) -> CheckpointQuery | None:
+    """What `decide` will need to know about the run's checkpoints for `report`; None when the
+    decision does not look at them (a cancel, a give-up the guards decide). The attempt engine
+    asks the catalog exactly this, so a decision costs the lookups the old in-line reads cost."""
+    if report.outcome == "completed":
+        return CheckpointQuery(select=False, list_committed=True)
+    if _without_checkpoints(report, job, conf) is not None:
+        return None
+    return CheckpointQuery(before_step=resume_bound(report), list_committed=report.outcome == "diverged")
+
+
+def resume_bound(report: FailureReport) -> int | None:
+    """The step a resume must start before: a divergence's onset (every checkpoint from it on
+    holds the diverging state), the corrupt checkpoint's step; None: the newest valid one."""
+    if report.outcome == "diverged":
+        return report.onset_step
+    if report.outcome == "checkpoint_corrupt" and report.corrupt_checkpoint:
+        return _step_of(report.corrupt_checkpoint)
+    return None
 
 
 def decide(report: FailureReport, job: TrainingJob, conf: AttemptConf, ctx: DecisionContext) -> RecoveryAction:
-    """The action after `report` (see the module docstring for the rules and their order)."""
+    """The action after `report` (see the module docstring for the rules and their order).
+    `ctx.checkpoints` must answer `checkpoint_query(report, job, conf)` where that is not None."""
     if report.outcome == "completed":
-        if not _committed(ctx):
+        if not _checkpoints(ctx).committed:
             return RecoveryAction(kind="finish", reason=f"completed — {NOT_REGISTERED}", counts_against_budget=False)
         return RecoveryAction(kind="register", reason="the attempt completed: export and register the model",
                               counts_against_budget=False)
+    early = _without_checkpoints(report, job, conf)
+    if early is not None:
+        return early
+    return _RULES[report.outcome](report, job, ctx)
+
+
+def _without_checkpoints(report: FailureReport, job: TrainingJob, conf: AttemptConf) -> RecoveryAction | None:
+    """The decisions made before any checkpoint is looked at (rules 1–3, and a rollback with
+    no onset); None when the class's own rule decides."""
     if report.outcome == "cancelled":
         return RecoveryAction(kind="cancel", reason=report.reason, counts_against_budget=False)
     if report.outcome == "user_error":
@@ -90,7 +125,10 @@ def decide(report: FailureReport, job: TrainingJob, conf: AttemptConf, ctx: Deci
         spent = _budget_spent(report, job, conf)
         if spent:
             return _give_up(spent)
-    return _RULES[report.outcome](report, job, ctx)
+    if report.outcome == "diverged" and report.onset_step is None:
+        return _give_up("diverged, but the onset step is unknown (no diverged.json): cannot tell "
+                        "which checkpoint is clean; pick one and start from it by hand")
+    return None
 
 
 def budget_left(report: FailureReport, job: TrainingJob, conf: AttemptConf) -> int:
@@ -105,13 +143,6 @@ def history_lines(history: list[AttemptRecord], report: FailureReport | None = N
     if report is not None:
         lines.append(f"attempt {report.attempt}: {report.outcome} — {report.reason}")
     return lines
-
-
-def apply_quarantine(action: RecoveryAction, *, endpoint_url: str | None = None, by: str = "") -> list[str]:
-    """Quarantine the checkpoints `action` names (kept, never restored again); their markers' URIs."""
-    from trainyard.plugins.checkpoint.catalog import quarantine
-
-    return [quarantine(uri, action.reason, endpoint_url=endpoint_url, by=by) for uri in action.quarantine]
 
 
 # --- guards -----------------------------------------------------------------------------------
@@ -165,13 +196,12 @@ def _newest(ctx: DecisionContext) -> tuple[int, str, list[str], str]:
     Newer committed checkpoints that fail verification are quarantined (kept, never restored
     again) and named in the reason: the worker would skip them by itself, but silently, and a
     later attempt (or retention) could meet them again."""
-    selection = _select(ctx)
+    selection = _checkpoints(ctx)
     newest = selection.chosen
-    bad = [r for r, _ in selection.rejected]
-    note = "; ".join(f"checkpoint step {r.step} does not verify ({why.reason}): quarantined"
-                     for r, why in selection.rejected)
+    note = "; ".join(f"checkpoint step {r.step} does not verify ({r.reason}): quarantined"
+                     for r in selection.rejected)
     where = f"step {newest.step}" if newest is not None else "scratch (no valid checkpoint yet)"
-    return (newest.step if newest is not None else 0), where, [r.manifest_uri for r in bad], note
+    return (newest.step if newest is not None else 0), where, [r.manifest_uri for r in selection.rejected], note
 
 
 def _with(note: str) -> str:
@@ -194,18 +224,17 @@ def _replace_node(report: FailureReport, job: TrainingJob, ctx: DecisionContext)
 
 def _rollback(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> RecoveryAction:
     onset = report.onset_step
-    if onset is None:
-        return _give_up("diverged, but the onset step is unknown (no diverged.json): cannot tell "
-                        "which checkpoint is clean; pick one and start from it by hand")
-    selection = _select(ctx, before_step=onset)
-    after = [r.manifest_uri for r in _committed(ctx) if r.step >= onset]
+    if onset is None:  # `_without_checkpoints` gave up already
+        raise ValueError("a rollback needs the divergence's onset step")
+    selection = _checkpoints(ctx)
+    after = [r.manifest_uri for r in selection.committed if r.step >= onset]
     if selection.chosen is None:
         return _give_up(f"diverged at step {onset} and no valid checkpoint precedes it: a fresh start "
                         "replays the same steps with the same seed and would diverge again; lower the "
                         "learning rate or fix the data, then start a new run")
     return RecoveryAction(
         kind="rollback", resume_from=selection.chosen.manifest_uri, resume_step=selection.chosen.step,
-        quarantine=list(dict.fromkeys([*after, *(r.manifest_uri for r, _ in selection.rejected)])),
+        quarantine=list(dict.fromkeys([*after, *(r.manifest_uri for r in selection.rejected)])),
         reason=(f"diverged at step {onset}: roll back to step {selection.chosen.step}, the newest valid "
                 f"checkpoint before the onset" + (f"; quarantine {len(after)} checkpoint(s) at or "
                                                   "after it" if after else "")))
@@ -213,15 +242,15 @@ def _rollback(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> 
 
 def _fall_back(report: FailureReport, job: TrainingJob, ctx: DecisionContext) -> RecoveryAction:
     bad = report.corrupt_checkpoint
-    bad_step = _step_of(bad) if bad else None
-    selection = _select(ctx, before_step=bad_step)
-    quarantine = list(dict.fromkeys([*([bad] if bad else []), *(r.manifest_uri for r, _ in selection.rejected)]))
+    bad_step = resume_bound(report)
+    selection = _checkpoints(ctx)
+    quarantine = list(dict.fromkeys([*([bad] if bad else []), *(r.manifest_uri for r in selection.rejected)]))
     if selection.chosen is None:
         return _give_up(f"checkpoint corrupt ({report.reason}) and no valid checkpoint to fall back to; "
                         "starting over would discard the run's progress: inspect with `trainyard "
                         "checkpoints`, then start a new run")
     named = f"step {bad_step}" if bad_step is not None else \
-        ", ".join(f"step {r.step}" for r, _ in selection.rejected) or "the restore target"
+        ", ".join(f"step {r.step}" for r in selection.rejected) or "the restore target"
     return RecoveryAction(kind="fall_back", resume_from=selection.chosen.manifest_uri,
                           resume_step=selection.chosen.step, quarantine=quarantine,
                           reason=f"checkpoint {named} does not verify: quarantine it, fall back to step "
@@ -262,20 +291,14 @@ _RULES = {"worker_crash": _restart, "hang": _restart, "node_lost": _replace_node
           "checkpoint_corrupt": _fall_back, "oom": _replan, "preempted": _requeue}
 
 
-# --- catalog ---------------------------------------------------------------------------------
+# --- checkpoints ------------------------------------------------------------------------------
 
 
-def _select(ctx: DecisionContext, *, before_step: int | None = None) -> Selection:
-    from trainyard.plugins.checkpoint.catalog import select_latest_valid
-
-    return select_latest_valid(ctx.checkpoint_uri, hashes=ctx.verify_hashes, before_step=before_step,
-                               endpoint_url=ctx.endpoint_url)
-
-
-def _committed(ctx: DecisionContext) -> list[CheckpointRecord]:
-    from trainyard.plugins.checkpoint.catalog import list_checkpoints
-
-    return list_checkpoints(ctx.checkpoint_uri, endpoint_url=ctx.endpoint_url)
+def _checkpoints(ctx: DecisionContext) -> ResumeCheckpoints:
+    if ctx.checkpoints is None:
+        raise ValueError("decide() needs DecisionContext.checkpoints: the catalog's answer to "
+                         "checkpoint_query(report, job, conf), looked up by the attempt engine")
+    return ctx.checkpoints
 
 
 def _step_of(manifest_uri: str) -> int | None:

@@ -5,6 +5,8 @@ it, and what the next attempt receives.
 - `RecoveryAction`  what `decide()` chose, with the reason (restart, replace a node, roll back,
                     fall back, re-plan, requeue, give up, register);
 - `AttemptRecord`   one line of a run's history (the attempt, its outcome, the action taken);
+- `CheckpointQuery` / `ResumeCheckpoints`  what `decide()` asks of the run's checkpoints, and the
+                    answer the attempt engine looks up in the catalog;
 - `AttemptConf`     the conf of the DAG run that starts an attempt — the only way state crosses
                     from one attempt to the next, so the chain of DAG runs is the history.
 
@@ -166,6 +168,42 @@ class RecoveryAction(_Model):
     def retries(self) -> bool:
         """True when the action starts another attempt."""
         return self.kind not in FINAL_KINDS
+
+
+class CheckpointRef(_Model):
+    """One committed checkpoint of the run, as decide needs it: its step and manifest URI."""
+
+    step: int = Field(ge=0)
+    manifest_uri: str
+
+
+class RejectedCheckpoint(CheckpointRef):
+    """A committed checkpoint that failed verification, and why (quarantined by the action)."""
+
+    reason: str
+
+
+class CheckpointQuery(_Model):
+    """What `decide` needs to know about the run's checkpoints (`decide.checkpoint_query`): the
+    attempt engine asks the catalog exactly this and hands the answer back as `ResumeCheckpoints`."""
+
+    select: bool = True
+    """Find the newest checkpoint that verifies (every newer one that does not is rejected)."""
+    before_step: int | None = None
+    """Only checkpoints older than this step may be chosen (a rollback, a fall-back)."""
+    list_committed: bool = False
+    """List every committed checkpoint (to quarantine those after a divergence's onset, or to
+    tell a completed run that wrote checkpoints from a plain script)."""
+
+
+class ResumeCheckpoints(_Model):
+    """The catalog's answer to a `CheckpointQuery`: the checkpoint chosen for a resume, the newer
+    ones rejected on the way, and (when asked) every committed one. Plain values, so `decide`
+    reads no object store."""
+
+    chosen: CheckpointRef | None = None
+    rejected: list[RejectedCheckpoint] = Field(default_factory=list)
+    committed: list[CheckpointRef] = Field(default_factory=list)
 
 
 class AttemptRecord(_Model):

@@ -56,6 +56,6 @@ def validate_job(
 
 def current_usage(settings: Settings) -> dict[str, int]:
     """Accelerators reserved per team right now, from the platform state."""
-    from trainyard.plugins.placement.state import usage_by_team
+    from trainyard.plugins.state.reservations import usage_by_team
 
     return usage_by_team(settings.state_db)

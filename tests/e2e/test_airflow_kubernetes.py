@@ -123,7 +123,7 @@ def test_the_demo_job_trains_as_a_volcano_job_on_the_simulated_nodes(stack: Runn
     assert len({p["spec"]["nodeName"] for p in pods}) == 2  # one slot a node: the gang spans two
     assert max(m.step for m in _losses(stack, attempt.run)) == steps  # the pods reached MLflow
     assert stack.client.task_instances(JOB, attempt.dag_run_id)["launch_training"]["try_number"] == 1
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     info = JobStateStore(stack.settings.state_db).get_run(JOB, attempt.run)
     assert info.state == "completed", info
@@ -213,7 +213,7 @@ def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: Runnin
     assert [(a.outcome, a.action) for a in attempts][:1] == [("node_lost", "replace_node")], f"{attempts}\n{stack.logs()}"
     assert attempts[-1].outcome == "completed", f"{attempts}\n{stack.logs()}"
     assert attempts[0].state == "failed"
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     # whichever saw it first — the health watch (3 missed agent polls, its stop reason kept) or
     # Kubernetes (the pod evicted from the node not Ready) — the lost node is the one named

@@ -78,7 +78,7 @@ def test_the_tiny_job_runs_on_postgres_celery_and_redis(databases: dict[str, str
             worker_log = stack.stack.log_file("celery-worker").read_text(errors="replace")
             assert "launch_training" in worker_log  # the tasks ran on the Celery worker
 
-            from trainyard.plugins.recovery.state import JobStateStore
+            from trainyard.plugins.state.jobs import JobStateStore
             from trainyard.plugins.tracking.runs import client_for
 
             run = attempts[0].run

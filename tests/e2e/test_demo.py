@@ -65,7 +65,7 @@ def test_make_demo_recovers_registers_and_shows_it_in_both_uis(tmp_path: Path) -
         assert answered == {"airflow": True, "mlflow": True}, answered
 
         from trainyard.config.settings import Settings
-        from trainyard.plugins.recovery.state import JobStateStore
+        from trainyard.plugins.state.jobs import JobStateStore
         from trainyard.plugins.tracking.runs import client_for
 
         settings = Settings(home=home)

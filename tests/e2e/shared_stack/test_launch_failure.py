@@ -19,7 +19,7 @@ def _spec() -> dict[str, Any]:
 
 
 def test_a_launch_the_launcher_refuses_ends_the_run_failed_with_its_message(shared: RunningStack) -> None:
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     shared.add_jobs({JOB: _spec()})
     first = shared.client.trigger(JOB, {"max_steps": 5})["dag_run_id"]

@@ -58,7 +58,7 @@ def test_a_stock_torchrun_script_runs_unchanged_to_an_honest_green_not_registere
     note = shared.client.dag_run(JOB, attempt.dag_run_id).get("note") or ""
     assert note == f"attempt 0: completed → {NOT_REGISTERED}", note
 
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
     from trainyard.plugins.tracking.runs import client_for
 
     info = JobStateStore(shared.settings.state_db).get_run(JOB, attempt.run)
@@ -109,7 +109,7 @@ def test_a_start_up_error_ends_the_run_as_the_users_after_one_attempt(shared: Ru
     note = shared.client.dag_run("typo-import", attempts[0].dag_run_id).get("note") or ""
     assert "user_error" in note and "ModuleNotFoundError: No module named 'transformerz'" in note, note
 
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     state = JobStateStore(shared.settings.state_db)
     info = state.get_run("typo-import", attempts[0].run)
@@ -141,7 +141,7 @@ def test_a_plain_script_that_stops_making_progress_is_stopped_as_hung(shared: Ru
     note = shared.client.dag_run("plain-hang", attempts[0].dag_run_id).get("note") or ""
     assert "hang" in note and "used no CPU and did no I/O" in note, note
 
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     (attempt,) = JobStateStore(shared.settings.state_db).attempts("plain-hang", attempts[0].run)
     assert attempt.outcome == "hang", attempt

@@ -80,7 +80,7 @@ def _follow(s: RunningStack, first: str, name: str = JOB) -> list[AttemptRun]:
 
 
 def _reports(s: RunningStack, run: str, name: str = JOB) -> list[Any]:
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     return [a.failure_report for a in JobStateStore(s.settings.state_db).attempts(name, run)]
 
@@ -247,7 +247,7 @@ def test_oom_re_plans_with_less_memory(stack: RunningStack, second_pair: dict[st
 
 def test_a_spent_budget_fails_the_dag_with_a_report_of_every_attempt(stack: RunningStack,
                                                                     second_pair: dict[str, str]) -> None:
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     attempts = _follow(stack, second_pair["broke"], NO_BUDGET)  # killed before step 12
     assert [(a.state, a.outcome, a.action) for a in attempts] == [("failed", "worker_crash", "give_up")], \
@@ -265,7 +265,7 @@ def test_a_spent_budget_fails_the_dag_with_a_report_of_every_attempt(stack: Runn
 def test_a_failed_gpu_loses_its_node_which_the_next_placement_leaves_out(
         stack: RunningStack, second_pair: dict[str, str]) -> None:
     from trainyard.node_agent.client import clear_faults
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     for key, name in (("oom", OOM_JOB), ("broke", NO_BUDGET)):  # alone: its node is cordoned for all
         _follow(stack, second_pair[key], name)

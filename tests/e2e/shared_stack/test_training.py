@@ -88,8 +88,8 @@ def test_two_triggers_are_two_independent_runs_that_complete_and_register(
         stack: RunningStack, uninterrupted: list[list[AttemptRun]], tmp_path: Path) -> None:
     from trainyard.plugins.checkpoint.catalog import list_checkpoints
     from trainyard.plugins.launch.environment import checkpoint_uri
-    from trainyard.plugins.placement.state import usage_by_team
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
+    from trainyard.plugins.state.reservations import usage_by_team
 
     for attempts in uninterrupted:
         assert [(a.state, a.outcome, a.action) for a in attempts] == [("success", "completed", "register")], \
@@ -119,7 +119,7 @@ def test_two_triggers_are_two_independent_runs_that_complete_and_register(
 def test_a_killed_worker_resumes_in_place_from_the_newest_checkpoint_in_the_same_mlflow_run(
         stack: RunningStack, uninterrupted: list[list[AttemptRun]], tmp_path: Path) -> None:
     """The fast path (DESIGN §5): torchrun's own restart, counted against the budget."""
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     attempts = stack.train({"max_steps": STEPS, "fault_kill_rank": 1, "fault_kill_at_step": 55})
     assert [(a.outcome, a.action) for a in attempts] == [("completed", "register")], f"{attempts}\n{stack.logs()}"

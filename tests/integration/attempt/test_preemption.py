@@ -20,18 +20,18 @@ from trainyard.config.settings import Settings
 from trainyard.config.spec import TrainingJob
 from trainyard.config.teams import load_teams
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.attempt.bookkeeping import DecisionInputs, decide_from_catalog
+from trainyard.plugins.attempt.evidence import gather
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.preempt import place_preempting
 from trainyard.plugins.attempt.watching import read_stop_reason
 from trainyard.plugins.launch.environment import build_worker_env
 from trainyard.plugins.launch.local import LocalLauncher
 from trainyard.plugins.placement.model import NotSchedulableNow
-from trainyard.plugins.placement.state import open_state
 from trainyard.plugins.recovery.classify import classify
-from trainyard.plugins.recovery.decide import DecisionContext, decide
-from trainyard.plugins.recovery.evidence import gather
 from trainyard.plugins.recovery.model import AttemptConf
-from trainyard.plugins.recovery.state import JobStateStore
+from trainyard.plugins.state.jobs import JobStateStore
+from trainyard.plugins.state.reservations import open_state
 
 pytestmark = pytest.mark.slow
 RUN_LOW, RUN_HIGH = "20260101t000000-10w10w", "20260101t000001-4164a4"
@@ -84,9 +84,9 @@ def test_a_higher_priority_gang_evicts_the_low_one_which_is_requeued_and_placed_
     stop = read_stop_reason(handle.run_dir)
     assert stop is not None and stop.reason == "preempted" and "tiny-high" in stop.detail
 
-    report = classify(gather(handle, status, run=RUN_LOW))
+    report = classify(gather(handle, status, launcher=launcher, run=RUN_LOW))
     assert report.outcome == "preempted" and "emergency checkpoint committed" in report.reason, report
-    action = decide(report, low, AttemptConf(run=RUN_LOW), DecisionContext(checkpoint_uri=(tmp_path / "c").as_uri()))
+    action = decide_from_catalog(report, low, AttemptConf(run=RUN_LOW), DecisionInputs(checkpoint_uri=(tmp_path / "c").as_uri()))
     assert action.kind == "requeue" and not action.counts_against_budget
     requeued = AttemptConf(run=RUN_LOW).next_attempt(report, action)
     assert requeued.attempt == 1 and requeued.restarts_used == 0

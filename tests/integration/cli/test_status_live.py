@@ -22,9 +22,9 @@ from trainyard.config.settings import Settings, get_settings
 from trainyard.plugins.advisor.plan import Plan
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.watching import stop_gang
-from trainyard.plugins.recovery.state import open_job_state
 from trainyard.plugins.run.heartbeat import read_heartbeats, write_heartbeat
 from trainyard.plugins.run.records import StopReason
+from trainyard.plugins.state.jobs import open_job_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 JOB = "tiny-status"

@@ -16,13 +16,13 @@ from tests.support import procs
 from trainyard.config.cluster import load_cluster
 from trainyard.config.settings import Settings
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.attempt.evidence import gather
 from trainyard.plugins.launch.environment import build_worker_env
 from trainyard.plugins.launch.local import LocalLauncher
 from trainyard.plugins.placement.gang import place_gang
 from trainyard.plugins.placement.inventory import Inventory
 from trainyard.plugins.placement.model import GangRequest
 from trainyard.plugins.recovery.classify import classify
-from trainyard.plugins.recovery.evidence import gather
 
 pytestmark = pytest.mark.slow
 
@@ -57,5 +57,5 @@ def test_a_killed_rank_is_restarted_in_place_from_the_newest_checkpoint(tmp_path
 
     for rank in (0, 1):  # the gang's count, in what the node agents serve
         assert json.loads(heartbeat_path(Path(handle.heartbeat_dir), rank).read_text())["restart"] == 1
-    report = classify(gather(handle, status, run="r-fast"))
+    report = classify(gather(handle, status, launcher=launcher, run="r-fast"))
     assert (report.outcome, report.restarts_in_place) == ("completed", 1)

@@ -27,11 +27,11 @@ from trainyard.plugins.launch.local import RUN_MARKER, LocalLauncher
 from trainyard.plugins.placement.gang import place_gang
 from trainyard.plugins.placement.inventory import Inventory
 from trainyard.plugins.placement.model import GangRequest
-from trainyard.plugins.placement.state import usage_by_team
 from trainyard.plugins.run import processes
 from trainyard.plugins.run.exit_codes import describe
 from trainyard.plugins.run.model import RunHandle, RunStatus
 from trainyard.plugins.run.records import read_rank_records
+from trainyard.plugins.state.reservations import usage_by_team
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 ENTRYPOINT = "tests/integration/launch/tiny_job.py"
@@ -186,7 +186,7 @@ def test_stop_leaves_no_process_behind_and_submit_is_idempotent(tmp_path: Path) 
 def test_cli_launch_leaves_cordoned_nodes_out_and_records_the_job_state_like_the_dag(tmp_path: Path) -> None:
     """`trainyard launch` runs the attempt engine's steps, the DAG's: a cordoned node is not
     placed on, and the run, its attempt, its handle and its outcome are in the job state."""
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     home = tmp_path / "home"
     state = JobStateStore(Settings(home=home).state_db)

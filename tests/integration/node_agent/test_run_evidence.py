@@ -27,6 +27,7 @@ from trainyard.config.spec import TrainingJob
 from trainyard.node_agent.client import fetch_health
 from trainyard.node_agent.models import NodeHealth, Verdict
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.attempt.evidence import gather, observe_node
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.watching import WatchState, stop_gang, watch_once
 from trainyard.plugins.launch.environment import build_worker_env
@@ -35,7 +36,6 @@ from trainyard.plugins.placement.gang import place_gang
 from trainyard.plugins.placement.inventory import Inventory
 from trainyard.plugins.placement.model import GangRequest
 from trainyard.plugins.recovery.classify import classify
-from trainyard.plugins.recovery.evidence import gather, observe_node
 from trainyard.plugins.run.model import RunHandle
 from trainyard.plugins.run.records import StopReason
 
@@ -84,7 +84,7 @@ def test_a_cancelled_runs_verdicts_never_appear_in_the_next_runs_evidence(tmp_pa
         assert status.state == "succeeded", launcher.logs(handle)
         seen = [observe_node(node, url) for node, url in sorted(urls.items())]
         assert any(v.run == HUNG for o in seen if o.health for v in o.health.verdicts)  # the agents still say it
-        evidence = gather(handle, status, run=NEXT, nodes=seen)
+        evidence = gather(handle, status, launcher=launcher, run=NEXT, nodes=seen)
         report = classify(evidence)
         assert report.outcome == "completed"
         assert not [v for o in evidence.nodes if o.health for v in o.health.verdicts if v.job is not None]
@@ -94,7 +94,7 @@ def test_a_cancelled_runs_verdicts_never_appear_in_the_next_runs_evidence(tmp_pa
         wait_for(lambda: not hangs(urls, name, HUNG), "the cancelled run's verdicts to expire", 60, poll_s=0.3)
         gone = [r for url in urls.values() for r in fetch_health(url).ranks if r.run == HUNG]
         assert gone and all(r.gone and not r.stale for r in gone)
-        cancelled = classify(gather(hung, hung_launcher.poll(hung), run=HUNG,
+        cancelled = classify(gather(hung, hung_launcher.poll(hung), launcher=hung_launcher, run=HUNG,
                                     nodes=[observe_node(n, u) for n, u in sorted(urls.items())]))
         assert cancelled.outcome == "cancelled" and not [f for f in cancelled.evidence if ": hang:" in f]
 
@@ -125,5 +125,5 @@ def test_a_hang_of_one_stopped_rank_names_that_rank_only(tmp_path: Path) -> None
             launcher.stop(handle, grace_s=3)
         assert step.finished and step.stop is not None and step.stop.reason == "hang", step
         assert step.stop.ranks == [1], step.stop
-        report = classify(gather(handle, step.status, run=HUNG))
+        report = classify(gather(handle, step.status, launcher=launcher, run=HUNG))
         assert report.outcome == "hang" and report.rank == 1 and "(hung ranks [1])" in report.reason, report

@@ -10,11 +10,11 @@ import pytest
 
 from tests.integration.launch.test_local_launcher import start, wait_for
 from trainyard.config.settings import Settings
+from trainyard.plugins.attempt.bookkeeping import DecisionInputs, decide_from_catalog
+from trainyard.plugins.attempt.evidence import gather
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.watching import stop_gang
 from trainyard.plugins.recovery.classify import classify
-from trainyard.plugins.recovery.decide import DecisionContext, decide
-from trainyard.plugins.recovery.evidence import gather
 from trainyard.plugins.recovery.model import AttemptConf
 from trainyard.plugins.run.records import StopReason
 
@@ -24,19 +24,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.waits]
 def test_a_real_crash_is_a_worker_crash_and_the_same_crash_twice_gives_up(tmp_path: Path) -> None:
     from trainyard.config.loader import load_spec_file
 
-    conf, ctx = AttemptConf(), DecisionContext(checkpoint_uri=(tmp_path / "ckpt").as_uri())
+    conf, ctx = AttemptConf(), DecisionInputs(checkpoint_uri=(tmp_path / "ckpt").as_uri())
     actions = []
     for attempt in (0, 1):
         (tmp_path / str(attempt)).mkdir()
         launcher, handle = start(tmp_path / str(attempt), "tiny-crash", ["--steps", "2", "--fail-rank", "1"])
         status = launcher.wait(handle, timeout_s=120)
-        report = classify(gather(handle, status, run="r-crash"))
+        report = classify(gather(handle, status, launcher=launcher, run="r-crash"))
         # the settle() that cleaned up the gang wrote stopped.json: a clean-up, not a request
         assert (report.outcome, report.rank, report.exit_code) == ("worker_crash", 1, 7), report
         assert report.reason.startswith("rank 1 on local-1 exited with code 7 at step 2"), report.reason
         report = report.model_copy(update={"attempt": attempt})
         job = load_spec_file(tmp_path / str(attempt) / "tiny-crash.yaml")
-        action = decide(report, job, conf, ctx)
+        action = decide_from_catalog(report, job, conf, ctx)
         actions.append(action)
         conf = conf.next_attempt(report, action)
     assert actions[0].kind == "restart"
@@ -49,7 +49,7 @@ def test_a_gang_stopped_for_a_hang_is_a_hang(tmp_path: Path) -> None:
     status = stop_gang(handle, StopReason(reason="hang", detail="rank 1 made no step progress for 600 s",
                                           ranks=[1]), Runtime(Settings(home=tmp_path / "home")), grace_s=10)
     assert status.state == "stopped", status
-    report = classify(gather(handle, status, run="r-hang"))
+    report = classify(gather(handle, status, launcher=launcher, run="r-hang"))
     assert report.outcome == "hang" and "rank 1 made no step progress" in report.reason
     assert report.rank == 1 and "stop-reason.json: hang: rank 1 made no step progress for 600 s" in report.evidence
 

@@ -21,12 +21,16 @@ from tests.integration.worker.conftest import (
     launch,
     tiny_job,
 )
+from trainyard.plugins.attempt.bookkeeping import (
+    DecisionInputs,
+    apply_quarantine,
+    decide_from_catalog,
+)
+from trainyard.plugins.attempt.evidence import gather
 from trainyard.plugins.checkpoint.catalog import scan, verify
 from trainyard.plugins.checkpoint.uris import checkpoint_root
 from trainyard.plugins.launch.local import LocalLauncher
 from trainyard.plugins.recovery.classify import classify
-from trainyard.plugins.recovery.decide import DecisionContext, apply_quarantine, decide
-from trainyard.plugins.recovery.evidence import gather
 from trainyard.plugins.recovery.model import AttemptConf, FailureReport
 from trainyard.plugins.run import exit_codes
 from trainyard.plugins.run.model import RunHandle
@@ -39,8 +43,9 @@ def report_of(run: WorkerRun, job: str, attempt: int, resume_from: str = "") -> 
     """What the control plane concludes from the run folder train.py left behind."""
     handle = RunHandle(kind="local", job=job, attempt=attempt, world_size=run.world_size,
                        run_dir=str(run.run_dir), heartbeat_dir=str(run.run_dir / "heartbeats"))
-    status = LocalLauncher(run.run_dir.parent).poll(handle)
-    return classify(gather(handle, status, run=RUN, resume_from=resume_from))
+    launcher = LocalLauncher(run.run_dir.parent)
+    status = launcher.poll(handle)
+    return classify(gather(handle, status, launcher=launcher, run=RUN, resume_from=resume_from))
 
 
 def test_out_of_memory_exits_oom(object_store: str, tmp_path: Path) -> None:
@@ -69,7 +74,7 @@ def test_a_corrupt_resume_point_is_quarantined_and_the_run_falls_back(object_sto
     assert second.exit_codes() == [exit_codes.CHECKPOINT_CORRUPT] * 2, second.logs()
     report = report_of(second, "corrupt-run", 1, resume_from=bad)
     assert (report.outcome, report.corrupt_checkpoint) == ("checkpoint_corrupt", bad), report
-    action = decide(report, job, AttemptConf(run=RUN, attempt=1), DecisionContext(checkpoint_uri=root))
+    action = decide_from_catalog(report, job, AttemptConf(run=RUN, attempt=1), DecisionInputs(checkpoint_uri=root))
     assert (action.kind, action.quarantine) == ("fall_back", [bad])
     assert action.resume_from.endswith("step-00000002/MANIFEST.json")
     apply_quarantine(action)

@@ -16,7 +16,7 @@ from trainyard.node_agent.monitor import Monitor
 from trainyard.node_agent.server import AgentServer
 from trainyard.plugins.attempt.faults import FaultNotApplied, corrupt_newest_checkpoint, fail_gpu
 from trainyard.plugins.checkpoint.catalog import latest_valid, list_checkpoints, verify
-from trainyard.plugins.recovery.evidence import FATAL_VERDICTS
+from trainyard.plugins.recovery.classify import FATAL_VERDICTS
 from trainyard.plugins.recovery.model import AttemptConf, FaultParams
 from trainyard.plugins.storage.store import open_store
 

@@ -146,7 +146,7 @@ def test_the_dags_tasks_and_the_trigger_launch_and_watch_through_the_registered_
         ReleaseGangOperator,
     )
     from trainyard.operators.validate import ValidateSpecOperator
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
     from trainyard.sensors.watch import WatchTrainingSensor
 
     dag_run = SimpleNamespace(dag_id="seam-job", run_id="manual__1", conf={"fault_kill_rank": 1,
@@ -176,7 +176,7 @@ def test_trainyard_launch_runs_on_the_registered_backend_and_records_the_job_sta
     import os
 
     from trainyard.cli.main import main
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     assert main(["launch", str(world.spec), "--run", "20261201t000000-5ea111"]) == 0
     state = JobStateStore(world.settings.state_db)

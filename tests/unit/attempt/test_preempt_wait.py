@@ -17,8 +17,8 @@ from trainyard.plugins.advisor.plan import Plan
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.preempt import place_preempting
 from trainyard.plugins.placement.model import NotSchedulableNow
-from trainyard.plugins.placement.state import open_state
-from trainyard.plugins.recovery.state import JobStateStore
+from trainyard.plugins.state.jobs import JobStateStore
+from trainyard.plugins.state.reservations import open_state
 
 
 def test_a_requeued_gang_waits_for_capacity_and_takes_it_when_it_returns(tmp_path: Path) -> None:

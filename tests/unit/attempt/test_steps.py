@@ -26,7 +26,7 @@ from trainyard.plugins.attempt.steps import (
     plan,
 )
 from trainyard.plugins.recovery.model import AttemptConf
-from trainyard.plugins.recovery.state import JobStateStore
+from trainyard.plugins.state.jobs import JobStateStore
 
 RUN = "20261201t000000-57e950"
 

@@ -16,11 +16,11 @@ import pytest
 from trainyard.cli.main import main
 from trainyard.config.settings import get_settings
 from trainyard.plugins.placement.model import PlacedNode, Placement
-from trainyard.plugins.placement.state import open_state
 from trainyard.plugins.recovery.model import FailureReport, RecoveryAction
-from trainyard.plugins.recovery.state import JobStateStore, open_job_state
 from trainyard.plugins.run import processes
 from trainyard.plugins.run.model import AgentRecord, RunHandle
+from trainyard.plugins.state.jobs import JobStateStore, open_job_state
+from trainyard.plugins.state.reservations import open_state
 
 T0 = datetime.now(UTC) - timedelta(minutes=5)
 

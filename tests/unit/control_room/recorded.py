@@ -14,7 +14,7 @@ from trainyard.config.settings import Settings
 from trainyard.config.spec import TrainingJob
 from trainyard.plugins.advisor.plan import Plan
 from trainyard.plugins.placement.model import Placement
-from trainyard.plugins.recovery.state import JobStateStore
+from trainyard.plugins.state.jobs import JobStateStore
 
 JOB = "demo-tiny-lm"
 RUN = "20260501t120000-abc123"

@@ -14,7 +14,7 @@ from tests.unit.control_room.recorded import FIRST_DAG_RUN, JOB, RUN, STEP_S, Re
 from trainyard.plugins.control_room.build import build_run_view
 from trainyard.plugins.control_room.locate import run_of_dag_run
 from trainyard.plugins.control_room.model import RunView
-from trainyard.plugins.recovery.state import RunNotFound
+from trainyard.plugins.state.jobs import RunNotFound
 
 
 def view_of(rec: Recorded, **kwargs: object) -> RunView:

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from trainyard.plugins.attempt.evidence import gather
 from trainyard.plugins.launch.local import LocalLauncher
-from trainyard.plugins.recovery.evidence import Evidence, NodeObservation, gather
+from trainyard.plugins.recovery.evidence import Evidence, NodeObservation
 from trainyard.plugins.run.heartbeat import Heartbeat, write_heartbeat
 from trainyard.plugins.run.model import AgentRecord, RunHandle, RunStatus
 from trainyard.plugins.run.records import STOP_REASON_FILE, StopReason
@@ -104,5 +105,6 @@ def fabricate(root: Path, ranks: list[Rank], *, job: str = "tiny", attempt: int 
 def evidence(root: Path, ranks: list[Rank], *, nodes: list[NodeObservation] = (), run: str = "r-0001",
              resume_from: str = "", **kwargs: object) -> tuple[Evidence, RunStatus]:
     handle = fabricate(root, ranks, **kwargs)
-    status = LocalLauncher(root).poll(handle)
-    return gather(handle, status, run=run, nodes=nodes, resume_from=resume_from), status
+    launcher = LocalLauncher(root)
+    status = launcher.poll(handle)
+    return gather(handle, status, launcher=launcher, run=run, nodes=nodes, resume_from=resume_from), status

@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.recovery.runs import Rank, evidence
 from trainyard.node_agent.models import NodeHealth, Verdict
-from trainyard.plugins.recovery.classify import AttemptStillRunning, classify
+from trainyard.plugins.recovery.classify import AttemptStillRunning, classify, stop_cause_of
 from trainyard.plugins.recovery.evidence import NodeObservation
 from trainyard.plugins.run import exit_codes
 
@@ -313,7 +313,7 @@ def test_the_launchers_clean_up_of_a_failed_gang_is_not_a_request(tmp_path: Path
     failure: the failure is the cause."""
     ev, status = evidence(tmp_path, [Rank(7, ended_at=50), Rank(-15, ended_at=150)], stop_reason="",
                           stop_after=100)
-    assert status.state == "failed" and ev.stop is not None and ev.stop_cause is None
+    assert status.state == "failed" and ev.stop is not None and stop_cause_of(ev) is None
     assert classify(ev).outcome == "worker_crash"
 
 

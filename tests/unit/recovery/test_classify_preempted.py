@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.unit.recovery.runs import Rank, evidence
+from trainyard.plugins.attempt.bookkeeping import DecisionInputs, decide_from_catalog
 from trainyard.plugins.recovery.classify import classify
-from trainyard.plugins.recovery.decide import DecisionContext, decide
 from trainyard.plugins.recovery.model import AttemptConf
 
 
@@ -20,7 +20,7 @@ def test_an_evicted_gang_with_its_emergency_checkpoint_is_preempted_and_requeued
     assert report.outcome == "preempted"
     assert report.reason == "preempted by the platform: evicted for big-job run r-1 (emergency checkpoint committed)"
     job = load_spec_file(Path(__file__).resolve().parents[3] / "config" / "jobs" / "demo-tiny-lm.yaml")
-    action = decide(report, job, AttemptConf(run="r-0001"), DecisionContext(checkpoint_uri=(tmp_path / "c").as_uri()))
+    action = decide_from_catalog(report, job, AttemptConf(run="r-0001"), DecisionInputs(checkpoint_uri=(tmp_path / "c").as_uri()))
     assert action.kind == "requeue" and not action.counts_against_budget
 
 

@@ -13,9 +13,13 @@ from trainyard.config.cluster import load_cluster
 from trainyard.config.loader import load_spec_file
 from trainyard.config.spec import TrainingJob
 from trainyard.plugins.advisor import plan_job
+from trainyard.plugins.attempt.bookkeeping import (
+    DecisionInputs,
+    apply_quarantine,
+    decide_from_catalog,
+)
 from trainyard.plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan, verify
 from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
-from trainyard.plugins.recovery.decide import DecisionContext, apply_quarantine, decide
 from trainyard.plugins.recovery.model import NOT_REGISTERED, AttemptConf, FailureReport
 from trainyard.plugins.storage.store import ObjectStore, open_store
 
@@ -38,8 +42,8 @@ def store(tmp_path: Path) -> ObjectStore:
 
 
 @pytest.fixture
-def ctx(store: ObjectStore) -> DecisionContext:
-    return DecisionContext(checkpoint_uri=store.uri)
+def ctx(store: ObjectStore) -> DecisionInputs:
+    return DecisionInputs(checkpoint_uri=store.uri)
 
 
 def uri(store: ObjectStore, step: int) -> str:
@@ -50,27 +54,27 @@ def corrupt(store: ObjectStore, step: int) -> None:
     store.put_bytes(f"{step_dir(step)}/__0_0.distcp", b"bit rot" * 200)
 
 
-def test_completed_and_cancelled(ctx: DecisionContext, store: ObjectStore) -> None:
-    finished = decide(report("completed"), job(), AttemptConf(), ctx)  # no checkpoint of ours: a plain script
+def test_completed_and_cancelled(ctx: DecisionInputs, store: ObjectStore) -> None:
+    finished = decide_from_catalog(report("completed"), job(), AttemptConf(), ctx)  # no checkpoint of ours: a plain script
     assert (finished.kind, finished.retries) == ("finish", False)
     assert finished.reason == f"completed — {NOT_REGISTERED}"
     make_checkpoint(store, 10)
-    assert decide(report("completed"), job(), AttemptConf(), ctx).kind == "register"
-    action = decide(report("cancelled", reason="stopped on request (user: x)"), job(), AttemptConf(), ctx)
+    assert decide_from_catalog(report("completed"), job(), AttemptConf(), ctx).kind == "register"
+    action = decide_from_catalog(report("cancelled", reason="stopped on request (user: x)"), job(), AttemptConf(), ctx)
     assert (action.kind, action.retries, action.reason) == ("cancel", False, "stopped on request (user: x)")
 
 
 @pytest.mark.parametrize("outcome", ["worker_crash", "hang"])
-def test_crash_and_hang_restart_from_the_newest_valid(outcome: str, store: ObjectStore, ctx: DecisionContext) -> None:
+def test_crash_and_hang_restart_from_the_newest_valid(outcome: str, store: ObjectStore, ctx: DecisionInputs) -> None:
     for step in (50, 100):
         make_checkpoint(store, step)
-    action = decide(report(outcome), job(), AttemptConf(), ctx)
+    action = decide_from_catalog(report(outcome), job(), AttemptConf(), ctx)
     assert (action.kind, action.resume_from, action.counts_against_budget) == ("restart", "", True)
     assert action.reason.endswith("restart the same gang from step 100")
 
 
-def test_node_lost_replaces_the_node(store: ObjectStore, ctx: DecisionContext) -> None:
-    action = decide(report("node_lost", failed_nodes=["local-1"]), job(), AttemptConf(), ctx)
+def test_node_lost_replaces_the_node(store: ObjectStore, ctx: DecisionInputs) -> None:
+    action = decide_from_catalog(report("node_lost", failed_nodes=["local-1"]), job(), AttemptConf(), ctx)
     assert (action.kind, action.exclude_nodes) == ("replace_node", ["local-1"])
     assert "re-place without local-1, resume from scratch" in action.reason
     nxt = AttemptConf(exclude_nodes=["local-3"]).next_attempt(report("node_lost"), action)
@@ -78,11 +82,11 @@ def test_node_lost_replaces_the_node(store: ObjectStore, ctx: DecisionContext) -
 
 
 def test_diverged_rolls_back_before_the_onset_and_quarantines_what_follows(
-        store: ObjectStore, ctx: DecisionContext) -> None:
+        store: ObjectStore, ctx: DecisionInputs) -> None:
     for step in (50, 100, 150):
         make_checkpoint(store, step)
     corrupt(store, 50)  # not a candidate anyway; the newest valid before 120 is 100
-    action = decide(report("diverged", onset_step=120, step=170), job(), AttemptConf(), ctx)
+    action = decide_from_catalog(report("diverged", onset_step=120, step=170), job(), AttemptConf(), ctx)
     assert (action.kind, action.resume_from, action.quarantine) == ("rollback", uri(store, 100), [uri(store, 150)])
     assert "roll back to step 100" in action.reason
     apply_quarantine(action)
@@ -91,26 +95,26 @@ def test_diverged_rolls_back_before_the_onset_and_quarantines_what_follows(
     assert store.exists(f"{step_dir(150)}/{MANIFEST_NAME}") and verify(store, 150).ok  # kept
 
 
-def test_diverged_skips_an_invalid_checkpoint_before_the_onset(store: ObjectStore, ctx: DecisionContext) -> None:
+def test_diverged_skips_an_invalid_checkpoint_before_the_onset(store: ObjectStore, ctx: DecisionInputs) -> None:
     for step in (50, 100):
         make_checkpoint(store, step)
     corrupt(store, 100)
-    action = decide(report("diverged", onset_step=101), job(), AttemptConf(), ctx)
+    action = decide_from_catalog(report("diverged", onset_step=101), job(), AttemptConf(), ctx)
     assert action.resume_from == uri(store, 50)
 
 
-def test_diverged_without_a_checkpoint_before_the_onset_gives_up(store: ObjectStore, ctx: DecisionContext) -> None:
+def test_diverged_without_a_checkpoint_before_the_onset_gives_up(store: ObjectStore, ctx: DecisionInputs) -> None:
     make_checkpoint(store, 100)
-    action = decide(report("diverged", onset_step=80), job(), AttemptConf(), ctx)
+    action = decide_from_catalog(report("diverged", onset_step=80), job(), AttemptConf(), ctx)
     assert action.kind == "give_up" and "would diverge again" in action.reason
-    assert decide(report("diverged"), job(), AttemptConf(), ctx).kind == "give_up"  # onset unknown
+    assert decide_from_catalog(report("diverged"), job(), AttemptConf(), ctx).kind == "give_up"  # onset unknown
 
 
-def test_checkpoint_corrupt_falls_back_and_quarantines_the_bad_one(store: ObjectStore, ctx: DecisionContext) -> None:
+def test_checkpoint_corrupt_falls_back_and_quarantines_the_bad_one(store: ObjectStore, ctx: DecisionInputs) -> None:
     for step in (50, 100):
         make_checkpoint(store, step)
     corrupt(store, 100)
-    action = decide(report("checkpoint_corrupt", corrupt_checkpoint=uri(store, 100)), job(), AttemptConf(), ctx)
+    action = decide_from_catalog(report("checkpoint_corrupt", corrupt_checkpoint=uri(store, 100)), job(), AttemptConf(), ctx)
     assert (action.kind, action.resume_from, action.quarantine) == ("fall_back", uri(store, 50), [uri(store, 100)])
     assert action.reason == "checkpoint step 100 does not verify: quarantine it, fall back to step 50"
     apply_quarantine(action, by="test")
@@ -118,20 +122,20 @@ def test_checkpoint_corrupt_falls_back_and_quarantines_the_bad_one(store: Object
     assert set(scan(store).quarantined) == {"step-00000100"}
 
 
-def test_checkpoint_corrupt_without_a_named_uri_finds_the_bad_ones(store: ObjectStore, ctx: DecisionContext) -> None:
+def test_checkpoint_corrupt_without_a_named_uri_finds_the_bad_ones(store: ObjectStore, ctx: DecisionInputs) -> None:
     for step in (50, 100, 150):
         make_checkpoint(store, step)
     corrupt(store, 100)
     corrupt(store, 150)
-    action = decide(report("checkpoint_corrupt"), job(), AttemptConf(), ctx)
+    action = decide_from_catalog(report("checkpoint_corrupt"), job(), AttemptConf(), ctx)
     assert action.resume_from == uri(store, 50)
     assert action.quarantine == [uri(store, 150), uri(store, 100)]
 
 
-def test_checkpoint_corrupt_with_nothing_to_fall_back_to_gives_up(store: ObjectStore, ctx: DecisionContext) -> None:
+def test_checkpoint_corrupt_with_nothing_to_fall_back_to_gives_up(store: ObjectStore, ctx: DecisionInputs) -> None:
     make_checkpoint(store, 50)
     corrupt(store, 50)
-    action = decide(report("checkpoint_corrupt", corrupt_checkpoint=uri(store, 50)), job(), AttemptConf(), ctx)
+    action = decide_from_catalog(report("checkpoint_corrupt", corrupt_checkpoint=uri(store, 50)), job(), AttemptConf(), ctx)
     assert action.kind == "give_up" and "no valid checkpoint to fall back to" in action.reason
 
 
@@ -139,8 +143,8 @@ def test_oom_replans_with_less_memory(store: ObjectStore) -> None:
     cluster = load_cluster("local")
     plan = plan_job(SPEC, cluster).best
     assert plan is not None
-    ctx = DecisionContext(checkpoint_uri=store.uri, cluster=cluster, plan=plan)
-    action = decide(report("oom"), job(), AttemptConf(), ctx)
+    ctx = DecisionInputs(checkpoint_uri=store.uri, cluster=cluster, plan=plan)
+    action = decide_from_catalog(report("oom"), job(), AttemptConf(), ctx)
     assert action.kind == "replan", action.reason
     from trainyard.plugins.advisor.plan import Plan
 
@@ -154,33 +158,33 @@ def test_oom_with_a_plan_that_already_fills_the_device_gives_up(store: ObjectSto
     cluster = load_cluster("local")
     plan = plan_job(SPEC, cluster).best
     huge = plan.model_copy(update={"memory_per_gpu_bytes": 1024})  # "OOMed at 1 KiB": nothing fits in less
-    action = decide(report("oom"), job(), AttemptConf(), DecisionContext(store.uri, cluster=cluster, plan=huge))
+    action = decide_from_catalog(report("oom"), job(), AttemptConf(), DecisionInputs(store.uri, cluster=cluster, plan=huge))
     assert action.kind == "give_up" and "no plan fits in less memory" in action.reason
     with pytest.raises(ValueError, match="cluster"):
-        decide(report("oom"), job(), AttemptConf(), DecisionContext(store.uri))
+        decide_from_catalog(report("oom"), job(), AttemptConf(), DecisionInputs(store.uri))
 
 
-def test_preempted_requeues_without_spending_the_budget(store: ObjectStore, ctx: DecisionContext) -> None:
+def test_preempted_requeues_without_spending_the_budget(store: ObjectStore, ctx: DecisionInputs) -> None:
     make_checkpoint(store, 77)
     spent = AttemptConf(restarts_used=3)
-    action = decide(report("preempted"), job(3), spent, ctx)
+    action = decide_from_catalog(report("preempted"), job(3), spent, ctx)
     assert (action.kind, action.counts_against_budget) == ("requeue", False)
     assert "resume from step 77" in action.reason
     assert spent.next_attempt(report("preempted"), action).restarts_used == 3
 
 
-def test_budget_exhausted_lists_every_attempt(ctx: DecisionContext) -> None:
+def test_budget_exhausted_lists_every_attempt(ctx: DecisionInputs) -> None:
     conf = AttemptConf()
     causes = [report("worker_crash", attempt=0, reason="rank 1 was killed by SIGKILL", step=10, rank=1, exit_code=-9),
               report("hang", attempt=1, reason="hang: rank 0 stuck"),
               report("node_lost", attempt=2, reason="node lost: local-1 GPU 1")]
     for r in causes:
-        action = decide(r, job(3), conf, ctx)
+        action = decide_from_catalog(r, job(3), conf, ctx)
         assert action.retries, action
         conf = conf.next_attempt(r, action)
     assert (conf.attempt, conf.restarts_used) == (3, 3)
     last = report("worker_crash", attempt=3, reason="rank 0 exited with code 1", rank=0, exit_code=1)
-    action = decide(last, job(3), conf, ctx)
+    action = decide_from_catalog(last, job(3), conf, ctx)
     assert action.kind == "give_up" and not action.retries
     assert action.reason.startswith("restart budget spent: 3 of 3 restarts used")
     for line in ("attempt 0: worker_crash — rank 1 was killed by SIGKILL", "attempt 1: hang — hang: rank 0 stuck",
@@ -188,52 +192,52 @@ def test_budget_exhausted_lists_every_attempt(ctx: DecisionContext) -> None:
         assert line in action.reason
 
 
-def test_in_place_restarts_count_against_the_budget(ctx: DecisionContext) -> None:
+def test_in_place_restarts_count_against_the_budget(ctx: DecisionInputs) -> None:
     r = report("worker_crash", restarts_in_place=2, rank=1, exit_code=-9)
-    assert decide(r, job(3), AttemptConf(restarts_used=0), ctx).kind == "restart"
-    action = decide(r, job(3), AttemptConf(restarts_used=1), ctx)
+    assert decide_from_catalog(r, job(3), AttemptConf(restarts_used=0), ctx).kind == "restart"
+    action = decide_from_catalog(r, job(3), AttemptConf(restarts_used=1), ctx)
     assert action.kind == "give_up" and "2 of them in place by torchrun" in action.reason
-    assert AttemptConf().next_attempt(r, decide(r, job(3), AttemptConf(), ctx)).restarts_used == 3
+    assert AttemptConf().next_attempt(r, decide_from_catalog(r, job(3), AttemptConf(), ctx)).restarts_used == 3
 
 
-def test_the_same_crash_twice_without_progress_gives_up(ctx: DecisionContext) -> None:
+def test_the_same_crash_twice_without_progress_gives_up(ctx: DecisionInputs) -> None:
     first = report("worker_crash", attempt=0, rank=1, exit_code=1, step=40, log_line="KeyError: 'label'")
-    conf = AttemptConf().next_attempt(first, decide(first, job(), AttemptConf(), ctx))
+    conf = AttemptConf().next_attempt(first, decide_from_catalog(first, job(), AttemptConf(), ctx))
     again = report("worker_crash", attempt=1, rank=1, exit_code=1, step=40, log_line="KeyError: 'label'")
-    action = decide(again, job(), conf, ctx)
+    action = decide_from_catalog(again, job(), conf, ctx)
     assert action.kind == "give_up"
     assert action.reason.startswith("the script fails the same way every time: KeyError: 'label'")
 
 
 @pytest.mark.parametrize("change", [{"step": 60}, {"rank": 0}, {"exit_code": 2}])
-def test_a_crash_that_differs_or_progresses_is_restarted(change: dict, ctx: DecisionContext) -> None:
+def test_a_crash_that_differs_or_progresses_is_restarted(change: dict, ctx: DecisionInputs) -> None:
     first = report("worker_crash", attempt=0, rank=1, exit_code=1, step=40)
-    conf = AttemptConf().next_attempt(first, decide(first, job(), AttemptConf(), ctx))
+    conf = AttemptConf().next_attempt(first, decide_from_catalog(first, job(), AttemptConf(), ctx))
     again = report("worker_crash", attempt=1, **{"rank": 1, "exit_code": 1, "step": 40, **change})
-    assert decide(again, job(), conf, ctx).kind == "restart"
+    assert decide_from_catalog(again, job(), conf, ctx).kind == "restart"
 
 
-def test_signals_are_never_the_script_failing_the_same_way(ctx: DecisionContext) -> None:
+def test_signals_are_never_the_script_failing_the_same_way(ctx: DecisionInputs) -> None:
     first = report("worker_crash", attempt=0, rank=1, exit_code=-9, step=40)
-    conf = AttemptConf().next_attempt(first, decide(first, job(), AttemptConf(), ctx))
+    conf = AttemptConf().next_attempt(first, decide_from_catalog(first, job(), AttemptConf(), ctx))
     again = report("worker_crash", attempt=1, rank=1, exit_code=-9, step=40)
-    assert decide(again, job(), conf, ctx).kind == "restart"
+    assert decide_from_catalog(again, job(), conf, ctx).kind == "restart"
 
 
-def test_the_same_divergence_after_a_rollback_gives_up(store: ObjectStore, ctx: DecisionContext) -> None:
+def test_the_same_divergence_after_a_rollback_gives_up(store: ObjectStore, ctx: DecisionInputs) -> None:
     make_checkpoint(store, 50)
     first = report("diverged", onset_step=61)
-    action = decide(first, job(), AttemptConf(), ctx)
+    action = decide_from_catalog(first, job(), AttemptConf(), ctx)
     assert action.kind == "rollback"
-    again = decide(report("diverged", attempt=1, onset_step=61), job(), AttemptConf().next_attempt(first, action), ctx)
+    again = decide_from_catalog(report("diverged", attempt=1, onset_step=61), job(), AttemptConf().next_attempt(first, action), ctx)
     assert again.kind == "give_up" and "diverges at step 61 again" in again.reason
 
 
-def test_after_attempt_quarantines_cordons_and_records(tmp_path: Path, store: ObjectStore, ctx: DecisionContext) -> None:
+def test_after_attempt_quarantines_cordons_and_records(tmp_path: Path, store: ObjectStore, ctx: DecisionInputs) -> None:
     from tests.unit.recovery.runs import Rank, evidence
     from trainyard.plugins.attempt.bookkeeping import after_attempt, begin_attempt
     from trainyard.plugins.recovery.evidence import NodeObservation
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     state = JobStateStore(f"sqlite:///{tmp_path / 'state.db'}")
     run = state.open_run("tiny", trigger_key="t").run
@@ -259,11 +263,11 @@ def test_after_attempt_quarantines_cordons_and_records(tmp_path: Path, store: Ob
     state.close()
 
 
-def test_a_restart_quarantines_a_newer_checkpoint_that_does_not_verify(store: ObjectStore, ctx: DecisionContext) -> None:
+def test_a_restart_quarantines_a_newer_checkpoint_that_does_not_verify(store: ObjectStore, ctx: DecisionInputs) -> None:
     for step in (50, 100):
         make_checkpoint(store, step)
     corrupt(store, 100)
-    action = decide(report("worker_crash", step=120), job(), AttemptConf(), ctx)
+    action = decide_from_catalog(report("worker_crash", step=120), job(), AttemptConf(), ctx)
     assert (action.kind, action.resume_step, action.quarantine) == ("restart", 50, [uri(store, 100)])
     assert "restart the same gang from step 50 (checkpoint step 100 does not verify" in action.reason
     apply_quarantine(action, by="test")
@@ -271,12 +275,12 @@ def test_a_restart_quarantines_a_newer_checkpoint_that_does_not_verify(store: Ob
     assert set(scan(store).quarantined) == {"step-00000100"}  # kept, not deleted
 
 
-def test_steps_lost_and_timings_land_in_the_report(tmp_path: Path, store: ObjectStore, ctx: DecisionContext) -> None:
+def test_steps_lost_and_timings_land_in_the_report(tmp_path: Path, store: ObjectStore, ctx: DecisionInputs) -> None:
     from datetime import timedelta
 
     from tests.unit.recovery.runs import Rank, evidence
     from trainyard.plugins.attempt.bookkeeping import after_attempt, begin_attempt
-    from trainyard.plugins.recovery.state import JobStateStore
+    from trainyard.plugins.state.jobs import JobStateStore
 
     state = JobStateStore(f"sqlite:///{tmp_path / 'state.db'}")
     run = state.open_run("tiny", trigger_key="t").run
@@ -298,8 +302,8 @@ def test_steps_lost_and_timings_land_in_the_report(tmp_path: Path, store: Object
     state.close()
 
 
-def test_a_users_error_gives_up_at_once_and_leaves_the_budget_alone(ctx: DecisionContext) -> None:
-    action = decide(report("user_error", reason="rank 0 failed before training: ModuleNotFoundError: x"),
+def test_a_users_error_gives_up_at_once_and_leaves_the_budget_alone(ctx: DecisionInputs) -> None:
+    action = decide_from_catalog(report("user_error", reason="rank 0 failed before training: ModuleNotFoundError: x"),
                     job(), AttemptConf(), ctx)
     assert (action.kind, action.retries, action.counts_against_budget) == ("give_up", False, False)
     assert action.reason.startswith("rank 0 failed before training: ModuleNotFoundError: x — not retried")

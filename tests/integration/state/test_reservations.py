@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy
 
 from trainyard.plugins.placement.model import PlacedNode, Placement
-from trainyard.plugins.placement.state import (
+from trainyard.plugins.state.reservations import (
     ReservationConflict,
     SlotRow,
     StateStore,
@@ -212,11 +212,11 @@ def test_place_and_reserve_re_places_after_losing_a_race(store: StateStore, monk
     from trainyard.config.cluster import load_cluster
     from trainyard.config.loader import load_spec_file
     from trainyard.plugins.advisor.plan import Plan
-    from trainyard.plugins.placement import service
+    from trainyard.plugins.attempt import reserve
 
     job = load_spec_file("config/jobs/demo-tiny-lm.yaml")
     cluster = load_cluster("local")
-    real_free = service.free_devices
+    real_free = reserve.free_devices
     calls = {"n": 0}
 
     def stale_then_real(*args: object, **kwargs: object) -> dict[str, int]:
@@ -230,9 +230,9 @@ def test_place_and_reserve_re_places_after_losing_a_race(store: StateStore, monk
             return answer
         return real_free(*args, **kwargs)
 
-    monkeypatch.setattr(service, "free_devices", stale_then_real)
-    placed = service.place_and_reserve(job, Plan(dp=2), cluster, store, attempt=0)
+    monkeypatch.setattr(reserve, "free_devices", stale_then_real)
+    placed = reserve.place_and_reserve(job, Plan(dp=2), cluster, store, attempt=0)
     assert placed.node_names == ["local-1"] and placed.nodes[0].devices == [0, 1]
     assert calls["n"] == 2
     # Idempotent: the same (job, attempt) again returns the reservation it holds.
-    assert service.place_and_reserve(job, Plan(dp=2), cluster, store, attempt=0) == placed
+    assert reserve.place_and_reserve(job, Plan(dp=2), cluster, store, attempt=0) == placed

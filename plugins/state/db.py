@@ -1,20 +1,24 @@
-"""The platform state database: one way to open it, shared by every engine that keeps state.
+"""The platform state database: one way to open it, shared by every store that keeps state.
 
 SQLite file by default (`Settings.state_db`), PostgreSQL by URL. Placement's allocations
-(`plugins/placement/state.py`) and the job lifecycle (`plugins/recovery/state.py`) live in the
+(`plugins/state/reservations.py`) and the job lifecycle (`plugins/state/jobs.py`) live in the
 same database, in tables prefixed `trainyard_` so they can share it with Airflow or MLflow.
 This module is the single home of what both need: the engine (SQLite pragmas, pool options,
-an optional schema for tests), a timezone-safe timestamp column, and the rule for which
-database errors are worth retrying.
+an optional schema for tests), one store constructor (`SqlStore`: engine, sessions, tables on
+first open, a transaction, a retried write), a timezone-safe timestamp column, and the rule for
+which database errors are worth retrying.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import DateTime, Engine, MetaData, TypeDecorator, create_engine, event
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 from tenacity import Retrying
 
 from trainyard.config.databases import down_message
@@ -22,6 +26,8 @@ from trainyard.plugins.errors import DatabaseDown
 from trainyard.plugins.files import sqlite_file
 
 TABLE_PREFIX = "trainyard_"
+
+T = TypeVar("T")
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -92,6 +98,43 @@ def create_tables(metadata: MetaData, engine: Engine) -> None:
         if message is None:
             raise
         raise DatabaseDown(message) from e
+
+
+class SqlStore:
+    """One store over the platform state database: the engine, sessions, its tables created on
+    first open, a transaction and a retried write. The reservations and the job state subclass it
+    with their own `metadata` (and `check_schema`, where an old database must be refused), so the
+    two stores open the database the same way and cannot drift apart."""
+
+    metadata: ClassVar[MetaData]
+    """The subclass's tables (its declarative base's `metadata`)."""
+
+    def __init__(self, url: str, *, schema: str | None = None, create: bool = True) -> None:
+        self.url = url
+        self.engine = make_engine(url, schema)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+        if create:
+            create_tables(self.metadata, self.engine)
+            self.check_schema(schema)
+
+    def check_schema(self, schema: str | None) -> None:
+        """Refuse a database an older Trainyard wrote (`create_all` adds tables, never columns);
+        nothing to check by default."""
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        with self._session() as session, session.begin():
+            yield session
+
+    def _write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one write transaction, retried on retryable database errors only."""
+        for attempt in retrying():
+            with attempt:
+                return fn(*args, **kwargs)
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _sqlite_immediate_transactions(engine: Engine) -> None:

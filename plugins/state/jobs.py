@@ -2,7 +2,7 @@
 cause and timings, and the nodes taken out of service (cordons).
 
 Same database as placement's allocations (`Settings.state_db`; SQLite by default, PostgreSQL by
-URL; `plugins/state_db.py` opens it). Three tables, prefixed `trainyard_`:
+URL; `plugins/state/db.py` opens it). Three tables, prefixed `trainyard_`:
 
 - `trainyard_runs`        one row per (job, run): team, project, lifecycle state, the trigger
                           key that opened it (UNIQUE per job: a retried trigger gets the same
@@ -18,20 +18,18 @@ URL; `plugins/state_db.py` opens it). Three tables, prefixed `trainyard_`:
 The lifecycle (seed §7) is checked on every change (`ALLOWED`); an illegal change raises
 `IllegalTransition` naming both states. Repeating the current state is a no-op, so a retried
 Airflow task can write its state again. Writes retry only on retryable database errors
-(`trainyard.plugins.state_db.is_retryable`).
+(`trainyard.plugins.state.db.is_retryable`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Integer, String, Text, UniqueConstraint, delete, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from trainyard.config.runs import check_run_id, new_run_id
 from trainyard.plugins.errors import FatalError
@@ -43,13 +41,7 @@ from trainyard.plugins.recovery.model import (
     RecoveryAction,
 )
 from trainyard.plugins.run.model import RunHandle
-from trainyard.plugins.state_db import (
-    TABLE_PREFIX,
-    UTCDateTime,
-    create_tables,
-    make_engine,
-    retrying,
-)
+from trainyard.plugins.state.db import TABLE_PREFIX, SqlStore, UTCDateTime
 
 ALLOWED: dict[str, frozenset[str]] = {
     "pending": frozenset({"scheduling", "failed", "cancelled"}),
@@ -66,7 +58,6 @@ pending`: waiting for capacity (a requeue after preemption). `starting → compl
 so short it ended before anyone saw it run."""
 
 AttemptState = Literal["running", "ended"]
-T = TypeVar("T")
 
 FINAL_BY_ACTION: dict[str, str] = {"register": "completed", "finish": "completed", "cancel": "cancelled",
                                    "give_up": "failed"}
@@ -230,30 +221,10 @@ def _now(now: datetime | None) -> datetime:
     return now or datetime.now(UTC)
 
 
-class JobStateStore:
+class JobStateStore(SqlStore):
     """The job state; one per database URL (see `open_job_state`)."""
 
-    def __init__(self, url: str, *, schema: str | None = None, create: bool = True) -> None:
-        self.url = url
-        self.engine = make_engine(url, schema)
-        self._session = sessionmaker(self.engine, expire_on_commit=False)
-        if create:
-            create_tables(_Base.metadata, self.engine)
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[Session]:
-        with self._session() as session, session.begin():
-            yield session
-
-    def _write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run one write transaction, retried on retryable database errors only."""
-        for attempt in retrying():
-            with attempt:
-                return fn(*args, **kwargs)
-        raise AssertionError("unreachable")  # pragma: no cover
+    metadata = _Base.metadata
 
     # --- runs ----------------------------------------------------------------------------------
 

@@ -14,8 +14,8 @@ import sqlalchemy
 
 from trainyard.plugins.errors import FatalError
 from trainyard.plugins.recovery.model import AttemptConf, FailureReport, RecoveryAction
-from trainyard.plugins.recovery.state import IllegalTransition, JobStateStore, RunNotFound
 from trainyard.plugins.run.model import AgentRecord, RunHandle
+from trainyard.plugins.state.jobs import IllegalTransition, JobStateStore, RunNotFound
 
 T0 = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
 
@@ -165,7 +165,7 @@ def test_cordons(store: JobStateStore) -> None:
 
 
 def test_shares_the_database_with_placement(tmp_path: Path) -> None:
-    from trainyard.plugins.placement.state import StateStore
+    from trainyard.plugins.state.reservations import StateStore
 
     url = f"sqlite:///{tmp_path / 'state.db'}"
     StateStore(url).close()

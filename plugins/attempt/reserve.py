@@ -1,5 +1,9 @@
 """Place and reserve in one call — what the `place_gang` task and `trainyard launch` do.
 
+The attempt engine's step, not placement's: the search (`plugins/placement/`) stays pure, and
+the reservations live in the platform's SQL state (`plugins/state/reservations.py`); this is
+where the two meet.
+
 Between reading the free devices and committing the reservation another job may take some of
 them; the reservation then fails with `ReservationConflict` (never double-books), and the gang
 is placed again on the new state. An existing live reservation of the same (job, run, attempt) is
@@ -16,7 +20,7 @@ from trainyard.plugins.advisor.plan import Plan
 from trainyard.plugins.placement.gang import place_gang
 from trainyard.plugins.placement.inventory import Inventory
 from trainyard.plugins.placement.model import GangRequest, Placement
-from trainyard.plugins.placement.state import (
+from trainyard.plugins.state.reservations import (
     RESERVATION_LEASE_S,
     ReservationConflict,
     StateStore,

@@ -1,4 +1,5 @@
-"""`observe_node` against a real node agent (in-process HTTP server over a fake NVML, as in
+"""`observe_node` (judged by `classify.node_fatal_reasons`) against a real node agent (in-process
+HTTP server over a fake NVML, as in
 tests/unit/node_agent): a failed GPU makes the node lost; a silent agent counts missed
 heartbeats until the third."""
 
@@ -14,7 +15,8 @@ from tests.support.procs import free_port
 from tests.unit.node_agent.test_agent_server import Agent, _start
 from trainyard.node_agent import client
 from trainyard.node_agent.models import FaultRequest
-from trainyard.plugins.recovery.evidence import observe_node
+from trainyard.plugins.attempt.evidence import observe_node
+from trainyard.plugins.recovery.classify import node_fatal_reasons
 from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST
 
 
@@ -25,10 +27,10 @@ def agent(tmp_path: Path) -> Iterator[Agent]:
 
 def test_a_failed_gpu_makes_the_node_lost(agent: Agent) -> None:
     healthy = observe_node("node-7", agent.url)
-    assert healthy.health is not None and healthy.fatal_reasons() == []
+    assert healthy.health is not None and node_fatal_reasons(healthy) == []
     client.inject_fault(agent.url, FaultRequest(gpu=1, xid=79))
     lost = observe_node("node-7", agent.url)
-    (reason,) = lost.fatal_reasons()
+    (reason,) = node_fatal_reasons(lost)
     assert reason.startswith("node-7 GPU 1: gpu_failed (Xid 79)")
 
 
@@ -36,10 +38,10 @@ def test_missed_heartbeats_add_up_to_a_lost_node() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nobody listens
     seen = observe_node("node-9", url, timeout=1.0)
     for _ in range(MISSED_HEARTBEATS_LOST - 1):
-        assert seen.fatal_reasons() == []
+        assert node_fatal_reasons(seen) == []
         seen = observe_node("node-9", url, missed_before=seen.missed_heartbeats, timeout=1.0)
     assert seen.missed_heartbeats == MISSED_HEARTBEATS_LOST
-    assert seen.fatal_reasons()[0].startswith("node agent on node-9 missed 3 heartbeats")
+    assert node_fatal_reasons(seen)[0].startswith("node agent on node-9 missed 3 heartbeats")
 
 
 def test_the_health_watcher_judges_nodes_the_same_way(agent: Agent) -> None:

@@ -24,8 +24,7 @@ purged by the next reservation, so a crashed control plane cannot leak devices f
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import (
@@ -41,18 +40,12 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from trainyard.plugins.errors import FatalError, TransientError
 from trainyard.plugins.placement.fairshare import RunningGang
 from trainyard.plugins.placement.model import Placement
-from trainyard.plugins.state_db import (
-    TABLE_PREFIX,
-    UTCDateTime,
-    create_tables,
-    make_engine,
-    retrying,
-)
+from trainyard.plugins.state.db import TABLE_PREFIX, SqlStore, UTCDateTime
 
 RESERVATION_LEASE_S = 900.0
 """The one lease of a gang's reservation. Whoever watches the gang (the training trigger,
@@ -119,24 +112,13 @@ class SlotRow(Base):
     slot: Mapped[int] = mapped_column(Integer)
 
 
-class StateStore:
+class StateStore(SqlStore):
     """The allocation store; one per database URL (see `open_state`)."""
 
-    def __init__(self, url: str, *, schema: str | None = None, create: bool = True) -> None:
-        self.url = url
-        self.engine = make_engine(url, schema)
-        self._session = sessionmaker(self.engine, expire_on_commit=False)
-        if create:
-            create_tables(Base.metadata, self.engine)
-            _check_schema(self.engine, schema)
+    metadata = Base.metadata
 
-    def close(self) -> None:
-        self.engine.dispose()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[Session]:
-        with self._session() as session, session.begin():
-            yield session
+    def check_schema(self, schema: str | None) -> None:
+        _check_schema(self.engine, schema)
 
     # --- writes -----------------------------------------------------------------------------
 
@@ -148,10 +130,7 @@ class StateStore:
         stored placement (an Airflow retry re-attaches, it never books twice). Returns the
         placement with each node's device indices filled in. Raises `ReservationConflict`.
         """
-        for attempt in retrying():
-            with attempt:
-                return self._reserve_once(placement, lease_s, now or datetime.now(UTC))
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self._write(self._reserve_once, placement, lease_s, now or datetime.now(UTC))
 
     def _reserve_once(self, placement: Placement, lease_s: float, now: datetime) -> Placement:
         expires = now + timedelta(seconds=lease_s)
