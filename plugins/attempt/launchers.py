@@ -125,13 +125,16 @@ def all_problems(job: TrainingJob, cluster: Cluster, settings: Settings, *, offl
     what the worker runtime needs — never one in place of the others; the rest of the dry run
     (the cluster's rules, memory, quota, dataset) where it can run."""
     from trainyard.config.rules import check_spec
+    from trainyard.plugins.state.reservations import usage_by_team
     from trainyard.plugins.validation.dry_run import validate_job
     from trainyard.plugins.validation.runtime import check_runtime
 
     launch = launch_problems(job, cluster, settings)
     if any(p.severity == "error" for p in launch):
         return launch + check_spec(job) + check_runtime(job)
-    return launch + validate_job(job, cluster=cluster, settings=settings, offline=offline, data_quality=data_quality)
+    usage = None if offline else usage_by_team(settings.state_db)
+    return launch + validate_job(job, cluster=cluster, settings=settings, usage=usage, offline=offline,
+                                 data_quality=data_quality)
 
 
 def launch_problems(job: TrainingJob, cluster: Cluster, settings: Settings) -> list[Problem]:

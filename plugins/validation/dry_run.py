@@ -4,6 +4,9 @@
 can apply (`runtime.py`, needs no world), and — unless told to stay offline — the checks that need the world: memory fit (the advisor), the dataset in the
 object store, the team's quota, and optionally data quality (Great Expectations). It never
 raises for a bad spec; it returns every problem found.
+
+The team's current usage comes from the caller (the attempt engine reads the reservations): the
+platform's SQL state stores the engines' values, so the engines sit below it and never read it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def validate_job(
     offline: bool = False,
     data_quality: bool = False,
 ) -> list[Problem]:
+    """Every problem at once. `usage`: the accelerators each team holds now (the caller reads the
+    reservations); None counts nothing reserved."""
     problems = check_spec(job)
     cluster_problems = check_against_cluster(job, cluster)
     problems += cluster_problems
@@ -44,7 +49,7 @@ def validate_job(
     if not any(p.severity == "error" for p in cluster_problems):
         problems += check_memory(job, cluster, memory_fraction=settings.memory_fraction)
     problems += check_quota(job, teams or load_teams(settings.teams_file),
-                            usage if usage is not None else current_usage(settings))
+                            usage if usage is not None else {})
     dataset_problems = check_dataset(job, settings)
     problems += dataset_problems
     if data_quality and not dataset_problems and job.spec.dataset is not None and job.spec.dataset.quality.enabled:
@@ -53,9 +58,3 @@ def validate_job(
         problems += data_quality_problems(job, settings)
     return problems
 
-
-def current_usage(settings: Settings) -> dict[str, int]:
-    """Accelerators reserved per team right now, from the platform state."""
-    from trainyard.plugins.state.reservations import usage_by_team
-
-    return usage_by_team(settings.state_db)
