@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainyard.config.airflow import DAG_FILE_NAME
+from trainyard.plugins.errors import FatalError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +29,14 @@ JOB_DAGS_FILE = DAG_FILE_NAME
 one a deployment drops in under that name (`trainyard.config.airflow.DAG_FILE`)."""
 
 
-class AirflowUnavailable(RuntimeError):
-    """Airflow does not answer at the URL: say where it was looked for and how to start it."""
+class AirflowUnavailable(TransientError):
+    """Airflow does not answer at the URL: say where it was looked for and how to start it (it may
+    be starting: asking again later can help)."""
 
 
-class AirflowRequestFailed(RuntimeError):
-    """Airflow answered with an error status (the body's `detail` is in the message)."""
+class AirflowRequestFailed(FatalError):
+    """Airflow answered with an error status the client does not ask again for (the body's `detail`
+    is in the message)."""
 
     def __init__(self, method: str, url: str, status: int, detail: str) -> None:
         super().__init__(f"{method} {url}: HTTP {status}: {detail}")
