@@ -75,7 +75,7 @@ def test_a_higher_priority_gang_evicts_the_low_one_which_is_requeued_and_placed_
     result = place_preempting(high, Plan(dp=4), cluster, store, jobs, teams, Runtime(settings), run=RUN_HIGH, attempt=0, **kw)
     (eviction,) = result.evicted
     assert (eviction.victim.job, eviction.victim.run, eviction.freed) == (low.name, RUN_LOW, 2)
-    assert result.placement.world_size == 4 and store.placement(high.name, 0, run=RUN_HIGH) is not None
+    assert result.placement.layout.world_size == 4 and store.placement(high.name, 0, run=RUN_HIGH) is not None
     assert store.placement(low.name, 0, run=RUN_LOW) is None  # the victim's devices were freed
     status = eviction.status
     assert status is not None and status.state == "stopped" and not status.processes_alive
@@ -97,4 +97,4 @@ def test_a_higher_priority_gang_evicts_the_low_one_which_is_requeued_and_placed_
     store.release(high.name, 0, run=RUN_HIGH)  # …which returns when the high-priority gang ends
     again = place_preempting(low, Plan(dp=2), cluster, store, jobs, teams, Runtime(settings), run=RUN_LOW, attempt=1, wait_s=30,
                              poll_s=0.5, **kw)
-    assert again.evicted == [] and again.placement.world_size == 2
+    assert again.evicted == [] and again.placement.layout.world_size == 2

@@ -117,9 +117,9 @@ def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, at
     full_env = {**worker_env.to_env(), "TRAINYARD_FAULTS": faults,
                 "TRAINYARD_DATA_CACHE_DIR": str(run_dir.parent / "data-cache"), **(env or {})}
     result = run_torchrun("worker/train.py", ["--summary", str(run_dir / "summary.json")],
-                          nproc=plan.world_size, env=full_env, timeout=300, fork_ranks=run_dir,
+                          nproc=plan.layout.world_size, env=full_env, timeout=300, fork_ranks=run_dir,
                           rank_logs=True)
-    return WorkerRun(result, run_dir, plan.world_size)
+    return WorkerRun(result, run_dir, plan.layout.world_size)
 
 
 def committed_steps(object_store: str, job: str, endpoint_url: str | None = None) -> list[int]:

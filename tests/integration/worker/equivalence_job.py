@@ -87,7 +87,7 @@ def parallel(plan: Plan, data: torch.Tensor, config: LlamaConfig = CONFIG) -> li
     mesh = build_mesh(plan, "cpu")
     model = parallelize(Llama(config), plan, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    dp_rank, per_replica = mesh["dp"].get_local_rank(), GLOBAL_BATCH // plan.dp
+    dp_rank, per_replica = mesh["dp"].get_local_rank(), GLOBAL_BATCH // plan.layout.dp
     losses = []
     for step in range(STEPS):
         mine = data[step, dp_rank * per_replica:(dp_rank + 1) * per_replica]

@@ -27,7 +27,7 @@ def test_seed_200b_job_keeps_every_pipeline_in_a_rack_and_spreads_replicas(fleet
     free = fleet.free_map()
     placement = place_gang(request, fleet, free)
     assert hard_violations(placement, request, fleet, free) == []
-    assert len(placement.nodes) == 32 and placement.ranks_per_node == 8
+    assert len(placement.nodes) == 32 and placement.layout.ranks_per_node == 8
     assert placement.pp_groups_in_one_rack() == (64, 64)
     # DP replicas spread: 8 replicas of 4 nodes, each in its own rack.
     racks_of_replica = {d: {n.rack for n in placement.nodes if d in n.dp_replicas} for d in range(8)}
@@ -75,24 +75,24 @@ def test_tp_group_never_split_across_nodes_even_when_only_halves_are_free() -> N
     assert e.value.reason.code == "not_enough_nodes"
     # tp=4 fits in the halves: two nodes × 4 ranks.
     placement = place_gang(GangRequest(job="j", gpu_type="H100", tp=4, dp=2), inv, free)
-    assert placement.ranks_per_node == 4 and len(placement.nodes) == 2
+    assert placement.layout.ranks_per_node == 4 and len(placement.nodes) == 2
 
 
 def test_smaller_ranks_per_node_only_when_whole_nodes_are_missing() -> None:
     inv = inventory([(4, 8, "H100")])
     request = GangRequest(job="j", gpu_type="H100", tp=2, dp=8)
     assert slots_per_node_options(request, 8) == [8, 4, 2]
-    assert place_gang(request, inv).ranks_per_node == 8
+    assert place_gang(request, inv).layout.ranks_per_node == 8
     half = busy(inv, {n.name: 4 for n in inv.nodes})
-    assert place_gang(request, inv, half).ranks_per_node == 4
+    assert place_gang(request, inv, half).layout.ranks_per_node == 4
 
 
 def test_nodes_preferred_hint_sets_ranks_per_node() -> None:
     inv = Inventory.from_cluster(load_cluster("local"))
     two = place_gang(GangRequest(job="j", gpu_type="cpu", dp=2, nodes_preferred=2), inv)
-    assert two.node_names == ["local-0", "local-1"] and two.ranks_per_node == 1
+    assert two.node_names == ["local-0", "local-1"] and two.layout.ranks_per_node == 1
     one = place_gang(GangRequest(job="j", gpu_type="cpu", dp=2), inv)
-    assert len(one.nodes) == 1 and one.ranks_per_node == 2
+    assert len(one.nodes) == 1 and one.layout.ranks_per_node == 2
 
 
 def test_best_fit_fills_holes_before_opening_a_free_rack() -> None:
@@ -175,7 +175,7 @@ def test_for_job_builds_the_request_from_spec_and_plan() -> None:
 
     job = load_spec_file("config/jobs/demo-tiny-lm.yaml")
     request = GangRequest.for_job(job, Plan(dp=2), attempt=3, exclude={"local-1"})
-    assert (request.job, request.team, request.gpu_type, request.dp, request.attempt) == (
+    assert (request.job, request.team, request.gpu_type, request.layout.dp, request.attempt) == (
         "demo-tiny-lm", "demo", "cpu", 2, 3)
     assert request.exclude == frozenset({"local-1"}) and request.dataset == "datasets/pydoc-topics/"
     with pytest.raises(ValueError, match=r"= 4 != WORLD_SIZE\(2\)"):

@@ -34,7 +34,7 @@ LONG = ModelProfile(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=
 
 
 def mesh_groups(plan: Plan) -> dict[str, set[frozenset[int]]]:
-    mesh = torch.arange(plan.world_size).reshape(mesh_shape(plan))
+    mesh = torch.arange(plan.layout.world_size).reshape(mesh_shape(plan))
     out = {}
     for dim, name in enumerate(MESH_DIMS):
         rows = mesh.swapdims(-1, dim).reshape(-1, mesh.size(dim)).tolist()
@@ -49,7 +49,7 @@ def searched_shapes() -> list[tuple[int, int, int, int]]:
         result = plan_auto(model, H100, gpus, top_k=40)
         for plan in [result.best, *result.alternatives]:
             assert plan is not None
-            shapes.add((plan.tp, plan.pp, plan.dp, plan.cp))
+            shapes.add((plan.layout.tp, plan.layout.pp, plan.layout.dp, plan.layout.cp))
     return sorted(shapes)
 
 
@@ -75,12 +75,12 @@ def test_placer_groups_equal_mesh_groups(shape: tuple[int, int, int, int], gpus_
     expected = mesh_groups(plan)
     for kind in MESH_DIMS:
         placed = {frozenset(g.ranks) for g in placement.groups_of(kind)}
-        if getattr(plan, kind) == 1:
+        if getattr(plan.layout, kind) == 1:
             assert placed == set()  # the placer lists only groups of more than one rank
         else:
             assert placed == expected[kind], kind
     # Each node holds the ranks torchrun gives it, and the coordinates it reports are the mesh's.
-    coords = torch.arange(plan.world_size).reshape(mesh_shape(plan))
+    coords = torch.arange(plan.layout.world_size).reshape(mesh_shape(plan))
     for node in placement.nodes:
         ranks = range(node.first_rank, node.first_rank + node.slots)
         stages = sorted({int((coords == r).nonzero()[0][0]) for r in ranks})

@@ -82,11 +82,11 @@ def _placements_hold(outcomes: Counter[str], data: st.DataObject) -> None:
         if reason.code == "no_gpu_type":
             assert per_node == 0
         elif reason.code == "tp_exceeds_node":
-            assert request.tp > per_node
+            assert request.layout.tp > per_node
         else:
-            assert per_node > 0 and request.tp <= per_node
+            assert per_node > 0 and request.layout.tp <= per_node
             for k in slots_per_node_options(request, per_node):
-                nodes = request.world_size // k
+                nodes = request.layout.world_size // k
                 if not request.require_pp_in_rack:
                     assert eligible_count(inv, request, free, k) < nodes, f"k={k} had room"
             if reason.code == "not_enough_nodes":
@@ -97,9 +97,9 @@ def _placements_hold(outcomes: Counter[str], data: st.DataObject) -> None:
         return
     outcomes["placed"] += 1
     assert hard_violations(placement, request, inv, free) == []
-    ranks = sorted(r for g in placement.groups_of("tp") for r in g.ranks) if request.tp > 1 else []
-    assert ranks in ([], list(range(request.world_size)))
-    if request.require_pp_in_rack and request.pp > 1:
+    ranks = sorted(r for g in placement.groups_of("tp") for r in g.ranks) if request.layout.tp > 1 else []
+    assert ranks in ([], list(range(request.layout.world_size)))
+    if request.require_pp_in_rack and request.layout.pp > 1:
         in_rack, total = placement.pp_groups_in_one_rack()
         assert in_rack == total
 
@@ -159,7 +159,7 @@ def _preemption_holds(outcomes: Counter[str], data: st.DataObject) -> None:
     outcomes["evicted"] += bool(plan.victims)
     by_job = {g.job: g for g in running}
     usage = team_usage(running)
-    usage[request.team] = usage.get(request.team, 0) + request.world_size  # ranked as if admitted
+    usage[request.team] = usage.get(request.team, 0) + request.layout.world_size  # ranked as if admitted
     freed = dict(free)
     for victim in plan.victims:
         gang = by_job[victim.job]

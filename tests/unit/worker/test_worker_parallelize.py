@@ -106,7 +106,7 @@ def test_unknown_recompute_mode_is_refused(model: Llama) -> None:
 
 def test_default_plan_is_data_parallel_over_the_world() -> None:
     plan = default_plan(4, global_batch_size=16, sequence_length=128)
-    assert (plan.dp, plan.tp, plan.pp, plan.zero_stage, plan.micro_batch_size) == (4, 1, 1, 0, 4)
+    assert (plan.layout.dp, plan.layout.tp, plan.layout.pp, plan.zero_stage, plan.micro_batch_size) == (4, 1, 1, 0, 4)
     assert mesh_shape(plan) == (1, 4, 1, 1)
     with pytest.raises(ValueError, match=r"global batch size \(10\) is not divisible by the world size \(4\)"):
         default_plan(4, global_batch_size=10)

@@ -39,7 +39,7 @@ def test_contract_environment_is_used_as_given(tmp_path: Path) -> None:
 def test_standalone_fills_defaults_from_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path))
     config = SessionConfig.from_env({}, spec=SPEC, world_size=2)
-    assert config.plan.dp == 2 and config.plan.zero_stage == 0 and config.plan.micro_batch_size == 8
+    assert config.plan.layout.dp == 2 and config.plan.zero_stage == 0 and config.plan.micro_batch_size == 8
     assert config.object_store == (tmp_path / "objects").as_uri()
     assert config.checkpoint_uri == f"{config.object_store}/jobs/demo-tiny-lm/runs/standalone/checkpoints"
     assert config.heartbeat_dir == tmp_path / "runs" / "demo-tiny-lm" / "standalone" / "heartbeats"
