@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tests.unit.placement.placement_fixtures import make_cluster
 from trainyard.config.teams import Teams
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.placement.constraints import hard_violations
 from trainyard.plugins.placement.fairshare import (
     RunningGang,
@@ -47,12 +48,10 @@ def fleets(draw: st.DrawFn) -> tuple[Inventory, dict[str, int]]:
 def requests(draw: st.DrawFn, inv: Inventory) -> GangRequest:
     names = [n.name for n in inv.nodes]
     return GangRequest(
-        job="j", gpu_type=draw(st.sampled_from(TYPES)), tp=draw(st.sampled_from([1, 2, 4, 8])),
-        pp=draw(st.integers(1, 4)), dp=draw(st.integers(1, 6)), cp=draw(st.sampled_from([1, 1, 2])),
+        job="j", gpu_type=draw(st.sampled_from(TYPES)), layout=RankLayout(tp=draw(st.sampled_from([1, 2, 4, 8])), pp=draw(st.integers(1, 4)), dp=draw(st.integers(1, 6)), cp=draw(st.sampled_from([1, 1, 2]))),
         nodes_preferred=draw(st.none() | st.integers(1, 8)),
         exclude=frozenset(draw(st.sets(st.sampled_from(names), max_size=3))),
-        require_pp_in_rack=draw(st.booleans()),
-    )
+        require_pp_in_rack=draw(st.booleans()),)
 
 
 def eligible_count(inv: Inventory, request: GangRequest, free: dict[str, int], k: int) -> int:
@@ -147,8 +146,7 @@ def test_preemption_evicts_whole_lower_priority_gangs_only() -> None:
 def _preemption_holds(outcomes: Counter[str], data: st.DataObject) -> None:
     inv, free, running = data.draw(busy_fleets())
     request = GangRequest(job="new", team=data.draw(st.sampled_from(["a", "b", "c"])),
-                          priority=data.draw(st.sampled_from(PRIORITIES)), gpu_type="H100",
-                          tp=8, dp=data.draw(st.integers(1, 4)))
+                          priority=data.draw(st.sampled_from(PRIORITIES)), gpu_type="H100", layout=RankLayout(tp=8, dp=data.draw(st.integers(1, 4))))
     now = datetime(2026, 1, 1, tzinfo=UTC)
     try:
         plan = plan_preemption(request, inv, free, running, TEAMS, now=now)

@@ -13,6 +13,7 @@ from trainyard.config.problems import Code
 from trainyard.config.settings import Settings
 from trainyard.config.spec import TrainingJob
 from trainyard.plugins.advisor.planner import plan_job
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.advisor.runtime import WORKER_RUNTIME
 from trainyard.plugins.advisor.search import REJECT_RUNTIME
 from trainyard.plugins.validation.dry_run import validate_job
@@ -85,7 +86,7 @@ def test_the_worker_refuses_what_the_declaration_refuses() -> None:
     model = Llama(LlamaConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64))
     assert WORKER_RUNTIME.max_cp == 1
     with pytest.raises(ValueError, match=r"cp\(2\)"):
-        check_plan(Plan(cp=2), model)
+        check_plan(Plan(layout=RankLayout(cp=2)), model)
     assert "fp16" not in WORKER_RUNTIME.precisions
     with pytest.raises(ValueError, match="fp16"):
         compute_dtype("cuda", "fp16")
