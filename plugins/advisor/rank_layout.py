@@ -72,10 +72,6 @@ class RankLayout:
         placement knows how many of its ranks share a node."""
         return replace(self, ranks_per_node=ranks_per_node)
 
-    def degrees(self) -> RankLayout:
-        """The degrees alone (one rank per node): what a plan or a request carries."""
-        return self if self.ranks_per_node == 1 else replace(self, ranks_per_node=1)
-
     @property
     def shape(self) -> tuple[int, int, int, int]:
         """Sizes in `MESH_DIMS` order: what `init_device_mesh` is given."""
