@@ -38,18 +38,20 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from trainyard.config.cluster import load_cluster  # noqa: E402
+from trainyard.plugins.advisor.rank_layout import RankLayout  # noqa: E402
 from trainyard.plugins.placement.baseline import place_first_fit  # noqa: E402
 from trainyard.plugins.placement.constraints import hard_violations  # noqa: E402
 from trainyard.plugins.placement.gang import place_gang  # noqa: E402
 from trainyard.plugins.placement.inventory import Inventory  # noqa: E402
 from trainyard.plugins.placement.model import GangRequest, Placement, Unschedulable  # noqa: E402
 
-MIX = ((150, dict(tp=8, pp=1, dp=1)), (40, dict(tp=8, pp=4, dp=2)), (10, dict(tp=8, pp=4, dp=8)))
+MIX = ((150, RankLayout(tp=8, pp=1, dp=1)), (40, RankLayout(tp=8, pp=4, dp=2)),
+       (10, RankLayout(tp=8, pp=4, dp=8)))
 
 
 def job_mix(rng: random.Random) -> list[GangRequest]:
-    jobs = [GangRequest(job=f"j{size['tp'] * size['pp'] * size['dp']}-{i}", team="bench", gpu_type="H100", **size)
-            for count, size in MIX for i in range(count)]
+    jobs = [GangRequest(job=f"j{layout.world_size}-{i}", team="bench", gpu_type="H100", layout=layout)
+            for count, layout in MIX for i in range(count)]
     rng.shuffle(jobs)
     return jobs
 
@@ -76,7 +78,7 @@ def run_pass(inv: Inventory, jobs: list[GangRequest], placer: str, store: object
         for node in placement.nodes:
             free[node.name] -= node.slots
         placed += 1
-        gpus += placement.world_size
+        gpus += placement.layout.world_size
         a, b = placement.pp_groups_in_one_rack()
         in_rack += a
         pp_total += b

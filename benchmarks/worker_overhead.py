@@ -111,12 +111,12 @@ def worker(args: argparse.Namespace) -> int:
         scheduler = warmup_cosine(optimizer, spec.spec.training.max_steps)
         data = open_dataset_windows(spec.spec.dataset.source, object_store=config.object_store,
                                     seq_len=hints.sequence_length)
-        sampler = ResumableSampler(len(data), rank=session.rank, world_size=plan.dp,
+        sampler = ResumableSampler(len(data), rank=session.rank, world_size=plan.layout.dp,
                                    seed=spec.spec.training.seed)
         session.attach(model=model.state_module, optimizer=optimizer,
                        extra={"scheduler": scheduler, "sampler": sampler})
         batch = plan.micro_batch_size * plan.num_micro_batches
-        tokens = batch * plan.dp * hints.sequence_length
+        tokens = batch * plan.layout.dp * hints.sequence_length
         step = 0
         callback_s: list[float] = []
 

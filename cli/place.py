@@ -102,8 +102,8 @@ def render_map(placement: Placement, inventory: Inventory, free: dict[str, int],
     head = Text.assemble(
         ("Placement ", "bold"), (placement.job, "bold cyan"), f" on {cluster_name}\n",
         ("  plan     ", "dim"), f"{plan_label}\n           {plan_source}\n",
-        ("  gang     ", "dim"), f"{placement.world_size} ranks: {_plural(nodes, 'node')} × "
-                               f"{placement.ranks_per_node}, {_plural(racks_used, 'rack')}\n",
+        ("  gang     ", "dim"), f"{placement.layout.world_size} ranks: {_plural(nodes, 'node')} × "
+                               f"{placement.layout.ranks_per_node}, {_plural(racks_used, 'rack')}\n",
         ("  policy   ", "dim"), f"{placement.strategy}\n",
         ("  score    ", "dim"), score,
     )

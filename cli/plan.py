@@ -153,8 +153,8 @@ def _print_plan(plan: Plan, result: PlanResult) -> None:
 
     layout = Table(title="Layout", show_header=False, title_justify="left")
     for label, value in (
-        ("tensor parallel", plan.tp), ("pipeline parallel", f"{plan.pp} ({plan.pipeline_schedule})"),
-        ("virtual stages", plan.vpp), ("data parallel", plan.dp), ("context parallel", plan.cp),
+        ("tensor parallel", plan.layout.tp), ("pipeline parallel", f"{plan.layout.pp} ({plan.pipeline_schedule})"),
+        ("virtual stages", plan.vpp), ("data parallel", plan.layout.dp), ("context parallel", plan.layout.cp),
         ("expert parallel", plan.ep),
         ("ZeRO stage", f"{plan.zero_stage} ({['DDP', 'FSDP2, no reshard', 'FSDP2, no reshard', 'FSDP2 (full shard)'][plan.zero_stage]})"),
         ("micro-batch × micro-batches", f"{plan.micro_batch_size} × {plan.num_micro_batches}"),

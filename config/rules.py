@@ -65,7 +65,7 @@ def model_divisibility(job: TrainingJob) -> Iterable[Problem]:
     if hints.num_layers % (pp * vpp):
         yield pipeline_split_problem(hints.num_layers, pp, vpp)
     for heads, label in ((hints.num_attention_heads, "numAttentionHeads"),
-                         (hints.effective_kv_heads(), "numKeyValueHeads")):
+                         (hints.shape().num_kv_heads, "numKeyValueHeads")):
         if heads % tp:
             yield Problem(code=Code.TP_HEAD_MISMATCH, path="spec.parallelism.tensorParallel",
                           message=f"{label} = {heads} is not divisible by TP({tp})",

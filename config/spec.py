@@ -11,6 +11,7 @@ the world (memory fit, dataset, quota) live in `plugins/validation/`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import (
@@ -139,15 +140,50 @@ class ModelHints(Section):
     """Mixture-of-experts: experts per MoE layer (omit for a dense model)."""
     expert_top_k: PositiveInt | None = None
 
-    def effective_ffn_hidden_size(self) -> int:
+    def shape(self) -> ModelShape:
+        """The model these hints describe, every default filled in: the one place the hints are
+        interpreted (a KV-head count of `numAttentionHeads` when not given, Llama's FFN width,
+        `numExperts: 1` meaning dense), read by the advisor's `ModelProfile` and the worker's
+        `LlamaConfig` alike, so the model planned for is the model trained. It does not check
+        divisibility: `config/rules.py` reports that as a problem and the consumers raise."""
         if self.ffn_hidden_size is not None:
-            return self.ffn_hidden_size
-        if self.activation == "gelu":
-            return 4 * self.hidden_size
-        return 256 * -(-int(2 * 4 * self.hidden_size / 3) // 256)
+            ffn = self.ffn_hidden_size
+        elif self.activation == "gelu":
+            ffn = 4 * self.hidden_size
+        else:  # Llama: 2/3 of 4·hidden, rounded up to a multiple of 256
+            ffn = 256 * -(-int(2 * 4 * self.hidden_size / 3) // 256)
+        moe = (self.num_experts or 1) > 1
+        return ModelShape(
+            hidden_size=self.hidden_size, num_layers=self.num_layers,
+            num_heads=self.num_attention_heads,
+            num_kv_heads=self.num_key_value_heads or self.num_attention_heads,
+            ffn_hidden_size=ffn, vocab_size=self.vocab_size, activation=self.activation,
+            tie_embeddings=self.tie_embeddings,
+            num_experts=self.num_experts if moe else None,
+            expert_top_k=(self.expert_top_k or 1) if moe else None,
+        )
 
-    def effective_kv_heads(self) -> int:
-        return self.num_key_value_heads or self.num_attention_heads
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder's architecture as `ModelHints.shape` derives it from the spec: no optional
+    field left to interpret. The advisor's `ModelProfile` and the worker's `LlamaConfig` are both
+    built from one (`from_shape`) and add what they alone need (the batch and precision to plan
+    for; the rotary table's length and the initialisation)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    """Grouped-query attention: every `num_heads / num_kv_heads` query heads share a K/V head."""
+    ffn_hidden_size: int
+    vocab_size: int
+    activation: Literal["gelu", "swiglu"] = "swiglu"
+    tie_embeddings: bool = False
+    num_experts: int | None = None
+    """Experts per MoE layer; None for a dense model."""
+    expert_top_k: int | None = None
+    """Experts each token is routed to; None for a dense model."""
 
 
 class Parallelism(Section):

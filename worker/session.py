@@ -196,7 +196,7 @@ class TrainingSession:
         new rendezvous round without counting a restart there, so one node's ranks can see 0
         while the failed node's see 1; the gang decides (and reports) as one."""
         self.plan = config.plan
-        config.plan.check_world_size(self.world_size)
+        config.plan.layout.check_world_size(self.world_size)
         self.node = os.environ.get("TRAINYARD_NODE") or socket.gethostname()
         self.faults = config.faults
         ft = config.spec.spec.fault_tolerance

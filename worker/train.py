@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         batch = plan.micro_batch_size * plan.num_micro_batches  # sequences per replica
         data = open_streaming_data(job.dataset.source, object_store=config.object_store,
                                    seq_len=hints.sequence_length, batch_size=batch,
-                                   dp_rank=mesh["dp"].get_local_rank(), dp_size=plan.dp,
+                                   dp_rank=mesh["dp"].get_local_rank(), dp_size=plan.layout.dp,
                                    seed=job.training.seed, fmt=job.dataset.format,
                                    text_field=job.dataset.quality.text_field,
                                    tokenizer=job.dataset.tokenizer, stripes=job.dataset.stripes,
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 stats = train_step(model, optimizer, scheduler, inputs, targets)
             losses[step] = stats.loss
             session.step_end(step, loss=stats.loss, grad_norm=stats.grad_norm, lr=step_lr,
-                             tokens=batch * plan.dp * hints.sequence_length, data_stall_s=stall,
+                             tokens=batch * plan.layout.dp * hints.sequence_length, data_stall_s=stall,
                              data_metrics=data.metrics())
             if session.rank == 0 and (step % 10 == 0 or step == 1):
                 log.info("step %d loss %.4f grad_norm %.3f lr %.2e", step, stats.loss,

@@ -65,21 +65,22 @@ def limit_bytes(hw: Hardware, keep_headroom: float | None) -> int:
 
 def check_layout(model: ModelProfile, layout: Layout, gpu_count: int | None = None) -> None:
     """Raise `ValueError`, naming the values, when the layout cannot split this model."""
-    if gpu_count is not None and layout.world_size != gpu_count:
-        raise ValueError(f"tp({layout.tp}) * pp({layout.pp}) * dp({layout.dp}) * cp({layout.cp}) "
-                         f"= {layout.world_size} != gpuCount({gpu_count})")
+    d = layout.degrees
+    if gpu_count is not None and d.world_size != gpu_count:
+        raise ValueError(f"tp({d.tp}) * pp({d.pp}) * dp({d.dp}) * cp({d.cp}) "
+                         f"= {d.world_size} != gpuCount({gpu_count})")
     if layout.global_batch_size != model.global_batch_size:
         raise ValueError(f"micro_batch_size({layout.micro_batch_size}) * num_micro_batches("
-                         f"{layout.num_micro_batches}) * dp({layout.dp}) = {layout.global_batch_size}"
+                         f"{layout.num_micro_batches}) * dp({layout.degrees.dp}) = {layout.global_batch_size}"
                          f" != global batch size ({model.global_batch_size})")
-    if layout.pp > model.num_layers:
-        raise ValueError(f"pp({layout.pp}) exceeds num_layers({model.num_layers})")
+    if layout.degrees.pp > model.num_layers:
+        raise ValueError(f"pp({layout.degrees.pp}) exceeds num_layers({model.num_layers})")
     for heads, name in ((model.num_heads, "num_heads"), (model.num_kv_heads, "num_kv_heads")):
-        if heads % layout.tp:
-            raise ValueError(f"tp({layout.tp}) does not divide {name}({heads})")
-    if layout.sequence_parallel and layout.tp == 1:
+        if heads % layout.degrees.tp:
+            raise ValueError(f"tp({layout.degrees.tp}) does not divide {name}({heads})")
+    if layout.sequence_parallel and layout.degrees.tp == 1:
         raise ValueError("sequence parallelism needs tp > 1")
-    if layout.vpp > 1 and layout.pp == 1:
+    if layout.vpp > 1 and layout.degrees.pp == 1:
         raise ValueError(f"vpp({layout.vpp}) needs pipeline parallelism; pp is 1")
     if layout.ep > 1 and (not model.is_moe or (model.num_experts or 1) % layout.ep
                           or layout.shard_group % layout.ep):
@@ -118,7 +119,7 @@ class Evaluator:
             return Estimate(layout, memory, stage, self.budget, self.limit, None)
         time = self.time.step(layout)
         tokens = self.model.global_batch_size * self.model.sequence_length / time.step_s
-        peak = self.peak * layout.world_size
+        peak = self.peak * layout.degrees.world_size
         extra = self.model.recompute_flops_per_token(
             layout.recompute, attention_recomputed=self.attention_recomputed)
         return Estimate(layout, memory, stage, self.budget, self.limit, time, tokens_per_s=tokens,

@@ -34,9 +34,9 @@ def explanation_text(plan: Plan, result: PlanResult | None = None, *, source: st
         lines += [f"warning: {w}" for w in result.warnings]
     lines += ["", "layout"]
     lines += _rows([
-        ("tensor parallel", str(plan.tp)), ("pipeline parallel", f"{plan.pp} ({plan.pipeline_schedule})"),
-        ("virtual stages", str(plan.vpp)), ("data parallel", str(plan.dp)),
-        ("context parallel", str(plan.cp)), ("expert parallel", str(plan.ep)),
+        ("tensor parallel", str(plan.layout.tp)), ("pipeline parallel", f"{plan.layout.pp} ({plan.pipeline_schedule})"),
+        ("virtual stages", str(plan.vpp)), ("data parallel", str(plan.layout.dp)),
+        ("context parallel", str(plan.layout.cp)), ("expert parallel", str(plan.ep)),
         ("ZeRO stage", str(plan.zero_stage)),
         ("micro-batch x micro-batches", f"{plan.micro_batch_size} x {plan.num_micro_batches}"),
         ("activation checkpointing", plan.activation_checkpointing),

@@ -3,7 +3,8 @@
 layout needs.
 
 A `Layout` is the plain, hashable core of a `Plan` (no estimates), cheap enough to create
-tens of thousands of times during a search.
+tens of thousands of times during a search. Its degrees are a `RankLayout` (`degrees`, their one
+carrier), shared by every variant of a structure the search tries.
 
 Rank order: `RankLayout` (`plugins/advisor/rank_layout.py`), the worker's device mesh —
 fastest-varying first tp, cp, dp, pp. TP groups are consecutive ranks, so they sit inside one
@@ -13,7 +14,7 @@ model another stack's order (Llama 3 put pipeline inside data parallelism).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from trainyard.config.spec import Recompute
@@ -25,10 +26,9 @@ RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
+    degrees: RankLayout = field(default_factory=RankLayout)
+    """tp, pp, dp, cp in the one rank order (one rank per node: the advisor models nodes
+    through `Hardware.gpus_per_node`)."""
     vpp: int = 1
     ep: int = 1
     """Expert-parallel degree (MoE): experts split over `ep` ranks of the dp·cp group."""
@@ -39,26 +39,23 @@ class Layout:
     sequence_parallel: bool = False
 
     @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
-
-    @property
     def shard_group(self) -> int:
         """Ranks that hold the same parameters: ZeRO shards and gradients reduce over dp·cp."""
-        return self.dp * self.cp
+        return self.degrees.dp * self.degrees.cp
 
     @property
     def global_batch_size(self) -> int:
-        return self.micro_batch_size * self.num_micro_batches * self.dp
+        return self.micro_batch_size * self.num_micro_batches * self.degrees.dp
 
     def complexity(self) -> int:
         """How much machinery the layout needs; ties in step time go to the lower score."""
-        return (8 * (self.pp > 1) + 8 * (self.tp > 1) + 8 * (self.cp > 1) + 8 * (self.ep > 1)
+        d = self.degrees
+        return (8 * (d.pp > 1) + 8 * (d.tp > 1) + 8 * (d.cp > 1) + 8 * (self.ep > 1)
                 + 4 * (self.vpp > 1) + 2 * RECOMPUTE_LEVEL[self.recompute] + self.zero_stage
                 + int(self.sequence_parallel))
 
     def describe(self) -> str:
-        return layout_label(tp=self.tp, pp=self.pp, vpp=self.vpp, dp=self.dp, cp=self.cp, ep=self.ep,
+        return layout_label(self.degrees, vpp=self.vpp, ep=self.ep,
                             zero_stage=self.zero_stage, micro_batch_size=self.micro_batch_size,
                             num_micro_batches=self.num_micro_batches, recompute=self.recompute,
                             sequence_parallel=self.sequence_parallel)
@@ -131,10 +128,10 @@ under DeepSpeed's ZeRO-3 (Narayanan et al. 2021, Table 2).
 
     def strides(self, layout: Layout) -> tuple[int, int]:
         """(dp stride, pp stride) in ranks for `layout` under this rank order."""
+        order = layout.degrees
         if self.pipeline_inside_data:
-            inner = layout.tp * layout.cp
-            return inner * layout.pp, inner
-        order = RankLayout.of(layout)
+            inner = order.tp * order.cp
+            return inner * order.pp, inner
         return order.stride("dp"), order.stride("pp")
 
 

@@ -148,7 +148,7 @@ def layer_activation_bytes(model: ModelProfile, impl: Implementation, micro_batc
 
 def inflight_layer_microbatches(layers: int, stage: int, layout: Layout) -> float:
     """Layer-micro-batches of activations stage `stage` holds at its peak."""
-    p, v, m = layout.pp, layout.vpp, layout.num_micro_batches
+    p, v, m = layout.degrees.pp, layout.vpp, layout.num_micro_batches
     if p == 1:
         return float(layers)
     if v == 1:
@@ -201,25 +201,26 @@ class MemoryModel:
         return counts
 
     def activations(self, layout: Layout) -> tuple[float, float]:
-        key = (layout.micro_batch_size, layout.tp, layout.cp, layout.sequence_parallel, layout.recompute)
+        d = layout.degrees
+        key = (layout.micro_batch_size, d.tp, d.cp, layout.sequence_parallel, layout.recompute)
         hit = self._activations.get(key)
         if hit is None:
             hit = self._activations[key] = layer_activation_bytes(self.model, self.impl, *key)
         return hit
 
     def stage_params(self, layout: Layout, stage: int, layers: int) -> StageParams:
-        key = (layout.tp, layout.ep, layout.pp, stage, layers)
+        key = (layout.degrees.tp, layout.ep, layout.degrees.pp, stage, layers)
         hit = self._params.get(key)
         if hit is None:
-            tp, ep = layout.tp, layout.ep
+            tp, ep = layout.degrees.tp, layout.ep
             dense = layers * self.layer_dense / tp
             experts = layers * self.layer_experts / (tp * ep)
             units = [self.layer_dense / tp + self.layer_experts / (tp * ep)]
             if stage == 0:
                 dense += self.embedding / tp
                 units.append(self.embedding / tp)
-            if stage == layout.pp - 1:
-                head = self.head or (self.embedding if layout.pp > 1 else 0)
+            if stage == layout.degrees.pp - 1:
+                head = self.head or (self.embedding if layout.degrees.pp > 1 else 0)
                 dense += head / tp + self.model.hidden_size
                 units.append(head / tp)
             hit = self._params[key] = StageParams(dense, experts, max(units))
@@ -240,9 +241,9 @@ class MemoryModel:
         }
         kept, transient = self.activations(layout)
         out["activations"] = kept * inflight_layer_microbatches(layers, stage, layout) + transient
-        if stage == layout.pp - 1:
-            tokens = layout.micro_batch_size * self.model.sequence_length / layout.cp
-            out["logits"] = (tokens * self.model.vocab_size / layout.tp
+        if stage == layout.degrees.pp - 1:
+            tokens = layout.micro_batch_size * self.model.sequence_length / layout.degrees.cp
+            out["logits"] = (tokens * self.model.vocab_size / layout.degrees.tp
                              * (self.e + LOGIT_BYTES_EXTRA))
         grads_waiting = (self.impl.zero_reduce_bucket_bytes if self.impl.zero_reduce_bucket_bytes
                          else params.largest_unit * self.g)
@@ -269,15 +270,15 @@ class MemoryModel:
 
     def total(self, layout: Layout) -> float:
         """Bytes on the device that needs the most (no itemisation: the search's fast path)."""
-        counts = self.stage_counts(layout.pp, layout.vpp)
+        counts = self.stage_counts(layout.degrees.pp, layout.vpp)
         return max(sum(self.stage(layout, i, counts[i]).values())
-                   for i in self.stages_to_check(layout.pp, layout.vpp))
+                   for i in self.stages_to_check(layout.degrees.pp, layout.vpp))
 
     def breakdown(self, layout: Layout) -> tuple[dict[str, int], int]:
         """The itemised bytes of the device that needs the most, and its pipeline stage."""
-        counts = self.stage_counts(layout.pp, layout.vpp)
+        counts = self.stage_counts(layout.degrees.pp, layout.vpp)
         per_stage = [(self.stage(layout, i, counts[i]), i)
-                     for i in self.stages_to_check(layout.pp, layout.vpp)]
+                     for i in self.stages_to_check(layout.degrees.pp, layout.vpp)]
         items, stage = max(per_stage, key=lambda item: sum(item[0].values()))
         return {k: int(v) for k, v in items.items()}, stage
 

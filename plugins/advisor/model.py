@@ -12,11 +12,11 @@ differ from this count by less than 0.1 % for h ≥ 2048.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from trainyard.config.spec import ModelHints, Precision
+    from trainyard.config.spec import ModelHints, ModelShape, Precision
 
 
 @dataclass(frozen=True)
@@ -49,22 +49,28 @@ class ModelProfile:
 
     @classmethod
     def from_hints(cls, hints: ModelHints) -> ModelProfile:
-        return cls(
-            hidden_size=hints.hidden_size,
-            num_layers=hints.num_layers,
-            num_heads=hints.num_attention_heads,
-            num_kv_heads=hints.effective_kv_heads(),
-            ffn_hidden_size=hints.effective_ffn_hidden_size(),
-            vocab_size=hints.vocab_size,
-            sequence_length=hints.sequence_length,
-            global_batch_size=hints.global_batch_size,
-            precision=hints.mixed_precision,
-            activation=hints.activation,
-            tie_embeddings=hints.tie_embeddings,
-            num_experts=hints.num_experts if (hints.num_experts or 1) > 1 else None,
-            expert_top_k=(hints.expert_top_k or 1) if (hints.num_experts or 1) > 1 else None,
-            declared_parameters=hints.model_parameters,
-        )
+        """The model the spec describes (`ModelHints.shape`, the one reading of the hints),
+        planned for the spec's sequence length, global batch and precision."""
+        return cls.from_shape(hints.shape(), sequence_length=hints.sequence_length,
+                              global_batch_size=hints.global_batch_size,
+                              precision=hints.mixed_precision,
+                              declared_parameters=hints.model_parameters)
+
+    @classmethod
+    def from_shape(cls, shape: ModelShape, *, sequence_length: int, global_batch_size: int,
+                   precision: Precision = "bf16",
+                   declared_parameters: int | None = None) -> ModelProfile:
+        """The profile of a derived `ModelShape` — every architecture field copied as it is."""
+        return cls(**{f.name: getattr(shape, f.name) for f in fields(shape)},
+                   sequence_length=sequence_length, global_batch_size=global_batch_size,
+                   precision=precision, declared_parameters=declared_parameters)
+
+    @property
+    def shape(self) -> ModelShape:
+        """The architecture alone, as the worker's `LlamaConfig.from_shape` takes it."""
+        from trainyard.config.spec import ModelShape
+
+        return ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)})
 
     # --- shape -----------------------------------------------------------------------------
 

@@ -26,8 +26,8 @@ def nccl_env(layout: Layout, hw: Hardware) -> dict[str, str]:
     if hw.gpu.is_cpu:
         return {}
     env = {"NCCL_DEBUG": "WARN"}
-    multi_node = layout.world_size > hw.gpus_per_node
-    if layout.tp > 1:
+    multi_node = layout.degrees.world_size > hw.gpus_per_node
+    if layout.degrees.tp > 1:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
         if hw.gpu.name in ("H100", "H200"):
             env["NCCL_NVLS_ENABLE"] = "1"
@@ -36,6 +36,6 @@ def nccl_env(layout: Layout, hw: Hardware) -> dict[str, str]:
     if multi_node:
         env["NCCL_IB_DISABLE"] = "0"
         env["NCCL_NET_GDR_LEVEL"] = "PHB"
-    if layout.pp > 1 and layout.tp * layout.cp * layout.dp * layout.pp > hw.gpus_per_node:
+    if layout.degrees.pp > 1 and multi_node:
         env["NCCL_P2P_NET_CHUNKSIZE"] = "524288"
     return dict(sorted(env.items()))

@@ -2,7 +2,9 @@
 dry run, the placer, the launcher and the worker runtime (`TRAINYARD_PLAN`).
 
 Pure pydantic, no torch: like torchtitan's `ParallelDims`, a plan checks itself and names
-every factor when they disagree, so it can be validated without starting a process.
+every factor when they disagree, so it can be validated without starting a process. The degrees
+are its `layout` (`RankLayout`, their one carrier); a plan written with flat `tp`/`pp`/`dp`/`cp`
+keys (before #59: XCom of running jobs, stored attempts) still loads.
 """
 
 from __future__ import annotations
@@ -12,19 +14,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
 
 from trainyard.config.spec import Recompute
+from trainyard.plugins.advisor.rank_layout import RankLayout, lift_flat_degrees
 
 
 class Plan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    tp: PositiveInt = 1
-    """Tensor-parallel degree (inside one node)."""
-    pp: PositiveInt = 1
-    """Pipeline-parallel degree (stages)."""
-    dp: PositiveInt = 1
-    """Data-parallel degree (replicas, or FSDP shards when `zero_stage` ≥ 1)."""
-    cp: PositiveInt = 1
-    """Context-parallel degree (sequence split across devices)."""
+    layout: RankLayout = Field(default_factory=RankLayout)
+    """The degrees: tensor (`tp`, inside one node), pipeline (`pp`, stages), data (`dp`,
+    replicas, or FSDP shards when `zero_stage` ≥ 1) and context (`cp`, the sequence split)
+    parallel, in the one rank order. One rank per node: only a placement knows more."""
     vpp: PositiveInt = 1
     """Virtual pipeline stages per pipeline rank (interleaved 1F1B when > 1)."""
     ep: PositiveInt = 1
@@ -62,56 +61,53 @@ class Plan(BaseModel):
     catalog's), set when the attempt is planned: the worker's streamed MFU and the cost report
     then divide by the same peak."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_flat_degrees(cls, data: object) -> object:
+        return lift_flat_degrees(data)
+
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
-        if self.vpp > 1 and self.pp == 1:
+        d = self.layout
+        if d.ranks_per_node != 1:
+            raise ValueError(f"a plan's layout has one rank per node, got {d.ranks_per_node}: "
+                             "ranks per node are the placement's")
+        if self.vpp > 1 and d.pp == 1:
             raise ValueError(f"virtual pipeline stages vpp({self.vpp}) need pipeline parallelism; pp is 1")
-        if self.sequence_parallel and self.tp == 1:
+        if self.sequence_parallel and d.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
-        if (self.dp * self.cp) % self.ep:
-            raise ValueError(f"ep({self.ep}) must divide dp({self.dp}) * cp({self.cp})")
-        expected = self.micro_batch_size * self.num_micro_batches * self.dp
+        if (d.dp * d.cp) % self.ep:
+            raise ValueError(f"ep({self.ep}) must divide dp({d.dp}) * cp({d.cp})")
+        expected = self.micro_batch_size * self.num_micro_batches * d.dp
         if self.global_batch_size is not None and self.global_batch_size != expected:
             raise ValueError(
                 f"Invalid plan: micro_batch_size({self.micro_batch_size}) * "
-                f"num_micro_batches({self.num_micro_batches}) * dp({self.dp}) = {expected} "
+                f"num_micro_batches({self.num_micro_batches}) * dp({d.dp}) = {expected} "
                 f"!= global_batch_size({self.global_batch_size})"
             )
         return self
 
     @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
-
-    @property
     def pipeline_schedule(self) -> Literal["none", "1f1b", "interleaved_1f1b"]:
-        if self.pp == 1:
+        if self.layout.pp == 1:
             return "none"
         return "interleaved_1f1b" if self.vpp > 1 else "1f1b"
 
-    def check_world_size(self, world_size: int) -> None:
-        """Raise naming every factor when the plan does not cover `world_size` devices."""
-        if self.world_size != world_size:
-            raise ValueError(
-                f"Invalid parallel dims: tp({self.tp}) * pp({self.pp}) * dp({self.dp}) * "
-                f"cp({self.cp}) = {self.world_size} != WORLD_SIZE({world_size})"
-            )
-
     def describe(self) -> str:
         """`TP2·PP1·DP4 ZeRO-3 mbs2×8 AC=selective` — a one-line label for tables and logs."""
-        return layout_label(tp=self.tp, pp=self.pp, vpp=self.vpp, dp=self.dp, cp=self.cp, ep=self.ep,
+        return layout_label(self.layout, vpp=self.vpp, ep=self.ep,
                             zero_stage=self.zero_stage, micro_batch_size=self.micro_batch_size,
                             num_micro_batches=self.num_micro_batches,
                             recompute=self.activation_checkpointing, sequence_parallel=self.sequence_parallel)
 
 
-def layout_label(*, tp: int, pp: int, vpp: int, dp: int, cp: int, ep: int, zero_stage: int,
+def layout_label(degrees: RankLayout, *, vpp: int, ep: int, zero_stage: int,
                  micro_batch_size: int, num_micro_batches: int, recompute: str,
                  sequence_parallel: bool) -> str:
     """The one spelling of a layout people see, for plans and for the advisor's candidates."""
-    parts = [f"TP{tp}", f"PP{pp}" + (f"(v{vpp})" if vpp > 1 else ""), f"DP{dp}"]
-    if cp > 1:
-        parts.append(f"CP{cp}")
+    parts = [f"TP{degrees.tp}", f"PP{degrees.pp}" + (f"(v{vpp})" if vpp > 1 else ""), f"DP{degrees.dp}"]
+    if degrees.cp > 1:
+        parts.append(f"CP{degrees.cp}")
     if ep > 1:
         parts.append(f"EP{ep}")
     label = "·".join(parts) + f" ZeRO-{zero_stage} mbs{micro_batch_size}×{num_micro_batches}"

@@ -25,8 +25,9 @@ from trainyard.plugins.advisor.layout import PYTORCH, Implementation, Layout
 from trainyard.plugins.advisor.model import ModelProfile
 from trainyard.plugins.advisor.nccl import nccl_env
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.advisor.runtime import WORKER_RUNTIME, RuntimeCapabilities
-from trainyard.plugins.advisor.search import Pins, SearchResult, search
+from trainyard.plugins.advisor.search import SearchResult, search
 
 if TYPE_CHECKING:
     from trainyard.config.cluster import Cluster
@@ -36,7 +37,8 @@ PLAN_JSON_KEYS = ("tp", "pp", "dp", "cp", "vpp", "zero_stage", "micro_batch_size
                   "num_micro_batches", "activation_checkpointing", "sequence_parallel",
                   "memory_per_gpu_bytes", "memory_breakdown", "step_time_s", "tokens_per_s", "mfu",
                   "bubble_fraction")
-"""The plan fields `trainyard plan --json` prints (the issue's contract)."""
+"""The plan fields `trainyard plan --json` prints (the issue's contract): flat, the degrees
+read from the plan's `layout`, so scripts that read `plan.tp` keep working."""
 
 
 class PlanResult(BaseModel):
@@ -85,13 +87,14 @@ class PlanResult(BaseModel):
 
 def plan_json(plan: Plan) -> dict[str, Any]:
     data = plan.model_dump(mode="json")
+    data.update(data.pop("layout"))
     return {key: data[key] for key in PLAN_JSON_KEYS}
 
 
 def to_plan(est: Estimate, model: ModelProfile, hw: Hardware) -> Plan:
     layout, time = est.layout, est.time
     return Plan(
-        tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, vpp=layout.vpp, ep=layout.ep,
+        layout=layout.degrees, vpp=layout.vpp, ep=layout.ep,
         zero_stage=layout.zero_stage,  # type: ignore[arg-type]
         micro_batch_size=layout.micro_batch_size, num_micro_batches=layout.num_micro_batches,
         activation_checkpointing=layout.recompute, sequence_parallel=layout.sequence_parallel,
@@ -105,13 +108,6 @@ def to_plan(est: Estimate, model: ModelProfile, hw: Hardware) -> Plan:
     )
 
 
-def pins_from_spec(par: Parallelism) -> Pins:
-    return Pins(tp=par.tensor_parallel, pp=par.pipeline_parallel, dp=par.data_parallel,
-                cp=par.context_parallel, vpp=par.virtual_pipeline_stages, zero_stage=par.zero_stage,
-                micro_batch_size=par.micro_batch_size, recompute=par.activation_checkpointing,
-                sequence_parallel=par.sequence_parallel)
-
-
 def manual_layout(par: Parallelism, gpu_count: int, model: ModelProfile | None = None) -> Layout:
     """The spec's own configuration — the one manual-plan builder: missing degrees 1, DP
     filling gpuCount (`Parallelism.manual_degrees`), ZeRO 0, micro-batch 1, no recomputation.
@@ -120,8 +116,9 @@ def manual_layout(par: Parallelism, gpu_count: int, model: ModelProfile | None =
     tp, pp, dp, cp = par.manual_degrees(gpu_count)
     if gpu_count % (tp * pp * cp) and par.data_parallel is None:
         raise ValueError(f"gpuCount {gpu_count} is not divisible by TP({tp}) * PP({pp}) * CP({cp})")
-    if tp * pp * dp * cp != gpu_count:
-        raise ValueError(f"TP({tp}) * PP({pp}) * DP({dp}) * CP({cp}) = {tp * pp * dp * cp} "
+    degrees = RankLayout(tp=tp, pp=pp, dp=dp, cp=cp)  # the spec's degrees become a RankLayout here
+    if degrees.world_size != gpu_count:
+        raise ValueError(f"TP({tp}) * PP({pp}) * DP({dp}) * CP({cp}) = {degrees.world_size} "
                          f"!= gpuCount({gpu_count})")
     if par.sequence_parallel and tp == 1:
         raise ValueError("sequenceParallel needs tensorParallel > 1 (it splits the norms' and "
@@ -133,7 +130,7 @@ def manual_layout(par: Parallelism, gpu_count: int, model: ModelProfile | None =
             raise ValueError(f"globalBatchSize {model.global_batch_size} is not divisible by "
                              f"microBatchSize({mbs}) * dataParallel({dp}) = {mbs * dp}")
         micro = model.global_batch_size // (mbs * dp)
-    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=par.degree("virtual_pipeline_stages"),
+    layout = Layout(degrees, vpp=par.degree("virtual_pipeline_stages"),
                     zero_stage=par.zero_stage or 0, micro_batch_size=mbs, num_micro_batches=micro,
                     recompute=par.activation_checkpointing or "none",
                     sequence_parallel=bool(par.sequence_parallel))
@@ -146,7 +143,7 @@ def manual_plan(job: TrainingJob) -> Plan:
     """The plan of a `strategy: manual` spec the advisor cannot estimate (no model hints): its
     degrees as written, DP filling gpuCount, no estimates."""
     layout = manual_layout(job.spec.parallelism, job.spec.hardware.gpu_count)
-    return Plan(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, vpp=layout.vpp,
+    return Plan(layout=layout.degrees, vpp=layout.vpp,
                 zero_stage=layout.zero_stage,  # type: ignore[arg-type]
                 micro_batch_size=layout.micro_batch_size, activation_checkpointing=layout.recompute,
                 sequence_parallel=layout.sequence_parallel)
@@ -179,7 +176,7 @@ def plan_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9
     if par.strategy == "manual":
         return plan_manual(model, hw, manual_layout(par, gpus, model), memory_fraction=memory_fraction,
                            top_k=top_k, impl=impl, runtime=runtime, keep_headroom=keep)
-    return plan_auto(model, hw, gpus, pins=pins_from_spec(par), memory_fraction=memory_fraction,
+    return plan_auto(model, hw, gpus, pins=par, memory_fraction=memory_fraction,
                      top_k=top_k, impl=impl, runtime=runtime, keep_headroom=keep)
 
 
@@ -218,7 +215,7 @@ def _headroom_warning(plan: Plan | None, budget: int, hw: Hardware) -> str | Non
             f"({(hw.memory_bytes - need) / hw.memory_bytes:.1%} of the device)")
 
 
-def plan_auto(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | None = None,
+def plan_auto(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Parallelism | None = None,
               memory_fraction: float = 0.9, top_k: int = 5, impl: Implementation = PYTORCH,
               runtime: RuntimeCapabilities | None = None,
               keep_headroom: float | None = None) -> PlanResult:
@@ -247,13 +244,14 @@ def plan_manual(model: ModelProfile, hw: Hardware, layout: Layout, *, memory_fra
     if est.fits:
         return _result(model, hw, found, strategy="manual", best=plan, alternatives=[], evaluated=plan)
     suggestions = manual_fixes(evaluator, layout)
-    auto = search(model, hw, layout.world_size, impl=impl, memory_fraction=memory_fraction, top_k=top_k,
+    gpus = layout.degrees.world_size
+    auto = search(model, hw, gpus, impl=impl, memory_fraction=memory_fraction, top_k=top_k,
                   runtime=runtime, keep_headroom=keep_headroom)
     if auto.best is not None:
         suggestions.append(f"strategy: auto finds {auto.best.layout.describe()} "
                            f"({auto.best.memory_bytes / GiB:.1f} GiB)")
     else:
-        suggestions += what_would_fit(model, hw, layout.world_size, auto, impl=impl,
+        suggestions += what_would_fit(model, hw, gpus, auto, impl=impl,
                                       memory_fraction=memory_fraction, runtime=runtime,
                                       keep_headroom=keep_headroom)
     return _result(model, hw, found, strategy="manual", best=None,
@@ -272,7 +270,7 @@ def manual_fixes(evaluator: Evaluator, layout: Layout) -> list[str]:
     changes: list[dict[str, Any]] = [{"recompute": "selective"}, {"recompute": "full"}]
     if layout.shard_group > 1:
         changes += [{"zero_stage": z} for z in (1, 2, 3) if z > layout.zero_stage]
-    if layout.tp > 1 and not layout.sequence_parallel:
+    if layout.degrees.tp > 1 and not layout.sequence_parallel:
         changes.append({"sequence_parallel": True})
     if layout.micro_batch_size > 1:
         changes.append({"micro_batch_size": 1, "num_micro_batches": local})
@@ -292,7 +290,7 @@ def manual_fixes(evaluator: Evaluator, layout: Layout) -> list[str]:
 
 
 def what_would_fit(model: ModelProfile, hw: Hardware, gpu_count: int, found: SearchResult, *,
-                   pins: Pins | None = None, impl: Implementation = PYTORCH,
+                   pins: Parallelism | None = None, impl: Implementation = PYTORCH,
                    memory_fraction: float = 0.9,
                    runtime: RuntimeCapabilities | None = None,
                    keep_headroom: float | None = None) -> list[str]:

@@ -38,6 +38,7 @@ from trainyard.plugins.advisor.layout import (
     Layout,
 )
 from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.rank_layout import RankLayout
 
 A100_SELENE = hardware_from_spec(CATALOG["A100_80GB"], nodes_per_rack=20)
 """Selene: DGX A100 (8 × 200 Gb/s HDR per node), non-blocking fat tree."""
@@ -91,7 +92,7 @@ class PublishedRun:
 
     @property
     def gpus(self) -> int:
-        return self.layout.world_size
+        return self.layout.degrees.world_size
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def _megatron_rows() -> list[PublishedRun]:
         rows.append(PublishedRun(
             name=f"GPT {params:g}B", source="[N21] Table 1", model=gpt(layers, hidden, heads, batch=batch),
             hardware=A100_SELENE, impl=MEGATRON,
-            layout=Layout(tp=tp, pp=pp, dp=dp, micro_batch_size=1, num_micro_batches=batch // dp,
+            layout=Layout(RankLayout(tp=tp, pp=pp, dp=dp), micro_batch_size=1, num_micro_batches=batch // dp,
                           recompute="full"),
             reported={"tflops_per_gpu": tflops}, assumed="micro-batch 1, 1F1B (not given)"))
     table2 = [  # model, layers, hidden, heads, gpus, batch, micro-batch, TFLOP/s per GPU
@@ -132,7 +133,7 @@ def _megatron_rows() -> list[PublishedRun]:
         rows.append(PublishedRun(
             name=f"{name} ZeRO-3", source="[N21] Table 2", model=gpt(layers, hidden, heads, batch=batch),
             hardware=A100_SELENE, impl=DEEPSPEED_ZERO3,
-            layout=Layout(dp=gpus, zero_stage=3, micro_batch_size=mbs,
+            layout=Layout(RankLayout(dp=gpus), zero_stage=3, micro_batch_size=mbs,
                           num_micro_batches=batch // (gpus * mbs), recompute="full"),
             reported={"tflops_per_gpu": tflops}))
     return rows
@@ -152,7 +153,7 @@ def _korthikanti_rows() -> list[PublishedRun]:
         rows.append(PublishedRun(
             name=name, source="[K22] Tables 3, 5", model=gpt(layers, hidden, heads, batch=batch),
             hardware=A100_SELENE, impl=MEGATRON,
-            layout=Layout(tp=tp, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs,
+            layout=Layout(RankLayout(tp=tp, pp=pp, dp=dp), vpp=vpp, micro_batch_size=mbs,
                           num_micro_batches=batch // (dp * mbs), recompute="selective",
                           sequence_parallel=True),
             reported={"mfu": mfu, "step_s": step}))
@@ -171,7 +172,7 @@ def _llama3_rows() -> list[PublishedRun]:
             name=f"Llama 3 405B, {gpus:,} GPUs" + (f", {seq // 1024}K" if cp > 1 else ""),
             source="[L3] Table 4", model=llama3("405B", seq=seq, batch=batch),
             hardware=H100_META_ROCE, impl=LLAMA3_STACK,
-            layout=Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, micro_batch_size=1,
+            layout=Layout(RankLayout(tp=tp, pp=pp, dp=dp, cp=cp), vpp=vpp, micro_batch_size=1,
                           num_micro_batches=per_dp, zero_stage=2, recompute="none",
                           sequence_parallel=True),
             reported={"tflops_per_gpu": tflops, "mfu": mfu},
@@ -188,7 +189,7 @@ def _torchtitan_rows() -> list[PublishedRun]:
         rows.append(PublishedRun(
             name=f"Llama 3.1 8B FSDP, {gpus} GPUs", source="[TT] Tables 1, 3",
             model=llama3("8B", batch=2 * gpus), hardware=H100_96GB_500W, impl=TORCHTITAN,
-            layout=Layout(dp=gpus, zero_stage=3, micro_batch_size=2, num_micro_batches=1,
+            layout=Layout(RankLayout(dp=gpus), zero_stage=3, micro_batch_size=2, num_micro_batches=1,
                           recompute="selective"),
             reported={"tokens_per_s_per_gpu": tps, "memory_gib": mem},
             note="500 W power limit: clocks below the 989 TFLOP/s peak we assume"))
@@ -200,7 +201,7 @@ def _bloom_rows() -> list[PublishedRun]:
     return [PublishedRun(
         name="BLOOM-176B", source="[B22] §3.4", model=model, hardware=A100_SELENE, impl=MEGATRON,
         # Jean Zay's network differs from Selene's; only memory is compared, which it does not touch.
-        layout=Layout(tp=4, pp=12, dp=8, zero_stage=1, micro_batch_size=1, num_micro_batches=256,
+        layout=Layout(RankLayout(tp=4, pp=12, dp=8), zero_stage=1, micro_batch_size=1, num_micro_batches=256,
                       recompute="full"),
         reported={},
         assumed="micro-batch 1 and full recomputation (the least memory; not used for throughput)",

@@ -19,13 +19,19 @@ keeps each such set in one rack.
 
 Nodes are filled in rank order (torchrun): node `i` of a placement holds ranks
 `[i*k, (i+1)*k)`, `k` = ranks per node (`--nproc-per-node`).
+
+It is also the one carrier of the degrees (#59): a `Plan`, an advisor `Layout`, a `GangRequest`,
+a `Placement` and the control room's `PlanView` each hold a `RankLayout` instead of four ints of
+their own, so `world_size` is computed here and nowhere else. Contracts written before that
+(flat `tp`/`pp`/`dp`/`cp` keys in XCom, the platform state, a run folder) are lifted into the
+nested form by `lift_flat_degrees`, the `model_validator(mode="before")` of those models.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 GroupKind = Literal["pp", "dp", "cp", "tp"]
 MESH_DIMS: tuple[GroupKind, ...] = ("pp", "dp", "cp", "tp")
@@ -61,12 +67,10 @@ class RankLayout:
                 f"world size {self.world_size} (pp({self.pp}) * dp({self.dp}) * cp({self.cp}) * "
                 f"tp({self.tp})) is not divisible by ranks per node {self.ranks_per_node}")
 
-    @classmethod
-    def of(cls, plan: object, ranks_per_node: int = 1) -> RankLayout:
-        """The layout of anything with `tp`, `pp`, `dp`, `cp` attributes (a `Plan`, an advisor
-        `Layout`, a `GangRequest`, a `Placement`)."""
-        return cls(tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,  # type: ignore[attr-defined]
-                   ranks_per_node=ranks_per_node)
+    def with_ranks_per_node(self, ranks_per_node: int) -> RankLayout:
+        """The same degrees spread `ranks_per_node` to a node: a plan knows its degrees, only a
+        placement knows how many of its ranks share a node."""
+        return replace(self, ranks_per_node=ranks_per_node)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -75,7 +79,17 @@ class RankLayout:
 
     @property
     def world_size(self) -> int:
+        """Ranks in the job: the product of the four degrees — the one place it is computed."""
         return self.tp * self.pp * self.dp * self.cp
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise naming every factor when the degrees do not cover `world_size` devices
+        (torchtitan's `ParallelDims` message), so the user sees which degree to change."""
+        if self.world_size != world_size:
+            raise ValueError(
+                f"Invalid parallel dims: tp({self.tp}) * pp({self.pp}) * dp({self.dp}) * "
+                f"cp({self.cp}) = {self.world_size} != WORLD_SIZE({world_size})"
+            )
 
     @property
     def num_nodes(self) -> int:
@@ -147,3 +161,25 @@ class RankLayout:
         if kind not in MESH_DIMS:
             raise ValueError(f"unknown group kind {kind!r}; expected one of {', '.join(MESH_DIMS)}")
         return MESH_DIMS.index(kind)
+
+
+DEGREES: tuple[str, ...] = ("tp", "pp", "dp", "cp")
+"""The four degree names as contracts spelled them flat before #59."""
+
+
+def lift_flat_degrees(data: Any, *, field: str = "layout", extra: tuple[str, ...] = ()) -> Any:
+    """A `model_validator(mode="before")` body: move flat `tp`, `pp`, `dp`, `cp` keys (and the
+    `extra` ones, e.g. a placement's `ranks_per_node`) into the nested `field`.
+
+    Why: plans and placements written before the degrees had one carrier sit in XCom of running
+    DAGs and in the platform state; they must still load. A dict that already has `field` is
+    left alone, so a document carrying both forms fails `extra="forbid"` instead of one form
+    silently winning."""
+    if not isinstance(data, dict) or field in data:
+        return data
+    flat = [k for k in (*DEGREES, *extra) if k in data]
+    if not flat:
+        return data
+    data = dict(data)
+    data[field] = {k: data.pop(k) for k in flat}
+    return data

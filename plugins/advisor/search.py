@@ -14,6 +14,9 @@ more, in chunks of at least 4k (load-balanced causal ring attention needs s divi
 Given a `runtime` (`plugins/advisor/runtime.py`; `plan_job` passes the worker's), degrees the
 runtime cannot apply are skipped and counted as `unsupported_by_runtime`.
 
+Pins: the spec's `Parallelism` itself (its `auto` strategy): a degree or knob it gives is the
+only option searched for that dimension; the user's input is not copied into a type of our own.
+
 Pruning without losing plans: for a given (tp, cp, pp, ep) the least-memory variant of a
 micro-batch size (ZeRO-3, full recomputation, sequence parallel, no interleaving) is checked
 first; if it does not fit, neither does any variant of that micro-batch size nor of any larger
@@ -28,10 +31,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from trainyard.config.pipeline import rank_layer_counts
+from trainyard.config.spec import Parallelism
 from trainyard.plugins.advisor.estimate import Estimate, Evaluator
 from trainyard.plugins.advisor.hardware import Hardware
 from trainyard.plugins.advisor.layout import PYTORCH, Implementation, Layout
 from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.advisor.runtime import RuntimeCapabilities
 
 TIE_TOLERANCE = 0.01
@@ -49,22 +54,6 @@ REJECT_BATCH = "batch_indivisible"
 REJECT_FEW_MICRO = "micro_batches_below_pp"
 REJECT_INTERLEAVE = "interleave_needs_micro_batches_multiple_of_pp"
 REJECT_RUNTIME = "unsupported_by_runtime"
-
-
-@dataclass(frozen=True)
-class Pins:
-    """Degrees the spec fixes; None leaves the dimension to the search."""
-
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    cp: int | None = None
-    vpp: int | None = None
-    zero_stage: int | None = None
-    micro_batch_size: int | None = None
-    recompute: str | None = None
-    sequence_parallel: bool | None = None
-    ep: int | None = None
 
 
 @dataclass
@@ -95,26 +84,26 @@ def _options(pinned: object, default: list) -> list:
     return [pinned] if pinned is not None else default
 
 
-def _tp_options(model: ModelProfile, hw: Hardware, gpus: int, pins: Pins) -> list[int]:
-    if pins.tp is not None:
-        return [pins.tp]
+def _tp_options(model: ModelProfile, hw: Hardware, gpus: int, pins: Parallelism) -> list[int]:
+    if pins.tensor_parallel is not None:
+        return [pins.tensor_parallel]
     return [t for t in divisors(gpus) if t <= hw.gpus_per_node and model.num_heads % t == 0
             and model.num_kv_heads % t == 0 and model.ffn_hidden_size % t == 0
             and model.hidden_size % t == 0 and model.vocab_size % t == 0]
 
 
-def _cp_options(model: ModelProfile, pins: Pins) -> list[int]:
-    if pins.cp is not None:
-        return [pins.cp]
+def _cp_options(model: ModelProfile, pins: Parallelism) -> list[int]:
+    if pins.context_parallel is not None:
+        return [pins.context_parallel]
     s = model.sequence_length
     if s < MIN_CP_SEQUENCE:
         return [1]
     return [c for c in CP_DEGREES if c == 1 or (s % (2 * c) == 0 and s // c >= MIN_CP_CHUNK)]
 
 
-def _vpp_options(model: ModelProfile, pp: int, pins: Pins) -> list[int]:
-    if pins.vpp is not None:
-        return [pins.vpp]
+def _vpp_options(model: ModelProfile, pp: int, pins: Parallelism) -> list[int]:
+    if pins.virtual_pipeline_stages is not None:
+        return [pins.virtual_pipeline_stages]
     if pp == 1:
         return [1]
     layers = model.num_layers
@@ -126,12 +115,12 @@ def _vpp_options(model: ModelProfile, pp: int, pins: Pins) -> list[int]:
                   if pp * v <= layers and max(rank_layer_counts(layers, pp, v)) == busiest]
 
 
-def _inner_variants(layout: Layout, vpps: list[int], pins: Pins,
+def _inner_variants(layout: Layout, vpps: list[int], pins: Parallelism,
                     impl: Implementation = PYTORCH) -> Iterator[Layout]:
     """Every (vpp, sp, recompute, zero) variant of a layout. ZeRO-2 is skipped where the
     implementation runs ZeRO-1 as ZeRO-2 (FSDP2): the two would be the same program."""
-    sps = _options(pins.sequence_parallel, [False, True] if layout.tp > 1 else [False])
-    recomputes = _options(pins.recompute, ["none", "selective", "full"])
+    sps = _options(pins.sequence_parallel, [False, True] if layout.degrees.tp > 1 else [False])
+    recomputes = _options(pins.activation_checkpointing, ["none", "selective", "full"])
     stages = [0, 1, 3] if impl.zero1_as_zero2 else [0, 1, 2, 3]
     zeros = _options(pins.zero_stage, stages if layout.shard_group > 1 else [0])
     for vpp in vpps:
@@ -142,42 +131,43 @@ def _inner_variants(layout: Layout, vpps: list[int], pins: Pins,
                                   zero_stage=zero)
 
 
-def _least_memory(layout: Layout, pins: Pins) -> Layout:
-    sp = pins.sequence_parallel if pins.sequence_parallel is not None else layout.tp > 1
-    return replace(layout, vpp=pins.vpp or 1, sequence_parallel=sp,
-                   recompute=pins.recompute or "full",  # type: ignore[arg-type]
+def _least_memory(layout: Layout, pins: Parallelism) -> Layout:
+    sp = pins.sequence_parallel if pins.sequence_parallel is not None else layout.degrees.tp > 1
+    return replace(layout, vpp=pins.virtual_pipeline_stages or 1, sequence_parallel=sp,
+                   recompute=pins.activation_checkpointing or "full",
                    zero_stage=pins.zero_stage if pins.zero_stage is not None else
                    (3 if layout.shard_group > 1 else 0))
 
 
-def _structures(model: ModelProfile, hw: Hardware, gpus: int, pins: Pins,
+def _structures(model: ModelProfile, hw: Hardware, gpus: int, pins: Parallelism,
                 rejected: dict[str, int], runtime: RuntimeCapabilities | None = None,
-                ) -> Iterator[tuple[int, int, int, int, int]]:
-    """(tp, cp, pp, dp, ep) combinations that tile `gpus` and the global batch (and that
-    `runtime`, when given, can apply)."""
+                ) -> Iterator[tuple[RankLayout, int]]:
+    """(degrees, ep) combinations that tile `gpus` and the global batch (and that `runtime`,
+    when given, can apply)."""
     for tp in _tp_options(model, hw, gpus, pins):
         for cp in _cp_options(model, pins):
-            pps = _options(pins.pp, [p for p in divisors(gpus) if p <= model.num_layers])
+            pps = _options(pins.pipeline_parallel, [p for p in divisors(gpus) if p <= model.num_layers])
             for pp in pps:
                 if gpus % (tp * cp * pp):
                     continue
                 dp = gpus // (tp * cp * pp)
-                if pins.dp is not None and pins.dp != dp:
+                if pins.data_parallel is not None and pins.data_parallel != dp:
                     continue
                 if model.global_batch_size % dp:
                     rejected[REJECT_BATCH] = rejected.get(REJECT_BATCH, 0) + 1
                     continue
-                eps = _options(pins.ep, [e for e in divisors(model.num_experts or 1)
-                                         if (dp * cp) % e == 0] if model.is_moe else [1])
+                eps = [e for e in divisors(model.num_experts or 1)
+                       if (dp * cp) % e == 0] if model.is_moe else [1]
+                degrees = RankLayout(tp=tp, pp=pp, dp=dp, cp=cp)
                 for ep in eps:
                     if runtime is not None and not runtime.allows_degrees(
                             cp=cp, ep=ep, tp=tp, pp=pp, tie_embeddings=model.tie_embeddings):
                         rejected[REJECT_RUNTIME] = rejected.get(REJECT_RUNTIME, 0) + 1
                         continue
-                    yield tp, cp, pp, dp, ep
+                    yield degrees, ep
 
 
-def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | None = None,
+def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Parallelism | None = None,
            impl: Implementation = PYTORCH, memory_fraction: float = 0.9, top_k: int = 5,
            first_fit: bool = False, prune: bool = True,
            runtime: RuntimeCapabilities | None = None,
@@ -189,7 +179,7 @@ def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | No
     `prune=False` evaluates every combination (the benchmark's baseline, same answer).
     A layout fits under the evaluator's `limit`; those within the `budget` rank first (`rank`).
     """
-    pins = pins or Pins()
+    pins = pins or Parallelism()
     evaluator = Evaluator(model, hw, impl=impl, memory_fraction=memory_fraction,
                           keep_headroom=keep_headroom)
     budget, limit = evaluator.budget, evaluator.limit
@@ -201,8 +191,8 @@ def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | No
     def reject(reason: str, n: int = 1) -> None:
         rejected[reason] = rejected.get(reason, 0) + n
 
-    for tp, cp, pp, dp, ep in _structures(model, hw, gpu_count, pins, rejected, runtime):
-        local = model.global_batch_size // dp
+    for degrees, ep in _structures(model, hw, gpu_count, pins, rejected, runtime):
+        pp, local = degrees.pp, model.global_batch_size // degrees.dp
         mbss = _options(pins.micro_batch_size, divisors(local))
         vpps = _vpp_options(model, pp, pins)
         for i, mbs in enumerate(mbss):
@@ -210,7 +200,7 @@ def search(model: ModelProfile, hw: Hardware, gpu_count: int, *, pins: Pins | No
                 reject(REJECT_BATCH)
                 continue
             m = local // mbs
-            base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch_size=mbs, num_micro_batches=m)
+            base = Layout(degrees, ep=ep, micro_batch_size=mbs, num_micro_batches=m)
             variants = list(_inner_variants(base, vpps, pins, impl))
             considered += len(variants)
             if pp > 1 and m < pp:

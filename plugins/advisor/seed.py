@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainyard.plugins.advisor.rank_layout import RankLayout
+
 SEED_BYTES_PER_PARAM = 16
 SEED_OPTIMIZER_BYTES = 12
 
@@ -65,9 +67,8 @@ def seed_layer_params(hidden: int, ffn: int) -> int:
 
 @dataclass(frozen=True)
 class SeedPlan:
-    tp: int
-    pp: int
-    dp: int
+    degrees: RankLayout
+    """tp, pp, dp as the seed picks them (it has no context parallelism)."""
     micro_batch_size: int
     num_micro_batches: int
     fsdp: bool
@@ -102,5 +103,5 @@ def seed_greedy_plan(*, params: float, hidden: int, layers: int, ffn: int, seq: 
         raise ValueError(f"Need {tp * pp} GPUs per replica but only {gpus} available")
     micro_batches = max(pp * 4, 8)  # phase 4: fixed micro-batch 4, ignores the global batch
     fsdp = total_state / (tp * pp) > gpu_memory_gb * 1e9 * 0.5
-    return SeedPlan(tp=tp, pp=pp, dp=dp, micro_batch_size=4, num_micro_batches=micro_batches,
+    return SeedPlan(RankLayout(tp=tp, pp=pp, dp=dp), micro_batch_size=4, num_micro_batches=micro_batches,
                     fsdp=fsdp, bubble=(pp - 1) / micro_batches if pp > 1 else 0.0)

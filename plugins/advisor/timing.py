@@ -214,19 +214,19 @@ class TimeModel:
 
     def head_s(self, layout: Layout) -> float:
         """Output head forward and backward plus the loss, for one micro-batch."""
-        key = (layout.micro_batch_size, layout.tp, layout.cp)
+        key = (layout.micro_batch_size, layout.degrees.tp, layout.degrees.cp)
         hit = self._head.get(key)
         if hit is None:
             model, hw, e = self.model, self.hw, self.e
-            tokens = layout.micro_batch_size * model.sequence_length / layout.cp
-            fwd = _gemm_s(hw, self.peak, e, tokens, model.hidden_size, model.vocab_size / layout.tp)
-            loss = tokens * model.vocab_size / layout.tp * (e + 12) / hw.gpu.memory_bandwidth
+            tokens = layout.micro_batch_size * model.sequence_length / layout.degrees.cp
+            fwd = _gemm_s(hw, self.peak, e, tokens, model.hidden_size, model.vocab_size / layout.degrees.tp)
+            loss = tokens * model.vocab_size / layout.degrees.tp * (e + 12) / hw.gpu.memory_bandwidth
             hit = self._head[key] = 3 * fwd + loss
         return hit
 
     def step(self, layout: Layout) -> StepTime:
         model, hw, impl, e = self.model, self.hw, self.impl, self.e
-        tp, cp, pp = layout.tp, layout.cp, layout.pp
+        tp, cp, pp = layout.degrees.tp, layout.degrees.cp, layout.degrees.pp
         v, m = layout.vpp, layout.num_micro_batches
         cost = layer_cost(model, hw, impl, layout.micro_batch_size, tp, cp,
                           layout.sequence_parallel, layout.ep)
@@ -276,7 +276,8 @@ class TimeModel:
                          bwd_window: float) -> tuple[float, float]:
         """(exposed seconds per micro-batch, exposed seconds once per step)."""
         hw, overlap = self.hw, self.hw.gpu.comm_overlap
-        levels = group_levels(hw, ((layout.cp, layout.tp), (layout.dp, self.impl.strides(layout)[0])))
+        d = layout.degrees
+        levels = group_levels(hw, ((d.cp, d.tp), (d.dp, self.impl.strides(layout)[0])))
         zero = self.impl.effective_zero(layout.zero_stage)
         if zero == 3:
             return self._zero3_per_microbatch_s(layout, levels, n_params, layers, fwd_window / layers,
@@ -316,7 +317,7 @@ class TimeModel:
         """
         overlap, per = self.hw.gpu.comm_overlap, self.impl.collectives_per_layer
         hier = self.impl.hierarchical_collectives
-        layer_params = (self.memory.layer_dense + self.memory.layer_experts / layout.ep) / layout.tp
+        layer_params = (self.memory.layer_dense + self.memory.layer_experts / layout.ep) / layout.degrees.tp
         root = max(n_params - layers * layer_params, 0.0)
         gather = all_gather_s(levels, self.e * layer_params, count=per, hierarchical=hier)
         reduce = all_gather_s(levels, self.memory.g * layer_params, count=per, hierarchical=hier)

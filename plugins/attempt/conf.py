@@ -134,7 +134,7 @@ def plan_attempt(job: TrainingJob, cluster: Cluster, conf: AttemptConf, *, memor
 
     if conf.plan:
         plan = Plan.model_validate_json(conf.plan)
-        plan.check_world_size(job.spec.hardware.gpu_count)
+        plan.layout.check_world_size(job.spec.hardware.gpu_count)
         return plan, f"re-planned after attempt {conf.attempt - 1}"
     try:
         return plan_for_job(job, cluster, memory_fraction=memory_fraction)

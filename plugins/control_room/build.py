@@ -170,7 +170,7 @@ def plan_view(plan: Plan, capacity_bytes: int | None, memory_fraction: float) ->
     """The plan as the page shows it: layout, memory bar, step-time split."""
     budget = int(capacity_bytes * memory_fraction) if capacity_bytes else None
     return PlanView(
-        label=plan.describe(), tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp, zero_stage=plan.zero_stage,
+        label=plan.describe(), layout=plan.layout, zero_stage=plan.zero_stage,
         fsdp=plan.zero_stage == 3, micro_batch_size=plan.micro_batch_size, num_micro_batches=plan.num_micro_batches,
         recompute=plan.activation_checkpointing, global_batch_size=plan.global_batch_size,
         sequence_length=plan.sequence_length,
@@ -209,7 +209,7 @@ def placement_view(placement: Placement, steps: dict[int, int] | None = None) ->
             NodeBox(name=node.name, address=node.address, capacity=max(node.node_gpus, len(cells)), devices=cells))
     return PlacementView(attempt=placement.attempt, gpu_type=placement.gpu_type, strategy=placement.strategy,
                          score=placement.score, racks=[RackBox(name=r, nodes=n) for r, n in racks.items()],
-                         group_sizes={"tp": placement.tp, "pp": placement.pp, "dp": placement.dp, "cp": placement.cp})
+                         group_sizes={kind: getattr(layout, kind) for kind in ("tp", "pp", "dp", "cp")})
 
 
 def with_rack_neighbours(view: PlacementView, cluster: Cluster | None, *, per_rack: int = 8) -> PlacementView:
@@ -235,7 +235,7 @@ def _beats(attempt: AttemptInfo | None, placement: Placement | None) -> dict[int
     """Rank → its last heartbeat step, for the live attempt whose placement is shown."""
     if attempt is None or placement is None or placement.attempt != attempt.attempt:
         return {}
-    return {rank: beat.step for rank, beat in _heartbeats(attempt, placement.world_size).items()
+    return {rank: beat.step for rank, beat in _heartbeats(attempt, placement.layout.world_size).items()
             if beat.progress_step is not None}
 
 
@@ -255,7 +255,7 @@ def _live(ctx: _Context, attempt: AttemptInfo | None, placement: Placement | Non
     max_steps = _max_steps(ctx)
     curve = _loss_curve(ctx)
     if attempt is not None:
-        world = placement.world_size if placement is not None else (attempt.run_handle.world_size
+        world = placement.layout.world_size if placement is not None else (attempt.run_handle.world_size
                                                                    if attempt.run_handle else 1)
         beats = _heartbeats(attempt, world)
         if beats:
@@ -456,7 +456,7 @@ def _devices(attempt: AttemptInfo, layouts: dict[int, tuple[str, str]]) -> int:
 
     placement_json = layouts.get(attempt.attempt, ("", ""))[1]
     if placement_json:
-        return Placement.model_validate_json(placement_json).world_size
+        return Placement.model_validate_json(placement_json).layout.world_size
     handle = attempt.run_handle
     return handle.world_size if handle is not None else 1
 

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.tracking.recovery_timing import RecoveryTiming
 
 
@@ -42,10 +43,8 @@ class PlanView(_View):
 
     label: str
     """`TP1·PP1·DP2 ZeRO-0 mbs4×2` (`Plan.describe`)."""
-    tp: int
-    pp: int
-    dp: int
-    cp: int = 1
+    layout: RankLayout
+    """The plan's degrees, as the plan carries them (the page renders from it)."""
     zero_stage: int = 0
     fsdp: bool = False
     micro_batch_size: int

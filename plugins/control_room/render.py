@@ -134,10 +134,11 @@ def _live(live: Live, now: datetime) -> str:
 def _plan(plan: PlanView | None) -> str:
     if plan is None:
         return "<p class='muted'>No attempt has been planned and placed yet.</p>"
+    d = plan.layout
     sharding = "FSDP (ZeRO-3)" if plan.fsdp else f"ZeRO-{plan.zero_stage}" + (" (DDP)" if plan.zero_stage == 0 else "")
     rows = [("layout", f"<code>{escape(plan.label)}</code>"),
-            ("tensor · pipeline · data parallel", f"TP {plan.tp} · PP {plan.pp} · DP {plan.dp}"
-             + (f" · CP {plan.cp}" if plan.cp > 1 else "")),
+            ("tensor · pipeline · data parallel", f"TP {d.tp} · PP {d.pp} · DP {d.dp}"
+             + (f" · CP {d.cp}" if d.cp > 1 else "")),
             ("sharding", sharding),
             ("micro-batches", f"{plan.num_micro_batches} × {plan.micro_batch_size} sequence(s)"
              + (f", global batch {plan.global_batch_size}" if plan.global_batch_size else "")

@@ -168,10 +168,10 @@ class LocalLauncher:
             self._kill_agents(agents)
             raise LaunchError(f"could not start torchrun for {job.metadata.name}: {e}") from e
         handle = RunHandle(
-            kind="local", job=job.metadata.name, run=worker_env.run, attempt=attempt, world_size=placement.world_size,
+            kind="local", job=job.metadata.name, run=worker_env.run, attempt=attempt, world_size=placement.layout.world_size,
             run_dir=str(run_dir), heartbeat_dir=worker_env.heartbeat_dir,
             rdzv_endpoint=f"127.0.0.1:{port}", max_restarts=self.max_restarts, agents=agents,
-            nodes=placement.node_names, ranks_per_node=placement.ranks_per_node,
+            nodes=placement.node_names, ranks_per_node=placement.layout.ranks_per_node,
         )
         write_atomic(run_dir / "handle.json", handle.model_dump_json(indent=2))
         return handle
@@ -179,9 +179,10 @@ class LocalLauncher:
     def _check(self, job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv,
                attempt: int) -> None:
         name = job.metadata.name
-        plan.check_world_size(job.spec.hardware.gpu_count)
-        if placement.world_size != plan.world_size:
-            raise ValueError(f"placement world size {placement.world_size} != plan world size {plan.world_size}")
+        plan.layout.check_world_size(job.spec.hardware.gpu_count)
+        placed, planned = placement.layout.world_size, plan.layout.world_size
+        if placed != planned:
+            raise ValueError(f"placement world size {placed} != plan world size {planned}")
         if placement.job != name or worker_env.job != name:
             raise ValueError(f"job names disagree: spec {name!r}, placement {placement.job!r}, "
                              f"worker env {worker_env.job!r}")

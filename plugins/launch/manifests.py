@@ -235,9 +235,10 @@ def render_volcano_job(
 
 
 def _check(job: TrainingJob, plan: Plan, placement: Placement, attempt: int) -> None:
-    plan.check_world_size(job.spec.hardware.gpu_count)
-    if placement.world_size != plan.world_size:
-        raise ValueError(f"placement world size {placement.world_size} != plan world size {plan.world_size}")
+    plan.layout.check_world_size(job.spec.hardware.gpu_count)
+    placed, planned = placement.layout.world_size, plan.layout.world_size
+    if placed != planned:
+        raise ValueError(f"placement world size {placed} != plan world size {planned}")
     if placement.job != job.metadata.name:
         raise ValueError(f"placement is for {placement.job!r}, the spec is {job.metadata.name!r}")
     if not job.spec.image:

@@ -278,9 +278,9 @@ class KubernetesLauncher:
             folder.mkdir(parents=True, exist_ok=True)
             records = str(folder)
         return RunHandle(kind="kubernetes", job=job.metadata.name, run=worker_env.run, attempt=attempt,
-                         run_dir=records, world_size=placement.world_size, namespace=self._ns, name=name,
+                         run_dir=records, world_size=placement.layout.world_size, namespace=self._ns, name=name,
                          uid=str(created.get("metadata", {}).get("uid") or ""),
-                         nodes=placement.node_names, ranks_per_node=placement.ranks_per_node)
+                         nodes=placement.node_names, ranks_per_node=placement.layout.ranks_per_node)
 
     @staticmethod
     def _is_this_submission(existing: dict[str, Any], body: dict[str, Any], uid: str) -> bool:

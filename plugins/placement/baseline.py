@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.placement.gang import build_placement, slots_per_node_options
 from trainyard.plugins.placement.inventory import Inventory
 from trainyard.plugins.placement.model import GangRequest, PendingReason, Placement, Unschedulable
@@ -17,8 +16,8 @@ from trainyard.plugins.placement.scoring import ScoreWeights
 
 def place_first_fit(request: GangRequest, inventory: Inventory, free: Mapping[str, int]) -> Placement:
     per_node = inventory.gpus_per_node(request.gpu_type)
-    for k in slots_per_node_options(request, per_node) if request.tp <= per_node else ():
-        layout = RankLayout.of(request, ranks_per_node=k)
+    for k in slots_per_node_options(request, per_node) if request.layout.tp <= per_node else ():
+        layout = request.layout.with_ranks_per_node(k)
         chosen = []
         for node in inventory.nodes:
             if (node.gpu_type == request.gpu_type and node.healthy and node.name not in request.exclude

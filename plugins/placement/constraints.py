@@ -20,8 +20,8 @@ def hard_violations(
 ) -> list[str]:
     """Every hard constraint `placement` breaks, as sentences (empty when it holds)."""
     out: list[str] = []
-    if placement.world_size != request.world_size:
-        out.append(f"world size {placement.world_size} != requested {request.world_size}")
+    if placement.layout.world_size != request.layout.world_size:
+        out.append(f"world size {placement.layout.world_size} != requested {request.layout.world_size}")
     names = placement.node_names
     if len(names) != len(set(names)):
         out.append("a node appears twice")
@@ -38,9 +38,9 @@ def hard_violations(
             out.append(f"{placed.name}: excluded")
         if placed.slots > int(free.get(placed.name, 0)):
             out.append(f"{placed.name}: uses {placed.slots} devices, {free.get(placed.name, 0)} free")
-        if placed.slots != placement.ranks_per_node:
-            out.append(f"{placed.name}: {placed.slots} ranks, placement says {placement.ranks_per_node}")
-        if placed.node_rank != index or placed.first_rank != index * placement.ranks_per_node:
+        if placed.slots != placement.layout.ranks_per_node:
+            out.append(f"{placed.name}: {placed.slots} ranks, placement says {placement.layout.ranks_per_node}")
+        if placed.node_rank != index or placed.first_rank != index * placement.layout.ranks_per_node:
             out.append(f"{placed.name}: node rank {placed.node_rank} / first rank {placed.first_rank} "
                        f"out of order at position {index}")
     layout = placement.layout

@@ -144,7 +144,7 @@ def plan_preemption(
     now = now or datetime.now(UTC)
     total = inventory.total_gpus()
     usage = team_usage(running)
-    usage[request.team] = usage.get(request.team, 0) + request.world_size  # once admitted
+    usage[request.team] = usage.get(request.team, 0) + request.layout.world_size  # once admitted
     pending = effective_priority(
         request.priority, usage[request.team],
         guaranteed_gpus(teams, request.team, total),

@@ -87,7 +87,7 @@ def place_gang(
     _check_feasible_at_all(request, inventory, per_node)
     first_reason: PendingReason | None = None
     for k in slots_per_node_options(request, per_node):
-        layout = RankLayout.of(request, ranks_per_node=k)
+        layout = request.layout.with_ranks_per_node(k)
         pools = _eligible(request, inventory, free, k)
         m = layout.nodes_per_pipeline()
         units = layout.num_nodes // m
@@ -108,7 +108,7 @@ def place_gang(
         return best
     if first_reason is None:  # slots_per_node_options always yields tp itself
         raise RuntimeError(f"no ranks-per-node option for {request!r}")
-    too_big = request.world_size > inventory.total_gpus(request.gpu_type)
+    too_big = request.layout.world_size > inventory.total_gpus(request.gpu_type)
     raise Unschedulable.of(first_reason.model_copy(update={"permanent": too_big}))
 
 
@@ -120,10 +120,10 @@ def slots_per_node_options(request: GangRequest, per_node: int) -> list[int]:
     be placed as interchangeable units). `tp` itself always qualifies (it divides dp·cp·tp, the
     PP stride). A valid `nodesPreferred` hint goes first; then the largest `k` (fewest nodes).
     """
-    world, tp = request.world_size, request.tp
+    world, tp = request.layout.world_size, request.layout.tp
     options = [k for k in range(min(per_node, world), tp - 1, -1)
                if k % tp == 0 and world % k == 0
-               and RankLayout.of(request, ranks_per_node=k).replicas_tile_nodes()]
+               and request.layout.with_ranks_per_node(k).replicas_tile_nodes()]
     if request.nodes_preferred and world % request.nodes_preferred == 0:
         hinted = world // request.nodes_preferred
         if hinted in options:
@@ -138,10 +138,10 @@ def _check_feasible_at_all(request: GangRequest, inventory: Inventory, per_node:
         raise Unschedulable.of(PendingReason(
             code="no_gpu_type", gpu_type=request.gpu_type, permanent=True,
             message=f"no {request.gpu_type} nodes in this cluster (it has: {', '.join(types)})"))
-    if request.tp > per_node:
+    if request.layout.tp > per_node:
         raise Unschedulable.of(PendingReason(
             code="tp_exceeds_node", gpu_type=request.gpu_type, permanent=True,
-            message=f"TP degree {request.tp} exceeds the {per_node} {request.gpu_type} devices of the "
+            message=f"TP degree {request.layout.tp} exceeds the {per_node} {request.gpu_type} devices of the "
                     f"largest node; a TP group must sit inside one node"))
 
 
@@ -276,8 +276,7 @@ def build_placement(
         ))
     return Placement(
         job=request.job, run=request.run, attempt=request.attempt, team=request.team, priority=request.priority,
-        gpu_type=request.gpu_type, tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
-        ranks_per_node=k, nodes=placed, groups=list(_groups(layout, nodes)),
+        gpu_type=request.gpu_type, layout=layout, nodes=placed, groups=list(_groups(layout, nodes)),
         score=round(score, 3), score_breakdown={key: round(v, 3) for key, v in breakdown.items()},
         strategy=strategy,
     )

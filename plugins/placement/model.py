@@ -3,6 +3,9 @@
 
 All pydantic and JSON-serialisable: a `Placement` travels through Airflow XCom from
 `place_gang` to `launch_training`, and is stored in the platform state beside the reservation.
+Both carry their degrees as a `RankLayout` (`layout`); a request or placement written with flat
+`tp`/`pp`/`dp`/`cp` (and `ranks_per_node`) keys before #59 — in XCom of a running job, in a
+reservation row — still loads (`lift_flat_degrees`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
-from trainyard.plugins.advisor.rank_layout import GroupKind, RankLayout
+from trainyard.plugins.advisor.rank_layout import GroupKind, RankLayout, lift_flat_degrees
 from trainyard.plugins.errors import FatalError, TrainyardError, TransientError
 
 if TYPE_CHECKING:
@@ -33,10 +36,8 @@ class GangRequest(_Model):
     team: str = ""
     priority: str = "normal"
     gpu_type: str
-    tp: PositiveInt = 1
-    pp: PositiveInt = 1
-    dp: PositiveInt = 1
-    cp: PositiveInt = 1
+    layout: RankLayout = Field(default_factory=RankLayout)
+    """The plan's degrees (one rank per node: the placer picks the ranks per node)."""
     nodes_preferred: PositiveInt | None = None
     """Spread over exactly this many nodes (the spec's `hardware.nodesPreferred`)."""
     exclude: frozenset[str] = frozenset()
@@ -46,20 +47,21 @@ class GangRequest(_Model):
     require_pp_in_rack: bool = False
     """Make "each pipeline inside one rack" a hard constraint instead of a preference."""
 
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_flat_degrees(cls, data: object) -> object:
+        return lift_flat_degrees(data)
 
     @classmethod
     def for_job(cls, job: TrainingJob, plan: Plan, *, run: str = "", attempt: int = 0,
                 exclude: frozenset[str] | set[str] = frozenset(), **overrides: object) -> GangRequest:
         """Build a request from a `TrainingJob` and a `Plan`; the plan must cover gpuCount."""
         hw = job.spec.hardware
-        plan.check_world_size(hw.gpu_count)
+        plan.layout.check_world_size(hw.gpu_count)
         values: dict[str, object] = dict(
             job=job.metadata.name, run=run, attempt=attempt, team=job.metadata.team,
             priority=job.metadata.priority, gpu_type=hw.gpu_type,
-            tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,
+            layout=plan.layout,
             nodes_preferred=hw.nodes_preferred, exclude=frozenset(exclude),
             dataset=job.spec.dataset.source if job.spec.dataset else "",
         )
@@ -111,11 +113,9 @@ class Placement(_Model):
     team: str = ""
     priority: str = "normal"
     gpu_type: str
-    tp: PositiveInt
-    pp: PositiveInt
-    dp: PositiveInt
-    cp: PositiveInt = 1
-    ranks_per_node: PositiveInt
+    layout: RankLayout
+    """The degrees and the ranks per node (torchrun's `--nproc-per-node`): the rank order the
+    nodes below follow."""
     nodes: list[PlacedNode]
     groups: list[Group] = Field(default_factory=list)
     """TP, PP and DP groups (CP too when cp > 1) with the nodes and racks each spans."""
@@ -124,21 +124,18 @@ class Placement(_Model):
     strategy: str = ""
     """Which candidate of the search won (`spread`, `pack`, …)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_flat_degrees(cls, data: object) -> object:
+        return lift_flat_degrees(data, extra=("ranks_per_node",))
+
     @model_validator(mode="after")
     def _consistent(self) -> Placement:
-        expected = self.world_size // self.ranks_per_node
-        if len(self.nodes) != expected:
-            raise ValueError(f"placement has {len(self.nodes)} nodes; world size {self.world_size} "
-                             f"at {self.ranks_per_node} ranks per node needs {expected}")
+        layout = self.layout
+        if len(self.nodes) != layout.num_nodes:
+            raise ValueError(f"placement has {len(self.nodes)} nodes; world size {layout.world_size} "
+                             f"at {layout.ranks_per_node} ranks per node needs {layout.num_nodes}")
         return self
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
-
-    @property
-    def layout(self) -> RankLayout:
-        return RankLayout.of(self, ranks_per_node=self.ranks_per_node)
 
     @property
     def node_names(self) -> list[str]:

@@ -159,7 +159,7 @@ class StateStore(SqlStore):
                 n.model_copy(update={"devices": devices[n.name]}) for n in placement.nodes]})
             gang = GangRow(job=placement.job, run=placement.run, attempt=placement.attempt, team=placement.team,
                            priority=placement.priority, gpu_type=placement.gpu_type,
-                           gpus=placement.world_size, placement=reserved.model_dump_json(),
+                           gpus=placement.layout.world_size, placement=reserved.model_dump_json(),
                            created_at=now, lease_expires_at=expires)
             s.add(gang)
             s.flush()

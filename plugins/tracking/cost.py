@@ -90,7 +90,7 @@ def pipeline_bubble_fraction(pp: int, num_micro_batches: int, vpp: int = 1) -> f
 def bubble_gpu_hours(plan: Plan, training_gpu_hours: float) -> float:
     """GPU-hours of a job's training spent in the pipeline bubble under `plan` (seed §11:
     168,000 GPU-hours at PP = 4, m = 32 → 15,750; the seed's 15,792 uses the rounded 9.4 %)."""
-    return training_gpu_hours * pipeline_bubble_fraction(plan.pp, plan.num_micro_batches, plan.vpp)
+    return training_gpu_hours * pipeline_bubble_fraction(plan.layout.pp, plan.num_micro_batches, plan.vpp)
 
 
 def amortized_gpu_hour_usd(annual_cost_per_node: float, gpus_per_node: int, utilization: float = 1.0) -> float:

@@ -54,8 +54,16 @@ def redacted_spec(job: TrainingJob) -> dict[str, Any]:
 
 
 def plan_params(plan: Plan) -> dict[str, str]:
-    """The plan, flattened under `plan.`: degrees, micro-batching and the advisor's estimates."""
-    return flatten(plan.model_dump(mode="json", exclude_none=True), prefix="plan")
+    """The plan, flattened under `plan.`: degrees, micro-batching and the advisor's estimates.
+
+    The degrees keep their flat names (`plan.tp`, not `plan.layout.tp`) although the plan nests
+    them in its `layout`: MLflow compares runs column by column, and the runs logged before the
+    degrees had one carrier (#59) have `plan.tp`. A plan's layout has one rank per node, so
+    `ranks_per_node` says nothing and is left out."""
+    doc = plan.model_dump(mode="json", exclude_none=True)
+    layout = doc.pop("layout")
+    doc.update({k: layout[k] for k in ("tp", "pp", "dp", "cp")})
+    return flatten(doc, prefix="plan")
 
 
 def flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

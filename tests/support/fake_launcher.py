@@ -56,8 +56,8 @@ class FakeLauncher:
             self._record(run_dir, "submit-again")
             return handle
         handle = RunHandle(kind=MODE, job=job.name, run=worker_env.run, attempt=attempt,
-                           world_size=placement.world_size, run_dir=str(run_dir), nodes=placement.node_names,
-                           max_restarts=self.max_restarts, ranks_per_node=placement.ranks_per_node)
+                           world_size=placement.layout.world_size, run_dir=str(run_dir), nodes=placement.node_names,
+                           max_restarts=self.max_restarts, ranks_per_node=placement.layout.ranks_per_node)
         self._record(run_dir, "submit", nodes=placement.node_names, faults=worker_env.faults,
                      max_restarts=self.max_restarts)
         (run_dir / "handle.json").write_text(handle.model_dump_json())

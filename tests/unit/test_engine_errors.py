@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.errors import FatalError, TrainyardError, TransientError, is_retryable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,12 +104,12 @@ def test_unschedulable_tells_not_now_from_never() -> None:
 
     inv = inventory([(2, 8, "H100")])
     with pytest.raises(NeverSchedulable) as never:  # 32 devices on a 16-device cluster
-        place_gang(GangRequest(job="j", gpu_type="H100", tp=8, dp=4), inv)
+        place_gang(GangRequest(job="j", gpu_type="H100", layout=RankLayout(tp=8, dp=4)), inv)
     assert never.value.reason.permanent and not is_retryable(never.value)
     with pytest.raises(NeverSchedulable, match="no A100 nodes"):
-        place_gang(GangRequest(job="j", gpu_type="A100", tp=8), inv)
+        place_gang(GangRequest(job="j", gpu_type="A100", layout=RankLayout(tp=8)), inv)
     full = busy(inv, {n.name: 8 for n in inv.nodes})
     with pytest.raises(NotSchedulableNow) as later:  # fits the cluster, which is busy now
-        place_gang(GangRequest(job="j", gpu_type="H100", tp=8, dp=2), inv, full)
+        place_gang(GangRequest(job="j", gpu_type="H100", layout=RankLayout(tp=8, dp=2)), inv, full)
     assert isinstance(later.value, Unschedulable) and is_retryable(later.value)
     assert later.value.reason.code == "not_enough_nodes" and not later.value.reason.permanent

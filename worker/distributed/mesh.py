@@ -21,7 +21,7 @@ __all__ = ["MESH_DIMS", "build_mesh", "default_plan", "mesh_shape"]
 
 
 def mesh_shape(plan: Plan) -> tuple[int, ...]:
-    return RankLayout.of(plan).shape
+    return plan.layout.shape
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
@@ -29,7 +29,7 @@ def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    plan.check_world_size(dist.get_world_size())
+    plan.layout.check_world_size(dist.get_world_size())
     return init_device_mesh(device_type, mesh_shape(plan), mesh_dim_names=MESH_DIMS)
 
 
@@ -40,6 +40,6 @@ def default_plan(world_size: int, *, global_batch_size: int, sequence_length: in
     if global_batch_size % world_size:
         raise ValueError(f"global batch size ({global_batch_size}) is not divisible by the "
                          f"world size ({world_size})")
-    return Plan(dp=world_size, zero_stage=zero_stage,  # type: ignore[arg-type]
+    return Plan(layout=RankLayout(dp=world_size), zero_stage=zero_stage,  # type: ignore[arg-type]
                 micro_batch_size=global_batch_size // world_size, num_micro_batches=1,
                 global_batch_size=global_batch_size, sequence_length=sequence_length)

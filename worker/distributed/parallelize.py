@@ -60,15 +60,16 @@ def check_plan(plan: Plan, model: Llama) -> None:
     """Raise `ValueError` when `plan` cannot be applied to `model` (before any collective).
     What the runtime supports at all is `WORKER_RUNTIME`, which the advisor and the dry run
     honour too; the rest depends on the model's shape."""
-    refused = WORKER_RUNTIME.refusals(cp=plan.cp, ep=plan.ep, tp=plan.tp, pp=plan.pp,
+    d = plan.layout
+    refused = WORKER_RUNTIME.refusals(cp=d.cp, ep=plan.ep, tp=d.tp, pp=d.pp,
                                       tie_embeddings=model.config.tie_embeddings)
     if refused:
         raise ValueError("; ".join(refused))
-    check_tp_degree(model.config, plan.tp)
+    check_tp_degree(model.config, plan.layout.tp)
     check_pipeline_plan(plan, model.config.num_layers)
-    if plan.sequence_parallel and plan.sequence_length and plan.sequence_length % plan.tp:
+    if plan.sequence_parallel and plan.sequence_length and plan.sequence_length % plan.layout.tp:
         raise ValueError(f"sequence parallelism needs sequence_length ({plan.sequence_length}) "
-                         f"divisible by tp ({plan.tp})")
+                         f"divisible by tp ({plan.layout.tp})")
 
 
 @dataclass
@@ -111,7 +112,7 @@ class ParallelModel:
 
     @property
     def pp_group(self) -> ProcessGroup | None:
-        return self.mesh["pp"].get_group() if self.plan.pp > 1 else None
+        return self.mesh["pp"].get_group() if self.plan.layout.pp > 1 else None
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Forward and backward over this replica's batch (micro_batch_size·num_micro_batches
@@ -181,17 +182,18 @@ def parallelize(model: Llama, plan: Plan, mesh: DeviceMesh, *, precision: str = 
     dtype = compute_dtype(mesh.device_type, precision)
     device = mesh_device(mesh)
     model.to(device)
-    if plan.pp > 1:
+    if plan.layout.pp > 1:
         pp_mesh = mesh["pp"]
         parts, indices = build_stages(model, plan, pp_mesh, device)
     else:
         parts, indices = [model], [0]
     parts = [_parallelize_part(part, plan, mesh, dtype) for part in parts]
-    fsdp_casts = plan.dp > 1 and (plan.zero_stage > 0 or plan.pp > 1 or plan.tp > 1)
+    d = plan.layout
+    fsdp_casts = d.dp > 1 and (plan.zero_stage > 0 or d.pp > 1 or d.tp > 1)
     pm = ParallelModel(parts=parts, plan=plan, mesh=mesh, device=device,
                        autocast_dtype=None if fsdp_casts else dtype)
-    if plan.pp > 1:
-        num_stages = plan.pp * plan.vpp
+    if plan.layout.pp > 1:
+        num_stages = plan.layout.pp * plan.vpp
         pm.schedule = build_schedule(parts, indices, plan, mesh["pp"], device, cross_entropy_loss)
         pm.is_first_stage = 0 in indices
         pm.is_last_stage = num_stages - 1 in indices
@@ -200,12 +202,13 @@ def parallelize(model: Llama, plan: Plan, mesh: DeviceMesh, *, precision: str = 
 
 def _parallelize_part(part: nn.Module, plan: Plan, mesh: DeviceMesh,
                       dtype: torch.dtype | None) -> nn.Module:
-    if plan.tp > 1:
+    if plan.layout.tp > 1:
         apply_tp(part, mesh["tp"], sequence_parallel=plan.sequence_parallel)
     apply_ac(part, plan.activation_checkpointing)
-    if plan.dp > 1:
+    if plan.layout.dp > 1:
         if plan.zero_stage == 0:
-            return apply_ddp(part, mesh["dp"], is_pipeline_stage=plan.pp > 1, param_dtype=dtype)
-        apply_fsdp(part, mesh["dp"], zero_stage=plan.zero_stage, is_pipeline_stage=plan.pp > 1,
+            return apply_ddp(part, mesh["dp"], is_pipeline_stage=plan.layout.pp > 1,
+                             param_dtype=dtype)
+        apply_fsdp(part, mesh["dp"], zero_stage=plan.zero_stage, is_pipeline_stage=plan.layout.pp > 1,
                    param_dtype=dtype)
     return part

@@ -45,15 +45,15 @@ def stage_layer_ranges(num_layers: int, num_stages: int) -> list[range]:
 
 def check_pipeline_plan(plan: Plan, num_layers: int) -> None:
     """Raise when the plan's pipeline cannot run on this model."""
-    if plan.pp == 1:
+    if plan.layout.pp == 1:
         return
-    stage_layer_ranges(num_layers, plan.pp * plan.vpp)
-    if plan.num_micro_batches < plan.pp:
+    stage_layer_ranges(num_layers, plan.layout.pp * plan.vpp)
+    if plan.num_micro_batches < plan.layout.pp:
         raise ValueError(f"a {plan.pipeline_schedule} pipeline needs num_micro_batches "
-                         f"({plan.num_micro_batches}) >= pp ({plan.pp})")
-    if plan.vpp > 1 and plan.num_micro_batches % plan.pp:
+                         f"({plan.num_micro_batches}) >= pp ({plan.layout.pp})")
+    if plan.vpp > 1 and plan.num_micro_batches % plan.layout.pp:
         raise ValueError(f"interleaved 1F1B needs num_micro_batches ({plan.num_micro_batches}) "
-                         f"to be a multiple of pp ({plan.pp})")
+                         f"to be a multiple of pp ({plan.layout.pp})")
 
 
 def stage_indices(pp_rank: int, pp: int, vpp: int) -> list[int]:
@@ -78,9 +78,9 @@ def split_stage(model: nn.Module, layers: range, *, first: bool, last: bool) -> 
 def build_stages(model: nn.Module, plan: Plan, pp_mesh: DeviceMesh,
                  device: torch.device) -> tuple[list[nn.Module], list[int]]:
     """This rank's stage modules and their stage indices (not yet wrapped in `PipelineStage`)."""
-    num_stages = plan.pp * plan.vpp
+    num_stages = plan.layout.pp * plan.vpp
     ranges = stage_layer_ranges(len(model.layers), num_stages)  # type: ignore[arg-type]
-    indices = stage_indices(pp_mesh.get_local_rank(), plan.pp, plan.vpp)
+    indices = stage_indices(pp_mesh.get_local_rank(), plan.layout.pp, plan.vpp)
     modules = [split_stage(model, ranges[i], first=i == 0, last=i == num_stages - 1) for i in indices]
     return modules, indices
 
@@ -88,7 +88,7 @@ def build_stages(model: nn.Module, plan: Plan, pp_mesh: DeviceMesh,
 def build_schedule(parts: list[nn.Module], indices: list[int], plan: Plan, pp_mesh: DeviceMesh,
                    device: torch.device, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
     """Wrap the (already parallelised) stage modules in `PipelineStage`s and build the schedule."""
-    num_stages = plan.pp * plan.vpp
+    num_stages = plan.layout.pp * plan.vpp
     group = pp_mesh.get_group()
     stages = [PipelineStage(part, index, num_stages, device, group=group)
               for part, index in zip(parts, indices, strict=True)]

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from trainyard.config.spec import ModelHints
+    from trainyard.config.spec import ModelHints, ModelShape
 
 
 @dataclass(frozen=True)
@@ -83,20 +83,22 @@ class LlamaConfig:
 
     @classmethod
     def from_hints(cls, hints: ModelHints) -> LlamaConfig:
-        """The model a spec's `parallelism.hints` describe (the shape the advisor planned for)."""
-        if hints.activation != "swiglu":
-            raise ValueError(f"the Llama model uses SwiGLU; hints.activation is {hints.activation!r}")
-        if hints.num_experts:
-            raise ValueError(f"the Llama model is dense; hints.numExperts is {hints.num_experts}")
+        """The model a spec's `parallelism.hints` describe (the shape the advisor planned for:
+        both read `ModelHints.shape`), its rotary table as long as the spec's sequences."""
+        return cls.from_shape(hints.shape(), max_seq_len=hints.sequence_length)
+
+    @classmethod
+    def from_shape(cls, shape: ModelShape, *, max_seq_len: int) -> LlamaConfig:
+        """The Llama of a derived `ModelShape`; refuses a shape this model cannot be."""
+        if shape.activation != "swiglu":
+            raise ValueError(f"the Llama model uses SwiGLU; hints.activation is {shape.activation!r}")
+        if shape.num_experts:
+            raise ValueError(f"the Llama model is dense; hints.numExperts is {shape.num_experts}")
         return cls(
-            vocab_size=hints.vocab_size,
-            hidden_size=hints.hidden_size,
-            num_layers=hints.num_layers,
-            num_heads=hints.num_attention_heads,
-            num_kv_heads=hints.effective_kv_heads(),
-            ffn_hidden_size=hints.effective_ffn_hidden_size(),
-            max_seq_len=hints.sequence_length,
-            tie_embeddings=hints.tie_embeddings,
+            vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, num_layers=shape.num_layers,
+            num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+            ffn_hidden_size=shape.ffn_hidden_size, max_seq_len=max_seq_len,
+            tie_embeddings=shape.tie_embeddings,
         )
 
 

@@ -20,6 +20,7 @@ from trainyard.config.settings import Settings
 from trainyard.config.spec import TrainingJob
 from trainyard.config.teams import load_teams
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.attempt.bookkeeping import DecisionInputs, decide_from_catalog
 from trainyard.plugins.attempt.evidence import gather
 from trainyard.plugins.attempt.launchers import Runtime
@@ -58,24 +59,24 @@ def test_a_higher_priority_gang_evicts_the_low_one_which_is_requeued_and_placed_
     high = spec(tmp_path, "tiny-high", "high", 4, [])
     kw: dict[str, Any] = {"grace_s": 20.0}
 
-    placed = place_preempting(low, Plan(dp=2), cluster, store, jobs, teams, Runtime(settings), run=RUN_LOW, attempt=0, **kw)
+    placed = place_preempting(low, Plan(layout=RankLayout(dp=2)), cluster, store, jobs, teams, Runtime(settings), run=RUN_LOW, attempt=0, **kw)
     assert placed.evicted == [] and sorted(placed.placement.node_names) == ["local-0", "local-1"]
     # Reserved but not launched (no handle in the job state): nothing the platform can stop.
     with pytest.raises(NotSchedulableNow, match="no running gang has a lower effective priority"):
-        place_preempting(high, Plan(dp=4), cluster, store, jobs, teams, Runtime(settings), run=RUN_HIGH, attempt=0, **kw)
+        place_preempting(high, Plan(layout=RankLayout(dp=4)), cluster, store, jobs, teams, Runtime(settings), run=RUN_HIGH, attempt=0, **kw)
 
     jobs.open_run(low.name, trigger_key="t-low", team="demo", run=RUN_LOW)
     jobs.start_attempt(low.name, RUN_LOW, 0)
     launcher = LocalLauncher(settings.runs_dir, source_dir=REPO_ROOT, base_env=procs.test_env({"OMP_NUM_THREADS": "1"}))
-    handle = launcher.submit(low, Plan(dp=2), placed.placement,
-                             build_worker_env(low, Plan(dp=2), settings, run=RUN_LOW, attempt=0), attempt=0)
+    handle = launcher.submit(low, Plan(layout=RankLayout(dp=2)), placed.placement,
+                             build_worker_env(low, Plan(layout=RankLayout(dp=2)), settings, run=RUN_LOW, attempt=0), attempt=0)
     jobs.set_handle(low.name, RUN_LOW, 0, handle)
     wait_for(launcher, handle, lambda s: s.step is not None and s.step >= 2)
 
-    result = place_preempting(high, Plan(dp=4), cluster, store, jobs, teams, Runtime(settings), run=RUN_HIGH, attempt=0, **kw)
+    result = place_preempting(high, Plan(layout=RankLayout(dp=4)), cluster, store, jobs, teams, Runtime(settings), run=RUN_HIGH, attempt=0, **kw)
     (eviction,) = result.evicted
     assert (eviction.victim.job, eviction.victim.run, eviction.freed) == (low.name, RUN_LOW, 2)
-    assert result.placement.world_size == 4 and store.placement(high.name, 0, run=RUN_HIGH) is not None
+    assert result.placement.layout.world_size == 4 and store.placement(high.name, 0, run=RUN_HIGH) is not None
     assert store.placement(low.name, 0, run=RUN_LOW) is None  # the victim's devices were freed
     status = eviction.status
     assert status is not None and status.state == "stopped" and not status.processes_alive
@@ -93,8 +94,8 @@ def test_a_higher_priority_gang_evicts_the_low_one_which_is_requeued_and_placed_
 
     # The requeued attempt cannot preempt its preemptor (higher priority): it waits for capacity…
     with pytest.raises(NotSchedulableNow):
-        place_preempting(low, Plan(dp=2), cluster, store, jobs, teams, Runtime(settings), run=RUN_LOW, attempt=1, wait_s=0, **kw)
+        place_preempting(low, Plan(layout=RankLayout(dp=2)), cluster, store, jobs, teams, Runtime(settings), run=RUN_LOW, attempt=1, wait_s=0, **kw)
     store.release(high.name, 0, run=RUN_HIGH)  # …which returns when the high-priority gang ends
-    again = place_preempting(low, Plan(dp=2), cluster, store, jobs, teams, Runtime(settings), run=RUN_LOW, attempt=1, wait_s=30,
+    again = place_preempting(low, Plan(layout=RankLayout(dp=2)), cluster, store, jobs, teams, Runtime(settings), run=RUN_LOW, attempt=1, wait_s=30,
                              poll_s=0.5, **kw)
-    assert again.evicted == [] and again.placement.world_size == 2
+    assert again.evicted == [] and again.placement.layout.world_size == 2

@@ -20,6 +20,7 @@ from tests.support.waiting import wait_for
 from trainyard.cli.main import main
 from trainyard.config.settings import Settings, get_settings
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.watching import stop_gang
 from trainyard.plugins.run.heartbeat import read_heartbeats, write_heartbeat
@@ -56,7 +57,7 @@ def test_status_shows_the_live_step_of_a_training_run(home: Path, tmp_path: Path
         store.transition(JOB, run, state)
     store.start_attempt(JOB, run, 0)
     _, handle = submit(settings, spec(JOB, entrypoint=ENTRYPOINT, args=["--steps", "500", "--sleep", "3"],
-                                             hang_timeout="5m"), Plan(dp=2), run)
+                                             hang_timeout="5m"), Plan(layout=RankLayout(dp=2)), run)
     try:
         store.set_handle(JOB, run, 0, handle)
         store.transition(JOB, run, "running")

@@ -16,6 +16,7 @@ from tests.support import procs
 from trainyard.config.cluster import load_cluster
 from trainyard.config.settings import Settings
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.attempt.evidence import gather
 from trainyard.plugins.launch.environment import build_worker_env
 from trainyard.plugins.launch.local import LocalLauncher
@@ -33,7 +34,7 @@ def test_a_killed_rank_is_restarted_in_place_from_the_newest_checkpoint(tmp_path
     settings = Settings(home=tmp_path / "home")
     assert main(["data", "prepare-demo", "--object-store", settings.object_store, "--shards", "4"]) == 0
     job = tiny_job("fast-path", max_steps=30, interval_steps=10)
-    plan = Plan(dp=2, micro_batch_size=4, global_batch_size=8, sequence_length=32)
+    plan = Plan(layout=RankLayout(dp=2), micro_batch_size=4, global_batch_size=8, sequence_length=32)
     placement = place_gang(GangRequest.for_job(job, plan, run="r-fast"), Inventory.from_cluster(load_cluster("local")))
     launcher = LocalLauncher(settings.runs_dir, source_dir=procs.REPO_ROOT, max_restarts=1,
                              base_env=procs.test_env({"TRAINYARD_FAULTS": "sigkill@25:1"}))

@@ -22,6 +22,7 @@ from trainyard.config.cluster import load_cluster
 from trainyard.config.loader import load_spec_file
 from trainyard.config.settings import Settings
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.launch.environment import build_worker_env
 from trainyard.plugins.launch.local import RUN_MARKER, LocalLauncher
 from trainyard.plugins.placement.gang import place_gang
@@ -74,7 +75,7 @@ def start(tmp_path: Path, name: str, args: list[str], *, hang_timeout: str = "5m
           ) -> tuple[LocalLauncher, RunHandle]:
     job = load_spec_file(write_spec(tmp_path / f"{name}.yaml", name, args, hang_timeout=hang_timeout))
     settings = Settings(home=tmp_path / "home")
-    plan = Plan(dp=2)
+    plan = Plan(layout=RankLayout(dp=2))
     placement = place_gang(GangRequest.for_job(job, plan, run="r-test"), Inventory.from_cluster(load_cluster("local")))
     launcher = LocalLauncher(settings.runs_dir, source_dir=REPO_ROOT,
                              base_env=procs.test_env({"OMP_NUM_THREADS": "1"}))
@@ -162,7 +163,7 @@ def test_stop_leaves_no_process_behind_and_submit_is_idempotent(tmp_path: Path) 
     wait_for(launcher, handle, lambda s: s.step is not None and s.step >= 2)
     job = load_spec_file(tmp_path / "tiny-stop.yaml")
     settings = Settings(home=tmp_path / "home")
-    plan = Plan(dp=2)
+    plan = Plan(layout=RankLayout(dp=2))
     placement = place_gang(GangRequest.for_job(job, plan, run="r-test"), Inventory.from_cluster(load_cluster("local")))
     again = launcher.submit(job, plan, placement, build_worker_env(job, plan, settings, run="r-test", attempt=0), attempt=0)
     assert again == handle  # a retry re-attaches; it never starts a second copy

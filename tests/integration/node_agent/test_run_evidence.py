@@ -27,6 +27,7 @@ from trainyard.config.spec import TrainingJob
 from trainyard.node_agent.client import fetch_health
 from trainyard.node_agent.models import NodeHealth, Verdict
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.attempt.evidence import gather, observe_node
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.watching import WatchState, stop_gang, watch_once
@@ -75,11 +76,11 @@ def test_a_cancelled_runs_verdicts_never_appear_in_the_next_runs_evidence(tmp_pa
     name = "tiny-evidence"
     with node_agents(NODES, settings.runs_dir, tmp_path / "agents") as urls:
         stuck = spec(name, entrypoint=ENTRYPOINT, args=["--steps", "50", "--sleep", "300"], hang_timeout="2s")
-        hung_launcher, hung = submit(settings, stuck, Plan(dp=2), HUNG)  # sleeps after step 1: hangs
+        hung_launcher, hung = submit(settings, stuck, Plan(layout=RankLayout(dp=2)), HUNG)  # sleeps after step 1: hangs
         wait_for(lambda: hangs(urls, name, HUNG), "the agents to report the hang of the first run", 180, poll_s=0.3)
 
         quick = spec(name, entrypoint=ENTRYPOINT, args=["--steps", "2"], hang_timeout="5m")
-        launcher, handle = submit(settings, quick, Plan(dp=2), NEXT)
+        launcher, handle = submit(settings, quick, Plan(layout=RankLayout(dp=2)), NEXT)
         status = launcher.wait(handle, timeout_s=180)
         assert status.state == "succeeded", launcher.logs(handle)
         seen = [observe_node(node, url) for node, url in sorted(urls.items())]
@@ -113,7 +114,7 @@ def test_a_hang_of_one_stopped_rank_names_that_rank_only(tmp_path: Path) -> None
                checkpoint={"intervalSteps": 1000, "maxKeep": 2},
                training={"maxSteps": 400, "seed": 7, "learningRate": 0.003},
                parallelism={"strategy": "manual", "hints": hints})
-    plan = Plan(dp=2, micro_batch_size=4, global_batch_size=8, sequence_length=32)
+    plan = Plan(layout=RankLayout(dp=2), micro_batch_size=4, global_batch_size=8, sequence_length=32)
     runtime = Runtime(settings)
     with node_agents(NODES, settings.runs_dir, tmp_path / "agents") as urls:
         launcher, handle = submit(settings, job, plan, HUNG, faults="hang@6:1")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.placement.model import PlacedNode, Placement
 from trainyard.plugins.state.reservations import (
     ReservationConflict,
@@ -38,8 +39,8 @@ def placement(job: str, nodes: dict[str, int], *, team: str = "demo", attempt: i
     k = slots.pop()
     placed = [PlacedNode(name=name, rack="r0", address="127.0.0.1", gpu_type="H100", node_gpus=capacity,
                          node_rank=i, first_rank=i * k, slots=k) for i, name in enumerate(nodes)]
-    return Placement(job=job, attempt=attempt, team=team, gpu_type="H100", tp=1, pp=1, dp=k * len(placed),
-                     ranks_per_node=k, nodes=placed)
+    return Placement(job=job, attempt=attempt, team=team, gpu_type="H100",
+                     layout=RankLayout(tp=1, pp=1, dp=k * len(placed), ranks_per_node=k), nodes=placed)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -231,8 +232,8 @@ def test_place_and_reserve_re_places_after_losing_a_race(store: StateStore, monk
         return real_free(*args, **kwargs)
 
     monkeypatch.setattr(reserve, "free_devices", stale_then_real)
-    placed = reserve.place_and_reserve(job, Plan(dp=2), cluster, store, attempt=0)
+    placed = reserve.place_and_reserve(job, Plan(layout=RankLayout(dp=2)), cluster, store, attempt=0)
     assert placed.node_names == ["local-1"] and placed.nodes[0].devices == [0, 1]
     assert calls["n"] == 2
     # Idempotent: the same (job, attempt) again returns the reservation it holds.
-    assert reserve.place_and_reserve(job, Plan(dp=2), cluster, store, attempt=0) == placed
+    assert reserve.place_and_reserve(job, Plan(layout=RankLayout(dp=2)), cluster, store, attempt=0) == placed

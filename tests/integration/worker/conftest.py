@@ -18,6 +18,7 @@ from tests.support.procs import REPO_ROOT, run_torchrun
 from trainyard.config.spec import TrainingJob
 from trainyard.config.worker_env import WorkerEnv
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.checkpoint import list_checkpoints
 from trainyard.plugins.checkpoint.uris import checkpoint_root
 from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path
@@ -49,7 +50,7 @@ def tiny_job(name: str, *, max_steps: int, interval_steps: int, divergence_steps
 
 
 def fsdp_plan(world_size: int = 2) -> Plan:
-    return Plan(dp=world_size, zero_stage=3, micro_batch_size=8 // world_size,
+    return Plan(layout=RankLayout(dp=world_size), zero_stage=3, micro_batch_size=8 // world_size,
                 global_batch_size=8, sequence_length=32)
 
 
@@ -117,9 +118,9 @@ def launch(job: TrainingJob, plan: Plan, *, object_store: str, run_dir: Path, at
     full_env = {**worker_env.to_env(), "TRAINYARD_FAULTS": faults,
                 "TRAINYARD_DATA_CACHE_DIR": str(run_dir.parent / "data-cache"), **(env or {})}
     result = run_torchrun("worker/train.py", ["--summary", str(run_dir / "summary.json")],
-                          nproc=plan.world_size, env=full_env, timeout=300, fork_ranks=run_dir,
+                          nproc=plan.layout.world_size, env=full_env, timeout=300, fork_ranks=run_dir,
                           rank_logs=True)
-    return WorkerRun(result, run_dir, plan.world_size)
+    return WorkerRun(result, run_dir, plan.layout.world_size)
 
 
 def committed_steps(object_store: str, job: str, endpoint_url: str | None = None) -> list[int]:

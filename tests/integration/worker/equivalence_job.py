@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.worker.distributed.mesh import build_mesh
 from trainyard.worker.distributed.parallelize import parallelize
 from trainyard.worker.models.llama import Llama, LlamaConfig, cross_entropy_loss
@@ -26,31 +27,31 @@ CONFIG = LlamaConfig(vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, 
 GLOBAL_BATCH, SEQ, STEPS, LR = 8, 32, 20, 3e-3
 
 PLANS: dict[str, Plan] = {
-    "ddp": Plan(dp=2, micro_batch_size=4),
-    "ddp_accumulate": Plan(dp=2, micro_batch_size=2, num_micro_batches=2),
-    "fsdp": Plan(dp=2, zero_stage=3, micro_batch_size=4),
-    "fsdp_zero2_selective_ac": Plan(dp=2, zero_stage=2, micro_batch_size=4,
+    "ddp": Plan(layout=RankLayout(dp=2), micro_batch_size=4),
+    "ddp_accumulate": Plan(layout=RankLayout(dp=2), micro_batch_size=2, num_micro_batches=2),
+    "fsdp": Plan(layout=RankLayout(dp=2), zero_stage=3, micro_batch_size=4),
+    "fsdp_zero2_selective_ac": Plan(layout=RankLayout(dp=2), zero_stage=2, micro_batch_size=4,
                                     activation_checkpointing="selective"),
-    "tp": Plan(tp=2, micro_batch_size=8),
-    "tp_sp_full_ac": Plan(tp=2, micro_batch_size=8, sequence_parallel=True,
+    "tp": Plan(layout=RankLayout(tp=2), micro_batch_size=8),
+    "tp_sp_full_ac": Plan(layout=RankLayout(tp=2), micro_batch_size=8, sequence_parallel=True,
                           activation_checkpointing="full"),
-    "pp_1f1b": Plan(pp=2, micro_batch_size=2, num_micro_batches=4),
-    "pp_interleaved": Plan(pp=2, vpp=2, micro_batch_size=2, num_micro_batches=4),
+    "pp_1f1b": Plan(layout=RankLayout(pp=2), micro_batch_size=2, num_micro_batches=4),
+    "pp_interleaved": Plan(layout=RankLayout(pp=2), vpp=2, micro_batch_size=2, num_micro_batches=4),
 }
 """Plans for 2 processes."""
 
 PLANS_2D: dict[str, Plan] = {
-    "fsdp_x_tp": Plan(dp=2, tp=2, zero_stage=3, micro_batch_size=4, sequence_parallel=True),
-    "ddp_x_tp": Plan(dp=2, tp=2, micro_batch_size=4),
-    "pp_x_ddp": Plan(pp=2, dp=2, micro_batch_size=2, num_micro_batches=2),
-    "pp_x_fsdp": Plan(pp=2, dp=2, zero_stage=3, micro_batch_size=2, num_micro_batches=2),
-    "pp_x_tp": Plan(pp=2, tp=2, micro_batch_size=4, num_micro_batches=2, sequence_parallel=True),
+    "fsdp_x_tp": Plan(layout=RankLayout(dp=2, tp=2), zero_stage=3, micro_batch_size=4, sequence_parallel=True),
+    "ddp_x_tp": Plan(layout=RankLayout(dp=2, tp=2), micro_batch_size=4),
+    "pp_x_ddp": Plan(layout=RankLayout(pp=2, dp=2), micro_batch_size=2, num_micro_batches=2),
+    "pp_x_fsdp": Plan(layout=RankLayout(pp=2, dp=2), zero_stage=3, micro_batch_size=2, num_micro_batches=2),
+    "pp_x_tp": Plan(layout=RankLayout(pp=2, tp=2), micro_batch_size=4, num_micro_batches=2, sequence_parallel=True),
 }
 """Two-dimensional plans, for 4 processes."""
 
 PLANS_UNEVEN: dict[str, Plan] = {
-    "pp_uneven_1f1b": Plan(pp=2, micro_batch_size=2, num_micro_batches=4),
-    "pp_uneven_interleaved": Plan(pp=2, vpp=2, micro_batch_size=2, num_micro_batches=4),
+    "pp_uneven_1f1b": Plan(layout=RankLayout(pp=2), micro_batch_size=2, num_micro_batches=4),
+    "pp_uneven_interleaved": Plan(layout=RankLayout(pp=2), vpp=2, micro_batch_size=2, num_micro_batches=4),
 }
 """Pipelines whose stages do not divide the layers, for 2 processes and `--layers=5`
 (stages of 3 + 2 layers; interleaved: 1, 2, 1, 1)."""
@@ -87,7 +88,7 @@ def parallel(plan: Plan, data: torch.Tensor, config: LlamaConfig = CONFIG) -> li
     mesh = build_mesh(plan, "cpu")
     model = parallelize(Llama(config), plan, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    dp_rank, per_replica = mesh["dp"].get_local_rank(), GLOBAL_BATCH // plan.dp
+    dp_rank, per_replica = mesh["dp"].get_local_rank(), GLOBAL_BATCH // plan.layout.dp
     losses = []
     for step in range(STEPS):
         mine = data[step, dp_rank * per_replica:(dp_rank + 1) * per_replica]

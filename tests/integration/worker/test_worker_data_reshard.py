@@ -17,6 +17,7 @@ import pytest
 
 from tests.integration.worker.conftest import committed_steps, launch, tiny_job
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +25,7 @@ STEPS, KILL_AT = 14, 7
 
 
 def ddp(dp: int) -> Plan:
-    return Plan(dp=dp, micro_batch_size=8 // dp, global_batch_size=8, sequence_length=32)
+    return Plan(layout=RankLayout(dp=dp), micro_batch_size=8 // dp, global_batch_size=8, sequence_length=32)
 
 
 def test_resume_onto_another_data_parallel_size_continues_the_sample_order(

@@ -29,7 +29,7 @@ def trajectories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[flo
 
 def test_the_plans_really_are_uneven() -> None:
     for plan in PLANS_UNEVEN.values():
-        counts = stage_layer_counts(LAYERS, plan.pp * plan.vpp)
+        counts = stage_layer_counts(LAYERS, plan.layout.pp * plan.vpp)
         assert max(counts) > min(counts) and sum(counts) == LAYERS
 
 

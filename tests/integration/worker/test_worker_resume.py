@@ -9,6 +9,7 @@ import pytest
 
 from tests.integration.worker.conftest import committed_steps, fsdp_plan, launch, tiny_job
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +40,7 @@ def test_sigkill_and_resume_ends_bit_identical(object_store: str, tmp_path: Path
 
 def test_interleaved_pipeline_resume_ends_bit_identical(object_store: str, tmp_path: Path) -> None:
     """Pipeline stages restore through `ParallelModel.state_module` (several stages per rank)."""
-    plan = Plan(pp=2, vpp=2, micro_batch_size=2, num_micro_batches=4, global_batch_size=8)
+    plan = Plan(layout=RankLayout(pp=2), vpp=2, micro_batch_size=2, num_micro_batches=4, global_batch_size=8)
     straight = launch(tiny_job("pp-straight", max_steps=12, interval_steps=6, numLayers=4), plan,
                       object_store=object_store, run_dir=tmp_path / "straight")
     assert straight.exit_codes() == [0, 0], straight.logs()

@@ -17,6 +17,7 @@ from trainyard.config.settings import Settings
 from trainyard.config.spec import TrainingJob
 from trainyard.config.worker_env import WorkerEnv
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.launch.environment import build_worker_env
 from trainyard.plugins.placement.gang import place_gang
 from trainyard.plugins.placement.inventory import Inventory
@@ -60,7 +61,7 @@ def wide_cluster(slots: int) -> Cluster:
 
 def placed(job: TrainingJob, home: Path, *, run: str = "r-test", attempt: int = 0,
            cluster: Cluster | None = None) -> Placed:
-    plan = Plan(dp=job.spec.hardware.gpu_count)
+    plan = Plan(layout=RankLayout(dp=job.spec.hardware.gpu_count))
     placement = place_gang(GangRequest.for_job(job, plan, run=run),
                            Inventory.from_cluster(cluster or load_cluster("kube-sim")))
     env = build_worker_env(job, plan, Settings(home=home, mlflow_tracking_uri="http://mlflow.example:5000"),

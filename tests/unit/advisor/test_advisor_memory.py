@@ -15,6 +15,7 @@ from trainyard.plugins.advisor.memory import (
     state_bytes_per_param,
 )
 from trainyard.plugins.advisor.model import ModelProfile
+from trainyard.plugins.advisor.rank_layout import RankLayout
 
 H100 = hardware_from_spec(CATALOG["H100"])
 LLAMA7B = ModelProfile(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32,
@@ -38,25 +39,25 @@ def test_mixed_precision_state_is_2_4_12_bytes_and_fp32_is_4_4_8() -> None:
 @pytest.mark.parametrize("zero,sharded", [(0, ()), (1, ("optimizer",)), (2, ("optimizer", "gradients")),
                                           (3, ("optimizer", "gradients", "weights"))])
 def test_zero_stages_shard_what_rajbhandari_says(zero: int, sharded: tuple[str, ...]) -> None:
-    base = Layout(dp=8, micro_batch_size=1, num_micro_batches=32)
+    base = Layout(RankLayout(dp=8), micro_batch_size=1, num_micro_batches=32)
     full = state(base)
-    this = state(Layout(dp=8, zero_stage=zero, micro_batch_size=1, num_micro_batches=32))
+    this = state(Layout(RankLayout(dp=8), zero_stage=zero, micro_batch_size=1, num_micro_batches=32))
     for item in ("weights", "gradients", "optimizer"):
         expected = full[item] / 8 if item in sharded else full[item]
         assert this[item] == pytest.approx(expected, rel=1e-6), item
 
 
 def test_fsdp2_runs_zero1_as_zero2() -> None:
-    one = Layout(dp=8, zero_stage=1, micro_batch_size=1, num_micro_batches=32)
-    two = Layout(dp=8, zero_stage=2, micro_batch_size=1, num_micro_batches=32)
+    one = Layout(RankLayout(dp=8), zero_stage=1, micro_batch_size=1, num_micro_batches=32)
+    two = Layout(RankLayout(dp=8), zero_stage=2, micro_batch_size=1, num_micro_batches=32)
     assert state(one, PYTORCH) == state(two, PYTORCH)
     assert state(one, FUSED) != state(two, FUSED)
 
 
 def test_tensor_and_pipeline_parallel_divide_the_state() -> None:
-    whole = sum(state(Layout(dp=8, micro_batch_size=1, num_micro_batches=32)).values())
+    whole = sum(state(Layout(RankLayout(dp=8), micro_batch_size=1, num_micro_batches=32)).values())
     split = MemoryModel(LLAMA7B, H100, FUSED)
-    layout = Layout(tp=4, pp=2, micro_batch_size=1, num_micro_batches=256)
+    layout = Layout(RankLayout(tp=4, pp=2), micro_batch_size=1, num_micro_batches=256)
     first = split.stage(layout, 0, 16)
     per_param = sum(state_bytes_per_param(LLAMA7B, FUSED))
     assert sum(first[k] for k in ("weights", "gradients", "optimizer")) == pytest.approx(
@@ -67,22 +68,22 @@ def test_tensor_and_pipeline_parallel_divide_the_state() -> None:
 def test_first_stage_holds_a_whole_models_worth_of_activations_under_1f1b() -> None:
     """Korthikanti §4.2.3: p micro-batches of L/p layers on stage 0, whatever p."""
     for pp in (2, 4, 8):
-        layout = Layout(pp=pp, micro_batch_size=1, num_micro_batches=64)
+        layout = Layout(RankLayout(pp=pp), micro_batch_size=1, num_micro_batches=64)
         assert inflight_layer_microbatches(32 // pp, 0, layout) == 32
         assert inflight_layer_microbatches(32 // pp, pp - 1, layout) == 32 // pp
 
 
 def test_interleaving_costs_korthikantis_factor() -> None:
     p, v, layers = 4, 2, 32
-    layout = Layout(pp=p, vpp=v, micro_batch_size=1, num_micro_batches=64)
+    layout = Layout(RankLayout(pp=p), vpp=v, micro_batch_size=1, num_micro_batches=64)
     held = inflight_layer_microbatches(layers // p, 0, layout)
     assert held == pytest.approx(layers * (1 + (p - 1) / (p * v)))
 
 
 def test_few_micro_batches_cap_what_is_in_flight() -> None:
-    layout = Layout(pp=8, micro_batch_size=1, num_micro_batches=8)
+    layout = Layout(RankLayout(pp=8), micro_batch_size=1, num_micro_batches=8)
     assert inflight_layer_microbatches(4, 0, layout) == 32
-    layout = Layout(pp=4, vpp=4, micro_batch_size=1, num_micro_batches=4)
+    layout = Layout(RankLayout(pp=4), vpp=4, micro_batch_size=1, num_micro_batches=4)
     assert inflight_layer_microbatches(8, 0, layout) == 8 / 4 * 16  # every chunk of every micro-batch
 
 
@@ -105,7 +106,7 @@ def test_uneven_split_memory_is_the_busiest_stage() -> None:
                          ffn_hidden_size=4096, vocab_size=1024, sequence_length=1024,
                          global_batch_size=8)
     mem = MemoryModel(model, H100, PYTORCH)
-    layout = Layout(pp=2, micro_batch_size=1, num_micro_batches=8)
+    layout = Layout(RankLayout(pp=2), micro_batch_size=1, num_micro_batches=8)
     assert mem.stage_counts(2) == [3, 2]
     first, last = (sum(mem.stage(layout, i, n).values()) for i, n in enumerate(mem.stage_counts(2)))
     assert mem.total(layout) == max(first, last)
@@ -119,17 +120,17 @@ def test_more_micro_batch_or_less_recomputation_never_needs_less_memory() -> Non
     previous = 0.0
     for mbs in (1, 2, 4, 8):
         for ac in ("full", "selective", "none"):
-            layout = Layout(dp=8, zero_stage=3, micro_batch_size=mbs, num_micro_batches=32 // mbs,
+            layout = Layout(RankLayout(dp=8), zero_stage=3, micro_batch_size=mbs, num_micro_batches=32 // mbs,
                             recompute=ac)  # type: ignore[arg-type]
             total = model.total(layout)
             assert total >= previous
             previous = total
-        previous = model.total(Layout(dp=8, zero_stage=3, micro_batch_size=mbs,
+        previous = model.total(Layout(RankLayout(dp=8), zero_stage=3, micro_batch_size=mbs,
                                       num_micro_batches=32 // mbs, recompute="full"))
 
 
 def test_last_stage_carries_the_logits_and_zero3_its_gather_buffers() -> None:
-    items, stage = memory_breakdown(LLAMA7B, H100, PYTORCH, Layout(dp=8, zero_stage=3, micro_batch_size=2,
+    items, stage = memory_breakdown(LLAMA7B, H100, PYTORCH, Layout(RankLayout(dp=8), zero_stage=3, micro_batch_size=2,
                                                                  num_micro_batches=16))
     assert stage == 0
     assert items["logits"] == 2 * 4096 * 32000 * (2 + 8)
@@ -138,11 +139,11 @@ def test_last_stage_carries_the_logits_and_zero3_its_gather_buffers() -> None:
 
 
 def test_budget_is_the_fraction_of_device_memory() -> None:
-    est = evaluate(LLAMA7B, H100, Layout(dp=8, zero_stage=3, micro_batch_size=1, num_micro_batches=32,
+    est = evaluate(LLAMA7B, H100, Layout(RankLayout(dp=8), zero_stage=3, micro_batch_size=1, num_micro_batches=32,
                                          recompute="full"), memory_fraction=0.5)
     assert est.budget_bytes == 40 * GiB
     with pytest.raises(ValueError, match="memory_fraction"):
-        evaluate(LLAMA7B, H100, Layout(dp=8, micro_batch_size=1, num_micro_batches=32), memory_fraction=0)
+        evaluate(LLAMA7B, H100, Layout(RankLayout(dp=8), micro_batch_size=1, num_micro_batches=32), memory_fraction=0)
 
 
 def test_megatron_eager_attention_is_what_selective_recompute_removes() -> None:
@@ -150,7 +151,7 @@ def test_megatron_eager_attention_is_what_selective_recompute_removes() -> None:
                          ffn_hidden_size=4 * 12288, vocab_size=51200, sequence_length=2048,
                          global_batch_size=64, precision="fp16", activation="gelu")
     mm = MemoryModel(model, hardware_from_spec(CATALOG["A100_80GB"]), MEGATRON)
-    base = Layout(tp=8, pp=8, micro_batch_size=1, num_micro_batches=64, sequence_parallel=True)
+    base = Layout(RankLayout(tp=8, pp=8), micro_batch_size=1, num_micro_batches=64, sequence_parallel=True)
     from dataclasses import replace
 
     none, _ = mm.activations(base)

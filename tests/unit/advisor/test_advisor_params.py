@@ -48,8 +48,8 @@ class RefModel(nn.Module):
         super().__init__()
         h, v = hints.hidden_size, hints.vocab_size
         self.embed = nn.Embedding(v, h)
-        self.blocks = nn.ModuleList(RefBlock(h, hints.num_attention_heads, hints.effective_kv_heads(),
-                                             hints.effective_ffn_hidden_size(), hints.activation)
+        self.blocks = nn.ModuleList(RefBlock(h, hints.num_attention_heads, hints.shape().num_kv_heads,
+                                             hints.shape().ffn_hidden_size, hints.activation)
                                     for _ in range(hints.num_layers))
         self.norm = nn.RMSNorm(h)
         self.head = nn.Linear(h, v, bias=False)
@@ -110,3 +110,32 @@ def test_llama2_7b_shape_has_its_published_size() -> None:
                            ffn_hidden_size=11008, vocab_size=32000, sequence_length=4096,
                            global_batch_size=1)
     assert profile.parameter_count() == 6_738_415_616  # Llama 2 7B, as Hugging Face reports it
+
+
+@pytest.mark.parametrize("config", [*CONFIGS[:3], dict(CONFIGS[0], num_key_value_heads=None, num_experts=1)])
+def test_the_advisor_and_the_worker_read_one_shape_of_the_hints(config: dict) -> None:
+    """`ModelHints.shape` interprets the hints once (default KV heads and FFN width, one expert
+    meaning dense); the advisor's profile and the worker's model are both built from it."""
+    from trainyard.worker.models.llama import LlamaConfig
+
+    h = hints(**config)
+    shape = h.shape()
+    profile = ModelProfile.from_hints(h)
+    assert profile.shape == shape and not profile.is_moe
+    assert LlamaConfig.from_hints(h) == LlamaConfig.from_shape(profile.shape, max_seq_len=h.sequence_length)
+
+
+def test_only_the_spec_interprets_the_hints_head_counts() -> None:
+    """`numAttentionHeads`/`numKeyValueHeads` are spelt `num_heads`/`num_kv_heads` once derived:
+    an engine or the worker reading the hints' own names is deriving the shape a second time."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    readers = sorted(
+        f"{path.relative_to(root)}:{node.lineno}"
+        for package in ("plugins", "worker", "cli", "operators", "node_agent")
+        for path in (root / package).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in {"num_attention_heads", "num_key_value_heads"})
+    assert readers == []

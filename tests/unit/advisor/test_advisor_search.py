@@ -11,17 +11,18 @@ import pytest
 
 from trainyard.config.cluster import load_cluster
 from trainyard.config.loader import load_spec_file
+from trainyard.config.spec import Parallelism
 from trainyard.plugins.advisor.estimate import Evaluator
 from trainyard.plugins.advisor.hardware import CATALOG, hardware_from_spec
 from trainyard.plugins.advisor.layout import PYTORCH, Layout
 from trainyard.plugins.advisor.model import ModelProfile
 from trainyard.plugins.advisor.planner import PLAN_JSON_KEYS, plan_auto, plan_job, plan_manual
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.advisor.search import (
     REJECT_FEW_MICRO,
     REJECT_INTERLEAVE,
     REJECT_MEMORY,
     TIE_TOLERANCE,
-    Pins,
     divisors,
     search,
 )
@@ -40,8 +41,8 @@ def test_demo_spec_plans_plain_data_parallelism_on_the_local_cluster() -> None:
     result = plan_job(load_spec_file(JOBS / "demo-tiny-lm.yaml"), load_cluster("local"))
     plan = result.best
     assert result.feasible and plan is not None
-    assert (plan.tp, plan.pp, plan.cp, plan.dp) == (1, 1, 1, 2)
-    assert plan.micro_batch_size * plan.num_micro_batches * plan.dp == 16
+    assert (plan.layout.tp, plan.layout.pp, plan.layout.cp, plan.layout.dp) == (1, 1, 1, 2)
+    assert plan.micro_batch_size * plan.num_micro_batches * plan.layout.dp == 16
     assert plan.memory_per_gpu_bytes is not None and plan.memory_per_gpu_bytes <= result.budget_bytes
     assert plan.nccl_env == {}  # gloo on CPU
     from trainyard.worker.distributed import parallelize as worker
@@ -56,13 +57,13 @@ def test_every_ranked_plan_is_valid_and_fits() -> None:
     assert found.ranked
     for est in found.ranked:
         lay = est.layout
-        assert lay.world_size == 16
-        assert lay.micro_batch_size * lay.num_micro_batches * lay.dp == LLAMA7B.global_batch_size
-        assert LLAMA7B.num_heads % lay.tp == 0 and LLAMA7B.num_layers % lay.pp == 0
-        assert lay.tp <= H100.gpus_per_node
-        assert lay.pp == 1 or lay.num_micro_batches >= lay.pp
+        assert lay.degrees.world_size == 16
+        assert lay.micro_batch_size * lay.num_micro_batches * lay.degrees.dp == LLAMA7B.global_batch_size
+        assert LLAMA7B.num_heads % lay.degrees.tp == 0 and LLAMA7B.num_layers % lay.degrees.pp == 0
+        assert lay.degrees.tp <= H100.gpus_per_node
+        assert lay.degrees.pp == 1 or lay.num_micro_batches >= lay.degrees.pp
         assert est.memory_bytes <= found.budget_bytes
-        assert not (lay.sequence_parallel and lay.tp == 1)
+        assert not (lay.sequence_parallel and lay.degrees.tp == 1)
 
 
 def test_ties_go_to_the_simpler_layout_and_the_rest_is_by_time() -> None:
@@ -91,7 +92,7 @@ def test_pruned_search_finds_what_an_exhaustive_one_finds() -> None:
             if (sp and tp == 1) or (vpp > 1 and (pp == 1 or (SMALL.num_layers // pp) % vpp or m % pp)) \
                     or (pp > 1 and m < pp) or (dp == 1 and zero) or vpp > SMALL.num_layers // pp:
                 continue
-            layout = Layout(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs,
+            layout = Layout(RankLayout(tp=tp, pp=pp, dp=dp), vpp=vpp, zero_stage=zero, micro_batch_size=mbs,
                             num_micro_batches=m, recompute=ac, sequence_parallel=sp)  # type: ignore[arg-type]
             if evaluator.memory_bytes(layout) <= evaluator.limit:  # the device, headroom included
                 fitting.add(layout)
@@ -102,10 +103,10 @@ def test_pruned_search_finds_what_an_exhaustive_one_finds() -> None:
 
 
 def test_pinned_degrees_pin_the_search() -> None:
-    pins = Pins(tp=2, recompute="selective", micro_batch_size=1)
+    pins = Parallelism(tensor_parallel=2, activation_checkpointing="selective", micro_batch_size=1)
     found = search(LLAMA7B, H100, 16, pins=pins, top_k=50)
     assert found.ranked
-    assert all(e.layout.tp == 2 and e.layout.recompute == "selective" and e.layout.micro_batch_size == 1
+    assert all(e.layout.degrees.tp == 2 and e.layout.recompute == "selective" and e.layout.micro_batch_size == 1
                for e in found.ranked)
 
 
@@ -113,7 +114,7 @@ def test_seven_b_on_one_node_is_sharded_data_parallelism() -> None:
     """Seed §3 example 1: FSDP over 8 GPUs, no TP or PP."""
     result = plan_auto(LLAMA7B, H100, 8)
     assert result.best is not None
-    assert (result.best.tp, result.best.pp, result.best.dp) == (1, 1, 8)
+    assert (result.best.layout.tp, result.best.layout.pp, result.best.layout.dp) == (1, 1, 8)
     assert result.best.zero_stage >= 1
 
 
@@ -131,16 +132,16 @@ def test_nothing_fits_says_what_would() -> None:
 
 
 def test_manual_plan_is_evaluated_as_given() -> None:
-    layout = Layout(tp=2, pp=2, dp=2, micro_batch_size=2, num_micro_batches=64, recompute="full")
+    layout = Layout(RankLayout(tp=2, pp=2, dp=2), micro_batch_size=2, num_micro_batches=64, recompute="full")
     result = plan_manual(LLAMA7B, H100, layout)
     assert result.feasible and result.best is not None
-    assert (result.best.tp, result.best.pp, result.best.dp, result.best.micro_batch_size,
+    assert (result.best.layout.tp, result.best.layout.pp, result.best.layout.dp, result.best.micro_batch_size,
             result.best.activation_checkpointing) == (2, 2, 2, 2, "full")
     assert result.plans_evaluated == 1
 
 
 def test_manual_plan_that_does_not_fit_gets_fixes_and_an_auto_plan() -> None:
-    layout = Layout(dp=8, micro_batch_size=4, num_micro_batches=8)
+    layout = Layout(RankLayout(dp=8), micro_batch_size=4, num_micro_batches=8)
     result = plan_manual(LLAMA7B, H100, layout)
     assert not result.feasible and result.evaluated is not None
     assert result.evaluated.memory_per_gpu_bytes > result.budget_bytes
@@ -160,7 +161,7 @@ def test_json_has_exactly_the_issue_shape() -> None:
 
 def test_interleaving_shrinks_the_bubble_by_v() -> None:
     ev = Evaluator(LLAMA7B, H100, impl=PYTORCH)
-    base = Layout(pp=4, dp=2, micro_batch_size=1, num_micro_batches=128, recompute="full")
+    base = Layout(RankLayout(pp=4, dp=2), micro_batch_size=1, num_micro_batches=128, recompute="full")
     plain, inter = ev.evaluate(base), ev.evaluate(replace(base, vpp=2))
     assert plain.time.bubble_fraction == pytest.approx(3 / 128)
     assert inter.time.bubble_fraction == pytest.approx(3 / 256)
@@ -178,7 +179,7 @@ def test_mixture_of_experts_plans_use_expert_parallelism() -> None:
     result = plan_auto(moe, H100, 16, top_k=10)
     assert result.best is not None
     for plan in (result.best, *result.alternatives):
-        assert moe.num_experts % plan.ep == 0 and (plan.dp * plan.cp) % plan.ep == 0
+        assert moe.num_experts % plan.ep == 0 and (plan.layout.dp * plan.layout.cp) % plan.ep == 0
     with_ep = [p for p in (result.best, *result.alternatives) if p.ep > 1]
     assert with_ep and all(p.communication_s["ep"] > 0 for p in with_ep)
 
@@ -204,11 +205,11 @@ def test_search_offers_uneven_pipeline_splits() -> None:
     from trainyard.plugins.advisor.search import _vpp_options
 
     model = llama3("405B", batch=2048)
-    found = search(model, H100, 16384, pins=Pins(tp=8, pp=16), top_k=50)
-    assert found.ranked and all(e.layout.pp == 16 for e in found.ranked)
-    assert _vpp_options(model, 16, Pins()) == [1, 2, 3, 4, 5, 6, 7]
+    found = search(model, H100, 16384, pins=Parallelism(tensor_parallel=8, pipeline_parallel=16), top_k=50)
+    assert found.ranked and all(e.layout.degrees.pp == 16 for e in found.ranked)
+    assert _vpp_options(model, 16, Parallelism()) == [1, 2, 3, 4, 5, 6, 7]
     unpinned = search(model, H100, 16384, top_k=200)
-    assert {e.layout.pp for e in unpinned.ranked} - {1, 2}  # uneven depths are ranked too
+    assert {e.layout.degrees.pp for e in unpinned.ranked} - {1, 2}  # uneven depths are ranked too
 
 
 def test_five_layers_on_two_stages_is_a_plan() -> None:
@@ -217,10 +218,10 @@ def test_five_layers_on_two_stages_is_a_plan() -> None:
                          ffn_hidden_size=128, vocab_size=256, sequence_length=32,
                          global_batch_size=8, precision="fp32")
     cpu = hardware_from_spec(CATALOG["cpu"])
-    found = search(model, cpu, 2, pins=Pins(pp=2), top_k=20)
-    assert found.ranked and all(e.layout.pp == 2 for e in found.ranked)
-    result = plan_manual(model, cpu, Layout(pp=2, micro_batch_size=2, num_micro_batches=4))
-    assert result.feasible and result.best is not None and result.best.pp == 2
+    found = search(model, cpu, 2, pins=Parallelism(pipeline_parallel=2), top_k=20)
+    assert found.ranked and all(e.layout.degrees.pp == 2 for e in found.ranked)
+    result = plan_manual(model, cpu, Layout(RankLayout(pp=2), micro_batch_size=2, num_micro_batches=4))
+    assert result.feasible and result.best is not None and result.best.layout.pp == 2
 
 
 def test_plans_within_the_budget_rank_before_faster_ones_in_the_headroom() -> None:

@@ -19,6 +19,7 @@ from trainyard.plugins.advisor.published import (
     published_runs,
     tokens_per_s_error,
 )
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.advisor.search import TIE_TOLERANCE, search
 from trainyard.plugins.advisor.seed import (
     SEED_EXAMPLE_2_PRINTED,
@@ -58,7 +59,7 @@ def test_seed_layout_for_200b_fits_only_with_a_sharded_optimizer() -> None:
                          ffn_hidden_size=49152, vocab_size=50304, sequence_length=4096,
                          global_batch_size=1024, activation="gelu")
     h100 = hardware_from_spec(CATALOG["H100"])
-    layout = Layout(tp=8, pp=4, dp=8, micro_batch_size=4, num_micro_batches=32, recompute="full",
+    layout = Layout(RankLayout(tp=8, pp=4, dp=8), micro_batch_size=4, num_micro_batches=32, recompute="full",
                     sequence_parallel=True)
     assert not evaluate(model, h100, layout, impl=PYTORCH).fits
     assert evaluate(model, h100, replace(layout, zero_stage=1), impl=PYTORCH).fits
@@ -75,8 +76,8 @@ def test_seed_heuristic_cannot_plan_its_own_200b_example() -> None:
 def test_seed_heuristic_ignores_the_global_batch() -> None:
     plan = seed_greedy_plan(params=6.7e9, hidden=4096, layers=32, ffn=11008, seq=4096,
                             global_batch=256, gpus=8)
-    assert (plan.tp, plan.pp, plan.dp) == (1, 2, 4)  # its prose example says FSDP over 8
-    assert plan.micro_batch_size * plan.num_micro_batches * plan.dp != 256
+    assert (plan.degrees.tp, plan.degrees.pp, plan.degrees.dp) == (1, 2, 4)  # its prose example says FSDP over 8
+    assert plan.micro_batch_size * plan.num_micro_batches * plan.degrees.dp != 256
 
 
 RUNS = published_runs()

@@ -14,6 +14,7 @@ from trainyard.plugins.advisor.layout import DEEPSPEED_ZERO3, PYTORCH, Layout
 from trainyard.plugins.advisor.memory import MemoryModel
 from trainyard.plugins.advisor.model import ModelProfile
 from trainyard.plugins.advisor.published import A100_SELENE, gpt
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.advisor.timing import TimeModel, wave_efficiency
 
 H100 = hardware_from_spec(CATALOG["H100"])
@@ -50,7 +51,7 @@ def test_zero3_throughput_falls_as_the_group_grows_at_a_fixed_batch() -> None:
     def per_gpu_and_exposed(impl):
         per_gpu, exposed = [], []
         for gpus, mbs in ((384, 4), (768, 2), (1536, 1)):
-            est = evaluate(model, A100_SELENE, Layout(dp=gpus, zero_stage=3, micro_batch_size=mbs,
+            est = evaluate(model, A100_SELENE, Layout(RankLayout(dp=gpus), zero_stage=3, micro_batch_size=mbs,
                                                       recompute="full"), impl=impl)
             per_gpu.append(est.tokens_per_s / gpus)
             exposed.append(est.time.communication_s["dp"])
@@ -75,7 +76,7 @@ def test_zero3_first_gather_of_each_pass_is_exposed() -> None:
                          global_batch_size=64, tie_embeddings=True)
     mem = MemoryModel(model, H100, PYTORCH)
     tm = TimeModel(model, H100, PYTORCH, mem)
-    layout = Layout(dp=8, zero_stage=3, micro_batch_size=8)
+    layout = Layout(RankLayout(dp=8), zero_stage=3, micro_batch_size=8)
     levels = group_levels(H100, ((1, 1), (8, 1)))
     layers, per_layer = 32, mem.layer_dense + mem.layer_experts
     g = all_gather_s(levels, 2 * per_layer)
@@ -93,7 +94,7 @@ def test_uneven_pipeline_runs_at_the_busiest_rank() -> None:
         model = ModelProfile(hidden_size=2048, num_layers=layers, num_heads=16, num_kv_heads=16,
                              ffn_hidden_size=8192, vocab_size=32000, sequence_length=2048,
                              global_batch_size=16)
-        return evaluate(model, H100, Layout(pp=2, micro_batch_size=1, num_micro_batches=16)).time.microbatch_s
+        return evaluate(model, H100, Layout(RankLayout(pp=2), micro_batch_size=1, num_micro_batches=16)).time.microbatch_s
 
     assert microbatch_s(4) < microbatch_s(5) < microbatch_s(6)
 

@@ -1,8 +1,13 @@
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from pydantic import ValidationError
+
+from trainyard.plugins.advisor.plan import Plan
 from trainyard.plugins.advisor.rank_layout import MESH_DIMS, RankLayout
+from trainyard.plugins.placement.model import GangRequest, Placement
 
 
 def test_rank_order_is_the_meshs_pp_dp_cp_tp() -> None:
@@ -69,3 +74,32 @@ def test_bad_layouts_name_the_values() -> None:
         RankLayout(tp=1, pp=1, dp=1).groups("ep")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="outside"):
         RankLayout(tp=2).coords(2)
+
+
+def test_contracts_carry_the_degrees_as_a_rank_layout_and_read_the_flat_form_written_before() -> None:
+    # A plan in XCom of a job started before #59 has flat degrees; it loads as the nested form.
+    old = '{"tp": 2, "pp": 1, "dp": 4, "cp": 1, "micro_batch_size": 2, "num_micro_batches": 3}'
+    plan = Plan.model_validate_json(old)
+    assert plan == Plan(layout=RankLayout(tp=2, dp=4), micro_batch_size=2, num_micro_batches=3)
+    dumped = json.loads(plan.model_dump_json())
+    assert dumped["layout"] == {"tp": 2, "pp": 1, "dp": 4, "cp": 1, "ranks_per_node": 1}
+    assert not {"tp", "pp", "dp", "cp"} & set(dumped)
+    assert Plan.model_validate_json(plan.model_dump_json()) == plan
+    # A reservation row's placement: the ranks per node travel into the layout too.
+    node = {"name": "n0", "rack": "r0", "address": "10.0.0.1", "gpu_type": "H100", "node_gpus": 8,
+            "node_rank": 0, "first_rank": 0, "slots": 8}
+    placement = Placement.model_validate({"job": "j", "gpu_type": "H100", "tp": 8, "pp": 1, "dp": 1,
+                                          "ranks_per_node": 8, "nodes": [node]})
+    assert placement.layout == RankLayout(tp=8, ranks_per_node=8)
+    request = GangRequest.model_validate({"job": "j", "gpu_type": "H100", "tp": 8, "dp": 2})
+    assert request.layout == RankLayout(tp=8, dp=2) and request.layout.world_size == 16
+
+
+def test_a_contract_with_both_forms_or_a_plan_with_ranks_per_node_is_refused() -> None:
+    with pytest.raises(ValidationError, match="tp"):
+        Plan.model_validate({"layout": {"tp": 2}, "tp": 2})
+    with pytest.raises(ValidationError, match="one rank per node"):
+        Plan(layout=RankLayout(tp=2, ranks_per_node=2))
+    with pytest.raises(ValidationError, match="is not divisible by ranks per node 8"):
+        Placement.model_validate({"job": "j", "gpu_type": "H100", "layout": {"tp": 3, "ranks_per_node": 8},
+                                  "nodes": []})

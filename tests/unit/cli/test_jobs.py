@@ -15,6 +15,7 @@ import pytest
 
 from trainyard.cli.main import main
 from trainyard.config.settings import get_settings
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.placement.model import PlacedNode, Placement
 from trainyard.plugins.recovery.model import FailureReport, RecoveryAction
 from trainyard.plugins.run import processes
@@ -114,8 +115,7 @@ def test_stop_stops_the_live_gang_and_cancels_the_run(store: JobStateStore, tmp_
         devices = open_state(store.url)
         node = PlacedNode(name="local-0", rack="r", address="127.0.0.1", gpu_type="cpu", node_gpus=2, node_rank=0,
                           first_rank=0, slots=1)
-        devices.reserve(Placement(job="demo-tiny-lm", run=run, attempt=1, team="demo", gpu_type="cpu", tp=1, pp=1,
-                                  dp=1, ranks_per_node=1, nodes=[node]))
+        devices.reserve(Placement(job="demo-tiny-lm", run=run, attempt=1, team="demo", gpu_type="cpu", layout=RankLayout(tp=1, pp=1, dp=1, ranks_per_node=1), nodes=[node]))
         assert devices.used_by_node() == {"local-0": 1}
         assert main(["stop", "demo-tiny-lm", "--grace-s", "5"]) == 0
         assert devices.used_by_node() == {}  # the reservation went with the gang

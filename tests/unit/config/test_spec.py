@@ -112,8 +112,8 @@ def test_ffn_and_kv_defaults() -> None:
 
     llama = ModelHints(hidden_size=4096, num_layers=32, num_attention_heads=32, sequence_length=2048,
                        global_batch_size=8)
-    assert llama.effective_ffn_hidden_size() == 11008  # Llama 7B's own value
-    assert llama.effective_kv_heads() == 32
+    assert llama.shape().ffn_hidden_size == 11008  # Llama 7B's own value
+    assert llama.shape().num_kv_heads == 32
     gelu = ModelHints(hidden_size=1024, num_layers=2, num_attention_heads=8, sequence_length=8,
                       global_batch_size=1, activation="gelu")
-    assert gelu.effective_ffn_hidden_size() == 4096
+    assert gelu.shape().ffn_hidden_size == 4096

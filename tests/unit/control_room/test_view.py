@@ -27,7 +27,7 @@ def test_the_plan_and_its_memory_against_the_budget_and_the_device(recorded: Rec
 
     plan = view_of(recorded).plan
     assert plan is not None
-    assert plan.label == recorded.plan.describe() and (plan.tp, plan.pp, plan.dp) == (1, 1, 2)
+    assert plan.label == recorded.plan.describe() and (plan.layout.tp, plan.layout.pp, plan.layout.dp) == (1, 1, 2)
     capacity = hardware_for(load_cluster("local"), "cpu").memory_bytes
     assert plan.memory.capacity_bytes == capacity == 4 << 30  # config/clusters/local.yaml: 4GiB a slot
     assert plan.memory.budget_bytes == int(capacity * recorded.settings.memory_fraction)

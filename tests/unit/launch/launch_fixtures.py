@@ -17,6 +17,7 @@ from trainyard.config.settings import Settings
 from trainyard.config.spec import TrainingJob
 from trainyard.config.worker_env import WorkerEnv
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.launch.environment import build_worker_env
 from trainyard.plugins.placement.gang import place_gang
 from trainyard.plugins.placement.inventory import Inventory
@@ -44,7 +45,7 @@ def gpu_job(**spec_overrides: Any) -> tuple[TrainingJob, Plan, Placement, Worker
     data = yaml.safe_load(yaml.safe_dump(GPU_SPEC))
     data["spec"].update(spec_overrides)
     job = TrainingJob.model_validate(data)
-    plan = Plan(tp=8, pp=4, dp=job.spec.hardware.gpu_count // 32, nccl_env={"NCCL_ALGO": "Ring"})
+    plan = Plan(layout=RankLayout(tp=8, pp=4, dp=job.spec.hardware.gpu_count // 32), nccl_env={"NCCL_ALGO": "Ring"})
     placement = place_gang(GangRequest.for_job(job, plan), fleet())
     env = build_worker_env(job, plan, Settings(home=Path("/tmp/unused-trainyard-home"),
                                                object_store="s3://trainyard/objects",

@@ -17,6 +17,7 @@ from trainyard.config.cluster import load_cluster
 from trainyard.config.settings import Settings
 from trainyard.config.spec import TrainingJob
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.launch.environment import build_worker_env
 from trainyard.plugins.launch.local import LocalLauncher, tail_lines, waiting_in_exit_barrier
 from trainyard.plugins.placement.gang import place_gang
@@ -206,7 +207,7 @@ def local_job(tmp_path: Path, **hardware: object) -> tuple[TrainingJob, Plan, ob
                  "parallelism": {"strategy": "manual"}, "dataset": {"source": "datasets/x/"},
                  "training": {"maxSteps": 1}},
     })
-    plan = Plan(dp=2)
+    plan = Plan(layout=RankLayout(dp=2))
     placement = place_gang(GangRequest.for_job(job, plan, run="r-test"), Inventory.from_cluster(load_cluster("local")))
     env = build_worker_env(job, plan, Settings(home=tmp_path), run="r-test", attempt=0)
     return job, plan, placement, env
@@ -222,7 +223,7 @@ def test_submit_checks_before_starting_anything(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"runs disagree: placement 'r-other', worker env 'r-test'"):
         launcher.submit(job, plan, placement.model_copy(update={"run": "r-other"}), env, attempt=0)
     with pytest.raises(ValueError, match=r"Invalid parallel dims: .* = 4 != WORLD_SIZE\(2\)"):
-        launcher.submit(job, Plan(dp=4), placement, env, attempt=0)
+        launcher.submit(job, Plan(layout=RankLayout(dp=4)), placement, env, attempt=0)
     remote = placement.model_copy(update={"nodes": [n.model_copy(update={"address": "10.0.0.7"})
                                                     for n in placement.nodes]})
     with pytest.raises(ValueError, match=r"runs on this host only; placement uses \['10.0.0.7'\]"):

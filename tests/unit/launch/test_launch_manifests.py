@@ -13,6 +13,7 @@ import pytest
 from tests.unit.launch.launch_fixtures import gpu_job, pod_of, validate_k8s, validate_volcano
 from trainyard.config.teams import load_teams
 from trainyard.config.worker_env import WorkerEnv
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.launch.manifests import (
     KubernetesOptions,
     render_all,
@@ -176,7 +177,7 @@ def test_cpu_job_requests_cpus_without_nccl_or_rdma() -> None:
 
     job = load_spec_file("config/jobs/demo-tiny-lm.yaml").model_copy(deep=True)
     job = job.model_copy(update={"spec": job.spec.model_copy(update={"image": "trainyard:demo"})})
-    plan = Plan(dp=2)
+    plan = Plan(layout=RankLayout(dp=2))
     placement = place_gang(GangRequest.for_job(job, plan), Inventory.from_cluster(load_cluster("local")))
     from trainyard.config.settings import Settings
 

@@ -18,6 +18,7 @@ from kubernetes.client import (
     V1Taint,
 )
 
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.launch.volcano import KubernetesLauncher
 from trainyard.plugins.placement.gang import place_gang
 from trainyard.plugins.placement.inventory import (
@@ -67,7 +68,7 @@ def test_nodes_become_a_cluster_with_racks_types_and_health() -> None:
 def test_placement_on_the_label_inventory_avoids_unhealthy_and_xid_nodes() -> None:
     inv = Inventory.from_cluster(cluster_from_k8s_nodes(NODES))
     # Eligible H100 nodes: a1, a2 (4 Xid errors), b1, loose. Three are needed: a2 is left out.
-    placement = place_gang(GangRequest(job="j", gpu_type="H100", tp=8, dp=3), inv)
+    placement = place_gang(GangRequest(job="j", gpu_type="H100", layout=RankLayout(tp=8, dp=3)), inv)
     assert sorted(placement.node_names) == ["a1", "b1", "loose"]
 
 

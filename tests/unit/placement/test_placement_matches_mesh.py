@@ -16,6 +16,7 @@ from trainyard.plugins.advisor.hardware import CATALOG, hardware_from_spec
 from trainyard.plugins.advisor.model import ModelProfile
 from trainyard.plugins.advisor.plan import Plan
 from trainyard.plugins.advisor.planner import plan_auto
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.placement.constraints import hard_violations
 from trainyard.plugins.placement.gang import place_gang
 from trainyard.plugins.placement.model import GangRequest
@@ -34,7 +35,7 @@ LONG = ModelProfile(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=
 
 
 def mesh_groups(plan: Plan) -> dict[str, set[frozenset[int]]]:
-    mesh = torch.arange(plan.world_size).reshape(mesh_shape(plan))
+    mesh = torch.arange(plan.layout.world_size).reshape(mesh_shape(plan))
     out = {}
     for dim, name in enumerate(MESH_DIMS):
         rows = mesh.swapdims(-1, dim).reshape(-1, mesh.size(dim)).tolist()
@@ -49,7 +50,7 @@ def searched_shapes() -> list[tuple[int, int, int, int]]:
         result = plan_auto(model, H100, gpus, top_k=40)
         for plan in [result.best, *result.alternatives]:
             assert plan is not None
-            shapes.add((plan.tp, plan.pp, plan.dp, plan.cp))
+            shapes.add((plan.layout.tp, plan.layout.pp, plan.layout.dp, plan.layout.cp))
     return sorted(shapes)
 
 
@@ -67,20 +68,20 @@ def test_the_search_returns_varied_shapes() -> None:
     ids=lambda v: "tp{}pp{}dp{}cp{}".format(*v) if isinstance(v, tuple) else f"{v}gpn")
 def test_placer_groups_equal_mesh_groups(shape: tuple[int, int, int, int], gpus_per_node: int) -> None:
     tp, pp, dp, cp = shape
-    plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp)
+    plan = Plan(layout=RankLayout(tp=tp, pp=pp, dp=dp, cp=cp))
     inv = inventory([(4, gpus_per_node, "H100", 8)])
-    request = GangRequest(job="j", gpu_type="H100", tp=tp, pp=pp, dp=dp, cp=cp)
+    request = GangRequest(job="j", gpu_type="H100", layout=RankLayout(tp=tp, pp=pp, dp=dp, cp=cp))
     placement = place_gang(request, inv)
     assert hard_violations(placement, request, inv, inv.free_map()) == []
     expected = mesh_groups(plan)
     for kind in MESH_DIMS:
         placed = {frozenset(g.ranks) for g in placement.groups_of(kind)}
-        if getattr(plan, kind) == 1:
+        if getattr(plan.layout, kind) == 1:
             assert placed == set()  # the placer lists only groups of more than one rank
         else:
             assert placed == expected[kind], kind
     # Each node holds the ranks torchrun gives it, and the coordinates it reports are the mesh's.
-    coords = torch.arange(plan.world_size).reshape(mesh_shape(plan))
+    coords = torch.arange(plan.layout.world_size).reshape(mesh_shape(plan))
     for node in placement.nodes:
         ranks = range(node.first_rank, node.first_rank + node.slots)
         stages = sorted({int((coords == r).nonzero()[0][0]) for r in ranks})
@@ -92,8 +93,8 @@ def test_tp2_pp2_dp2_pipelines_stay_in_a_rack() -> None:
     # The bug case: with DP outermost in the placer, ranks 2-5 had other (dp, pp) coordinates
     # than in the worker, so the rack rule kept the wrong ranks together.
     inv = inventory([(2, 2, "H100", 4)])
-    request = GangRequest(job="j", gpu_type="H100", tp=2, pp=2, dp=2, require_pp_in_rack=True)
+    request = GangRequest(job="j", gpu_type="H100", layout=RankLayout(tp=2, pp=2, dp=2), require_pp_in_rack=True)
     placement = place_gang(request, inv)
     pp_groups = placement.groups_of("pp")
-    assert {frozenset(g.ranks) for g in pp_groups} == mesh_groups(Plan(tp=2, pp=2, dp=2))["pp"]
+    assert {frozenset(g.ranks) for g in pp_groups} == mesh_groups(Plan(layout=RankLayout(tp=2, pp=2, dp=2)))["pp"]
     assert placement.pp_groups_in_one_rack() == (len(pp_groups), len(pp_groups))

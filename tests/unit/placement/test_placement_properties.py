@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tests.unit.placement.placement_fixtures import make_cluster
 from trainyard.config.teams import Teams
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.placement.constraints import hard_violations
 from trainyard.plugins.placement.fairshare import (
     RunningGang,
@@ -47,12 +48,10 @@ def fleets(draw: st.DrawFn) -> tuple[Inventory, dict[str, int]]:
 def requests(draw: st.DrawFn, inv: Inventory) -> GangRequest:
     names = [n.name for n in inv.nodes]
     return GangRequest(
-        job="j", gpu_type=draw(st.sampled_from(TYPES)), tp=draw(st.sampled_from([1, 2, 4, 8])),
-        pp=draw(st.integers(1, 4)), dp=draw(st.integers(1, 6)), cp=draw(st.sampled_from([1, 1, 2])),
+        job="j", gpu_type=draw(st.sampled_from(TYPES)), layout=RankLayout(tp=draw(st.sampled_from([1, 2, 4, 8])), pp=draw(st.integers(1, 4)), dp=draw(st.integers(1, 6)), cp=draw(st.sampled_from([1, 1, 2]))),
         nodes_preferred=draw(st.none() | st.integers(1, 8)),
         exclude=frozenset(draw(st.sets(st.sampled_from(names), max_size=3))),
-        require_pp_in_rack=draw(st.booleans()),
-    )
+        require_pp_in_rack=draw(st.booleans()),)
 
 
 def eligible_count(inv: Inventory, request: GangRequest, free: dict[str, int], k: int) -> int:
@@ -82,11 +81,11 @@ def _placements_hold(outcomes: Counter[str], data: st.DataObject) -> None:
         if reason.code == "no_gpu_type":
             assert per_node == 0
         elif reason.code == "tp_exceeds_node":
-            assert request.tp > per_node
+            assert request.layout.tp > per_node
         else:
-            assert per_node > 0 and request.tp <= per_node
+            assert per_node > 0 and request.layout.tp <= per_node
             for k in slots_per_node_options(request, per_node):
-                nodes = request.world_size // k
+                nodes = request.layout.world_size // k
                 if not request.require_pp_in_rack:
                     assert eligible_count(inv, request, free, k) < nodes, f"k={k} had room"
             if reason.code == "not_enough_nodes":
@@ -97,9 +96,9 @@ def _placements_hold(outcomes: Counter[str], data: st.DataObject) -> None:
         return
     outcomes["placed"] += 1
     assert hard_violations(placement, request, inv, free) == []
-    ranks = sorted(r for g in placement.groups_of("tp") for r in g.ranks) if request.tp > 1 else []
-    assert ranks in ([], list(range(request.world_size)))
-    if request.require_pp_in_rack and request.pp > 1:
+    ranks = sorted(r for g in placement.groups_of("tp") for r in g.ranks) if request.layout.tp > 1 else []
+    assert ranks in ([], list(range(request.layout.world_size)))
+    if request.require_pp_in_rack and request.layout.pp > 1:
         in_rack, total = placement.pp_groups_in_one_rack()
         assert in_rack == total
 
@@ -147,8 +146,7 @@ def test_preemption_evicts_whole_lower_priority_gangs_only() -> None:
 def _preemption_holds(outcomes: Counter[str], data: st.DataObject) -> None:
     inv, free, running = data.draw(busy_fleets())
     request = GangRequest(job="new", team=data.draw(st.sampled_from(["a", "b", "c"])),
-                          priority=data.draw(st.sampled_from(PRIORITIES)), gpu_type="H100",
-                          tp=8, dp=data.draw(st.integers(1, 4)))
+                          priority=data.draw(st.sampled_from(PRIORITIES)), gpu_type="H100", layout=RankLayout(tp=8, dp=data.draw(st.integers(1, 4))))
     now = datetime(2026, 1, 1, tzinfo=UTC)
     try:
         plan = plan_preemption(request, inv, free, running, TEAMS, now=now)
@@ -159,7 +157,7 @@ def _preemption_holds(outcomes: Counter[str], data: st.DataObject) -> None:
     outcomes["evicted"] += bool(plan.victims)
     by_job = {g.job: g for g in running}
     usage = team_usage(running)
-    usage[request.team] = usage.get(request.team, 0) + request.world_size  # ranked as if admitted
+    usage[request.team] = usage.get(request.team, 0) + request.layout.world_size  # ranked as if admitted
     freed = dict(free)
     for victim in plan.victims:
         gang = by_job[victim.job]

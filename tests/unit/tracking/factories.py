@@ -15,6 +15,7 @@ from safetensors.numpy import save_file
 from tests.support.procs import REPO_ROOT
 from trainyard.config.spec import TrainingJob
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.data.datasets import DatasetRef
 from trainyard.plugins.tracking import runs
 
@@ -52,12 +53,15 @@ def make_job(
 
 
 def make_plan(**overrides: Any) -> Plan:
-    values: dict[str, Any] = {"dp": 2, "micro_batch_size": 4, "num_micro_batches": 2,
+    """A plan of DP 2 unless the degrees given (`tp=`, `dp=`, …) say otherwise."""
+    degrees = {k: overrides.pop(k) for k in ("tp", "pp", "dp", "cp") if k in overrides}
+    layout = RankLayout(**{"dp": 2, **degrees})
+    values: dict[str, Any] = {"micro_batch_size": 4, "num_micro_batches": 2,
                               "sequence_length": 128, "global_batch_size": 16}
     values.update(overrides)
     if "global_batch_size" not in overrides:
-        values["global_batch_size"] = values["micro_batch_size"] * values["num_micro_batches"] * values["dp"]
-    return Plan(**values)
+        values["global_batch_size"] = values["micro_batch_size"] * values["num_micro_batches"] * layout.dp
+    return Plan(layout=layout, **values)
 
 
 SHA = "cd" * 32

@@ -124,8 +124,9 @@ def test_flops_per_token_from_hints_adds_the_attention_term() -> None:
     hints = make_job().spec.parallelism.hints
     assert hints is not None
     h, layers, s, v = hints.hidden_size, hints.num_layers, hints.sequence_length, hints.vocab_size
-    kv = h * hints.effective_kv_heads() // hints.num_attention_heads
-    n = layers * (2 * h * h + 2 * h * kv + 3 * h * hints.effective_ffn_hidden_size()) + v * h
+    shape = hints.shape()
+    kv = h * shape.num_kv_heads // hints.num_attention_heads
+    n = layers * (2 * h * h + 2 * h * kv + 3 * h * shape.ffn_hidden_size) + v * h
     assert flops.flops_per_token(hints) == pytest.approx(6 * n + 12 * layers * h * s)
 
 

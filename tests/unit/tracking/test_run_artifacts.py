@@ -58,7 +58,7 @@ def test_a_run_keeps_its_spec_plan_quality_plot_and_timeline(sqlite_tracking_uri
     assert text.startswith(f"plan {plan.describe()} (advisor)")
     assert "layouts considered" in text  # the advisor's own search, asked again for the cluster
     explained = json.loads(_download(uri, rid, "plan/explanation.json", tmp_path).read_text())
-    assert explained["plan"]["dp"] == plan.dp and explained["advisor"]["strategy"] == "auto"
+    assert explained["plan"]["layout"]["dp"] == plan.layout.dp and explained["advisor"]["strategy"] == "auto"
 
     page = _download(uri, rid, "data_quality/report.html", tmp_path).read_text()
     assert "Data quality FAILED" in page and "2 / 10" in page and "part-0.jsonl:3" in page

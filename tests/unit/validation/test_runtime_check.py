@@ -13,6 +13,7 @@ from trainyard.config.problems import Code
 from trainyard.config.settings import Settings
 from trainyard.config.spec import TrainingJob
 from trainyard.plugins.advisor.planner import plan_job
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.advisor.runtime import WORKER_RUNTIME
 from trainyard.plugins.advisor.search import REJECT_RUNTIME
 from trainyard.plugins.validation.dry_run import validate_job
@@ -63,18 +64,18 @@ def test_the_advisor_never_recommends_context_parallelism_for_the_worker() -> No
     job = job_from(**LONG)
     result = plan_job(job, FLEET, top_k=40)
     plans = [result.best, *result.alternatives]
-    assert result.feasible and all(p is not None and p.cp == 1 and p.ep == 1 for p in plans)
+    assert result.feasible and all(p is not None and p.layout.cp == 1 and p.ep == 1 for p in plans)
     assert result.rejected.get(REJECT_RUNTIME, 0) > 0
     # Without the runtime's limits the same search does propose CP (the model allows it).
     unlimited = plan_job(job, FLEET, top_k=40, runtime=None)
-    assert any(p.cp > 1 for p in [unlimited.best, *unlimited.alternatives] if p is not None)
+    assert any(p.layout.cp > 1 for p in [unlimited.best, *unlimited.alternatives] if p is not None)
 
 
 def test_the_advisor_avoids_tp_and_pp_for_tied_embeddings() -> None:
     job = job_from(**{"activation: swiglu": "activation: swiglu\n      tieEmbeddings: true"})
     result = plan_job(job, FLEET, top_k=40)
     assert result.feasible
-    assert all(p.tp == 1 and p.pp == 1 for p in [result.best, *result.alternatives] if p is not None)
+    assert all(p.layout.tp == 1 and p.layout.pp == 1 for p in [result.best, *result.alternatives] if p is not None)
 
 
 def test_the_worker_refuses_what_the_declaration_refuses() -> None:
@@ -85,7 +86,7 @@ def test_the_worker_refuses_what_the_declaration_refuses() -> None:
     model = Llama(LlamaConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64))
     assert WORKER_RUNTIME.max_cp == 1
     with pytest.raises(ValueError, match=r"cp\(2\)"):
-        check_plan(Plan(cp=2), model)
+        check_plan(Plan(layout=RankLayout(cp=2)), model)
     assert "fp16" not in WORKER_RUNTIME.precisions
     with pytest.raises(ValueError, match="fp16"):
         compute_dtype("cuda", "fp16")

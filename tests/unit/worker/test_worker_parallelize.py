@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.worker.distributed.activation_checkpoint import apply_ac
 from trainyard.worker.distributed.mesh import default_plan, mesh_shape
 from trainyard.worker.distributed.parallelize import StagesView, check_plan
@@ -30,14 +31,14 @@ def model() -> Llama:
 
 
 @pytest.mark.parametrize(("plan", "match"), [
-    (Plan(cp=2), r"context parallelism cp\(2\) is not supported by the worker runtime"),
-    (Plan(tp=8), r"tp\(8\) does not divide num_heads\(4\)"),
-    (Plan(tp=4), r"tp\(4\) does not divide num_kv_heads\(2\)"),
-    (Plan(pp=8, num_micro_batches=8), r"pipeline stages \(8 = pp·vpp\) exceed the model's num_layers \(4\)"),
-    (Plan(pp=2, vpp=4, num_micro_batches=2), r"pipeline stages \(8 = pp·vpp\)"),
-    (Plan(pp=4, num_micro_batches=2), r"needs num_micro_batches \(2\) >= pp \(4\)"),
-    (Plan(pp=2, vpp=2, num_micro_batches=3), r"multiple of pp \(2\)"),
-    (Plan(tp=2, sequence_parallel=True, sequence_length=15), r"sequence_length \(15\) divisible by tp \(2\)"),
+    (Plan(layout=RankLayout(cp=2)), r"context parallelism cp\(2\) is not supported by the worker runtime"),
+    (Plan(layout=RankLayout(tp=8)), r"tp\(8\) does not divide num_heads\(4\)"),
+    (Plan(layout=RankLayout(tp=4)), r"tp\(4\) does not divide num_kv_heads\(2\)"),
+    (Plan(layout=RankLayout(pp=8), num_micro_batches=8), r"pipeline stages \(8 = pp·vpp\) exceed the model's num_layers \(4\)"),
+    (Plan(layout=RankLayout(pp=2), vpp=4, num_micro_batches=2), r"pipeline stages \(8 = pp·vpp\)"),
+    (Plan(layout=RankLayout(pp=4), num_micro_batches=2), r"needs num_micro_batches \(2\) >= pp \(4\)"),
+    (Plan(layout=RankLayout(pp=2), vpp=2, num_micro_batches=3), r"multiple of pp \(2\)"),
+    (Plan(layout=RankLayout(tp=2), sequence_parallel=True, sequence_length=15), r"sequence_length \(15\) divisible by tp \(2\)"),
 ])
 def test_plans_that_cannot_apply_are_refused_up_front(model: Llama, plan: Plan, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -48,9 +49,9 @@ def test_tied_embeddings_refuse_tp_and_pp() -> None:
     tied = Llama(LlamaConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                              ffn_hidden_size=64, tie_embeddings=True))
     with pytest.raises(ValueError, match="tied embeddings"):
-        check_plan(Plan(tp=2), tied)
+        check_plan(Plan(layout=RankLayout(tp=2)), tied)
     with pytest.raises(ValueError, match="tied embeddings cannot span pipeline stages"):
-        check_plan(Plan(pp=2, num_micro_batches=2), tied)
+        check_plan(Plan(layout=RankLayout(pp=2), num_micro_batches=2), tied)
 
 
 def test_layer_ranges_cover_every_layer_once() -> None:
@@ -106,7 +107,7 @@ def test_unknown_recompute_mode_is_refused(model: Llama) -> None:
 
 def test_default_plan_is_data_parallel_over_the_world() -> None:
     plan = default_plan(4, global_batch_size=16, sequence_length=128)
-    assert (plan.dp, plan.tp, plan.pp, plan.zero_stage, plan.micro_batch_size) == (4, 1, 1, 0, 4)
+    assert (plan.layout.dp, plan.layout.tp, plan.layout.pp, plan.zero_stage, plan.micro_batch_size) == (4, 1, 1, 0, 4)
     assert mesh_shape(plan) == (1, 4, 1, 1)
     with pytest.raises(ValueError, match=r"global batch size \(10\) is not divisible by the world size \(4\)"):
         default_plan(4, global_batch_size=10)

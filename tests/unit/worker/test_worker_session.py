@@ -12,6 +12,7 @@ from trainyard.config.loader import load_spec_file
 from trainyard.config.worker_env import WorkerEnv
 from trainyard.plugins.advisor.flops import flops_per_token, mfu, peak_flops_per_device
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.run import exit_codes
 from trainyard.plugins.run.exit_codes import describe
 from trainyard.worker.faults import Faults
@@ -21,7 +22,7 @@ SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
 
 
 def test_contract_environment_is_used_as_given(tmp_path: Path) -> None:
-    plan = Plan(dp=2, zero_stage=3, micro_batch_size=8, global_batch_size=16)
+    plan = Plan(layout=RankLayout(dp=2), zero_stage=3, micro_batch_size=8, global_batch_size=16)
     env = WorkerEnv(job="demo-tiny-lm", run="r-test", attempt=3, plan=plan.model_dump_json(),
                     spec=SPEC.model_dump_json(by_alias=True), resume_from="file:///x/step-00000050/MANIFEST.json",
                     object_store="file:///store", checkpoint_uri="file:///store/jobs/demo-tiny-lm/checkpoints",
@@ -39,7 +40,7 @@ def test_contract_environment_is_used_as_given(tmp_path: Path) -> None:
 def test_standalone_fills_defaults_from_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path))
     config = SessionConfig.from_env({}, spec=SPEC, world_size=2)
-    assert config.plan.dp == 2 and config.plan.zero_stage == 0 and config.plan.micro_batch_size == 8
+    assert config.plan.layout.dp == 2 and config.plan.zero_stage == 0 and config.plan.micro_batch_size == 8
     assert config.object_store == (tmp_path / "objects").as_uri()
     assert config.checkpoint_uri == f"{config.object_store}/jobs/demo-tiny-lm/runs/standalone/checkpoints"
     assert config.heartbeat_dir == tmp_path / "runs" / "demo-tiny-lm" / "standalone" / "heartbeats"
