@@ -1,6 +1,7 @@
 """The structure's figures, counted the same way on any checkout (issue 59's "Done when"):
 package cycles, upward arrows, function-level imports in product code, the types that declare
-the parallel degrees, and the places that multiply them into a world size.
+the parallel degrees and the places that multiply them into a world size (those two with
+`tests/unit/test_one_carrier_of_degrees.py`'s scan).
 
     python -m tests.support.structure [--root CHECKOUT]
 
@@ -16,10 +17,7 @@ import json
 from pathlib import Path
 
 from tests.unit import test_import_graph as graph
-
-DEGREES = {"tp", "pp", "dp", "cp", "ep", "tp_degree", "pp_degree", "dp_degree", "cp_degree",
-           "tensor_parallel", "pipeline_parallel", "data_parallel", "context_parallel"}
-"""Field names that hold a parallel degree."""
+from tests.unit import test_one_carrier_of_degrees as degrees
 
 
 def function_level_imports(files: list[Path]) -> tuple[int, dict[str, int]]:
@@ -42,57 +40,20 @@ def function_level_imports(files: list[Path]) -> tuple[int, dict[str, int]]:
     return sum(per_file.values()), per_file
 
 
-def degree_carriers(files: list[Path]) -> list[str]:
-    """Classes with two or more fields (annotated class attributes) named like a degree."""
-    found = []
-    for path in files:
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.ClassDef):
-                fields = {s.target.id for s in node.body
-                          if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
-                if len(fields & DEGREES) >= 2:
-                    found.append(f"{path.relative_to(graph.ROOT)}:{node.name}")
-    return sorted(found)
-
-
-def world_size_products(files: list[Path]) -> list[str]:
-    """Expressions multiplying two or more degrees (`tp * pp * dp`, `self.tp * self.dp`)."""
-    def degree(node: ast.AST) -> bool:
-        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
-        return name in DEGREES
-
-    def factors(node: ast.AST) -> list[ast.AST]:
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            return factors(node.left) + factors(node.right)
-        return [node]
-
-    found = []
-    for path in files:
-        seen: set[int] = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and node.lineno not in seen
-                    and sum(degree(f) for f in factors(node)) >= 2):
-                seen.add(node.lineno)
-                found.append(f"{path.relative_to(graph.ROOT)}:{node.lineno}")
-    return sorted(found)
-
-
 def figures(root: Path) -> dict[str, object]:
     graph.ROOT = root
     graph.edges.cache_clear()
     files = graph.product_files()
     g = graph.package_graph()
     total, per_file = function_level_imports(files)
-    carriers = degree_carriers(files)
-    products = world_size_products(files)
     return {
         "package_cycles": graph.cycles(g),
         "upward_arrows": graph.upward_arrows(),
         "nodes_without_a_floor": sorted(set(g) - set(graph.FLOOR_OF)),
         "function_level_imports": total,
         "function_level_imports_top": sorted(per_file.items(), key=lambda kv: -kv[1])[:5],
-        "degree_carriers": carriers,
-        "world_size_products": products,
+        "degree_carriers": sorted(f"{path}:{cls}" for path, cls in degrees.carriers(root)),
+        "world_size_products": degrees.world_size_products(root),
     }
 
 
