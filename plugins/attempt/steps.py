@@ -41,6 +41,7 @@ from trainyard.config.cluster import Cluster
 from trainyard.config.problems import Problem
 from trainyard.config.spec import TrainingJob
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.planner import PlanResult
 from trainyard.plugins.attempt.conf import (
     InvalidConf,
     check_conf_points,
@@ -97,6 +98,9 @@ class Opened(_Out):
     cluster: str
     """The cluster it runs on, as configured (`TRAINYARD_CLUSTER`: a name or a cluster file)."""
     warnings: list[Problem] = Field(default_factory=list)
+    advice: PlanResult | None = None
+    """The advisor's answer the validation's memory check read (None: offline, or a spec the
+    advisor cannot plan): `plan` plans with it instead of searching again."""
 
 
 class DataChecked(_Out):
@@ -114,6 +118,9 @@ class DataChecked(_Out):
 class Planned(_Out):
     plan: Plan
     source: str
+    advice: PlanResult | None = None
+    """The advisor's answer behind the plan — the attempt's one search, carried on so the launch
+    explains the plan in MLflow (alternatives, rejections) without searching again."""
 
 
 class Placed(_Out):
@@ -193,6 +200,7 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
     checks that need the world (memory fit, dataset, quota), as `trainyard validate --offline`."""
     from trainyard.config.loader import load_spec_file
     from trainyard.config.problems import SpecError
+    from trainyard.plugins.validation.memory import advise
 
     settings = runtime.settings
     try:
@@ -200,7 +208,8 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
     except (SpecError, ValueError) as e:
         raise InvalidJob(f"{spec_path}: {e}") from e
     cluster = cluster_of(settings)
-    problems = all_problems(job, cluster, settings, offline=offline)
+    advice = None if offline else advise(job, cluster, memory_fraction=settings.memory_fraction)
+    problems = all_problems(job, cluster, settings, offline=offline, advice=advice)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         lines = "\n".join(f"  {p.code.value} {p.render()}" for p in errors)
@@ -212,7 +221,7 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
                          f"docs/bring-your-own.md); {job.spec.source.entrypoint} is a plain script and would ignore "
                          "them — trigger without them, or make the script managed")
     _begin(job, conf, settings, trigger_key=trigger_key)
-    return Opened(job=job, conf=conf, cluster=str(settings.cluster), warnings=problems)
+    return Opened(job=job, conf=conf, cluster=str(settings.cluster), warnings=problems, advice=advice)
 
 
 def _begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_key: str) -> None:
@@ -289,13 +298,17 @@ def _failing(opened: Opened, runtime: Runtime, what: str) -> Iterator[None]:
 
 
 def plan(opened: Opened, runtime: Runtime) -> Planned:
+    """The attempt's plan, from the advisor's answer its opening already has; an opening that
+    skipped the advisor (offline) has it asked here, once."""
     from trainyard.config.cluster import load_cluster
+    from trainyard.plugins.validation.memory import advise
 
-    cluster = load_cluster(opened.cluster)
+    cluster, fraction = load_cluster(opened.cluster), runtime.settings.memory_fraction
+    advice = opened.advice if opened.advice is not None else advise(opened.job, cluster, memory_fraction=fraction)
     with _failing(opened, runtime, "no plan fits"):
-        chosen, source = plan_attempt(opened.job, cluster, opened.conf, memory_fraction=runtime.settings.memory_fraction)
+        chosen, source = plan_attempt(opened.job, cluster, opened.conf, memory_fraction=fraction, advice=advice)
     return Planned(plan=chosen.model_copy(update={"peak_flops_per_device": _peak_flops(opened.job, cluster)}),
-                   source=source)
+                   source=source, advice=advice)
 
 
 def _peak_flops(job: TrainingJob, cluster: Cluster) -> float | None:
@@ -339,9 +352,10 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
     """Start the attempt's gang detached; a second call for the same attempt re-attaches. None
     for a dry run (it ends the run: validated, planned and placed, nothing launched).
     `max_restarts` overrides the spec's in-place restarts (`trainyard launch --max-restarts`).
-    `checked`: `check_data`'s result, whose report the first attempt logs to MLflow; without
-    a report (a launch that skipped `check_data`, checks turned off) tracking makes its own,
-    for the record only."""
+    `checked`: `check_data`'s result, whose report the first attempt logs to MLflow; the checks
+    run once per attempt, so a check that could not run (its warning said so) is not tried again.
+    Without a check (a launch that skipped `check_data`, checks turned off) tracking makes its
+    own report, for the record only."""
     from trainyard.config.cluster import load_cluster
     from trainyard.plugins.attempt.faults import fail_gpu
     from trainyard.plugins.launch.environment import build_worker_env
@@ -359,8 +373,9 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
         # data-quality report) on the first
         mlflow_run_id = open_tracked_run(
             job, planned.plan, settings, attempt=conf.attempt, run_id=conf.mlflow_run_id or None, run=conf.run,
-            check_quality=conf.attempt == 0, quality=checked.report if checked else None,
-            cluster=cluster, plan_source=planned.source)
+            check_quality=conf.attempt == 0 and not (checked and checked.checked),
+            quality=checked.report if checked else None,
+            advice=planned.advice, plan_source=planned.source)
         worker_env = build_worker_env(job, planned.plan, settings, run=conf.run, attempt=conf.attempt,
                                       resume_from=resume_from, mlflow_run_id=mlflow_run_id)
         if conf.attempt == 0 and conf.faults.worker_faults():
