@@ -20,7 +20,9 @@ refused) records the attempt as `launch_failed` with the message, so the run end
 rather than stay `starting`; a transient failure is left to the caller's retry.
 
 Each operator of the job's DAG calls one step; `trainyard launch` runs them in order in one process
-(`start_attempt`, then `follow_attempt`). Nothing here imports Airflow.
+(`start_attempt`, then `follow_attempt`). Nothing here imports Airflow, nor calls MLflow: a step
+announces its event to the attempt listener in one line (`listener.py`: created, launched,
+checkpointed, concluded, registered, closed), and the MLflow listener keeps the run's record.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from trainyard.plugins.attempt.launchers import (
     launcher_for,
     local_script,
 )
+from trainyard.plugins.attempt.listener import listener_for
 from trainyard.plugins.attempt.watching import WatchState, WatchStep, watch_once
 from trainyard.plugins.errors import FatalError
 from trainyard.plugins.placement.model import Placement
@@ -355,13 +358,12 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
     `checked`: `check_data`'s result, whose report the first attempt logs to MLflow; the checks
     run once per attempt, so a check that could not run (its warning said so) is not tried again.
     Without a check (a launch that skipped `check_data`, checks turned off) tracking makes its
-    own report, for the record only."""
+    own report, for the record only (`MlflowListener.created`)."""
     from trainyard.config.cluster import load_cluster
     from trainyard.plugins.attempt.faults import fail_gpu
     from trainyard.plugins.launch.environment import build_worker_env
-    from trainyard.plugins.tracking.lifecycle import open_tracked_run
 
-    job, conf, settings = opened.job, opened.conf, runtime.settings
+    job, conf, settings, listener = opened.job, opened.conf, runtime.settings, listener_for(runtime)
     if conf.dry_run:
         _end_dry_run(opened, runtime)
         return None
@@ -371,11 +373,7 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
                                    object_store=settings.object_store)  # refused before anything starts
         # the same MLflow run for every attempt, with the start artifacts (spec, plan explanation,
         # data-quality report) on the first
-        mlflow_run_id = open_tracked_run(
-            job, planned.plan, settings, attempt=conf.attempt, run_id=conf.mlflow_run_id or None, run=conf.run,
-            check_quality=conf.attempt == 0 and not (checked and checked.checked),
-            quality=checked.report if checked else None,
-            advice=planned.advice, plan_source=planned.source)
+        mlflow_run_id = listener.created(opened, planned, checked)
         worker_env = build_worker_env(job, planned.plan, settings, run=conf.run, attempt=conf.attempt,
                                       resume_from=resume_from, mlflow_run_id=mlflow_run_id)
         if conf.attempt == 0 and conf.faults.worker_faults():
@@ -385,20 +383,19 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
             launcher = launcher_for(cluster, runtime, LaunchOptions(max_restarts=restarts))
             handle = launcher.submit(job, planned.plan, placed.placement, worker_env, attempt=conf.attempt)
         except (FatalError, ValueError):  # nothing runs: the MLflow run it opened ends failed, not running
-            from trainyard.plugins.tracking.runs import set_run_status
-
-            set_run_status(mlflow_run_id, "failed", tracking_uri=settings.mlflow_tracking_uri)
+            listener.not_launched(mlflow_run_id)
             raise
         fail_gpu(conf, list(handle.nodes), settings.node_agents)
-    _launched(opened, handle, mlflow_run_id, settings, planned, placed)
+    resumed_after_s = _launched(opened, handle, mlflow_run_id, settings, planned, placed)
+    listener.launched(opened, handle, mlflow_run_id, resumed_after_s=resumed_after_s)
     return Launched(handle=handle, mlflow_run_id=mlflow_run_id, resume_from=resume_from)
 
 
 def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: Settings, planned: Planned,
-              placed: Placed) -> None:
+              placed: Placed) -> float | None:
     """The gang runs: its handle (so `trainyard stop` finds it), its plan and placement, and the
-    lifecycle in the job state."""
-    from trainyard.plugins.attempt.closing import record_resumed
+    lifecycle in the job state; a later attempt's start ends the previous attempt's recovery.
+    Returns that attempt's time to resume (its detection to this start), None for a first."""
     from trainyard.plugins.recovery.state import open_job_state
 
     job, conf = opened.job, opened.conf
@@ -408,7 +405,9 @@ def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: S
                      placement=placed.placement.model_dump_json())
     state.set_mlflow_run(job.name, conf.run, mlflow_run_id)
     state.transition(job.name, conf.run, "running")
-    record_resumed(job, conf, settings, handle, mlflow_run_id)
+    if conf.attempt == 0:
+        return None
+    return state.set_resumed(job.name, conf.run, conf.attempt - 1, handle.created_at)
 
 
 def _end_dry_run(opened: Opened, runtime: Runtime) -> None:
@@ -443,7 +442,6 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     fingerprint). Without a handle: the attempt's `launch_failed` as recorded, or None when
     nothing was started at all (a dry run)."""
     from trainyard.plugins.attempt.bookkeeping import after_attempt
-    from trainyard.plugins.attempt.closing import record_in_mlflow
     from trainyard.plugins.attempt.faults import corrupt_newest_checkpoint
     from trainyard.plugins.attempt.watching import poll, settle
     from trainyard.plugins.launch.environment import checkpoint_uri
@@ -475,8 +473,8 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
         if checked is not None and checked.fingerprint:
             update["data_checked"] = checked.fingerprint
         result = dataclasses.replace(result, next_conf=result.next_conf.model_copy(update=update))
-    if mlflow_run_id and apply:
-        record_in_mlflow(result, mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri)
+    if apply:
+        listener_for(runtime).concluded(result, mlflow_run_id)
     return Concluded(report=result.report, action=result.action, next_conf=result.next_conf)
 
 
@@ -507,9 +505,8 @@ def release(opened: Opened, runtime: Runtime) -> int:
 def register(opened: Opened, mlflow_run_id: str, runtime: Runtime) -> Registered:
     """Export the run's best valid checkpoint and register it as the next version of the job's
     model, alias `candidate`."""
-    from trainyard.plugins.attempt.closing import register_model
 
-    version = register_model(opened.job, runtime.settings, mlflow_run_id=mlflow_run_id)
+    version = listener_for(runtime).registered(opened, mlflow_run_id)
     return Registered(model=version.name, version=str(version.version), step=version.checkpoint_step,
                       mlflow_run_id=mlflow_run_id)
 
@@ -517,9 +514,8 @@ def register(opened: Opened, mlflow_run_id: str, runtime: Runtime) -> Registered
 def close(opened: Opened, mlflow_run_id: str, runtime: Runtime,
           status: Literal["completed", "failed", "cancelled"] = "completed") -> Closed:
     """End the run's MLflow run: loss plot, recovery timeline, cost, final status."""
-    from trainyard.plugins.attempt.closing import close_run
 
-    cost = close_run(opened.job, runtime.settings, run=opened.conf.run, mlflow_run_id=mlflow_run_id, status=status)
+    cost = listener_for(runtime).closed(opened, mlflow_run_id, status)
     return Closed(status=status, cost=cost)
 
 
@@ -628,7 +624,6 @@ def checkpoint_committed(opened: Opened, step: int, manifest_uri: str, runtime: 
     from trainyard.plugins.checkpoint.catalog import verify
     from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
     from trainyard.plugins.storage.store import open_store
-    from trainyard.plugins.tracking.runs import log_committed_checkpoint
 
     settings, root = runtime.settings, checkpoints_root(opened, runtime)
     result = verify(root, step, endpoint_url=settings.s3_endpoint_url)
@@ -636,7 +631,5 @@ def checkpoint_committed(opened: Opened, step: int, manifest_uri: str, runtime: 
         if not open_store(root, endpoint_url=settings.s3_endpoint_url).exists(f"{step_dir(step)}/{MANIFEST_NAME}"):
             return CheckpointSeen(step=step, verified=False, retired=True)
         return CheckpointSeen(step=step, verified=False, problems=list(result.problems))
-    if mlflow_run_id:
-        log_committed_checkpoint(mlflow_run_id, manifest_uri, tracking_uri=settings.mlflow_tracking_uri,
-                                 endpoint_url=settings.s3_endpoint_url)
+    listener_for(runtime).checkpointed(mlflow_run_id, manifest_uri)
     return CheckpointSeen(step=step, verified=True)
