@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from trainyard.plugins.run.model import RunHandle
     from trainyard.plugins.tracking.registry import ModelVersionInfo
 
-Final = Literal["completed", "failed", "cancelled"]
+RunEnd = Literal["completed", "failed", "cancelled"]
+"""How a run ends (the `close` step's status)."""
 
 
 class AttemptListener(Protocol):
@@ -54,7 +55,7 @@ class AttemptListener(Protocol):
 
     def registered(self, opened: Opened, mlflow_run_id: str) -> ModelVersionInfo: ...
 
-    def closed(self, opened: Opened, mlflow_run_id: str, status: Final) -> dict[str, float]: ...
+    def closed(self, opened: Opened, mlflow_run_id: str, status: RunEnd) -> dict[str, float]: ...
 
 
 def listener_for(runtime: Runtime) -> AttemptListener:
@@ -119,7 +120,7 @@ class MlflowListener:
 
         return register_model(opened.job, self.settings, mlflow_run_id=mlflow_run_id)
 
-    def closed(self, opened: Opened, mlflow_run_id: str, status: Final) -> dict[str, float]:
+    def closed(self, opened: Opened, mlflow_run_id: str, status: RunEnd) -> dict[str, float]:
         from trainyard.plugins.attempt.closing import close_run
 
         return close_run(opened.job, self.settings, run=opened.conf.run, mlflow_run_id=mlflow_run_id, status=status)
