@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -94,3 +95,37 @@ def test_a_check_that_could_not_run_is_not_run_again_when_the_mlflow_run_opens(
     planned = plan(opened, runtime)
     assert launch(opened, planned, place(opened, planned, runtime), runtime, checked=checked) is not None
     assert counted == {"search": 1, "data_quality": 1}
+
+
+def test_a_recovery_attempt_searches_once_and_keeps_the_data_its_run_passed(
+        world: SimpleNamespace, counted: Counter[str], tmp_path: Path) -> None:
+    """Attempt 0 crashes (its run folder fabricated); attempt 1, opened from the hand-over, asks
+    the advisor once and checks no data (the run passed the same data)."""
+    from tests.unit.recovery.runs import Rank, fabricate
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.attempt.steps import (
+        check_data,
+        conclude,
+        launch,
+        open_attempt,
+        place,
+        plan,
+    )
+    from trainyard.plugins.recovery.model import AttemptConf
+
+    runtime, run = Runtime(world.settings), "20261201t000000-0ce0d0"
+    first = open_attempt(world.spec, AttemptConf(run=run), trigger_key="t/1", runtime=runtime)
+    checked = check_data(first, runtime)
+    planned = plan(first, runtime)
+    assert counted == {"search": 1, "data_quality": 1}
+    handle = fabricate(tmp_path / "runs", [Rank(exit_code=0, step=9), Rank(exit_code=-9, step=9)], job="seam-job")
+    concluded = conclude(first, handle, runtime, status=None, plan_used=planned.plan, mlflow_run_id="", by="test",
+                         checked=checked)
+    assert concluded is not None and concluded.next_conf is not None and concluded.next_conf.attempt == 1
+    counted.clear()
+
+    recovery = open_attempt(world.spec, concluded.next_conf, trigger_key="t/2", runtime=runtime)
+    again = check_data(recovery, runtime)
+    planned = plan(recovery, runtime)
+    assert launch(recovery, planned, place(recovery, planned, runtime), runtime, checked=again) is not None
+    assert again.unchanged and counted == {"search": 1}
