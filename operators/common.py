@@ -106,9 +106,10 @@ OPENED = "opened"
 
 
 def push_opened(context: Context, opened: Opened) -> None:
-    """What `validate_spec` hands every later task — the effective job, the conf, the cluster —
-    as one XCom: every task of the attempt pulls it, and each pull is a request to the API
-    server (three keys were 570 of a CI stack's 971 XCom reads)."""
+    """What `validate_spec` hands every later task — the effective job, the conf, the cluster,
+    the advisor's answer its memory check read (`plan_parallelism` plans with it) — as one XCom:
+    every task of the attempt pulls it, and each pull is a request to the API server (three keys
+    were 570 of a CI stack's 971 XCom reads)."""
     context["ti"].xcom_push(key=OPENED, value=opened.model_dump(mode="json", by_alias=True, exclude={"warnings"}))
 
 

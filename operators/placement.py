@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from trainyard.operators.common import opened_of, pull, runtime, to_xcom
+from trainyard.operators.common import opened_of, pull, pull_optional, runtime, to_xcom
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -21,14 +21,19 @@ if TYPE_CHECKING:
 
 PLAN = "plan_parallelism"
 PLACE = "place_gang"
+ADVICE = "advice"
+"""The XCom key of the advisor's answer behind the plan: the launch explains the plan with it in
+MLflow instead of searching again."""
 
 
 def planned_of(context: Context) -> Planned:
     from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.planner import PlanResult
     from trainyard.plugins.attempt.steps import Planned
 
     source = context["ti"].xcom_pull(task_ids=PLAN, key="source") or "advisor"
-    return Planned(plan=pull(context, PLAN, Plan), source=source)
+    return Planned(plan=pull(context, PLAN, Plan), source=source,
+                   advice=pull_optional(context, PLAN, PlanResult, key=ADVICE))
 
 
 class PlanParallelismOperator(BaseOperator):
@@ -47,6 +52,8 @@ class PlanParallelismOperator(BaseOperator):
         for part, size in sorted(p.memory_breakdown.items(), key=lambda kv: -kv[1]):
             self.log.info("  memory %-28s %10.1f MiB", part, size / 2**20)
         context["ti"].xcom_push(key="source", value=planned.source)
+        if planned.advice is not None:
+            context["ti"].xcom_push(key=ADVICE, value=to_xcom(planned.advice))
         return to_xcom(p)
 
 

@@ -13,16 +13,18 @@ from __future__ import annotations
 from trainyard.config.cluster import Cluster
 from trainyard.config.spec import TrainingJob
 from trainyard.plugins.advisor.plan import Plan
-from trainyard.plugins.advisor.planner import manual_plan
+from trainyard.plugins.advisor.planner import PlanResult, manual_plan
 
 __all__ = ["manual_plan", "plan_for_job"]
 
 
 def plan_for_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float = 0.9,
-                 allow_unfit: bool = False) -> tuple[Plan, str]:
+                 allow_unfit: bool = False, advice: PlanResult | None = None) -> tuple[Plan, str]:
     """(plan, where it came from). Raises `ValueError` when the advisor finds that nothing fits
     (with its suggestions), unless `allow_unfit` and the spec's own manual configuration was
-    evaluated — then that one is returned, for placement previews."""
+    evaluated — then that one is returned, for placement previews. `advice`: the advisor's
+    answer for this job, cluster and fraction already asked for (an attempt's validation asked),
+    so the search does not run again; without one the advisor is asked here."""
     if job.spec.parallelism.hints is None:
         if job.spec.parallelism.strategy == "auto" and job.runs_platform_worker:
             raise ValueError("strategy 'auto' needs parallelism.hints (the model's shape) to plan")
@@ -32,7 +34,7 @@ def plan_for_job(job: TrainingJob, cluster: Cluster, *, memory_fraction: float =
                                   "Trainyard knows (no advisor plan, no memory-fit check)")
     from trainyard.plugins.advisor import plan_job
 
-    result = plan_job(job, cluster, memory_fraction=memory_fraction)
+    result = advice if advice is not None else plan_job(job, cluster, memory_fraction=memory_fraction)
     if result.best is not None:
         return result.best, f"advisor, strategy {result.strategy}"
     if allow_unfit and result.evaluated is not None:

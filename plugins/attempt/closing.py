@@ -1,6 +1,6 @@
-"""The MLflow side of an attempt's end and of a run's: the recovery events, the time to resume,
-the registered model, the loss plot, the recovery timeline and the cost. Called by the attempt
-engine's `conclude`, `register` and `close` steps.
+"""The MLflow side of an attempt's end and of a run's: the recovery events, the registered
+model, the loss plot, the recovery timeline and the cost. Called through the attempt listener
+(`listener.MlflowListener`: `concluded`, `registered`, `closed`), never by the steps themselves.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ if TYPE_CHECKING:
     from trainyard.config.settings import Settings
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.attempt.bookkeeping import AttemptResult
-    from trainyard.plugins.recovery.model import AttemptConf
-    from trainyard.plugins.run.model import RunHandle
     from trainyard.plugins.tracking.registry import ModelVersionInfo
     from trainyard.plugins.tracking.runs import LoggedCheckpoint
 
@@ -50,24 +48,6 @@ def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri:
         set_run_status(mlflow_run_id, "failed", tracking_uri=tracking_uri)
     elif action.kind == "cancel":
         set_run_status(mlflow_run_id, "cancelled", tracking_uri=tracking_uri)
-
-
-def record_resumed(job: TrainingJob, conf: AttemptConf, settings: Settings, handle: RunHandle,
-                   mlflow_run_id: str) -> float | None:
-    """A later attempt's gang started: the previous attempt's time to resume (its detection to
-    this start), in its job-state report and as the MLflow metric `recovery/time_to_resume_s`."""
-    from trainyard.plugins.state.jobs import JobStateStore
-
-    if conf.attempt == 0:
-        return None
-    seconds = JobStateStore(settings.state_db).set_resumed(job.name, conf.run, conf.attempt - 1,
-                                                           handle.created_at)
-    if seconds is not None and mlflow_run_id:
-        from trainyard.plugins.tracking.runs import log_recovery_timings
-
-        log_recovery_timings(mlflow_run_id, step=0, tracking_uri=settings.mlflow_tracking_uri,
-                             time_to_resume_s=seconds, attempt=conf.attempt - 1)
-    return seconds
 
 
 def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) -> ModelVersionInfo:

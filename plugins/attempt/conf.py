@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from trainyard.config.cluster import Cluster
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.planner import PlanResult
 
 
 class InvalidConf(FatalError):
@@ -126,9 +127,10 @@ def effective_job(job: TrainingJob, conf: AttemptConf) -> TrainingJob:
     return Model.model_validate(data)
 
 
-def plan_attempt(job: TrainingJob, cluster: Cluster, conf: AttemptConf, *, memory_fraction: float
-                 ) -> tuple[Plan, str]:
-    """(plan, where it came from): a re-plan handed over by the previous attempt wins."""
+def plan_attempt(job: TrainingJob, cluster: Cluster, conf: AttemptConf, *, memory_fraction: float,
+                 advice: PlanResult | None = None) -> tuple[Plan, str]:
+    """(plan, where it came from): a re-plan handed over by the previous attempt wins; else the
+    advisor's best in `advice` (the attempt's one search), or the advisor asked now."""
     from trainyard.plugins.advisor.plan import Plan
     from trainyard.plugins.advisor.plans import plan_for_job
 
@@ -137,7 +139,7 @@ def plan_attempt(job: TrainingJob, cluster: Cluster, conf: AttemptConf, *, memor
         plan.layout.check_world_size(job.spec.hardware.gpu_count)
         return plan, f"re-planned after attempt {conf.attempt - 1}"
     try:
-        return plan_for_job(job, cluster, memory_fraction=memory_fraction)
+        return plan_for_job(job, cluster, memory_fraction=memory_fraction, advice=advice)
     except ValueError as e:
         raise NoPlan(str(e)) from e
 

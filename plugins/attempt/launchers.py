@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from trainyard.config.problems import Problem
     from trainyard.config.settings import Settings
     from trainyard.config.spec import TrainingJob
+    from trainyard.plugins.advisor.planner import PlanResult
     from trainyard.plugins.launch.base import Launcher
     from trainyard.plugins.run.model import RunHandle
 
@@ -119,11 +120,12 @@ def entrypoint_problems(job: TrainingJob, cluster: Cluster) -> list[Problem]:
 
 
 def all_problems(job: TrainingJob, cluster: Cluster, settings: Settings, *, offline: bool = False,
-                 data_quality: bool = False) -> list[Problem]:
+                 data_quality: bool = False, advice: PlanResult | None = None) -> list[Problem]:
     """Every problem of `job` on `cluster` at once, as `trainyard validate` and an attempt's
     opening report them: where it cannot run (`launch_problems`) beside the spec's own rules and
     what the worker runtime needs — never one in place of the others; the rest of the dry run
-    (the cluster's rules, memory, quota, dataset) where it can run."""
+    (the cluster's rules, memory, quota, dataset) where it can run. `advice`: the advisor's
+    answer the caller already has, for the memory check (`validation.memory.advise`)."""
     from trainyard.config.rules import check_spec
     from trainyard.plugins.state.reservations import usage_by_team
     from trainyard.plugins.validation.dry_run import validate_job
@@ -134,7 +136,7 @@ def all_problems(job: TrainingJob, cluster: Cluster, settings: Settings, *, offl
         return launch + check_spec(job) + check_runtime(job)
     usage = None if offline else usage_by_team(settings.state_db)
     return launch + validate_job(job, cluster=cluster, settings=settings, usage=usage, offline=offline,
-                                 data_quality=data_quality)
+                                 data_quality=data_quality, advice=advice)
 
 
 def launch_problems(job: TrainingJob, cluster: Cluster, settings: Settings) -> list[Problem]:

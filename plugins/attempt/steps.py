@@ -20,7 +20,9 @@ refused) records the attempt as `launch_failed` with the message, so the run end
 rather than stay `starting`; a transient failure is left to the caller's retry.
 
 Each operator of the job's DAG calls one step; `trainyard launch` runs them in order in one process
-(`start_attempt`, then `follow_attempt`). Nothing here imports Airflow.
+(`start_attempt`, then `follow_attempt`). Nothing here imports Airflow, nor calls MLflow: a step
+announces its event to the attempt listener in one line (`listener.py`: created, launched,
+checkpointed, concluded, registered, closed), and the MLflow listener keeps the run's record.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from trainyard.config.cluster import Cluster
 from trainyard.config.problems import Problem
 from trainyard.config.spec import TrainingJob
 from trainyard.plugins.advisor.plan import Plan
+from trainyard.plugins.advisor.planner import PlanResult
 from trainyard.plugins.attempt.conf import (
     InvalidConf,
     check_conf_points,
@@ -59,6 +62,7 @@ from trainyard.plugins.attempt.launchers import (
     launcher_for,
     local_script,
 )
+from trainyard.plugins.attempt.listener import listener_for
 from trainyard.plugins.attempt.watching import WatchState, WatchStep, watch_once
 from trainyard.plugins.errors import FatalError
 from trainyard.plugins.placement.model import Placement
@@ -97,6 +101,9 @@ class Opened(_Out):
     cluster: str
     """The cluster it runs on, as configured (`TRAINYARD_CLUSTER`: a name or a cluster file)."""
     warnings: list[Problem] = Field(default_factory=list)
+    advice: PlanResult | None = None
+    """The advisor's answer the validation's memory check read (None: offline, or a spec the
+    advisor cannot plan): `plan` plans with it instead of searching again."""
 
 
 class DataChecked(_Out):
@@ -114,6 +121,9 @@ class DataChecked(_Out):
 class Planned(_Out):
     plan: Plan
     source: str
+    advice: PlanResult | None = None
+    """The advisor's answer behind the plan — the attempt's one search, carried on so the launch
+    explains the plan in MLflow (alternatives, rejections) without searching again."""
 
 
 class Placed(_Out):
@@ -193,6 +203,7 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
     checks that need the world (memory fit, dataset, quota), as `trainyard validate --offline`."""
     from trainyard.config.loader import load_spec_file
     from trainyard.config.problems import SpecError
+    from trainyard.plugins.validation.memory import advise
 
     settings = runtime.settings
     try:
@@ -200,7 +211,8 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
     except (SpecError, ValueError) as e:
         raise InvalidJob(f"{spec_path}: {e}") from e
     cluster = cluster_of(settings)
-    problems = all_problems(job, cluster, settings, offline=offline)
+    advice = None if offline else advise(job, cluster, memory_fraction=settings.memory_fraction)
+    problems = all_problems(job, cluster, settings, offline=offline, advice=advice)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         lines = "\n".join(f"  {p.code.value} {p.render()}" for p in errors)
@@ -212,7 +224,7 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
                          f"docs/bring-your-own.md); {job.spec.source.entrypoint} is a plain script and would ignore "
                          "them — trigger without them, or make the script managed")
     _begin(job, conf, settings, trigger_key=trigger_key)
-    return Opened(job=job, conf=conf, cluster=str(settings.cluster), warnings=problems)
+    return Opened(job=job, conf=conf, cluster=str(settings.cluster), warnings=problems, advice=advice)
 
 
 def _begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_key: str) -> None:
@@ -289,13 +301,17 @@ def _failing(opened: Opened, runtime: Runtime, what: str) -> Iterator[None]:
 
 
 def plan(opened: Opened, runtime: Runtime) -> Planned:
+    """The attempt's plan, from the advisor's answer its opening already has; an opening that
+    skipped the advisor (offline) has it asked here, once."""
     from trainyard.config.cluster import load_cluster
+    from trainyard.plugins.validation.memory import advise
 
-    cluster = load_cluster(opened.cluster)
+    cluster, fraction = load_cluster(opened.cluster), runtime.settings.memory_fraction
+    advice = opened.advice if opened.advice is not None else advise(opened.job, cluster, memory_fraction=fraction)
     with _failing(opened, runtime, "no plan fits"):
-        chosen, source = plan_attempt(opened.job, cluster, opened.conf, memory_fraction=runtime.settings.memory_fraction)
+        chosen, source = plan_attempt(opened.job, cluster, opened.conf, memory_fraction=fraction, advice=advice)
     return Planned(plan=chosen.model_copy(update={"peak_flops_per_device": _peak_flops(opened.job, cluster)}),
-                   source=source)
+                   source=source, advice=advice)
 
 
 def _peak_flops(job: TrainingJob, cluster: Cluster) -> float | None:
@@ -339,15 +355,15 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
     """Start the attempt's gang detached; a second call for the same attempt re-attaches. None
     for a dry run (it ends the run: validated, planned and placed, nothing launched).
     `max_restarts` overrides the spec's in-place restarts (`trainyard launch --max-restarts`).
-    `checked`: `check_data`'s result, whose report the first attempt logs to MLflow; without
-    a report (a launch that skipped `check_data`, checks turned off) tracking makes its own,
-    for the record only."""
+    `checked`: `check_data`'s result, whose report the first attempt logs to MLflow; the checks
+    run once per attempt, so a check that could not run (its warning said so) is not tried again.
+    Without a check (a launch that skipped `check_data`, checks turned off) tracking makes its
+    own report, for the record only (`MlflowListener.created`)."""
     from trainyard.config.cluster import load_cluster
     from trainyard.plugins.attempt.faults import fail_gpu
     from trainyard.plugins.launch.environment import build_worker_env
-    from trainyard.plugins.tracking.lifecycle import open_tracked_run
 
-    job, conf, settings = opened.job, opened.conf, runtime.settings
+    job, conf, settings, listener = opened.job, opened.conf, runtime.settings, listener_for(runtime)
     if conf.dry_run:
         _end_dry_run(opened, runtime)
         return None
@@ -357,10 +373,7 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
                                    object_store=settings.object_store)  # refused before anything starts
         # the same MLflow run for every attempt, with the start artifacts (spec, plan explanation,
         # data-quality report) on the first
-        mlflow_run_id = open_tracked_run(
-            job, planned.plan, settings, attempt=conf.attempt, run_id=conf.mlflow_run_id or None, run=conf.run,
-            check_quality=conf.attempt == 0, quality=checked.report if checked else None,
-            cluster=cluster, plan_source=planned.source)
+        mlflow_run_id = listener.created(opened, planned, checked)
         worker_env = build_worker_env(job, planned.plan, settings, run=conf.run, attempt=conf.attempt,
                                       resume_from=resume_from, mlflow_run_id=mlflow_run_id)
         if conf.attempt == 0 and conf.faults.worker_faults():
@@ -370,20 +383,19 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
             launcher = launcher_for(cluster, runtime, LaunchOptions(max_restarts=restarts))
             handle = launcher.submit(job, planned.plan, placed.placement, worker_env, attempt=conf.attempt)
         except (FatalError, ValueError):  # nothing runs: the MLflow run it opened ends failed, not running
-            from trainyard.plugins.tracking.runs import set_run_status
-
-            set_run_status(mlflow_run_id, "failed", tracking_uri=settings.mlflow_tracking_uri)
+            listener.not_launched(mlflow_run_id)
             raise
         fail_gpu(conf, list(handle.nodes), settings.node_agents)
-    _launched(opened, handle, mlflow_run_id, settings, planned, placed)
+    resumed_after_s = _launched(opened, handle, mlflow_run_id, settings, planned, placed)
+    listener.launched(opened, handle, mlflow_run_id, resumed_after_s=resumed_after_s)
     return Launched(handle=handle, mlflow_run_id=mlflow_run_id, resume_from=resume_from)
 
 
 def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: Settings, planned: Planned,
-              placed: Placed) -> None:
+              placed: Placed) -> float | None:
     """The gang runs: its handle (so `trainyard stop` finds it), its plan and placement, and the
-    lifecycle in the job state."""
-    from trainyard.plugins.attempt.closing import record_resumed
+    lifecycle in the job state; a later attempt's start ends the previous attempt's recovery.
+    Returns that attempt's time to resume (its detection to this start), None for a first."""
     from trainyard.plugins.state.jobs import open_job_state
 
     job, conf = opened.job, opened.conf
@@ -393,7 +405,9 @@ def _launched(opened: Opened, handle: RunHandle, mlflow_run_id: str, settings: S
                      placement=placed.placement.model_dump_json())
     state.set_mlflow_run(job.name, conf.run, mlflow_run_id)
     state.transition(job.name, conf.run, "running")
-    record_resumed(job, conf, settings, handle, mlflow_run_id)
+    if conf.attempt == 0:
+        return None
+    return state.set_resumed(job.name, conf.run, conf.attempt - 1, handle.created_at)
 
 
 def _end_dry_run(opened: Opened, runtime: Runtime) -> None:
@@ -428,7 +442,6 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     fingerprint). Without a handle: the attempt's `launch_failed` as recorded, or None when
     nothing was started at all (a dry run)."""
     from trainyard.plugins.attempt.bookkeeping import DecisionInputs, after_attempt
-    from trainyard.plugins.attempt.closing import record_in_mlflow
     from trainyard.plugins.attempt.evidence import gather, observe_node
     from trainyard.plugins.attempt.faults import corrupt_newest_checkpoint
     from trainyard.plugins.attempt.watching import poll, settle
@@ -460,8 +473,8 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
         if checked is not None and checked.fingerprint:
             update["data_checked"] = checked.fingerprint
         result = dataclasses.replace(result, next_conf=result.next_conf.model_copy(update=update))
-    if mlflow_run_id and apply:
-        record_in_mlflow(result, mlflow_run_id, tracking_uri=settings.mlflow_tracking_uri)
+    if apply:
+        listener_for(runtime).concluded(result, mlflow_run_id)
     return Concluded(report=result.report, action=result.action, next_conf=result.next_conf)
 
 
@@ -492,9 +505,8 @@ def release(opened: Opened, runtime: Runtime) -> int:
 def register(opened: Opened, mlflow_run_id: str, runtime: Runtime) -> Registered:
     """Export the run's best valid checkpoint and register it as the next version of the job's
     model, alias `candidate`."""
-    from trainyard.plugins.attempt.closing import register_model
 
-    version = register_model(opened.job, runtime.settings, mlflow_run_id=mlflow_run_id)
+    version = listener_for(runtime).registered(opened, mlflow_run_id)
     return Registered(model=version.name, version=str(version.version), step=version.checkpoint_step,
                       mlflow_run_id=mlflow_run_id)
 
@@ -502,9 +514,8 @@ def register(opened: Opened, mlflow_run_id: str, runtime: Runtime) -> Registered
 def close(opened: Opened, mlflow_run_id: str, runtime: Runtime,
           status: Literal["completed", "failed", "cancelled"] = "completed") -> Closed:
     """End the run's MLflow run: loss plot, recovery timeline, cost, final status."""
-    from trainyard.plugins.attempt.closing import close_run
 
-    cost = close_run(opened.job, runtime.settings, run=opened.conf.run, mlflow_run_id=mlflow_run_id, status=status)
+    cost = listener_for(runtime).closed(opened, mlflow_run_id, status)
     return Closed(status=status, cost=cost)
 
 
@@ -613,7 +624,6 @@ def checkpoint_committed(opened: Opened, step: int, manifest_uri: str, runtime: 
     from trainyard.plugins.checkpoint.catalog import verify
     from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
     from trainyard.plugins.storage.store import open_store
-    from trainyard.plugins.tracking.runs import log_committed_checkpoint
 
     settings, root = runtime.settings, checkpoints_root(opened, runtime)
     result = verify(root, step, endpoint_url=settings.s3_endpoint_url)
@@ -621,7 +631,5 @@ def checkpoint_committed(opened: Opened, step: int, manifest_uri: str, runtime: 
         if not open_store(root, endpoint_url=settings.s3_endpoint_url).exists(f"{step_dir(step)}/{MANIFEST_NAME}"):
             return CheckpointSeen(step=step, verified=False, retired=True)
         return CheckpointSeen(step=step, verified=False, problems=list(result.problems))
-    if mlflow_run_id:
-        log_committed_checkpoint(mlflow_run_id, manifest_uri, tracking_uri=settings.mlflow_tracking_uri,
-                                 endpoint_url=settings.s3_endpoint_url)
+    listener_for(runtime).checkpointed(mlflow_run_id, manifest_uri)
     return CheckpointSeen(step=step, verified=True)

@@ -32,7 +32,6 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-    from trainyard.config.cluster import Cluster
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.advisor.plan import Plan
     from trainyard.plugins.advisor.planner import PlanResult
@@ -66,16 +65,15 @@ def log_start_artifacts(
     plan: Plan,
     *,
     tracking_uri: str,
-    cluster: Cluster | None = None,
-    memory_fraction: float = 0.9,
+    advice: PlanResult | None = None,
     plan_source: str = "",
     quality: DataQualityReport | None = None,
 ) -> list[str]:
     """The spec, the plan's explanation and (given) the data-quality report; returns the paths.
 
-    With `cluster`, the advisor is asked again for its alternatives and rejections (pure
-    Python, milliseconds); without it, or for a spec the advisor cannot plan, the explanation
-    holds the plan alone."""
+    `advice` is the advisor's answer the attempt planned with (its alternatives and
+    rejections): tracking explains what was searched, never searches again. Without it (a spec
+    the advisor cannot plan, a manual plan) the explanation holds the plan alone."""
     import yaml
 
     from trainyard.plugins.advisor.explain import explanation_json, explanation_text
@@ -85,9 +83,8 @@ def log_start_artifacts(
     client = client_for(tracking_uri)
     spec_path = f"spec/{job.name}.yaml"
     client.log_text(run_id, yaml.safe_dump(redacted_spec(job), sort_keys=False, allow_unicode=True), spec_path)
-    result = _advisor_result(job, cluster, memory_fraction)
-    client.log_text(run_id, explanation_text(plan, result, source=plan_source), "plan/explanation.txt")
-    client.log_dict(run_id, explanation_json(plan, result), "plan/explanation.json")
+    client.log_text(run_id, explanation_text(plan, advice, source=plan_source), "plan/explanation.txt")
+    client.log_dict(run_id, explanation_json(plan, advice), "plan/explanation.json")
     paths = [spec_path, "plan/explanation.txt", "plan/explanation.json"]
     if quality is not None:
         paths += log_data_quality(run_id, quality, tracking_uri=tracking_uri)
@@ -156,13 +153,11 @@ def log_rank_logs(run_id: str, folders: Sequence[tuple[int, Path]], *, tracking_
 
 
 def log_run_artifacts(
-    run_id: str, job: TrainingJob, plan: Plan, *, tracking_uri: str, cluster: Cluster | None = None,
-    memory_fraction: float = 0.9, quality: DataQualityReport | None = None,
-    timeline: Sequence[TimelineEntry | tuple[float, str]] = (),
+    run_id: str, job: TrainingJob, plan: Plan, *, tracking_uri: str, advice: PlanResult | None = None,
+    quality: DataQualityReport | None = None, timeline: Sequence[TimelineEntry | tuple[float, str]] = (),
 ) -> list[str]:
     """Everything at once, for a caller that logs at the end only."""
-    return (log_start_artifacts(run_id, job, plan, tracking_uri=tracking_uri, cluster=cluster,
-                                memory_fraction=memory_fraction, quality=quality)
+    return (log_start_artifacts(run_id, job, plan, tracking_uri=tracking_uri, advice=advice, quality=quality)
             + log_end_artifacts(run_id, tracking_uri=tracking_uri, timeline=timeline, title=job.name))
 
 
@@ -270,18 +265,6 @@ def _series(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
     """{step: value}; for a step logged twice, the later point."""
     history = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
     return {m.step: m.value for m in history}
-
-
-def _advisor_result(job: TrainingJob, cluster: Cluster | None, memory_fraction: float) -> PlanResult | None:
-    if cluster is None or job.spec.parallelism.hints is None:
-        return None
-    from trainyard.plugins.advisor import plan_job
-
-    try:
-        return plan_job(job, cluster, memory_fraction=memory_fraction)
-    except ValueError as e:
-        log.info("no advisor explanation for %s: %s", job.name, e)
-        return None
 
 
 def artifact_paths(client: MlflowClient, run_id: str, folder: str = "") -> list[str]:

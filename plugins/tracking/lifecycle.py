@@ -15,10 +15,10 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from trainyard.config.cluster import Cluster
     from trainyard.config.settings import Settings
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.advisor.planner import PlanResult
     from trainyard.plugins.tracking.artifacts import TimelineEntry
     from trainyard.plugins.validation.data_quality import DataQualityReport
 
@@ -27,12 +27,14 @@ log = logging.getLogger(__name__)
 
 def open_tracked_run(
     job: TrainingJob, plan: Plan, settings: Settings, *, attempt: int, run_id: str | None = None,
-    run: str = "", cluster: Cluster | None = None, plan_source: str = "", check_quality: bool = True,
+    run: str = "", advice: PlanResult | None = None, plan_source: str = "", check_quality: bool = True,
     quality: DataQualityReport | None = None,
 ) -> str:
     """Create (attempt 0) or resume the job's run, record its dataset and, on the attempt that
     creates it, its start artifacts; returns the run id. A dataset that cannot be described or
-    checked is said in the log and left out: tracking never stops a launch that validated."""
+    checked is said in the log and left out: tracking never stops a launch that validated.
+    `advice`: the advisor's answer the plan came from, explained beside it (`log_start_artifacts`);
+    `quality`: the report the data-quality checks made, else (with `check_quality`) they run here."""
     from trainyard.plugins.tracking.artifacts import log_start_artifacts
     from trainyard.plugins.tracking.runs import start_or_resume_run
 
@@ -55,8 +57,7 @@ def open_tracked_run(
             quality = check_data_quality(job, store=store)
         except Exception as e:  # noqa: BLE001 - see above
             log.warning("data quality of %s not recorded on the run: %s", job.spec.dataset.source, e)
-    log_start_artifacts(rid, job, plan, tracking_uri=uri, cluster=cluster, memory_fraction=settings.memory_fraction,
-                        plan_source=plan_source, quality=quality)
+    log_start_artifacts(rid, job, plan, tracking_uri=uri, advice=advice, plan_source=plan_source, quality=quality)
     return rid
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from trainyard.config.cluster import Cluster
 from trainyard.config.problems import Problem
@@ -24,6 +25,9 @@ from trainyard.plugins.validation.dataset import check_dataset
 from trainyard.plugins.validation.memory import check_memory
 from trainyard.plugins.validation.quota import check_quota
 from trainyard.plugins.validation.runtime import check_runtime
+
+if TYPE_CHECKING:
+    from trainyard.plugins.advisor.planner import PlanResult
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +41,11 @@ def validate_job(
     usage: Mapping[str, int] | None = None,
     offline: bool = False,
     data_quality: bool = False,
+    advice: PlanResult | None = None,
 ) -> list[Problem]:
     """Every problem at once. `usage`: the accelerators each team holds now (the caller reads the
-    reservations); None counts nothing reserved."""
+    reservations); None counts nothing reserved. `advice`: the advisor's answer the caller already
+    asked for (`memory.advise`), so the memory check does not search again."""
     problems = check_spec(job)
     cluster_problems = check_against_cluster(job, cluster)
     problems += cluster_problems
@@ -47,7 +53,7 @@ def validate_job(
     if offline:
         return problems
     if not any(p.severity == "error" for p in cluster_problems):
-        problems += check_memory(job, cluster, memory_fraction=settings.memory_fraction)
+        problems += check_memory(job, cluster, memory_fraction=settings.memory_fraction, advice=advice)
     problems += check_quota(job, teams or load_teams(settings.teams_file),
                             usage if usage is not None else {})
     dataset_problems = check_dataset(job, settings)

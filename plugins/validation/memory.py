@@ -16,23 +16,42 @@ configuration) produce nothing here: `config/rules.py` already reports why.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainyard.config.cluster import Cluster
 from trainyard.config.problems import Code, Problem
 from trainyard.config.spec import TrainingJob
 
+if TYPE_CHECKING:
+    from trainyard.plugins.advisor.planner import PlanResult
+
 GiB = 1024**3
 
 
-def check_memory(job: TrainingJob, cluster: Cluster, *, memory_fraction: float) -> list[Problem]:
+def advise(job: TrainingJob, cluster: Cluster, *, memory_fraction: float) -> PlanResult | None:
+    """The advisor's answer for `job` on `cluster` — the search the memory check reads, and the
+    one an attempt runs: the attempt engine asks here once, checks memory with it, plans with it
+    and explains the plan in MLflow with it (the search used to run three times per attempt).
+    None for a spec the advisor cannot plan (no hints, a GPU type the cluster lacks, a
+    configuration it refuses): the spec rules report why."""
     from trainyard.plugins.advisor.planner import plan_job
 
-    hints = job.spec.parallelism.hints
-    if hints is None or job.spec.hardware.gpu_type not in cluster.gpu_types():
-        return []
+    if job.spec.parallelism.hints is None or job.spec.hardware.gpu_type not in cluster.gpu_types():
+        return None
     try:
-        result = plan_job(job, cluster, memory_fraction=memory_fraction, top_k=0)
+        return plan_job(job, cluster, memory_fraction=memory_fraction)
     except ValueError:
-        return []  # structural problems are the spec rules' to report
+        return None  # structural problems are the spec rules' to report
+
+
+def check_memory(job: TrainingJob, cluster: Cluster, *, memory_fraction: float,
+                 advice: PlanResult | None = None) -> list[Problem]:
+    """The memory-fit problems of `job`. `advice`: the advisor's answer the caller already has
+    (`advise`, same job, cluster and fraction); without one the advisor is asked here. How
+    many alternatives the answer holds (`top_k`) changes nothing read here."""
+    result = advice if advice is not None else advise(job, cluster, memory_fraction=memory_fraction)
+    if result is None:
+        return []
     problems = [Problem(code=Code.MODEL_SIZE_MISMATCH, path="spec.parallelism.hints.modelParameters",
                         message=line, severity="warning",
                         hint="check the shape hints (hiddenSize, numLayers, ffnHiddenSize, "

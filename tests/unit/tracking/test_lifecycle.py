@@ -8,6 +8,7 @@ from pathlib import Path
 from tests.unit.tracking.factories import make_job, make_plan
 from trainyard.config.cluster import load_cluster
 from trainyard.config.settings import Settings
+from trainyard.plugins.advisor import plan_job
 from trainyard.plugins.storage.store import open_store
 from trainyard.plugins.tracking import runs
 from trainyard.plugins.tracking.artifacts import artifact_paths
@@ -19,7 +20,8 @@ def test_a_launch_opens_a_run_with_its_dataset_and_quality_and_closes_it(tmp_pat
     settings = Settings(home=tmp_path / "home")
     prepare_demo_dataset(open_store(settings.object_store).child(DEMO_PREFIX.rstrip("/")), shards=2)
     job = make_job("launched", team="lc", project="open")
-    rid = open_tracked_run(job, make_plan(), settings, attempt=0, cluster=load_cluster("local"), plan_source="advisor")
+    rid = open_tracked_run(job, make_plan(), settings, attempt=0, advice=plan_job(job, load_cluster("local")),
+                           plan_source="advisor")
     client = runs.client_for(settings.mlflow_tracking_uri)
     run = client.get_run(rid)
     assert run.data.tags["trainyard.data_quality"] == "passed"

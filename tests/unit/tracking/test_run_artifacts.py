@@ -9,6 +9,7 @@ import yaml
 
 from tests.unit.tracking.factories import make_job, make_plan
 from trainyard.config.cluster import load_cluster
+from trainyard.plugins.advisor import plan_job
 from trainyard.plugins.tracking import artifacts, runs
 from trainyard.plugins.tracking.metrics import MetricsStreamer
 from trainyard.plugins.validation.data_quality import CheckOutcome, DataQualityReport
@@ -32,7 +33,7 @@ def test_a_run_keeps_its_spec_plan_quality_plot_and_timeline(sqlite_tracking_uri
         outcomes=[CheckOutcome(check="field 'text' is not blank", expectation="expect_column_values_to_not_match_regex",
                                setting="spec.dataset.quality.textField", success=False, rows_checked=10,
                                failing_rows=2, examples=["part-0.jsonl:3: {\"text\": \" \"}"])])
-    started = artifacts.log_start_artifacts(rid, job, plan, tracking_uri=uri, cluster=load_cluster("local"),
+    started = artifacts.log_start_artifacts(rid, job, plan, tracking_uri=uri, advice=plan_job(job, load_cluster("local")),
                                             plan_source="advisor", quality=quality)
 
     # attempt 0 logs steps 1..12, a crash, attempt 1 resumes from 8 and replays 9..12.
@@ -56,7 +57,7 @@ def test_a_run_keeps_its_spec_plan_quality_plot_and_timeline(sqlite_tracking_uri
 
     text = _download(uri, rid, "plan/explanation.txt", tmp_path).read_text()
     assert text.startswith(f"plan {plan.describe()} (advisor)")
-    assert "layouts considered" in text  # the advisor's own search, asked again for the cluster
+    assert "layouts considered" in text  # the advisor's own search, handed in by the attempt that planned
     explained = json.loads(_download(uri, rid, "plan/explanation.json", tmp_path).read_text())
     assert explained["plan"]["layout"]["dp"] == plan.layout.dp and explained["advisor"]["strategy"] == "auto"
 
