@@ -92,14 +92,13 @@ def hung_ranks(status: RunStatus, handle: RunHandle | None = None) -> list[int]:
     if not any(r.hung for r in status.ranks):
         return []
     from trainyard.plugins.run.heartbeat import read_heartbeats
-    from trainyard.plugins.run.rules import Stalled, hang_culprits
+    from trainyard.plugins.run.rules import hang_culprits, stalled_ranks
 
-    live = [r for r in status.ranks if r.hung or (r.pid is not None and r.exit_code is None)]
-    beats = read_heartbeats(handle.heartbeat_dir, [r.rank for r in live]) if handle and handle.heartbeat_dir else {}
+    ranks = [r.rank for r in status.ranks]
+    beats = read_heartbeats(handle.heartbeat_dir, ranks) if handle and handle.heartbeat_dir else {}
     now = time.time()
-    culprits = hang_culprits(Stalled(r.rank, r.step, beats[r.rank].frozen(now) if r.rank in beats else None, r.hung,
-                                     r.signal == "activity") for r in live)
-    stale = {r.rank for r in live if r.hung}
+    culprits = hang_culprits(stalled_ranks(status.ranks, {rank: beat.frozen(now) for rank, beat in beats.items()}))
+    stale = {r.rank for r in status.ranks if r.hung}
     return [rank for rank in culprits if rank in stale]
 
 

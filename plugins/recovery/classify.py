@@ -58,7 +58,7 @@ from trainyard.plugins.run.exit_codes import describe
 from trainyard.plugins.run.heartbeat import FROZEN_AFTER
 from trainyard.plugins.run.model import stillness
 from trainyard.plugins.run.records import RankRecord
-from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST, Stalled, hang_culprits
+from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST, hang_culprits, stalled_ranks
 
 PREEMPTED_CODES = (exit_codes.PREEMPTED, exit_codes.PREEMPTED_NO_CHECKPOINT)
 
@@ -214,12 +214,10 @@ def hung_ranks(ev: Evidence) -> list[int]:
     frozen ones, judged at the status's time, else the laggards."""
     if ev.stop_reason is not None and ev.stop_reason.reason == "hang" and ev.stop_reason.ranks:
         return list(ev.stop_reason.ranks)
-    live = [r for r in ev.status.ranks if r.hung or (r.pid is not None and r.exit_code is None)]
     at, timeout = ev.status.updated_at.timestamp(), ev.hang_timeout_s
-    return hang_culprits(Stalled(r.rank, r.step, None if r.rank not in ev.last_alive or timeout is None
-                                 else at - ev.last_alive[r.rank] > FROZEN_AFTER * timeout, r.hung,
-                                 r.signal == "activity")
-                         for r in live)
+    frozen = {} if timeout is None else {rank: at - alive > FROZEN_AFTER * timeout
+                                         for rank, alive in ev.last_alive.items()}
+    return hang_culprits(stalled_ranks(ev.status.ranks, frozen))
 
 
 def first_failure(ev: Evidence) -> RankRecord | None:

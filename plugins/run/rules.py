@@ -7,8 +7,11 @@ constant here, so a node agent and the control plane cannot disagree on what a h
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from trainyard.plugins.run.model import RankStatus
 
 MISSED_HEARTBEATS_LOST = 3
 """Polls in a row a node's agent may miss before the node counts as lost: one miss is a slow
@@ -57,3 +60,12 @@ def hang_culprits(ranks: Iterable[Stalled]) -> list[int]:
         return frozen
     lowest = min((r.step for r in stale if r.step is not None), default=None)
     return [r.rank for r in stale if lowest is None or r.step is None or r.step == lowest]
+
+
+def stalled_ranks(ranks: Iterable[RankStatus], frozen: Mapping[int, bool | None]) -> list[Stalled]:
+    """A launcher's ranks as `hang_culprits` weighs them: the live ones (flagged hung, or running
+    with a pid), each with whether it is `frozen` (rank → None where nothing tells). The watcher
+    reads `frozen` from the heartbeat files now, recovery's classifier from the evidence's last
+    signs of life: one selection, two clocks."""
+    return [Stalled(r.rank, r.step, frozen.get(r.rank), r.hung, r.signal == "activity")
+            for r in ranks if r.hung or (r.pid is not None and r.exit_code is None)]
