@@ -40,13 +40,21 @@ class Component:
     binaries: dict[str, str]
     """Binary name → package path inside the module ('' for the module's root package)."""
     staging_replaces: bool = False
+    version_flags: tuple[str, ...] = ()
+    """`-X` link flags that stamp the release into the binary (`kube-apiserver --version`, the
+    `/version` endpoint clients check for skew); a build from a module has no git to read it from."""
 
 
 KUBERNETES = "v1.37.2"
 COMPONENTS = (
     Component("kubernetes", "k8s.io/kubernetes", KUBERNETES,
               {"kube-apiserver": "cmd/kube-apiserver", "kube-controller-manager": "cmd/kube-controller-manager",
-               "kube-scheduler": "cmd/kube-scheduler"}, staging_replaces=True),
+               "kube-scheduler": "cmd/kube-scheduler"}, staging_replaces=True,
+              version_flags=tuple(f"-X k8s.io/{base}.{name}={value}" for base in
+                                  ("component-base/version", "client-go/pkg/version")
+                                  for name, value in (("gitVersion", KUBERNETES), ("gitMajor", "1"),
+                                                      ("gitMinor", KUBERNETES.split(".")[1]),
+                                                      ("gitTreeState", "clean")))),
     Component("etcd", "go.etcd.io/etcd/server/v3", "v3.6.16", {"etcd": ""}),
     Component("kueue", "sigs.k8s.io/kueue", "v0.17.0", {"kueue": "cmd/kueue"}),
 )
@@ -112,7 +120,8 @@ def build(component: Component, *, jobs: int) -> None:
                 continue
             started = time.monotonic()
             target = f"{component.module}/{package}" if package else component.module
-            go("build", "-p", str(jobs), "-trimpath", "-ldflags=-s -w", "-o", str(out / f".{binary}.part"), target,
+            ldflags = " ".join(("-s", "-w", *component.version_flags))
+            go("build", "-p", str(jobs), "-trimpath", f"-ldflags={ldflags}", "-o", str(out / f".{binary}.part"), target,
                cwd=scratch)
             (out / f".{binary}.part").rename(out / binary)
             size = (out / binary).stat().st_size / 2**20
