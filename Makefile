@@ -48,7 +48,7 @@ layout: $(STAMP)
 # already): where PYTHONDONTWRITEBYTECODE is set, each fresh process (a rank starter, torchrun, a
 # node agent) would compile them again.
 PYTEST_WORKERS ?= 2
-test: $(STAMP) lint services
+test: $(STAMP) lint services kube-components
 	@$(PY) -m compileall -q -x '/\.' . > /dev/null
 	$(PY) -m pytest -n $(PYTEST_WORKERS)
 

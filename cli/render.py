@@ -1,5 +1,6 @@
 """`trainyard render k8s SPEC`: the Kubernetes manifests of a job, as multi-document YAML.
 
+The control plane's least-privilege ServiceAccount and roles (`plugins/launch/rbac.py`),
 PriorityClasses, the teams' Volcano Queues, the node-agent DaemonSet and the job's Volcano
 Job, in apply order (`trainyard render k8s job.yaml | kubectl apply -f -`). The job is placed
 on the cluster inventory first (nothing is reserved): each pod requires the rack the placer

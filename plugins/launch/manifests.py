@@ -504,8 +504,10 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
 def render_all(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, teams: Teams,
                *, attempt: int, total_gpus: int, options: KubernetesOptions | None = None) -> list[dict[str, Any]]:
     """Everything `trainyard render k8s` prints, in apply order."""
+    from trainyard.plugins.launch.rbac import render_rbac
+
     options = options or KubernetesOptions()
-    return [*render_priority_classes(), *render_queues(teams, total_gpus),
+    return [*render_rbac(options.namespace), *render_priority_classes(), *render_queues(teams, total_gpus),
             render_node_agent_daemonset(options),
             render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=options)]
 

@@ -129,7 +129,7 @@ def test_everything_rendered_validates_and_nothing_is_privileged() -> None:
     job, plan, placement, env = gpu_job()
     docs = render_all(job, plan, placement, env, load_teams(), attempt=0, total_gpus=10_000)
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["PriorityClass"] * 5 + ["Queue"] * 6 + ["DaemonSet", "Job"]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"] + ["PriorityClass"] * 5 + ["Queue"] * 6 + ["DaemonSet", "Job"]
     for doc in docs:
         if doc["kind"] == "Queue":
             validate_volcano(doc, QUEUES_CRD)
