@@ -19,7 +19,9 @@ from trainyard.config.worker_env import is_reserved
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_JOB_NAME = 52
-"""63 (a DNS-1123 label) minus room for `-worker-NNNN` in pod and service names."""
+"""A job name is a label value and names its DAG; on Kubernetes each run's Volcano Job name is cut
+further, with a digest, so its pods' hostnames stay DNS labels at any gang size
+(`trainyard.plugins.launch.manifests.MAX_VOLCANO_NAME`)."""
 
 Rule = Callable[[TrainingJob], Iterable[Problem]]
 

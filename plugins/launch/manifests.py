@@ -142,19 +142,27 @@ def job_labels(job: TrainingJob, attempt: int, run: str = "") -> dict[str, str]:
     return labels
 
 
+DNS_LABEL = 63
+"""A pod's hostname is one DNS label: the API server refuses a pod whose name is longer."""
+MAX_NODE_DIGITS = 5
+"""Node ranks are written with up to this many digits (gangs of up to 100,000 nodes)."""
+MAX_VOLCANO_NAME = DNS_LABEL - len("-worker-") - MAX_NODE_DIGITS - len("-0")
+"""48: the longest Volcano Job name whose pods' hostnames (`<name>-worker-<node rank>-0`) stay
+DNS labels at any gang size `MAX_NODE_DIGITS` allows, so a name never depends on the node count
+(a re-planned attempt keeps its run's name)."""
+
+
 def volcano_job_name(job_name: str, run: str = "") -> str:
     """The Volcano Job (and headless service) of one run of a job: `<job>-<6 hex digits of the
-    run>` — unique per run, stable across the run's attempts (attempt N+1 replaces N's Job),
-    and no longer than a job name may be (`trainyard.config.rules.MAX_JOB_NAME`: pod host names
-    `<name>-worker-<i>-0` stay DNS labels), so a long job name is cut; the labels keep it whole."""
-    if not run:
-        return job_name
+    run>` — unique per run, stable across the run's attempts (attempt N+1 replaces N's Job), and
+    at most `MAX_VOLCANO_NAME` characters, so a long job name is cut (the labels keep it whole).
+    Without a run (a manifest rendered to read) the job's own name, cut the same way."""
     import hashlib
 
-    from trainyard.config.rules import MAX_JOB_NAME
-
-    digest = hashlib.sha256(run.encode()).hexdigest()[:6]
-    return f"{job_name[:MAX_JOB_NAME - len(digest) - 1].rstrip('-')}-{digest}"
+    if not run and len(job_name) <= MAX_VOLCANO_NAME:
+        return job_name
+    digest = hashlib.sha256((run or job_name).encode()).hexdigest()[:6]
+    return f"{job_name[:MAX_VOLCANO_NAME - len(digest) - 1].rstrip('-')}-{digest}"
 
 
 def task_name(node_rank: int, nodes: int) -> str:
@@ -246,6 +254,9 @@ def _check(job: TrainingJob, plan: Plan, placement: Placement, attempt: int) -> 
                          "(the local launcher ignores it)")
     if attempt < 0:
         raise ValueError(f"attempt must be ≥ 0, got {attempt}")
+    if len(str(len(placement.nodes) - 1)) > MAX_NODE_DIGITS:
+        raise ValueError(f"a gang of {len(placement.nodes)} nodes: pod hostnames would pass {DNS_LABEL} characters "
+                         f"(at most 10**{MAX_NODE_DIGITS} nodes)")
 
 
 def _task(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, node: Any,

@@ -255,11 +255,17 @@ def test_yaml_is_plain_no_anchors_and_utf8() -> None:
 
 def test_two_runs_of_a_job_are_two_volcano_jobs_within_the_name_limit() -> None:
     from trainyard.config.rules import MAX_JOB_NAME
+    from trainyard.plugins.launch.manifests import DNS_LABEL, MAX_VOLCANO_NAME, pod_name
 
     first, second = volcano_job_name("gpt-200b", "20261201t031500-aaaaaa"), volcano_job_name("gpt-200b", "20261201t031501-bbbbbb")
     assert first != second and first.startswith("gpt-200b-") and second.startswith("gpt-200b-")
     assert volcano_job_name("gpt-200b", "20261201t031500-aaaaaa") == first  # every attempt of a run: one name
     longest = "a" * (MAX_JOB_NAME - 1) + "b"
     cut = volcano_job_name(longest, "20261201t031500-aaaaaa")
-    assert len(cut) == MAX_JOB_NAME and cut.startswith("a" * 40)
+    assert len(cut) == MAX_VOLCANO_NAME and cut.startswith("a" * 40)
     assert volcano_job_name("gpt-200b") == "gpt-200b"  # no run (a manifest rendered for reading)
+    assert len(volcano_job_name(longest)) == MAX_VOLCANO_NAME
+    # The case: the longest job name on 128 nodes rendered `…-worker-000-0`, 65 characters;
+    # at every gang size up to 100,000 nodes (the example fleet has 1,248) the last pod's name fits.
+    for nodes in (1, 10, 128, 1_248, 12_500, 100_000):
+        assert len(pod_name(cut, nodes - 1, nodes)) <= DNS_LABEL, nodes
