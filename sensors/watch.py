@@ -146,10 +146,10 @@ class WatchHealthSensor(BaseOperator):
 
         handle = _handle(context)
         nodes = handle.nodes or sorted({a.node for a in handle.agents})
-        agents = {n: u for n, u in settings().node_agents.items() if n in nodes}
+        agents = watching.node_agents(handle, runtime())
         if not agents:
-            self.log.warning("no node agent is configured for %s (TRAINYARD_NODE_AGENTS): GPU health "
-                             "is not watched for this attempt", ", ".join(nodes))
+            self.log.warning("no node agent found for %s (TRAINYARD_NODE_AGENTS, or the nodes' addresses on "
+                             "Kubernetes): GPU health is not watched for this attempt", ", ".join(nodes))
             return {"watched": []}
         if watching.poll(handle, runtime()).finished:
             return {"watched": sorted(agents)}

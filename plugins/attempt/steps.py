@@ -385,7 +385,10 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
         except (FatalError, ValueError):  # nothing runs: the MLflow run it opened ends failed, not running
             listener.not_launched(mlflow_run_id)
             raise
-        fail_gpu(conf, list(handle.nodes), settings.node_agents)
+        if conf.faults.fail_gpu_node.strip():
+            from trainyard.plugins.attempt.watching import node_agents
+
+            fail_gpu(conf, list(handle.nodes), node_agents(handle, runtime))
     resumed_after_s = _launched(opened, handle, mlflow_run_id, settings, planned, placed)
     listener.launched(opened, handle, mlflow_run_id, resumed_after_s=resumed_after_s)
     return Launched(handle=handle, mlflow_run_id=mlflow_run_id, resume_from=resume_from)
@@ -444,7 +447,7 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     from trainyard.plugins.attempt.bookkeeping import DecisionInputs, after_attempt
     from trainyard.plugins.attempt.evidence import gather, observe_node
     from trainyard.plugins.attempt.faults import corrupt_newest_checkpoint
-    from trainyard.plugins.attempt.watching import poll, settle
+    from trainyard.plugins.attempt.watching import node_agents, poll, settle
     from trainyard.plugins.launch.environment import checkpoint_uri
     from trainyard.plugins.state.jobs import open_job_state
 
@@ -459,8 +462,7 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     root = checkpoint_uri(job, settings.object_store, conf.run)
     if apply:
         corrupt_newest_checkpoint(conf, root, endpoint_url=settings.s3_endpoint_url)
-    gang = set(handle.nodes or [a.node for a in handle.agents])
-    nodes = [observe_node(n, url) for n, url in sorted(settings.node_agents.items()) if n in gang]
+    nodes = [observe_node(n, url) for n, url in sorted(node_agents(handle, runtime).items())]
     evidence = gather(handle, status, launcher=launcher_for(handle, runtime), run=conf.run, nodes=nodes,
                       resume_from=conf.resume_from)
     from trainyard.config.cluster import load_cluster

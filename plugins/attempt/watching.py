@@ -141,6 +141,18 @@ def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_
     return WatchStep(status=status, finished=False, state=state)
 
 
+def node_agents(handle: RunHandle, runtime: Runtime) -> dict[str, str]:
+    """Where the agents of the gang's nodes answer: `TRAINYARD_NODE_AGENTS` where it names them
+    (the local stack, a site's own map), else where the launcher finds them (Kubernetes: each
+    Node's address at the DaemonSet's hostPort). The health watch, the conclusion's evidence and
+    fault injection all ask here."""
+    nodes = set(handle.nodes or [a.node for a in handle.agents])
+    configured = {n: u for n, u in runtime.settings.node_agents.items() if n in nodes}
+    if configured:
+        return configured
+    return launcher_for(handle, runtime).node_agents(handle)
+
+
 def committed_after(root: str, after_step: int, *, endpoint_url: str | None = None) -> list[CheckpointRecord]:
     """Checkpoints of the run committed after `after_step`, oldest first."""
     from trainyard.plugins.checkpoint.catalog import list_checkpoints

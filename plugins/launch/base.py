@@ -49,6 +49,11 @@ class Launcher(Protocol):
 
     def logs(self, handle: RunHandle, rank: int | None = None, tail: int = 200) -> str: ...
 
+    def node_agents(self, handle: RunHandle) -> dict[str, str]:
+        """Node → the base URL of its node agent, for the gang's nodes the launcher can locate
+        ({} where the deployment names them in `TRAINYARD_NODE_AGENTS`, as the local stack does)."""
+        ...
+
     def settle(self, handle: RunHandle, status: RunStatus | None = None) -> RunStatus:
         """Make sure nothing of a finished run lingers (a peer waiting in torchrun's exit
         barrier, pods a policy left behind), keeping the run's verdict; returns the status."""

@@ -426,6 +426,10 @@ class LocalLauncher:
         processes.signal_groups(self._groups(handle), sig)
         processes.signal_pids(processes.marked_processes(RUN_MARKER, handle.run_dir), sig)
 
+    def node_agents(self, handle: RunHandle) -> dict[str, str]:
+        """The local stack's agents are started beside it and named in `TRAINYARD_NODE_AGENTS`."""
+        return {}
+
     # --- logs -------------------------------------------------------------------------------
 
     def logs(self, handle: RunHandle, rank: int | None = None, tail: int = 200) -> str:

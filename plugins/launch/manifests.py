@@ -485,7 +485,10 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
                 # NVML access through the NVIDIA container runtime, without claiming a GPU.
                 {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             ],
-            "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
+            # hostPort: the agent answers on its node's own address, where the health watch finds
+            # it from the Node object (`KubernetesLauncher.node_agents`) — a pod IP changes with
+            # every restart and no Service could address one node's agent.
+            "ports": [{"name": "metrics", "containerPort": port, "hostPort": port, "protocol": "TCP"}],
             "readinessProbe": probe,
             "livenessProbe": liveness,
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},

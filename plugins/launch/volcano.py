@@ -473,6 +473,26 @@ class KubernetesLauncher:
             return status.model_copy(update={"message": f"{status.message}; cleaned up: {stopped.message}"})
         return status
 
+    def node_agents(self, handle: RunHandle) -> dict[str, str]:
+        """Each gang node's agent: the rendered DaemonSet's pod answers on the node's own address
+        at `node_agent_port` (a hostPort), so the Node object says where — no static map to keep
+        in step with the fleet. A node without an InternalIP yet is left out (and said)."""
+        self._check_handle(handle)
+        nodes = self._call(self._core().list_node).items
+        found, gang = {}, set(handle.nodes)
+        for node in nodes:
+            name = node.metadata.name
+            if name not in gang:
+                continue
+            address = next((a.address for a in (node.status.addresses or []) if a.type == "InternalIP"), None) \
+                if node.status else None
+            if address is None:
+                log.warning("node %s has no InternalIP: its node agent cannot be reached yet", name)
+                continue
+            host = f"[{address}]" if ":" in address else address
+            found[name] = f"http://{host}:{self.options.node_agent_port}"
+        return found
+
     # --- logs -------------------------------------------------------------------------------
 
     def logs(self, handle: RunHandle, rank: int | None = None, tail: int = 200) -> str:

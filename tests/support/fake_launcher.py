@@ -80,6 +80,9 @@ class FakeLauncher:
     def logs(self, handle: RunHandle, rank: int | None = None, tail: int = 200) -> str:
         return f"fake log of rank {rank}"
 
+    def node_agents(self, handle: RunHandle) -> dict[str, str]:
+        return {}
+
     def settle(self, handle: RunHandle, status: RunStatus | None = None) -> RunStatus:
         self._record(handle.run_dir, "settle")
         return status or self.poll(handle)

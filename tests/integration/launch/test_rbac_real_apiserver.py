@@ -122,3 +122,28 @@ def test_an_unknown_token_is_not_the_account(cluster: Any, tmp_path: Path) -> No
 
     plane, _ = cluster
     assert status_of(client.CoreV1Api(plane.client("not-a-token")).list_node) == 401
+
+
+def test_the_health_watch_finds_node_agents_from_the_node_objects(cluster: Any) -> None:
+    """The node-agent DaemonSet answers on each node's address at its hostPort; the account reads
+    where from the Node objects (what the health watch polls), no static map."""
+    from kubernetes import client
+
+    from trainyard.plugins.launch.kube_clients import KubeClients
+    from trainyard.plugins.launch.manifests import KubernetesOptions, render_node_agent_daemonset
+    from trainyard.plugins.launch.volcano import KubernetesLauncher
+    from trainyard.plugins.run.model import RunHandle
+
+    plane, token = cluster
+    core = client.CoreV1Api(plane.client())
+    for name, address in (("gpu-node-1", "10.1.0.11"), ("gpu-node-2", None)):
+        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
+        if address:
+            core.patch_node_status(name, {"status": {"addresses": [{"type": "InternalIP", "address": address}]}})
+    options = KubernetesOptions(namespace=NAMESPACE, node_agent_port=9411)
+    port = render_node_agent_daemonset(options)["spec"]["template"]["spec"]["containers"][0]["ports"][0]
+    assert port["hostPort"] == port["containerPort"] == 9411
+    launcher = KubernetesLauncher.from_clients(KubeClients.from_api_client(plane.client(token)), options=options)
+    handle = RunHandle(kind="kubernetes", job="j", attempt=0, world_size=16, namespace=NAMESPACE, name="j-abcdef",
+                       nodes=["gpu-node-1", "gpu-node-2"])
+    assert launcher.node_agents(handle) == {"gpu-node-1": "http://10.1.0.11:9411"}  # node 2: no address yet
