@@ -276,7 +276,7 @@ def _agent_beats(attempt: AttemptInfo, settings: Settings | None) -> list[tuple[
 
     agents = (settings or get_settings()).node_agents
     handle = attempt.run_handle
-    nodes = set(handle.nodes or [a.node for a in handle.agents]) if handle else set()
+    nodes = set(handle.gang_nodes) if handle else set()
     found: dict[int, tuple[int, float, str, str]] = {}
     for node, url in sorted(agents.items()):
         if nodes and node not in nodes:

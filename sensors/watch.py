@@ -145,7 +145,7 @@ class WatchHealthSensor(BaseOperator):
         from trainyard.sensors.triggers import HealthTrigger
 
         handle = _handle(context)
-        nodes = handle.nodes or sorted({a.node for a in handle.agents})
+        nodes = handle.gang_nodes
         agents = watching.node_agents(handle, runtime())
         if not agents:
             self.log.warning("no node agent found for %s (TRAINYARD_NODE_AGENTS, or the nodes' addresses on "

@@ -72,7 +72,7 @@ def gather(handle: RunHandle, status: RunStatus, *, launcher: Launcher, run: str
     run_dir = Path(handle.run_dir) if handle.run_dir else None
     exits = list(read_exits(run_dir)) if run_dir else []
     failed = _failed_ranks(status, exits)
-    run = run or getattr(handle, "run", "") or ""
+    run = run or handle.run
     beats = read_heartbeats(handle.heartbeat_dir, range(handle.world_size)) if handle.heartbeat_dir else {}
 
     def record(name: str, model: type[BaseModel]) -> Any:
@@ -80,7 +80,7 @@ def gather(handle: RunHandle, status: RunStatus, *, launcher: Launcher, run: str
 
     return Evidence(
         job=handle.job, run=run, attempt=handle.attempt,
-        status=status, gang_nodes=list(handle.nodes) or [a.node for a in handle.agents],
+        status=status, gang_nodes=handle.gang_nodes,
         max_restarts_in_place=handle.max_restarts, exits=exits,
         stop=record(STOPPED_FILE, StopRequest), stop_reason=record(STOP_REASON_FILE, StopReason),
         diverged=record(DIVERGED_FILE, DivergenceRecord),

@@ -146,7 +146,7 @@ def node_agents(handle: RunHandle, runtime: Runtime) -> dict[str, str]:
     (the local stack, a site's own map), else where the launcher finds them (Kubernetes: each
     Node's address at the DaemonSet's hostPort). The health watch, the conclusion's evidence and
     fault injection all ask here."""
-    nodes = set(handle.nodes or [a.node for a in handle.agents])
+    nodes = set(handle.gang_nodes)
     configured = {n: u for n, u in runtime.settings.node_agents.items() if n in nodes}
     if configured:
         return configured
@@ -187,7 +187,7 @@ def lost_nodes(handle: RunHandle, agents: dict[str, str], *, misses: dict[str, i
     from trainyard.plugins.attempt.evidence import observe_node
     from trainyard.plugins.recovery.classify import node_fatal_reasons
 
-    nodes = [n for n in handle.nodes or sorted({a.node for a in handle.agents}) if agents.get(n)]
+    nodes = [n for n in handle.gang_nodes if agents.get(n)]
     if not nodes:
         return []
     asked = time.time()

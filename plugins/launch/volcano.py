@@ -478,14 +478,15 @@ class KubernetesLauncher:
         at `node_agent_port` (a hostPort), so the Node object says where — no static map to keep
         in step with the fleet. A node without an InternalIP yet is left out (and said)."""
         self._check_handle(handle)
-        nodes = self._call(self._core().list_node).items
+        from trainyard.plugins.placement.inventory import internal_ip
+
         found, gang = {}, set(handle.nodes)
-        for node in nodes:
-            name = node.metadata.name
+        for raw in self._call(self._core().list_node).items:
+            node = raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)
+            name = node["metadata"]["name"]
             if name not in gang:
                 continue
-            address = next((a.address for a in (node.status.addresses or []) if a.type == "InternalIP"), None) \
-                if node.status else None
+            address = internal_ip(node)
             if address is None:
                 log.warning("node %s has no InternalIP: its node agent cannot be reached yet", name)
                 continue

@@ -93,7 +93,7 @@ def cluster_from_k8s_nodes(nodes: Iterable[Any], *, name: str = "kubernetes") ->
         rack = labels.get(RACK_LABEL, UNKNOWN_RACK)
         racks.setdefault(rack, []).append({
             "name": node_name, "gpuType": gpu_type_from_product(labels.get(GPU_PRODUCT_LABEL, "unknown")),
-            "gpusPerNode": gpus, "address": _internal_ip(node) or node_name,
+            "gpusPerNode": gpus, "address": internal_ip(node) or node_name,
         })
         entry: dict[str, Any] = {}
         if not _is_healthy(node):
@@ -115,7 +115,8 @@ def cluster_from_k8s_nodes(nodes: Iterable[Any], *, name: str = "kubernetes") ->
     })
 
 
-def _internal_ip(node: Mapping[str, Any]) -> str | None:
+def internal_ip(node: Mapping[str, Any]) -> str | None:
+    """The node's `InternalIP` (the dict form of a `V1Node`), None before the kubelet reports one."""
     for address in (node.get("status") or {}).get("addresses") or []:
         if address.get("type") == "InternalIP":
             return str(address.get("address"))

@@ -59,6 +59,12 @@ class RunHandle(_Model):
     """Kubernetes: node names in node-rank order (pod i runs on nodes[i])."""
     ranks_per_node: int = 1
 
+    @property
+    def gang_nodes(self) -> list[str]:
+        """The gang's nodes in node-rank order: named by a Kubernetes handle, through its torchrun
+        agents for a local one."""
+        return list(self.nodes) or list(dict.fromkeys(a.node for a in sorted(self.agents, key=lambda a: a.node_rank)))
+
 
 class RankStatus(_Model):
     rank: int
