@@ -28,12 +28,14 @@ preferred `k`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from trainyard.config.cluster import Node
 from trainyard.plugins.advisor.rank_layout import GroupKind, RankLayout
-from trainyard.plugins.placement.inventory import Inventory
+from trainyard.plugins.placement.inventory import Inventory, TypeIndex
 from trainyard.plugins.placement.model import (
     GangRequest,
     Group,
@@ -49,24 +51,50 @@ STRATEGIES: tuple[str, ...] = ("spread", "pack")
 
 @dataclass
 class _Pools:
-    """Eligible nodes per rack (best first) and why the others are not eligible."""
+    """Eligible nodes per rack and why the others are not eligible.
 
-    by_rack: dict[str, list[Node]]
+    `counts[r]` is how many eligible nodes rack `r` (its `rack_order`) holds; the nodes
+    themselves, best first, are sorted only for the racks the search takes from (`nodes`).
+    """
+
+    index: TypeIndex
+    eligible: np.ndarray
+    free_rows: np.ndarray
+    dataset: str | None
+    counts: np.ndarray
     total: int
     unhealthy: int
     excluded: int
     busy: int
+    _sorted: dict[int, list[Node]] = field(default_factory=dict)
 
     @property
     def free(self) -> int:
-        return sum(len(p) for p in self.by_rack.values())
+        return int(self.counts.sum())
 
     @property
     def largest_block(self) -> int:
-        return max((len(p) for p in self.by_rack.values()), default=0)
+        return int(self.counts.max(initial=0))
 
     def pipelines_in_racks(self, m: int) -> int:
-        return sum(len(p) // m for p in self.by_rack.values())
+        return int((self.counts // m).sum())
+
+    def nodes(self, rack: int) -> list[Node]:
+        """Rack `rack`'s eligible nodes, best first: fewest Xid errors, warm cache, fewest free
+        devices (partially used before wholly free, so small jobs fill holes), rack position."""
+        pool = self._sorted.get(rack)
+        if pool is None:
+            index, dataset = self.index, self.dataset
+            keyed = []
+            for row in range(int(index.rack_start[rack]), int(index.rack_start[rack + 1])):
+                if self.eligible[row]:
+                    node = index.nodes[row]
+                    warm = 0 if dataset and dataset in node.cached_datasets else 1
+                    keyed.append(((node.xid_errors_7d, warm, int(self.free_rows[row]),
+                                   int(index.position[row])), node))
+            keyed.sort(key=lambda item: item[0])
+            pool = self._sorted[rack] = [node for _, node in keyed]
+        return pool
 
 
 def place_gang(
@@ -86,9 +114,11 @@ def place_gang(
     per_node = inventory.gpus_per_node(request.gpu_type)
     _check_feasible_at_all(request, inventory, per_node)
     first_reason: PendingReason | None = None
+    index = inventory.of_type(request.gpu_type)
+    free_rows = index.free_counts(free)
     for k in slots_per_node_options(request, per_node):
         layout = request.layout.with_ranks_per_node(k)
-        pools = _eligible(request, inventory, free, k)
+        pools = _eligible(request, index, free_rows, k)
         m = layout.nodes_per_pipeline()
         units = layout.num_nodes // m
         short = pools.free < layout.num_nodes
@@ -97,8 +127,8 @@ def place_gang(
             continue
         best: Placement | None = None
         for strategy in strategies:
-            chosen = _in_rank_order(layout, _assign(strategy, pools.by_rack, inventory.rack_order,
-                                                    m, units, strict=request.require_pp_in_rack))
+            chosen = _in_rank_order(layout, _assign(strategy, pools, m, units,
+                                                    strict=request.require_pp_in_rack))
             candidate = build_placement(request, layout, chosen, inventory, free,
                                         weights=weights, strategy=strategy)
             if best is None or candidate.score > best.score:
@@ -145,70 +175,66 @@ def _check_feasible_at_all(request: GangRequest, inventory: Inventory, per_node:
                     f"largest node; a TP group must sit inside one node"))
 
 
-def _eligible(request: GangRequest, inventory: Inventory, free: Mapping[str, int], k: int) -> _Pools:
-    by_rack: dict[str, list[Node]] = {}
-    total = unhealthy = excluded = busy = 0
-    dataset = request.dataset
-    for rack, members in inventory.racks.items():
-        pool: list[tuple[tuple[int, int, int, int], Node]] = []
-        for position, node in enumerate(members):
-            if node.gpu_type != request.gpu_type:
-                continue
-            total += 1
-            if not node.healthy:
-                unhealthy += 1
-                continue
-            if node.name in request.exclude:
-                excluded += 1
-                continue
-            available = int(free.get(node.name, 0))
-            if available < k:
-                busy += 1
-                continue
-            warm = 0 if dataset and dataset in node.cached_datasets else 1
-            pool.append(((node.xid_errors_7d, warm, available, position), node))
-        if pool:
-            pool.sort(key=lambda item: item[0])
-            by_rack[rack] = [node for _, node in pool]
-    return _Pools(by_rack=by_rack, total=total, unhealthy=unhealthy, excluded=excluded, busy=busy)
+def _eligible(request: GangRequest, index: TypeIndex, free_rows: np.ndarray, k: int) -> _Pools:
+    """Which of the type's nodes can take `k` ranks: healthy, not excluded, `k` devices free."""
+    excluded = np.zeros(len(index.nodes), dtype=bool)
+    excluded[index.rows(request.exclude)] = True
+    usable = index.healthy & ~excluded
+    eligible = usable & (free_rows >= k)
+    counts = np.bincount(index.rack[eligible], minlength=len(index.rack_start) - 1)
+    return _Pools(index=index, eligible=eligible, free_rows=free_rows, dataset=request.dataset,
+                  counts=counts, total=len(index.nodes), unhealthy=int((~index.healthy).sum()),
+                  excluded=int((index.healthy & excluded).sum()), busy=int((usable & ~eligible).sum()))
 
 
-def _assign(
-    strategy: str,
-    by_rack: Mapping[str, list[Node]],
-    rack_order: Mapping[str, int],
-    m: int,
-    units: int,
-    *,
-    strict: bool = False,
-) -> list[Node]:
-    """Nodes in rank order: `units` pipelines of `m` nodes, each in one rack when possible."""
-    pools = {rack: list(nodes) for rack, nodes in by_rack.items()}
-    used: set[str] = set()
+def _assign(strategy: str, pools: _Pools, m: int, units: int, *, strict: bool = False) -> list[Node]:
+    """Nodes in rank order: `units` pipelines of `m` nodes, each in one rack when possible.
+
+    Racks are compared by their eligible counts alone (ties: the lower `rack_order`), so each
+    pipeline costs a few numpy passes over the racks, not over the nodes.
+    """
+    counts = pools.counts.copy()
+    taken = np.zeros(len(counts), dtype=np.int64)
+    used = np.zeros(len(counts), dtype=bool)
     chosen: list[Node] = []
-    pick = _PICKERS[strategy]
+    spread = _SPREAD[strategy]
+
+    def take(rack: int, n: int) -> None:
+        chosen.extend(pools.nodes(rack)[taken[rack]:taken[rack] + n])
+        taken[rack] += n
+        counts[rack] -= n
+        used[rack] = True
+
     for _ in range(units):
-        fitting = [r for r, p in pools.items() if len(p) >= m]
-        if fitting:
-            rack = pick(fitting, used, pools, rack_order)
-            chosen.extend(pools[rack][:m])
-            del pools[rack][:m]
-            used.add(rack)
+        fitting = counts >= m
+        if fitting.any():
+            if spread and (fresh := fitting & ~used).any():
+                fitting = fresh
+            take(_best_fit(fitting, counts), m)
             continue
         if strict:  # callers check capacity first; reaching here is a bug
             raise RuntimeError("no rack can hold a whole pipeline")
         # Split: the fewest racks, largest first, adjacent stages kept together.
         need = m
-        for rack in sorted(pools, key=lambda r: (-len(pools[r]), rack_order[r])):
-            take = min(need, len(pools[rack]))
-            if take:
-                chosen.extend(pools[rack][:take])
-                del pools[rack][:take]
-                used.add(rack)
-                need -= take
+        for rack in np.argsort(-counts, kind="stable").tolist():
+            n = min(need, int(counts[rack]))
+            if n == 0:
+                break
+            take(rack, n)
+            need -= n
             if need == 0:
                 break
     return chosen
+
+
+def _best_fit(fitting: np.ndarray, counts: np.ndarray) -> int:
+    """The fitting rack with the fewest eligible nodes (argmin keeps the lowest rack order)."""
+    return int(np.where(fitting, counts, np.iinfo(np.int64).max).argmin())
+
+
+_SPREAD: dict[str, bool] = {"spread": True, "pack": False}
+"""`spread`: best-fit over racks this job does not use yet, then over all racks; `pack`:
+best-fit over all racks (fills one rack before the next)."""
 
 
 def _in_rank_order(layout: RankLayout, chosen: Sequence[Node]) -> list[Node]:
@@ -220,26 +246,6 @@ def _in_rank_order(layout: RankLayout, chosen: Sequence[Node]) -> list[Node]:
         for index in unit:
             ordered[index] = next(position)
     return [node for node in ordered if node is not None]
-
-
-def _best_fit(racks: list[str], pools: Mapping[str, list[Node]], order: Mapping[str, int]) -> str:
-    return min(racks, key=lambda r: (len(pools[r]), order[r]))
-
-
-def _pick_spread(racks: list[str], used: set[str], pools: Mapping[str, list[Node]],
-                 order: Mapping[str, int]) -> str:
-    fresh = [r for r in racks if r not in used]
-    return _best_fit(fresh or racks, pools, order)
-
-
-def _pick_pack(racks: list[str], used: set[str], pools: Mapping[str, list[Node]],
-               order: Mapping[str, int]) -> str:
-    return _best_fit(racks, pools, order)
-
-
-_PICKERS: dict[str, Callable[[list[str], set[str], Mapping[str, list[Node]], Mapping[str, int]], str]] = {
-    "spread": _pick_spread, "pack": _pick_pack,
-}
 
 
 def build_placement(

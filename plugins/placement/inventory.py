@@ -11,7 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
+
+import numpy as np
 
 from trainyard.config.cluster import Cluster, Node
 
@@ -48,6 +51,7 @@ class Inventory:
     racks: dict[str, list[Node]] = field(init=False)
     by_name: dict[str, Node] = field(init=False)
     rack_order: dict[str, int] = field(init=False)
+    _types: dict[str, TypeIndex] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.racks = {}
@@ -55,21 +59,86 @@ class Inventory:
             self.racks.setdefault(node.rack, []).append(node)
         self.by_name = {n.name: n for n in self.nodes}
         self.rack_order = {rack: i for i, rack in enumerate(self.racks)}
+        self._types = {t: TypeIndex.build(self, t) for t in sorted({n.gpu_type for n in self.nodes})}
 
     @classmethod
     def from_cluster(cls, cluster: Cluster) -> Inventory:
         return cls(nodes=cluster.nodes)
 
+    def of_type(self, gpu_type: str) -> TypeIndex:
+        """The static arrays of one GPU type's nodes, built with the inventory (nodes never
+        change inside an `Inventory`; only the free map a caller passes does)."""
+        index = self._types.get(gpu_type)
+        if index is None:
+            index = self._types[gpu_type] = TypeIndex.build(self, gpu_type)
+        return index
+
     def gpus_per_node(self, gpu_type: str) -> int:
-        return max((n.gpus for n in self.nodes if n.gpu_type == gpu_type), default=0)
+        return self.of_type(gpu_type).largest_node
 
     def total_gpus(self, gpu_type: str | None = None) -> int:
-        return sum(n.gpus for n in self.nodes if gpu_type is None or n.gpu_type == gpu_type)
+        if gpu_type is None:
+            return sum(n.gpus for n in self.nodes)
+        return self.of_type(gpu_type).total_gpus
 
     def free_map(self, used: Mapping[str, int] | None = None) -> dict[str, int]:
         """Free devices per node, given devices in use per node (unknown nodes are ignored)."""
         used = used or {}
         return {n.name: max(n.gpus - int(used.get(n.name, 0)), 0) for n in self.nodes}
+
+
+@dataclass(frozen=True)
+class TypeIndex:
+    """One GPU type's nodes as columns, grouped by rack in `Inventory.racks` order.
+
+    Why: a request on a 100,000-GPU fleet (12,500 nodes) cannot afford a Python loop over
+    every `Node` object; with these columns the placer reads the caller's free map once
+    (`free_counts`, one pass in C) and counts eligible nodes per rack with numpy, and touches
+    `Node` objects only in the racks it picks. Row `i` is `nodes[i]`; a rack's rows are
+    contiguous (`rack_start[r]:rack_start[r + 1]`, `r` its `rack_order`).
+    """
+
+    nodes: tuple[Node, ...]
+    names: tuple[str, ...]
+    row_of: dict[str, int]
+    rack: np.ndarray
+    """`rack_order` of each row's rack."""
+    position: np.ndarray
+    """Each node's index among all members of its rack (any type): the search's last tie-break."""
+    healthy: np.ndarray
+    rack_start: np.ndarray
+    """Length racks + 1: rack `r`'s rows are `rack_start[r]:rack_start[r + 1]`."""
+    largest_node: int
+    total_gpus: int
+
+    @classmethod
+    def build(cls, inventory: Inventory, gpu_type: str) -> TypeIndex:
+        nodes: list[Node] = []
+        racks: list[int] = []
+        positions: list[int] = []
+        starts = [0]
+        for rack, members in inventory.racks.items():
+            for position, node in enumerate(members):
+                if node.gpu_type == gpu_type:
+                    nodes.append(node)
+                    racks.append(inventory.rack_order[rack])
+                    positions.append(position)
+            starts.append(len(nodes))
+        return cls(
+            nodes=tuple(nodes), names=tuple(n.name for n in nodes),
+            row_of={n.name: i for i, n in enumerate(nodes)},
+            rack=np.array(racks, dtype=np.int64), position=np.array(positions, dtype=np.int64),
+            healthy=np.array([n.healthy for n in nodes], dtype=bool),
+            rack_start=np.array(starts, dtype=np.int64),
+            largest_node=max((n.gpus for n in nodes), default=0), total_gpus=sum(n.gpus for n in nodes))
+
+    def free_counts(self, free: Mapping[str, int]) -> np.ndarray:
+        """Free devices per row (a node the map leaves out has none)."""
+        return np.fromiter(map(free.get, self.names, repeat(0)), dtype=np.int64, count=len(self.names))
+
+    def rows(self, names: Iterable[str]) -> list[int]:
+        """Rows of the named nodes of this type (other names are ignored)."""
+        return [self.row_of[name] for name in names if name in self.row_of]
 
 
 def cluster_from_k8s_nodes(nodes: Iterable[Any], *, name: str = "kubernetes") -> Cluster:
