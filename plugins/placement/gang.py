@@ -28,8 +28,9 @@ preferred `k`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -117,7 +118,7 @@ def place_gang(
     index = inventory.of_type(request.gpu_type)
     free_rows = index.free_counts(free)
     for k in slots_per_node_options(request, per_node):
-        layout = request.layout.with_ranks_per_node(k)
+        layout = _shared(request.layout.with_ranks_per_node(k))
         pools = _eligible(request, index, free_rows, k)
         m = layout.nodes_per_pipeline()
         units = layout.num_nodes // m
@@ -125,17 +126,16 @@ def place_gang(
         if short or (request.require_pp_in_rack and pools.pipelines_in_racks(m) < units):
             first_reason = first_reason or _shortfall(request, layout, pools)
             continue
-        best: Placement | None = None
+        best: tuple[float, dict[str, float], list[Node], str] | None = None
         for strategy in strategies:
             chosen = _in_rank_order(layout, _assign(strategy, pools, m, units,
                                                     strict=request.require_pp_in_rack))
-            candidate = build_placement(request, layout, chosen, inventory, free,
-                                        weights=weights, strategy=strategy)
-            if best is None or candidate.score > best.score:
-                best = candidate
+            score, breakdown = _score(request, layout, chosen, inventory, free, weights)
+            if best is None or score > best[0]:
+                best = (score, breakdown, chosen, strategy)
         if best is None:
             raise ValueError("no placement strategies given; use STRATEGIES or a subset of it")
-        return best
+        return _placement(request, layout, best[2], best[0], best[1], best[3])
     if first_reason is None:  # slots_per_node_options always yields tp itself
         raise RuntimeError(f"no ranks-per-node option for {request!r}")
     too_big = request.layout.world_size > inventory.total_gpus(request.gpu_type)
@@ -153,13 +153,20 @@ def slots_per_node_options(request: GangRequest, per_node: int) -> list[int]:
     world, tp = request.layout.world_size, request.layout.tp
     options = [k for k in range(min(per_node, world), tp - 1, -1)
                if k % tp == 0 and world % k == 0
-               and request.layout.with_ranks_per_node(k).replicas_tile_nodes()]
+               and _shared(request.layout.with_ranks_per_node(k)).replicas_tile_nodes()]
     if request.nodes_preferred and world % request.nodes_preferred == 0:
         hinted = world // request.nodes_preferred
         if hinted in options:
             options.remove(hinted)
             options.insert(0, hinted)
     return options
+
+
+@lru_cache(maxsize=256)
+def _shared(layout: RankLayout) -> RankLayout:
+    """One instance per distinct layout, so its cached node sets (`RankLayout._replica_nodes`,
+    a union-find over every rank) are computed once per shape, not once per request."""
+    return layout
 
 
 def _check_feasible_at_all(request: GangRequest, inventory: Inventory, per_node: int) -> None:
@@ -259,6 +266,14 @@ def build_placement(
     strategy: str,
 ) -> Placement:
     """Turn nodes in rank order into a scored `Placement` with its group → node map."""
+    score, breakdown = _score(request, layout, nodes, inventory, free, weights)
+    return _placement(request, layout, nodes, score, breakdown, strategy)
+
+
+def _score(request: GangRequest, layout: RankLayout, nodes: Sequence[Node], inventory: Inventory,
+           free: Mapping[str, int], weights: ScoreWeights) -> tuple[float, dict[str, float]]:
+    """A candidate's score (rounded as the `Placement` keeps it) and its breakdown; the search
+    scores every candidate but builds the `Placement` of the winner only."""
     whole_before: dict[str, int] = {}
     whole_taken: dict[str, int] = {}
     for rack in {n.rack for n in nodes}:
@@ -269,33 +284,51 @@ def build_placement(
             whole_taken[node.rack] = whole_taken.get(node.rack, 0) + 1
     score, breakdown = score_candidate(nodes, layout, whole_free_before=whole_before,
                                        whole_taken=whole_taken, dataset=request.dataset, weights=weights)
+    return round(score, 3), breakdown
+
+
+def _placement(request: GangRequest, layout: RankLayout, nodes: Sequence[Node], score: float,
+               breakdown: Mapping[str, float], strategy: str) -> Placement:
+    per_node, groups = _rank_map(layout)
     k = layout.ranks_per_node
-    placed = []
-    for i, node in enumerate(nodes):
-        ranks = range(i * k, (i + 1) * k)
-        coords = [layout.coords(r) for r in ranks]
-        placed.append(PlacedNode(
-            name=node.name, rack=node.rack, address=node.address, gpu_type=node.gpu_type,
-            node_gpus=node.gpus, node_rank=i, first_rank=i * k, slots=k,
-            tp_groups=sorted({r // layout.tp for r in ranks}),
-            pp_stages=sorted({c.pp for c in coords}), dp_replicas=sorted({c.dp for c in coords}),
-        ))
+    placed = [
+        PlacedNode(name=node.name, rack=node.rack, address=node.address, gpu_type=node.gpu_type,
+                   node_gpus=node.gpus, node_rank=i, first_rank=i * k, slots=k,
+                   tp_groups=list(tp_groups), pp_stages=list(pp_stages), dp_replicas=list(dp_replicas))
+        for i, (node, (tp_groups, pp_stages, dp_replicas)) in enumerate(zip(nodes, per_node, strict=True))
+    ]
     return Placement(
         job=request.job, run=request.run, attempt=request.attempt, team=request.team, priority=request.priority,
-        gpu_type=request.gpu_type, layout=layout, nodes=placed, groups=list(_groups(layout, nodes)),
-        score=round(score, 3), score_breakdown={key: round(v, 3) for key, v in breakdown.items()},
+        gpu_type=request.gpu_type, layout=layout, nodes=placed,
+        groups=[Group(kind=kind, index=index, ranks=list(ranks), nodes=[nodes[i].name for i in members],
+                      racks=sorted({nodes[i].rack for i in members}))
+                for kind, index, ranks, members in groups],
+        score=score, score_breakdown={key: round(v, 3) for key, v in breakdown.items()},
         strategy=strategy,
     )
 
 
-def _groups(layout: RankLayout, nodes: Sequence[Node]) -> Iterator[Group]:
-    kinds: list[GroupKind] = [kind for kind in ("tp", "cp", "pp", "dp") if getattr(layout, kind) > 1]
+_NodeRanks = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+_GroupNodes = tuple[GroupKind, int, tuple[int, ...], tuple[int, ...]]
+
+
+@lru_cache(maxsize=256)
+def _rank_map(layout: RankLayout) -> tuple[tuple[_NodeRanks, ...], tuple[_GroupNodes, ...]]:
+    """What depends on the layout alone, computed once per shape (a fleet runs few shapes; a
+    256-rank job's coordinates and groups cost milliseconds): per node index its TP groups,
+    PP stages and DP replicas; per process group (kinds of degree > 1, in `tp cp pp dp` order)
+    its kind, index, ranks and the node indices it touches, sorted."""
     k = layout.ranks_per_node
-    for kind in kinds:
-        for index, ranks in enumerate(layout.groups(kind)):
-            members = sorted({r // k for r in ranks})
-            yield Group(kind=kind, index=index, ranks=ranks, nodes=[nodes[i].name for i in members],
-                        racks=sorted({nodes[i].rack for i in members}))
+    per_node = []
+    for i in range(layout.num_nodes):
+        ranks = range(i * k, (i + 1) * k)
+        coords = [layout.coords(r) for r in ranks]
+        per_node.append((tuple(sorted({r // layout.tp for r in ranks})), tuple(sorted({c.pp for c in coords})),
+                         tuple(sorted({c.dp for c in coords}))))
+    kinds: list[GroupKind] = [kind for kind in ("tp", "cp", "pp", "dp") if getattr(layout, kind) > 1]
+    groups = tuple((kind, index, tuple(ranks), tuple(sorted({r // k for r in ranks})))
+                   for kind in kinds for index, ranks in enumerate(layout.groups(kind)))
+    return tuple(per_node), groups
 
 
 def _shortfall(request: GangRequest, layout: RankLayout, pools: _Pools) -> PendingReason:
