@@ -23,6 +23,7 @@ only the spec it is given.
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -64,14 +65,22 @@ FAULTS = "Fault injection (tests and game days; off by default, attempt 0 only)"
 def read_specs(folder: Path, *, only: str | None = None
                ) -> Iterator[tuple[Path, TrainingJob | None, list[Problem]]]:
     """Every spec of the folder, sorted, with its offline problems (schema, rules, cluster) —
-    or, with `only`, just the spec of that job (a task's parse builds one DAG)."""
+    or, with `only`, just the spec of that job (a task's parse builds one DAG).
+
+    With `only`, the specs whose text names the job (`_naming`) are the only ones parsed: with
+    1,000 specs, validating all of them to build one DAG took most of a task's parse. A spec that
+    spells its name with YAML escapes is still found, by the full scan, when no file names the
+    job literally."""
     from trainyard.config.cluster import cluster_for
     from trainyard.config.loader import read_spec_file
     from trainyard.config.rules import check_against_cluster, check_spec
     from trainyard.config.settings import get_settings
 
     clusters: dict[str, Cluster] = {}
-    for path in sorted(folder.glob("*.y*ml")):
+    paths = sorted(folder.glob("*.y*ml"))
+    if only is not None:
+        paths = _naming(paths, only) or paths
+    for path in paths:
         job, problems = read_spec_file(path)
         if only is not None and (job is None or job.name != only):
             continue
@@ -81,6 +90,24 @@ def read_specs(folder: Path, *, only: str | None = None
                 clusters[gpu] = cluster_for(gpu, get_settings().cluster)
             problems = check_spec(job) + check_against_cluster(job, clusters[gpu])
         yield path, job, problems
+
+
+def _naming(paths: list[Path], name: str) -> list[Path]:
+    """The files whose bytes hold `name` (a spec's `metadata.name` appears in its text, unless
+    escaped). Only regular files of a spec's size are opened (a FIFO would block the parse);
+    the others are left to `read_spec_file` to report."""
+    from trainyard.config.loader import MAX_SPEC_BYTES
+
+    needle = name.encode()
+    out = []
+    for path in paths:
+        try:
+            st = path.stat()
+            if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_SPEC_BYTES and needle in path.read_bytes():
+                out.append(path)
+        except OSError:
+            continue
+    return out
 
 
 def params(job: TrainingJob) -> dict[str, Param]:

@@ -111,6 +111,32 @@ def test_a_tasks_parse_builds_only_its_dag(jobs: Path, monkeypatch: pytest.Monke
     assert set(bag.dags) == {"demo-tiny-lm"} and bag.import_errors == {}
 
 
+def test_a_tasks_parse_reads_only_the_specs_that_name_its_job(jobs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainyard.config import loader
+    from trainyard.dags.factory import read_specs
+
+    read: list[str] = []
+    real = loader.read_spec_file
+    monkeypatch.setattr(loader, "read_spec_file", lambda path: read.append(Path(path).name) or real(path))
+    found = [job.name for _, job, _ in read_specs(jobs, only="demo-tiny-lm") if job is not None]
+    assert found == ["demo-tiny-lm"]
+    assert len(read) < len(EXAMPLES)
+    assert read == [p.name for p in sorted(jobs.glob("*.yaml")) if b"demo-tiny-lm" in p.read_bytes()]
+
+
+def test_a_spec_that_escapes_its_name_is_still_found_by_a_tasks_parse(jobs: Path) -> None:
+    from trainyard.dags.factory import read_specs
+
+    demo = jobs / "demo-tiny-lm.yaml"
+    text = demo.read_text()
+    assert "name: demo-tiny-lm" in text
+    escaped = text.replace("name: demo-tiny-lm", 'name: "escaped\\x2dname"', 1)
+    assert "escaped-name" not in escaped
+    (jobs / "zz-escaped.yaml").write_text(escaped)
+    found = [job.name for _, job, _ in read_specs(jobs, only="escaped-name") if job is not None]
+    assert found == ["escaped-name"]
+
+
 def test_the_dag_files_import_nothing_heavy() -> None:
     from tests.support.imports import DAG_PARSE_HEAVY, assert_none_loaded
 
