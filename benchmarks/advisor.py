@@ -18,7 +18,11 @@ both must return the same best plan (`same_best`). Target: < 1000 ms for 16,384 
 `accuracy`: `trainyard.plugins.advisor.published.accuracy_summary` over the table in docs/advisor.md —
 `rows` (runs with a throughput figure), `within_20pct` (rows whose estimated tokens/s is within
 ±20 % of the reported), `median_abs_err`, `false_oom` (configurations that ran but are judged
-not to fit at memory_fraction 1.0).
+not to fit at memory_fraction 1.0) — over every row, then apart (`split_summary`) for
+`in_sample` (the rows a constant was read off: [N21] Tables 1 and 2) and `held_out` (every other
+row: [K22], Llama 3, torchtitan, BLOOM). `gemm_curve_fit` refits the A100's GEMM curve on the
+in-sample rows (`fit_gemm_curve`: gemm_efficiency, gemm_k_overhead) — the catalog holds its
+result; `cpu_count` and `load_avg_1m` describe the machine.
 
 Every run starts with cold caches. Prints one JSON line.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -41,7 +46,14 @@ from trainyard.plugins.advisor.hardware import hardware_for
 from trainyard.plugins.advisor.memory import layer_activation_bytes
 from trainyard.plugins.advisor.model import ModelProfile
 from trainyard.plugins.advisor.planner import plan_auto
-from trainyard.plugins.advisor.published import accuracy_summary, compare, llama3, published_runs
+from trainyard.plugins.advisor.published import (
+    accuracy_summary,
+    compare,
+    fit_gemm_curve,
+    llama3,
+    published_runs,
+    split_summary,
+)
 from trainyard.plugins.advisor.search import search
 from trainyard.plugins.advisor.timing import layer_cost, wave_efficiency
 
@@ -91,9 +103,11 @@ def main() -> int:
             "same_best": (base.best.layout.describe() if base.best else None) == best,
         })
     worst = max(c["ms"] for c in cases if c["gpus"] == 16384)
-    accuracy = accuracy_summary([compare(run) for run in published_runs()])
+    comparisons = [compare(run) for run in published_runs()]
+    accuracy = accuracy_summary(comparisons)
     print(json.dumps({"cases": cases, "target_ms": TARGET_MS, "met": worst < TARGET_MS,
-                      **accuracy}))
+                      **accuracy, **split_summary(comparisons), "gemm_curve_fit": fit_gemm_curve(),
+                      "cpu_count": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}))
     return 0
 
 

@@ -25,6 +25,7 @@ Sources
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from trainyard.plugins.advisor.estimate import Estimate, evaluate
@@ -77,6 +78,12 @@ def megatron_flops(model: ModelProfile) -> float:
     return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
 
 
+IN_SAMPLE_SOURCES = ("[N21] Table 1", "[N21] Table 2")
+"""Rows a constant of the model was read off: Table 1 fits the A100's GEMM curve
+(`fit_gemm_curve`, `hardware.GEMM_K_OVERHEAD`), Table 2 gave DeepSpeed's flat collectives
+(`layout.DEEPSPEED_ZERO3`). Every other row is held out: nothing was fitted to it."""
+
+
 @dataclass(frozen=True)
 class PublishedRun:
     name: str
@@ -93,6 +100,10 @@ class PublishedRun:
     @property
     def gpus(self) -> int:
         return self.layout.degrees.world_size
+
+    @property
+    def in_sample(self) -> bool:
+        return self.source in IN_SAMPLE_SOURCES
 
 
 @dataclass(frozen=True)
@@ -256,6 +267,35 @@ def accuracy_summary(comparisons: list[Comparison]) -> dict[str, float]:
     return {"rows": n, "within_20pct": sum(e <= WITHIN for e in errors),
             "median_abs_err": round(median, 4),
             "false_oom": sum(not c.estimate.fits for c in comparisons)}
+
+
+def split_summary(comparisons: list[Comparison]) -> dict[str, dict[str, float]]:
+    """`accuracy_summary` of the in-sample rows and of the held-out rows, apart."""
+    return {"in_sample": accuracy_summary([c for c in comparisons if c.run.in_sample]),
+            "held_out": accuracy_summary([c for c in comparisons if not c.run.in_sample])}
+
+
+FIT_SOURCE = "[N21] Table 1"
+FIT_EFFICIENCIES = tuple(round(0.60 + 0.01 * i, 2) for i in range(26))
+FIT_K_OVERHEADS = tuple(64.0 * i for i in range(17))
+
+
+def in_sample_loss(runs: list[PublishedRun], gemm_efficiency: float, gemm_k_overhead: float) -> float:
+    """Σ log(estimated / reported tokens/s)² over `runs`, with their GPU's GEMM curve replaced."""
+    total = 0.0
+    for run in runs:
+        gpu = replace(run.hardware.gpu, gemm_efficiency=gemm_efficiency, gemm_k_overhead=gemm_k_overhead)
+        error = tokens_per_s_error(compare(replace(run, hardware=replace(run.hardware, gpu=gpu))))
+        total += math.log1p(error) ** 2
+    return total
+
+
+def fit_gemm_curve(runs: list[PublishedRun] | None = None) -> tuple[float, float]:
+    """(gemm_efficiency, gemm_k_overhead) of the A100 that minimise `in_sample_loss` over the
+    `FIT_SOURCE` rows, on the grid `FIT_EFFICIENCIES` × `FIT_K_OVERHEADS` (ties: the first)."""
+    rows = [r for r in (runs if runs is not None else published_runs()) if r.source == FIT_SOURCE]
+    return min(((g, k) for g in FIT_EFFICIENCIES for k in FIT_K_OVERHEADS),
+               key=lambda gk: in_sample_loss(rows, *gk))
 
 
 def markdown_table(comparisons: list[Comparison]) -> str:

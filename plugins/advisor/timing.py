@@ -2,8 +2,9 @@
 overlap we assume, the pipeline bubble and the optimizer step.
 
 Compute. Each matmul of a layer takes max(FLOPs / (peak·gemm_efficiency), bytes / HBM
-bandwidth): small micro-batches or high TP degrees make GEMMs memory-bound and slow, which is
-why the search does not simply take micro-batch 1 and TP 8. Backward is twice the forward's
+bandwidth), its efficiency lowered for small outputs (`wave_efficiency`) and short inner
+dimensions (`Hardware.gemm_k_overhead`): small micro-batches or high TP degrees make GEMMs
+memory-bound and slow, which is why the search does not simply take micro-batch 1 and TP 8. Backward is twice the forward's
 FLOPs (input and weight gradients). Fused attention does the causal half of its nominal FLOPs at
 `attention_efficiency` (backward 2.5× forward: flash attention recomputes the scores); eager
 attention does all of them and also streams the s×s scores through HBM. Norms, RoPE,
@@ -110,11 +111,12 @@ def wave_efficiency(m: int, n: int, sm_count: int | None) -> float:
 def _gemm_s(hw: Hardware, peak: float, e: int, m: float, k: float, n: float,
             weight_copies: float = 1.0) -> float:
     """One matmul (m×k)·(k×n): a roofline of its FLOPs at the GEMM efficiency of its size
-    (`gemm_efficiency` × `wave_efficiency`) and of its bytes at the HBM bandwidth."""
+    (`gemm_efficiency` × `wave_efficiency` × k / (k + `gemm_k_overhead`)) and of its bytes at
+    the HBM bandwidth."""
     flops = 2 * m * k * n
     traffic = e * (m * k + k * n * weight_copies + m * n)
-    efficiency = hw.gpu.gemm_efficiency * wave_efficiency(max(1, round(m)), max(1, round(n)),
-                                                         hw.gpu.sm_count)
+    efficiency = (hw.gpu.gemm_efficiency * k / (k + hw.gpu.gemm_k_overhead)
+                  * wave_efficiency(max(1, round(m)), max(1, round(n)), hw.gpu.sm_count))
     return max(flops / (peak * efficiency), traffic / hw.gpu.memory_bandwidth)
 
 

@@ -143,7 +143,9 @@ def test_step_time_errors_count_as_inverse_throughput_errors() -> None:
     only_step = replace(comparison.run, reported={"step_s": comparison.run.reported["step_s"]})
     derived = tokens_per_s_error(replace(comparison, run=only_step))
     assert derived == pytest.approx(1 / (1 + step_error) - 1)
-    assert derived == pytest.approx(mfu_error, rel=0.05)
+    # The paper's MFU and step time are rounded apart (41.5 %, 1.10 s): they agree to about half
+    # a point of tokens/s, whatever the model's own error (a relative tolerance shrank with it).
+    assert derived == pytest.approx(mfu_error, abs=0.01)
 
 
 def _in_headroom(run, fraction: float = 0.9) -> bool:  # type: ignore[no-untyped-def]
