@@ -18,6 +18,7 @@ from kubernetes.client import (
     V1Taint,
 )
 
+from tests.unit.placement.placement_fixtures import inventory
 from trainyard.plugins.advisor.rank_layout import RankLayout
 from trainyard.plugins.launch.volcano import KubernetesLauncher
 from trainyard.plugins.placement.gang import place_gang
@@ -86,3 +87,34 @@ def test_no_gpu_nodes_is_an_error_and_products_map_to_spec_names() -> None:
     assert gpu_type_from_product("NVIDIA-H200") == "H200"
     assert gpu_type_from_product("NVIDIA-A100-SXM4-40GB") == "A100_40GB"
     assert gpu_type_from_product("Tesla-T4") == "Tesla-T4"
+
+
+def test_the_type_index_keeps_racks_contiguous_and_positions_among_all_members() -> None:
+    """`Inventory.of_type`: one GPU type's nodes grouped by rack; a node's position counts every
+    member of its rack (the search's last tie-break), and a node the free map leaves out has no
+    free device."""
+    from trainyard.config.cluster import Cluster
+
+    cluster = Cluster.model_validate({
+        "apiVersion": "training.platform/v1", "kind": "Cluster", "metadata": {"name": "mixed"},
+        "spec": {"racks": [{"name": f"r{i}", "nodes": [
+            {"name": "{rack}-a{index}", "count": 2, "gpuType": "A100_80GB", "gpusPerNode": 4},
+            {"name": "{rack}-h{index}", "count": 3, "gpuType": "H100", "gpusPerNode": 8}]} for i in range(2)],
+            "health": {"r1-h0": {"healthy": False}}},
+    })
+    inv = Inventory.from_cluster(cluster)
+    h100 = inv.of_type("H100")
+    assert h100.names == ("r0-h0", "r0-h1", "r0-h2", "r1-h0", "r1-h1", "r1-h2")
+    assert h100.position.tolist() == [2, 3, 4, 2, 3, 4]
+    assert h100.rack.tolist() == [0, 0, 0, 1, 1, 1] and h100.rack_start.tolist() == [0, 3, 6]
+    assert h100.healthy.tolist() == [True, True, True, False, True, True]
+    assert (inv.gpus_per_node("H100"), inv.total_gpus("H100"), inv.total_gpus()) == (8, 48, 64)
+    assert h100.free_counts({"r0-h1": 3, "r0-a0": 4}).tolist() == [0, 3, 0, 0, 0, 0]
+    assert inv.of_type("L40S").names == () and inv.gpus_per_node("L40S") == 0
+
+
+def test_nodes_the_free_map_leaves_out_are_not_placed_on() -> None:
+    inv = inventory([(4, 8, "H100", 2)])
+    free = {"r1-n2": 8, "r0-n3": 8}
+    placement = place_gang(GangRequest(job="j", team="t", gpu_type="H100", layout=RankLayout(tp=8, dp=2)), inv, free)
+    assert sorted(placement.node_names) == ["r0-n3", "r1-n2"]
