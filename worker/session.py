@@ -297,6 +297,13 @@ class TrainingSession:
         """Wait until rank 0's metrics so far reached MLflow (True; also without tracking)."""
         return self._metrics.flush(timeout_s) if self._metrics is not None else True
 
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until this rank's background work so far is done — its newest heartbeat on disk,
+        rank 0's metrics in MLflow — so none of it is left running into what comes next (a
+        benchmark's bare loop, a pause). True when both were done within `timeout_s` each."""
+        beat = self._heartbeats.flush(timeout_s)
+        return self.flush_metrics(timeout_s) and beat
+
     def reset_step_timer(self) -> None:
         """Start the next step's clock now: after a pause that is not training (an evaluation,
         a benchmark's bare loop), so its step time and tokens/s do not include the pause."""
