@@ -12,12 +12,14 @@ steps as the bare loop runs in `--block-s` seconds (from the warm-up), the same 
 
 - **bare**: data + `train_step`, nothing else — no `TrainingSession` exists during the block,
   so no thread of the platform runs in it;
-- **platform**: a `TrainingSession` opened before the block (its threads started, its MLflow
-  client ready: once per run, not per step), `step_end` after every step (heartbeat, metrics,
-  divergence and data-stall checks, the stop/checkpoint agreement; no checkpoint falls in the
-  window), and at the end of the block `session.flush()` — the newest heartbeat on disk, the
-  block's metrics in MLflow — *inside* the timed block, so the block pays for all of its own
-  background work and none of it spills into a bare block. The session is closed after.
+- **platform**: the loop of `worker/train.py` — a `TrainingSession` opened before the block (its
+  threads started, its MLflow client ready: once per run, not per step), `before_step`, the
+  session's stop/save flags carried by the step's loss all-reduce (`train_step(flags=...)`),
+  `step_end` after every step (heartbeat, metrics, divergence and data-stall checks, the
+  stop/checkpoint decision; no checkpoint falls in the window), and at the end of the block
+  `session.flush()` — the newest heartbeat on disk, the block's metrics in MLflow — *inside* the
+  timed block, so the block pays for all of its own background work and none of it spills into
+  a bare block. The session is closed after.
 
 A block lasts about as long as the MLflow streamer's batching interval (5 s), so the one batch
 a block's flush forces is about what a steady run sends in that time. Rounds alternate which
@@ -30,9 +32,15 @@ mode goes first (ABBA). Figures, one JSON line:
   thread: the platform's background threads count), which load from *other* processes barely
   moves — the steadier figure on a shared machine; it leaves out waiting (a collective's latency);
   `bare_cpu_ms_per_step` and `platform_cpu_ms_per_step` are its totals (all ranks);
-- `hot_path_ms`: median milliseconds per call, on rank 0, of each part of `step_end` (the
-  training thread's share of the overhead), `step_end_ms_median` the whole call, and
-  `hot_path_pct` = that median over the bare step's median time;
+- `hot_path_ms`: median milliseconds per call, on rank 0, of each part of `step_end` that ran
+  (the training thread's share of the overhead; `agree_allreduce` runs only for a loop that
+  passes no flags), `step_end_ms_median` the whole call, and `hot_path_pct` = that median over
+  the bare step's median time;
+- `background_cpu_ms_per_step`: CPU time of the threads the session started (heartbeat writer,
+  MLflow streamer), per step, on rank 0; `step_end_cpu_ms_mean` the training thread's CPU time in
+  `step_end`; `overhead_cpu_est_pct` = their sum over rank 0's CPU time per bare step — what
+  the platform costs rank 0 (the rank that streams metrics, so the one every other rank waits
+  for at the next collective), read from thread clocks, which other processes' load moves least;
 - `bare_steps_s`, `platform_steps_s`, `overhead_of_totals` (from the summed block times),
   `mlflow_points` (the `loss` points the platform blocks logged), `cpu_count`, `load_avg_1m`
   (at the end; `load_avg_1m_start` at the start), the run's shape.
@@ -51,6 +59,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +75,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "data_stall": ("stalls", "update"),
     "agree_allreduce": ("session", "_agree"),
     "checkpoint_due": ("session", "_time_due"),
+    "flags": ("session", "flags"),
 }
 """The parts of `TrainingSession.step_end` timed on rank 0 (name → owner, method)."""
 
@@ -159,21 +169,29 @@ def worker(args: argparse.Namespace) -> int:
     tokens = batch * plan.layout.dp * hints.sequence_length
     step = 0
     step_end_s: list[float] = []
+    step_end_cpu_s: list[float] = []
     parts: dict[str, list[float]] = {name: [] for name in COMPONENTS}
+    background: dict[str, float] = {}
+    """CPU seconds of the session's threads inside the timed blocks, by thread name (rank 0)."""
 
     def train(session: TrainingSession | None) -> None:
         nonlocal step
         step += 1
+        if session is not None:
+            session.before_step(step)
         t0 = time.perf_counter()
         inputs, targets = data.batch(sampler.next_batch(batch))
         stall = time.perf_counter() - t0
         lr = optimizer.param_groups[0]["lr"]
-        stats = train_step(model, optimizer, scheduler, inputs, targets)
-        if session is not None:
-            t1 = time.perf_counter()
-            session.step_end(step, loss=stats.loss, grad_norm=stats.grad_norm, lr=lr, tokens=tokens,
-                             data_stall_s=stall)
-            step_end_s.append(time.perf_counter() - t1)
+        if session is None:
+            train_step(model, optimizer, scheduler, inputs, targets)
+            return
+        stats = train_step(model, optimizer, scheduler, inputs, targets, flags=session.flags())
+        c1, t1 = time.thread_time(), time.perf_counter()
+        session.step_end(step, loss=stats.loss, grad_norm=stats.grad_norm, lr=lr, tokens=tokens,
+                         data_stall_s=stall, flags=stats.flags)
+        step_end_s.append(time.perf_counter() - t1)
+        step_end_cpu_s.append(time.thread_time() - c1)
 
     def timed(body: Callable[[], None]) -> tuple[float, float]:
         """(wall s, this process's CPU s) of `body`, between barriers (the slowest rank's time)."""
@@ -187,18 +205,23 @@ def worker(args: argparse.Namespace) -> int:
         return timed(lambda: [train(None) for _ in range(steps)])
 
     def platform(steps: int) -> tuple[float, float]:
+        before = set(threading.enumerate())
         session = TrainingSession(config)  # opened untimed: its start is once per run
         session.attach(model=model.state_module, optimizer=optimizer,
                        extra={"scheduler": scheduler, "sampler": sampler})
         session.flush()  # its threads and MLflow client are up before the clock starts
+        threads = [t for t in threading.enumerate() if t not in before]
         if rank == 0:
             instrument(session, parts)
 
         def body() -> None:
+            cpu = thread_cpu(threads)
             session.reset_step_timer()
             for _ in range(steps):
                 train(session)
             session.flush()  # the block's own background work, paid inside the block
+            for name, seconds in thread_cpu(threads).items():
+                background[name] = background.get(name, 0.0) + seconds - cpu.get(name, 0.0)
 
         try:
             return timed(body)
@@ -215,10 +238,13 @@ def worker(args: argparse.Namespace) -> int:
     dist.broadcast(block, src=0)  # rank 0's count for all: every rank runs the same steps
     steps_per_block = int(block.item())
     step_end_s.clear()
+    step_end_cpu_s.clear()
+    background.clear()
     for samples in parts.values():
         samples.clear()
     ratios, cpu_ratios, spent, bare_step_s = [], [], {False: 0.0, True: 0.0}, []
     cpu_total = torch.zeros(2, dtype=torch.float64)
+    own_bare_cpu_s = 0.0
     start = time.perf_counter()
     for r in range(args.rounds):
         round_began = time.time()
@@ -226,6 +252,7 @@ def worker(args: argparse.Namespace) -> int:
         wall, cpu = {}, {}
         for with_platform in order:
             wall[with_platform], cpu[with_platform] = (platform if with_platform else bare)(steps_per_block)
+        own_bare_cpu_s += cpu[False]
         cpu_pair = torch.tensor([cpu[False], cpu[True]], dtype=torch.float64)
         dist.all_reduce(cpu_pair)  # every rank's CPU time, summed
         ratios.append(wall[False] / wall[True])  # platform steps/s over bare steps/s
@@ -245,6 +272,9 @@ def worker(args: argparse.Namespace) -> int:
     q1, _, q3 = statistics.quantiles(overheads, n=4) if rounds > 1 else (overheads[0],) * 3
     bare_step_ms = 1e3 * statistics.median(bare_step_s)
     step_end_ms = 1e3 * statistics.median(step_end_s)
+    background_ms = {name: 1e3 * seconds / steps for name, seconds in sorted(background.items())}
+    step_end_cpu_ms = 1e3 * statistics.fmean(step_end_cpu_s)
+    own_bare_cpu_ms = 1e3 * own_bare_cpu_s / steps
     if rank == 0:
         args.out.write_text(json.dumps({
             "bare_steps_s": round(bare_rate, 3), "platform_steps_s": round(platform_rate, 3),
@@ -260,12 +290,31 @@ def worker(args: argparse.Namespace) -> int:
             "step_end_ms_median": round(step_end_ms, 3),
             "hot_path_pct": round(100 * step_end_ms / bare_step_ms, 3),
             "hot_path_ms": {name: round(1e3 * statistics.median(s), 4) for name, s in parts.items() if s},
+            "step_end_cpu_ms_mean": round(step_end_cpu_ms, 4),
+            "background_cpu_ms_per_step": {name: round(ms, 4) for name, ms in background_ms.items()},
+            "rank0_bare_cpu_ms_per_step": round(own_bare_cpu_ms, 2),
+            "overhead_cpu_est_pct": round(100 * (step_end_cpu_ms + sum(background_ms.values())) / own_bare_cpu_ms, 3),
             "rounds": rounds, "steps_per_block": steps_per_block, "steps_per_mode": steps, "warmup_s": round(warmup_s, 2),
             "measure_s": round(time.perf_counter() - start, 1),
             "world_size": dist.get_world_size(), "plan": plan.describe(),
             "model": "demo-tiny-lm (803,968 params, seq 128, global batch 16)"}))
     dist.destroy_process_group()
     return 0
+
+
+def thread_cpu(threads: list[threading.Thread]) -> dict[str, float]:
+    """CPU seconds so far of each live thread, by name (numbers dropped: one name per role)."""
+    seconds: dict[str, float] = {}
+    for t in threads:
+        if t.ident is None or not t.is_alive():
+            continue
+        try:
+            used = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, ProcessLookupError):  # ended between the check and the read
+            continue
+        name = t.name.split("-")[0] + ("-" + t.name.split("-")[1] if "-" in t.name else "")
+        seconds[name] = seconds.get(name, 0.0) + used
+    return seconds
 
 
 def instrument(session: Any, samples: dict[str, list[float]]) -> None:
