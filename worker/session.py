@@ -68,6 +68,7 @@ from trainyard.worker.divergence import Divergence, DivergenceDetector
 from trainyard.worker.faults import Faults
 from trainyard.worker.heartbeats import HeartbeatWriter
 from trainyard.worker.stall import StallMonitor
+from trainyard.worker.step_metrics import METRICS_EVERY_S, StepMetrics
 
 if TYPE_CHECKING:
     from trainyard.config.spec import TrainingJob
@@ -75,7 +76,6 @@ if TYPE_CHECKING:
     from trainyard.plugins.checkpoint.manager import CheckpointManager, SaveResult
     from trainyard.plugins.tracking.metrics import MetricsStreamer
     from trainyard.worker.checkpoint_records import CommitRecorder
-    from trainyard.worker.step_metrics import StepMetrics
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class SessionConfig:
     checkpoint_interval_steps: int | None = None
     checkpoint_interval_s: float | None = None
     faults: Faults = field(default_factory=Faults)
-    metrics_every_s: float = 1.0
+    metrics_every_s: float = METRICS_EVERY_S
     """Window of the per-step figures other than the loss in MLflow (`trainyard.worker.step_metrics`;
     0: every step)."""
 
@@ -568,8 +568,6 @@ class TrainingSession:
     def _open_step_metrics(self) -> StepMetrics | None:
         if self._metrics is None:
             return None
-        from trainyard.worker.step_metrics import StepMetrics
-
         flops_per_token, peak_flops = self._mfu_terms()
         return StepMetrics(self._metrics, world_size=self.world_size, flops_per_token=flops_per_token,
                            peak_flops=peak_flops, every_s=self.config.metrics_every_s)
