@@ -19,7 +19,7 @@ few added lines around a script's own loop, nothing re-indented, as Ray Train us
   and any object with `state_dict()`/`load_state_dict()` — with the RNG states; it returns the
   optimizer steps already done (0 when fresh) and says in the rank log what it restored.
 - `report` is called once per optimizer step with the loss *this rank* sees: the session averages
-  it across ranks (one small all-reduce), counts the step, writes the heartbeat, streams the
+  it across ranks (one small all-reduce, which also carries the ranks' stop/save flags), counts the step, writes the heartbeat, streams the
   metrics to the run's MLflow run, checks for divergence, checkpoints on the spec's schedule,
   applies the trigger form's fault Params and turns a SIGTERM into an emergency checkpoint.
 - `should_stop` is True once the steps done reach `training.maxSteps` (the spec's, or the
@@ -117,8 +117,9 @@ class Session:
             raise RuntimeError("Session.report() before Session.restore(model=..., optimizer=...): the "
                                "session needs to know what each checkpoint saves")
         step = self._steps + 1
-        self._inner.step_end(step, loss=self._global_mean(loss), grad_norm=_number(grad_norm), lr=_number(lr),
-                             tokens=tokens, metrics={k: _number(v) for k, v in metrics.items()})
+        mean, flags = self._global_mean(loss)
+        self._inner.step_end(step, loss=mean, grad_norm=_number(grad_norm), lr=_number(lr), tokens=tokens,
+                             metrics={k: _number(v) for k, v in metrics.items()}, flags=flags)
         self._steps = step
         if not self.should_stop:
             self._inner.before_step(step + 1)
@@ -136,13 +137,14 @@ class Session:
         finally:
             self._inner.close()
 
-    def _global_mean(self, loss: float | torch.Tensor) -> float:
-        value = torch.tensor([float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)],
-                             dtype=torch.float64, device=self._collective_device())
+    def _global_mean(self, loss: float | torch.Tensor) -> tuple[float, tuple[int, ...]]:
+        """The loss averaged over the ranks, and the sums of the session's flags, in one all-reduce."""
+        local = float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)
+        value = torch.tensor([local, *self._inner.flags()], dtype=torch.float64, device=self._collective_device())
         if self.world_size > 1:
             dist.all_reduce(value)
-            value /= self.world_size
-        return float(value.item())
+        mean, *flags = value.tolist()
+        return mean / self.world_size, tuple(int(f) for f in flags)
 
     def _collective_device(self) -> torch.device:
         """Where this group's collectives run: the GPU under NCCL, else the CPU (gloo)."""

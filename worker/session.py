@@ -5,7 +5,9 @@ the script is a good citizen of the platform without the platform editing it.
         session.attach(model=..., optimizer=..., extra={"sampler": ..., "scheduler": ...})
         for step in range(session.restore(), max_steps + 1):        # resume where we left off
             ...one training step...
-            session.step_end(step, loss=..., grad_norm=..., lr=..., tokens=..., data_stall_s=...)
+            stats = train_step(..., flags=session.flags())           # flags ride the loss's all-reduce
+            session.step_end(step, loss=..., grad_norm=..., lr=..., tokens=..., data_stall_s=...,
+                             flags=stats.flags)
         session.finish(max_steps)                                   # final checkpoint, exit 0
 
 What it does, per DESIGN §5–§8:
@@ -17,7 +19,8 @@ What it does, per DESIGN §5–§8:
   `checkpoint.intervalSteps` steps or `intervalMinutes` minutes, whichever comes first; rank 0
   records each commit in the MLflow run and applies the spec's retention policy itself
   (`trainyard.worker.checkpoint_records`), without waiting for the control plane's watcher;
-- writes this rank's heartbeat file every step (step, time, loss, tokens/s, NaN flag, phase);
+- hands this rank's heartbeat (step, time, loss, tokens/s, NaN flag, phase) to a writer thread
+  every step, which writes the newest at most every second (`trainyard.worker.heartbeats`);
 - stops with `exit_codes.DIVERGED` when the loss is NaN/inf or stays above its baseline
   (`trainyard.worker.divergence`), writing `<run_dir>/diverged.json` with the onset step;
 - on SIGTERM finishes the current step, takes an emergency checkpoint and exits with
@@ -25,13 +28,20 @@ What it does, per DESIGN §5–§8:
 - exits with `exit_codes.CHECKPOINT_CORRUPT` when the checkpoint to restore does not verify
   (writing `<run_dir>/checkpoint_corrupt.json`), and with `exit_codes.OOM` on a
   `torch.OutOfMemoryError` inside `stop_on_oom()`;
-- streams loss, grad_norm, lr, tokens_per_s, step_time_s, data_stall_s and mfu from rank 0
-  to MLflow (`trainyard.plugins.tracking.metrics.MetricsStreamer`: async, batched, never raises).
+- streams loss (every step), grad_norm, lr, tokens_per_s, step_time_s, data_stall_s and mfu
+  (once a second, windows averaged: `trainyard.worker.step_metrics`) from rank 0 to MLflow
+  (`trainyard.plugins.tracking.metrics.MetricsStreamer`: async, batched, never raises).
 
 Every decision to stop or to save on the clock is taken by all ranks at the same step: the
 loss is global (the same on all ranks), and a SIGTERM or a due time-based checkpoint seen by any
-rank is shared by one tiny all-reduce per step. A rank that stopped alone would leave the others
-hanging in their next collective.
+rank is shared by an all-reduce. A rank that stopped alone would leave the others hanging in
+their next collective. The loop that passes `flags()` into the step's own loss all-reduce
+(`trainyard.worker.step.train_step`, the managed `Session.report`) and the sums to `step_end`
+pays no collective for it; without them `step_end` runs one tiny all-reduce of its own.
+
+What a step costs the training thread besides (measured by `benchmarks/worker_overhead.py`):
+a few additions and lookups, and a heartbeat and the metrics handed over by reference — no
+file, no validation, no MLflow call, no wake-up of a thread.
 """
 
 from __future__ import annotations
@@ -42,9 +52,10 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +63,12 @@ import torch
 import torch.distributed as dist
 
 from trainyard.plugins.run import exit_codes
-from trainyard.plugins.run.heartbeat import Heartbeat
+from trainyard.plugins.run.heartbeat import DATA_FIELDS, Heartbeat
 from trainyard.worker.divergence import Divergence, DivergenceDetector
 from trainyard.worker.faults import Faults
 from trainyard.worker.heartbeats import HeartbeatWriter
 from trainyard.worker.stall import StallMonitor
+from trainyard.worker.step_metrics import METRICS_EVERY_S, StepMetrics
 
 if TYPE_CHECKING:
     from trainyard.config.spec import TrainingJob
@@ -100,6 +112,9 @@ class SessionConfig:
     checkpoint_interval_steps: int | None = None
     checkpoint_interval_s: float | None = None
     faults: Faults = field(default_factory=Faults)
+    metrics_every_s: float = METRICS_EVERY_S
+    """Window of the per-step figures other than the loss in MLflow (`trainyard.worker.step_metrics`;
+    0: every step)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, spec: TrainingJob | None = None,
@@ -209,7 +224,7 @@ class TrainingSession:
         self._checkpoints: CheckpointManager | None = None
         self._commits: CommitRecorder | None = None
         self._metrics: MetricsStreamer | None = self._open_metrics() if self.rank == 0 else None
-        self._flops_per_token, self._peak_flops = self._mfu_terms()
+        self._step_metrics: StepMetrics | None = self._open_step_metrics()
         self._last_saved_step: int | None = None
         self._step = 0
         self._last_save_time = time.monotonic()
@@ -295,7 +310,16 @@ class TrainingSession:
 
     def flush_metrics(self, timeout_s: float = 30.0) -> bool:
         """Wait until rank 0's metrics so far reached MLflow (True; also without tracking)."""
+        if self._step_metrics is not None:
+            self._step_metrics.flush()
         return self._metrics.flush(timeout_s) if self._metrics is not None else True
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until this rank's background work so far is done — its newest heartbeat on disk,
+        rank 0's metrics in MLflow — so none of it is left running into what comes next (a
+        benchmark's bare loop, a pause). True when both were done within `timeout_s` each."""
+        beat = self._heartbeats.flush(timeout_s)
+        return self.flush_metrics(timeout_s) and beat
 
     def reset_step_timer(self) -> None:
         """Start the next step's clock now: after a pause that is not training (an evaluation,
@@ -318,16 +342,27 @@ class TrainingSession:
             log.error("torch.OutOfMemoryError after step %d: %s", self._step, e)
             raise StopTraining(exit_codes.OOM, f"out of memory after step {self._step}: {e}") from e
 
+    def flags(self) -> tuple[int, int]:
+        """This rank's (SIGTERM received, clock-based checkpoint due), 0 or 1 each, for the
+        all-reduce the step runs anyway (`train_step(flags=...)` sums them with the loss); give
+        the sums to `step_end(flags=...)`. Read before the step: a SIGTERM that arrives during
+        it counts at the next step."""
+        return int(self._sigterm), int(self._time_due())
+
     def step_end(self, step: int, *, loss: float, grad_norm: float | None = None,
                  lr: float | None = None, tokens: int | None = None,
                  data_stall_s: float | None = None,
                  data_metrics: Mapping[str, float] | None = None,
-                 metrics: Mapping[str, float | None] | None = None) -> None:
+                 metrics: Mapping[str, float | None] | None = None,
+                 flags: Sequence[float] | None = None) -> None:
         """After step `step` (the global loss): heartbeat, metrics, divergence, checkpoints,
         SIGTERM. Raises `StopTraining` when the process must end. `data_metrics` (prefetch
         depth, cache counters: `trainyard.plugins.data.reader.StreamingReader.metrics`) go beside
         `data_stall_s` into the heartbeat and MLflow; stalls above 5 % warn (`trainyard.worker.stall`).
-        `metrics`: the script's own values for MLflow, by name."""
+        `metrics`: the script's own values for MLflow, by name. `flags`: the sums over all ranks
+        of `flags()` (`StepStats.flags`); without them the ranks agree in an all-reduce here."""
+        if flags is not None and len(flags) != 2:
+            raise ValueError(f"flags must be the sums of TrainingSession.flags() (2 values), got {flags!r}")
         self._step = step
         now = time.perf_counter()
         step_time = now - self._last_step_time
@@ -339,11 +374,14 @@ class TrainingSession:
         self._stalls.update(step, data_stall_s, step_time, self._data)
         diverged = self.divergence.update(step, loss)
         self.beat(step, phase="diverged" if diverged else "train")
-        self._log_metrics(step, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=step_time,
+        self._log_metrics(step, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=step_time, tokens=tokens,
                           data_stall_s=data_stall_s, data_metrics=data_metrics, metrics=metrics)
         if diverged is not None:
             self._diverged(diverged)
-        sigterm, time_due = self._agree(self._sigterm, self._time_due())
+        if flags is None:
+            sigterm, time_due = self._agree(self._sigterm, self._time_due())
+        else:
+            sigterm, time_due = bool(flags[0]), bool(flags[1])
         if sigterm:
             self._preempted(step)
         interval = self.config.checkpoint_interval_steps
@@ -372,6 +410,9 @@ class TrainingSession:
             self._commits.close()
             self._commits = None
         if self._metrics is not None:
+            if self._step_metrics is not None:  # the open window's steps, then the rest
+                self._step_metrics.flush()
+                self._step_metrics = None
             self._metrics.close()
             self._metrics = None
         self._heartbeats.close()
@@ -497,18 +538,24 @@ class TrainingSession:
     # --- heartbeats and metrics -----------------------------------------------------------
 
     def beat(self, step: int, *, phase: str) -> None:
-        """Hand this rank's heartbeat to the writer thread (`trainyard.worker.heartbeats`); a phase other
+        """Hand this rank's heartbeat to the writer thread (`trainyard.worker.heartbeats`), as the
+        figures it is made of: the writer builds (validates) it when it writes it. A phase other
         than `train` is waited for, so readers see it before the long operation it announces."""
-        loss = self._loss
-        finite = loss is None or math.isfinite(loss)
-        self._heartbeats.submit(Heartbeat(
-            job=self.config.job, run=self.config.run, attempt=self.config.attempt, rank=self.rank,
-            local_rank=self.local_rank, node=self.node, pid=os.getpid(), step=step,
-            time=time.time(), loss=loss if finite else None, tokens_per_s=self._tokens_per_s,
-            nan=not finite, hang_timeout_s=self.config.hang_timeout_s, phase=phase, restart=self.restart,
-            **{k: v for k, v in self._data.items() if k in Heartbeat.model_fields}))
+        self._heartbeats.submit(partial(self._heartbeat, step, time.time(), phase, self._loss,
+                                        self._tokens_per_s, self._data))
         if phase != "train":
             self._heartbeats.flush()
+
+    def _heartbeat(self, step: int, at: float, phase: str, loss: float | None,
+                   tokens_per_s: float | None, data: Mapping[str, float]) -> Heartbeat:
+        """The beat of `step`, handed over at `at` (called in the writer thread)."""
+        finite = loss is None or math.isfinite(loss)
+        return Heartbeat(
+            job=self.config.job, run=self.config.run, attempt=self.config.attempt, rank=self.rank,
+            local_rank=self.local_rank, node=self.node, pid=os.getpid(), step=step, time=at,
+            loss=loss if finite else None, tokens_per_s=tokens_per_s, nan=not finite,
+            hang_timeout_s=self.config.hang_timeout_s, phase=phase, restart=self.restart,
+            **{k: v for k, v in data.items() if k in DATA_FIELDS})
 
     def _open_metrics(self) -> MetricsStreamer | None:
         uri, run_id = self.config.mlflow_tracking_uri, self.config.mlflow_run_id
@@ -517,6 +564,13 @@ class TrainingSession:
         from trainyard.plugins.tracking.metrics import MetricsStreamer
 
         return MetricsStreamer(uri, run_id)
+
+    def _open_step_metrics(self) -> StepMetrics | None:
+        if self._metrics is None:
+            return None
+        flops_per_token, peak_flops = self._mfu_terms()
+        return StepMetrics(self._metrics, world_size=self.world_size, flops_per_token=flops_per_token,
+                           peak_flops=peak_flops, every_s=self.config.metrics_every_s)
 
     def _mfu_terms(self) -> tuple[float | None, float | None]:
         hints = self.config.spec.spec.parallelism.hints
@@ -532,25 +586,9 @@ class TrainingSession:
             return None, None
 
     def _log_metrics(self, step: int, *, loss: float, grad_norm: float | None, lr: float | None,
-                     step_time_s: float, data_stall_s: float | None,
+                     step_time_s: float, tokens: int | None, data_stall_s: float | None,
                      data_metrics: Mapping[str, float] | None = None,
                      metrics: Mapping[str, float | None] | None = None) -> None:
-        if self._metrics is None:
-            return
-        values = {k: v for k, v in (metrics or {}).items() if v is not None}
-        values |= {"loss": loss, "step_time_s": step_time_s}
-        if grad_norm is not None:
-            values["grad_norm"] = grad_norm
-        if lr is not None:
-            values["lr"] = lr
-        if data_stall_s is not None:
-            values["data_stall_s"] = data_stall_s
-        values.update({f"data/{k}": v for k, v in (data_metrics or {}).items()})
-        if self._tokens_per_s is not None:
-            values["tokens_per_s"] = self._tokens_per_s
-            if self._flops_per_token and self._peak_flops:
-                from trainyard.plugins.advisor.flops import mfu
-
-                values["mfu"] = mfu(self._tokens_per_s, self._flops_per_token, self.world_size,
-                                    self._peak_flops)
-        self._metrics.log(step, values)
+        if self._step_metrics is not None:
+            self._step_metrics.add(step, loss=loss, step_time_s=step_time_s, tokens=tokens, grad_norm=grad_norm,
+                                   lr=lr, data_stall_s=data_stall_s, data_metrics=data_metrics, metrics=metrics)

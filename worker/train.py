@@ -101,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             stall = time.perf_counter() - t0
             step_lr = optimizer.param_groups[0]["lr"]
             with session.stop_on_oom():  # exit_codes.OOM: the control plane re-plans
-                stats = train_step(model, optimizer, scheduler, inputs, targets)
+                stats = train_step(model, optimizer, scheduler, inputs, targets, flags=session.flags())
             losses[step] = stats.loss
             session.step_end(step, loss=stats.loss, grad_norm=stats.grad_norm, lr=step_lr,
                              tokens=batch * plan.layout.dp * hints.sequence_length, data_stall_s=stall,
-                             data_metrics=data.metrics())
+                             data_metrics=data.metrics(), flags=stats.flags)
             if session.rank == 0 and (step % 10 == 0 or step == 1):
                 log.info("step %d loss %.4f grad_norm %.3f lr %.2e", step, stats.loss,
                          stats.grad_norm, step_lr)

@@ -1,5 +1,5 @@
-"""The per-rank heartbeat file: written by the worker runtime every step, read by the node
-agent and the control plane's sensors (DESIGN §8).
+"""The per-rank heartbeat file: written by the worker runtime for its newest step (at most every
+`write_interval_s`), read by the node agent and the control plane's sensors (DESIGN §8).
 
 A heartbeat is a small JSON file, `<heartbeat_dir>/rank-<NNNNN>.json`, replaced atomically
 (write a temp file in the same folder, then `os.replace`), so a reader sees the old or the new
@@ -124,9 +124,22 @@ five missed pulses (`pulse_interval_s` is at most a tenth of the timeout), and w
 timeout itself, so by the time a hang is declared the culprit and the waiting ranks differ."""
 
 
+WRITE_EVERY_S = 1.0
+"""Longest wait of a new step's beat for the writer thread (`write_interval_s`)."""
+
+
 def pulse_interval_s(hang_timeout_s: float) -> float:
     """How often the worker's writer thread rewrites the beat while no new step comes."""
     return min(PULSE_EVERY_S, hang_timeout_s / 10)
+
+
+def write_interval_s(hang_timeout_s: float) -> float:
+    """How often, at most, the worker's writer thread writes a new step's beat (the newest one;
+    those in between are skipped): every `WRITE_EVERY_S`, or half a pulse for a short timeout.
+    A beat reaches the file at most this long after its step — at most a twentieth of the
+    timeout, which the hang rule absorbs — and the write's cost no longer scales with the step
+    rate (`trainyard.worker.heartbeats`)."""
+    return min(WRITE_EVERY_S, pulse_interval_s(hang_timeout_s) / 2)
 
 
 @functools.cache

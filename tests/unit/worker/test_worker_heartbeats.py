@@ -1,12 +1,24 @@
 """The heartbeat writer thread: the newest beat lands on disk, atomically, without the training
-thread waiting; `flush` waits for it; a bad directory never raises into training."""
+thread waiting; `flush` waits for it; writes follow the clock (one per interval), not the steps;
+a bad directory or a bad beat never raises into training."""
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from pathlib import Path
 
-from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path
+import pytest
+
+from trainyard.plugins.run.heartbeat import (
+    WRITE_EVERY_S,
+    Heartbeat,
+    heartbeat_path,
+    pulse_interval_s,
+    write_interval_s,
+)
+from trainyard.worker import heartbeats
 from trainyard.worker.heartbeats import HeartbeatWriter
 
 
@@ -53,3 +65,57 @@ def test_between_steps_the_writer_rewrites_the_beat_as_a_sign_of_life(tmp_path: 
     assert (seen.step, seen.time) == (7, first.time) and seen.alive_at > first.alive_at
     writer.close()
     assert not writer._thread.is_alive()  # a closed writer pulses no more
+
+
+def test_the_writer_writes_at_most_once_per_interval_and_the_newest_beat_lands_unflushed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps far faster than the write interval: the writes follow the clock, not the steps,
+    and the newest beat still reaches the file within an interval without a flush."""
+    written: list[int] = []
+    real = heartbeats.write_heartbeat
+    monkeypatch.setattr(heartbeats, "write_heartbeat", lambda d, b: (written.append(b.step), real(d, b))[1])
+    writer = HeartbeatWriter(tmp_path)
+    writer.submit(beat(1))
+    assert writer.flush(timeout_s=10)
+    began = time.monotonic()
+    for step in range(2, 2002):
+        writer.submit(beat(step))
+    deadline = time.monotonic() + 30
+    while Heartbeat.model_validate_json(heartbeat_path(tmp_path, 3).read_text()).step != 2001:
+        assert time.monotonic() < deadline, "the newest beat never reached the file"
+        time.sleep(0.02)
+    intervals = (time.monotonic() - began) / write_interval_s(beat(1).hang_timeout_s)
+    writer.close()
+    assert written[0] == 1 and written[-1] == 2001
+    assert len(written) <= 2 + math.ceil(intervals), (len(written), intervals)  # not one per step
+
+
+def test_a_beat_given_as_a_function_is_built_in_the_writer_thread_and_a_bad_one_is_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    built_in: list[str] = []
+
+    def make() -> Heartbeat:
+        built_in.append(threading.current_thread().name)
+        return beat(5)
+
+    def broken() -> Heartbeat:
+        return beat(-1)  # out of range: pydantic refuses it, in the writer thread
+
+    writer = HeartbeatWriter(tmp_path)
+    writer.submit(make)
+    assert writer.flush(timeout_s=10)
+    assert built_in == ["trainyard-heartbeat"]
+    assert Heartbeat.model_validate_json(heartbeat_path(tmp_path, 3).read_text()).step == 5
+    writer.submit(broken)
+    assert writer.flush(timeout_s=10)  # given up on, not raised into training
+    assert "could not write heartbeat" in caplog.text
+    writer.submit(beat(6))
+    writer.close()
+    assert Heartbeat.model_validate_json(heartbeat_path(tmp_path, 3).read_text()).step == 6
+
+
+@pytest.mark.parametrize("timeout_s", [1.0, 10.0, 120.0, 600.0, 86400.0])
+def test_a_beat_waits_for_the_writer_at_most_a_twentieth_of_the_hang_timeout(timeout_s: float) -> None:
+    interval = write_interval_s(timeout_s)
+    assert 0 < interval <= min(WRITE_EVERY_S, timeout_s / 20, pulse_interval_s(timeout_s) / 2)
+    assert interval == min(WRITE_EVERY_S, pulse_interval_s(timeout_s) / 2)

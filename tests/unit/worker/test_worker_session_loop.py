@@ -1,5 +1,6 @@
 """The session's decisions, in this process (a one-rank gloo group, a real checkpoint manager on
-a local store): clock-based saves, restore, the divergence stop, the SIGTERM stop. The
+a local store): clock-based saves, restore, the divergence stop, the SIGTERM stop, the ranks'
+flags taken from the step's own all-reduce, the metrics it streams. The
 multi-process versions of the stops run in tests/integration/worker."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from trainyard.plugins.run import exit_codes
 from trainyard.plugins.run.heartbeat import Heartbeat, heartbeat_path
 from trainyard.plugins.storage.store import open_store
 from trainyard.worker.session import SessionConfig, StopTraining, TrainingSession
+from trainyard.worker.step import global_mean_loss
 
 SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
 
@@ -205,3 +207,50 @@ def test_the_specs_staging_and_async_reach_the_saves(session_for, config: Sessio
     synchronous = session_for(spec=_with_checkpoint(config, async_save=False).spec)
     assert synchronous.save(2).status == "committed"  # `async: false`: committed before it returns
     assert steps(config) == [1, 2]
+
+
+def test_the_sums_of_the_ranks_flags_decide_without_an_all_reduce_of_the_sessions_own(
+        session_for, config: SessionConfig) -> None:
+    """`train_step(flags=session.flags())` sums every rank's flags with the loss; `step_end` takes
+    the sums: another rank's clock-based save or SIGTERM counts here as if it were this rank's."""
+    session = session_for()
+    session.restore()
+    assert session.flags() == (0, 0)
+    session.step_end(1, loss=3.0, flags=(0, 1))  # a rank whose clock said a checkpoint is due
+    session.checkpoints.wait()
+    assert steps(config) == [1]
+    with pytest.raises(ValueError, match="2 values"):
+        session.step_end(2, loss=2.9, flags=(1,))
+    with pytest.raises(StopTraining) as stop:
+        session.step_end(2, loss=2.9, flags=(1, 0))  # a rank that got the SIGTERM
+    assert stop.value.code == exit_codes.PREEMPTED
+    assert steps(config) == [1, 2]
+
+
+def test_a_sigterm_raises_this_ranks_flag(session_for) -> None:
+    session = session_for(checkpoint_interval_s=3600.0)
+    session.restore()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert session.flags() == (1, 0)
+
+
+def test_the_loss_and_the_flags_share_one_sum() -> None:
+    loss, sums = global_mean_loss(torch.tensor(2.5), True, (1, 0))  # one process: the sums are its own
+    assert (float(loss), sums) == (2.5, (1, 0))
+    assert global_mean_loss(torch.tensor(2.5), True)[1] == ()
+
+
+def test_mlflow_gets_the_loss_of_every_step_and_the_other_figures_once_per_window(
+        session_for, sqlite_tracking_uri: str, mlflow_run: str) -> None:
+    from mlflow import MlflowClient
+
+    session = session_for(mlflow_tracking_uri=sqlite_tracking_uri, mlflow_run_id=mlflow_run,
+                          metrics_every_s=3600.0)
+    session.restore()
+    for step in (1, 2, 3, 4):
+        session.step_end(step, loss=3.0 - 0.1 * step, grad_norm=1.0, lr=0.01, tokens=1000, data_stall_s=0.0)
+    session.close()  # closes the open window: its last steps are not lost
+    client = MlflowClient(sqlite_tracking_uri)
+    assert [m.step for m in client.get_metric_history(mlflow_run, "loss")] == [1, 2, 3, 4]
+    for key in ("tokens_per_s", "step_time_s", "grad_norm", "lr", "data_stall_s"):
+        assert [m.step for m in client.get_metric_history(mlflow_run, key)] == [4], key
