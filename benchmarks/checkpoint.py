@@ -32,7 +32,7 @@ rounds 2..N, the steady state of a training run; `samples` lists every round:
   and loads from there); `restore_MBps` = state bytes / `restore_s`; `restore_phases_s` its
   phases (`dcp_load_s` there is ours, inside the restore); `dcp_load_s`: stock `dcp.load` of
   the same checkpoint into the same live state, unverified, from a cold page cache after the
-  same pause — the competitor of `restore_s`;
+  same pause — the competitor of `restore_s` (which of the two reads first alternates by round);
 - competitors, same state, same bytes: `async_dcp_blocking_s` — `dcp.async_save` at its best:
   one `DefaultStager` reused across saves (its staged buffers cached, as torchtitan's
   `async_with_pinned_mem` keeps them; pinned memory needs a GPU) and a `FileSystemWriter` with
@@ -400,6 +400,12 @@ def _round_of_ours(manager: Any, blocking_copy: Any, model: Any, optimizer: Any,
         raise RuntimeError(f"save {step} did not commit: {result}")
     if rank == 0:
         print(f"save {step}: staging {result.staging_s:.3f}s {result.phases}", file=sys.stderr)
+    # Which of the two cold reads of the checkpoint goes first alternates from round to round:
+    # on a VM the second may find the bytes in the host's cache though the guest's was dropped.
+    dcp_first = round_ % 2 == 0
+    if dcp_first:
+        dcp_load_s = _dcp_load(model, optimizer, root / step_dir(step), rank, settle_s)
+    if rank == 0:
         for path in root.rglob("*"):  # cold page cache for the restore, like a fresh node
             if path.is_file():
                 _drop_cache(path)
@@ -412,7 +418,8 @@ def _round_of_ours(manager: Any, blocking_copy: Any, model: Any, optimizer: Any,
     if manifest is None or manifest.step != step:
         raise RuntimeError(f"restored {manifest}, expected step {step}")
     restore_phases = {f"restore_{k}": _all_max(v) for k, v in sorted(manager.last_restore_phases.items())}
-    dcp_load_s = _dcp_load(model, optimizer, root / step_dir(step), rank, settle_s)
+    if not dcp_first:
+        dcp_load_s = _dcp_load(model, optimizer, root / step_dir(step), rank, settle_s)
     dist.barrier()
     if rank == 0:
         for record in list_checkpoints(root.as_uri()):

@@ -15,17 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
-from trainyard.plugins.storage.hashing import (
-    CHUNK_BYTES as CHUNK_BYTES,
-)
-from trainyard.plugins.storage.hashing import (
-    HashAlgorithm,
-    copy_digesting,
-    digest_file,
-)
-from trainyard.plugins.storage.hashing import (
-    read_ahead as read_ahead,
-)
+from trainyard.plugins.storage.hashing import HashAlgorithm, copy_hashing, digest_file
 
 PARTIAL_MARKER = ".trainyard-partial-"
 """Local temporary files carry this in their name; listings skip them and keys may not use it."""
@@ -167,12 +157,6 @@ class ObjectStore(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
-
-
-def copy_hashing(src: IO[bytes], dst: IO[bytes] | None, algorithm: HashAlgorithm = "sha256"
-                 ) -> tuple[int, str]:
-    """Stream src → dst in big chunks, hashing on the way; returns (bytes, hex digest)."""
-    return copy_digesting(src, dst, algorithm)
 
 
 def sha256_of_file(path: str | os.PathLike[str], *, buffers: int = 3) -> tuple[int, str]:

@@ -20,12 +20,15 @@ import queue
 import threading
 from typing import IO, Literal, Protocol
 
+from blake3 import blake3
+
 HashAlgorithm = Literal["sha256", "blake3"]
 ALGORITHMS: tuple[HashAlgorithm, ...] = ("sha256", "blake3")
 
 CHUNK_BYTES = 8 << 20
-"""Read chunk of `digest_file` and `copy_digesting`: syscalls and hash calls amortise, memory
+"""Read chunk of `digest_file` and `copy_hashing`: syscalls and hash calls amortise, memory
 stays flat."""
+
 
 class Hasher(Protocol):
     """What hashlib's and blake3's hashers have in common (and all callers use)."""
@@ -42,14 +45,12 @@ def new_hasher(algorithm: HashAlgorithm = "sha256", *, threads: int = 1) -> Hash
     if algorithm == "sha256":
         return hashlib.sha256()
     if algorithm == "blake3":
-        from blake3 import blake3
-
         return blake3(max_threads=threads) if threads > 1 else blake3()  # type: ignore[no-any-return]
     raise ValueError(f"hash algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 
-def copy_digesting(src: IO[bytes], dst: IO[bytes] | None, algorithm: HashAlgorithm = "sha256"
-                   ) -> tuple[int, str]:
+def copy_hashing(src: IO[bytes], dst: IO[bytes] | None, algorithm: HashAlgorithm = "sha256"
+                 ) -> tuple[int, str]:
     """Stream src → dst (or nowhere) in big chunks, hashing on the way: (bytes, hex digest)."""
     digest = new_hasher(algorithm)
     size = 0

@@ -18,14 +18,12 @@ from trainyard.plugins.storage.api import (
     ObjectStore,
     check_expected,
     check_key,
-    copy_hashing,
     expected_digest,
     info_with,
-    read_ahead,
     write_local_atomic,
 )
 from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError
-from trainyard.plugins.storage.hashing import HashAlgorithm
+from trainyard.plugins.storage.hashing import HashAlgorithm, copy_hashing, read_ahead
 
 
 class LocalStore(ObjectStore):

@@ -22,11 +22,10 @@ from trainyard.plugins.storage.api import (
     expected_digest,
     info_with,
     join_key,
-    read_ahead,
     write_local_atomic,
 )
 from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError
-from trainyard.plugins.storage.hashing import HashAlgorithm, new_hasher
+from trainyard.plugins.storage.hashing import HashAlgorithm, new_hasher, read_ahead
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig

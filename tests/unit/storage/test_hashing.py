@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from blake3 import blake3
 
-from trainyard.plugins.storage.hashing import CHUNK_BYTES, copy_digesting, digest_file, new_hasher
+from trainyard.plugins.storage.hashing import CHUNK_BYTES, copy_hashing, digest_file, new_hasher
 
 REFERENCE = {"blake3": blake3, "sha256": hashlib.sha256}
 
@@ -26,7 +26,7 @@ def test_every_way_of_hashing_gives_the_packages_digest(tmp_path: Path, algorith
     path.write_bytes(data)
     assert digest_file(path, algorithm, threads=2) == (size, expected)  # type: ignore[arg-type]
     out = io.BytesIO()
-    assert copy_digesting(io.BytesIO(data), out, algorithm) == (size, expected)  # type: ignore[arg-type]
+    assert copy_hashing(io.BytesIO(data), out, algorithm) == (size, expected)  # type: ignore[arg-type]
     assert out.getvalue() == data
     hasher = new_hasher(algorithm, threads=4)  # type: ignore[arg-type]
     for start in range(0, size, 3 << 20):
