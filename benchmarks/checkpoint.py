@@ -295,8 +295,11 @@ def _binding_ceilings(result: dict[str, Any], med: dict[str, float], mb: float) 
     if not targets["blocking_le_1.2x_memcpy"] or not targets["blocking_le_0.5x_async_dcp_deferred"]:
         # what blocking_s is made of: the call itself, and the next step's loss, whose floor is
         # the copy when the step waits for it, else the cores the background write takes
-        out["blocking"] = {"name": "next_step_slowdown_s" if med["next_step_slowdown_s"] >
-                           med["blocking_return_s"] else "blocking_return_s",
+        # (blocking_s less the call is what the next step lost, as blocking_s counted it: the
+        # median of the differences, not the difference of the medians)
+        lost = med["blocking_s"] - med["blocking_return_s"]
+        out["blocking"] = {"name": "next_step_slowdown_s" if lost > med["blocking_return_s"]
+                           else "blocking_return_s", "next_step_lost_s": round(lost, 4),
                            "blocking_return_s": result["blocking_return_s"],
                            "next_step_slowdown_s": result["next_step_slowdown_s"],
                            "memcpy_s": result["memcpy_s"], "deferred_copy_s": result["deferred_copy_s"]}
