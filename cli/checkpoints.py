@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     ls = common("list", "committed checkpoints, newest last (plus folders without a manifest)")
     ls.add_argument("--wide", action="store_true", help="every column, whatever the terminal's width")
-    v = common("verify", "check every file's size and SHA-256 against the manifest")
+    v = common("verify", "check every file's size and digest (BLAKE3, or SHA-256 in older manifests) against the manifest")
     v.add_argument("--step", type=int, help="only this step (default: every checkpoint)")
     v.add_argument("--no-hashes", action="store_true", help="sizes only (no reading of data)")
     pr = common("prune", "apply the retention policy (keep last N, best K, every M, min age)")

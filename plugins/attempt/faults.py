@@ -11,7 +11,7 @@ themselves; both apply to attempt 0 only, like the worker's (`FaultParams.worker
   `DELETE /faults` (a real failed GPU stays failed too).
 - `corrupt_newest_checkpoint` — when the attempt has ended, before it is classified, overwrite
   the first bytes of one shard of the run's newest committed checkpoint (same size: only the
-  SHA-256 can tell). The decision that follows must not restore it: it re-hashes, quarantines
+  file hash can tell). The decision that follows must not restore it: it re-hashes, quarantines
   it (kept) and restarts from the previous valid one, with the reason.
 
 Both are idempotent, so a retried Airflow task does not undo or double them.

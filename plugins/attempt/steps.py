@@ -619,7 +619,7 @@ def checkpoints_root(opened: Opened, runtime: Runtime) -> str:
 
 def checkpoint_committed(opened: Opened, step: int, manifest_uri: str, runtime: Runtime, *,
                          mlflow_run_id: str) -> CheckpointSeen:
-    """A checkpoint the run committed: verify its SHA-256 hashes and record it in the MLflow run.
+    """A checkpoint the run committed: verify its files' hashes and record it in the MLflow run.
     The worker's rank 0 already recorded it and applied the retention policy at the commit
     (`trainyard.worker.checkpoint_records`): the record is idempotent, and one retention deleted before
     this look is reported `retired`, not as a checkpoint that fails verification."""

@@ -1,5 +1,5 @@
-"""Checkpoints: async sharded writer, SHA-256 manifests, catalog, retention (the object store
-they live in is `plugins/storage/`).
+"""Checkpoints: async sharded writer, BLAKE3-hashed manifests (SHA-256 ones still read),
+catalog, retention (the object store they live in is `plugins/storage/`).
 
 The control plane imports the torch-free modules (`manifest`, `catalog`, `retention`,
 `uris`) directly; the names below that need torch (`CheckpointManager`,

@@ -3,7 +3,8 @@
 Used by the control plane (Airflow sensors, the CLI, maintenance DAGs) as well as the workers,
 so it imports neither torch nor Airflow. A checkpoint is *committed* when its folder holds a
 `MANIFEST.json` that parses; it is *valid* when every file the manifest lists exists with the
-listed size and SHA-256. `latest_valid` walks from the newest committed checkpoint backwards
+listed size and digest (BLAKE3, or SHA-256 in manifests written before; each entry says
+which). `latest_valid` walks from the newest committed checkpoint backwards
 and logs why it skipped each one it could not trust.
 
 A committed checkpoint can be *quarantined* (`quarantine`): a `QUARANTINED.json` beside its
@@ -14,7 +15,6 @@ no restore, fallback or retention rule ever picks it again; `Scan.quarantined` s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Iterable, Iterator
@@ -26,12 +26,13 @@ from trainyard.plugins.checkpoint.manifest import (
     MANIFEST_NAME,
     CheckpointManifest,
     ManifestFile,
+    manifest_sha256,
     parse_step_dir,
     step_dir,
 )
 from trainyard.plugins.checkpoint.uris import identity_of, split_manifest_uri
 from trainyard.plugins.storage.errors import ObjectNotFoundError
-from trainyard.plugins.storage.store import ObjectInfo, ObjectStore, open_store, sha256_of_stream
+from trainyard.plugins.storage.store import ObjectInfo, ObjectStore, copy_hashing, open_store
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ QUARANTINE_NAME = "QUARANTINED.json"
 """Beside `MANIFEST.json`: this checkpoint must never be restored again (see the docstring)."""
 
 HASH_THREADS = 4
-"""Files hashed in parallel by `verify` (hashlib releases the GIL; S3 reads overlap)."""
+"""Files hashed in parallel by `verify` (hashlib and blake3 release the GIL; S3 reads overlap)."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ def quarantine(manifest_uri: str, reason: str, *, endpoint_url: str | None = Non
     root_uri, folder, _ = split_manifest_uri(manifest_uri)
     store = open_store(root_uri, endpoint_url=endpoint_url)
     marker = f"{folder}/{QUARANTINE_NAME}"
-    digest = hashlib.sha256(store.get_bytes(f"{folder}/{MANIFEST_NAME}")).hexdigest()
+    digest = manifest_sha256(store.get_bytes(f"{folder}/{MANIFEST_NAME}"))
     if store.exists(marker) and _quarantine_reason(store, folder) is not None:
         return store.key_uri(marker)
     body = {"manifest_uri": manifest_uri, "manifest_sha256": digest, "reason": reason, "by": by,
@@ -202,7 +203,7 @@ def _quarantine_reason(store: ObjectStore, folder: str) -> str | None:
     earlier manifest of the same step (committed again since)."""
     try:
         marker = json.loads(store.get_bytes(f"{folder}/{QUARANTINE_NAME}"))
-        digest = hashlib.sha256(store.get_bytes(f"{folder}/{MANIFEST_NAME}")).hexdigest()
+        digest = manifest_sha256(store.get_bytes(f"{folder}/{MANIFEST_NAME}"))
     except ObjectNotFoundError:
         return None
     except (ValueError, AttributeError) as e:  # an unreadable marker still quarantines
@@ -231,7 +232,7 @@ def verify(
     listing: Iterable[ObjectInfo] | None = None,
 ) -> VerifyReport:
     """Check every file of one checkpoint: present, right size, and (with `hashes`) right
-    SHA-256. Never raises for a bad checkpoint — the problems are in the report."""
+    digest, in the algorithm its manifest entry names. Never raises for a bad checkpoint — the problems are in the report."""
     store = as_store(store_or_uri, endpoint_url=endpoint_url)
     if isinstance(record, int):
         folder = step_dir(record)
@@ -268,16 +269,12 @@ def _hash_one(store: ObjectStore, folder: str, entry: ManifestFile) -> int | str
     """Bytes hashed, or a description of what is wrong."""
     try:
         with store.open_read(f"{folder}/{entry.path}") as f:
-            size, sha = sha256_of_stream(f)
+            size, digest = copy_hashing(f, None, entry.algorithm)
     except ObjectNotFoundError:
         return "missing"
     except OSError as e:
         return f"unreadable ({type(e).__name__}: {e})"
-    if size != entry.size:
-        return f"size {size} != manifest {entry.size}"
-    if sha != entry.sha256:
-        return f"SHA-256 {sha[:12]}… != manifest {entry.sha256[:12]}… (corrupt)"
-    return size
+    return entry.mismatch(size, digest) or size
 
 
 def candidates_newest_first(store: ObjectStore, *, before_step: int | None = None

@@ -9,8 +9,9 @@ uses `torch.load(weights_only=False)`). A checkpoint is data, so here:
 - non-tensor values are loaded with `torch.load(weights_only=True)`;
 - tensors are already loaded with `weights_only=True` by DCP itself.
 
-Both readers are used only after the files' SHA-256 matched the manifest. On the writing side,
-`HashingFileSystemWriter` computes each file's SHA-256 as DCP writes it — on a second thread, at
+Both readers are used only after the files' digests matched the manifest. On the writing side,
+`HashingFileSystemWriter` computes each file's digest (BLAKE3, `manifest.HASH_ALGORITHM`) as DCP
+writes it — on a second thread, at
 the same time as the bytes go to the kernel, or, with `direct_io`, while the disk takes the
 previous chunk with O_DIRECT (`direct_write`) — so the upload never reads the file again just to
 hash it. On the reading side, `SafeFileSystemReader` reads a tensor's bytes straight into the
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import io
 import os
 import pickle
@@ -45,6 +45,8 @@ from torch.distributed.checkpoint.utils import _create_file_view
 
 from trainyard.plugins.checkpoint.direct_read import HeldFile
 from trainyard.plugins.checkpoint.direct_write import open_direct
+from trainyard.plugins.checkpoint.manifest import HASH_ALGORITHM
+from trainyard.plugins.storage.store import HashAlgorithm, new_hasher
 
 METADATA_NAME = ".metadata"
 
@@ -94,7 +96,7 @@ class SafeFileSystemReader(FileSystemReader):
     sixth of the speed of the copy after it). Here an item whose stored tensor and destination
     are both whole and contiguous, of one dtype and shape, is `readinto` the destination's own
     bytes; any other item (resharding that narrows a chunk, a transform, a byte-swapped file)
-    goes through DCP's own path unchanged. Both read only files whose SHA-256 was verified.
+    goes through DCP's own path unchanged. Both read only files whose digest was verified.
     Files in `held` (local path → the verified bytes in memory, `direct_read`) are read from
     there, by both paths, instead of from the disk.
     """
@@ -311,7 +313,7 @@ def without_zip_crc32() -> Generator[None, None, None]:
 
     DCP writes every tensor with torch.save, whose zip writer computes a CRC-32 of every byte:
     on the development machine ~0.07 s of a 0.23 s write of 201 MB per rank, a third of it. The
-    SHA-256 that the manifest records covers the same bytes, and every reader here checks it
+    digest that the manifest records covers the same bytes, and every reader here checks it
     first; torch.load reads files without the CRC (only zip tools would warn). torch's setting
     is process-wide, so a torch.save elsewhere in the process while a checkpoint is written
     goes without the CRC too; the setting is put back when the last concurrent writer ends."""
@@ -337,10 +339,11 @@ class _HashingStream(io.RawIOBase):
     the same time as it is written, and `write` returns only when both are done (the caller
     may reuse its buffer then), so the digest is always exactly the bytes written, in order."""
 
-    def __init__(self, raw: Any, hasher: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, raw: Any, hasher: ThreadPoolExecutor | None = None,
+                 algorithm: HashAlgorithm = HASH_ALGORITHM) -> None:
         self._raw = raw
         self._hasher = hasher
-        self.digest = hashlib.sha256()
+        self.digest = new_hasher(algorithm)
         self.size = 0
         self._writeback_from = 0
 
@@ -390,12 +393,14 @@ class _HashingStream(io.RawIOBase):
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system, remembering (size, SHA-256) of every file it writes; with
-    `direct`, files are written with O_DIRECT where the file system allows it (`direct_write`)."""
+    """DCP's local file system, remembering (size, digest in `algorithm`) of every file it
+    writes; with `direct`, files are written with O_DIRECT where the file system allows it
+    (`direct_write`)."""
 
-    def __init__(self, direct: bool = False) -> None:
+    def __init__(self, direct: bool = False, algorithm: HashAlgorithm = HASH_ALGORITHM) -> None:
         super().__init__()
         self.direct = direct
+        self.algorithm: HashAlgorithm = algorithm
         self.digests: dict[str, tuple[int, str]] = {}
         self._lock = threading.Lock()  # DCP may write several files from several threads
 
@@ -406,22 +411,22 @@ class _HashingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        direct = open_direct(path) if self.direct else None
+        direct = open_direct(path, self.algorithm) if self.direct else None
         if direct is not None:
             with contextlib.closing(direct):  # DCP closes it itself when all went well
                 yield direct
             self._remember(path, direct.size, direct.digest.hexdigest())
             return
         with super().create_stream(path, mode) as raw, \
-                ThreadPoolExecutor(1, thread_name_prefix="sha256-aside") as hasher:
-            tap = _HashingStream(raw, hasher)
+                ThreadPoolExecutor(1, thread_name_prefix="hash-aside") as hasher:
+            tap = _HashingStream(raw, hasher, self.algorithm)
             yield tap
             tap.flush()
             self._remember(path, tap.size, tap.digest.hexdigest())
 
-    def _remember(self, path: str | os.PathLike[str], size: int, sha256: str) -> None:
+    def _remember(self, path: str | os.PathLike[str], size: int, digest: str) -> None:
         with self._lock:
-            self.digests[os.fspath(path)] = (size, sha256)
+            self.digests[os.fspath(path)] = (size, digest)
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         super().rename(path, new_path)
@@ -436,14 +441,16 @@ class _HashingFileSystem(FileSystem):
 
 
 class HashingFileSystemWriter(FileSystemWriter):
-    """`FileSystemWriter` that knows each written file's size and SHA-256 afterwards;
-    `direct_io` writes them with O_DIRECT (for files that are stored where they are written).
-    Its data files are written without torch.save's per-record CRC-32 (`without_zip_crc32`)."""
+    """`FileSystemWriter` that knows each written file's size and digest (`algorithm`)
+    afterwards; `direct_io` writes them with O_DIRECT (for files that are stored where they are
+    written). Its data files are written without torch.save's per-record CRC-32
+    (`without_zip_crc32`)."""
 
     def __init__(self, path: str | os.PathLike[str], *, direct_io: bool = False,
-                 **kwargs: Any) -> None:
+                 algorithm: HashAlgorithm = HASH_ALGORITHM, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
-        self.fs = _HashingFileSystem(direct=direct_io)
+        self.algorithm = algorithm
+        self.fs = _HashingFileSystem(direct=direct_io, algorithm=algorithm)
         self.path = self.fs.init_path(path)
 
     def write_data(self, plan: Any, planner: Any) -> Future[Any]:
@@ -451,7 +458,8 @@ class HashingFileSystemWriter(FileSystemWriter):
             return super().write_data(plan, planner)
 
     def digest_of(self, path: Path) -> tuple[int, str] | None:
-        """(size, sha256) of a file this writer wrote; None if unknown or its size changed."""
+        """(size, digest in `algorithm`) of a file this writer wrote; None if unknown or its
+        size changed."""
         known = self.fs.digests.get(os.fspath(path))  # type: ignore[attr-defined]
         if known is None or path.stat().st_size != known[0]:
             return None

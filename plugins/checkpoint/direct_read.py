@@ -20,7 +20,6 @@ file fits in memory (`memory_to_hold`); `HeldFile.close` gives the memory back.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +33,8 @@ from trainyard.plugins.checkpoint.direct_write import (
     clear_o_direct,
     io_buffer,
 )
+from trainyard.plugins.checkpoint.manifest import HASH_ALGORITHM
+from trainyard.plugins.storage.store import HashAlgorithm, new_hasher
 
 READS_IN_FLIGHT = 2
 """Reads the disk has queued while the previous piece is hashed (more measured no faster)."""
@@ -41,11 +42,12 @@ READS_IN_FLIGHT = 2
 
 @dataclass
 class HeldFile:
-    """A file's bytes in memory, with the size and SHA-256 of exactly those bytes."""
+    """A file's bytes in memory, with the size and digest (`algorithm`) of exactly those bytes."""
 
     size: int
-    sha256: str
+    digest: str
     data: mmap.mmap
+    algorithm: HashAlgorithm = HASH_ALGORITHM
 
     def view(self) -> memoryview:
         return memoryview(self.data)[: self.size]
@@ -55,15 +57,17 @@ class HeldFile:
             self.data.close()  # goes when the last view does
 
 
-def read_held(path: str | os.PathLike[str]) -> HeldFile:
-    """Read `path` into memory in one pass, hashing each piece while the next ones are read."""
+def read_held(path: str | os.PathLike[str], algorithm: HashAlgorithm = HASH_ALGORITHM, *,
+              threads: int = 1) -> HeldFile:
+    """Read `path` into memory in one pass, hashing each piece (with `algorithm`, on up to
+    `threads` cores) while the next ones are read."""
     fd = _open(path)
     try:
         size = os.fstat(fd).st_size
         data = io_buffer(max(ALIGN, -(-size // ALIGN) * ALIGN))
         view = memoryview(data)
         try:
-            digest = hashlib.sha256()
+            digest = new_hasher(algorithm, threads=threads)
             with ThreadPoolExecutor(READS_IN_FLIGHT, thread_name_prefix="direct-read") as pool:
                 # every piece queued at once: the pool keeps READS_IN_FLIGHT at the disk
                 reads = [(offset, min(CHUNK_BYTES, size - offset),
@@ -78,10 +82,10 @@ def read_held(path: str | os.PathLike[str]) -> HeldFile:
                         read.cancel()
         except BaseException:
             view.release()
-            HeldFile(0, "", data).close()  # (a view in the traceback may keep it a while)
+            HeldFile(0, "", data, algorithm).close()  # (a view in the traceback may keep it a while)
             raise
         view.release()
-        return HeldFile(size, digest.hexdigest(), data)
+        return HeldFile(size, digest.hexdigest(), data, algorithm)
     finally:
         os.close(fd)
 

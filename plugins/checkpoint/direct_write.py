@@ -1,7 +1,8 @@
 """A checkpoint file written with O_DIRECT and hashed while the disk writes it.
 
 A buffered write makes the kernel copy every byte into freshly allocated page-cache pages: on
-the 2-core development machine that copy cost as much CPU as the SHA-256 of the same bytes,
+the 2-core development machine that copy cost as much CPU as the SHA-256 of the same bytes
+(the hash is BLAKE3 now, `manifest.HASH_ALGORITHM`, about twice as fast per core),
 and with one core per rank the two could not overlap, so a hashed save reached half the
 disk's rate. With O_DIRECT the disk reads the bytes from our memory itself (DMA) and the
 write costs the CPU almost nothing; the CPU is left to copy each piece into a page-aligned
@@ -24,13 +25,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import io
 import mmap
 import os
 import queue
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from trainyard.plugins.checkpoint.manifest import HASH_ALGORITHM
+from trainyard.plugins.storage.store import HashAlgorithm, new_hasher
 
 CHUNK_BYTES = 8 << 20
 """One write to the disk: large enough that the device streams, small enough to stay in cache
@@ -76,8 +79,11 @@ class DirectHashingStream(io.RawIOBase):
     """Write-only, strictly in order; `digest` and `size` describe exactly the bytes written
     once `close()` returns (it writes the tail, waits for the disk and cuts the padding)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        """Opens `path` with O_DIRECT; raises OSError (EINVAL) where the file system refuses."""
+    def __init__(self, path: str | os.PathLike[str], algorithm: HashAlgorithm = HASH_ALGORITHM,
+                 *, threads: int = 1) -> None:
+        """Opens `path` with O_DIRECT; raises OSError (EINVAL) where the file system refuses.
+        Each chunk is hashed with `algorithm` (on up to `threads` cores) while the disk writes
+        the one before."""
         super().__init__()
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
         self._chunks = [_take_chunk() for _ in range(CHUNKS)]
@@ -87,7 +93,8 @@ class DirectHashingStream(io.RawIOBase):
         self._fill = 0  # bytes in it
         self._offset = 0  # where it goes in the file
         self.direct = True
-        self.digest = hashlib.sha256()
+        self.algorithm = algorithm
+        self.digest = new_hasher(algorithm, threads=threads)
         self.size = 0
 
     def writable(self) -> bool:
@@ -187,12 +194,13 @@ def clear_o_direct(fd: int) -> bool:
     return True
 
 
-def open_direct(path: str | os.PathLike[str]) -> DirectHashingStream | None:
+def open_direct(path: str | os.PathLike[str], algorithm: HashAlgorithm = HASH_ALGORITHM, *,
+                threads: int = 1) -> DirectHashingStream | None:
     """A direct stream for `path`, or None where O_DIRECT is not available there."""
     if not hasattr(os, "O_DIRECT"):
         return None
     try:
-        return DirectHashingStream(path)
+        return DirectHashingStream(path, algorithm, threads=threads)
     except OSError as e:
         if e.errno in REFUSED:
             return None

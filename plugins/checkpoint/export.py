@@ -9,7 +9,6 @@ header so a registered model can always be traced back to its checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from trainyard.plugins.checkpoint.catalog import open_manifest_uri
 from trainyard.plugins.checkpoint.errors import OutsideJobPrefixError
-from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME
+from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, manifest_sha256
 from trainyard.plugins.checkpoint.transfer import download_verified
 from trainyard.plugins.checkpoint.uris import require_job_prefix
 from trainyard.plugins.storage.store import sha256_of_file
@@ -89,8 +88,8 @@ def export_safetensors(manifest_uri: str, dest: str | os.PathLike[str], *,
         save_file(tensors, str(tmp), metadata={
             "trainyard.job": manifest.job, "trainyard.step": str(manifest.step),
             "trainyard.manifest": manifest_uri,
-            "trainyard.manifest_sha256": hashlib.sha256(
-                store.get_bytes(f"{record.folder}/{MANIFEST_NAME}")).hexdigest(),
+            "trainyard.manifest_sha256": manifest_sha256(
+                store.get_bytes(f"{record.folder}/{MANIFEST_NAME}")),
         })
         os.replace(tmp, dest)
     finally:

@@ -96,8 +96,8 @@ def materialize(store: ObjectStore, record: CheckpointRecord, needed: set[str], 
                 *, link: bool, to_hash: set[str], rank: int, threads: int = 1, hold: int = 0
                 ) -> tuple[str | None, dict[str, Identity], dict[str, HeldFile]]:
     """Step 3: (problem or None, identities of this rank's links, files held in memory).
-    Never raises. Files are fetched or hashed `threads` at a time (hashlib and file I/O
-    release the GIL). Of the linked files this rank hashes, the largest that fit in `hold`
+    Never raises. Files are fetched or hashed `threads` at a time (hashlib, blake3 and file
+    I/O release the GIL). Of the linked files this rank hashes, the largest that fit in `hold`
     bytes are read into memory as they are hashed (`read_verified`), for the load to read
     from there; the rest are hashed from the page cache and read again by the load. Held
     files are keyed by their local path; on a problem nothing is held."""
@@ -112,6 +112,10 @@ def materialize(store: ObjectStore, record: CheckpointRecord, needed: set[str], 
             to_hold.add(path)
             hold -= sizes[path]
 
+    # the cores left to each file's hash when `threads` files are hashed at once (BLAKE3
+    # splits one file's hash across them; SHA-256 cannot)
+    hash_threads = max(1, threads // max(1, min(threads, len(order))))
+
     def one(path: str) -> None:
         entry = record.manifest.file(path)
         dest = local / path
@@ -124,9 +128,9 @@ def materialize(store: ObjectStore, record: CheckpointRecord, needed: set[str], 
         st = dest.stat()
         identities[path] = (st.st_dev, st.st_ino)
         if path in to_hold:
-            held[os.fspath(dest)] = read_verified(entry, dest)
+            held[os.fspath(dest)] = read_verified(entry, dest, threads=hash_threads)
         elif path in to_hash:
-            verify_local_file(entry, dest)
+            verify_local_file(entry, dest, threads=hash_threads)
 
     try:
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:

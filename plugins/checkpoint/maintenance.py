@@ -63,7 +63,7 @@ class AuditFinding:
     step: int
     manifest_uri: str
     reason: str
-    """'ok', or every problem `verify` found (missing file, size, SHA-256)."""
+    """'ok', or every problem `verify` found (missing file, size, digest)."""
     hashed_bytes: int = 0
 
     @property

@@ -21,8 +21,10 @@ A save, as every rank sees it (all ranks call `save` together):
    stays blocking (`staging` is then only a wish).
 2. *Background thread* — `dcp.save` of the staged copy into this rank's local staging
    folder (no fsync: the staging copy is scratch), plus a JSON file with the rank's extra
-   state (step, RNG states, LR scheduler, sampler — never a pickle). Then each rank uploads
-   its own files, hashing them with SHA-256 while they stream, and deletes its staging copy.
+   state (step, RNG states, LR scheduler, sampler — never a pickle), each file hashed with
+   BLAKE3 as it is written. Then each rank uploads its own files (a local store adopts them
+   by rename; a store that copies them hashes the bytes as they stream and checks them
+   against the writer's digest), and deletes its staging copy.
 3. *Commit* — rank 0 gathers every rank's file list and writes `step-<N>/MANIFEST.json`
    last, in one atomic PUT / rename, and tells every rank the outcome. A crash anywhere
    before that leaves a folder without a manifest, which the catalog never lists.
@@ -152,7 +154,7 @@ class SaveResult:
 
 
 class CheckpointManager:
-    """Async sharded checkpoints with SHA-256 manifests for one job (see the module docstring).
+    """Async sharded checkpoints with BLAKE3-hashed manifests for one job (see the module docstring).
 
     All ranks construct it, and call `save`, `save_sync`, `wait`, `restore` and `close`,
     together. Convention: `save(step)` is called after step `step` finished; a restore returns
@@ -509,7 +511,7 @@ class CheckpointManager:
                     known = writer.digest_of(path)
                     files.append(upload_file(self.store, folder, rel, path, move=True,
                                              compression=self.compression, rank=self.rank,
-                                             sha256=known[1] if known else None))
+                                             digest=known[1] if known else None))
             except Exception as e:
                 error = f"rank {self.rank}: upload: {type(e).__name__}: {e}"
                 log.exception("rank %d could not upload checkpoint step %d", self.rank, step)

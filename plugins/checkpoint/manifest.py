@@ -2,8 +2,12 @@
 
 A checkpoint folder `step-<NNNNNNNN>/` exists only once its `MANIFEST.json` does: the manifest
 is written last, in one atomic PUT / rename, after every rank's files are uploaded. It lists
-each file with its stored size and SHA-256, so a reader can prove the folder is whole before
-any byte reaches a model.
+each file with its stored size and digest, so a reader can prove the folder is whole before
+any byte reaches a model. The digest's algorithm is recorded per file, by the field that
+holds it: `blake3` since format 2 (issue 58: SHA-256 ran at about the disk's rate and bound
+save and restore), `sha256` in format-1 manifests written before, which stay readable and
+are verified with SHA-256 (`ManifestFile.algorithm`; hashers in
+`trainyard.plugins.storage.hashing`).
 
 Manifests are JSON, never pickles, and they are untrusted input when read: every path must be
 relative and stay inside the checkpoint folder (no `..`, no absolute paths, no backslashes);
@@ -12,6 +16,7 @@ a manifest that breaks this is rejected as a whole. No torch import here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from datetime import UTC, datetime
@@ -29,9 +34,12 @@ from pydantic import (
 )
 
 from trainyard.plugins.storage.errors import UnsafeKeyError
-from trainyard.plugins.storage.store import check_key
+from trainyard.plugins.storage.store import HashAlgorithm, check_key
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""1: every file's digest is SHA-256; 2: each file names its algorithm (BLAKE3 when written)."""
+HASH_ALGORITHM: HashAlgorithm = "blake3"
+"""What new manifests record for every file."""
 MANIFEST_NAME = "MANIFEST.json"
 MAX_MANIFEST_BYTES = 64 << 20
 """A manifest lists files, not data; anything this large is not one of ours."""
@@ -65,15 +73,17 @@ def check_manifest_path(path: str) -> str:
 
 
 class ManifestFile(BaseModel):
-    """One stored file. `size` and `sha256` describe the bytes *as stored* (compressed if
-    `compression` says so), so verification never needs to decompress."""
+    """One stored file. `size` and its digest (`blake3` or `sha256`: exactly one) describe the
+    bytes *as stored* (compressed if `compression` says so), so verification never needs to
+    decompress."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str
     """Relative to the checkpoint folder, '/'-separated."""
     size: NonNegativeInt
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    blake3: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     compression: Compression = "none"
     raw_size: NonNegativeInt | None = None
     """Bytes after decompression (equals `size` when uncompressed)."""
@@ -85,13 +95,43 @@ class ManifestFile(BaseModel):
     def _safe_path(cls, value: str) -> str:
         return check_manifest_path(value)
 
+    @model_validator(mode="after")
+    def _one_digest(self) -> ManifestFile:
+        if (self.blake3 is None) == (self.sha256 is None):
+            raise ValueError(f"{self.path}: a manifest file has exactly one digest, blake3 or "
+                             f"sha256 (got {'both' if self.blake3 else 'neither'})")
+        return self
+
+    @classmethod
+    def hashed(cls, algorithm: HashAlgorithm, digest: str, **fields: Any) -> ManifestFile:
+        """The entry for a file whose `algorithm` digest is `digest`."""
+        return cls(**fields, **{algorithm: digest})
+
+    @property
+    def algorithm(self) -> HashAlgorithm:
+        return "blake3" if self.blake3 is not None else "sha256"
+
+    @property
+    def digest(self) -> str:
+        """The hex digest of the stored bytes, in `algorithm`."""
+        return self.blake3 or self.sha256 or ""
+
+    def mismatch(self, size: int, digest: str) -> str | None:
+        """What is wrong with stored bytes of `size` and `digest` (in `algorithm`), or None."""
+        if size != self.size:
+            return f"size {size} != manifest {self.size}"
+        if digest != self.digest:
+            name = {"blake3": "BLAKE3", "sha256": "SHA-256"}[self.algorithm]
+            return f"{name} {digest[:12]}… != manifest {self.digest[:12]}… (corrupt)"
+        return None
+
 
 class CheckpointManifest(BaseModel):
     """The JSON written to `step-<N>/MANIFEST.json`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
-    format_version: Literal[1] = FORMAT_VERSION
+    format_version: Literal[1, 2] = FORMAT_VERSION
     job: str = Field(min_length=1, max_length=253)
     run: str | None = Field(default=None, max_length=63)
     """The training run that wrote it; with `job`, compared with the folder that holds the
@@ -121,6 +161,8 @@ class CheckpointManifest(BaseModel):
         missing = sorted(set(self.extra_state) - set(paths))
         if missing:
             raise ValueError(f"extra_state names files the manifest does not list: {missing}")
+        if self.format_version == 1 and any(f.algorithm != "sha256" for f in self.files):
+            raise ValueError("a format-1 manifest lists SHA-256 digests only")
         return self
 
     @property
@@ -151,6 +193,13 @@ class CheckpointManifest(BaseModel):
         except RecursionError as e:  # `[[[[…` nested past the parser's stack: not a manifest
             raise ValueError("manifest JSON nests too deeply") from e
         return cls.model_validate(document)
+
+
+def manifest_sha256(data: bytes) -> str:
+    """The identity of a manifest's bytes: the SHA-256 that MLflow's checkpoint tags, exported
+    models and quarantine markers record (`trainyard.checkpoint.sha256`). A few kilobytes, so
+    the hash's speed does not matter here, and the recorded identities stay comparable."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def utc_now() -> datetime:

@@ -6,11 +6,7 @@ from there. No torch, no boto3.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import os
-import queue
-import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -19,10 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError, UnsafeKeyError
-
-CHUNK_BYTES = 8 << 20
-"""Read/write chunk for streaming copies: big enough that syscalls and hashing calls amortise,
-small enough that memory stays flat."""
+from trainyard.plugins.storage.hashing import HashAlgorithm, copy_hashing, digest_file
 
 PARTIAL_MARKER = ".trainyard-partial-"
 """Local temporary files carry this in their name; listings skip them and keys may not use it."""
@@ -31,7 +24,8 @@ PARTIAL_MARKER = ".trainyard-partial-"
 @dataclass(frozen=True)
 class ObjectInfo:
     """What a store knows about one object. `sha256` is None where the store cannot tell
-    without reading the object (listings); `mtime` is seconds since the epoch when known."""
+    without reading the object (listings) or hashed it with another algorithm (`blake3`, for
+    a caller that asked for it); `mtime` is seconds since the epoch when known."""
 
     key: str
     size: int
@@ -40,6 +34,11 @@ class ObjectInfo:
     etag: str | None = None
     """The store's version tag of the object (S3: the ETag without quotes; local: modification
     time and size), so a reader can tell the object it listed from one written over it."""
+    blake3: str | None = None
+
+    def digest(self, algorithm: HashAlgorithm) -> str | None:
+        """The hex digest of the object's bytes with `algorithm`, if the store computed it."""
+        return self.blake3 if algorithm == "blake3" else self.sha256
 
 
 def check_key(key: str, *, prefix: bool = False) -> str:
@@ -92,19 +91,23 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def put_file(self, key: str, path: str | os.PathLike[str], *, move: bool = False,
-                 sha256: str | None = None) -> ObjectInfo:
-        """Upload a local file; the returned SHA-256 is computed while streaming it.
+                 sha256: str | None = None, algorithm: HashAlgorithm = "sha256",
+                 expected: str | None = None) -> ObjectInfo:
+        """Upload a local file; its digest (`algorithm`) is computed while streaming it.
 
         With `move=True` the caller gives the file up: it is gone afterwards, and a local
         store on the same file system adopts it by rename instead of copying the bytes.
-        `sha256`, when the caller computed it as it wrote the file, is checked against the
-        bytes a store streams (mismatch: `IntegrityError`), and spares a local store that
-        adopts the file from reading it at all.
+        `expected`, the `algorithm` digest the caller computed as it wrote the file, is checked
+        against the bytes a store streams (mismatch: `IntegrityError`), and spares a local
+        store that adopts the file from reading it at all. `sha256=` is short for
+        `algorithm="sha256", expected=...`.
         """
 
     @abstractmethod
-    def put_stream(self, key: str, stream: IO[bytes]) -> ObjectInfo:
-        """Upload everything `stream.read()` yields (e.g. a compressing reader), hashing it."""
+    def put_stream(self, key: str, stream: IO[bytes], *, algorithm: HashAlgorithm = "sha256"
+                   ) -> ObjectInfo:
+        """Upload everything `stream.read()` yields (e.g. a compressing reader), hashing it
+        with `algorithm`."""
 
     @abstractmethod
     def get_bytes(self, key: str) -> bytes: ...
@@ -156,81 +159,27 @@ class ObjectStore(ABC):
         return f"{type(self).__name__}({self.uri!r})"
 
 
-def copy_hashing(src: IO[bytes], dst: IO[bytes] | None) -> tuple[int, str]:
-    """Stream src → dst in big chunks, hashing on the way; returns (bytes, sha256 hex)."""
-    digest = hashlib.sha256()
-    size = 0
-    buf = bytearray(CHUNK_BYTES)
-    view = memoryview(buf)
-    readinto = getattr(src, "readinto", None)
-    while True:
-        if readinto is not None:
-            n = readinto(view)
-            if not n:
-                break
-            chunk = view[:n]
-        else:
-            data = src.read(CHUNK_BYTES)
-            if not data:
-                break
-            chunk = memoryview(data)
-            n = len(data)
-        digest.update(chunk)
-        if dst is not None:
-            dst.write(chunk)
-        size += n
-    return size, digest.hexdigest()
-
-
-def read_ahead(f: IO[bytes]) -> None:
-    """Ask the kernel to read the whole file ahead, so the disk works while we hash."""
-    with contextlib.suppress(AttributeError, OSError, io.UnsupportedOperation):
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-
-
 def sha256_of_file(path: str | os.PathLike[str], *, buffers: int = 3) -> tuple[int, str]:
-    """(size, SHA-256) of a local file, reading ahead in a second thread so the disk and the
-    hash work at the same time (both release the GIL): on a cold page cache this takes about
-    as long as the slower of the two instead of their sum."""
-    free: queue.Queue[bytearray] = queue.Queue()
-    full: queue.Queue[tuple[bytearray, int] | Exception] = queue.Queue()
-    for _ in range(buffers):
-        free.put(bytearray(CHUNK_BYTES))
-    stop = threading.Event()
+    """(size, SHA-256) of a local file, read ahead while hashed (`hashing.digest_file`)."""
+    return digest_file(path, "sha256", buffers=buffers)
 
-    def reader() -> None:
-        try:
-            with open(path, "rb", buffering=0) as f:
-                read_ahead(f)
-                while not stop.is_set():
-                    buf = free.get()
-                    n = f.readinto(buf) or 0
-                    full.put((buf, n))
-                    if not n:
-                        return
-        except Exception as e:  # noqa: BLE001 - handed to the hashing thread, which raises it
-            full.put(e)
 
-    thread = threading.Thread(target=reader, name="sha256-read-ahead", daemon=True)
-    thread.start()
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        while True:
-            item = full.get()
-            if isinstance(item, Exception):
-                raise item
-            buf, n = item
-            if not n:
-                break
-            digest.update(memoryview(buf)[:n])
-            size += n
-            free.put(buf)
-    finally:
-        stop.set()
-        free.put(bytearray(0))  # unblock a reader waiting for a buffer
-        thread.join()
-    return size, digest.hexdigest()
+def expected_digest(sha256: str | None, algorithm: HashAlgorithm, expected: str | None
+                    ) -> tuple[HashAlgorithm, str | None]:
+    """`put_file`'s (algorithm, expected digest) from its arguments; both ways at once is an
+    error, not a guess."""
+    if sha256 is None:
+        return algorithm, expected
+    if expected is not None or algorithm != "sha256":
+        raise ValueError("put_file takes sha256= or algorithm= with expected=, not both")
+    return "sha256", sha256
+
+
+def info_with(key: str, size: int, digest: str, algorithm: HashAlgorithm) -> ObjectInfo:
+    """An `ObjectInfo` carrying `digest` in the field of its algorithm."""
+    if algorithm == "blake3":
+        return ObjectInfo(key, size, None, blake3=digest)
+    return ObjectInfo(key, size, digest)
 
 
 def sha256_of_stream(stream: IO[bytes]) -> tuple[int, str]:
@@ -238,10 +187,12 @@ def sha256_of_stream(stream: IO[bytes]) -> tuple[int, str]:
     return copy_hashing(stream, None)
 
 
-def check_expected(info: ObjectInfo, sha256: str | None) -> None:
-    if sha256 is not None and info.sha256 != sha256:
-        raise IntegrityError(f"{info.key}: streamed SHA-256 {info.sha256} != the writer's "
-                             f"{sha256}; the file changed before it was uploaded")
+def check_expected(info: ObjectInfo, expected: str | None, algorithm: HashAlgorithm = "sha256"
+                   ) -> None:
+    """Raise `IntegrityError` when the digest a store streamed is not the writer's."""
+    if expected is not None and info.digest(algorithm) != expected:
+        raise IntegrityError(f"{info.key}: streamed {algorithm} {info.digest(algorithm)} != the "
+                             f"writer's {expected}; the file changed before it was uploaded")
 
 
 def write_local_atomic(dest: Path, src: IO[bytes], key: str) -> ObjectInfo:

@@ -18,11 +18,12 @@ from trainyard.plugins.storage.api import (
     ObjectStore,
     check_expected,
     check_key,
-    copy_hashing,
-    read_ahead,
+    expected_digest,
+    info_with,
     write_local_atomic,
 )
 from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError
+from trainyard.plugins.storage.hashing import HashAlgorithm, copy_hashing, read_ahead
 
 
 class LocalStore(ObjectStore):
@@ -63,19 +64,21 @@ class LocalStore(ObjectStore):
         return ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())
 
     def put_file(self, key: str, path: str | os.PathLike[str], *, move: bool = False,
-                 sha256: str | None = None) -> ObjectInfo:
+                 sha256: str | None = None, algorithm: HashAlgorithm = "sha256",
+                 expected: str | None = None) -> ObjectInfo:
+        algorithm, expected = expected_digest(sha256, algorithm, expected)
         source = Path(path)
         if move and self._same_file_system(source):
             try:
-                return self._adopt(key, source, sha256)
+                return self._adopt(key, source, algorithm, expected)
             except OSError as e:
                 # one device, two mount points (a pod's emptyDir bind-mounted beside the store's
                 # folder): rename refuses to cross them; copy instead
                 if e.errno != errno.EXDEV:
                     raise
         with open(source, "rb", buffering=0) as src:
-            info = self.put_stream(key, src)
-        check_expected(info, sha256)
+            info = self.put_stream(key, src, algorithm=algorithm)
+        check_expected(info, expected, algorithm)
         if move:
             source.unlink()
         return info
@@ -92,22 +95,23 @@ class LocalStore(ObjectStore):
         except OSError:
             return False
 
-    def _adopt(self, key: str, source: Path, sha256: str | None) -> ObjectInfo:
+    def _adopt(self, key: str, source: Path, algorithm: HashAlgorithm, expected: str | None
+               ) -> ObjectInfo:
         """fsync and rename into place: the bytes are written once, by whoever produced the
         file, never copied. Hashed here (one read, usually from the page cache) unless the
         producer already did."""
         final = self.path_of(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         with open(source, "rb", buffering=0) as f:
-            if sha256 is None:
+            if expected is None:
                 read_ahead(f)
-                size, sha = copy_hashing(f, None)
+                size, digest = copy_hashing(f, None, algorithm)
             else:
-                size, sha = os.fstat(f.fileno()).st_size, sha256
+                size, digest = os.fstat(f.fileno()).st_size, expected
             os.fsync(f.fileno())
         os.replace(source, final)
         _fsync_dir(final.parent)
-        return ObjectInfo(key, size, sha)
+        return info_with(key, size, digest, algorithm)
 
     def link_to(self, key: str, dest: str | os.PathLike[str]) -> bool:
         """Hard-link the object at `dest` (replacing it) instead of copying; False where the
@@ -125,10 +129,11 @@ class LocalStore(ObjectStore):
             return False
         return True
 
-    def put_stream(self, key: str, stream: IO[bytes]) -> ObjectInfo:
+    def put_stream(self, key: str, stream: IO[bytes], *, algorithm: HashAlgorithm = "sha256"
+                   ) -> ObjectInfo:
         with self._atomic(key) as f:
-            size, sha = copy_hashing(stream, f)
-        return ObjectInfo(key, size, sha)
+            size, digest = copy_hashing(stream, f, algorithm)
+        return info_with(key, size, digest, algorithm)
 
     def get_bytes(self, key: str) -> bytes:
         try:

@@ -19,11 +19,13 @@ from trainyard.plugins.storage.api import (
     ObjectStore,
     check_expected,
     check_key,
+    expected_digest,
+    info_with,
     join_key,
-    read_ahead,
     write_local_atomic,
 )
 from trainyard.plugins.storage.errors import IntegrityError, ObjectNotFoundError
+from trainyard.plugins.storage.hashing import HashAlgorithm, new_hasher, read_ahead
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
@@ -111,9 +113,9 @@ class _HashingReader(io.RawIOBase):
     makes s3transfer read it strictly in order (one reader, parts uploaded concurrently), so
     the hash sees the bytes in the order they are stored."""
 
-    def __init__(self, inner: IO[bytes]) -> None:
+    def __init__(self, inner: IO[bytes], algorithm: HashAlgorithm = "sha256") -> None:
         self._inner = inner
-        self.digest = hashlib.sha256()
+        self.digest = new_hasher(algorithm)
         self.size = 0
 
     def readable(self) -> bool:
@@ -290,28 +292,33 @@ class S3Store(ObjectStore):
         return ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())
 
     def put_file(self, key: str, path: str | os.PathLike[str], *, move: bool = False,
-                 sha256: str | None = None) -> ObjectInfo:
+                 sha256: str | None = None, algorithm: HashAlgorithm = "sha256",
+                 expected: str | None = None) -> ObjectInfo:
+        algorithm, expected = expected_digest(sha256, algorithm, expected)
+
         @_retrying
         def attempt() -> ObjectInfo:
             with open(path, "rb") as f:
                 read_ahead(f)
-                return self._upload_stream(key, f)
+                return self._upload_stream(key, f, algorithm)
 
         info = attempt()
-        check_expected(info, sha256)
+        check_expected(info, expected, algorithm)
         if move:
             Path(path).unlink()
         return info
 
-    def put_stream(self, key: str, stream: IO[bytes]) -> ObjectInfo:
+    def put_stream(self, key: str, stream: IO[bytes], *, algorithm: HashAlgorithm = "sha256"
+                   ) -> ObjectInfo:
         # No whole-object retry: a consumed stream cannot be replayed (botocore still retries
         # each part, whose bytes s3transfer holds in memory).
-        return self._upload_stream(key, stream)
+        return self._upload_stream(key, stream, algorithm)
 
-    def _upload_stream(self, key: str, stream: IO[bytes]) -> ObjectInfo:
-        reader = _HashingReader(stream)
+    def _upload_stream(self, key: str, stream: IO[bytes], algorithm: HashAlgorithm = "sha256"
+                       ) -> ObjectInfo:
+        reader = _HashingReader(stream, algorithm)
         self.client.upload_fileobj(reader, self.bucket, self._key(key), Config=self.transfer_config)
-        return ObjectInfo(key, reader.size, reader.digest.hexdigest())
+        return info_with(key, reader.size, reader.digest.hexdigest(), algorithm)
 
     def get_bytes(self, key: str) -> bytes:
         @_retrying

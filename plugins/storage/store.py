@@ -24,29 +24,39 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from trainyard.plugins.storage.api import (
-    CHUNK_BYTES,
     PARTIAL_MARKER,
     ObjectInfo,
     ObjectStore,
     check_key,
     join_key,
-    read_ahead,
     sha256_of_file,
     sha256_of_stream,
 )
 from trainyard.plugins.storage.errors import UnsafeKeyError
+from trainyard.plugins.storage.hashing import (
+    CHUNK_BYTES,
+    HashAlgorithm,
+    copy_hashing,
+    digest_file,
+    new_hasher,
+    read_ahead,
+)
 from trainyard.plugins.storage.local import LocalStore
 from trainyard.plugins.storage.s3 import S3Store
 
 __all__ = [
     "CHUNK_BYTES",
     "PARTIAL_MARKER",
+    "HashAlgorithm",
     "LocalStore",
     "ObjectInfo",
     "ObjectStore",
     "S3Store",
     "check_key",
+    "copy_hashing",
+    "digest_file",
     "join_key",
+    "new_hasher",
     "open_store",
     "read_ahead",
     "sha256_of_file",

@@ -598,13 +598,11 @@ def log_committed_checkpoint(
 ) -> LoggedCheckpoint:
     """`log_checkpoint` for a manifest in the object store: reads it, hashes its bytes, takes its
     step and metrics (what the checkpoint watcher calls for each new commit)."""
-    import hashlib
-
     from trainyard.plugins.checkpoint.catalog import open_manifest_uri
-    from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME
+    from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, manifest_sha256
 
     store, record = open_manifest_uri(manifest_uri, endpoint_url=endpoint_url)
-    digest = hashlib.sha256(store.get_bytes(f"{record.folder}/{MANIFEST_NAME}")).hexdigest()
+    digest = manifest_sha256(store.get_bytes(f"{record.folder}/{MANIFEST_NAME}"))
     return log_checkpoint(run_id, manifest_uri, digest, record.step, record.metrics, tracking_uri=tracking_uri)
 
 

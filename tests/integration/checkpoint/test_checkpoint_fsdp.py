@@ -110,7 +110,7 @@ def test_flipped_byte_falls_back_to_previous_checkpoint(local_job: TrainedJob, t
     assert "RESTORED step=2 world=2 saved_by=2" in out.stdout
     assert "MATCH_CONTINUE step=4" in out.stdout
     assert "step-00000004/MANIFEST.json rejected" in out.stderr
-    assert "__1_0.distcp: SHA-256" in out.stderr and "(corrupt)" in out.stderr
+    assert "__1_0.distcp: BLAKE3" in out.stderr and "(corrupt)" in out.stderr
     assert latest_valid(root.as_uri()).step == 2
 
 

@@ -38,7 +38,7 @@ def test_corrupting_the_newest_checkpoint_keeps_it_committed_but_invalid(tmp_pat
     assert again == shard  # a retried task corrupts the same bytes the same way
     assert [r.step for r in list_checkpoints(store)] == [10, 20]  # still committed, nothing deleted
     report = verify(store, 20)
-    assert not report.ok and "SHA-256" in report.problems[0]  # same size: only the hash tells
+    assert not report.ok and "BLAKE3" in report.problems[0]  # same size: only the hash tells
     assert latest_valid(store).step == 10
 
 

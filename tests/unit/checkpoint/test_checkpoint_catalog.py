@@ -38,8 +38,12 @@ def test_only_committed_checkpoints_are_listed(store: ObjectStore) -> None:
     assert record.folder == "step-00000030"
 
 
-def test_verify_finds_missing_resized_and_corrupt_files(store: ObjectStore) -> None:
-    make_checkpoint(store, 1, {"a": b"a" * 1000, "b": b"b" * 1000, "c": b"c" * 1000})
+@pytest.mark.parametrize(("algorithm", "name"), [("blake3", "BLAKE3"), ("sha256", "SHA-256")])
+def test_verify_finds_missing_resized_and_corrupt_files(store: ObjectStore, algorithm: str,
+                                                        name: str) -> None:
+    """Manifests as written now (BLAKE3) and before (format 1, SHA-256) alike."""
+    make_checkpoint(store, 1, {"a": b"a" * 1000, "b": b"b" * 1000, "c": b"c" * 1000},
+                    algorithm=algorithm)  # type: ignore[arg-type]
     assert verify(store, 1).ok
     assert verify(store, 1).hashed_bytes == 3000
     folder = step_dir(1)
@@ -50,7 +54,7 @@ def test_verify_finds_missing_resized_and_corrupt_files(store: ObjectStore) -> N
     assert not report.ok
     assert report.problems == ("a: missing", "b: size 5 != manifest 1000",
                                report.problems[2])
-    assert report.problems[2].startswith("c: SHA-256") and "(corrupt)" in report.problems[2]
+    assert report.problems[2].startswith(f"c: {name} ") and "(corrupt)" in report.problems[2]
     quick = verify(store, 1, hashes=False)  # sizes only: the flipped byte goes unnoticed
     assert quick.problems == ("a: missing", "b: size 5 != manifest 1000")
     assert "manifest" in verify(store, 99).reason

@@ -4,6 +4,8 @@ tests/integration/checkpoint/."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
 import threading
@@ -13,10 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from blake3 import blake3
 from torch import nn
 
 from tests.support.s3_server import S3Server
-from trainyard.plugins.checkpoint.catalog import list_checkpoints
+from trainyard.plugins.checkpoint.catalog import list_checkpoints, verify
 from trainyard.plugins.checkpoint.errors import (
     CheckpointSaveError,
     ManagerClosedError,
@@ -25,7 +28,7 @@ from trainyard.plugins.checkpoint.errors import (
 )
 from trainyard.plugins.checkpoint.export import export_safetensors
 from trainyard.plugins.checkpoint.manager import CheckpointManager
-from trainyard.plugins.checkpoint.manifest import step_dir
+from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
 
 JOB = "unit-job"
 
@@ -127,6 +130,11 @@ def test_save_commit_restore_round_trip(root: str, tmp_path: Path) -> None:
             {"dp": 1, "tp": 1}, {"loss": 1 / 3}, 1)
         assert manifest.extra_state == ["extra/rank-00000.json"]
         assert manifest.torch_version == torch.__version__
+        assert manifest.format_version == 2
+        folder = Path(root.removeprefix("file://")) / step_dir(3)
+        for entry in manifest.files:  # each stored file's BLAKE3, as the package computes it
+            assert (entry.algorithm, entry.sha256) == ("blake3", None)
+            assert entry.blake3 == blake3((folder / entry.path).read_bytes()).hexdigest()
 
         fresh = Trainer(seed=99)
         restored = mgr.restore(model=fresh.model, optimizer=fresh.optimizer, extra=fresh.extra)
@@ -176,11 +184,55 @@ def test_restore_falls_back_past_a_corrupt_checkpoint(root: str, tmp_path: Path,
         assert manifest is not None and manifest.step == 1
         assert _same(fresh.snapshot(), at_one)
         assert "step-00000002/MANIFEST.json rejected" in caplog.text
-        assert "__0_0.distcp: SHA-256" in caplog.text and "(corrupt)" in caplog.text
+        assert "__0_0.distcp: BLAKE3" in caplog.text and "(corrupt)" in caplog.text
 
         _flip(root, 1, ".metadata")
         with pytest.raises(NoValidCheckpointError, match=r"no checkpoint .* verifies"):
             mgr.restore(model=fresh.model, optimizer=fresh.optimizer)
+
+
+def _as_sha256_manifest(root: str, step: int) -> None:
+    """Rewrite a committed manifest as the writer before issue 58 committed it: format 1, every
+    file's SHA-256 (the files themselves were written the same way)."""
+    folder = Path(root.removeprefix("file://")) / step_dir(step)
+    document = json.loads((folder / MANIFEST_NAME).read_bytes())
+    document["format_version"] = 1
+    for entry in document["files"]:
+        del entry["blake3"]
+        entry["sha256"] = hashlib.sha256((folder / entry["path"]).read_bytes()).hexdigest()
+    (folder / MANIFEST_NAME).write_text(json.dumps(document))
+
+
+def test_a_sha256_manifest_written_before_restores_and_a_corrupt_one_is_refused(
+        root: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    t = Trainer()
+    with _manager(root, tmp_path) as mgr:
+        t.step()
+        mgr.save_sync(1, model=t.model, optimizer=t.optimizer, extra=t.extra)
+        at_one = t.snapshot()
+        t.step()
+        mgr.save_sync(2, model=t.model, optimizer=t.optimizer, extra=t.extra)
+        at_two = t.snapshot()
+        for step in (1, 2):
+            _as_sha256_manifest(root, step)
+        records = list_checkpoints(root)
+        assert [r.manifest.format_version for r in records] == [1, 1]
+        assert all(f.algorithm == "sha256" for r in records for f in r.manifest.files)
+        assert verify(root, 2).ok  # the catalog verifies it with SHA-256
+
+        fresh = Trainer(seed=3)
+        restored = mgr.restore(model=fresh.model, optimizer=fresh.optimizer, extra=fresh.extra)
+        assert restored is not None and restored.step == 2
+        assert _same(fresh.snapshot(), at_two)
+
+        _flip(root, 2)
+        assert "__0_0.distcp: SHA-256" in verify(root, 2).reason
+        fresh = Trainer(seed=4)
+        with caplog.at_level(logging.WARNING, logger="trainyard.plugins.checkpoint.manager"):
+            restored = mgr.restore(model=fresh.model, optimizer=fresh.optimizer, extra=fresh.extra)
+        assert restored is not None and restored.step == 1
+        assert _same(fresh.snapshot(), at_one)
+        assert "__0_0.distcp: SHA-256" in caplog.text and "(corrupt)" in caplog.text
 
 
 def test_a_restore_loads_the_bytes_it_hashed_not_a_second_read(
@@ -192,8 +244,8 @@ def test_a_restore_loads_the_bytes_it_hashed_not_a_second_read(
     real = fetch.read_verified
     held: list[str] = []
 
-    def read_then_corrupt(entry: Any, path: Path) -> Any:
-        file = real(entry, path)
+    def read_then_corrupt(entry: Any, path: Path, **kwargs: Any) -> Any:
+        file = real(entry, path, **kwargs)
         held.append(entry.path)
         if entry.path == "__0_0.distcp":  # the link and the stored file are one inode
             path.write_bytes(bytes(path.stat().st_size))
@@ -219,7 +271,7 @@ def test_without_memory_to_spare_a_restore_reads_the_verified_files_again(
     from trainyard.plugins.checkpoint import fetch, manager
 
     monkeypatch.setattr(manager, "memory_to_hold", lambda: 0)
-    monkeypatch.setattr(fetch, "read_verified", lambda *a: pytest.fail("held with no memory"))
+    monkeypatch.setattr(fetch, "read_verified", lambda *a, **k: pytest.fail("held with no memory"))
     t = Trainer()
     with _manager(root, tmp_path) as mgr:
         t.step()

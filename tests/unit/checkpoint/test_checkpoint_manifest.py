@@ -65,6 +65,31 @@ def test_duplicates_unknown_fields_and_bad_hashes_are_rejected() -> None:
         CheckpointManifest.model_validate(_manifest(created_at="2026-01-01T00:00:00"))  # naive
 
 
+def test_each_file_names_its_algorithm_by_exactly_one_digest() -> None:
+    """New manifests (format 2) record BLAKE3; format-1 manifests, written before, SHA-256 only
+    — they still parse, and each entry says which algorithm verifies it."""
+    new = CheckpointManifest.model_validate(_manifest(
+        format_version=2, files=[{"path": "a", "size": 1, "blake3": "1" * 64},
+                                 {"path": "b", "size": 1, "sha256": SHA}]))
+    assert [(f.algorithm, f.digest) for f in new.files] == [("blake3", "1" * 64), ("sha256", SHA)]
+    old = CheckpointManifest.model_validate(_manifest(format_version=1))
+    assert old.files[0].algorithm == "sha256"
+    assert CheckpointManifest(job="demo", step=1, created_at=datetime(2026, 1, 1, tzinfo=UTC),
+                              world_size=1, files=[]).format_version == 2
+    for files in ([{"path": "a", "size": 1}],  # neither
+                  [{"path": "a", "size": 1, "sha256": SHA, "blake3": "1" * 64}],  # both
+                  [{"path": "a", "size": 1, "blake3": "xyz"}]):  # not 64 hex digits
+        with pytest.raises(ValidationError):
+            CheckpointManifest.model_validate(_manifest(files=files))
+    with pytest.raises(ValidationError, match="format-1 manifest lists SHA-256"):
+        CheckpointManifest.model_validate(_manifest(
+            format_version=1, files=[{"path": "a", "size": 1, "blake3": "1" * 64}]))
+    entry = ManifestFile.hashed("blake3", "2" * 64, path="a", size=5)
+    assert entry.mismatch(5, "2" * 64) is None
+    assert entry.mismatch(4, "2" * 64) == "size 4 != manifest 5"
+    assert entry.mismatch(5, "3" * 64) == "BLAKE3 333333333333… != manifest 222222222222… (corrupt)"
+
+
 def test_json_round_trip_keeps_non_finite_metrics() -> None:
     m = CheckpointManifest(job="demo", step=3, created_at=datetime(2026, 1, 1, tzinfo=UTC),
                            world_size=1, metrics={"loss": math.inf, "eval": 0.5},

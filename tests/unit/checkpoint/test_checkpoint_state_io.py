@@ -111,9 +111,8 @@ def test_metadata_unpickler_refuses_anything_off_the_allow_list(tmp_path: Path) 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_hashing_writer_knows_each_file_hash(tmp_path: Path) -> None:
-    import hashlib
-
     import torch.distributed.checkpoint as dcp
+    from blake3 import blake3
 
     from trainyard.plugins.checkpoint.dcp_io import HashingFileSystemWriter
 
@@ -124,16 +123,15 @@ def test_hashing_writer_knows_each_file_hash(tmp_path: Path) -> None:
     assert {p.name for p in files} == {".metadata", "__0_0.distcp"}
     for path in files:
         data = path.read_bytes()
-        assert writer.digest_of(path) == (len(data), hashlib.sha256(data).hexdigest())
+        assert writer.digest_of(path) == (len(data), blake3(data).hexdigest())
     (tmp_path / "__0_0.distcp").write_bytes(b"changed")  # a later change is noticed
     assert writer.digest_of(tmp_path / "__0_0.distcp") is None
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_hashing_writer_hashes_large_writes_aside_and_exactly(tmp_path: Path) -> None:
-    import hashlib
-
     import torch.distributed.checkpoint as dcp
+    from blake3 import blake3
 
     from trainyard.plugins.checkpoint.dcp_io import HASH_ASIDE_BYTES, HashingFileSystemWriter
 
@@ -142,7 +140,7 @@ def test_hashing_writer_hashes_large_writes_aside_and_exactly(tmp_path: Path) ->
     dcp.save({"big": big, "small": torch.arange(5)}, storage_writer=writer, no_dist=True)
     data = (tmp_path / "__0_0.distcp").read_bytes()
     assert len(data) > big.numel() * 4
-    assert writer.digest_of(tmp_path / "__0_0.distcp") == (len(data), hashlib.sha256(data).hexdigest())
+    assert writer.digest_of(tmp_path / "__0_0.distcp") == (len(data), blake3(data).hexdigest())
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -195,9 +193,8 @@ def test_safe_reader_names_a_file_cut_short(tmp_path: Path) -> None:
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_direct_io_writer_files_load_back_and_match_their_hash(tmp_path: Path) -> None:
-    import hashlib
-
     import torch.distributed.checkpoint as dcp
+    from blake3 import blake3
 
     from trainyard.plugins.checkpoint.dcp_io import (
         HashingFileSystemWriter,
@@ -211,7 +208,7 @@ def test_direct_io_writer_files_load_back_and_match_their_hash(tmp_path: Path) -
     dcp.save(saved, storage_writer=writer, no_dist=True)
     for path in (tmp_path / "__0_0.distcp", tmp_path / ".metadata"):
         data = path.read_bytes()
-        assert writer.digest_of(path) == (len(data), hashlib.sha256(data).hexdigest())
+        assert writer.digest_of(path) == (len(data), blake3(data).hexdigest())
     loaded = {"big": torch.zeros(2_100_003), "small": torch.zeros(5, dtype=torch.long),
               "note": {"epoch": 0}}
     dcp.load(loaded, storage_reader=SafeFileSystemReader(tmp_path), planner=SafeLoadPlanner(),

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from blake3 import blake3
 
 from trainyard.plugins.checkpoint import direct_read
 from trainyard.plugins.checkpoint.dcp_io import _MemoryReader
@@ -20,6 +21,9 @@ from trainyard.plugins.checkpoint.direct_write import CHUNK_BYTES, HUGE_PAGE
 from trainyard.plugins.checkpoint.manifest import ManifestFile
 from trainyard.plugins.checkpoint.transfer import read_verified
 from trainyard.plugins.storage.errors import IntegrityError
+
+REFERENCE = {"blake3": blake3, "sha256": hashlib.sha256}
+"""The packages themselves, not our hashers: what a digest must equal."""
 
 
 def _file(tmp_path: Path, size: int) -> tuple[Path, bytes]:
@@ -45,8 +49,9 @@ def _record_reads(monkeypatch: pytest.MonkeyPatch, refuse_direct: bool = False) 
     return seen
 
 
+@pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
 @pytest.mark.parametrize("size", [0, 5, 4096, 4097, CHUNK_BYTES, 2 * CHUNK_BYTES + 12_345])
-def test_the_held_bytes_and_their_digest_are_the_file(tmp_path: Path, size: int,
+def test_the_held_bytes_and_their_digest_are_the_file(tmp_path: Path, size: int, algorithm: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     path, data = _file(tmp_path, size)
     try:
@@ -54,8 +59,9 @@ def test_the_held_bytes_and_their_digest_are_the_file(tmp_path: Path, size: int,
     except OSError:
         pytest.skip(f"{tmp_path} refuses O_DIRECT")  # as test_direct_write does
     reads = _record_reads(monkeypatch)
-    held = read_held(path)
-    assert (held.size, held.sha256) == (size, hashlib.sha256(data).hexdigest())
+    held = read_held(path, algorithm, threads=2)  # type: ignore[arg-type]
+    assert (held.size, held.digest, held.algorithm) == (size, REFERENCE[algorithm](data).hexdigest(),
+                                                         algorithm)
     assert held.view().tobytes() == data
     assert len(reads) == -(-size // CHUNK_BYTES)
     assert all(reads), "every read went with O_DIRECT"
@@ -68,7 +74,7 @@ def test_a_read_the_file_system_refuses_goes_on_buffered(tmp_path: Path,
     path, data = _file(tmp_path, 2 * CHUNK_BYTES + 7)
     reads = _record_reads(monkeypatch, refuse_direct=True)
     held = read_held(path)
-    assert held.view().tobytes() == data and held.sha256 == hashlib.sha256(data).hexdigest()
+    assert held.view().tobytes() == data and held.digest == blake3(data).hexdigest()
     assert reads[0] is True and not any(reads[-2:])  # refused once, then buffered
 
 
@@ -88,17 +94,21 @@ def test_a_file_system_that_refuses_o_direct_at_open_is_read_buffered(
     assert held.view().tobytes() == data and reads == [False, False]
 
 
-def test_a_file_that_does_not_match_its_manifest_entry_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("algorithm", "name"), [("blake3", "BLAKE3"), ("sha256", "SHA-256")])
+def test_a_file_that_does_not_match_its_manifest_entry_is_refused(tmp_path: Path, algorithm: str,
+                                                                  name: str) -> None:
+    """Entries of either algorithm: BLAKE3 as written now, SHA-256 as manifests written before
+    issue 58 recorded (they stay verified, with SHA-256)."""
     path, data = _file(tmp_path, 10_000)
-    entry = ManifestFile(path="__0_0.distcp", size=len(data),
-                         sha256=hashlib.sha256(data).hexdigest(), rank=0)
+    entry = ManifestFile.hashed(algorithm, REFERENCE[algorithm](data).hexdigest(),  # type: ignore[arg-type]
+                                path="__0_0.distcp", size=len(data), rank=0)
     good = read_verified(entry, path)
-    assert good.view().tobytes() == data
+    assert good.view().tobytes() == data and good.algorithm == algorithm
     good.close()
     with path.open("r+b") as f:  # one byte flipped (a fixed value was already there 1 time in 256)
         f.seek(5_000)
         f.write(bytes([data[5_000] ^ 0xFF]))
-    with pytest.raises(IntegrityError, match=r"__0_0.distcp: SHA-256 .*\(corrupt\)"):
+    with pytest.raises(IntegrityError, match=rf"__0_0.distcp: {name} .*\(corrupt\)"):
         read_verified(entry, path)
 
 

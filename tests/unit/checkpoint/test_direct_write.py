@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from blake3 import blake3
 
 from trainyard.plugins.checkpoint import direct_write
 from trainyard.plugins.checkpoint.direct_write import CHUNK_BYTES, DirectHashingStream, open_direct
@@ -37,11 +38,27 @@ def test_the_file_and_its_digest_are_exactly_the_bytes_written(tmp_path: Path, s
     data = os.urandom(size)
     path = tmp_path / "shard.distcp"
     stream = _direct_or_skip(path)
+    assert stream.algorithm == "blake3"  # what new manifests record
     _write_in_pieces(stream, data)
     stream.close()
     assert stream.direct
     assert path.read_bytes() == data  # the tail's padding was cut off
-    assert (stream.size, stream.digest.hexdigest()) == (size, hashlib.sha256(data).hexdigest())
+    assert (stream.size, stream.digest.hexdigest()) == (size, blake3(data).hexdigest())
+
+
+@pytest.mark.parametrize(("algorithm", "threads"), [("blake3", 2), ("sha256", 1)])
+def test_any_algorithm_and_thread_count_hash_the_bytes_written(tmp_path: Path, algorithm: str,
+                                                                threads: int) -> None:
+    """BLAKE3 split across threads gives the one-thread digest; SHA-256 (the algorithm of
+    manifests written before) still works."""
+    data = os.urandom(2 * CHUNK_BYTES + 5)
+    stream = open_direct(tmp_path / "shard.distcp", algorithm, threads=threads)  # type: ignore[arg-type]
+    if stream is None:
+        pytest.skip(f"{tmp_path} refuses O_DIRECT")
+    _write_in_pieces(stream, data)
+    stream.close()
+    reference = blake3 if algorithm == "blake3" else hashlib.sha256
+    assert stream.digest.hexdigest() == reference(data).hexdigest()
 
 
 def test_a_write_the_file_system_refuses_goes_on_buffered(tmp_path: Path,
@@ -65,7 +82,7 @@ def test_a_write_the_file_system_refuses_goes_on_buffered(tmp_path: Path,
     stream.close()
     assert refused == [0] and not stream.direct
     assert path.read_bytes() == data
-    assert stream.digest.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert stream.digest.hexdigest() == blake3(data).hexdigest()
 
 
 def test_no_direct_stream_where_open_refuses_o_direct(tmp_path: Path,

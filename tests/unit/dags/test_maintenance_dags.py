@@ -107,7 +107,7 @@ def test_audit_callable_passes_then_fails_naming_the_corrupt_checkpoint(env: obj
                                                     "skipped_stores": {}}
     shard = Path(open_store(root).key_uri(f"{step_dir(20)}/__0_0.distcp").removeprefix("file://"))
     shard.write_bytes(b"X" + shard.read_bytes()[1:])
-    with pytest.raises(FatalError, match=r"(?s)1 of 3 .*step-00000020/MANIFEST.json: __0_0.distcp: SHA-256"):
+    with pytest.raises(FatalError, match=r"(?s)1 of 3 .*step-00000020/MANIFEST.json: __0_0.distcp: BLAKE3"):
         audit_checkpoints(sample=10)
 
 

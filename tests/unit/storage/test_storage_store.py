@@ -223,6 +223,30 @@ def test_put_file_move_and_known_hash(store: ObjectStore, tmp_path: Path) -> Non
     assert store.get_bytes("k") == data
 
 
+def test_put_file_and_put_stream_hash_with_the_algorithm_asked_for(store: ObjectStore,
+                                                                     tmp_path: Path) -> None:
+    """Checkpoint files are hashed with BLAKE3: a store that streams them computes that digest
+    (not SHA-256) and checks the writer's against it; one that adopts them keeps the writer's."""
+    import io
+
+    from blake3 import blake3
+
+    data = os.urandom((1 << 20) + 3)
+    src = tmp_path / "staged.bin"
+    src.write_bytes(data)
+    with pytest.raises(IntegrityError, match="streamed blake3"):
+        store.put_file("k", src, algorithm="blake3", expected="0" * 64)
+    info = store.put_file("k", src, algorithm="blake3")
+    assert (info.size, info.blake3, info.sha256) == (len(data), blake3(data).hexdigest(), None)
+    assert info.digest("blake3") == info.blake3 and info.digest("sha256") is None
+    info = store.put_file("k2", src, move=True, algorithm="blake3", expected=blake3(data).hexdigest())
+    assert (info.blake3, store.get_bytes("k2")) == (blake3(data).hexdigest(), data)
+    info = store.put_stream("k3", io.BytesIO(data), algorithm="blake3")
+    assert info.blake3 == blake3(data).hexdigest()
+    with pytest.raises(ValueError, match="not both"):
+        store.put_file("k4", tmp_path, sha256="0" * 64, algorithm="blake3")
+
+
 def test_local_store_adopts_a_moved_file_without_copying(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     src = tmp_path / "staged.bin"

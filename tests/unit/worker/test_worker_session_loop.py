@@ -118,7 +118,7 @@ def test_a_corrupt_resume_point_stops_with_the_checkpoint_corrupt_code(session_f
     first.close()
     store = open_store(config.checkpoint_uri)
     shard = next(o.key for o in store.list("step-00000002/") if o.key.endswith(".distcp"))
-    store.put_bytes(shard, b"flipped bits")  # same name, wrong bytes: the SHA-256 fails
+    store.put_bytes(shard, b"flipped bits")  # same name, wrong bytes: the file hash fails
     manifest = f"{config.checkpoint_uri}/step-00000002/MANIFEST.json"
     session = session_for(resume_from=manifest)
     with pytest.raises(StopTraining) as stop:
