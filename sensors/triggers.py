@@ -12,6 +12,14 @@ Events carry `{"status": ..., "message": ...}` plus the facts the sensor needs; 
 code raises reports it as one `error` event — the exception's class, message and stack trace, as
 the cncf-kubernetes provider's triggers do — and its task fails with them (`sensors/watch.py`),
 instead of the triggerer logging the exception while the task waits for an event that never comes.
+
+**A person's decision against a restart.** Airflow 3.3's triggerer calls a trigger's `on_kill()`
+only when a person acted on the deferred task (marked it — or its DAG run — failed or succeeded,
+or cleared it), never when the triggerer stops, restarts or hands the trigger to another one (then
+the trigger is only cancelled, and re-created from `serialize()`). The cncf-kubernetes provider
+deletes its pod there; `TrainingTrigger.on_kill` stops the gang (emergency checkpoint first) when
+the task or its DAG run now reads `failed`: a cleared watcher re-attaches instead, and a restart
+of Airflow's parts never stops training.
 """
 
 from __future__ import annotations
@@ -94,6 +102,62 @@ class TrainingTrigger(BaseTrigger):
                                     "run_status": step.status.model_dump(mode="json")})
                 return
             await asyncio.sleep(self.poll_interval_s)
+
+    async def on_kill(self) -> None:
+        """A person acted on `watch_training` or its DAG run (module docstring): when either now
+        reads `failed`, stop the gang as `trainyard stop` does — within the triggerer's
+        `on_kill_timeout` (30 s) — and say so on the DAG run's note."""
+        from trainyard.plugins.run.model import RunHandle
+
+        ti = getattr(self, "task_instance", None)
+        if ti is None:
+            return
+        handle = RunHandle.model_validate(self.handle)
+        why = await asyncio.to_thread(marked_failed, ti.dag_id, ti.run_id, ti.task_id)
+        if not why:
+            self.log.info("watch_training was acted on but neither it nor its DAG run is failed: the gang of %s "
+                          "run %s attempt %d keeps training (a cleared watcher re-attaches)", handle.job, handle.run,
+                          handle.attempt)
+            return
+        self.log.info("%s: stopping the gang of %s run %s attempt %d", why, handle.job, handle.run, handle.attempt)
+        note = await asyncio.to_thread(stop_marked_failed, handle, why, _runtime())
+        if note:
+            from trainyard.operators.common import write_note
+
+            await asyncio.to_thread(write_note, ti.dag_id, ti.run_id, note)
+
+
+def marked_failed(dag_id: str, run_id: str, task_id: str) -> str:
+    """What a person marked failed — the DAG run, or its watcher task — in words; '' for neither
+    (the task cleared, or marked succeeded). Asks the API server through the triggerer's
+    supervisor, as the cncf-kubernetes provider's `get_task_state` does."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    if RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id) == "failed":
+        return f"its DAG run {run_id} was marked failed in Airflow"
+    states = RuntimeTaskInstance.get_task_states(dag_id=dag_id, task_ids=[task_id], run_ids=[run_id])
+    if states.get(run_id, {}).get(task_id) == "failed":
+        return f"its {task_id} task was marked failed in Airflow"
+    return ""
+
+
+STOP_GRACE_S = 20.0
+"""SIGTERM to SIGKILL when a person's decision stops a gang from the triggerer: the emergency
+checkpoint's time, inside the triggerer's 30 s `on_kill_timeout`."""
+
+
+def stop_marked_failed(handle: RunHandle, why: str, runtime: Runtime) -> str:
+    """Stop the attempt's gang (only while it is the run's live attempt) and return the note
+    its DAG run should carry ('' when nothing was stopped)."""
+    from trainyard.plugins.attempt.stop import stop_run
+    from trainyard.plugins.state.jobs import open_job_state
+
+    result = stop_run(open_job_state(runtime.settings.state_db), handle.job, runtime, handle.run,
+                      grace_s=STOP_GRACE_S, detail=why, attempt=handle.attempt)
+    if result.attempt is None:
+        return ""
+    step = f" at step {result.status.step}" if result.status is not None and result.status.step is not None else ""
+    return f"attempt {result.attempt}: cancelled{step} → cancelled: {result.run.final_reason}"
 
 
 class CheckpointTrigger(BaseTrigger):
