@@ -109,34 +109,42 @@ class TrainingTrigger(BaseTrigger):
         `on_kill_timeout` (30 s) — and say so on the DAG run's note."""
         from trainyard.plugins.run.model import RunHandle
 
-        ti = getattr(self, "task_instance", None)
+        ti = self.task_instance
         if ti is None:
             return
         handle = RunHandle.model_validate(self.handle)
-        why = await asyncio.to_thread(marked_failed, ti.dag_id, ti.run_id, ti.task_id)
-        if not why:
-            self.log.info("watch_training was acted on but neither it nor its DAG run is failed: the gang of %s "
-                          "run %s attempt %d keeps training (a cleared watcher re-attaches)", handle.job, handle.run,
-                          handle.attempt)
-            return
-        self.log.info("%s: stopping the gang of %s run %s attempt %d", why, handle.job, handle.run, handle.attempt)
-        note = await asyncio.to_thread(stop_marked_failed, handle, why, _runtime())
-        if note:
-            from trainyard.operators.common import write_note
+        try:
+            why = await asyncio.to_thread(marked_failed, ti.dag_id, ti.run_id, ti.task_id)
+            if not why:
+                self.log.info("watch_training was acted on, but neither it nor its DAG run is failed: the gang of "
+                              "%s run %s attempt %d trains on (a cleared watcher re-attaches)", handle.job, handle.run,
+                              handle.attempt)
+                return
+            self.log.info("%s: stopping the gang of %s run %s attempt %d", why, handle.job, handle.run, handle.attempt)
+            note = await asyncio.to_thread(stop_marked_failed, handle, why, _runtime())
+            if note:
+                from trainyard.operators.common import write_note
 
-            await asyncio.to_thread(write_note, ti.dag_id, ti.run_id, note)
+                await asyncio.to_thread(write_note, ti.dag_id, ti.run_id, note)
+            self.log.info("stopped: %s", note or "nothing was live")
+        except Exception:
+            self.log.exception("the gang of %s run %s attempt %d could not be stopped; `trainyard stop %s --run %s` "
+                               "stops it", handle.job, handle.run, handle.attempt, handle.job, handle.run)
+            raise
 
 
 def marked_failed(dag_id: str, run_id: str, task_id: str) -> str:
     """What a person marked failed — the DAG run, or its watcher task — in words; '' for neither
-    (the task cleared, or marked succeeded). Asks the API server through the triggerer's
-    supervisor, as the cncf-kubernetes provider's `get_task_state` does."""
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+    (the task cleared, or marked succeeded). Asked of Airflow's REST API, as every other note
+    and state this package reads from Airflow."""
+    from trainyard.plugins.airflow_api import AirflowClient
 
-    if RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id) == "failed":
+    config = _runtime().settings
+    token = config.airflow_token.get_secret_value() if config.airflow_token else ""
+    client = AirflowClient(config.airflow_url, token=token, patience_s=10)
+    if client.dag_run(dag_id, run_id).get("state") == "failed":
         return f"its DAG run {run_id} was marked failed in Airflow"
-    states = RuntimeTaskInstance.get_task_states(dag_id=dag_id, task_ids=[task_id], run_ids=[run_id])
-    if states.get(run_id, {}).get(task_id) == "failed":
+    if client.task_instances(dag_id, run_id).get(task_id, {}).get("state") == "failed":
         return f"its {task_id} task was marked failed in Airflow"
     return ""
 

@@ -112,7 +112,7 @@ def build_live_update(store: JobStateStore, info: RunInfo, settings: Settings) -
     ctx.mlflow = _mlflow_run(ctx)
     live_attempt = store.live_attempt(info.job, info.run)
     _, placement = _latest_layout(store.layouts(info.job, info.run), ctx) if live_attempt else (None, None)
-    return LiveUpdate(state=info.state, final=info.final, final_reason=info.final_reason,
+    return LiveUpdate(state=info.state, updated_at=info.updated_at, final=info.final, final_reason=info.final_reason,
                       attempt=live_attempt.attempt if live_attempt else None,
                       live=_live(ctx, live_attempt, placement, with_curve=False), ranks=rank_views(live_attempt, settings))
 

@@ -64,7 +64,9 @@ _JS = r"""
   const $ = (sel) => document.querySelector(sel);
   const put = (key, text) => { const el = $(`[data-live="${key}"]`); if (el) el.textContent = text; };
   const num = (x, digits) => (x === null || x === undefined) ? "—" : Number(x.toPrecision(digits)).toString();
-  const age = (s) => (s === null || s === undefined) ? "—" : (s < 10 ? s.toFixed(1) : Math.round(s)) + " s";
+  const age = (s) => (s === null || s === undefined) ? "—" : s < 10 ? s.toFixed(1) + " s" :  // as fmt.seconds
+    s < 60 ? Math.round(s) + " s" : s < 3600 ? Math.floor(s / 60) + " min " + Math.floor(s % 60) + " s" :
+    Math.floor(s / 3600) + " h " + Math.floor(s % 3600 / 60) + " min";
   let timer = null;
 
   function ranks(list) {
@@ -92,12 +94,16 @@ _JS = r"""
     put("step", l.step === null ? "—" : l.step + (l.max_steps ? " / " + l.max_steps : ""));
     put("loss", num(l.loss, 4));
     put("tokens_per_s", num(l.tokens_per_s, 5));
-    put("polled", "live · updated " + new Date().toLocaleTimeString());
+    const ago = (t) => t ? age(Math.max(0, (Date.now() - Date.parse(t)) / 1000)) + " ago" : "—";
+    const where = {heartbeats: "heartbeats of the live attempt", mlflow: "MLflow's latest metrics"}[l.source];
+    put("source", where ? "from " + where + ", " + ago(l.updated_at) : "No progress recorded yet.");
+    put("since", ago(u.updated_at));
+    put("polled", "· live, polled " + new Date().toLocaleTimeString());
     const badge = $("h1 .state");
     if (badge) { badge.textContent = u.state; badge.className = "state s-" + u.state; }
     ranks(u.ranks);
     if (u.final) {
-      put("polled", "the run has ended (" + u.state + (u.final_reason ? ": " + u.final_reason : "") +
+      put("polled", "· the run has ended (" + u.state + (u.final_reason ? ": " + u.final_reason : "") +
           "); reload for its checkpoints and timeline");
       const button = $("#stop-button");
       if (button) button.disabled = true;

@@ -136,6 +136,8 @@ class LiveUpdate(_View):
     history), so polling it costs the servers little."""
 
     state: str
+    updated_at: datetime
+    """When the run's state last changed."""
     final: bool
     final_reason: str = ""
     attempt: int | None = None

@@ -74,7 +74,8 @@ def run_page(view: RunView, now: datetime, *, base: str = "") -> str:
         links.append(f'<a href="{escape(view.mlflow_url)}">MLflow run {escape(view.mlflow_run_id[:12])}</a>')
     head = (f"<h1>{escape(view.job)} · run {escape(view.run)} {state_badge(view.state)}</h1>"
             f'<div class="muted">team {escape(view.team or fmt.DASH)} · project {escape(view.project or fmt.DASH)} · '
-            f"opened {fmt.clock(view.created_at)} · updated {fmt.age(view.updated_at, now)}"
+            f"opened {fmt.clock(view.created_at)} · {view.state} since <span data-live=\"since\">"
+            f"{fmt.age(view.updated_at, now)}</span>"
             f"{' · ' + ' · '.join(links) if links else ''}</div>")
     if view.final_reason and view.state != "completed":
         head += f'<p class="warn">{escape(view.final_reason)}</p>'
@@ -135,9 +136,9 @@ def _live(live: Live, now: datetime) -> str:
     figures = "".join([_figure("step", step, "step"), _figure("loss", fmt.number(live.loss), "loss"),
                        _figure("tokens/s", fmt.number(live.tokens_per_s, 5), "tokens_per_s"),
                        _figure("MFU", fmt.percent(live.mfu))])
+    said = f"from {where}, {fmt.age(live.updated_at, now)}" if where else "No progress recorded yet."
     return (f'<div class="figures">{figures}<div>{charts.sparkline(live.loss_curve)}</div></div>'
-            f'<p class="muted">{f"from {where}, {fmt.age(live.updated_at, now)}" if where else "No progress recorded yet."}'
-            ' <span data-live="polled"></span></p>')
+            f'<p class="muted"><span data-live="source">{said}</span> <span data-live="polled"></span></p>')
 
 
 def _plan(plan: PlanView | None) -> str:

@@ -128,12 +128,24 @@ def test_the_view_of_a_live_run_updates_on_its_own_and_its_stop_button_stops_it(
 def test_marking_a_live_dag_run_failed_stops_its_ranks_within_a_poll(shared: RunningStack) -> None:
     from trainyard.plugins.attempt import watching
     from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.run.records import StopReason
+
+    s = shared
+    dag_run_id, handle = _start(s)
+    try:
+        _mark_failed_and_check(s, dag_run_id, handle)
+    finally:  # whatever failed above, the shared stack's next test finds no gang of this one
+        watching.stop_gang(handle, StopReason(reason="requested", detail="test cleanup"), Runtime(s.settings),
+                           grace_s=5)
+
+
+def _mark_failed_and_check(s: RunningStack, dag_run_id: str, handle: object) -> None:
+    from trainyard.plugins.attempt import watching
+    from trainyard.plugins.attempt.launchers import Runtime
     from trainyard.plugins.run.exit_codes import PREEMPTED
     from trainyard.plugins.run.records import STOP_REASON_FILE
     from trainyard.plugins.state.jobs import JobStateStore
 
-    s = shared
-    dag_run_id, handle = _start(s)
     s.client._call("PATCH", f"dags/{DAG_ID}/dagRuns/{quote(dag_run_id, safe='')}", {"state": "failed"},
                    query={"update_mask": "state"})  # what the UI's "Mark as failed" sends
     # the triggerer cancels the watcher's trigger and calls its on_kill: the gang gets SIGTERM,
