@@ -105,48 +105,61 @@ class TrainingTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """A person acted on `watch_training` or its DAG run (module docstring): when either now
-        reads `failed`, stop the gang as `trainyard stop` does — within the triggerer's
-        `on_kill_timeout` (30 s) — and say so on the DAG run's note."""
-        from trainyard.plugins.run.model import RunHandle
+        reads `failed`, stop the gang as `trainyard stop` does and say so on the DAG run's note.
 
+        The work runs to its end whatever happens to this coroutine: the triggerer cancels a
+        trigger it no longer wants again on every loop while `on_kill` runs (seen on the shared
+        stack: the first stop was cut off after 0.45 s, its note never written), so the stop is
+        shielded and bounded instead — by `STOP_GRACE_S` and the API calls' own patience."""
         ti = self.task_instance
         if ti is None:
             return
+        work = asyncio.ensure_future(asyncio.to_thread(self._stop_if_marked_failed, ti.dag_id, ti.run_id, ti.task_id))
+        while not work.done():
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                continue  # asked again to stop what is already stopping: let it finish
+
+    def _stop_if_marked_failed(self, dag_id: str, run_id: str, task_id: str) -> None:
+        from trainyard.plugins.run.model import RunHandle
+
         handle = RunHandle.model_validate(self.handle)
         try:
-            why = await asyncio.to_thread(marked_failed, ti.dag_id, ti.run_id, ti.task_id)
+            why = marked_failed(dag_id, run_id, task_id)
             if not why:
-                self.log.info("watch_training was acted on, but neither it nor its DAG run is failed: the gang of "
-                              "%s run %s attempt %d trains on (a cleared watcher re-attaches)", handle.job, handle.run,
-                              handle.attempt)
+                self.log.info("watch_training was acted on, but it is not failed: the gang of %s run %s attempt %d "
+                              "trains on (a cleared watcher re-attaches)", handle.job, handle.run, handle.attempt)
                 return
             self.log.info("%s: stopping the gang of %s run %s attempt %d", why, handle.job, handle.run, handle.attempt)
-            note = await asyncio.to_thread(stop_marked_failed, handle, why, _runtime())
+            note = stop_marked_failed(handle, why, _runtime())
             if note:
                 from trainyard.operators.common import write_note
 
-                await asyncio.to_thread(write_note, ti.dag_id, ti.run_id, note)
-            self.log.info("stopped: %s", note or "nothing was live")
+                write_note(dag_id, run_id, note)
+            self.log.info("stopped: %s", note or "nothing of this attempt was live")
         except Exception:
             self.log.exception("the gang of %s run %s attempt %d could not be stopped; `trainyard stop %s --run %s` "
                                "stops it", handle.job, handle.run, handle.attempt, handle.job, handle.run)
-            raise
 
 
 def marked_failed(dag_id: str, run_id: str, task_id: str) -> str:
-    """What a person marked failed — the DAG run, or its watcher task — in words; '' for neither
-    (the task cleared, or marked succeeded). Asked of Airflow's REST API, as every other note
-    and state this package reads from Airflow."""
+    """What a person marked failed — the DAG run, or its watcher task alone — in words; '' when
+    the watcher is not failed (cleared, or marked succeeded). A DAG run marked failed keeps
+    reading `running` until its teardown (`release_gang`) has run, but its pending tasks are
+    skipped at once: `classify_outcome` skipped tells it from the watcher marked alone (then
+    `classify_outcome` runs). Asked of Airflow's REST API, as every other read of Airflow here."""
+    from trainyard.operators.outcome import CLASSIFY
     from trainyard.plugins.airflow_api import AirflowClient
 
     config = _runtime().settings
     token = config.airflow_token.get_secret_value() if config.airflow_token else ""
-    client = AirflowClient(config.airflow_url, token=token, patience_s=10)
-    if client.dag_run(dag_id, run_id).get("state") == "failed":
+    tasks = AirflowClient(config.airflow_url, token=token, patience_s=10).task_instances(dag_id, run_id)
+    if tasks.get(task_id, {}).get("state") != "failed":
+        return ""
+    if tasks.get(CLASSIFY, {}).get("state") == "skipped":
         return f"its DAG run {run_id} was marked failed in Airflow"
-    if client.task_instances(dag_id, run_id).get(task_id, {}).get("state") == "failed":
-        return f"its {task_id} task was marked failed in Airflow"
-    return ""
+    return f"its {task_id} task was marked failed in Airflow"
 
 
 STOP_GRACE_S = 20.0

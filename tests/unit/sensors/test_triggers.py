@@ -129,3 +129,34 @@ def test_on_kill_stops_the_gang_only_when_a_person_marked_it_failed(
     assert asked == [("tiny", "manual__1", "watch_training")]
     assert stops == ([(0, marked)] if stopped else [])
     assert notes == ([("tiny", "manual__1", f"attempt 0: cancelled → {marked}")] if stopped else [])
+
+
+def test_on_kill_finishes_the_stop_when_the_triggerer_cancels_it_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The triggerer cancels a trigger it no longer wants again on each of its loops while
+    `on_kill` runs: a stop cut short there would leave the run half-recorded and the note unwritten."""
+    import time
+
+    from trainyard.operators import common
+    from trainyard.sensors import triggers
+
+    handle = fabricate(tmp_path, [Rank(exit_code=None, step=20)], alive_hung=True)
+    done, notes = [], []
+    monkeypatch.setattr(triggers, "marked_failed", lambda *ids: "its DAG run manual__1 was marked failed in Airflow")
+    monkeypatch.setattr(triggers, "stop_marked_failed",
+                        lambda h, why, runtime: time.sleep(0.5) or done.append(why) or "attempt 0: cancelled")
+    monkeypatch.setattr(triggers, "_runtime", lambda: None)
+    monkeypatch.setattr(common, "write_note", lambda *args: notes.append(args))
+    trigger = TrainingTrigger(handle.model_dump(mode="json"), watch=NO_LEASE, poll_interval_s=0.1)
+    trigger.task_instance = _TaskInstance()  # type: ignore[assignment]
+
+    async def cancelled_twice() -> None:
+        task = asyncio.ensure_future(trigger.on_kill())
+        for _ in range(2):
+            await asyncio.sleep(0.1)
+            task.cancel("user-action")
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(cancelled_twice())
+    assert done == ["its DAG run manual__1 was marked failed in Airflow"]
+    assert notes == [("tiny", "manual__1", "attempt 0: cancelled")]
