@@ -138,6 +138,8 @@ class TrainingTrigger(BaseTrigger):
 
                 write_note(dag_id, run_id, note)
             self.log.info("stopped: %s", note or "nothing of this attempt was live")
+            if why.startswith("its DAG run"):
+                keep_marked_failed(dag_id, run_id)
         except Exception:
             self.log.exception("the gang of %s run %s attempt %d could not be stopped; `trainyard stop %s --run %s` "
                                "stops it", handle.job, handle.run, handle.attempt, handle.job, handle.run)
@@ -160,6 +162,32 @@ def marked_failed(dag_id: str, run_id: str, task_id: str) -> str:
     if tasks.get(CLASSIFY, {}).get("state") == "skipped":
         return f"its DAG run {run_id} was marked failed in Airflow"
     return f"its {task_id} task was marked failed in Airflow"
+
+
+FINAL_DAG_RUN_WAIT_S = 300.0
+"""How long `keep_marked_failed` waits for the DAG run's teardown to end it."""
+
+
+def keep_marked_failed(dag_id: str, run_id: str) -> None:
+    """A DAG run marked failed stays as the person marked it. Airflow 3.3 does not set the state
+    of a DAG run marked failed while a teardown (`release_gang`) is still to run, and once the
+    teardown has run the scheduler reads the leaves — all skipped — as success (seen on the
+    shared stack: a green DAG run whose note said cancelled). So wait for its end, and mark it
+    failed again where it ended `success`: with nothing left to run, the mark holds."""
+    from trainyard.plugins.airflow_api import AirflowClient
+
+    config = _runtime().settings
+    token = config.airflow_token.get_secret_value() if config.airflow_token else ""
+    client = AirflowClient(config.airflow_url, token=token, patience_s=30)
+    deadline = time.monotonic() + FINAL_DAG_RUN_WAIT_S
+    while time.monotonic() < deadline:
+        state = client.dag_run(dag_id, run_id).get("state")
+        if state == "success":
+            client.set_state(dag_id, run_id, "failed")
+            return
+        if state == "failed":
+            return
+        time.sleep(2.0)
 
 
 STOP_GRACE_S = 20.0

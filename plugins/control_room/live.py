@@ -97,7 +97,7 @@ _JS = r"""
     const ago = (t) => t ? age(Math.max(0, (Date.now() - Date.parse(t)) / 1000)) + " ago" : "—";
     const where = {heartbeats: "heartbeats of the live attempt", mlflow: "MLflow's latest metrics"}[l.source];
     put("source", where ? "from " + where + ", " + ago(l.updated_at) : "No progress recorded yet.");
-    put("since", ago(u.updated_at));
+    put("since", u.state + " since " + ago(u.updated_at));
     put("polled", "· live, polled " + new Date().toLocaleTimeString());
     const badge = $("h1 .state");
     if (badge) { badge.textContent = u.state; badge.className = "state s-" + u.state; }

@@ -74,7 +74,7 @@ def run_page(view: RunView, now: datetime, *, base: str = "") -> str:
         links.append(f'<a href="{escape(view.mlflow_url)}">MLflow run {escape(view.mlflow_run_id[:12])}</a>')
     head = (f"<h1>{escape(view.job)} · run {escape(view.run)} {state_badge(view.state)}</h1>"
             f'<div class="muted">team {escape(view.team or fmt.DASH)} · project {escape(view.project or fmt.DASH)} · '
-            f"opened {fmt.clock(view.created_at)} · {view.state} since <span data-live=\"since\">"
+            f"opened {fmt.clock(view.created_at)} · <span data-live=\"since\">{escape(view.state)} since "
             f"{fmt.age(view.updated_at, now)}</span>"
             f"{' · ' + ' · '.join(links) if links else ''}</div>")
     if view.final_reason and view.state != "completed":
