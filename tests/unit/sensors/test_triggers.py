@@ -123,12 +123,15 @@ def test_on_kill_stops_the_gang_only_when_a_person_marked_it_failed(
                         lambda h, why, runtime: stops.append((h.attempt, why)) or f"attempt 0: cancelled → {why}")
     monkeypatch.setattr(triggers, "_runtime", lambda: None)
     monkeypatch.setattr(common, "write_note", lambda *args: notes.append(args))
+    kept: list[tuple[str, ...]] = []  # a DAG run marked failed is kept failed after its teardown
+    monkeypatch.setattr(triggers, "keep_marked_failed", lambda *ids: kept.append(ids))
     trigger = TrainingTrigger(handle.model_dump(mode="json"), watch=NO_LEASE, poll_interval_s=0.1)
     trigger.task_instance = _TaskInstance()  # type: ignore[assignment]
     asyncio.run(trigger.on_kill())
     assert asked == [("tiny", "manual__1", "watch_training")]
     assert stops == ([(0, marked)] if stopped else [])
     assert notes == ([("tiny", "manual__1", f"attempt 0: cancelled → {marked}")] if stopped else [])
+    assert kept == ([("tiny", "manual__1")] if stopped else [])
 
 
 def test_on_kill_finishes_the_stop_when_the_triggerer_cancels_it_again(
@@ -147,6 +150,7 @@ def test_on_kill_finishes_the_stop_when_the_triggerer_cancels_it_again(
                         lambda h, why, runtime: time.sleep(0.5) or done.append(why) or "attempt 0: cancelled")
     monkeypatch.setattr(triggers, "_runtime", lambda: None)
     monkeypatch.setattr(common, "write_note", lambda *args: notes.append(args))
+    monkeypatch.setattr(triggers, "keep_marked_failed", lambda *ids: None)
     trigger = TrainingTrigger(handle.model_dump(mode="json"), watch=NO_LEASE, poll_interval_s=0.1)
     trigger.task_instance = _TaskInstance()  # type: ignore[assignment]
 
