@@ -54,12 +54,12 @@ def stop_run(store: JobStateStore, job: str, runtime: Runtime, run: str = "", *,
             job=job, run=info.run, attempt=live.attempt, outcome="cancelled", reason=reason,
             step=status.step if status else None,
             evidence=[f"launcher: {status.state} — {status.message}"] if status else []))
+    _mlflow_cancelled(info.mlflow_run_id, runtime)  # first: whoever sees the run cancelled sees it everywhere
     info = store.transition(job, info.run, "cancelled", reason=reason)
     if live is not None:  # the devices are free once the gang is gone (a teardown task may repeat it)
         from trainyard.plugins.state.reservations import open_state
 
         open_state(store.url).release(job, live.attempt, run=info.run)
-    _mlflow_cancelled(info.mlflow_run_id, runtime)
     return StopResult(info, live.attempt if live else None, status)
 
 
