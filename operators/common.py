@@ -74,12 +74,17 @@ def note_dag_run(context: Context, note: str) -> None:
     """Write the DAG run's note through Airflow's REST API (a task has no other way to): the
     grid then says what happened to the attempt, not just green or red. Best effort — a note that
     cannot be written is logged, never a reason to fail the attempt."""
+    write_note(context["dag_run"].dag_id, context["dag_run"].run_id, note)
+
+
+def write_note(dag_id: str, run_id: str, note: str) -> None:
+    """`note_dag_run` for a caller without a task's context (the training trigger's `on_kill`)."""
     from trainyard.plugins.airflow_api import AirflowClient
 
-    config, dag_run = settings(), context["dag_run"]
+    config = settings()
     token = config.airflow_token.get_secret_value() if config.airflow_token else ""
     try:
-        AirflowClient(config.airflow_url, token=token, patience_s=20).set_note(dag_run.dag_id, dag_run.run_id, note)
+        AirflowClient(config.airflow_url, token=token, patience_s=20).set_note(dag_id, run_id, note)
     except Exception as e:  # noqa: BLE001 - the note is presentation; the attempt's outcome stands
         log.warning("the DAG run's note was not written (%s: %s): %s", type(e).__name__, e, note)
 

@@ -175,6 +175,11 @@ class AirflowClient:
         return self._call("PATCH", f"dags/{dag_id}/dagRuns/{run_id}", {"note": note[:1000]},
                           query={"update_mask": "note"})
 
+    def set_state(self, dag_id: str, run_id: str, state: str) -> dict[str, Any]:
+        """Mark the DAG run `failed`, `success` or `queued` (what the UI's "Mark as …" sends)."""
+        return self._call("PATCH", f"dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}", {"state": state},
+                          query={"update_mask": "state"})
+
     def dags(self) -> list[str]:
         return [d["dag_id"] for d in self._call("GET", "dags", query={"limit": 1000})["dags"]]
 

@@ -16,7 +16,8 @@ What a person gets:
 Airflow's UI shows an external view with a `url_route` inside its own page (an iframe) and
 substitutes `{DAG_ID}` and `{RUN_ID}` in the `href` on the DAG and DAG-run pages; a relative
 `href` resolves against the UI's `<base href>`, so the view works under any base URL.
-Every page checks that the user may read the DAG's runs (Airflow's own auth manager).
+Every page checks that the user may read the DAG's runs (Airflow's own auth manager); the Stop
+button's endpoint, that they may change them, and records who they are.
 """
 
 from __future__ import annotations
@@ -42,6 +43,26 @@ def _authorize() -> Any:
     return requires_access_dag("GET", DagAccessEntity.RUN)
 
 
+def _authorize_stop() -> Any:
+    """Airflow's check that the user may change the runs of the DAG in the path (what "Mark as
+    failed" needs)."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    return requires_access_dag("PUT", DagAccessEntity.RUN)
+
+
+def _user_name() -> Any:
+    """A FastAPI dependency: the name of whoever Airflow says is asking."""
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi import Depends
+
+    def name(user: Any = Depends(get_user)) -> str:  # noqa: B008 - FastAPI's way of declaring it
+        return user.get_name()
+
+    return name
+
+
 class _LazyApp:
     """An ASGI app that builds the view's FastAPI app on its first request: importing the
     plugin costs the scheduler and the dag-processor nothing."""
@@ -53,7 +74,8 @@ class _LazyApp:
         if self._app is None:
             from trainyard.plugins.control_room.app import create_app
 
-            self._app = create_app(authorize=_authorize(), mounted_at=URL_PREFIX)
+            self._app = create_app(authorize=_authorize(), authorize_stop=_authorize_stop(), user=_user_name(),
+                                   mounted_at=URL_PREFIX)
         await self._app(scope, receive, send)
 
 

@@ -12,6 +12,14 @@ Events carry `{"status": ..., "message": ...}` plus the facts the sensor needs; 
 code raises reports it as one `error` event — the exception's class, message and stack trace, as
 the cncf-kubernetes provider's triggers do — and its task fails with them (`sensors/watch.py`),
 instead of the triggerer logging the exception while the task waits for an event that never comes.
+
+**A person's decision against a restart.** Airflow 3.3's triggerer calls a trigger's `on_kill()`
+only when a person acted on the deferred task (marked it — or its DAG run — failed or succeeded,
+or cleared it), never when the triggerer stops, restarts or hands the trigger to another one (then
+the trigger is only cancelled, and re-created from `serialize()`). The cncf-kubernetes provider
+deletes its pod there; `TrainingTrigger.on_kill` stops the gang (emergency checkpoint first) when
+the task or its DAG run now reads `failed`: a cleared watcher re-attaches instead, and a restart
+of Airflow's parts never stops training.
 """
 
 from __future__ import annotations
@@ -94,6 +102,111 @@ class TrainingTrigger(BaseTrigger):
                                     "run_status": step.status.model_dump(mode="json")})
                 return
             await asyncio.sleep(self.poll_interval_s)
+
+    async def on_kill(self) -> None:
+        """A person acted on `watch_training` or its DAG run (module docstring): when either now
+        reads `failed`, stop the gang as `trainyard stop` does and say so on the DAG run's note.
+
+        The work runs to its end whatever happens to this coroutine: the triggerer cancels a
+        trigger it no longer wants again on every loop while `on_kill` runs (seen on the shared
+        stack: the first stop was cut off after 0.45 s, its note never written), so the stop is
+        shielded and bounded instead — by `STOP_GRACE_S` and the API calls' own patience."""
+        ti = self.task_instance
+        if ti is None:
+            return
+        work = asyncio.ensure_future(asyncio.to_thread(self._stop_if_marked_failed, ti.dag_id, ti.run_id, ti.task_id))
+        while not work.done():
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                continue  # asked again to stop what is already stopping: let it finish
+
+    def _stop_if_marked_failed(self, dag_id: str, run_id: str, task_id: str) -> None:
+        from trainyard.plugins.run.model import RunHandle
+
+        handle = RunHandle.model_validate(self.handle)
+        try:
+            why = marked_failed(dag_id, run_id, task_id)
+            if not why:
+                self.log.info("watch_training was acted on, but it is not failed: the gang of %s run %s attempt %d "
+                              "trains on (a cleared watcher re-attaches)", handle.job, handle.run, handle.attempt)
+                return
+            self.log.info("%s: stopping the gang of %s run %s attempt %d", why, handle.job, handle.run, handle.attempt)
+            note = stop_marked_failed(handle, why, _runtime())
+            if note:
+                from trainyard.operators.common import write_note
+
+                write_note(dag_id, run_id, note)
+            self.log.info("stopped: %s", note or "nothing of this attempt was live")
+            if why.startswith("its DAG run"):
+                keep_marked_failed(dag_id, run_id)
+        except Exception:
+            self.log.exception("the gang of %s run %s attempt %d could not be stopped; `trainyard stop %s --run %s` "
+                               "stops it", handle.job, handle.run, handle.attempt, handle.job, handle.run)
+
+
+def marked_failed(dag_id: str, run_id: str, task_id: str) -> str:
+    """What a person marked failed — the DAG run, or its watcher task alone — in words; '' when
+    the watcher is not failed (cleared, or marked succeeded). A DAG run marked failed keeps
+    reading `running` until its teardown (`release_gang`) has run, but its pending tasks are
+    skipped at once: `classify_outcome` skipped tells it from the watcher marked alone (then
+    `classify_outcome` runs). Asked of Airflow's REST API, as every other read of Airflow here."""
+    from trainyard.operators.outcome import CLASSIFY
+    from trainyard.plugins.airflow_api import AirflowClient
+
+    config = _runtime().settings
+    token = config.airflow_token.get_secret_value() if config.airflow_token else ""
+    tasks = AirflowClient(config.airflow_url, token=token, patience_s=10).task_instances(dag_id, run_id)
+    if tasks.get(task_id, {}).get("state") != "failed":
+        return ""
+    if tasks.get(CLASSIFY, {}).get("state") == "skipped":
+        return f"its DAG run {run_id} was marked failed in Airflow"
+    return f"its {task_id} task was marked failed in Airflow"
+
+
+FINAL_DAG_RUN_WAIT_S = 300.0
+"""How long `keep_marked_failed` waits for the DAG run's teardown to end it."""
+
+
+def keep_marked_failed(dag_id: str, run_id: str) -> None:
+    """A DAG run marked failed stays as the person marked it. Airflow 3.3 does not set the state
+    of a DAG run marked failed while a teardown (`release_gang`) is still to run, and once the
+    teardown has run the scheduler reads the leaves — all skipped — as success (seen on the
+    shared stack: a green DAG run whose note said cancelled). So wait for its end, and mark it
+    failed again where it ended `success`: with nothing left to run, the mark holds."""
+    from trainyard.plugins.airflow_api import AirflowClient
+
+    config = _runtime().settings
+    token = config.airflow_token.get_secret_value() if config.airflow_token else ""
+    client = AirflowClient(config.airflow_url, token=token, patience_s=30)
+    deadline = time.monotonic() + FINAL_DAG_RUN_WAIT_S
+    while time.monotonic() < deadline:
+        state = client.dag_run(dag_id, run_id).get("state")
+        if state == "success":
+            client.set_state(dag_id, run_id, "failed")
+            return
+        if state == "failed":
+            return
+        time.sleep(2.0)
+
+
+STOP_GRACE_S = 20.0
+"""SIGTERM to SIGKILL when a person's decision stops a gang from the triggerer: the emergency
+checkpoint's time, inside the triggerer's 30 s `on_kill_timeout`."""
+
+
+def stop_marked_failed(handle: RunHandle, why: str, runtime: Runtime) -> str:
+    """Stop the attempt's gang (only while it is the run's live attempt) and return the note
+    its DAG run should carry ('' when nothing was stopped)."""
+    from trainyard.plugins.attempt.stop import stop_run
+    from trainyard.plugins.state.jobs import open_job_state
+
+    result = stop_run(open_job_state(runtime.settings.state_db), handle.job, runtime, handle.run,
+                      grace_s=STOP_GRACE_S, detail=why, attempt=handle.attempt)
+    if result.attempt is None:
+        return ""
+    step = f" at step {result.status.step}" if result.status is not None and result.status.step is not None else ""
+    return f"attempt {result.attempt}: cancelled{step} → cancelled: {result.run.final_reason}"
 
 
 class CheckpointTrigger(BaseTrigger):

@@ -10,11 +10,15 @@ URLs, relative to where it is mounted (`/trainyard` in Airflow):
 | `/dags/{dag_id}/runs/{dag_run_id}` | the training run a DAG run is an attempt of (the tab on a DAG run) |
 | `/jobs/{dag_id}/runs/{run}` | a training run by its id (`trainyard status` links here) |
 | `…/view.json` | the same view as JSON (`RunView`) |
+| `…/live.json` | what a live run's page polls every few seconds (`LiveUpdate`) |
+| `POST /jobs/{dag_id}/runs/{run}/stop` | the Stop button: `trainyard stop`'s engine (`plugins/attempt/stop.py`) |
 
 The handlers are plain functions (FastAPI runs them in its thread pool): the platform state and
 MLflow are blocking clients. `authorize` is a FastAPI dependency run before every page — the
 plugin passes Airflow's own DAG-read check, so the view shows a run only to whoever may read
-its DAG; this module imports nothing of Airflow (DESIGN §1).
+its DAG; this module imports nothing of Airflow (DESIGN §1). The Stop endpoint also runs
+`authorize_stop` (the plugin passes Airflow's DAG-run edit check) and `user` (who is asking, for
+the run's record), and refuses what does not come from this origin (`guard.py`).
 """
 
 from __future__ import annotations
@@ -30,14 +34,17 @@ from trainyard.plugins.control_room.urls import URL_PREFIX
 
 if TYPE_CHECKING:
     from trainyard.config.settings import Settings
-    from trainyard.plugins.control_room.model import RunView
+    from trainyard.plugins.control_room.model import LiveUpdate, RunView
     from trainyard.plugins.state.jobs import JobStateStore, RunInfo
 
 def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Callable[..., Any] | None = None,
+               authorize_stop: Callable[..., Any] | None = None, user: Callable[..., str] | None = None,
                mounted_at: str = URL_PREFIX) -> FastAPI:
     """The app. `settings`: where the platform state, the object store and MLflow are (default
     `trainyard.config.settings.get_settings`, the api-server's `TRAINYARD_*` environment); `mounted_at`:
-    the prefix Airflow mounts it under, to tell Airflow's own root from this app's."""
+    the prefix Airflow mounts it under, to tell Airflow's own root from this app's. `authorize_stop`
+    and `user`: FastAPI dependencies of the Stop endpoint (may the caller change the DAG's runs;
+    their name)."""
     from trainyard.config.settings import get_settings
 
     read_settings = settings or get_settings
@@ -81,7 +88,7 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
 
     @app.get("/dags/{dag_id}/runs/{dag_run_id}", response_class=HTMLResponse)
     def dag_run_page(dag_id: str, dag_run_id: str, request: Request) -> HTMLResponse:
-        return _html(lambda: view(by_dag_run(dag_id, dag_run_id), request))
+        return _html(lambda: view(by_dag_run(dag_id, dag_run_id), request), _root(request))
 
     @app.get("/dags/{dag_id}/runs/{dag_run_id}/view.json")
     def dag_run_json(dag_id: str, dag_run_id: str, request: Request) -> JSONResponse:
@@ -89,26 +96,77 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
 
     @app.get("/jobs/{dag_id}/runs/{run}", response_class=HTMLResponse)
     def run_page(dag_id: str, run: str, request: Request) -> HTMLResponse:
-        return _html(lambda: view(by_run(dag_id, run), request))
+        return _html(lambda: view(by_run(dag_id, run), request), _root(request))
 
     @app.get("/jobs/{dag_id}/runs/{run}/view.json")
     def run_json(dag_id: str, run: str, request: Request) -> JSONResponse:
         return _json(lambda: view(by_run(dag_id, run), request))
 
+    def live(info: RunInfo) -> LiveUpdate:
+        from trainyard.plugins.control_room.build import build_live_update
+
+        return build_live_update(store(), info, read_settings())
+
+    @app.get("/dags/{dag_id}/runs/{dag_run_id}/live.json")
+    def dag_run_live(dag_id: str, dag_run_id: str) -> JSONResponse:
+        return _json(lambda: live(by_dag_run(dag_id, dag_run_id)))
+
+    @app.get("/jobs/{dag_id}/runs/{run}/live.json")
+    def run_live(dag_id: str, run: str) -> JSONResponse:
+        return _json(lambda: live(by_run(dag_id, run)))
+
+    stop_guards = [Depends(authorize_stop)] if authorize_stop is not None else []
+
+    def who() -> str:
+        return "a user"
+
+    @app.post("/jobs/{dag_id}/runs/{run}/stop", dependencies=stop_guards)
+    def stop(dag_id: str, run: str, request: Request, name: str = Depends(user or who)) -> JSONResponse:
+        from trainyard.plugins.control_room.guard import cross_site_problem
+
+        problem = cross_site_problem(request.headers)
+        if problem:
+            return JSONResponse({"detail": problem}, status_code=403)
+        return _stop(store(), dag_id, run, read_settings(), name)
+
     return app
 
 
-def _html(make: Callable[[], RunView]) -> HTMLResponse:
+STOP_GRACE_S = 20.0
+"""SIGTERM to SIGKILL for the Stop button: time for the emergency checkpoint, inside a browser's
+patience for the answer."""
+
+
+def _stop(store: JobStateStore, job: str, run: str, settings: Settings, name: str) -> JSONResponse:
+    """The Stop button: `trainyard stop`'s engine, recorded as this person's decision."""
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.attempt.stop import stop_run
+    from trainyard.plugins.state.jobs import RunNotFound
+
+    try:
+        result = stop_run(store, job, Runtime(settings), run, grace_s=STOP_GRACE_S,
+                          detail=f"stopped by {name} from the Trainyard view")
+    except RunNotFound as e:
+        return JSONResponse({"detail": str(e)}, status_code=404)
+    if result.already_final:
+        message = f"run {result.run.run} had already ended: {result.run.state}"
+    else:
+        stopped = f"attempt {result.attempt} {result.status.state}" if result.status else "no live attempt"
+        message = f"run {result.run.run} {result.run.state} ({stopped})"
+    return JSONResponse({"state": result.run.state, "attempt": result.attempt, "message": message})
+
+
+def _html(make: Callable[[], RunView], base: str) -> HTMLResponse:
     from trainyard.plugins.control_room.render import message_page, run_page
     from trainyard.plugins.state.jobs import RunNotFound
 
     try:
-        return HTMLResponse(run_page(make(), _now()))
+        return HTMLResponse(run_page(make(), _now(), base=base))
     except RunNotFound as e:
         return HTMLResponse(message_page("No such training run", str(e)), status_code=404)
 
 
-def _json(make: Callable[[], RunView]) -> JSONResponse:
+def _json(make: Callable[[], RunView | LiveUpdate]) -> JSONResponse:
     from trainyard.plugins.state.jobs import RunNotFound
 
     try:

@@ -7,6 +7,7 @@
 | device capacity and budget | the cluster (`hardware_for`) and `Settings.memory_fraction` |
 | checkpoints | the run's checkpoint root in the object store (`trainyard.plugins.checkpoint.catalog`) |
 | live step / loss / tokens/s | the live attempt's heartbeat files; MLflow's latest metrics otherwise |
+| each rank's state and last log lines | the live attempt's launcher (`poll`, `logs`: what `trainyard logs` reads) |
 | MFU | `trainyard.plugins.tracking.cost.run_mfu` (the one MFU) on the measured tokens/s |
 | what a recovery cost | `trainyard.plugins.tracking.recovery_timing` over the attempt's report and MLflow's points |
 
@@ -30,11 +31,13 @@ from trainyard.plugins.control_room.model import (
     CheckpointRow,
     DeviceCell,
     Live,
+    LiveUpdate,
     MemoryBar,
     NodeBox,
     PlacementView,
     PlanView,
     RackBox,
+    RankLive,
     RunSummary,
     RunView,
 )
@@ -53,6 +56,8 @@ log = logging.getLogger(__name__)
 
 CURVE_POINTS = 300
 """Points of the loss sparkline (thinned evenly; the first and last kept)."""
+LOG_LINES = 8
+"""Last log lines shown per rank of a live attempt."""
 
 
 @dataclass
@@ -90,6 +95,7 @@ def build_run_view(store: JobStateStore, info: RunInfo, settings: Settings, *, a
         placement=with_rack_neighbours(placement_view(placement, _beats(live_attempt, placement)), ctx.cluster)
         if placement else None,
         live=_live(ctx, live_attempt, placement),
+        ranks=rank_views(live_attempt, settings),
         checkpoints=_checkpoints(ctx, now),
         checkpoint_root=_checkpoint_root(ctx),
         attempts=_attempts(ctx, attempts, layouts, airflow_base),
@@ -97,6 +103,18 @@ def build_run_view(store: JobStateStore, info: RunInfo, settings: Settings, *, a
         mlflow_url=_mlflow_url(ctx),
         notes=ctx.notes,
     )
+
+
+def build_live_update(store: JobStateStore, info: RunInfo, settings: Settings) -> LiveUpdate:
+    """What a live run's page polls: state, progress (without the loss history) and ranks."""
+    job, _ = find_job(info.job, settings.jobs_dir)
+    ctx = _Context(settings=settings, info=info, job=job, cluster=None)
+    ctx.mlflow = _mlflow_run(ctx)
+    live_attempt = store.live_attempt(info.job, info.run)
+    _, placement = _latest_layout(store.layouts(info.job, info.run), ctx) if live_attempt else (None, None)
+    return LiveUpdate(state=info.state, updated_at=info.updated_at, final=info.final, final_reason=info.final_reason,
+                      attempt=live_attempt.attempt if live_attempt else None,
+                      live=_live(ctx, live_attempt, placement, with_curve=False), ranks=rank_views(live_attempt, settings))
 
 
 def run_summaries(store: JobStateStore, job: str = "", *, limit: int = 50) -> list[RunSummary]:
@@ -251,9 +269,41 @@ def _heartbeats(attempt: AttemptInfo, world_size: int) -> dict[int, Any]:
     return {r: b for r, b in beats.items() if b.run in ("", attempt.run) and b.attempt == attempt.attempt}
 
 
-def _live(ctx: _Context, attempt: AttemptInfo | None, placement: Placement | None) -> Live:
+def rank_views(attempt: AttemptInfo | None, settings: Settings) -> list[RankLive]:
+    """Each rank of the live attempt as its launcher sees it, with its last `LOG_LINES` lines;
+    [] without a live attempt, or where its launcher cannot be asked from here."""
+    if attempt is None or attempt.run_handle is None:
+        return []
+    from trainyard.plugins.attempt.launchers import Runtime, launcher_for
+
+    handle = attempt.run_handle
+    try:
+        launcher = launcher_for(handle, Runtime(settings))
+        status = launcher.poll(handle)
+    except Exception as e:  # noqa: BLE001 - a launcher that cannot answer here: the page shows the rest
+        log.info("ranks of %s/%s not shown: %s: %s", handle.job, handle.run, type(e).__name__, e)
+        return []
+    views = []
+    for r in sorted(status.ranks, key=lambda r: r.rank):
+        try:
+            tail = launcher.logs(handle, rank=r.rank, tail=LOG_LINES).splitlines()[-LOG_LINES:]
+        except Exception:  # noqa: BLE001 - the log of one rank unreadable: its state still shows
+            tail = []
+        views.append(RankLive(rank=r.rank, node=r.node, state=rank_state(r), step=r.step,
+                              heartbeat_age_s=r.heartbeat_age_s, log_tail=tail))
+    return views
+
+
+def rank_state(rank: Any) -> str:
+    """One word or phrase for a rank (`RankStatus`): its exit's meaning once it exited."""
+    if rank.exit_code is not None:
+        return rank.outcome or f"exited {rank.exit_code}"
+    return "hung" if rank.hung else "running"
+
+
+def _live(ctx: _Context, attempt: AttemptInfo | None, placement: Placement | None, *, with_curve: bool = True) -> Live:
     max_steps = _max_steps(ctx)
-    curve = _loss_curve(ctx)
+    curve = _loss_curve(ctx) if with_curve else []
     if attempt is not None:
         world = placement.layout.world_size if placement is not None else (attempt.run_handle.world_size
                                                                    if attempt.run_handle else 1)

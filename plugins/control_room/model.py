@@ -117,6 +117,35 @@ class Live(_View):
     """(step, loss) from MLflow, thinned to a few hundred points for the sparkline."""
 
 
+class RankLive(_View):
+    """One rank of the live attempt: what its launcher says of it, and its last log lines (the
+    launcher's `logs`, the engine behind `trainyard logs --rank`)."""
+
+    rank: int
+    node: str = ""
+    state: str
+    """`running`, `hung`, `completed`, `killed by SIGKILL`, … (the launcher's word for it)."""
+    step: int | None = None
+    heartbeat_age_s: float | None = None
+    log_tail: list[str] = Field(default_factory=list)
+
+
+class LiveUpdate(_View):
+    """What the page of a run that has not ended fetches every few seconds (`…/live.json`): the
+    run's state, the progress and each rank — cheap to build (no checkpoint scan, no metric
+    history), so polling it costs the servers little."""
+
+    state: str
+    updated_at: datetime
+    """When the run's state last changed."""
+    final: bool
+    final_reason: str = ""
+    attempt: int | None = None
+    """The live attempt (None: none is running — between attempts, or the run has ended)."""
+    live: Live
+    ranks: list[RankLive] = Field(default_factory=list)
+
+
 class CheckpointRow(_View):
     step: int
     manifest_uri: str
@@ -171,6 +200,8 @@ class RunView(_View):
     plan: PlanView | None = None
     placement: PlacementView | None = None
     live: Live
+    ranks: list[RankLive] = Field(default_factory=list)
+    """Each rank of the live attempt (empty once no attempt runs)."""
     checkpoints: list[CheckpointRow] = Field(default_factory=list)
     checkpoint_root: str = ""
     checkpoint_problem: str = ""

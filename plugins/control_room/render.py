@@ -3,7 +3,8 @@
 The pages are what Airflow shows in its "Trainyard" tab (an iframe) and what `trainyard
 status` links to. Plain HTML with inline CSS and SVG (`charts`): no script, no build step,
 nothing fetched from elsewhere — it works offline and inside Airflow's sandboxed iframe. A
-page of a run that is still going refreshes itself every few seconds (`<meta refresh>`).
+page of a run that is still going keeps its progress and ranks current with one small script
+and carries the Stop button (`live.py`).
 Each part is a `<section>` with an `<h2>` (Plan, Placement, Progress, Checkpoints, Recovery
 timeline): a person finds them by eye, a browser test by role.
 """
@@ -15,6 +16,7 @@ from datetime import datetime
 from html import escape
 
 from trainyard.plugins.control_room import charts, fmt
+from trainyard.plugins.control_room import live as live_part
 from trainyard.plugins.control_room.model import (
     AttemptView,
     CheckpointRow,
@@ -26,8 +28,6 @@ from trainyard.plugins.control_room.model import (
 )
 from trainyard.plugins.recovery.model import FINAL_KINDS, NOT_REGISTERED
 
-REFRESH_S = 5
-"""How often the page of a run that has not ended reloads itself."""
 FINAL_STATES = ("completed", "failed", "cancelled")
 
 CSS = """
@@ -57,39 +57,47 @@ code { font-size: 12px; } a { color: #1f5fa8; }
 """
 
 
-def page(title: str, body: str, *, refresh: bool = False) -> str:
-    meta = f'<meta http-equiv="refresh" content="{REFRESH_S}">' if refresh else ""
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{meta}<title>{escape(title)}</title>'
-            f"<style>{CSS}</style></head><body>{body}</body></html>")
+def page(title: str, body: str, *, script: str = "") -> str:
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f"<style>{CSS}{live_part.CSS}</style></head><body>{body}{script}</body></html>")
 
 
 def state_badge(state: str) -> str:
     return f'<span class="state s-{escape(state)}">{escape(state)}</span>'
 
 
-def run_page(view: RunView, now: datetime) -> str:
-    """The whole page of one training run."""
+def run_page(view: RunView, now: datetime, *, base: str = "") -> str:
+    """The whole page of one training run; `base` is the app's root as the browser reaches it
+    (where a live page polls and stops)."""
     links = []
     if view.mlflow_url:
         links.append(f'<a href="{escape(view.mlflow_url)}">MLflow run {escape(view.mlflow_run_id[:12])}</a>')
     head = (f"<h1>{escape(view.job)} · run {escape(view.run)} {state_badge(view.state)}</h1>"
             f'<div class="muted">team {escape(view.team or fmt.DASH)} · project {escape(view.project or fmt.DASH)} · '
-            f"opened {fmt.clock(view.created_at)} · updated {fmt.age(view.updated_at, now)}"
+            f"opened {fmt.clock(view.created_at)} · <span data-live=\"since\">{escape(view.state)} since "
+            f"{fmt.age(view.updated_at, now)}</span>"
             f"{' · ' + ' · '.join(links) if links else ''}</div>")
     if view.final_reason and view.state != "completed":
         head += f'<p class="warn">{escape(view.final_reason)}</p>'
     elif NOT_REGISTERED in view.final_reason:  # completed, and nothing registered by design
         head += f'<p>{escape(view.final_reason)}</p>'
+    going = view.state not in FINAL_STATES
     body = "".join([
         head,
+        live_part.stop_control(view.run) if going else "",
         _section("live", "Progress", _live(view.live, now)),
+        _section("ranks", "Ranks", f'<div id="ranks-body">{live_part.ranks_table(view.ranks)}</div>') if going else "",
         _section("plan", "Plan", _plan(view.plan)),
         _section("placement", "Placement", _placement(view.placement)),
         _section("checkpoints", "Checkpoints", _checkpoints(view.checkpoints, view.checkpoint_root, now)),
         _section("recovery", "Recovery timeline", _recovery(view.attempts, now)),
         _notes(view.notes),
     ])
-    return page(f"{view.job} run {view.run} · Trainyard", body, refresh=view.state not in FINAL_STATES)
+    from urllib.parse import quote
+
+    own = f"{base}jobs/{quote(view.job, safe='')}/runs/{quote(view.run, safe='')}"
+    return page(f"{view.job} run {view.run} · Trainyard", body,
+                script=live_part.script(f"{own}/live.json", f"{own}/stop") if going else "")
 
 
 def runs_page(runs: Sequence[RunSummary], *, title: str, now: datetime, base: str = "") -> str:
@@ -115,20 +123,22 @@ def _section(anchor: str, title: str, content: str) -> str:
     return f'<section id="{anchor}" aria-labelledby="h-{anchor}"><h2 id="h-{anchor}">{title}</h2>{content}</section>'
 
 
-def _figure(key: str, value: str) -> str:
-    return f'<div class="figure"><div class="v">{value}</div><div class="k">{escape(key)}</div></div>'
+def _figure(key: str, value: str, live_key: str = "") -> str:
+    """One big figure; `live_key` names it for the live script (`data-live`)."""
+    attr = f' data-live="{live_key}"' if live_key else ""
+    return f'<div class="figure"><div class="v"{attr}>{value}</div><div class="k">{escape(key)}</div></div>'
 
 
 def _live(live: Live, now: datetime) -> str:
-    if live.source == "none":
-        return "<p class='muted'>No progress recorded yet.</p>"
     step = fmt.DASH if live.step is None else f"{live.step}" + (f" / {live.max_steps}" if live.max_steps else "")
     where = ("heartbeats of the live attempt" + (f" ({live.ranks_reporting} rank(s))" if live.ranks_reporting else "")
-             if live.source == "heartbeats" else "MLflow's latest metrics")
-    figures = "".join([_figure("step", step), _figure("loss", fmt.number(live.loss)),
-                       _figure("tokens/s", fmt.number(live.tokens_per_s, 5)), _figure("MFU", fmt.percent(live.mfu))])
+             if live.source == "heartbeats" else "MLflow's latest metrics" if live.source == "mlflow" else "")
+    figures = "".join([_figure("step", step, "step"), _figure("loss", fmt.number(live.loss), "loss"),
+                       _figure("tokens/s", fmt.number(live.tokens_per_s, 5), "tokens_per_s"),
+                       _figure("MFU", fmt.percent(live.mfu))])
+    said = f"from {where}, {fmt.age(live.updated_at, now)}" if where else "No progress recorded yet."
     return (f'<div class="figures">{figures}<div>{charts.sparkline(live.loss_curve)}</div></div>'
-            f'<p class="muted">from {where}, {fmt.age(live.updated_at, now)}</p>')
+            f'<p class="muted"><span data-live="source">{said}</span> <span data-live="polled"></span></p>')
 
 
 def _plan(plan: PlanView | None) -> str:

@@ -98,3 +98,69 @@ def test_a_trigger_that_raises_fires_an_error_event_and_its_task_fails_with_the_
     with pytest.raises(TriggerFailed, match=r"builtins\.PermissionError: PermissionError: the state database"):
         raise_trigger_error(event)
     raise_trigger_error({"status": "finished"})  # any other event is the sensor's to read
+
+
+class _TaskInstance:
+    dag_id, run_id, task_id = "tiny", "manual__1", "watch_training"
+
+
+@pytest.mark.parametrize(("marked", "stopped"), [
+    ("its DAG run manual__1 was marked failed in Airflow", True),
+    ("", False),  # the watcher was cleared (it re-attaches) or marked succeeded: training goes on
+])
+def test_on_kill_stops_the_gang_only_when_a_person_marked_it_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marked: str, stopped: bool) -> None:
+    """`on_kill` runs only for a person's action (Airflow 3.3's triggerer; never on a restart):
+    what it does then depends on what the person did. The stop and the note are recorded here
+    instead of done — the fabricated ranks' pid is this test's own."""
+    from trainyard.operators import common
+    from trainyard.sensors import triggers
+
+    handle = fabricate(tmp_path, [Rank(exit_code=None, step=20), Rank(exit_code=None, step=20)], alive_hung=True)
+    asked, stops, notes = [], [], []
+    monkeypatch.setattr(triggers, "marked_failed", lambda *ids: asked.append(ids) or marked)
+    monkeypatch.setattr(triggers, "stop_marked_failed",
+                        lambda h, why, runtime: stops.append((h.attempt, why)) or f"attempt 0: cancelled → {why}")
+    monkeypatch.setattr(triggers, "_runtime", lambda: None)
+    monkeypatch.setattr(common, "write_note", lambda *args: notes.append(args))
+    kept: list[tuple[str, ...]] = []  # a DAG run marked failed is kept failed after its teardown
+    monkeypatch.setattr(triggers, "keep_marked_failed", lambda *ids: kept.append(ids))
+    trigger = TrainingTrigger(handle.model_dump(mode="json"), watch=NO_LEASE, poll_interval_s=0.1)
+    trigger.task_instance = _TaskInstance()  # type: ignore[assignment]
+    asyncio.run(trigger.on_kill())
+    assert asked == [("tiny", "manual__1", "watch_training")]
+    assert stops == ([(0, marked)] if stopped else [])
+    assert notes == ([("tiny", "manual__1", f"attempt 0: cancelled → {marked}")] if stopped else [])
+    assert kept == ([("tiny", "manual__1")] if stopped else [])
+
+
+def test_on_kill_finishes_the_stop_when_the_triggerer_cancels_it_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The triggerer cancels a trigger it no longer wants again on each of its loops while
+    `on_kill` runs: a stop cut short there would leave the run half-recorded and the note unwritten."""
+    import time
+
+    from trainyard.operators import common
+    from trainyard.sensors import triggers
+
+    handle = fabricate(tmp_path, [Rank(exit_code=None, step=20)], alive_hung=True)
+    done, notes = [], []
+    monkeypatch.setattr(triggers, "marked_failed", lambda *ids: "its DAG run manual__1 was marked failed in Airflow")
+    monkeypatch.setattr(triggers, "stop_marked_failed",
+                        lambda h, why, runtime: time.sleep(0.5) or done.append(why) or "attempt 0: cancelled")
+    monkeypatch.setattr(triggers, "_runtime", lambda: None)
+    monkeypatch.setattr(common, "write_note", lambda *args: notes.append(args))
+    monkeypatch.setattr(triggers, "keep_marked_failed", lambda *ids: None)
+    trigger = TrainingTrigger(handle.model_dump(mode="json"), watch=NO_LEASE, poll_interval_s=0.1)
+    trigger.task_instance = _TaskInstance()  # type: ignore[assignment]
+
+    async def cancelled_twice() -> None:
+        task = asyncio.ensure_future(trigger.on_kill())
+        for _ in range(2):
+            await asyncio.sleep(0.1)
+            task.cancel("user-action")
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(cancelled_twice())
+    assert done == ["its DAG run manual__1 was marked failed in Airflow"]
+    assert notes == [("tiny", "manual__1", "attempt 0: cancelled")]
