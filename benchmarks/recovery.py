@@ -11,18 +11,25 @@ Trainyard home with the demo dataset:
    `faultTolerance.inPlaceRestarts`); once rank 0 reached step `--kill-at`, rank 1's process
    is SIGKILLed from here. `fast_path_mttr_s` = from the kill to the first step the restarted
    workers complete (their first `train` heartbeat). The restarted rank 0 logs how long its
-   restore took: `restore_s`.
-2. **bare torchrun** — `torchrun --max-restarts 1 worker/train.py --spec …` on its own (no
-   launcher, no rank wrapper, no control plane) with checkpoints off, killed the same way:
-   `torchrun_restart_s` = from the kill to the first step after torchrun's restart (nothing to
-   restore). Target: fast path ≤ 3 × (`torchrun_restart_s` + `restore_s`).
+   (verified) restore took: `restore_s`. `fast_path_phases_s` says where the time went, from
+   the run's own records: `teardown` (the killed incarnation's last rank exits), `torchrun_restart`
+   (→ the new rank-0 wrapper starts), `fork_and_process_group` (the rank forked from the attempt's
+   warm starter, `rank_zygote`, up to its process group), `build_model`, `restore`, `first_step`.
+2. **bare restart** — the fair competitor: `torchrun --max-restarts 1` (the same c10d rendezvous
+   the launcher's agents use; no launcher, no rank wrapper, no warm starter, no control plane)
+   running `bare_rank`, a plain DDP script of the same model that `dcp.load`s the very checkpoint
+   the fast path resumed from (unverified) and trains; rank 1 is SIGKILLed the same way.
+   `bare_restart_restore_s` = from the kill to the first step after torchrun's restart, `dcp_load_s`
+   its load, `bare_phases_s` its parts (`import_torch` is the fresh interpreter's), and
+   `torchrun_restart_s` = from the kill to its new process group (nothing restored yet).
+   Target (issue 58): `fast_path_vs_bare` = fast path / bare restart ≤ 0.5 (`fast_path_vs_bare_target`).
 3. **control plane** — a real embedded Airflow (`tests/e2e/airflow_stack.py`) with one real
    node agent per local node (`tests/support/node_agents.py`, fault injection on); the job's
    DAG is triggered, and once rank 0 reached `--kill-at` a GPU of the gang's node is marked
    failed through its agent (Xid 79). `control_plane_mttr_s` = from that call to the first
    step of the next attempt, placed elsewhere: detection by the health watch, stop, classify,
    cordon, release, the hand-over to the next DAG run, placement, launch, restore, one step.
-   Target < 60 s (the seed's node-loss figure).
+   Target < 20 s (issue 58; `control_plane_vs_target`).
 4. **hang detection** — in the same stack, a second training run whose rank 1 stops making
    progress at step `--kill-at` (the trigger form's hang fault) under a `hangTimeout` of
    `--hang-timeout-s`: `hang_detect_s` = the job state's time to detect (last progress → the
@@ -37,20 +44,21 @@ launcher is the Volcano one; `"launcher": "kubernetes"`. Two failures in one run
 - once rank 0 reached `--kill-at`, rank 1's process inside its pod is SIGKILLed: torchrun's
   in-place restart on both pods (c10d rendezvous across the namespaces): `fast_path_mttr_s` =
   from the kill to the first step of the restarted workers, `fast_path_vs_bare` against the
-  local bare torchrun restart + restore of the same run (target ≤ 3);
+  local bare restart + `dcp.load` (2.);
 - once a checkpoint after that is committed, the link of a gang node goes down:
   `node_lost_mttr_s` = from the link going down to the first step of the next attempt, placed on
   the spare node (the health watch's missed polls or Kubernetes' NotReady, stop, classify,
   cordon, the hand-over, placement, a new Volcano Job, rendezvous across the namespaces,
   restore, one step).
-`torchrun_restart_s`, `restore_s` and `local_fast_path_mttr_s` are the local runs' (1. and 2.
-still run); the local control-plane run is skipped.
+`torchrun_restart_s`, `bare_restart_restore_s`, `restore_s` and `local_fast_path_mttr_s` are
+the local runs' (1. and 2. still run); the local control-plane run is skipped.
 
 `steps_lost` is per path: the last step completed before the failure minus the step the
 recovery resumed from; target ≤ `checkpoint_interval_steps`. (On the control-plane path the
 injected GPU failure leaves the ranks running until the health watch stops them, and the
 stop's SIGTERM commits an emergency checkpoint: usually nothing is lost there. A real Xid 79
-kills the ranks on that GPU, and then up to one interval is.) Prints one JSON line.
+kills the ranks on that GPU, and then up to one interval is.) Prints one JSON line, with
+`cpu_count`, the 1-minute load average at the start (`load_1m`) and at the end (`load_avg_1m`).
 """
 
 from __future__ import annotations
