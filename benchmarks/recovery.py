@@ -29,7 +29,10 @@ Trainyard home with the demo dataset:
    failed through its agent (Xid 79). `control_plane_mttr_s` = from that call to the first
    step of the next attempt, placed elsewhere: detection by the health watch, stop, classify,
    cordon, release, the hand-over to the next DAG run, placement, launch, restore, one step.
-   Target < 20 s (issue 58; `control_plane_vs_target`).
+   Target < 20 s (issue 58; `control_plane_vs_target`). `control_plane_phases_s`, from the
+   attempt's `FailureReport`: `detect` (→ the health watch stopped the gang), `to_next_launch`
+   (→ the next attempt's gang started: classify, cordon, release, the next DAG run, placement,
+   launch) and `launch_to_first_step` (the new ranks' start, restore and first step).
 4. **hang detection** — in the same stack, a second training run whose rank 1 stops making
    progress at step `--kill-at` (the trigger form's hang fault) under a `hangTimeout` of
    `--hang-timeout-s`: `hang_detect_s` = the job state's time to detect (last progress → the
@@ -126,6 +129,7 @@ def main() -> int:
         control = None if args.skip_control_plane else control_plane(Path(tmp) / "control", args)
     out.update(fast_path_mttr_s=round(fast["mttr_s"], 2),
                control_plane_mttr_s=round(control["mttr_s"], 2) if control else None,
+               control_plane_phases_s=rounded(control["phases"]) if control else None,
                hang_timeout_s=args.hang_timeout_s,
                hang_detect_s=round(control["hang_detect_s"], 2) if control else None,
                hang_detect_over_timeout_s=round(control["hang_detect_s"] - args.hang_timeout_s, 2)
@@ -448,7 +452,11 @@ def control_plane(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         # checkpoint. So the steps lost are the job state's (last step reached − resume step).
         if report is None or report.steps_lost is None:
             raise RuntimeError(f"attempt 0 of run {handle.run} recorded no steps lost: {report}")
-        return {"mttr_s": nxt.time - failed_at, "steps_lost": report.steps_lost,
+        resumed_at = report.resumed_at.timestamp() if report.resumed_at else None
+        phases = {"detect": report.detected_at.timestamp() - failed_at,
+                  "to_next_launch": resumed_at - report.detected_at.timestamp() if resumed_at else None,
+                  "launch_to_first_step": nxt.time - resumed_at if resumed_at else None}
+        return {"mttr_s": nxt.time - failed_at, "steps_lost": report.steps_lost, "phases": phases,
                 "failed_at_step": last_step, "resumed_from_step": report.resume_step,
                 "hang_detect_s": hang_detection(stack, args)}
 
