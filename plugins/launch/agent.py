@@ -6,6 +6,14 @@ makes the agent's pid the one the launcher recorded; the `finally` writes an `Ag
 (`plugins/run/records.py`) to F whatever happens short of SIGKILL — including the
 per-rank exit codes torchrun collected (`ChildFailedError.failures`). A process that is gone
 without that file was killed hard.
+
+One correction to torchrun, applied here before it runs (`name_rendezvous_events_cheaply`): its
+c10d rendezvous names every event it records with `inspect.stack()`, called twice per event, and
+a restart records a few dozen. `inspect.stack()` reads the source of every frame and walks
+`sys.modules` for each (`inspect.getmodule`, slower the more modules are loaded: CPython issue
+92041), and an agent forked from the rank starter has torch, DCP and MLflow loaded: its in-place
+restart spent 5-9 s (loaded machine) in those lookups, for event names that torchrun then drops
+(no handler is configured by default). A frame walk gives the same name.
 """
 
 from __future__ import annotations
@@ -19,6 +27,22 @@ from pathlib import Path
 from trainyard.plugins.run.records import AgentExit
 
 
+def _method_name(depth: int = 2) -> str:
+    """`dynamic_rendezvous.get_method_name` without `inspect.stack()`: the name of the function
+    `depth` frames above this one (0 is this one), as `inspect.stack()[depth].function` was."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:  # the stack is not that deep
+        return "no_method_name"
+
+
+def name_rendezvous_events_cheaply() -> None:
+    """Make torchrun's c10d rendezvous name its events by walking frames (see the module docstring)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    dynamic_rendezvous.get_method_name = _method_name
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 3 or argv[0] != "--exit-file" or argv[2] != "--":
@@ -30,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import main as torchrun
 
+        name_rendezvous_events_cheaply()
         try:
             torchrun(torchrun_args)
             code = 0
