@@ -24,7 +24,8 @@ from trainyard.plugins.control_room.model import (
     RunSummary,
     RunView,
 )
-from trainyard.plugins.recovery.model import FINAL_KINDS, NOT_REGISTERED
+from trainyard.plugins.recovery.model import FINAL_KINDS
+from trainyard.plugins.recovery.outcome import RunOutcome
 
 REFRESH_S = 5
 """How often the page of a run that has not ended reloads itself."""
@@ -76,10 +77,9 @@ def run_page(view: RunView, now: datetime) -> str:
             f'<div class="muted">team {escape(view.team or fmt.DASH)} · project {escape(view.project or fmt.DASH)} · '
             f"opened {fmt.clock(view.created_at)} · updated {fmt.age(view.updated_at, now)}"
             f"{' · ' + ' · '.join(links) if links else ''}</div>")
-    if view.final_reason and view.state != "completed":
-        head += f'<p class="warn">{escape(view.final_reason)}</p>'
-    elif NOT_REGISTERED in view.final_reason:  # completed, and nothing registered by design
-        head += f'<p>{escape(view.final_reason)}</p>'
+    outcome = RunOutcome.of_run(view.state, view.final_reason)  # the one line every surface shows
+    if outcome.over:
+        head += f'<p id="outcome"{"" if outcome.succeeded else " class=warn"}>{escape(outcome.line)}</p>'
     body = "".join([
         head,
         _section("live", "Progress", _live(view.live, now)),

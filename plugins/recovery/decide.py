@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 
 from trainyard.plugins.recovery.model import (
     NOT_REGISTERED,
+    REGISTRATION_OFF,
     AttemptConf,
     AttemptRecord,
     CheckpointQuery,
@@ -102,12 +103,25 @@ def decide(report: FailureReport, job: TrainingJob, conf: AttemptConf, ctx: Deci
     if report.outcome == "completed":
         if not _checkpoints(ctx).committed:
             return RecoveryAction(kind="finish", reason=f"completed — {NOT_REGISTERED}", counts_against_budget=False)
+        off = registration_off(job, conf)
+        if off:
+            return RecoveryAction(kind="finish", reason=f"completed — {off}", counts_against_budget=False)
         return RecoveryAction(kind="register", reason="the attempt completed: export and register the model",
                               counts_against_budget=False)
     early = _without_checkpoints(report, job, conf)
     if early is not None:
         return early
     return _RULES[report.outcome](report, job, ctx)
+
+
+def registration_off(job: TrainingJob, conf: AttemptConf) -> str:
+    """Why a completed run registers nothing though it could ('' when it registers): the
+    trigger's `register` Param wins over the spec's `registration.enabled`."""
+    if conf.register is False:
+        return f"{REGISTRATION_OFF} (the trigger's register Param)"
+    if conf.register is None and not job.spec.registration.enabled:
+        return f"{REGISTRATION_OFF} (spec.registration.enabled: false)"
+    return ""
 
 
 def _without_checkpoints(report: FailureReport, job: TrainingJob, conf: AttemptConf) -> RecoveryAction | None:
