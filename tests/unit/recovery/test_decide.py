@@ -20,7 +20,12 @@ from trainyard.plugins.attempt.bookkeeping import (
 )
 from trainyard.plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan, verify
 from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
-from trainyard.plugins.recovery.model import NOT_REGISTERED, REGISTRATION_OFF, AttemptConf, FailureReport
+from trainyard.plugins.recovery.model import (
+    NOT_REGISTERED,
+    REGISTRATION_OFF,
+    AttemptConf,
+    FailureReport,
+)
 from trainyard.plugins.storage.store import ObjectStore, open_store
 
 SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
