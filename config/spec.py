@@ -380,7 +380,7 @@ class Registration(Section):
     """Whether a completed run registers its model, and when the `candidate` alias moves."""
 
     enabled: bool = True
-    """Register a model version when a run completes; the trigger form's `register` Param
+    """Register a model version when a run completes; the trigger form's `register_model` Param
     overrides it for one run. Off: the run completes, nothing is registered, and every surface
     says why."""
     candidate: CandidateRule = Field(default_factory=CandidateRule)

@@ -102,7 +102,7 @@ def params(job: TrainingJob) -> dict[str, Param]:
                                         + (f" (spec: the model's '{job.spec.retrain.start_from_alias}' version)"
                                            if job.spec.retrain is not None and job.spec.retrain.start_from_alias
                                            else "")),
-        "register": Param(None, type=["null", "boolean"], title="Register the model",
+        "register_model": Param(None, type=["null", "boolean"], title="Register the model",
                           description="Register a model version when the run completes (empty: the spec's "
                                       f"registration.enabled, {'on' if job.spec.registration.enabled else 'off'}); "
                                       "the 'candidate' alias moves only under the spec's rule"),

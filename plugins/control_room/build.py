@@ -35,7 +35,6 @@ from trainyard.plugins.control_room.model import (
     PlacementView,
     PlanView,
     RackBox,
-    RunSummary,
     RunView,
 )
 
@@ -97,16 +96,6 @@ def build_run_view(store: JobStateStore, info: RunInfo, settings: Settings, *, a
         mlflow_url=_mlflow_url(ctx),
         notes=ctx.notes,
     )
-
-
-def run_summaries(store: JobStateStore, job: str = "", *, limit: int = 50) -> list[RunSummary]:
-    """The runs list, newest first; each links to its view (relative to the app's root)."""
-    from urllib.parse import quote
-
-    return [RunSummary(job=r.job, run=r.run, state=r.state, attempts=r.attempts, last_cause=r.last_cause,
-                       created_at=r.created_at, updated_at=r.updated_at,
-                       view_url=f"jobs/{quote(r.job, safe='')}/runs/{quote(r.run, safe='')}")
-            for r in store.list_runs(job, limit=limit)]
 
 
 # -- the job and its cluster ---------------------------------------------------------------------

@@ -21,7 +21,6 @@ from trainyard.plugins.control_room.model import (
     Live,
     PlacementView,
     PlanView,
-    RunSummary,
     RunView,
 )
 from trainyard.plugins.recovery.model import FINAL_KINDS
@@ -90,19 +89,6 @@ def run_page(view: RunView, now: datetime) -> str:
         _notes(view.notes),
     ])
     return page(f"{view.job} run {view.run} · Trainyard", body, refresh=view.state not in FINAL_STATES)
-
-
-def runs_page(runs: Sequence[RunSummary], *, title: str, now: datetime, base: str = "") -> str:
-    """The runs list (newest first), each linking to its page."""
-    if not runs:
-        return page(title, f"<h1>{escape(title)}</h1><p class='muted'>No training run yet.</p>")
-    rows = "".join(
-        f"<tr><td>{escape(r.job)}</td><td><a href=\"{escape(base + r.view_url)}\">{escape(r.run)}</a></td>"
-        f"<td>{state_badge(r.state)}</td><td class='n'>{r.attempts}</td><td>{escape(r.last_cause or fmt.DASH)}</td>"
-        f"<td>{fmt.clock(r.created_at)}</td><td>{fmt.age(r.updated_at, now)}</td></tr>" for r in runs)
-    table = ("<table><thead><tr><th>job</th><th>run</th><th>state</th><th class='n'>attempts</th>"
-             f"<th>last failure</th><th>opened</th><th>updated</th></tr></thead><tbody>{rows}</tbody></table>")
-    return page(title, f"<h1>{escape(title)}</h1>{table}")
 
 
 def message_page(title: str, text: str) -> str:

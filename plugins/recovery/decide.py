@@ -2,7 +2,8 @@
 
 The rules, in the order they are applied:
 
-1. `completed` → **register**; `cancelled` → **cancel**.
+1. `completed` → **register** (→ **finish** without a checkpoint of ours, or with registration off:
+   the spec's `registration.enabled`, the trigger's `register_model`); `cancelled` → **cancel**.
 2. **The same failure again** → give up, because another restart would only repeat it:
    - a `worker_crash` of the same rank with the same ordinary exit code (not a signal: a
      signal comes from outside the script) and no step progress since the previous attempt
@@ -116,10 +117,10 @@ def decide(report: FailureReport, job: TrainingJob, conf: AttemptConf, ctx: Deci
 
 def registration_off(job: TrainingJob, conf: AttemptConf) -> str:
     """Why a completed run registers nothing though it could ('' when it registers): the
-    trigger's `register` Param wins over the spec's `registration.enabled`."""
-    if conf.register is False:
-        return f"{REGISTRATION_OFF} (the trigger's register Param)"
-    if conf.register is None and not job.spec.registration.enabled:
+    trigger's `register_model` Param wins over the spec's `registration.enabled`."""
+    if conf.register_model is False:
+        return f"{REGISTRATION_OFF} (the trigger's register_model Param)"
+    if conf.register_model is None and not job.spec.registration.enabled:
         return f"{REGISTRATION_OFF} (spec.registration.enabled: false)"
     return ""
 

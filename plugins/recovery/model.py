@@ -304,8 +304,9 @@ class AttemptConf(_Model):
     learning_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     dry_run: bool = False
     """Validate, plan and place, then release without launching."""
-    register: bool | None = None
-    """Register the model when the run completes; None: the spec's `registration.enabled`."""
+    register_model: bool | None = None
+    """Register the model when the run completes; None: the spec's `registration.enabled`
+    (the trigger form's `register_model` Param)."""
     faults: FaultParams = Field(default_factory=FaultParams)
     history: list[AttemptRecord] = Field(default_factory=list, max_length=MAX_ATTEMPTS)
     restarts_used: int = Field(default=0, ge=0, le=MAX_ATTEMPTS)

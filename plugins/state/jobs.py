@@ -256,12 +256,16 @@ class JobStateStore(SqlStore):
         with self._transaction() as s:
             return self._info(s, self._run_row(s, job, run))
 
-    def list_runs(self, job: str = "", *, limit: int = 50) -> list[RunInfo]:
-        """Runs, newest first (of one job, or of all)."""
+    def list_runs(self, job: str = "", *, limit: int = 50, team: str = "", state: str = "") -> list[RunInfo]:
+        """Runs, newest first (of one job, or of all; of one team; in one lifecycle state)."""
         with self._transaction() as s:
             query = select(RunRow).order_by(RunRow.created_at.desc(), RunRow.id.desc()).limit(limit)
             if job:
                 query = query.where(RunRow.job == job)
+            if team:
+                query = query.where(RunRow.team == team)
+            if state:
+                query = query.where(RunRow.state == state)
             return [self._info(s, row) for row in s.scalars(query)]
 
     def transition(self, job: str, run: str, state: LifecycleState, *, reason: str = "",

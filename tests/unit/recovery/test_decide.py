@@ -76,14 +76,14 @@ def registration(enabled: bool) -> TrainingJob:
 
 @pytest.mark.parametrize(("spec_on", "param", "kind", "why"), [
     (True, None, "register", ""),
-    (True, False, "finish", "(the trigger's register Param)"),
+    (True, False, "finish", "(the trigger's register_model Param)"),
     (False, None, "finish", "(spec.registration.enabled: false)"),
     (False, True, "register", ""),
 ])
 def test_registration_off_finishes_without_registering_and_says_who_turned_it_off(
         spec_on: bool, param: bool | None, kind: str, why: str, ctx: DecisionInputs, store: ObjectStore) -> None:
     make_checkpoint(store, 10)  # something to register: only the setting decides
-    action = decide_from_catalog(report("completed"), registration(spec_on), AttemptConf(register=param), ctx)
+    action = decide_from_catalog(report("completed"), registration(spec_on), AttemptConf(register_model=param), ctx)
     assert (action.kind, action.retries) == (kind, False)
     if kind == "finish":
         assert action.reason == f"completed — {REGISTRATION_OFF} {why}"
