@@ -137,10 +137,11 @@ class RegisterModelOperator(BaseOperator):
         mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
         try:
             version = register(opened, mlflow_run_id, rt)
-        except RegistrationFailed as e:
+        except RegistrationFailed as e:  # the run failed: say so as a diagnosis, not as chained tracebacks
+            self.log.error("run %s: %s", opened.conf.run, e)
             note_dag_run(context, f"attempt {opened.conf.attempt}: {e}")
             close(opened, mlflow_run_id, rt, status="failed")
-            raise AirflowFailException(str(e)) from e
+            raise AirflowFailException(str(e)) from None
         note_dag_run(context, f"attempt {opened.conf.attempt}: {version.outcome.line}")
         self.log.info("run %s: %s", opened.conf.run, version.outcome.line)
         closed = close(opened, mlflow_run_id, rt)
