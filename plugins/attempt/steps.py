@@ -162,8 +162,8 @@ class Concluded(_Out):
         who = (f"rank {r.rank}: {describe(r.exit_code)}" if r.rank is not None and r.exit_code not in (None, 0)
                else f"rank {r.rank}" if r.rank is not None else ", ".join(r.failed_nodes))
         detail = f" ({who})" if who and r.failed else ""
-        then = {"register": "registering", "finish": NOT_REGISTERED, "give_up": "gave up",
-                "cancel": "cancelled"}.get(a.kind, a.kind)
+        then = {"register": "registering", "finish": a.reason.removeprefix("completed — ") or NOT_REGISTERED,
+                "give_up": "gave up", "cancel": "cancelled"}.get(a.kind, a.kind)
         resume = f" from step {a.resume_step}" if a.retries and a.resume_step is not None else ""
         why = f": {a.reason}" if a.kind in ("give_up", "cancel") else ""
         return f"attempt {r.attempt}: {r.outcome}{where}{detail} → {then}{resume}{why}"[:1000]

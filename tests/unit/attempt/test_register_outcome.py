@@ -15,9 +15,21 @@ from tests.unit.tracking.factories import make_job
 from trainyard.config.settings import Settings
 from trainyard.plugins.attempt.launchers import Runtime
 from trainyard.plugins.attempt.listener import MlflowListener
-from trainyard.plugins.attempt.steps import RegistrationFailed, open_attempt, register, run_outcome
+from trainyard.plugins.attempt.steps import (
+    Concluded,
+    RegistrationFailed,
+    open_attempt,
+    register,
+    run_outcome,
+)
 from trainyard.plugins.errors import TransientError
-from trainyard.plugins.recovery.model import AttemptConf
+from trainyard.plugins.recovery.model import (
+    NOT_REGISTERED,
+    REGISTRATION_OFF,
+    AttemptConf,
+    FailureReport,
+    RecoveryAction,
+)
 from trainyard.plugins.state.jobs import JobStateStore
 from trainyard.plugins.tracking.registry import ModelVersionInfo
 
@@ -80,3 +92,16 @@ def test_a_registered_version_completes_the_run_with_the_alias_decision(opened: 
     assert registered.outcome.line == f"completed and registered — registered reg-job version 2 from step 20; {note}"
     assert registered.outcome == run_outcome(opened.opened, opened.runtime)
     assert (registered.outcome.exit_code, registered.outcome.dag_run_state) == (0, "success")
+
+
+@pytest.mark.parametrize(("action", "note"), [
+    (RecoveryAction(kind="register", reason="the attempt completed: export and register the model"),
+     "attempt 0: completed at step 4 → registering"),
+    (RecoveryAction(kind="finish", reason=f"completed — {REGISTRATION_OFF} (spec.registration.enabled: false)"),
+     f"attempt 0: completed at step 4 → {REGISTRATION_OFF} (spec.registration.enabled: false)"),
+    (RecoveryAction(kind="finish", reason=f"completed — {NOT_REGISTERED}"),
+     f"attempt 0: completed at step 4 → {NOT_REGISTERED}"),
+])
+def test_the_note_after_classify_says_registering_or_why_nothing_is(action: RecoveryAction, note: str) -> None:
+    report = FailureReport(job="j", run=RUN, attempt=0, outcome="completed", reason="every rank completed", step=4)
+    assert Concluded(report=report, action=action).summary == note
