@@ -118,9 +118,10 @@ def decide(report: FailureReport, job: TrainingJob, conf: AttemptConf, ctx: Deci
 def registration_off(job: TrainingJob, conf: AttemptConf) -> str:
     """Why a completed run registers nothing though it could ('' when it registers): the
     trigger's `register_model` Param wins over the spec's `registration.enabled`."""
-    if conf.register_model is False:
+    spec_on = job.spec.registration.enabled
+    if conf.register_model is False and spec_on:
         return f"{REGISTRATION_OFF} (the trigger's register_model Param)"
-    if conf.register_model is None and not job.spec.registration.enabled:
+    if conf.register_model is not True and not spec_on:  # the form's switch shows the spec's setting
         return f"{REGISTRATION_OFF} (spec.registration.enabled: false)"
     return ""
 

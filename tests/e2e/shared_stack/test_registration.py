@@ -68,6 +68,16 @@ def test_registration_off_and_a_smoke_run_leave_candidate_alone(shared: RunningS
 
     shared.add_jobs({JOB: demo_spec(JOB)})
     mlflow = client_for(shared.settings.mlflow_tracking_uri)
+    from tests.support.browser import chromium_page
+
+    with chromium_page() as page:  # the form's switch shows the spec's setting (on), not a blank "off"
+        page.goto(f"{shared.stack.url}/dags/{JOB}", wait_until="networkidle")
+        page.get_by_role("button", name="Trigger").first.click()
+        form = page.get_by_role("dialog")
+        form.wait_for()
+        form.get_by_text("Register the model").first.scroll_into_view_if_needed()
+        assert form.get_by_role("checkbox", name="Register the model").is_checked()
+        page.screenshot(path=str(screens() / "trigger-form-register-model.png"), full_page=True)
 
     off = train(shared, JOB, {"max_steps": STEPS, "register_model": False})
     assert (off.state, off.action) == ("success", "finish"), shared.logs()

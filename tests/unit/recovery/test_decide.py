@@ -79,6 +79,7 @@ def registration(enabled: bool) -> TrainingJob:
     (True, False, "finish", "(the trigger's register_model Param)"),
     (False, None, "finish", "(spec.registration.enabled: false)"),
     (False, True, "register", ""),
+    (False, False, "finish", "(spec.registration.enabled: false)"),  # the form's switch as the spec set it
 ])
 def test_registration_off_finishes_without_registering_and_says_who_turned_it_off(
         spec_on: bool, param: bool | None, kind: str, why: str, ctx: DecisionInputs, store: ObjectStore) -> None:
