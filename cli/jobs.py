@@ -155,7 +155,10 @@ def run_status(args: argparse.Namespace) -> int:
         return _not_found(e)
     attempts = store.attempts(info.job, info.run)
     if args.json:
+        from trainyard.plugins.recovery.outcome import RunOutcome
+
         print_json({"run": info.model_dump(mode="json"),
+                    "outcome": RunOutcome.of_run(info.state, info.final_reason).model_dump(mode="json"),
                     "attempts": [a.model_dump(mode="json", exclude={"handle", "report"}) |
                                  {"evidence": a.failure_report.evidence if a.failure_report else []}
                                  for a in attempts]})
