@@ -12,7 +12,9 @@ the job state as it goes (DESIGN §1, §4):
     watch_once   → WatchStep   one look at the training (`watching.py`): the trigger loops over it
     conclude     → Concluded   evidence → classify → decide → quarantine, cordon, job state, MLflow
     release      → int         the reservation freed (the DAG's teardown)
-    register     → Registered  the best valid checkpoint exported and registered as a model version
+    register     → Registered  the best valid checkpoint exported and registered as a model version;
+                               the run ends here: completed and registered, or failed
+                               (`RegistrationFailed`) — its one outcome (`recovery/outcome.py`)
     close        → Closed      MLflow's end artifacts, the cost, the run's final status
 
 A step that fails for good before the gang runs (nothing fits, nowhere to place it, the launcher
