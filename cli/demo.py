@@ -78,7 +78,7 @@ def run_demo(args: argparse.Namespace) -> None:
     from trainyard.cli.stack import default_stack
     from trainyard.config.loader import load_spec_file
     from trainyard.config.settings import get_settings
-    from trainyard.plugins.airflow_api import AirflowClient
+    from trainyard.plugins.airflow_api import AirflowClient, first_attempt
 
     started = time.monotonic()
     settings = get_settings()
@@ -96,7 +96,8 @@ def run_demo(args: argparse.Namespace) -> None:
             conf["max_steps"] = args.max_steps
         _step("3/5 submit", f"DAG {job.name} through Airflow's REST API"
               + ("" if args.no_crash else f", with rank 1 killed at step {args.crash_at_step}"))
-        dag_run = client.trigger(job.name, conf, note="make demo")["dag_run_id"]
+        conf, first_id = first_attempt(conf)
+        dag_run = client.trigger(job.name, conf, run_id=first_id, note="make demo")["dag_run_id"]
         _print(f"DAG run {dag_run}: {stack.url}/dags/{job.name}/runs/{dag_run}")
         _step("4/5 train", "attempts, steps and loss as Airflow and MLflow see them")
         from trainyard.cli.submit import follow_with_progress

@@ -155,7 +155,10 @@ def run_status(args: argparse.Namespace) -> int:
         return _not_found(e)
     attempts = store.attempts(info.job, info.run)
     if args.json:
+        from trainyard.plugins.recovery.outcome import RunOutcome
+
         print_json({"run": info.model_dump(mode="json"),
+                    "outcome": RunOutcome.of_run(info.state, info.final_reason).model_dump(mode="json"),
                     "attempts": [a.model_dump(mode="json", exclude={"handle", "report"}) |
                                  {"evidence": a.failure_report.evidence if a.failure_report else []}
                                  for a in attempts]})
@@ -173,6 +176,7 @@ def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = 
     from rich.table import Table
 
     from trainyard.cli.output import console
+    from trainyard.plugins.recovery.outcome import RunOutcome
 
     console.print(f"[bold]{escape(info.job)}[/] run [bold]{info.run}[/]  {_state(info.state)}", soft_wrap=False)
     console.print(f"[dim]team {escape(info.team or '—')} · project {escape(info.project or '—')}[/]", soft_wrap=False)
@@ -180,8 +184,9 @@ def show_status(info: RunInfo, attempts: list[AttemptInfo], *, evidence: bool = 
     if info.mlflow_run_id:
         console.print(f"MLflow run {info.mlflow_run_id}", soft_wrap=False)
     console.print(f"[dim]view:[/]\n{_view_url(info)}", soft_wrap=True)  # the Trainyard view in Airflow
-    if info.final_reason:
-        console.print(f"[dim]final:[/] {escape(info.final_reason)}", soft_wrap=False)
+    outcome = RunOutcome.of_run(info.state, info.final_reason)  # the one line every surface shows
+    if outcome.over:
+        console.print(f"[dim]outcome:[/] {escape(outcome.line)}", soft_wrap=False)
     if not attempts:
         console.print("no attempt started yet")
         return

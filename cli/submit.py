@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainyard.config.settings import Settings
     from trainyard.plugins.airflow_api import AirflowClient, AttemptRun
+    from trainyard.plugins.recovery.outcome import RunOutcome
 
 EXIT_CODES: dict[int, str] = {
-    1: "the spec is invalid, or (with --wait) the training run did not complete",
+    1: "the spec is invalid, or (with --wait) the training run did not complete (failed — a registration "
+       "that failed included — or cancelled)",
     3: "Airflow does not answer (start it with `make airflow`)",
 }
 """This command's exit codes beyond the common ones (`trainyard.cli.output.EXIT_CODES`), for its --help."""
@@ -64,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         AirflowClient,
         AirflowRequestFailed,
         AirflowUnavailable,
+        first_attempt,
     )
 
     settings = get_settings()
@@ -83,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     client = AirflowClient(settings.airflow_url, token=token)
     try:
         _wait_for_dag(client, job.name, placed, changed=changed)
-        dag_run = client.trigger(job.name, conf, note=f"trainyard submit {args.spec}")
+        conf, first_id = first_attempt(conf)
+        dag_run = client.trigger(job.name, conf, run_id=first_id, note=f"trainyard submit {args.spec}")
     except AirflowUnavailable as e:
         err_console.print(f"[red]{e}[/]")
         return 3
@@ -103,8 +107,26 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(f"[yellow]{e}[/]; it goes on in Airflow")
         return 1
     _summary(attempts)
+    outcome = run_outcome(settings, job.name, attempts[0].run if attempts else "")
+    if outcome is not None:  # the one truth: what `status`, the view, the note and MLflow say
+        console.print(f"run {attempts[0].run}: {outcome.line}")
+        return outcome.exit_code
     last = attempts[-1] if attempts else None
     return 0 if last is not None and last.state == "success" and last.action in ("register", "finish") else 1
+
+
+def run_outcome(settings: Settings, job: str, run: str) -> RunOutcome | None:
+    """The run's outcome from the job state; None when the state cannot be read from here."""
+    from trainyard.plugins.recovery.outcome import RunOutcome
+    from trainyard.plugins.state.jobs import open_job_state
+
+    if not run:
+        return None
+    try:
+        info = open_job_state(settings.state_db).get_run(job, run)
+    except Exception:  # noqa: BLE001 - a state this host cannot read: the DAG runs' states decide
+        return None
+    return RunOutcome.of_run(info.state, info.final_reason)
 
 
 def _into_jobs_folder(spec: Path, name: str, jobs_dir: Path) -> tuple[Path, bool]:

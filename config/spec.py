@@ -362,6 +362,30 @@ class Retrain(Section):
     """Held-out sequences (of `sequenceLength` tokens) the evaluation scores each version on."""
 
 
+class CandidateRule(Section):
+    """When a newly registered version takes the `candidate` alias. Both checks on by default:
+    a short smoke run (fewer steps than `training.maxSteps` in the spec) or a worse final loss
+    than the version holding `candidate` registers, but leaves the alias where it is — and the
+    run's note says which check held it back."""
+
+    require_max_steps: bool = True
+    """The run reached the spec's own `training.maxSteps` (a trigger's smaller `max_steps` does
+    not count); a spec without `maxSteps` passes."""
+    require_no_worse_loss: bool = True
+    """The run's final `loss` is no worse (≤) than the final loss of the run that registered the
+    version holding `candidate`; passes while no version holds it, or either loss is unknown."""
+
+
+class Registration(Section):
+    """Whether a completed run registers its model, and when the `candidate` alias moves."""
+
+    enabled: bool = True
+    """Register a model version when a run completes; the trigger form's `register_model` Param
+    overrides it for one run. Off: the run completes, nothing is registered, and every surface
+    says why."""
+    candidate: CandidateRule = Field(default_factory=CandidateRule)
+
+
 class JobBody(Section):
     source: Source
     framework: Literal["pytorch"] = "pytorch"
@@ -381,6 +405,8 @@ class JobBody(Section):
     """Cron expression or preset (`@daily`): a scheduled retraining DAG."""
     retrain: Retrain | None = None
     """Data-triggered retraining and the promotion gate; omit for a job trained on demand only."""
+    registration: Registration = Field(default_factory=Registration)
+    """Whether a completed run registers its model, and the rule that moves `candidate`."""
 
 
 class TrainingJob(Section):

@@ -129,6 +129,11 @@ def params(job: TrainingJob) -> dict[str, Param]:
                                         + (f" (spec: the model's '{job.spec.retrain.start_from_alias}' version)"
                                            if job.spec.retrain is not None and job.spec.retrain.start_from_alias
                                            else "")),
+        # a switch showing the spec's own setting: a null default would show "off" and still register
+        "register_model": Param(job.spec.registration.enabled, type="boolean", title="Register the model",
+                                description="Register a model version when the run completes (spec: "
+                                            f"registration.enabled: {str(job.spec.registration.enabled).lower()}); "
+                                            "'candidate' moves to it only under spec.registration.candidate"),
         "dry_run": Param(False, type="boolean", title="Dry run",
                          description="Validate, plan and place, then release without launching"),
         "fault_kill_rank": Param(None, type=["null", "integer"], minimum=0, title="Kill rank", **fault),

@@ -113,27 +113,37 @@ class RecoveryActionOperator(BaseOperator):
             raise AirflowFailException(f"task {self.task_id} runs action {self.action!r}, decided was {action.kind!r}")
         nxt = pull(context, CLASSIFY, AttemptConf, key="next_conf")
         self.log.info("%s: %s", action.kind, action.reason)
+        where = (f"step {action.resume_step} ({nxt.resume_from})" if action.resume_step is not None and nxt.resume_from
+                 else nxt.resume_from or "the run's newest valid checkpoint")
         self.log.info("attempt %d will resume from %s; excluded nodes: %s; restarts used %d",
-                      nxt.attempt, nxt.resume_from or "the run's newest valid checkpoint",
+                      nxt.attempt, where,
                       ", ".join(nxt.exclude_nodes) or "none", nxt.restarts_used)
         return {"action": action.kind, "next_attempt": nxt.attempt, "resume_from": nxt.resume_from}
 
 
 class RegisterModelOperator(BaseOperator):
     """The attempt completed: export the best valid checkpoint to safetensors, register it as a
-    model version (alias `candidate`) with lineage, close the MLflow run as completed."""
+    model version with lineage (`candidate` moves under the spec's rule), close the MLflow run.
+    The run's outcome — registered, or failed because the registration did — is the note, the
+    DAG run's state and the MLflow run's status alike (`trainyard.plugins.recovery.outcome`)."""
 
     ui_color = "#abebc6"
     operator_extra_links = (ModelVersionLink(), MlflowRunLink(), TrainyardViewLink(),)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from trainyard.plugins.attempt.steps import close, register
+        from trainyard.plugins.attempt.steps import RegistrationFailed, close, register
 
         opened, rt = opened_of(context), runtime()
         mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
-        version = register(opened, mlflow_run_id, rt)
-        self.log.info("registered %s version %s (alias 'candidate') from step %s of run %s",
-                      version.model, version.version, version.step, opened.conf.run)
+        try:
+            version = register(opened, mlflow_run_id, rt)
+        except RegistrationFailed as e:  # the run failed: say so as a diagnosis, not as chained tracebacks
+            self.log.error("run %s: %s", opened.conf.run, e)
+            note_dag_run(context, f"attempt {opened.conf.attempt}: {e}")
+            close(opened, mlflow_run_id, rt, status="failed")
+            raise AirflowFailException(str(e)) from None
+        note_dag_run(context, f"attempt {opened.conf.attempt}: {version.outcome.line}")
+        self.log.info("run %s: %s", opened.conf.run, version.outcome.line)
         closed = close(opened, mlflow_run_id, rt)
         self.log.info("run %s: %s", opened.conf.run, ", ".join(f"{k} {v:.4g}" for k, v in closed.cost.items()))
         return {**version.model_dump(), **closed.cost}
@@ -168,7 +178,11 @@ class GiveUpOperator(BaseOperator):
         from trainyard.plugins.recovery.model import FailureReport
 
         opened = opened_of(context)
+        from trainyard.plugins.recovery.diagnosis import diagnosis_lines
+
         report = pull(context, CLASSIFY, FailureReport, key="report")
+        for line in diagnosis_lines(report, _action(context)):
+            self.log.error("%s", line)
         lines = "\n".join(history_lines(opened.conf.history, report))
         mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
         if mlflow_run_id:  # the loss plot, the timeline and the cost of what was spent
@@ -195,13 +209,15 @@ class AttemptFailedOperator(BaseOperator):
     ui_color = "#e6b0aa"
 
     def execute(self, context: Context) -> None:
+        from trainyard.plugins.recovery.diagnosis import diagnosis_lines
         from trainyard.plugins.recovery.model import FailureReport
 
         report = pull(context, CLASSIFY, FailureReport, key="report")
-        nxt = context["ti"].xcom_pull(task_ids=RESUME, key="return_value")
+        action = _action(context)
+        for line in diagnosis_lines(report, action):  # the diagnosis is what a person lands on
+            self.log.error("%s", line)
         raise AirflowFailException(f"attempt {report.attempt} of run {report.run}: {report.outcome} — "
-                                   f"{report.reason}; {_action(context).kind} handed to the next attempt"
-                                   + (f" ({nxt})" if nxt else ""))
+                                   f"{action.kind} handed to attempt {report.attempt + 1} (diagnosis above)")
 
 
 class ResumeNextAttemptOperator(TriggerDagRunOperator):
@@ -216,6 +232,8 @@ class ResumeNextAttemptOperator(TriggerDagRunOperator):
 
         nxt = pull(context, CLASSIFY, AttemptConf, key="next_conf")
         self.conf = to_xcom(nxt)
-        self.trigger_run_id = f"{nxt.run}__attempt-{nxt.attempt}"
+        from trainyard.plugins.airflow_api import attempt_dag_run_id
+
+        self.trigger_run_id = attempt_dag_run_id(nxt.run, nxt.attempt)
         self.log.info("handing run %s over to attempt %d (DAG run %s)", nxt.run, nxt.attempt, self.trigger_run_id)
         return super().execute(context)

@@ -241,8 +241,19 @@ class AttemptRun:
 
 
 def attempt_dag_run_id(run: str, attempt: int) -> str:
-    """The DAG run of a later attempt (`resume_next_attempt` names it so)."""
+    """The DAG run of an attempt of training run `run`: `<run>__attempt-<n>` — attempt 0 when
+    `trainyard submit` or the demo triggers it (`first_attempt`), every later one as
+    `resume_next_attempt` names it — so a run's attempts sort together in the UI."""
     return f"{run}__attempt-{attempt}"
+
+
+def first_attempt(conf: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """A new training run's first trigger: `conf` with the run's new id, and its DAG run id
+    (`<run>__attempt-0`). A trigger from Airflow's own form gets a generated DAG run id instead."""
+    from trainyard.config.runs import new_run_id
+
+    run = new_run_id()
+    return {**conf, "run": run}, attempt_dag_run_id(run, 0)
 
 
 def follow_training_run(client: AirflowClient, dag_id: str, first_dag_run_id: str, *, timeout_s: float,

@@ -50,9 +50,12 @@ def record_in_mlflow(result: AttemptResult, mlflow_run_id: str, *, tracking_uri:
         set_run_status(mlflow_run_id, "cancelled", tracking_uri=tracking_uri)
 
 
-def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) -> ModelVersionInfo:
+def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str,
+                   max_steps: int | None = None) -> ModelVersionInfo:
     """Export the run's best valid checkpoint (by the spec's `keepBestMetric`, else the newest)
-    and register it as the next version of the job's model, alias `candidate`.
+    and register it as the next version of the job's model; `candidate` moves to it only under
+    the spec's rule (`spec.registration.candidate`, with `max_steps` the spec's own maxSteps —
+    `plugins/tracking/candidate.py`), and the version's `candidate_note` says why or why not.
 
     Exactly once per (MLflow run, checkpoint step, manifest SHA-256): a retried `register_model`
     task, or a second call, finds the version the first one made by its lineage tags and returns
@@ -63,6 +66,7 @@ def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) 
     import shutil
 
     from trainyard.plugins.checkpoint.uris import area_for
+    from trainyard.plugins.tracking.candidate import apply_candidate_rule
     from trainyard.plugins.tracking.registry import (
         DEFAULT_ALIAS,
         _check_manifest_digest,
@@ -74,8 +78,10 @@ def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) 
     uri = settings.mlflow_tracking_uri
     record = select_checkpoint(mlflow_run_id, tracking_uri=uri, metric=job.spec.checkpoint.keep_best_metric)
     made = registered_version(job.name, mlflow_run_id, record, tracking_uri=uri)
+    rule = job.spec.registration.candidate
     if made is not None:
-        return _with_alias(made, DEFAULT_ALIAS, tracking_uri=uri)
+        return apply_candidate_rule(made, rule, alias=DEFAULT_ALIAS, max_steps=max_steps,
+                                    mlflow_run_id=mlflow_run_id, tracking_uri=uri)[0]
     folder = export_folder(job, settings, mlflow_run_id)
     shutil.rmtree(folder, ignore_errors=True)  # what an interrupted try left
     folder.mkdir(parents=True)
@@ -84,10 +90,12 @@ def register_model(job: TrainingJob, settings: Settings, *, mlflow_run_id: str) 
         find_export()(record.manifest_uri, weights, endpoint_url=settings.s3_endpoint_url, job=job.name,
                       area=area_for(job, settings.object_store), scratch_dir=folder)
         _check_manifest_digest(weights, record)
-        return register_safetensors(weights, run_id=mlflow_run_id, checkpoint=record, tracking_uri=uri,
-                                    model_name=job.name, alias=DEFAULT_ALIAS)
+        made = register_safetensors(weights, run_id=mlflow_run_id, checkpoint=record, tracking_uri=uri,
+                                    model_name=job.name, alias="")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    return apply_candidate_rule(made, rule, alias=DEFAULT_ALIAS, max_steps=max_steps, mlflow_run_id=mlflow_run_id,
+                                tracking_uri=uri)[0]
 
 
 def registered_version(name: str, mlflow_run_id: str, record: LoggedCheckpoint, *,
@@ -110,22 +118,6 @@ def registered_version(name: str, mlflow_run_id: str, record: LoggedCheckpoint, 
     if not found:
         return None
     return ModelVersionInfo.from_mlflow(min(found, key=lambda mv: int(mv.version)))
-
-
-def _with_alias(made: ModelVersionInfo, alias: str, *, tracking_uri: str) -> ModelVersionInfo:
-    """`made`, with `alias` on it when no version holds the alias yet (a first try that stopped
-    between the version and the alias); an alias another version holds now is left alone."""
-    from mlflow.exceptions import MlflowException
-
-    from trainyard.plugins.tracking.registry import ModelVersionInfo
-    from trainyard.plugins.tracking.runs import client_for
-
-    client = client_for(tracking_uri)
-    try:
-        client.get_model_version_by_alias(made.name, alias)
-    except MlflowException:
-        client.set_registered_model_alias(made.name, alias, made.version)
-    return ModelVersionInfo.from_mlflow(client.get_model_version(made.name, made.version))
 
 
 def export_folder(job: TrainingJob, settings: Settings, mlflow_run_id: str) -> Path:
@@ -158,6 +150,20 @@ def run_timeline(job: str, run: str, settings: Settings) -> list[tuple[float, st
     return events
 
 
+OUTCOME_TAG = "trainyard.outcome"
+"""The MLflow run's tag holding the run's one-line outcome (`recovery.outcome.outcome_line`)."""
+
+
+def tag_outcome(mlflow_run_id: str, state: str, final_reason: str, *, tracking_uri: str) -> None:
+    """Write the run's one-line outcome on its MLflow run (tag `trainyard.outcome`), once it is over."""
+    from trainyard.plugins.recovery.outcome import RunOutcome
+    from trainyard.plugins.tracking.runs import client_for
+
+    outcome = RunOutcome.of_run(state, final_reason)
+    if outcome.over:
+        client_for(tracking_uri).set_tag(mlflow_run_id, OUTCOME_TAG, outcome.line[:5000])
+
+
 def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: str,
               status: Literal["completed", "failed", "cancelled"] = "completed") -> dict[str, float]:
     """End the run's MLflow run: its end artifacts (loss plot, recovery timeline), its cost —
@@ -173,6 +179,7 @@ def close_run(job: TrainingJob, settings: Settings, *, run: str, mlflow_run_id: 
 
     state = open_job_state(settings.state_db)
     info, attempts = state.get_run(job.name, run), state.attempts(job.name, run)
+    tag_outcome(mlflow_run_id, info.state, info.final_reason, tracking_uri=settings.mlflow_tracking_uri)
     logs = [(a.attempt, Path(h.run_dir) / "ranks") for a in attempts if (h := a.run_handle) is not None and h.run_dir]
     spans = [(a.started_at, a.ended_at) for a in attempts if a.ended_at is not None]
     if not spans:

@@ -118,7 +118,8 @@ class MlflowListener:
     def registered(self, opened: Opened, mlflow_run_id: str) -> ModelVersionInfo:
         from trainyard.plugins.attempt.closing import register_model
 
-        return register_model(opened.job, self.settings, mlflow_run_id=mlflow_run_id)
+        return register_model(opened.job, self.settings, mlflow_run_id=mlflow_run_id,
+                              max_steps=opened.spec_max_steps)
 
     def closed(self, opened: Opened, mlflow_run_id: str, status: RunEnd) -> dict[str, float]:
         from trainyard.plugins.attempt.closing import close_run

@@ -12,7 +12,9 @@ the job state as it goes (DESIGN §1, §4):
     watch_once   → WatchStep   one look at the training (`watching.py`): the trigger loops over it
     conclude     → Concluded   evidence → classify → decide → quarantine, cordon, job state, MLflow
     release      → int         the reservation freed (the DAG's teardown)
-    register     → Registered  the best valid checkpoint exported and registered as a model version
+    register     → Registered  the best valid checkpoint exported and registered as a model version;
+                               the run ends here: completed and registered, or failed
+                               (`RegistrationFailed`) — its one outcome (`recovery/outcome.py`)
     close        → Closed      MLflow's end artifacts, the cost, the run's final status
 
 A step that fails for good before the gang runs (nothing fits, nowhere to place it, the launcher
@@ -72,6 +74,7 @@ from trainyard.plugins.recovery.model import (
     FailureReport,
     RecoveryAction,
 )
+from trainyard.plugins.recovery.outcome import REGISTERED_PREFIX, RunOutcome
 from trainyard.plugins.run.model import RunHandle, RunStatus
 from trainyard.plugins.state.reservations import RESERVATION_LEASE_S
 from trainyard.plugins.validation.data_quality import DataQualityReport
@@ -104,6 +107,9 @@ class Opened(_Out):
     advice: PlanResult | None = None
     """The advisor's answer the validation's memory check read (None: offline, or a spec the
     advisor cannot plan): `plan` plans with it instead of searching again."""
+    spec_max_steps: int | None = None
+    """The spec's own `training.maxSteps`, before the trigger's override: the `candidate` rule
+    compares the steps a run reached with it (a 20-step smoke run is not a 200-step model)."""
 
 
 class DataChecked(_Out):
@@ -158,8 +164,8 @@ class Concluded(_Out):
         who = (f"rank {r.rank}: {describe(r.exit_code)}" if r.rank is not None and r.exit_code not in (None, 0)
                else f"rank {r.rank}" if r.rank is not None else ", ".join(r.failed_nodes))
         detail = f" ({who})" if who and r.failed else ""
-        then = {"register": "registered", "finish": NOT_REGISTERED, "give_up": "gave up",
-                "cancel": "cancelled"}.get(a.kind, a.kind)
+        then = {"register": "registering", "finish": a.reason.removeprefix("completed — ") or NOT_REGISTERED,
+                "give_up": "gave up", "cancel": "cancelled"}.get(a.kind, a.kind)
         resume = f" from step {a.resume_step}" if a.retries and a.resume_step is not None else ""
         why = f": {a.reason}" if a.kind in ("give_up", "cancel") else ""
         return f"attempt {r.attempt}: {r.outcome}{where}{detail} → {then}{resume}{why}"[:1000]
@@ -170,6 +176,15 @@ class Registered(_Out):
     version: str
     step: int | None
     mlflow_run_id: str
+    candidate_note: str = ""
+    """Why `candidate` did or did not move to this version."""
+    outcome: RunOutcome
+    """The run's outcome, as the job state now records it (completed and registered)."""
+
+
+class RegistrationFailed(FatalError):
+    """The run completed but its model could not be registered: the run ended failed (the
+    message is its one-line outcome), which every surface says."""
 
 
 class Closed(_Out):
@@ -207,7 +222,8 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
 
     settings = runtime.settings
     try:
-        job = effective_job(load_spec_file(spec_path), conf)
+        spec = load_spec_file(spec_path)
+        job = effective_job(spec, conf)
     except (SpecError, ValueError) as e:
         raise InvalidJob(f"{spec_path}: {e}") from e
     cluster = cluster_of(settings)
@@ -224,7 +240,8 @@ def open_attempt(spec_path: str | Path, conf: AttemptConf, *, trigger_key: str, 
                          f"docs/bring-your-own.md); {job.spec.source.entrypoint} is a plain script and would ignore "
                          "them — trigger without them, or make the script managed")
     _begin(job, conf, settings, trigger_key=trigger_key)
-    return Opened(job=job, conf=conf, cluster=str(settings.cluster), warnings=problems, advice=advice)
+    return Opened(job=job, conf=conf, cluster=str(settings.cluster), warnings=problems, advice=advice,
+                  spec_max_steps=spec.spec.training.max_steps)
 
 
 def _begin(job: TrainingJob, conf: AttemptConf, settings: Settings, *, trigger_key: str) -> None:
@@ -505,12 +522,38 @@ def release(opened: Opened, runtime: Runtime) -> int:
 
 
 def register(opened: Opened, mlflow_run_id: str, runtime: Runtime) -> Registered:
-    """Export the run's best valid checkpoint and register it as the next version of the job's
-    model, alias `candidate`."""
+    """Export the run's best valid checkpoint, register it as the next version of the job's
+    model (`candidate` moves under the spec's rule) and end the run: completed and registered,
+    or — the registration failing for good — failed, saying why (`RegistrationFailed`). A
+    transient error (the tracking server down) leaves the run as it is, for the task's retry."""
+    from trainyard.plugins.errors import is_retryable
+    from trainyard.plugins.state.jobs import open_job_state
 
-    version = listener_for(runtime).registered(opened, mlflow_run_id)
+    job, run = opened.job.name, opened.conf.run
+    state = open_job_state(runtime.settings.state_db)
+    try:
+        version = listener_for(runtime).registered(opened, mlflow_run_id)
+    except Exception as e:
+        if is_retryable(e):
+            raise
+        why = f"registration failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        info = state.transition(job, run, "failed", reason=why[:2000])
+        raise RegistrationFailed(RunOutcome.of_run(info.state, info.final_reason).line) from e
+    reason = (f"{REGISTERED_PREFIX}{version.name} version {version.version}"
+              + (f" from step {version.checkpoint_step}" if version.checkpoint_step is not None else "")
+              + (f"; {version.candidate_note}" if version.candidate_note else ""))
+    info = state.transition(job, run, "completed", reason=reason)
     return Registered(model=version.name, version=str(version.version), step=version.checkpoint_step,
-                      mlflow_run_id=mlflow_run_id)
+                      mlflow_run_id=mlflow_run_id, candidate_note=version.candidate_note,
+                      outcome=RunOutcome.of_run(info.state, info.final_reason))
+
+
+def run_outcome(opened: Opened, runtime: Runtime) -> RunOutcome:
+    """The run's outcome as the job state records it now."""
+    from trainyard.plugins.state.jobs import open_job_state
+
+    info = open_job_state(runtime.settings.state_db).get_run(opened.job.name, opened.conf.run)
+    return RunOutcome.of_run(info.state, info.final_reason)
 
 
 def close(opened: Opened, mlflow_run_id: str, runtime: Runtime,
@@ -581,6 +624,13 @@ def follow_attempt(started: Started, runtime: Runtime, *, timeout_s: float | Non
     final: Literal["completed", "failed", "cancelled"] = (
         "completed" if step.status.succeeded else "cancelled" if concluded and concluded.action.kind == "cancel"
         else "failed")
+    if concluded is not None and concluded.action.kind == "register":  # one attempt here: no registration
+        from trainyard.plugins.state.jobs import open_job_state
+
+        open_job_state(runtime.settings.state_db).transition(
+            started.opened.job.name, started.opened.conf.run, "completed",
+            reason="completed — not registered: trainyard launch runs one attempt and registers nothing "
+                   "(trigger the job's DAG, or trainyard submit, to register)")
     close(started.opened, started.launched.mlflow_run_id, runtime, status=final)
     return step, concluded
 

@@ -5,7 +5,7 @@ URLs, relative to where it is mounted (`/trainyard` in Airflow):
 
 | path | page |
 |---|---|
-| `/` | every training run, newest first (the nav entry) |
+| `/` | every training run, newest first (the nav entry); `?team=&job=&state=` filter it |
 | `/dags/{dag_id}` | the runs of one job (the tab on the DAG page) |
 | `/dags/{dag_id}/runs/{dag_run_id}` | the training run a DAG run is an attempt of (the tab on a DAG run) |
 | `/jobs/{dag_id}/runs/{run}` | a training run by its id (`trainyard status` links here) |
@@ -56,21 +56,26 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
 
         return open_job_state(read_settings().state_db)
 
-    @app.get("/", response_class=HTMLResponse)
-    def all_runs(request: Request) -> HTMLResponse:
-        from trainyard.plugins.control_room.build import run_summaries
-        from trainyard.plugins.control_room.render import runs_page
+    def runs(request: Request, title: str, *, team: str, job: str, state: str, fixed_job: bool) -> HTMLResponse:
+        from trainyard.plugins.control_room.render import message_page
+        from trainyard.plugins.control_room.runs_list import RunsFilter, run_summaries, runs_page
 
-        return HTMLResponse(runs_page(run_summaries(store()), title="Training runs", now=_now(),
-                                      base=_root(request)))
+        try:
+            flt = RunsFilter(team=team.strip(), job=job.strip(), state=state.strip())
+        except ValueError as e:
+            return HTMLResponse(message_page("Bad filter", str(e)), status_code=400)
+        now = _now()
+        listed, note = run_summaries(store(), flt, now=now, tracking_uri=read_settings().mlflow_tracking_uri)
+        return HTMLResponse(runs_page(listed, title=title, now=now, base=_root(request), flt=flt, note=note,
+                                      fixed_job=fixed_job))
+
+    @app.get("/", response_class=HTMLResponse)
+    def all_runs(request: Request, team: str = "", job: str = "", state: str = "") -> HTMLResponse:
+        return runs(request, "Training runs", team=team, job=job, state=state, fixed_job=False)
 
     @app.get("/dags/{dag_id}", response_class=HTMLResponse)
-    def job_runs(dag_id: str, request: Request) -> HTMLResponse:
-        from trainyard.plugins.control_room.build import run_summaries
-        from trainyard.plugins.control_room.render import runs_page
-
-        return HTMLResponse(runs_page(run_summaries(store(), dag_id), title=f"Training runs of {dag_id}",
-                                      now=_now(), base=_root(request)))
+    def job_runs(dag_id: str, request: Request, team: str = "", state: str = "") -> HTMLResponse:
+        return runs(request, f"Training runs of {dag_id}", team=team, job=dag_id, state=state, fixed_job=True)
 
     def by_dag_run(dag_id: str, dag_run_id: str) -> RunInfo:
         from trainyard.plugins.control_room.locate import run_of_dag_run

@@ -38,7 +38,6 @@ from trainyard.plugins.control_room.model import (
     PlanView,
     RackBox,
     RankLive,
-    RunSummary,
     RunView,
 )
 
@@ -115,16 +114,6 @@ def build_live_update(store: JobStateStore, info: RunInfo, settings: Settings) -
     return LiveUpdate(state=info.state, updated_at=info.updated_at, final=info.final, final_reason=info.final_reason,
                       attempt=live_attempt.attempt if live_attempt else None,
                       live=_live(ctx, live_attempt, placement, with_curve=False), ranks=rank_views(live_attempt, settings))
-
-
-def run_summaries(store: JobStateStore, job: str = "", *, limit: int = 50) -> list[RunSummary]:
-    """The runs list, newest first; each links to its view (relative to the app's root)."""
-    from urllib.parse import quote
-
-    return [RunSummary(job=r.job, run=r.run, state=r.state, attempts=r.attempts, last_cause=r.last_cause,
-                       created_at=r.created_at, updated_at=r.updated_at,
-                       view_url=f"jobs/{quote(r.job, safe='')}/runs/{quote(r.run, safe='')}")
-            for r in store.list_runs(job, limit=limit)]
 
 
 # -- the job and its cluster ---------------------------------------------------------------------

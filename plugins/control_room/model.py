@@ -214,13 +214,25 @@ class RunView(_View):
 
 
 class RunSummary(_View):
-    """One line of the runs list."""
+    """One line of the runs list (`runs_list.py`)."""
 
     job: str
     run: str
+    team: str = ""
     state: str
     attempts: int
     last_cause: str = ""
+    outcome: str = ""
+    """The one-line outcome of a run that is over (`recovery.outcome`), '' while it is live."""
     created_at: datetime
     updated_at: datetime
+    duration_s: float | None = None
+    """Opened to now (live) or to its last change (over)."""
+    steps: int | None = None
+    """The last step of its `loss` series in MLflow."""
+    final_loss: float | None = None
+    cost_usd: float | None = None
+    """MLflow's `total_cost_usd` (written when the run closes)."""
     view_url: str
+    job_url: str = ""
+    """The runs of this run's job (relative to the app's root)."""

@@ -23,10 +23,10 @@ from trainyard.plugins.control_room.model import (
     Live,
     PlacementView,
     PlanView,
-    RunSummary,
     RunView,
 )
-from trainyard.plugins.recovery.model import FINAL_KINDS, NOT_REGISTERED
+from trainyard.plugins.recovery.model import FINAL_KINDS
+from trainyard.plugins.recovery.outcome import RunOutcome
 
 FINAL_STATES = ("completed", "failed", "cancelled")
 
@@ -77,10 +77,9 @@ def run_page(view: RunView, now: datetime, *, base: str = "") -> str:
             f"opened {fmt.clock(view.created_at)} · <span data-live=\"since\">{escape(view.state)} since "
             f"{fmt.age(view.updated_at, now)}</span>"
             f"{' · ' + ' · '.join(links) if links else ''}</div>")
-    if view.final_reason and view.state != "completed":
-        head += f'<p class="warn">{escape(view.final_reason)}</p>'
-    elif NOT_REGISTERED in view.final_reason:  # completed, and nothing registered by design
-        head += f'<p>{escape(view.final_reason)}</p>'
+    outcome = RunOutcome.of_run(view.state, view.final_reason)  # the one line every surface shows
+    if outcome.over:
+        head += f'<p id="outcome"{"" if outcome.succeeded else " class=warn"}>{escape(outcome.line)}</p>'
     going = view.state not in FINAL_STATES
     body = "".join([
         head,
@@ -98,19 +97,6 @@ def run_page(view: RunView, now: datetime, *, base: str = "") -> str:
     own = f"{base}jobs/{quote(view.job, safe='')}/runs/{quote(view.run, safe='')}"
     return page(f"{view.job} run {view.run} · Trainyard", body,
                 script=live_part.script(f"{own}/live.json", f"{own}/stop") if going else "")
-
-
-def runs_page(runs: Sequence[RunSummary], *, title: str, now: datetime, base: str = "") -> str:
-    """The runs list (newest first), each linking to its page."""
-    if not runs:
-        return page(title, f"<h1>{escape(title)}</h1><p class='muted'>No training run yet.</p>")
-    rows = "".join(
-        f"<tr><td>{escape(r.job)}</td><td><a href=\"{escape(base + r.view_url)}\">{escape(r.run)}</a></td>"
-        f"<td>{state_badge(r.state)}</td><td class='n'>{r.attempts}</td><td>{escape(r.last_cause or fmt.DASH)}</td>"
-        f"<td>{fmt.clock(r.created_at)}</td><td>{fmt.age(r.updated_at, now)}</td></tr>" for r in runs)
-    table = ("<table><thead><tr><th>job</th><th>run</th><th>state</th><th class='n'>attempts</th>"
-             f"<th>last failure</th><th>opened</th><th>updated</th></tr></thead><tbody>{rows}</tbody></table>")
-    return page(title, f"<h1>{escape(title)}</h1>{table}")
 
 
 def message_page(title: str, text: str) -> str:

@@ -52,7 +52,7 @@ from datetime import UTC, datetime
 
 from trainyard.plugins.errors import FatalError
 from trainyard.plugins.recovery.evidence import Evidence, NodeObservation
-from trainyard.plugins.recovery.model import FailureReport, Outcome
+from trainyard.plugins.recovery.model import LOG_TAIL_SHOWN, FailureReport, Outcome
 from trainyard.plugins.run import exit_codes
 from trainyard.plugins.run.exit_codes import describe
 from trainyard.plugins.run.heartbeat import FROZEN_AFTER
@@ -104,6 +104,7 @@ def classify(ev: Evidence) -> FailureReport:
     def report(outcome: Outcome, reason: str, **extra: object) -> FailureReport:
         fields: dict = {"rank": first[0] if first else None, "node": _node_of(ev, first[0]) if first else None,
                         "exit_code": code, "log_line": telling_line(tail) if tail else "",
+                        "log_tail": [ln[:500] for ln in tail.rstrip().splitlines()[-LOG_TAIL_SHOWN:]] if tail else [],
                         "step": status.step if status.step is not None else _min_step(ev),
                         "restarts_in_place": restarts_in_place(ev), "started_at": ev.started_at,
                         "ended_at": ev.ended_at or _ended(ev), **_timing(ev, outcome, first), **extra}

@@ -2,7 +2,8 @@
 
 The rules, in the order they are applied:
 
-1. `completed` → **register**; `cancelled` → **cancel**.
+1. `completed` → **register** (→ **finish** without a checkpoint of ours, or with registration off:
+   the spec's `registration.enabled`, the trigger's `register_model`); `cancelled` → **cancel**.
 2. **The same failure again** → give up, because another restart would only repeat it:
    - a `worker_crash` of the same rank with the same ordinary exit code (not a signal: a
      signal comes from outside the script) and no step progress since the previous attempt
@@ -50,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from trainyard.plugins.recovery.model import (
     NOT_REGISTERED,
+    REGISTRATION_OFF,
     AttemptConf,
     AttemptRecord,
     CheckpointQuery,
@@ -102,12 +104,26 @@ def decide(report: FailureReport, job: TrainingJob, conf: AttemptConf, ctx: Deci
     if report.outcome == "completed":
         if not _checkpoints(ctx).committed:
             return RecoveryAction(kind="finish", reason=f"completed — {NOT_REGISTERED}", counts_against_budget=False)
+        off = registration_off(job, conf)
+        if off:
+            return RecoveryAction(kind="finish", reason=f"completed — {off}", counts_against_budget=False)
         return RecoveryAction(kind="register", reason="the attempt completed: export and register the model",
                               counts_against_budget=False)
     early = _without_checkpoints(report, job, conf)
     if early is not None:
         return early
     return _RULES[report.outcome](report, job, ctx)
+
+
+def registration_off(job: TrainingJob, conf: AttemptConf) -> str:
+    """Why a completed run registers nothing though it could ('' when it registers): the
+    trigger's `register_model` Param wins over the spec's `registration.enabled`."""
+    spec_on = job.spec.registration.enabled
+    if conf.register_model is False and spec_on:
+        return f"{REGISTRATION_OFF} (the trigger's register_model Param)"
+    if conf.register_model is not True and not spec_on:  # the form's switch shows the spec's setting
+        return f"{REGISTRATION_OFF} (spec.registration.enabled: false)"
+    return ""
 
 
 def _without_checkpoints(report: FailureReport, job: TrainingJob, conf: AttemptConf) -> RecoveryAction | None:

@@ -47,12 +47,18 @@ or one failure class."""
 
 FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
 
+LOG_TAIL_SHOWN = 12
+"""How many of the failing rank's last log lines a report carries (`FailureReport.log_tail`)."""
+
 FINAL_KINDS = frozenset({"register", "finish", "give_up", "cancel"})
 """The actions after which no attempt follows: the training run ends."""
 
 NOT_REGISTERED = ("not registered: the script wrote no Trainyard checkpoint (a plain script; see "
                   "docs/bring-your-own.md)")
 """What every surface says of a completed run with nothing to register (the `finish` action)."""
+
+REGISTRATION_OFF = "not registered: registration is off"
+"""The start of what every surface says of a completed run told not to register (`finish`)."""
 
 ActionKind = Literal[
     "register", "finish", "restart", "replace_node", "rollback", "fall_back", "replan", "requeue",
@@ -103,6 +109,8 @@ class FailureReport(_Model):
     exit_code: int | None = None
     log_line: str = ""
     """The most telling line of the failing rank's log (the exception, the OOM message)."""
+    log_tail: list[str] = Field(default_factory=list, max_length=50)
+    """The failing rank's last log lines (at most `LOG_TAIL_SHOWN`): what a person reads first."""
     failed_nodes: list[str] = Field(default_factory=list)
     """`node_lost`: nodes to exclude from the next placement."""
     corrupt_checkpoint: str = ""
@@ -296,6 +304,9 @@ class AttemptConf(_Model):
     learning_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     dry_run: bool = False
     """Validate, plan and place, then release without launching."""
+    register_model: bool | None = None
+    """Register the model when the run completes; None: the spec's `registration.enabled`
+    (the trigger form's `register_model` Param)."""
     faults: FaultParams = Field(default_factory=FaultParams)
     history: list[AttemptRecord] = Field(default_factory=list, max_length=MAX_ATTEMPTS)
     restarts_used: int = Field(default=0, ge=0, le=MAX_ATTEMPTS)

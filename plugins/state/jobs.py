@@ -59,8 +59,10 @@ so short it ended before anyone saw it run."""
 
 AttemptState = Literal["running", "ended"]
 
-FINAL_BY_ACTION: dict[str, str] = {"register": "completed", "finish": "completed", "cancel": "cancelled",
-                                   "give_up": "failed"}
+FINAL_BY_ACTION: dict[str, str] = {"finish": "completed", "cancel": "cancelled", "give_up": "failed"}
+"""The run's final state an action implies at once. `register` is absent: the run is over only
+when the registration is (`plugins/attempt/steps.register` ends it completed or failed), so no
+surface says "completed" of a run whose model then fails to register."""
 
 
 class IllegalTransition(FatalError):
@@ -254,12 +256,16 @@ class JobStateStore(SqlStore):
         with self._transaction() as s:
             return self._info(s, self._run_row(s, job, run))
 
-    def list_runs(self, job: str = "", *, limit: int = 50) -> list[RunInfo]:
-        """Runs, newest first (of one job, or of all)."""
+    def list_runs(self, job: str = "", *, limit: int = 50, team: str = "", state: str = "") -> list[RunInfo]:
+        """Runs, newest first (of one job, or of all; of one team; in one lifecycle state)."""
         with self._transaction() as s:
             query = select(RunRow).order_by(RunRow.created_at.desc(), RunRow.id.desc()).limit(limit)
             if job:
                 query = query.where(RunRow.job == job)
+            if team:
+                query = query.where(RunRow.team == team)
+            if state:
+                query = query.where(RunRow.state == state)
             return [self._info(s, row) for row in s.scalars(query)]
 
     def transition(self, job: str, run: str, state: LifecycleState, *, reason: str = "",
@@ -349,11 +355,14 @@ class JobStateStore(SqlStore):
 
     def finish_attempt(self, report: FailureReport, action: RecoveryAction, *,
                        now: datetime | None = None) -> RunInfo:
-        """`end_attempt`, then the run's lifecycle change the action implies: `register` →
+        """`end_attempt`, then the run's lifecycle change the action implies: `finish` →
         completed, `cancel` → cancelled, `give_up` → failed (the action's reason is the final
-        reason), any retrying action → recovering. A run already cancelled (`trainyard stop`)
-        refuses `recovering`: `IllegalTransition`, so nothing restarts what a user stopped."""
+        reason), `register` → none yet (the registration ends the run), any retrying action →
+        recovering. A run already cancelled (`trainyard stop`) refuses `recovering`:
+        `IllegalTransition`, so nothing restarts what a user stopped."""
         self.end_attempt(report, action, now=now)
+        if action.kind == "register":
+            return self.get_run(report.job, report.run)
         target = FINAL_BY_ACTION.get(action.kind, "recovering")
         reason = action.reason if action.kind != "cancel" else report.reason
         return self.transition(report.job, report.run, target, reason=reason, now=now)  # type: ignore[arg-type]

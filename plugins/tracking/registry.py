@@ -81,6 +81,8 @@ class ModelVersionInfo(BaseModel):
     dataset_digest: str | None = None
     weights_sha256: str | None = None
     git_commit: str | None = None
+    candidate_note: str = ""
+    """Why `candidate` did or did not move to this version (`candidate.DECISION_TAG`)."""
 
     @classmethod
     def from_mlflow(cls, mv: ModelVersion) -> ModelVersionInfo:
@@ -98,6 +100,7 @@ class ModelVersionInfo(BaseModel):
             dataset_uri=t.get(TAG + "dataset.uri"), dataset_version=t.get(TAG + "dataset.version"),
             dataset_digest=t.get(TAG + "dataset.digest"), weights_sha256=t.get(TAG + "weights.sha256"),
             git_commit=t.get(TAG + "git.commit"),
+            candidate_note=t.get(TAG + "candidate") or "",
         )
 
 

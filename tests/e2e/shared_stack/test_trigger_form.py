@@ -37,7 +37,8 @@ def test_the_form_submits_its_defaults_and_a_cancelled_attempt_shows_failed_with
     from trainyard.cli.main import main
 
     dag_run = _trigger_from_the_form(shared, {}, "trigger-form-defaults.png")
-    assert {k: v for k, v in (dag_run.get("conf") or {}).items() if v not in (None, False)} == {}
+    # nothing set but the switch that shows the spec's own registration.enabled (on)
+    assert {k: v for k, v in (dag_run.get("conf") or {}).items() if v not in (None, False)} in ({}, {"register_model": True})
     shared.wait_for_task(DAG_ID, dag_run["dag_run_id"], "launch_training", "success", timeout_s=300)
     run = shared.client.xcom(DAG_ID, dag_run["dag_run_id"], "validate_spec")["run"]
     assert main(["stop", DAG_ID, "--run", run, "--grace-s", "20"]) == 0  # a person cancels it

@@ -100,6 +100,16 @@ def test_status_shows_every_attempt_in_80_columns(store: JobStateStore, capsys: 
     assert "has no run" in capsys.readouterr().err
 
 
+def test_status_says_the_runs_one_outcome_line(store: JobStateStore, capsys: pytest.CaptureFixture[str]) -> None:
+    run = store.open_run("reg-fails", trigger_key="t").run
+    store.transition("reg-fails", run, "failed", reason="registration failed: LookupError: no checkpoint")
+    assert main(["status", "reg-fails"]) == 0
+    assert "outcome: failed — registration failed: LookupError: no checkpoint" in capsys.readouterr().out
+    assert main(["status", "reg-fails", "--json"]) == 0
+    outcome = json.loads(capsys.readouterr().out)["outcome"]
+    assert (outcome["kind"], outcome["reason"]) == ("failed", "registration failed: LookupError: no checkpoint")
+
+
 def test_stop_stops_the_live_gang_and_cancels_the_run(store: JobStateStore, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     run = recovered_run(store)

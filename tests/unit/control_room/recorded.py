@@ -116,6 +116,9 @@ def record_run(home: Path, tracking_uri: str) -> Recorded:
     done = FailureReport(job=JOB, run=RUN, attempt=1, outcome="completed", reason="all ranks exited 0", step=30,
                          started_at=resumed_at, ended_at=ended, detected_at=ended)
     store.finish_attempt(done, RecoveryAction(kind="register", reason="completed"), now=ended)
+    # the registration ends the run (`steps.register`), as it does in the DAG
+    store.transition(JOB, RUN, "completed", reason=f"registered {JOB} version 1 from step 30; candidate moved: "
+                     "no version held it", now=ended)
     return Recorded(settings, store, job, plan, placement, rid, root)
 
 

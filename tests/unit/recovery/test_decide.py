@@ -20,7 +20,12 @@ from trainyard.plugins.attempt.bookkeeping import (
 )
 from trainyard.plugins.checkpoint.catalog import latest_valid, list_checkpoints, scan, verify
 from trainyard.plugins.checkpoint.manifest import MANIFEST_NAME, step_dir
-from trainyard.plugins.recovery.model import NOT_REGISTERED, AttemptConf, FailureReport
+from trainyard.plugins.recovery.model import (
+    NOT_REGISTERED,
+    REGISTRATION_OFF,
+    AttemptConf,
+    FailureReport,
+)
 from trainyard.plugins.storage.store import ObjectStore, open_store
 
 SPEC = load_spec_file(REPO_ROOT / "config/jobs/demo-tiny-lm.yaml")
@@ -62,6 +67,27 @@ def test_completed_and_cancelled(ctx: DecisionInputs, store: ObjectStore) -> Non
     assert decide_from_catalog(report("completed"), job(), AttemptConf(), ctx).kind == "register"
     action = decide_from_catalog(report("cancelled", reason="stopped on request (user: x)"), job(), AttemptConf(), ctx)
     assert (action.kind, action.retries, action.reason) == ("cancel", False, "stopped on request (user: x)")
+
+
+def registration(enabled: bool) -> TrainingJob:
+    body = SPEC.spec.model_copy(update={"registration": SPEC.spec.registration.model_copy(update={"enabled": enabled})})
+    return SPEC.model_copy(update={"spec": body})
+
+
+@pytest.mark.parametrize(("spec_on", "param", "kind", "why"), [
+    (True, None, "register", ""),
+    (True, False, "finish", "(the trigger's register_model Param)"),
+    (False, None, "finish", "(spec.registration.enabled: false)"),
+    (False, True, "register", ""),
+    (False, False, "finish", "(spec.registration.enabled: false)"),  # the form's switch as the spec set it
+])
+def test_registration_off_finishes_without_registering_and_says_who_turned_it_off(
+        spec_on: bool, param: bool | None, kind: str, why: str, ctx: DecisionInputs, store: ObjectStore) -> None:
+    make_checkpoint(store, 10)  # something to register: only the setting decides
+    action = decide_from_catalog(report("completed"), registration(spec_on), AttemptConf(register_model=param), ctx)
+    assert (action.kind, action.retries) == (kind, False)
+    if kind == "finish":
+        assert action.reason == f"completed — {REGISTRATION_OFF} {why}"
 
 
 @pytest.mark.parametrize("outcome", ["worker_crash", "hang"])
