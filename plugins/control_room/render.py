@@ -57,6 +57,13 @@ code { font-size: 12px; } a { color: #1f5fa8; }
 """
 
 
+TOP = 'target="_top"'
+"""An Airflow link: the page is framed in Airflow's own UI (an external view's iframe), so a link
+to another Airflow page replaces the whole tab, not the frame (which would nest the UI in itself)."""
+NEW_TAB = 'target="_blank" rel="noopener noreferrer"'
+"""An MLflow link: MLflow forbids framing (X-Frame-Options), so it opens in a tab of its own."""
+
+
 def page(title: str, body: str, *, refresh: bool = False) -> str:
     meta = f'<meta http-equiv="refresh" content="{REFRESH_S}">' if refresh else ""
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{meta}<title>{escape(title)}</title>'
@@ -71,7 +78,7 @@ def run_page(view: RunView, now: datetime) -> str:
     """The whole page of one training run."""
     links = []
     if view.mlflow_url:
-        links.append(f'<a href="{escape(view.mlflow_url)}">MLflow run {escape(view.mlflow_run_id[:12])}</a>')
+        links.append(f'<a href="{escape(view.mlflow_url)}" {NEW_TAB}>MLflow run {escape(view.mlflow_run_id[:12])}</a>')
     head = (f"<h1>{escape(view.job)} · run {escape(view.run)} {state_badge(view.state)}</h1>"
             f'<div class="muted">team {escape(view.team or fmt.DASH)} · project {escape(view.project or fmt.DASH)} · '
             f"opened {fmt.clock(view.created_at)} · updated {fmt.age(view.updated_at, now)}"
@@ -231,7 +238,7 @@ def _recovery(attempts: Sequence[AttemptView], now: datetime) -> str:
     rows = []
     for a in attempts:
         t = a.timing
-        link = f'<a href="{escape(a.dag_run_url)}">{escape(a.dag_run_id)}</a>' if a.dag_run_url else escape(
+        link = f'<a href="{escape(a.dag_run_url)}" {TOP}>{escape(a.dag_run_id)}</a>' if a.dag_run_url else escape(
             a.dag_run_id or fmt.DASH)
         outcome = escape(a.outcome or a.state) + (f" at step {a.step}" if a.step is not None else "")
         if a.restarts_in_place:

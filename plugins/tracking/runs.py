@@ -25,6 +25,9 @@ which its UI shows as the run's source, and `mlflow.experimentKind` on the exper
 | `recovery.NNNN` | one JSON record per recovery event, with what it cost (`recoveries`) |
 | `recovery_s` | seconds the job stood still across its recoveries, once measured |
 
+MLflow's own tags it writes: `mlflow.runColor` (a colour per run, `next_run_color`) and
+`mlflow.note.content` (the run's description with its links, `description.py`).
+
 Committed checkpoints are not tags: each is a `LoggedModel` of the run (type `checkpoint`, at
 its step, with its metrics), listed on the run's page and the experiment's Models tab.
 
@@ -159,6 +162,23 @@ def ensure_experiment(client: MlflowClient, name: str, *, artifact_location: str
     return found.experiment_id
 
 
+RUN_COLOR_TAG = "mlflow.runColor"
+"""The colour MLflow 3's UI draws a run in (charts, runs table); its colour picker writes the same
+tag. Without it the UI hashes the run id into its palette, and two runs can share a colour."""
+RUN_COLORS = ("#137dae", "#c83243", "#308613", "#de7921", "#8a63bf", "#04867d", "#b45091", "#a6630c")
+"""Eight hues of MLflow's own palette, in an order where neighbours differ most."""
+
+
+def next_run_color(client: MlflowClient, experiment_id: str) -> str:
+    """The colour after the newest run's in the experiment: runs started one after another (the
+    ones people compare) never share one, up to `len(RUN_COLORS)` runs. One query of one run;
+    two runs created at the same moment may take the same colour."""
+    newest = client.search_runs([experiment_id], max_results=1, order_by=["attributes.start_time DESC"])
+    last = newest[0].data.tags.get(RUN_COLOR_TAG, "") if newest else ""
+    index = RUN_COLORS.index(last) + 1 if last in RUN_COLORS else len(newest)
+    return RUN_COLORS[index % len(RUN_COLORS)]
+
+
 @functools.lru_cache(maxsize=1)
 def platform_git_commit() -> str | None:
     """`git rev-parse HEAD` of the Trainyard checkout, or None outside a git checkout."""
@@ -197,7 +217,7 @@ def start_or_resume_run(
     if run is None:
         exp_id = ensure_experiment(
             client, name, artifact_location=artifact_location or default_artifact_location(tracking_uri, name))
-        tags = _identity_tags(job)
+        tags = _identity_tags(job) | {RUN_COLOR_TAG: next_run_color(client, exp_id)}
         if trigger_id:
             tags[TAG + "run"] = trigger_id  # the training run: one trigger, all its attempts
         # the name the MLflow UI lists: the job and, for a training run, its id (runs tell apart)
