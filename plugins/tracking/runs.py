@@ -52,6 +52,7 @@ from trainyard.config.databases import down_message
 from trainyard.config.settings import PACKAGE_ROOT
 from trainyard.plugins.errors import DatabaseDown
 from trainyard.plugins.files import locked, sqlite_file
+from trainyard.plugins.tracking.metrics import series_key
 from trainyard.plugins.tracking.params import (
     param_value,
     plan_params,
@@ -550,7 +551,7 @@ def log_checkpoint(
     """Record a committed checkpoint as a `LoggedModel` of the run (name `step-<NNNNNNNN>`,
     type `checkpoint`; tags `trainyard.checkpoint.uri|sha256|step`), an output of the run at
     its step, with the metrics `checkpoint/step` and `checkpoint/<metric>` at the step linked
-    to it. No files are copied: the checkpoint stays in the object store, the model names it.
+    to it (under `system/`: `metrics.series_key`). No files are copied: the checkpoint stays in the object store, the model names it.
 
     Idempotent (a retried watcher): the same step with the same manifest logs nothing again. A
     step committed again after a rollback replaces the older model of that step (its files were
@@ -578,8 +579,8 @@ def log_checkpoint(
 
     ts = int(time.time() * 1000)
     values = {"checkpoint/step": float(step), **{safe_key(f"checkpoint/{k}"): v for k, v in record.metrics.items()}}
-    client.log_batch(run_id, metrics=[Metric(k, v, ts, step, model_id=model.model_id) for k, v in values.items()],
-                     synchronous=True)
+    client.log_batch(run_id, metrics=[Metric(series_key(k), v, ts, step, model_id=model.model_id)
+                                      for k, v in values.items()], synchronous=True)
     client.finalize_logged_model(model.model_id, "READY")
     client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=step)])
     for old in earlier:  # the same step saved again (a rollback): one checkpoint per step
@@ -605,12 +606,15 @@ def _checkpoint_models(client: MlflowClient, experiment_id: str, run_id: str, *,
 
 
 def _as_checkpoint(model: LoggedModel) -> LoggedCheckpoint:
-    prefix = "checkpoint/"
+    prefixes = (series_key("checkpoint/"), "checkpoint/")  # the second: runs recorded before issue 57
+    metrics = {}
+    for m in model.metrics or []:
+        prefix = next((p for p in prefixes if m.key.startswith(p)), None)
+        if prefix is not None and m.key != prefix + "step":
+            metrics[m.key.removeprefix(prefix)] = m.value
     return LoggedCheckpoint(
         step=int(model.tags[TAG + "checkpoint.step"]), manifest_uri=model.tags[TAG + "checkpoint.uri"],
-        sha256=model.tags[TAG + "checkpoint.sha256"],
-        metrics={m.key.removeprefix(prefix): m.value for m in (model.metrics or [])
-                 if m.key.startswith(prefix) and m.key != prefix + "step"})
+        sha256=model.tags[TAG + "checkpoint.sha256"], metrics=metrics)
 
 
 def log_committed_checkpoint(
@@ -667,7 +671,7 @@ def log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float],
     from mlflow.entities import Metric
 
     ts = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, float(v), ts, step) for k, v in metrics.items()],
+    client.log_batch(run_id, metrics=[Metric(series_key(k), float(v), ts, step) for k, v in metrics.items()],
                      synchronous=True)
 
 
