@@ -98,3 +98,25 @@ def test_a_trigger_that_raises_fires_an_error_event_and_its_task_fails_with_the_
     with pytest.raises(TriggerFailed, match=r"builtins\.PermissionError: PermissionError: the state database"):
         raise_trigger_error(event)
     raise_trigger_error({"status": "finished"})  # any other event is the sensor's to read
+
+
+def test_training_trigger_logs_a_progress_line_into_the_task_log(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """The triggerer writes a trigger's log into its task's log: `watch_training` shows the step,
+    rank 0's loss and tokens/s and each rank's phase while it waits, not a dict at the end."""
+    import logging
+    import os
+    import time
+
+    from trainyard.plugins.run.heartbeat import Heartbeat, write_heartbeat
+
+    handle = fabricate(tmp_path, [Rank(exit_code=0, step=20), Rank(exit_code=0, step=20)])
+    write_heartbeat(handle.heartbeat_dir, Heartbeat(job="tiny", rank=0, pid=os.getpid(), step=20, time=time.time(),
+                                                    loss=3.14159, tokens_per_s=5210.4, phase="done"))
+    trigger = TrainingTrigger(handle.model_dump(mode="json"), watch=NO_LEASE, poll_interval_s=0.1)
+    trigger._log = logging.getLogger("trainyard.tests.trigger")  # structlog's proxy, read back as stdlib
+    with caplog.at_level(logging.INFO, logger="trainyard.tests.trigger"):
+        _first_event(trigger)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert line.startswith("step 20 · loss 3.1416 · 5,210 tokens/s · rank 0 ")
+    assert "rank 1 " in line and "@20" in line
