@@ -62,12 +62,23 @@ TOP = 'target="_top"'
 to another Airflow page replaces the whole tab, not the frame (which would nest the UI in itself)."""
 NEW_TAB = 'target="_blank" rel="noopener noreferrer"'
 """An MLflow link: MLflow forbids framing (X-Frame-Options), so it opens in a tab of its own."""
+LEAVE_FRAME_JS = (
+    "<script>document.addEventListener('click',e=>{const a=e.target.closest('a[target]');"
+    "if(!a||window.top===window)return;try{const d=window.top.document,o=d.createElement('a');"
+    "o.href=a.href;o.target=a.target;o.rel=a.rel;d.body.appendChild(o);o.click();o.remove();"
+    "e.preventDefault()}catch(_){}})</script>")
+"""Why links need a script to leave the frame: Airflow 3.3 frames an external view with
+`sandbox="allow-scripts allow-same-origin allow-forms allow-downloads"` — no
+`allow-top-navigation`, no `allow-popups` — so the browser drops a click on a `_top` or `_blank`
+link. The page is Airflow's own origin, so it makes the same link in the top document and
+clicks it there, where no sandbox applies. Outside a frame (the page opened on its own) the
+browser follows the link as it is."""
 
 
 def page(title: str, body: str, *, refresh: bool = False) -> str:
     meta = f'<meta http-equiv="refresh" content="{REFRESH_S}">' if refresh else ""
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{meta}<title>{escape(title)}</title>'
-            f"<style>{CSS}</style></head><body>{body}</body></html>")
+            f"<style>{CSS}</style></head><body>{body}{LEAVE_FRAME_JS}</body></html>")
 
 
 def state_badge(state: str) -> str:
