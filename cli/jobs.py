@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _view_url(info: RunInfo) -> str:
     from trainyard.config.settings import get_settings
-    from trainyard.plugins.control_room.urls import view_url
+    from trainyard.plugins.tracking.ui_links import view_url
 
     return view_url(get_settings().airflow_url, info.job, info.run)
 

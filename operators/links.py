@@ -12,7 +12,6 @@ imports the operators that carry them.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
 
@@ -37,8 +36,9 @@ class TrainyardViewLink(BaseOperatorLink):
     name = "Trainyard view"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        return (f"{_airflow_base()}/dags/{quote(ti_key.dag_id, safe='')}/runs/{quote(ti_key.run_id, safe='')}"
-                f"/plugin/{VIEW_ROUTE}")
+        from trainyard.plugins.tracking.ui_links import airflow_dag_run_url
+
+        return f"{airflow_dag_run_url(_airflow_base(), ti_key.dag_id, ti_key.run_id)}/plugin/{VIEW_ROUTE}"
 
 
 class MlflowRunLink(BaseOperatorLink):

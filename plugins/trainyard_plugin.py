@@ -27,7 +27,7 @@ from typing import Any
 from airflow.plugins_manager import AirflowPlugin
 
 URL_PREFIX = "/trainyard"
-"""Where the view's app is mounted (kept equal to `trainyard.plugins.control_room.urls.URL_PREFIX`; a
+"""Where the view's app is mounted (kept equal to `trainyard.plugins.tracking.ui_links.URL_PREFIX`; a
 unit test checks it, so this module need not import the engine to know it)."""
 
 ICON = ("data:image/svg+xml;utf8,<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'>"

@@ -70,7 +70,14 @@ async def reported(events: AsyncIterator[TriggerEvent]) -> AsyncIterator[Trigger
 class TrainingTrigger(BaseTrigger):
     """Loops over the attempt engine's `watch_once` until the attempt is over: the workers have
     all exited, or it stopped the gang (a hang, `training.maxRuntime`, a lost lease) with the
-    reason. `watch` is the `WatchState` it carries (deadline, lease renewal)."""
+    reason. `watch` is the `WatchState` it carries (deadline, lease renewal).
+
+    While it waits it logs a progress line (`watching.progress_line`: step, loss, tokens/s, each
+    rank's phase) when the step moved, at most every `PROGRESS_EVERY_S`: the triggerer writes a
+    trigger's log into its task's log, so `watch_training`'s page in Airflow shows the run
+    moving instead of nothing until the end."""
+
+    PROGRESS_EVERY_S = 10.0
 
     def __init__(self, handle: dict[str, Any], *, watch: dict[str, Any] | None = None,
                  poll_interval_s: float = 2.0) -> None:
@@ -88,14 +95,19 @@ class TrainingTrigger(BaseTrigger):
             yield event
 
     async def _events(self) -> AsyncIterator[TriggerEvent]:
-        from trainyard.plugins.attempt.watching import WatchState, watch_once
+        from trainyard.plugins.attempt.watching import WatchState, progress_line, watch_once
         from trainyard.plugins.run.model import RunHandle
 
         handle, state, runtime = RunHandle.model_validate(self.handle), WatchState.model_validate(self.watch), _runtime()
+        logged_step, logged_at = -1, 0.0
         while True:
             polled = await _poll_on_the_loop(handle)
             step = await asyncio.to_thread(watch_once, handle, state, runtime, status=polled)
             state = step.state
+            now = time.monotonic()
+            if (step.status.step or 0) > logged_step and now - logged_at >= self.PROGRESS_EVERY_S:
+                self.log.info("%s", await asyncio.to_thread(progress_line, step.status, handle))
+                logged_step, logged_at = step.status.step or 0, now
             if step.finished:
                 yield TriggerEvent({"status": step.stop.reason if step.stop else "finished",
                                     "message": step.stop.detail if step.stop else step.status.message,

@@ -57,7 +57,7 @@ class WatchTrainingSensor(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from trainyard.plugins.attempt.steps import watch_state
-        from trainyard.plugins.attempt.watching import describe_status, watch_once
+        from trainyard.plugins.attempt.watching import progress_line, watch_once
         from trainyard.sensors.triggers import TrainingTrigger
 
         handle = _handle(context)
@@ -65,7 +65,7 @@ class WatchTrainingSensor(BaseOperator):
         if step.finished:
             return step.status.model_dump(mode="json")
         self.log.info("watching %s run %s attempt %d: %s", handle.job, handle.run, handle.attempt,
-                      describe_status(step.status))
+                      progress_line(step.status, handle))
         self.defer(trigger=TrainingTrigger(handle.model_dump(mode="json"), watch=step.state.model_dump(),
                                            poll_interval_s=self.poll_interval_s),
                    method_name="execute_complete")
@@ -73,7 +73,12 @@ class WatchTrainingSensor(BaseOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         raise_trigger_error(event)
-        self.log.info("training watch ended: %s — %s", event["status"], event.get("message", ""))
+        from trainyard.plugins.attempt.watching import progress_line
+        from trainyard.plugins.run.model import RunStatus
+
+        final = RunStatus.model_validate(event["run_status"])
+        self.log.info("training watch ended: %s — %s · %s", event["status"], event.get("message", ""),
+                      progress_line(final, _handle(context)))
         return event["run_status"]
 
     def on_kill(self) -> None:  # the task is killed, not the training: re-attach on retry

@@ -74,13 +74,16 @@ class MlflowListener:
         """Create (attempt 0) or continue the run; returns its id. The data-quality checks run
         once per attempt: `check_data`'s report is logged as it is, and only an attempt that did
         not run `check_data` (`trainyard launch`, checks turned off) has tracking check here."""
+        from trainyard.plugins.attempt.describing import describe_run
         from trainyard.plugins.tracking.lifecycle import open_tracked_run
 
         job, conf = opened.job, opened.conf
-        return open_tracked_run(
+        rid = open_tracked_run(
             job, planned.plan, self.settings, attempt=conf.attempt, run_id=conf.mlflow_run_id or None, run=conf.run,
             check_quality=conf.attempt == 0 and not (checked and checked.checked),
             quality=checked.report if checked else None, advice=planned.advice, plan_source=planned.source)
+        describe_run(job.name, conf.run, rid, self.settings)
+        return rid
 
     def not_launched(self, mlflow_run_id: str) -> None:
         """Nothing runs: the run `created` opened ends failed, not running."""
@@ -114,6 +117,11 @@ class MlflowListener:
         from trainyard.plugins.attempt.closing import record_in_mlflow
 
         record_in_mlflow(result, mlflow_run_id, tracking_uri=self.settings.mlflow_tracking_uri)
+        from trainyard.plugins.attempt.describing import describe_run
+
+        report = result.report
+        describe_run(report.job, report.run, mlflow_run_id, self.settings,
+                     reason=f"{report.reason}; {result.action.kind}: {result.action.reason}" if report.failed else "")
 
     def registered(self, opened: Opened, mlflow_run_id: str) -> ModelVersionInfo:
         from trainyard.plugins.attempt.closing import register_model
@@ -123,5 +131,9 @@ class MlflowListener:
 
     def closed(self, opened: Opened, mlflow_run_id: str, status: RunEnd) -> dict[str, float]:
         from trainyard.plugins.attempt.closing import close_run
+        from trainyard.plugins.attempt.describing import describe_run
 
-        return close_run(opened.job, self.settings, run=opened.conf.run, mlflow_run_id=mlflow_run_id, status=status)
+        figures = close_run(opened.job, self.settings, run=opened.conf.run, mlflow_run_id=mlflow_run_id,
+                            status=status)
+        describe_run(opened.job.name, opened.conf.run, mlflow_run_id, self.settings)
+        return figures

@@ -13,7 +13,6 @@ before the stop, so `classify` tells a hang or a lost node from a stop a person 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -214,6 +213,27 @@ def node_lost_stop(lost: list[tuple[str, str]], *, misses: dict[str, int], answe
                       detail="; ".join(f"{node}: {why}" for node, why in lost), since=min(silent) if silent else None)
 
 
-def describe_status(status: RunStatus) -> dict[str, object]:
-    """The few facts a sensor's log line shows."""
-    return json.loads(status.model_dump_json(include={"state", "message", "step", "exit_code", "failed_rank"}))
+def progress_line(status: RunStatus, handle: RunHandle | None = None) -> str:
+    """What `watch_training`'s log says on each look a person would want to read: the step, rank
+    0's loss and tokens/s (its heartbeat, where the control plane can read it) and each rank's
+    phase and step, e.g. `step 120 · loss 3.1416 · 5,210 tokens/s · rank 0 train@120, rank 1
+    train@120` — a line, not a dict."""
+    parts = [f"{status.state}" if status.step is None else f"step {status.step}"]
+    beat = None
+    if handle is not None and handle.heartbeat_dir:
+        from trainyard.plugins.run.heartbeat import read_heartbeats
+
+        beat = read_heartbeats(handle.heartbeat_dir, [0]).get(0)
+    if beat is not None and beat.loss is not None:
+        parts.append(f"loss {beat.loss:.4f}")
+    if beat is not None and beat.tokens_per_s is not None:
+        parts.append(f"{beat.tokens_per_s:,.0f} tokens/s")
+    ranks = ", ".join(f"rank {r.rank} {r.phase or r.outcome or 'starting'}" + (f"@{r.step}" if r.step is not None
+                                                                               else "") for r in status.ranks)
+    if ranks:
+        parts.append(ranks)
+    if status.message and status.finished:
+        parts.append(status.message)
+    return " · ".join(parts)
+
+

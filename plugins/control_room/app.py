@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from trainyard.plugins.control_room.urls import URL_PREFIX
+from trainyard.plugins.tracking.ui_links import URL_PREFIX
 
 if TYPE_CHECKING:
     from trainyard.config.settings import Settings

@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainyard.plugins.control_room.locate import airflow_dag_run_id
 from trainyard.plugins.control_room.model import (
     AttemptView,
     CheckpointRow,
@@ -40,6 +39,7 @@ from trainyard.plugins.control_room.model import (
     RankLive,
     RunView,
 )
+from trainyard.plugins.state.jobs import airflow_dag_run_id
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -458,13 +458,13 @@ def _row(record: Any, logged: set[tuple[int, str]], ok: bool, problem: str, quar
 
 def _attempts(ctx: _Context, attempts: list[AttemptInfo], layouts: dict[int, tuple[str, str]],
               airflow_base: str) -> list[AttemptView]:
-    from urllib.parse import quote
+    from trainyard.plugins.tracking.ui_links import airflow_dag_run_url
 
     rows = []
     for a in attempts:
         report = a.failure_report
         dag_run = airflow_dag_run_id(ctx.info.job, a.dag_run_id)
-        url = f"{airflow_base}/dags/{quote(ctx.info.job, safe='')}/runs/{quote(dag_run, safe='')}" if dag_run else ""
+        url = airflow_dag_run_url(airflow_base, ctx.info.job, dag_run) if dag_run else ""
         timing = None
         if report is not None and report.failed and report.outcome != "launch_failed":
             timing = _timing(ctx, report, _devices(a, layouts))

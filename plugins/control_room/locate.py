@@ -45,11 +45,3 @@ def _run_by_trigger_key(store: JobStateStore, job: str, key: str) -> str | None:
 
     with Session(store.engine) as s:
         return s.scalars(select(RunRow.run).where(RunRow.job == job, RunRow.trigger_key == key)).first()
-
-
-def airflow_dag_run_id(dag_id: str, recorded: str) -> str:
-    """The DAG run id of an attempt as Airflow knows it: the attempt row records
-    `<dag_id>/<dag_run_id>` (the trigger key's form); '' for an attempt that no DAG run
-    started (`cli/<run>`: `trainyard launch`)."""
-    prefix = f"{dag_id}/"
-    return recorded[len(prefix):] if recorded.startswith(prefix) else ""

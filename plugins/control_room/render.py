@@ -57,9 +57,27 @@ code { font-size: 12px; } a { color: #1f5fa8; }
 """
 
 
+TOP = 'target="_top"'
+"""An Airflow link: the page is framed in Airflow's own UI (an external view's iframe), so a link
+to another Airflow page replaces the whole tab, not the frame (which would nest the UI in itself)."""
+NEW_TAB = 'target="_blank" rel="noopener noreferrer"'
+"""An MLflow link: MLflow forbids framing (X-Frame-Options), so it opens in a tab of its own."""
+LEAVE_FRAME_JS = (
+    "<script>document.addEventListener('click',e=>{const a=e.target.closest('a[target]');"
+    "if(!a||window.top===window)return;try{const d=window.top.document,o=d.createElement('a');"
+    "o.href=a.href;o.target=a.target;o.rel=a.rel;d.body.appendChild(o);o.click();o.remove();"
+    "e.preventDefault()}catch(_){}})</script>")
+"""Why links need a script to leave the frame: Airflow 3.3 frames an external view with
+`sandbox="allow-scripts allow-same-origin allow-forms allow-downloads"` — no
+`allow-top-navigation`, no `allow-popups` — so the browser drops a click on a `_top` or `_blank`
+link. The page is Airflow's own origin, so it makes the same link in the top document and
+clicks it there, where no sandbox applies. Outside a frame (the page opened on its own) the
+browser follows the link as it is."""
+
+
 def page(title: str, body: str, *, script: str = "") -> str:
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f"<style>{CSS}{live_part.CSS}</style></head><body>{body}{script}</body></html>")
+            f"<style>{CSS}{live_part.CSS}</style></head><body>{body}{script}{LEAVE_FRAME_JS}</body></html>")
 
 
 def state_badge(state: str) -> str:
@@ -71,7 +89,7 @@ def run_page(view: RunView, now: datetime, *, base: str = "") -> str:
     (where a live page polls and stops)."""
     links = []
     if view.mlflow_url:
-        links.append(f'<a href="{escape(view.mlflow_url)}">MLflow run {escape(view.mlflow_run_id[:12])}</a>')
+        links.append(f'<a href="{escape(view.mlflow_url)}" {NEW_TAB}>MLflow run {escape(view.mlflow_run_id[:12])}</a>')
     head = (f"<h1>{escape(view.job)} · run {escape(view.run)} {state_badge(view.state)}</h1>"
             f'<div class="muted">team {escape(view.team or fmt.DASH)} · project {escape(view.project or fmt.DASH)} · '
             f"opened {fmt.clock(view.created_at)} · <span data-live=\"since\">{escape(view.state)} since "
@@ -227,7 +245,7 @@ def _recovery(attempts: Sequence[AttemptView], now: datetime) -> str:
     rows = []
     for a in attempts:
         t = a.timing
-        link = f'<a href="{escape(a.dag_run_url)}">{escape(a.dag_run_id)}</a>' if a.dag_run_url else escape(
+        link = f'<a href="{escape(a.dag_run_url)}" {TOP}>{escape(a.dag_run_id)}</a>' if a.dag_run_url else escape(
             a.dag_run_id or fmt.DASH)
         outcome = escape(a.outcome or a.state) + (f" at step {a.step}" if a.step is not None else "")
         if a.restarts_in_place:

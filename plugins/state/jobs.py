@@ -459,3 +459,11 @@ class JobStateStore(SqlStore):
 def open_job_state(url: str) -> JobStateStore:
     """The store for a URL, created on first use (tables included) and shared in the process."""
     return JobStateStore(url)
+
+
+def airflow_dag_run_id(dag_id: str, recorded: str) -> str:
+    """The DAG run id of an attempt as Airflow knows it: the attempt row records
+    `<dag_id>/<dag_run_id>` (the trigger key's form); '' for an attempt that no DAG run
+    started (`cli/<run>`: `trainyard launch`)."""
+    prefix = f"{dag_id}/"
+    return recorded[len(prefix):] if recorded.startswith(prefix) else ""

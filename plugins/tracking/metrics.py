@@ -73,6 +73,29 @@ RESOURCE_DOES_NOT_EXIST, …) will fail the same way again."""
 REPLAY_PREFIX = "replay/"
 """Name prefix of the points of a step the run had already logged (a resumed attempt's replay)."""
 
+SYSTEM_PREFIX = "system/"
+"""MLflow's prefix for the run page's System metrics tab (its UI files every key under it there,
+drawn against wall time; everything else is on the Model metrics tab)."""
+AUXILIARY_PREFIXES = ("checkpoint/", "data/", "data_quality/", "recovery/")
+AUXILIARY_NAMES = frozenset({"checkpoint_blocking_s", "data_stall_s", "recovery_events", "trainyard.attempt"})
+"""The platform's own series: checkpoints, the data pipeline, recoveries, attempts. The cost
+figures (`cost.RUN_COST_METRICS`, one point each) keep the names of the cost reports' columns."""
+
+
+def series_key(name: str) -> str:
+    """The MLflow key of a series: the platform's auxiliary ones under `system/`, the training's
+    own (`loss`, `lr`, `tokens_per_s`, a script's `report(**metrics)`) as they are.
+
+    Why: MLflow 3.17's run page sorts the Model metrics tab into sections by key prefix, every
+    prefixed section first (alphabetically) and the unprefixed `loss` last (issue 57: `loss` came
+    after `checkpoint/loss`, `checkpoint/step` and flat `data/cache_*` charts), and it keeps a
+    chart layout only in the browser's local storage, so no layout can be saved for a person.
+    Under `system/` the platform's series fold into the System metrics tab and the Model metrics
+    tab holds the training's curves alone."""
+    if name.startswith(SYSTEM_PREFIX) or not (name in AUXILIARY_NAMES or name.startswith(AUXILIARY_PREFIXES)):
+        return name
+    return SYSTEM_PREFIX + name
+
 
 @dataclass(frozen=True)
 class StreamerStats:
@@ -343,7 +366,9 @@ class MetricsStreamer:
                     self._skipped += 1  # accepted by log(), so it leaves `pending` here
                 self._count_drop(1, reason or "invalid value")
                 continue
-            if step <= self._logged_through.get(key, -1):
+            key = series_key(key)
+            # a platform series is drawn against wall time (System metrics): a replay draws no zig-zag there
+            if step <= self._logged_through.get(key, -1) and not key.startswith(SYSTEM_PREFIX):
                 key = REPLAY_PREFIX + key
                 with self._lock:
                     self._replayed += 1

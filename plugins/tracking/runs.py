@@ -25,6 +25,9 @@ which its UI shows as the run's source, and `mlflow.experimentKind` on the exper
 | `recovery.NNNN` | one JSON record per recovery event, with what it cost (`recoveries`) |
 | `recovery_s` | seconds the job stood still across its recoveries, once measured |
 
+MLflow's own tags it writes: `mlflow.runColor` (a colour per run, `next_run_color`) and
+`mlflow.note.content` (the run's description with its links, `description.py`).
+
 Committed checkpoints are not tags: each is a `LoggedModel` of the run (type `checkpoint`, at
 its step, with its metrics), listed on the run's page and the experiment's Models tab.
 
@@ -49,6 +52,7 @@ from trainyard.config.databases import down_message
 from trainyard.config.settings import PACKAGE_ROOT
 from trainyard.plugins.errors import DatabaseDown
 from trainyard.plugins.files import locked, sqlite_file
+from trainyard.plugins.tracking.metrics import series_key
 from trainyard.plugins.tracking.params import (
     param_value,
     plan_params,
@@ -159,6 +163,23 @@ def ensure_experiment(client: MlflowClient, name: str, *, artifact_location: str
     return found.experiment_id
 
 
+RUN_COLOR_TAG = "mlflow.runColor"
+"""The colour MLflow 3's UI draws a run in (charts, runs table); its colour picker writes the same
+tag. Without it the UI hashes the run id into its palette, and two runs can share a colour."""
+RUN_COLORS = ("#137dae", "#c83243", "#308613", "#de7921", "#8a63bf", "#04867d", "#b45091", "#a6630c")
+"""Eight hues of MLflow's own palette, in an order where neighbours differ most."""
+
+
+def next_run_color(client: MlflowClient, experiment_id: str) -> str:
+    """The colour after the newest run's in the experiment: runs started one after another (the
+    ones people compare) never share one, up to `len(RUN_COLORS)` runs. One query of one run;
+    two runs created at the same moment may take the same colour."""
+    newest = client.search_runs([experiment_id], max_results=1, order_by=["attributes.start_time DESC"])
+    last = newest[0].data.tags.get(RUN_COLOR_TAG, "") if newest else ""
+    index = RUN_COLORS.index(last) + 1 if last in RUN_COLORS else len(newest)
+    return RUN_COLORS[index % len(RUN_COLORS)]
+
+
 @functools.lru_cache(maxsize=1)
 def platform_git_commit() -> str | None:
     """`git rev-parse HEAD` of the Trainyard checkout, or None outside a git checkout."""
@@ -197,7 +218,7 @@ def start_or_resume_run(
     if run is None:
         exp_id = ensure_experiment(
             client, name, artifact_location=artifact_location or default_artifact_location(tracking_uri, name))
-        tags = _identity_tags(job)
+        tags = _identity_tags(job) | {RUN_COLOR_TAG: next_run_color(client, exp_id)}
         if trigger_id:
             tags[TAG + "run"] = trigger_id  # the training run: one trigger, all its attempts
         # the name the MLflow UI lists: the job and, for a training run, its id (runs tell apart)
@@ -530,7 +551,7 @@ def log_checkpoint(
     """Record a committed checkpoint as a `LoggedModel` of the run (name `step-<NNNNNNNN>`,
     type `checkpoint`; tags `trainyard.checkpoint.uri|sha256|step`), an output of the run at
     its step, with the metrics `checkpoint/step` and `checkpoint/<metric>` at the step linked
-    to it. No files are copied: the checkpoint stays in the object store, the model names it.
+    to it (under `system/`: `metrics.series_key`). No files are copied: the checkpoint stays in the object store, the model names it.
 
     Idempotent (a retried watcher): the same step with the same manifest logs nothing again. A
     step committed again after a rollback replaces the older model of that step (its files were
@@ -558,8 +579,8 @@ def log_checkpoint(
 
     ts = int(time.time() * 1000)
     values = {"checkpoint/step": float(step), **{safe_key(f"checkpoint/{k}"): v for k, v in record.metrics.items()}}
-    client.log_batch(run_id, metrics=[Metric(k, v, ts, step, model_id=model.model_id) for k, v in values.items()],
-                     synchronous=True)
+    client.log_batch(run_id, metrics=[Metric(series_key(k), v, ts, step, model_id=model.model_id)
+                                      for k, v in values.items()], synchronous=True)
     client.finalize_logged_model(model.model_id, "READY")
     client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=step)])
     for old in earlier:  # the same step saved again (a rollback): one checkpoint per step
@@ -585,12 +606,15 @@ def _checkpoint_models(client: MlflowClient, experiment_id: str, run_id: str, *,
 
 
 def _as_checkpoint(model: LoggedModel) -> LoggedCheckpoint:
-    prefix = "checkpoint/"
+    prefixes = (series_key("checkpoint/"), "checkpoint/")  # the second: runs recorded before issue 57
+    metrics = {}
+    for m in model.metrics or []:
+        prefix = next((p for p in prefixes if m.key.startswith(p)), None)
+        if prefix is not None and m.key != prefix + "step":
+            metrics[m.key.removeprefix(prefix)] = m.value
     return LoggedCheckpoint(
         step=int(model.tags[TAG + "checkpoint.step"]), manifest_uri=model.tags[TAG + "checkpoint.uri"],
-        sha256=model.tags[TAG + "checkpoint.sha256"],
-        metrics={m.key.removeprefix(prefix): m.value for m in (model.metrics or [])
-                 if m.key.startswith(prefix) and m.key != prefix + "step"})
+        sha256=model.tags[TAG + "checkpoint.sha256"], metrics=metrics)
 
 
 def log_committed_checkpoint(
@@ -645,7 +669,7 @@ def log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float],
     from mlflow.entities import Metric
 
     ts = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, float(v), ts, step) for k, v in metrics.items()],
+    client.log_batch(run_id, metrics=[Metric(series_key(k), float(v), ts, step) for k, v in metrics.items()],
                      synchronous=True)
 
 

@@ -79,6 +79,8 @@ def test_make_demo_recovers_registers_and_shows_it_in_both_uis(tmp_path: Path) -
         assert (home / "demo" / f"demo-tiny-lm-{run.run}.png").stat().st_size > 10_000
         assert f"{airflow}/dags/demo-tiny-lm" in output and run.run in output
 
+        from trainyard.plugins.tracking.ui_links import mlflow_run_url
+
         experiment = client.get_run(run.mlflow_run_id).info.experiment_id
         shots = {"airflow": screenshots() / "demo-airflow-runs.png", "mlflow": screenshots() / "demo-mlflow-run.png"}
         with chromium_page(width=1600, height=1000) as page:
@@ -87,7 +89,7 @@ def test_make_demo_recovers_registers_and_shows_it_in_both_uis(tmp_path: Path) -
             page.get_by_text(f"{run.run}__attempt-1").first.wait_for()
             page.screenshot(path=str(shots["airflow"]))
             assert "register_model" in page.content()  # the grid beside it: attempt 1's tasks
-            page.goto(f"{mlflow}/#/experiments/{experiment}/runs/{run.mlflow_run_id}")
+            page.goto(mlflow_run_url(mlflow, experiment, run.mlflow_run_id))  # as the demo prints it
             page.get_by_text("worker_crash").first.wait_for()  # the recovery, among the run's tags
             page.screenshot(path=str(shots["mlflow"]))
             run_page = page.content()

@@ -118,7 +118,8 @@ def test_trainyard_in_a_stock_airflow_lists_its_provider_and_trains_a_job_to_gre
         registered = client.xcom(JOB, run, "register_model")
         assert registered["model"] and registered["version"] == "1", registered
         links = client._call("GET", f"dags/{JOB}/dagRuns/{run}/taskInstances/register_model/links")["extra_links"]
-        assert links["Model version"].endswith(f"/#/models/{registered['model']}/versions/1"), links
+        assert links["Model version"].endswith(f"/#/models/{registered['model']}/versions/1"
+                                               "?workflowType=machine_learning"), links
         assert f"/runs/{registered['mlflow_run_id']}" in links["MLflow run"], links
         assert links["Trainyard view"].endswith(f"/dags/{JOB}/runs/{run.replace(':', '%3A').replace('+', '%2B')}"
                                                  "/plugin/trainyard-run"), links

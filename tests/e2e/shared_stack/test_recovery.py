@@ -191,8 +191,8 @@ def test_nan_rolls_back_to_a_checkpoint_before_the_onset_and_the_loss_stays_fini
     replayed = sorted((m.step, m.value) for m in _metric(stack, run, "replay/loss"))
     assert [step for step, _ in replayed + after] == list(range(16, STEPS + 1)), (replayed, after)
     assert all(math.isfinite(v) for _, v in replayed + after), (replayed, after)
-    assert [m.value for m in _metric(stack, run, "recovery/steps_lost")] == [float(report.steps_lost)]
-    assert _metric(stack, run, "recovery/time_to_resume_s")  # MLflow
+    assert [m.value for m in _metric(stack, run, "system/recovery/steps_lost")] == [float(report.steps_lost)]
+    assert _metric(stack, run, "system/recovery/time_to_resume_s")  # MLflow
     _assert_nothing_deleted(stack, run, STEPS)
 
 

@@ -49,6 +49,14 @@ def test_the_trainyard_tab_of_a_finished_run_shows_plan_placement_checkpoints_an
         assert "a resume takes this one" in final.inner_text()
         timeline = view.locator("#recovery tbody tr")
         assert timeline.count() == 1 and f"completed at step {STEPS}" in timeline.inner_text()
+        mlflow = view.locator("a[href*='#/experiments/']")
+        assert mlflow.get_attribute("target") == "_blank" and "workflowType=machine_learning" in (
+            mlflow.get_attribute("href") or "")  # MLflow forbids framing: a tab of its own
+        dag_run = view.locator("#recovery a")
+        assert dag_run.get_attribute("target") == "_top"
+        dag_run.click()  # Airflow's own page replaces the tab, not the frame (no Airflow inside Airflow)
+        page.wait_for_url(lambda url: "/plugin/" not in url)
+        assert f"/dags/{DAG_ID}/runs/" in page.url
 
         page.goto(f"{url}/trainyard/jobs/{DAG_ID}/runs/{attempt.run}", wait_until="networkidle")
         page.get_by_role("heading", name="Recovery timeline", exact=True).wait_for()
@@ -72,3 +80,6 @@ def _mlflow_holds_a_model_training_run(s: RunningStack, run: str) -> None:
     (found,) = client.search_runs([exp.experiment_id], filter_string=f"tags.`trainyard.run` = '{run}'")
     assert [c.step for c in checkpoints(found.info.run_id, tracking_uri=s.settings.mlflow_tracking_uri)] == [STEPS]
     assert STEPS in {o.step for o in found.outputs.model_outputs}
+    note = found.data.tags["mlflow.note.content"]  # the description: outcome and the links back
+    assert note.startswith("**Completed") and f"/trainyard/jobs/{DAG_ID}/runs/{run})" in note, note
+    assert found.data.tags.get("mlflow.runColor")

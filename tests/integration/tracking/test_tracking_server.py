@@ -124,7 +124,7 @@ def test_data_quality_report_is_logged_as_an_artifact(mlflow_server: MlflowServe
     run = client.get_run(rid)
     assert run.data.tags["trainyard.data_quality"] == "failed"
     assert "expect_column_values_to_not_be_null" in run.data.tags["trainyard.data_quality.failed"]
-    assert run.data.metrics["data_quality/failed_checks"] == len(report.failures)
+    assert run.data.metrics["system/data_quality/failed_checks"] == len(report.failures)
 
 
 def test_chargeback_is_logged_through_the_server(mlflow_server: MlflowServer, tmp_path: Path) -> None:

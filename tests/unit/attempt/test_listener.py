@@ -44,6 +44,11 @@ def test_trainyard_launch_tells_the_listener_each_event_once(world: SimpleNamesp
     info = JobStateStore(world.settings.state_db).get_run("seam-job", "20261201t000000-11573e")
     run = client_for(world.settings.mlflow_tracking_uri).get_run(info.mlflow_run_id)
     assert run.info.status == "FINISHED" and run.data.tags["trainyard.data_quality"] == "passed"
+    # the description, rewritten at the close: the outcome, the Trainyard view (no DAG run: `trainyard launch`)
+    note = run.data.tags["mlflow.note.content"]
+    assert note.startswith("**completed, not registered — "), note  # the run's one outcome line
+    assert f"({world.settings.airflow_url}/trainyard/jobs/seam-job/runs/20261201t000000-11573e)" in note
+    assert "Airflow:" not in note
 
 
 def test_a_refused_launch_tells_the_listener_not_launched(world: SimpleNamespace,

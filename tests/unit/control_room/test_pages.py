@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from tests.unit.control_room.recorded import FIRST_DAG_RUN, JOB, RUN, Recorded
 from trainyard.plugins.control_room.app import create_app
 from trainyard.plugins.control_room.build import build_run_view
-from trainyard.plugins.control_room.urls import URL_PREFIX, view_path, view_url
+from trainyard.plugins.tracking.ui_links import URL_PREFIX, view_path, view_url
 
 SECTIONS = ("Progress", "Plan", "Placement", "Checkpoints", "Recovery timeline")
 
@@ -98,3 +98,28 @@ def test_the_plugin_declares_what_airflows_ui_accepts() -> None:
     # the hrefs, with Airflow's placeholders filled, are routes of the app
     routes = {r.path for r in create_app().routes}  # type: ignore[attr-defined]
     assert {"/dags/{dag_id}", "/dags/{dag_id}/runs/{dag_run_id}", "/"} <= routes
+
+
+def _anchors(html: str) -> list[dict[str, str]]:
+    """Every `<a>` of a page, as its attributes."""
+    from html.parser import HTMLParser
+
+    found: list[dict[str, str]] = []
+    parser = HTMLParser()
+    parser.handle_starttag = lambda tag, attrs: found.append(  # type: ignore[method-assign]
+        {k: v or "" for k, v in attrs}) if tag == "a" else None
+    parser.feed(html)
+    return found
+
+
+def test_links_out_of_the_frame_open_outside_it(client: TestClient) -> None:
+    """The page is framed in Airflow's UI: a DAG-run link replaces the whole tab (`_top`, not the
+    frame, which would nest Airflow in itself); the MLflow link opens a tab of its own (MLflow
+    forbids framing); a link to another page of the view stays in the frame."""
+    links = _anchors(client.get(f"{URL_PREFIX}/jobs/{JOB}/runs/{RUN}").text)
+    dag_runs = [a for a in links if "/dags/" in a["href"]]
+    mlflow = [a for a in links if "#/experiments/" in a["href"]]
+    assert len(dag_runs) == 2 and all(a.get("target") == "_top" for a in dag_runs), dag_runs
+    assert len(mlflow) == 1 and mlflow[0].get("target") == "_blank" and "noopener" in mlflow[0].get("rel", "")
+    listed = [a for a in _anchors(client.get(f"{URL_PREFIX}/dags/{JOB}").text) if "/runs/" in a["href"]]
+    assert listed and all("target" not in a for a in listed)

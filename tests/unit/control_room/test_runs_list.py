@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from tests.unit.control_room.recorded import JOB, RUN, Recorded
 from trainyard.plugins.control_room.app import create_app
-from trainyard.plugins.control_room.urls import URL_PREFIX
 from trainyard.plugins.recovery.outcome import outcome_line
+from trainyard.plugins.tracking.ui_links import URL_PREFIX
 
 OTHER_JOB, OTHER_RUN = "other-job", "20261201t000000-0the12"
 

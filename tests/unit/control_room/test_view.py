@@ -78,7 +78,8 @@ def test_links_to_each_attempts_dag_run_and_the_mlflow_run(recorded: Recorded) -
     assert first.dag_run_url == f"/af/dags/{JOB}/runs/manual__2026-05-01T12%3A00%3A00%2B00%3A00"
     assert second.dag_run_url == f"/af/dags/{JOB}/runs/{RUN}__attempt-1"
     assert view.mlflow_url.startswith("http://mlflow.example:5000/#/experiments/")
-    assert view.mlflow_url.endswith(f"/runs/{recorded.mlflow_run_id}")
+    # the model-training pages, not MLflow 3.17's GenAI default (`tracking.ui_links.WORKFLOW_QUERY`)
+    assert view.mlflow_url.endswith(f"/runs/{recorded.mlflow_run_id}?workflowType=machine_learning")
 
 
 def test_a_finished_run_shows_mlflows_latest_progress(recorded: Recorded) -> None:

@@ -164,3 +164,25 @@ def test_on_kill_finishes_the_stop_when_the_triggerer_cancels_it_again(
     asyncio.run(cancelled_twice())
     assert done == ["its DAG run manual__1 was marked failed in Airflow"]
     assert notes == [("tiny", "manual__1", "attempt 0: cancelled")]
+
+
+def test_training_trigger_logs_a_progress_line_into_the_task_log(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """The triggerer writes a trigger's log into its task's log: `watch_training` shows the step,
+    rank 0's loss and tokens/s and each rank's phase while it waits, not a dict at the end."""
+    import logging
+    import os
+    import time
+
+    from trainyard.plugins.run.heartbeat import Heartbeat, write_heartbeat
+
+    handle = fabricate(tmp_path, [Rank(exit_code=0, step=20), Rank(exit_code=0, step=20)])
+    write_heartbeat(handle.heartbeat_dir, Heartbeat(job="tiny", rank=0, pid=os.getpid(), step=20, time=time.time(),
+                                                    loss=3.14159, tokens_per_s=5210.4, phase="done"))
+    trigger = TrainingTrigger(handle.model_dump(mode="json"), watch=NO_LEASE, poll_interval_s=0.1)
+    trigger._log = logging.getLogger("trainyard.tests.trigger")  # structlog's proxy, read back as stdlib
+    with caplog.at_level(logging.INFO, logger="trainyard.tests.trigger"):
+        _first_event(trigger)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert line.startswith("step 20 · loss 3.1416 · 5,210 tokens/s · rank 0 ")
+    assert "rank 1 " in line and "@20" in line
