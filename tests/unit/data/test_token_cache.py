@@ -32,6 +32,11 @@ class CountingTokenizer(ByteTokenizer):
             self.documents += sum(1 for p in pieces if p is END)
         return super().encode_pieces(pieces)  # type: ignore[arg-type]
 
+    def encode_documents(self, texts: list[str]) -> np.ndarray:  # a jsonl shard's block of rows
+        with self._lock:
+            self.documents += len(texts)
+        return super().encode_documents(texts)
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> ObjectStore:
