@@ -25,7 +25,8 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
   against (`parse_only_samples_s` by parser: `line_parse_only_samples_s` — orjson a line, what
   the pipeline used before; `pyarrow_parse_only_samples_s` — pyarrow's multi-threaded JSON
   reader, outside the GIL; `process_pool_parse_only_samples_s` — the pipeline's parser in two
-  worker processes; each checked, untimed, to make the pipeline's token ids); `mmap_samples_s` — the same batches cut from the
+  worker processes; each checked, untimed, to make the pipeline's token ids; `parse_only_cpu_s`
+  the CPU seconds each pass cost, this process's and the pool's workers'); `mmap_samples_s` — the same batches cut from the
   same token ids in one memory-mapped file (the warm cache's ceiling; checked byte for byte
   against the baseline, untimed), and `mmap_verified_samples_s` the same after a SHA-256 of
   the file (what the cache's check of every hit costs on top);
@@ -378,6 +379,7 @@ def main() -> int:
         botocore_path = S3Store(bucket, "full", endpoint_url=server.endpoint_url)
         botocore_path.__dict__["_plain_http"] = None  # as behind a proxy: get_object
         cpu: dict[str, list[float]] = {"baseline": [], "stream": [], "stream_endpoint": []}
+        parse_cpu: dict[str, list[float]] = {parser: [] for parser in rivals.PARSERS}
         by_thread: dict[str, list[float]] = {}
         # On the warm cache, given the manifest: one rank's epoch, and rank 0 of DP_SHARE's share of it
         # (default stripes, and one stream).
@@ -388,12 +390,16 @@ def main() -> int:
             cpu["baseline"].append(time.process_time() - own)
             seq_n, seq_s = sequential_stream(full, args.seq_len)
             fetch_s = fetch_only(full)
-            parse_n, parse_s = rivals.parse_only_pass(listed, blobs, args.seq_len)
-            for parser in rivals.PARSERS[1:]:
+            for parser in rivals.PARSERS:  # the pipeline's first
+                before = _parse_cpu(pool)
                 n, seconds = rivals.parse_only_pass(listed, blobs, args.seq_len, parser, pool)
-                if n != parse_n:
+                parse_cpu[parser].append(_parse_cpu(pool) - before)
+                if parser == "product":
+                    parse_n, parse_s = n, seconds
+                elif n != parse_n:
                     raise RuntimeError(f"the {parser} parser made {n} samples, the pipeline's {parse_n}")
-                rates[f"{parser}_parse_only"].append(n / seconds)
+                else:
+                    rates[f"{parser}_parse_only"].append(n / seconds)
             loader_n, loader_s = rivals.dataloader_pass(bucket, "full", order, server.endpoint_url,
                                                         args.seq_len, batch)
             cache_dir = root / f"cache-{r}"
@@ -497,6 +503,7 @@ def main() -> int:
         "stream_endpoint_cpu_s": round(statistics.median(cpu["stream_endpoint"]), 3) if cpu["stream_endpoint"] else None,
         "stream_thread_cpu_s": {role: round(statistics.median(v), 3) for role, v in sorted(by_thread.items())},
         "baseline_cpu_s": round(statistics.median(cpu["baseline"]), 3),
+        "parse_only_cpu_s": {parser: round(statistics.median(v), 3) for parser, v in parse_cpu.items()},
         "baseline_wall_s": round(base_n / median["baseline"], 3),
         "rounds": {name: [round(v) for v in values] for name, values in rates.items()},
         "cpu_count": os.cpu_count(),
@@ -506,6 +513,16 @@ def main() -> int:
     result.update(_against_competitors(median, big, small, result["stall_fraction"]))
     print(json.dumps(result))
     return 0
+
+
+def _parse_cpu(pool: object) -> float:
+    """CPU seconds so far of this process (all threads) and of the parser pool's workers: what a
+    parse-only pass costs the machine, whichever parser (its wall time, on a loaded machine, also
+    rewards the parser with more threads with a larger share of the cores)."""
+    from trainyard.plugins.run import processes
+
+    workers = getattr(pool, "_processes", None) or {}
+    return time.process_time() + sum(processes.cpu_seconds(pid) or 0.0 for pid in workers)
 
 
 def _against_competitors(median: dict[str, float], big: dict[str, float], small: dict[str, float],
