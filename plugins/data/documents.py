@@ -12,7 +12,7 @@
 A tokenizer turns pieces into token ids; `token_pieces` hands a shard's ids out as NumPy
 arrays of a few MB of text each, the unit the sample stream cuts windows from. It reads a jsonl
 shard a block of lines at a time instead (`trainyard.plugins.data.jsonl`: one msgspec call per
-block, ~2.6x the line parser's rows per CPU-second), with the same ids and errors. Two ship:
+block, its figures there), with the same ids and errors. Two ship:
 
 - `ByteTokenizer` (vocabulary 256, the identity on UTF-8 bytes; 0 never occurs in text and marks
   document ends) — the demo's;
@@ -137,8 +137,8 @@ def token_pieces(f: IO[bytes], key: str, fmt: str, tokenizer: Tokenizer,
 
 
 def _jsonl_token_pieces(f: IO[bytes], key: str, tokenizer: Tokenizer, text_field: str) -> Iterator[np.ndarray]:
-    """A jsonl shard's token ids a block of lines at a time (`trainyard.plugins.data.jsonl`, ~2.6x the
-    line parser's rows per CPU-second): a block its one msgspec call cannot vouch for is read by
+    """A jsonl shard's token ids a block of lines at a time (`trainyard.plugins.data.jsonl`): a
+    block its one msgspec call cannot vouch for is read by
     the line parser (`rows.rows_of_lines`, numbered from the block's first line), so the ids —
     and a bad line's error — are exactly `iter_documents`'s."""
     from trainyard.plugins.data.jsonl import block_texts, line_blocks

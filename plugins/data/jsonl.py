@@ -24,13 +24,16 @@ error naming the shard and line. It answers when:
   ms a MB of mostly-ASCII text, ~1.1 of text dense in CJK; pyarrow's validator, 0.7, is not
   in the training image's dependencies).
 
-Why msgspec, measured on the same bytes (`benchmarks/data_pipeline.py`, its `parse_only_*`
-figures; scratch CPU-time loop on 16 of its 1 MB shards, 2 KB rows): the line parser turned
-~0.8 GB of rows into tokens per CPU-second, pyarrow's JSON reader ~0.4-0.5 (its column
-building costs more than orjson's parse, threads or not), msgspec's `decode_lines` ~2.1. On
-this 2-core machine, where the object store's endpoint takes the other core, CPU per byte —
-not the GIL — is what a cold epoch pays; pyarrow releasing the GIL does not buy back twice the
-CPU.
+Why msgspec, measured on the same bytes in one run of `benchmarks/data_pipeline.py` (64 shards
+of 2 KB rows, load 18.6 -> 13 on 2 cores; parse-only passes, parse + cut, medians of 3 rounds):
+this parser 592 k samples/s and 0.098 CPU-s a pass; the line parser it replaces (orjson a line)
+505 k and 0.104; pyarrow's JSON reader (multi-threaded, outside the GIL) 276 k and 0.191; this
+parser in a pool of two processes 333 k and 0.467. The gain over the line parser is small in
+this run (~6-10 % of a pass's CPU, cutting included; a scratch loop of the parse alone ranged
+from 2.6x faster to 2x slower with the allocator's page faults on block-sized buffers) — what it
+buys for sure is no Python object per field and no generator hop per row; pyarrow's column
+building and the pool's pickling cost more CPU than they move off the GIL, and on this machine
+the object store's endpoint takes the other core.
 """
 
 from __future__ import annotations
