@@ -9,7 +9,14 @@
   collate here). Same samples as the pipeline, in another order (the workers interleave),
   workers started per epoch as a user's would be;
 - `parse_only_pass`: the ceiling of parsing — every shard's bytes already in memory, through
-  the pipeline's own parser, tokenizer and cutter (`SampleStream`), one epoch;
+  the pipeline's own parser, tokenizer and cutter (`SampleStream`), one epoch. `parser` names
+  the alternatives measured beside the pipeline's (`product`: msgspec, a block of lines per
+  call, `trainyard.plugins.data.jsonl`): `line` — the line parser it replaced (orjson per
+  line, `rows.read_rows`); `pyarrow` — `pyarrow.json.read_json` of the shard (multi-threaded
+  C++, outside the GIL) with the documents joined by `pyarrow.compute`, no Python object per
+  row; `process_pool` — the pipeline's parser in two worker processes (`ProcessPoolExecutor`,
+  started before the clock, three shards submitted ahead; the bytes go there and the token
+  ids come back pickled). `check_parsers` holds each one's token ids to the pipeline's, untimed;
 - `mmap_pass`: the ceiling of the warm cache — the same token ids in one memory-mapped file
   (written untimed), cut into the same windows, block-shuffled the same way and stacked into
   the same batches (checked byte for byte against the baseline by the caller).
@@ -109,13 +116,92 @@ def _as_is(rows: np.ndarray) -> np.ndarray:
     return rows
 
 
-def parse_only_pass(manifest: Any, blobs: dict[str, bytes], seq_len: int) -> tuple[int, float]:
-    """One epoch of `SampleStream` over shards already in memory: (samples, seconds)."""
+PARSERS = ("product", "line", "pyarrow", "process_pool")
+"""The parsers `parse_only_pass` measures (the module docstring)."""
+
+
+def product_tokens(blob: bytes, key: str) -> np.ndarray:
+    """A jsonl shard's byte-level token ids by the pipeline's parser (`token_pieces`)."""
+    from trainyard.plugins.data.documents import ByteTokenizer, token_pieces
+
+    pieces = list(token_pieces(io.BytesIO(blob), key, "jsonl", ByteTokenizer()))
+    return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
+
+
+def line_tokens(blob: bytes, key: str) -> np.ndarray:
+    """The same by the line parser the pipeline used before (`iter_documents`: orjson a line)."""
+    from trainyard.plugins.data.documents import ByteTokenizer, encode_pieces, iter_documents
+
+    return encode_pieces(ByteTokenizer(), list(iter_documents(io.BytesIO(blob), key, "jsonl")))
+
+
+def pyarrow_tokens(blob: bytes, key: str) -> np.ndarray:
+    """The same by pyarrow's JSON reader: the text column, each document joined with a 0 by
+    `pyarrow.compute` (C++, no Python object per row), its data buffer viewed by NumPy."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    table = pj.read_json(io.BytesIO(blob), read_options=pj.ReadOptions(use_threads=True, block_size=1 << 20),
+                         parse_options=pj.ParseOptions(explicit_schema=pa.schema([("text", pa.string())]),
+                                                       unexpected_field_behavior="ignore"))
+    column = table.column(0).combine_chunks()
+    joined = pc.binary_join_element_wise(column, pa.scalar("", pa.string()), "\x00")
+    _, offsets, data = joined.buffers()
+    at = np.frombuffer(offsets, np.int32)[joined.offset:joined.offset + len(joined) + 1]
+    return np.frombuffer(data, np.uint8)[at[0]:at[-1]] if len(joined) else np.empty(0, np.uint8)
+
+
+TOKENS_BY = {"product": product_tokens, "line": line_tokens, "pyarrow": pyarrow_tokens}
+
+
+def check_parsers(manifest: Any, blobs: dict[str, bytes]) -> None:
+    """Every parser's token ids equal the pipeline's on every shard (untimed), or raise."""
+    for shard in manifest.shards:
+        want = product_tokens(blobs[shard.key], shard.key)
+        for name, tokens in TOKENS_BY.items():
+            if not np.array_equal(tokens(blobs[shard.key], shard.key), want):
+                raise RuntimeError(f"the {name} parser's token ids of {shard.key} differ from the pipeline's")
+
+
+def parser_pool() -> Any:
+    """The process pool of `parse_only_pass(parser="process_pool")`: two spawned workers, each
+    made to import the parser before the clock starts (the caller shuts it down)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
+    for future in [pool.submit(product_tokens, b'{"text": "warm"}\n', "w.jsonl") for _ in range(4)]:
+        future.result()
+    return pool
+
+
+def parse_only_pass(manifest: Any, blobs: dict[str, bytes], seq_len: int, parser: str = "product",
+                    pool: Any = None) -> tuple[int, float]:
+    """One epoch of `SampleStream` over shards already in memory, their token ids made by
+    `parser` (`PARSERS`; `process_pool` needs `pool`, from `parser_pool`): (samples, seconds)."""
     from trainyard.plugins.data.documents import ByteTokenizer
     from trainyard.plugins.data.stream import SampleStream, StreamPosition
 
-    stream = SampleStream(manifest, lambda shard: io.BytesIO(blobs[shard.key]), ByteTokenizer(),
-                          seq_len=seq_len, seed=0)
+    prefetch = None
+    if parser == "process_pool":
+        futures: dict[str, Any] = {}
+
+        def prefetch(shard: Any) -> None:
+            if shard.key not in futures:
+                futures[shard.key] = pool.submit(product_tokens, blobs[shard.key], shard.key)
+
+        def tokens(shard: Any) -> Iterator[np.ndarray]:
+            prefetch(shard)
+            yield futures.pop(shard.key).result()
+    else:
+        make = TOKENS_BY[parser]
+
+        def tokens(shard: Any) -> Iterator[np.ndarray]:
+            yield make(blobs[shard.key], shard.key)
+
+    stream = SampleStream(manifest, None, ByteTokenizer(), seq_len=seq_len, seed=0, tokens=tokens,
+                          prefetch=prefetch, prefetch_ahead=3)
     start, samples = time.perf_counter(), 0
     for block in stream.blocks(StreamPosition()):
         if block.epoch > 0:

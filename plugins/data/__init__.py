@@ -6,8 +6,9 @@
                 sample of its rows for data-quality checks
 - streaming, for training: `manifest.py` (the shards a run reads, kept in its checkpoints),
   `cache.py` (the node's bounded, verified shard cache), `documents.py` (documents of every
-  format, tokenizers), `stream.py` (the global sample order, resumable on any data-parallel
-  size), `reader.py` (`StreamingReader`: one rank's batches, prefetched in the background)
+  format, tokenizers), `jsonl.py` (a jsonl shard's texts a block of lines at a time),
+  `stream.py` (the global sample order, resumable on any data-parallel size), `reader.py`
+  (`StreamingReader`: one rank's batches, prefetched in the background)
 
 Used by the worker, `plugins/validation/` and `plugins/tracking/`; imports none of them. No torch.
 """

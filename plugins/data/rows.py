@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Final
 
@@ -94,7 +94,14 @@ def read_rows(raw: IO[bytes], key: str, fmt: str) -> Iterator[tuple[int, Row | _
     """(line number, row / BLANK / BadRow) for every line of one shard, in order."""
     if fmt not in ("jsonl", "text"):
         raise ValueError(f"rows of {fmt!r} shards are not read line by line; expected jsonl or text")
-    for number, line in enumerate(open_shard(raw, key), start=1):
+    yield from rows_of_lines(open_shard(raw, key), key, fmt)
+
+
+def rows_of_lines(lines: Iterable[bytes], key: str, fmt: str, first_line: int = 1,
+                  ) -> Iterator[tuple[int, Row | _Blank | BadRow]]:
+    """`read_rows` of lines already decompressed (each with its newline), numbered from
+    `first_line`: what a block of a shard that `trainyard.plugins.data.jsonl` hands back is read with."""
+    for number, line in enumerate(lines, start=first_line):
         line = line.rstrip(b"\r\n")
         try:
             yield number, parse_line(line, fmt)

@@ -1,6 +1,8 @@
 """Stream one epoch of a dataset through `StreamingReader` in this process and print one JSON
-line: `{"samples", "peak_rss_mb", "seconds", "cache": {...}}`. Run as a child process by the
-memory test and `benchmarks/data_pipeline.py`, so its peak resident set is its own.
+line: `{"samples", "peak_rss_mb", "rss_start_mb", "rss_end_mb", "seconds", "cache": {...}}` (the
+resident set after the first batch and after the last: flat memory keeps them close). Run as a
+child process by the memory test and `benchmarks/data_pipeline.py`, so its peak resident set is
+its own.
 
     python -m tests.support.stream_rss --uri s3://bucket/ds --endpoint-url URL \\
         --cache-dir DIR --cache-bytes N [--seq-len 256] [--batch 16] [--epochs 1]
@@ -25,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=1)
     args = p.parse_args(argv)
 
-    from tests.support.memory import peak_rss_mb
+    from tests.support.memory import peak_rss_mb, rss_mb
     from trainyard.plugins.data.cache import ShardCache
     from trainyard.plugins.data.reader import StreamingReader
     from trainyard.plugins.storage.store import open_store
@@ -34,14 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     cache = ShardCache(args.cache_dir, args.cache_bytes)
     reader = StreamingReader(store, "jsonl", cache=cache, seq_len=args.seq_len, batch_size=args.batch,
                              dp_rank=0, dp_size=1, seed=0)
-    samples = 0
     start = time.perf_counter()
+    samples = len(reader.next_batch().samples)
+    rss_start = rss_mb()
     while reader.position.epoch < args.epochs:
         samples += len(reader.next_batch().samples)
     seconds = time.perf_counter() - start
+    rss_end = rss_mb()
     reader.close()
     cache.close()
     print(json.dumps({"samples": samples, "peak_rss_mb": round(peak_rss_mb(), 1),
+                      "rss_start_mb": round(rss_start, 1), "rss_end_mb": round(rss_end, 1),
                       "seconds": round(seconds, 3), "cache": cache.stats.as_metrics()}))
     return 0
 

@@ -32,6 +32,11 @@ class CountingTokenizer(ByteTokenizer):
             self.documents += sum(1 for p in pieces if p is END)
         return super().encode_pieces(pieces)  # type: ignore[arg-type]
 
+    def encode_documents(self, texts: list[str]) -> np.ndarray:  # a jsonl shard's block of rows
+        with self._lock:
+            self.documents += len(texts)
+        return super().encode_documents(texts)
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> ObjectStore:
@@ -40,9 +45,10 @@ def store(tmp_path: Path) -> ObjectStore:
     return store
 
 
-def _reader(store: ObjectStore, cache: ShardCache, tokenizer: ByteTokenizer, batch_size: int = 4) -> StreamingReader:
+def _reader(store: ObjectStore, cache: ShardCache, tokenizer: ByteTokenizer, batch_size: int = 4,
+            **kw: object) -> StreamingReader:
     return StreamingReader(store, "jsonl", cache=cache, seq_len=31, batch_size=batch_size, dp_rank=0, dp_size=1,
-                           seed=1, shuffle_block=8, tokenizer=tokenizer)
+                           seed=1, shuffle_block=8, tokenizer=tokenizer, **kw)  # type: ignore[arg-type]
 
 
 def _token_files(folder: Path) -> list[Path]:
@@ -164,7 +170,9 @@ def test_a_warm_epoch_opens_known_copies_in_the_producer_and_hashes_others_on_pr
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
     cache = ShardCache(tmp_path / "c", 1 << 30)
-    cold = _reader(store, cache, ByteTokenizer())
+    # Two ahead, fewer than the four shards: with as many ahead as shards, the prefetch of the
+    # next epoch's first shard (this epoch's first too, by chance) would hash it first.
+    cold = _reader(store, cache, ByteTokenizer(), prefetch_shards=2)
     assert _epochs(cold, 1) == first
     cold.close()
     # the epoch's first shard is read before anything prefetched it; the other three on prefetch threads
