@@ -464,6 +464,10 @@ class TrainingSession:
                                            extra=self._extra, metrics=metrics)
         self._last_saved_step = step
         self._last_save_time = time.monotonic()
+        if self._step_metrics is not None:
+            # The steps up to a checkpoint are never trained again after a crash: their points go to
+            # the streamer now, not at the window's end (a rank killed before it would lose them).
+            self._step_metrics.flush()
         if self._metrics is not None:
             self._metrics.log(step, {"checkpoint_blocking_s": result.blocking_s})
             if result.previous is not None and result.previous.stage_wait_s:

@@ -270,7 +270,11 @@ def test_a_failed_gpu_loses_its_node_which_the_next_placement_leaves_out(
     for key, name in (("oom", OOM_JOB), ("broke", NO_BUDGET)):  # alone: its node is cordoned for all
         _follow(stack, second_pair[key], name)
     state = JobStateStore(stack.settings.state_db)
-    first = stack.client.trigger(JOB, {"fault_fail_gpu_node": "gang"})["dag_run_id"]
+    # A GPU that fell off the bus (Xid 79) also stops the rank using it: without the hang, the 30
+    # steps on CPU could end before the health watch's first look (it polls every 5 s), and a run
+    # that completed is not a lost node. Classified node_lost either way (above every rank class).
+    first = stack.client.trigger(JOB, {"fault_fail_gpu_node": "gang", "fault_hang_rank": 0,
+                                       "fault_hang_at_step": 8})["dag_run_id"]
     try:
         attempts = _follow(stack, first)
         assert [(a.outcome, a.action) for a in attempts] == [("node_lost", "replace_node"),

@@ -81,5 +81,5 @@ def _mlflow_holds_a_model_training_run(s: RunningStack, run: str) -> None:
     assert [c.step for c in checkpoints(found.info.run_id, tracking_uri=s.settings.mlflow_tracking_uri)] == [STEPS]
     assert STEPS in {o.step for o in found.outputs.model_outputs}
     note = found.data.tags["mlflow.note.content"]  # the description: outcome and the links back
-    assert note.startswith("**Completed") and f"/trainyard/jobs/{DAG_ID}/runs/{run})" in note, note
+    assert note.startswith("**completed and registered — ") and f"/trainyard/jobs/{DAG_ID}/runs/{run})" in note, note
     assert found.data.tags.get("mlflow.runColor")
