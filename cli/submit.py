@@ -82,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
     placed, changed = _into_jobs_folder(args.spec, job.name, settings.jobs_dir)
     if changed:
         err_console.print(f"{placed}: written (the job's one spec in Airflow's jobs folder)")
-    token = settings.airflow_token.get_secret_value() if settings.airflow_token else ""
-    client = AirflowClient(settings.airflow_url, token=token)
+    client = AirflowClient.of(settings)
     try:
         _wait_for_dag(client, job.name, placed, changed=changed)
         conf, first_id = first_attempt(conf)

@@ -81,10 +81,8 @@ def write_note(dag_id: str, run_id: str, note: str) -> None:
     """`note_dag_run` for a caller without a task's context (the training trigger's `on_kill`)."""
     from trainyard.plugins.airflow_api import AirflowClient
 
-    config = settings()
-    token = config.airflow_token.get_secret_value() if config.airflow_token else ""
     try:
-        AirflowClient(config.airflow_url, token=token, patience_s=20).set_note(dag_id, run_id, note)
+        AirflowClient.of(settings(), patience_s=20).set_note(dag_id, run_id, note)
     except Exception as e:  # noqa: BLE001 - the note is presentation; the attempt's outcome stands
         log.warning("the DAG run's note was not written (%s: %s): %s", type(e).__name__, e, note)
 

@@ -17,10 +17,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainyard.config.airflow import DAG_FILE_NAME
 from trainyard.plugins.errors import FatalError, TransientError
+
+if TYPE_CHECKING:
+    from trainyard.config.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,12 @@ class AirflowClient:
     and a trigger given up after one minute failed a run that would have gone on."""
     retry_wait_s: float = 0.5
     """The first wait between tries; each later one doubles, up to 8 s."""
+
+    @classmethod
+    def of(cls, settings: Settings, **kwargs: Any) -> AirflowClient:
+        """The client of the Airflow `settings` name (`TRAINYARD_AIRFLOW_URL`, its token)."""
+        token = settings.airflow_token.get_secret_value() if settings.airflow_token else ""
+        return cls(settings.airflow_url, token=token, **kwargs)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
               query: dict[str, Any] | None = None) -> Any:

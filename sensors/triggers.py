@@ -166,9 +166,7 @@ def marked_failed(dag_id: str, run_id: str, task_id: str) -> str:
     from trainyard.operators.outcome import CLASSIFY
     from trainyard.plugins.airflow_api import AirflowClient
 
-    config = _runtime().settings
-    token = config.airflow_token.get_secret_value() if config.airflow_token else ""
-    tasks = AirflowClient(config.airflow_url, token=token, patience_s=10).task_instances(dag_id, run_id)
+    tasks = AirflowClient.of(_runtime().settings, patience_s=10).task_instances(dag_id, run_id)
     if tasks.get(task_id, {}).get("state") != "failed":
         return ""
     if tasks.get(CLASSIFY, {}).get("state") == "skipped":
@@ -188,9 +186,7 @@ def keep_marked_failed(dag_id: str, run_id: str) -> None:
     failed again where it ended `success`: with nothing left to run, the mark holds."""
     from trainyard.plugins.airflow_api import AirflowClient
 
-    config = _runtime().settings
-    token = config.airflow_token.get_secret_value() if config.airflow_token else ""
-    client = AirflowClient(config.airflow_url, token=token, patience_s=30)
+    client = AirflowClient.of(_runtime().settings, patience_s=30)
     deadline = time.monotonic() + FINAL_DAG_RUN_WAIT_S
     while time.monotonic() < deadline:
         state = client.dag_run(dag_id, run_id).get("state")

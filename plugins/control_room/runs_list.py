@@ -71,6 +71,7 @@ def _mlflow_figures(run_ids: list[str], tracking_uri: str) -> tuple[dict[str, di
     if not run_ids or not tracking_uri:
         return {}, ""
     try:
+        from trainyard.plugins.tracking.candidate import last_loss
         from trainyard.plugins.tracking.runs import client_for
 
         client = client_for(tracking_uri)
@@ -83,8 +84,7 @@ def _mlflow_figures(run_ids: list[str], tracking_uri: str) -> tuple[dict[str, di
             m = run.data.metrics
             figures[run.info.run_id] = {"loss": m.get("loss"), COST_METRIC: m.get(COST_METRIC)}
             if "loss" in m:  # the last step of the loss series: one more read, only for runs that have one
-                history = client.get_metric_history(run.info.run_id, "loss")
-                figures[run.info.run_id]["steps"] = max((p.step for p in history), default=None)
+                figures[run.info.run_id]["steps"] = last_loss(client, run.info.run_id)[0]
         return figures, ""
     except Exception as e:  # noqa: BLE001 - the list stands without MLflow's columns
         log.warning("runs list: MLflow's figures could not be read: %s", e)

@@ -50,8 +50,9 @@ def candidate_decision(rule: CandidateRule, *, alias: str, step: int | None, max
     return Decision(True, f"{alias} moved from version {holder.version}" + (f" ({', '.join(why)})" if why else ""))
 
 
-def _last_loss(client: object, run_id: str | None) -> tuple[int | None, float | None]:
-    """(step, value) of a run's last `loss` point, (None, None) when it has none."""
+def last_loss(client: object, run_id: str | None) -> tuple[int | None, float | None]:
+    """(step, value) of a run's last `loss` point, (None, None) when it has none (the candidate
+    rule's final loss; the runs list's steps and final loss)."""
     if not run_id:
         return None, None
     history = client.get_metric_history(run_id, "loss")  # type: ignore[attr-defined]
@@ -80,8 +81,8 @@ def apply_candidate_rule(made: ModelVersionInfo, rule: CandidateRule, *, alias: 
         current = None
     holder = None
     if current is not None and str(current.version) != made.version:
-        holder = Holder(str(current.version), _last_loss(client, current.run_id)[1])
-    step, loss = _last_loss(client, mlflow_run_id)
+        holder = Holder(str(current.version), last_loss(client, current.run_id)[1])
+    step, loss = last_loss(client, mlflow_run_id)
     decision = candidate_decision(rule, alias=alias, step=step, max_steps=max_steps, loss=loss, holder=holder)
     if decision.move:
         client.set_registered_model_alias(made.name, alias, made.version)
