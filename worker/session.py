@@ -473,6 +473,7 @@ class TrainingSession:
             if result.previous is not None and result.previous.stage_wait_s:
                 # Deferred staging: what the steps after the previous save waited for its copy.
                 self._metrics.log(result.previous.step, {"checkpoint_stage_wait_s": result.previous.stage_wait_s})
+            self._metrics.send_soon()  # and on to MLflow, without waiting for the streamer's next send
         if self.faults.due("sigkill_after_checkpoint", step):
             self.checkpoints.wait()
             self.faults.after_checkpoint(step)

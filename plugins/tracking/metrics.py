@@ -70,6 +70,13 @@ TRANSIENT_ERROR_CODES = frozenset({
 """MLflow error codes worth retrying; anything else (INVALID_PARAMETER_VALUE,
 RESOURCE_DOES_NOT_EXIST, …) will fail the same way again."""
 
+EXIT_FLUSH_S = 20.0
+"""How long a process that exits without closing its streamer waits for the unsent points. Inside
+torchrun's 30 s between the SIGTERM to a failed gang's survivors and its SIGKILL; 5 s lost every
+point of a rank that crashed before its streamer's thread had imported mlflow on a loaded node (a
+killed peer's survivor, 25 steps into the run: the loss of steps 1-10, which no attempt trains
+again, was missing). Waits only while something is unsent."""
+
 REPLAY_PREFIX = "replay/"
 """Name prefix of the points of a step the run had already logged (a resumed attempt's replay)."""
 
@@ -140,7 +147,8 @@ class MetricsStreamer:
     """Asynchronous, batched metrics logging to one MLflow run.
 
     Use one streamer per process (rank 0), as a context manager or with an explicit `close()`.
-    If the process forgets to close it, an `atexit` hook flushes for up to 5 seconds.
+    If the process forgets to close it (a rank that dies of an exception), an `atexit` hook
+    flushes for up to `EXIT_FLUSH_S`.
     """
 
     def __init__(
@@ -200,7 +208,7 @@ class MetricsStreamer:
         )
         self._thread.start()
         ref = weakref.ref(self)
-        self._atexit = lambda: (s := ref()) is not None and s.close(timeout_s=5.0)
+        self._atexit = lambda: (s := ref()) is not None and s.close(timeout_s=EXIT_FLUSH_S)
         atexit.register(self._atexit)
 
     @classmethod
@@ -240,6 +248,13 @@ class MetricsStreamer:
         marker = _Flush(threading.Event())
         self._queue.put_nowait(marker)
         return marker.done.wait(timeout_s)
+
+    def send_soon(self) -> None:
+        """Have the thread send everything logged so far now, without waiting for it (a
+        checkpoint's steps are never trained again: their points should not wait for the next
+        `flush_every_s`)."""
+        if not self._closed.is_set():
+            self._queue.put_nowait(_Flush(threading.Event()))
 
     def close(self, timeout_s: float = 30.0) -> StreamerStats:
         """Flush what is left and stop the thread, waiting at most `timeout_s`.

@@ -54,6 +54,23 @@ def test_flush_sends_without_closing(sqlite_tracking_uri: str, mlflow_run: str) 
     assert history(sqlite_tracking_uri, mlflow_run, "loss") == [(1, 2.5), (2, 2.0)]
 
 
+def test_send_soon_sends_without_waiting_for_the_next_round(sqlite_tracking_uri: str, mlflow_run: str) -> None:
+    """What a checkpoint asks: its steps' points go now, not `flush_every_s` (an hour here) later."""
+    import time
+
+    s = MetricsStreamer(sqlite_tracking_uri, mlflow_run, flush_every_s=3600)
+    try:
+        s.log(1, {"loss": 2.5})
+        s.send_soon()
+        give_up = time.monotonic() + 120
+        while s.stats.sent < 1 and time.monotonic() < give_up:
+            time.sleep(0.05)
+        assert s.stats.sent == 1
+        assert history(sqlite_tracking_uri, mlflow_run, "loss") == [(1, 2.5)]
+    finally:
+        s.close(timeout_s=60)
+
+
 def test_bad_names_and_values_are_dropped_one_by_one(sqlite_tracking_uri: str, mlflow_run: str) -> None:
     with MetricsStreamer(sqlite_tracking_uri, mlflow_run, flush_every_s=60) as s:
         s.log(0, {"loss": 1.5, "bad\nname": 1.0, "note": "not a number", "nan_loss": math.nan})
