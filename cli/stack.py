@@ -125,7 +125,9 @@ class Stack:
             from trainyard.config.settings import Settings
 
             store = Settings(home=self.home).mlflow_tracking_uri
-            return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
+            # --app-name trainyard: MLflow's server, opening on its model-training pages
+            # (`plugins/tracking/mlflow_app.py`).
+            return [sys.executable, "-m", "mlflow", "server", "--app-name", "trainyard", "--backend-store-uri", store,
                     "--default-artifact-root", (self.home / "mlartifacts").as_uri(),
                     "--host", "127.0.0.1", "--port", str(self.mlflow_port), "--workers", "1",
                     "--allowed-hosts", f"127.0.0.1:{self.mlflow_port},localhost:{self.mlflow_port}"]

@@ -46,14 +46,17 @@ def start_mlflow_server(
     *,
     port: int | None = None,
     timeout_s: float = 240,
+    app_name: str | None = "trainyard",
 ) -> MlflowServer:
-    """`mlflow server` on 127.0.0.1 with proxied artifacts; returns once `/health` answers."""
+    """`mlflow server` on 127.0.0.1 with proxied artifacts; returns once `/health` answers. Runs
+    the app the product runs (`--app-name trainyard`) unless `app_name` says otherwise."""
     port = port or procs.free_port()
     cmd = [
         sys.executable, "-m", "mlflow", "server",
         "--backend-store-uri", backend_uri,
         "--artifacts-destination", str(artifacts_dir),
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        *(["--app-name", app_name] if app_name else []),
     ]
     # The job runner (a huey consumer pool) serves GenAI jobs we never submit: leave it off.
     env = procs.test_env({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})

@@ -81,3 +81,31 @@ def test_the_run_page_opens_on_model_training_with_loss_up_front_and_links_back(
         page.screenshot(path=str(screenshots() / "mlflow-experiment-runs.png"), full_page=True)
         text = page.locator("body").inner_text()
         assert "Detect" not in text and "Token" not in text, text[:2000]  # not the GenAI overview
+
+
+def test_a_fresh_browser_at_the_root_opens_model_training_and_keeps_a_choice_of_its_own(
+        mlflow_server: MlflowServer) -> None:
+    """Someone types the server's address into a browser that never opened MLflow: the app the
+    product runs (`mlflow server --app-name trainyard`) opens on Model training, its AI assistant's
+    panel closed, and an experiment opens on its runs; a browser that switched to GenAI stays there."""
+    from trainyard.plugins.tracking.runs import client_for
+
+    uri = mlflow_server.uri
+    experiment = client_for(uri).get_run(_a_trained_run(uri, "fresh", 0.0)).info.experiment_id
+    with chromium_page() as page:
+        page.goto(uri + "/")
+        nav = page.locator("aside").first
+        nav.get_by_text("Model registry").wait_for()  # Model training's navigation (GenAI's: Prompts, AI Gateway)
+        page.wait_for_timeout(2000)  # the assistant's panel opened itself within this on a first visit
+        page.screenshot(path=str(screenshots() / "mlflow-root-fresh-browser.png"), full_page=True)
+        assert "Prompts" not in nav.inner_text(), nav.inner_text()
+        assert not page.get_by_text("Ask questions about your").is_visible()  # the assistant's panel is closed
+
+        page.goto(f"{uri}/#/experiments/{experiment}")
+        page.get_by_role("link", name="tiny-lm fresh").wait_for()  # the runs table, not GenAI's overview
+        assert "Detect" not in page.locator("body").inner_text()
+
+        page.locator("[role=button]", has_text="GenAI").click()  # the UI's own switch
+        page.goto(uri + "/")
+        nav.get_by_text("Prompts").wait_for()  # the browser's own choice wins over the default
+        assert page.evaluate("localStorage.getItem('mlflow.workflowType_v1')") == '"genai"'
