@@ -53,8 +53,8 @@ class RunOutcome(BaseModel):
         if state == "completed":
             if reason.startswith(REGISTERED_PREFIX):
                 return cls(kind="registered", reason=reason, state=state)
-            for head in ("completed — ", "completed, not registered — ", "completed: "):
-                reason = reason.removeprefix(head)
+            for head in ("completed — ", "completed, not registered — ", "completed: ", "not registered: "):
+                reason = reason.removeprefix(head)  # the head says it once: "completed, not registered — why"
             return cls(kind="not_registered", reason=reason or "nothing to register", state=state)
         if state in ("failed", "cancelled"):
             return cls(kind=state, reason=reason.removeprefix(f"{state} — "), state=state)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ activity)."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import pytest
@@ -78,16 +79,20 @@ def test_a_stock_torchrun_script_runs_unchanged_to_an_honest_green_not_registere
 
     import urllib.request
 
+    from trainyard.plugins.recovery.outcome import outcome_line
+
+    said = outcome_line(info.state, info.final_reason)  # "completed, not registered — the script wrote no …"
+    assert said.startswith("completed, not registered — the script wrote no Trainyard checkpoint"), said
     view = f"{shared.client.url}/trainyard/dags/{JOB}/runs/{urllib.parse.quote(attempt.dag_run_id, safe='')}"
     with urllib.request.urlopen(view, timeout=30) as page:  # the Trainyard view says the same
-        assert NOT_REGISTERED in page.read().decode(), view
+        assert html.escape(said, quote=False) in page.read().decode(), view
     from tests.support.browser import chromium_page, screenshots
 
     with chromium_page() as browser:  # as a person sees it: the DAG run's Trainyard tab in Airflow
         browser.goto(f"{shared.stack.url}/dags/{JOB}/runs/{urllib.parse.quote(attempt.dag_run_id, safe='')}"
                      "/plugin/trainyard-run", wait_until="networkidle")
         tab = browser.frame_locator('iframe[title="Trainyard"]')
-        tab.get_by_text(NOT_REGISTERED).first.wait_for()
+        tab.get_by_text(said).first.wait_for()
         browser.screenshot(path=str(screenshots() / "plain-script-run-tab.png"), full_page=True)
 
     assert (team / "snapshot.pt").is_file()  # its working directory is its own folder

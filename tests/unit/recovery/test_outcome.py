@@ -13,9 +13,10 @@ from trainyard.plugins.recovery.outcome import RunOutcome, outcome_line
      "completed and registered — registered demo version 3 from step 200; candidate moved: no version held it",
      0, "success", "FINISHED"),
     ("completed", f"completed — {NOT_REGISTERED}", "not_registered",
-     f"completed, not registered — {NOT_REGISTERED}", 0, "success", "FINISHED"),
+     "completed, not registered — the script wrote no Trainyard checkpoint (a plain script; see "
+     "docs/bring-your-own.md)", 0, "success", "FINISHED"),
     ("completed", f"completed — {REGISTRATION_OFF} (the trigger's register_model Param)", "not_registered",
-     f"completed, not registered — {REGISTRATION_OFF} (the trigger's register_model Param)", 0, "success", "FINISHED"),
+     "completed, not registered — registration is off (the trigger's register_model Param)", 0, "success", "FINISHED"),
     ("failed", "registration failed: MlflowException: no such bucket", "failed",
      "failed — registration failed: MlflowException: no such bucket", 1, "failed", "FAILED"),
     ("cancelled", "stopped on request (user: ana)", "cancelled", "cancelled — stopped on request (user: ana)",
