@@ -22,6 +22,7 @@ from trainyard.plugins.control_room.model import RunSummary
 from trainyard.plugins.control_room.render import page, state_badge
 from trainyard.plugins.recovery.model import FINAL_LIFECYCLE_STATES
 from trainyard.plugins.recovery.outcome import RunOutcome
+from trainyard.plugins.tracking.metrics import series_key
 
 if TYPE_CHECKING:
     from trainyard.plugins.state.jobs import JobStateStore, RunInfo
@@ -82,7 +83,7 @@ def _mlflow_figures(run_ids: list[str], tracking_uri: str) -> tuple[dict[str, di
         figures: dict[str, dict[str, Any]] = {}
         for run in found:
             m = run.data.metrics
-            figures[run.info.run_id] = {"loss": m.get("loss"), COST_METRIC: m.get(COST_METRIC)}
+            figures[run.info.run_id] = {"loss": m.get("loss"), COST_METRIC: m.get(series_key(COST_METRIC))}
             if "loss" in m:  # the last step of the loss series: one more read, only for runs that have one
                 figures[run.info.run_id]["steps"] = last_loss(client, run.info.run_id)[0]
         return figures, ""

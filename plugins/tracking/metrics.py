@@ -36,6 +36,7 @@ training process should not pay before its first step, and importing this module
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import math
 import queue
@@ -85,23 +86,41 @@ SYSTEM_PREFIX = "system/"
 drawn against wall time; everything else is on the Model metrics tab)."""
 AUXILIARY_PREFIXES = ("checkpoint/", "data/", "data_quality/", "recovery/")
 AUXILIARY_NAMES = frozenset({"checkpoint_blocking_s", "data_stall_s", "recovery_events", "trainyard.attempt"})
-"""The platform's own series: checkpoints, the data pipeline, recoveries, attempts. The cost
-figures (`cost.RUN_COST_METRICS`, one point each) keep the names of the cost reports' columns."""
+"""The platform's own series: checkpoints, the data pipeline, recoveries, attempts; and the cost
+figures (`cost.RUN_COST_METRICS`, one point each at step 0: a table column, not a curve)."""
+
+RENAMED = {"grad_norm": "total_grad_norm"}
+"""Training series whose MLflow key is not the name the worker gives them. MLflow sorts a tab's
+charts by key, in code-point order, and `loss` is to be the first chart a person sees on a run's
+page: `grad_norm` sorted before it. It is the total norm of the parameters' gradients (what
+`clip_grad_norm_` returns), as its key now says."""
 
 
 def series_key(name: str) -> str:
     """The MLflow key of a series: the platform's auxiliary ones under `system/`, the training's
-    own (`loss`, `lr`, `tokens_per_s`, a script's `report(**metrics)`) as they are.
+    own (`loss`, `lr`, `tokens_per_s`, a script's `report(**metrics)`) as they are but for
+    `RENAMED`.
 
     Why: MLflow 3.17's run page sorts the Model metrics tab into sections by key prefix, every
     prefixed section first (alphabetically) and the unprefixed `loss` last (issue 57: `loss` came
     after `checkpoint/loss`, `checkpoint/step` and flat `data/cache_*` charts), and it keeps a
     chart layout only in the browser's local storage, so no layout can be saved for a person.
     Under `system/` the platform's series fold into the System metrics tab and the Model metrics
-    tab holds the training's curves alone."""
-    if name.startswith(SYSTEM_PREFIX) or not (name in AUXILIARY_NAMES or name.startswith(AUXILIARY_PREFIXES)):
+    tab holds the training's curves alone, `loss` first (seen in Chromium:
+    `tests/integration/tracking/test_mlflow_ui.py`)."""
+    if name in RENAMED:
+        return RENAMED[name]
+    if name.startswith(SYSTEM_PREFIX) or not (
+            name in AUXILIARY_NAMES or name.startswith(AUXILIARY_PREFIXES) or name in _cost_names()):
         return name
     return SYSTEM_PREFIX + name
+
+
+@functools.cache
+def _cost_names() -> frozenset[str]:
+    from trainyard.plugins.tracking.cost import RUN_COST_METRICS  # pydantic models: not at import
+
+    return frozenset(RUN_COST_METRICS)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """MLflow's UI as a person meets a Trainyard run in it, in Debian's Chromium against a real
 `mlflow server` (3.17): the experiment opens on its model-training pages (no GenAI traces, token
 usage or "Detect issues"), the run page's Model metrics tab holds the training's curves with
-`loss` among its first row and none of the platform's series (`series_key` files those under
+`loss` first and none of the platform's series or cost figures (`series_key` files those under
 System metrics), and the description links back to Airflow and the Trainyard view. Screenshots
 are kept (`tests.support.browser.screenshots`)."""
 
@@ -34,6 +34,7 @@ def _a_trained_run(uri: str, trigger: str, offset: float) -> str:
         runs.log_metrics(client, rid, {"loss": 4.0 - 0.2 * step - offset, "lr": 1e-3, "grad_norm": 1.0,
                                        "tokens_per_s": 5000.0 + step, "data/cache_hit_rate": 1.0,
                                        "data_stall_s": 0.01}, step=step)
+    runs.log_metrics(client, rid, {"idle_pct": 2.0, "total_cost_usd": 0.5}, step=0)  # what a closed run's cost logs
     runs.log_checkpoint(rid, f"file:///ckpt/{trigger}/step-00000008/MANIFEST.json", "a" * 64, 8, {"loss": 2.4},
                         tracking_uri=uri)
     links = RunLinks(dag_runs=[(f"attempt 0: DAG run {trigger}__attempt-0",
@@ -57,12 +58,13 @@ def test_the_run_page_opens_on_model_training_with_loss_up_front_and_links_back(
         page.goto(mlflow_run_url(uri, experiment, first, tab="model-metrics"))
         charts = page.locator("h4[title]")
         charts.filter(has_text="tokens_per_s").wait_for()
+        page.wait_for_timeout(2000)  # the charts draw their lines
         page.screenshot(path=str(screenshots() / "mlflow-run-model-metrics.png"), full_page=True)
         titles = charts.evaluate_all("hs => hs.map(h => h.title)")
-        # MLflow sorts a section's charts by name: the gradient norm sorts before the loss
-        assert titles == ["grad_norm", "loss", "lr", "tokens_per_s"], titles
+        # MLflow sorts a section's charts by key: `loss` first (`metrics.RENAMED`), no prefixed section
+        assert titles == ["loss", "lr", "tokens_per_s", "total_grad_norm"], titles
 
-        assert {"system/data_stall_s", "system/data/cache_hit_rate", "system/checkpoint/step"} <= set(
+        assert {"system/data_stall_s", "system/data/cache_hit_rate", "system/checkpoint/step", "system/idle_pct"} <= set(
             client.get_run(first).data.metrics)  # the platform's series: on the System metrics tab
         page.goto(mlflow_run_url(uri, experiment, first, tab="system-metrics"))
         page.wait_for_timeout(3000)

@@ -15,7 +15,7 @@ from trainyard.plugins.run.records import DIVERGED_FILE, DivergenceRecord, read_
 
 pytestmark = pytest.mark.slow
 
-STREAMED = {"loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "system/data_stall_s", "mfu"}
+STREAMED = {"loss", "total_grad_norm", "lr", "tokens_per_s", "step_time_s", "system/data_stall_s", "mfu"}
 
 
 def test_nan_loss_exits_diverged_with_flagged_heartbeats(s3_object_store: tuple[str, str],

@@ -151,7 +151,7 @@ def test_chargeback_callable_writes_csv_html_and_an_mlflow_run(env: object) -> N
     assert [(r["team"], r["project"], float(r["total_gpu_hours"])) for r in rows] == [("acct", "p1", 16.0)]
     assert "acct" in Path(out["html"]).read_text()
     logged = MlflowClient(uri).get_run(out["mlflow_run_id"])
-    assert logged.data.metrics["total_gpu_hours"] == pytest.approx(16.0)
+    assert logged.data.metrics["system/total_gpu_hours"] == pytest.approx(16.0)
     empty = chargeback_report("2026-10-01T00:00:00", "2026-10-02T00:00:00", log_to_mlflow=False)
     assert (empty["rows"], empty["mlflow_run_id"]) == (0, "")
 

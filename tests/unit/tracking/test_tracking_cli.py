@@ -96,7 +96,7 @@ def test_cost_report_from_json_writes_csv_and_html_and_logs_to_mlflow(
     run = client.get_run(result["mlflow_run_id"])
     assert client.get_experiment(run.info.experiment_id).name == "trainyard/chargeback"
     assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["chargeback.csv", "chargeback.html"]
-    assert run.data.metrics["total_cost_usd"] == pytest.approx(sum(r["total_cost_usd"] for r in result["rows"]))
+    assert run.data.metrics["system/total_cost_usd"] == pytest.approx(sum(r["total_cost_usd"] for r in result["rows"]))
     # A month with no job
     assert main(["cost", "report", "--from-json", str(records), "--month", "2026-10"]) == 0
     assert "no jobs in 2026-10" in capsys.readouterr().out
@@ -203,4 +203,5 @@ def test_one_name_per_quantity_across_params_metrics_and_reports(tmp_path: Path)
                               training_s=10, run_id=rid)
     cost.log_job_cost(rid, acct, cost.job_cost(acct), tracking_uri=uri)
     logged = set(runs.client_for(uri).get_run(rid).data.metrics)
-    assert set(cost.RUN_COST_METRICS) <= logged and set(cost.RUN_COST_METRICS) <= set(cost.CSV_COLUMNS)
+    # the same names, on the System metrics tab (`metrics.series_key`)
+    assert {f"system/{n}" for n in cost.RUN_COST_METRICS} <= logged and set(cost.RUN_COST_METRICS) <= set(cost.CSV_COLUMNS)

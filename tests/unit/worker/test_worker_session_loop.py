@@ -252,5 +252,5 @@ def test_mlflow_gets_the_loss_of_every_step_and_the_other_figures_once_per_windo
     session.close()  # closes the open window: its last steps are not lost
     client = MlflowClient(sqlite_tracking_uri)
     assert [m.step for m in client.get_metric_history(mlflow_run, "loss")] == [1, 2, 3, 4]
-    for key in ("tokens_per_s", "step_time_s", "grad_norm", "lr", "system/data_stall_s"):
+    for key in ("tokens_per_s", "step_time_s", "total_grad_norm", "lr", "system/data_stall_s"):
         assert [m.step for m in client.get_metric_history(mlflow_run, key)] == [4], key
