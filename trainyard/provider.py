@@ -41,5 +41,7 @@ def get_provider_info() -> dict[str, Any]:
             "trainyard.operators.links.TrainyardViewLink",
             "trainyard.operators.links.ModelVersionLink",
         ],
-        "plugins": [{"name": "trainyard", "plugin-class": "trainyard.plugins.trainyard_plugin.TrainyardPlugin"}],
+        "plugins": [{"name": "trainyard", "plugin-class": "trainyard.plugins.trainyard_plugin.TrainyardPlugin"},
+                    {"name": "trainyard-marked-failed",
+                     "plugin-class": "trainyard.sensors.marked_failed.MarkedFailedPlugin"}],
     }

@@ -169,3 +169,36 @@ def _mark_failed_and_check(s: RunningStack, dag_run_id: str, handle: object) -> 
         ended = s.until("the DAG run marked failed again",
                         lambda: s.client.dag_run(DAG_ID, dag_run_id)["state"] == "failed" and "failed", timeout_s=60)
     assert ended == "failed"
+
+
+def test_a_dag_run_marked_failed_while_no_triggerer_is_up_still_stops_its_gang(shared: RunningStack) -> None:
+    """The triggerer is down when the person marks the DAG run failed: nobody calls the trigger's
+    `on_kill`, and Airflow's API server's listener (`sensors/marked_failed.py`) stops the gang once
+    the triggerer has had its time; the run ends `cancelled`, saying why."""
+    from trainyard.plugins.attempt import watching
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.run.exit_codes import PREEMPTED
+    from trainyard.plugins.run.records import STOP_REASON_FILE, StopReason
+    from trainyard.plugins.state.jobs import JobStateStore
+
+    s = shared
+    dag_run_id, handle = _start(s)
+    s.stack.stop("triggerer")
+    try:
+        s.client.set_state(DAG_ID, dag_run_id, "failed")
+        s.until("the ranks to stop", lambda: watching.poll(handle, Runtime(s.settings)).finished, timeout_s=120)
+        reason = json.loads(Path(handle.run_dir, STOP_REASON_FILE).read_text())
+        assert reason["reason"] == "requested" and "no triggerer was up" in reason["detail"], reason
+        status = watching.poll(handle, Runtime(s.settings))
+        assert PREEMPTED in {r.exit_code for r in status.ranks}, status  # the emergency checkpoint was written
+        info = s.until("the run to be cancelled",
+                       lambda: (i := JobStateStore(s.settings.state_db).get_run(DAG_ID, handle.run)).final and i,
+                       timeout_s=60)
+        assert info.state == "cancelled" and "marked failed in Airflow" in info.final_reason, info
+        assert _mlflow_status(s, info.mlflow_run_id) == "cancelled"
+        note = s.until("the DAG run's note", lambda: s.client.dag_run(DAG_ID, dag_run_id).get("note"), timeout_s=60)
+        assert "cancelled" in note and "no triggerer was up" in note, note
+    finally:  # the shared stack's next test finds its triggerer and no gang of this one
+        s.stack.start("triggerer")
+        watching.stop_gang(handle, StopReason(reason="requested", detail="test cleanup"), Runtime(s.settings),
+                           grace_s=5)

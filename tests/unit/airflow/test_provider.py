@@ -45,8 +45,10 @@ def test_the_extra_links_and_the_plugin_resolve() -> None:
     links = [_load(path) for path in info["extra-links"]]
     assert all(issubclass(link, BaseOperatorLink) for link in links)
     assert {link.name for link in links} == {"MLflow run", "Trainyard view", "Model version"}
-    ((plugin,),) = [[_load(p["plugin-class"]) for p in info["plugins"]]]
-    assert issubclass(plugin, AirflowPlugin) and plugin.name == "trainyard"
+    plugins = [_load(p["plugin-class"]) for p in info["plugins"]]
+    assert all(issubclass(plugin, AirflowPlugin) for plugin in plugins)
+    assert [plugin.name for plugin in plugins] == [p["name"] for p in info["plugins"]] == ["trainyard", "trainyard-marked-failed"]
+    assert [m.__name__ for m in plugins[1].listeners] == ["trainyard.sensors.marked_failed"]
 
 
 def test_the_installed_distribution_declares_the_provider_and_its_plugin() -> None:
@@ -56,8 +58,9 @@ def test_the_installed_distribution_declares_the_provider_and_its_plugin() -> No
     provider = {p.name: p.value for p in points if p.group == "apache_airflow_provider"}
     plugins = {p.name: p.value for p in points if p.group == "airflow.plugins"}
     assert provider == {"provider_info": "trainyard.provider:get_provider_info"}
-    assert plugins == {"trainyard": "trainyard.plugins.trainyard_plugin:TrainyardPlugin"}
-    assert plugins["trainyard"].replace(":", ".") == get_provider_info()["plugins"][0]["plugin-class"]
+    assert plugins == {"trainyard": "trainyard.plugins.trainyard_plugin:TrainyardPlugin",
+                       "trainyard-marked-failed": "trainyard.sensors.marked_failed:MarkedFailedPlugin"}
+    assert {v.replace(":", ".") for v in plugins.values()} == {p["plugin-class"] for p in get_provider_info()["plugins"]}
 
 
 def test_the_embedded_airflow_reads_the_one_dag_file_and_an_empty_plugins_folder(tmp_path: Path) -> None:
