@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from airflow.sdk.definitions.retry_policy import ExceptionRetryPolicy, RetryAction, RetryRule
 
@@ -41,6 +41,16 @@ RETRY_POLICY = ExceptionRetryPolicy(rules=[
     RetryRule(exception="trainyard.plugins.errors.TransientError", action=RetryAction.RETRY,
               retry_delay=timedelta(seconds=5), reason="transient: the world was not ready; retrying"),
 ])
+
+
+def fail_plainly(message: str) -> NoReturn:
+    """End the running task failed with `message` and no traceback. For the tasks whose failure
+    is the verdict, not an error (`attempt_failed`, `give_up`, `cancelled`: their diagnosis is
+    logged just before): Airflow's task runner logs a traceback with every exception but
+    `SystemExit`, which it logs as one line, `Task exited exit_code=<message>` — a traceback of
+    our own `raise` was what a person saw under the diagnosis in "Recent failed task logs". A
+    `SystemExit` is retried like any failure: the callers have `retries=0`."""
+    raise SystemExit(message)
 
 
 def task_defaults(owner: str = "trainyard") -> dict[str, Any]:

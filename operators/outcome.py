@@ -16,6 +16,7 @@ from airflow.sdk import BaseBranchOperator, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from trainyard.operators.common import (
+    fail_plainly,
     note_dag_run,
     opened_of,
     pull,
@@ -187,7 +188,8 @@ class GiveUpOperator(BaseOperator):
         mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
         if mlflow_run_id:  # the loss plot, the timeline and the cost of what was spent
             close(opened, mlflow_run_id, runtime(), status="failed")
-        raise AirflowFailException(f"run {opened.conf.run} gave up: {_action(context).reason}\nattempts:\n{lines}")
+        self.log.error("attempts:\n%s", lines)
+        fail_plainly(f"run {opened.conf.run} gave up: {_action(context).reason}")
 
 
 class CancelledOperator(BaseOperator):
@@ -198,7 +200,7 @@ class CancelledOperator(BaseOperator):
 
     def execute(self, context: Context) -> None:
         run = opened_of(context).conf.run
-        raise AirflowFailException(f"run {run} was cancelled: {_action(context).reason}")
+        fail_plainly(f"run {run} was cancelled: {_action(context).reason}")
 
 
 class AttemptFailedOperator(BaseOperator):
@@ -216,8 +218,8 @@ class AttemptFailedOperator(BaseOperator):
         action = _action(context)
         for line in diagnosis_lines(report, action):  # the diagnosis is what a person lands on
             self.log.error("%s", line)
-        raise AirflowFailException(f"attempt {report.attempt} of run {report.run}: {report.outcome} — "
-                                   f"{action.kind} handed to attempt {report.attempt + 1} (diagnosis above)")
+        fail_plainly(f"attempt {report.attempt} of run {report.run}: {report.outcome} — "
+                     f"{action.kind} handed to attempt {report.attempt + 1} (diagnosis above)")
 
 
 class ResumeNextAttemptOperator(TriggerDagRunOperator):

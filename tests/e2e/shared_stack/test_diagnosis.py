@@ -46,6 +46,7 @@ def test_a_crashed_attempt_reads_as_a_diagnosis_and_the_next_says_where_it_resum
     for line in report.log_tail:  # the failing rank's last lines, as the evidence read them
         assert f"  | {line}" in failed
     assert "worker_crash — restart handed to attempt 1 (diagnosis above)" in failed
+    assert "Traceback" not in failed, failed  # the verdict, not a framework traceback under it
 
     assert "fresh start" in task_log(shared, first_id, "launch_training")
     assert "resuming from step 50" in task_log(shared, attempts[1].dag_run_id, "launch_training")
