@@ -199,8 +199,13 @@ class CancelledOperator(BaseOperator):
     ui_color = "#d5d8dc"
 
     def execute(self, context: Context) -> None:
-        run = opened_of(context).conf.run
-        fail_plainly(f"run {run} was cancelled: {_action(context).reason}")
+        from trainyard.plugins.attempt.steps import close
+
+        opened = opened_of(context)
+        mlflow_run_id = context["ti"].xcom_pull(task_ids=LAUNCH, key="mlflow_run_id")
+        if mlflow_run_id:  # the loss plot, the timeline and the cost up to the stop, as give_up's
+            close(opened, mlflow_run_id, runtime(), status="cancelled")
+        fail_plainly(f"run {opened.conf.run} was cancelled: {_action(context).reason}")
 
 
 class AttemptFailedOperator(BaseOperator):

@@ -123,6 +123,10 @@ def test_the_view_of_a_live_run_updates_on_its_own_and_its_stop_button_stops_it(
     assert [(a.outcome, a.action) for a in attempts] == [("cancelled", "cancel")], f"{attempts}\n{s.logs()}"
     note = s.client.dag_run(DAG_ID, dag_run_id).get("note") or ""
     assert "cancelled" in note and "from the Trainyard view" in note, note
+    from trainyard.plugins.tracking.runs import client_for
+
+    closed = client_for(s.settings.mlflow_tracking_uri).get_run(info.mlflow_run_id)  # `cancelled` closed it
+    assert "system/total_cost_usd" in closed.data.metrics and closed.info.status == "KILLED", closed.info
 
 
 def test_marking_a_live_dag_run_failed_stops_its_ranks_within_a_poll(shared: RunningStack) -> None:
