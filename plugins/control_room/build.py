@@ -501,12 +501,13 @@ def _devices(attempt: AttemptInfo, layouts: dict[int, tuple[str, str]]) -> int:
 
 
 def _timing(ctx: _Context, report: Any, devices: int) -> Any:
+    from trainyard.plugins.tracking.metrics import replay_key
     from trainyard.plugins.tracking.recovery_timing import recovery_timing
 
     trained_again = None
     if report.resume_step is not None:
         after_ms = report.detected_at.timestamp() * 1000
-        for key in ("replay/loss", "loss"):  # the replayed steps come first when steps were lost
+        for key in (replay_key("loss"), "loss"):  # the replayed steps come first when steps were lost
             first = next((t for step, _, t in _points(ctx, key) if step > report.resume_step and t >= after_ms), None)
             if first is not None:
                 trained_again = datetime.fromtimestamp(first / 1000, UTC)

@@ -10,7 +10,7 @@ run has the same files:
 | `spec/<job>.yaml` | `log_start_artifacts` | the TrainingJob as run (credential-like env redacted) |
 | `plan/explanation.txt`, `plan/explanation.json` | `log_start_artifacts` | the plan in words and as JSON, with the advisor's alternatives and rejections |
 | `data_quality/report.json`, `data_quality/report.html` | `log_start_artifacts` (given a report) | the data-quality checks and their failing rows |
-| `plots/loss.png` | `log_end_artifacts` | `loss` by step from the run itself, `replay/loss` (steps a resumed attempt recomputed) dotted, a line at each recovery event |
+| `plots/loss.png` | `log_end_artifacts` | `loss` by step from the run itself, `loss.replay` (steps a resumed attempt recomputed) dotted, a line at each recovery event |
 | `recovery/timeline.json`, `recovery/timeline.txt` | `log_end_artifacts` | the recovery events the run recorded with what each cost (detection, restart, time to train again, steps and device-hours lost), and the caller's own timeline if it has one |
 
 Logging the same artifact again replaces it (a retried task, a resumed attempt): each file is
@@ -228,15 +228,15 @@ tr.fail td:first-child {{ color: #b00; }} tr.ok td:first-child {{ color: #070; }
 
 def loss_plot(client: MlflowClient, run_id: str, path: Path, *, events: Sequence[RecoveryEvent] = (),
               title: str | None = None) -> Path | None:
-    """`loss` by step, `replay/loss` dotted over it, a dashed line at each recovery event's step.
+    """`loss` by step, `loss.replay` dotted over it, a dashed line at each recovery event's step.
     None when the run has no `loss` (a job that failed before its first step)."""
-    from trainyard.plugins.tracking.metrics import REPLAY_PREFIX
+    from trainyard.plugins.tracking.metrics import replay_key
 
     loss = _series(client, run_id, "loss")
     if not loss:
         log.info("run %s has no loss metric yet: no loss plot", run_id)
         return None
-    replay = _series(client, run_id, REPLAY_PREFIX + "loss")
+    replay = _series(client, run_id, replay_key("loss"))
     import matplotlib
 
     matplotlib.use("Agg")

@@ -25,8 +25,8 @@ outage is acceptable, a training step blocked or crashed by tracking is not. So:
 the failed attempt had already logged (checkpoint at 100, crash at 120: steps 101–120 twice).
 MLflow cannot delete a point, and two `loss` values at one step draw a zig-zag. So, by
 default (`mark_replay=True`), the streamer reads once, when it starts, the last step each key
-already has in the run, and logs a point at or below it as `replay/<key>`: `loss` keeps one
-value per step (the first attempt's, the one the crash interrupted), and `replay/loss` shows
+already has in the run, and logs a point at or below it as `<key>.replay`: `loss` keeps one
+value per step (the first attempt's, the one the crash interrupted), and `loss.replay` shows
 the recomputed stretch beside it — which, for a deterministic resume, overlays it exactly.
 
 mlflow is imported in the background thread: importing it costs about a second, which a
@@ -78,8 +78,19 @@ point of a rank that crashed before its streamer's thread had imported mlflow on
 killed peer's survivor, 25 steps into the run: the loss of steps 1-10, which no attempt trains
 again, was missing). Waits only while something is unsent."""
 
-REPLAY_PREFIX = "replay/"
-"""Name prefix of the points of a step the run had already logged (a resumed attempt's replay)."""
+REPLAY_SUFFIX = ".replay"
+"""Name suffix of the points of a step the run had already logged (a resumed attempt's replay).
+A suffix, not a prefix: MLflow sorts `loss.replay` right after `loss`, where a `replay/` prefix
+made a section of its own above the Model metrics (seen in Chromium)."""
+
+
+def replay_key(key: str) -> str:
+    """The key of `key`'s replayed points: `loss` → `loss.replay`."""
+    return key + REPLAY_SUFFIX
+
+
+def is_replay(key: str) -> bool:
+    return key.endswith(REPLAY_SUFFIX)
 
 SYSTEM_PREFIX = "system/"
 """MLflow's prefix for the run page's System metrics tab (its UI files every key under it there,
@@ -107,13 +118,15 @@ def series_key(name: str) -> str:
     chart layout only in the browser's local storage, so no layout can be saved for a person.
     Under `system/` the platform's series fold into the System metrics tab and the Model metrics
     tab holds the training's curves alone, `loss` first (seen in Chromium:
-    `tests/integration/tracking/test_mlflow_ui.py`)."""
+    `tests/integration/tracking/test_mlflow_ui.py`). One level under it (`checkpoint/step` →
+    `system/checkpoint.step`): the experiment's chart comparison makes a section of every
+    `system/<group>/` and puts those sections above Model metrics."""
     if name in RENAMED:
         return RENAMED[name]
     if name.startswith(SYSTEM_PREFIX) or not (
             name in AUXILIARY_NAMES or name.startswith(AUXILIARY_PREFIXES) or name in _cost_names()):
         return name
-    return SYSTEM_PREFIX + name
+    return SYSTEM_PREFIX + name.replace("/", ".")
 
 
 @functools.cache
@@ -365,10 +378,10 @@ class MetricsStreamer:
                         "steps, if any, are logged under their own names", self.run_id, e)
             return {}
         # `_metric_objs`: the latest points with their steps (`data.metrics` keeps only values).
-        through = {m.key: int(m.step) for m in run.data._metric_objs if not m.key.startswith(REPLAY_PREFIX)}
+        through = {m.key: int(m.step) for m in run.data._metric_objs if not is_replay(m.key)}
         if through and max(through.values()) > 0:  # step 0 alone (the run's start figures) is no replay
             logger.info("MLflow metrics for run %s: steps up to %d already logged; a replay of them "
-                        "is logged as %s<key>", self.run_id, max(through.values()), REPLAY_PREFIX)
+                        "is logged as <key>%s", self.run_id, max(through.values()), REPLAY_SUFFIX)
         return through
 
     def _drain_into(self, pending: list[Metric]) -> None:
@@ -403,7 +416,7 @@ class MetricsStreamer:
             key = series_key(key)
             # a platform series is drawn against wall time (System metrics): a replay draws no zig-zag there
             if step <= self._logged_through.get(key, -1) and not key.startswith(SYSTEM_PREFIX):
-                key = REPLAY_PREFIX + key
+                key = replay_key(key)
                 with self._lock:
                     self._replayed += 1
             out.append(Metric(key=key, value=value, timestamp=ts, step=step))

@@ -3,7 +3,7 @@
 A recovery event (`runs.log_recovery_event`) knows its detection; the restart is written into
 it when the next gang starts (`runs.log_recovery_timings(attempt=…)`). The time to train again
 needs the next attempt's first step after its restore, which only the run's own points show:
-the first `replay/loss` (or `loss`) point above the resume step, logged after the detection.
+the first `loss.replay` (or `loss`) point above the resume step, logged after the detection.
 `record_recovery_costs` reads those at the run's end and writes, per event, the figures of
 `trainyard.plugins.tracking.recovery_timing` — into the event's record, as metrics at the failure's step
 (`recovery/time_to_train_again_s`, `recovery/device_hours_lost`), and their sum as the tag
@@ -28,7 +28,7 @@ detection where nothing later was measured)."""
 
 def record_recovery_costs(run_id: str, *, tracking_uri: str) -> list[RecoveryEvent]:
     """Measure and record each event's costs (see the module docstring); returns the events."""
-    from trainyard.plugins.tracking.metrics import REPLAY_PREFIX
+    from trainyard.plugins.tracking.metrics import replay_key
     from trainyard.plugins.tracking.recovery_timing import recovery_timing
     from trainyard.plugins.tracking.runs import (
         client_for,
@@ -43,7 +43,7 @@ def record_recovery_costs(run_id: str, *, tracking_uri: str) -> list[RecoveryEve
         return []
     run = client.get_run(run_id)
     devices = int(run.data.params.get("spec.hardware.gpuCount", "1") or 1)
-    points = {key: _points(client, run_id, key) for key in (REPLAY_PREFIX + "loss", "loss")}
+    points = {key: _points(client, run_id, key) for key in (replay_key("loss"), "loss")}
     step_times = [m.value for m in client.get_metric_history(run_id, "step_time_s")]
     step_time = statistics.median(step_times) if step_times else None
     out = []

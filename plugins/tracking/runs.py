@@ -606,7 +606,8 @@ def _checkpoint_models(client: MlflowClient, experiment_id: str, run_id: str, *,
 
 
 def _as_checkpoint(model: LoggedModel) -> LoggedCheckpoint:
-    prefixes = (series_key("checkpoint/"), "checkpoint/")  # the second: runs recorded before issue 57
+    # the others: runs recorded before (`system/checkpoint/…`, and before issue 57 `checkpoint/…`)
+    prefixes = (series_key("checkpoint/"), "system/checkpoint/", "checkpoint/")
     metrics = {}
     for m in model.metrics or []:
         prefix = next((p for p in prefixes if m.key.startswith(p)), None)

@@ -181,18 +181,18 @@ def test_nan_rolls_back_to_a_checkpoint_before_the_onset_and_the_loss_stays_fini
     assert (report.onset_step, report.resume_step, report.steps_lost) == (17, 15, report.step - 15)
     assert report.time_to_detect_s is not None and report.time_to_resume_s is not None  # job state
     # Every loss the resumed attempt logged is finite. The steps it trained again (16, 17) are
-    # logged as `replay/loss` (`trainyard.plugins.tracking.metrics`: `loss` keeps the first attempt's
+    # logged as `loss.replay` (`trainyard.plugins.tracking.metrics`: `loss` keeps the first attempt's
     # point of a step, the NaN at 17 included); the later ones as `loss`.
     from trainyard.plugins.run.model import RunHandle
 
     resumed = RunHandle.model_validate(stack.client.xcom(JOB, attempts[1].dag_run_id, "launch_training"))
     since_ms = resumed.created_at.timestamp() * 1000
     after = sorted((m.step, m.value) for m in _metric(stack, run, "loss") if m.timestamp >= since_ms)
-    replayed = sorted((m.step, m.value) for m in _metric(stack, run, "replay/loss"))
+    replayed = sorted((m.step, m.value) for m in _metric(stack, run, "loss.replay"))
     assert [step for step, _ in replayed + after] == list(range(16, STEPS + 1)), (replayed, after)
     assert all(math.isfinite(v) for _, v in replayed + after), (replayed, after)
-    assert [m.value for m in _metric(stack, run, "system/recovery/steps_lost")] == [float(report.steps_lost)]
-    assert _metric(stack, run, "system/recovery/time_to_resume_s")  # MLflow
+    assert [m.value for m in _metric(stack, run, "system/recovery.steps_lost")] == [float(report.steps_lost)]
+    assert _metric(stack, run, "system/recovery.time_to_resume_s")  # MLflow
     _assert_nothing_deleted(stack, run, STEPS)
 
 

@@ -27,6 +27,7 @@ def _a_trained_run(uri: str, trigger: str, offset: float) -> str:
         run_description,
         set_run_description,
     )
+    from trainyard.plugins.tracking.metrics import replay_key
 
     rid = runs.start_or_resume_run(make_job("tiny-lm"), make_plan(), tracking_uri=uri, attempt=0, trigger_id=trigger)
     client = runs.client_for(uri)
@@ -35,6 +36,8 @@ def _a_trained_run(uri: str, trigger: str, offset: float) -> str:
                                        "tokens_per_s": 5000.0 + step, "data/cache_hit_rate": 1.0,
                                        "data_stall_s": 0.01}, step=step)
     runs.log_metrics(client, rid, {"idle_pct": 2.0, "total_cost_usd": 0.5}, step=0)  # what a closed run's cost logs
+    for step in range(5, 9):  # a resumed attempt's recomputed steps (`MetricsStreamer`'s replay marking)
+        runs.log_metrics(client, rid, {replay_key("loss"): 4.0 - 0.2 * step - offset}, step=step)
     runs.log_checkpoint(rid, f"file:///ckpt/{trigger}/step-00000008/MANIFEST.json", "a" * 64, 8, {"loss": 2.4},
                         tracking_uri=uri)
     links = RunLinks(dag_runs=[(f"attempt 0: DAG run {trigger}__attempt-0",
@@ -62,9 +65,9 @@ def test_the_run_page_opens_on_model_training_with_loss_up_front_and_links_back(
         page.screenshot(path=str(screenshots() / "mlflow-run-model-metrics.png"), full_page=True)
         titles = charts.evaluate_all("hs => hs.map(h => h.title)")
         # MLflow sorts a section's charts by key: `loss` first (`metrics.RENAMED`), no prefixed section
-        assert titles == ["loss", "lr", "tokens_per_s", "total_grad_norm"], titles
+        assert titles == ["loss", "loss.replay", "lr", "tokens_per_s", "total_grad_norm"], titles
 
-        assert {"system/data_stall_s", "system/data/cache_hit_rate", "system/checkpoint/step", "system/idle_pct"} <= set(
+        assert {"system/data_stall_s", "system/data.cache_hit_rate", "system/checkpoint.step", "system/idle_pct"} <= set(
             client.get_run(first).data.metrics)  # the platform's series: on the System metrics tab
         page.goto(mlflow_run_url(uri, experiment, first, tab="system-metrics"))
         page.wait_for_timeout(3000)
@@ -83,6 +86,16 @@ def test_the_run_page_opens_on_model_training_with_loss_up_front_and_links_back(
         page.screenshot(path=str(screenshots() / "mlflow-experiment-runs.png"), full_page=True)
         text = page.locator("body").inner_text()
         assert "Detect" not in text and "Token" not in text, text[:2000]  # not the GenAI overview
+
+        # the two runs compared in charts: `loss` first, its replay beside it, the platform's below
+        page.goto(f"{uri}/#/experiments/{experiment}/runs?compareRunsMode=CHART&workflowType=machine_learning")
+        compared = page.locator("h4[title]")
+        compared.first.wait_for()
+        page.wait_for_timeout(2000)
+        page.screenshot(path=str(screenshots() / "mlflow-experiment-charts.png"), full_page=True)
+        titles = compared.evaluate_all("hs => hs.map(h => h.title)")
+        assert titles[:2] == ["loss", "loss.replay"], titles
+        assert not any(t.startswith("system/") for t in titles[:4]), titles
 
 
 def test_a_fresh_browser_at_the_root_opens_model_training_and_keeps_a_choice_of_its_own(

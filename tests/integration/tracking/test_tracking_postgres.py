@@ -67,9 +67,9 @@ def test_resume_and_lineage_on_postgres(postgres_tracking_uri: str, tmp_path: Pa
     runs.set_run_status(rid, "completed", tracking_uri=uri)
 
     run = client.get_run(rid)
-    # Steps 4..7 were logged by attempt 0: attempt 1's replay of them goes to replay/loss.
+    # Steps 4..7 were logged by attempt 0: attempt 1's replay of them goes to loss.replay.
     assert sorted(m.step for m in client.get_metric_history(rid, "loss")) == list(range(12))
-    assert sorted(m.step for m in client.get_metric_history(rid, "replay/loss")) == [4, 5, 6, 7]
+    assert sorted(m.step for m in client.get_metric_history(rid, "loss.replay")) == [4, 5, 6, 7]
     assert run.data.tags["trainyard.attempt.1.plan.micro_batch_size"] == "2"
     assert run.data.tags["trainyard.failure_causes"] == "oom"
 

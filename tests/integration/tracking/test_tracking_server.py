@@ -64,7 +64,7 @@ def test_a_job_resumed_after_a_failure_is_one_run_with_both_attempts(
     assert client.get_experiment(run.info.experiment_id).name == "search/ranker"
     history = client.get_metric_history(rid, "loss")
     assert len(history) == 30 and {m.step for m in history} == set(range(30))  # one value per step
-    replayed = client.get_metric_history(rid, "replay/loss")  # attempt 1 trained steps 10-19 again
+    replayed = client.get_metric_history(rid, "loss.replay")  # attempt 1 trained steps 10-19 again
     assert sorted(m.step for m in replayed) == list(range(10, 20))
     t = run.data.tags
     assert (t["trainyard.attempts"], t["trainyard.failure_causes"]) == ("0,1", "node_lost")
@@ -124,7 +124,7 @@ def test_data_quality_report_is_logged_as_an_artifact(mlflow_server: MlflowServe
     run = client.get_run(rid)
     assert run.data.tags["trainyard.data_quality"] == "failed"
     assert "expect_column_values_to_not_be_null" in run.data.tags["trainyard.data_quality.failed"]
-    assert run.data.metrics["system/data_quality/failed_checks"] == len(report.failures)
+    assert run.data.metrics["system/data_quality.failed_checks"] == len(report.failures)
 
 
 def test_chargeback_is_logged_through_the_server(mlflow_server: MlflowServer, tmp_path: Path) -> None:

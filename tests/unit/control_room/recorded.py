@@ -107,7 +107,7 @@ def record_run(home: Path, tracking_uri: str) -> Recorded:
     store.set_resumed(JOB, RUN, 0, resumed_at)
     store.transition(JOB, RUN, "running", now=resumed_at)
     # attempt 1 restores step 10 and trains 11.. again: the first step after the restore is
-    # logged 12 s after the resume (the replay of 11..19 goes to replay/loss)
+    # logged 12 s after the resume (the replay of 11..19 goes to loss.replay)
     _train(client, rid, range(11, 31), resumed_at + timedelta(seconds=12))
     make_checkpoint(objects, 20, metrics={"loss": 3.0}, created_at=resumed_at + timedelta(seconds=20))
     runs.log_committed_checkpoint(rid, f"{root}/step-{20:08d}/MANIFEST.json", tracking_uri=tracking_uri)
@@ -124,16 +124,16 @@ def record_run(home: Path, tracking_uri: str) -> Recorded:
 
 def _train(client: object, rid: str, steps: range, start: datetime) -> None:
     """Points as the streamer logs them: `loss`, `tokens_per_s`, `step_time_s` at each step,
-    stamped `STEP_S` apart; a step the run already has goes to `replay/loss`."""
+    stamped `STEP_S` apart; a step the run already has goes to `loss.replay`."""
     from mlflow.entities import Metric
 
-    from trainyard.plugins.tracking.metrics import REPLAY_PREFIX
+    from trainyard.plugins.tracking.metrics import replay_key
 
     have = {m.step for m in client.get_metric_history(rid, "loss")}  # type: ignore[attr-defined]
     metrics = []
     for i, step in enumerate(steps):
         ts = int((start + timedelta(seconds=i * STEP_S)).timestamp() * 1000)
-        loss_key = REPLAY_PREFIX + "loss" if step in have else "loss"
+        loss_key = replay_key("loss") if step in have else "loss"
         metrics += [Metric(loss_key, 5.0 - 0.1 * step, ts, step), Metric("tokens_per_s", 2048.0, ts, step),
                     Metric("step_time_s", STEP_S, ts, step)]
     client.log_batch(rid, metrics=metrics, synchronous=True)  # type: ignore[attr-defined]

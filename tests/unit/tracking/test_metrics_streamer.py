@@ -186,7 +186,7 @@ def test_a_resumed_attempt_logs_its_replayed_steps_apart(sqlite_tracking_uri: st
     loss = history(sqlite_tracking_uri, mlflow_run, "loss")
     assert [step for step, _ in loss] == list(range(1, 16))  # one value per step
     assert dict(loss)[12] == -2.0 and dict(loss)[13] == -2.5  # attempt 0's up to 12, then attempt 1's
-    assert [step for step, _ in history(sqlite_tracking_uri, mlflow_run, "replay/loss")] == [9, 10, 11, 12]
+    assert [step for step, _ in history(sqlite_tracking_uri, mlflow_run, "loss.replay")] == [9, 10, 11, 12]
     assert len(history(sqlite_tracking_uri, mlflow_run, "lr")) == 7  # a key new in this attempt: no replay
     assert (stats.sent, stats.replayed) == (14, 4)
 

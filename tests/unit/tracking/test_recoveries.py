@@ -33,7 +33,7 @@ def test_the_costs_of_a_crash_are_measured_when_the_run_ends(sqlite_tracking_uri
     runs.log_recovery_event(rid, "worker_crash", 0, 19, "rank 1 killed", tracking_uri=uri, duration_s=0.26,
                             resume_step=10, at=T, key="r/0/worker_crash")
     runs.log_recovery_timings(rid, step=0, tracking_uri=uri, time_to_resume_s=8.0, attempt=0)  # gang 1 started
-    _points(client, rid, "replay/loss", range(11, 20), T + timedelta(seconds=20))  # first step after the restore
+    _points(client, rid, "loss.replay", range(11, 20), T + timedelta(seconds=20))  # first step after the restore
 
     log_end_artifacts(rid, tracking_uri=uri)
     (event,) = runs.recovery_events(rid, tracking_uri=uri)
@@ -42,9 +42,9 @@ def test_the_costs_of_a_crash_are_measured_when_the_run_ends(sqlite_tracking_uri
     assert event.device_hours_lost == pytest.approx(2 * (20.26 + 9 * 0.5) / 3600)
     run = client.get_run(rid)
     assert float(run.data.tags["trainyard.recovery_s"]) == pytest.approx(20.26)
-    assert [(m.step, round(m.value, 2)) for m in client.get_metric_history(rid, "system/recovery/time_to_train_again_s")] \
+    assert [(m.step, round(m.value, 2)) for m in client.get_metric_history(rid, "system/recovery.time_to_train_again_s")] \
         == [(19, 20.26)]
-    assert [m.step for m in client.get_metric_history(rid, "system/recovery/time_to_resume_s")] == [19]  # at the failure
+    assert [m.step for m in client.get_metric_history(rid, "system/recovery.time_to_resume_s")] == [19]  # at the failure
     text = client.download_artifacts(rid, TIMELINE_TEXT)
     with open(text) as f:
         assert "detected in 0.26 s · restarted in 8 s · trained again after 20.3 s · 9 step(s) lost" in f.read()

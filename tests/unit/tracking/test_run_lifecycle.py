@@ -91,7 +91,7 @@ def test_a_resumed_job_is_one_run_holding_both_attempts_metrics(
     assert run.info.status == "FINISHED"
     history = client(uri).get_metric_history(rid, "loss")
     assert sorted(m.step for m in history) == list(range(15))  # one value per step
-    replay = client(uri).get_metric_history(rid, "replay/loss")  # attempt 1's replay of 5..9
+    replay = client(uri).get_metric_history(rid, "loss.replay")  # attempt 1's replay of 5..9
     assert sorted(m.step for m in replay) == [5, 6, 7, 8, 9]
     t = run.data.tags
     assert (t["trainyard.attempts"], t["trainyard.attempt"]) == ("0,1", "1")
@@ -105,7 +105,7 @@ def test_a_resumed_job_is_one_run_holding_both_attempts_metrics(
     assert [(e.kind, e.attempt, e.step) for e in events] == [("worker_crash", 0, 9), ("hang", 1, 12)]
     assert events[0].detail == "rank 1 exited with 1" and events[0].detect_s == 42.0  # the detection, by name
     assert "trainyard.recovery_seconds" not in t  # it was the detection alone, under a name that said more
-    marks = client(uri).get_metric_history(rid, "system/recovery/worker_crash")
+    marks = client(uri).get_metric_history(rid, "system/recovery.worker_crash")
     assert [(m.step, m.value) for m in marks] == [(9, 1.0)]
     assert sorted(m.step for m in client(uri).get_metric_history(rid, "system/trainyard.attempt")) == [0, 1]
 
@@ -141,7 +141,7 @@ def test_checkpoints_are_recorded_by_uri_and_hash(sqlite_tracking_uri: str, requ
     assert sorted((m.name, m.model_type) for m in models) == [
         ("step-00000050", "checkpoint"), ("step-00000100", "checkpoint"), ("step-00000150", "checkpoint")]
     assert {o.step for o in run.outputs.model_outputs} == {50, 100, 150}  # each an output at its step
-    assert [m.step for m in client(uri).get_metric_history(rid, "system/checkpoint/loss")] == [100, 50, 150]
+    assert [m.step for m in client(uri).get_metric_history(rid, "system/checkpoint.loss")] == [100, 50, 150]
     with pytest.raises(ValueError, match="64 lowercase hex"):
         runs.log_checkpoint(rid, "s3://x/MANIFEST.json", "not-a-hash", 1, tracking_uri=uri)
     with pytest.raises(ValueError, match="step must be >= 0"):
@@ -217,7 +217,7 @@ def test_retried_control_plane_tasks_record_things_once(sqlite_tracking_uri: str
     manifest = "file:///c/step-00000010/MANIFEST.json"
     runs.log_checkpoint(rid, manifest, SHA, 10, {"loss": 1.0}, tracking_uri=uri)
     runs.log_checkpoint(rid, manifest, SHA, 10, {"loss": 1.0}, tracking_uri=uri)  # the watcher retried
-    assert len(client(uri).get_metric_history(rid, "system/checkpoint/step")) == 1
+    assert len(client(uri).get_metric_history(rid, "system/checkpoint.step")) == 1
     # After a rollback the same step is saved again with other bytes: the record is replaced.
     runs.log_checkpoint(rid, manifest, "cd" * 32, 10, {"loss": 0.9}, tracking_uri=uri)
     (record,) = runs.checkpoints(rid, tracking_uri=uri)
