@@ -92,6 +92,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainyard.plugins.launch import loopback
 from trainyard.plugins.preload import preload
 from trainyard.plugins.run.processes import (
     environ_entries,
@@ -722,6 +723,7 @@ def main(argv: list[str] | None = None) -> None:
         print("rank zygote: an import initialised CUDA, which a forked process cannot use; the ranks start "
               "as plain children", file=sys.stderr, flush=True)
         sys.exit(0)  # the waiting wrappers read the closed socket as "no zygote"
+    loopback.apply()  # what it forks (agents, ranks) hosts stores on loopback only
     zygote_pid = os.getpid()
     request = Zygote(listener, agents).serve()
     sys.argv = become(request, zygote_pid)
