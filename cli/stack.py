@@ -244,16 +244,34 @@ class Stack:
             _wait_http(url, deadline)
         warm.join(max(0.0, deadline - time.monotonic()))
 
-    def down(self, *, templates: bool = True) -> dict[str, int]:
-        """Stop every part; component → the processes ended (0: it was not running). With
-        `templates` (`make down`) also this user's rank templates, which no part of a stack owns:
-        a test that stops one of several stacks on a host leaves them to the others' attempts."""
-        ended = self.stop_all(list(reversed(self.components)))
+    def down(self, *, templates: bool = True, grace_s: float = 20.0) -> dict[str, int]:
+        """Stop every part, then whatever else of the home still runs (`leftovers`: a run's
+        agents, ranks and rank starters); component → the processes ended (0: it was not
+        running). With `templates` (`make down`) also this user's rank templates, which no part
+        of a stack owns: a test that stops one of several stacks on a host leaves them to the
+        others' attempts."""
+        ended = self.stop_all(list(reversed(self.components)), grace_s=grace_s)
+        ended["runs"] = len(processes.end_all(self.leftovers, grace_s=grace_s))
         if self.postgres is not None:  # last: the parts above close their sessions first
             ended["postgres"] = int(self.postgres.stop())
         if templates:
             ended["rank templates"] = rank_zygote.stop_templates()
         return ended
+
+    def leftovers(self) -> list[int]:
+        """What of the home still runs once the parts' groups have gone: every process of a run
+        under the home's run folder (`RUN_MARKER`: its torchrun agents, rank starters, wrappers
+        and ranks, which run in sessions of their own and outlive a scheduler that crashed), and
+        any process started in the home (a part's child that left its group). Not the embedded
+        PostgreSQL, which goes last by its own shutdown, after the ranks' last records; never the
+        command that asks or its callers. Not `TRAINYARD_HOME` alone, which a user's own shell
+        may carry."""
+        from trainyard.plugins.launch.local import RUN_MARKER
+
+        server = self.postgres.pid() if self.postgres is not None else None
+        spared = processes.ancestors() | ({server, *processes.children(server)} if server else set())
+        found = set(processes.marked_under(RUN_MARKER, self.home / "runs")) | set(processes.started_in(self.home))
+        return sorted(found - spared)
 
     def health(self) -> dict[str, str]:
         """Each part's status as the API server reports it (`/api/v2/monitor/health`)."""
