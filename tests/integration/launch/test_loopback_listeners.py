@@ -10,6 +10,11 @@ check of torch alone); gloo's pairs listen where the host name resolves unless
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +24,8 @@ import pytest
 
 from tests.integration.launch.test_local_launcher import start
 from tests.support import procs, sockets
-from trainyard.plugins.launch.local import RUN_MARKER
+from tests.support.require import missing
+from trainyard.plugins.launch.local import LOOPBACK_ENV, RUN_MARKER
 from trainyard.plugins.run import processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
@@ -73,3 +79,69 @@ def test_the_plain_rank_runner_runs_a_script_as_python_would(tmp_path: Path) -> 
     assert lines[0] == "torch before: False"
     assert lines[1] == f"argv: {[str(script), 'a', 'b']} path0: {script.parent} name: __main__"
     assert lines[2].startswith("bound: [('127.0.0.1', ") and lines[2].endswith(")]"), lines
+
+
+GLOO_PROBE = """
+import json, os, sys
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tests.support import sockets
+from trainyard.plugins.launch import loopback
+
+def rank(r):
+    loopback.apply()  # the store rank 0 hosts, as in a local run
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK=str(r), WORLD_SIZE="2")
+    dist.init_process_group("gloo")
+    dist.barrier()
+    with open(os.path.join(sys.argv[2], f"rank-{r}.json"), "w") as out:
+        json.dump(sockets.listeners_of([os.getpid()]).get(os.getpid(), []), out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank, nprocs=2)
+"""
+
+
+def _lan_address() -> str | None:
+    """This machine's address towards other hosts (no packet is sent), or None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+def test_gloo_listens_on_loopback_where_the_host_name_resolves_to_a_lan_address(tmp_path: Path) -> None:
+    """gloo's pairs listen where the host name resolves — 127.0.0.1 on this machine by its
+    /etc/hosts, a LAN address on most — unless `GLOO_SOCKET_IFNAME` names an interface, which the
+    local launcher sets (`LOOPBACK_ENV`). Two gloo ranks run in a mount namespace whose /etc/hosts
+    gives the host name the LAN address: without the variable they listen there (the control),
+    with it on loopback only."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        missing("mountns", "a private /etc/hosts needs root and unshare")
+    lan = _lan_address()
+    if lan is None:
+        missing("mountns", "this machine has no address but loopback")
+    hosts, probe = tmp_path / "hosts", tmp_path / "gloo_probe.py"
+    hosts.write_text(f"{lan} {socket.gethostname()}\n127.0.0.1 localhost\n")
+    probe.write_text(GLOO_PROBE)
+
+    def listened(extra: dict[str, str]) -> set[str]:
+        out = tmp_path / f"out-{len(extra)}"
+        out.mkdir()
+        command = ["unshare", "-m", "sh", "-c", 'mount --bind "$1" /etc/hosts && exec "$2" "$3" "$4" "$5"', "sh",
+                   str(hosts), sys.executable, str(probe), str(procs.free_port()), str(out)]
+        env = procs.test_env()
+        env.pop("GLOO_SOCKET_IFNAME", None)
+        env.update(extra)
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr[-3000:]
+        ranks = [json.loads(path.read_text()) for path in sorted(out.glob("rank-*.json"))]
+        assert len(ranks) == 2, result.stdout + result.stderr[-3000:]
+        return {address for found in ranks for address, _ in found}
+
+    assert lan in listened({})
+    assert listened(LOOPBACK_ENV) == {"127.0.0.1"}
