@@ -252,6 +252,9 @@ class Stack:
         others' attempts."""
         ended = self.stop_all(list(reversed(self.components)), grace_s=grace_s)
         ended["runs"] = len(processes.end_all(self.leftovers, grace_s=grace_s))
+        # a detached `trainyard launch`'s follower concludes its attempt once the run's processes
+        # are gone (the verdict, the MLflow run, the reservation): it is given the grace to
+        ended["followers"] = len(processes.end_all(self.followers, grace_s=grace_s, ask=False))
         if self.postgres is not None:  # last: the parts above close their sessions first
             ended["postgres"] = int(self.postgres.stop())
         if templates:
@@ -272,6 +275,20 @@ class Stack:
         spared = processes.ancestors() | ({server, *processes.children(server)} if server else set())
         found = set(processes.marked_under(RUN_MARKER, self.home / "runs")) | set(processes.started_in(self.home))
         return sorted(found - spared)
+
+    def followers(self) -> list[int]:
+        """The followers of detached `trainyard launch`es of this home's runs: this Python's
+        `trainyard.cli.main launch … --attach <run folder>/…` (`cli/launch.py`). They carry no
+        run marker (a run's own stop would end them before they conclude), and `TRAINYARD_HOME`
+        alone marks nothing."""
+        runs = {str(self.home / "runs"), str((self.home / "runs").resolve())}
+        found = []
+        for pid in processes.started_as([sys.executable, "-m", "trainyard.cli.main", "launch"]):
+            argv = processes.command_line(pid) or []
+            attached = argv[argv.index("--attach") + 1] if "--attach" in argv[:-1] else ""
+            if any(attached.startswith(root + "/") for root in runs):
+                found.append(pid)
+        return found
 
     def health(self) -> dict[str, str]:
         """Each part's status as the API server reports it (`/api/v2/monitor/health`)."""

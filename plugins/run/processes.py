@@ -111,20 +111,23 @@ def ignores(pid: int, sig: signal.Signals) -> bool:
     return False
 
 
-def end_all(find: Callable[[], list[int]], *, grace_s: float, kill_wait_s: float = 10.0) -> list[int]:
+def end_all(find: Callable[[], list[int]], *, grace_s: float, kill_wait_s: float = 10.0,
+            ask: bool = True) -> list[int]:
     """End every process `find` names, and those it names meanwhile (a rank starter forking, an
     agent restarting its workers): SIGTERM each once, wait up to `grace_s` while one lives that
     heeded SIGTERM when it got it (a rank's emergency checkpoint, during which it may ignore
     repeats; a rank starter ignores SIGTERM from the start, and goes once its ranks have), then
-    SIGKILL what is left until `find` names none (up to `kill_wait_s`). Returns every pid it
-    signalled."""
+    SIGKILL what is left until `find` names none (up to `kill_wait_s`). Not `ask`: no SIGTERM,
+    only the wait, for processes that end by themselves once what they watch has (a follower
+    concluding its attempt). Returns every pid found."""
     signalled: set[int] = set()
     heeding: set[int] = set()
     deadline = time.monotonic() + grace_s
     while (left := find()) and time.monotonic() < deadline:
         new = [pid for pid in left if pid not in signalled]
-        heeding.update(pid for pid in new if not ignores(pid, signal.SIGTERM))
-        signal_pids(new, signal.SIGTERM)
+        heeding.update(pid for pid in new if not ask or not ignores(pid, signal.SIGTERM))
+        if ask:
+            signal_pids(new, signal.SIGTERM)
         signalled.update(new)
         if not heeding.intersection(left):
             break
@@ -199,6 +202,15 @@ def marked_processes(name: str, value: str) -> list[int]:
     me = os.getpid()
     return [pid for pid in _all_pids()
             if pid != me and needle in (environ_entries(pid) or []) and is_alive(pid)]
+
+
+def command_line(pid: int) -> list[str] | None:
+    """The process's arguments, or None when it is gone (or not ours to read)."""
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return None
+    return [a.decode(errors="surrogateescape") for a in raw.split(b"\0")[:-1]]
 
 
 def started_as(argv: list[str]) -> list[int]:

@@ -71,6 +71,32 @@ def test_make_downs_stop_after_a_crash_leaves_no_process_of_the_home(tmp_path: P
     print(f"down took {time.monotonic() - begun:.1f} s, ended {ended}")
 
 
+def test_make_downs_stop_lets_a_detached_launchs_follower_conclude_and_leaves_nothing(tmp_path: Path) -> None:
+    """`trainyard launch --detach` leaves a follower that concludes the attempt; `make down` ends
+    the run's processes and gives the follower its grace to record the verdict, instead of
+    ending it before it has."""
+    from tests.integration.launch.test_local_launcher import cli, write_spec
+    from trainyard.config.settings import Settings
+    from trainyard.plugins.launch.local import LocalLauncher
+    from trainyard.plugins.run.model import RunHandle
+
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path / "long.yaml", "tiny-follow", ["--steps", "100000", "--sleep", "0.2"])
+    handle = RunHandle.model_validate_json(procs.check(cli(home, "launch", "--local", "--offline", "--detach",
+                                                            str(spec))).stdout)
+    stack = Stack(home, overrides={name: f"sqlite:///{tmp_path}/{i}.db" for i, name in enumerate(EXPLICIT_DATABASE_URLS)})
+    deadline = time.monotonic() + 120
+    launcher = LocalLauncher(Settings(home=home).runs_dir)
+    while not (stack.followers() and (launcher.poll(handle).step or 0) >= 2):
+        assert time.monotonic() < deadline, "the run did not start training"
+        time.sleep(0.2)
+    ended = stack.down(templates=False)
+    assert ended["followers"] == 1 and ended["runs"] >= 4, ended
+    assert processes.of_home(home) == [], {
+        pid: processes.command_line(pid) for pid in processes.of_home(home)}
+    assert "verdict: preempted" in (Path(handle.run_dir) / "follower.log").read_text()
+
+
 def test_a_sweep_spares_its_callers_and_a_shell_that_names_the_home(tmp_path: Path) -> None:
     """`TRAINYARD_HOME` alone marks nothing for `make down`: a user's shell that exported it
     (here a `sleep` standing in for it) runs on, and so does whatever called the stop."""
