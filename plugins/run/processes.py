@@ -87,7 +87,9 @@ def cwd(pid: int) -> Path | None:
 
 def of_home(home: Path) -> list[int]:
     """Live processes of a Trainyard home: started in it (the stack's parts and their children)
-    or carrying it in their environment (the ranks, the node agents)."""
+    or carrying it in their environment (the ranks, the node agents). What the checks count, not
+    what to end: a user's shell that exported `TRAINYARD_HOME` is one of them (`make down` ends
+    `trainyard.cli.stack.Stack.leftovers` instead)."""
     home = home.resolve()
     marked = set(marked_processes("TRAINYARD_HOME", str(home)))
     return sorted(pid for pid in _all_pids() if pid != os.getpid() and is_alive(pid)
