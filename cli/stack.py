@@ -246,16 +246,51 @@ class Stack:
             _wait_http(url, deadline)
         warm.join(max(0.0, deadline - time.monotonic()))
 
-    def down(self, *, templates: bool = True) -> dict[str, int]:
-        """Stop every part; component → the processes ended (0: it was not running). With
-        `templates` (`make down`) also this user's rank templates, which no part of a stack owns:
-        a test that stops one of several stacks on a host leaves them to the others' attempts."""
-        ended = self.stop_all(list(reversed(self.components)))
+    def down(self, *, templates: bool = True, grace_s: float = 20.0) -> dict[str, int]:
+        """Stop every part, then whatever else of the home still runs (`leftovers`: a run's
+        agents, ranks and rank starters); component → the processes ended (0: it was not
+        running). With `templates` (`make down`) also this user's rank templates, which no part
+        of a stack owns: a test that stops one of several stacks on a host leaves them to the
+        others' attempts."""
+        ended = self.stop_all(list(reversed(self.components)), grace_s=grace_s)
+        ended["runs"] = len(processes.end_all(self.leftovers, grace_s=grace_s))
+        # a detached `trainyard launch`'s follower concludes its attempt once the run's processes
+        # are gone (the verdict, the MLflow run, the reservation): it is given the grace to
+        ended["followers"] = len(processes.end_all(self.followers, grace_s=grace_s, ask=False))
         if self.postgres is not None:  # last: the parts above close their sessions first
             ended["postgres"] = int(self.postgres.stop())
         if templates:
             ended["rank templates"] = rank_zygote.stop_templates()
         return ended
+
+    def leftovers(self) -> list[int]:
+        """What of the home still runs once the parts' groups have gone: every process of a run
+        under the home's run folder (`RUN_MARKER`: its torchrun agents, rank starters, wrappers
+        and ranks, which run in sessions of their own and outlive a scheduler that crashed), and
+        any process started in the home (a part's child that left its group). Not the embedded
+        PostgreSQL, which goes last by its own shutdown, after the ranks' last records; never the
+        command that asks or its callers. Not `TRAINYARD_HOME` alone, which a user's own shell
+        may carry."""
+        from trainyard.plugins.launch.local import RUN_MARKER
+
+        server = self.postgres.pid() if self.postgres is not None else None
+        spared = processes.ancestors() | ({server, *processes.children(server)} if server else set())
+        found = set(processes.marked_under(RUN_MARKER, self.home / "runs")) | set(processes.started_in(self.home))
+        return sorted(found - spared)
+
+    def followers(self) -> list[int]:
+        """The followers of detached `trainyard launch`es of this home's runs: this Python's
+        `trainyard.cli.main launch … --attach <run folder>/…` (`cli/launch.py`). They carry no
+        run marker (a run's own stop would end them before they conclude), and `TRAINYARD_HOME`
+        alone marks nothing."""
+        runs = {str(self.home / "runs"), str((self.home / "runs").resolve())}
+        found = []
+        for pid in processes.started_as([sys.executable, "-m", "trainyard.cli.main", "launch"]):
+            argv = processes.command_line(pid) or []
+            attached = argv[argv.index("--attach") + 1] if "--attach" in argv[:-1] else ""
+            if any(attached.startswith(root + "/") for root in runs):
+                found.append(pid)
+        return found
 
     def health(self) -> dict[str, str]:
         """Each part's status as the API server reports it (`/api/v2/monitor/health`)."""

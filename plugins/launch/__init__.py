@@ -4,6 +4,7 @@
 - `model.py`        `RunHandle`, `RunStatus` (JSON: XCom and deferrable sensors carry them)
 - `local.py`        `LocalLauncher`: detached torchrun agents on this host
 - `agent.py`, `rank_exec.py`  the tiny wrappers that record exit codes, pids and logs
+- `loopback.py`     a local run's stores listen on 127.0.0.1 only (torch's own bind is every interface)
 - `activity.py`     a plain script's hang watch: its ranks' CPU time and I/O as their heartbeats
 - `sources.py`      the job's code: a pinned git commit, a folder or an object-store prefix
 - `processes.py`    liveness from /proc (zombies and recycled pids are not "alive")

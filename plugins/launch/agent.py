@@ -24,6 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
+from trainyard.plugins.launch import loopback
 from trainyard.plugins.run.records import AgentExit
 
 
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         from torch.distributed.run import main as torchrun
 
         name_rendezvous_events_cheaply()
+        loopback.apply()  # the c10d rendezvous store on 127.0.0.1 only, not on every interface
         try:
             torchrun(torchrun_args)
             code = 0

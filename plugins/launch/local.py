@@ -27,7 +27,8 @@ in the launcher's environment turns it off). Only for a script that imports Trai
 script's ranks start as torchrun would start them (`rank_zygote.warm_start_for`). It carries the run's marker, so `stop` sweeps it
 with the rest, and it exits by itself once the agents are gone and its last rank has ended.
 
-Rendezvous is c10d on 127.0.0.1. c10d numbers nodes by sorting (address, agent pid); every
+Rendezvous is c10d on 127.0.0.1, and nothing of a run listens beyond loopback: the stores
+(`loopback`), gloo (`LOOPBACK_ENV`). c10d numbers nodes by sorting (address, agent pid); every
 local agent has the same address, and agents are started in node-rank order, so pids — and
 hence ranks — follow the placement. Each rank records the node it actually ran on, and
 `RunStatus` reports that.
@@ -87,6 +88,10 @@ LOCAL_ADDRESSES = frozenset({"127.0.0.1", "localhost", "::1", socket.gethostname
 RUN_MARKER = "TRAINYARD_RUN_DIR"
 AGENT_MODULE = "trainyard.plugins.launch.agent"
 """Each node's torchrun agent (`python -m`), forked by the attempt's zygote where there is one."""
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
+"""Every rank of a local run is on this host: gloo's pairs listen on the loopback interface, not
+on the address the host name resolves to (a LAN address on most machines; 127.0.0.1 here, by
+`/etc/hosts`). The stores are kept on loopback by `loopback`; a spec's `training.env` still wins."""
 INHERITED_TORCH_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                  "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
 
@@ -249,7 +254,7 @@ class LocalLauncher:
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.setdefault("PYTHONUNBUFFERED", "1")
-        env = TORCHRUN_ENV | env
+        env = TORCHRUN_ENV | env | LOOPBACK_ENV
         env.update(job_environment(job, plan, worker_env, gpu=gpu))
         return env
 

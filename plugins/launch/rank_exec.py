@@ -85,7 +85,9 @@ def _entry(argv: list[str]) -> tuple[str, bool, list[str]]:
 
 
 def _command(entry: str, module: bool, args: list[str]) -> list[str]:
-    return [sys.executable, "-u", *(["-m"] if module else []), entry, *args]
+    """`python -u [-m] entry args…`, run by `loopback.main`: a store it hosts for peers told a
+    loopback address listens there only."""
+    return [sys.executable, "-u", "-m", "trainyard.plugins.launch.loopback", *(["-m"] if module else []), entry, *args]
 
 
 class ForkedChild:

@@ -55,7 +55,7 @@ repository never reaches a rank through a template started before it) and forks 
 starter, which then imports only the entrypoint's own modules: the host pays torch's import
 (2–3 CPU-s) once, not once per attempt. A starter forked this way must still be found by the
 sweeps that name a run's processes by their environment (`TRAINYARD_RUN_DIR`: the launcher's
-stop; `TRAINYARD_HOME`: `make down`), which read `/proc/PID/environ` — the block of memory the
+stop, and `make down` for every run under the home), which read `/proc/PID/environ` — the block of memory the
 kernel filled at `exec`, which a fork inherits unchanged. So the template is started with a block
 of spare room (`ROOM_ENV`), and the forked starter writes its run's environment over it
 (`show_environment`) before doing anything else; a run's environment that does not fit is
@@ -92,6 +92,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainyard.plugins.launch import loopback
 from trainyard.plugins.preload import preload
 from trainyard.plugins.run.processes import (
     environ_entries,
@@ -722,6 +723,7 @@ def main(argv: list[str] | None = None) -> None:
         print("rank zygote: an import initialised CUDA, which a forked process cannot use; the ranks start "
               "as plain children", file=sys.stderr, flush=True)
         sys.exit(0)  # the waiting wrappers read the closed socket as "no zygote"
+    loopback.apply()  # what it forks (agents, ranks) hosts stores on loopback only
     zygote_pid = os.getpid()
     request = Zygote(listener, agents).serve()
     sys.argv = become(request, zygote_pid)

@@ -21,6 +21,7 @@ HOW = {
     "chromium": "install Debian's browser: apt-get install -y chromium",
     "schemas": "put the shared schemas beside the checkout (../shared/schemas, as on the CI machine)",
     "netns": "run as root on Linux with iproute2 (`ip netns add` must work)",
+    "mountns": "run as root on Linux with util-linux's unshare (`unshare -m` gives a test its own /etc/hosts)",
     "scripts": "run `make venv` (installs the console scripts)",
     "kube": "run `make kube-components` (builds kube-apiserver, etcd, … once into ~/.cache/trainyard/kube)",
 }

@@ -71,14 +71,16 @@ def wait_for(launcher: LocalLauncher, handle: RunHandle, predicate, timeout: flo
     return status
 
 
-def start(tmp_path: Path, name: str, args: list[str], *, hang_timeout: str = "5m"
-          ) -> tuple[LocalLauncher, RunHandle]:
+def start(tmp_path: Path, name: str, args: list[str], *, hang_timeout: str = "5m",
+          env: dict[str, str] | None = None) -> tuple[LocalLauncher, RunHandle]:
+    """Submit `tiny_job.py` with `args` on both local nodes, under `tmp_path/home`; `env` is added
+    to the launcher's environment."""
     job = load_spec_file(write_spec(tmp_path / f"{name}.yaml", name, args, hang_timeout=hang_timeout))
     settings = Settings(home=tmp_path / "home")
     plan = Plan(layout=RankLayout(dp=2))
     placement = place_gang(GangRequest.for_job(job, plan, run="r-test"), Inventory.from_cluster(load_cluster("local")))
     launcher = LocalLauncher(settings.runs_dir, source_dir=REPO_ROOT,
-                             base_env=procs.test_env({"OMP_NUM_THREADS": "1"}))
+                             base_env=procs.test_env({"OMP_NUM_THREADS": "1", **(env or {})}))
     env = build_worker_env(job, plan, settings, run="r-test", attempt=0)
     return launcher, launcher.submit(job, plan, placement, env, attempt=0)
 

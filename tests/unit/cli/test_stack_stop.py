@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.support.waiting import wait_for
@@ -76,3 +77,42 @@ def test_another_homes_processes_in_the_group_are_left_alone(tmp_path: Path) -> 
     finally:
         other.kill()
         other.wait()
+
+
+def test_the_home_sweep_waits_for_what_heeds_sigterm_and_kills_what_ignores_it(tmp_path: Path) -> None:
+    """`processes.end_all`, which `make down` runs over a crashed run's processes: a rank that
+    takes its emergency checkpoint on SIGTERM (and ignores repeats meanwhile) finishes it; a rank
+    starter, which ignores SIGTERM, is killed once nothing that heeded it is left."""
+    done = tmp_path / "checkpointed"
+    heeds = subprocess.Popen([sys.executable, "-c", (
+        "import signal, time, pathlib\n"
+        "def on_term(*_):\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"    time.sleep(0.5); pathlib.Path({str(done)!r}).write_text('1'); raise SystemExit(43)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(300)\n")], stdout=subprocess.PIPE, start_new_session=True)
+    ignores = subprocess.Popen(["sh", "-c", "trap '' TERM; echo ready; exec sleep 300"], stdout=subprocess.PIPE,
+                               start_new_session=True)
+    for proc in (heeds, ignores):
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    pids = [heeds.pid, ignores.pid]
+    assert processes.ignores(ignores.pid, signal.SIGTERM) and not processes.ignores(heeds.pid, signal.SIGTERM)
+    signalled = processes.end_all(lambda: _alive(pids), grace_s=60)
+    assert sorted(signalled) == sorted(pids)
+    assert done.read_text() == "1"  # its SIGTERM handler ran to the end, not cut short by SIGKILL
+    assert _alive(pids) == []  # the one that ignores SIGTERM too (the sweep reaped them: no exit codes here)
+
+
+def test_a_run_is_found_by_its_folder_under_the_runs_folder(tmp_path: Path) -> None:
+    runs = tmp_path / "home" / "runs"
+    inside = subprocess.Popen(["sleep", "60"], env={"TRAINYARD_RUN_DIR": str(runs / "job" / "r1" / "0")})
+    beside = subprocess.Popen(["sleep", "60"], env={"TRAINYARD_RUN_DIR": str(runs) + "-old/job/r1/0"})
+    try:
+        wait_for(lambda: processes.marked_under("TRAINYARD_RUN_DIR", runs) == [inside.pid], "the run's process",
+                 30, poll_s=0.02)
+        assert processes.marked_under("TRAINYARD_RUN_DIR", runs / "job" / "r1" / "0") == [inside.pid]
+    finally:
+        for proc in (inside, beside):
+            proc.kill()
+            proc.wait()
