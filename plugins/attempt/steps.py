@@ -562,12 +562,13 @@ def run_outcome(opened: Opened, runtime: Runtime) -> RunOutcome:
 
 def close(opened: Opened, mlflow_run_id: str, runtime: Runtime,
           status: Literal["completed", "failed", "cancelled"] = "completed") -> Closed:
-    """End the run's MLflow run: loss plot, recovery timeline, cost, final status; delete the
-    run's storage role (its ranks' keys stop working)."""
+    """End the run's MLflow run: loss plot, recovery timeline, cost, final status; then delete
+    the run's storage role (its ranks' keys stop working), after the MLflow record so that an
+    IAM error cannot keep the run's record open."""
     from trainyard.plugins.attempt.storage_access import revoke_for_run
 
-    revoke_for_run(opened.job, runtime.settings, run=opened.conf.run)
     cost = listener_for(runtime).closed(opened, mlflow_run_id, status)
+    revoke_for_run(opened.job, runtime.settings, run=opened.conf.run)
     return Closed(status=status, cost=cost)
 
 
