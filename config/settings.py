@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -31,7 +32,12 @@ class Settings(BaseSettings):
     object_store: str = ""
     """Root URI of the object store (`file:///…` or `s3://bucket/prefix`). Default: `<home>/objects`."""
     s3_endpoint_url: str | None = None
-    """For MinIO and other S3-compatible stores."""
+    """For MinIO and other S3-compatible stores (and, with per-run credentials, their IAM and STS)."""
+    storage_credentials: Literal["per-run", "shared"] = "per-run"
+    """On an S3 store, `per-run`: each run's ranks get temporary credentials that read only its
+    dataset and resume point and write only its own checkpoints (a role per run, assumed at each
+    launch: `trainyard.plugins.storage.credentials`); `shared`: they inherit the deployment's (a
+    store without AWS's IAM and STS APIs, e.g. MinIO). A `file://` store has no credentials."""
     state_db: str = ""
     """SQLAlchemy URL of the platform state (allocations, job lifecycle). Default: the database
     `trainyard` of the home's embedded PostgreSQL once `make up` has created it, else SQLite

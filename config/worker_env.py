@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 PREFIX = "TRAINYARD_"
 NODE_VAR = "TRAINYARD_NODE"
@@ -37,6 +38,45 @@ def _variable(field: str) -> str:
     return field.upper() if field in _UNPREFIXED else PREFIX + field.upper()
 
 
+AWS_CREDENTIAL_ENV = (
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+)
+"""Every variable through which botocore finds credentials: a launch that hands its ranks
+`StorageCredentials` removes these from the environment it inherited, so the deployment's own
+keys, profile or web identity never reach a rank."""
+
+
+class StorageCredentials(BaseModel):
+    """Temporary object-store credentials scoped to one run (`trainyard.plugins.storage.credentials`),
+    the ranks' only ones. Never serialised with the `WorkerEnv` (`exclude`), never in a repr."""
+
+    model_config = ConfigDict(frozen=True)
+
+    access_key_id: str
+    secret_access_key: SecretStr
+    session_token: SecretStr
+    expiration: datetime | None = None
+    role_arn: str = ""
+    """The run's role (one per run; deleted when the run closes)."""
+
+    def to_env(self) -> dict[str, str]:
+        """botocore's own variable names, and no instance-metadata fallback: a rank whose keys
+        expire fails plainly instead of finding the node's role."""
+        return {"AWS_ACCESS_KEY_ID": self.access_key_id,
+                "AWS_SECRET_ACCESS_KEY": self.secret_access_key.get_secret_value(),
+                "AWS_SESSION_TOKEN": self.session_token.get_secret_value(),
+                "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def without_deployment_credentials(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` less every credential variable (`AWS_CREDENTIAL_ENV`)."""
+    return {k: v for k, v in env.items() if k not in AWS_CREDENTIAL_ENV}
+
+
 class WorkerEnv(BaseModel):
     """What every training process receives besides torchrun's own variables."""
 
@@ -61,6 +101,11 @@ class WorkerEnv(BaseModel):
                                         "trains it (the trigger form's override applied); unset: none given")
     max_steps: int | None = Field(default=None, description="`training.maxSteps` as this attempt trains it "
                                   "(the trigger form's `max_steps` applied)")
+    storage_credentials: StorageCredentials | None = Field(
+        default=None, exclude=True, repr=False,
+        description="The run's scoped object-store credentials, set as AWS_* variables by "
+                    "`job_environment` (the launcher's side only); None: the ranks inherit the "
+                    "deployment's (a file:// store, or `TRAINYARD_STORAGE_CREDENTIALS=shared`)")
 
     def to_env(self) -> dict[str, str]:
         """Every field as its variable; no `TRAINYARD_FAULTS` at all when there are none (a

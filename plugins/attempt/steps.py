@@ -378,6 +378,7 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
     own report, for the record only (`MlflowListener.created`)."""
     from trainyard.config.cluster import load_cluster
     from trainyard.plugins.attempt.faults import fail_gpu
+    from trainyard.plugins.attempt.storage_access import issue_for_attempt
     from trainyard.plugins.launch.environment import build_worker_env
 
     job, conf, settings, listener = opened.job, opened.conf, runtime.settings, listener_for(runtime)
@@ -388,11 +389,14 @@ def launch(opened: Opened, planned: Planned, placed: Placed, runtime: Runtime, *
     with _failing(opened, runtime, "the launch failed"):
         resume_from = resume_point(conf, job, tracking_uri=settings.mlflow_tracking_uri,
                                    object_store=settings.object_store)  # refused before anything starts
+        # the ranks' own storage keys: this run's dataset, resume point and checkpoints only
+        credentials = issue_for_attempt(job, settings, run=conf.run, attempt=conf.attempt, resume_from=resume_from)
         # the same MLflow run for every attempt, with the start artifacts (spec, plan explanation,
         # data-quality report) on the first
         mlflow_run_id = listener.created(opened, planned, checked)
         worker_env = build_worker_env(job, planned.plan, settings, run=conf.run, attempt=conf.attempt,
-                                      resume_from=resume_from, mlflow_run_id=mlflow_run_id)
+                                      resume_from=resume_from, mlflow_run_id=mlflow_run_id,
+                                      ).model_copy(update={"storage_credentials": credentials})
         if conf.attempt == 0 and conf.faults.worker_faults():
             worker_env = worker_env.model_copy(update={"faults": conf.faults.worker_faults()})
         restarts = in_place_restarts(job, conf) if max_restarts is None else max_restarts
@@ -558,9 +562,13 @@ def run_outcome(opened: Opened, runtime: Runtime) -> RunOutcome:
 
 def close(opened: Opened, mlflow_run_id: str, runtime: Runtime,
           status: Literal["completed", "failed", "cancelled"] = "completed") -> Closed:
-    """End the run's MLflow run: loss plot, recovery timeline, cost, final status."""
+    """End the run's MLflow run: loss plot, recovery timeline, cost, final status; then delete
+    the run's storage role (its ranks' keys stop working), after the MLflow record so that an
+    IAM error cannot keep the run's record open."""
+    from trainyard.plugins.attempt.storage_access import revoke_for_run
 
     cost = listener_for(runtime).closed(opened, mlflow_run_id, status)
+    revoke_for_run(opened.job, runtime.settings, run=opened.conf.run)
     return Closed(status=status, cost=cost)
 
 

@@ -66,7 +66,9 @@ seen here with torch 2.13). A store of their own per round costs one TCP listene
 def job_environment(job: TrainingJob, plan: Plan, worker_env: WorkerEnv, *, gpu: bool) -> dict[str, str]:
     """What every process of the job gets on top of the base environment: the spec's
     `training.env`, the advisor's NCCL variables on GPU clusters, and the `WorkerEnv` —
-    in that order, so the platform's names always win."""
+    in that order, so the platform's names always win — with the run's scoped storage
+    credentials as `AWS_*` when it has them (the launcher drops the deployment's own from the
+    base environment: `without_deployment_credentials`)."""
     env: dict[str, str] = {}
     user = job.spec.training.env
     reserved = sorted(k for k in user if is_reserved(k))
@@ -76,6 +78,8 @@ def job_environment(job: TrainingJob, plan: Plan, worker_env: WorkerEnv, *, gpu:
     if gpu:
         env.update(plan.nccl_env)
     env.update(worker_env.to_env())
+    if worker_env.storage_credentials is not None:
+        env.update(worker_env.storage_credentials.to_env())
     return env
 
 

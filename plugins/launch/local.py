@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from trainyard.config.worker_env import without_deployment_credentials
 from trainyard.plugins.files import write_atomic
 from trainyard.plugins.launch import rank_zygote
 from trainyard.plugins.launch.base import LaunchError
@@ -247,6 +248,8 @@ class LocalLauncher:
         # torchrun (a launch from inside a job) would mislead the new agents.
         env = {k: v for k, v in self.base_env.items()
                if not (k in INHERITED_TORCH_ENV or k.startswith("TORCHELASTIC_"))}
+        if worker_env.storage_credentials is not None:  # the run's own keys replace the deployment's
+            env = without_deployment_credentials(env)
         # The script's folder only: Trainyard itself is imported from the installed distribution
         # (`trainyard.…`), never from a folder on the path beside the user's own modules.
         paths = [str(workdir)]

@@ -280,9 +280,12 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
     env = TORCHRUN_ENV | job_environment(job, plan, worker_env, gpu=gpu)
     if gpu:
         env = DEFAULT_NCCL_ENV | env
-    env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(env.items())]
-    env_list.append({"name": "TRAINYARD_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     name, nodes = volcano_job_name(job.metadata.name, worker_env.run), len(placement.nodes)
+    secret = storage_secret_name(name, worker_env.attempt) if worker_env.storage_credentials else ""
+    env_list: list[dict[str, Any]] = [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}} if secret and k in SECRET_ENV
+        else {"name": k, "value": v} for k, v in sorted(env.items())]
+    env_list.append({"name": "TRAINYARD_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     command = [
         "python", "-m", "torch.distributed.run",
         "--nnodes", str(nodes), "--node-rank", str(node.node_rank),
@@ -352,6 +355,33 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         container["volumeMounts"].append({"name": "source", "mountPath": options.source_root, "readOnly": True})
         container["workingDir"] = options.source_root
     return spec
+
+
+SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+"""The run's storage keys: in the pod as references to the attempt's Secret, never as values in
+the Job (which anyone who may read Jobs, and `trainyard render`, would see)."""
+
+
+def storage_secret_name(volcano_name: str, attempt: int) -> str:
+    """The Secret holding one attempt's storage keys (attempt N+1's Job replaces N's, and N's
+    Secret goes with N's Job: its owner)."""
+    return f"{volcano_name}-storage-{attempt}"
+
+
+def render_storage_secret(job: TrainingJob, worker_env: WorkerEnv, *, attempt: int, namespace: str,
+                          owner: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The attempt's Secret of storage keys (None without keys of its own); `owner`: the Volcano
+    Job (`apiVersion`, `kind`, `name`, `uid`) whose deletion takes it along."""
+    keys = worker_env.storage_credentials
+    if keys is None:
+        return None
+    name = storage_secret_name(volcano_job_name(job.metadata.name, worker_env.run), attempt)
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": job_labels(job, attempt, worker_env.run)}
+    if owner:
+        meta["ownerReferences"] = [{**owner, "controller": False, "blockOwnerDeletion": False}]
+    values = keys.to_env()
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "immutable": True,
+            "stringData": {k: values[k] for k in SECRET_ENV}}
 
 
 def affinity(job_name: str, node: Any, options: KubernetesOptions) -> dict[str, Any]:

@@ -4,7 +4,8 @@ What the Kubernetes launcher calls (`volcano.py`, `kube_status.py`) and nothing 
 namespace it creates, reads and deletes Volcano Jobs, reads their PodGroups, lists pods and events
 and reads pod logs; across the cluster it reads Nodes (the inventory and where node agents run).
 Queues, PriorityClasses and the node-agent DaemonSet are applied once by an administrator
-(`trainyard render k8s`), never by the control plane, so it gets no verb on them; no Secrets, no
+(`trainyard render k8s`), never by the control plane, so it gets no verb on them; of Secrets it
+may only create (each attempt's storage keys, owned by its Job: never read, listed or changed), no
 pod creation (pods come from the Volcano Job's controller), no writes to Nodes.
 
 `RULES` is the one list: the rendered Role/ClusterRole are made from it, and a test holds it
@@ -28,6 +29,7 @@ RULES: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
     ("", "pods", ("list",), False),  # the gang's pods (by label)
     ("", "pods/log", ("get",), False),  # rank logs, failed ranks' tails
     ("", "events", ("list",), False),  # why a pod does not start
+    ("", "secrets", ("create",), False),  # an attempt's storage keys (plugins/storage/credentials.py)
     ("", "nodes", ("get", "list", "watch"), True),  # the inventory, node health, node agents
 )
 

@@ -84,6 +84,7 @@ from trainyard.plugins.launch.manifests import (
     KubernetesOptions,
     pod_name,
     render_queues,
+    render_storage_secret,
     render_volcano_job,
 )
 from trainyard.plugins.placement.inventory import cluster_from_k8s_nodes
@@ -248,6 +249,9 @@ class KubernetesLauncher:
         or another Job of that name is in the way."""
         for warning in check_cluster_settings(job, worker_env, shared_filesystem=self.options.shared_filesystem):
             log.warning("%s", warning.render())
+        if worker_env.storage_credentials is not None and self.core_api is None:
+            raise LaunchError(f"{job.metadata.name}: the run's storage keys go into a Secret, which needs the "
+                              "Kubernetes core API; build the launcher with `core_api` (`from_clients`)")
         body = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=self.options)
         name = body["metadata"]["name"]
         deadline = time.monotonic() + self.delete_timeout_s
@@ -272,6 +276,7 @@ class KubernetesLauncher:
                          existing["metadata"].get("uid"))
                 break
             self._refuse_or_wait(existing, body, attempt, deadline)
+        self._create_storage_secret(job, worker_env, attempt, created)
         records = ""
         if self.records_dir is not None:
             folder = run_dir_for(self.records_dir, job.metadata.name, worker_env.run, attempt)
@@ -281,6 +286,24 @@ class KubernetesLauncher:
                          run_dir=records, world_size=placement.layout.world_size, namespace=self._ns, name=name,
                          uid=str(created.get("metadata", {}).get("uid") or ""),
                          nodes=placement.node_names, ranks_per_node=placement.layout.ranks_per_node)
+
+    def _create_storage_secret(self, job: TrainingJob, worker_env: WorkerEnv, attempt: int,
+                               created: dict[str, Any]) -> None:
+        """The attempt's storage keys as a Secret its pods reference, owned by its Job so that it
+        goes with the Job; made after the Job (its owner must exist; the kubelet retries a pod
+        whose Secret is not there yet). A re-attached attempt finds it made (409)."""
+        meta = created.get("metadata") or {}
+        owner = {"apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}", "kind": "Job",
+                 "name": str(meta.get("name", "")), "uid": str(meta.get("uid", ""))}
+        secret = render_storage_secret(job, worker_env, attempt=attempt, namespace=self._ns, owner=owner)
+        if secret is None or self.core_api is None:
+            return
+        try:
+            self._call(self.core_api.create_namespaced_secret, self._ns, secret)
+        except ApiException as e:
+            if e.status != 409:
+                raise LaunchError(f"cannot create the storage Secret {self._ns}/{secret['metadata']['name']}: "
+                                  f"{e.status} {e.reason}: {_api_message(e)}") from e
 
     @staticmethod
     def _is_this_submission(existing: dict[str, Any], body: dict[str, Any], uid: str) -> bool:

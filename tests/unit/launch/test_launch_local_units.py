@@ -277,3 +277,27 @@ def test_a_half_started_submit_is_swept_before_a_retry(tmp_path: Path) -> None:
         assert orphan.wait(timeout=10) == -9
     finally:
         orphan.kill()
+
+
+def test_a_run_with_its_own_storage_keys_gets_none_of_the_deployments(tmp_path: Path) -> None:
+    """The ranks see the run's scoped keys and nothing through which botocore would find the
+    deployment's: its keys, profile, web identity or instance role."""
+    from tests.support.procs import REPO_ROOT
+    from trainyard.config.worker_env import StorageCredentials
+
+    job, plan, _, env = local_job(tmp_path)
+    deployment = {"PATH": "/usr/bin", "AWS_ACCESS_KEY_ID": "AKIADEPLOYMENT", "AWS_SECRET_ACCESS_KEY": "deploy-secret",
+                  "AWS_SESSION_TOKEN": "deploy-token", "AWS_PROFILE": "platform", "AWS_DEFAULT_REGION": "eu-west-1",
+                  "AWS_WEB_IDENTITY_TOKEN_FILE": "/var/run/secrets/token", "AWS_ROLE_ARN": "arn:aws:iam::1:role/platform"}
+    launcher = LocalLauncher(tmp_path, source_dir=REPO_ROOT, base_env=deployment)
+    workdir = launcher._workdir(job, launcher._entrypoint(job))
+    keys = StorageCredentials(access_key_id="ASIARUN", secret_access_key="run-secret", session_token="run-token")
+    out = launcher._environment(job, plan, env.model_copy(update={"storage_credentials": keys}), workdir, gpu=False)
+    assert (out["AWS_ACCESS_KEY_ID"], out["AWS_SECRET_ACCESS_KEY"], out["AWS_SESSION_TOKEN"]) == (
+        "ASIARUN", "run-secret", "run-token")
+    assert not {"AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"} & set(out)
+    assert out["AWS_EC2_METADATA_DISABLED"] == "true" and out["AWS_DEFAULT_REGION"] == "eu-west-1"
+    assert "deploy" not in " ".join(out.values())
+    # without keys of its own (a file:// store, or `shared`), the run inherits the environment as before
+    plain = launcher._environment(job, plan, env, workdir, gpu=False)
+    assert plain["AWS_ACCESS_KEY_ID"] == "AKIADEPLOYMENT" and plain["AWS_PROFILE"] == "platform"

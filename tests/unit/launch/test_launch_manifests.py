@@ -269,3 +269,42 @@ def test_two_runs_of_a_job_are_two_volcano_jobs_within_the_name_limit() -> None:
     # at every gang size up to 100,000 nodes (the example fleet has 1,248) the last pod's name fits.
     for nodes in (1, 10, 128, 1_248, 12_500, 100_000):
         assert len(pod_name(cut, nodes - 1, nodes)) <= DNS_LABEL, nodes
+
+
+def test_a_runs_storage_keys_reach_the_pods_only_through_the_attempts_secret() -> None:
+    """The Job (what anyone who may read Jobs sees, and what `trainyard render` prints) names the
+    Secret; the keys are only in the Secret, which validates as one and is owned by the Job."""
+    import json
+
+    from trainyard.config.worker_env import StorageCredentials
+    from trainyard.plugins.launch.manifests import (
+        SECRET_ENV,
+        render_storage_secret,
+        storage_secret_name,
+    )
+
+    job, plan, placement, env = gpu_job()
+    keys = StorageCredentials(access_key_id="ASIARUNKEY", secret_access_key="run-secret", session_token="run-token")
+    env = env.model_copy(update={"storage_credentials": keys})
+    body = render_volcano_job(job, plan, placement, env, attempt=2)
+    validate_volcano(body, JOBS_CRD)
+    assert not {"ASIARUNKEY", "run-secret", "run-token"} & set(json.dumps(body).replace('"', " ").split())
+    secret_name = storage_secret_name(body["metadata"]["name"], 2)
+    for task in body["spec"]["tasks"]:
+        validate_k8s(pod_of(task))
+        by_name = {e["name"]: e for e in pod_of(task)["spec"]["containers"][0]["env"]}
+        for var in SECRET_ENV:
+            assert by_name[var] == {"name": var, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": var}}}
+        assert by_name["AWS_EC2_METADATA_DISABLED"]["value"] == "true"
+    owner = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": body["metadata"]["name"], "uid": "u-1"}
+    secret = render_storage_secret(job, env, attempt=2, namespace="team-a", owner=owner)
+    assert secret is not None
+    validate_k8s(secret)
+    assert secret["metadata"]["name"] == secret_name and secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert secret["stringData"] == {"AWS_ACCESS_KEY_ID": "ASIARUNKEY", "AWS_SECRET_ACCESS_KEY": "run-secret",
+                                    "AWS_SESSION_TOKEN": "run-token"}
+    # a run without keys of its own renders as before: no Secret, no reference
+    _, _, _, plain = gpu_job()
+    assert render_storage_secret(job, plain, attempt=2, namespace="team-a") is None
+    plain_pod = pod_of(render_volcano_job(job, plan, placement, plain, attempt=2)["spec"]["tasks"][0])
+    assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in plain_pod["spec"]["containers"][0]["env"])

@@ -415,3 +415,25 @@ def test_both_launchers_meet_the_protocol_settle_included(mocked: tuple[Kubernet
 
     assert isinstance(mocked[0], Launcher) and isinstance(LocalLauncher(tmp_path), Launcher)
     assert "settle" in Launcher.__dict__
+
+
+def test_the_attempts_storage_secret_is_made_after_its_job_and_owned_by_it() -> None:
+    from kubernetes.client import CoreV1Api
+
+    from trainyard.config.worker_env import StorageCredentials
+
+    job, plan, placement, env = gpu_job()
+    env = env.model_copy(update={"storage_credentials": StorageCredentials(
+        access_key_id="ASIARUN", secret_access_key="s", session_token="t")})
+    api, core = create_autospec(CustomObjectsApi, instance=True), create_autospec(CoreV1Api, instance=True)
+    api.create_namespaced_custom_object.side_effect = lambda *a, **k: {**a[4], "metadata": {
+        **a[4]["metadata"], "uid": "job-uid"}}
+    handle = KubernetesLauncher(api, core_api=core).submit(job, plan, placement, env, attempt=2)
+    (namespace, secret), _ = core.create_namespaced_secret.call_args
+    assert namespace == handle.namespace and secret["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
+    assert secret["metadata"]["ownerReferences"][0]["name"] == handle.name
+    core.create_namespaced_secret.side_effect = ApiException(status=409, reason="AlreadyExists")
+    KubernetesLauncher(api, core_api=core).submit(job, plan, placement, env, attempt=2)  # a retried launch
+    with pytest.raises(LaunchError, match="core API"):  # keys and no way to hand them over: refused up front
+        KubernetesLauncher(create_autospec(CustomObjectsApi, instance=True)).submit(job, plan, placement, env,
+                                                                                    attempt=2)
