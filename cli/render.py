@@ -58,7 +58,6 @@ def run(args: argparse.Namespace) -> int:
         render_volcano_job,
         to_yaml,
     )
-    from trainyard.plugins.launch.tenancy import TEAM_ACCOUNT, team_namespace
     from trainyard.plugins.placement.gang import place_gang
     from trainyard.plugins.placement.inventory import Inventory
     from trainyard.plugins.placement.model import GangRequest, Unschedulable
@@ -72,12 +71,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     job, cluster = loaded
     settings = get_settings()
+    options = KubernetesOptions(namespace=args.namespace, pin_to="node" if args.pin_nodes else "rack", **(
+        {"platform_image": args.platform_image} if args.platform_image else {}))
     try:
-        namespace = args.namespace or team_namespace(job.metadata.team)
-        # The team's data account exists only in the team's own namespace.
-        account = {"service_account": TEAM_ACCOUNT} if namespace == team_namespace(job.metadata.team) else {}
-        options = KubernetesOptions(namespace=namespace, pin_to="node" if args.pin_nodes else "rack", **account, **(
-            {"platform_image": args.platform_image} if args.platform_image else {}))
         plan, _ = plan_for_job(job, cluster, memory_fraction=settings.memory_fraction)
         inventory = Inventory.from_cluster(cluster)
         placement = place_gang(GangRequest.for_job(job, plan, attempt=args.attempt), inventory)

@@ -49,7 +49,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainyard.plugins.launch.environment import TORCHRUN_ENV, entry_args, job_environment
 from trainyard.plugins.launch.netpol import render_network_policy
 from trainyard.plugins.launch.rank_exec import rank_exec_args
-from trainyard.plugins.launch.tenancy import render_platform_namespace, render_teams, team_namespace
+from trainyard.plugins.launch.tenancy import (
+    TEAM_ACCOUNT,
+    render_platform_namespace,
+    render_teams,
+    team_namespace,
+)
 from trainyard.plugins.placement.fairshare import BASE_PRIORITY
 from trainyard.plugins.placement.inventory import RACK_LABEL, UNKNOWN_RACK
 
@@ -90,8 +95,9 @@ class KubernetesOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    namespace: str = "trainyard"
-    """The job's namespace (`trainyard render k8s` renders into the team's, `tenancy.team_namespace`)."""
+    namespace: str | None = None
+    """The job's namespace; None: its team's (`tenancy.team_namespace`), where its pods run as the
+    team's data account (`tenancy.TEAM_ACCOUNT`) unless `service_account` names another."""
     platform_namespace: str = "trainyard"
     """The control plane's ServiceAccount and the node-agent DaemonSet: not a team's namespace, and
     not under Pod Security `restricted` (the agent needs a hostPort and a hostPath)."""
@@ -217,6 +223,9 @@ def render_volcano_job(
     options = options or KubernetesOptions()
     _check(job, plan, placement, attempt)
     name = volcano_job_name(job.metadata.name, worker_env.run)
+    if options.namespace is None:
+        options = options.model_copy(update={"namespace": team_namespace(job.metadata.team),
+                                             "service_account": options.service_account or TEAM_ACCOUNT})
     worker_env = worker_env.model_copy(update={
         "heartbeat_dir": "/".join([options.heartbeat_root, job.metadata.name, *([worker_env.run] if worker_env.run else []),
                                    str(attempt)]),
@@ -579,10 +588,11 @@ def render_all(job: TrainingJob, plan: Plan, placement: Placement, worker_env: W
     options = options or KubernetesOptions()
     volcano = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=options)
     selector = {k: v for k, v in volcano["metadata"]["labels"].items() if k in ("trainyard.io/job", "trainyard.io/run")}
-    policy = render_network_policy(volcano["metadata"]["name"], options.namespace, selector, endpoints=list(endpoints),
+    namespace = volcano["metadata"]["namespace"]
+    policy = render_network_policy(volcano["metadata"]["name"], namespace, selector, endpoints=list(endpoints),
                                    platform_namespace=options.platform_namespace,
                                    labels=job_labels(job, attempt, worker_env.run))
-    job_namespaces = [*(team_namespace(name) for name in sorted(teams.teams)), options.namespace]
+    job_namespaces = [*(team_namespace(name) for name in sorted(teams.teams)), namespace]
     return [render_platform_namespace(options.platform_namespace),
             *render_teams(teams, cpu_cluster=placement.gpu_type == "cpu"),
             *render_rbac(options.platform_namespace, job_namespaces), *render_priority_classes(),

@@ -131,7 +131,7 @@ def test_everything_rendered_validates_and_nothing_is_privileged() -> None:
     docs = render_all(job, plan, placement, env, load_teams(), attempt=0, total_gpus=10_000)
     kinds = [d["kind"] for d in docs]
     teams = ["Namespace", "ResourceQuota", "ServiceAccount"] * 6
-    rbac = ["ServiceAccount", "ClusterRole"] + ["RoleBinding"] * 7 + ["ClusterRole", "ClusterRoleBinding"]
+    rbac = ["ServiceAccount", "ClusterRole"] + ["RoleBinding"] * 6 + ["ClusterRole", "ClusterRoleBinding"]
     assert kinds == (["Namespace", *teams, *rbac] + ["PriorityClass"] * 5 + ["Queue"] * 6
                      + ["DaemonSet", "NetworkPolicy", "Job"])
     for doc in docs:
@@ -290,3 +290,13 @@ def test_two_runs_of_a_job_are_two_volcano_jobs_within_the_name_limit() -> None:
     # at every gang size up to 100,000 nodes (the example fleet has 1,248) the last pod's name fits.
     for nodes in (1, 10, 128, 1_248, 12_500, 100_000):
         assert len(pod_name(cut, nodes - 1, nodes)) <= DNS_LABEL, nodes
+
+
+def test_a_job_goes_to_its_teams_namespace_as_its_data_account_unless_told_otherwise() -> None:
+    job, plan, placement, env = gpu_job()
+    default = render_volcano_job(job, plan, placement, env, attempt=0)
+    assert default["metadata"]["namespace"] == "team-foundation"
+    assert default["spec"]["tasks"][0]["template"]["spec"]["serviceAccountName"] == "trainyard-data"
+    told = render_volcano_job(job, plan, placement, env, attempt=0, options=KubernetesOptions(namespace="ml"))
+    assert told["metadata"]["namespace"] == "ml"
+    assert "serviceAccountName" not in told["spec"]["tasks"][0]["template"]["spec"]  # no data account there
