@@ -581,15 +581,17 @@ def render_all(job: TrainingJob, plan: Plan, placement: Placement, worker_env: W
     """Everything `trainyard render k8s` prints, in apply order: the platform's namespace, each
     team's namespace, quota and data ServiceAccount (`tenancy.py`), the control plane's RBAC
     (bound in every team namespace and the job's), PriorityClasses, Queues, the node agent, the
-    job's NetworkPolicy (`netpol.py`; `endpoints`: the object store's and the tracker's URLs) and
-    the Volcano Job."""
+    job's NetworkPolicy (`netpol.py`; `endpoints`: the object store's and the tracker's URLs, and
+    `spec.source.git`'s repository is added) and the Volcano Job."""
     from trainyard.plugins.launch.rbac import render_rbac  # rbac reads this module's group names
 
     options = options or KubernetesOptions()
     volcano = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=options)
     selector = {k: v for k, v in volcano["metadata"]["labels"].items() if k in ("trainyard.io/job", "trainyard.io/run")}
     namespace = volcano["metadata"]["namespace"]
-    policy = render_network_policy(volcano["metadata"]["name"], namespace, selector, endpoints=list(endpoints),
+    git = job.spec.source.git
+    endpoints = [*endpoints, *([git.repo] if git is not None else [])]
+    policy = render_network_policy(volcano["metadata"]["name"], namespace, selector, endpoints=endpoints,
                                    platform_namespace=options.platform_namespace,
                                    labels=job_labels(job, attempt, worker_env.run))
     job_namespaces = [*(team_namespace(name) for name in sorted(teams.teams)), namespace]

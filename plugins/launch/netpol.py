@@ -13,7 +13,8 @@ How each endpoint becomes a peer (a NetworkPolicy names addresses, never DNS nam
   Service's translation, which the URL does not tell;
 - any other host name (AWS S3, an external MLflow): that port to any address. NetworkPolicy
   cannot say less; an egress gateway or a CNI's FQDN policy can, and is the cluster's choice.
-`file://` and SQLite settings are no network endpoint (and are refused in clusters by
+A `spec.source.git` repository is one more endpoint (its init container fetches through the
+same policy), scp-like `git@host:path` as `ssh://`. `file://` and SQLite settings are no network endpoint (and are refused in clusters by
 `cluster_settings`). DNS is kube-system's `k8s-app: kube-dns` pods on port 53, UDP and TCP.
 
 A policy is only as good as the network plugin that enforces it; the API server validates its
@@ -23,21 +24,24 @@ shape and stores it whether or not one does (README, Security).
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
 DNS_SELECTOR = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
                 "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
 NODE_AGENT_LABELS = {"app.kubernetes.io/name": "trainyard-node-agent"}
-_DEFAULT_PORTS = {"http": 80, "https": 443, "s3": 443}
+_DEFAULT_PORTS = {"http": 80, "https": 443, "s3": 443, "ssh": 22, "git": 9418}
+_SCP_LIKE = re.compile(r"^[\w.-]+@([\w.-]+):")
 
 
 def endpoint_rule(url: str) -> dict[str, Any] | None:
     """The egress rule that lets a pod reach `url`; None for what is not a network endpoint."""
-    parts = urlsplit(url)
+    scp = _SCP_LIKE.match(url)
+    parts = urlsplit(f"ssh://{scp.group(1)}/" if scp else url)
     if parts.scheme == "s3":  # s3://bucket/prefix without an endpoint: the AWS S3 service
         return {"ports": [{"protocol": "TCP", "port": 443}]}
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https", "ssh", "git") or not parts.hostname:
         return None
     host = parts.hostname
     port = parts.port or _DEFAULT_PORTS[parts.scheme]

@@ -300,3 +300,16 @@ def test_a_job_goes_to_its_teams_namespace_as_its_data_account_unless_told_other
     told = render_volcano_job(job, plan, placement, env, attempt=0, options=KubernetesOptions(namespace="ml"))
     assert told["metadata"]["namespace"] == "ml"
     assert "serviceAccountName" not in told["spec"]["tasks"][0]["template"]["spec"]  # no data account there
+
+
+def test_the_jobs_network_policy_lets_its_init_container_fetch_the_source() -> None:
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    job, plan, placement, env = gpu_job(source={"entrypoint": "pretrain.py", "git": {
+        "repo": "git@git.example.com:acme/train.git", "commit": commit}})
+    docs = render_all(job, plan, placement, env, load_teams(), attempt=0, total_gpus=10_000,
+                      endpoints=["http://10.0.0.9:9000"])
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "team-foundation"
+    assert policy["spec"]["egress"][2:] == [
+        {"to": [{"ipBlock": {"cidr": "10.0.0.9/32"}}], "ports": [{"protocol": "TCP", "port": 9000}]},
+        {"ports": [{"protocol": "TCP", "port": 22}]}]

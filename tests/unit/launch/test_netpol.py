@@ -33,6 +33,9 @@ def test_each_kind_of_endpoint() -> None:
     assert endpoint_rule("http://minio.example.com:9000") == {"ports": [{"protocol": "TCP", "port": 9000}]}
     assert endpoint_rule("http://store.data.svc.cluster.local:9000") == {
         "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "data"}}}]}
+    assert endpoint_rule("git@github.com:org/repo.git") == {"ports": [{"protocol": "TCP", "port": 22}]}
+    assert endpoint_rule("ssh://git@10.1.2.3:2222/repo") == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}],
+                                                             "ports": [{"protocol": "TCP", "port": 2222}]}
     assert endpoint_rule("file:///var/objects") is None
     assert endpoint_rule("sqlite:////tmp/mlflow.db") is None
 
