@@ -1,8 +1,10 @@
 """`trainyard render k8s SPEC`: the Kubernetes manifests of a job, as multi-document YAML.
 
-The control plane's least-privilege ServiceAccount and roles (`plugins/launch/rbac.py`),
-PriorityClasses, the teams' Volcano Queues, the node-agent DaemonSet and the job's Volcano
-Job, in apply order (`trainyard render k8s job.yaml | kubectl apply -f -`). The job is placed
+The platform's namespace, each team's namespace with its quota, Pod Security `restricted` and
+data ServiceAccount (`plugins/launch/tenancy.py`), the control plane's least-privilege
+ServiceAccount and roles (`plugins/launch/rbac.py`), PriorityClasses, the teams' Volcano Queues,
+the node-agent DaemonSet, the job's NetworkPolicy (`plugins/launch/netpol.py`) and its Volcano
+Job in its team's namespace, in apply order (`trainyard render k8s job.yaml | kubectl apply -f -`). The job is placed
 on the cluster inventory first (nothing is reserved): each pod requires the rack the placer
 chose and prefers its node (`--pin-nodes` requires the node).
 
@@ -28,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("spec", type=Path, metavar="SPEC", help="TrainingJob spec (YAML)")
     p.add_argument("--cluster", help="cluster name or file (default: the first with the spec's gpuType)")
     p.add_argument("--attempt", type=int, default=0, help="attempt number (default 0)")
-    p.add_argument("--namespace", default="trainyard", help="namespace of the job (default trainyard)")
+    p.add_argument("--namespace", default=None,
+                   help="namespace of the job (default: its team's, team-<team>)")
     p.add_argument("--platform-image", default=None, help="image of the node agent")
     p.add_argument("--job-only", action="store_true", help="only the Volcano Job (no queues, classes, agent)")
     p.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
@@ -85,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
             docs = [render_volcano_job(job, plan, placement, worker_env, attempt=args.attempt, options=options)]
         else:
             docs = render_all(job, plan, placement, worker_env, load_teams(settings.teams_file),
-                              attempt=args.attempt, total_gpus=inventory.total_gpus(), options=options)
+                              attempt=args.attempt, total_gpus=inventory.total_gpus(), options=options,
+                              endpoints=[settings.s3_endpoint_url or settings.object_store,
+                                         settings.mlflow_tracking_uri])
     except Unschedulable as e:
         err_console.print(f"[red]unschedulable[/]: {e.reason.message}")
         return 1

@@ -8,6 +8,12 @@ JSON document, an empty file after a full disk. Such a file is skipped and warne
 
 Parsed files are cached by (inode, mtime, size), so a scrape re-reads only files that changed.
 The agent never writes into the heartbeat folders.
+
+The root may be a glob (issue 56): on a cluster whose team namespaces enforce Pod Security
+`restricted`, a job's pods may not mount a hostPath, so their heartbeats live in an `emptyDir`
+and the agent reads the kubelet's copies of those volumes,
+`<kubelet pods>/*/volumes/kubernetes.io~empty-dir/heartbeats` — only those folders, never the
+other volumes of the node's pods (datasets, checkpoints) the recursive glob would descend into.
 """
 
 from __future__ import annotations
@@ -51,14 +57,15 @@ class HeartbeatReader:
 
     def scan(self) -> list[tuple[Path, Heartbeat]]:
         """Every valid heartbeat under the root, sorted by path."""
-        if not self.root.is_dir():
+        roots = self.roots()
+        if not roots:
             self._once.info("no-root", "heartbeat dir %s does not exist (yet): no ranks to report", self.root)
             self._cache.clear()
             self.invalid_files, self.invalid = 0, {}
             return []
         self._once.forget("no-root")
         found: dict[Path, _Entry] = {}
-        for path in sorted(self.root.rglob(FILE_PATTERN)):
+        for path in sorted(path for root in roots for path in root.rglob(FILE_PATTERN)):
             try:
                 st = path.stat()
             except OSError:  # replaced or removed between the glob and the stat
@@ -77,6 +84,14 @@ class HeartbeatReader:
         bad = [(str(path), e.why) for path, e in found.items() if e.beat is None]
         self.invalid_files, self.invalid = len(bad), dict(bad[:MAX_NAMED_INVALID])
         return [(path, e.beat) for path, e in found.items() if e.beat is not None]
+
+    def roots(self) -> list[Path]:
+        """The folders scanned: the root, or each folder a glob root matches (none that is absent)."""
+        text = str(self.root)
+        if not any(c in text for c in "*?["):
+            return [self.root] if self.root.is_dir() else []
+        anchor = Path(self.root.anchor or ".")
+        return [p for p in sorted(anchor.glob(str(self.root.relative_to(anchor)))) if p.is_dir()]
 
     def _parse(self, path: Path, size: int) -> tuple[Heartbeat | None, str]:
         """(the heartbeat, '') or (None, why it is not one). Values are bounded by the model

@@ -28,9 +28,12 @@ admission (`minAvailable` = every worker: all pods start or none) and the team q
 A pod template is ~3 KB, so one Job holds a few hundred nodes before reaching the API server's
 object size limit; `render_volcano_job` refuses larger ones with the numbers.
 
-Security: pods run as non-root with no privilege escalation, all capabilities dropped but
-`IPC_LOCK` (RDMA registers pinned memory) on GPU clusters, a RuntimeDefault seccomp profile,
-and never `privileged`.
+Security: a job's pods pass Pod Security `restricted`, which its team's namespace enforces
+(`tenancy.py`): non-root, no privilege escalation, every capability dropped, a RuntimeDefault
+seccomp profile, never `privileged`, no hostPath (heartbeats go to an `emptyDir` the node agent
+reads through the kubelet's folder). `restricted` refuses `IPC_LOCK`, which RDMA's pinned-memory
+registration would otherwise use: on RDMA clusters the container runtime must give pods an
+unlimited RLIMIT_MEMLOCK (`ipc_lock=True` adds the capability where a namespace allows it).
 """
 
 from __future__ import annotations
@@ -38,12 +41,20 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainyard.plugins.launch.environment import TORCHRUN_ENV, entry_args, job_environment
+from trainyard.plugins.launch.netpol import render_network_policy
 from trainyard.plugins.launch.rank_exec import rank_exec_args
+from trainyard.plugins.launch.tenancy import (
+    TEAM_ACCOUNT,
+    render_platform_namespace,
+    render_teams,
+    team_namespace,
+)
 from trainyard.plugins.placement.fairshare import BASE_PRIORITY
 from trainyard.plugins.placement.inventory import RACK_LABEL, UNKNOWN_RACK
 
@@ -84,7 +95,12 @@ class KubernetesOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    namespace: str = "trainyard"
+    namespace: str | None = None
+    """The job's namespace; None: its team's (`tenancy.team_namespace`), where its pods run as the
+    team's data account (`tenancy.TEAM_ACCOUNT`) unless `service_account` names another."""
+    platform_namespace: str = "trainyard"
+    """The control plane's ServiceAccount and the node-agent DaemonSet: not a team's namespace, and
+    not under Pod Security `restricted` (the agent needs a hostPort and a hostPath)."""
     scheduler_name: str = "volcano"
     rdma_resource: str | None = "rdma/rdma_shared_device_a"
     """Device-plugin resource for the InfiniBand HCA (Mellanox shared-device plugin's default
@@ -97,7 +113,15 @@ class KubernetesOptions(BaseModel):
     termination_grace_s: int = 300
     """Time for the emergency checkpoint after SIGTERM (DESIGN §5, preempted)."""
     heartbeat_root: str = "/var/run/trainyard/heartbeats"
-    """hostPath shared by the workers (writers) and the node agent (reader)."""
+    """Where the workers write heartbeats in their pods (and, with a hostPath, the node's folder)."""
+    heartbeat_volume: Literal["emptyDir", "hostPath"] = "emptyDir"
+    """`emptyDir`: what Pod Security `restricted` allows; the node agent reads every pod's copy
+    under the kubelet's folder (`kubelet_pods_dir`). `hostPath`: the node's `heartbeat_root`,
+    shared as is (a namespace at `privileged`; the test harness's emulated kubelet)."""
+    kubelet_pods_dir: str = "/var/lib/kubelet/pods"
+    """The kubelet's `--root-dir`/pods on the nodes, where it keeps each pod's `emptyDir` volumes."""
+    ipc_lock: bool = False
+    """Add `IPC_LOCK` to GPU pods with an RDMA resource; Pod Security `restricted` refuses it."""
     run_dir: str = "/var/run/trainyard/run"
     """Where the pod's run folder (an `emptyDir`) is mounted: `TRAINYARD_RUN_DIR`, the worker's
     records (`diverged.json`, …) and `exits.jsonl`, each rank's exit as `rank_exec` writes it,
@@ -199,6 +223,9 @@ def render_volcano_job(
     options = options or KubernetesOptions()
     _check(job, plan, placement, attempt)
     name = volcano_job_name(job.metadata.name, worker_env.run)
+    if options.namespace is None:
+        options = options.model_copy(update={"namespace": team_namespace(job.metadata.team),
+                                             "service_account": options.service_account or TEAM_ACCOUNT})
     worker_env = worker_env.model_copy(update={
         "heartbeat_dir": "/".join([options.heartbeat_root, job.metadata.name, *([worker_env.run] if worker_env.run else []),
                                    str(attempt)]),
@@ -309,7 +336,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
     else:
         resources = {"requests": {"cpu": str(node.slots)}, "limits": {"cpu": str(node.slots)}}
     capabilities: dict[str, Any] = {"drop": ["ALL"]}
-    if gpu and options.rdma_resource:
+    if gpu and options.rdma_resource and options.ipc_lock:
         capabilities["add"] = ["IPC_LOCK"]
     container = {
         "name": "trainer",
@@ -340,7 +367,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
-            {"name": "heartbeats", "hostPath": {"path": options.heartbeat_root, "type": "DirectoryOrCreate"}},
+            heartbeat_volume(options),
             {"name": "run", "emptyDir": {}},
         ],
     }
@@ -382,6 +409,25 @@ def render_storage_secret(job: TrainingJob, worker_env: WorkerEnv, *, attempt: i
     values = keys.to_env()
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "immutable": True,
             "stringData": {k: values[k] for k in SECRET_ENV}}
+
+
+def heartbeat_volume(options: KubernetesOptions) -> dict[str, Any]:
+    """The job pods' `heartbeats` volume (`KubernetesOptions.heartbeat_volume`)."""
+    if options.heartbeat_volume == "hostPath":
+        return {"name": "heartbeats", "hostPath": {"path": options.heartbeat_root, "type": "DirectoryOrCreate"}}
+    return {"name": "heartbeats", "emptyDir": {}}
+
+
+KUBELET_PODS_MOUNT = "/host/kubelet-pods"
+"""Where the node agent sees the kubelet's pods folder (read-only)."""
+
+
+def agent_heartbeat_root(options: KubernetesOptions) -> str:
+    """The node agent's `--heartbeat-dir`: the hostPath itself, or a glob over every pod's
+    `heartbeats` emptyDir in the kubelet's folder (`HeartbeatReader` reads only those)."""
+    if options.heartbeat_volume == "hostPath":
+        return options.heartbeat_root
+    return f"{KUBELET_PODS_MOUNT}/*/volumes/kubernetes.io~empty-dir/heartbeats"
 
 
 def affinity(job_name: str, node: Any, options: KubernetesOptions) -> dict[str, Any]:
@@ -473,11 +519,18 @@ def render_queues(teams: Teams, total_gpus: int) -> list[dict[str, Any]]:
 
 
 def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dict[str, Any]:
-    """The node agent on every GPU node: reads the heartbeat hostPath, watches GPUs (NVML),
-    serves /health and /metrics on `node_agent_port`.
+    """The node agent on every GPU node: reads the workers' heartbeats, watches GPUs (NVML),
+    serves /health and /metrics on `node_agent_port`. It runs in the platform's namespace
+    (`options.platform_namespace`), never a team's: a hostPort and a hostPath are beyond Pod
+    Security `restricted`.
 
-    The kubelet creates a missing hostPath as root, mode 0755, which the non-root workers
-    could not write into; an init container (root, every capability dropped — chmod of a
+    With the pods' heartbeats in `emptyDir`s (the default), the agent mounts the kubelet's pods
+    folder read-only and reads each pod's `heartbeats` volume there: as root (the kubelet's folders
+    are root's, mode 0750) with every capability dropped but `DAC_READ_SEARCH` (the heartbeat
+    files are the workers', mode 0600), never writing.
+
+    With a hostPath: the kubelet creates a missing one as root, mode 0755, which the non-root
+    workers could not write into; an init container (root, every capability dropped — chmod of a
     directory one owns needs none) makes the root sticky and world-writable (1777, like /tmp),
     and each job writes its own `<job>/<attempt>/` below it.
     """
@@ -509,7 +562,7 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
             "image": options.platform_image,
             # every interface of the pod: the health watcher polls it from another node
             "command": ["trainyard-node-agent", "--node", "$(NODE_NAME)", "--host", "0.0.0.0", "--port", str(port),
-                        "--heartbeat-dir", options.heartbeat_root],
+                        "--heartbeat-dir", agent_heartbeat_root(options)],
             "env": [
                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                 # NVML access through the NVIDIA container runtime, without claiming a GPU.
@@ -528,11 +581,18 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
         }],
         "volumes": [{"name": "heartbeats", "hostPath": {"path": options.heartbeat_root, "type": "DirectoryOrCreate"}}],
     }
+    if options.heartbeat_volume == "emptyDir":
+        agent = pod["containers"][0]
+        del pod["initContainers"]
+        agent["securityContext"] |= {"runAsUser": 0, "runAsNonRoot": False,
+                                     "capabilities": {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}}
+        agent["volumeMounts"] = [{"name": "kubelet-pods", "mountPath": KUBELET_PODS_MOUNT, "readOnly": True}]
+        pod["volumes"] = [{"name": "kubelet-pods", "hostPath": {"path": options.kubelet_pods_dir, "type": "Directory"}}]
     if options.service_account:
         pod["serviceAccountName"] = options.service_account
     return {
         "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "trainyard-node-agent", "namespace": options.namespace, "labels": labels},
+        "metadata": {"name": "trainyard-node-agent", "namespace": options.platform_namespace, "labels": labels},
         "spec": {
             "selector": {"matchLabels": {"app.kubernetes.io/name": "trainyard-node-agent"}},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
@@ -546,14 +606,29 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
 
 
 def render_all(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, teams: Teams,
-               *, attempt: int, total_gpus: int, options: KubernetesOptions | None = None) -> list[dict[str, Any]]:
-    """Everything `trainyard render k8s` prints, in apply order."""
-    from trainyard.plugins.launch.rbac import render_rbac
+               *, attempt: int, total_gpus: int, options: KubernetesOptions | None = None,
+               endpoints: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Everything `trainyard render k8s` prints, in apply order: the platform's namespace, each
+    team's namespace, quota and data ServiceAccount (`tenancy.py`), the control plane's RBAC
+    (bound in every team namespace and the job's), PriorityClasses, Queues, the node agent, the
+    job's NetworkPolicy (`netpol.py`; `endpoints`: the object store's and the tracker's URLs, and
+    `spec.source.git`'s repository is added) and the Volcano Job."""
+    from trainyard.plugins.launch.rbac import render_rbac  # rbac reads this module's group names
 
     options = options or KubernetesOptions()
-    return [*render_rbac(options.namespace), *render_priority_classes(), *render_queues(teams, total_gpus),
-            render_node_agent_daemonset(options),
-            render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=options)]
+    volcano = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=options)
+    selector = {k: v for k, v in volcano["metadata"]["labels"].items() if k in ("trainyard.io/job", "trainyard.io/run")}
+    namespace = volcano["metadata"]["namespace"]
+    git = job.spec.source.git
+    endpoints = [*endpoints, *([git.repo] if git is not None else [])]
+    policy = render_network_policy(volcano["metadata"]["name"], namespace, selector, endpoints=endpoints,
+                                   platform_namespace=options.platform_namespace,
+                                   labels=job_labels(job, attempt, worker_env.run))
+    job_namespaces = [*(team_namespace(name) for name in sorted(teams.teams)), namespace]
+    return [render_platform_namespace(options.platform_namespace),
+            *render_teams(teams, cpu_cluster=placement.gpu_type == "cpu"),
+            *render_rbac(options.platform_namespace, job_namespaces), *render_priority_classes(),
+            *render_queues(teams, total_gpus), render_node_agent_daemonset(options), policy, volcano]
 
 
 def to_yaml(docs: list[dict[str, Any]]) -> str:

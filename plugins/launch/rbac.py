@@ -1,26 +1,33 @@
 """The control plane's identity on a cluster: a ServiceAccount with least privilege (issue 55).
 
 What the Kubernetes launcher calls (`volcano.py`, `kube_status.py`) and nothing more: in the jobs'
-namespace it creates, reads and deletes Volcano Jobs, reads their PodGroups, lists pods and events
+namespaces (each team's, `tenancy.py`; issue 56) it creates, reads and deletes Volcano Jobs, reads their PodGroups, lists pods and events
 and reads pod logs; across the cluster it reads Nodes (the inventory and where node agents run).
 Queues, PriorityClasses and the node-agent DaemonSet are applied once by an administrator
 (`trainyard render k8s`), never by the control plane, so it gets no verb on them; of Secrets it
 may only create (each attempt's storage keys, owned by its Job: never read, listed or changed), no
 pod creation (pods come from the Volcano Job's controller), no writes to Nodes.
 
-`RULES` is the one list: the rendered Role/ClusterRole are made from it, and a test holds it
+The namespaced rules are one ClusterRole (`<account>-jobs`) that grants nothing by itself: a
+RoleBinding in each jobs' namespace grants it there, so the account may create Volcano Jobs in
+the team namespaces only, not in its own, `kube-system` or any other.
+
+`RULES` is the one list: the rendered ClusterRoles are made from it, and a test holds it
 against a real kube-apiserver with RBAC on (each call the launcher makes is allowed with the
 account's own token; the rest is refused).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from trainyard.plugins.launch.manifests import QUEUE_GROUP, VOLCANO_GROUP, VOLCANO_PLURAL
 
 ACCOUNT = "trainyard-control-plane"
-"""The ServiceAccount (in the jobs' namespace), and the name of its Role, ClusterRole and bindings."""
+"""The ServiceAccount (in the platform's namespace), and the name of its ClusterRoles and bindings."""
+JOBS_ROLE = f"{ACCOUNT}-jobs"
+"""The ClusterRole of the namespaced rules, bound per jobs' namespace."""
 
 RULES: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
     # (API group, resource, verbs, cluster-wide)
@@ -39,17 +46,21 @@ def _rules(cluster_wide: bool) -> list[dict[str, Any]]:
             for group, resource, verbs, wide in RULES if wide == cluster_wide]
 
 
-def render_rbac(namespace: str) -> list[dict[str, Any]]:
-    """ServiceAccount, Role + RoleBinding (the jobs' namespace), ClusterRole + ClusterRoleBinding."""
+def render_rbac(namespace: str, job_namespaces: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """ServiceAccount (in `namespace`, the platform's), the ClusterRole of the namespaced rules with
+    a RoleBinding in each of `job_namespaces` (default: `namespace` alone), and the ClusterRole of
+    the cluster-wide rules with its ClusterRoleBinding."""
     meta = {"name": ACCOUNT, "labels": {"app.kubernetes.io/part-of": "trainyard"}}
     subject = [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": namespace}]
     rbac = "rbac.authorization.k8s.io"
+    bindings = [{"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": {**meta, "namespace": ns},
+                 "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": JOBS_ROLE}, "subjects": subject}
+                for ns in dict.fromkeys(job_namespaces if job_namespaces is not None else (namespace,))]
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": namespace}},
-        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": {**meta, "namespace": namespace},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": {**meta, "name": JOBS_ROLE},
          "rules": _rules(False)},
-        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": {**meta, "namespace": namespace},
-         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": ACCOUNT}, "subjects": subject},
+        *bindings,
         {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": meta, "rules": _rules(True)},
         {"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": meta,
          "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": ACCOUNT}, "subjects": subject},

@@ -204,10 +204,6 @@ class KubernetesLauncher:
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return Retrying(sleep=self.sleep, **self._retrying())(fn, *args, **kwargs)
 
-    @property
-    def _ns(self) -> str:
-        return self.options.namespace
-
     def _core(self) -> CoreV1Api:
         if self.core_api is None:
             raise ValueError("this needs a CoreV1Api for pods, nodes and logs (pass core_api=…)")
@@ -253,26 +249,26 @@ class KubernetesLauncher:
             raise LaunchError(f"{job.metadata.name}: the run's storage keys go into a Secret, which needs the "
                               "Kubernetes core API; build the launcher with `core_api` (`from_clients`)")
         body = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=self.options)
-        name = body["metadata"]["name"]
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         deadline = time.monotonic() + self.delete_timeout_s
         while True:
             try:
                 created = self._call(self.api.create_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,
-                                     self._ns, VOLCANO_PLURAL, body)
+                                     namespace, VOLCANO_PLURAL, body)
                 break
             except ApiException as e:
                 if e.status != 409:
-                    raise LaunchError(f"cannot create Volcano Job {self._ns}/{name}: {e.status} {e.reason}: "
+                    raise LaunchError(f"cannot create Volcano Job {namespace}/{name}: {e.status} {e.reason}: "
                                       f"{_api_message(e)}") from e
             try:
-                existing = self._get_job(self._ns, name)
+                existing = self._get_job(namespace, name)
             except ApiException as e:
                 if e.status == 404:  # deleted between our create and our read: create again
                     continue
                 raise
             if self._is_this_submission(existing, body, uid):
                 created = existing
-                log.info("Volcano Job %s/%s exists for this attempt: re-attached (uid %s)", self._ns, name,
+                log.info("Volcano Job %s/%s exists for this attempt: re-attached (uid %s)", namespace, name,
                          existing["metadata"].get("uid"))
                 break
             self._refuse_or_wait(existing, body, attempt, deadline)
@@ -283,7 +279,7 @@ class KubernetesLauncher:
             folder.mkdir(parents=True, exist_ok=True)
             records = str(folder)
         return RunHandle(kind="kubernetes", job=job.metadata.name, run=worker_env.run, attempt=attempt,
-                         run_dir=records, world_size=placement.layout.world_size, namespace=self._ns, name=name,
+                         run_dir=records, world_size=placement.layout.world_size, namespace=namespace, name=name,
                          uid=str(created.get("metadata", {}).get("uid") or ""),
                          nodes=placement.node_names, ranks_per_node=placement.layout.ranks_per_node)
 
@@ -314,7 +310,7 @@ class KubernetesLauncher:
 
     def _refuse_or_wait(self, existing: dict[str, Any], body: dict[str, Any], attempt: int, deadline: float) -> None:
         meta = existing.get("metadata") or {}
-        where = f"{self._ns}/{meta.get('name')}"
+        where = f"{meta.get('namespace')}/{meta.get('name')}"
         labels = meta.get("labels") or {}
         if meta.get("deletionTimestamp"):
             if time.monotonic() > deadline:

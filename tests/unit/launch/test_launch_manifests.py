@@ -105,7 +105,8 @@ def test_resources_shm_security_and_environment(rendered: tuple[dict[str, Any], 
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
     sc = container["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert sc["capabilities"] == {"drop": ["ALL"]}  # Pod Security restricted: no IPC_LOCK
+    assert {"name": "heartbeats", "emptyDir": {}} in pod["volumes"]  # restricted: no hostPath
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_ALGO"] == "Ring"  # defaults + the plan's
     assert env["MY_FLAG"] == "1"
@@ -129,7 +130,10 @@ def test_everything_rendered_validates_and_nothing_is_privileged() -> None:
     job, plan, placement, env = gpu_job()
     docs = render_all(job, plan, placement, env, load_teams(), attempt=0, total_gpus=10_000)
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"] + ["PriorityClass"] * 5 + ["Queue"] * 6 + ["DaemonSet", "Job"]
+    teams = ["Namespace", "ResourceQuota", "ServiceAccount"] * 6
+    rbac = ["ServiceAccount", "ClusterRole"] + ["RoleBinding"] * 6 + ["ClusterRole", "ClusterRoleBinding"]
+    assert kinds == (["Namespace", *teams, *rbac] + ["PriorityClass"] * 5 + ["Queue"] * 6
+                     + ["DaemonSet", "NetworkPolicy", "Job"])
     for doc in docs:
         if doc["kind"] == "Queue":
             validate_volcano(doc, QUEUES_CRD)
@@ -149,8 +153,25 @@ def test_queues_carry_shares_and_quotas() -> None:
     assert classes["trainyard-critical"] > classes["trainyard-normal"] > classes["trainyard-preemptible"]
 
 
+def test_node_agent_reads_the_pods_heartbeat_volumes_through_the_kubelets_folder() -> None:
+    """The default: the pods' heartbeats are emptyDirs; the agent, in the platform's namespace,
+    reads them under the kubelet's pods folder, read-only, as root with DAC_READ_SEARCH alone."""
+    ds = render_node_agent_daemonset(KubernetesOptions(namespace="team-a", platform_namespace="ops"))
+    validate_k8s(ds)
+    assert ds["metadata"]["namespace"] == "ops"
+    pod = ds["spec"]["template"]["spec"]
+    agent = pod["containers"][0]
+    assert agent["command"][-2:] == ["--heartbeat-dir", "/host/kubelet-pods/*/volumes/kubernetes.io~empty-dir/heartbeats"]
+    assert agent["volumeMounts"] == [{"name": "kubelet-pods", "mountPath": "/host/kubelet-pods", "readOnly": True}]
+    assert pod["volumes"] == [{"name": "kubelet-pods", "hostPath": {"path": "/var/lib/kubelet/pods", "type": "Directory"}}]
+    sc = agent["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert "initContainers" not in pod
+
+
 def test_node_agent_daemonset_runs_the_agent_as_specified() -> None:
-    ds = render_node_agent_daemonset(KubernetesOptions(namespace="ops"))
+    ds = render_node_agent_daemonset(KubernetesOptions(platform_namespace="ops", heartbeat_volume="hostPath"))
     validate_k8s(ds)
     pod = ds["spec"]["template"]["spec"]
     agent = pod["containers"][0]
@@ -308,3 +329,26 @@ def test_a_runs_storage_keys_reach_the_pods_only_through_the_attempts_secret() -
     assert render_storage_secret(job, plain, attempt=2, namespace="team-a") is None
     plain_pod = pod_of(render_volcano_job(job, plan, placement, plain, attempt=2)["spec"]["tasks"][0])
     assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in plain_pod["spec"]["containers"][0]["env"])
+
+
+def test_a_job_goes_to_its_teams_namespace_as_its_data_account_unless_told_otherwise() -> None:
+    job, plan, placement, env = gpu_job()
+    default = render_volcano_job(job, plan, placement, env, attempt=0)
+    assert default["metadata"]["namespace"] == "team-foundation"
+    assert default["spec"]["tasks"][0]["template"]["spec"]["serviceAccountName"] == "trainyard-data"
+    told = render_volcano_job(job, plan, placement, env, attempt=0, options=KubernetesOptions(namespace="ml"))
+    assert told["metadata"]["namespace"] == "ml"
+    assert "serviceAccountName" not in told["spec"]["tasks"][0]["template"]["spec"]  # no data account there
+
+
+def test_the_jobs_network_policy_lets_its_init_container_fetch_the_source() -> None:
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    job, plan, placement, env = gpu_job(source={"entrypoint": "pretrain.py", "git": {
+        "repo": "git@git.example.com:acme/train.git", "commit": commit}})
+    docs = render_all(job, plan, placement, env, load_teams(), attempt=0, total_gpus=10_000,
+                      endpoints=["http://10.0.0.9:9000"])
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "team-foundation"
+    assert policy["spec"]["egress"][2:] == [
+        {"to": [{"ipBlock": {"cidr": "10.0.0.9/32"}}], "ports": [{"protocol": "TCP", "port": 9000}]},
+        {"ports": [{"protocol": "TCP", "port": 22}]}]

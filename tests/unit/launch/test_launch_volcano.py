@@ -388,7 +388,7 @@ def test_permanent_errors_fail_at_once_and_retries_give_up(mocked: tuple[Kuberne
     launcher, api, sleeps = mocked
     job, plan, placement, env = gpu_job()
     api.create_namespaced_custom_object.side_effect = api_error(403)
-    with pytest.raises(LaunchError, match=r"cannot create Volcano Job trainyard/gpt-200b-[0-9a-f]{6}: 403"):
+    with pytest.raises(LaunchError, match=r"cannot create Volcano Job team-foundation/gpt-200b-[0-9a-f]{6}: 403"):
         launcher.submit(job, plan, placement, env, attempt=2)
     assert api.create_namespaced_custom_object.call_count == 1 and sleeps == []
     api.create_namespaced_custom_object.side_effect = api_error(500)

@@ -11,6 +11,7 @@ import yaml
 from tests.unit.launch.launch_fixtures import GPU_SPEC, validate_volcano
 from trainyard.cli.main import main
 from trainyard.config.settings import get_settings
+from trainyard.config.teams import load_teams
 
 
 @pytest.fixture(autouse=True)
@@ -29,11 +30,32 @@ def test_renders_every_manifest_in_apply_order(tmp_path: Path, capsys: pytest.Ca
     spec.write_text(yaml.safe_dump(GPU_SPEC))
     assert main(["render", "k8s", str(spec), "--cluster", "h100-fleet", "--namespace", "ml", "--attempt", "3"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [d["kind"] for d in docs][-2:] == ["DaemonSet", "Job"]
+    assert [d["kind"] for d in docs][-3:] == ["DaemonSet", "NetworkPolicy", "Job"]
     job = docs[-1]
     validate_volcano(job, "batch.volcano.sh_jobs.yaml")
     assert job["metadata"]["namespace"] == "ml" and job["metadata"]["labels"]["trainyard.io/attempt"] == "3"
     assert job["spec"]["minAvailable"] == 32
+
+
+def test_the_job_renders_into_its_teams_namespace_beside_every_teams_objects(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --namespace: the job, its pods' account and its NetworkPolicy in `team-<team>`;
+    every team's namespace, quota and account rendered; the control plane bound in each."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(GPU_SPEC))
+    assert main(["render", "k8s", str(spec), "--cluster", "h100-fleet"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    job, policy = docs[-1], docs[-2]
+    assert job["metadata"]["namespace"] == policy["metadata"]["namespace"] == "team-foundation"
+    assert {t["template"]["spec"]["serviceAccountName"] for t in job["spec"]["tasks"]} == {"trainyard-data"}
+    teams = load_teams()
+    of = {kind: [d for d in docs if d["kind"] == kind] for kind in ("Namespace", "ResourceQuota", "RoleBinding")}
+    assert [d["metadata"]["name"] for d in of["Namespace"]] == ["trainyard", *(f"team-{t}" for t in sorted(teams.teams))]
+    assert {d["metadata"]["namespace"]: d["spec"]["hard"] for d in of["ResourceQuota"]} == {
+        f"team-{name}": {"requests.nvidia.com/gpu": str(team.quota_gpus)} for name, team in teams.teams.items()}
+    assert sorted(d["metadata"]["namespace"] for d in of["RoleBinding"]) == sorted(f"team-{t}" for t in teams.teams)
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    assert ds["metadata"]["namespace"] == "trainyard"
 
 
 def test_job_only_to_a_file_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,6 +45,20 @@ def test_finds_heartbeats_in_nested_folders(tmp_path: Path) -> None:
     assert sorted((b.job, b.rank) for _, b in found) == [("a", 0), ("a", 1), ("b", 0)]
 
 
+def test_a_glob_root_reads_only_the_kubelets_heartbeat_volumes(tmp_path: Path) -> None:
+    """On a cluster the root is the kubelet's pods folder, globbed to each pod's `heartbeats`
+    emptyDir: a heartbeat-named file in another volume of a pod (a dataset) is not read."""
+    pods = tmp_path / "kubelet" / "pods"
+    for uid, job in (("uid-1", "a"), ("uid-2", "b")):
+        write_heartbeat(pods / uid / "volumes" / "kubernetes.io~empty-dir" / "heartbeats" / job / "0", _beat(0, job=job))
+    write_heartbeat(pods / "uid-1" / "volumes" / "kubernetes.io~csi" / "dataset" / "mount", _beat(3, job="data"))
+    (pods / "uid-3" / "volumes").mkdir(parents=True)  # a pod without heartbeats
+    reader = HeartbeatReader(pods / "*" / "volumes" / "kubernetes.io~empty-dir" / "heartbeats")
+    assert [p.parts[-4] for p in reader.roots()] == ["uid-1", "uid-2"]
+    assert sorted((b.job, b.rank) for _, b in reader.scan()) == [("a", 0), ("b", 0)]
+    assert HeartbeatReader(tmp_path / "absent" / "*" / "heartbeats").scan() == []
+
+
 @pytest.mark.parametrize("what", sorted(BAD_FILES))
 def test_bad_files_are_skipped_with_one_warning_each(tmp_path: Path, what: str,
                                                      caplog: pytest.LogCaptureFixture) -> None:
