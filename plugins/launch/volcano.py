@@ -272,7 +272,7 @@ class KubernetesLauncher:
                          existing["metadata"].get("uid"))
                 break
             self._refuse_or_wait(existing, body, attempt, deadline)
-        self._create_storage_secret(job, worker_env, attempt, created)
+        self._create_storage_secret(job, worker_env, attempt, created, namespace)
         records = ""
         if self.records_dir is not None:
             folder = run_dir_for(self.records_dir, job.metadata.name, worker_env.run, attempt)
@@ -284,21 +284,21 @@ class KubernetesLauncher:
                          nodes=placement.node_names, ranks_per_node=placement.layout.ranks_per_node)
 
     def _create_storage_secret(self, job: TrainingJob, worker_env: WorkerEnv, attempt: int,
-                               created: dict[str, Any]) -> None:
+                               created: dict[str, Any], namespace: str) -> None:
         """The attempt's storage keys as a Secret its pods reference, owned by its Job so that it
         goes with the Job; made after the Job (its owner must exist; the kubelet retries a pod
         whose Secret is not there yet). A re-attached attempt finds it made (409)."""
         meta = created.get("metadata") or {}
         owner = {"apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}", "kind": "Job",
                  "name": str(meta.get("name", "")), "uid": str(meta.get("uid", ""))}
-        secret = render_storage_secret(job, worker_env, attempt=attempt, namespace=self._ns, owner=owner)
+        secret = render_storage_secret(job, worker_env, attempt=attempt, namespace=namespace, owner=owner)
         if secret is None or self.core_api is None:
             return
         try:
-            self._call(self.core_api.create_namespaced_secret, self._ns, secret)
+            self._call(self.core_api.create_namespaced_secret, namespace, secret)
         except ApiException as e:
             if e.status != 409:
-                raise LaunchError(f"cannot create the storage Secret {self._ns}/{secret['metadata']['name']}: "
+                raise LaunchError(f"cannot create the storage Secret {namespace}/{secret['metadata']['name']}: "
                                   f"{e.status} {e.reason}: {_api_message(e)}") from e
 
     @staticmethod
