@@ -10,7 +10,10 @@ that hit one rank):
   SIGKILLs itself (a hard crash: no handler, no cleanup);
 - `sigterm@N` — rank 0 alone sends itself SIGTERM before step N, as a preemption notice that
   reaches one rank first (the ranks must still agree on when to stop);
-- `sigkill@N:R` — rank R SIGKILLs itself before step N (a worker crash mid-run);
+- `sigkill@N:R` — rank R SIGKILLs itself before step N (a worker crash mid-run), once its part of
+  a checkpoint still in flight is written (`TrainingSession.before_step`): the run resumes from
+  the newest checkpoint before N, not from whichever one the race with the save left (on a
+  loaded machine the step-10 save of a kill at step 15 was still writing);
 - `hang@N:R` — rank R stops itself with SIGSTOP before step N (alive, no progress: a hang);
 - `oom@N` — every rank raises `torch.OutOfMemoryError` in step N (inside the session's
   `stop_on_oom()`, where a real one would surface).
@@ -68,10 +71,14 @@ class Faults:
     def loss(self, step: int, loss: float) -> float:
         return float("nan") if self.due("nan_loss", step) else loss
 
+    def kills(self, step: int, rank: int) -> bool:
+        """`rank` SIGKILLs itself before `step` (`sigkill@N:R`)."""
+        return self.ranks.get("sigkill") == rank and self.due("sigkill", step)
+
     def before_step(self, step: int, rank: int) -> None:
         if rank == 0 and self.due("sigterm", step):
             os.kill(os.getpid(), signal.SIGTERM)
-        if self.ranks.get("sigkill") == rank and self.due("sigkill", step):
+        if self.kills(step, rank):
             os.kill(os.getpid(), signal.SIGKILL)
         if self.ranks.get("hang") == rank and self.due("hang", step):
             os.kill(os.getpid(), signal.SIGSTOP)

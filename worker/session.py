@@ -329,6 +329,8 @@ class TrainingSession:
     def before_step(self, step: int) -> None:
         """Optional hook before a step (only the test fault injection uses it)."""
         self._step = step
+        if self._checkpoints is not None and self.faults.kills(step, self.rank):
+            self._checkpoints.wait()  # the injected crash comes after the save in flight (`faults`)
         self.faults.before_step(step, self.rank)
 
     @contextmanager
