@@ -61,17 +61,51 @@ def issue_for_attempt(job: TrainingJob, settings: Settings, *, run: str, attempt
     """The attempt's credentials, or None where the ranks keep the deployment's (`scoped`)."""
     if not scoped(settings):
         return None
+    from botocore.exceptions import BotoCoreError, ClientError
+
     from trainyard.config.worker_env import StorageCredentials
 
     limit = job.spec.training.max_runtime
-    keys = Issuer(settings.s3_endpoint_url).issue(
-        role_name(settings.object_store, job.name, run), grants_for(job, settings, run=run, resume_from=resume_from),
-        expected_s=limit.total_seconds() + EXPIRY_MARGIN_S if limit else None,
-        session=session_name(job.name, run, f"a{attempt}"),
-        tags={"trainyard.io/job": job.name, "trainyard.io/run": run, "trainyard.io/team": job.metadata.team})
+    grants = grants_for(job, settings, run=run, resume_from=resume_from)
+    try:
+        keys = Issuer(settings.s3_endpoint_url).issue(
+            role_name(settings.object_store, job.name, run), grants,
+            expected_s=limit.total_seconds() + EXPIRY_MARGIN_S if limit else None,
+            session=session_name(job.name, run, f"a{attempt}"),
+            tags={"trainyard.io/job": job.name, "trainyard.io/run": run, "trainyard.io/team": job.metadata.team})
+    except (ClientError, BotoCoreError) as e:
+        raise issuing_failed(e) from e
     return StorageCredentials(access_key_id=keys["AccessKeyId"], secret_access_key=keys["SecretAccessKey"],
                               session_token=keys["SessionToken"], expiration=keys.get("Expiration"),
                               role_arn=keys["RoleArn"])
+
+
+TRANSIENT_CODES = frozenset({"Throttling", "ThrottlingException", "RequestLimitExceeded", "ServiceUnavailable",
+                             "InternalFailure", "InternalError", "RequestTimeout", "SlowDown"})
+"""What IAM and STS answer when asking again later may succeed."""
+
+NEEDED = ("iam:CreateRole, iam:GetRole, iam:PutRolePolicy, iam:DeleteRolePolicy, iam:DeleteRole, "
+          "sts:AssumeRole and sts:GetCallerIdentity")
+
+
+def issuing_failed(error: Exception) -> Exception:
+    """What a launch says when the store would not issue the run's keys: a `TransientError` to
+    retry (throttled, unreachable, a server error), else a `FatalError` that names the
+    permissions the deployment's own credentials need and the way back to shared keys — the
+    default became per-run keys, so a deployment that worked before meets this first."""
+    from botocore.exceptions import ClientError
+
+    from trainyard.plugins.errors import FatalError, TransientError
+
+    code = error.response.get("Error", {}).get("Code", "") if isinstance(error, ClientError) else ""
+    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(error, ClientError) else 0
+    if not isinstance(error, ClientError) or code in TRANSIENT_CODES or status >= 500:
+        return TransientError(f"could not issue this run's storage credentials (IAM/STS): {error}")
+    return FatalError(
+        f"the object store would not issue this run's storage credentials: {error}. Each run's ranks get "
+        f"keys of their own on S3 (TRAINYARD_STORAGE_CREDENTIALS=per-run, the default): the deployment's "
+        f"credentials need {NEEDED}; or set TRAINYARD_STORAGE_CREDENTIALS=shared to give the ranks the "
+        "deployment's keys (a store without IAM and STS, e.g. MinIO)")
 
 
 def revoke_for_run(job: TrainingJob, settings: Settings, *, run: str) -> bool:

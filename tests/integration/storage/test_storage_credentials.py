@@ -155,3 +155,29 @@ def test_each_attempt_gets_new_keys_and_closing_the_run_revokes_them(iam_s3: Iam
         assert _refused(s3.get_object, Bucket=iam_s3.bucket, Key="root/datasets/team-a/part-0.jsonl") in (
             "AccessDenied", "500")
     assert not revoke_for_run(job, settings, run=RUN)  # a second close finds nothing
+
+
+def test_a_deployment_whose_keys_may_not_issue_is_told_what_they_need(
+        iam_s3: IamS3, world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-run keys are the default on S3: a deployment whose own credentials may use S3 but not
+    IAM (what worked before) gets a fatal launch error naming the permissions and the way back
+    to shared keys, not boto's AccessDenied alone."""
+    import json
+
+    from trainyard.plugins.errors import FatalError
+
+    job, settings = world
+    iam = iam_s3.client("iam")
+    iam.create_user(UserName="s3-only")
+    iam.put_user_policy(UserName="s3-only", PolicyName="s3", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="s3-only")["AccessKey"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+    try:
+        with pytest.raises(FatalError, match="TRAINYARD_STORAGE_CREDENTIALS=shared") as refused:
+            issue_for_attempt(job, settings, run=RUN, attempt=0)
+    finally:  # the fixture's clean-up revokes with the deployment's keys
+        for name, value in iam_s3.admin.items():
+            monkeypatch.setenv(name, value)
+    assert "iam:CreateRole" in str(refused.value) and "AccessDenied" in str(refused.value), refused.value

@@ -48,3 +48,19 @@ def test_no_keys_for_a_file_store_or_a_shared_deployment(tmp_path: Path) -> None
                      Settings(home=tmp_path, object_store="s3://store/root", storage_credentials="shared")):
         assert not scoped(settings)
         assert issue_for_attempt(job, settings, run="r-1", attempt=0) is None  # no network call either
+
+
+def test_a_refusal_to_issue_is_fatal_and_a_throttle_or_an_outage_is_retried() -> None:
+    from botocore.exceptions import ClientError, EndpointConnectionError
+
+    from trainyard.plugins.attempt.storage_access import issuing_failed
+    from trainyard.plugins.errors import FatalError, TransientError
+
+    def error(code: str, status: int) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                           "CreateRole")
+
+    assert isinstance(issuing_failed(error("AccessDenied", 403)), FatalError)
+    assert isinstance(issuing_failed(error("Throttling", 400)), TransientError)
+    assert isinstance(issuing_failed(error("InternalFailure", 500)), TransientError)
+    assert isinstance(issuing_failed(EndpointConnectionError(endpoint_url="http://iam.example")), TransientError)
