@@ -266,14 +266,22 @@ def telling_line(text: str) -> str:
 def _startup_error(ev: Evidence, first: tuple[int, int | None] | None, tail: str) -> str:
     """The start-up error line every failed rank ended with ('' when it is not one): the first
     failure exited with a plain code (a signal is the world's doing), no rank reached a step, and
-    each failed rank whose log was read ends with the same start-up error."""
-    if first is None or first[1] is None or first[1] <= 0 or first[1] >= 128:
+    each rank that exited with a plain code and whose log was read ends with the same start-up
+    error. A rank the agent's clean-up ended with a signal before it got that far (the first
+    rank's error came first) failed no other way: its log is not asked."""
+    if first is None or first[1] is None or not _plain_exit(first[1]):
         return ""
     if (ev.status.step or 0) > 0 or (_min_step(ev) or 0) > 0:
         return ""
     line = _unprefixed(find_line(tail, (STARTUP_ERROR,)))
-    others = {_unprefixed(find_line(t, (STARTUP_ERROR,))) for t in ev.log_tails.values() if t}
+    plain = {r.rank for r in ev.status.ranks if _plain_exit(r.exit_code)}
+    others = {_unprefixed(find_line(t, (STARTUP_ERROR,))) for rank, t in ev.log_tails.items() if t and rank in plain}
     return line if line and others <= {line} else ""
+
+
+def _plain_exit(code: int | None) -> bool:
+    """An exit code the process chose (1–127), not a signal's."""
+    return code is not None and 0 < code < 128
 
 
 def _unprefixed(line: str) -> str:

@@ -336,6 +336,13 @@ def test_the_same_start_up_error_on_every_rank_before_a_step_is_the_users_error(
                              "ModuleNotFoundError: No module named 'transformerz'")
 
 
+def test_a_peer_the_agent_ended_before_it_reached_the_error_does_not_make_it_a_crash(tmp_path: Path) -> None:
+    """Rank 0's import failed first; torchrun's SIGTERM ended rank 1 before its own import did."""
+    ev, _ = evidence(tmp_path, [Rank(1, step=0, log=IMPORT_ERROR, ended_at=1),
+                                Rank(-15, step=0, log="=== rank 1 restart 0 …\n", ended_at=2)])
+    assert classify(ev).outcome == "user_error"
+
+
 @pytest.mark.parametrize(("ranks", "why"), [
     ([Rank(1, step=5, log=IMPORT_ERROR, ended_at=1), Rank(-15, step=5, ended_at=2)], "it had trained"),
     ([Rank(-9, step=0, log=IMPORT_ERROR, ended_at=1), Rank(-15, step=0, ended_at=2)], "a signal"),
