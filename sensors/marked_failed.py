@@ -59,12 +59,13 @@ def take_over(dag_id: str, dag_run_id: str, *, after_s: float = TAKE_OVER_AFTER_
 
 
 def _take_over(dag_id: str, dag_run_id: str, *, after_s: float, poll_s: float) -> str:
+    from trainyard.operators.common import runtime as engine_runtime
     from trainyard.plugins.control_room.locate import run_of_dag_run
     from trainyard.plugins.run.records import STOP_REASON_FILE
     from trainyard.plugins.state.jobs import RunNotFound, open_job_state
-    from trainyard.sensors.triggers import _runtime, keep_marked_failed, stop_marked_failed
+    from trainyard.sensors.triggers import keep_marked_failed, stop_marked_failed
 
-    runtime = _runtime()
+    runtime = engine_runtime()
     store = open_job_state(runtime.settings.state_db)
     try:
         info = run_of_dag_run(store, dag_id, dag_run_id)
