@@ -51,6 +51,8 @@ BLOCKING_WAITS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "Creat
 """Waiting reasons that do not go away by themselves."""
 TRAINER = "trainer"
 START_TIMEOUT_ANNOTATION = "trainyard.io/start-timeout-s"
+LEGACY_RANKS_ANNOTATION = "trainyard.io/ranks"
+"""A node's ranks (`first-last`) on each task of a Job rendered with one task per node."""
 
 
 @dataclass
@@ -85,14 +87,26 @@ def owned_pods(handle: RunHandle, pods: list[dict[str, Any]], job_uid: str) -> l
 
 def gang_tasks_of(job: Mapping[str, Any]) -> list[GangTask]:
     """The gang's tasks as the Volcano Job (wire form) declares them: name, replicas and each
-    template's slots (`trainyard.io/slots`; 1 where a Job has none)."""
+    template's slots (`trainyard.io/slots`; a Job rendered before it, one task per node, says
+    its node's `trainyard.io/ranks` range instead, and its zero-padded task names sort in node-rank
+    order: an attempt launched before an upgrade is still read right)."""
     tasks, first = [], 0
     for task in (job.get("spec") or {}).get("tasks") or []:
         annotations = ((task.get("template") or {}).get("metadata") or {}).get("annotations") or {}
         replicas = int(task.get("replicas", 1))
-        tasks.append(GangTask(str(task["name"]), int(annotations.get(SLOTS_ANNOTATION, 1)), first, replicas))
+        tasks.append(GangTask(str(task["name"]), _slots(annotations), first, replicas))
         first += replicas
     return tasks
+
+
+def _slots(annotations: Mapping[str, str]) -> int:
+    if SLOTS_ANNOTATION in annotations:
+        return int(annotations[SLOTS_ANNOTATION])
+    low, _, high = annotations.get(LEGACY_RANKS_ANNOTATION, "0").partition("-")
+    try:
+        return int(high or low) - int(low) + 1
+    except ValueError:
+        return 1
 
 
 def node_is_ready(node: Mapping[str, Any] | None) -> bool | None:

@@ -80,3 +80,19 @@ def test_until_every_pod_is_bound_the_handle_keeps_the_placements_nodes() -> Non
     assert status.nodes == [] and h.bound(status) is h
     assert [a.pod for a in status.agents] == [f"j-worker-{i}" for i in range(5)]
     assert [r.rank for r in status.ranks] == [0, 1, 2, 3, 8, 9, 10, 11, 12, 13]  # worker-10, -11 come before -2
+
+
+def test_a_job_rendered_with_a_task_per_node_before_the_upgrade_is_still_read_right() -> None:
+    """An attempt launched by the previous release (tasks `worker-NN`, one pod each, a
+    `trainyard.io/ranks` range per template) keeps its ranks when a new control plane polls it."""
+    old = job()
+    old["spec"]["tasks"] = [{"name": f"worker-{i:02d}", "replicas": 1, "template": {"metadata": {"annotations": {
+        "trainyard.io/ranks": f"{SLOTS * i}-{SLOTS * i + SLOTS - 1}"}}, "spec": {}}} for i in range(NODES)]
+    pods = [pod(0, PLACED[i]) for i in range(NODES)]
+    for i, p in enumerate(pods):
+        p["metadata"]["name"] = f"j-worker-{i:02d}-0"
+    h = handle()
+    status = run_status(h, Observed(job=old, pods=owned_pods(h, pods[::-1], "u1")))
+    assert [a.pod for a in status.agents] == [f"j-worker-{i:02d}-0" for i in range(NODES)]
+    assert [(r.rank, r.node) for r in status.ranks] == [(r, PLACED[r // SLOTS]) for r in range(NODES * SLOTS)]
+    assert status.nodes == PLACED
