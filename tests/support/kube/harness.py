@@ -195,13 +195,7 @@ class KubeHarness:
         heartbeats.mkdir(parents=True, exist_ok=True)
         node = self.nodes[name] = SimNode(name=name, netns=net.netns, address=net.address, root=root,
                                           heartbeat_dir=heartbeats)
-        config = Config(
-            node=name, api=fabric_url, token=self.token, root=str(root), harness_root=str(self.root),
-            address=net.address, repo=str(REPO_ROOT), venv_bin=str(Path(sys.executable).parent),
-            labels={"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "topology.kubernetes.io/rack": self.rack,
-                    "nvidia.com/gpu.count": str(self.cpus_per_node), "nvidia.com/gpu.product": self.gpu_product},
-            capacity={"cpu": str(self.cpus_per_node), "memory": "4Gi", "pods": "110", "ephemeral-storage": "10Gi"},
-            image_env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, missing_images=self.missing_images)
+        config = self._kubelet_config(name, fabric_url, root)
         path = root / "kubelet.json"
         path.write_text(json.dumps(asdict(config)))
         with (root / "kubelet.log").open("ab") as log:
@@ -209,6 +203,19 @@ class KubeHarness:
                 ["ip", "netns", "exec", net.netns, sys.executable, "-m", "tests.support.kube.kubelet", str(path)],
                 cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
+
+    def node_labels(self, name: str) -> dict[str, str]:
+        return {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "topology.kubernetes.io/rack": self.rack,
+                "nvidia.com/gpu.count": str(self.cpus_per_node), "nvidia.com/gpu.product": self.gpu_product}
+
+    def _kubelet_config(self, name: str, api_url: str, root: Path) -> Config:
+        net = self.network.nodes[name]
+        return Config(
+            node=name, api=api_url, token=self.token, root=str(root), harness_root=str(self.root),
+            address=net.address, repo=str(REPO_ROOT), venv_bin=str(Path(sys.executable).parent),
+            labels=self.node_labels(name),
+            capacity={"cpu": str(self.cpus_per_node), "memory": "4Gi", "pods": "110", "ephemeral-storage": "10Gi"},
+            image_env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, missing_images=self.missing_images)
 
     def _start_agent(self, node: SimNode) -> None:
         from tests.support.procs import free_port
