@@ -143,6 +143,15 @@ class Shim:
         except (OSError, ValueError):
             return None
 
+    def finished_at(self) -> str:
+        """When the container's PID 1 ended: the shim writes its status file then (the kubelet may
+        notice later, after it has started the next container)."""
+        try:
+            mtime = (self.folder / f"{self.name}.status").stat().st_mtime
+        except OSError:
+            return now_rfc3339()
+        return datetime.fromtimestamp(mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
     def poll(self) -> int | None:
         if self.code is None:
             done, status = os.waitpid(self.pid, os.WNOHANG)
@@ -171,7 +180,7 @@ class Container:
         code = self.proc.poll()
         if code is None:
             return {"running": {"startedAt": self.started_at}}
-        self.finished_at = self.finished_at or now_rfc3339()
+        self.finished_at = self.finished_at or self.proc.finished_at()
         exit_code = 128 - code if code < 0 else code
         reason = ("OOMKilled" if self.oom_marker.exists() and exit_code == 137
                   else "Completed" if exit_code == 0 else "Error")

@@ -57,6 +57,12 @@ class RealKubeHarness(KubeHarness):
 
     # --- start / stop ---
 
+    def __enter__(self) -> RealKubeHarness:
+        if self.cluster is not None:  # started already (entered once to tell a skip from a failure)
+            return self
+        super().__enter__()
+        return self
+
     def start(self) -> RealKubeHarness:
         import atexit
 
