@@ -9,7 +9,9 @@ What each test holds against the real components, not against text our emulator 
   webhook, unsuspended on admission), kube-scheduler puts one pod on each node, the init
   container runs before the main one, both as the securityContext's user and groups with the
   emptyDir owned by fsGroup, and the Job controller marks the Job Complete;
-- a Job over the quota stays suspended, with Kueue's own reason in its Workload's conditions.
+- a Job over the quota stays suspended, with Kueue's own reason in its Workload's conditions;
+- a graceful deletion is finished by the kubelet once the container ended on SIGTERM;
+- a deleted Job's pods are deleted by kube-controller-manager's garbage collector.
 """
 
 from __future__ import annotations
@@ -166,3 +168,64 @@ def test_a_job_over_the_quota_stays_suspended_with_kueues_reason(kube: RealKubeH
     assert rest.get("batch/v1", "jobs", NAMESPACE, "too-big")["spec"]["suspend"] is True
     assert not rest.list("v1", "pods", NAMESPACE, labels="batch.kubernetes.io/job-name=too-big")
 
+
+
+WAIT_FOR_TERM = """trap 'echo "got SIGTERM"; exit 0' TERM
+echo started
+while true; do sleep 0.2; done
+"""
+
+
+def waiting_pod_spec() -> dict[str, Any]:
+    """A container that runs until SIGTERM (PID 1 of its namespace: it handles the signal itself)."""
+    return {"restartPolicy": "Never", "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 300,
+            "containers": [{"name": "main", "image": "trainyard:test", "workingDir": "/",
+                            "command": ["sh", "-c", WAIT_FOR_TERM]}]}
+
+
+def gone(kube: RealKubeHarness, name: str) -> bool:
+    from tests.support.kube.rest import RestError
+
+    try:
+        kube.rest().get("v1", "pods", NAMESPACE, name)
+    except RestError as e:
+        return e.status == 404
+    return False
+
+
+def test_a_graceful_deletion_is_confirmed_by_the_kubelet_once_the_container_ended(kube: RealKubeHarness) -> None:
+    """The API server only marks the pod (deletionTimestamp, 300 s grace); the kubelet sends
+    SIGTERM and, once the container has ended, removes the pod itself: nothing else in a real
+    cluster would before the grace ran out."""
+    rest = kube.rest()
+    rest.create("v1", "pods", NAMESPACE, {"apiVersion": "v1", "kind": "Pod",
+                                          "metadata": {"name": "graceful", "namespace": NAMESPACE},
+                                          "spec": waiting_pod_spec()})
+    kube.wait_for(lambda: rest.get("v1", "pods", NAMESPACE, "graceful")["status"].get("phase") == "Running", RUN_S,
+                  "the pod to run")
+    log = kube.pod_dir("graceful", NAMESPACE) / "main.log"
+    rest.delete("v1", "pods", NAMESPACE, "graceful")
+    marked = rest.get("v1", "pods", NAMESPACE, "graceful")["metadata"]
+    assert marked["deletionTimestamp"] and marked["deletionGracePeriodSeconds"] == 300
+    kube.wait_for(lambda: gone(kube, "graceful"), RUN_S, "the kubelet to confirm the deletion")
+    assert "got SIGTERM" in log.read_text()
+
+
+def test_a_deleted_jobs_pods_are_collected_by_the_garbage_collector(kube: RealKubeHarness) -> None:
+    """No queue label: Kueue leaves the Job alone. Deleting the Job (background propagation, as
+    kubectl does) leaves its pods to kube-controller-manager's garbage collector, which deletes
+    them through their owner reference; the kubelet ends them."""
+    rest = kube.rest()
+    rest.create("batch/v1", "jobs", NAMESPACE, {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "orphan", "namespace": NAMESPACE},
+        "spec": {"backoffLimit": 0, "template": {"spec": waiting_pod_spec()}}})
+    selector = "batch.kubernetes.io/job-name=orphan"
+    pods = kube.wait_for(lambda: [p for p in rest.list("v1", "pods", NAMESPACE, labels=selector)
+                                  if p["status"].get("phase") == "Running"], RUN_S, "the Job's pod to run")
+    assert pods[0]["metadata"]["ownerReferences"][0]["kind"] == "Job"
+    rest.delete("batch/v1", "jobs", NAMESPACE, "orphan", {"propagationPolicy": "Background"})
+    kube.wait_for(lambda: not rest.list("v1", "pods", NAMESPACE, labels=selector), RUN_S,
+                  "the garbage collector to delete the Job's pod and the kubelet to end it")
+    log = (kube.nodes[pods[0]["spec"]["nodeName"]].root / "pods"
+           / f"{NAMESPACE}_{pods[0]['metadata']['name']}_{pods[0]['metadata']['uid']}" / "main.log")
+    assert "got SIGTERM" in log.read_text()
