@@ -8,7 +8,8 @@ What each test holds against the real components, not against text our emulator 
 - Kueue admits an Indexed Job within its ClusterQueue's quota (created suspended by Kueue's
   webhook, unsuspended on admission), kube-scheduler puts one pod on each node, the init
   container runs before the main one, both as the securityContext's user and groups with the
-  emptyDir owned by fsGroup, and the Job controller marks the Job Complete;
+  emptyDir owned by fsGroup, each finds its peer by `<hostname>.<subdomain>` once the peer has
+  an address, and the Job controller marks the Job Complete;
 - a Job over the quota stays suspended, with Kueue's own reason in its Workload's conditions;
 - a graceful deletion is finished by the kubelet once the container ended on SIGTERM;
 - a deleted Job's pods are deleted by kube-controller-manager's garbage collector.
@@ -77,6 +78,9 @@ echo "volume=$(stat -c '%g %a' /mnt)"
 touch /mnt/main-$JOB_COMPLETION_INDEX
 echo "file=$(stat -c '%u %g' /mnt/main-$JOB_COMPLETION_INDEX)"
 echo "index=$JOB_COMPLETION_INDEX"; echo "host=$(hostname)"
+peer=gang-$((1 - JOB_COMPLETION_INDEX)).workers
+for i in $(seq 150); do getent hosts $peer > /mnt/peer && break; sleep 0.2; done
+echo "peer=$(cut -d' ' -f1 /mnt/peer)"
 """
 
 
@@ -155,6 +159,8 @@ def test_kueue_admits_an_indexed_job_scheduled_one_pod_per_node(kube: RealKubeHa
         assert facts["volume"] == f"{FS_GROUP} 2777", "the emptyDir belongs to fsGroup, setgid"
         assert facts["file"] == f"{UID} {FS_GROUP}", "a file made in it gets fsGroup"
         assert (facts["index"], facts["host"]) == (index, f"gang-{index}"), "the Job controller's index and host name"
+        peer = next(p for p in pods if p is not pod)
+        assert facts["peer"] == peer["status"]["podIP"], "the peer's name resolves to its address"
 
 
 def test_a_job_over_the_quota_stays_suspended_with_kueues_reason(kube: RealKubeHarness) -> None:

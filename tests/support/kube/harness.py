@@ -108,8 +108,7 @@ class KubeHarness:
                  gpu_product: str = "cpu", rack: str = RACK, namespace: str = "trainyard",
                  missing_images: Sequence[str] = (), node_grace_s: float = 10.0, eviction_s: float = 1.0,
                  node_agents: bool = True) -> None:
-        netns.check_available()
-        schemas.check_crds_present()
+        self.check_prerequisites()
         self.root = Path(root).resolve()
         self.node_names = list(nodes)
         self.cpus_per_node = cpus_per_node
@@ -128,6 +127,13 @@ class KubeHarness:
         self._controllers: threading.Thread | None = None
         self.controller_errors: list[str] = []
         self._closed = False
+
+    @staticmethod
+    def check_prerequisites() -> None:
+        """Raise `NetnsUnavailable` or `SchemaMissing` (the emulator validates against the
+        Volcano schemas) saying why this harness cannot run here."""
+        netns.check_available()
+        schemas.check_crds_present()
 
     # --- start / stop ---
 

@@ -20,8 +20,10 @@ process listens on the bridge address inside the fabric namespace and relays eac
 bytes only, to the API server's loopback port: TLS runs end to end between the kubelet and the
 API server, whose certificate names the bridge address.
 
-DNS: `lifecycle.ClusterDns` from the emulator, on a thread: a bound pod's `<hostname>.<subdomain>`
-names its node's address in every node's /etc/hosts.
+DNS: `lifecycle.ClusterDns` from the emulator, on a thread, publishing a pod only once its
+kubelet reported its address: `<hostname>.<subdomain>[.<namespace>.svc.cluster.local]` in every
+node's /etc/hosts, for pods whose subdomain is a Service of their namespace (no CoreDNS: ready
+or not, a pod with an address is published, as with `publishNotReadyAddresses`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from tests.support.kube.lifecycle import ClusterDns, node_ready
 from tests.support.kube.real_cluster import RealCluster, real_cluster
 from tests.support.kube.rest import Rest, RestError
 
-SELF_LABEL_PREFIXES = ("kubernetes.io/hostname", "kubernetes.io/os", "kubernetes.io/arch")
+SELF_LABELS = ("kubernetes.io/hostname", "kubernetes.io/os", "kubernetes.io/arch")
 """Labels a kubelet sets on its own Node; NodeRestriction refuses it other `kubernetes.io` ones."""
 HEARTBEAT_S = 10.0
 """The kubelet's default nodeStatusUpdateFrequency and Lease renew interval."""
@@ -54,6 +56,11 @@ class RealKubeHarness(KubeHarness):
         self.cluster: RealCluster | None = None
         self._stack = ExitStack()
         self._relay: socket.socket | None = None
+
+    @staticmethod
+    def check_prerequisites() -> None:
+        """Network namespaces only: the real API server validates, no shared schemas needed."""
+        netns.check_available()
 
     # --- start / stop ---
 
@@ -75,7 +82,7 @@ class RealKubeHarness(KubeHarness):
         self._relay = self.network.listen_in_fabric(FABRIC_PORT)
         threading.Thread(target=_relay, args=(self._relay, self.cluster.secure_port, self._stop),
                          name="apiserver-relay", daemon=True).start()
-        dns = ClusterDns(self.rest(), self.network.write_hosts)
+        dns = ClusterDns(self.rest(), self.network.write_hosts, addressed_only=True)
         threading.Thread(target=self._run_dns, args=(dns,), name="cluster-dns", daemon=True).start()
         for name in self.node_names:
             self._start_node(name, f"https://{netns.FABRIC_ADDRESS}:{FABRIC_PORT}")
@@ -112,7 +119,7 @@ class RealKubeHarness(KubeHarness):
         assert self.cluster is not None
         config.token = self.cluster.node_tokens[name]
         config.ca_file = str(self.cluster.ca_file)
-        config.labels = {k: v for k, v in config.labels.items() if k in SELF_LABEL_PREFIXES}
+        config.labels = {k: v for k, v in config.labels.items() if k in SELF_LABELS}
         config.real_api, config.security_context, config.heartbeat_s = True, True, HEARTBEAT_S
         return config
 
