@@ -95,7 +95,10 @@ class RealCluster:
 
 
 def binaries_missing() -> list[str]:
-    return components.missing()
+    """The binaries not built, and Kueue's CRDs and webhook manifests if the Go module cache
+    no longer holds them (`make kube-components` downloads them)."""
+    config = kueue_config_dir()
+    return components.missing() + ([] if (config / "components" / "crd" / "bases").is_dir() else [str(config)])
 
 
 def kueue_config_dir() -> Path:
