@@ -200,7 +200,7 @@ def _apply_kueue_crds(rest: Rest) -> list[str]:
 
     names = []
     for path in sorted((kueue_config_dir() / "components" / "crd" / "bases").glob("*.yaml")):
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 1.6 MB: 2.6 s, 0.25 s in C
         rest.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc)
         names.append(doc["metadata"]["name"])
     return names
@@ -247,6 +247,7 @@ def _start_kueue(cluster: RealCluster, bin_dir: Path, ca: certs.Pair) -> None:
                                            "metadata": {"name": KUEUE_NAMESPACE}})
     crds = _apply_kueue_crds(rest)
     deadline = time.monotonic() + START_TIMEOUT_S
+    _timed(cluster, "kueue-crds-created", started)
     while not _established(rest, crds):
         if time.monotonic() > deadline:
             raise RuntimeError(f"Kueue's CRDs not Established in {START_TIMEOUT_S:g} s")
