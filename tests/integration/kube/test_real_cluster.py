@@ -3,8 +3,8 @@ kube-controller-manager, kube-scheduler and Kueue, built by `make kube-component
 nodes' kubelets in network namespaces (`tests/support/kube/real_harness.py`).
 
 What each test holds against the real components, not against text our emulator wrote:
-- the nodes register under their own identity, renew their Leases, and the node lifecycle
-  controller lifts the not-ready taint they register with;
+- the nodes register under their own identity (one may not write another's Node), renew their
+  Leases, and the node lifecycle controller lifts the not-ready taint they register with;
 - Kueue admits an Indexed Job within its ClusterQueue's quota (created suspended by Kueue's
   webhook, unsuspended on admission), kube-scheduler puts one pod on each node, the init
   container runs before the main one, both as the securityContext's user and groups with the
@@ -129,6 +129,19 @@ def test_nodes_register_renew_leases_and_lose_the_not_ready_taint(kube: RealKube
         lease = rest.get("coordination.k8s.io/v1", "leases", "kube-node-lease", name)
         assert lease["spec"]["holderIdentity"] == name
         assert lease["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+
+
+def test_a_node_may_write_only_its_own_node(kube: RealKubeHarness) -> None:
+    """Each kubelet has its own identity, judged by the Node authorizer and NodeRestriction."""
+    from tests.support.kube.rest import RestError
+
+    assert kube.cluster is not None
+    first, second = kube.node_names[:2]
+    as_first = kube.cluster.rest(kube.cluster.node_tokens[first])
+    as_first.patch("v1", "nodes", None, first, {"metadata": {"annotations": {"trainyard.test/touched": "yes"}}})
+    with pytest.raises(RestError) as refused:
+        as_first.patch("v1", "nodes", None, second, {"metadata": {"annotations": {"trainyard.test/touched": "yes"}}})
+    assert refused.value.status == 403, refused.value
 
 
 def test_kueue_admits_an_indexed_job_scheduled_one_pod_per_node(kube: RealKubeHarness) -> None:
