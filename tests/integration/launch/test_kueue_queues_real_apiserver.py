@@ -6,16 +6,13 @@ A rendering that drifts from Kueue's API is refused here, with the API server's 
 
 from __future__ import annotations
 
-import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.support.kube import components, real
+from tests.support.kube import real, real_cluster
+from tests.support.kube.rest import Rest
 from tests.support.require import missing
 from trainyard.config.teams import Team, Teams
 from trainyard.plugins.launch.kueue_queues import (
@@ -33,35 +30,15 @@ TEAMS = Teams(teams={"alpha": Team(share=0.5, quota_gpus=12), "beta": Team(share
                      "gamma": Team(share=0.2)})
 
 
-def kueue_crds() -> list[Path]:
-    """Kueue's CRDs from the module the build downloaded (the Go module cache, no network)."""
-    kueue = next(c for c in components.COMPONENTS if c.name == "kueue")
-    cache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True).stdout.strip()
-    folder = Path(cache) / f"{kueue.module}@{kueue.version}" / "config/components/crd/bases"
-    if not folder.is_dir():
-        missing("kube", f"Kueue's source is not in the Go module cache ({folder}): run `make kube-components`")
-    return sorted(folder.glob("*.yaml"))
-
-
 @pytest.fixture(scope="module")
 def admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if real.binaries_missing():
-        missing("kube", f"the Kubernetes binaries are not built: {', '.join(real.binaries_missing())}")
-    from kubernetes import client, utils
+    from kubernetes import utils
 
-    crds = kueue_crds()
+    if real_cluster.binaries_missing():
+        missing("kube", f"Kueue is not built or its source is not cached: {', '.join(real_cluster.binaries_missing())}")
     with real.control_plane(tmp_path_factory.mktemp("kube")) as plane:
         api = plane.client()
-        extensions = client.ApiextensionsV1Api(api)
-        for path in crds:
-            utils.create_from_dict(api, yaml.safe_load(path.read_text()))
-        names = {yaml.safe_load(path.read_text())["metadata"]["name"] for path in crds}
-        deadline = time.monotonic() + 30
-        while names and time.monotonic() < deadline:
-            names -= {c.metadata.name for c in extensions.list_custom_resource_definition().items
-                      if any(x.type == "Established" and x.status == "True" for x in c.status.conditions or [])}
-            time.sleep(0.1)
-        assert not names, f"Kueue CRDs not established: {names}"
+        real_cluster.install_kueue_crds(Rest(plane.url, plane.admin_token, ca_file=str(plane.ca_file)))
         for doc in render_teams(TEAMS, cpu_cluster=False):
             utils.create_from_dict(api, doc)
         yield api

@@ -37,7 +37,7 @@ import os
 import secrets
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,6 +206,19 @@ def _apply_kueue_crds(rest: Rest) -> list[str]:
     return names
 
 
+def install_kueue_crds(rest: Rest, *, created: Callable[[], None] = lambda: None) -> list[str]:
+    """Create Kueue's CRDs and wait until the API server serves them (Established); `created`
+    is called between the two (the start-up's timing)."""
+    names = _apply_kueue_crds(rest)
+    created()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _established(rest, names):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Kueue's CRDs not Established in {START_TIMEOUT_S:g} s")
+        time.sleep(0.2)
+    return names
+
+
 def _established(rest: Rest, names: list[str]) -> bool:
     for name in names:
         crd = rest.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
@@ -245,13 +258,7 @@ def _start_kueue(cluster: RealCluster, bin_dir: Path, ca: certs.Pair) -> None:
     started = time.monotonic()
     rest.create("v1", "namespaces", None, {"apiVersion": "v1", "kind": "Namespace",
                                            "metadata": {"name": KUEUE_NAMESPACE}})
-    crds = _apply_kueue_crds(rest)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    _timed(cluster, "kueue-crds-created", started)
-    while not _established(rest, crds):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"Kueue's CRDs not Established in {START_TIMEOUT_S:g} s")
-        time.sleep(0.2)
+    install_kueue_crds(rest, created=lambda: _timed(cluster, "kueue-crds-created", started))
     _timed(cluster, "kueue-crds", started)
     started = time.monotonic()
     cert_dir = cluster.folder / "kueue-certs"
