@@ -52,7 +52,11 @@ launcher is the Volcano one; `"launcher": "kubernetes"`. Two failures in one run
   `node_lost_mttr_s` = from the link going down to the first step of the next attempt, placed on
   the spare node (the health watch's missed polls or Kubernetes' NotReady, stop, classify,
   cordon, the hand-over, placement, a new Volcano Job, rendezvous across the namespaces,
-  restore, one step).
+  restore, one step). Kubernetes' own timings (`NODE_GRACE_S` 50 s to NotReady, `EVICTION_S`
+  300 s to eviction) and a link that drops what is sent to the node — its kubelet and its node
+  agent keep running behind it, unreachable — so the detectors race as on a real cluster:
+  `node_lost_detector` says which ended the attempt (`health_watch`: its agent missed the
+  polls; `kubernetes`: the node NotReady, its pod evicted) and `node_lost_detect_s` when.
 `torchrun_restart_s`, `bare_restart_restore_s`, `restore_s` and `local_fast_path_mttr_s` are
 the local runs' (1. and 2. still run); the local control-plane run is skipped.
 
@@ -121,6 +125,9 @@ def main() -> int:
                        fast_path_restore_s=round(kube["fast_restore_s"], 3),
                        fast_path_vs_bare=round(kube["fast_mttr_s"] / bare["mttr_s"], 2),
                        node_lost_mttr_s=round(kube["node_lost_mttr_s"], 2),
+                       node_lost_detector=kube["node_lost_detector"],
+                       node_lost_detect_s=round(kube["node_lost_detect_s"], 2),
+                       node_grace_s=NODE_GRACE_S, eviction_s=EVICTION_S,
                        local_fast_path_mttr_s=round(fast["mttr_s"], 2),
                        steps_lost={"fast_path": kube["fast_steps_lost"], "node_lost": kube["node_steps_lost"]},
                        replaced_node=kube["replaced"])
@@ -483,6 +490,21 @@ def hang_detection(stack: Any, args: argparse.Namespace) -> float:
 # --- 5. Kubernetes (the simulated cluster) ---------------------------------------------------------
 
 
+NODE_GRACE_S = 50.0
+"""kube-controller-manager's `--node-monitor-grace-period` default (Kubernetes 1.37)."""
+EVICTION_S = 300.0
+"""The `not-ready`/`unreachable` tolerations DefaultTolerationSeconds gives every pod."""
+
+
+def detector(report: Any) -> str:
+    """Which detector ended the attempt of a lost node: the health watch (its agent missed
+    `MISSED_HEARTBEATS_LOST` polls: the report says so) or Kubernetes (the node NotReady, its
+    pod evicted)."""
+    from trainyard.plugins.run.rules import MISSED_HEARTBEATS_LOST
+
+    return "health_watch" if f"missed {MISSED_HEARTBEATS_LOST} heartbeats" in report.reason else "kubernetes"
+
+
 def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     """A rank killed inside its pod once rank 0 reached `--kill-at` (torchrun's fast path on
     both pods), then a gang node's link down once a checkpoint after the restart is committed;
@@ -498,9 +520,10 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     doc["spec"]["image"] = "registry.example.com/trainyard/demo:1"  # the nodes run this checkout's venv
     # long enough for the restart, a checkpoint after it, the lost node and a few steps after it
     doc["spec"]["training"]["maxSteps"] = max(args.steps, args.kill_at + 5 * args.interval)
-    # the 3 s node grace the figures were first measured with (the harness's default is 10 s,
-    # for a suite that loads the machine; here the machine is quiet)
-    with KubeHarness(home / "kube", NODES_WITH_SPARE, node_grace_s=3.0) as kube, \
+    # Kubernetes' own timings (v1.37: a node is NotReady 50 s after its last status, its pods
+    # evicted 300 s after that, the DefaultTolerationSeconds); the lost node's link drops what is
+    # sent to it, its node agent still running behind it (`KubeHarness.lose_node`)
+    with KubeHarness(home / "kube", NODES_WITH_SPARE, node_grace_s=NODE_GRACE_S, eviction_s=EVICTION_S) as kube, \
             running_stack(home / "home", overrides=kube.airflow_overrides(home), agents=kube.node_agents) as stack:
         stack.add_jobs({JOB: doc}, timeout_s=180)
         first = stack.client.trigger(JOB, {})["dag_run_id"]
@@ -553,6 +576,7 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         return {"nodes": len(NODES_WITH_SPARE), "fast_mttr_s": restarted.time - killed_at,
                 "fast_restore_s": float(restored[-1][1]), "fast_steps_lost": fast_last - int(restored[-1][0]),
                 "node_lost_mttr_s": after.time - lost_at, "node_steps_lost": reached - report.resume_step,
+                "node_lost_detector": detector(report), "node_lost_detect_s": report.detected_at.timestamp() - lost_at,
                 "replaced": [node, sorted(set(handle1.nodes) - set(handle.nodes))]}
 
 

@@ -63,7 +63,7 @@ def policy(retryable: Predicate = is_retryable, *, attempts: int | None = None, 
         stop = stop_after_delay(deadline_s) if attempts is None else stop | stop_after_delay(deadline_s)
     if extra_stop is not None:
         stop = stop | extra_stop
-    wait: wait_base = wait_exponential_jitter(initial=first_wait_s, max=max_wait_s, jitter=first_wait_s if jitter else 0)
+    wait: wait_base = wait_exponential_jitter(multiplier=first_wait_s, max=max_wait_s, jitter=first_wait_s if jitter else 0)
     if retry_after is not None:
         wait = _wait_asked(wait, retry_after, max_wait_s)
     kwargs: dict[str, Any] = {"before_sleep": before_sleep} if before_sleep is not None else {}

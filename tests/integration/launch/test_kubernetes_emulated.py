@@ -161,7 +161,7 @@ def test_a_node_whose_link_goes_down_becomes_not_ready_and_is_reported(
         lost = wait(kube, launcher, handle, lambda s: any(a.node_ready is False for a in s.agents),
                     "the node lifecycle controller to mark kube-sim-1 NotReady", 30)
         assert "node(s) not Ready: kube-sim-1" in lost.message
-        with pytest.raises(OSError):  # its node agent is gone with it
+        with pytest.raises(OSError):  # its node agent is cut off with it (still running behind the link)
             urllib.request.urlopen(agent_url + "/livez", timeout=2)
         evicted = wait(kube, launcher, handle, lambda s: s.state == "failed", "the eviction to abort the job", 30)
         pod = next(a for a in evicted.agents if a.node == "kube-sim-1")

@@ -6,7 +6,7 @@
         ...
         kube.kill_pod("job-abc123-worker-1")               # SIGKILL the container (oom=True: OOMKilled)
         kube.kill_rank("job-abc123-worker-1")              # SIGKILL one rank: torchrun restarts it in place
-        kube.lose_node("kube-sim-1")                       # its link down, its node agent gone
+        kube.lose_node("kube-sim-1")                       # its link down: kubelet and agent cut off
 
 Parts (each module's docstring says what it emulates and what not):
 - `apiserver.py` + `store.py`: the API over real HTTP, every write checked against the real
@@ -16,8 +16,10 @@ Parts (each module's docstring says what it emulates and what not):
 - `lifecycle.py`: node lifecycle (NotReady, taints, eviction) and the cluster DNS;
 - `netns.py` + `kubelet.py`: each node a network namespace on a bridge in a namespace of the
   harness, its kubelet a process in it (`ip netns exec`) that runs the pods' containers;
-- one node agent per node (`python -m node_agent`), on a loopback port of this machine, reading
-  that node's heartbeats (`node_agents`: node → URL); gone when its node is lost.
+- one node agent per node (`python -m node_agent`) on its node — in the node's namespace, on the
+  node's address and `AGENT_PORT`, as the DaemonSet's hostPort — reading that node's heartbeats;
+  this machine reaches it through a loopback forwarder across the node's link (`forward.py`;
+  `node_agents`: node → URL), so a lost node's agent is cut off with it, not killed.
 
 Timings (shorter than Kubernetes' so tests stay quick): a node is NotReady `node_grace_s`
 (default 10 s) after its kubelet's last status, its pods are evicted `eviction_s` (default 1 s)
@@ -57,7 +59,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.support.kube import netns, schemas
 from tests.support.kube.apiserver import ApiServer
@@ -66,9 +68,14 @@ from tests.support.kube.kubelet import Config
 from tests.support.kube.lifecycle import node_ready
 from tests.support.kube.rest import Rest, RestError
 
+if TYPE_CHECKING:
+    from tests.support.kube.forward import Forwarder
+
 REPO_ROOT = schemas.REPO_ROOT
 NAMESPACE_PATTERN = re.compile(r"^tyk(\d+)x[0-9a-f]+-")
 FABRIC_PORT = 6443
+AGENT_PORT = 9400
+"""The node agents' port on their nodes (`KubernetesOptions.node_agent_port`'s default)."""
 CONTROLLER_TICK_S = 0.25
 """How often the control plane's controllers (jobs, gang scheduler, node lifecycle, DNS) run."""
 DEFAULT_NODES = ("kube-sim-0", "kube-sim-1")
@@ -89,6 +96,7 @@ class SimNode:
     agent_url: str = ""
     kubelet: subprocess.Popen[bytes] | None = None
     agent: subprocess.Popen[bytes] | None = None
+    forwarder: Forwarder | None = None
     lost: bool = False
 
 
@@ -108,8 +116,7 @@ class KubeHarness:
                  gpu_product: str = "cpu", rack: str = RACK, namespace: str = "trainyard",
                  missing_images: Sequence[str] = (), node_grace_s: float = 10.0, eviction_s: float = 1.0,
                  node_agents: bool = True) -> None:
-        netns.check_available()
-        schemas.check_crds_present()
+        self.check_prerequisites()
         self.root = Path(root).resolve()
         self.node_names = list(nodes)
         self.cpus_per_node = cpus_per_node
@@ -128,6 +135,13 @@ class KubeHarness:
         self._controllers: threading.Thread | None = None
         self.controller_errors: list[str] = []
         self._closed = False
+
+    @staticmethod
+    def check_prerequisites() -> None:
+        """Raise `NetnsUnavailable` or `SchemaMissing` (the emulator validates against the
+        Volcano schemas) saying why this harness cannot run here."""
+        netns.check_available()
+        schemas.check_crds_present()
 
     # --- start / stop ---
 
@@ -172,6 +186,8 @@ class KubeHarness:
         if self._controllers is not None:
             self._controllers.join(timeout=10)
         for node in self.nodes.values():
+            if node.forwarder is not None:
+                node.forwarder.close()
             for proc in (node.kubelet, node.agent):
                 if proc is not None and proc.poll() is None:
                     proc.kill()
@@ -195,13 +211,7 @@ class KubeHarness:
         heartbeats.mkdir(parents=True, exist_ok=True)
         node = self.nodes[name] = SimNode(name=name, netns=net.netns, address=net.address, root=root,
                                           heartbeat_dir=heartbeats)
-        config = Config(
-            node=name, api=fabric_url, token=self.token, root=str(root), harness_root=str(self.root),
-            address=net.address, repo=str(REPO_ROOT), venv_bin=str(Path(sys.executable).parent),
-            labels={"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "topology.kubernetes.io/rack": self.rack,
-                    "nvidia.com/gpu.count": str(self.cpus_per_node), "nvidia.com/gpu.product": self.gpu_product},
-            capacity={"cpu": str(self.cpus_per_node), "memory": "4Gi", "pods": "110", "ephemeral-storage": "10Gi"},
-            image_env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, missing_images=self.missing_images)
+        config = self._kubelet_config(name, fabric_url, root)
         path = root / "kubelet.json"
         path.write_text(json.dumps(asdict(config)))
         with (root / "kubelet.log").open("ab") as log:
@@ -210,18 +220,35 @@ class KubeHarness:
                 cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
 
-    def _start_agent(self, node: SimNode) -> None:
-        from tests.support.procs import free_port
+    def node_labels(self, name: str) -> dict[str, str]:
+        return {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "topology.kubernetes.io/rack": self.rack,
+                "nvidia.com/gpu.count": str(self.cpus_per_node), "nvidia.com/gpu.product": self.gpu_product}
 
-        port = free_port()
+    def _kubelet_config(self, name: str, api_url: str, root: Path) -> Config:
+        net = self.network.nodes[name]
+        return Config(
+            node=name, api=api_url, token=self.token, root=str(root), harness_root=str(self.root),
+            address=net.address, repo=str(REPO_ROOT), venv_bin=str(Path(sys.executable).parent),
+            labels=self.node_labels(name),
+            capacity={"cpu": str(self.cpus_per_node), "memory": "4Gi", "pods": "110", "ephemeral-storage": "10Gi"},
+            image_env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, missing_images=self.missing_images)
+
+    def _start_agent(self, node: SimNode) -> None:
+        """The node's agent runs on the node — in its network namespace, on its address and the
+        DaemonSet's port (`AGENT_PORT`, as a hostPort) — and this machine reaches it through a
+        loopback `Forwarder` across the node's link: a lost node's agent is cut off, not killed."""
+        from tests.support.kube.forward import Forwarder
+
         with (node.root / "node-agent.log").open("ab") as log:
             node.agent = subprocess.Popen(
-                [sys.executable, "-m", "node_agent", "--node", node.name, "--host", "127.0.0.1", "--port", str(port),
-                 "--heartbeat-dir", str(node.heartbeat_dir), "--cpu-slots", str(self.cpus_per_node),
-                 "--poll-interval-s", "1", "--enable-fault-injection"],
+                ["ip", "netns", "exec", node.netns, sys.executable, "-m", "node_agent", "--node", node.name,
+                 "--host", node.address, "--port", str(AGENT_PORT), "--heartbeat-dir", str(node.heartbeat_dir),
+                 "--cpu-slots", str(self.cpus_per_node), "--poll-interval-s", "1", "--enable-fault-injection"],
                 cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        node.agent_url = f"http://127.0.0.1:{port}"
+        if node.forwarder is None:
+            node.forwarder = Forwarder(self.network, node.address, AGENT_PORT)
+        node.agent_url = node.forwarder.url
 
         def live() -> bool:
             try:
@@ -237,25 +264,20 @@ class KubeHarness:
 
     @property
     def node_agents(self) -> dict[str, str]:
-        """node → node agent URL, for the nodes that are not lost (`Settings.node_agents`' shape)."""
-        return {n.name: n.agent_url for n in self.nodes.values() if n.agent_url and not n.lost}
+        """node → node agent URL (`Settings.node_agents`' shape), every node's — a lost node's too:
+        its agent is there, behind a link that drops what is sent to it."""
+        return {n.name: n.agent_url for n in self.nodes.values() if n.agent_url}
 
     def lose_node(self, name: str) -> None:
-        """Cut the node's link (its pods keep running behind it, unreachable) and stop its node agent."""
-        node = self.nodes[name]
+        """Cut the node's link: its pods and its node agent keep running behind it, unreachable —
+        the kubelet's status, the agent's answers and the pods' traffic are dropped."""
         self.network.set_link(name, up=False)
-        node.lost = True
-        if node.agent is not None and node.agent.poll() is None:
-            node.agent.kill()
-            node.agent.wait(timeout=10)
+        self.nodes[name].lost = True
 
     def restore_node(self, name: str) -> None:
-        """Plug the link back in (the kubelet posts status again; the node agent is started anew)."""
-        node = self.nodes[name]
+        """Plug the link back in (the kubelet posts status again; the agent answers again)."""
         self.network.set_link(name, up=True)
-        node.lost = False
-        if self.with_agents:
-            self._start_agent(node)
+        self.nodes[name].lost = False
 
     # --- pods ---
 

@@ -25,10 +25,16 @@ It registers its `Node` (labels and capacity from the config), posts the node's 
   made); other volume types fail the container with `CreateContainerConfigError`.
 - **Env**: `value` and `valueFrom.fieldRef` (metadata.name/namespace/uid/labels[…],
   spec.nodeName, spec.serviceAccountName, status.podIP/hostIP); `$(VAR)` references in
-  command and args are expanded as Kubernetes does. The security context is validated by the
-  API server but not enforced (containers run as this process's user); resource limits are
-  not enforced either — `OOMKilled` is what the harness reports when it kills a container
+  command and args are expanded as Kubernetes does. The security context is enforced only
+  with `Config.security_context` (the real-cluster harness): the shim sets the container's
+  groups, gid and uid before exec, and emptyDir volumes belong to the pod's fsGroup (setgid);
+  without it (the emulator) containers run as this process's user. Resource limits are not
+  enforced — `OOMKilled` is what the harness reports when it kills a container
   "for memory" (`Harness.kill_pod(..., oom=True)` leaves a marker before its SIGKILL).
+- **Init containers** run one at a time, each to a zero exit, before the main containers
+  (`initContainerStatuses`, condition `Initialized`); a failed one fails the pod.
+- **Real API server** (`Config.real_api`): HTTPS with `ca_file`, the node registers tainted
+  `node.kubernetes.io/not-ready:NoSchedule` and renews its Lease in kube-node-lease.
 - **Exit**: phase Succeeded / Failed (restartPolicy Never; other policies are treated as Never),
   exit code (128 + signal when killed), reason `Completed` / `Error` / `OOMKilled`, and the
   termination message: the file at `terminationMessagePath` when it lies in a volume (the
@@ -66,6 +72,10 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWPID = 0x00020000, 0x04000000, 0x20000000
 PR_SET_PDEATHSIG = 1
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 TERMINATION_MESSAGE_BYTES = 4096
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+LEASE_NAMESPACE = "kube-node-lease"
+LEASE_DURATION_S = 40
+"""The kubelet's default `nodeLeaseDurationSeconds`."""
 _libc = ctypes.CDLL(None, use_errno=True)
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -98,6 +108,14 @@ class Config:
     missing_images: list[str] = field(default_factory=list)
     heartbeat_s: float = 1.0
     sync_s: float = 0.5
+    ca_file: str = ""
+    """The CA of a real API server (HTTPS); empty for the emulator's plain HTTP."""
+    real_api: bool = False
+    """A real kube-apiserver: register with the not-ready taint the node lifecycle controller
+    removes, and renew the node's Lease in kube-node-lease every `heartbeat_s`."""
+    security_context: bool = False
+    """Run containers as their securityContext's user and groups, emptyDir volumes owned by the
+    pod's fsGroup (as a kubelet does); off, they run as root with every volume mode 1777."""
 
 
 class CannotStart(Exception):
@@ -124,6 +142,15 @@ class Shim:
             return int((self.folder / f"{self.name}.pid").read_text())
         except (OSError, ValueError):
             return None
+
+    def finished_at(self) -> str:
+        """When the container's PID 1 ended: the shim writes its status file then (the kubelet may
+        notice later, after it has started the next container)."""
+        try:
+            mtime = (self.folder / f"{self.name}.status").stat().st_mtime
+        except OSError:
+            return now_rfc3339()
+        return datetime.fromtimestamp(mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def poll(self) -> int | None:
         if self.code is None:
@@ -153,7 +180,7 @@ class Container:
         code = self.proc.poll()
         if code is None:
             return {"running": {"startedAt": self.started_at}}
-        self.finished_at = self.finished_at or now_rfc3339()
+        self.finished_at = self.finished_at or self.proc.finished_at()
         exit_code = 128 - code if code < 0 else code
         reason = ("OOMKilled" if self.oom_marker.exists() and exit_code == 137
                   else "Completed" if exit_code == 0 else "Error")
@@ -194,11 +221,12 @@ class PodRun:
 class Kubelet:
     def __init__(self, config: Config) -> None:
         self.c = config
-        self.api = Rest(config.api, config.token, timeout_s=2.0)
+        self.api = Rest(config.api, config.token, timeout_s=2.0, ca_file=config.ca_file or None)
         self.root = Path(config.root)
         self.pods: dict[str, PodRun] = {}
         self.last_beat = 0.0
         self.ready_since = now_rfc3339()
+        self.node_uid = ""
 
     # --- the node ---
 
@@ -226,19 +254,42 @@ class Kubelet:
         }
 
     def register(self) -> None:
+        # a real kubelet registers tainted not-ready; the node lifecycle controller lifts it once Ready
+        spec = {"taints": [{"key": NOT_READY_TAINT, "effect": "NoSchedule"}]} if self.c.real_api else {}
         body = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": self.c.node, "labels": self.c.labels}, "spec": {}, "status": self.node_status()}
+                "metadata": {"name": self.c.node, "labels": self.c.labels}, "spec": spec, "status": self.node_status()}
         try:
-            self.api.create("v1", "nodes", None, body)
+            self.node_uid = self.api.create("v1", "nodes", None, body)["metadata"]["uid"]
         except RestError as e:
             if e.status != 409:
                 raise
-            self.api.patch("v1", "nodes", None, self.c.node, {"status": self.node_status()}, status=True)
+            node = self.api.patch("v1", "nodes", None, self.c.node, {"status": self.node_status()}, status=True)
+            self.node_uid = node["metadata"]["uid"]
+        self.renew_lease()
         self.last_beat = time.monotonic()
+        print(f"{now_rfc3339()} kubelet {self.c.node}: registered, taints {spec.get('taints', [])}", flush=True)
+
+    def renew_lease(self) -> None:
+        """The node's heartbeat on a real cluster: `kube-node-lease/<node>`, owned by the Node."""
+        if not self.c.real_api:
+            return
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # a MicroTime
+        try:
+            self.api.patch("coordination.k8s.io/v1", "leases", LEASE_NAMESPACE, self.c.node,
+                           {"spec": {"holderIdentity": self.c.node, "renewTime": now}})
+        except RestError as e:
+            if e.status != 404:
+                raise
+            self.api.create("coordination.k8s.io/v1", "leases", LEASE_NAMESPACE, {
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.c.node, "namespace": LEASE_NAMESPACE, "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": self.c.node, "uid": self.node_uid}]},
+                "spec": {"holderIdentity": self.c.node, "leaseDurationSeconds": LEASE_DURATION_S, "renewTime": now}})
 
     def heartbeat(self) -> None:
         if time.monotonic() - self.last_beat < self.c.heartbeat_s:
             return
+        self.renew_lease()
         self.api.patch("v1", "nodes", None, self.c.node, {"status": {"conditions": self.node_status()["conditions"]}},
                        status=True)
         self.last_beat = time.monotonic()
@@ -273,21 +324,29 @@ class Kubelet:
         return path
 
     def _start_waiting(self, pod: dict[str, Any], run: PodRun) -> None:
+        """Init containers one at a time, each to a zero exit, then every main container."""
+        for spec in pod["spec"].get("initContainers") or []:
+            container = run.containers.get(spec["name"])
+            if container is None:
+                self._start_one(pod, run, spec)
+                return
+            if container.proc.poll() != 0:  # running, or failed: the pod fails (restartPolicy Never)
+                return
         for spec in pod["spec"]["containers"]:
-            if spec["name"] in run.containers:
-                continue
-            try:
-                if pod["spec"].get("initContainers"):
-                    raise CannotStart("CreateContainerConfigError", "the emulator's kubelet runs no init containers")
-                self._pull(pod, run, spec)
-                run.containers[spec["name"]] = self._start(pod, run, spec)
-                run.waiting.pop(spec["name"], None)
-                self._event_once(pod, run, f"started-{spec['name']}", "Started",
-                                 f"Started container {spec['name']}", "Normal")
-            except CannotStart as e:
-                run.waiting[spec["name"]] = (e.reason, e.message)
-                if e.reason not in ("ErrImagePull", "ImagePullBackOff"):
-                    self._event_once(pod, run, e.reason + spec["name"], "Failed", f"Error: {e.message}")
+            if spec["name"] not in run.containers:
+                self._start_one(pod, run, spec)
+
+    def _start_one(self, pod: dict[str, Any], run: PodRun, spec: dict[str, Any]) -> None:
+        try:
+            self._pull(pod, run, spec)
+            run.containers[spec["name"]] = self._start(pod, run, spec)
+            run.waiting.pop(spec["name"], None)
+            self._event_once(pod, run, f"started-{spec['name']}", "Started",
+                             f"Started container {spec['name']}", "Normal")
+        except CannotStart as e:
+            run.waiting[spec["name"]] = (e.reason, e.message)
+            if e.reason not in ("ErrImagePull", "ImagePullBackOff"):
+                self._event_once(pod, run, e.reason + spec["name"], "Failed", f"Error: {e.message}")
 
     def _pull(self, pod: dict[str, Any], run: PodRun, spec: dict[str, Any]) -> None:
         image = spec["image"]
@@ -345,7 +404,7 @@ class Kubelet:
                 raise CannotStart("CreateContainerConfigError",
                                   f"volume {mount['name']!r}: only emptyDir and hostPath are emulated")
             source.mkdir(parents=True, exist_ok=True)
-            source.chmod(0o1777)
+            self._own(pod, volume, source)
             target = Path(mount["mountPath"])
             if not target.exists():
                 if not target.is_relative_to(self.c.harness_root):
@@ -355,6 +414,40 @@ class Kubelet:
                 target.mkdir(parents=True, exist_ok=True)
             mounts.append((str(source), str(target), bool(mount.get("readOnly"))))
         return mounts
+
+    def _own(self, pod: dict[str, Any], volume: dict[str, Any], source: Path) -> None:
+        """Without `security_context`, every volume is mode 1777 (containers run as root anyway).
+        With it, as a kubelet does: an emptyDir is mode 0777, and with the pod's fsGroup its group
+        is that group with the setgid bit (files made in it get the group); a hostPath is left as
+        it is on the node."""
+        if not self.c.security_context:
+            source.chmod(0o1777)
+            return
+        if "emptyDir" not in volume:
+            return
+        fs_group = (pod["spec"].get("securityContext") or {}).get("fsGroup")
+        if fs_group is None:
+            source.chmod(0o777)
+            return
+        os.chown(source, -1, int(fs_group))
+        source.chmod(0o2777)
+
+    def _identity(self, pod: dict[str, Any], spec: dict[str, Any]) -> tuple[int, int, list[int]] | None:
+        """(uid, gid, supplementary groups) the container runs as, or None (as the kubelet's user).
+        The container's securityContext wins over the pod's; an unset user is the image's, root
+        here; the groups are the pod's fsGroup and supplementalGroups."""
+        if not self.c.security_context:
+            return None
+        pod_context = pod["spec"].get("securityContext") or {}
+        context = {**pod_context, **{k: v for k, v in (spec.get("securityContext") or {}).items() if v is not None}}
+        uid, gid = int(context.get("runAsUser", 0)), int(context.get("runAsGroup", 0))
+        if context.get("runAsNonRoot") and uid == 0:
+            raise CannotStart("CreateContainerConfigError", "container has runAsNonRoot and image will run as root "
+                              f"(pod: \"{pod['metadata']['name']}\", container: {spec['name']})")
+        groups = [int(g) for g in pod_context.get("supplementalGroups") or []]
+        if pod_context.get("fsGroup") is not None:
+            groups.insert(0, int(pod_context["fsGroup"]))
+        return uid, gid, groups
 
     def _termination_file(self, spec: dict[str, Any], mounts: list[tuple[str, str, bool]]) -> Path | None:
         path = spec.get("terminationMessagePath") or "/dev/termination-log"
@@ -373,19 +466,20 @@ class Kubelet:
         if not Path(cwd).is_dir():
             raise CannotStart("CreateContainerError", f"working directory {cwd} does not exist")
         log = run.dir / f"{spec['name']}.log"
-        shim = _start_shim(argv, cwd, env, mounts, self._hostname(pod), run.dir, spec["name"], log)
+        identity = self._identity(pod, spec)
+        shim = _start_shim(argv, cwd, env, mounts, self._hostname(pod), run.dir, spec["name"], log, identity)
         return Container(name=spec["name"], image=spec["image"], proc=shim, started_at=now_rfc3339(), log=log,
                          termination_file=self._termination_file(spec, mounts),
                          fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
                          oom_marker=run.dir / f"{spec['name']}.oom")
 
-    def _container_status(self, spec: dict[str, Any], run: PodRun) -> dict[str, Any]:
+    def _container_status(self, spec: dict[str, Any], run: PodRun, initialized: bool = True) -> dict[str, Any]:
         name, image = spec["name"], spec["image"]
         status: dict[str, Any] = {"name": name, "image": image, "imageID": "", "restartCount": 0,
                                   "ready": False, "started": False}
         container = run.containers.get(name)
         if container is None:
-            reason, message = run.waiting.get(name, ("ContainerCreating", ""))
+            reason, message = run.waiting.get(name, ("ContainerCreating" if initialized else "PodInitializing", ""))
             status["state"] = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
             return status
         status.update(imageID=f"trainyard-venv://{image}",
@@ -397,9 +491,17 @@ class Kubelet:
 
     def _report(self, pod: dict[str, Any], run: PodRun) -> None:
         specs = pod["spec"]["containers"]
-        statuses = [self._container_status(s, run) for s in specs]
+        init_statuses = [self._container_status(s, run) for s in pod["spec"].get("initContainers") or []]
+        init_codes = [s["state"]["terminated"]["exitCode"] if "terminated" in s["state"] else None
+                      for s in init_statuses]
+        initialized = all(code == 0 for code in init_codes)
+        statuses = [self._container_status(s, run, initialized) for s in specs]
         states = [s["state"] for s in statuses]
-        if all("terminated" in s for s in states):
+        if any(code not in (None, 0) for code in init_codes):
+            phase = "Failed"  # restartPolicy Never: a failed init container fails the pod
+        elif not initialized:
+            phase = "Pending"
+        elif all("terminated" in s for s in states):
             phase = "Succeeded" if all(s["terminated"]["exitCode"] == 0 for s in states) else "Failed"
         elif all("running" in s or "terminated" in s for s in states):
             phase = "Running"
@@ -415,11 +517,12 @@ class Kubelet:
             return {"type": type_, "status": value, "lastTransitionTime": since}
 
         conditions = [c for t, c in old.items() if t not in ("Initialized", "ContainersReady", "Ready")]
-        conditions += [condition("Initialized", "True"), condition("ContainersReady", ready), condition("Ready", ready)]
+        conditions += [condition("Initialized", "True" if initialized else "False"),
+                       condition("ContainersReady", ready), condition("Ready", ready)]
         status = {"phase": phase, "hostIP": self.c.address, "hostIPs": [{"ip": self.c.address}],
                   "podIP": self.c.address, "podIPs": [{"ip": self.c.address}],
                   "startTime": pod["status"].get("startTime") or now, "conditions": conditions,
-                  "containerStatuses": statuses}
+                  "containerStatuses": statuses, **({"initContainerStatuses": init_statuses} if init_statuses else {})}
         if phase in ("Succeeded", "Failed"):
             run.reported_final = True
         if _differs(pod["status"], status):
@@ -482,7 +585,8 @@ class Kubelet:
 
 
 def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tuple[str, str, bool]],
-                hostname: str, folder: Path, name: str, log: Path) -> Shim:
+                hostname: str, folder: Path, name: str, log: Path,
+                identity: tuple[int, int, list[int]] | None = None) -> Shim:
     """Fork the shim (see the module docstring); it never returns into the kubelet's loop."""
     for stale in (f"{name}.pid", f"{name}.status"):
         (folder / stale).unlink(missing_ok=True)
@@ -509,6 +613,11 @@ def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tup
                 os.dup2(devnull, 0)
                 os.dup2(out, 1)
                 os.dup2(out, 2)
+                if identity is not None:  # groups first: after setuid there is no right to change them
+                    uid, gid, groups = identity
+                    os.setgroups(groups)
+                    os.setgid(gid)
+                    os.setuid(uid)
                 os.chdir(cwd)
                 os.execvpe(argv[0], argv, env)
             except BaseException as e:  # noqa: BLE001 - say why in the container's log

@@ -107,9 +107,13 @@ class NodeLifecycle:
 
 
 class ClusterDns:
-    def __init__(self, api: Rest, write_hosts: Callable[[dict[str, str]], None]) -> None:
+    def __init__(self, api: Rest, write_hosts: Callable[[dict[str, str]], None], *,
+                 addressed_only: bool = False) -> None:
+        """`addressed_only`: publish a pod only once its kubelet reported `status.podIP`, under
+        that address (the real-cluster harness: no gang scheduler writes names before binding)."""
         self.api = api
         self.write_hosts = write_hosts
+        self.addressed_only = addressed_only
 
     def entries(self, assignment: dict[str, str] | None = None) -> dict[str, str]:
         """host names → address, for bound pods (and those `assignment` is about to bind)."""
@@ -125,7 +129,7 @@ class ClusterDns:
             if not node or not hostname or not subdomain or (meta["namespace"], subdomain) not in services:
                 continue
             names = f"{hostname}.{subdomain}.{meta['namespace']}.svc.cluster.local {hostname}.{subdomain} {hostname}"
-            out[names] = addresses.get(node, "")
+            out[names] = (pod.get("status") or {}).get("podIP", "") if self.addressed_only else addresses.get(node, "")
         return {k: v for k, v in out.items() if v}
 
     def write(self, assignment: dict[str, str] | None = None) -> None:

@@ -58,6 +58,17 @@ def check_available() -> None:
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30, check=False)
 
 
+def _enter(netns: str) -> None:
+    """Move the calling thread (only it: `setns`) into network namespace `netns`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into the {netns} namespace")
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class NodeNet:
     name: str
@@ -110,13 +121,7 @@ class Network:
 
         def enter_and_bind() -> None:
             try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                fd = os.open(f"/run/netns/{self.fabric}", os.O_RDONLY)
-                try:
-                    if libc.setns(fd, CLONE_NEWNET) != 0:
-                        raise OSError(ctypes.get_errno(), "setns into the fabric namespace")
-                finally:
-                    os.close(fd)
+                _enter(self.fabric)
                 sock = socket.socket()
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((FABRIC_ADDRESS, port))
@@ -126,6 +131,29 @@ class Network:
                 made["error"] = e
 
         thread = threading.Thread(target=enter_and_bind, name="enter-fabric-netns")
+        thread.start()
+        thread.join()
+        if "error" in made:
+            raise made["error"]  # type: ignore[misc]
+        return made["socket"]  # type: ignore[return-value]
+
+    def dial_in_fabric(self, address: str, port: int, timeout_s: float) -> socket.socket:
+        """A TCP connection made from inside the fabric namespace to `address:port` (a node's):
+        it crosses the node's link, so a link that is down drops it — a connect that times out,
+        as a cut cable does — where a loopback connection would not notice. Same thread trick as
+        `listen_in_fabric`; the connected socket then works from any thread."""
+        made: dict[str, object] = {}
+
+        def enter_and_connect() -> None:
+            try:
+                _enter(self.fabric)
+                sock = socket.create_connection((address, port), timeout=timeout_s)
+                sock.settimeout(None)
+                made["socket"] = sock
+            except OSError as e:
+                made["error"] = e
+
+        thread = threading.Thread(target=enter_and_connect, name="dial-in-fabric-netns")
         thread.start()
         thread.join()
         if "error" in made:

@@ -63,12 +63,12 @@ def _service_account_key(folder: Path) -> tuple[Path, Path]:
     return private, public
 
 
-def _start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start_process(command: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
         try:
@@ -78,25 +78,28 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def _wait_ready(url: str, ca_file: Path, token: str, process: subprocess.Popen[bytes], log: Path) -> None:
+def wait_ready(url: str, ca_file: Path | None, token: str, process: subprocess.Popen[bytes], log: Path,
+               *, what: str = "kube-apiserver", path: str = "/readyz", timeout_s: float = START_TIMEOUT_S) -> None:
+    """Poll `url + path` until it answers 200; fail with the log's tail if `process` exits or
+    `timeout_s` passes. `ca_file=None` checks no certificate (a component's self-signed one)."""
     import ssl
     import urllib.request
 
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"kube-apiserver exited {process.returncode}: {log.read_text()[-3000:]}")
-        if ca_file.exists():
+            raise RuntimeError(f"{what} exited {process.returncode}: {log.read_text()[-3000:]}")
+        if ca_file is None or ca_file.exists():
+            context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else ssl._create_unverified_context()
             try:
-                request = urllib.request.Request(f"{url}/readyz", headers={"Authorization": f"Bearer {token}"})
-                with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(ca_file)),
-                                            timeout=2) as answer:
+                request = urllib.request.Request(f"{url}{path}", headers={"Authorization": f"Bearer {token}"})
+                with urllib.request.urlopen(request, context=context, timeout=2) as answer:
                     if answer.status == 200:
                         return
             except (OSError, ssl.SSLError):
                 pass
         time.sleep(0.2)
-    raise RuntimeError(f"kube-apiserver not ready in {START_TIMEOUT_S:g} s: {log.read_text()[-3000:]}")
+    raise RuntimeError(f"{what} not ready in {timeout_s:g} s: {log.read_text()[-3000:]}")
 
 
 @contextmanager
@@ -110,7 +113,7 @@ def control_plane(folder: Path) -> Iterator[ControlPlane]:
     private, public = _service_account_key(folder)
     started: list[subprocess.Popen[bytes]] = []
     try:
-        started.append(_start([str(bin_dir / "etcd"), "--data-dir", str(folder / "etcd"),
+        started.append(start_process([str(bin_dir / "etcd"), "--data-dir", str(folder / "etcd"),
                                "--listen-client-urls", f"http://127.0.0.1:{etcd_client}",
                                "--advertise-client-urls", f"http://127.0.0.1:{etcd_client}",
                                "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
@@ -118,7 +121,7 @@ def control_plane(folder: Path) -> Iterator[ControlPlane]:
                                "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}",
                                "--log-level", "warn"], folder / "etcd.log"))
         certs = folder / "certs"
-        started.append(_start([
+        started.append(start_process([
             str(bin_dir / "kube-apiserver"),
             "--etcd-servers", f"http://127.0.0.1:{etcd_client}",
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(secure),
@@ -131,8 +134,8 @@ def control_plane(folder: Path) -> Iterator[ControlPlane]:
             "--enable-priority-and-fairness=false", "--v=1"], folder / "kube-apiserver.log"))
         ca_file = certs / "apiserver.crt"
         url = f"https://127.0.0.1:{secure}"
-        _wait_ready(url, ca_file, admin, started[-1], folder / "kube-apiserver.log")
+        wait_ready(url, ca_file, admin, started[-1], folder / "kube-apiserver.log")
         yield ControlPlane(url=url, ca_file=ca_file, admin_token=admin, logs=folder)
     finally:
         for process in reversed(started):
-            _stop(process)
+            stop_process(process)

@@ -32,10 +32,12 @@ def resource_path(api_version: str, plural: str, namespace: str | None = None, n
 
 
 class Rest:
-    def __init__(self, url: str, token: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, token: str, *, timeout_s: float = 5.0, ca_file: str | None = None) -> None:
+        """`ca_file`: the CA a real API server's certificate is checked against (HTTPS)."""
         self.url = url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-        self.http = urllib3.PoolManager(timeout=urllib3.Timeout(total=timeout_s), retries=False)
+        tls = {"ca_certs": ca_file} if ca_file else {}
+        self.http = urllib3.PoolManager(timeout=urllib3.Timeout(total=timeout_s), retries=False, **tls)
 
     def request(self, method: str, path: str, body: Any = None, *, query: dict[str, Any] | None = None,
                 content_type: str = "application/json") -> Any:

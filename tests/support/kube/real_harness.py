@@ -1,0 +1,208 @@
+"""`RealKubeHarness`: the simulated nodes (`netns.py` + `kubelet.py`) on the real control plane
+of `real_cluster.py` — kube-apiserver, kube-controller-manager, kube-scheduler and Kueue —
+instead of the emulator (issue 55, Build 2).
+
+    with RealKubeHarness(tmp_path / "kube") as kube:        # 2 nodes × 1 CPU
+        kube.cluster.rest().create("batch/v1", "jobs", "default", job)
+
+What the nodes do against the real API server (the kubelet's `real_api` and `security_context`):
+each registers its Node as `system:node:<name>` (Node authorizer + NodeRestriction judge every
+write), tainted `node.kubernetes.io/not-ready:NoSchedule` until kube-controller-manager's node
+lifecycle controller sees it Ready; renews its Lease in kube-node-lease; runs init containers
+first; runs containers as their securityContext user and groups, with emptyDir volumes owned by
+the pod's fsGroup. Labels a kubelet may not set on itself under NodeRestriction
+(`topology.kubernetes.io/rack`, the GPU labels) are set by the administrator after registration,
+as on a real cluster.
+
+Reaching the API server: it listens on 127.0.0.1 of this machine; the nodes live on a bridge in
+namespaces of their own (`netns.py`: nothing is added to this machine's interfaces), so this
+process listens on the bridge address inside the fabric namespace and relays each connection,
+bytes only, to the API server's loopback port: TLS runs end to end between the kubelet and the
+API server, whose certificate names the bridge address.
+
+DNS: `lifecycle.ClusterDns` from the emulator, on a thread, publishing a pod only once its
+kubelet reported its address: `<hostname>.<subdomain>[.<namespace>.svc.cluster.local]` in every
+node's /etc/hosts, for pods whose subdomain is a Service of their namespace (no CoreDNS: ready
+or not, a pod with an address is published, as with `publishNotReadyAddresses`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from tests.support.kube import netns
+from tests.support.kube.harness import DEFAULT_NODES, FABRIC_PORT, KubeHarness, sweep_stale
+from tests.support.kube.kubelet import NOT_READY_TAINT, Config
+from tests.support.kube.lifecycle import ClusterDns, node_ready
+from tests.support.kube.real_cluster import RealCluster, real_cluster
+from tests.support.kube.rest import Rest, RestError
+
+SELF_LABELS = ("kubernetes.io/hostname", "kubernetes.io/os", "kubernetes.io/arch")
+"""Labels a kubelet sets on its own Node; NodeRestriction refuses it other `kubernetes.io` ones."""
+HEARTBEAT_S = 10.0
+"""The kubelet's default nodeStatusUpdateFrequency and Lease renew interval."""
+DNS_TICK_S = 0.5
+
+
+class RealKubeHarness(KubeHarness):
+    def __init__(self, root: Path, nodes: tuple[str, ...] = DEFAULT_NODES, **kwargs: Any) -> None:
+        kwargs.setdefault("node_agents", False)
+        super().__init__(root, nodes, **kwargs)
+        self.cluster: RealCluster | None = None
+        self._stack = ExitStack()
+        self._relay: socket.socket | None = None
+
+    @staticmethod
+    def check_prerequisites() -> None:
+        """Network namespaces only: the real API server validates, no shared schemas needed."""
+        netns.check_available()
+
+    # --- start / stop ---
+
+    def __enter__(self) -> RealKubeHarness:
+        if self.cluster is not None:  # started already (entered once to tell a skip from a failure)
+            return self
+        super().__enter__()
+        return self
+
+    def start(self) -> RealKubeHarness:
+        import atexit
+
+        atexit.register(self.close)
+        sweep_stale()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.network.create(self.node_names)
+        self.cluster = self._stack.enter_context(real_cluster(
+            self.root / "plane", nodes=tuple(self.node_names), extra_ips=(netns.FABRIC_ADDRESS,)))
+        self._relay = self.network.listen_in_fabric(FABRIC_PORT)
+        threading.Thread(target=_relay, args=(self._relay, self.cluster.secure_port, self._stop),
+                         name="apiserver-relay", daemon=True).start()
+        dns = ClusterDns(self.rest(), self.network.write_hosts, addressed_only=True)
+        threading.Thread(target=self._run_dns, args=(dns,), name="cluster-dns", daemon=True).start()
+        for name in self.node_names:
+            self._start_node(name, f"https://{netns.FABRIC_ADDRESS}:{FABRIC_PORT}")
+        self.wait_for(lambda: self.schedulable_nodes() >= set(self.node_names), 90,
+                      "the nodes to register, be Ready and lose the not-ready taint")
+        self._label_nodes()
+        if self.with_agents:
+            for node in self.nodes.values():
+                self._start_agent(node)
+        return self
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            super().close()  # the kubelets and the namespaces first, while the API server still answers
+        finally:
+            if self._relay is not None:
+                with contextlib.suppress(OSError):
+                    self._relay.close()
+            self._stack.close()
+
+    def _run_dns(self, dns: ClusterDns) -> None:
+        while not self._stop.wait(DNS_TICK_S):
+            try:
+                dns.write()
+            except Exception as e:  # noqa: BLE001 - keep serving, report through diagnostics
+                self.controller_errors.append(f"cluster DNS: {type(e).__name__}: {e}")
+
+    # --- nodes ---
+
+    def _kubelet_config(self, name: str, api_url: str, root: Path) -> Config:
+        config = super()._kubelet_config(name, api_url, root)
+        assert self.cluster is not None
+        config.token = self.cluster.node_tokens[name]
+        config.ca_file = str(self.cluster.ca_file)
+        config.labels = {k: v for k, v in config.labels.items() if k in SELF_LABELS}
+        config.real_api, config.security_context, config.heartbeat_s = True, True, HEARTBEAT_S
+        return config
+
+    def _label_nodes(self) -> None:
+        """The administrator's part: the labels NodeRestriction keeps a kubelet from setting."""
+        for name in self.node_names:
+            self.rest().patch("v1", "nodes", None, name, {"metadata": {"labels": self.node_labels(name)}})
+
+    def schedulable_nodes(self) -> set[str]:
+        """Nodes Ready and without the not-ready taint (lifted by the node lifecycle controller)."""
+        try:
+            nodes = self.rest().list("v1", "nodes")
+        except (RestError, OSError):
+            return set()
+        return {n["metadata"]["name"] for n in nodes if node_ready(n)
+                and not any(t["key"] == NOT_READY_TAINT for t in n["spec"].get("taints") or [])}
+
+    # --- clients ---
+
+    @property
+    def url(self) -> str:
+        return self.cluster.url if self.cluster else ""
+
+    @property
+    def token(self) -> str:
+        return self.cluster.admin_token if self.cluster else ""
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.cluster is not None, "the harness is not started"
+        return self.cluster.kubeconfig
+
+    def rest(self) -> Rest:
+        assert self.cluster is not None, "the harness is not started"
+        return self.cluster.rest()
+
+    def diagnostics(self) -> str:
+        parts = [super().diagnostics()]
+        if self.cluster is not None:
+            for name in self.cluster.processes:
+                log = self.cluster.folder / f"{name}.log"
+                if log.exists():
+                    parts.append(f"--- {name} ---\n{log.read_text(errors='replace')[-1500:]}")
+        return "\n".join(parts)
+
+
+def _relay(listener: socket.socket, port: int, stop: threading.Event) -> None:
+    """Accept on `listener` (in the fabric namespace), relay each connection to 127.0.0.1:`port`."""
+    listener.settimeout(0.5)
+    while not stop.is_set():
+        try:
+            inbound, _ = listener.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        try:
+            outbound = socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            inbound.close()
+            continue
+        outbound.settimeout(None)
+        inbound.settimeout(None)
+        pumps = [threading.Thread(target=_pump, args=pair, name="apiserver-relay-pump", daemon=True)
+                 for pair in ((inbound, outbound), (outbound, inbound))]
+        for pump in pumps:
+            pump.start()
+        threading.Thread(target=_close_after, args=(pumps, inbound, outbound), daemon=True).start()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    """Copy until `source` ends, then end `sink`'s sending side (a half-close, as TCP has it)."""
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+def _close_after(pumps: list[threading.Thread], *sockets: socket.socket) -> None:
+    for pump in pumps:
+        pump.join()
+    for sock in sockets:
+        sock.close()
