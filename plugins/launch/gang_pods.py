@@ -17,8 +17,9 @@ local world sizes in front of it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 WORKER_TASK = "worker"
 """The task of the gang's full nodes (all of them, normally)."""
@@ -58,9 +59,23 @@ def gang_tasks(slots_per_node: Sequence[int]) -> list[GangTask]:
     return tasks
 
 
-def pod_name(job_name: str, task: str, index: int) -> str:
-    """The pod Volcano makes for replica `index` of `task` of the Job `job_name`."""
-    return f"{job_name}-{task}-{index}"
+INDEXED = ""
+"""The one "task" of a batch/v1 Indexed Job (the Kueue path, `kueue_job.py`): its pods' host
+names are `<job>-<index>`, the pods' own names that plus a random suffix."""
+
+
+def pod_name(job_name: str, task: str, index: int | str) -> str:
+    """The host name of replica `index` of `task` of the Job `job_name`: Volcano's pod name
+    `<job>-<task>-<index>` (its `svc` plugin makes it the host name too), or an Indexed Job's
+    `<job>-<index>` (`INDEXED`)."""
+    return f"{job_name}-{index}" if task == INDEXED else f"{job_name}-{task}-{index}"
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """The name a gang's pod (wire form) goes by in the order and the DNS: its host name
+    (`spec.hostname`: Volcano's `svc` plugin and the Indexed Job controller both set it), else
+    its name."""
+    return str((pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"])
 
 
 def pod_host(job_name: str, pod: str) -> str:
@@ -69,9 +84,10 @@ def pod_host(job_name: str, pod: str) -> str:
     return f"{pod}.{job_name}"
 
 
-def rendezvous_pod(job_name: str) -> str:
-    """The pod of node rank 0, whose agent hosts the c10d rendezvous store."""
-    return pod_name(job_name, WORKER_TASK, 0)
+def rendezvous_pod(job_name: str, task: str = WORKER_TASK) -> str:
+    """The pod of node rank 0, whose agent hosts the c10d rendezvous store: index 0 of the
+    first task (`<job>-worker-0`; an Indexed Job's `<job>-0`) sorts before every other name."""
+    return pod_name(job_name, task, 0)
 
 
 def node_order(job_name: str, pods: Iterable[str]) -> list[str]:

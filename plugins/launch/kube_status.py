@@ -35,7 +35,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from trainyard.plugins.launch.gang_pods import SLOTS_ANNOTATION, GangTask, node_order, rank_ranges
+from trainyard.plugins.launch.gang_pods import (
+    INDEXED,
+    SLOTS_ANNOTATION,
+    GangTask,
+    node_order,
+    pod_key,
+    rank_ranges,
+)
 from trainyard.plugins.run.exit_codes import describe
 from trainyard.plugins.run.model import AgentStatus, RankStatus, RunHandle, RunStatus
 
@@ -80,16 +87,26 @@ def group_name(handle: RunHandle, job: Mapping[str, Any]) -> str:
 
 def owned_pods(handle: RunHandle, pods: list[dict[str, Any]], job_uid: str) -> list[dict[str, Any]]:
     """The pods of this Job object (owner uid), in node-rank order (`gang_pods.node_order`)."""
-    mine = {p["metadata"]["name"]: p for p in pods if not job_uid or any(
+    mine = {pod_key(p): p for p in pods if not job_uid or any(
         r.get("uid") == job_uid for r in p["metadata"].get("ownerReferences") or [])}
     return [mine[name] for name in node_order(handle.name, mine)]
 
 
+def is_batch_job(job: Mapping[str, Any]) -> bool:
+    """A batch/v1 Job (the Kueue path), not a Volcano Job."""
+    return job.get("apiVersion") == "batch/v1"
+
+
 def gang_tasks_of(job: Mapping[str, Any]) -> list[GangTask]:
-    """The gang's tasks as the Volcano Job (wire form) declares them: name, replicas and each
+    """The gang's tasks as the Job (wire form) declares them: name, replicas and each
     template's slots (`trainyard.io/slots`; a Job rendered before it, one task per node, says
     its node's `trainyard.io/ranks` range instead, and its zero-padded task names sort in node-rank
-    order: an attempt launched before an upgrade is still read right)."""
+    order: an attempt launched before an upgrade is still read right). An Indexed batch/v1 Job is
+    one task (`INDEXED`) of `completions` pods."""
+    spec = job.get("spec") or {}
+    if is_batch_job(job):
+        annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+        return [GangTask(INDEXED, _slots(annotations), 0, int(spec.get("completions") or 1))]
     tasks, first = [], 0
     for task in (job.get("spec") or {}).get("tasks") or []:
         annotations = ((task.get("template") or {}).get("metadata") or {}).get("annotations") or {}
@@ -117,8 +134,21 @@ def node_is_ready(node: Mapping[str, Any] | None) -> bool | None:
 
 
 def job_phase(job: Mapping[str, Any]) -> str:
-    """A Volcano Job's phase (`status.state.phase`); Pending before the controller wrote one."""
-    return ((job.get("status") or {}).get("state") or {}).get("phase") or "Pending"
+    """A Volcano Job's phase (`status.state.phase`; Pending before the controller wrote one), or
+    a batch/v1 Job's in the same words (`PHASES`): Completed or Failed by its conditions, Pending
+    while suspended (Kueue has not admitted it, or took it back) or before a pod is active,
+    Running once one is."""
+    status = job.get("status") or {}
+    if not is_batch_job(job):
+        return (status.get("state") or {}).get("phase") or "Pending"
+    held = {c.get("type") for c in status.get("conditions") or [] if c.get("status") == "True"}
+    if "Complete" in held:
+        return "Completed"
+    if "Failed" in held:
+        return "Failed"
+    if (job.get("spec") or {}).get("suspend") or not status.get("active"):
+        return "Pending"
+    return "Running"
 
 
 def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None) -> RunStatus:
@@ -130,7 +160,7 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
     # it as unknown kept every watcher waiting for good after a stop or a `kubectl delete`.
     if job is None:
         return RunStatus(state="stopped", processes_alive=False,
-                         message=f"Volcano Job {where} is gone (deleted, or removed after ttlSecondsAfterFinished)")
+                         message=f"{_kind(job)} {where} is gone (deleted, or removed after ttlSecondsAfterFinished)")
     uid = str(job["metadata"].get("uid") or "")
     if handle.uid and uid and uid != handle.uid:
         return RunStatus(state="stopped", processes_alive=False,
@@ -141,12 +171,12 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
     agents, ranks, ended = [], [], {}
     gang = rank_ranges(handle.name, gang_tasks_of(job))
     for pod in seen.pods:
-        own = gang.get(pod["metadata"]["name"], range(0))
+        own = gang.get(pod_key(pod), range(0))
         agent, pod_ranks = _pod(pod, seen.nodes.get(pod["spec"].get("nodeName") or ""), own)
         agents.append(agent)
         ranks += pod_ranks
         ended.update(_ended_at(pod, own))
-    bound = {p["metadata"]["name"]: p["spec"].get("nodeName") or "" for p in seen.pods}
+    bound = {pod_key(p): p["spec"].get("nodeName") or "" for p in seen.pods}
     nodes = [bound[pod] for pod in gang] if gang and all(bound.get(pod) for pod in gang) else []
     message = _message(job, phase, agents)
     blocked = _blocked(seen, agents) if phase == "Pending" or any(a.phase == "Pending" for a in agents) else ""
@@ -265,13 +295,26 @@ def _ended_at(pod: dict[str, Any], own: range) -> dict[int, float]:
     return out
 
 
+def _kind(job: Mapping[str, Any] | None) -> str:
+    return "Job" if job is not None and is_batch_job(job) else "Volcano Job"
+
+
 def _message(job: Mapping[str, Any], phase: str, agents: list[AgentStatus]) -> str:
     status = job.get("status") or {}
-    state = status.get("state") or {}
-    counts = ", ".join(f"{status[k]} {k}" for k in ("pending", "running", "succeeded", "failed", "terminating")
-                       if status.get(k))
-    why = state.get("message") or state.get("reason") or ""
-    message = f"Volcano phase {phase}" + (f" ({counts})" if counts else "") + (f": {why}" if why else "")
+    if is_batch_job(job):
+        counts = ", ".join(f"{status[k]} {k}" for k in ("active", "ready", "succeeded", "failed", "terminating")
+                           if status.get(k))
+        ended = [c for c in status.get("conditions") or [] if c.get("status") == "True"
+                 and c.get("type") in ("Complete", "Failed", "Suspended")]
+        why = (ended[-1].get("message") or ended[-1].get("reason") or "") if ended else ""
+        message = f"Job phase {phase}"
+    else:
+        state = status.get("state") or {}
+        counts = ", ".join(f"{status[k]} {k}" for k in ("pending", "running", "succeeded", "failed", "terminating")
+                           if status.get(k))
+        why = state.get("message") or state.get("reason") or ""
+        message = f"Volcano phase {phase}"
+    message += (f" ({counts})" if counts else "") + (f": {why}" if why else "")
     lost = sorted({a.node for a in agents if a.node_ready is False})
     if lost:
         message += f"; node(s) not Ready: {', '.join(lost)}"
@@ -279,7 +322,14 @@ def _message(job: Mapping[str, Any], phase: str, agents: list[AgentStatus]) -> s
 
 
 def _blocked(seen: Observed, agents: list[AgentStatus]) -> str:
-    """Why the attempt cannot start (empty: it may still be starting normally)."""
+    """Why the attempt cannot start (empty: it may still be starting normally): a Kueue
+    Workload that waits for quota (or was taken back: preempted) says so in Kueue's words."""
+    if seen.group is not None and seen.group.get("kind") == "Workload":
+        from trainyard.plugins.launch.kueue_queues import workload_state
+
+        state = workload_state(seen.group)
+        if state.state in ("pending", "evicted"):
+            return f"Kueue: {state.describe()}"
     for condition in ((seen.group or {}).get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Unschedulable" and condition.get("status") == "True":
             return f"Unschedulable: {condition.get('message') or condition.get('reason', '')}"

@@ -45,6 +45,9 @@ FLAVOR = "trainyard-accelerators"
 COHORT = "trainyard"
 LOCAL_QUEUE = "training"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+PLURALS = {"ResourceFlavor": "resourceflavors", "WorkloadPriorityClass": "workloadpriorityclasses",
+           "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues", "Workload": "workloads"}
+"""The API's resource name of each Kueue kind this module renders or reads."""
 
 
 def workload_priority_class_name(priority: str) -> str:
@@ -121,6 +124,11 @@ def render_kueue_queues(teams: Teams, total: int, *, cpu_cluster: bool,
                                          rdma_resource=rdma_resource))
     docs.extend(render_local_queue(name) for name in sorted(teams.teams))
     return docs
+
+
+def workload_selector(job: Mapping[str, Any]) -> str:
+    """The label selector of the Workload Kueue made for the batch Job `job` (wire form)."""
+    return f"{KUEUE_GROUP}/job-uid={job['metadata']['uid']}"
 
 
 @dataclass(frozen=True)

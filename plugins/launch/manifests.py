@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainyard.plugins.launch.environment import TORCHRUN_ENV, entry_args, job_environment
 from trainyard.plugins.launch.gang_pods import (
     SLOTS_ANNOTATION,
+    WORKER_TASK,
     GangTask,
     gang_tasks,
     pod_host,
@@ -113,7 +114,13 @@ class KubernetesOptions(BaseModel):
     platform_namespace: str = "trainyard"
     """The control plane's ServiceAccount and the node-agent DaemonSet: not a team's namespace, and
     not under Pod Security `restricted` (the agent needs a hostPort and a hostPath)."""
-    scheduler_name: str = "volcano"
+    queueing: Literal["volcano", "kueue"] = "volcano"
+    """What admits a gang: `volcano` — a Volcano Job (one object, `minAvailable` = every pod) in
+    its team's Volcano Queue, scheduled by Volcano; `kueue` — a suspended batch/v1 Indexed Job in
+    its team's LocalQueue, unsuspended by Kueue once the whole gang fits the team's quota, its
+    pods scheduled by the default scheduler (`kueue_job.py`, `kueue_queues.py`)."""
+    scheduler_name: str = ""
+    """The pods' scheduler; '' = the queueing's own (`volcano`, or `default-scheduler` with Kueue)."""
     rdma_resource: str | None = "rdma/rdma_shared_device_a"
     """Device-plugin resource for the InfiniBand HCA (Mellanox shared-device plugin's default
     name); None on clusters without RDMA."""
@@ -164,6 +171,10 @@ class KubernetesOptions(BaseModel):
     (`cluster_settings`), since every pod and every attempt reaches the same folder."""
 
 
+def scheduler_of(options: KubernetesOptions) -> str:
+    return options.scheduler_name or ("default-scheduler" if options.queueing == "kueue" else "volcano")
+
+
 def job_labels(job: TrainingJob, attempt: int, run: str = "") -> dict[str, str]:
     labels = {k: v for k, v in job.metadata.labels.items() if _label_ok(k, v)}
     labels.update({
@@ -201,6 +212,33 @@ def volcano_job_name(job_name: str, run: str = "") -> str:
     return f"{job_name[:MAX_VOLCANO_NAME - len(digest) - 1].rstrip('-')}-{digest}"
 
 
+def attempt_context(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, *, attempt: int,
+                    options: KubernetesOptions | None) -> tuple[str, KubernetesOptions, WorkerEnv, dict[str, str]]:
+    """What every rendering of an attempt's gang starts from, checked: the gang's name
+    (`volcano_job_name`), the options with the job's namespace (its team's, where its pods run
+    as the team's data account, unless the options name one), the worker environment with the
+    pods' heartbeat and run folders, and the labels."""
+    options = options or KubernetesOptions()
+    _check(job, plan, placement, attempt)
+    if options.namespace is None:
+        options = options.model_copy(update={"namespace": team_namespace(job.metadata.team),
+                                             "service_account": options.service_account or TEAM_ACCOUNT})
+    worker_env = worker_env.model_copy(update={
+        "heartbeat_dir": "/".join([options.heartbeat_root, job.metadata.name, *([worker_env.run] if worker_env.run else []),
+                                   str(attempt)]),
+        "run_dir": options.run_dir,
+    })
+    labels = job_labels(job, attempt, worker_env.run) | options.extra_labels
+    return volcano_job_name(job.metadata.name, worker_env.run), options, worker_env, labels
+
+
+def check_size(body: dict[str, Any], nodes: int, what: str) -> None:
+    size = len(json.dumps(body))
+    if size > MAX_OBJECT_BYTES:
+        raise ValueError(f"the {what} for {nodes} nodes is {size:,} bytes; the API server accepts at most "
+                         f"~{MAX_OBJECT_BYTES:,} (about {MAX_OBJECT_BYTES * nodes // size} nodes)")
+
+
 def render_volcano_job(
     job: TrainingJob,
     plan: Plan,
@@ -211,18 +249,8 @@ def render_volcano_job(
     options: KubernetesOptions | None = None,
 ) -> dict[str, Any]:
     """The Volcano `Job` for one attempt of a placed job."""
-    options = options or KubernetesOptions()
-    _check(job, plan, placement, attempt)
-    name = volcano_job_name(job.metadata.name, worker_env.run)
-    if options.namespace is None:
-        options = options.model_copy(update={"namespace": team_namespace(job.metadata.team),
-                                             "service_account": options.service_account or TEAM_ACCOUNT})
-    worker_env = worker_env.model_copy(update={
-        "heartbeat_dir": "/".join([options.heartbeat_root, job.metadata.name, *([worker_env.run] if worker_env.run else []),
-                                   str(attempt)]),
-        "run_dir": options.run_dir,
-    })
-    labels = job_labels(job, attempt, worker_env.run) | options.extra_labels
+    name, options, worker_env, labels = attempt_context(job, plan, placement, worker_env, attempt=attempt,
+                                                        options=options)
     tasks = [_task(job, plan, placement, worker_env, task, labels, options)
              for task in gang_tasks([n.slots for n in placement.nodes])]
     body = {
@@ -237,7 +265,7 @@ def render_volcano_job(
             },
         },
         "spec": {
-            "schedulerName": options.scheduler_name,
+            "schedulerName": scheduler_of(options),
             "minAvailable": len(placement.nodes),
             "queue": job.metadata.team,
             "priorityClassName": priority_class_name(job.metadata.priority),
@@ -252,11 +280,7 @@ def render_volcano_job(
             "tasks": tasks,
         },
     }
-    size = len(json.dumps(body))
-    if size > MAX_OBJECT_BYTES:
-        raise ValueError(f"the Volcano Job for {len(placement.nodes)} nodes is {size:,} bytes; the API "
-                         f"server accepts at most ~{MAX_OBJECT_BYTES:,} (about "
-                         f"{MAX_OBJECT_BYTES * len(placement.nodes) // size} nodes)")
+    check_size(body, len(placement.nodes), "Volcano Job")
     return body
 
 
@@ -292,9 +316,12 @@ def _task(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Worker
 
 
 def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, slots: int,
-             nodes: Sequence[Any], options: KubernetesOptions, *, gpu: bool) -> dict[str, Any]:
+             nodes: Sequence[Any], options: KubernetesOptions, *, gpu: bool,
+             own_host: str = "$(POD_NAME)", first_task: str = WORKER_TASK) -> dict[str, Any]:
     """The pod of a task: torchrun for `slots` local ranks, on one of `nodes` (the placement's
-    nodes of the task); its node rank is its place in `gang_pods.node_order`."""
+    nodes of the task); its node rank is its place in `gang_pods.node_order`. `own_host`: the
+    pod's host name as the kubelet expands it (Volcano's pod name; an Indexed Job's
+    `<job>-$(JOB_COMPLETION_INDEX)`), `first_task`: the task whose pod 0 hosts the rendezvous."""
     env = TORCHRUN_ENV | job_environment(job, plan, worker_env, gpu=gpu)
     if gpu:
         env = DEFAULT_NCCL_ENV | env
@@ -311,9 +338,9 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         "--nnodes", str(len(placement.nodes)),
         "--nproc-per-node", str(slots),
         "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"{pod_host(name, rendezvous_pod(name))}:{options.master_port}",
+        "--rdzv-endpoint", f"{pod_host(name, rendezvous_pod(name, first_task))}:{options.master_port}",
         # c10d ranks the agents by this address (`gang_pods.node_order`); the kubelet expands it
-        "--local-addr", pod_host(name, "$(POD_NAME)"),
+        "--local-addr", pod_host(name, own_host),
         "--rdzv-id", "-".join([job.metadata.name, *([worker_env.run] if worker_env.run else []),
                                 str(worker_env.attempt)]),
         "--max-restarts", str(options.torchrun_max_restarts),
@@ -353,7 +380,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": options.termination_grace_s,
-        "schedulerName": options.scheduler_name,
+        "schedulerName": scheduler_of(options),
         "securityContext": {"runAsNonRoot": True, "runAsUser": options.run_as_user,
                             "runAsGroup": options.run_as_user, "fsGroup": options.run_as_user,
                             "seccompProfile": {"type": "RuntimeDefault"}},

@@ -63,13 +63,14 @@ from urllib3.exceptions import HTTPError as Urllib3HTTPError
 from trainyard.plugins.launch.base import LaunchError
 from trainyard.plugins.launch.cluster_settings import check_cluster_settings
 from trainyard.plugins.launch.environment import run_dir_for
-from trainyard.plugins.launch.gang_pods import node_order, rank_ranges
+from trainyard.plugins.launch.gang_pods import node_order, pod_key, rank_ranges
 from trainyard.plugins.launch.kube_status import (
     ENDED_PHASES,
     PHASES,
     Observed,
     gang_tasks_of,
     group_name,
+    is_batch_job,
     job_phase,
     node_is_ready,
     owned_pods,
@@ -219,8 +220,12 @@ class KubernetesLauncher:
 
     # --- queues -----------------------------------------------------------------------------
 
-    def ensure_queues(self, teams: Teams, total_gpus: int) -> list[str]:
-        """Create each team's Queue, or bring an existing one's spec up to date."""
+    def ensure_queues(self, teams: Teams, total_gpus: int, *, cpu_cluster: bool = False) -> list[str]:
+        """Create each team's Queue, or bring an existing one's spec up to date; with Kueue
+        (`options.queueing`) its ClusterQueue and LocalQueue and the flavor and priorities they
+        name (`kueue_queues`; `cpu_cluster`: the slots are cores, not GPUs)."""
+        if self.options.queueing == "kueue":
+            return self._ensure_kueue_queues(teams, total_gpus, cpu_cluster=cpu_cluster)
         names = []
         for body in render_queues(teams, total_gpus):
             name = body["metadata"]["name"]
@@ -232,6 +237,32 @@ class KubernetesLauncher:
                 self._call(self.api.patch_cluster_custom_object, QUEUE_GROUP, QUEUE_VERSION, QUEUE_PLURAL,
                            name, {"spec": body["spec"]})
             names.append(name)
+        return names
+
+    def _ensure_kueue_queues(self, teams: Teams, total_gpus: int, *, cpu_cluster: bool) -> list[str]:
+        from trainyard.plugins.launch.kueue_queues import (
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            PLURALS,
+            render_kueue_queues,
+        )
+
+        names = []
+        for body in render_kueue_queues(teams, total_gpus, cpu_cluster=cpu_cluster,
+                                        rdma_resource=self.options.rdma_resource):
+            meta, plural = body["metadata"], PLURALS[body["kind"]]
+            where = (meta["namespace"],) if "namespace" in meta else ()
+            create = (self.api.create_namespaced_custom_object if where else self.api.create_cluster_custom_object)
+            patch = (self.api.patch_namespaced_custom_object if where else self.api.patch_cluster_custom_object)
+            try:
+                self._call(create, KUEUE_GROUP, KUEUE_VERSION, *where, plural, body)
+            except ApiException as e:
+                if e.status != 409:
+                    raise LaunchError(f"cannot create Kueue {body['kind']} {meta['name']!r}: {e.status} {e.reason}: "
+                                      f"{_api_message(e)}") from e
+                update = {k: v for k, v in body.items() if k in ("spec", "value", "description")}
+                self._call(patch, KUEUE_GROUP, KUEUE_VERSION, *where, plural, meta["name"], update)
+            names.append(meta["name"])
         return names
 
     # --- submit -----------------------------------------------------------------------------
@@ -249,12 +280,19 @@ class KubernetesLauncher:
         if worker_env.storage_credentials is not None and self.core_api is None:
             raise LaunchError(f"{job.metadata.name}: the run's storage keys go into a Secret, which needs the "
                               "Kubernetes core API; build the launcher with `core_api` (`from_clients`)")
-        body = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=self.options)
+        service = None
+        if self.options.queueing == "kueue":
+            from trainyard.plugins.launch.kueue_job import render_kueue_job
+
+            body, service = render_kueue_job(job, plan, placement, worker_env, attempt=attempt, options=self.options)
+        else:
+            body = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=self.options)
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        group, version = api_coordinates(body["apiVersion"])
         deadline = time.monotonic() + self.delete_timeout_s
         while True:
             try:
-                created = self._call(self.api.create_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,
+                created = self._call(self.api.create_namespaced_custom_object, group, version,
                                      namespace, VOLCANO_PLURAL, body)
                 break
             except ApiException as e:
@@ -262,7 +300,7 @@ class KubernetesLauncher:
                     raise LaunchError(f"cannot create Volcano Job {namespace}/{name}: {e.status} {e.reason}: "
                                       f"{_api_message(e)}") from e
             try:
-                existing = self._get_job(namespace, name)
+                existing = self._get_job(namespace, name, body["apiVersion"])
             except ApiException as e:
                 if e.status == 404:  # deleted between our create and our read: create again
                     continue
@@ -274,6 +312,8 @@ class KubernetesLauncher:
                 break
             self._refuse_or_wait(existing, body, attempt, deadline)
         self._create_storage_secret(job, worker_env, attempt, created, namespace)
+        if service is not None:
+            self._create_owned(created, service)
         records = ""
         if self.records_dir is not None:
             folder = run_dir_for(self.records_dir, job.metadata.name, worker_env.run, attempt)
@@ -281,7 +321,7 @@ class KubernetesLauncher:
             records = str(folder)
         return RunHandle(kind="kubernetes", job=job.metadata.name, run=worker_env.run, attempt=attempt,
                          run_dir=records, world_size=placement.layout.world_size, namespace=namespace, name=name,
-                         uid=str(created.get("metadata", {}).get("uid") or ""),
+                         uid=str(created.get("metadata", {}).get("uid") or ""), api_version=body["apiVersion"],
                          # the placement's set until the pods are bound (`RunHandle.bound`)
                          nodes=placement.node_names, ranks_per_node=placement.layout.ranks_per_node)
 
@@ -291,7 +331,7 @@ class KubernetesLauncher:
         goes with the Job; made after the Job (its owner must exist; the kubelet retries a pod
         whose Secret is not there yet). A re-attached attempt finds it made (409)."""
         meta = created.get("metadata") or {}
-        owner = {"apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}", "kind": "Job",
+        owner = {"apiVersion": str(created.get("apiVersion") or f"{VOLCANO_GROUP}/{VOLCANO_VERSION}"), "kind": "Job",
                  "name": str(meta.get("name", "")), "uid": str(meta.get("uid", ""))}
         secret = render_storage_secret(job, worker_env, attempt=attempt, namespace=namespace, owner=owner)
         if secret is None or self.core_api is None:
@@ -334,7 +374,8 @@ class KubernetesLauncher:
                 log.info("Volcano Job %s of attempt %s ended (%s): deleting it for the next attempt", where,
                          theirs["trainyard.io/attempt"], phase)
                 try:
-                    self._delete_job(meta["namespace"], meta["name"], meta.get("uid"))
+                    self._delete_job(meta["namespace"], meta["name"], meta.get("uid"),
+                                     api_version=str(existing.get("apiVersion") or ""))
                 except ApiException as e:
                     if e.status not in (404, 409):  # gone already, or another object now: the create decides
                         raise
@@ -344,16 +385,30 @@ class KubernetesLauncher:
                               f"({phase}); stop it before launching attempt {attempt}")
         raise LaunchError(f"Volcano Job {where} belongs to another run ({theirs}); refusing to adopt it by name")
 
-    def _delete_job(self, namespace: str, name: str, uid: str | None, grace_s: int | None = None) -> None:
+    def _create_owned(self, owner: dict[str, Any], doc: dict[str, Any]) -> None:
+        """Create `doc` (a core object: the Kueue path's headless Service) owned by the gang's
+        Job, so that it goes with it; a re-attached attempt finds it made (409)."""
+        from trainyard.plugins.launch.kueue_job import owned_by
+
+        meta = doc["metadata"]
+        try:
+            self._call(self._core().create_namespaced_service, meta["namespace"], owned_by(doc, owner))
+        except ApiException as e:
+            if e.status != 409:
+                raise LaunchError(f"cannot create {doc['kind']} {meta['namespace']}/{meta['name']}: {e.status} "
+                                  f"{e.reason}: {_api_message(e)}") from e
+
+    def _delete_job(self, namespace: str, name: str, uid: str | None, grace_s: int | None = None,
+                    api_version: str = "") -> None:
         """Delete a Volcano Job with foreground propagation (its pods first), only if it is still
         the object `uid` names (a precondition: a newer Job of the same name is never deleted)."""
         options = V1DeleteOptions(grace_period_seconds=grace_s, propagation_policy="Foreground",
                                   preconditions=V1Preconditions(uid=uid) if uid else None)
-        self._call(self.api.delete_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION, namespace,
+        self._call(self.api.delete_namespaced_custom_object, *api_coordinates(api_version), namespace,
                    VOLCANO_PLURAL, name, grace_period_seconds=grace_s, propagation_policy="Foreground", body=options)
 
-    def _get_job(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._call(self.api.get_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION,
+    def _get_job(self, namespace: str, name: str, api_version: str = "") -> dict[str, Any]:
+        return self._call(self.api.get_namespaced_custom_object, *api_coordinates(api_version),
                           namespace, VOLCANO_PLURAL, name)
 
     # --- poll -------------------------------------------------------------------------------
@@ -366,7 +421,7 @@ class KubernetesLauncher:
 
     def _observe(self, handle: RunHandle) -> Observed:
         try:
-            job = self._get_job(handle.namespace, handle.name)
+            job = self._get_job(handle.namespace, handle.name, handle.api_version)
         except ApiException as e:
             if e.status == 404:
                 return Observed(job=None)
@@ -384,7 +439,7 @@ class KubernetesLauncher:
             nodes = self._call(self.core_api.list_node)
             seen.nodes = {n["metadata"]["name"]: n for n in map(wire, nodes.items) if n["metadata"]["name"] in names}
         if _unstarted(job, seen.pods):
-            seen.group = self._podgroup(handle, job)
+            seen.group = self._workload(handle, job) if is_batch_job(job) else self._podgroup(handle, job)
             events = self._call(self.core_api.list_namespaced_event, handle.namespace)
             seen.events = _events_of(seen, [wire(e) for e in events.items])
         return seen
@@ -397,6 +452,23 @@ class KubernetesLauncher:
             if e.status in (403, 404):
                 return None
             raise
+
+    def _workload(self, handle: RunHandle, job: dict[str, Any]) -> dict[str, Any] | None:
+        """Kueue's Workload of a batch Job (its label names the Job's uid): why it waits."""
+        from trainyard.plugins.launch.kueue_queues import (
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            workload_selector,
+        )
+
+        try:
+            found = self._call(self.api.list_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION, handle.namespace,
+                               "workloads", label_selector=workload_selector(job))
+        except ApiException as e:
+            if e.status in (403, 404):
+                return None
+            raise
+        return next(iter(found.get("items") or []), None)
 
     async def poll_async(self, handle: RunHandle, api_client: Any) -> RunStatus:
         """`poll` for an asyncio caller (the training trigger): `api_client` is a
@@ -432,7 +504,7 @@ class KubernetesLauncher:
         if lost:
             grace = 0
         try:
-            self._delete_job(handle.namespace, handle.name, handle.uid, grace)
+            self._delete_job(handle.namespace, handle.name, handle.uid, grace, handle.api_version)
         except ApiException as e:
             if e.status == 404:
                 return RunStatus(state="stopped", message=f"{where} was already gone")
@@ -524,9 +596,10 @@ class KubernetesLauncher:
         if rank is not None and not 0 <= rank < handle.world_size:
             raise ValueError(f"rank {rank} is outside the job's world size {handle.world_size}")
         gang = self._rank_ranges(handle)
-        pods = list(gang) if rank is None else [p for p, ranks in gang.items() if rank in ranks][:1]
+        hosts = list(gang) if rank is None else [p for p, ranks in gang.items() if rank in ranks][:1]
+        names = {pod_key(p): p["metadata"]["name"] for p in self._listed_pods(handle)} if handle.api_version else {}
         parts = []
-        for pod in pods:
+        for pod in (names.get(host, host) for host in hosts):
             try:
                 # raw, decoded here: the client's own str handling gives "b'…'" (kubernetes 36)
                 raw = self._call(core.read_namespaced_pod_log, pod, handle.namespace,
@@ -543,19 +616,32 @@ class KubernetesLauncher:
         """Each pod's ranks in node-rank order (`gang_pods.rank_ranges`), from the Job's tasks;
         a Job already gone: its pods as listed, `ranks_per_node` each."""
         try:
-            return rank_ranges(handle.name, gang_tasks_of(self._get_job(handle.namespace, handle.name)))
+            return rank_ranges(handle.name, gang_tasks_of(self._get_job(handle.namespace, handle.name,
+                                                                        handle.api_version)))
         except ApiException as e:
             if e.status != 404:
                 raise
-        pods = self._call(self._core().list_namespaced_pod, handle.namespace, label_selector=pod_selector(handle))
-        names = node_order(handle.name, [p.metadata.name for p in pods.items])
+        names = node_order(handle.name, [pod_key(p) for p in self._listed_pods(handle)])
         k = handle.ranks_per_node
         return {name: range(i * k, (i + 1) * k) for i, name in enumerate(names)}
+
+    def _listed_pods(self, handle: RunHandle) -> list[dict[str, Any]]:
+        pods = self._call(self._core().list_namespaced_pod, handle.namespace, label_selector=pod_selector(handle))
+        return [self._core().api_client.sanitize_for_serialization(p) for p in pods.items]
 
     @staticmethod
     def _check_handle(handle: RunHandle) -> None:
         if handle.kind != "kubernetes":
             raise ValueError(f"KubernetesLauncher cannot use a {handle.kind!r} handle")
+
+
+def api_coordinates(api_version: str) -> tuple[str, str]:
+    """(group, version) of a gang object's `apiVersion`; '' is a Volcano Job (handles written
+    before the Kueue path)."""
+    if not api_version:
+        return VOLCANO_GROUP, VOLCANO_VERSION
+    group, _, version = api_version.rpartition("/")
+    return group, version
 
 
 def _unstarted(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
@@ -590,7 +676,7 @@ async def poll_async(handle: RunHandle, api_client: Any, *, attempts: int = 6, m
         return None  # not reached: the last failure is re-raised
 
     try:
-        job = await call(custom.get_namespaced_custom_object, VOLCANO_GROUP, VOLCANO_VERSION, handle.namespace,
+        job = await call(custom.get_namespaced_custom_object, *api_coordinates(handle.api_version), handle.namespace,
                          VOLCANO_PLURAL, handle.name)
     except Exception as e:
         if _status_of(e) == 404:
@@ -607,8 +693,19 @@ async def poll_async(handle: RunHandle, api_client: Any, *, attempts: int = 6, m
         seen.nodes = {n["metadata"]["name"]: n for n in map(wire, nodes.items) if n["metadata"]["name"] in names}
     if _unstarted(job, seen.pods):
         try:
-            seen.group = await call(custom.get_namespaced_custom_object, QUEUE_GROUP, PODGROUP_VERSION,
-                                    handle.namespace, "podgroups", group_name(handle, job))
+            if is_batch_job(job):
+                from trainyard.plugins.launch.kueue_queues import (
+                    KUEUE_GROUP,
+                    KUEUE_VERSION,
+                    workload_selector,
+                )
+
+                found = await call(custom.list_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION, handle.namespace,
+                                   "workloads", label_selector=workload_selector(job))
+                seen.group = next(iter(found.get("items") or []), None)
+            else:
+                seen.group = await call(custom.get_namespaced_custom_object, QUEUE_GROUP, PODGROUP_VERSION,
+                                        handle.namespace, "podgroups", group_name(handle, job))
         except Exception as e:
             if _status_of(e) not in (403, 404):
                 raise

@@ -59,6 +59,9 @@ class RunHandle(_Model):
     """Kubernetes: until the pods are bound, the placement's nodes (the set the pods may take, in
     the placement's order); once they are, the nodes they run on, in node-rank order (`bound`)."""
     ranks_per_node: int = 1
+    api_version: str = ""
+    """Kubernetes: the gang object's `apiVersion` — `batch.volcano.sh/v1alpha1` (a Volcano Job;
+    '' in handles written before the Kueue path) or `batch/v1` (an Indexed Job Kueue admits)."""
 
     @property
     def gang_nodes(self) -> list[str]:

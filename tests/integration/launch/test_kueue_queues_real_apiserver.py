@@ -20,6 +20,7 @@ from trainyard.plugins.launch.kueue_queues import (
     KUEUE_GROUP,
     KUEUE_VERSION,
     LOCAL_QUEUE,
+    PLURALS,
     render_cluster_queue,
     render_kueue_queues,
 )
@@ -42,10 +43,6 @@ def admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         for doc in render_teams(TEAMS, cpu_cluster=False):
             utils.create_from_dict(api, doc)
         yield api
-
-
-PLURALS = {"ResourceFlavor": "resourceflavors", "WorkloadPriorityClass": "workloadpriorityclasses",
-           "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues"}
 
 
 def create(api: Any, doc: dict[str, Any]) -> dict[str, Any]:

@@ -584,6 +584,31 @@ class Kubelet:
             self._kill(run, signal.SIGKILL)
 
 
+def _traversable_root(folder: Path) -> None:
+    """In the container's mount namespace, `/root` as an image would have it for a non-root
+    user: traversable (0711). The "image" is this machine's venv, whose interpreter lives under
+    `/root` (0700 here): a tmpfs of mode 0711 goes over `/root` and each of its entries is bound
+    back from a second view of the real one — nothing changes outside the container."""
+    home = Path("/root")
+    if home.stat().st_mode & 0o001:
+        return
+    real = folder / "root-real"
+    real.mkdir(exist_ok=True)
+    _check(_libc.mount(b"/root", str(real).encode(), None, MS_BIND | MS_REC, None), "bind /root aside")
+    _check(_libc.mount(b"tmpfs", b"/root", b"tmpfs", 0, b"mode=0711"), "tmpfs over /root")
+    for entry in os.scandir(real):
+        target = home / entry.name
+        if entry.is_dir(follow_symlinks=False):
+            target.mkdir()
+        elif entry.is_symlink():
+            target.symlink_to(os.readlink(entry.path))
+            continue
+        else:
+            target.touch()
+        _check(_libc.mount(entry.path.encode(), str(target).encode(), None, MS_BIND | MS_REC, None),
+               f"bind {target}")
+
+
 def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tuple[str, str, bool]],
                 hostname: str, folder: Path, name: str, log: Path,
                 identity: tuple[int, int, list[int]] | None = None) -> Shim:
@@ -605,6 +630,8 @@ def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tup
             if read_only:
                 _check(_libc.mount(None, target.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None),
                        f"read-only {target}")
+        if identity is not None and identity[0] != 0:
+            _traversable_root(folder)
         child = os.fork()
         if child == 0:  # the container's PID 1
             try:
