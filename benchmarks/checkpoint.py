@@ -51,7 +51,9 @@ rounds 2..N, the steady state of a training run; `samples` lists every round:
   same two ways with O_DIRECT, two 8 MB requests in flight, as ours writes and reads
   (`disk_write_direct_MBps`, `disk_read_direct_MBps`); `sha256_MBps` and `blake3_MBps`,
   every rank hashing the same state bytes from memory at once, one algorithm after the other
-  (what hashing alone allows these cores);
+  (what hashing alone allows these cores), and `blake3_auto_MBps` the same with BLAKE3 on as
+  many threads as it likes (`max_threads=blake3.AUTO`; a save of ours hashes each buffer on one
+  thread while the disk writes the one before, a restore on `io_threads` per rank);
 - both cold reads — the restore and the disk's read rate — start `--settle-s` (3) seconds
   after the files were written and dropped from the page cache: a restore follows a failure
   by seconds at least (torchrun's restart alone took 5 s in `benchmarks/recovery.py`), and on
@@ -211,6 +213,7 @@ def _summarise(samples: dict[str, list[float]], state_bytes: int, world: int, ro
         "memcpy_s": round(med["memcpy_s"], 4),
         "sha256_MBps": round(mb / med["sha256_s"], 1),
         "blake3_MBps": round(mb / med["blake3_s"], 1),
+        "blake3_auto_MBps": round(mb / med["blake3_auto_s"], 1),
         "async_dcp_blocking_s": round(med["async_dcp_blocking_s"], 4),
         "async_dcp_deferred_blocking_s": round(med["async_dcp_deferred_blocking_s"], 4),
         **{k: round(v, 4) for k, v in med.items() if k.startswith("async_dcp_deferred_")
@@ -251,6 +254,7 @@ def _summarise(samples: dict[str, list[float]], state_bytes: int, world: int, ro
         "save/blake3": round(result["save_MBps"] / result["blake3_MBps"], 2),
         "restore/blake3": round(result["restore_MBps"] / result["blake3_MBps"], 2),
         "blake3/sha256": round(result["blake3_MBps"] / result["sha256_MBps"], 2),
+        "blake3_auto/blake3": round(result["blake3_auto_MBps"] / result["blake3_MBps"], 2),
     }
     ratios = result["ratios"]
     result["targets"] = {
@@ -518,18 +522,21 @@ class _Competitors:
         """SHA-256 and BLAKE3 (as ours hashes: one thread per file) of the same state bytes
         from memory, every rank at once, one after the other: the rate any hashed save or
         verified restore is held to on these cores, with nothing else to do."""
+        from blake3 import blake3
+
         from trainyard.plugins.storage.hashing import new_hasher
 
         tensors = _local_tensors(self.state())
         out = {}
-        for algorithm in ("sha256", "blake3"):
+        for name, make in (("sha256", lambda: new_hasher("sha256")), ("blake3", lambda: new_hasher("blake3")),
+                           ("blake3_auto", lambda: blake3(max_threads=blake3.AUTO))):
             _barrier()
             t0 = time.perf_counter()
             for tensor in tensors:
-                hasher = new_hasher(algorithm)  # type: ignore[arg-type]
+                hasher = make()
                 hasher.update(tensor.detach().reshape(-1).view(torch_uint8()).numpy())
                 hasher.hexdigest()
-            out[f"{algorithm}_s"] = _all_max(time.perf_counter() - t0)
+            out[f"{name}_s"] = _all_max(time.perf_counter() - t0)
         return out
 
     def _memcpy(self) -> dict[str, float]:
