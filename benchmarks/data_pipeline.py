@@ -33,6 +33,15 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
 - `stream_samples_s`: `StreamingReader` (cold cache: the next shards fetched by ranged GETs and
   tokenized as they arrive by other threads, their token ids stored in the cache, batches cut
   by a background thread into a bounded queue), the same batches;
+- `stream_pyarrow_samples_s`, `stream_process_pool_samples_s`: the cold pass again with the
+  reader's jsonl parser swapped for pyarrow's JSON reader, or for the pipeline's parser in the
+  two-process pool (`data_competitors.jsonl_parser`) — the parse-only levers measured where
+  the fetch, the cut and the cache's writes share the machine with them (each checked to make
+  the pipeline's token ids, untimed, and the same number of samples);
+- `bpe_batched_mb_s`, `bpe_per_document_mb_s` (the tokenizer lever): one shard's documents
+  (`BPE_ROWS` rows) encoded by a byte-level BPE tokenizer trained here on them, in the
+  pipeline's one `encode_batch` call, or one `encode` per document (`bpe_*_cpu_s`: the CPU
+  seconds each cost, the library's threads included; checked to give the same ids, untimed);
 - `stream_botocore_samples_s` (context): the cold pass again with the store's ranged GETs sent
   through botocore's `get_object` (the path behind a proxy) instead of presigned URLs over
   urllib3 (`S3Store._plain_http`) — what botocore's per-request cost takes from the cold pass;
@@ -60,7 +69,9 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
 Where the cold pass's time goes: `stream_cpu_s` / `baseline_cpu_s` are this process's CPU
 seconds (all threads) in one cold streamed / baseline pass, beside `stream_wall_s` /
 `baseline_wall_s`, and `stream_endpoint_cpu_s` the endpoint process's CPU in the cold pass (moto
-is the "remote" store, on this machine's cores). CPU close to wall means the pass is bound by one
+is the "remote" store, on this machine's cores); `fetch_only_cpu_s` / `fetch_only_endpoint_cpu_s`
+the same for the fetch-only pass — on a machine whose cores are busy, a pass's wall time
+follows the CPU it asks of them, and `missed` names both figures where the cold pass misses. CPU close to wall means the pass is bound by one
 interpreter's CPU (the GIL), not by the endpoint or the network. `stream_thread_cpu_s` splits the
 cold pass's CPU by the reader's threads (`thread_cpu`): `consumer` (this loop), `cut` (the
 producer: windows, shuffle, batches), `prefetch` (tokenize and store each shard's tokens; a
@@ -109,6 +120,9 @@ REPO = Path(__file__).resolve().parent.parent
 DP_SHARE = 8
 """The data-parallel size of `dp8_rank_vs_dp1_time`."""
 SHARD_ROWS, ROW_BYTES = 500, 2000
+BPE_ROWS = 250
+"""Rows (of one shard) the tokenizer lever encodes per pass: BPE on the benchmark's hex rows
+runs at ~1 MB/s here, so a whole shard a pass would cost the run ~10 s."""
 WARM_REPEATS = 5
 """Warm-cache and memory-map passes per round (their median is the round's figure)."""
 
@@ -331,6 +345,8 @@ def main() -> int:
     if args.train_child:
         return train_child(args)
 
+    import numpy as np
+
     from benchmarks import data_competitors as rivals
     from tests.support.datasets import write_jsonl_dataset
     from trainyard.plugins.data.manifest import list_manifest
@@ -371,14 +387,23 @@ def main() -> int:
 
         rivals.check_parsers(listed, blobs)
         pool = rivals.parser_pool()
+        texts = [json.loads(line)["text"] for line in blobs[keys[0]].splitlines()[:BPE_ROWS]]
+        bpe = rivals.bpe_tokenizer(texts)
+        if not np.array_equal(rivals.bpe_pass(bpe, texts, True)[0], rivals.bpe_pass(bpe, texts, False)[0]):
+            raise RuntimeError("batched and per-document BPE encoding gave different ids")
+        bpe_mb = sum(len(t.encode()) for t in texts) / 2**20
+        bpe_rates: dict[str, list[float]] = {"batched": [], "per_document": []}
+        bpe_cpu: dict[str, list[float]] = {"batched": [], "per_document": []}
         rates: dict[str, list[float]] = {"baseline": [], "sequential_stream": [], "fetch_only": [],
                                          "parse_only": [], "line_parse_only": [], "pyarrow_parse_only": [],
                                          "process_pool_parse_only": [], "dataloader": [], "stream": [],
-                                         "stream_botocore": [], "cached": [], "mmap": [],
+                                         "stream_botocore": [], "stream_pyarrow": [],
+                                         "stream_process_pool": [], "cached": [], "mmap": [],
                                          "mmap_verified": []}
         botocore_path = S3Store(bucket, "full", endpoint_url=server.endpoint_url)
         botocore_path.__dict__["_plain_http"] = None  # as behind a proxy: get_object
-        cpu: dict[str, list[float]] = {"baseline": [], "stream": [], "stream_endpoint": []}
+        cpu: dict[str, list[float]] = {"baseline": [], "stream": [], "stream_endpoint": [], "fetch_only": [],
+                                       "fetch_only_endpoint": []}
         parse_cpu: dict[str, list[float]] = {parser: [] for parser in rivals.PARSERS}
         by_thread: dict[str, list[float]] = {}
         # On the warm cache, given the manifest: one rank's epoch, and rank 0 of DP_SHARE's share of it
@@ -389,7 +414,12 @@ def main() -> int:
             base_n, base_s = sequential_baseline(full, args.seq_len, batch)
             cpu["baseline"].append(time.process_time() - own)
             seq_n, seq_s = sequential_stream(full, args.seq_len)
+            own, endpoint = time.process_time(), processes.cpu_seconds(endpoint_pid)
             fetch_s = fetch_only(full)
+            cpu["fetch_only"].append(time.process_time() - own)
+            after = processes.cpu_seconds(endpoint_pid)
+            if endpoint is not None and after is not None:
+                cpu["fetch_only_endpoint"].append(after - endpoint)
             for parser in rivals.PARSERS:  # the pipeline's first
                 before = _parse_cpu(pool)
                 n, seconds = rivals.parse_only_pass(listed, blobs, args.seq_len, parser, pool)
@@ -416,6 +446,18 @@ def main() -> int:
             boto_n, boto_s = streamed(botocore_path, args.seq_len, root / f"cache-boto-{r}", 2 * dataset_bytes, batch,
                                       base_n // batch)
             shutil.rmtree(root / f"cache-boto-{r}")
+            for parser in ("pyarrow", "process_pool"):  # the levers, inside the reader
+                with rivals.jsonl_parser(parser, pool):
+                    n, seconds = streamed(full, args.seq_len, root / f"cache-{parser}-{r}", 2 * dataset_bytes,
+                                          batch, base_n // batch)
+                shutil.rmtree(root / f"cache-{parser}-{r}")
+                if n != stream_n:
+                    raise RuntimeError(f"the cold pass with the {parser} parser made {n} samples, not {stream_n}")
+                rates[f"stream_{parser}"].append(n / seconds)
+            for way in ("batched", "per_document"):
+                _, seconds, used = rivals.bpe_pass(bpe, texts, way == "batched")
+                bpe_rates[way].append(bpe_mb / seconds)
+                bpe_cpu[way].append(used)
             # The warm passes take ~60 ms each: one of each per round swung by ±25 %, so each
             # round runs WARM_REPEATS of each, interleaved, and keeps their median.
             warm: dict[str, list[float]] = {"cached": [], "mmap": [], "mmap_verified": []}
@@ -468,6 +510,13 @@ def main() -> int:
         "sequential_stream_samples_s": round(median["sequential_stream"], 1),
         "fetch_only_samples_s": round(median["fetch_only"], 1),
         "stream_botocore_samples_s": round(median["stream_botocore"], 1),
+        "stream_pyarrow_samples_s": round(median["stream_pyarrow"], 1),
+        "stream_process_pool_samples_s": round(median["stream_process_pool"], 1),
+        "bpe_batched_mb_s": round(statistics.median(bpe_rates["batched"]), 2),
+        "bpe_per_document_mb_s": round(statistics.median(bpe_rates["per_document"]), 2),
+        "bpe_batched_cpu_s": round(statistics.median(bpe_cpu["batched"]), 3),
+        "bpe_per_document_cpu_s": round(statistics.median(bpe_cpu["per_document"]), 3),
+        "bpe_mb": round(bpe_mb, 2),
         "dataloader_samples_s": round(median["dataloader"], 1),
         "parse_only_samples_s": round(median["parse_only"], 1),
         "line_parse_only_samples_s": round(median["line_parse_only"], 1),
@@ -501,6 +550,9 @@ def main() -> int:
         "stream_cpu_s": round(statistics.median(cpu["stream"]), 3),
         "stream_wall_s": round(base_n / median["stream"], 3),
         "stream_endpoint_cpu_s": round(statistics.median(cpu["stream_endpoint"]), 3) if cpu["stream_endpoint"] else None,
+        "fetch_only_cpu_s": round(statistics.median(cpu["fetch_only"]), 3),
+        "fetch_only_endpoint_cpu_s": (round(statistics.median(cpu["fetch_only_endpoint"]), 3)
+                                      if cpu["fetch_only_endpoint"] else None),
         "stream_thread_cpu_s": {role: round(statistics.median(v), 3) for role, v in sorted(by_thread.items())},
         "baseline_cpu_s": round(statistics.median(cpu["baseline"]), 3),
         "parse_only_cpu_s": {parser: round(statistics.median(v), 3) for parser, v in parse_cpu.items()},
@@ -510,7 +562,8 @@ def main() -> int:
         "load_avg_1m_start": round(load_start, 2),
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
-    result.update(_against_competitors(median, big, small, result["stall_fraction"]))
+    result["bpe_batched_vs_per_document"] = round(result["bpe_batched_mb_s"] / result["bpe_per_document_mb_s"], 2)
+    result.update(_against_competitors(median, big, small, result["stall_fraction"], result))
     print(json.dumps(result))
     return 0
 
@@ -526,9 +579,11 @@ def _parse_cpu(pool: object) -> float:
 
 
 def _against_competitors(median: dict[str, float], big: dict[str, float], small: dict[str, float],
-                         stall: float) -> dict[str, object]:
+                         stall: float, figures: dict[str, object]) -> dict[str, object]:
     """Issue 32's and issue 58's ratios and targets; the lower of the two cold-pass ceilings
-    binds, and each target missed is named with the figure that binds it (`missed`)."""
+    binds, and each target missed is named with the figure that binds it (`missed`) — for the
+    cold pass, beside the ceiling, the CPU it and the fetch-only pass ask of the machine's cores
+    (this process's and the endpoint's, from `figures`) and the load they were shared at."""
     ceilings = {"fetch_only": median["fetch_only"], "parse_only": median["parse_only"]}
     binding = min(ceilings, key=ceilings.__getitem__)
     rss_full, rss_quarter = big["peak_rss_mb"], small["peak_rss_mb"]
@@ -545,7 +600,13 @@ def _against_competitors(median: dict[str, float], big: dict[str, float], small:
         "parse_only_vs_line_parse_only": median["parse_only"] / median["line_parse_only"],
         "parse_only_vs_pyarrow_parse_only": median["parse_only"] / median["pyarrow_parse_only"],
         "parse_only_vs_process_pool_parse_only": median["parse_only"] / median["process_pool_parse_only"],
+        "stream_pyarrow_vs_stream": median["stream_pyarrow"] / median["stream"],
+        "stream_process_pool_vs_stream": median["stream_process_pool"] / median["stream"],
     }
+    cpu = {name: (figures[f"{name}_cpu_s"], figures[f"{name}_endpoint_cpu_s"]) for name in ("stream", "fetch_only")}
+    cold = (f"{binding}_samples_s {ceilings[binding]:.0f}; CPU a pass (this process + endpoint): cold stream "
+            f"{cpu['stream'][0]} + {cpu['stream'][1]}, fetch only {cpu['fetch_only'][0]} + {cpu['fetch_only'][1]}, "
+            f"on {os.cpu_count()} cores at load {figures['load_avg_1m_start']}->{figures['load_avg_1m']}")
     targets = {
         "stream_ge_1.0x_dataloader": ratios["stream_vs_dataloader"] >= 1.0,
         "stream_ge_0.8x_lower_ceiling": ratios["stream_vs_lower_ceiling"] >= 0.8,
@@ -559,7 +620,7 @@ def _against_competitors(median: dict[str, float], big: dict[str, float], small:
     binds = {  # what holds each target down, with its figure
         "stream_ge_1.0x_dataloader": f"dataloader_samples_s {median['dataloader']:.0f}",
         "stream_ge_1.5x_dataloader": f"dataloader_samples_s {median['dataloader']:.0f}",
-        "stream_ge_0.8x_lower_ceiling": f"{binding}_samples_s {ceilings[binding]:.0f}",
+        "stream_ge_0.8x_lower_ceiling": cold,
         "cached_ge_0.8x_mmap": f"mmap_samples_s {median['mmap']:.0f}",
         "cached_ge_0.9x_mmap": f"mmap_samples_s {median['mmap']:.0f}",
         "rss_flat_within_10pct": f"peak_rss_mb {rss_full} vs quarter {rss_quarter}",
