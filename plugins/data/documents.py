@@ -144,13 +144,16 @@ def _jsonl_token_pieces(f: IO[bytes], key: str, tokenizer: Tokenizer, text_field
     from trainyard.plugins.data.jsonl import block_texts, line_blocks
     from trainyard.plugins.data.rows import open_shard, rows_of_lines
 
-    for first, block in line_blocks(open_shard(f, key)):
-        texts = block_texts(block, text_field)
-        if texts is not None:
-            ids = encode_documents(tokenizer, texts)
+    line = 1  # the number of the block's first line
+    for block in line_blocks(open_shard(f, key)):
+        parsed = block_texts(block, text_field)
+        if parsed is not None:
+            ids = encode_documents(tokenizer, parsed.texts)
+            line += parsed.newlines
         else:
-            rows = rows_of_lines(io.BytesIO(block), key, "jsonl", first)
+            rows = rows_of_lines(io.BytesIO(block), key, "jsonl", line)
             ids = encode_pieces(tokenizer, list(_jsonl_documents(rows, key, text_field)))
+            line += block.count(b"\n")
         if len(ids):
             yield ids
 
