@@ -37,11 +37,13 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
   reader's jsonl parser swapped for pyarrow's JSON reader, or for the pipeline's parser in the
   two-process pool (`data_competitors.jsonl_parser`) — the parse-only levers measured where
   the fetch, the cut and the cache's writes share the machine with them (each checked to make
-  the pipeline's token ids, untimed, and the same number of samples);
+  the pipeline's token ids, untimed, and the same number of samples); `stream_cpu_s_by_parser`
+  the CPU seconds of each cold pass, this process's and the pool's workers' (`product`: the
+  reader's own parser);
 - `bpe_batched_mb_s`, `bpe_per_document_mb_s` (the tokenizer lever): one shard's documents
   (`BPE_ROWS` rows) encoded by a byte-level BPE tokenizer trained here on them, in the
   pipeline's one `encode_batch` call, or one `encode` per document (`bpe_*_cpu_s`: the CPU
-  seconds each cost, the library's threads included; checked to give the same ids, untimed);
+  seconds each cost, the library's threads included; each round checks they gave the same ids);
 - `stream_botocore_samples_s` (context): the cold pass again with the store's ranged GETs sent
   through botocore's `get_object` (the path behind a proxy) instead of presigned URLs over
   urllib3 (`S3Store._plain_http`) — what botocore's per-request cost takes from the cold pass;
@@ -120,9 +122,9 @@ REPO = Path(__file__).resolve().parent.parent
 DP_SHARE = 8
 """The data-parallel size of `dp8_rank_vs_dp1_time`."""
 SHARD_ROWS, ROW_BYTES = 500, 2000
-BPE_ROWS = 250
+BPE_ROWS = 100
 """Rows (of one shard) the tokenizer lever encodes per pass: BPE on the benchmark's hex rows
-runs at ~1 MB/s here, so a whole shard a pass would cost the run ~10 s."""
+runs at ~1-2 MB/s here, so a whole shard a pass would cost the run ~10 s."""
 WARM_REPEATS = 5
 """Warm-cache and memory-map passes per round (their median is the round's figure)."""
 
@@ -389,8 +391,6 @@ def main() -> int:
         pool = rivals.parser_pool()
         texts = [json.loads(line)["text"] for line in blobs[keys[0]].splitlines()[:BPE_ROWS]]
         bpe = rivals.bpe_tokenizer(texts)
-        if not np.array_equal(rivals.bpe_pass(bpe, texts, True)[0], rivals.bpe_pass(bpe, texts, False)[0]):
-            raise RuntimeError("batched and per-document BPE encoding gave different ids")
         bpe_mb = sum(len(t.encode()) for t in texts) / 2**20
         bpe_rates: dict[str, list[float]] = {"batched": [], "per_document": []}
         bpe_cpu: dict[str, list[float]] = {"batched": [], "per_document": []}
@@ -405,6 +405,7 @@ def main() -> int:
         cpu: dict[str, list[float]] = {"baseline": [], "stream": [], "stream_endpoint": [], "fetch_only": [],
                                        "fetch_only_endpoint": []}
         parse_cpu: dict[str, list[float]] = {parser: [] for parser in rivals.PARSERS}
+        cold_cpu: dict[str, list[float]] = {parser: [] for parser in ("product", "pyarrow", "process_pool")}
         by_thread: dict[str, list[float]] = {}
         # On the warm cache, given the manifest: one rank's epoch, and rank 0 of DP_SHARE's share of it
         # (default stripes, and one stream).
@@ -434,12 +435,14 @@ def main() -> int:
                                                         args.seq_len, batch)
             cache_dir = root / f"cache-{r}"
             own, endpoint = time.process_time(), processes.cpu_seconds(endpoint_pid)
+            cold_before = _parse_cpu(pool)
             roles: dict[str, float] = {}
             stream_n, stream_s = streamed(full, args.seq_len, cache_dir, 2 * dataset_bytes, batch, base_n // batch,
                                           cpu=roles)
             for role, seconds in roles.items():
                 by_thread.setdefault(role, []).append(seconds)
             cpu["stream"].append(time.process_time() - own)
+            cold_cpu["product"].append(_parse_cpu(pool) - cold_before)
             after = processes.cpu_seconds(endpoint_pid)
             if endpoint is not None and after is not None:
                 cpu["stream_endpoint"].append(after - endpoint)
@@ -447,17 +450,22 @@ def main() -> int:
                                       base_n // batch)
             shutil.rmtree(root / f"cache-boto-{r}")
             for parser in ("pyarrow", "process_pool"):  # the levers, inside the reader
+                cold_before = _parse_cpu(pool)
                 with rivals.jsonl_parser(parser, pool):
                     n, seconds = streamed(full, args.seq_len, root / f"cache-{parser}-{r}", 2 * dataset_bytes,
                                           batch, base_n // batch)
+                cold_cpu[parser].append(_parse_cpu(pool) - cold_before)
                 shutil.rmtree(root / f"cache-{parser}-{r}")
                 if n != stream_n:
                     raise RuntimeError(f"the cold pass with the {parser} parser made {n} samples, not {stream_n}")
                 rates[f"stream_{parser}"].append(n / seconds)
+            ids = {}
             for way in ("batched", "per_document"):
-                _, seconds, used = rivals.bpe_pass(bpe, texts, way == "batched")
+                ids[way], seconds, used = rivals.bpe_pass(bpe, texts, way == "batched")
                 bpe_rates[way].append(bpe_mb / seconds)
                 bpe_cpu[way].append(used)
+            if not np.array_equal(ids["batched"], ids["per_document"]):
+                raise RuntimeError("batched and per-document BPE encoding gave different ids")
             # The warm passes take ~60 ms each: one of each per round swung by ±25 %, so each
             # round runs WARM_REPEATS of each, interleaved, and keeps their median.
             warm: dict[str, list[float]] = {"cached": [], "mmap": [], "mmap_verified": []}
@@ -556,6 +564,7 @@ def main() -> int:
         "stream_thread_cpu_s": {role: round(statistics.median(v), 3) for role, v in sorted(by_thread.items())},
         "baseline_cpu_s": round(statistics.median(cpu["baseline"]), 3),
         "parse_only_cpu_s": {parser: round(statistics.median(v), 3) for parser, v in parse_cpu.items()},
+        "stream_cpu_s_by_parser": {parser: round(statistics.median(v), 3) for parser, v in cold_cpu.items()},
         "baseline_wall_s": round(base_n / median["baseline"], 3),
         "rounds": {name: [round(v) for v in values] for name, values in rates.items()},
         "cpu_count": os.cpu_count(),
