@@ -73,7 +73,9 @@ seconds (all threads) in one cold streamed / baseline pass, beside `stream_wall_
 `baseline_wall_s`, and `stream_endpoint_cpu_s` the endpoint process's CPU in the cold pass (moto
 is the "remote" store, on this machine's cores); `fetch_only_cpu_s` / `fetch_only_endpoint_cpu_s`
 the same for the fetch-only pass — on a machine whose cores are busy, a pass's wall time
-follows the CPU it asks of them, and `missed` names both figures where the cold pass misses. CPU close to wall means the pass is bound by one
+follows the CPU it asks of them: `stream_cpu_ceiling_vs_fetch_only`, the ratio of the two
+passes' CPU (fetch-only's over the cold pass's, endpoint included), is the most the cold pass
+can reach against fetch-only there, and `missed` names these figures where the cold pass misses. CPU close to wall means the pass is bound by one
 interpreter's CPU (the GIL), not by the endpoint or the network. `stream_thread_cpu_s` splits the
 cold pass's CPU by the reader's threads (`thread_cpu`): `consumer` (this loop), `cut` (the
 producer: windows, shuffle, batches), `prefetch` (tokenize and store each shard's tokens; a
@@ -613,9 +615,15 @@ def _against_competitors(median: dict[str, float], big: dict[str, float], small:
         "stream_process_pool_vs_stream": median["stream_process_pool"] / median["stream"],
     }
     cpu = {name: (figures[f"{name}_cpu_s"], figures[f"{name}_endpoint_cpu_s"]) for name in ("stream", "fetch_only")}
+    if None not in cpu["stream"] + cpu["fetch_only"]:
+        # Where the cores are the limit, a pass's rate goes as 1 / the CPU it asks of them: the
+        # most the cold pass can reach against the fetch-only pass on a busy machine.
+        ratios["stream_cpu_ceiling_vs_fetch_only"] = sum(cpu["fetch_only"]) / sum(cpu["stream"])  # type: ignore[arg-type]
     cold = (f"{binding}_samples_s {ceilings[binding]:.0f}; CPU a pass (this process + endpoint): cold stream "
             f"{cpu['stream'][0]} + {cpu['stream'][1]}, fetch only {cpu['fetch_only'][0]} + {cpu['fetch_only'][1]}, "
-            f"on {os.cpu_count()} cores at load {figures['load_avg_1m_start']}->{figures['load_avg_1m']}")
+            f"on {os.cpu_count()} cores at load {figures['load_avg_1m_start']}->{figures['load_avg_1m']}: "
+            f"CPU-bound, the cold pass can reach {ratios.get('stream_cpu_ceiling_vs_fetch_only', float('nan')):.2f}x "
+            "fetch-only")
     targets = {
         "stream_ge_1.0x_dataloader": ratios["stream_vs_dataloader"] >= 1.0,
         "stream_ge_0.8x_lower_ceiling": ratios["stream_vs_lower_ceiling"] >= 0.8,
