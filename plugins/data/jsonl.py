@@ -35,12 +35,22 @@ of 2 KB rows; parse-only passes, parse + cut, medians of 3 rounds, samples/s and
 |---|---|---|---|---|
 | fde7f92, load 18.6 -> 13 | 592 k, 0.098 | 505 k, 0.104 | 276 k, 0.191 | 333 k, 0.467 |
 | 1035b5a, load 1.5 -> 1.9 | 2.21 M, 0.110 | 2.63 M, 0.095 | 1.15 M, 0.196 | 0.81 M, 0.549 |
+| 2848ca0, load 7.5 -> 10.9 | 3.29 M, 0.066 | 2.86 M, 0.078 | 1.10 M, 0.163 | 0.60 M, 0.411 |
 
-So this parser and the line parser it replaced are within ~15 % of each other either way (the
-two runs disagree on the sign): the block-sized buffers it allocates cost page faults that the
-line parser's small objects do not. pyarrow's column building and the pool's pickling cost more
-CPU than they move off the GIL, on a machine whose other core serves the object store. Neither
-parser binds the cold stream: the fetch-only ceiling is ~2.5x below parse-only.
+And inside the reader's cold pass (`stream_*_samples_s`: `StreamingReader` with its parser
+swapped; CPU-s a pass, this process's and the pool's workers'), the same run:
+
+| run | this parser | pyarrow's JSON reader | this, 2 processes |
+|---|---|---|---|
+| 2848ca0, load 7.5 -> 10.9 | 396 k, 0.382 | 349 k, 0.465 | 350 k, 0.718 |
+| 3aae33a, load 10.7 -> 16.2 | 139 k, 0.383 | 106 k, 0.470 | 154 k, 0.656 |
+
+So this parser stays: pyarrow's reader and the pool move the parse off the GIL, but the cold
+pass is bound by the CPU it asks of the machine's two cores (shared with the store's endpoint
+and other work), not by the GIL, and pyarrow's column building costs ~20 % more of it a pass,
+the pool's pickling ~70-90 % more. The line parser it replaced is within ~15 % either way (the
+runs disagree on the sign; since 801f7f1 a block is scanned for newlines once, 0.069 -> 0.046
+CPU-s a 64 MB parse). Neither parser binds the cold stream: parse-only runs 2-5x fetch-only.
 """
 
 from __future__ import annotations
