@@ -250,12 +250,12 @@ class FileTokenizer:
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
         """Whole documents in one `encode_batch` (the library's threads, outside the GIL). Its
-        threads pay only where a core is free: on this project's 2-core machine, busy, one
-        `encode` per document ran as fast or faster for 7-24 % less CPU (`bpe_*` figures of
-        `benchmarks/data_pipeline.py`; 1.9 MB at load 14: 0.25 vs 0.26 MB/s, 1.43 vs 1.34
-        CPU-s), while with `TOKENIZERS_PARALLELISM=false` the batch, one call, was the faster
-        (0.78 vs 0.69 MB/s, 1.06 vs 1.15 CPU-s): the batch stays, and a node without spare
-        cores can turn its threads off."""
+        threads pay where a core is free, and cost 7-24 % more CPU than one `encode` per
+        document (`bpe_*` figures of `benchmarks/data_pipeline.py`, 2 cores): at load ~5 the
+        batch ran 1.28-1.7x as fast, at load 7-14 0.6-1.14x (1.9 MB at load 14: 0.25 vs 0.26
+        MB/s, 1.43 vs 1.34 CPU-s); with `TOKENIZERS_PARALLELISM=false` the batch, one call, was
+        the faster and the cheaper (0.78 vs 0.69 MB/s, 1.06 vs 1.15 CPU-s). So the batch stays,
+        and a node without spare cores can turn its threads off."""
         out: list[int] = []
         for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=False):
             out.extend(encoding.ids)
