@@ -44,11 +44,14 @@ swapped; CPU-s a pass, this process's and the pool's workers'), the same run:
 |---|---|---|---|
 | 2848ca0, load 7.5 -> 10.9 | 396 k, 0.382 | 349 k, 0.465 | 350 k, 0.718 |
 | 3aae33a, load 10.7 -> 16.2 | 139 k, 0.383 | 106 k, 0.470 | 154 k, 0.656 |
+| 23a82ed, load 5.5 -> 5.6 | 425 k, 0.319 | 465 k, 0.405 | 348 k, 0.632 |
+| 23a82ed, load 5.4 -> 4.6 | 611 k, 0.375 | 579 k, 0.415 | 429 k, 0.673 |
 
 So this parser stays: pyarrow's reader and the pool move the parse off the GIL, but the cold
 pass is bound by the CPU it asks of the machine's two cores (shared with the store's endpoint
-and other work), not by the GIL, and pyarrow's column building costs ~20 % more of it a pass,
-the pool's pickling ~70-90 % more. The line parser it replaced is within ~15 % either way (the
+and other work), not by the GIL, and pyarrow's column building costs 11-27 % more of it a pass
+in every run (its wall rate 0.76-1.23x this parser's, the runs disagreeing), the pool's pickling
+70-100 % more. The line parser it replaced is within ~15 % either way (the
 runs disagree on the sign; since 801f7f1 a block is scanned for newlines once, 0.069 -> 0.046
 CPU-s a 64 MB parse). Neither parser binds the cold stream: parse-only runs 2-5x fetch-only.
 """
