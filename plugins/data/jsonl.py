@@ -38,7 +38,8 @@ of 2 KB rows; parse-only passes, parse + cut, medians of 3 rounds, samples/s and
 | 2848ca0, load 7.5 -> 10.9 | 3.29 M, 0.066 | 2.86 M, 0.078 | 1.10 M, 0.163 | 0.60 M, 0.411 |
 
 And inside the reader's cold pass (`stream_*_samples_s`: `StreamingReader` with its parser
-swapped; CPU-s a pass, this process's and the pool's workers'), the same run:
+swapped; CPU-s a pass, this process's and the pool's workers'), the same runs (and 414c558's, load
+8.9 -> 7.2: 348 k, 0.367 | 429 k, 0.464 | 355 k, 0.694):
 
 | run | this parser | pyarrow's JSON reader | this, 2 processes |
 |---|---|---|---|
