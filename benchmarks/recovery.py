@@ -513,7 +513,7 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     from tests.support.kube.harness import NODES_WITH_SPARE, KubeHarness
     from trainyard.plugins.checkpoint.catalog import list_checkpoints
     from trainyard.plugins.launch.environment import checkpoint_uri
-    from trainyard.plugins.launch.manifests import pod_name
+    from trainyard.plugins.launch.gang_pods import gang_pods, gang_tasks
     from trainyard.plugins.state.jobs import JobStateStore
 
     doc = spec(args)
@@ -529,6 +529,8 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         first = stack.client.trigger(JOB, {})["dag_run_id"]
         state = JobStateStore(stack.settings.state_db)
         handle = wait_for("attempt 0's Volcano Job", lambda: live_handle(state, 0), poll_s=0.5)
+        # its pods in node-rank order (c10d's order of their DNS names, not their indexes)
+        pods = gang_pods(handle.name, gang_tasks([handle.ranks_per_node] * len(handle.nodes)))
 
         def beat_of(attempt: int, rank: int) -> Any:
             found = [b for node in kube.nodes.values()
@@ -539,12 +541,12 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         before = wait_for(f"rank 0 at step {args.kill_at}",
                           lambda: (b := beat_of(0, 0)) is not None and b.step >= args.kill_at and b)
         killed_at = time.time()
-        kube.kill_rank(pod_name(handle.name, 1, len(handle.nodes)))
+        kube.kill_rank(pods[1 // handle.ranks_per_node])
         fast_last = max(b.step for rank in (0, 1) if (b := beat_of(0, rank)) is not None)
         restarted = wait_for("a step after the in-place restart",
                              lambda: (b := beat_of(0, 0)) is not None and b.pid != before.pid
                              and b.phase == "train" and b.time > killed_at and b)
-        log = (kube.pod_dir(pod_name(handle.name, 0, len(handle.nodes))) / "trainer.log").read_text(errors="replace")
+        log = (kube.pod_dir(pods[0]) / "trainer.log").read_text(errors="replace")
         restored = RESTORED.findall(log)
         if not restored:
             raise RuntimeError(f"the restarted rank 0 logged no restore:\n{log[-3000:]}")

@@ -103,7 +103,7 @@ class TrainingTrigger(BaseTrigger):
         while True:
             polled = await _poll_on_the_loop(handle)
             step = await asyncio.to_thread(watch_once, handle, state, runtime, status=polled)
-            state = step.state
+            state, handle = step.state, step.handle or handle
             now = time.monotonic()
             if (step.status.step or 0) > logged_step and now - logged_at >= self.PROGRESS_EVERY_S:
                 self.log.info("%s", await asyncio.to_thread(progress_line, step.status, handle))

@@ -62,6 +62,7 @@ class WatchTrainingSensor(BaseOperator):
 
         handle = _handle(context)
         step = watch_once(handle, watch_state(opened_of(context), handle), runtime())
+        handle = step.handle or handle
         if step.finished:
             return step.status.model_dump(mode="json")
         self.log.info("watching %s run %s attempt %d: %s", handle.job, handle.run, handle.attempt,

@@ -80,7 +80,7 @@ def gather(handle: RunHandle, status: RunStatus, *, launcher: Launcher, run: str
 
     return Evidence(
         job=handle.job, run=run, attempt=handle.attempt,
-        status=status, gang_nodes=handle.gang_nodes,
+        status=status, gang_nodes=handle.bound(status).gang_nodes,
         max_restarts_in_place=handle.max_restarts, exits=exits,
         stop=record(STOPPED_FILE, StopRequest), stop_reason=record(STOP_REASON_FILE, StopReason),
         diverged=record(DIVERGED_FILE, DivergenceRecord),

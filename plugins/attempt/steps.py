@@ -480,6 +480,7 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
         status = poll(handle, runtime)
         if status.finished:
             status = settle(handle, status, runtime)
+    handle = _bound(handle, status, state, apply=apply)
     root = checkpoint_uri(job, settings.object_store, conf.run)
     if apply:
         corrupt_newest_checkpoint(conf, root, endpoint_url=settings.s3_endpoint_url)
@@ -499,6 +500,22 @@ def conclude(opened: Opened, handle: RunHandle | None, runtime: Runtime, *, stat
     if apply:
         listener_for(runtime).concluded(result, mlflow_run_id)
     return Concluded(report=result.report, action=result.action, next_conf=result.next_conf)
+
+
+def _bound(handle: RunHandle, status: RunStatus, state: Any, *, apply: bool) -> RunHandle:
+    """The attempt's handle naming the nodes its pods ran on (`RunHandle.bound`): from `status`
+    where it still sees them bound, else as a watcher recorded it in the job state (a stopped
+    Job's pods are gone by now) — the nodes the evidence blames and the cordon takes."""
+    bound = handle.bound(status)
+    if bound is not handle:
+        if apply:
+            state.set_handle(handle.job, handle.run, handle.attempt, bound)
+        return bound
+    row = next((a for a in state.attempts(handle.job, handle.run) if a.attempt == handle.attempt), None)
+    stored = row.run_handle if row is not None else None
+    if stored is not None and stored.uid == handle.uid and stored.nodes:
+        return stored
+    return handle
 
 
 def _not_launched(opened: Opened, state: Any) -> Concluded | None:
@@ -619,7 +636,7 @@ def follow_attempt(started: Started, runtime: Runtime, *, timeout_s: float | Non
     try:
         while True:
             step = watch_once(handle, state, runtime, grace_s=grace_s)
-            state = step.state
+            state, handle = step.state, step.handle or handle
             if on_status is not None:
                 on_status(step.status)
             if step.finished:

@@ -53,6 +53,9 @@ class WatchStep(BaseModel):
     finished: bool
     stop: StopReason | None = None
     state: WatchState
+    handle: RunHandle | None = None
+    """The handle as this look found the gang bound (`RunHandle.bound`): the one to watch on
+    with; None where it did not change."""
 
 
 def poll(handle: RunHandle, runtime: Runtime) -> RunStatus:
@@ -121,8 +124,10 @@ def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_
     the launcher's poll where the caller made it already (the training trigger polls a Kubernetes
     attempt through the provider's async hook, on the triggerer's event loop)."""
     status = status if status is not None else poll(handle, runtime)
+    bound = record_bound(handle, status, runtime)
+    handle = bound or handle
     if status.finished:
-        return WatchStep(status=settle(handle, status, runtime), finished=True, state=state)
+        return WatchStep(status=settle(handle, status, runtime), finished=True, state=state, handle=bound)
     stop = hang_stop(status, handle)
     if stop is None and state.deadline is not None and time.time() > state.deadline:
         stop = StopReason(reason="timeout", detail=state.deadline_reason)
@@ -136,8 +141,22 @@ def watch_once(handle: RunHandle, state: WatchState, runtime: Runtime, *, grace_
         state = state.model_copy(update={"last_renew": time.monotonic()})
     if stop is not None:
         status = stop_gang(handle, stop, runtime, grace_s=grace_s)
-        return WatchStep(status=status, finished=True, stop=stop, state=state)
-    return WatchStep(status=status, finished=False, state=state)
+        return WatchStep(status=status, finished=True, stop=stop, state=state, handle=bound)
+    return WatchStep(status=status, finished=False, state=state, handle=bound)
+
+
+def record_bound(handle: RunHandle, status: RunStatus, runtime: Runtime) -> RunHandle | None:
+    """Once the gang's pods are bound, the handle naming their nodes in node-rank order
+    (`RunHandle.bound`), kept in the job state as the attempt's handle — what the conclusion,
+    `trainyard status` and the timeline read — or None where nothing changed. The placement only
+    chose the set: the scheduler decides which pod, hence which node rank, lands where."""
+    bound = handle.bound(status)
+    if bound is handle:
+        return None
+    from trainyard.plugins.state.jobs import open_job_state
+
+    open_job_state(runtime.settings.state_db).set_handle(handle.job, handle.run, handle.attempt, bound)
+    return bound
 
 
 def node_agents(handle: RunHandle, runtime: Runtime) -> dict[str, str]:

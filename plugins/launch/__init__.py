@@ -9,6 +9,8 @@
 - `sources.py`      the job's code: a pinned git commit, a folder or an object-store prefix
 - `processes.py`    liveness from /proc (zombies and recycled pids are not "alive")
 - `manifests.py`    Volcano Job, Queues, PriorityClasses, node-agent DaemonSet
+- `gang_pods.py`    a Volcano Job's tasks and pods, and their node ranks (c10d's order of their names)
+- `pod_entry.py`    a gang pod's first process: hosts the rendezvous store or not, then torchrun
 - `volcano.py`      `KubernetesLauncher` over the `kubernetes` client (passed in)
 - `environment.py`  the `WorkerEnv` and process environment of a launch
 - `exit_codes.py`   what a rank's exit code means (reads `plugins/run/exit_codes.py`)

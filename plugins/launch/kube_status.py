@@ -10,10 +10,14 @@ events — as plain JSON (`Observed`), and this module reads them:
   message, and `failed` ("launch failed: …", with the latest warning event) once it has been so
   for longer than the Job's start timeout (`trainyard.io/start-timeout-s`, counted from the
   handle's `created_at`);
-- **agents**: one per pod, in node-rank order: pod name, node, whether that node is Ready,
+- **agents**: one per pod, in node-rank order (`gang_pods.node_order`: torchrun's c10d order of
+  the pods' DNS names, whatever node each was bound to): pod name, node, whether that node is Ready,
   phase, the trainer container's exit code and reason (`Completed`, `Error`, `OOMKilled`), or
   `Evicted:<DisruptionTarget reason>` / `NodeNotReady` / a waiting reason;
-- **ranks**: each rank of each pod (the pod template's `trainyard.io/ranks` range) with its own
+- **nodes**: the nodes the pods are bound to, in node-rank order, once every pod of the Job is
+  bound (empty before): where the gang really runs, which `RunHandle.bound` makes the handle's;
+- **ranks**: each rank of each pod (from its place in that order and the slots of the pods
+  before it, each task's `trainyard.io/slots`: `gang_pods.rank_ranges`) with its own
   exit code, read from the pod's termination message — the `exits.jsonl` lines `rank_exec`
   writes, the container's `terminationMessagePath` — so a rank that exited 42 (diverged) or 46
   (OOM) is seen as such although torchrun itself exits 1; a rank whose pod died without its
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from trainyard.plugins.launch.gang_pods import SLOTS_ANNOTATION, GangTask, node_order, rank_ranges
 from trainyard.plugins.run.exit_codes import describe
 from trainyard.plugins.run.model import AgentStatus, RankStatus, RunHandle, RunStatus
 
@@ -46,6 +51,8 @@ BLOCKING_WAITS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "Creat
 """Waiting reasons that do not go away by themselves."""
 TRAINER = "trainer"
 START_TIMEOUT_ANNOTATION = "trainyard.io/start-timeout-s"
+LEGACY_RANKS_ANNOTATION = "trainyard.io/ranks"
+"""A node's ranks (`first-last`) on each task of a Job rendered with one task per node."""
 
 
 @dataclass
@@ -72,10 +79,34 @@ def group_name(handle: RunHandle, job: Mapping[str, Any]) -> str:
 
 
 def owned_pods(handle: RunHandle, pods: list[dict[str, Any]], job_uid: str) -> list[dict[str, Any]]:
-    """The pods of this Job object (owner uid), in node-rank order."""
-    mine = [p for p in pods if not job_uid or any(r.get("uid") == job_uid
-                                                  for r in p["metadata"].get("ownerReferences") or [])]
-    return sorted(mine, key=lambda p: int((p["metadata"].get("labels") or {}).get("trainyard.io/node-rank", 0)))
+    """The pods of this Job object (owner uid), in node-rank order (`gang_pods.node_order`)."""
+    mine = {p["metadata"]["name"]: p for p in pods if not job_uid or any(
+        r.get("uid") == job_uid for r in p["metadata"].get("ownerReferences") or [])}
+    return [mine[name] for name in node_order(handle.name, mine)]
+
+
+def gang_tasks_of(job: Mapping[str, Any]) -> list[GangTask]:
+    """The gang's tasks as the Volcano Job (wire form) declares them: name, replicas and each
+    template's slots (`trainyard.io/slots`; a Job rendered before it, one task per node, says
+    its node's `trainyard.io/ranks` range instead, and its zero-padded task names sort in node-rank
+    order: an attempt launched before an upgrade is still read right)."""
+    tasks, first = [], 0
+    for task in (job.get("spec") or {}).get("tasks") or []:
+        annotations = ((task.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+        replicas = int(task.get("replicas", 1))
+        tasks.append(GangTask(str(task["name"]), _slots(annotations), first, replicas))
+        first += replicas
+    return tasks
+
+
+def _slots(annotations: Mapping[str, str]) -> int:
+    if SLOTS_ANNOTATION in annotations:
+        return int(annotations[SLOTS_ANNOTATION])
+    low, _, high = annotations.get(LEGACY_RANKS_ANNOTATION, "0").partition("-")
+    try:
+        return int(high or low) - int(low) + 1
+    except ValueError:
+        return 1
 
 
 def node_is_ready(node: Mapping[str, Any] | None) -> bool | None:
@@ -108,11 +139,15 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
     phase = job_phase(job)
     state = PHASES.get(phase, "unknown")
     agents, ranks, ended = [], [], {}
+    gang = rank_ranges(handle.name, gang_tasks_of(job))
     for pod in seen.pods:
-        agent, pod_ranks = _pod(pod, seen.nodes.get(pod["spec"].get("nodeName") or ""))
+        own = gang.get(pod["metadata"]["name"], range(0))
+        agent, pod_ranks = _pod(pod, seen.nodes.get(pod["spec"].get("nodeName") or ""), own)
         agents.append(agent)
         ranks += pod_ranks
-        ended.update(_ended_at(pod))
+        ended.update(_ended_at(pod, own))
+    bound = {p["metadata"]["name"]: p["spec"].get("nodeName") or "" for p in seen.pods}
+    nodes = [bound[pod] for pod in gang] if gang and all(bound.get(pod) for pod in gang) else []
     message = _message(job, phase, agents)
     blocked = _blocked(seen, agents) if phase == "Pending" or any(a.phase == "Pending" for a in agents) else ""
     if blocked:
@@ -121,7 +156,7 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
         waited = (now - handle.created_at).total_seconds()
         if state in ("pending", "running") and waited > limit:
             event = _latest_warning(seen)
-            return RunStatus(state="failed", agents=agents, ranks=ranks, processes_alive=_alive(seen.pods),
+            return RunStatus(state="failed", agents=agents, ranks=ranks, nodes=nodes, processes_alive=_alive(seen.pods),
                              message=f"launch failed: the pods of {where} did not start in {limit:.0f} s: {blocked}"
                                      + (f" (event: {event})" if event and event not in blocked else ""))
     failed = sorted((r for r in ranks if r.exit_code not in (None, 0)),
@@ -131,7 +166,7 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
         code = next((a.exit_code for a in agents if a.exit_code not in (None, 0)), 1)
     return RunStatus(state=state, message=message, exit_code=code,  # type: ignore[arg-type]
                      failed_rank=failed[0].rank if failed and state != "succeeded" else None,
-                     ranks=ranks, agents=agents,
+                     ranks=ranks, agents=agents, nodes=nodes,
                      processes_alive=phase not in ENDED_PHASES or _alive(seen.pods))
 
 
@@ -144,7 +179,7 @@ def _trainer(pod: Mapping[str, Any]) -> dict[str, Any]:
     return next((s for s in statuses if s.get("name") == TRAINER), statuses[0] if statuses else {})
 
 
-def _pod(pod: dict[str, Any], node: dict[str, Any] | None) -> tuple[AgentStatus, list[RankStatus]]:
+def _pod(pod: dict[str, Any], node: dict[str, Any] | None, own: range) -> tuple[AgentStatus, list[RankStatus]]:
     meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
     node_name = spec.get("nodeName") or ""
     ready = node_is_ready(node) if node_name else None
@@ -176,16 +211,7 @@ def _pod(pod: dict[str, Any], node: dict[str, Any] | None) -> tuple[AgentStatus,
     agent = AgentStatus(node=node_name or meta["name"], pod=meta["name"], phase=phase, reason=reason,
                         node_ready=ready, exit_code=code, message=message,
                         alive=phase == "Running" and terminated is None)
-    return agent, _ranks(pod, node_name, phase, terminated, reason)
-
-
-def _rank_range(pod: Mapping[str, Any]) -> range:
-    text = (pod["metadata"].get("annotations") or {}).get("trainyard.io/ranks", "")
-    first, _, last = text.partition("-")
-    try:
-        return range(int(first), int(last or first) + 1)
-    except ValueError:
-        return range(0)
+    return agent, _ranks(pod, own, node_name, phase, terminated, reason)
 
 
 def exit_records(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -203,7 +229,7 @@ def exit_records(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _ranks(pod: dict[str, Any], node: str, phase: str, terminated: dict[str, Any] | None,
+def _ranks(pod: dict[str, Any], own: range, node: str, phase: str, terminated: dict[str, Any] | None,
            reason: str) -> list[RankStatus]:
     records = exit_records(pod)
     last: dict[int, dict[str, Any]] = {}
@@ -211,7 +237,7 @@ def _ranks(pod: dict[str, Any], node: str, phase: str, terminated: dict[str, Any
         if record["rank"] not in last or record.get("restart", 0) >= last[record["rank"]].get("restart", 0):
             last[record["rank"]] = record
     out = []
-    for rank in _rank_range(pod):
+    for rank in own:
         record = last.get(rank)
         if record is not None:
             code = record.get("exit_code")
@@ -227,12 +253,12 @@ def _ranks(pod: dict[str, Any], node: str, phase: str, terminated: dict[str, Any
     return out
 
 
-def _ended_at(pod: dict[str, Any]) -> dict[int, float]:
+def _ended_at(pod: dict[str, Any], own: range) -> dict[int, float]:
     """Rank → when it ended: its own record's `ended_at`, else its container's `finishedAt`."""
     terminated = (_trainer(pod).get("state") or {}).get("terminated") or {}
     finished = terminated.get("finishedAt")
     when = datetime.fromisoformat(finished).timestamp() if finished else None
-    out = {rank: when for rank in _rank_range(pod) if when is not None}
+    out = {rank: when for rank in own if when is not None}
     for record in exit_records(pod):
         if record.get("ended_at") and record.get("exit_code") not in (None, 0):
             out[record["rank"]] = min(float(record["ended_at"]), out.get(record["rank"], float("inf")))

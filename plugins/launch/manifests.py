@@ -4,29 +4,34 @@
 Pure functions from validated models to plain dicts (what the `kubernetes` client's
 custom-objects API sends, and what `trainyard render k8s` prints as YAML).
 
-The Volcano Job has one task per placed node (`worker-<i>`, one pod each, a whole node's
-devices; `<i>` zero-padded to the widest node rank). torchrun's c10d rendezvous is hosted by
-pod 0's agent (`<name>-worker-0-0.<name>`, a DNS name from Volcano's `svc` plugin; `<name>` is
-the job's name and a short digest of the run, `volcano_job_name`, so two runs of a job never
-share a Volcano Job, its pods or its service). c10d, not the static rendezvous: torchrun's
-in-place restart needs every agent to restart its workers together in a new round; with a
-static one a restarted rank joins its peers' dead round (their old store and gloo addresses)
-and fails. Each agent's `--local-addr` is its pod's DNS name, and c10d ranks the agents by that
-name, which the padding makes sort in node-rank order. That is what makes the
-placement real: rank r runs on the node of task `r // k`, so each TP group stays inside a node.
-Where the cluster labels its nodes by rack (`topology.kubernetes.io/rack`, what the inventory
-is built from), each task *requires* its rack and *prefers* the node the placer chose, and the
-job's pods repel each other per host: each pipeline stays inside the rack the placer chose, and
-a node taken or drained meanwhile is replaced by another of that rack instead of leaving the
-gang pending. Without rack labels (or with `pin_to="node"`) each task requires its node.
+The Volcano Job is one task per distinct `slots` value of the placement (`gang_pods.gang_tasks`:
+normally the one task `worker` with `replicas` = the gang's nodes, `minAvailable` = all of them),
+so its size grows with the node names alone, not with a pod template per node: the example
+fleet's 1,248-node gang is one object well under the API server's limit. A task's template
+*requires* the placer's nodes of that task (`kubernetes.io/hostname In [...]`, one list; with
+`pin_to="rack"` it requires their racks and prefers those nodes) and the job's pods repel each
+other per host: one pod per node, on the nodes the placer chose. Which pod lands on which of them
+is the scheduler's choice.
+
+Node ranks follow the pods, not the nodes: torchrun's c10d rendezvous (hosted by the pod
+`<name>-worker-0`, `<name>` the job's name and a short digest of the run, `volcano_job_name`,
+so two runs of a job never share a Volcano Job, its pods or its service) ranks the agents by
+their `--local-addr`, each pod's own DNS name `$(POD_NAME).<name>` from Volcano's `svc` plugin —
+`gang_pods.node_order` is that order, the one the status reader, the logs and the handle use.
+So the placement chooses the nodes, and the ranks follow the scheduler's binding within them:
+the placer's rack order inside the chosen nodes (which pipeline stage sits in which rack) is
+not kept. c10d, not the static rendezvous: torchrun's in-place restart needs every agent to
+restart its workers together in a new round; with a static one a restarted rank joins its
+peers' dead round (their old store and gloo addresses) and fails. One command serves every pod
+of a task, so the pod decides itself whether it hosts the store (`pod_entry`).
 
 With `spec.source.git`, an init container fetches the pinned commit into an `emptyDir` and
 torchrun runs the entrypoint from there (the image provides the environment, not the code);
 without it, the entrypoint comes from the image. `to_yaml` writes the documents as plain YAML
 (no anchors, UTF-8 as is) for `kubectl apply -f -`. Volcano contributes gang
 admission (`minAvailable` = every worker: all pods start or none) and the team queues' fair share.
-A pod template is ~3 KB, so one Job holds a few hundred nodes before reaching the API server's
-object size limit; `render_volcano_job` refuses larger ones with the numbers.
+A pod template is ~9 KB and a node name a few tens of bytes, so a Job of 12,500 nodes still
+fits; `render_volcano_job` refuses one past the API server's object size limit with the numbers.
 
 Security: a job's pods pass Pod Security `restricted`, which its team's namespace enforces
 (`tenancy.py`): non-root, no privilege escalation, every capability dropped, a RuntimeDefault
@@ -47,6 +52,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainyard.plugins.launch.environment import TORCHRUN_ENV, entry_args, job_environment
+from trainyard.plugins.launch.gang_pods import (
+    SLOTS_ANNOTATION,
+    GangTask,
+    gang_tasks,
+    pod_host,
+    rendezvous_pod,
+)
 from trainyard.plugins.launch.netpol import render_network_policy
 from trainyard.plugins.launch.rank_exec import rank_exec_args
 from trainyard.plugins.launch.tenancy import (
@@ -135,8 +147,8 @@ class KubernetesOptions(BaseModel):
     ttl_after_finished_s: int = 86400
     extra_labels: dict[str, str] = Field(default_factory=dict)
     pin_to: Literal["rack", "node"] = "rack"
-    """`rack`: require the placer's rack, prefer its node (needs rack labels on the nodes);
-    `node`: require the placer's node (a hard host name)."""
+    """`rack`: require the placer's racks, prefer its nodes (needs rack labels on the nodes);
+    `node`: require the placer's nodes (hard host names). Per task, as one list each."""
     git_image: str = "alpine/git:2.47.2"
     """Image of the init container that fetches `spec.source.git` (needs only `git`)."""
     source_root: str = "/workspace/source"
@@ -169,11 +181,11 @@ def job_labels(job: TrainingJob, attempt: int, run: str = "") -> dict[str, str]:
 DNS_LABEL = 63
 """A pod's hostname is one DNS label: the API server refuses a pod whose name is longer."""
 MAX_NODE_DIGITS = 5
-"""Node ranks are written with up to this many digits (gangs of up to 100,000 nodes)."""
-MAX_VOLCANO_NAME = DNS_LABEL - len("-worker-") - MAX_NODE_DIGITS - len("-0")
-"""48: the longest Volcano Job name whose pods' hostnames (`<name>-worker-<node rank>-0`) stay
-DNS labels at any gang size `MAX_NODE_DIGITS` allows, so a name never depends on the node count
-(a re-planned attempt keeps its run's name)."""
+"""Pod indexes are written with up to this many digits (gangs of up to 100,000 nodes)."""
+MAX_VOLCANO_NAME = 48
+"""The longest Volcano Job name: its pods' hostnames (`<name>-worker-<index>`, at most 61
+characters at `MAX_NODE_DIGITS`, and `<name>-worker-last-0`, 62) stay DNS labels at any gang
+size, so a name never depends on the node count (a re-planned attempt keeps its run's name)."""
 
 
 def volcano_job_name(job_name: str, run: str = "") -> str:
@@ -187,27 +199,6 @@ def volcano_job_name(job_name: str, run: str = "") -> str:
         return job_name
     digest = hashlib.sha256((run or job_name).encode()).hexdigest()[:6]
     return f"{job_name[:MAX_VOLCANO_NAME - len(digest) - 1].rstrip('-')}-{digest}"
-
-
-def task_name(node_rank: int, nodes: int) -> str:
-    """The Volcano task of node rank `node_rank` in a gang of `nodes`: zero-padded so the pods'
-    DNS names sort in node-rank order (torchrun's c10d rendezvous ranks the agents by them)."""
-    return f"worker-{node_rank:0{len(str(max(nodes - 1, 0)))}d}"
-
-
-def pod_name(name: str, node_rank: int, nodes: int) -> str:
-    """The pod of node rank `node_rank` (`name`: the Volcano Job's, `volcano_job_name`)."""
-    return f"{name}-{task_name(node_rank, nodes)}-0"
-
-
-def pod_host(name: str, node_rank: int, nodes: int) -> str:
-    """A pod's DNS name: `<pod hostname>.<headless service>` from Volcano's `svc` plugin."""
-    return f"{pod_name(name, node_rank, nodes)}.{name}"
-
-
-def master_host(name: str, nodes: int) -> str:
-    """Pod 0's DNS name, where the rendezvous store lives."""
-    return pod_host(name, 0, nodes)
 
 
 def render_volcano_job(
@@ -232,7 +223,8 @@ def render_volcano_job(
         "run_dir": options.run_dir,
     })
     labels = job_labels(job, attempt, worker_env.run) | options.extra_labels
-    tasks = [_task(job, plan, placement, worker_env, node, labels, options) for node in placement.nodes]
+    tasks = [_task(job, plan, placement, worker_env, task, labels, options)
+             for task in gang_tasks([n.slots for n in placement.nodes])]
     body = {
         "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
         "kind": "Job",
@@ -240,7 +232,6 @@ def render_volcano_job(
             "name": name, "namespace": options.namespace, "labels": labels,
             "annotations": {
                 "trainyard.io/plan": plan.describe(),
-                "trainyard.io/nodes": ",".join(placement.node_names),
                 "trainyard.io/placement-score": str(placement.score),
                 START_TIMEOUT_ANNOTATION: str(options.start_timeout_s),
             },
@@ -286,40 +277,43 @@ def _check(job: TrainingJob, plan: Plan, placement: Placement, attempt: int) -> 
                          f"(at most 10**{MAX_NODE_DIGITS} nodes)")
 
 
-def _task(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, node: Any,
+def _task(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, task: GangTask,
           labels: dict[str, str], options: KubernetesOptions) -> dict[str, Any]:
     gpu = placement.gpu_type != "cpu"
-    pod_labels = labels | {"trainyard.io/node-rank": str(node.node_rank), "trainyard.io/rack": _label_value(node.rack)}
+    nodes = placement.nodes[task.first_node:task.first_node + task.replicas]
     return {
-        "name": task_name(node.node_rank, len(placement.nodes)),
-        "replicas": 1,
+        "name": task.name,
+        "replicas": task.replicas,
         "template": {
-            "metadata": {"labels": pod_labels,
-                         "annotations": {"trainyard.io/ranks": f"{node.first_rank}-{node.first_rank + node.slots - 1}"}},
-            "spec": pod_spec(job, plan, placement, worker_env, node, options, gpu=gpu),
+            "metadata": {"labels": dict(labels), "annotations": {SLOTS_ANNOTATION: str(task.slots)}},
+            "spec": pod_spec(job, plan, placement, worker_env, task.slots, nodes, options, gpu=gpu),
         },
     }
 
 
-def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, node: Any,
-             options: KubernetesOptions, *, gpu: bool) -> dict[str, Any]:
-    """The pod of node rank `node.node_rank`: torchrun for `node.slots` local ranks."""
+def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: WorkerEnv, slots: int,
+             nodes: Sequence[Any], options: KubernetesOptions, *, gpu: bool) -> dict[str, Any]:
+    """The pod of a task: torchrun for `slots` local ranks, on one of `nodes` (the placement's
+    nodes of the task); its node rank is its place in `gang_pods.node_order`."""
     env = TORCHRUN_ENV | job_environment(job, plan, worker_env, gpu=gpu)
     if gpu:
         env = DEFAULT_NCCL_ENV | env
-    name, nodes = volcano_job_name(job.metadata.name, worker_env.run), len(placement.nodes)
+    name = volcano_job_name(job.metadata.name, worker_env.run)
     secret = storage_secret_name(name, worker_env.attempt) if worker_env.storage_credentials else ""
     env_list: list[dict[str, Any]] = [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}} if secret and k in SECRET_ENV
         else {"name": k, "value": v} for k, v in sorted(env.items())]
     env_list.append({"name": "TRAINYARD_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    env_list.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     command = [
-        "python", "-m", "torch.distributed.run",
-        "--nnodes", str(nodes), "--node-rank", str(node.node_rank),
-        "--nproc-per-node", str(node.slots),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_host(name, nodes)}:{options.master_port}",
-        "--rdzv-conf", f"is_host={str(node.node_rank == 0).lower()}",
-        "--local-addr", pod_host(name, node.node_rank, nodes),
+        # torchrun, once the pod has decided whether it hosts the rendezvous store (`pod_entry`)
+        "python", "-m", "trainyard.plugins.launch.pod_entry",
+        "--nnodes", str(len(placement.nodes)),
+        "--nproc-per-node", str(slots),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{pod_host(name, rendezvous_pod(name))}:{options.master_port}",
+        # c10d ranks the agents by this address (`gang_pods.node_order`); the kubelet expands it
+        "--local-addr", pod_host(name, "$(POD_NAME)"),
         "--rdzv-id", "-".join([job.metadata.name, *([worker_env.run] if worker_env.run else []),
                                 str(worker_env.attempt)]),
         "--max-restarts", str(options.torchrun_max_restarts),
@@ -329,12 +323,12 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
     ]
     resources: dict[str, Any] = {}
     if gpu:
-        limits = {GPU_RESOURCE: str(node.slots)}
+        limits = {GPU_RESOURCE: str(slots)}
         if options.rdma_resource:
             limits[options.rdma_resource] = str(options.rdma_per_pod)
         resources = {"limits": limits, "requests": dict(limits)}
     else:
-        resources = {"requests": {"cpu": str(node.slots)}, "limits": {"cpu": str(node.slots)}}
+        resources = {"requests": {"cpu": str(slots)}, "limits": {"cpu": str(slots)}}
     capabilities: dict[str, Any] = {"drop": ["ALL"]}
     if gpu and options.rdma_resource and options.ipc_lock:
         capabilities["add"] = ["IPC_LOCK"]
@@ -363,7 +357,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
         "securityContext": {"runAsNonRoot": True, "runAsUser": options.run_as_user,
                             "runAsGroup": options.run_as_user, "fsGroup": options.run_as_user,
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "affinity": affinity(job.metadata.name, node, options),
+        "affinity": affinity(job.metadata.name, nodes, options),
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
@@ -430,24 +424,28 @@ def agent_heartbeat_root(options: KubernetesOptions) -> str:
     return f"{KUBELET_PODS_MOUNT}/*/volumes/kubernetes.io~empty-dir/heartbeats"
 
 
-def affinity(job_name: str, node: Any, options: KubernetesOptions) -> dict[str, Any]:
-    """Where task `node.node_rank` may run (see the module docstring)."""
-    def on(key: str, value: str) -> dict[str, Any]:
-        return {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+def affinity(job_name: str, nodes: Sequence[Any], options: KubernetesOptions) -> dict[str, Any]:
+    """Where a task's pods may run: `nodes` (the placer's for the task, one list), or with
+    `pin_to="rack"` their racks, preferring those nodes; one pod of the job per node either way
+    (see the module docstring)."""
+    def among(key: str, values: list[str]) -> dict[str, Any]:
+        return {"matchExpressions": [{"key": key, "operator": "In", "values": values}]}
 
-    if options.pin_to == "node" or node.rack == UNKNOWN_RACK:
+    names = [n.name for n in nodes]
+    racks = sorted({n.rack for n in nodes})
+    # One pod of this job per node: a node rank owns a whole node's devices.
+    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"trainyard.io/job": job_name}}, "topologyKey": HOSTNAME_LABEL}]}}
+    if options.pin_to == "node" or UNKNOWN_RACK in racks:
         return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [on(HOSTNAME_LABEL, node.name)]}}}
+            "nodeSelectorTerms": [among(HOSTNAME_LABEL, names)]}}, **apart}
     return {
         "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [on(RACK_LABEL, node.rack)]},
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [among(RACK_LABEL, racks)]},
             "preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 100, "preference": on(HOSTNAME_LABEL, node.name)}],
+                {"weight": 100, "preference": among(HOSTNAME_LABEL, names)}],
         },
-        # One pod of this job per node: a node rank owns a whole node's devices.
-        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-            "labelSelector": {"matchLabels": {"trainyard.io/job": job_name}},
-            "topologyKey": HOSTNAME_LABEL}]},
+        **apart,
     }
 
 

@@ -63,10 +63,12 @@ from urllib3.exceptions import HTTPError as Urllib3HTTPError
 from trainyard.plugins.launch.base import LaunchError
 from trainyard.plugins.launch.cluster_settings import check_cluster_settings
 from trainyard.plugins.launch.environment import run_dir_for
+from trainyard.plugins.launch.gang_pods import node_order, rank_ranges
 from trainyard.plugins.launch.kube_status import (
     ENDED_PHASES,
     PHASES,
     Observed,
+    gang_tasks_of,
     group_name,
     job_phase,
     node_is_ready,
@@ -82,7 +84,6 @@ from trainyard.plugins.launch.manifests import (
     VOLCANO_PLURAL,
     VOLCANO_VERSION,
     KubernetesOptions,
-    pod_name,
     render_queues,
     render_storage_secret,
     render_volcano_job,
@@ -281,6 +282,7 @@ class KubernetesLauncher:
         return RunHandle(kind="kubernetes", job=job.metadata.name, run=worker_env.run, attempt=attempt,
                          run_dir=records, world_size=placement.layout.world_size, namespace=namespace, name=name,
                          uid=str(created.get("metadata", {}).get("uid") or ""),
+                         # the placement's set until the pods are bound (`RunHandle.bound`)
                          nodes=placement.node_names, ranks_per_node=placement.layout.ranks_per_node)
 
     def _create_storage_secret(self, job: TrainingJob, worker_env: WorkerEnv, attempt: int,
@@ -443,7 +445,7 @@ class KubernetesLauncher:
         gone = last is None
         last = last or before
         note = f"; no grace: pods on lost nodes: {', '.join(lost)}" if lost else ""
-        return RunStatus(state="stopped", ranks=last.ranks, agents=last.agents, step=last.step,
+        return RunStatus(state="stopped", ranks=last.ranks, agents=last.agents, nodes=last.nodes, step=last.step,
                          exit_code=next((r.exit_code for r in last.ranks if r.exit_code not in (None, 0)), None),
                          processes_alive=not gone,
                          message=f"deleted {where} (grace {grace}s, foreground)" + note
@@ -521,10 +523,10 @@ class KubernetesLauncher:
         core = self._core()
         if rank is not None and not 0 <= rank < handle.world_size:
             raise ValueError(f"rank {rank} is outside the job's world size {handle.world_size}")
-        indices = [rank // handle.ranks_per_node] if rank is not None else range(len(handle.nodes))
+        gang = self._rank_ranges(handle)
+        pods = list(gang) if rank is None else [p for p, ranks in gang.items() if rank in ranks][:1]
         parts = []
-        for i in indices:
-            pod = pod_name(handle.name, i, len(handle.nodes))
+        for pod in pods:
             try:
                 # raw, decoded here: the client's own str handling gives "b'…'" (kubernetes 36)
                 raw = self._call(core.read_namespaced_pod_log, pod, handle.namespace,
@@ -536,6 +538,19 @@ class KubernetesLauncher:
                 text = f"(pod {pod}: {_api_message(e) or e.reason})"
             parts.append(text if rank is not None else f"==> {pod} <==\n{text}")
         return "\n".join(parts)
+
+    def _rank_ranges(self, handle: RunHandle) -> dict[str, range]:
+        """Each pod's ranks in node-rank order (`gang_pods.rank_ranges`), from the Job's tasks;
+        a Job already gone: its pods as listed, `ranks_per_node` each."""
+        try:
+            return rank_ranges(handle.name, gang_tasks_of(self._get_job(handle.namespace, handle.name)))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        pods = self._call(self._core().list_namespaced_pod, handle.namespace, label_selector=pod_selector(handle))
+        names = node_order(handle.name, [p.metadata.name for p in pods.items])
+        k = handle.ranks_per_node
+        return {name: range(i * k, (i + 1) * k) for i, name in enumerate(names)}
 
     @staticmethod
     def _check_handle(handle: RunHandle) -> None:

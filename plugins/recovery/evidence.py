@@ -59,7 +59,8 @@ class Evidence(_Record):
     attempt: int = 0
     status: RunStatus
     gang_nodes: list[str] = Field(default_factory=list)
-    """The placement's nodes, in node-rank order."""
+    """The gang's nodes in node-rank order: where its pods were bound (`RunHandle.bound`), the
+    placement's before that."""
     max_restarts_in_place: int = 0
     """torchrun's `--max-restarts` for this attempt."""
     exits: list[RankRecord] = Field(default_factory=list)

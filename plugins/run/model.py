@@ -56,7 +56,8 @@ class RunHandle(_Model):
     name: str = ""
     uid: str = ""
     nodes: list[str] = Field(default_factory=list)
-    """Kubernetes: node names in node-rank order (pod i runs on nodes[i])."""
+    """Kubernetes: until the pods are bound, the placement's nodes (the set the pods may take, in
+    the placement's order); once they are, the nodes they run on, in node-rank order (`bound`)."""
     ranks_per_node: int = 1
 
     @property
@@ -64,6 +65,15 @@ class RunHandle(_Model):
         """The gang's nodes in node-rank order: named by a Kubernetes handle, through its torchrun
         agents for a local one."""
         return list(self.nodes) or list(dict.fromkeys(a.node for a in sorted(self.agents, key=lambda a: a.node_rank)))
+
+    def bound(self, status: RunStatus) -> RunHandle:
+        """This handle with `nodes` as `status` found the gang bound (`RunStatus.nodes`: the nodes
+        its pods run on, in node-rank order), or itself while they are not all bound. The
+        scheduler picks which of the placement's nodes each pod gets, and the node ranks follow
+        the pods: what blames, cordons and watches a node goes by this, never by the placement."""
+        if not status.nodes or status.nodes == self.nodes:
+            return self
+        return self.model_copy(update={"nodes": list(status.nodes)})
 
 
 class RankStatus(_Model):
@@ -121,6 +131,9 @@ class RunStatus(_Model):
     failed_rank: int | None = None
     ranks: list[RankStatus] = Field(default_factory=list)
     agents: list[AgentStatus] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)
+    """Kubernetes: the nodes the gang's pods are bound to, in node-rank order, once every pod is
+    bound (empty before, and for a local run)."""
     processes_alive: bool = False
     """Some process of the run still exists (a failed run may need `stop` to clean up)."""
     step: int | None = None

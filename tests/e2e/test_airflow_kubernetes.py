@@ -127,6 +127,13 @@ def test_the_demo_job_trains_as_a_volcano_job_on_the_simulated_nodes(stack: Runn
 
     info = JobStateStore(stack.settings.state_db).get_run(JOB, attempt.run)
     assert info.state == "completed", info
+    # the attempt's handle names the nodes the pods ran on, in node-rank order (c10d's order of
+    # the pods' names), as the watch found them bound: what a recovery would blame and cordon
+    from trainyard.plugins.launch.gang_pods import node_order
+
+    bound = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
+    (stored,) = JobStateStore(stack.settings.state_db).attempts(JOB, attempt.run)
+    assert stored.run_handle is not None and stored.run_handle.nodes == [bound[p] for p in node_order(handle.name, bound)]
 
 
 def test_a_gang_larger_than_the_cluster_is_refused_with_the_numbers_and_submits_nothing(

@@ -4,8 +4,8 @@
         launcher = KubernetesLauncher.from_kubeconfig(str(kube.kubeconfig),
                                                       options=kube.launcher_options())
         ...
-        kube.kill_pod("job-abc123-worker-1-0")             # SIGKILL the container (oom=True: OOMKilled)
-        kube.kill_rank("job-abc123-worker-1-0")            # SIGKILL one rank: torchrun restarts it in place
+        kube.kill_pod("job-abc123-worker-1")               # SIGKILL the container (oom=True: OOMKilled)
+        kube.kill_rank("job-abc123-worker-1")              # SIGKILL one rank: torchrun restarts it in place
         kube.lose_node("kube-sim-1")                       # its link down: kubelet and agent cut off
 
 Parts (each module's docstring says what it emulates and what not):

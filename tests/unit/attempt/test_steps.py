@@ -197,3 +197,30 @@ def test_the_launch_log_says_fresh_start_or_the_step_it_resumes_from() -> None:
                        ).startswith(f"resuming from step 100, the run's newest checkpoint ({root}/step-00000100/")
     assert start_point(f"{root}/step-00000050/MANIFEST.json", []) == \
         f"resuming from step 50 ({root}/step-00000050/MANIFEST.json)"
+
+
+def test_the_nodes_the_pods_were_bound_to_become_the_attempts_handle(world: SimpleNamespace) -> None:
+    """A Kubernetes gang's node ranks follow the scheduler's binding, not the placement's order:
+    the first look that sees every pod bound keeps that order as the attempt's handle (what the
+    conclusion blames and cordons by, and `trainyard status` shows); once the Job is gone, the
+    conclusion still finds it there."""
+    from trainyard.plugins.attempt.steps import _bound
+    from trainyard.plugins.attempt.watching import record_bound
+    from trainyard.plugins.run.model import RunHandle, RunStatus
+
+    open_attempt(world.spec, AttemptConf(run=RUN), trigger_key="t/1", runtime=world.runtime)
+    placed = RunHandle(kind="kubernetes", job="steps-job", run=RUN, attempt=0, world_size=3, namespace="ns",
+                       name="steps-job-57e950", uid="u1", nodes=["n-a", "n-b", "n-c"])
+    world.state.set_handle("steps-job", RUN, 0, placed)
+    pending = RunStatus(state="pending")
+    assert record_bound(placed, pending, world.runtime) is None
+    running = RunStatus(state="running", nodes=["n-c", "n-a", "n-b"])
+    bound = record_bound(placed, running, world.runtime)
+    assert bound is not None and bound.nodes == bound.gang_nodes == ["n-c", "n-a", "n-b"]
+    (attempt,) = world.state.attempts("steps-job", RUN)
+    assert attempt.run_handle == bound
+    assert record_bound(bound, running, world.runtime) is None  # nothing new: nothing written
+    gone = RunStatus(state="stopped", message="the Job is gone")  # its pods with it
+    assert _bound(placed, gone, world.state, apply=True).nodes == ["n-c", "n-a", "n-b"]
+    other = placed.model_copy(update={"uid": "u2"})  # another Job of the name: not this attempt's binding
+    assert _bound(other, gone, world.state, apply=True).nodes == ["n-a", "n-b", "n-c"]

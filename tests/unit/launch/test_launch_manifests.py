@@ -57,41 +57,43 @@ def test_strict_schema_rejects_a_typo(rendered: tuple[dict[str, Any], Any]) -> N
         validate_k8s(pod)
 
 
-def test_gang_queue_priority_and_node_pinning(rendered: tuple[dict[str, Any], Any]) -> None:
+def test_one_task_of_replicas_confined_to_the_placements_nodes(rendered: tuple[dict[str, Any], Any]) -> None:
     body, placement = rendered
     spec = body["spec"]
-    assert spec["minAvailable"] == len(spec["tasks"]) == len(placement.nodes) == 32
+    (task,) = spec["tasks"]
+    assert spec["minAvailable"] == task["replicas"] == len(placement.nodes) == 32
+    assert task["name"] == "worker" and task["template"]["metadata"]["annotations"] == {"trainyard.io/slots": "8"}
     assert spec["queue"] == "foundation" and spec["priorityClassName"] == "trainyard-critical"
     assert spec["schedulerName"] == "volcano" and "svc" in spec["plugins"]
-    addrs = []
-    for i, task in enumerate(spec["tasks"]):
-        pod = task["template"]["spec"]
-        # The placer's rack is required, its node preferred, and the job's pods repel per host.
-        node_affinity = pod["affinity"]["nodeAffinity"]
-        (required,) = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert required["matchExpressions"] == [
-            {"key": "topology.kubernetes.io/rack", "operator": "In", "values": [placement.nodes[i].rack]}]
-        (preferred,) = node_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
-        assert preferred["preference"]["matchExpressions"][0]["values"] == [placement.nodes[i].name]
-        (apart,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        assert apart == {"labelSelector": {"matchLabels": {"trainyard.io/job": "gpt-200b"}},
-                         "topologyKey": "kubernetes.io/hostname"}
-        command = pod["containers"][0]["command"]
-        assert command[:3] == ["python", "-m", "torch.distributed.run"]
-        args = dict(zip(command[3:-3:2], command[4:-3:2], strict=False))
-        assert args["--nnodes"] == "32" and args["--node-rank"] == str(i) and args["--nproc-per-node"] == "8"
-        name = body["metadata"]["name"]
-        assert name == volcano_job_name("gpt-200b", body["metadata"]["labels"]["trainyard.io/run"])
-        # c10d on pod 0 (torchrun's in-place restart needs it: every agent joins a new round)
-        assert args["--rdzv-backend"] == "c10d" and args["--rdzv-endpoint"] == f"{name}-worker-00-0.{name}:29500"
-        assert args["--rdzv-conf"] == f"is_host={'true' if i == 0 else 'false'}"
-        assert task["name"] == f"worker-{i:02d}" and args["--local-addr"] == f"{name}-worker-{i:02d}-0.{name}"
-        assert command[-3:] == ["pretrain.py", "--config", "200b.yaml"]  # the spec's args, nothing added
-        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-        assert env["TRAINYARD_LEARNING_RATE"] == "0.0003"  # the learning rate as a variable instead
-        assert task["template"]["metadata"]["labels"]["trainyard.io/rack"] == placement.nodes[i].rack
-        addrs.append(args["--local-addr"])
-    assert sorted(addrs) == addrs  # c10d ranks the agents by their addresses: node-rank order
+    pod = task["template"]["spec"]
+    # The placer's racks are required, its nodes preferred (one list each), and the pods repel per host.
+    node_affinity = pod["affinity"]["nodeAffinity"]
+    (required,) = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert required["matchExpressions"] == [
+        {"key": "topology.kubernetes.io/rack", "operator": "In", "values": placement.racks}]
+    (preferred,) = node_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["preference"]["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": placement.node_names}]
+    (apart,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert apart == {"labelSelector": {"matchLabels": {"trainyard.io/job": "gpt-200b"}},
+                     "topologyKey": "kubernetes.io/hostname"}
+    command = pod["containers"][0]["command"]
+    # torchrun, through the entry that decides in the pod whether it hosts the rendezvous store
+    assert command[:3] == ["python", "-m", "trainyard.plugins.launch.pod_entry"]
+    options = command[3:command.index("-m", 3)]
+    args = dict(zip(options[::2], options[1::2], strict=True))
+    assert args["--nnodes"] == "32" and args["--nproc-per-node"] == "8"
+    assert "--node-rank" not in args and "--rdzv-conf" not in args  # nothing of one pod in the template
+    name = body["metadata"]["name"]
+    assert name == volcano_job_name("gpt-200b", body["metadata"]["labels"]["trainyard.io/run"])
+    # c10d on the pod `<name>-worker-0` (torchrun's in-place restart needs it: every agent joins a new round)
+    assert args["--rdzv-backend"] == "c10d" and args["--rdzv-endpoint"] == f"{name}-worker-0.{name}:29500"
+    assert args["--local-addr"] == f"$(POD_NAME).{name}"  # each pod's DNS name: c10d ranks the agents by it
+    env = pod["containers"][0]["env"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in env
+    assert command[-3:] == ["pretrain.py", "--config", "200b.yaml"]  # the spec's args, nothing added
+    values = {e["name"]: e.get("value") for e in env}
+    assert values["TRAINYARD_LEARNING_RATE"] == "0.0003"  # the learning rate as a variable instead
 
 
 def test_resources_shm_security_and_environment(rendered: tuple[dict[str, Any], Any]) -> None:
@@ -211,24 +213,32 @@ def test_cpu_job_requests_cpus_without_nccl_or_rdma() -> None:
     assert not any(e["name"].startswith("NCCL_") for e in container["env"])
 
 
-def test_refuses_without_image_or_beyond_the_object_size_limit() -> None:
+def test_refuses_without_image_or_beyond_the_object_size_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainyard.plugins.launch import manifests
+
     job, plan, placement, env = gpu_job(image=None)
     with pytest.raises(ValueError, match=r"spec\.image is required"):
         render_volcano_job(job, plan, placement, env, attempt=0)
     big = gpu_job(hardware={"gpuType": "H100", "gpuCount": 4096})
-    with pytest.raises(ValueError, match=r"the Volcano Job for 512 nodes is [\d,]+ bytes"):
+    render_volcano_job(*big[:4], attempt=0)  # 512 nodes: one task, far below the limit
+    monkeypatch.setattr(manifests, "MAX_OBJECT_BYTES", 12_000)
+    with pytest.raises(ValueError, match=r"the Volcano Job for 512 nodes is [\d,]+ bytes; the API server accepts "
+                                         r"at most ~12,000"):
         render_volcano_job(*big[:4], attempt=0)
 
 
 def test_hard_node_pinning_on_request() -> None:
     job, plan, placement, env = gpu_job()
     body = render_volcano_job(job, plan, placement, env, attempt=0, options=KubernetesOptions(pin_to="node"))
-    for node, task in zip(placement.nodes, body["spec"]["tasks"], strict=True):
-        affinity = task["template"]["spec"]["affinity"]
-        assert list(affinity) == ["nodeAffinity"]
-        terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert terms[0]["matchExpressions"][0] == {"key": "kubernetes.io/hostname", "operator": "In",
-                                                   "values": [node.name]}
+    (task,) = body["spec"]["tasks"]
+    affinity = task["template"]["spec"]["affinity"]
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                            "values": placement.node_names}]}]
+    assert list(affinity["nodeAffinity"]) == ["requiredDuringSchedulingIgnoredDuringExecution"]
+    # one pod per node still: the list alone would let two of the job's pods share a node
+    assert affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] == \
+        "kubernetes.io/hostname"
     validate_volcano(body, JOBS_CRD)
 
 
@@ -276,7 +286,8 @@ def test_yaml_is_plain_no_anchors_and_utf8() -> None:
 
 def test_two_runs_of_a_job_are_two_volcano_jobs_within_the_name_limit() -> None:
     from trainyard.config.rules import MAX_JOB_NAME
-    from trainyard.plugins.launch.manifests import DNS_LABEL, MAX_VOLCANO_NAME, pod_name
+    from trainyard.plugins.launch.gang_pods import gang_pods, gang_tasks
+    from trainyard.plugins.launch.manifests import DNS_LABEL, MAX_VOLCANO_NAME
 
     first, second = volcano_job_name("gpt-200b", "20261201t031500-aaaaaa"), volcano_job_name("gpt-200b", "20261201t031501-bbbbbb")
     assert first != second and first.startswith("gpt-200b-") and second.startswith("gpt-200b-")
@@ -287,9 +298,12 @@ def test_two_runs_of_a_job_are_two_volcano_jobs_within_the_name_limit() -> None:
     assert volcano_job_name("gpt-200b") == "gpt-200b"  # no run (a manifest rendered for reading)
     assert len(volcano_job_name(longest)) == MAX_VOLCANO_NAME
     # The issue's case: the longest job name on 128 nodes rendered `…-worker-000-0`, 65 characters;
-    # at every gang size up to 100,000 nodes (the example fleet has 1,248) the last pod's name fits.
+    # at every gang size up to 100,000 nodes (the example fleet has 1,248), a last node with fewer
+    # ranks included, every pod's name fits.
     for nodes in (1, 10, 128, 1_248, 12_500, 100_000):
-        assert len(pod_name(cut, nodes - 1, nodes)) <= DNS_LABEL, nodes
+        for slots in ([8] * nodes, [8] * (nodes - 1) + [4]):
+            longest = max(gang_pods(cut, gang_tasks(slots)), key=len)
+            assert len(longest) <= DNS_LABEL, (nodes, longest)
 
 
 def test_a_runs_storage_keys_reach_the_pods_only_through_the_attempts_secret() -> None:

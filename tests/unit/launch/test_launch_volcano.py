@@ -77,7 +77,7 @@ def start(plane: ControlPlane, launcher: KubernetesLauncher, tmp_path: Path, *, 
     parts = placed(tiny_job(name, ["--steps", "3"], gpus=gpus), tmp_path / "home", run=run, attempt=attempt, **kwargs)
     handle = launcher.submit(*parts.submit_args(), attempt=attempt)
     plane.tick(2)  # PodGroup and pods, then the gang bound
-    pods = [f"{handle.name}-worker-{i}-0" for i in range(2)]
+    pods = [f"{handle.name}-worker-{i}" for i in range(2)]  # node-rank order at two pods
     if running:
         for pod in pods:
             plane.pod_running(pod)

@@ -101,3 +101,36 @@ def test_an_mlflow_run_id_goes_into_the_pods_and_the_yaml_is_plain(tmp_path: Pat
     job = list(yaml.safe_load_all(captured.out))[-1]
     env = {e["name"]: e.get("value") for e in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]}
     assert (env["MLFLOW_RUN_ID"], env["MLFLOW_TRACKING_URI"]) == ("abc123", "http://mlflow.ml.svc:5000")
+
+
+def test_the_example_fleets_whole_gang_is_one_object_well_under_the_api_servers_limit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's case: a gang on every healthy node of the example fleet (1,248) rendered as a
+    Volcano task per node was 11.3 MB and refused. One task of `replicas` with one list of nodes:
+    the longest job name still gives every pod a hostname within a DNS label."""
+    import json
+
+    from tests.unit.launch.launch_fixtures import fleet
+    from trainyard.config.rules import MAX_JOB_NAME
+    from trainyard.plugins.launch.gang_pods import gang_pods
+    from trainyard.plugins.launch.kube_status import gang_tasks_of
+    from trainyard.plugins.launch.manifests import DNS_LABEL, MAX_OBJECT_BYTES
+
+    healthy = sorted(n.name for n in fleet().nodes if n.healthy and n.gpu_type == "H100")
+    doc = yaml.safe_load(yaml.safe_dump(GPU_SPEC))
+    doc["metadata"]["name"] = name = ("gpt-" + "x" * MAX_JOB_NAME)[:MAX_JOB_NAME]
+    doc["spec"]["hardware"]["gpuCount"] = 8 * len(healthy)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    assert main(["render", "k8s", str(spec), "--cluster", "h100-fleet"]) == 0, capsys.readouterr().err
+    job = list(yaml.safe_load_all(capsys.readouterr().out))[-1]
+    validate_volcano(job, "batch.volcano.sh_jobs.yaml")
+    size = len(json.dumps(job))
+    assert size < MAX_OBJECT_BYTES // 10, size  # well under: a tenth of the limit
+    assert job["metadata"]["labels"]["trainyard.io/job"] == name and len(name) == MAX_JOB_NAME
+    (task,) = job["spec"]["tasks"]
+    assert job["spec"]["minAvailable"] == task["replicas"] == len(healthy) == 1_248
+    preferred = task["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert sorted(preferred[0]["preference"]["matchExpressions"][0]["values"]) == healthy  # every node, once
+    pods = gang_pods(job["metadata"]["name"], gang_tasks_of(job))
+    assert len(set(pods)) == 1_248 and max(len(p) for p in pods) <= DNS_LABEL, max(pods, key=len)
