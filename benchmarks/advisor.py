@@ -20,7 +20,7 @@ both must return the same best plan (`same_best`). Target: < 1000 ms for 16,384 
 ±20 % of the reported), `median_abs_err`, `false_oom` (configurations that ran but are judged
 not to fit at memory_fraction 1.0) — over every row, then apart (`split_summary`) for
 `in_sample` (the rows a constant was read off: [N21] Tables 1 and 2) and `held_out` (every other
-row: [K22], Llama 3, torchtitan, BLOOM). `gemm_curve_fit` refits the A100's GEMM curve on the
+row: [K22], Llama 3, torchtitan on H100 and on A100, BLOOM). `gemm_curve_fit` refits the A100's GEMM curve on the
 in-sample rows (`fit_gemm_curve`: gemm_efficiency, gemm_k_overhead) — the catalog holds its
 result; `cpu_count` and `load_avg_1m` describe the machine.
 

@@ -51,7 +51,9 @@ rounds 2..N, the steady state of a training run; `samples` lists every round:
   same two ways with O_DIRECT, two 8 MB requests in flight, as ours writes and reads
   (`disk_write_direct_MBps`, `disk_read_direct_MBps`); `sha256_MBps` and `blake3_MBps`,
   every rank hashing the same state bytes from memory at once, one algorithm after the other
-  (what hashing alone allows these cores);
+  (what hashing alone allows these cores), and `blake3_auto_MBps` the same with BLAKE3 on as
+  many threads as it likes (`max_threads=blake3.AUTO`; a save of ours hashes each buffer on one
+  thread while the disk writes the one before, a restore on `io_threads` per rank);
 - both cold reads — the restore and the disk's read rate — start `--settle-s` (3) seconds
   after the files were written and dropped from the page cache: a restore follows a failure
   by seconds at least (torchrun's restart alone took 5 s in `benchmarks/recovery.py`), and on
@@ -211,6 +213,7 @@ def _summarise(samples: dict[str, list[float]], state_bytes: int, world: int, ro
         "memcpy_s": round(med["memcpy_s"], 4),
         "sha256_MBps": round(mb / med["sha256_s"], 1),
         "blake3_MBps": round(mb / med["blake3_s"], 1),
+        "blake3_auto_MBps": round(mb / med["blake3_auto_s"], 1),
         "async_dcp_blocking_s": round(med["async_dcp_blocking_s"], 4),
         "async_dcp_deferred_blocking_s": round(med["async_dcp_deferred_blocking_s"], 4),
         **{k: round(v, 4) for k, v in med.items() if k.startswith("async_dcp_deferred_")
@@ -251,6 +254,7 @@ def _summarise(samples: dict[str, list[float]], state_bytes: int, world: int, ro
         "save/blake3": round(result["save_MBps"] / result["blake3_MBps"], 2),
         "restore/blake3": round(result["restore_MBps"] / result["blake3_MBps"], 2),
         "blake3/sha256": round(result["blake3_MBps"] / result["sha256_MBps"], 2),
+        "blake3_auto/blake3": round(result["blake3_auto_MBps"] / result["blake3_MBps"], 2),
     }
     ratios = result["ratios"]
     result["targets"] = {
@@ -273,7 +277,10 @@ def _binding_ceilings(result: dict[str, Any], med: dict[str, float], mb: float) 
     hash and a copy into the live tensors. The disk works beside the CPU; the copy and the hash
     both need the CPU, which the ranks share: with every core busy they add up
     (`cpu_serial_MBps`, 1 / (1/copy + 1/hash)). The binding ceiling is the lowest of the disk
-    and that CPU rate; `phases_s` says where the time went."""
+    and that CPU rate; `phases_s` says where the time went. For blocking, `cpu_floor_s` is
+    what the background save's copy and hash cost a rank's core (`memcpy_s` + `blake3_s`):
+    while the next step keeps every core busy it loses at least that, so where
+    `cpu_floor/memcpy` is above 1.2 the memcpy target cannot be met on these cores."""
     copy_mbps = mb / med["memcpy_s"]
     cpu = 1 / (1 / copy_mbps + 1 / result["blake3_MBps"])
     out: dict[str, Any] = {}
@@ -297,9 +304,15 @@ def _binding_ceilings(result: dict[str, Any], med: dict[str, float], mb: float) 
         # the copy when the step waits for it, else the cores the background write takes
         # (blocking_s less the call is what the next step lost, as blocking_s counted it: the
         # median of the differences, not the difference of the medians)
+        # The floor of that loss when the step already keeps every core busy (one per rank
+        # here): the background save's own CPU — the copy and the hash of the rank's bytes
+        # (memcpy_s + blake3_s, each rank its share at once) — taken from the step's core.
         lost = med["blocking_s"] - med["blocking_return_s"]
+        cpu_floor = med["memcpy_s"] + med["blake3_s"]
         out["blocking"] = {"name": "next_step_slowdown_s" if lost > med["blocking_return_s"]
                            else "blocking_return_s", "next_step_lost_s": round(lost, 4),
+                           "cpu_floor_s": round(cpu_floor, 4),
+                           "cpu_floor/memcpy": round(cpu_floor / med["memcpy_s"], 2),
                            "blocking_return_s": result["blocking_return_s"],
                            "next_step_slowdown_s": result["next_step_slowdown_s"],
                            "memcpy_s": result["memcpy_s"], "deferred_copy_s": result["deferred_copy_s"]}
@@ -509,18 +522,21 @@ class _Competitors:
         """SHA-256 and BLAKE3 (as ours hashes: one thread per file) of the same state bytes
         from memory, every rank at once, one after the other: the rate any hashed save or
         verified restore is held to on these cores, with nothing else to do."""
+        from blake3 import blake3
+
         from trainyard.plugins.storage.hashing import new_hasher
 
         tensors = _local_tensors(self.state())
         out = {}
-        for algorithm in ("sha256", "blake3"):
+        for name, make in (("sha256", lambda: new_hasher("sha256")), ("blake3", lambda: new_hasher("blake3")),
+                           ("blake3_auto", lambda: blake3(max_threads=blake3.AUTO))):
             _barrier()
             t0 = time.perf_counter()
             for tensor in tensors:
-                hasher = new_hasher(algorithm)  # type: ignore[arg-type]
+                hasher = make()
                 hasher.update(tensor.detach().reshape(-1).view(torch_uint8()).numpy())
                 hasher.hexdigest()
-            out[f"{algorithm}_s"] = _all_max(time.perf_counter() - t0)
+            out[f"{name}_s"] = _all_max(time.perf_counter() - t0)
         return out
 
     def _memcpy(self) -> dict[str, float]:
@@ -646,18 +662,32 @@ def _round_of_disk(work: Path, size: int, rank: int, world: int,
     """The disk's rates for the state's bytes, two ways, each with writeback started every
     32 MB as ours does (else the disk idles until the fsync and the "ceiling" is one our
     writer beats): rank 0 alone writing one file, and every rank writing its share at once;
-    `disk_*_MBps` is the better of the two, so a ratio to it never flatters ours."""
+    `disk_*_MBps` is the better of the two, so a ratio to it never flatters ours. The four
+    passes (buffered and O_DIRECT, alone and together) write one after the other, then one
+    pause of `settle_s`, then each file is read cold in the same order: every read starts at
+    least `settle_s` after its write, and the round pauses once, not four times."""
+    share = -(-size // world)
+    passes = [(_Buffered, size, rank == 0), (_Buffered, share, True),
+              (_Direct, size, rank == 0), (_Direct, share, True)]
+    done = [kind(work / f"raw-{index}-{os.getpid()}.bin", n, active)
+            for index, (kind, n, active) in enumerate(passes)]
+    for one in done:
+        _barrier()
+        one.write()
+    time.sleep(settle_s)
+    for one in done:
+        _barrier()
+        one.read()
+    _barrier()
     rates = {}
-    buffered = _rates(_disk_pass(work, size, rank == 0, settle_s),
-                      _disk_pass(work, -(-size // world), True, settle_s), size, rank)
+    buffered = _rates((done[0].write_s, done[0].read_s), (done[1].write_s, done[1].read_s), size, rank)
     for name, (alone, together) in buffered.items():
         rates[f"disk_{name}_1stream_MBps"] = alone
         rates[f"disk_{name}_{world}streams_MBps"] = together
         rates[f"disk_{name}_MBps"] = max(alone, together)
     # ours writes and reads with O_DIRECT where it can (plugins/checkpoint/direct_write.py,
     # direct_read.py): the disk's rates that way count too, alone and all ranks at once
-    direct = _rates(_direct_pass(work, size, rank == 0, settle_s),
-                    _direct_pass(work, -(-size // world), True, settle_s), size, rank)
+    direct = _rates((done[2].write_s, done[2].read_s), (done[3].write_s, done[3].read_s), size, rank)
     for name, (alone, together) in direct.items():
         rates[f"disk_{name}_direct_MBps"] = max(alone, together)
         rates[f"disk_{name}_MBps"] = max(rates[f"disk_{name}_MBps"], rates[f"disk_{name}_direct_MBps"])
@@ -676,87 +706,94 @@ def _rates(one: tuple[float, float], each: tuple[float, float], size: int,
             for name, index in (("write", 0), ("read", 1))}
 
 
-def _direct_pass(work: Path, size: int, active: bool, settle_s: float) -> tuple[float, float]:
-    """(write + fsync seconds, cold read seconds) of `size` raw bytes with O_DIRECT, from and
-    into page-aligned 8 MB chunks, two requests in flight (as ours keeps); (0, 0) when idle or
-    where O_DIRECT is refused."""
-    import mmap
-    from concurrent.futures import ThreadPoolExecutor
+class _Buffered:
+    """Raw `size` bytes written (+ fsync, writeback started every 32 MB as ours does) and read
+    back cold, through the page cache; `write_s` and `read_s` stay 0 where not `active`."""
 
-    from trainyard.plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES
+    def __init__(self, path: Path, size: int, active: bool) -> None:
+        self.path, self.size, self.active = path, size, active
+        self.write_s = self.read_s = 0.0
 
-    _barrier()
-    write_s = read_s = 0.0
-    path = work / f"raw-direct-{os.getpid()}.bin"
-    chunks = [mmap.mmap(-1, CHUNK_BYTES) for _ in range(2)]
-    pieces = [(offset, -(-min(CHUNK_BYTES, size - offset) // ALIGN) * ALIGN)
-              for offset in range(0, size, CHUNK_BYTES)]
-    fd = -1
-    if active:
-        for chunk in chunks:
-            chunk.write(os.urandom(CHUNK_BYTES))
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            with ThreadPoolExecutor(2) as pool:
-                t0 = time.perf_counter()
-                for write in [pool.submit(os.pwrite, fd, memoryview(chunks[i % 2])[:length], offset)
-                              for i, (offset, length) in enumerate(pieces)]:
-                    write.result()
-                os.fsync(fd)
-                write_s = time.perf_counter() - t0
-            os.close(fd)
-    time.sleep(settle_s)
-    _barrier()
-    if fd >= 0:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        with ThreadPoolExecutor(2) as pool:
-            t0 = time.perf_counter()
-            for read in [pool.submit(os.preadv, fd, [memoryview(chunks[i % 2])[:length]], offset)
-                         for i, (offset, length) in enumerate(pieces)]:
-                read.result()
-            read_s = time.perf_counter() - t0
-        os.close(fd)
-        path.unlink()
-    _barrier()
-    return write_s, read_s
+    def write(self) -> None:
+        from trainyard.plugins.checkpoint.dcp_io import WRITEBACK_BYTES, start_writeback
 
-
-def _disk_pass(work: Path, size: int, active: bool, settle_s: float) -> tuple[float, float]:
-    """(write + fsync seconds, cold read seconds) of `size` raw bytes; (0, 0) when idle."""
-    from trainyard.plugins.checkpoint.dcp_io import WRITEBACK_BYTES, start_writeback
-
-    _barrier()
-    write_s = read_s = 0.0
-    if active:
-        path = work / f"raw-{os.getpid()}.bin"
+        if not self.active:
+            return
         chunk = os.urandom(8 << 20)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         t0 = time.perf_counter()
         written = synced = 0
-        while written < size:
-            written += os.write(fd, chunk[: min(len(chunk), size - written)])
+        while written < self.size:
+            written += os.write(fd, chunk[: min(len(chunk), self.size - written)])
             if written - synced >= WRITEBACK_BYTES:
                 start_writeback(fd, synced, written - synced)
                 synced = written
         os.fsync(fd)
-        write_s = time.perf_counter() - t0
+        self.write_s = time.perf_counter() - t0
         os.close(fd)
-        _drop_cache(path)
-    time.sleep(settle_s)
-    _barrier()
-    if active:
-        fd = os.open(path, os.O_RDONLY)
+        _drop_cache(self.path)
+
+    def read(self) -> None:
+        if not self.active:
+            return
+        fd = os.open(self.path, os.O_RDONLY)
         t0 = time.perf_counter()
         while os.read(fd, 8 << 20):
             pass
-        read_s = time.perf_counter() - t0
+        self.read_s = time.perf_counter() - t0
         os.close(fd)
-        path.unlink()
-    _barrier()
-    return write_s, read_s
+        self.path.unlink()
+
+
+class _Direct(_Buffered):
+    """The same with O_DIRECT, from and into page-aligned 8 MB chunks, two requests in flight
+    (as ours keeps); both times stay 0 where O_DIRECT is refused."""
+
+    def __init__(self, path: Path, size: int, active: bool) -> None:
+        import mmap
+
+        from trainyard.plugins.checkpoint.direct_write import ALIGN, CHUNK_BYTES
+
+        super().__init__(path, size, active)
+        self.chunks = [mmap.mmap(-1, CHUNK_BYTES) for _ in range(2)] if active else []
+        self.pieces = [(offset, -(-min(CHUNK_BYTES, size - offset) // ALIGN) * ALIGN)
+                       for offset in range(0, size, CHUNK_BYTES)]
+
+    def write(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not self.active:
+            return
+        for chunk in self.chunks:
+            chunk.write(os.urandom(len(chunk)))
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+        except OSError:
+            self.active = False
+            return
+        with ThreadPoolExecutor(2) as pool:
+            t0 = time.perf_counter()
+            for write in [pool.submit(os.pwrite, fd, memoryview(self.chunks[i % 2])[:length], offset)
+                          for i, (offset, length) in enumerate(self.pieces)]:
+                write.result()
+            os.fsync(fd)
+            self.write_s = time.perf_counter() - t0
+        os.close(fd)
+
+    def read(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not self.active:
+            return
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+        with ThreadPoolExecutor(2) as pool:
+            t0 = time.perf_counter()
+            for read in [pool.submit(os.preadv, fd, [memoryview(self.chunks[i % 2])[:length]], offset)
+                         for i, (offset, length) in enumerate(self.pieces)]:
+                read.result()
+            self.read_s = time.perf_counter() - t0
+        os.close(fd)
+        self.path.unlink()
 
 
 def _drop_cache(path: Path) -> None:

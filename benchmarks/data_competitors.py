@@ -17,6 +17,12 @@
   row; `process_pool` — the pipeline's parser in two worker processes (`ProcessPoolExecutor`,
   started before the clock, three shards submitted ahead; the bytes go there and the token
   ids come back pickled). `check_parsers` holds each one's token ids to the pipeline's, untimed;
+- `jsonl_parser`: the same alternatives inside the streaming reader itself, for its cold pass
+  (`StreamingReader` with its jsonl parser swapped: pyarrow's reader, or the pool) — what each
+  lever does where the fetch, the cut and the cache's writes share the machine with it;
+- `bpe_tokenizer` / `bpe_pass`: the tokenizer lever — a BPE `tokenizer.json` trained here on
+  the benchmark's rows, its documents encoded in one batched call (`FileTokenizer.encode_documents`:
+  `encode_batch`, the library's threads outside the GIL) or one `encode` call per document;
 - `mmap_pass`: the ceiling of the warm cache — the same token ids in one memory-mapped file
   (written untimed), cut into the same windows, block-shuffled the same way and stacked into
   the same batches (checked byte for byte against the baseline by the caller).
@@ -26,6 +32,7 @@ No wall-clock threshold lives here: each returns (samples, seconds) for the call
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import time
@@ -208,6 +215,60 @@ def parse_only_pass(manifest: Any, blobs: dict[str, bytes], seq_len: int, parser
             break
         samples += len(block.windows)
     return samples, time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def jsonl_parser(parser: str, pool: Any = None) -> Iterator[None]:
+    """Within the block, the pipeline reads a jsonl shard's token ids with `parser` (`pyarrow`, or
+    `process_pool` — the pipeline's parser in `pool`'s workers, the shard's bytes sent there and
+    the ids back) instead of its own: the one function the reader parses a jsonl shard with
+    (`documents._jsonl_token_pieces`) swapped, everything else (fetch, cache, cut) the reader's.
+    `check_parsers` holds their ids to the pipeline's."""
+    from unittest import mock
+
+    from trainyard.plugins.data import documents
+
+    def pieces(f: Any, key: str, tokenizer: Any, text_field: str) -> Iterator[np.ndarray]:
+        if parser == "pyarrow":
+            yield pyarrow_tokens(f.read(), key)
+        elif parser == "process_pool":
+            yield pool.submit(product_tokens, f.read(), key).result()
+        else:
+            raise ValueError(f"unknown parser {parser!r}")
+
+    with mock.patch.object(documents, "_jsonl_token_pieces", pieces):
+        yield
+
+
+def bpe_tokenizer(texts: list[str], vocab: int = 2000) -> Any:
+    """A `FileTokenizer` over a byte-level BPE `tokenizer.json` trained on `texts` (untimed)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from trainyard.plugins.data.documents import FileTokenizer
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["[UNK]", "<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return FileTokenizer(tok.to_str().encode(), "bpe.json")
+
+
+def bpe_pass(tokenizer: Any, texts: list[str], batched: bool) -> tuple[np.ndarray, float, float]:
+    """The documents' token ids, the end of document after each: (ids, seconds, CPU seconds of
+    this process, the library's threads included). Batched: the pipeline's one `encode_batch`
+    call (`FileTokenizer.encode_documents`); else one `encode` call per document."""
+    start, cpu = time.perf_counter(), time.process_time()
+    if batched:
+        ids = tokenizer.encode_documents(texts)
+    else:
+        out: list[int] = []
+        for text in texts:
+            out += tokenizer._tokenizer.encode(text, add_special_tokens=False).ids
+            out.append(tokenizer.end_of_document)
+        ids = np.asarray(out, dtype=np.int64)
+    return ids, time.perf_counter() - start, time.process_time() - cpu
 
 
 def write_token_file(manifest: Any, blobs: dict[str, bytes], path: Path) -> list[tuple[str, int, int]]:

@@ -36,7 +36,6 @@ CLUSTERS_DIR = Path(__file__).parent / "clusters"
 class _Section(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
-        use_attribute_docstrings=True,
     )
 
 

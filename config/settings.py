@@ -24,8 +24,7 @@ installed `trainyard` package — the same relative paths under both."""
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore",
-                                      use_attribute_docstrings=True)
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore")
 
     home: Path = Field(default_factory=lambda: Path.cwd() / ".trainyard")
     """Where the embedded default keeps its state, objects, runs and logs."""

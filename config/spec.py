@@ -46,7 +46,6 @@ class Section(BaseModel):
         extra="forbid",
         frozen=True,
         validate_default=True,
-        use_attribute_docstrings=True,
     )
 
 

@@ -13,7 +13,7 @@ TEAMS_FILE = Path(__file__).parent / "teams.yaml"
 
 class Team(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
-                              frozen=True, use_attribute_docstrings=True)
+                              frozen=True)
 
     share: float = Field(ge=0, le=1)
     """Guaranteed fraction of the cluster when it is fully loaded (seed §4)."""

@@ -27,7 +27,11 @@ from trainyard.config.airflow import DAG_FILE, DAG_FILE_NAME
 if TYPE_CHECKING:
     from airflow.sdk import DAG
 
-__all__ = ["DAG_FILE", "DAG_FILE_NAME", "dags"]
+__all__ = ["DAG_FILE", "DAG_FILE_NAME", "PLATFORM_PREFIX", "dags"]
+
+PLATFORM_PREFIX = "trainyard_"
+"""The platform's own DAG ids start with it (maintenance, demo data); a job's cannot: a job name
+is a DNS-1123 label, which has no underscore."""
 
 
 def dags() -> dict[str, DAG]:
@@ -35,13 +39,18 @@ def dags() -> dict[str, DAG]:
     from airflow.sdk import get_parsing_context
 
     from trainyard.config.settings import Settings
-    from trainyard.dags.datasets import data_dags
-    from trainyard.dags.maintenance import maintenance_dags
     from trainyard.dags.training_jobs import job_dags
 
     wanted = get_parsing_context().dag_id
     settings = Settings()
-    built = {**maintenance_dags(wanted), **job_dags(settings.jobs_dir, wanted)}
-    if settings.demo_dags:
-        built |= data_dags(wanted)
+    built = job_dags(settings.jobs_dir, wanted)
+    if wanted is None or wanted.startswith(PLATFORM_PREFIX):
+        # The platform's own DAGs (and PythonOperator, which only they use) are imported only
+        # when this parse may build one: a job's task parse skips them.
+        from trainyard.dags.datasets import data_dags
+        from trainyard.dags.maintenance import maintenance_dags
+
+        built = {**maintenance_dags(wanted), **built}
+        if settings.demo_dags:
+            built |= data_dags(wanted)
     return built

@@ -14,7 +14,7 @@ model another stack's order (Llama 3 put pipeline inside data parallelism).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from trainyard.config.spec import Recompute
@@ -92,6 +92,17 @@ under DeepSpeed's ZeRO-3 (Narayanan et al. 2021, Table 2).
     of attention; norms, RoPE, activations recomputed (the worker's op-level SAC).
     `alternate_matmuls`: torchtitan's op-level SAC, which also recomputes every second matmul.
     `core_attention`: everything except QKᵀ/softmax/dropout/AV (Korthikanti et al. 2022)."""
+    norm_keeps_fp32_normalised: bool = True
+    """For a composite norm: True is `nn.RMSNorm` (8 + e bytes per element, above). False is the
+    Llama reference RMSNorm, `self._norm(x.float()).type_as(x) * self.weight` — torchtitan's
+    `rmsnorm` in 2024 (torchtitan/models/norms.py) — which casts back before the weight: it keeps
+    the fp32 input, the normalised tensor in the compute dtype and the weighted output (4 + 2e;
+    measured in tests/unit/advisor/test_advisor_activations.py)."""
+    zero3_fp32_shards: bool = False
+    """FSDP2 with a mixed-precision policy (the worker, torchtitan) keeps the sharded parameters
+    in fp32 and gathers them in the compute dtype: under ZeRO-3 the shard *is* the optimizer's
+    fp32 master, with no low-precision shard beside it (16 bytes/param sharded, not 18).
+    DeepSpeed's ZeRO-3 keeps an fp16 shard and an fp32 master partition (False)."""
     fp32_grads: bool = True
     """Mixed precision keeps fp32 gradients (FSDP2 reduce_dtype=fp32, DDP on fp32 parameters,
     Megatron's main_grad): 18 bytes/param in all. False is ZeRO's 2-byte accounting (16)."""
@@ -101,8 +112,10 @@ under DeepSpeed's ZeRO-3 (Narayanan et al. 2021, Table 2).
     """Unsharded layers alive at once under ZeRO-3: FSDP2 gathers a whole block and prefetches
     the next (2); DeepSpeed gathers module by module (about half a layer alive)."""
     zero_reduce_bucket_bytes: float | None = None
-    """Unsharded gradients waiting for the reduce-scatter: one layer's under FSDP2 (None);
-    DeepSpeed's reduce bucket (5e8 elements in fp16 = 1 GB) otherwise."""
+    """Unsharded gradients waiting for the reduce-scatter: one layer's under FSDP2 (None), which
+    exist once that layer's backward has freed its activations (`MemoryModel.stage` counts the
+    larger of the two, not both); DeepSpeed's reduce bucket (5e8 elements in fp16 = 1 GB), which
+    fills over many layers, otherwise."""
     collectives_per_layer: int = 1
     """ZeRO collectives per layer and direction: FSDP2 gathers a block's parameters as one
     flat buffer; DeepSpeed ZeRO-3 gathers each linear layer separately (4)."""
@@ -138,7 +151,7 @@ under DeepSpeed's ZeRO-3 (Narayanan et al. 2021, Table 2).
 PYTORCH = Implementation(
     name="pytorch", composite_norm=True, flash_attention=True, kv_expanded=True, dropout=False,
     fused_swiglu=False, selective_policy="matmul_outputs", ddp_bucket_copy=True,
-    zero1_as_zero2=True)
+    zero1_as_zero2=True, zero3_fp32_shards=True)
 FUSED = Implementation(
     name="fused", composite_norm=False, flash_attention=True, kv_expanded=False, dropout=False,
     fused_swiglu=True, selective_policy="matmul_outputs")
@@ -151,4 +164,7 @@ DEEPSPEED_ZERO3 = Implementation(
     zero_reduce_bucket_bytes=1e9, collectives_per_layer=4, hierarchical_collectives=False)
 TORCHTITAN = Implementation(
     name="torchtitan", composite_norm=True, flash_attention=True, kv_expanded=True, dropout=False,
-    fused_swiglu=False, selective_policy="alternate_matmuls", zero1_as_zero2=True)
+    fused_swiglu=False, selective_policy="alternate_matmuls", zero1_as_zero2=True,
+    zero3_fp32_shards=True)
+TORCHTITAN_2024 = replace(TORCHTITAN, name="torchtitan-2024", norm_keeps_fp32_normalised=False)
+"""torchtitan as its first performance tables ran it (2024): the Llama reference RMSNorm."""

@@ -110,7 +110,8 @@ def layer_activation_items(model: ModelProfile, impl: Implementation, *, micro_b
             items.pop("attention_lse")
         return items
     kv_width = 1.0 if impl.kv_expanded else model.kv_ratio
-    norm_bytes = (8 + e) if impl.composite_norm else 2 * e
+    norm_bytes = ((8 + e if impl.norm_keeps_fp32_normalised else 4 + 2 * e) if impl.composite_norm
+                  else 2 * e)
     items = {
         "norms": 2 * norm_bytes * th / outside,
         "norm_stats": 2 * tokens * 4 / outside,
@@ -234,8 +235,10 @@ class MemoryModel:
         n_exp = max(layout.shard_group // layout.ep, 1)
         full = params.dense + params.experts
         shard = params.dense / n_dense + params.experts / n_exp
+        # FSDP2's fp32 shard is the master the optimizer term already counts (mixed precision).
+        w_shard = 0 if (self.impl.zero3_fp32_shards and self.model.precision != "fp32") else self.w
         out = {
-            "weights": self.w * (shard if zero >= 3 else full),
+            "weights": (w_shard * shard if zero >= 3 else self.w * full),
             "gradients": self.g * (shard if zero >= 2 else full),
             "optimizer": self.o * (shard if zero >= 1 else full),
         }
@@ -249,7 +252,11 @@ class MemoryModel:
                          else params.largest_unit * self.g)
         if zero == 3:
             # The unsharded layers being computed and prefetched, and the unsharded gradients
-            # waiting for the reduce-scatter.
+            # waiting for the reduce-scatter. FSDP2's are one layer's, made as that layer's
+            # backward ends, when its activations (kept and recomputed) are freed: the peak is
+            # the larger of the two moments, so only the excess over them is added.
+            if not self.impl.zero_reduce_bucket_bytes:
+                grads_waiting = max(grads_waiting - kept - transient, 0.0)
             out["fsdp_buffers"] = params.largest_unit * self.impl.zero3_live_layers * self.e + grads_waiting
         elif zero in (1, 2):
             out["fsdp_buffers"] = grads_waiting

@@ -16,6 +16,10 @@ Sources
   16,384 H100 80 GB; 8K sequences trained without activation checkpointing, §3.3.2).
 - [TT] torchtitan docs/performance.md (Liang et al., "TorchTitan", ICLR 2025): Llama 3.1 8B,
   FSDP, bf16, H100 96 GB HBM2e at 500 W, local batch 2, selective (op) AC.
+- [TT-A100] torchtitan docs/performance.md as first published (2024; pytorch/torchtitan at
+  0413364): FSDP2 on 64 A100 80 GB, bf16, Llama 3 at sequence 8,192 (local batch 1) and
+  Llama 2 at 4,096 (local batch 1 or 2), activation checkpointing none, selective op or full;
+  WPS = tokens/s per GPU. Its MFU column is not used (a definition of its own).
 - [B22] BigScience, "BLOOM: A 176B-Parameter Open-Access Multilingual Language Model", arXiv
   2211.05100, §3.4: 384 A100 80 GB (48 nodes), TP4 · PP12 · DP8, ZeRO stage 1, bf16; 70
   layers, h 14336, 112 heads, vocabulary 250,880, sequence 2048, global batch 2048. A
@@ -35,6 +39,7 @@ from trainyard.plugins.advisor.layout import (
     FUSED,
     MEGATRON,
     TORCHTITAN,
+    TORCHTITAN_2024,
     Implementation,
     Layout,
 )
@@ -207,6 +212,36 @@ def _torchtitan_rows() -> list[PublishedRun]:
     return rows
 
 
+def llama2(size: str, *, seq: int = 4096, batch: int) -> ModelProfile:
+    shapes = {"13B": (40, 5120, 40, 40, 13824), "70B": (80, 8192, 64, 8, 28672)}
+    layers, hidden, heads, kv_heads, ffn = shapes[size]
+    return ModelProfile(hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+                        ffn_hidden_size=ffn, vocab_size=32000, sequence_length=seq,
+                        global_batch_size=batch)
+
+
+def _torchtitan_a100_rows() -> list[PublishedRun]:
+    """Held out, on the A100 the GEMM curve was fitted for: small and mid-size models (hidden
+    4,096 … 8,192) under FSDP alone, where the per-layer fixed costs weigh most."""
+    table = [  # model, local batch, recompute, tokens/s per GPU
+        ("Llama 3 8B", llama3("8B", batch=64), 1, "selective", 2973),
+        ("Llama 3 70B", llama3("70B", batch=64), 1, "full", 331),
+        ("Llama 2 13B", llama2("13B", batch=128), 2, "none", 2162),
+        ("Llama 2 13B", llama2("13B", batch=128), 2, "selective", 1904),
+        ("Llama 2 70B", llama2("70B", batch=64), 1, "selective", 355),
+        ("Llama 2 70B", llama2("70B", batch=128), 2, "full", 353),
+    ]
+    label = {"none": "no AC", "selective": "op AC", "full": "full AC"}
+    return [PublishedRun(
+        name=f"{name} FSDP, 64 A100, {label[recompute]}", source="[TT-A100] performance.md",
+        model=replace(model, precision="bf16"), hardware=A100_SELENE, impl=TORCHTITAN_2024,
+        layout=Layout(RankLayout(dp=64), zero_stage=3, micro_batch_size=local, num_micro_batches=1,
+                      recompute=recompute),  # type: ignore[arg-type]
+        reported={"tokens_per_s_per_gpu": tps},
+        assumed="the A100 cluster's network is not given: Selene's (8 x 200 Gb/s per node)")
+        for name, model, local, recompute, tps in table]
+
+
 def _bloom_rows() -> list[PublishedRun]:
     model = replace(gpt(70, 14336, 112, vocab=250880, batch=2048), precision="bf16")
     return [PublishedRun(
@@ -221,7 +256,7 @@ def _bloom_rows() -> list[PublishedRun]:
 
 def published_runs() -> list[PublishedRun]:
     return (_megatron_rows() + _korthikanti_rows() + _llama3_rows() + _torchtitan_rows()
-            + _bloom_rows())
+            + _torchtitan_a100_rows() + _bloom_rows())
 
 
 def compare(run: PublishedRun, *, memory_fraction: float = 1.0) -> Comparison:

@@ -10,9 +10,13 @@ measurements, both ranks at once, 3 s after the cache was dropped). Keeping the 
 means DCP parses exactly the bytes that were hashed, not a second read of the file.
 
 The buffer is a private anonymous `mmap` (page-aligned, as O_DIRECT wants buffer, offset and
-length aligned to the device's block) asked to be backed by transparent huge pages, which
-took most of that first-touch time away (`direct_write.io_buffer`); the last read asks for the
-padded length and gets the file's tail. Where the file system refuses O_DIRECT (at `open`, or
+length aligned to the device's block; `direct_write.io_buffer`) in ordinary 4 KiB pages; the
+last read asks for the padded length and gets the file's tail. It used to ask for transparent
+huge pages, which fault less often, but a fresh buffer is fresh 2 MiB blocks, and on the
+development VM (a balloon that reports free 2 MiB blocks to the host) those made a restore
+erratic: in one torchrun, restores alternating the two kinds, both ranks 201 MB each under a
+load of 5-6, whole verified restores took 1.2-2.7 s with huge pages and 0.42-0.83 s without
+(3 of each), and with huge pages one read alone ranged 0.1-3.5 s (0.07-1.4 s of CPU). Where the file system refuses O_DIRECT (at `open`, or
 at a read), the same pass goes on buffered: slower, never wrong. The caller decides whether a
 file fits in memory (`memory_to_hold`); `HeldFile.close` gives the memory back.
 """
@@ -64,7 +68,7 @@ def read_held(path: str | os.PathLike[str], algorithm: HashAlgorithm = HASH_ALGO
     fd = _open(path)
     try:
         size = os.fstat(fd).st_size
-        data = io_buffer(max(ALIGN, -(-size // ALIGN) * ALIGN))
+        data = io_buffer(max(ALIGN, -(-size // ALIGN) * ALIGN), huge_pages=False)
         view = memoryview(data)
         try:
             digest = new_hasher(algorithm, threads=threads)

@@ -61,15 +61,15 @@ def _take_chunk() -> mmap.mmap:
         return io_buffer(CHUNK_BYTES)
 
 
-def io_buffer(length: int) -> mmap.mmap:
-    """Fresh page-aligned memory for O_DIRECT I/O, asked to be backed by transparent huge
-    pages: the kernel's first touch of 4 KiB pages was half of a restore's read CPU time
-    (`direct_read`); in 2 MiB pages it faults 512 times less often (201 MB: 867 faults instead
-    of 51,456, kernel time 0.09-0.11 -> 0.03-0.05 s). Private, not Python's default shared
-    mapping: shared anonymous memory is shmem, which THP leaves out. Only a hint: where THP is
-    off the pages stay small."""
+def io_buffer(length: int, *, huge_pages: bool = True) -> mmap.mmap:
+    """Fresh page-aligned memory for O_DIRECT I/O, private (not Python's default shared
+    mapping: shared anonymous memory is shmem, which THP leaves out). With `huge_pages` it is
+    asked to be backed by transparent huge pages, which fault 512 times less often (201 MB:
+    867 faults instead of 51,456, kernel time 0.09-0.11 -> 0.03-0.05 s): right for the write
+    chunks, which are kept and reused (`_free_chunks`). A restore's one-off buffer asks for
+    none (`direct_read`). Only a hint: where THP is off the pages stay small."""
     data = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if length >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+    if huge_pages and length >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):
             data.madvise(mmap.MADV_HUGEPAGE)
     return data

@@ -94,8 +94,9 @@ def assign_verifiers(needed_by_rank: Sequence[set[str]], sizes: Mapping[str, int
 
 def materialize(store: ObjectStore, record: CheckpointRecord, needed: set[str], local: Path,
                 *, link: bool, to_hash: set[str], rank: int, threads: int = 1, hold: int = 0
-                ) -> tuple[str | None, dict[str, Identity], dict[str, HeldFile]]:
-    """Step 3: (problem or None, identities of this rank's links, files held in memory).
+                ) -> tuple[str | None, bool, dict[str, Identity], dict[str, HeldFile]]:
+    """Step 3: (problem or None, whether the problem is fatal — not the checkpoint's fault, as
+    in `FetchPlan.fatal` —, identities of this rank's links, files held in memory).
     Never raises. Files are fetched or hashed `threads` at a time (hashlib, blake3 and file
     I/O release the GIL). Of the linked files this rank hashes, the largest that fit in `hold`
     bytes are read into memory as they are hashed (`read_verified`), for the load to read
@@ -138,8 +139,9 @@ def materialize(store: ObjectStore, record: CheckpointRecord, needed: set[str], 
                 future.result()
     except Exception as e:  # noqa: BLE001 - reported to every rank, then all reject together
         release(held)
-        return _describe(e, rank)[0], identities, {}
-    return None, identities, held
+        problem, fatal = _describe(e, rank)
+        return problem, fatal, identities, {}
+    return None, False, identities, held
 
 
 def release(held: Mapping[str, HeldFile]) -> None:

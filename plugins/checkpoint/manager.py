@@ -605,13 +605,17 @@ class CheckpointManager:
         else:
             to_hash = set(plan.needed)
         t0 = time.perf_counter()
-        problem, identities, held = materialize(store, record, plan.needed, local, link=link,
-                                                to_hash=to_hash, rank=self.rank,
-                                                threads=self.io_threads, hold=memory_to_hold())
+        problem, fatal_here, identities, held = materialize(
+            store, record, plan.needed, local, link=link, to_hash=to_hash, rank=self.rank,
+            threads=self.io_threads, hold=memory_to_hold())
         self.last_restore_phases["materialize_s"] = time.perf_counter() - t0
-        outcomes = self._ranks.all_gather((problem, identities))
-        problems = [p for p, _ in outcomes if p]
-        changed = same_bytes_everywhere([ids for _, ids in outcomes])
+        outcomes = self._ranks.all_gather((problem, fatal_here, identities))
+        fatal = [p for p, is_fatal, _ in outcomes if is_fatal]
+        if fatal:  # a bug, not a bad checkpoint: an older one would not help (as in the plan)
+            release(held)
+            raise CheckpointMismatchError(f"cannot restore step {record.step}: {' | '.join(map(str, fatal))}")
+        problems = [p for p, _, _ in outcomes if p]
+        changed = same_bytes_everywhere([ids for _, _, ids in outcomes])
         if changed:
             problems.append(f"changed in the store while restoring: {', '.join(changed)}")
         if problems:

@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from trainyard.plugins.storage.errors import UnsafeKeyError
+from trainyard.plugins.storage.hashing import ALGORITHMS
 from trainyard.plugins.storage.store import HashAlgorithm, check_key
 
 FORMAT_VERSION = 2
@@ -89,6 +90,20 @@ class ManifestFile(BaseModel):
     """Bytes after decompression (equals `size` when uncompressed)."""
     rank: NonNegativeInt | None = None
     """The rank that wrote it (diagnostics: which node produced a corrupt shard)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_algorithm(cls, data: Any) -> Any:
+        """A digest under a name this reader does not know (a newer writer's algorithm, a
+        typo) is refused by that name, not as pydantic's "extra inputs": the operator reading
+        the catalog's warning learns which algorithm, and which ones this version verifies."""
+        if isinstance(data, dict) and data.get("blake3") is None and data.get("sha256") is None:
+            unknown = sorted(k for k in data if k not in cls.model_fields)
+            if unknown:
+                raise ValueError(f"{data.get('path')!r}: unknown digest algorithm "
+                                 f"{', '.join(map(repr, unknown))}; this version verifies "
+                                 f"{' or '.join(ALGORITHMS)} (written by a newer Trainyard?)")
+        return data
 
     @field_validator("path")
     @classmethod

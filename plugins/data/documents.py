@@ -144,13 +144,16 @@ def _jsonl_token_pieces(f: IO[bytes], key: str, tokenizer: Tokenizer, text_field
     from trainyard.plugins.data.jsonl import block_texts, line_blocks
     from trainyard.plugins.data.rows import open_shard, rows_of_lines
 
-    for first, block in line_blocks(open_shard(f, key)):
-        texts = block_texts(block, text_field)
-        if texts is not None:
-            ids = encode_documents(tokenizer, texts)
+    line = 1  # the number of the block's first line
+    for block in line_blocks(open_shard(f, key)):
+        parsed = block_texts(block, text_field)
+        if parsed is not None:
+            ids = encode_documents(tokenizer, parsed.texts)
+            line += parsed.newlines
         else:
-            rows = rows_of_lines(io.BytesIO(block), key, "jsonl", first)
+            rows = rows_of_lines(io.BytesIO(block), key, "jsonl", line)
             ids = encode_pieces(tokenizer, list(_jsonl_documents(rows, key, text_field)))
+            line += block.count(b"\n")
         if len(ids):
             yield ids
 
@@ -246,7 +249,13 @@ class FileTokenizer:
         return list(self._tokenizer.encode(piece.decode("utf-8", "replace"), add_special_tokens=False).ids)
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
-        """Whole documents in one `encode_batch` (the library's threads, outside the GIL)."""
+        """Whole documents in one `encode_batch` (the library's threads, outside the GIL). Its
+        threads pay where a core is free, and cost 7-24 % more CPU than one `encode` per
+        document (`bpe_*` figures of `benchmarks/data_pipeline.py`, 2 cores): at load ~5 the
+        batch ran 1.28-1.7x as fast, at load 7-14 0.6-1.14x (1.9 MB at load 14: 0.25 vs 0.26
+        MB/s, 1.43 vs 1.34 CPU-s); with `TOKENIZERS_PARALLELISM=false` the batch, one call, was
+        the faster and the cheaper (0.78 vs 0.69 MB/s, 1.06 vs 1.15 CPU-s). So the batch stays,
+        and a node without spare cores can turn its threads off."""
         out: list[int] = []
         for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=False):
             out.extend(encoding.ids)

@@ -9,7 +9,7 @@ normally the one task `worker` with `replicas` = the gang's nodes, `minAvailable
 so its size grows with the node names alone, not with a pod template per node: the example
 fleet's 1,248-node gang is one object well under the API server's limit. A task's template
 *requires* the placer's nodes of that task (`kubernetes.io/hostname In [...]`, one list; with
-`pin_to="rack"` it requires their racks and prefers those nodes) and the job's pods repel each
+`pin_to="rack"` only their racks, preferring those nodes) and the job's pods repel each
 other per host: one pod per node, on the nodes the placer chose. Which pod lands on which of them
 is the scheduler's choice.
 
@@ -153,9 +153,12 @@ class KubernetesOptions(BaseModel):
     torchrun_max_restarts: int = 0
     ttl_after_finished_s: int = 86400
     extra_labels: dict[str, str] = Field(default_factory=dict)
-    pin_to: Literal["rack", "node"] = "rack"
-    """`rack`: require the placer's racks, prefer its nodes (needs rack labels on the nodes);
-    `node`: require the placer's nodes (hard host names). Per task, as one list each."""
+    pin_to: Literal["rack", "node"] = "node"
+    """`node`: require the placer's nodes (hard host names, one list per task): the gang runs on
+    the nodes the placer reserved for it and the health watch watches; `rack`: require the
+    placer's racks, prefer its nodes (needs rack labels on the nodes) — a node taken meanwhile
+    is replaced by another of its rack, which the placer did not reserve (another gang may be
+    placed there: the scheduler then keeps one of them pending)."""
     git_image: str = "alpine/git:2.47.2"
     """Image of the init container that fetches `spec.source.git` (needs only `git`)."""
     source_root: str = "/workspace/source"

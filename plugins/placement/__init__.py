@@ -4,7 +4,8 @@
   mesh order pp, dp, cp, tp), shared with the advisor and the worker
 - `model.py`       `GangRequest`, `Placement` (nodes in rank order + group → node map),
                    `Unschedulable` / `PendingReason` (why, in numbers)
-- `inventory.py`   the placer's view of a cluster (from `config/clusters/*.yaml` or node labels)
+- `inventory.py`   the placer's view of a cluster (from `config/clusters/*.yaml` or node labels),
+                   indexed by GPU type and rack; `FreeDevices`, a free map that keeps its index
 - `gang.py`        the search: all or nothing, best fit over racks, candidates scored by
                    `scoring.py`; `baseline.py` is first-fit, for comparison
 - `constraints.py` an independent check of the hard constraints

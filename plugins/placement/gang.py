@@ -116,7 +116,7 @@ def place_gang(
     _check_feasible_at_all(request, inventory, per_node)
     first_reason: PendingReason | None = None
     index = inventory.of_type(request.gpu_type)
-    free_rows = index.free_counts(free)
+    free_rows = inventory.free_rows(request.gpu_type, free)
     for k in slots_per_node_options(request, per_node):
         layout = _shared(request.layout.with_ranks_per_node(k))
         pools = _eligible(request, index, free_rows, k)

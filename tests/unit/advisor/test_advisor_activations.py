@@ -16,19 +16,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainyard.plugins.advisor.layout import MEGATRON, PYTORCH
+from trainyard.plugins.advisor.layout import MEGATRON, PYTORCH, TORCHTITAN_2024
 from trainyard.plugins.advisor.memory import layer_activation_bytes, layer_activation_items
 from trainyard.plugins.advisor.model import ModelProfile
 
 TOLERANCE = 0.10
 
 
+class ReferenceRMSNorm(nn.Module):
+    """The Llama reference RMSNorm (torchtitan's `rmsnorm` in 2024): cast back, then weight."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * self.weight
+
+
 class Block(nn.Module):
-    def __init__(self, h: int, heads: int, kv_heads: int, ffn: int) -> None:
+    def __init__(self, h: int, heads: int, kv_heads: int, ffn: int,
+                 norm: type[nn.Module] = nn.RMSNorm) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, h // heads
         kv = kv_heads * self.head_dim
-        self.attention_norm, self.ffn_norm = nn.RMSNorm(h), nn.RMSNorm(h)
+        self.attention_norm, self.ffn_norm = norm(h), norm(h)
         self.wq, self.wk = nn.Linear(h, h, bias=False), nn.Linear(h, kv, bias=False)
         self.wv, self.wo = nn.Linear(h, kv, bias=False), nn.Linear(h, h, bias=False)
         self.w1, self.w3 = nn.Linear(h, ffn, bias=False), nn.Linear(h, ffn, bias=False)
@@ -57,9 +70,9 @@ class Block(nn.Module):
 
 
 def saved_bytes(s: int, b: int, h: int, heads: int, kv_heads: int, ffn: int,
-                dtype: torch.dtype) -> int:
+                dtype: torch.dtype, norm: type[nn.Module] = nn.RMSNorm) -> int:
     torch.manual_seed(0)
-    block = Block(h, heads, kv_heads, ffn).to(dtype)
+    block = Block(h, heads, kv_heads, ffn, norm).to(dtype)
     hd = h // heads
     angles = torch.outer(torch.arange(s, dtype=torch.float32),
                          1.0 / 10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
@@ -107,6 +120,20 @@ def test_formula_matches_what_a_block_saves_for_backward(shape: tuple, precision
     assert transient == 0
     assert predicted == pytest.approx(measured, rel=TOLERANCE), (
         f"formula {predicted:,.0f} B vs measured {measured:,} B ({predicted / measured - 1:+.1%})")
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=lambda t: "s{}-b{}-h{}-a{}-kv{}".format(*t[:5]))
+def test_reference_rmsnorm_keeps_less_than_nn_rmsnorm(shape: tuple) -> None:
+    """torchtitan's 2024 norm casts back before the weight: 4 + 2e bytes per element instead of
+    nn.RMSNorm's 8 + e (`Implementation.norm_keeps_fp32_normalised`), measured in bf16."""
+    s, b, h, heads, kv_heads, ffn = shape
+    measured = saved_bytes(s, b, h, heads, kv_heads, ffn, torch.bfloat16, ReferenceRMSNorm)
+    model = profile(s, b, h, heads, kv_heads, ffn, "bf16")
+    predicted, _ = layer_activation_bytes(model, TORCHTITAN_2024, b, 1, 1, False, "none")
+    assert predicted == pytest.approx(measured, rel=TOLERANCE), (
+        f"formula {predicted:,.0f} B vs measured {measured:,} B ({predicted / measured - 1:+.1%})")
+    nn_norm, _ = layer_activation_bytes(model, PYTORCH, b, 1, 1, False, "none")
+    assert nn_norm - predicted == pytest.approx(2 * 2 * s * b * h)  # 2 bytes x 2 norms per element
 
 
 def test_measurement_is_sensitive_to_what_is_kept() -> None:

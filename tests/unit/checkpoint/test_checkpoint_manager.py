@@ -21,6 +21,7 @@ from torch import nn
 from tests.support.s3_server import S3Server
 from trainyard.plugins.checkpoint.catalog import list_checkpoints, verify
 from trainyard.plugins.checkpoint.errors import (
+    CheckpointMismatchError,
     CheckpointSaveError,
     ManagerClosedError,
     NoValidCheckpointError,
@@ -264,6 +265,34 @@ def test_a_restore_loads_the_bytes_it_hashed_not_a_second_read(
         monkeypatch.setattr(fetch, "read_verified", real)
         with pytest.raises(NoValidCheckpointError, match=r"no checkpoint .* verifies"):
             mgr.restore(model=fresh.model, optimizer=fresh.optimizer)  # the zeroing was real
+
+
+def test_an_error_that_is_not_the_checkpoints_fault_while_verifying_is_raised_not_a_fallback(
+        root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug while files are read and verified (here a TypeError) says so: it neither rejects
+    the checkpoint as corrupt nor falls back to older ones, which would fail the same way and
+    end in "no checkpoint verifies"."""
+    from trainyard.plugins.checkpoint import fetch
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("read_verified() got an unexpected keyword argument")
+
+    t = Trainer()
+    with _manager(root, tmp_path) as mgr:
+        for step in (1, 2):
+            t.step()
+            mgr.save_sync(step, model=t.model, optimizer=t.optimizer, extra=t.extra)
+        real = fetch.read_verified, fetch.verify_local_file
+        monkeypatch.setattr(fetch, "read_verified", broken)
+        monkeypatch.setattr(fetch, "verify_local_file", broken)
+        fresh = Trainer(seed=5)
+        with pytest.raises(CheckpointMismatchError, match=r"cannot restore step 2: rank 0: TypeError"):
+            mgr.restore(model=fresh.model, optimizer=fresh.optimizer, extra=fresh.extra)
+        monkeypatch.setattr(fetch, "read_verified", real[0])
+        monkeypatch.setattr(fetch, "verify_local_file", real[1])
+        assert verify(root, 2).ok  # nothing was wrong with it
+        restored = mgr.restore(model=fresh.model, optimizer=fresh.optimizer, extra=fresh.extra)
+        assert restored is not None and restored.step == 2
 
 
 def test_without_memory_to_spare_a_restore_reads_the_verified_files_again(

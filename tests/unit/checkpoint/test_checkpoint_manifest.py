@@ -90,6 +90,24 @@ def test_each_file_names_its_algorithm_by_exactly_one_digest() -> None:
     assert entry.mismatch(5, "3" * 64) == "BLAKE3 333333333333… != manifest 222222222222… (corrupt)"
 
 
+def test_an_unknown_digest_algorithm_is_a_clear_error(store: ObjectStore) -> None:
+    """A file entry whose digest is under a name this version does not verify (a newer
+    writer's algorithm) is refused by that name, and the catalog reports the checkpoint invalid
+    with that reason and restores the one before: nothing is loaded unverified."""
+    entry = {"path": "__0_0.distcp", "size": 3, "xxh3": "1" * 64}
+    with pytest.raises(ValidationError, match=r"unknown digest algorithm 'xxh3'; this version "
+                                              r"verifies sha256 or blake3"):
+        CheckpointManifest.model_validate(_manifest(format_version=2, files=[entry]))
+    with pytest.raises(ValidationError, match="exactly one digest"):  # no digest at all: not "unknown"
+        CheckpointManifest.model_validate(_manifest(files=[{"path": "a", "size": 1}]))
+    make_checkpoint(store, 1)
+    store.put_bytes(f"{step_dir(2)}/{MANIFEST_NAME}",
+                    json.dumps(_manifest(step=2, format_version=2, files=[entry])).encode())
+    found = scan(store)
+    assert "unknown digest algorithm 'xxh3'" in found.invalid["step-00000002"]
+    assert [r.step for r in list_checkpoints(store)] == [1]
+
+
 def test_json_round_trip_keeps_non_finite_metrics() -> None:
     m = CheckpointManifest(job="demo", step=3, created_at=datetime(2026, 1, 1, tzinfo=UTC),
                            world_size=1, metrics={"loss": math.inf, "eval": 0.5},

@@ -117,3 +117,28 @@ def test_ffn_and_kv_defaults() -> None:
     gelu = ModelHints(hidden_size=1024, num_layers=2, num_attention_heads=8, sequence_length=8,
                       global_batch_size=1, activation="gelu")
     assert gelu.shape().ffn_hidden_size == 4096
+
+
+def test_hints_are_the_fields_own_docstrings(demo_doc: dict[str, Any]) -> None:
+    """The loader reads a field's attribute docstring when a problem needs a hint (the models
+    leave pydantic's `use_attribute_docstrings` off: it made every DAG parse walk the import
+    frames); inherited fields, nested sections and explicit descriptions all still give one."""
+    from trainyard.config.loader import attribute_docs
+    from trainyard.config.spec import HardwareRequest, Metadata, Section
+
+    del demo_doc["metadata"]["name"]
+    demo_doc["spec"]["hardware"]["gpuCount"] = -3
+    _, problems = validate_document(demo_doc)
+    hints = {p.path: p.hint for p in problems}
+    assert hints["metadata.name"] == "Job name; becomes the DAG id, the Kubernetes object names and the storage prefix"
+    assert hints["spec.hardware.gpuCount"] == "Total accelerators (= world size)"
+    assert attribute_docs(Metadata)["team"].startswith("Owning team")
+    assert set(attribute_docs(HardwareRequest)) <= set(HardwareRequest.model_fields)
+
+    class Derived(Metadata):
+        extra_field: int = 0
+        """Declared in a subclass."""
+
+    docs = attribute_docs(Derived)
+    assert docs["extra_field"] == "Declared in a subclass." and docs["name"].startswith("Job name")
+    assert not Section.model_config.get("use_attribute_docstrings")

@@ -88,6 +88,22 @@ def test_a_tasks_parse_builds_only_its_maintenance_dag(env: object, monkeypatch:
     assert set(dagbag().dags) == {"trainyard_retention_sweep"}
 
 
+def test_a_task_parse_builds_a_platform_dag_by_its_prefix_and_a_job_s_without_them(
+        env: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task's parse imports the platform's DAG modules only when its DAG id starts with
+    `PLATFORM_PREFIX`: every platform DAG must carry it, or its tasks would find no DAG."""
+    from trainyard.dags import PLATFORM_PREFIX, dags
+    from trainyard.dags.datasets import data_dags
+    from trainyard.dags.maintenance import maintenance_dags
+
+    monkeypatch.setenv("TRAINYARD_DEMO_DAGS", "true")
+    platform = {**maintenance_dags(), **data_dags()}
+    assert len(platform) == 4 and all(dag_id.startswith(PLATFORM_PREFIX) for dag_id in platform)
+    for dag_id in [*platform, "demo-tiny-lm"]:
+        monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", dag_id)
+        assert set(dags()) == {dag_id}
+
+
 def _fabricate(settings: object, job: str, steps: list[int]) -> str:
     root = checkpoint_root(settings.object_store, job, RUN)  # type: ignore[attr-defined]
     store = open_store(root)

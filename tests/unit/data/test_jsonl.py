@@ -6,12 +6,16 @@ the block size, and the block path itself answers for ordinary rows."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zstandard
 
+from tests.support.datasets import write_jsonl_dataset
 from trainyard.plugins.data import jsonl
 from trainyard.plugins.data.documents import (
     ByteTokenizer,
@@ -21,6 +25,7 @@ from trainyard.plugins.data.documents import (
     iter_documents,
     token_pieces,
 )
+from trainyard.plugins.data.manifest import ShardEntry
 
 ROWS = [json.dumps({"text": t}) for t in ("plain", "é ü 東京 😀", "", "a\nb\tc \"q\" \\ \u0000", "x" * 300)]
 
@@ -90,21 +95,83 @@ def test_the_block_path_answers_for_ordinary_rows_and_refuses_what_it_cannot_vou
     for case in ("ordinary", "unicode_raw_and_escaped", "ensure_ascii_false", "empty_lines_and_crlf",
                  "no_final_newline", "other_fields", "duplicate_text_key"):
         assert jsonl.block_texts(CASES[case], "text") is not None, case
-    assert jsonl.block_texts(CASES["ordinary"], "text") == [json.loads(r)["text"] for r in ROWS]
+    assert jsonl.block_texts(CASES["ordinary"], "text") == ([json.loads(r)["text"] for r in ROWS], len(ROWS))
     for case in ("two_objects_on_a_line", "object_across_lines", "carriage_return_between_objects",
                  "byte_order_mark", "bad_utf8_in_another_field", "standard_library_only",
                  "whitespace_lines_and_padding", "no_text_field", "Infinity_spelled_as_Inf"):
         assert jsonl.block_texts(CASES[case], "text") is None, case
-    assert jsonl.block_texts(b'{"body": "b"}\n', "body") == ["b"]  # the spec's text field
+    assert jsonl.block_texts(b'{"body": "b"}\n', "body") == (["b"], 1)  # the spec's text field
 
 
-def test_line_blocks_carry_a_split_line_into_the_next_block_and_count_lines() -> None:
+def test_line_blocks_carry_a_split_line_into_the_next_block() -> None:
     data = b'{"text": "aaaa"}\n\n{"text": "bbbbbbbbbbbbbbbbbbbb"}\n{"text": "c"}'
     blocks = list(jsonl.line_blocks(io.BytesIO(data), 10))
-    assert b"".join(b for _, b in blocks) == data
-    assert all(b.endswith(b"\n") for _, b in blocks[:-1])
-    assert [first for first, _ in blocks] == [1, 3, 4]
+    assert b"".join(blocks) == data
+    assert all(b.endswith(b"\n") for b in blocks[:-1])
+    assert [b.count(b"\n") for b in blocks] == [2, 1, 0]
     assert jsonl.is_utf8("東京".encode()) and not jsonl.is_utf8(b"\xed\xa0\x80")
+
+
+@pytest.mark.parametrize("block_bytes", [1, 7, 40, 1 << 20])
+def test_a_block_the_block_path_answers_for_counts_its_newlines(block_bytes: int) -> None:
+    """The next block's line numbers start from the count the block path hands back (the
+    parse scans a block for newlines once): it is the block's own, whatever the block."""
+    answered = 0
+    for case, data in CASES.items():
+        for block in jsonl.line_blocks(io.BytesIO(data), block_bytes):
+            parsed = jsonl.block_texts(block, "text")
+            if parsed is not None:
+                assert parsed.newlines == block.count(b"\n"), (case, block)
+                answered += 1
+    assert answered >= 7  # at least the ordinary cases (the test above names them)
+
+
+def test_a_bad_line_after_blocks_the_block_path_read_is_named_by_its_own_number(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blank lines, CRLF and a final line without a newline in the blocks before it: the
+    error names the line the line parser names."""
+    good = CASES["empty_lines_and_crlf"] + CASES["ordinary"] * 2
+    data = good + b'{"text": "a"}\n{"text": "b",}\n'
+    bad_line = good.count(b"\n") + 2
+    for block_bytes in (16, 64, 1 << 20):
+        monkeypatch.setattr(jsonl, "BLOCK_BYTES", block_bytes)
+        error = by_blocks(data, ByteTokenizer())
+        assert error == by_lines(data, ByteTokenizer())
+        assert error[0] == "ValueError" and f"s.jsonl:{bad_line}: not JSON" in str(error[1])
+
+
+def test_a_stream_resumed_mid_shard_gives_the_line_parsers_samples(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sample stream read through the block parser (several blocks a shard), from the start
+    and resumed from positions inside a shard, gives the samples of the same stream read
+    through the line parser (`iter_documents`): same ids, same cut, same order."""
+    from trainyard.plugins.data.manifest import list_manifest
+    from trainyard.plugins.data.stream import SampleStream, StreamPosition
+    from trainyard.plugins.storage.store import open_store
+
+    store = open_store((tmp_path / "ds").as_uri())
+    write_jsonl_dataset(store, shards=3, rows=40, row_bytes=90)
+    store.put_bytes("shard-00003.jsonl", CASES["empty_lines_and_crlf"] * 30 + CASES["unicode_raw_and_escaped"] * 20)
+    manifest = list_manifest(store, "jsonl")
+    monkeypatch.setattr(jsonl, "BLOCK_BYTES", 500)
+
+    def line_parsed(shard: ShardEntry) -> Iterator[np.ndarray]:
+        with store.open_read(shard.key) as f:
+            yield encode_pieces(ByteTokenizer(), list(iter_documents(f, shard.key, "jsonl")))
+
+    def stream(**kw: object) -> SampleStream:
+        return SampleStream(manifest, lambda shard: store.open_read(shard.key), ByteTokenizer(), seq_len=15, seed=3,
+                            shuffle_block=8, **kw)  # type: ignore[arg-type]
+
+    blocks, lines = stream(), stream(tokens=line_parsed)
+    expected = list(itertools.islice(lines.samples(StreamPosition()), 400))
+    got = list(itertools.islice(blocks.samples(StreamPosition()), 400))
+    assert [(p, w.tolist()) for p, w in got] == [(p, w.tolist()) for p, w in expected]
+    inside = [k for k, (p, _) in enumerate(expected[:-20]) if p.offset > p.shard_start][::37]
+    assert len(inside) >= 5
+    for k in inside:
+        resumed = list(itertools.islice(blocks.samples(expected[k][0]), 20))
+        assert [(p, w.tolist()) for p, w in resumed] == [(p, w.tolist()) for p, w in expected[k + 1:k + 21]]
 
 
 def test_compressed_shards_and_a_tokenizers_file_give_the_same_ids(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -66,14 +66,12 @@ def test_one_task_of_replicas_confined_to_the_placements_nodes(rendered: tuple[d
     assert spec["queue"] == "foundation" and spec["priorityClassName"] == "trainyard-critical"
     assert spec["schedulerName"] == "volcano" and "svc" in spec["plugins"]
     pod = task["template"]["spec"]
-    # The placer's racks are required, its nodes preferred (one list each), and the pods repel per host.
+    # The placer's nodes are required (one list), and the pods repel per host.
     node_affinity = pod["affinity"]["nodeAffinity"]
     (required,) = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert required["matchExpressions"] == [
-        {"key": "topology.kubernetes.io/rack", "operator": "In", "values": placement.racks}]
-    (preferred,) = node_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert preferred["preference"]["matchExpressions"] == [
         {"key": "kubernetes.io/hostname", "operator": "In", "values": placement.node_names}]
+    assert list(node_affinity) == ["requiredDuringSchedulingIgnoredDuringExecution"]
     (apart,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert apart == {"labelSelector": {"matchLabels": {"trainyard.io/job": "gpt-200b"}},
                      "topologyKey": "kubernetes.io/hostname"}
@@ -227,16 +225,19 @@ def test_refuses_without_image_or_beyond_the_object_size_limit(monkeypatch: pyte
         render_volcano_job(*big[:4], attempt=0)
 
 
-def test_hard_node_pinning_on_request() -> None:
+def test_rack_pinning_on_request() -> None:
     job, plan, placement, env = gpu_job()
-    body = render_volcano_job(job, plan, placement, env, attempt=0, options=KubernetesOptions(pin_to="node"))
+    body = render_volcano_job(job, plan, placement, env, attempt=0, options=KubernetesOptions(pin_to="rack"))
     (task,) = body["spec"]["tasks"]
     affinity = task["template"]["spec"]["affinity"]
+    # the placer's racks required, its nodes preferred (one list each)
     terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
-                                            "values": placement.node_names}]}]
-    assert list(affinity["nodeAffinity"]) == ["requiredDuringSchedulingIgnoredDuringExecution"]
-    # one pod per node still: the list alone would let two of the job's pods share a node
+    assert terms == [{"matchExpressions": [{"key": "topology.kubernetes.io/rack", "operator": "In",
+                                            "values": placement.racks}]}]
+    (preferred,) = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["preference"]["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": placement.node_names}]
+    # one pod per node still: a rack alone would let two of the job's pods share a node
     assert affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] == \
         "kubernetes.io/hostname"
     validate_volcano(body, JOBS_CRD)

@@ -60,25 +60,25 @@ MANUAL_FSDP = {"strategy: auto": "strategy: manual\n    zeroStage: 3\n    activa
 def test_a_plan_above_the_budget_but_within_the_device_is_a_warning_with_both_margins() -> None:
     job = job_from("llama-7b-finetune.yaml", **MANUAL_FSDP)
     assert check_memory(job, FLEET, memory_fraction=0.9) == []
-    [problem] = check_memory(job, FLEET, memory_fraction=0.1)  # a budget of 8 GiB
+    [problem] = check_memory(job, FLEET, memory_fraction=0.05)  # a budget of 4 GiB
     assert (problem.code, problem.severity, problem.path) == (
         Code.INSUFFICIENT_GPU_MEMORY, "warning", "spec.parallelism")
     need, over, budget, spare = (float(x) for x in re.search(
         r"needs an estimated ([\d.]+) GiB per device, ([\d.]+) GiB over the budget of ([\d.]+) GiB "
-        r"\(10% of 80 GiB H100\); it runs in the headroom with ([\d.]+) GiB to spare",
+        r"\(5% of 80 GiB H100\); it runs in the headroom with ([\d.]+) GiB to spare",
         problem.message).groups())
-    assert budget == 8.0 and need == pytest.approx(budget + over, abs=0.1)
+    assert budget == 4.0 and need == pytest.approx(budget + over, abs=0.1)
     assert need + spare == pytest.approx(80.0, abs=0.1)
     assert "keepMemoryHeadroom" in problem.hint
 
 
 def test_keeping_headroom_turns_a_plan_in_it_into_an_error() -> None:
     job = job_from("llama-7b-finetune.yaml", **{
-        "gpuCount: 64": "gpuCount: 64\n    keepMemoryHeadroom: 0.9", **MANUAL_FSDP})
-    assert job.spec.hardware.keep_memory_headroom == 0.9
+        "gpuCount: 64": "gpuCount: 64\n    keepMemoryHeadroom: 0.95", **MANUAL_FSDP})
+    assert job.spec.hardware.keep_memory_headroom == 0.95
     [problem] = check_memory(job, FLEET, memory_fraction=0.9)
     assert (problem.code, problem.severity) == (Code.INSUFFICIENT_GPU_MEMORY, "error")
-    assert "the 8.0 GiB per device that keepMemoryHeadroom 0.9 leaves of 80 GiB H100" in problem.message
+    assert "the 4.0 GiB per device that keepMemoryHeadroom 0.95 leaves of 80 GiB H100" in problem.message
 
 
 def test_the_headroom_kept_must_be_a_share_of_the_device() -> None:
