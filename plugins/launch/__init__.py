@@ -11,7 +11,10 @@
 - `manifests.py`    Volcano Job, Queues, PriorityClasses, node-agent DaemonSet
 - `gang_pods.py`    a Volcano Job's tasks and pods, and their node ranks (c10d's order of their names)
 - `pod_entry.py`    a gang pod's first process: hosts the rendezvous store or not, then torchrun
-- `volcano.py`      `KubernetesLauncher` over the `kubernetes` client (passed in)
+- `kueue_queues.py` the teams' Kueue ClusterQueues, LocalQueues, flavor and priorities; a Workload's state
+- `kueue_job.py`    the Kueue path's gang: a suspended Indexed Job and its headless Service
+- `volcano.py`      `KubernetesLauncher` over the `kubernetes` client (passed in): Volcano Jobs, or with
+                    `queueing="kueue"` Indexed Jobs that Kueue admits
 - `environment.py`  the `WorkerEnv` and process environment of a launch
 - `exit_codes.py`   what a rank's exit code means (reads `plugins/run/exit_codes.py`)
 

@@ -638,25 +638,36 @@ def render_all(job: TrainingJob, plan: Plan, placement: Placement, worker_env: W
                endpoints: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Everything `trainyard render k8s` prints, in apply order: the platform's namespace, each
     team's namespace, quota and data ServiceAccount (`tenancy.py`), the control plane's RBAC
-    (bound in every team namespace and the job's), PriorityClasses, Queues, the node agent, the
+    (bound in every team namespace and the job's), PriorityClasses, the queues (Volcano's, or with
+    `options.queueing="kueue"` Kueue's and the pods' headless Service), the node agent, the
     job's NetworkPolicy (`netpol.py`; `endpoints`: the object store's and the tracker's URLs, and
-    `spec.source.git`'s repository is added) and the Volcano Job."""
+    `spec.source.git`'s repository is added) and the gang (the Volcano Job, or the Indexed Job)."""
     from trainyard.plugins.launch.rbac import render_rbac  # rbac reads this module's group names
 
     options = options or KubernetesOptions()
-    volcano = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=options)
-    selector = {k: v for k, v in volcano["metadata"]["labels"].items() if k in ("trainyard.io/job", "trainyard.io/run")}
-    namespace = volcano["metadata"]["namespace"]
+    cpu_cluster = placement.gpu_type == "cpu"
+    if options.queueing == "kueue":  # (kueue_job and kueue_queues build on this module)
+        from trainyard.plugins.launch.kueue_job import render_kueue_job
+        from trainyard.plugins.launch.kueue_queues import render_kueue_queues
+
+        gang, service = render_kueue_job(job, plan, placement, worker_env, attempt=attempt, options=options)
+        queueing = [*render_kueue_queues(teams, total_gpus, cpu_cluster=cpu_cluster,
+                                         rdma_resource=options.rdma_resource), service]
+    else:
+        gang = render_volcano_job(job, plan, placement, worker_env, attempt=attempt, options=options)
+        queueing = render_queues(teams, total_gpus)
+    selector = {k: v for k, v in gang["metadata"]["labels"].items() if k in ("trainyard.io/job", "trainyard.io/run")}
+    namespace = gang["metadata"]["namespace"]
     git = job.spec.source.git
     endpoints = [*endpoints, *([git.repo] if git is not None else [])]
-    policy = render_network_policy(volcano["metadata"]["name"], namespace, selector, endpoints=endpoints,
+    policy = render_network_policy(gang["metadata"]["name"], namespace, selector, endpoints=endpoints,
                                    platform_namespace=options.platform_namespace,
                                    labels=job_labels(job, attempt, worker_env.run))
     job_namespaces = [*(team_namespace(name) for name in sorted(teams.teams)), namespace]
     return [render_platform_namespace(options.platform_namespace),
-            *render_teams(teams, cpu_cluster=placement.gpu_type == "cpu"),
-            *render_rbac(options.platform_namespace, job_namespaces), *render_priority_classes(),
-            *render_queues(teams, total_gpus), render_node_agent_daemonset(options), policy, volcano]
+            *render_teams(teams, cpu_cluster=cpu_cluster),
+            *render_rbac(options.platform_namespace, job_namespaces, queueing=options.queueing),
+            *render_priority_classes(), *queueing, render_node_agent_daemonset(options), policy, gang]
 
 
 def to_yaml(docs: list[dict[str, Any]]) -> str:

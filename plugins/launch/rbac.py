@@ -1,7 +1,9 @@
 """The control plane's identity on a cluster: a ServiceAccount with least privilege (issue 55).
 
 What the Kubernetes launcher calls (`volcano.py`, `kube_status.py`) and nothing more: in the jobs'
-namespaces (each team's, `tenancy.py`; issue 56) it creates, reads and deletes Volcano Jobs, reads their PodGroups, lists pods and events
+namespaces (each team's, `tenancy.py`; issue 56) it creates, reads and deletes Volcano Jobs and
+reads their PodGroups — with Kueue (`queueing="kueue"`) batch Jobs, their headless Services
+(create only) and Kueue's Workloads (list) instead — lists pods and events
 and reads pod logs; across the cluster it reads Nodes (the inventory and where node agents run).
 Queues, PriorityClasses and the node-agent DaemonSet are applied once by an administrator
 (`trainyard render k8s`), never by the control plane, so it gets no verb on them; of Secrets it
@@ -29,27 +31,37 @@ ACCOUNT = "trainyard-control-plane"
 JOBS_ROLE = f"{ACCOUNT}-jobs"
 """The ClusterRole of the namespaced rules, bound per jobs' namespace."""
 
-RULES: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
-    # (API group, resource, verbs, cluster-wide)
-    (VOLCANO_GROUP, VOLCANO_PLURAL, ("create", "get", "delete"), False),  # submit, poll, stop
-    (QUEUE_GROUP, "podgroups", ("get",), False),  # why a gang is pending
-    ("", "pods", ("list",), False),  # the gang's pods (by label)
-    ("", "pods/log", ("get",), False),  # rank logs, failed ranks' tails
-    ("", "events", ("list",), False),  # why a pod does not start
-    ("", "secrets", ("create",), False),  # an attempt's storage keys (plugins/storage/credentials.py)
-    ("", "nodes", ("get", "list", "watch"), True),  # the inventory, node health, node agents
+RULES: tuple[tuple[str, str, tuple[str, ...], bool, str], ...] = (
+    # (API group, resource, verbs, cluster-wide, queueing: '' both, `volcano` or `kueue` only)
+    (VOLCANO_GROUP, VOLCANO_PLURAL, ("create", "get", "delete"), False, "volcano"),  # submit, poll, stop
+    (QUEUE_GROUP, "podgroups", ("get",), False, "volcano"),  # why a gang is pending
+    ("batch", "jobs", ("create", "get", "delete"), False, "kueue"),  # submit, poll, stop (kueue_job.py)
+    ("", "services", ("create",), False, "kueue"),  # the pods' DNS names, owned by the Job
+    ("kueue.x-k8s.io", "workloads", ("list",), False, "kueue"),  # why a gang waits (its quota, a preemption)
+    ("", "pods", ("list",), False, ""),  # the gang's pods (by label)
+    ("", "pods/log", ("get",), False, ""),  # rank logs, failed ranks' tails
+    ("", "events", ("list",), False, ""),  # why a pod does not start
+    ("", "secrets", ("create",), False, ""),  # an attempt's storage keys (plugins/storage/credentials.py)
+    ("", "nodes", ("get", "list", "watch"), True, ""),  # the inventory, node health, node agents
 )
 
 
-def _rules(cluster_wide: bool) -> list[dict[str, Any]]:
+def rules_for(queueing: str) -> list[tuple[str, str, tuple[str, ...], bool]]:
+    """(group, resource, verbs, cluster-wide) of the rules the launcher needs with `queueing`."""
+    return [(group, resource, verbs, wide) for group, resource, verbs, wide, only in RULES if only in ("", queueing)]
+
+
+def _rules(cluster_wide: bool, queueing: str) -> list[dict[str, Any]]:
     return [{"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
-            for group, resource, verbs, wide in RULES if wide == cluster_wide]
+            for group, resource, verbs, wide in rules_for(queueing) if wide == cluster_wide]
 
 
-def render_rbac(namespace: str, job_namespaces: Iterable[str] | None = None) -> list[dict[str, Any]]:
+def render_rbac(namespace: str, job_namespaces: Iterable[str] | None = None, *,
+                queueing: str = "volcano") -> list[dict[str, Any]]:
     """ServiceAccount (in `namespace`, the platform's), the ClusterRole of the namespaced rules with
     a RoleBinding in each of `job_namespaces` (default: `namespace` alone), and the ClusterRole of
-    the cluster-wide rules with its ClusterRoleBinding."""
+    the cluster-wide rules with its ClusterRoleBinding — the rules the launcher needs with
+    `queueing` (`KubernetesOptions.queueing`)."""
     meta = {"name": ACCOUNT, "labels": {"app.kubernetes.io/part-of": "trainyard"}}
     subject = [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": namespace}]
     rbac = "rbac.authorization.k8s.io"
@@ -59,9 +71,9 @@ def render_rbac(namespace: str, job_namespaces: Iterable[str] | None = None) -> 
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": namespace}},
         {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": {**meta, "name": JOBS_ROLE},
-         "rules": _rules(False)},
+         "rules": _rules(False, queueing)},
         *bindings,
-        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": meta, "rules": _rules(True)},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": meta, "rules": _rules(True, queueing)},
         {"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": meta,
          "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": ACCOUNT}, "subjects": subject},
     ]

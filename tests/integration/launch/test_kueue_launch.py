@@ -3,8 +3,9 @@
 and Kueue v0.17.0, two simulated nodes whose kubelets run the pods as real processes — as the
 pods' securityContext user (uid 1000), in the team's namespace under Pod Security `restricted`.
 
-`KubernetesLauncher` with `queueing="kueue"` makes the team's queueing objects
-(`ensure_queues`), submits the attempt as a suspended Indexed Job and its headless Service;
+An administrator applies the team's objects, the control plane's RBAC and the queues
+(`ensure_queues`); then `KubernetesLauncher` with `queueing="kueue"`, on the control plane's own
+ServiceAccount token, submits the attempt as a suspended Indexed Job and its headless Service;
 Kueue admits the whole gang, kube-scheduler binds one pod per node, torchrun's c10d rendezvous
 crosses the nodes' network, and the launcher reads the ranks' exits and the nodes they ran on.
 A gang over the team's quota waits with Kueue's own reason, and `stop` deletes what was made.
@@ -12,7 +13,10 @@ A gang over the team's quota waits with Kueue's own reason, and `stop` deletes w
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,36 +27,59 @@ from tests.support.kube.real_cluster import binaries_missing
 from tests.support.kube.real_harness import RealKubeHarness
 from tests.support.require import missing
 from trainyard.config.teams import Team, Teams
-from trainyard.plugins.launch.kube_clients import clients_from_kubeconfig
-from trainyard.plugins.launch.tenancy import render_teams
+from trainyard.plugins.launch.kube_clients import KubeClients
+from trainyard.plugins.launch.rbac import ACCOUNT, render_rbac
+from trainyard.plugins.launch.tenancy import (
+    PLATFORM_NAMESPACE,
+    render_platform_namespace,
+    render_teams,
+)
 from trainyard.plugins.launch.volcano import KubernetesLauncher
 from trainyard.plugins.run.model import RunHandle, RunStatus
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 TEAMS = Teams(teams={"demo": Team(share=1.0, quota_gpus=2)})
 """One team whose quota is the two nodes' two CPU slots."""
+NAMESPACE = "team-demo"
 
 
 @pytest.fixture(scope="module")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealKubeHarness]:
+def kube() -> Iterator[RealKubeHarness]:
+    """The harness in a folder uid 1000 can traverse (pytest's own is 0700): the pods' volumes
+    are mounted at paths under it, which a non-root container must reach, as in an image."""
     if binaries_missing():
         missing("kube", f"the Kubernetes binaries are not built: {', '.join(binaries_missing())}")
+    root = Path(tempfile.mkdtemp(prefix="kueue-launch-"))
+    root.chmod(0o711)
     try:
-        harness = RealKubeHarness(tmp_path_factory.mktemp("kube")).__enter__()
-    except netns.NetnsUnavailable as e:
-        missing("netns", f"the simulated nodes need network namespaces: {e}")
-    with harness:
-        for doc in render_teams(TEAMS, cpu_cluster=True):  # the administrator's part
-            harness.rest().create(doc["apiVersion"], doc["kind"].lower() + "s", doc["metadata"].get("namespace"), doc)
-        yield harness
+        try:
+            harness = RealKubeHarness(root / "kube").__enter__()
+        except netns.NetnsUnavailable as e:
+            missing("netns", f"the simulated nodes need network namespaces: {e}")
+        with harness:
+            yield harness
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def launcher(kube: RealKubeHarness) -> KubernetesLauncher:
+    """The administrator's part first (the team's namespace, quota and data account, the control
+    plane's RBAC for Kueue, the queues); then the launcher as the control plane itself, with its
+    ServiceAccount's own token: every call below is judged by the real authorizer."""
+    from kubernetes import client, utils
+
+    admin = kube.cluster.client()  # type: ignore[union-attr]
+    for doc in [render_platform_namespace(), *render_teams(TEAMS, cpu_cluster=True),
+                *render_rbac(PLATFORM_NAMESPACE, [NAMESPACE], queueing="kueue")]:
+        utils.create_from_dict(admin, doc)
     options = kube.launcher_options(queueing="kueue", namespace=None, heartbeat_volume="emptyDir")
-    launcher = KubernetesLauncher.from_clients(clients_from_kubeconfig(str(kube.kubeconfig)), options=options)
-    launcher.ensure_queues(TEAMS, total_gpus=2, cpu_cluster=True)
-    return launcher
+    KubernetesLauncher.from_clients(KubeClients.from_api_client(admin), options=options).ensure_queues(
+        TEAMS, total_gpus=2, cpu_cluster=True)
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
+    token = client.CoreV1Api(admin).create_namespaced_service_account_token(ACCOUNT, PLATFORM_NAMESPACE, request)
+    own = kube.cluster.client(token.status.token)  # type: ignore[union-attr]
+    return KubernetesLauncher.from_clients(KubeClients.from_api_client(own), options=options)
 
 
 def submit(kube: RealKubeHarness, launcher: KubernetesLauncher, name: str, args: list[str], **kwargs: Any
@@ -72,19 +99,30 @@ def wait(kube: RealKubeHarness, launcher: KubernetesLauncher, handle: RunHandle,
     try:
         return kube.wait_for(check, timeout_s, what)
     except AssertionError as e:
-        raise AssertionError(f"{e}\nlast status: {seen[-1] if seen else None}\n{launcher.logs(handle)}\n"
-                             f"{kube.diagnostics()}") from None
+        logs = "\n".join(f"==> {a.pod}\n{trainer_log(kube, a.pod)}" for a in (seen[-1].agents if seen else []))
+        raise AssertionError(f"{e}\nlast status: {seen[-1] if seen else None}\n{logs}\n{kube.diagnostics()}") from None
+
+
+def trainer_log(kube: RealKubeHarness, pod: str) -> str:
+    """The trainer's log as its node keeps it (the real API server would ask the kubelet's
+    own server for it, which the simulated kubelet does not run)."""
+    try:
+        return (kube.pod_dir(pod, NAMESPACE) / "trainer.log").read_text(errors="replace")[-3000:]
+    except (OSError, KeyError) as e:
+        return f"(no log: {e})"
 
 
 def test_a_gang_kueue_admits_runs_across_the_nodes_and_completes(kube: RealKubeHarness,
                                                                  launcher: KubernetesLauncher) -> None:
     handle = submit(kube, launcher, "tiny-kueue", ["--steps", "3"])
-    assert handle.api_version == "batch/v1" and handle.namespace == "team-demo"
+    assert handle.api_version == "batch/v1" and handle.namespace == NAMESPACE
     done = wait(kube, launcher, handle, lambda s: s.finished, "the Indexed Job to complete")
-    assert done.state == "succeeded", done
+    if done.state != "succeeded":
+        print(done, *(trainer_log(kube, a.pod) for a in done.agents), sep="\n")
+    assert done.state == "succeeded", done.message
     assert [r.exit_code for r in done.ranks] == [0, 0] and sorted(done.nodes) == sorted(kube.node_names), done
     assert [a.pod.rsplit("-", 1)[0] for a in done.agents] == [f"{handle.name}-0", f"{handle.name}-1"]
-    assert "step 3" in launcher.logs(handle, rank=1)
+    assert "step 3" in trainer_log(kube, done.agents[1].pod)
 
 
 def test_a_gang_over_its_teams_quota_waits_with_kueues_reason(kube: RealKubeHarness,

@@ -369,8 +369,8 @@ class Kubelet:
         env = {"PATH": f"{self.c.venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "HOME": "/root", "PYTHONPATH": self.c.repo, "HOSTNAME": self._hostname(pod), **self.c.image_env}
         for item in spec.get("env") or []:
-            if "value" in item:
-                env[item["name"]] = expand(item["value"], env)
+            if "value" in item or "valueFrom" not in item:  # an empty value goes over the wire as none
+                env[item["name"]] = expand(item.get("value", ""), env)
                 continue
             ref = (item.get("valueFrom") or {}).get("fieldRef")
             if ref is None:
@@ -467,6 +467,8 @@ class Kubelet:
             raise CannotStart("CreateContainerError", f"working directory {cwd} does not exist")
         log = run.dir / f"{spec['name']}.log"
         identity = self._identity(pod, spec)
+        if identity is not None and identity[0] != 0 and env.get("HOME") == "/root":
+            env["HOME"] = "/"  # a user the image's /etc/passwd does not list: the runtime's HOME
         shim = _start_shim(argv, cwd, env, mounts, self._hostname(pod), run.dir, spec["name"], log, identity)
         return Container(name=spec["name"], image=spec["image"], proc=shim, started_at=now_rfc3339(), log=log,
                          termination_file=self._termination_file(spec, mounts),

@@ -1,0 +1,102 @@
+"""The Kueue path's gang (`kueue_job.py`) and its reading (`kube_status.py` on a batch/v1 Job):
+one suspended Indexed Job in the team's LocalQueue, whose pods find each other by their host
+names, and a status in Kueue's own words while it waits."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.launch.launch_fixtures import gpu_job, validate_k8s
+from trainyard.config.teams import load_teams
+from trainyard.plugins.launch.kube_status import Observed, job_phase, owned_pods, run_status
+from trainyard.plugins.launch.kueue_job import render_kueue_job
+from trainyard.plugins.launch.manifests import KubernetesOptions, render_all
+from trainyard.plugins.launch.rbac import render_rbac
+from trainyard.plugins.run.model import RunHandle
+
+
+def test_the_gang_is_one_suspended_indexed_job_in_its_teams_queue() -> None:
+    job, plan, placement, env = gpu_job()
+    body, service = render_kueue_job(job, plan, placement, env, attempt=1)
+    name, nodes = body["metadata"]["name"], len(placement.nodes)
+    spec = body["spec"]
+    assert (spec["suspend"], spec["completionMode"], spec["completions"], spec["parallelism"],
+            spec["backoffLimit"]) == (True, "Indexed", nodes, nodes, 0)
+    labels = body["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "training"
+    assert labels["kueue.x-k8s.io/priority-class"] == f"trainyard-{job.metadata.priority}"
+    assert body["metadata"]["namespace"] == f"team-{job.metadata.team}"
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == name and pod["schedulerName"] == "default-scheduler"
+    validate_k8s({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod})
+    command = pod["containers"][0]["command"]
+    args = {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
+    assert args["--local-addr"] == f"{name}-$(JOB_COMPLETION_INDEX).{name}"  # its own DNS name
+    assert args["--rdzv-endpoint"].startswith(f"{name}-0.{name}:")  # index 0 sorts first: node rank 0
+    affinity = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert affinity["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == placement.node_names
+    assert service["spec"]["clusterIP"] == "None" and service["metadata"]["name"] == name
+    assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
+def test_a_gang_with_a_partial_last_node_is_refused_not_misrendered(tmp_path: Path) -> None:
+    from tests.support.kube.jobs import placed, tiny_job, wide_cluster
+
+    job, plan, placement, env = placed(tiny_job("odd", [], gpus=4), tmp_path, cluster=wide_cluster(2)).submit_args()
+    first, last = placement.nodes
+    odd = placement.model_copy(update={"nodes": [first, last.model_copy(update={"slots": last.slots - 1})]})
+    with pytest.raises(ValueError, match="not one Indexed Job"):
+        render_kueue_job(job, plan, odd, env, attempt=0)
+
+
+def test_render_all_with_kueue_prints_kueues_objects_and_the_rules_it_needs() -> None:
+    job, plan, placement, env = gpu_job()
+    docs = render_all(job, plan, placement, env, load_teams(), attempt=0, total_gpus=256,
+                      options=KubernetesOptions(queueing="kueue"))
+    kinds = [d["kind"] for d in docs]
+    assert {"ClusterQueue", "LocalQueue", "ResourceFlavor", "Service"} <= set(kinds) and "Queue" not in kinds
+    assert docs[-1]["apiVersion"] == "batch/v1" and docs[-1]["kind"] == "Job"
+    rules = {(r["apiGroups"][0], r["resources"][0]) for d in render_rbac("trainyard", queueing="kueue")
+             if d["kind"] == "ClusterRole" for r in d["rules"]}
+    assert ("batch", "jobs") in rules and ("kueue.x-k8s.io", "workloads") in rules
+    assert ("batch.volcano.sh", "jobs") not in rules
+
+
+def batch_job(**status: Any) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns", "uid": "u1"},
+            "spec": {"suspend": status.pop("suspend", False), "completions": 2, "template": {
+                "metadata": {"annotations": {"trainyard.io/slots": "4"}}, "spec": {}}},
+            "status": status}
+
+
+def indexed_pod(index: int, suffix: str, node: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"j-{index}-{suffix}", "namespace": "ns", "uid": f"p{index}",
+                         "ownerReferences": [{"uid": "u1"}]},
+            "spec": {"nodeName": node, "hostname": f"j-{index}", "subdomain": "j"},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "trainer", "state": {"running": {"startedAt": "2026-12-07T08:00:00Z"}}}]}}
+
+
+def test_a_batch_jobs_phase_in_volcanos_words() -> None:
+    assert job_phase(batch_job(suspend=True)) == "Pending"
+    assert job_phase(batch_job(active=2)) == "Running"
+    assert job_phase(batch_job(conditions=[{"type": "Complete", "status": "True"}])) == "Completed"
+    assert job_phase(batch_job(conditions=[{"type": "Failed", "status": "True"}])) == "Failed"
+
+
+def test_pods_go_by_their_host_names_and_a_waiting_gang_says_kueues_reason() -> None:
+    handle = RunHandle(kind="kubernetes", job="j", attempt=0, world_size=8, namespace="ns", name="j", uid="u1",
+                       ranks_per_node=4, api_version="batch/v1", created_at=datetime.now(UTC))
+    pods = owned_pods(handle, [indexed_pod(1, "zz9", "b"), indexed_pod(0, "aa1", "a")], "u1")
+    status = run_status(handle, Observed(job=batch_job(active=2), pods=pods))
+    assert [a.pod for a in status.agents] == ["j-0-aa1", "j-1-zz9"] and status.nodes == ["a", "b"]
+    assert [r.rank for r in status.ranks if r.node == "b"] == [4, 5, 6, 7]
+    workload = {"kind": "Workload", "status": {"conditions": [{
+        "type": "QuotaReserved", "status": "False", "reason": "Pending",
+        "message": "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu"}]}}
+    waiting = run_status(handle, Observed(job=batch_job(suspend=True), group=workload))
+    assert waiting.state == "pending" and "Kueue: pending: couldn't assign flavors" in waiting.message
