@@ -132,7 +132,9 @@ def test_a_gang_over_its_teams_quota_waits_with_kueues_reason(kube: RealKubeHarn
     job = tiny_job("tiny-over", ["--steps", "3"], gpus=4)
     parts = placed(job, kube.root / "home", run="r-over", cluster=wide_cluster(2))
     handle = launcher.submit(*parts.submit_args(), attempt=0)
-    waiting = wait(kube, launcher, handle, lambda s: "Kueue:" in s.message, "Kueue to say why the gang waits", 60)
+    # Kueue makes the Workload first, then tries it against the quota and says why it waits
+    waiting = wait(kube, launcher, handle, lambda s: "Kueue: pending: couldn't assign" in s.message,
+                   "Kueue to say why the gang waits", 60)
     assert waiting.state == "pending" and "insufficient quota for cpu" in waiting.message, waiting
     stopped = launcher.stop(handle, grace_s=1)
     assert stopped.state == "stopped" and not stopped.processes_alive, stopped

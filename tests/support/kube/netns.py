@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +68,27 @@ def _enter(netns: str) -> None:
             raise OSError(ctypes.get_errno(), f"setns into the {netns} namespace")
     finally:
         os.close(fd)
+
+
+def _in_namespace(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
+    """`make()` run inside network namespace `netns`: `setns` moves only the calling thread, so a
+    short-lived thread enters the namespace, makes the socket and ends; the socket stays in that
+    namespace and any thread may use it."""
+    made: dict[str, object] = {}
+
+    def enter_and_make() -> None:
+        try:
+            _enter(netns)
+            made["socket"] = make()
+        except OSError as e:
+            made["error"] = e
+
+    thread = threading.Thread(target=enter_and_make, name=f"in-netns-{netns}")
+    thread.start()
+    thread.join()
+    if "error" in made:
+        raise made["error"]  # type: ignore[misc]
+    return made["socket"]  # type: ignore[return-value]
 
 
 @dataclass
@@ -113,52 +135,26 @@ class Network:
         (NETNS_ETC / name).mkdir(parents=True, exist_ok=True)
 
     def listen_in_fabric(self, port: int) -> socket.socket:
-        """A TCP socket listening on the bridge's address inside the fabric namespace.
+        """A TCP socket listening on the bridge's address inside the fabric namespace."""
+        def bind() -> socket.socket:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((FABRIC_ADDRESS, port))
+            sock.listen(64)
+            return sock
 
-        `setns` moves only the calling thread, so a short-lived thread enters the namespace,
-        makes the socket and ends; the socket stays in that namespace and any thread serves it."""
-        made: dict[str, object] = {}
-
-        def enter_and_bind() -> None:
-            try:
-                _enter(self.fabric)
-                sock = socket.socket()
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((FABRIC_ADDRESS, port))
-                sock.listen(64)
-                made["socket"] = sock
-            except OSError as e:
-                made["error"] = e
-
-        thread = threading.Thread(target=enter_and_bind, name="enter-fabric-netns")
-        thread.start()
-        thread.join()
-        if "error" in made:
-            raise made["error"]  # type: ignore[misc]
-        return made["socket"]  # type: ignore[return-value]
+        return _in_namespace(self.fabric, bind)
 
     def dial_in_fabric(self, address: str, port: int, timeout_s: float) -> socket.socket:
         """A TCP connection made from inside the fabric namespace to `address:port` (a node's):
         it crosses the node's link, so a link that is down drops it — a connect that times out,
-        as a cut cable does — where a loopback connection would not notice. Same thread trick as
-        `listen_in_fabric`; the connected socket then works from any thread."""
-        made: dict[str, object] = {}
+        as a cut cable does — where a loopback connection would not notice."""
+        def connect() -> socket.socket:
+            sock = socket.create_connection((address, port), timeout=timeout_s)
+            sock.settimeout(None)
+            return sock
 
-        def enter_and_connect() -> None:
-            try:
-                _enter(self.fabric)
-                sock = socket.create_connection((address, port), timeout=timeout_s)
-                sock.settimeout(None)
-                made["socket"] = sock
-            except OSError as e:
-                made["error"] = e
-
-        thread = threading.Thread(target=enter_and_connect, name="dial-in-fabric-netns")
-        thread.start()
-        thread.join()
-        if "error" in made:
-            raise made["error"]  # type: ignore[misc]
-        return made["socket"]  # type: ignore[return-value]
+        return _in_namespace(self.fabric, connect)
 
     def write_hosts(self, entries: dict[str, str]) -> None:
         """Every node's `/etc/hosts`: localhost, the nodes, then `entries` (name → address)."""
