@@ -16,6 +16,9 @@ those names (`gang_pods.node_order`): `<name>-0` is node rank 0 and hosts the st
 `--local-addr` is its own name, from `JOB_COMPLETION_INDEX` (the Job controller's variable,
 expanded by the kubelet). One template serves every pod, so a gang whose last node holds fewer
 ranks than the others cannot be one Indexed Job: it is refused (a JobSet would hold it).
+Every container requests only what the teams' ClusterQueues cover (their accelerators): Kueue
+leaves a workload that asks for anything else unadmitted, init containers included, so the
+`source.git` fetch runs without requests of its own here.
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ def render_kueue_job(job: TrainingJob, plan: Plan, placement: Placement, worker_
                     gpu=placement.gpu_type != "cpu", own_host=pod_name(name, INDEXED, OWN_HOST),
                     first_task=INDEXED)
     spec["subdomain"] = name
+    for init in spec.get("initContainers") or []:
+        # Kueue admits a pod only if its ClusterQueue covers every resource it requests (init
+        # containers count), and the teams' queues cover their accelerators alone
+        # (`kueue_queues.covered_resources`): the source fetch asks for nothing.
+        init.pop("resources", None)
     body = {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -100,3 +100,29 @@ def test_pods_go_by_their_host_names_and_a_waiting_gang_says_kueues_reason() -> 
         "message": "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu"}]}}
     waiting = run_status(handle, Observed(job=batch_job(suspend=True), group=workload))
     assert waiting.state == "pending" and "Kueue: pending: couldn't assign flavors" in waiting.message
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_every_container_requests_only_what_the_teams_queues_cover(gpu: bool, tmp_path: Path) -> None:
+    """Kueue leaves a workload unadmitted when a pod requests a resource its ClusterQueue does
+    not cover; init containers count (the `source.git` fetch asked for cpu and memory)."""
+    from tests.support.kube.jobs import placed, tiny_job
+    from trainyard.plugins.launch.kueue_queues import covered_resources
+
+    source = {"entrypoint": "train.py", "git": {"repo": "https://example.com/acme/train.git",
+                                                 "commit": "0123456789abcdef0123456789abcdef01234567"}}
+    if gpu:
+        job, plan, placement, env = gpu_job(source=source)
+    else:
+        job, plan, placement, env = placed(tiny_job("src", []), tmp_path).submit_args()
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={
+            "source": type(job.spec.source).model_validate(source)})})
+    options = KubernetesOptions(rdma_resource="rdma/hca" if gpu else None)
+    body, _ = render_kueue_job(job, plan, placement, env, attempt=0, options=options)
+    pod = body["spec"]["template"]["spec"]
+    assert pod["initContainers"], "the source fetch runs first"
+    covered = set(covered_resources(cpu_cluster=not gpu, rdma_resource=options.rdma_resource))
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        resources = container.get("resources") or {}
+        asked = set(resources.get("requests") or {}) | set(resources.get("limits") or {})
+        assert asked <= covered, (container["name"], asked - covered)
