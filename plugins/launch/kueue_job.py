@@ -18,7 +18,7 @@ expanded by the kubelet). One template serves every pod, so a gang whose last no
 ranks than the others cannot be one Indexed Job: it is refused (a JobSet would hold it).
 Every container requests only what the teams' ClusterQueues cover (their accelerators): Kueue
 leaves a workload that asks for anything else unadmitted, init containers included, so the
-`source.git` fetch runs without requests of its own here.
+`source.git` fetch keeps only its covered requests here (its cpu on a CPU cluster).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from trainyard.plugins.launch.kueue_queues import (
     LOCAL_QUEUE,
     PRIORITY_CLASS_LABEL,
     QUEUE_NAME_LABEL,
+    covered_resources,
     workload_priority_class_name,
 )
 from trainyard.plugins.launch.manifests import (
@@ -66,11 +67,15 @@ def render_kueue_job(job: TrainingJob, plan: Plan, placement: Placement, worker_
                     gpu=placement.gpu_type != "cpu", own_host=pod_name(name, INDEXED, OWN_HOST),
                     first_task=INDEXED)
     spec["subdomain"] = name
+    covered = covered_resources(cpu_cluster=placement.gpu_type == "cpu", rdma_resource=options.rdma_resource)
     for init in spec.get("initContainers") or []:
         # Kueue admits a pod only if its ClusterQueue covers every resource it requests (init
-        # containers count), and the teams' queues cover their accelerators alone
-        # (`kueue_queues.covered_resources`): the source fetch asks for nothing.
-        init.pop("resources", None)
+        # containers count; a limit alone is a request), and the teams' queues cover their
+        # accelerators alone: the source fetch keeps only those (its cpu on a CPU cluster, which
+        # the team's ResourceQuota on `requests.cpu` also needs every container to state).
+        resources = init.get("resources") or {}
+        init["resources"] = {kind: kept for kind in ("requests", "limits")
+                             if (kept := {k: v for k, v in (resources.get(kind) or {}).items() if k in covered})}
     body = {
         "apiVersion": "batch/v1",
         "kind": "Job",

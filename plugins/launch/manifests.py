@@ -502,7 +502,11 @@ def source_init_container(repo: str, commit: str | None, options: KubernetesOpti
         "name": "source",
         "image": options.git_image,
         "command": ["sh", "-c", script],
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        # The source volume is the kubelet's (root-owned, group fsGroup) and git runs as the pod's
+        # user: git ≥ 2.35.2 refuses a repository in a folder another user owns ("dubious
+        # ownership") unless told this one is safe.
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "GIT_CONFIG_COUNT", "value": "1"},
+                {"name": "GIT_CONFIG_KEY_0", "value": "safe.directory"}, {"name": "GIT_CONFIG_VALUE_0", "value": root}],
         "securityContext": {"privileged": False, "allowPrivilegeEscalation": False, "runAsNonRoot": True,
                             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "source", "mountPath": root}, {"name": "git-tmp", "mountPath": "/tmp"}],

@@ -41,6 +41,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.waits]
 TEAMS = Teams(teams={"demo": Team(share=1.0, quota_gpus=2)})
 """One team whose quota is the two nodes' two CPU slots."""
 NAMESPACE = "team-demo"
+TIMEOUT_S = 180.0
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def kube() -> Iterator[RealKubeHarness]:
     are mounted at paths under it, which a non-root container must reach, as in an image."""
     if binaries_missing():
         missing("kube", f"the Kubernetes binaries are not built: {', '.join(binaries_missing())}")
-    root = Path(tempfile.mkdtemp(prefix="kueue-launch-"))
+    root = Path(tempfile.mkdtemp(prefix="kueue-launch-", dir="/var/tmp"))  # not /tmp: an init container mounts over it
     root.chmod(0o711)
     try:
         try:
@@ -103,13 +104,13 @@ def wait(kube: RealKubeHarness, launcher: KubernetesLauncher, handle: RunHandle,
         raise AssertionError(f"{e}\nlast status: {seen[-1] if seen else None}\n{logs}\n{kube.diagnostics()}") from None
 
 
-def trainer_log(kube: RealKubeHarness, pod: str) -> str:
-    """The trainer's log as its node keeps it (the real API server would ask the kubelet's
-    own server for it, which the simulated kubelet does not run)."""
+def trainer_log(kube: RealKubeHarness, pod: str, container: str = "trainer") -> str:
+    """A container's log as its node keeps it (the real API server would ask the kubelet's own
+    server for it, which the simulated kubelet does not run)."""
     try:
-        return (kube.pod_dir(pod, NAMESPACE) / "trainer.log").read_text(errors="replace")[-3000:]
+        return (kube.pod_dir(pod, NAMESPACE) / f"{container}.log").read_text(errors="replace")[-3000:]
     except (OSError, KeyError) as e:
-        return f"(no log: {e})"
+        return f"(no {container} log: {e})"
 
 
 def test_a_gang_kueue_admits_runs_across_the_nodes_and_completes(kube: RealKubeHarness,
@@ -138,3 +139,38 @@ def test_a_gang_over_its_teams_quota_waits_with_kueues_reason(kube: RealKubeHarn
     assert waiting.state == "pending" and "insufficient quota for cpu" in waiting.message, waiting
     stopped = launcher.stop(handle, grace_s=1)
     assert stopped.state == "stopped" and not stopped.processes_alive, stopped
+
+
+def test_a_pinned_commit_is_fetched_by_the_init_container_and_the_gang_runs_it(
+        kube: RealKubeHarness, launcher: KubernetesLauncher) -> None:
+    """`spec.source.git`: the pods' init container (git, as uid 1000) fetches the pinned commit
+    into the source volume; the trainer runs the entrypoint from there."""
+    import subprocess
+
+    work, bare = kube.root / "src-work", kube.root / "src.git"
+    work.mkdir()
+    script = (Path(__file__).parent / "tiny_job.py").read_text()
+    (work / "fetched_job.py").write_text(script.replace('print(f"hello', 'print(f"fetched hello'))
+    git = ["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci"]
+    subprocess.run([*git, "init", "-q", str(work)], check=True)
+    subprocess.run([*git, "-C", str(work), "add", "."], check=True)
+    subprocess.run([*git, "-C", str(work), "commit", "-qm", "tiny job"], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
+    pinned = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    # a repository git reads over the local transport must be its user's own ("dubious
+    # ownership" otherwise): the pods' user, as a git server's files are its own
+    subprocess.run(["chown", "-R", "1000:1000", str(bare)], check=True)
+    job = tiny_job("tiny-git", ["--steps", "2"])
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"source": type(job.spec.source).model_validate(
+        {"git": {"repo": str(bare), "commit": pinned}, "entrypoint": "fetched_job.py", "args": ["--steps", "2"]})})})
+    source_root = kube.root / "mnt" / "source"
+    source_root.mkdir(parents=True, exist_ok=True)
+    fetching = KubernetesLauncher(launcher.api, core_api=launcher.core_api,
+                                  options=launcher.options.model_copy(update={"source_root": str(source_root)}))
+    parts = placed(job, kube.root / "home", run="r-git")
+    handle = fetching.submit(*parts.submit_args(), attempt=0)
+    done = wait(kube, fetching, handle, lambda s: s.finished, "the fetched job to complete", TIMEOUT_S)
+    logs = [trainer_log(kube, a.pod) for a in done.agents]
+    assert done.state == "succeeded", (done.message, [trainer_log(kube, a.pod, "source") for a in done.agents])
+    assert all("fetched hello" in log and "step 2" in log for log in logs), logs

@@ -81,7 +81,9 @@ class Rest:
         self.create("v1", "events", namespace, {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
-            "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"], "name": meta["name"],
+            # a real API server's list items carry no apiVersion/kind: the kubelet's objects are pods
+            "involvedObject": {"apiVersion": involved.get("apiVersion", "v1"), "kind": involved.get("kind", "Pod"),
+                               "name": meta["name"],
                                "namespace": namespace, "uid": meta["uid"]},
             "reason": reason, "message": message, "type": type_, "count": 1,
             "firstTimestamp": now_rfc3339(), "lastTimestamp": now_rfc3339(),
