@@ -2,11 +2,15 @@
 
 The platform's namespace, each team's namespace with its quota, Pod Security `restricted` and
 data ServiceAccount (`plugins/launch/tenancy.py`), the control plane's least-privilege
-ServiceAccount and roles (`plugins/launch/rbac.py`), PriorityClasses, the teams' Volcano Queues,
-the node-agent DaemonSet, the job's NetworkPolicy (`plugins/launch/netpol.py`) and its Volcano
-Job in its team's namespace, in apply order (`trainyard render k8s job.yaml | kubectl apply -f -`). The job is placed
-on the cluster inventory first (nothing is reserved): each pod requires the rack the placer
-chose and prefers its node (`--pin-nodes` requires the node).
+ServiceAccount and roles (`plugins/launch/rbac.py`), PriorityClasses, the teams' queues, the
+node-agent DaemonSet, the job's NetworkPolicy (`plugins/launch/netpol.py`) and its gang in its
+team's namespace, in apply order (`trainyard render k8s job.yaml | kubectl apply -f -`). The gang
+is a Volcano Job in the teams' Volcano Queues, or with `--queueing kueue` (or the cluster file's
+`spec.launcher.queueing: kueue`) a suspended Indexed Job and its headless Service in the teams'
+Kueue queues (`plugins/launch/kueue_job.py`, `kueue_queues.py`). The job is placed on the cluster
+inventory first (nothing is reserved): its pods require the nodes the placer chose
+(`--pin-racks`: require their racks, prefer the nodes). The cluster file's `spec.launcher`
+options apply; the command line's go over them.
 
 The pods get this machine's settings (object store, MLflow). Settings that cannot work in a
 pod — a `file://` store, a SQLite MLflow URI, an S3 endpoint on localhost, an unpinned
@@ -33,12 +37,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--namespace", default=None,
                    help="namespace of the job (default: its team's, team-<team>)")
     p.add_argument("--platform-image", default=None, help="image of the node agent")
-    p.add_argument("--job-only", action="store_true", help="only the Volcano Job (no queues, classes, agent)")
+    p.add_argument("--job-only", action="store_true",
+                   help="only the gang (the Volcano Job; with Kueue the Indexed Job and its Service)")
+    p.add_argument("--queueing", choices=["volcano", "kueue"], default=None,
+                   help="what admits the gang (default: the cluster file's spec.launcher.queueing, else volcano)")
     p.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
     p.add_argument("--mlflow-run-id", default="", metavar="ID",
                    help="the MLflow run the pods log into (the DAG's launch task sets it)")
-    p.add_argument("--pin-nodes", action="store_true",
-                   help="require each pod's node (default: require its rack, prefer its node)")
+    p.add_argument("--pin-racks", action="store_true",
+                   help="require the placer's racks and only prefer its nodes (default: require its nodes)")
+    p.add_argument("--pin-nodes", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.add_argument("--force", action="store_true",
                    help="render even with settings that cannot work in a cluster (to read them)")
     p.set_defaults(func=run)
@@ -71,8 +79,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     job, cluster = loaded
     settings = get_settings()
-    options = KubernetesOptions(namespace=args.namespace, pin_to="node" if args.pin_nodes else "rack", **(
-        {"platform_image": args.platform_image} if args.platform_image else {}))
+    chosen = {"namespace": args.namespace, "pin_to": "rack" if args.pin_racks else "node",
+              **({"queueing": args.queueing} if args.queueing else {}),
+              **({"platform_image": args.platform_image} if args.platform_image else {})}
+    try:  # the cluster file's launcher options, what the command line says over them
+        options = KubernetesOptions(**(dict(cluster.spec.launcher) | chosen))
+    except ValueError as e:
+        err_console.print(f"trainyard render: error: the cluster's spec.launcher: {e}")
+        return 2
     try:
         plan, _ = plan_for_job(job, cluster, memory_fraction=settings.memory_fraction)
         inventory = Inventory.from_cluster(cluster)
@@ -84,7 +98,11 @@ def run(args: argparse.Namespace) -> int:
         problems = cluster_setting_problems(job, worker_env, s3_endpoint_url=settings.s3_endpoint_url)
         if not _report(problems, force=args.force):
             return 1
-        if args.job_only:
+        if args.job_only and options.queueing == "kueue":
+            from trainyard.plugins.launch.kueue_job import render_kueue_job
+
+            docs = list(render_kueue_job(job, plan, placement, worker_env, attempt=args.attempt, options=options))
+        elif args.job_only:
             docs = [render_volcano_job(job, plan, placement, worker_env, attempt=args.attempt, options=options)]
         else:
             docs = render_all(job, plan, placement, worker_env, load_teams(settings.teams_file),

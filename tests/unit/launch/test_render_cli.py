@@ -130,7 +130,21 @@ def test_the_example_fleets_whole_gang_is_one_object_well_under_the_api_servers_
     assert job["metadata"]["labels"]["trainyard.io/job"] == name and len(name) == MAX_JOB_NAME
     (task,) = job["spec"]["tasks"]
     assert job["spec"]["minAvailable"] == task["replicas"] == len(healthy) == 1_248
-    preferred = task["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert sorted(preferred[0]["preference"]["matchExpressions"][0]["values"]) == healthy  # every node, once
+    required = task["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert sorted(required["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]) == healthy  # every node, once
     pods = gang_pods(job["metadata"]["name"], gang_tasks_of(job))
     assert len(set(pods)) == 1_248 and max(len(p) for p in pods) <= DNS_LABEL, max(pods, key=len)
+
+
+def test_render_with_kueue_prints_the_indexed_job_its_service_and_kueues_queues(tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(GPU_SPEC))
+    out = tmp_path / "out.yaml"
+    assert main(["render", "k8s", str(spec), "--cluster", "h100-fleet", "--queueing", "kueue", "-o", str(out)]) == 0
+    docs = list(yaml.safe_load_all(out.read_text()))
+    kinds = [(d["apiVersion"], d["kind"]) for d in docs]
+    assert ("kueue.x-k8s.io/v1beta2", "ClusterQueue") in kinds and ("scheduling.volcano.sh/v1beta1", "Queue") not in kinds
+    assert kinds[-1] == ("batch/v1", "Job") and docs[-1]["spec"]["suspend"] is True
+    assert main(["render", "k8s", str(spec), "--cluster", "h100-fleet", "--queueing", "kueue", "--job-only",
+                 "-o", str(out)]) == 0
+    assert [d["kind"] for d in yaml.safe_load_all(out.read_text())] == ["Job", "Service"]
