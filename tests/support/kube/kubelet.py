@@ -469,7 +469,8 @@ class Kubelet:
         identity = self._identity(pod, spec)
         if identity is not None and identity[0] != 0 and env.get("HOME") == "/root":
             env["HOME"] = "/"  # a user the image's /etc/passwd does not list: the runtime's HOME
-        shim = _start_shim(argv, cwd, env, mounts, self._hostname(pod), run.dir, spec["name"], log, identity)
+        shim = _start_shim(argv, cwd, env, mounts, self._hostname(pod), run.dir, spec["name"], log, identity,
+                           image_workdir=not spec.get("workingDir"))
         return Container(name=spec["name"], image=spec["image"], proc=shim, started_at=now_rfc3339(), log=log,
                          termination_file=self._termination_file(spec, mounts),
                          fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
@@ -613,7 +614,7 @@ def _traversable_root(folder: Path) -> None:
 
 def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tuple[str, str, bool]],
                 hostname: str, folder: Path, name: str, log: Path,
-                identity: tuple[int, int, list[int]] | None = None) -> Shim:
+                identity: tuple[int, int, list[int]] | None = None, *, image_workdir: bool = False) -> Shim:
     """Fork the shim (see the module docstring); it never returns into the kubelet's loop."""
     for stale in (f"{name}.pid", f"{name}.status"):
         (folder / stale).unlink(missing_ok=True)
@@ -624,6 +625,11 @@ def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tup
     try:
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.setsid()
+        # The image's working directory (this checkout) is the image's: a volume mounted over one
+        # of its parents (an init container's emptyDir on /tmp, the checkout under /tmp) must not
+        # hide it, so it is held open before the mounts. A `workingDir` the pod names is looked
+        # up after them, in the container's own view, as a runtime does.
+        workdir = os.open(cwd, os.O_RDONLY | os.O_DIRECTORY) if image_workdir else None
         _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWPID), "unshare")
         _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
         _check(_libc.sethostname(hostname.encode(), len(hostname.encode())), "sethostname")
@@ -647,7 +653,10 @@ def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tup
                     os.setgroups(groups)
                     os.setgid(gid)
                     os.setuid(uid)
-                os.chdir(cwd)
+                if workdir is None:
+                    os.chdir(cwd)
+                else:
+                    os.fchdir(workdir)
                 os.execvpe(argv[0], argv, env)
             except BaseException as e:  # noqa: BLE001 - say why in the container's log
                 os.write(2, f"exec {argv[0]}: {e}\n".encode())
