@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.support.kube import components
 from tests.support.procs import free_port
@@ -37,13 +38,18 @@ class ControlPlane:
 
     def client(self, token: str | None = None) -> object:
         """A `kubernetes.client.ApiClient` for `token` (default: the administrator)."""
-        from kubernetes import client
+        return api_client(self.url, self.ca_file, token or self.admin_token)
 
-        config = client.Configuration()
-        config.host = self.url
-        config.ssl_ca_cert = str(self.ca_file)
-        config.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
-        return client.ApiClient(config)
+
+def api_client(url: str, ca_file: Path, token: str) -> Any:
+    """A `kubernetes.client.ApiClient` for `token` on the API server at `url` (its CA: `ca_file`)."""
+    from kubernetes import client
+
+    config = client.Configuration()
+    config.host = url
+    config.ssl_ca_cert = str(ca_file)
+    config.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(config)
 
 
 def binaries_missing() -> list[str]:

@@ -44,7 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.kube import certs, components
-from tests.support.kube.real import START_TIMEOUT_S, start_process, stop_process, wait_ready
+from tests.support.kube.real import (
+    START_TIMEOUT_S,
+    api_client,
+    start_process,
+    stop_process,
+    wait_ready,
+)
 from tests.support.kube.rest import Rest, RestError
 from tests.support.procs import free_port
 
@@ -73,13 +79,7 @@ class RealCluster:
 
     def client(self, token: str | None = None) -> Any:
         """A `kubernetes.client.ApiClient` (default: the administrator)."""
-        from kubernetes import client
-
-        config = client.Configuration()
-        config.host = self.url
-        config.ssl_ca_cert = str(self.ca_file)
-        config.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
-        return client.ApiClient(config)
+        return api_client(self.url, self.ca_file, token or self.admin_token)
 
     def cpu_seconds(self) -> dict[str, float]:
         """User + system CPU seconds each component process has used so far (from /proc)."""
