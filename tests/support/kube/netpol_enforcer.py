@@ -1,0 +1,290 @@
+"""A NetworkPolicy enforcer for the simulated nodes (issue 56): the network plugin this machine
+lacks, small and for tests only, so that a rendered policy is proven to drop what it denies.
+
+    with enforcing(kube.rest, kube.network) as enforcer:   # RealKubeHarness or KubeHarness
+        kube.wait_for(lambda: "team-a/gpt-abc123" in enforcer.programmed, 30, "the policy")
+
+What it does: every `TICK_S` it lists pods, namespaces and NetworkPolicies through the API server
+(polling, as the harness's other controllers do: a watch would see the same objects), computes
+which pods each policy isolates and what it allows them (networking.k8s.io/v1 semantics: a pod
+selected by a policy of a direction is isolated in it, and allowed the union of those policies'
+rules; replies of an allowed connection pass), and loads the result into nftables in the
+simulated network's fabric namespace, where every node's traffic crosses the bridge: bridged
+IPv4 packets go through that namespace's `forward` hook (bridge netfilter, on by default), a
+node's packets to the fabric's own address through its `input` hook. One table, replaced
+atomically (`nft -f`) when the objects change; nothing is loaded into this machine's own tables.
+
+The granularity this simulation allows is the node: a pod's processes share its node's network
+namespace, so a pod's address is its node's (`status.podIP`), and a packet says which node sent
+it, not which pod. Hence what this enforcer cannot express:
+- **pods of one node are one address**: a packet to or from a node must satisfy the policies of
+  every isolated pod on it (their intersection: two runs' pods on one node restrict each other,
+  fail closed), and a pod of that node not selected by any policy gets its neighbours' isolation;
+- **traffic inside one node never crosses the bridge** (two pods of a node talk over its
+  loopback): not policed;
+- **the kubelet shares the node's address**: its connections to the API server (the fabric's
+  `exempt_ports`, host network on a real cluster) are always allowed, so a pod could reach the
+  API server on that port whatever its policy says;
+- connections opened from the fabric namespace (this machine's side: the harness's relays and
+  forwarders) are not policed (a real plugin lets a node reach its own pods too);
+- IPv4 only: IPv6 crossing the fabric is dropped while the enforcer runs (the simulated network
+  has IPv4 addresses alone; an IPv6 `ipBlock` allows nothing); named ports are refused
+  (`errors`), as are protocols other than TCP, UDP and SCTP;
+- a connection made before a policy appeared keeps flowing (its replies are conntrack's
+  `established`), as with most plugins; a new one is judged by the policy;
+- a denied connection is dropped (it times out), never refused: the kernel here has no bridge
+  reject (`CONFIG_NFT_BRIDGE_REJECT` is off), as many plugins drop too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tests.support.kube.harness import FABRIC_PORT
+from tests.support.kube.netns import Network
+from tests.support.kube.rest import Rest
+from tests.support.kube.volcano import selector_holds
+
+TABLE = "trainyard_netpol"
+TICK_S = 0.5
+NETPOL = "networking.k8s.io/v1"
+PROTOCOLS = ("TCP", "UDP", "SCTP")
+
+
+@dataclass(frozen=True)
+class Block:
+    """An address range a rule allows, less its exceptions (a pod peer: its address, /32)."""
+    cidr: str
+    excepts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Port:
+    protocol: str
+    port: int | None = None
+    """None: every port of `protocol`."""
+    end: int | None = None
+
+
+@dataclass(frozen=True)
+class Match:
+    """One rule of a policy: the far end within `peers` (None: anywhere) on one of `ports` (None: any)."""
+    peers: tuple[Block, ...] | None
+    ports: tuple[Port, ...] | None
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What one isolated pod allows in one direction: the union of its policies' rules."""
+    pod: str
+    """`namespace/name`, for the comments of the ruleset."""
+    address: str
+    matches: tuple[Match, ...]
+
+
+@dataclass(frozen=True)
+class Model:
+    ingress: tuple[Isolation, ...]
+    egress: tuple[Isolation, ...]
+    policies: frozenset[str]
+    """`namespace/name` of the policies that isolate at least one pod."""
+
+
+# --- what the objects say ---
+
+def selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A label selector against `labels` (the emulator's scheduler's, one home); None or {} selects all."""
+    return selector_holds(labels, selector or {})
+
+
+def live_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pods that hold an address: reported by their kubelet, not ended, not on the host network."""
+    return [p for p in pods if (p.get("status") or {}).get("podIP")
+            and p["status"].get("phase") not in ("Succeeded", "Failed") and not p["spec"].get("hostNetwork")]
+
+
+def _peer_blocks(peer: dict[str, Any], namespace: str, pods: list[dict[str, Any]],
+                 namespace_labels: dict[str, dict[str, str]]) -> list[Block]:
+    if "ipBlock" in peer:
+        block = peer["ipBlock"]
+        if ipaddress.ip_network(block["cidr"], strict=False).version != 4:
+            return []
+        return [Block(block["cidr"], tuple(c for c in block.get("except") or []
+                                           if ipaddress.ip_network(c, strict=False).version == 4))]
+    if "namespaceSelector" in peer:
+        spaces = {n for n, labels in namespace_labels.items() if selects(peer["namespaceSelector"], labels)}
+    else:
+        spaces = {namespace}
+    addresses = {p["status"]["podIP"] for p in pods if p["metadata"]["namespace"] in spaces
+                 and selects(peer.get("podSelector"), p["metadata"].get("labels") or {})}
+    return [Block(f"{a}/32") for a in sorted(addresses)]
+
+
+def _ports(rule: dict[str, Any]) -> tuple[Port, ...] | None:
+    if not rule.get("ports"):
+        return None
+    out = []
+    for item in rule["ports"]:
+        protocol = item.get("protocol", "TCP")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol {protocol!r} is not enforced here (one of {PROTOCOLS})")
+        port = item.get("port")
+        if isinstance(port, str):
+            raise ValueError(f"named port {port!r}: not enforced here (give the number)")
+        out.append(Port(protocol, port, item.get("endPort")))
+    return tuple(out)
+
+
+def _matches(policy: dict[str, Any], direction: str, pods: list[dict[str, Any]],
+             namespace_labels: dict[str, dict[str, str]]) -> list[Match]:
+    namespace = policy["metadata"]["namespace"]
+    far = "from" if direction == "ingress" else "to"
+    out = []
+    for rule in policy["spec"].get(direction) or []:
+        peers = None
+        if rule.get(far):
+            peers = tuple(b for peer in rule[far] for b in _peer_blocks(peer, namespace, pods, namespace_labels))
+        out.append(Match(peers, _ports(rule)))
+    return out
+
+
+def policy_types(policy: dict[str, Any]) -> list[str]:
+    """`spec.policyTypes`, or what the API's default makes of its absence."""
+    spec = policy["spec"]
+    return spec.get("policyTypes") or ["Ingress", *(["Egress"] if "egress" in spec else [])]
+
+
+def model(pods: list[dict[str, Any]], policies: list[dict[str, Any]], namespaces: list[dict[str, Any]]) -> Model:
+    """Which pods the policies isolate, in which direction, and what each is allowed."""
+    pods = live_pods(pods)
+    namespace_labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in namespaces}
+    found: dict[str, list[Isolation]] = {"ingress": [], "egress": []}
+    used = set()
+    for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
+        meta = pod["metadata"]
+        mine = [p for p in policies if p["metadata"]["namespace"] == meta["namespace"]
+                and selects(p["spec"].get("podSelector"), meta.get("labels") or {})]
+        for direction in found:
+            isolating = [p for p in mine if direction.capitalize() in policy_types(p)]
+            if not isolating:
+                continue
+            used |= {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in isolating}
+            matches = tuple(m for p in isolating for m in _matches(p, direction, pods, namespace_labels))
+            found[direction].append(Isolation(f"{meta['namespace']}/{meta['name']}", pod["status"]["podIP"], matches))
+    return Model(tuple(found["ingress"]), tuple(found["egress"]), frozenset(used))
+
+
+# --- the ruleset ---
+
+def _port_clause(port: Port) -> str:
+    proto = port.protocol.lower()
+    if port.port is None:
+        return f"meta l4proto {proto}"
+    return f"{proto} dport {port.port}" + (f"-{port.end}" if port.end else "")
+
+
+def _match_rules(match: Match, field: str) -> list[str]:
+    """nft rules that `return` (this pod allows it) for what `match` allows; `field`: the far end."""
+    if match.peers is None:
+        peers = [""]
+    else:
+        peers = [f"{field} {b.cidr}" + (f" {field} != {{ {', '.join(b.excepts)} }}" if b.excepts else "")
+                 for b in match.peers]
+    ports = [""] if match.ports is None else [_port_clause(p) for p in match.ports]
+    return [" ".join(part for part in (peer, port, "return") if part) for peer in peers for port in ports]
+
+
+def render(rules: Model, exempt_ports: tuple[int, ...] = (FABRIC_PORT,)) -> str:
+    """The nft script that replaces the table: a chain per isolated pod and direction, which
+    returns when the packet is allowed and drops otherwise; the hooks jump to each chain of the
+    packet's source (egress) and destination (ingress) address in turn, so a packet passes only
+    if every isolated pod of both nodes allows it."""
+    chains, forward, inbound = [], [], []
+    for direction, isolations, field, hook_field in (("egress", rules.egress, "ip daddr", "ip saddr"),
+                                                     ("ingress", rules.ingress, "ip saddr", "ip daddr")):
+        for i, iso in enumerate(isolations):
+            name = f"{direction}_{i}"
+            body = [r for m in iso.matches for r in _match_rules(m, field)]
+            chains.append(f"  chain {name} {{\n" + "".join(f"    {r}\n" for r in [*body, "drop"]) + "  }\n")
+            jump = f'{hook_field} {iso.address} jump {name} comment "{iso.pod} {direction}"'
+            forward.append(jump)
+            if direction == "egress":  # the fabric's own address is no pod: only egress applies there
+                inbound.append(jump)
+    head = ["ct state established,related accept", "meta nfproto ipv6 drop"]
+    exempt = [f'tcp dport {{ {", ".join(map(str, exempt_ports))} }} accept comment "the API server (host network)"'] \
+        if exempt_ports else []
+    hooks = [("forward", [*head, *forward]), ("input", [*head, *exempt, *inbound])]
+    text = "".join(chains) + "".join(
+        f"  chain {hook} {{\n    type filter hook {hook} priority filter; policy accept;\n"
+        + "".join(f"    {r}\n" for r in body) + "  }\n" for hook, body in hooks)
+    return f"table inet {TABLE}\ndelete table inet {TABLE}\ntable inet {TABLE} {{\n{text}}}\n"
+
+
+def nft(netns: str, script: str) -> None:
+    """Load `script` with `nft -f -` inside network namespace `netns` (one transaction)."""
+    result = subprocess.run(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=script, capture_output=True,
+                            text=True, timeout=30, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"nft in {netns}: {result.stderr.strip() or result.returncode}")
+
+
+# --- the controller ---
+
+class NetpolEnforcer:
+    """Keeps the fabric's table in step with the API server's pods and policies (`sync`)."""
+
+    def __init__(self, rest: Callable[[], Rest], network: Network, exempt_ports: tuple[int, ...] = (FABRIC_PORT,)) -> None:
+        self.rest = rest
+        self.network = network
+        self.exempt_ports = exempt_ports
+        self.programmed: frozenset[str] = frozenset()
+        """The policies (`namespace/name`) that isolate a pod in the table now loaded."""
+        self.ruleset = ""
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sync(self) -> None:
+        api = self.rest()
+        rules = model(api.list("v1", "pods"), api.list(NETPOL, "networkpolicies"), api.list("v1", "namespaces"))
+        script = render(rules, self.exempt_ports)
+        if script != self.ruleset:
+            nft(self.network.fabric, script)
+            self.ruleset = script
+        self.programmed = rules.policies
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as e:  # noqa: BLE001 - keep enforcing; the test asserts `errors` is empty
+                self.errors.append(f"{type(e).__name__}: {e}")
+            self._stop.wait(TICK_S)
+
+    def start(self) -> NetpolEnforcer:
+        self._thread = threading.Thread(target=self._run, name="netpol-enforcer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop syncing and delete the table (the fabric's traffic is unpoliced again)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            nft(self.network.fabric, f"table inet {TABLE}\ndelete table inet {TABLE}\n")
+
+
+@contextlib.contextmanager
+def enforcing(rest: Callable[[], Rest], network: Network) -> Iterator[NetpolEnforcer]:
+    enforcer = NetpolEnforcer(rest, network).start()
+    try:
+        yield enforcer
+    finally:
+        enforcer.stop()
