@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import subprocess
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -103,13 +105,26 @@ def selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
     return selector_holds(labels, selector or {})
 
 
-def live_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pods that hold an address: reported by their kubelet, not ended, not on the host network."""
-    return [p for p in pods if (p.get("status") or {}).get("podIP")
-            and p["status"].get("phase") not in ("Succeeded", "Failed") and not p["spec"].get("hostNetwork")]
+def node_addresses(nodes: list[dict[str, Any]]) -> dict[str, str]:
+    """Node name → its InternalIP, as the kubelets report them."""
+    return {n["metadata"]["name"]: a["address"] for n in nodes
+            for a in (n.get("status") or {}).get("addresses") or [] if a["type"] == "InternalIP"}
 
 
-def _peer_blocks(peer: dict[str, Any], namespace: str, pods: list[dict[str, Any]],
+def live_pods(pods: list[dict[str, Any]], nodes: dict[str, str]) -> list[tuple[dict[str, Any], str]]:
+    """Pods that hold an address, with it: bound, not ended, not on the host network. A bound pod
+    whose kubelet has not reported yet has its node's (`nodes`): the address is known from the
+    binding on, so its rules are loaded while its containers start, as a plugin does before them."""
+    out = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        address = status.get("podIP") or nodes.get(pod["spec"].get("nodeName") or "", "")
+        if address and status.get("phase") not in ("Succeeded", "Failed") and not pod["spec"].get("hostNetwork"):
+            out.append((pod, address))
+    return out
+
+
+def _peer_blocks(peer: dict[str, Any], namespace: str, pods: list[tuple[dict[str, Any], str]],
                  namespace_labels: dict[str, dict[str, str]]) -> list[Block]:
     if "ipBlock" in peer:
         block = peer["ipBlock"]
@@ -121,7 +136,7 @@ def _peer_blocks(peer: dict[str, Any], namespace: str, pods: list[dict[str, Any]
         spaces = {n for n, labels in namespace_labels.items() if selects(peer["namespaceSelector"], labels)}
     else:
         spaces = {namespace}
-    addresses = {p["status"]["podIP"] for p in pods if p["metadata"]["namespace"] in spaces
+    addresses = {a for p, a in pods if p["metadata"]["namespace"] in spaces
                  and selects(peer.get("podSelector"), p["metadata"].get("labels") or {})}
     return [Block(f"{a}/32") for a in sorted(addresses)]
 
@@ -141,7 +156,7 @@ def _ports(rule: dict[str, Any]) -> tuple[Port, ...] | None:
     return tuple(out)
 
 
-def _matches(policy: dict[str, Any], direction: str, pods: list[dict[str, Any]],
+def _matches(policy: dict[str, Any], direction: str, pods: list[tuple[dict[str, Any], str]],
              namespace_labels: dict[str, dict[str, str]]) -> list[Match]:
     namespace = policy["metadata"]["namespace"]
     far = "from" if direction == "ingress" else "to"
@@ -160,13 +175,15 @@ def policy_types(policy: dict[str, Any]) -> list[str]:
     return spec.get("policyTypes") or ["Ingress", *(["Egress"] if "egress" in spec else [])]
 
 
-def model(pods: list[dict[str, Any]], policies: list[dict[str, Any]], namespaces: list[dict[str, Any]]) -> Model:
-    """Which pods the policies isolate, in which direction, and what each is allowed."""
-    pods = live_pods(pods)
+def model(pods: list[dict[str, Any]], policies: list[dict[str, Any]], namespaces: list[dict[str, Any]],
+          nodes: list[dict[str, Any]] | None = None) -> Model:
+    """Which pods the policies isolate, in which direction, and what each is allowed (`nodes`:
+    the Node objects, whose addresses a bound pod has before its kubelet reports it)."""
+    live = live_pods(pods, node_addresses(nodes or []))
     namespace_labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in namespaces}
     found: dict[str, list[Isolation]] = {"ingress": [], "egress": []}
     used = set()
-    for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
+    for pod, address in sorted(live, key=lambda pa: (pa[0]["metadata"]["namespace"], pa[0]["metadata"]["name"])):
         meta = pod["metadata"]
         mine = [p for p in policies if p["metadata"]["namespace"] == meta["namespace"]
                 and selects(p["spec"].get("podSelector"), meta.get("labels") or {})]
@@ -175,8 +192,8 @@ def model(pods: list[dict[str, Any]], policies: list[dict[str, Any]], namespaces
             if not isolating:
                 continue
             used |= {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in isolating}
-            matches = tuple(m for p in isolating for m in _matches(p, direction, pods, namespace_labels))
-            found[direction].append(Isolation(f"{meta['namespace']}/{meta['name']}", pod["status"]["podIP"], matches))
+            matches = tuple(m for p in isolating for m in _matches(p, direction, live, namespace_labels))
+            found[direction].append(Isolation(f"{meta['namespace']}/{meta['name']}", address, matches))
     return Model(tuple(found["ingress"]), tuple(found["egress"]), frozenset(used))
 
 
@@ -197,21 +214,29 @@ def _match_rules(match: Match, field: str) -> list[str]:
         peers = [f"{field} {b.cidr}" + (f" {field} != {{ {', '.join(b.excepts)} }}" if b.excepts else "")
                  for b in match.peers]
     ports = [""] if match.ports is None else [_port_clause(p) for p in match.ports]
-    return [" ".join(part for part in (peer, port, "return") if part) for peer in peers for port in ports]
+    return [" ".join(part for part in (peer, port, "counter return") if part) for peer in peers for port in ports]
+
+
+def chain_names(rules: Model) -> dict[str, str]:
+    """Each pod chain's name → `namespace/pod direction`, the key of `NetpolEnforcer.verdicts`."""
+    return {f"{direction}_{i}": f"{iso.pod} {direction}" for direction, isolations in
+            (("egress", rules.egress), ("ingress", rules.ingress)) for i, iso in enumerate(isolations)}
 
 
 def render(rules: Model, exempt_ports: tuple[int, ...] = (FABRIC_PORT,)) -> str:
-    """The nft script that replaces the table: a chain per isolated pod and direction, which
-    returns when the packet is allowed and drops otherwise; the hooks jump to each chain of the
-    packet's source (egress) and destination (ingress) address in turn, so a packet passes only
-    if every isolated pod of both nodes allows it."""
+    """The nft script that replaces the table: a chain per isolated pod and direction
+    (`chain_names`), which returns when the packet is allowed and drops otherwise, counting
+    either (only a connection's first packets reach it: replies and the rest of an allowed
+    connection are accepted before); the hooks jump to each chain of the packet's source
+    (egress) and destination (ingress) address in turn, so a packet passes only if every
+    isolated pod of both nodes allows it."""
     chains, forward, inbound = [], [], []
     for direction, isolations, field, hook_field in (("egress", rules.egress, "ip daddr", "ip saddr"),
                                                      ("ingress", rules.ingress, "ip saddr", "ip daddr")):
         for i, iso in enumerate(isolations):
             name = f"{direction}_{i}"
             body = [r for m in iso.matches for r in _match_rules(m, field)]
-            chains.append(f"  chain {name} {{\n" + "".join(f"    {r}\n" for r in [*body, "drop"]) + "  }\n")
+            chains.append(f"  chain {name} {{\n" + "".join(f"    {r}\n" for r in [*body, "counter drop"]) + "  }\n")
             jump = f'{hook_field} {iso.address} jump {name} comment "{iso.pod} {direction}"'
             forward.append(jump)
             if direction == "egress":  # the fabric's own address is no pod: only egress applies there
@@ -234,6 +259,20 @@ def nft(netns: str, script: str) -> None:
         raise RuntimeError(f"nft in {netns}: {result.stderr.strip() or result.returncode}")
 
 
+def counted(listing: dict[str, Any], chains: dict[str, str]) -> dict[str, Counter[str]]:
+    """The pod chains' counters in `nft -j list table` output: `namespace/pod direction` →
+    packets `allowed` (the rules that return) and `dropped` (the chain's last rule)."""
+    out: dict[str, Counter[str]] = {}
+    for item in listing.get("nftables") or []:
+        rule = item.get("rule")
+        if not rule or rule["chain"] not in chains:
+            continue
+        packets = next((e["counter"]["packets"] for e in rule["expr"] if "counter" in e), 0)
+        verdict = "dropped" if any("drop" in e for e in rule["expr"]) else "allowed"
+        out.setdefault(chains[rule["chain"]], Counter())[verdict] += packets
+    return out
+
+
 # --- the controller ---
 
 class NetpolEnforcer:
@@ -245,19 +284,46 @@ class NetpolEnforcer:
         self.exempt_ports = exempt_ports
         self.programmed: frozenset[str] = frozenset()
         """The policies (`namespace/name`) that isolate a pod in the table now loaded."""
+        self.isolated: set[str] = set()
+        """Every pod (`namespace/name`) isolated by a table once loaded: a test's evidence after it ended."""
         self.ruleset = ""
         self.errors: list[str] = []
+        self._chains: dict[str, str] = {}
+        self._before: dict[str, Counter[str]] = {}
+        """The counters of the tables replaced so far (`verdicts`)."""
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sync(self) -> None:
         api = self.rest()
-        rules = model(api.list("v1", "pods"), api.list(NETPOL, "networkpolicies"), api.list("v1", "namespaces"))
+        rules = model(api.list("v1", "pods"), api.list(NETPOL, "networkpolicies"), api.list("v1", "namespaces"),
+                      api.list("v1", "nodes"))
         script = render(rules, self.exempt_ports)
-        if script != self.ruleset:
-            nft(self.network.fabric, script)
-            self.ruleset = script
+        with self._lock:
+            if script != self.ruleset:
+                self._before = self._add(self._before, self._loaded_counts())
+                nft(self.network.fabric, script)
+                self.ruleset, self._chains = script, chain_names(rules)
         self.programmed = rules.policies
+        self.isolated |= {i.pod for i in (*rules.ingress, *rules.egress)}
+
+    def verdicts(self) -> dict[str, Counter[str]]:
+        """Connections judged so far by each pod's rules (`namespace/pod direction` → packets
+        `allowed` and `dropped`), over every table loaded: what the policies decided."""
+        with self._lock:
+            return self._add(self._before, self._loaded_counts())
+
+    def _loaded_counts(self) -> dict[str, Counter[str]]:
+        if not self._chains:
+            return {}
+        result = subprocess.run(["ip", "netns", "exec", self.network.fabric, "nft", "-j", "list", "table", "inet",
+                                 TABLE], capture_output=True, text=True, timeout=30, check=True)
+        return counted(json.loads(result.stdout), self._chains)
+
+    @staticmethod
+    def _add(a: dict[str, Counter[str]], b: dict[str, Counter[str]]) -> dict[str, Counter[str]]:
+        return {key: a.get(key, Counter()) + b.get(key, Counter()) for key in {*a, *b}}
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -277,7 +343,8 @@ class NetpolEnforcer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+        with self._lock, contextlib.suppress(RuntimeError, subprocess.SubprocessError):
+            self._before, self._chains = self._add(self._before, self._loaded_counts()), {}
             nft(self.network.fabric, f"table inet {TABLE}\ndelete table inet {TABLE}\n")
 
 

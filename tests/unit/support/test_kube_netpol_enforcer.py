@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from tests.support.kube.netpol_enforcer import Block, Match, Port, model, render
+from tests.support.kube.netpol_enforcer import (
+    Block,
+    Match,
+    Port,
+    chain_names,
+    counted,
+    model,
+    render,
+)
 from trainyard.plugins.launch.netpol import render_network_policy
 
 RUN_A = {"trainyard.io/job": "gpt", "trainyard.io/run": "r-a"}
@@ -52,6 +60,16 @@ def test_pods_without_an_address_ended_or_on_the_host_network_are_neither_isolat
     rules = model(pods, [policy_a()], namespaces("team-a"))
     assert [i.pod for i in rules.ingress] == ["team-a/a-0"]
     assert rules.ingress[0].matches[0].peers == (Block("10.0.0.10/32"),)
+
+
+def test_a_bound_pod_has_its_nodes_address_before_its_kubelet_reports_one() -> None:
+    bound = pod("a-1", "", RUN_A, phase="Pending")
+    bound["spec"]["nodeName"] = "node-1"
+    nodes = [{"metadata": {"name": "node-1"}, "status": {"addresses": [{"type": "Hostname", "address": "node-1"},
+                                                                        {"type": "InternalIP", "address": "10.0.0.11"}]}}]
+    rules = model([pod("a-0", "10.0.0.10", RUN_A), bound], [policy_a()], namespaces("team-a"), nodes)
+    assert [(i.pod, i.address) for i in rules.ingress] == [("team-a/a-0", "10.0.0.10"), ("team-a/a-1", "10.0.0.11")]
+    assert rules.egress[0].matches[0].peers == (Block("10.0.0.10/32"), Block("10.0.0.11/32"))
 
 
 def test_policy_types_decide_the_directions_and_ip_blocks_keep_their_exceptions() -> None:
@@ -105,9 +123,27 @@ def test_the_ruleset_makes_every_isolated_pod_of_both_nodes_allow_a_packet() -> 
     assert forward[1] == "ct state established,related accept"
     assert [line.split(" comment ")[0] for line in inbound if "jump" in line] == jumps[:3]
     assert any(line.startswith("tcp dport { 6443 } accept") for line in inbound)
-    assert chain(table, "ingress_2") == ["ip saddr 10.0.0.10/32 return", "drop"]  # b-0: its only peer is itself
+    assert chain(table, "ingress_2") == ["ip saddr 10.0.0.10/32 counter return", "counter drop"]  # b-0: itself
 
 
 def test_without_a_policy_the_ruleset_isolates_nothing() -> None:
     script = render(model([pod("a-0", "10.0.0.10", RUN_A)], [], namespaces("team-a")))
     assert "jump" not in script and "drop\n" not in script.replace("ipv6 drop", "")
+
+
+def test_the_counters_of_each_pods_chain_say_what_its_rules_allowed_and_dropped() -> None:
+    """`nft -j list table`'s shape (nftables 1.0): a rule's expressions hold its counter and verdict."""
+    rules = model([pod("a-0", "10.0.0.10", RUN_A), pod("a-1", "10.0.0.11", RUN_A)], [policy_a()], namespaces("team-a"))
+    chains = chain_names(rules)
+    assert chains == {"egress_0": "team-a/a-0 egress", "egress_1": "team-a/a-1 egress",
+                      "ingress_0": "team-a/a-0 ingress", "ingress_1": "team-a/a-1 ingress"}
+
+    def rule(chain: str, packets: int, verdict: str) -> dict[str, Any]:
+        return {"rule": {"family": "inet", "table": "trainyard_netpol", "chain": chain, "handle": 4, "expr": [
+            {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": "10.0.0.11"}},
+            {"counter": {"packets": packets, "bytes": 60 * packets}}, {verdict: None}]}}
+
+    listing = {"nftables": [{"metainfo": {"version": "1.0.6"}}, rule("ingress_0", 2, "return"),
+                            rule("ingress_0", 1, "return"), rule("ingress_0", 3, "drop"),
+                            rule("forward", 9, "return")]}
+    assert counted(listing, chains) == {"team-a/a-0 ingress": {"allowed": 3, "dropped": 3}}
