@@ -9,6 +9,8 @@ ServiceAccount token, submits the attempt as a suspended Indexed Job and its hea
 Kueue admits the whole gang, kube-scheduler binds one pod per node, torchrun's c10d rendezvous
 crosses the nodes' network, and the launcher reads the ranks' exits and the nodes they ran on.
 A gang over the team's quota waits with Kueue's own reason, and `stop` deletes what was made.
+A gang runs under its own NetworkPolicy, enforced on the nodes by the test plugin
+(`tests/support/kube/netpol_enforcer.py`), its connections between the nodes judged and allowed.
 """
 
 from __future__ import annotations
