@@ -1,11 +1,11 @@
 """A NetworkPolicy enforcer for the simulated nodes (issue 56): the network plugin this machine
 lacks, small and for tests only, so that a rendered policy is proven to drop what it denies.
 
-    with enforcing(kube.rest, kube.network) as enforcer:   # RealKubeHarness or KubeHarness
+    with enforcing(kube.rest, kube.network) as enforcer:   # kube: a started RealKubeHarness
         kube.wait_for(lambda: "team-a/gpt-abc123" in enforcer.programmed, 30, "the policy")
 
-What it does: every `TICK_S` it lists pods, namespaces and NetworkPolicies through the API server
-(polling, as the harness's other controllers do: a watch would see the same objects), computes
+What it does: whenever a watch on pods or NetworkPolicies reports a change, and every `TICK_S`
+anyway, it lists pods, nodes, namespaces and NetworkPolicies through the API server, computes
 which pods each policy isolates and what it allows them (networking.k8s.io/v1 semantics: a pod
 selected by a policy of a direction is isolated in it, and allowed the union of those policies'
 rules; replies of an allowed connection pass), and loads the result into nftables in the
@@ -48,9 +48,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
+
 from tests.support.kube.harness import FABRIC_PORT
 from tests.support.kube.netns import Network
-from tests.support.kube.rest import Rest
+from tests.support.kube.rest import Rest, resource_path
 from tests.support.kube.volcano import selector_holds
 
 TABLE = "trainyard_netpol"
@@ -293,7 +295,8 @@ class NetpolEnforcer:
         """The counters of the tables replaced so far (`verdicts`)."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     def sync(self) -> None:
         api = self.rest()
@@ -327,22 +330,43 @@ class NetpolEnforcer:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()
             try:
                 self.sync()
             except Exception as e:  # noqa: BLE001 - keep enforcing; the test asserts `errors` is empty
                 self.errors.append(f"{type(e).__name__}: {e}")
-            self._stop.wait(TICK_S)
+            self._wake.wait(TICK_S)
+
+    def _watch(self, api_version: str, plural: str) -> None:
+        """Wake the sync at once on any change of `plural` (a watch: a pod's binding is seen
+        within milliseconds, where the simulated kubelet polls every 0.5 s)."""
+        while not self._stop.is_set():
+            api = self.rest()
+            try:
+                response = api.http.request(
+                    "GET", api.url + resource_path(api_version, plural) + "?watch=true&timeoutSeconds=30",
+                    headers=api.headers, preload_content=False, timeout=urllib3.Timeout(connect=5, read=35))
+                for _ in response.stream(4096):
+                    self._wake.set()
+                    if self._stop.is_set():
+                        break
+                response.release_conn()
+            except (urllib3.exceptions.HTTPError, OSError):
+                self._stop.wait(TICK_S)
 
     def start(self) -> NetpolEnforcer:
-        self._thread = threading.Thread(target=self._run, name="netpol-enforcer", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name="netpol-enforcer", daemon=True)]
+        self._threads += [threading.Thread(target=self._watch, args=what, name=f"netpol-watch-{what[1]}", daemon=True)
+                          for what in (("v1", "pods"), (NETPOL, "networkpolicies"))]
+        for thread in self._threads:
+            thread.start()
         return self
 
     def stop(self) -> None:
         """Stop syncing and delete the table (the fabric's traffic is unpoliced again)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._wake.set()
+        self._threads[0].join(timeout=10)  # the watches end with their request (daemon threads)
         with self._lock, contextlib.suppress(RuntimeError, subprocess.SubprocessError):
             self._before, self._chains = self._add(self._before, self._loaded_counts()), {}
             nft(self.network.fabric, f"table inet {TABLE}\ndelete table inet {TABLE}\n")
