@@ -31,7 +31,9 @@ it, not which pod. Hence what this enforcer cannot express:
   has IPv4 addresses alone; an IPv6 `ipBlock` allows nothing); named ports are refused
   (`errors`), as are protocols other than TCP, UDP and SCTP;
 - a connection made before a policy appeared keeps flowing (its replies are conntrack's
-  `established`), as with most plugins; a new one is judged by the policy;
+  `established`), as with most plugins; a new one is judged by the policy. A pod's rules are
+  loaded once its binding is seen (a watch), not before the kubelet may start its containers,
+  as a plugin's are: a connection of its first fraction of a second may go unjudged;
 - a denied connection is dropped (it times out), never refused: the kernel here has no bridge
   reject (`CONFIG_NFT_BRIDGE_REJECT` is off), as many plugins drop too.
 """
