@@ -299,6 +299,7 @@ class NetpolEnforcer:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._watches: dict[str, urllib3.BaseHTTPResponse] = {}
 
     def sync(self) -> None:
         api = self.rest()
@@ -348,6 +349,9 @@ class NetpolEnforcer:
                 response = api.http.request(
                     "GET", api.url + resource_path(api_version, plural) + "?watch=true&timeoutSeconds=30",
                     headers=api.headers, preload_content=False, timeout=urllib3.Timeout(connect=5, read=35))
+                self._watches[plural] = response
+                if self._stop.is_set():  # stopped while this request was being made
+                    response.shutdown()
                 for _ in response.stream(4096):
                     self._wake.set()
                     if self._stop.is_set():
@@ -368,7 +372,11 @@ class NetpolEnforcer:
         """Stop syncing and delete the table (the fabric's traffic is unpoliced again)."""
         self._stop.set()
         self._wake.set()
-        self._threads[0].join(timeout=10)  # the watches end with their request (daemon threads)
+        for response in list(self._watches.values()):  # an open watch would hold the API server's shutdown
+            with contextlib.suppress(OSError, urllib3.exceptions.HTTPError):
+                response.shutdown()
+        for thread in self._threads:
+            thread.join(timeout=10)
         with self._lock, contextlib.suppress(RuntimeError, subprocess.SubprocessError):
             self._before, self._chains = self._add(self._before, self._loaded_counts()), {}
             nft(self.network.fabric, f"table inet {TABLE}\ndelete table inet {TABLE}\n")
