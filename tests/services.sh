@@ -7,7 +7,10 @@
 #   127.0.0.1 without a password (trust for that user on loopback only: the tests create and
 #   drop databases of their own);
 # - Redis on 127.0.0.1:6379 (the Celery broker of the production-path test), no persistence;
-# - Debian's Chromium, which the UI tests drive through Playwright (no browser download).
+# - Debian's Chromium, which the UI tests drive through Playwright (no browser download);
+# - Debian's nftables (the `nft` tool only: nothing is loaded into this machine's own tables), with
+#   which the simulated nodes' policy enforcer programs their fabric namespace's packet filter
+#   (tests/support/kube/netpol_enforcer.py).
 #
 # Idempotent: what already answers is left alone. Without root nothing is installed or
 # reconfigured; a test whose part is still missing then skips, saying how to provide it
@@ -20,6 +23,7 @@ need=()
 command -v pg_ctlcluster >/dev/null 2>&1 || need+=(postgresql)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
 if [ ${#need[@]} -gt 0 ]; then
   if root; then
     echo "services: installing ${need[*]} from Debian (once)"

@@ -1,7 +1,7 @@
 """Skip, or fail in CI: one rule for tests that need a part this machine may not have.
 
 A test that needs the PostgreSQL server, Redis, Chromium, the shared schemas, network
-namespaces or the Kubernetes binaries calls `missing(part, why)` when the part is not there. Outside CI that is a skip
+namespaces, nftables or the Kubernetes binaries calls `missing(part, why)` when the part is not there. Outside CI that is a skip
 with the reason. But a skip in CI hides exactly what the test is for — a real server, a real
 browser — so `.ci/run` sets `TRAINYARD_REQUIRE` (a comma-separated list, or `all`) and a
 missing required part fails the test instead, saying which part and how to provide it.
@@ -23,6 +23,7 @@ HOW = {
     "netns": "run as root on Linux with iproute2 (`ip netns add` must work)",
     "mountns": "run as root on Linux with util-linux's unshare (`unshare -m` gives a test its own /etc/hosts)",
     "scripts": "run `make venv` (installs the console scripts)",
+    "nft": "install Debian's nftables: `make services` (tests/services.sh) installs it as root",
     "kube": "run `make kube-components` (builds kube-apiserver, etcd, … once into ~/.cache/trainyard/kube)",
 }
 """How to provide each part, for the failure message."""

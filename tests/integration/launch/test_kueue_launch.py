@@ -9,6 +9,8 @@ ServiceAccount token, submits the attempt as a suspended Indexed Job and its hea
 Kueue admits the whole gang, kube-scheduler binds one pod per node, torchrun's c10d rendezvous
 crosses the nodes' network, and the launcher reads the ranks' exits and the nodes they ran on.
 A gang over the team's quota waits with Kueue's own reason, and `stop` deletes what was made.
+A gang runs under its own NetworkPolicy, enforced on the nodes by the test plugin
+(`tests/support/kube/netpol_enforcer.py`), its connections between the nodes judged and allowed.
 """
 
 from __future__ import annotations
@@ -174,3 +176,39 @@ def test_a_pinned_commit_is_fetched_by_the_init_container_and_the_gang_runs_it(
     logs = [trainer_log(kube, a.pod) for a in done.agents]
     assert done.state == "succeeded", (done.message, [trainer_log(kube, a.pod, "source") for a in done.agents])
     assert all("fetched hello" in log and "step 2" in log for log in logs), logs
+
+
+
+def test_a_gang_runs_under_its_rendered_network_policy_enforced(kube: RealKubeHarness,
+                                                                launcher: KubernetesLauncher) -> None:
+    """The job's NetworkPolicy as `trainyard render k8s` prints it, applied by the administrator
+    before the launch and enforced on the nodes (`tests/support/kube/netpol_enforcer.py`):
+    torchrun's c10d rendezvous and gloo's connections (ephemeral ports) between the two nodes
+    are the run's own traffic. The enforcer's counters show that connections between the gang's
+    nodes were judged by the pods' rules (not only made before the rules were loaded, which
+    conntrack would let pass) and allowed, and that nothing of the gang was dropped."""
+    from tests.support.kube.netpol_enforcer import NETPOL, enforcing
+    from trainyard.plugins.launch.manifests import render_all
+
+    if shutil.which("nft") is None:
+        missing("nft", "the policy enforcer programs the simulated network with nftables' `nft`")
+    parts = placed(tiny_job("tiny-netpol", ["--steps", "3"]), kube.root / "home", run="r-netpol")
+    docs = render_all(*parts.submit_args(), TEAMS, attempt=0, total_gpus=2, options=launcher.options)
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    rest = kube.rest()
+    with enforcing(kube.rest, kube.network) as enforcer:
+        rest.create(NETPOL, "networkpolicies", NAMESPACE, policy)
+        try:
+            handle = launcher.submit(*parts.submit_args(), attempt=0)
+            done = wait(kube, launcher, handle, lambda s: s.finished, "the gang to complete under its policy",
+                        TIMEOUT_S)
+            verdicts = enforcer.verdicts()
+        finally:
+            rest.delete(NETPOL, "networkpolicies", NAMESPACE, policy["metadata"]["name"])
+    assert done.state == "succeeded", (done.message, [trainer_log(kube, a.pod) for a in done.agents])
+    gang = [f"{NAMESPACE}/{a.pod}" for a in done.agents]
+    assert set(gang) <= enforcer.isolated and enforcer.errors == [], (enforcer.isolated, enforcer.errors)
+    judged = {key: dict(counts) for key, counts in verdicts.items() if key.split()[0] in gang}
+    for direction in ("egress", "ingress"):
+        assert sum(c.get("allowed", 0) for k, c in judged.items() if k.endswith(direction)) > 0, judged
+    assert all(c.get("dropped", 0) == 0 for c in judged.values()), judged

@@ -156,6 +156,12 @@ class Network:
 
         return _in_namespace(self.fabric, connect)
 
+    def dial_from_node(self, node: str, address: str, port: int, timeout_s: float) -> socket.socket:
+        """A TCP connection made from inside `node`'s namespace, as its pods' processes make them
+        (they share it): from the node's address, across the bridge unless `address` is its own."""
+        return _in_namespace(self.nodes[node].netns,
+                             lambda: socket.create_connection((address, port), timeout=timeout_s))
+
     def write_hosts(self, entries: dict[str, str]) -> None:
         """Every node's `/etc/hosts`: localhost, the nodes, then `entries` (name → address)."""
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]

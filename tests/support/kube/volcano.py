@@ -329,7 +329,8 @@ def _term_holds(labels: dict[str, str], term: dict[str, Any]) -> bool:
     return all(_expression_holds(labels, e) for e in term.get("matchExpressions") or [])
 
 
-def _selector_holds(labels: dict[str, str], selector: dict[str, Any]) -> bool:
+def selector_holds(labels: dict[str, str], selector: dict[str, Any]) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions) against `labels`; {} selects all."""
     return (all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
             and all(_expression_holds(labels, e) for e in selector.get("matchExpressions") or []))
 
@@ -475,7 +476,7 @@ class GangScheduler:
             for other, where in placed:
                 other_labels = by_name.get(where, {}).get("metadata", {}).get("labels") or {}
                 if other_labels.get(key) is not None and other_labels.get(key) == labels.get(key) \
-                        and _selector_holds(other["metadata"].get("labels") or {}, term.get("labelSelector") or {}):
+                        and selector_holds(other["metadata"].get("labels") or {}, term.get("labelSelector") or {}):
                     return "node(s) didn't match pod anti-affinity rules"
         for resource, amount in pod_requests(pod).items():
             if free.get(resource, 0.0) + 1e-9 < amount:
