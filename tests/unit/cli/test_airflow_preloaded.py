@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,9 +25,17 @@ def test_preload_imports_each_module_and_reports_one_that_fails(capsys: pytest.C
     assert "trainyard_no_such_module failed to import (ModuleNotFoundError" in capsys.readouterr().err
 
 
-def test_every_preloaded_module_exists() -> None:
-    """A misspelt name would cost nothing visible but the seconds it was meant to save."""
+def test_every_preloaded_module_exists(tmp_path: Path) -> None:
+    """A misspelt name would cost nothing visible but the seconds it was meant to save. Its top
+    package is looked up as the scheduler does, from outside the checkout (its working folder is
+    the home): here the checkout is on `sys.path`, where a bare `plugins.…` (a name from before
+    the one import root) was found, while every task of the stack imported that module again."""
     names = airflow_preloaded.PRELOAD + airflow_preloaded.PARSE_PRELOAD
+    tops = sorted({name.split(".", 1)[0] for name in names})
+    probe = "import importlib.util, sys; print([n for n in sys.argv[1:] if importlib.util.find_spec(n) is None])"
+    found = subprocess.run([sys.executable, "-I", "-c", probe, *tops], cwd=tmp_path, capture_output=True,
+                           text=True, check=True)
+    assert found.stdout.strip() == "[]", found.stdout
     assert [name for name in names if importlib.util.find_spec(name) is None] == []
 
 

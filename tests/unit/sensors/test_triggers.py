@@ -186,3 +186,50 @@ def test_training_trigger_logs_a_progress_line_into_the_task_log(tmp_path: Path,
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
     assert line.startswith("step 20 · loss 3.1416 · 5,210 tokens/s · rank 0 ")
     assert "rank 1 " in line and "@20" in line
+
+
+def test_the_other_watchers_of_an_attempt_look_again_as_soon_as_its_training_watcher_sees_it_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`classify_outcome` waits for all three watchers: the checkpoint and health watchers napping
+    between their polls are woken by the training watcher's end, in the same event loop, instead
+    of seeing it a poll later. Their interval here is an hour: without the wake-up this test
+    would wait that long (and fail on its guard)."""
+    from trainyard.plugins.attempt import watching
+    from trainyard.sensors import triggers
+
+    handle = fabricate(tmp_path / "runs", [Rank(exit_code=0, step=20), Rank(exit_code=0, step=20)])
+    ended = asyncio.Event()  # set once the training watcher's first look is done
+    real_poll = watching.poll
+
+    def poll(h, runtime):  # the attempt runs until the training watcher has looked at it
+        status = real_poll(h, runtime)
+        return status if ended.is_set() else status.model_copy(update={"state": "running"})
+
+    monkeypatch.setattr(watching, "poll", poll)
+    naps: list[float] = []
+    real_nap = triggers.nap
+
+    async def nap(h, seconds):  # counted once the napper holds the attempt's event
+        naps.append(seconds)
+        await real_nap(h, seconds)
+
+    monkeypatch.setattr(triggers, "nap", nap)
+    monkeypatch.setattr(watching, "committed_after", lambda *args, **kwargs: [])
+    serialized = handle.model_dump(mode="json")
+    hour = 3600.0
+    others = [CheckpointTrigger(dict(serialized), checkpoint_root=(tmp_path / "c").as_uri(), after_step=0,
+                                poll_interval_s=hour),
+              HealthTrigger(dict(serialized), agents={}, poll_interval_s=hour)]
+
+    async def watch() -> list[dict]:
+        napping = [asyncio.ensure_future(t.run().asend(None)) for t in others]
+        while len(naps) < 2:  # both looked once (running) and nap
+            await asyncio.sleep(0.01)
+        assert not any(task.done() for task in napping)
+        ended.set()
+        training = TrainingTrigger(dict(serialized), watch=NO_LEASE, poll_interval_s=hour)
+        assert (await training.run().asend(None)).payload["status"] == "finished"
+        return [(await task).payload for task in napping]
+
+    events = asyncio.run(asyncio.wait_for(watch(), timeout=60))
+    assert [e["status"] for e in events] == ["finished", "finished"]
