@@ -18,6 +18,7 @@ import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -68,13 +69,25 @@ def _mlflow_status(s: RunningStack, mlflow_run_id: str) -> str:
 
 
 def test_the_view_of_a_live_run_updates_on_its_own_and_its_stop_button_stops_it(shared: RunningStack) -> None:
+    from trainyard.plugins.attempt import watching
+    from trainyard.plugins.attempt.launchers import Runtime
+    from trainyard.plugins.run.records import StopReason
+
+    s = shared
+    dag_run_id, handle = _start(s)
+    try:
+        _view_and_stop(s, dag_run_id, handle)
+    finally:  # whatever failed above, the shared stack's next test finds no gang of this one
+        watching.stop_gang(handle, StopReason(reason="requested", detail="test cleanup"), Runtime(s.settings),
+                           grace_s=5)
+
+
+def _view_and_stop(s: RunningStack, dag_run_id: str, handle: Any) -> None:
     from trainyard.plugins.airflow_api import follow_training_run
     from trainyard.plugins.attempt import watching
     from trainyard.plugins.attempt.launchers import Runtime
     from trainyard.plugins.state.jobs import JobStateStore
 
-    s = shared
-    dag_run_id, handle = _start(s)
     url = s.stack.url
     stop_url = f"{url}/trainyard/jobs/{DAG_ID}/runs/{handle.run}/stop"
     # a forged request from another site is refused, and the run goes on
