@@ -72,13 +72,19 @@ def stack(cluster: tuple[RealKubeHarness, RunningStack]) -> RunningStack:
     return cluster[1]
 
 
-def _train(s: RunningStack, steps: int, conf: dict[str, Any] | None = None, *, during: Any = None) -> list[AttemptRun]:
+TWO_ATTEMPTS_S = 1200
+"""A safeguard, not a measure: a run of two attempts took ~10 min at a load of 30-40 on the
+2-core machine (its first pod reached step 15 in 3 min) and the default 600 s cut it off."""
+
+
+def _train(s: RunningStack, steps: int, conf: dict[str, Any] | None = None, *, during: Any = None,
+           timeout_s: float = 600) -> list[AttemptRun]:
     """Write the job with `steps`, trigger it and follow its training run to the end."""
     s.add_jobs({JOB: _spec(steps)})
     first = s.client.trigger(JOB, conf or {})["dag_run_id"]
     if during is not None:
         during(first)
-    return follow_training_run(s.client, JOB, first, timeout_s=600)
+    return follow_training_run(s.client, JOB, first, timeout_s=timeout_s)
 
 
 def _jobs(kube: RealKubeHarness, run: str) -> list[dict[str, Any]]:
@@ -185,10 +191,11 @@ def test_a_gang_larger_than_the_cluster_is_refused_with_the_numbers_and_submits_
         (stack.jobs_dir / f"{big}.yaml").unlink()
 
 
+@pytest.mark.timeout(TWO_ATTEMPTS_S + 60)
 def test_a_crashed_rank_fails_its_pod_and_the_run_restarts_from_the_checkpoint(
         stack: RunningStack, kube: RealKubeHarness) -> None:
     steps = 30
-    attempts = _train(stack, steps, {"fault_kill_rank": 1, "fault_kill_at_step": 15})
+    attempts = _train(stack, steps, {"fault_kill_rank": 1, "fault_kill_at_step": 15}, timeout_s=TWO_ATTEMPTS_S)
     assert [(a.state, a.outcome, a.action) for a in attempts] == [
         ("failed", "worker_crash", "restart"), ("success", "completed", "register")], f"{attempts}\n{stack.logs()}"
     run = attempts[0].run
