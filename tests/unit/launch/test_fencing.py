@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from trainyard.plugins.launch.fencing import (
     OUT_OF_SERVICE_KEY,
     OUT_OF_SERVICE_TAINT,
@@ -56,3 +58,15 @@ def node_verbs(docs: list[dict[str, Any]]) -> set[str]:
 def test_the_control_plane_may_patch_nodes_only_to_fence_them_and_never_delete_one() -> None:
     assert node_verbs(render_rbac("trainyard")) == {"get", "list", "watch", "patch"}
     assert node_verbs(render_rbac("trainyard", queueing="kueue", fence_lost_nodes=False)) == {"get", "list", "watch"}
+
+
+@pytest.mark.parametrize("fence", [True, False])
+def test_trainyard_render_k8s_follows_the_cluster_files_opt_out(fence: bool) -> None:
+    from tests.unit.launch.launch_fixtures import gpu_job
+    from trainyard.config.teams import load_teams
+    from trainyard.plugins.launch.manifests import KubernetesOptions, render_all
+
+    job, plan, placement, env = gpu_job()
+    docs = render_all(job, plan, placement, env, load_teams(), attempt=0, total_gpus=256,
+                      options=KubernetesOptions(fence_lost_nodes=fence))
+    assert ("patch" in node_verbs(docs)) is fence
