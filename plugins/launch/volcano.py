@@ -189,7 +189,11 @@ class KubernetesLauncher:
         self.sleep = sleep
         self.delete_timeout_s = delete_timeout_s
         """How long `submit` waits for a previous attempt's Job to finish deleting, and `stop`
-        for the Job to be gone beyond the grace."""
+        for the Job to be gone beyond the grace. With `options.fence_lost_nodes` a lost node's
+        pods go only once Kubernetes marks it NotReady and the pod GC runs, so this must cover
+        kube-controller-manager's `--node-monitor-grace-period` (50 s by default) plus the pod
+        GC's 20 s period; the default 120 s does. Past it the stop reports the Job still there
+        and fences nothing more (the next attempt's `submit` waits, but does not fence)."""
         self.poll_interval_s = poll_interval_s
 
     @classmethod
