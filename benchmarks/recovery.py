@@ -68,7 +68,9 @@ the health watch's loop, the stop (which fences the lost node: out-of-service ta
 Kubernetes marks it NotReady, then the pod GC) and the next attempt on the spare, not through
 Airflow, and with the tiny all-reduce job (no checkpoint, so no restore) (`kube_real`):
 `node_lost_mttr_s`, `node_lost_detector`, `node_lost_detect_s`, `kubernetes_not_ready_s` and
-`node_lost_phases_s` (detect, stop_and_fence, next_attempt_first_step).
+`node_lost_phases_s` (detect, stop_and_fence, next_attempt_first_step); then the same on a fresh
+harness with the administrator's opt-out (`fence_lost_nodes: false`: the lost pods forced away),
+`forced` and `fenced_vs_forced_mttr` (`--skip-forced`: not).
 
 `steps_lost` is per path: the last step completed before the failure minus the step the
 recovery resumed from; target ≤ `checkpoint_interval_steps`. (On the control-plane path the
@@ -120,6 +122,8 @@ def main() -> int:
     p.add_argument("--cluster", choices=("local", "kube-sim", "kube-real"), default="local",
                    help="kube-sim: a rank killed inside its pod, then a lost node, on the simulated Kubernetes; "
                         "kube-real: a lost node on the real control plane (both need root)")
+    p.add_argument("--skip-forced", action="store_true",
+                   help="kube-real: only the fenced stop, not also the opt-out's forced deletion")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out: dict[str, Any] = {"checkpoint_interval_steps": args.interval, "kill_at_step": args.kill_at}
@@ -127,7 +131,12 @@ def main() -> int:
     if args.cluster == "kube-real":
         with tempfile.TemporaryDirectory(prefix="bench-recovery-", dir="/var/tmp") as tmp:
             out = {"cluster": "kube-real", "launcher": "kubernetes", "queueing": "kueue",
-                   "cpu_count": os.cpu_count(), "load_1m": out["load_1m"], **kube_real(Path(tmp))}
+                   "cpu_count": os.cpu_count(), "load_1m": out["load_1m"], **kube_real(Path(tmp) / "fenced")}
+        if not args.skip_forced:
+            with tempfile.TemporaryDirectory(prefix="bench-recovery-", dir="/var/tmp") as tmp:
+                forced = kube_real(Path(tmp) / "forced", fence=False)
+            out["forced"] = {k: forced[k] for k in ("node_lost_mttr_s", "node_lost_detect_s", "node_lost_phases_s")}
+            out["fenced_vs_forced_mttr"] = round(out["node_lost_mttr_s"] / forced["node_lost_mttr_s"], 2)
         out["load_avg_1m"] = round(os.getloadavg()[0], 2)
         print(json.dumps(out))
         return 0
@@ -601,7 +610,7 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
 # --- 6. a lost node on the real control plane ------------------------------------------------------
 
 
-def kube_real(folder: Path) -> dict[str, Any]:
+def kube_real(folder: Path, *, fence: bool = True) -> dict[str, Any]:
     """A lost node on `RealKubeHarness` (kube-apiserver, kube-controller-manager with its DEFAULT
     node-monitor grace and eviction, kube-scheduler, Kueue; three nodes, node agents behind their
     links), driven in this process by the control plane's own steps — Airflow is not wired to the
@@ -614,7 +623,9 @@ def kube_real(folder: Path) -> dict[str, Any]:
     no restore is in the figure). `node_lost_mttr_s` = from the link going down to the next
     attempt's first step (its rank 0's log line, polled every 0.2 s); `node_lost_detector` =
     which verdict came first: `health_watch` (its agent missed `MISSED_HEARTBEATS_LOST` polls) or
-    `kubernetes` (the node's Ready condition left True: its `lastTransitionTime`)."""
+    `kubernetes` (the node's Ready condition left True: its `lastTransitionTime`). `fence=False`:
+    the administrator's opt-out (`fence_lost_nodes: false`), the lost pods forced away at once —
+    the same run's competitor, what fencing costs."""
     import inspect
     import shutil
     from datetime import datetime
@@ -633,9 +644,12 @@ def kube_real(folder: Path) -> dict[str, Any]:
     data: dict[str, Any] = load_cluster("kube-sim").model_dump(by_alias=True, exclude_none=True)
     data["spec"]["racks"][0]["nodes"][0]["count"] = len(NODES_WITH_SPARE)
     cluster, spare = Cluster.model_validate(data), NODES_WITH_SPARE[-1]
+    folder.mkdir(parents=True)
+    folder.parent.chmod(0o711)
     folder.chmod(0o711)  # the pods (uid 1000) reach their volumes under it
     with RealKubeHarness(folder / "kube", NODES_WITH_SPARE, node_agents=True) as kube:
         launcher = control_plane_launcher(kube, teams, [namespace], total_slots=2, delete_timeout_s=600)
+        launcher.options = launcher.options.model_copy(update={"fence_lost_nodes": fence})
 
         def first_step(handle: Any, pod_name: Callable[[Any], str]) -> Any:
             status = launcher.poll(handle)
