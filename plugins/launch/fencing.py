@@ -14,7 +14,8 @@ quota.
 
 The policy (`KubernetesOptions.fence_lost_nodes`, on by default; off: the old forced deletion):
 - only nodes the control plane itself judged lost — the health watch's verdict (`lost_nodes` of
-  the stop) or a node already NotReady when the stop began;
+  the stop) or a node already NotReady when the stop began — or on which a pod the stop deleted
+  is still waiting (a stop that began, for another reason, before either verdict);
 - and only once Kubernetes agrees: its node lifecycle controller has set the node's `Ready`
   condition to False or Unknown (`--node-monitor-grace-period`, 50 s by default in v1.37). Two
   independent verdicts: a node whose agent alone went silent keeps a kubelet that ends the pods

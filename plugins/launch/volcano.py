@@ -590,16 +590,20 @@ class KubernetesLauncher:
 
     def _wait_gone(self, handle: RunHandle, last: RunStatus, timeout_s: float, *, fence: Collection[str] = (),
                    fenced: list[str] | None = None) -> RunStatus | None:
-        """None once the Job is gone; else the last status seen when `timeout_s` ran out. Each
-        look fences the nodes of `fence` Kubernetes has marked NotReady meanwhile (appended to
-        `fenced`)."""
+        """None once the Job is gone; else the last status seen when `timeout_s` ran out. With
+        `options.fence_lost_nodes` each look fences (appended to `fenced`) the nodes of `fence`,
+        and those a terminating pod of the gang is on, that Kubernetes has marked NotReady."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             seen = self._observe(handle)
             if seen.job is None or (handle.uid and seen.job["metadata"].get("uid") != handle.uid):
                 return None
-            if fence:
-                tainted = self._fence(seen, fence)
+            if self.options.fence_lost_nodes:
+                # the lost nodes, and any node a pod still waits on once Kubernetes marks it
+                # NotReady (a stop that began before either verdict: no kubelet will confirm)
+                waiting = {node for pod in seen.pods if pod["metadata"].get("deletionTimestamp")
+                           and (node := pod["spec"].get("nodeName"))}
+                tainted = self._fence(seen, {*fence, *waiting})
                 if fenced is not None:
                     fenced.extend(tainted)
             status = run_status(handle, seen)
