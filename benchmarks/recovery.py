@@ -648,7 +648,7 @@ def kube_real(folder: Path, *, fence: bool = True) -> dict[str, Any]:
     folder.parent.chmod(0o711)
     folder.chmod(0o711)  # the pods (uid 1000) reach their volumes under it
     with RealKubeHarness(folder / "kube", NODES_WITH_SPARE, node_agents=True) as kube:
-        launcher = control_plane_launcher(kube, teams, [namespace], total_slots=2, delete_timeout_s=600)
+        launcher = control_plane_launcher(kube, teams, delete_timeout_s=600)
         launcher.options = launcher.options.model_copy(update={"fence_lost_nodes": fence})
 
         def first_step(handle: Any, pod_name: Callable[[Any], str]) -> Any:

@@ -45,7 +45,8 @@ from trainyard.plugins.run.model import RunHandle, RunStatus
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 TEAMS = Teams(teams={"demo": Team(share=1.0, quota_gpus=2)})
-"""The team's quota is one gang of two: the next attempt is admitted only once the lost one's is freed."""
+"""The team's Kueue quota (its share of the three nodes' slots) holds one gang of two, not two:
+the next attempt is admitted only once the lost one's quota is freed."""
 NAMESPACE = "team-demo"
 JOB = "tiny-lost"
 RUN = "r-lost"
@@ -73,7 +74,7 @@ def kube() -> Iterator[RealKubeHarness]:
 @pytest.fixture(scope="module")
 def launcher(kube: RealKubeHarness) -> KubernetesLauncher:
     # the stop waits for Kubernetes' own verdict (50 s) and the pod GC (20 s period)
-    return tenant.control_plane_launcher(kube, TEAMS, [NAMESPACE], total_slots=2, delete_timeout_s=240)
+    return tenant.control_plane_launcher(kube, TEAMS, delete_timeout_s=240)
 
 
 def with_spare() -> Cluster:

@@ -61,7 +61,7 @@ def kube() -> Iterator[RealKubeHarness]:
 def launcher(kube: RealKubeHarness) -> KubernetesLauncher:
     """The administrator's part first, then the launcher as the control plane itself, with its
     ServiceAccount's own token (`tenant.control_plane_launcher`)."""
-    return control_plane_launcher(kube, TEAMS, [NAMESPACE], total_slots=2)
+    return control_plane_launcher(kube, TEAMS)
 
 
 def submit(kube: RealKubeHarness, launcher: KubernetesLauncher, name: str, args: list[str], **kwargs: Any

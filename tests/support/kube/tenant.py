@@ -1,24 +1,17 @@
-"""A team on the real control plane, set up as on a real cluster, and the launcher as the
-control plane itself: what `tests/integration/launch/test_kueue_launch.py` and
-`test_kube_node_loss.py` both start from (one home for it).
+"""The launcher as the control plane itself on the real control plane, for the launcher-level
+tests (`tests/integration/launch/test_kueue_launch.py`, `test_kube_node_loss.py`).
 
-An administrator applies the platform's namespace, the team's namespace (Pod Security
-`restricted`, its quota, its data account), the control plane's RBAC for Kueue and the queues
-(`ensure_queues`); the launcher then runs with the control plane's ServiceAccount's own token,
-so every call it makes is judged by the real authorizer.
+The administrator's part is `RealKubeHarness.apply_platform` (what `trainyard render k8s`
+prints for the cluster: the teams' namespaces under Pod Security `restricted`, quotas, the
+control plane's RBAC, priorities, the Kueue queues); the launcher then runs with the control
+plane's own ServiceAccount token (`RealKubeHarness.control_plane_kubeconfig`), so every call it
+makes is judged by the real authorizer — the same two steps the DAG's e2e stack takes.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainyard.plugins.launch.kube_clients import KubeClients
-from trainyard.plugins.launch.rbac import ACCOUNT, render_rbac
-from trainyard.plugins.launch.tenancy import (
-    PLATFORM_NAMESPACE,
-    render_platform_namespace,
-    render_teams,
-)
 from trainyard.plugins.launch.volcano import KubernetesLauncher
 
 if TYPE_CHECKING:
@@ -26,23 +19,14 @@ if TYPE_CHECKING:
     from trainyard.config.teams import Teams
 
 
-def control_plane_launcher(kube: RealKubeHarness, teams: Teams, namespaces: list[str], *, total_slots: int,
-                           **launcher_kwargs: Any) -> KubernetesLauncher:
-    """The administrator's part (see the module docstring), then the launcher on the control
-    plane's own token, `queueing="kueue"`, the pods' heartbeats in an `emptyDir`."""
-    from kubernetes import client, utils
-
-    admin = kube.cluster.client()  # type: ignore[union-attr]
-    for doc in [render_platform_namespace(), *render_teams(teams, cpu_cluster=True),
-                *render_rbac(PLATFORM_NAMESPACE, namespaces, queueing="kueue")]:
-        utils.create_from_dict(admin, doc)
-    options = kube.launcher_options(queueing="kueue", namespace=None, heartbeat_volume="emptyDir")
-    KubernetesLauncher.from_clients(KubeClients.from_api_client(admin), options=options).ensure_queues(
-        teams, total_gpus=total_slots, cpu_cluster=True)
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
-    token = client.CoreV1Api(admin).create_namespaced_service_account_token(ACCOUNT, PLATFORM_NAMESPACE, request)
-    own = kube.cluster.client(token.status.token)  # type: ignore[union-attr]
-    return KubernetesLauncher.from_clients(KubeClients.from_api_client(own), options=options, **launcher_kwargs)
+def control_plane_launcher(kube: RealKubeHarness, teams: Teams, **launcher_kwargs: Any) -> KubernetesLauncher:
+    """`teams` applied by the administrator, then the launcher on the control plane's token, with
+    the harness's options (`queueing="kueue"`) — and a shared filesystem: these tests' tiny job
+    keeps the default `file://` home, which the simulated nodes see at the same paths."""
+    kube.apply_platform(teams)
+    kubeconfig = kube.control_plane_kubeconfig(kube.root / "control-plane.kubeconfig")
+    return KubernetesLauncher.from_kubeconfig(str(kubeconfig), options=kube.launcher_options(shared_filesystem=True),
+                                              **launcher_kwargs)
 
 
 def trainer_log(kube: RealKubeHarness, pod: str, namespace: str, container: str = "trainer") -> str:
