@@ -60,6 +60,18 @@ launcher is the Volcano one; `"launcher": "kubernetes"`. Two failures in one run
 `torchrun_restart_s`, `bare_restart_restore_s`, `restore_s` and `local_fast_path_mttr_s` are
 the local runs' (1. and 2. still run); the local control-plane run is skipped.
 
+With `--cluster kube-real` only a lost node is measured, on the REAL control plane
+(`tests/support/kube/real_harness.py`: kube-apiserver, kube-controller-manager with its default
+node-monitor grace and eviction, kube-scheduler, Kueue; three nodes, node agents behind their
+links) with the Kueue launch path and the control plane's own token — driven in this process by
+the health watch's loop, the stop (which fences the lost node: out-of-service taint once
+Kubernetes marks it NotReady, then the pod GC) and the next attempt on the spare, not through
+Airflow, and with the tiny all-reduce job (no checkpoint, so no restore) (`kube_real`):
+`node_lost_mttr_s`, `node_lost_detector`, `node_lost_detect_s`, `kubernetes_not_ready_s` and
+`node_lost_phases_s` (detect, stop_and_fence, next_attempt_first_step); then the same on a fresh
+harness with the administrator's opt-out (`fence_lost_nodes: false`: the lost pods forced away),
+`forced` and `fenced_vs_forced_mttr` (`--skip-forced`: not).
+
 `steps_lost` is per path: the last step completed before the failure minus the step the
 recovery resumed from; target ≤ `checkpoint_interval_steps`. (On the control-plane path the
 injected GPU failure leaves the ranks running until the health watch stops them, and the
@@ -107,12 +119,27 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=50, help="max steps of each run")
     p.add_argument("--skip-control-plane", action="store_true", help="only the fast path and the bare restart")
     p.add_argument("--hang-timeout-s", type=int, default=10, help="the hang run's faultTolerance.hangTimeout")
-    p.add_argument("--cluster", choices=("local", "kube-sim"), default="local",
-                   help="kube-sim: a rank killed inside its pod, then a lost node, on the simulated Kubernetes (needs root)")
+    p.add_argument("--cluster", choices=("local", "kube-sim", "kube-real"), default="local",
+                   help="kube-sim: a rank killed inside its pod, then a lost node, on the simulated Kubernetes; "
+                        "kube-real: a lost node on the real control plane (both need root)")
+    p.add_argument("--skip-forced", action="store_true",
+                   help="kube-real: only the fenced stop, not also the opt-out's forced deletion")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out: dict[str, Any] = {"checkpoint_interval_steps": args.interval, "kill_at_step": args.kill_at}
     out.update(launcher="local", cpu_count=os.cpu_count(), load_1m=round(os.getloadavg()[0], 2))
+    if args.cluster == "kube-real":
+        with tempfile.TemporaryDirectory(prefix="bench-recovery-", dir="/var/tmp") as tmp:
+            out = {"cluster": "kube-real", "launcher": "kubernetes", "queueing": "kueue",
+                   "cpu_count": os.cpu_count(), "load_1m": out["load_1m"], **kube_real(Path(tmp) / "fenced")}
+        if not args.skip_forced:
+            with tempfile.TemporaryDirectory(prefix="bench-recovery-", dir="/var/tmp") as tmp:
+                forced = kube_real(Path(tmp) / "forced", fence=False)
+            out["forced"] = {k: forced[k] for k in ("node_lost_mttr_s", "node_lost_detect_s", "node_lost_phases_s")}
+            out["fenced_vs_forced_mttr"] = round(out["node_lost_mttr_s"] / forced["node_lost_mttr_s"], 2)
+        out["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(out))
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         fast = fast_path(Path(tmp) / "fast", args)
         bare = bare_restart(Path(tmp) / "bare", args, fast["checkpoint"], fast["resumed_step"])
@@ -578,6 +605,106 @@ def kubernetes(home: Path, args: argparse.Namespace) -> dict[str, Any]:
                 "node_lost_mttr_s": after.time - lost_at, "node_steps_lost": reached - report.resume_step,
                 "node_lost_detector": detector(report), "node_lost_detect_s": report.detected_at.timestamp() - lost_at,
                 "replaced": [node, sorted(set(handle1.nodes) - set(handle.nodes))]}
+
+
+# --- 6. a lost node on the real control plane ------------------------------------------------------
+
+
+def kube_real(folder: Path, *, fence: bool = True) -> dict[str, Any]:
+    """A lost node on `RealKubeHarness` (kube-apiserver, kube-controller-manager with its DEFAULT
+    node-monitor grace and eviction, kube-scheduler, Kueue; three nodes, node agents behind their
+    links), driven in this process by the control plane's own steps — Airflow is not wired to the
+    real harness here: the health watch's loop (`HealthTrigger`'s: the launcher's status, then
+    `watching.lost_nodes` every `poll_interval_s`), the stop (`KubernetesLauncher.stop`: its
+    out-of-service fencing waits for Kubernetes' NotReady and the pod GC), the next attempt on
+    the spare node (admitted by Kueue within the team's quota of one gang), its first step.
+
+    The gang is `tests/integration/launch/tiny_job.py` (a gloo all-reduce a step, no checkpoint:
+    no restore is in the figure). `node_lost_mttr_s` = from the link going down to the next
+    attempt's first step (its rank 0's log line, polled every 0.2 s); `node_lost_detector` =
+    which verdict came first: `health_watch` (its agent missed `MISSED_HEARTBEATS_LOST` polls) or
+    `kubernetes` (the node's Ready condition left True: its `lastTransitionTime`). `fence=False`:
+    the administrator's opt-out (`fence_lost_nodes: false`), the lost pods forced away at once —
+    the same run's competitor, what fencing costs."""
+    import inspect
+    import shutil
+    from datetime import datetime
+
+    from tests.support.kube.harness import NODES_WITH_SPARE
+    from tests.support.kube.jobs import placed, tiny_job
+    from tests.support.kube.real_harness import RealKubeHarness
+    from tests.support.kube.tenant import control_plane_launcher, trainer_log
+    from trainyard.config.cluster import Cluster, load_cluster
+    from trainyard.config.teams import Team, Teams
+    from trainyard.plugins.attempt import watching
+    from trainyard.sensors.triggers import HealthTrigger
+
+    poll_s = inspect.signature(HealthTrigger).parameters["poll_interval_s"].default
+    teams, namespace, run = Teams(teams={"demo": Team(share=1.0, quota_gpus=2)}), "team-demo", "r-bench"
+    data: dict[str, Any] = load_cluster("kube-sim").model_dump(by_alias=True, exclude_none=True)
+    data["spec"]["racks"][0]["nodes"][0]["count"] = len(NODES_WITH_SPARE)
+    cluster, spare = Cluster.model_validate(data), NODES_WITH_SPARE[-1]
+    folder.mkdir(parents=True)
+    folder.parent.chmod(0o711)
+    folder.chmod(0o711)  # the pods (uid 1000) reach their volumes under it
+    with RealKubeHarness(folder / "kube", NODES_WITH_SPARE, node_agents=True) as kube:
+        launcher = control_plane_launcher(kube, teams, delete_timeout_s=600)
+        launcher.options = launcher.options.model_copy(update={"fence_lost_nodes": fence})
+
+        def first_step(handle: Any, pod_name: Callable[[Any], str]) -> Any:
+            status = launcher.poll(handle)
+            return status if status.state == "running" and len(status.nodes) == 2 and all(
+                "step 1" in trainer_log(kube, pod_name(a), namespace) for a in status.agents) else None
+
+        parts = placed(tiny_job("bench-lost", ["--steps", "100000", "--sleep", "0.2"]), kube.root / "home", run=run,
+                       cluster=cluster, exclude=frozenset({spare}))
+        handle = launcher.submit(*parts.submit_args(), attempt=0)
+        running = wait_for("attempt 0 training", lambda: first_step(handle, lambda a: a.pod), 180, 0.5)
+        handle = handle.bound(running)
+        node = sorted(running.nodes)[-1]
+        time.sleep(2 * poll_s)  # the health watch has seen every agent answer
+        lost_at = time.time()
+        kube.lose_node(node)
+        misses: dict[str, int] = {}
+        answered: dict[str, float] = {}
+        while True:  # HealthTrigger's loop
+            started = time.monotonic()
+            status = launcher.poll(handle)
+            if status.finished:
+                raise RuntimeError(f"the gang ended before the health watch saw the lost node: {status.message}")
+            lost = watching.lost_nodes(handle, kube.node_agents, misses=misses, answered=answered)
+            if lost:
+                break
+            time.sleep(max(0.0, poll_s - (time.monotonic() - started)))
+        detected_at = time.time()
+        reason = watching.node_lost_stop(lost, misses=misses, answered=answered)
+        stopped = launcher.stop(handle, grace_s=10, lost_nodes=reason.nodes)
+        stopped_at = time.time()
+        if stopped.processes_alive:
+            raise RuntimeError(f"the stop did not end the gang: {stopped.message}\n{kube.diagnostics()}")
+        ready = next(c for c in kube.rest().get("v1", "nodes", None, node)["status"]["conditions"]
+                     if c["type"] == "Ready")
+        not_ready_at = (datetime.fromisoformat(ready["lastTransitionTime"].replace("Z", "+00:00")).timestamp()
+                        if ready["status"] != "True" else None)
+        parts = placed(tiny_job("bench-lost", ["--steps", "100000", "--sleep", "0.2"]), kube.root / "home", run=run,
+                       attempt=1, cluster=cluster, exclude=frozenset(reason.nodes))
+        handle1 = launcher.submit(*parts.submit_args(), attempt=1)
+        submitted_at = time.time()
+        after = wait_for("attempt 1's first step", lambda: first_step(handle1, lambda a: a.pod), 300, 0.2)
+        stepped_at = time.time()
+        launcher.stop(handle1, grace_s=0)
+        shutil.rmtree(kube.root / "home", ignore_errors=True)
+    health_s = detected_at - lost_at
+    kube_s = None if not_ready_at is None else not_ready_at - lost_at
+    return {"nodes": len(NODES_WITH_SPARE), "node_lost_mttr_s": round(stepped_at - lost_at, 2),
+            "node_lost_detector": "kubernetes" if kube_s is not None and kube_s < health_s else "health_watch",
+            "node_lost_detect_s": round(health_s, 2),
+            "kubernetes_not_ready_s": None if kube_s is None else round(kube_s, 2),
+            "node_lost_phases_s": {"detect": round(health_s, 2), "stop_and_fence": round(stopped_at - detected_at, 2),
+                                   "next_attempt_first_step": round(stepped_at - submitted_at, 2)},
+            "stop_message": stopped.message, "health_poll_s": poll_s,
+            "node_grace_s": NODE_GRACE_S, "eviction_s": EVICTION_S, "link": "down (drops every packet)",
+            "replaced_node": [node, sorted(set(after.nodes) - set(running.nodes))]}
 
 
 if __name__ == "__main__":

@@ -172,6 +172,12 @@ class KubernetesOptions(BaseModel):
     container that cannot be created) before `poll` reports the launch failed with the
     scheduler's and the kubelet's messages. Written on the Job (`trainyard.io/start-timeout-s`),
     so a launcher that re-attaches from a handle applies the same deadline."""
+    fence_lost_nodes: bool = True
+    """End a lost node's pods the way Kubernetes documents (`fencing.py`): once the node is
+    NotReady and lost to the control plane, taint it `node.kubernetes.io/out-of-service` so the
+    pod GC deletes its pods (and volumes detach) — the control plane's role then patches Nodes.
+    False (an administrator's opt-out, e.g. nodes that may come back with volumes still in
+    use): the stop forces those pods' API objects away (grace 0), faster but unfenced."""
     shared_filesystem: bool = False
     """The pods see one filesystem at the same paths as the control plane (the test harness's
     simulated nodes run on this machine's): `file://` stores and SQLite files are then allowed
@@ -701,7 +707,8 @@ def render_all(job: TrainingJob, plan: Plan, placement: Placement, worker_env: W
     job_namespaces = [*(team_namespace(name) for name in sorted(teams.teams)), namespace]
     return [render_platform_namespace(options.platform_namespace),
             *render_teams(teams, cpu_cluster=cpu_cluster),
-            *render_rbac(options.platform_namespace, job_namespaces, queueing=options.queueing),
+            *render_rbac(options.platform_namespace, job_namespaces, queueing=options.queueing,
+                        fence_lost_nodes=options.fence_lost_nodes),
             *render_priority_classes(), *queueing, render_node_agent_daemonset(options), policy, gang]
 
 

@@ -27,8 +27,10 @@ One Volcano Job per run and attempt (`manifests.render_volcano_job`; its name is
 - **stop** deletes the Job with foreground propagation (uid precondition: a stale handle never
   deletes a newer attempt's Job) and each of its pods with `grace_s`, so the workers get SIGTERM
   and `grace_s` for their emergency checkpoint before SIGKILL; a gang with a pod on a lost node
-  (not Ready, or lost to the health watch) is deleted at once (grace 0: that pod's kubelet
-  cannot confirm, and without its ranks no emergency checkpoint can complete).
+  (not Ready, or lost to the health watch) is deleted at once (grace 0: without its ranks no
+  emergency checkpoint can complete), and the lost node's own pods, which no kubelet will
+  confirm, are ended by Kubernetes' non-graceful node shutdown path once it marks the node
+  NotReady (`fencing.py`: the out-of-service taint, the pod GC).
   It waits until the Job is gone and returns the last status it saw, with the ranks' exits.
 - **poll_async** is poll for the triggerer: the same reads through the provider's
   `AsyncKubernetesHook` connection (a `kubernetes_asyncio` ApiClient), the same pure reading.
@@ -63,6 +65,12 @@ from urllib3.exceptions import HTTPError as Urllib3HTTPError
 from trainyard.plugins.launch.base import LaunchError
 from trainyard.plugins.launch.cluster_settings import check_cluster_settings
 from trainyard.plugins.launch.environment import run_dir_for
+from trainyard.plugins.launch.fencing import (
+    LOST_POD_GRACE_S,
+    OUT_OF_SERVICE_KEY,
+    nodes_to_fence,
+    out_of_service_patch,
+)
 from trainyard.plugins.launch.gang_pods import node_order, pod_key, rank_ranges
 from trainyard.plugins.launch.kube_status import (
     ENDED_PHASES,
@@ -182,7 +190,11 @@ class KubernetesLauncher:
         self.sleep = sleep
         self.delete_timeout_s = delete_timeout_s
         """How long `submit` waits for a previous attempt's Job to finish deleting, and `stop`
-        for the Job to be gone beyond the grace."""
+        for the Job to be gone beyond the grace. With `options.fence_lost_nodes` a lost node's
+        pods go only once Kubernetes marks it NotReady and the pod GC runs, so this must cover
+        kube-controller-manager's `--node-monitor-grace-period` (50 s by default) plus the pod
+        GC's 20 s period; the default 120 s does. Past it the stop reports the Job still there
+        and fences nothing more (the next attempt's `submit` waits, but does not fence)."""
         self.poll_interval_s = poll_interval_s
 
     @classmethod
@@ -487,10 +499,14 @@ class KubernetesLauncher:
         `grace_s` + `delete_timeout_s`) and returns `stopped` with the last ranks seen.
 
         A gang with a pod on a node that is not Ready, or on one of `lost_nodes` (the health
-        watch's verdict, which comes before Kubernetes' own: its node controller waits ~40 s),
-        is deleted at once, grace 0: no kubelet will confirm the lost pod's graceful end, and
-        without its ranks the others' emergency checkpoint (a collective save, after a step of
-        collectives) cannot complete — the grace would only delay the next attempt.
+        watch's verdict, which comes before Kubernetes' own: its node controller waits 50 s),
+        is deleted at once, grace 0: without the lost ranks the others' emergency checkpoint (a
+        collective save, after a step of collectives) cannot complete — the grace would only
+        delay the next attempt. The lost node's own pods are ended as a real cluster ends them
+        (`fencing.py`, `options.fence_lost_nodes`): deleted gracefully — no kubelet will confirm
+        it, so they stay Terminating — and, once Kubernetes marks their node NotReady, the node
+        is tainted out-of-service and kube-controller-manager's pod GC deletes them; the wait
+        for the Job to be gone covers that. Without fencing they are forced away (grace 0).
 
         A 404 means it is already gone: done. The uid precondition makes sure a newer Job of
         the same name (a later attempt) is never deleted by a stale handle (409: also done)."""
@@ -504,8 +520,11 @@ class KubernetesLauncher:
             return RunStatus(state="stopped", message=f"{where} is another object now (uid precondition); nothing of "
                                                       "this attempt is left")
         lost = self._pods_on_lost_nodes(seen, set(lost_nodes))
+        fence: set[str] = set()
         if lost:
             grace = 0
+            if self.options.fence_lost_nodes:
+                fence = {pod["spec"]["nodeName"] for pod in seen.pods if pod["metadata"]["name"] in lost}
         try:
             self._delete_job(handle.namespace, handle.name, handle.uid, grace, handle.api_version)
         except ApiException as e:
@@ -515,11 +534,14 @@ class KubernetesLauncher:
                 return RunStatus(state="stopped", message=f"{where} is another object now (uid precondition failed); "
                                  "nothing of this attempt is left")
             raise
-        self._delete_pods(seen, grace)
-        last = self._wait_gone(handle, before, grace + self.delete_timeout_s)
+        self._delete_pods(seen, grace, on_lost_nodes=fence)
+        fenced: list[str] = []
+        last = self._wait_gone(handle, before, grace + self.delete_timeout_s, fence=fence, fenced=fenced)
         gone = last is None
         last = last or before
         note = f"; no grace: pods on lost nodes: {', '.join(lost)}" if lost else ""
+        if fenced:
+            note += f"; tainted {', '.join(fenced)} {OUT_OF_SERVICE_KEY} (NotReady): their pods ended by the pod GC"
         return RunStatus(state="stopped", ranks=last.ranks, agents=last.agents, nodes=last.nodes, step=last.step,
                          exit_code=next((r.exit_code for r in last.ranks if r.exit_code not in (None, 0)), None),
                          processes_alive=not gone,
@@ -533,26 +555,57 @@ class KubernetesLauncher:
                 if (node := pod["spec"].get("nodeName") or "")
                 and (node in lost_nodes or node_is_ready(seen.nodes.get(node)) is False)]
 
-    def _delete_pods(self, seen: Observed, grace: int) -> None:
+    def _delete_pods(self, seen: Observed, grace: int, *, on_lost_nodes: Collection[str] = ()) -> None:
         """Each pod with `grace` (the Job's deletion would leave its pods their own
-        `terminationGracePeriodSeconds`)."""
+        `terminationGracePeriodSeconds`); those on `on_lost_nodes` (to be fenced) gracefully,
+        with `fencing.LOST_POD_GRACE_S`, never forced."""
         for pod in seen.pods:
             meta = pod["metadata"]
+            wait = LOST_POD_GRACE_S if pod["spec"].get("nodeName") in on_lost_nodes else grace
             try:
                 self._call(self._core().delete_namespaced_pod, meta["name"], meta["namespace"],
-                           grace_period_seconds=grace,
-                           body=V1DeleteOptions(grace_period_seconds=grace, preconditions=V1Preconditions(uid=meta["uid"])))
+                           grace_period_seconds=wait,
+                           body=V1DeleteOptions(grace_period_seconds=wait, preconditions=V1Preconditions(uid=meta["uid"])))
             except ApiException as e:
                 if e.status not in (404, 409):
                     raise
 
-    def _wait_gone(self, handle: RunHandle, last: RunStatus, timeout_s: float) -> RunStatus | None:
-        """None once the Job is gone; else the last status seen when `timeout_s` ran out."""
+    def _fence(self, seen: Observed, lost: Collection[str]) -> list[str]:
+        """Taint out-of-service each of `lost` that Kubernetes marks NotReady and that still holds
+        a pod of the gang (`fencing.nodes_to_fence`); the nodes tainted now. A Node changed since
+        it was read (409) is tried again at the next look."""
+        tainted = []
+        for name in nodes_to_fence(seen, lost):
+            try:
+                self._call(self._core().patch_node, name, out_of_service_patch(seen.nodes[name]))
+            except ApiException as e:
+                if e.status in (404, 409):
+                    continue
+                raise LaunchError(f"cannot taint lost node {name} {OUT_OF_SERVICE_KEY}: {e.status} {e.reason}: "
+                                  f"{_api_message(e)}") from e
+            log.warning("node %s is NotReady and lost to the control plane: tainted %s, so that the pod GC ends "
+                        "its pods", name, OUT_OF_SERVICE_KEY)
+            tainted.append(name)
+        return tainted
+
+    def _wait_gone(self, handle: RunHandle, last: RunStatus, timeout_s: float, *, fence: Collection[str] = (),
+                   fenced: list[str] | None = None) -> RunStatus | None:
+        """None once the Job is gone; else the last status seen when `timeout_s` ran out. With
+        `options.fence_lost_nodes` each look fences (appended to `fenced`) the nodes of `fence`,
+        and those a terminating pod of the gang is on, that Kubernetes has marked NotReady."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             seen = self._observe(handle)
             if seen.job is None or (handle.uid and seen.job["metadata"].get("uid") != handle.uid):
                 return None
+            if self.options.fence_lost_nodes:
+                # the lost nodes, and any node a pod still waits on once Kubernetes marks it
+                # NotReady (a stop that began before either verdict: no kubelet will confirm)
+                waiting = {node for pod in seen.pods if pod["metadata"].get("deletionTimestamp")
+                           and (node := pod["spec"].get("nodeName"))}
+                tainted = self._fence(seen, {*fence, *waiting})
+                if fenced is not None:
+                    fenced.extend(tainted)
             status = run_status(handle, seen)
             if status.ranks and any(r.exit_code is not None for r in status.ranks):
                 last = status

@@ -33,6 +33,7 @@ from tests.e2e.kube_stack import kube_stack
 from tests.support.kube.harness import NODES_WITH_SPARE
 from tests.support.kube.real_harness import RealKubeHarness
 from trainyard.plugins.airflow_api import AttemptRun, follow_training_run
+from trainyard.plugins.launch.fencing import OUT_OF_SERVICE_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -210,12 +211,15 @@ def test_a_crashed_rank_fails_its_pod_and_the_run_restarts_from_the_checkpoint(
     assert max(m.step for m in _losses(stack, run)) == steps
 
 
-@pytest.mark.skip(reason="issue 55's node-loss work (branch issue55-nodeloss) moves this test onto the real "
-                         "control plane (default node-monitor grace and eviction); not run here meanwhile")
+@pytest.mark.timeout(1200)  # Kubernetes' default node-monitor grace (50 s) and the pod GC's period are in it
 def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: RunningStack, kube: RealKubeHarness) -> None:
-    """The link of a gang node goes down once the first checkpoint is committed; the health
-    watch misses its agent, the gang is stopped, the node cordoned, and the next attempt is
-    placed on the spare node and resumes from the newest checkpoint."""
+    """The link of a gang node goes down once the first checkpoint is committed (it drops every
+    packet; the node's kubelet, agent and pod keep running behind it); the health watch misses
+    its agent and stops the gang. The lost node's pod is ended as a real cluster ends it: once
+    kube-controller-manager (its default node-monitor grace) marks the node NotReady, the stop
+    taints it out-of-service and the pod GC deletes the pod (`plugins/launch/fencing.py`); the
+    Job goes, Kueue frees the quota, the node is cordoned, and the next attempt is placed on the
+    spare node and resumes from the newest checkpoint."""
     # Attempt 0 holds before step 25 (rank 1 SIGSTOPs itself: the first attempt's fault only,
     # far inside the 60 s hang timeout), so the link goes down while the gang runs however slowly
     # this machine trains, and the gang cannot finish before the loss is seen; the step-10
@@ -268,4 +272,10 @@ def test_a_node_whose_link_goes_down_is_lost_cordoned_and_replaced(stack: Runnin
     action = stack.client.xcom(JOB, attempts[0].dag_run_id, "classify_outcome", key="action")
     assert action["resume_step"] >= INTERVAL, action  # from a checkpoint, not from scratch
     assert max(m.step for m in _losses(stack, attempts[0].run)) == steps
+    # the stop fenced the node once Kubernetes marked it NotReady: no pod of the run is left on it
+    node = kube.rest().get("v1", "nodes", None, lost["node"])
+    assert {"key": OUT_OF_SERVICE_KEY, "value": "nodeshutdown", "effect": "NoExecute"} in node["spec"]["taints"], node
+    assert not [p for p in kube.rest().list("v1", "pods", namespace=NAMESPACE)
+                if p["spec"].get("nodeName") == lost["node"]]
+    assert lost["node"] in JobStateStore(stack.settings.state_db).cordoned()  # the platform's cordon
     kube.restore_node(lost["node"])

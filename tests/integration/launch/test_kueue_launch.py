@@ -23,19 +23,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.kube import netns
+from tests.support.kube import netns, tenant
 from tests.support.kube.jobs import placed, tiny_job
 from tests.support.kube.real_cluster import binaries_missing
 from tests.support.kube.real_harness import RealKubeHarness
+from tests.support.kube.tenant import control_plane_launcher
 from tests.support.require import missing
 from trainyard.config.teams import Team, Teams
-from trainyard.plugins.launch.kube_clients import KubeClients
-from trainyard.plugins.launch.rbac import ACCOUNT, render_rbac
-from trainyard.plugins.launch.tenancy import (
-    PLATFORM_NAMESPACE,
-    render_platform_namespace,
-    render_teams,
-)
 from trainyard.plugins.launch.volcano import KubernetesLauncher
 from trainyard.plugins.run.model import RunHandle, RunStatus
 
@@ -67,22 +61,9 @@ def kube() -> Iterator[RealKubeHarness]:
 
 @pytest.fixture(scope="module")
 def launcher(kube: RealKubeHarness) -> KubernetesLauncher:
-    """The administrator's part first (the team's namespace, quota and data account, the control
-    plane's RBAC for Kueue, the queues); then the launcher as the control plane itself, with its
-    ServiceAccount's own token: every call below is judged by the real authorizer."""
-    from kubernetes import client, utils
-
-    admin = kube.cluster.client()  # type: ignore[union-attr]
-    for doc in [render_platform_namespace(), *render_teams(TEAMS, cpu_cluster=True),
-                *render_rbac(PLATFORM_NAMESPACE, [NAMESPACE], queueing="kueue")]:
-        utils.create_from_dict(admin, doc)
-    options = kube.launcher_options(queueing="kueue", namespace=None, heartbeat_volume="emptyDir")
-    KubernetesLauncher.from_clients(KubeClients.from_api_client(admin), options=options).ensure_queues(
-        TEAMS, total_gpus=2, cpu_cluster=True)
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
-    token = client.CoreV1Api(admin).create_namespaced_service_account_token(ACCOUNT, PLATFORM_NAMESPACE, request)
-    own = kube.cluster.client(token.status.token)  # type: ignore[union-attr]
-    return KubernetesLauncher.from_clients(KubeClients.from_api_client(own), options=options)
+    """The administrator's part first, then the launcher as the control plane itself, with its
+    ServiceAccount's own token (`tenant.control_plane_launcher`)."""
+    return control_plane_launcher(kube, TEAMS)
 
 
 def submit(kube: RealKubeHarness, launcher: KubernetesLauncher, name: str, args: list[str], **kwargs: Any
@@ -107,12 +88,7 @@ def wait(kube: RealKubeHarness, launcher: KubernetesLauncher, handle: RunHandle,
 
 
 def trainer_log(kube: RealKubeHarness, pod: str, container: str = "trainer") -> str:
-    """A container's log as its node keeps it (the real API server would ask the kubelet's own
-    server for it, which the simulated kubelet does not run)."""
-    try:
-        return (kube.pod_dir(pod, NAMESPACE) / f"{container}.log").read_text(errors="replace")[-3000:]
-    except (OSError, KeyError) as e:
-        return f"(no {container} log: {e})"
+    return tenant.trainer_log(kube, pod, NAMESPACE, container)
 
 
 def test_a_gang_kueue_admits_runs_across_the_nodes_and_completes(kube: RealKubeHarness,

@@ -60,9 +60,9 @@ def wide_cluster(slots: int) -> Cluster:
 
 
 def placed(job: TrainingJob, home: Path, *, run: str = "r-test", attempt: int = 0,
-           cluster: Cluster | None = None) -> Placed:
+           cluster: Cluster | None = None, exclude: frozenset[str] = frozenset()) -> Placed:
     plan = Plan(layout=RankLayout(dp=job.spec.hardware.gpu_count))
-    placement = place_gang(GangRequest.for_job(job, plan, run=run),
+    placement = place_gang(GangRequest.for_job(job, plan, run=run, exclude=exclude),
                            Inventory.from_cluster(cluster or load_cluster("kube-sim")))
     env = build_worker_env(job, plan, Settings(home=home, mlflow_tracking_uri="http://mlflow.example:5000"),
                            run=run, attempt=attempt, mlflow_run_id="0" * 32)

@@ -9,7 +9,12 @@ its pods get `Ready=False`. After `eviction_s` more (the DefaultTolerationSecond
 a `DisruptionTarget` condition (reason `DeletionByTaintManager`), a `TaintManagerEviction` event,
 then a graceful delete — which the lost node's kubelet cannot finish, so the pod stays
 Terminating (its processes keep running behind the cut link, as on a real partitioned node)
-until someone force-deletes it. When the kubelet posts status again, the taints are removed.
+until someone force-deletes it — or, as kube-controller-manager's pod GC does on a node that is
+not Ready and carries the `node.kubernetes.io/out-of-service` taint (non-graceful node shutdown;
+what the launcher's stop applies to a lost node, `plugins/launch/fencing.py`), until that taint
+is there: the terminating pods are then marked Failed and deleted (at once here; every 20 s in
+Kubernetes). When the kubelet posts status again, the unreachable taints are removed (the
+out-of-service taint is a person's to remove, as on a real cluster).
 
 **DNS**: a pod with `hostname` and `subdomain`, bound to a node, in a namespace with a Service
 named like the subdomain, resolves as `<hostname>.<subdomain>.<namespace>.svc.cluster.local`,
@@ -28,6 +33,7 @@ from tests.support.kube.rest import Rest, RestError
 from tests.support.kube.store import now_rfc3339, parse_time
 
 UNREACHABLE = "node.kubernetes.io/unreachable"
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 
 
 def node_ready(node: dict[str, Any]) -> bool:
@@ -60,6 +66,9 @@ class NodeLifecycle:
                     self.api.patch("v1", "nodes", None, node["metadata"]["name"],
                                    {"spec": {"taints": [t for t in taints if t["key"] != UNREACHABLE] or None}})
                 continue
+            if any(t["key"] == OUT_OF_SERVICE for t in taints):
+                for pod in on_node:
+                    self._gc_terminating(pod)
             added = next((t.get("timeAdded") for t in taints if t["key"] == UNREACHABLE and t["effect"] == "NoExecute"),
                          None)
             if added and (now - parse_time(added)).total_seconds() >= self.eviction_s:
@@ -86,6 +95,20 @@ class NodeLifecycle:
             conditions.append({"type": "Ready", "status": "False", "lastTransitionTime": now})
             self.api.patch("v1", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"],
                            {"status": {"conditions": conditions}}, status=True)
+
+    def _gc_terminating(self, pod: dict[str, Any]) -> None:
+        """The pod GC on an out-of-service node: a terminating pod is marked Failed, then deleted."""
+        meta = pod["metadata"]
+        if not meta.get("deletionTimestamp"):
+            return
+        try:
+            if pod["status"].get("phase") not in ("Succeeded", "Failed"):
+                self.api.patch("v1", "pods", meta["namespace"], meta["name"], {"status": {"phase": "Failed"}},
+                               status=True)
+            self.api.delete("v1", "pods", meta["namespace"], meta["name"], {"gracePeriodSeconds": 0})
+        except RestError as e:
+            if e.status != 404:
+                raise
 
     def _evict(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]

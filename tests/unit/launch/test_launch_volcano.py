@@ -31,6 +31,7 @@ from tests.support.kube.jobs import placed, tiny_job, wide_cluster
 from tests.support.require import missing
 from tests.unit.launch.launch_fixtures import gpu_job
 from trainyard.plugins.launch.base import LaunchError
+from trainyard.plugins.launch.fencing import LOST_POD_GRACE_S, OUT_OF_SERVICE_KEY, is_out_of_service
 from trainyard.plugins.launch.manifests import KubernetesOptions, render_volcano_job
 from trainyard.plugins.launch.volcano import KubernetesLauncher, retry_after_s
 from trainyard.plugins.run.model import RunHandle
@@ -244,7 +245,7 @@ def test_an_image_that_cannot_be_pulled_fails_the_launch_past_the_deadline(plane
     assert f"pod {pods[0]}: ImagePullBackOff: Back-off pulling image" in status.message
 
 
-def test_a_node_not_ready_is_reported_and_stop_force_deletes_its_pod(plane: ControlPlane, launcher: KubernetesLauncher,
+def test_a_node_not_ready_is_reported_and_stop_fences_it(plane: ControlPlane, launcher: KubernetesLauncher,
                                                                      tmp_path: Path) -> None:
     handle, pods = start(plane, launcher, tmp_path)
     plane.set_node_ready("kube-sim-1", False)
@@ -255,6 +256,9 @@ def test_a_node_not_ready_is_reported_and_stop_force_deletes_its_pod(plane: Cont
     stopped = launcher.stop(handle, grace_s=5)
     assert stopped.state == "stopped" and f"no grace: pods on lost nodes: {pods[1]}" in stopped.message
     assert not stopped.processes_alive and plane.rest.list("v1", "pods", "trainyard") == []
+    # the node Kubernetes marks NotReady held a pod of the gang: fenced, so the pod GC ends it
+    assert f"tainted kube-sim-1 {OUT_OF_SERVICE_KEY}" in stopped.message
+    assert [is_out_of_service(plane.rest.get("v1", "nodes", None, f"kube-sim-{i}")) for i in (0, 1)] == [False, True]
 
 
 def test_poll_of_a_vanished_or_replaced_job_is_stopped(plane: ControlPlane, launcher: KubernetesLauncher,
@@ -300,16 +304,32 @@ def test_stop_gives_the_grace_then_deletes_in_the_foreground(plane: ControlPlane
 
 def test_stop_gives_no_grace_once_the_health_watch_lost_a_node_before_kubernetes_did(
         plane: ControlPlane, launcher: KubernetesLauncher, tmp_path: Path) -> None:
-    """The node is still Ready to Kubernetes (its node controller waits ~40 s), but its agent
-    is gone: no kubelet would confirm its pod's graceful end, and without that pod's ranks the
-    other pod's emergency checkpoint cannot complete — every pod is deleted at once."""
+    """The node is still Ready to Kubernetes (its node controller waits 50 s), but its agent
+    is gone: without that pod's ranks the other pod's emergency checkpoint cannot complete — the
+    healthy node's pod is deleted at once; the lost node's pod gracefully, never forced (its
+    kubelet cannot confirm: it stays Terminating until Kubernetes' own verdict and the
+    out-of-service taint end it), and a node Kubernetes still sees Ready is not tainted."""
     handle, pods = start(plane, launcher, tmp_path)
     seen_from = plane.server.store.rv
     stopped = launcher.stop(handle, grace_s=7, lost_nodes=["kube-sim-1"])
     assert stopped.state == "stopped" and f"no grace: pods on lost nodes: {pods[1]}" in stopped.message
     graces = _deletion_graces(plane, seen_from)
-    assert graces == dict.fromkeys(pods, 0), graces
+    assert graces == {pods[0]: 0, pods[1]: LOST_POD_GRACE_S}, graces
     assert not stopped.processes_alive and plane.rest.list("v1", "pods", "trainyard") == []
+    assert "tainted" not in stopped.message and not is_out_of_service(plane.rest.get("v1", "nodes", None, "kube-sim-1"))
+
+
+def test_without_fencing_a_lost_nodes_pod_is_forced_away_and_no_node_is_tainted(plane: ControlPlane,
+                                                                                tmp_path: Path) -> None:
+    """The administrator's opt-out (`fence_lost_nodes=False`): the old forced deletion (grace 0)."""
+    launcher = launcher_for(plane, fence_lost_nodes=False)
+    handle, pods = start(plane, launcher, tmp_path)
+    plane.set_node_ready("kube-sim-1", False)
+    seen_from = plane.server.store.rv
+    stopped = launcher.stop(handle, grace_s=7)
+    assert _deletion_graces(plane, seen_from) == dict.fromkeys(pods, 0)
+    assert not stopped.processes_alive and "tainted" not in stopped.message
+    assert not is_out_of_service(plane.rest.get("v1", "nodes", None, "kube-sim-1"))
 
 
 def test_a_stale_handle_never_deletes_a_newer_attempts_job(plane: ControlPlane, launcher: KubernetesLauncher,
