@@ -24,7 +24,13 @@ events — as plain JSON (`Observed`), and this module reads them:
   own record (the container SIGKILLed, OOMKilled) gets the container's signal as a negative code
   (`-9`: killed by SIGKILL, the local launcher's convention) and the pod's reason as outcome;
 - **failed_rank / exit_code**: the first rank that failed (earliest `ended_at`), its code;
-  0 when the Job completed.
+  0 when the Job completed;
+- **evicted** (Kueue): the Workload's eviction in Kueue's words (`kueue_queues.eviction_cause`).
+  Kueue suspends an evicted Job and the Job controller deletes its pods with their grace: the
+  ranks take their emergency checkpoint and exit 43. The attempt reads `running` ("Kueue evicted
+  the gang: …; its pods are stopping") until no pod is left, then `failed` with that cause,
+  whatever the Job says by then (suspended, or `Failed` by its backoff limit as the pods
+  exited) — never a launch that did not start, however long it ran before.
 """
 
 from __future__ import annotations
@@ -179,6 +185,9 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
     bound = {pod_key(p): p["spec"].get("nodeName") or "" for p in seen.pods}
     nodes = [bound[pod] for pod in gang] if gang and all(bound.get(pod) for pod in gang) else []
     message = _message(job, phase, agents)
+    evicted = _eviction(seen)
+    if evicted:
+        return _evicted(evicted, message, seen, ranks=ranks, agents=agents, nodes=nodes, ended=ended)
     blocked = _blocked(seen, agents) if phase == "Pending" or any(a.phase == "Pending" for a in agents) else ""
     if blocked:
         message += f"; not started: {blocked}"
@@ -198,6 +207,37 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
                      failed_rank=failed[0].rank if failed and state != "succeeded" else None,
                      ranks=ranks, agents=agents, nodes=nodes,
                      processes_alive=phase not in ENDED_PHASES or _alive(seen.pods))
+
+
+def _eviction(seen: Observed) -> str:
+    if seen.group is None or seen.group.get("kind") != "Workload":
+        return ""
+    from trainyard.plugins.launch.kueue_queues import eviction_cause
+
+    return eviction_cause(seen.group)
+
+
+def _evicted(cause: str, message: str, seen: Observed, *, ranks: list[RankStatus], agents: list[AgentStatus],
+             nodes: list[str], ended: dict[int, float]) -> RunStatus:
+    """The status of a gang Kueue took back (module docstring): over once no pod is left; its
+    exit code the first failed rank's (43: the emergency checkpoint), None where no pod's exit
+    was seen (they went between two polls)."""
+    alive = _alive(seen.pods)
+    failed = sorted((r for r in ranks if r.exit_code not in (None, 0)),
+                    key=lambda r: (ended.get(r.rank, float("inf")), r.rank))
+    return RunStatus(state="running" if alive else "failed", evicted=cause, ranks=ranks, agents=agents, nodes=nodes,
+                     exit_code=failed[0].exit_code if failed else None,
+                     failed_rank=failed[0].rank if failed else None, processes_alive=alive,
+                     message=f"Kueue evicted the gang: {cause}" + ("; its pods are stopping" if alive else "")
+                             + f" ({message})")
+
+
+def reads_workload(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """Whether a poll needs Kueue's Workload of `job`: a batch Job that is not plainly running —
+    waiting for admission, suspended by an eviction, ended (an evicted Job may fail by its
+    backoff limit as its pods exit) — or whose pods are being deleted."""
+    return is_batch_job(job) and (job_phase(job) != "Running"
+                                  or any(p["metadata"].get("deletionTimestamp") for p in pods))
 
 
 def _alive(pods: list[dict[str, Any]]) -> bool:
