@@ -158,7 +158,8 @@ class Concluded(_Out):
     @property
     def summary(self) -> str:
         """One line for people (the DAG run's note): `attempt 0: worker_crash at step 119
-        (rank 1: killed by SIGKILL) → restart from step 100`."""
+        (rank 1: killed by SIGKILL) → restart from step 100`; a preemption names its cause
+        (`… → requeue from step 12 — preempted by Kueue: Preempted (InCohortReclamation): …`)."""
         from trainyard.plugins.run.exit_codes import describe
 
         r, a = self.report, self.action
@@ -170,6 +171,8 @@ class Concluded(_Out):
                 "give_up": "gave up", "cancel": "cancelled"}.get(a.kind, a.kind)
         resume = f" from step {a.resume_step}" if a.retries and a.resume_step is not None else ""
         why = f": {a.reason}" if a.kind in ("give_up", "cancel") else ""
+        if r.outcome == "preempted":  # by whom and why: the platform's eviction, or Kueue's in its words
+            why = f" — {r.reason}"
         return f"attempt {r.attempt}: {r.outcome}{where}{detail} → {then}{resume}{why}"[:1000]
 
 
