@@ -9,7 +9,8 @@ events — as plain JSON (`Observed`), and this module reads them:
   `ImagePullBackOff`, `CreateContainerError`, … — is `pending` with the scheduler's or kubelet's
   message, and `failed` ("launch failed: …", with the latest warning event) once it has been so
   for longer than the Job's start timeout (`trainyard.io/start-timeout-s`, counted from the
-  handle's `created_at`);
+  handle's `created_at` — on Kueue from the Workload's admission: a gang waiting in its queue
+  for quota is not a launch failure, however long it waits);
 - **agents**: one per pod, in node-rank order (`gang_pods.node_order`: torchrun's c10d order of
   the pods' DNS names, whatever node each was bound to): pod name, node, whether that node is Ready,
   phase, the trainer container's exit code and reason (`Completed`, `Error`, `OOMKilled`), or
@@ -192,7 +193,8 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
     if blocked:
         message += f"; not started: {blocked}"
         limit = float((job["metadata"].get("annotations") or {}).get(START_TIMEOUT_ANNOTATION, 600))
-        waited = (now - handle.created_at).total_seconds()
+        since = _start_clock(seen, handle.created_at)
+        waited = (now - since).total_seconds() if since is not None else 0.0
         if state in ("pending", "running") and waited > limit:
             event = _latest_warning(seen)
             return RunStatus(state="failed", agents=agents, ranks=ranks, nodes=nodes, processes_alive=_alive(seen.pods),
@@ -207,6 +209,17 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
                      failed_rank=failed[0].rank if failed and state != "succeeded" else None,
                      ranks=ranks, agents=agents, nodes=nodes,
                      processes_alive=phase not in ENDED_PHASES or _alive(seen.pods))
+
+
+def _start_clock(seen: Observed, created_at: datetime) -> datetime | None:
+    """Since when the pods should have started: the Job's creation, or — on Kueue — its
+    admission. A gang waiting in its queue for quota is not a launch that fails to start (it may
+    wait hours behind a long job): None, no clock runs."""
+    if seen.group is None or seen.group.get("kind") != "Workload":
+        return created_at
+    from trainyard.plugins.launch.kueue_queues import admitted_at
+
+    return admitted_at(seen.group)
 
 
 def _eviction(seen: Observed) -> str:

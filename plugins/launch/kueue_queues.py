@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from trainyard.plugins.launch.manifests import GPU_RESOURCE, PRIORITY_VALUES
@@ -186,3 +187,13 @@ def eviction_cause(workload: Mapping[str, Any] | None) -> str:
         reason += f" ({preempted['reason']})"
     message = evicted.get("message") or (preempted or {}).get("message") or ""
     return f"{reason}: {message}" if message else reason
+
+
+def admitted_at(workload: Mapping[str, Any]) -> datetime | None:
+    """When Kueue admitted the workload (its `Admitted` condition's transition), None while it
+    is not admitted: from then on the gang's pods should start."""
+    for condition in (workload.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Admitted" and condition.get("status") == "True":
+            when = condition.get("lastTransitionTime")
+            return datetime.fromisoformat(str(when).replace("Z", "+00:00")) if when else None
+    return None

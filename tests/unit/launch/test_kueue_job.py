@@ -149,6 +149,34 @@ def test_a_gang_kueue_evicted_is_over_once_its_pods_are_gone_with_kueues_cause()
     assert not run_status(handle, Observed(job=failed, pods=[terminated_pod(0, 43)])).evicted
 
 
+def test_a_gang_waiting_in_its_queue_never_times_out_its_start_clock_runs_from_admission() -> None:
+    """Kueue may hold a gang for hours behind a long job: that is not a launch that failed to
+    start. Once admitted, pods that cannot start fail the launch past the start timeout."""
+    long_ago = datetime(2020, 1, 1, tzinfo=UTC)
+    handle = RunHandle(kind="kubernetes", job="j", attempt=0, world_size=8, namespace="ns", name="j", uid="u1",
+                       ranks_per_node=4, api_version="batch/v1", created_at=long_ago)
+    queued = {"kind": "Workload", "status": {"conditions": [{
+        "type": "QuotaReserved", "status": "False", "reason": "Pending",
+        "message": "couldn't assign flavors to pod set main: insufficient unused quota for cpu"}]}}
+    waiting = run_status(handle, Observed(job=batch_job(suspend=True), group=queued))
+    assert waiting.state == "pending" and "insufficient unused quota" in waiting.message, waiting
+    stuck = indexed_pod(0, "x0", "n0")
+    stuck["spec"].pop("nodeName")
+    stuck["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                           "reason": "Unschedulable", "message": "0/2 nodes"}]}
+
+    def admitted(when: datetime) -> dict[str, Any]:
+        return {"kind": "Workload", "status": {"conditions": [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+            {"type": "Admitted", "status": "True", "reason": "Admitted",
+             "lastTransitionTime": when.isoformat().replace("+00:00", "Z")}]}}
+
+    fresh = run_status(handle, Observed(job=batch_job(active=1), pods=[stuck], group=admitted(datetime.now(UTC))))
+    assert fresh.state == "running" and "not started: pod j-0-x0: 0/2 nodes" in fresh.message, fresh
+    late = run_status(handle, Observed(job=batch_job(active=1), pods=[stuck], group=admitted(long_ago)))
+    assert late.state == "failed" and late.message.startswith("launch failed: the pods of ns/j did not start"), late
+
+
 def test_the_workload_is_read_whenever_the_batch_job_is_not_plainly_running() -> None:
     running = indexed_pod(0, "x0", "n0")
     assert not reads_workload(batch_job(active=2), [running])
