@@ -200,8 +200,7 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
             return RunStatus(state="failed", agents=agents, ranks=ranks, nodes=nodes, processes_alive=_alive(seen.pods),
                              message=f"launch failed: the pods of {where} did not start in {limit:.0f} s: {blocked}"
                                      + (f" (event: {event})" if event and event not in blocked else ""))
-    failed = sorted((r for r in ranks if r.exit_code not in (None, 0)),
-                    key=lambda r: (ended.get(r.rank, float("inf")), r.rank))
+    failed = _failed_first(ranks, ended)
     code = 0 if state == "succeeded" else (failed[0].exit_code if failed else None)
     if state == "failed" and code is None:
         code = next((a.exit_code for a in agents if a.exit_code not in (None, 0)), 1)
@@ -236,13 +235,18 @@ def _evicted(cause: str, message: str, seen: Observed, *, ranks: list[RankStatus
     exit code the first failed rank's (43: the emergency checkpoint), None where no pod's exit
     was seen (they went between two polls)."""
     alive = _alive(seen.pods)
-    failed = sorted((r for r in ranks if r.exit_code not in (None, 0)),
-                    key=lambda r: (ended.get(r.rank, float("inf")), r.rank))
+    failed = _failed_first(ranks, ended)
     return RunStatus(state="running" if alive else "failed", evicted=cause, ranks=ranks, agents=agents, nodes=nodes,
                      exit_code=failed[0].exit_code if failed else None,
                      failed_rank=failed[0].rank if failed else None, processes_alive=alive,
                      message=f"Kueue evicted the gang: {cause}" + ("; its pods are stopping" if alive else "")
                              + f" ({message})")
+
+
+def _failed_first(ranks: list[RankStatus], ended: dict[int, float]) -> list[RankStatus]:
+    """The ranks that failed, the first to end first."""
+    return sorted((r for r in ranks if r.exit_code not in (None, 0)),
+                  key=lambda r: (ended.get(r.rank, float("inf")), r.rank))
 
 
 def reads_workload(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> bool:
