@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from trainyard.plugins.launch.environment import build_worker_env
     from trainyard.plugins.launch.manifests import (
         KubernetesOptions,
+        as_pods_see_it,
         render_all,
         render_volcano_job,
         to_yaml,
@@ -95,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
 
         worker_env = build_worker_env(job, plan, settings, run=new_run_id(), attempt=args.attempt,
                                       mlflow_run_id=args.mlflow_run_id)
-        problems = cluster_setting_problems(job, worker_env, s3_endpoint_url=settings.s3_endpoint_url)
+        options = options.model_copy(update={"pod_s3_endpoint_url": options.pod_s3_endpoint_url
+                                              or settings.s3_endpoint_url})  # as the launcher's backend does
+        problems = cluster_setting_problems(job, as_pods_see_it(worker_env, options),
+                                            s3_endpoint_url=options.pod_s3_endpoint_url)
         if not _report(problems, force=args.force):
             return 1
         if args.job_only and options.queueing == "kueue":
@@ -107,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             docs = render_all(job, plan, placement, worker_env, load_teams(settings.teams_file),
                               attempt=args.attempt, total_gpus=inventory.total_gpus(), options=options,
-                              endpoints=[settings.s3_endpoint_url or settings.object_store,
-                                         settings.mlflow_tracking_uri])
+                              endpoints=[options.pod_s3_endpoint_url or settings.object_store,
+                                         options.pod_mlflow_tracking_uri or settings.mlflow_tracking_uri])
     except Unschedulable as e:
         err_console.print(f"[red]unschedulable[/]: {e.reason.message}")
         return 1

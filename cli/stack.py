@@ -56,6 +56,10 @@ class Stack:
     `AIRFLOW__CORE__EXECUTOR=CeleryExecutor` with its broker) is the same stack with these."""
     durable_db: bool = True
     """False: the embedded PostgreSQL skips fsync (a test's throwaway stack)."""
+    mlflow_hosts: tuple[str, ...] = ()
+    """More `host:port`s the MLflow server answers to, besides 127.0.0.1 and localhost (its
+    host-header check refuses others): where clients reach it by another name (a test's
+    simulated pods, through a relay)."""
 
     @property
     def postgres(self) -> EmbeddedPostgres | None:
@@ -125,12 +129,17 @@ class Stack:
             from trainyard.config.settings import Settings
 
             store = Settings(home=self.home).mlflow_tracking_uri
+            if store.startswith(("http://", "https://")):  # the clients talk to this server: it keeps the home's
+                from trainyard.config.databases import default_url  # database
+
+                store = default_url(self.home, "mlflow")
+            hosts = [f"127.0.0.1:{self.mlflow_port}", f"localhost:{self.mlflow_port}", *self.mlflow_hosts]
             # --app-name trainyard: MLflow's server, opening on its model-training pages
             # (`plugins/tracking/mlflow_app.py`).
             return [sys.executable, "-m", "mlflow", "server", "--app-name", "trainyard", "--backend-store-uri", store,
                     "--default-artifact-root", (self.home / "mlartifacts").as_uri(),
                     "--host", "127.0.0.1", "--port", str(self.mlflow_port), "--workers", "1",
-                    "--allowed-hosts", f"127.0.0.1:{self.mlflow_port},localhost:{self.mlflow_port}"]
+                    "--allowed-hosts", ",".join(hosts)]
         node = component.removeprefix("node-agent-")
         url = self.agents()[node]
         return [sys.executable, "-m", "trainyard.node_agent", "--node", node, "--host", "127.0.0.1",
@@ -152,7 +161,9 @@ class Stack:
         from trainyard.config.settings import Settings
         from trainyard.plugins.tracking.runs import client_for
 
-        client_for(Settings(home=self.home).mlflow_tracking_uri)
+        uri = Settings(home=self.home).mlflow_tracking_uri
+        if not uri.startswith(("http://", "https://")):  # a server migrates its own store
+            client_for(uri)
 
     def _recorded(self, component: str) -> int | None:
         """The pid the component was started with — its process group — alive or not."""

@@ -44,8 +44,10 @@ class KubernetesBackend:
     def create(cls, settings: Settings, options: LaunchOptions, runtime: Runtime) -> KubernetesLauncher:
         from trainyard.plugins.launch.manifests import KubernetesOptions
 
-        k8s = KubernetesOptions.model_validate({**options.cluster_options,
-                                                 "torchrun_max_restarts": options.max_restarts})
+        # the pods reach the store where the control plane does unless the cluster file says otherwise
+        k8s = KubernetesOptions.model_validate({"pod_s3_endpoint_url": settings.s3_endpoint_url,
+                                                **options.cluster_options,
+                                                "torchrun_max_restarts": options.max_restarts})
         return cls._launcher(runtime, k8s, records_dir=settings.runs_dir)
 
     @classmethod

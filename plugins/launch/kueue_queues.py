@@ -74,19 +74,34 @@ def render_workload_priority_classes() -> list[dict[str, Any]]:
             for name, value in PRIORITY_VALUES.items()]
 
 
-def team_quota(team: Team, total: int) -> tuple[int, int]:
+def guaranteed_shares(teams: Teams, total: int) -> dict[str, int]:
+    """Each team's guaranteed share of `total` accelerators in whole ones, apportioned by largest
+    remainder (ties by name), so that they add up to the shares' part of the cluster. Rounding
+    each share down alone lost up to one accelerator per team from the cohort: on 3 CPUs and the
+    six teams of `config/teams.yaml` the cohort held 1, and no team's 2-node gang was ever
+    admitted (the e2e tests on the real control plane, issue 55)."""
+    exact = {name: team.share * total for name, team in teams.teams.items()}
+    whole = {name: int(value) for name, value in exact.items()}
+    spare = round(sum(exact.values())) - sum(whole.values())
+    for name in sorted(exact, key=lambda n: (whole[n] - exact[n], n))[:max(spare, 0)]:
+        whole[name] += 1
+    return whole
+
+
+def team_quota(team: Team, total: int, share: int | None = None) -> tuple[int, int]:
     """(nominal quota, borrowing limit) of a team on a cluster of `total` accelerators: its
-    guaranteed share, and what it may borrow beyond it up to its hard quota (the cluster when it
-    has none); nothing borrowed when it may not borrow."""
-    nominal = int(team.share * total)
+    guaranteed share (`share`, from `guaranteed_shares`; alone: rounded down), and what it may
+    borrow beyond it up to its hard quota (the cluster when it has none); nothing borrowed when
+    it may not borrow."""
+    nominal = int(team.share * total) if share is None else share
     cap = total if team.quota_gpus is None else min(team.quota_gpus, total)
     nominal = min(nominal, cap)
     return nominal, (cap - nominal) if team.can_borrow else 0
 
 
 def render_cluster_queue(name: str, team: Team, *, total: int, cpu_cluster: bool,
-                         rdma_resource: str | None = None) -> dict[str, Any]:
-    nominal, borrow = team_quota(team, total)
+                         rdma_resource: str | None = None, share: int | None = None) -> dict[str, Any]:
+    nominal, borrow = team_quota(team, total, share)
     resources = []
     for resource in covered_resources(cpu_cluster=cpu_cluster, rdma_resource=rdma_resource):
         # The RDMA device is one per pod, so never more than accelerators: the same numbers.
@@ -120,9 +135,10 @@ def render_kueue_queues(teams: Teams, total: int, *, cpu_cluster: bool,
     """Every queueing object, in apply order (the LocalQueues need their team namespaces first:
     `tenancy.render_teams`)."""
     docs = [render_flavor(), *render_workload_priority_classes()]
+    shares = guaranteed_shares(teams, total)
     for name, team in sorted(teams.teams.items()):
         docs.append(render_cluster_queue(name, team, total=total, cpu_cluster=cpu_cluster,
-                                         rdma_resource=rdma_resource))
+                                         rdma_resource=rdma_resource, share=shares[name]))
     docs.extend(render_local_queue(name) for name in sorted(teams.teams))
     return docs
 

@@ -87,6 +87,10 @@ QUEUE_PLURAL = "queues"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
 START_TIMEOUT_ANNOTATION = "trainyard.io/start-timeout-s"
+S3_ENDPOINT_ENV = "TRAINYARD_S3_ENDPOINT_URL"
+"""`Settings.s3_endpoint_url`'s variable: the pods' store endpoint (`pod_s3_endpoint_url`)."""
+DATA_CACHE_ENV = "TRAINYARD_DATA_CACHE_DIR"
+"""`Settings.data_cache_dir`'s variable: the pods' shard cache (`KubernetesOptions.data_cache_dir`)."""
 MAX_OBJECT_BYTES = 1_400_000
 """etcd's default request limit is 1.5 MiB; stay below it with room for status."""
 
@@ -172,6 +176,28 @@ class KubernetesOptions(BaseModel):
     """The pods see one filesystem at the same paths as the control plane (the test harness's
     simulated nodes run on this machine's): `file://` stores and SQLite files are then allowed
     (`cluster_settings`), since every pod and every attempt reaches the same folder."""
+    data_cache_dir: str = "/var/cache/trainyard/data"
+    """Where the pod's shard cache of streamed datasets (`TRAINYARD_DATA_CACHE_DIR`, an
+    `emptyDir` shared by the pod's ranks) is mounted. Without it the ranks made the cache under
+    their settings' home — the image's `TRAINYARD_HOME`, owned by the image's user, not the
+    pods' uid (`run_as_user`): every rank failed with PermissionError on a real cluster."""
+    pod_s3_endpoint_url: str | None = None
+    """The object store's S3 endpoint as the pods reach it — an in-cluster Service
+    (`http://minio.storage.svc:9000`) where the control plane reaches the same store by another
+    address — rendered as the pods' `TRAINYARD_S3_ENDPOINT_URL`. None: the control plane's own
+    (`TRAINYARD_S3_ENDPOINT_URL`, filled in by the launcher's backend), or none at all for AWS."""
+    pod_mlflow_tracking_uri: str = ""
+    """The MLflow tracking server as the pods reach it, their `MLFLOW_TRACKING_URI`; '': the
+    control plane's own (`TRAINYARD_MLFLOW_TRACKING_URI`)."""
+
+
+def as_pods_see_it(worker_env: WorkerEnv, options: KubernetesOptions) -> WorkerEnv:
+    """`worker_env` with the tracking server as the pods reach it (`pod_mlflow_tracking_uri`);
+    the control plane keeps its own view. (The S3 endpoint is not a `WorkerEnv` field: `pod_spec`
+    adds `pod_s3_endpoint_url` to the pods' environment.)"""
+    if not options.pod_mlflow_tracking_uri:
+        return worker_env
+    return worker_env.model_copy(update={"mlflow_tracking_uri": options.pod_mlflow_tracking_uri})
 
 
 def scheduler_of(options: KubernetesOptions) -> str:
@@ -220,13 +246,13 @@ def attempt_context(job: TrainingJob, plan: Plan, placement: Placement, worker_e
     """What every rendering of an attempt's gang starts from, checked: the gang's name
     (`volcano_job_name`), the options with the job's namespace (its team's, where its pods run
     as the team's data account, unless the options name one), the worker environment with the
-    pods' heartbeat and run folders, and the labels."""
+    pods' heartbeat and run folders and their view of the tracking server, and the labels."""
     options = options or KubernetesOptions()
     _check(job, plan, placement, attempt)
     if options.namespace is None:
         options = options.model_copy(update={"namespace": team_namespace(job.metadata.team),
                                              "service_account": options.service_account or TEAM_ACCOUNT})
-    worker_env = worker_env.model_copy(update={
+    worker_env = as_pods_see_it(worker_env, options).model_copy(update={
         "heartbeat_dir": "/".join([options.heartbeat_root, job.metadata.name, *([worker_env.run] if worker_env.run else []),
                                    str(attempt)]),
         "run_dir": options.run_dir,
@@ -328,6 +354,9 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
     env = TORCHRUN_ENV | job_environment(job, plan, worker_env, gpu=gpu)
     if gpu:
         env = DEFAULT_NCCL_ENV | env
+    if options.pod_s3_endpoint_url:
+        env[S3_ENDPOINT_ENV] = options.pod_s3_endpoint_url
+    env[DATA_CACHE_ENV] = options.data_cache_dir
     name = volcano_job_name(job.metadata.name, worker_env.run)
     secret = storage_secret_name(name, worker_env.attempt) if worker_env.storage_credentials else ""
     env_list: list[dict[str, Any]] = [
@@ -378,6 +407,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "heartbeats", "mountPath": options.heartbeat_root},
             {"name": "run", "mountPath": worker_env.run_dir},
+            {"name": "data-cache", "mountPath": options.data_cache_dir},
         ],
     }
     spec: dict[str, Any] = {
@@ -393,6 +423,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
             heartbeat_volume(options),
             {"name": "run", "emptyDir": {}},
+            {"name": "data-cache", "emptyDir": {}},
         ],
     }
     if gpu:

@@ -86,6 +86,7 @@ from trainyard.plugins.launch.manifests import (
     VOLCANO_PLURAL,
     VOLCANO_VERSION,
     KubernetesOptions,
+    as_pods_see_it,
     render_queues,
     render_storage_secret,
     render_volcano_job,
@@ -276,7 +277,9 @@ class KubernetesLauncher:
         Raises `UnsafeForCluster` (fatal) before any API call when a setting cannot work in
         pods (`trainyard.plugins.launch.cluster_settings`), `LaunchError` when the API refuses the Job
         or another Job of that name is in the way."""
-        for warning in check_cluster_settings(job, worker_env, shared_filesystem=self.options.shared_filesystem):
+        for warning in check_cluster_settings(job, as_pods_see_it(worker_env, self.options),
+                                              s3_endpoint_url=self.options.pod_s3_endpoint_url,
+                                              shared_filesystem=self.options.shared_filesystem):
             log.warning("%s", warning.render())
         if worker_env.storage_credentials is not None and self.core_api is None:
             raise LaunchError(f"{job.metadata.name}: the run's storage keys go into a Secret, which needs the "

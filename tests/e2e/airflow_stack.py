@@ -111,10 +111,14 @@ class RunningStack:
 
 @contextmanager
 def running_stack(home: Path, *, overrides: dict[str, str] | None = None,
-                  agents: dict[str, str] | None = None) -> Iterator[RunningStack]:
+                  agents: dict[str, str] | None = None, mlflow_port: int = 0,
+                  mlflow_hosts: tuple[str, ...] = ()) -> Iterator[RunningStack]:
     """The stack over `home`; `overrides` (also set in this process, for its own checks) switch
     it to the production path: metadata, state and MLflow on PostgreSQL, the CeleryExecutor.
-    `agents` (node → URL) are the node agents the health watches poll."""
+    `agents` (node → URL) are the node agents the health watches poll. `mlflow_port`: the
+    stack's MLflow server listens there (`Stack.mlflow_port`; an override
+    `TRAINYARD_MLFLOW_TRACKING_URI=http://127.0.0.1:<port>` makes every client use it), also
+    answering to `mlflow_hosts`."""
     from trainyard.worker.demo_data import DEMO_PREFIX, prepare_demo_dataset
 
     jobs = home / "jobs"
@@ -130,8 +134,11 @@ def running_stack(home: Path, *, overrides: dict[str, str] | None = None,
     os.environ.update(env)
     from trainyard.plugins.storage.store import open_store
 
-    prepare_demo_dataset(open_store(Settings().object_store).child(DEMO_PREFIX.rstrip("/")))
-    stack = Stack(home, port=procs.free_port(), overrides=dict(overrides or {}), durable_db=False)
+    settings = Settings()
+    prepare_demo_dataset(open_store(settings.object_store, endpoint_url=settings.s3_endpoint_url
+                                    ).child(DEMO_PREFIX.rstrip("/")))
+    stack = Stack(home, port=procs.free_port(), overrides=dict(overrides or {}), durable_db=False,
+                  mlflow_port=mlflow_port, mlflow_hosts=mlflow_hosts)
     try:
         stack.up(timeout_s=240)
         get_settings.cache_clear()  # this process's commands (`trainyard.cli.main`) read the stack's home

@@ -364,12 +364,13 @@ class KubeHarness:
     def launcher_options(self, **overrides: Any) -> Any:
         """`KubernetesOptions` for this cluster: its namespace, mount points under the harness's
         folder (heartbeats on the node's hostPath, which the emulated kubelet and its node agent
-        share), no RDMA device, a short SIGTERM grace."""
+        share; the run folder and the data cache), no RDMA device, a short SIGTERM grace."""
         from trainyard.plugins.launch.manifests import KubernetesOptions
 
         values: dict[str, Any] = {"namespace": self.namespace, "rdma_resource": None,
                                   "heartbeat_root": self.heartbeat_root, "heartbeat_volume": "hostPath",
                                   "run_dir": str(self.root / "mnt" / "run"),
+                                  "data_cache_dir": str(self.root / "mnt" / "data-cache"),
                                   "termination_grace_s": 10, "shared_filesystem": True}
         return KubernetesOptions(**(values | overrides))
 

@@ -23,8 +23,9 @@ It registers its `Node` (labels and capacity from the config), posts the node's 
   (`<node root>/hostfs/<path>`), so the node agent of that node reads that node's heartbeats.
   A mount point must exist on this machine or lie under the harness's folder (where it is
   made); other volume types fail the container with `CreateContainerConfigError`.
-- **Env**: `value` and `valueFrom.fieldRef` (metadata.name/namespace/uid/labels[…],
-  spec.nodeName, spec.serviceAccountName, status.podIP/hostIP); `$(VAR)` references in
+- **Env**: `value`, `valueFrom.fieldRef` (metadata.name/namespace/uid/labels[…],
+  spec.nodeName, spec.serviceAccountName, status.podIP/hostIP) and `valueFrom.secretKeyRef`
+  (read with the node's token, as the Node authorizer allows); `$(VAR)` references in
   command and args are expanded as Kubernetes does. The security context is enforced only
   with `Config.security_context` (the real-cluster harness): the shim sets the container's
   groups, gid and uid before exec, and emptyDir volumes belong to the pod's fsGroup (setgid);
@@ -372,10 +373,14 @@ class Kubelet:
             if "value" in item or "valueFrom" not in item:  # an empty value goes over the wire as none
                 env[item["name"]] = expand(item.get("value", ""), env)
                 continue
+            secret_ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+            if secret_ref is not None:
+                env[item["name"]] = self._secret_value(pod, secret_ref)
+                continue
             ref = (item.get("valueFrom") or {}).get("fieldRef")
             if ref is None:
                 raise CannotStart("CreateContainerConfigError",
-                                  f"env {item['name']}: only value and fieldRef are emulated")
+                                  f"env {item['name']}: only value, fieldRef and secretKeyRef are emulated")
             path = ref["fieldPath"]
             if m := re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path):
                 env[item["name"]] = (pod["metadata"].get(m.group(1)) or {}).get(m.group(2), "")
@@ -384,6 +389,26 @@ class Kubelet:
             else:
                 raise CannotStart("CreateContainerConfigError", f"env {item['name']}: fieldPath {path} is not emulated")
         return env
+
+    def _secret_value(self, pod: dict[str, Any], ref: dict[str, Any]) -> str:
+        """A `secretKeyRef`'s value, read with the node's own token (the Node authorizer lets a
+        kubelet read a Secret only once a pod bound to it names it); a missing Secret or key is
+        `CreateContainerConfigError`, as a kubelet reports it, unless the reference is optional."""
+        import base64
+
+        namespace, name, key = pod["metadata"]["namespace"], ref["name"], ref["key"]
+        try:
+            data = self.api.get("v1", "secrets", namespace, name).get("data") or {}
+        except RestError as e:
+            if e.status == 404 and ref.get("optional"):
+                return ""
+            raise CannotStart("CreateContainerConfigError", f'secret "{name}" not found' if e.status == 404
+                              else f'cannot read secret "{name}": {e}') from None
+        if key not in data:
+            if ref.get("optional"):
+                return ""
+            raise CannotStart("CreateContainerConfigError", f"couldn't find key {key} in Secret {namespace}/{name}")
+        return base64.b64decode(data[key]).decode()
 
     @staticmethod
     def _hostname(pod: dict[str, Any]) -> str:

@@ -108,7 +108,8 @@ def kueue_config_dir() -> Path:
     return Path(gomodcache) / f"{kueue.module}@{kueue.version}" / "config"
 
 
-def _kubeconfig(path: Path, url: str, ca_file: Path, token: str) -> Path:
+def write_kubeconfig(path: Path, url: str, ca_file: Path, token: str) -> Path:
+    """A kubeconfig for the API server at `url` with one bearer `token`."""
     import yaml
 
     path.write_text(yaml.safe_dump({
@@ -144,7 +145,7 @@ def real_cluster(folder: Path, *, nodes: tuple[str, ...] = (), extra_ips: tuple[
     etcd_client, etcd_peer, secure = free_port(), free_port(), free_port()
     url = f"https://127.0.0.1:{secure}"
     cluster = RealCluster(url=url, ca_file=ca.cert, admin_token=admin, node_tokens=node_tokens, folder=folder,
-                          kubeconfig=_kubeconfig(folder / "kubeconfig", url, ca.cert, admin), secure_port=secure)
+                          kubeconfig=write_kubeconfig(folder / "kubeconfig", url, ca.cert, admin), secure_port=secure)
     try:
         started = time.monotonic()
         cluster.processes["etcd"] = start_process([

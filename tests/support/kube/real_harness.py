@@ -33,20 +33,27 @@ import socket
 import threading
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
 
 from tests.support.kube import netns
-from tests.support.kube.harness import DEFAULT_NODES, FABRIC_PORT, KubeHarness, sweep_stale
+from tests.support.kube.harness import DEFAULT_NODES, FABRIC_PORT, KubeHarness, SimNode, sweep_stale
 from tests.support.kube.kubelet import NOT_READY_TAINT, Config
 from tests.support.kube.lifecycle import ClusterDns, node_ready
-from tests.support.kube.real_cluster import RealCluster, real_cluster
+from tests.support.kube.real_cluster import RealCluster, real_cluster, write_kubeconfig
 from tests.support.kube.rest import Rest, RestError
+from trainyard.plugins.launch.tenancy import PLATFORM_NAMESPACE
+
+if TYPE_CHECKING:
+    from trainyard.config.teams import Teams
 
 SELF_LABELS = ("kubernetes.io/hostname", "kubernetes.io/os", "kubernetes.io/arch")
 """Labels a kubelet sets on its own Node; NodeRestriction refuses it other `kubernetes.io` ones."""
 HEARTBEAT_S = 10.0
 """The kubelet's default nodeStatusUpdateFrequency and Lease renew interval."""
 DNS_TICK_S = 0.5
+TOKEN_LIFETIME_S = 6 * 3600
+"""The control plane's token outlives any test module (a TokenRequest's default is 1 h)."""
 
 
 class RealKubeHarness(KubeHarness):
@@ -123,6 +130,13 @@ class RealKubeHarness(KubeHarness):
         config.real_api, config.security_context, config.heartbeat_s = True, True, HEARTBEAT_S
         return config
 
+    def _start_agent(self, node: SimNode) -> None:
+        """The agent reads the heartbeats where the pods' `emptyDir` lies in the kubelet's folder
+        (team namespaces are Pod Security `restricted`: no hostPath), as the rendered DaemonSet's
+        glob over `/var/lib/kubelet/pods` does (`manifests.agent_heartbeat_root`)."""
+        node.heartbeat_dir = node.root / "pods" / "*" / "volumes" / "heartbeats"
+        super()._start_agent(node)
+
     def _label_nodes(self) -> None:
         """The administrator's part: the labels NodeRestriction keeps a kubelet from setting."""
         for name in self.node_names:
@@ -156,6 +170,98 @@ class RealKubeHarness(KubeHarness):
         assert self.cluster is not None, "the harness is not started"
         return self.cluster.rest()
 
+    # --- the DAG's view: Airflow on this machine, the pods on the simulated network ---
+
+    def relay_into_fabric(self, port: int) -> str:
+        """A server of this machine on 127.0.0.1:`port`, reached by the pods at
+        `<fabric address>:port` (bytes relayed, as for the API server); returns that host:port."""
+        listener = self.network.listen_in_fabric(port)
+        self._stack.callback(listener.close)
+        threading.Thread(target=_relay, args=(listener, port, self._stop), name=f"relay-{port}", daemon=True).start()
+        return f"{netns.FABRIC_ADDRESS}:{port}"
+
+    def apply_platform(self, teams: Teams) -> None:
+        """The cluster administrator's part of `trainyard render k8s` for this cluster: the
+        platform's and the teams' namespaces (quota, data account, Pod Security `restricted`),
+        the control plane's RBAC for Kueue, the PriorityClasses and the teams' Kueue queues.
+        (Not the node-agent DaemonSet: the simulated nodes run their agents themselves; not a
+        job's NetworkPolicy: nothing here enforces one.)"""
+        from kubernetes import utils
+
+        from trainyard.plugins.launch.kube_clients import KubeClients
+        from trainyard.plugins.launch.manifests import render_priority_classes
+        from trainyard.plugins.launch.rbac import render_rbac
+        from trainyard.plugins.launch.tenancy import (
+            render_platform_namespace,
+            render_teams,
+            team_namespace,
+        )
+        from trainyard.plugins.launch.volcano import KubernetesLauncher
+
+        assert self.cluster is not None, "the harness is not started"
+        admin = self.cluster.client()
+        namespaces = [team_namespace(name) for name in sorted(teams.teams)]
+        for doc in [render_platform_namespace(), *render_teams(teams, cpu_cluster=True),
+                    *render_rbac(PLATFORM_NAMESPACE, namespaces, queueing="kueue"), *render_priority_classes()]:
+            utils.create_from_dict(admin, doc)
+        KubernetesLauncher.from_clients(KubeClients.from_api_client(admin), options=self.launcher_options(
+            queueing="kueue")).ensure_queues(teams, total_gpus=len(self.node_names) * self.cpus_per_node,
+                                             cpu_cluster=True)
+
+    def control_plane_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig with the control plane's own ServiceAccount token (a TokenRequest, as a
+        projected token is): every call the DAG makes is judged by RBAC, not made as admin."""
+        from kubernetes import client
+
+        from trainyard.plugins.launch.rbac import ACCOUNT
+
+        assert self.cluster is not None, "the harness is not started"
+        request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+            audiences=[], expiration_seconds=TOKEN_LIFETIME_S))
+        token = client.CoreV1Api(self.cluster.client()).create_namespaced_service_account_token(
+            ACCOUNT, PLATFORM_NAMESPACE, request).status.token
+        return write_kubeconfig(path, self.url, self.cluster.ca_file, token)
+
+    def airflow_overrides(self, folder: Path, *, s3_endpoint_url: str = "", mlflow_url: str = "",
+                          teams: Teams | None = None) -> dict[str, str]:
+        """What an embedded stack needs to run the DAG on this cluster: the administrator's
+        objects applied (`apply_platform`, teams default: `config/teams.yaml`), a kubeconfig with
+        the control plane's own token as the cncf-kubernetes connection, and the cluster file
+        (`kube-sim` with these nodes) whose `spec.launcher` has `queueing: kueue`, the team's
+        namespace, emptyDir heartbeats, no shared filesystem — and the store and the tracker
+        as the pods reach them: this machine's servers on 127.0.0.1 (`s3_endpoint_url`,
+        `mlflow_url`), relayed into the simulated network (`relay_into_fabric`)."""
+        import yaml
+
+        from trainyard.config.cluster import CLUSTERS_DIR
+        from trainyard.config.teams import load_teams
+
+        self.apply_platform(teams or load_teams())
+        pods_see: dict[str, Any] = {}
+        overrides: dict[str, str] = {}
+        if s3_endpoint_url:
+            pods_see["pod_s3_endpoint_url"] = f"http://{self.relay_into_fabric(_port(s3_endpoint_url))}"
+            overrides["TRAINYARD_S3_ENDPOINT_URL"] = s3_endpoint_url
+        if mlflow_url:
+            pods_see["pod_mlflow_tracking_uri"] = f"http://{self.relay_into_fabric(_port(mlflow_url))}"
+            overrides["TRAINYARD_MLFLOW_TRACKING_URI"] = mlflow_url
+        doc = yaml.safe_load((CLUSTERS_DIR / "kube-sim.yaml").read_text())
+        doc["spec"]["racks"][0]["nodes"][0]["count"] = len(self.node_names)
+        doc["spec"]["racks"][0]["nodes"][0]["gpusPerNode"] = self.cpus_per_node
+        doc["spec"]["launcher"] = self.launcher_options(**pods_see).model_dump(mode="json", exclude_defaults=True)
+        path = Path(folder) / "kube-sim.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        kubeconfig = self.control_plane_kubeconfig(Path(folder) / "kubeconfig")
+        conn = f"kubernetes://?kube_config_path={quote(str(kubeconfig), safe='')}"
+        return {"TRAINYARD_CLUSTER": str(path), "AIRFLOW_CONN_KUBERNETES_DEFAULT": conn, **overrides}
+
+    def launcher_options(self, **overrides: Any) -> Any:
+        """The base harness's mount points, on a real cluster's terms: the job in its team's
+        namespace (None), queued by Kueue, heartbeats in an `emptyDir` (Pod Security
+        `restricted`), nothing shared with this machine's filesystem."""
+        values = {"namespace": None, "queueing": "kueue", "heartbeat_volume": "emptyDir", "shared_filesystem": False}
+        return super().launcher_options(**(values | overrides))
+
     def diagnostics(self) -> str:
         parts = [super().diagnostics()]
         if self.cluster is not None:
@@ -164,6 +270,13 @@ class RealKubeHarness(KubeHarness):
                 if log.exists():
                     parts.append(f"--- {name} ---\n{log.read_text(errors='replace')[-1500:]}")
         return "\n".join(parts)
+
+
+def _port(url: str) -> int:
+    port = urlsplit(url).port
+    if port is None:
+        raise ValueError(f"{url}: a server of this machine names its port")
+    return port
 
 
 def _relay(listener: socket.socket, port: int, stop: threading.Event) -> None:

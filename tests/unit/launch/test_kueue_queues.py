@@ -6,6 +6,7 @@ from trainyard.plugins.launch.kueue_queues import (
     LOCAL_QUEUE,
     covered_resources,
     eviction_cause,
+    guaranteed_shares,
     render_kueue_queues,
     team_quota,
     workload_state,
@@ -19,6 +20,21 @@ def test_a_teams_quota_is_its_share_and_it_borrows_up_to_its_hard_quota() -> Non
     assert team_quota(Team(share=0.25, quota_gpus=40, can_borrow=False), 100) == (25, 0)
     assert team_quota(Team(share=0.25), 100) == (25, 75)  # no hard quota: the cluster caps it
     assert team_quota(Team(share=0.5, quota_gpus=8), 100) == (8, 0)  # the hard quota caps the share
+
+
+def test_the_guaranteed_shares_add_up_to_the_cluster_on_a_small_one() -> None:
+    """Six teams on 3 CPUs (`config/teams.yaml` on the e2e cluster): each share rounded down
+    alone gave the cohort 1 CPU, so no 2-node gang was admitted; largest remainders give 3."""
+    teams = Teams(teams={"foundation": Team(share=0.4), "nlp": Team(share=0.25), "vision": Team(share=0.15),
+                         "speech": Team(share=0.1), "pool": Team(share=0.05), "demo": Team(share=0.05)})
+    assert guaranteed_shares(teams, 3) == {"foundation": 1, "nlp": 1, "vision": 1, "speech": 0, "pool": 0, "demo": 0}
+    assert sum(guaranteed_shares(teams, 7).values()) == 7
+    assert guaranteed_shares(teams, 10_000)["foundation"] == 4_000  # exact shares stay exact
+    nominal = [int(d["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"])
+               for d in render_kueue_queues(teams, 3, cpu_cluster=True) if d["kind"] == "ClusterQueue"]
+    assert sum(nominal) == 3, nominal
+    # shares that leave part of the cluster unguaranteed keep it so
+    assert guaranteed_shares(Teams(teams={"a": Team(share=0.3), "b": Team(share=0.3)}), 5) == {"a": 2, "b": 1}
 
 
 def test_each_teams_queue_admits_only_its_own_namespace_and_covers_what_its_pods_request() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,19 @@ def test_submit_creates_the_rendered_job_and_a_retry_reattaches(plane: ControlPl
     with pytest.raises(LaunchError, match=r"another object .* refusing to adopt it by name"):
         launcher.submit(*parts.submit_args(), attempt=0, uid="0000-another-uid")
     assert RunHandle.model_validate_json(handle.model_dump_json()) == handle
+
+
+def test_a_store_endpoint_the_pods_cannot_reach_is_refused_before_anything_is_made(
+        plane: ControlPlane, tmp_path: Path) -> None:
+    """The pods' S3 endpoint (`pod_s3_endpoint_url`, by default the control plane's own) on
+    localhost names the pod itself: refused at submit, no Job made."""
+    from trainyard.plugins.launch.cluster_settings import UnsafeForCluster
+
+    local = launcher_for(plane, pod_s3_endpoint_url="http://127.0.0.1:9000")
+    parts = placed(tiny_job("tiny", ["--steps", "3"]), tmp_path / "home")
+    with pytest.raises(UnsafeForCluster, match=re.escape("TRAINYARD_S3_ENDPOINT_URL='http://127.0.0.1:9000'")):
+        local.submit(*parts.submit_args(), attempt=0)
+    assert plane.rest.list(*JOBS, "trainyard") == []
 
 
 def test_a_handle_names_the_control_planes_folder_for_the_attempts_records(plane: ControlPlane,
