@@ -111,9 +111,11 @@ def _losses(stack: RunningStack, run: str) -> list[Any]:
 
 @pytest.mark.xfail(strict=False, reason=(
     "seen once (12:10, load 30-50): everything up to demo's attempt 1 waiting with Kueue's reason on its DAG run's "
-    "note passed; the Trainyard view's live.json then had attempt 1 but an empty `waiting` (the view's poll of the "
-    "Kubernetes launcher from Airflow's API server did not answer, not yet diagnosed); the steps after it (the "
-    "resume through the DAG, the timeline, the view's attempts) not yet seen"))
+    "note passed; the Trainyard view's live.json then had attempt 1 but an empty `waiting`: the view polls the "
+    "launcher with `Runtime(settings)` (control_room/build.py), whose Kubernetes clients come from a kubeconfig "
+    "the API server does not have, not from Airflow's connection as the tasks' runtime does — the poll fails and "
+    "the view shows no ranks and no reason; the steps after it (the resume through the DAG, the timeline, the "
+    "view's attempts) not yet seen"))
 def test_kueue_preempts_the_borrowing_team_which_checkpoints_waits_with_the_quotas_reason_and_resumes(
         cluster: tuple[RealKubeHarness, RunningStack]) -> None:
     kube, stack = cluster
