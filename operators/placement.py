@@ -59,7 +59,8 @@ class PlanParallelismOperator(BaseOperator):
 
 class PlaceGangOperator(BaseOperator):
     """Place the gang (topology-aware, excluding lost and cordoned nodes) and reserve its devices;
-    when it does not fit, evict lower-priority gangs after their emergency checkpoint."""
+    when it does not fit, evict lower-priority gangs after their emergency checkpoint — except on
+    a Kueue cluster, where Kueue alone preempts (`plugins/attempt/preempt.py`)."""
 
     ui_color = "#eee8d5"
 
@@ -72,6 +73,9 @@ class PlaceGangOperator(BaseOperator):
             self.log.warning("preempted %s", line)
         if placed.waited_s >= 1:
             self.log.info("waited %.0f s for capacity (requeued after preemption)", placed.waited_s)
+        if placed.queued:
+            self.log.info("the nodes are reserved by other gangs: handed to the cluster's queue (Kueue) unreserved, "
+                          "which admits it within its team's quota, or preempts for it")
         self.log.info("placed run %s attempt %d on %s (%s); excluded: %s", opened.conf.run, opened.conf.attempt,
                       ", ".join(f"{n.name}×{n.slots}" for n in placed.placement.nodes), placed.placement.strategy,
                       ", ".join(placed.excluded) or "none")

@@ -114,7 +114,8 @@ class TrainingTrigger(BaseTrigger):
     While it waits it logs a progress line (`watching.progress_line`: step, loss, tokens/s, each
     rank's phase) when the step moved, at most every `PROGRESS_EVERY_S`: the triggerer writes a
     trigger's log into its task's log, so `watch_training`'s page in Airflow shows the run
-    moving instead of nothing until the end."""
+    moving instead of nothing until the end. A gang that waits to start (on Kueue: in its team's
+    queue) says why on the DAG run's note, each time the reason changes (`watching.waiting_note`)."""
 
     PROGRESS_EVERY_S = 10.0
 
@@ -134,15 +135,24 @@ class TrainingTrigger(BaseTrigger):
             yield event
 
     async def _events(self) -> AsyncIterator[TriggerEvent]:
-        from trainyard.plugins.attempt.watching import WatchState, progress_line, watch_once
+        from trainyard.plugins.attempt.watching import (
+            WatchState,
+            progress_line,
+            waiting_note,
+            watch_once,
+        )
         from trainyard.plugins.run.model import RunHandle
 
         handle, state, runtime = RunHandle.model_validate(self.handle), WatchState.model_validate(self.watch), _runtime()
-        logged_step, logged_at = -1, 0.0
+        logged_step, logged_at, noted = -1, 0.0, ""
         while True:
             polled = await _poll_on_the_loop(handle)
             step = await asyncio.to_thread(watch_once, handle, state, runtime, status=polled)
             state, handle = step.state, step.handle or handle
+            if not step.finished and (note := waiting_note(step.status, handle.attempt, noted)):
+                self.log.info("%s", note)
+                noted = note
+                await asyncio.to_thread(self._note, note)
             now = time.monotonic()
             if (step.status.step or 0) > logged_step and now - logged_at >= self.PROGRESS_EVERY_S:
                 self.log.info("%s", await asyncio.to_thread(progress_line, step.status, handle))
@@ -154,6 +164,14 @@ class TrainingTrigger(BaseTrigger):
                                     "run_status": step.status.model_dump(mode="json")})
                 return
             await asyncio.sleep(self.poll_interval_s)
+
+    def _note(self, note: str) -> None:
+        """The DAG run's note (a gang waiting in its queue says why there, not only in this log)."""
+        ti = self.task_instance
+        if ti is not None:
+            from trainyard.operators.common import write_note
+
+            write_note(ti.dag_id, ti.run_id, note)
 
     async def on_kill(self) -> None:
         """A person acted on `watch_training` or its DAG run (module docstring): when either now

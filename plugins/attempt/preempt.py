@@ -20,6 +20,16 @@ whole lower-priority gangs — each after an emergency checkpoint — and place 
 The victim's own DAG sees its gang end: `classify` reads the stop reason (`preempted`), `decide`
 requeues it (not counted against its restart budget), and its next attempt's `place_gang` waits
 for capacity (`wait_s`) instead of failing, then resumes from the emergency checkpoint.
+
+**On a Kueue cluster** (`spec.launcher.queueing: kueue`, `queue_admits`) Kueue is the one
+preemptor, so that two never fight over a gang: it admits a gang only within its team's quota,
+reclaims lent quota and preempts by priority in its queues (`kueue_queues`). There this engine
+never evicts: a gang that does not fit the devices nobody reserved is placed on the healthy
+fleet without a reservation (`PlaceResult.queued`) and launched, and waits in its team's queue
+with Kueue's reason; Kueue evicts whom it must, and the evicted attempt ends with Kueue's cause
+(`RunStatus.evicted`), classified `preempted` and requeued the same way. The reservation is
+only the placer's preference for idle nodes there: losing it stops nothing
+(`steps.watch_state`).
 """
 
 from __future__ import annotations
@@ -65,6 +75,14 @@ class PlaceResult:
     placement: Placement
     evicted: list[Eviction] = field(default_factory=list)
     waited_s: float = 0.0
+    queued: bool = False
+    """Placed without a reservation for the cluster's queue to admit when it can (Kueue)."""
+
+
+def queue_admits(cluster: Cluster) -> bool:
+    """Whether the cluster's own queue admits and preempts gangs: Kubernetes with Kueue
+    (`spec.launcher.queueing: kueue`). Then Kueue is the one preemptor (module docstring)."""
+    return cluster.spec.mode == "kubernetes" and str(cluster.spec.launcher.get("queueing") or "") == "kueue"
 
 
 def place_preempting(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore, jobs: JobStateStore,
@@ -85,6 +103,9 @@ def place_preempting(job: TrainingJob, plan: Plan, cluster: Cluster, store: Stat
                                           exclude=exclude, lease_s=lease_s)
             return PlaceResult(placement, waited_s=time.monotonic() - started)
         except NotSchedulableNow:
+            if queue_admits(cluster):  # Kueue decides when it runs, and whom to preempt
+                return PlaceResult(place_for_queue(job, plan, cluster, run=run, attempt=attempt, exclude=exclude),
+                                   queued=True)
             try:
                 evicted = make_room(job, plan, cluster, store, jobs, teams, runtime, run=run, attempt=attempt,
                                     exclude=exclude, grace_s=grace_s, now=now)
@@ -98,6 +119,19 @@ def place_preempting(job: TrainingJob, plan: Plan, cluster: Cluster, store: Stat
         placement = place_and_reserve(job, plan, cluster, store, run=run, attempt=attempt,
                                       exclude=exclude, lease_s=lease_s)
         return PlaceResult(placement, evicted, waited_s=time.monotonic() - started)
+
+
+def place_for_queue(job: TrainingJob, plan: Plan, cluster: Cluster, *, run: str, attempt: int,
+                    exclude: frozenset[str] = frozenset()) -> Placement:
+    """The gang on the healthy fleet as if it were idle, reserving nothing: the cluster's queue
+    admits it once its quota allows, and the pods wait for the nodes the placement chose.
+    Raises `NeverSchedulable` when even the idle fleet cannot hold it."""
+    from trainyard.plugins.placement.gang import place_gang
+    from trainyard.plugins.placement.inventory import Inventory
+    from trainyard.plugins.placement.model import GangRequest
+
+    request = GangRequest.for_job(job, plan, run=run, attempt=attempt, exclude=exclude)
+    return place_gang(request, Inventory.from_cluster(cluster))
 
 
 def make_room(job: TrainingJob, plan: Plan, cluster: Cluster, store: StateStore, jobs: JobStateStore,

@@ -138,6 +138,8 @@ class Placed(_Out):
     evicted: list[str] = Field(default_factory=list)
     """One line per gang preempted to make room."""
     waited_s: float = 0.0
+    queued: bool = False
+    """Not reserved: the cluster's queue (Kueue) admits it when its quota allows."""
 
 
 class Launched(_Out):
@@ -156,7 +158,8 @@ class Concluded(_Out):
     @property
     def summary(self) -> str:
         """One line for people (the DAG run's note): `attempt 0: worker_crash at step 119
-        (rank 1: killed by SIGKILL) → restart from step 100`."""
+        (rank 1: killed by SIGKILL) → restart from step 100`; a preemption names its cause
+        (`… → requeue from step 12 — preempted by Kueue: Preempted (InCohortReclamation): …`)."""
         from trainyard.plugins.run.exit_codes import describe
 
         r, a = self.report, self.action
@@ -168,6 +171,8 @@ class Concluded(_Out):
                 "give_up": "gave up", "cancel": "cancelled"}.get(a.kind, a.kind)
         resume = f" from step {a.resume_step}" if a.retries and a.resume_step is not None else ""
         why = f": {a.reason}" if a.kind in ("give_up", "cancel") else ""
+        if r.outcome == "preempted":  # by whom and why: the platform's eviction, or Kueue's in its words
+            why = f" — {r.reason}"
         return f"attempt {r.attempt}: {r.outcome}{where}{detail} → {then}{resume}{why}"[:1000]
 
 
@@ -361,7 +366,8 @@ def place(opened: Opened, planned: Planned, runtime: Runtime) -> Placed:
                                   wait_s=REQUEUE_WAIT_S if requeued else 0.0)
     evicted = [f"{e.victim.job} run {e.victim.run} attempt {e.victim.attempt} ({e.freed} devices): "
                f"{e.status.message if e.status else 'no status'}" for e in result.evicted]
-    return Placed(placement=result.placement, excluded=exclude, evicted=evicted, waited_s=result.waited_s)
+    return Placed(placement=result.placement, excluded=exclude, evicted=evicted, waited_s=result.waited_s,
+                  queued=result.queued)
 
 
 # --- launch ---------------------------------------------------------------------------------------
@@ -446,13 +452,18 @@ def _end_dry_run(opened: Opened, runtime: Runtime) -> None:
 
 
 def watch_state(opened: Opened, handle: RunHandle, *, timeout_s: float | None = None) -> WatchState:
-    """The watch of a launched attempt: stopped past `training.maxRuntime` (or `timeout_s`)."""
+    """The watch of a launched attempt: stopped past `training.maxRuntime` (or `timeout_s`);
+    its reservation renewed, and its loss a reason to stop, except where the cluster's queue
+    admits gangs (Kueue: the reservation is only the placer's preference, `preempt.queue_admits`)."""
+    from trainyard.config.cluster import load_cluster
+    from trainyard.plugins.attempt.preempt import queue_admits
+
     limit = opened.job.spec.training.max_runtime
     deadline = (handle.created_at + limit).timestamp() if limit else None
     why = "the attempt outlived training.maxRuntime"
     if timeout_s is not None and (deadline is None or time.time() + timeout_s < deadline):
         deadline, why = time.time() + timeout_s, f"--timeout-s {timeout_s:g} reached"
-    return WatchState(deadline=deadline, deadline_reason=why)
+    return WatchState(deadline=deadline, deadline_reason=why, renew_lease=not queue_admits(load_cluster(opened.cluster)))
 
 
 # --- conclude, release, register, close -------------------------------------------------------------

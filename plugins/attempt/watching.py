@@ -232,6 +232,21 @@ def node_lost_stop(lost: list[tuple[str, str]], *, misses: dict[str, int], answe
                       detail="; ".join(f"{node}: {why}" for node, why in lost), since=min(silent) if silent else None)
 
 
+def waiting_note(status: RunStatus, attempt: int, last: str = "") -> str:
+    """The DAG run's note while the attempt's gang waits to start — its launcher's reason, on
+    Kueue the queue's own (`attempt 1: waiting to start — … Kueue: pending: couldn't assign
+    flavors … insufficient unused quota for cpu …`) — then, once it runs, that it started; ''
+    when there is nothing new to say (`last`: the note this watch wrote before). The attempt's
+    conclusion replaces it with its summary."""
+    if status.state == "pending" and status.message:
+        note = f"attempt {attempt}: waiting to start — {status.message}"[:1000]
+    elif last and status.state == "running":
+        note = f"attempt {attempt}: started after waiting in its queue"
+    else:
+        return ""
+    return note if note != last else ""
+
+
 def progress_line(status: RunStatus, handle: RunHandle | None = None) -> str:
     """What `watch_training`'s log says on each look a person would want to read: the step, rank
     0's loss and tokens/s (its heartbeat, where the control plane can read it) and each rank's

@@ -87,6 +87,7 @@ def build_run_view(store: JobStateStore, info: RunInfo, settings: Settings, *, a
     if placement is not None:
         ctx.cluster = _cluster(placement.gpu_type, ctx)
     live_attempt = next((a for a in reversed(attempts) if a.state == "running"), None)
+    ranks, waiting = rank_views(live_attempt, settings)
     return RunView(
         job=info.job, run=info.run, dag_id=info.job, state=info.state, team=info.team, project=info.project,
         created_at=info.created_at, updated_at=info.updated_at, final_reason=info.final_reason,
@@ -94,7 +95,8 @@ def build_run_view(store: JobStateStore, info: RunInfo, settings: Settings, *, a
         placement=with_rack_neighbours(placement_view(placement, _beats(live_attempt, placement)), ctx.cluster)
         if placement else None,
         live=_live(ctx, live_attempt, placement),
-        ranks=rank_views(live_attempt, settings),
+        ranks=ranks,
+        waiting=waiting,
         checkpoints=_checkpoints(ctx, now),
         checkpoint_root=_checkpoint_root(ctx),
         attempts=_attempts(ctx, attempts, layouts, airflow_base),
@@ -111,9 +113,10 @@ def build_live_update(store: JobStateStore, info: RunInfo, settings: Settings) -
     ctx.mlflow = _mlflow_run(ctx)
     live_attempt = store.live_attempt(info.job, info.run)
     _, placement = _latest_layout(store.layouts(info.job, info.run), ctx) if live_attempt else (None, None)
+    ranks, waiting = rank_views(live_attempt, settings)
     return LiveUpdate(state=info.state, updated_at=info.updated_at, final=info.final, final_reason=info.final_reason,
                       attempt=live_attempt.attempt if live_attempt else None,
-                      live=_live(ctx, live_attempt, placement, with_curve=False), ranks=rank_views(live_attempt, settings))
+                      live=_live(ctx, live_attempt, placement, with_curve=False), ranks=ranks, waiting=waiting)
 
 
 # -- the job and its cluster ---------------------------------------------------------------------
@@ -258,11 +261,13 @@ def _heartbeats(attempt: AttemptInfo, world_size: int) -> dict[int, Any]:
     return {r: b for r, b in beats.items() if b.run in ("", attempt.run) and b.attempt == attempt.attempt}
 
 
-def rank_views(attempt: AttemptInfo | None, settings: Settings) -> list[RankLive]:
-    """Each rank of the live attempt as its launcher sees it, with its last `LOG_LINES` lines;
-    [] without a live attempt, or where its launcher cannot be asked from here."""
+def rank_views(attempt: AttemptInfo | None, settings: Settings) -> tuple[list[RankLive], str]:
+    """Each rank of the live attempt as its launcher sees it, with its last `LOG_LINES` lines,
+    and — while its gang has not started — why, in the launcher's words (on Kueue the queue's
+    own: "Kueue: pending: couldn't assign flavors … insufficient unused quota for cpu …");
+    ([], '') without a live attempt, or where its launcher cannot be asked from here."""
     if attempt is None or attempt.run_handle is None:
-        return []
+        return [], ""
     from trainyard.plugins.attempt.launchers import Runtime, launcher_for
 
     handle = attempt.run_handle
@@ -271,7 +276,8 @@ def rank_views(attempt: AttemptInfo | None, settings: Settings) -> list[RankLive
         status = launcher.poll(handle)
     except Exception as e:  # noqa: BLE001 - a launcher that cannot answer here: the page shows the rest
         log.info("ranks of %s/%s not shown: %s: %s", handle.job, handle.run, type(e).__name__, e)
-        return []
+        return [], ""
+    waiting = status.message if status.state == "pending" else ""
     views = []
     for r in sorted(status.ranks, key=lambda r: r.rank):
         try:
@@ -280,7 +286,7 @@ def rank_views(attempt: AttemptInfo | None, settings: Settings) -> list[RankLive
             tail = []
         views.append(RankLive(rank=r.rank, node=r.node, state=rank_state(r), step=r.step,
                               heartbeat_age_s=r.heartbeat_age_s, log_tail=tail))
-    return views
+    return views, waiting
 
 
 def rank_state(rank: Any) -> str:

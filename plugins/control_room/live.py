@@ -30,6 +30,11 @@ dialog { border: 1px solid #999; border-radius: 6px; } dialog menu { display: fl
 """
 
 
+def waiting_line(waiting: str) -> str:
+    """Why the live attempt's gang has not started (on Kueue its queue's reason), kept live."""
+    return f'<p id="waiting" class="warn" data-live="waiting">{escape("waiting: " + waiting if waiting else "")}</p>'
+
+
 def ranks_table(ranks: Sequence[RankLive]) -> str:
     """Each rank of the live attempt: node, state, step, heartbeat age, last log lines."""
     if not ranks:
@@ -102,6 +107,7 @@ _JS = r"""
     const badge = $("h1 .state");
     if (badge) { badge.textContent = u.state; badge.className = "state s-" + u.state; }
     ranks(u.ranks);
+    put("waiting", u.waiting ? "waiting: " + u.waiting : "");
     if (u.final) {
       put("polled", "· the run has ended (" + u.state + (u.final_reason ? ": " + u.final_reason : "") +
           "); reload for its checkpoints and timeline");

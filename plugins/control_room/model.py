@@ -144,6 +144,8 @@ class LiveUpdate(_View):
     """The live attempt (None: none is running — between attempts, or the run has ended)."""
     live: Live
     ranks: list[RankLive] = Field(default_factory=list)
+    waiting: str = ""
+    """Why the live attempt's gang has not started, in its launcher's words ('' once it runs)."""
 
 
 class CheckpointRow(_View):
@@ -202,6 +204,9 @@ class RunView(_View):
     live: Live
     ranks: list[RankLive] = Field(default_factory=list)
     """Each rank of the live attempt (empty once no attempt runs)."""
+    waiting: str = ""
+    """Why the live attempt's gang has not started, in its launcher's words — on Kueue the
+    queue's own reason (its quota) — '' once it runs or when no attempt is live."""
     checkpoints: list[CheckpointRow] = Field(default_factory=list)
     checkpoint_root: str = ""
     checkpoint_problem: str = ""

@@ -103,7 +103,8 @@ def run_page(view: RunView, now: datetime, *, base: str = "") -> str:
         head,
         live_part.stop_control(view.run) if going else "",
         _section("live", "Progress", _live(view.live, now)),
-        _section("ranks", "Ranks", f'<div id="ranks-body">{live_part.ranks_table(view.ranks)}</div>') if going else "",
+        _section("ranks", "Ranks", live_part.waiting_line(view.waiting)
+                 + f'<div id="ranks-body">{live_part.ranks_table(view.ranks)}</div>') if going else "",
         _section("plan", "Plan", _plan(view.plan)),
         _section("placement", "Placement", _placement(view.placement)),
         _section("checkpoints", "Checkpoints", _checkpoints(view.checkpoints, view.checkpoint_root, now)),

@@ -9,7 +9,8 @@ events — as plain JSON (`Observed`), and this module reads them:
   `ImagePullBackOff`, `CreateContainerError`, … — is `pending` with the scheduler's or kubelet's
   message, and `failed` ("launch failed: …", with the latest warning event) once it has been so
   for longer than the Job's start timeout (`trainyard.io/start-timeout-s`, counted from the
-  handle's `created_at`);
+  handle's `created_at` — on Kueue from the Workload's admission: a gang waiting in its queue
+  for quota is not a launch failure, however long it waits);
 - **agents**: one per pod, in node-rank order (`gang_pods.node_order`: torchrun's c10d order of
   the pods' DNS names, whatever node each was bound to): pod name, node, whether that node is Ready,
   phase, the trainer container's exit code and reason (`Completed`, `Error`, `OOMKilled`), or
@@ -24,7 +25,13 @@ events — as plain JSON (`Observed`), and this module reads them:
   own record (the container SIGKILLed, OOMKilled) gets the container's signal as a negative code
   (`-9`: killed by SIGKILL, the local launcher's convention) and the pod's reason as outcome;
 - **failed_rank / exit_code**: the first rank that failed (earliest `ended_at`), its code;
-  0 when the Job completed.
+  0 when the Job completed;
+- **evicted** (Kueue): the Workload's eviction in Kueue's words (`kueue_queues.eviction_cause`).
+  Kueue suspends an evicted Job and the Job controller deletes its pods with their grace: the
+  ranks take their emergency checkpoint and exit 43. The attempt reads `running` ("Kueue evicted
+  the gang: …; its pods are stopping") until no pod is left, then `failed` with that cause,
+  whatever the Job says by then (suspended, or `Failed` by its backoff limit as the pods
+  exited) — never a launch that did not start, however long it ran before.
 """
 
 from __future__ import annotations
@@ -179,18 +186,21 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
     bound = {pod_key(p): p["spec"].get("nodeName") or "" for p in seen.pods}
     nodes = [bound[pod] for pod in gang] if gang and all(bound.get(pod) for pod in gang) else []
     message = _message(job, phase, agents)
+    evicted = _eviction(seen)
+    if evicted:
+        return _evicted(evicted, message, seen, ranks=ranks, agents=agents, nodes=nodes, ended=ended)
     blocked = _blocked(seen, agents) if phase == "Pending" or any(a.phase == "Pending" for a in agents) else ""
     if blocked:
         message += f"; not started: {blocked}"
         limit = float((job["metadata"].get("annotations") or {}).get(START_TIMEOUT_ANNOTATION, 600))
-        waited = (now - handle.created_at).total_seconds()
+        since = _start_clock(seen, handle.created_at)
+        waited = (now - since).total_seconds() if since is not None else 0.0
         if state in ("pending", "running") and waited > limit:
             event = _latest_warning(seen)
             return RunStatus(state="failed", agents=agents, ranks=ranks, nodes=nodes, processes_alive=_alive(seen.pods),
                              message=f"launch failed: the pods of {where} did not start in {limit:.0f} s: {blocked}"
                                      + (f" (event: {event})" if event and event not in blocked else ""))
-    failed = sorted((r for r in ranks if r.exit_code not in (None, 0)),
-                    key=lambda r: (ended.get(r.rank, float("inf")), r.rank))
+    failed = _failed_first(ranks, ended)
     code = 0 if state == "succeeded" else (failed[0].exit_code if failed else None)
     if state == "failed" and code is None:
         code = next((a.exit_code for a in agents if a.exit_code not in (None, 0)), 1)
@@ -198,6 +208,53 @@ def run_status(handle: RunHandle, seen: Observed, *, now: datetime | None = None
                      failed_rank=failed[0].rank if failed and state != "succeeded" else None,
                      ranks=ranks, agents=agents, nodes=nodes,
                      processes_alive=phase not in ENDED_PHASES or _alive(seen.pods))
+
+
+def _start_clock(seen: Observed, created_at: datetime) -> datetime | None:
+    """Since when the pods should have started: the Job's creation, or — on Kueue — its
+    admission. A gang waiting in its queue for quota is not a launch that fails to start (it may
+    wait hours behind a long job): None, no clock runs."""
+    if seen.group is None or seen.group.get("kind") != "Workload":
+        return created_at
+    from trainyard.plugins.launch.kueue_queues import admitted_at
+
+    return admitted_at(seen.group)
+
+
+def _eviction(seen: Observed) -> str:
+    if seen.group is None or seen.group.get("kind") != "Workload":
+        return ""
+    from trainyard.plugins.launch.kueue_queues import eviction_cause
+
+    return eviction_cause(seen.group)
+
+
+def _evicted(cause: str, message: str, seen: Observed, *, ranks: list[RankStatus], agents: list[AgentStatus],
+             nodes: list[str], ended: dict[int, float]) -> RunStatus:
+    """The status of a gang Kueue took back (module docstring): over once no pod is left; its
+    exit code the first failed rank's (43: the emergency checkpoint), None where no pod's exit
+    was seen (they went between two polls)."""
+    alive = _alive(seen.pods)
+    failed = _failed_first(ranks, ended)
+    return RunStatus(state="running" if alive else "failed", evicted=cause, ranks=ranks, agents=agents, nodes=nodes,
+                     exit_code=failed[0].exit_code if failed else None,
+                     failed_rank=failed[0].rank if failed else None, processes_alive=alive,
+                     message=f"Kueue evicted the gang: {cause}" + ("; its pods are stopping" if alive else "")
+                             + f" ({message})")
+
+
+def _failed_first(ranks: list[RankStatus], ended: dict[int, float]) -> list[RankStatus]:
+    """The ranks that failed, the first to end first."""
+    return sorted((r for r in ranks if r.exit_code not in (None, 0)),
+                  key=lambda r: (ended.get(r.rank, float("inf")), r.rank))
+
+
+def reads_workload(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """Whether a poll needs Kueue's Workload of `job`: a batch Job that is not plainly running —
+    waiting for admission, suspended by an eviction, ended (an evicted Job may fail by its
+    backoff limit as its pods exit) — or whose pods are being deleted."""
+    return is_batch_job(job) and (job_phase(job) != "Running"
+                                  or any(p["metadata"].get("deletionTimestamp") for p in pods))
 
 
 def _alive(pods: list[dict[str, Any]]) -> bool:

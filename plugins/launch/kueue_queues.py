@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from trainyard.plugins.launch.manifests import GPU_RESOURCE, PRIORITY_VALUES
@@ -179,3 +180,36 @@ def workload_state(workload: Mapping[str, Any]) -> WorkloadState:
     if reserved is not None:
         return WorkloadState("pending", reserved.get("reason", ""), reserved.get("message", ""))
     return WorkloadState("pending", "", "not yet considered by Kueue")
+
+
+def eviction_cause(workload: Mapping[str, Any] | None) -> str:
+    """Why Kueue took a workload back, in its own words, or '' while it has not: the `Evicted`
+    condition's reason (`Preempted`, `PodsReadyTimeout`, `ClusterQueueStopped`, …), the
+    `Preempted` condition's finer reason where Kueue gives one (`InClusterQueue`,
+    `InCohortReclamation`, `InCohortFairSharing`, …) and the message, e.g. `Preempted
+    (InCohortReclamation): Preempted to accommodate a workload (UID: …) due to reclamation within
+    the cohort`. Kueue clears `Evicted` when it admits the workload again; an evicted batch Job
+    whose pods exited may end `Failed` meanwhile (its backoff limit): the condition stays, so the
+    eviction, not the backoff limit, is the cause read."""
+    if not workload:
+        return ""
+    conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
+    evicted = conditions.get("Evicted")
+    if evicted is None or evicted.get("status") != "True":
+        return ""
+    reason = str(evicted.get("reason") or "Evicted")
+    preempted = conditions.get("Preempted")
+    if preempted is not None and preempted.get("status") == "True" and preempted.get("reason") not in (None, "", reason):
+        reason += f" ({preempted['reason']})"
+    message = evicted.get("message") or (preempted or {}).get("message") or ""
+    return f"{reason}: {message}" if message else reason
+
+
+def admitted_at(workload: Mapping[str, Any]) -> datetime | None:
+    """When Kueue admitted the workload (its `Admitted` condition's transition), None while it
+    is not admitted: from then on the gang's pods should start."""
+    for condition in (workload.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Admitted" and condition.get("status") == "True":
+            when = condition.get("lastTransitionTime")
+            return datetime.fromisoformat(str(when).replace("Z", "+00:00")) if when else None
+    return None

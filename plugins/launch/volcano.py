@@ -83,6 +83,7 @@ from trainyard.plugins.launch.kube_status import (
     node_is_ready,
     owned_pods,
     pod_selector,
+    reads_workload,
     run_status,
 )
 from trainyard.plugins.launch.manifests import (
@@ -453,8 +454,10 @@ class KubernetesLauncher:
         if names:
             nodes = self._call(self.core_api.list_node)
             seen.nodes = {n["metadata"]["name"]: n for n in map(wire, nodes.items) if n["metadata"]["name"] in names}
-        if _unstarted(job, seen.pods):
+        unstarted = _unstarted(job, seen.pods)
+        if unstarted or reads_workload(job, seen.pods):
             seen.group = self._workload(handle, job) if is_batch_job(job) else self._podgroup(handle, job)
+        if unstarted:
             events = self._call(self.core_api.list_namespaced_event, handle.namespace)
             seen.events = _events_of(seen, [wire(e) for e in events.items])
         return seen
@@ -615,9 +618,11 @@ class KubernetesLauncher:
     def settle(self, handle: RunHandle, status: RunStatus | None = None, *, grace_s: float = 5.0) -> RunStatus:
         """Volcano's job policies end the pods of a finished job themselves (its terminal phases
         report no live process). A finished status that still reports live pods has its Job
-        deleted; the verdict stays the one given (the deletion only cleans up)."""
+        deleted; the verdict stays the one given (the deletion only cleans up). So has a Job
+        Kueue evicted (`status.evicted`): suspended, it waits in Kueue's queue, and Kueue would
+        admit it again by itself — the attempt a second time, beside the DAG's next one."""
         status = status or self.poll(handle)
-        if status.finished and status.processes_alive:
+        if status.finished and (status.processes_alive or status.evicted):
             stopped = self.stop(handle, grace_s=grace_s)
             return status.model_copy(update={"message": f"{status.message}; cleaned up: {stopped.message}"})
         return status
@@ -747,7 +752,8 @@ async def poll_async(handle: RunHandle, api_client: Any, *, attempts: int = 6, m
     if names:
         nodes = await call(core.list_node)
         seen.nodes = {n["metadata"]["name"]: n for n in map(wire, nodes.items) if n["metadata"]["name"] in names}
-    if _unstarted(job, seen.pods):
+    unstarted = _unstarted(job, seen.pods)
+    if unstarted or reads_workload(job, seen.pods):
         try:
             if is_batch_job(job):
                 from trainyard.plugins.launch.kueue_queues import (
@@ -765,6 +771,7 @@ async def poll_async(handle: RunHandle, api_client: Any, *, attempts: int = 6, m
         except Exception as e:
             if _status_of(e) not in (403, 404):
                 raise
+    if unstarted:
         events = await call(core.list_namespaced_event, handle.namespace)
         seen.events = _events_of(seen, [wire(e) for e in events.items])
     return run_status(handle, seen)

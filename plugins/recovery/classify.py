@@ -13,7 +13,8 @@ Precedence (first match wins):
    A person's stop wins over any failure: never restart what a user stopped.
 3. **preempted** (by the platform) — the control plane stopped it because its reservation
    lease was lost (`lease_lost`), or evicted it for a higher-priority gang (`preempted`, after
-   SIGTERM gave it an emergency checkpoint): not the job's fault.
+   SIGTERM gave it an emergency checkpoint): not the job's fault. Likewise a gang the cluster's
+   queue took back (`RunStatus.evicted`: Kueue's preemption, its cause in Kueue's words).
 4. **node_lost** — a node of the gang has a fatal verdict (`gpu_failed`, `node_unhealthy`),
    its agent missed `MISSED_HEARTBEATS_LOST` heartbeats, or the health watcher stopped the
    gang (`node_lost`, with the nodes it names). Above every rank-level class: their symptoms are its effects.
@@ -122,6 +123,12 @@ def classify(ev: Evidence) -> FailureReport:
         saved = ("emergency checkpoint committed" if exit_codes.PREEMPTED in codes
                  else "no emergency checkpoint: resumes from the newest one")
         return report("preempted", f"preempted by the platform: {why_stopped} ({saved})")
+    if status.evicted:
+        codes = {r.exit_code for r in status.ranks}
+        saved = ("emergency checkpoint committed" if exit_codes.PREEMPTED in codes
+                 else "no emergency checkpoint: resumes from the newest one"
+                 if exit_codes.PREEMPTED_NO_CHECKPOINT in codes else "resumes from the run's newest checkpoint")
+        return report("preempted", f"preempted by Kueue: {status.evicted} ({saved})")
 
     lost = {o.node: node_fatal_reasons(o) for o in ev.nodes if o.node in ev.gang_nodes or not ev.gang_nodes}
     lost = {node: why for node, why in lost.items() if why}

@@ -141,6 +141,11 @@ class RunStatus(_Model):
     """Some process of the run still exists (a failed run may need `stop` to clean up)."""
     step: int | None = None
     """The slowest rank's last heartbeat step."""
+    evicted: str = ""
+    """Why the cluster's queue took the gang back, in its own words ('' when it did not): on a
+    Kueue cluster its Workload's eviction (`Preempted (InCohortReclamation): Preempted to
+    accommodate a workload …`; `kueue_queues.eviction_cause`). The attempt is over once its pods
+    are gone; `classify` calls it preempted."""
     updated_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @property

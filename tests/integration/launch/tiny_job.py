@@ -1,5 +1,8 @@
 """A tiny distributed job for the launcher tests: a gloo all-reduce per step, a heartbeat per
 step, SIGTERM answered with exit 43 (an "emergency checkpoint"), optional failure of one rank.
+With `--checkpoint-dir`, the emergency checkpoint is a real file (`emergency.json`: the step the
+ranks agreed to stop at, written by rank 0 before it exits, atomically), and a start that finds it
+resumes after that step — what a preempted gang's next attempt does with the worker's DCP one.
 
 Deliberately independent of `worker/train.py`: the launcher is tested on its own.
 """
@@ -7,6 +10,7 @@ Deliberately independent of `worker/train.py`: the launcher is tested on its own
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -27,7 +31,9 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--exit-code", type=int, default=7)
+    parser.add_argument("--checkpoint-dir", default="")
     args = parser.parse_args()
+    checkpoint = os.path.join(args.checkpoint_dir, "emergency.json") if args.checkpoint_dir else ""
     stop = {"requested": False}
 
     def on_sigterm(*_: object) -> None:
@@ -44,7 +50,12 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"hello rank={rank} world={world} job={env.job} attempt={env.attempt} "
           f"node={os.environ.get('TRAINYARD_NODE')} lr={os.environ.get('TRAINYARD_LEARNING_RATE')}", flush=True)
-    for step in range(1, args.steps + 1):
+    first = 1
+    if checkpoint and os.path.exists(checkpoint):
+        with open(checkpoint) as f:
+            first = int(json.load(f)["step"]) + 1
+        print(f"rank {rank}: resumed from the emergency checkpoint of step {first - 1}", flush=True)
+    for step in range(first, args.steps + 1):
         value = torch.tensor([float(rank + 1), float(stop["requested"])])
         dist.all_reduce(value)
         write_heartbeat(env.heartbeat_dir, Heartbeat(
@@ -62,6 +73,10 @@ def main() -> int:
             # a rank stopping for its peer's signal may meet its own on the way out: ignored
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             print(f"rank {rank}: SIGTERM, emergency checkpoint at step {step}", flush=True)
+            if checkpoint and rank == 0:
+                with open(f"{checkpoint}.tmp", "w") as f:
+                    json.dump({"step": step, "attempt": env.attempt}, f)
+                os.replace(f"{checkpoint}.tmp", checkpoint)
             # both ranks finished this step's all-reduce: leave the group as the worker runtime
             # does (WorkerSession.close) — gloo's threads still alive at interpreter shutdown
             # can abort it (SIGABRT, exit -6: seen once in CI in the Kubernetes stop test)

@@ -42,3 +42,30 @@ def test_a_requeued_gang_waits_for_capacity_and_takes_it_when_it_returns(tmp_pat
         timer.cancel()
     assert result.evicted == [] and result.placement.layout.world_size == 2 and result.waited_s > 0
     assert store.placement("small-one", 1, run="r-small") is not None
+
+
+def test_on_a_kueue_cluster_the_placer_never_evicts_and_hands_the_gang_to_the_queue(tmp_path: Path) -> None:
+    """Kueue is the one preemptor there: a higher-priority gang that does not fit is placed on
+    the fleet without a reservation (Kueue admits it, or evicts for it) and the running gang keeps
+    its devices and its reservation."""
+    from trainyard.plugins.attempt.preempt import queue_admits
+
+    settings = Settings(home=tmp_path / "home")
+    store, jobs = open_state(settings.state_db), JobStateStore(settings.state_db)
+    local = load_cluster("local")
+    kueue = local.model_copy(update={"spec": local.spec.model_copy(update={
+        "mode": "kubernetes", "launcher": {"queueing": "kueue"}})})
+    assert queue_admits(kueue) and not queue_admits(local)
+    assert not queue_admits(kueue.model_copy(update={"spec": kueue.spec.model_copy(update={"launcher": {}})}))
+    low = make_job("low-one", gpu_count=4)
+    low = low.model_copy(update={"metadata": low.metadata.model_copy(update={"priority": "low"})})
+    high = make_job("high-one", gpu_count=2)
+    high = high.model_copy(update={"metadata": high.metadata.model_copy(update={"priority": "critical"})})
+    first = place_preempting(low, Plan(layout=RankLayout(dp=4)), kueue, store, jobs, load_teams(), Runtime(settings),
+                             run="r-low", attempt=0)
+    assert not first.queued and store.placement("low-one", 0, run="r-low") is not None
+    second = place_preempting(high, Plan(layout=RankLayout(dp=2)), kueue, store, jobs, load_teams(),
+                              Runtime(settings), run="r-high", attempt=0)
+    assert second.queued and second.evicted == [] and second.placement.layout.world_size == 2
+    assert store.placement("high-one", 0, run="r-high") is None  # nothing reserved: Kueue admits it
+    assert store.placement("low-one", 0, run="r-low") is not None  # and nobody evicted here

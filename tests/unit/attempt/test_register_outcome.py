@@ -105,3 +105,14 @@ def test_a_registered_version_completes_the_run_with_the_alias_decision(opened: 
 def test_the_note_after_classify_says_registering_or_why_nothing_is(action: RecoveryAction, note: str) -> None:
     report = FailureReport(job="j", run=RUN, attempt=0, outcome="completed", reason="every rank completed", step=4)
     assert Concluded(report=report, action=action).summary == note
+
+
+def test_the_note_of_a_preempted_attempt_names_the_preemption_in_its_preemptors_words() -> None:
+    cause = ("preempted by Kueue: Preempted (InCohortReclamation): Preempted to accommodate a workload (UID: u) "
+             "due to reclamation within the cohort (emergency checkpoint committed)")
+    report = FailureReport(job="j", run=RUN, attempt=0, outcome="preempted", reason=cause, step=12, rank=0,
+                           exit_code=43)
+    action = RecoveryAction(kind="requeue", reason="preempted: requeue", resume_step=12, counts_against_budget=False)
+    note = Concluded(report=report, action=action).summary
+    assert note.startswith("attempt 0: preempted at step 12") and "→ requeue from step 12" in note
+    assert note.endswith(f" — {cause}")

@@ -94,3 +94,35 @@ def test_stop_runs_the_edit_check_first(recorded: Recorded) -> None:
     answer = client.post(f"{URL_PREFIX}/jobs/{JOB}/runs/{RUN}/stop", headers=SAME_ORIGIN)
     assert (answer.status_code, answer.json()["detail"], seen) == (403, "may not edit this DAG's runs", ["asked"])
     assert client.get(f"{URL_PREFIX}/jobs/{JOB}/runs/{RUN}").status_code == 200  # reading is not editing
+
+
+QUEUED = "Job phase Pending: Job suspended; not started: Kueue: pending: couldn't assign flavors to pod set main: " \
+         "insufficient unused quota for cpu in flavor trainyard-accelerators, 1 more needed"
+
+
+class QueuedLauncher:
+    """A launcher whose gang waits in its cluster's queue (what `KubernetesLauncher.poll` says of
+    a Job Kueue has not admitted), registered as a site would (`TRAINYARD_LAUNCHERS`)."""
+
+    def poll(self, handle: object) -> object:
+        from trainyard.plugins.run.model import RunStatus
+
+        return RunStatus(state="pending", message=QUEUED, processes_alive=True)
+
+    @classmethod
+    def attach(cls, handle: object, settings: object, runtime: object) -> QueuedLauncher:
+        return cls()
+
+
+def test_a_gang_waiting_in_its_queue_says_why_on_the_page_and_in_the_live_poll(live_run: Recorded) -> None:
+    from trainyard.plugins.run.model import RunHandle
+
+    settings = live_run.settings.model_copy(update={"launchers": {"queued": f"{__name__}:QueuedLauncher"}})
+    waiting = RunHandle(kind="queued", job=JOB, run=LIVE, attempt=1, world_size=2)
+    live_run.store.start_attempt(JOB, LIVE, 1, dag_run_id=f"{JOB}/manual__live-1", handle=waiting)
+    client = _client(settings)
+    update = client.get(f"{URL_PREFIX}/jobs/{JOB}/runs/{LIVE}/live.json").json()
+    assert update["attempt"] == 1 and update["waiting"] == QUEUED and update["ranks"] == []
+    page = client.get(f"{URL_PREFIX}/jobs/{JOB}/runs/{LIVE}").text
+    assert "waiting: Job phase Pending: Job suspended; not started: Kueue: pending: couldn&#x27;t assign flavors" in page
+    assert 'put("waiting"' in page  # and the poll keeps it current

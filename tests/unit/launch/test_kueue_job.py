@@ -12,7 +12,13 @@ import pytest
 
 from tests.unit.launch.launch_fixtures import gpu_job, validate_k8s
 from trainyard.config.teams import load_teams
-from trainyard.plugins.launch.kube_status import Observed, job_phase, owned_pods, run_status
+from trainyard.plugins.launch.kube_status import (
+    Observed,
+    job_phase,
+    owned_pods,
+    reads_workload,
+    run_status,
+)
 from trainyard.plugins.launch.kueue_job import render_kueue_job
 from trainyard.plugins.launch.manifests import KubernetesOptions, render_all
 from trainyard.plugins.launch.rbac import render_rbac
@@ -100,6 +106,84 @@ def test_pods_go_by_their_host_names_and_a_waiting_gang_says_kueues_reason() -> 
         "message": "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu"}]}}
     waiting = run_status(handle, Observed(job=batch_job(suspend=True), group=workload))
     assert waiting.state == "pending" and "Kueue: pending: couldn't assign flavors" in waiting.message
+
+
+def terminated_pod(index: int, code: int, *, deleting: bool = True) -> dict[str, Any]:
+    pod = indexed_pod(index, f"x{index}", f"n{index}")
+    pod["status"] = {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+        "exitCode": code, "reason": "Error", "finishedAt": "2026-12-07T08:01:00Z"}}}]}
+    if deleting:
+        pod["metadata"]["deletionTimestamp"] = "2026-12-07T08:01:00Z"
+    return pod
+
+
+EVICTED = {"kind": "Workload", "status": {"conditions": [
+    {"type": "Evicted", "status": "True", "reason": "Preempted",
+     "message": "Preempted to accommodate a workload (UID: u2) due to reclamation within the cohort"},
+    {"type": "Preempted", "status": "True", "reason": "InCohortReclamation", "message": "…"},
+    {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}]}}
+
+
+def test_a_gang_kueue_evicted_is_over_once_its_pods_are_gone_with_kueues_cause() -> None:
+    """Kueue suspends the Job and its pods go with their grace: `running` while a pod is left,
+    then `failed` with the eviction as the cause — also once the Job failed by its backoff limit
+    as the pods exited, and never a launch that did not start, however long the attempt ran."""
+    handle = RunHandle(kind="kubernetes", job="j", attempt=0, world_size=8, namespace="ns", name="j", uid="u1",
+                       ranks_per_node=4, api_version="batch/v1", created_at=datetime(2020, 1, 1, tzinfo=UTC))
+    alive = indexed_pod(0, "x0", "n0")
+    alive["metadata"]["deletionTimestamp"] = "2026-12-07T08:01:00Z"
+    stopping = run_status(handle, Observed(job=batch_job(suspend=True, active=1), pods=[alive, terminated_pod(1, 43)],
+                                           group=EVICTED))
+    assert (stopping.state, stopping.processes_alive) == ("running", True), stopping
+    assert stopping.message.startswith("Kueue evicted the gang: Preempted (InCohortReclamation): Preempted to "
+                                       "accommodate") and "its pods are stopping" in stopping.message
+    over = run_status(handle, Observed(job=batch_job(suspend=True), pods=[], group=EVICTED))
+    assert (over.state, over.processes_alive, over.exit_code) == ("failed", False, None), over
+    assert over.evicted.startswith("Preempted (InCohortReclamation)") and "launch failed" not in over.message
+    failed = batch_job(suspend=True, failed=2, conditions=[{"type": "Failed", "status": "True",
+                                                           "reason": "BackoffLimitExceeded"}])
+    ended = run_status(handle, Observed(job=failed, pods=[terminated_pod(0, 43), terminated_pod(1, 43)],
+                                        group=EVICTED))
+    assert (ended.state, ended.exit_code, ended.evicted) == ("failed", 43, over.evicted), ended
+    # without the Workload's eviction, the same Job is an ordinary failure
+    assert not run_status(handle, Observed(job=failed, pods=[terminated_pod(0, 43)])).evicted
+
+
+def test_a_gang_waiting_in_its_queue_never_times_out_its_start_clock_runs_from_admission() -> None:
+    """Kueue may hold a gang for hours behind a long job: that is not a launch that failed to
+    start. Once admitted, pods that cannot start fail the launch past the start timeout."""
+    long_ago = datetime(2020, 1, 1, tzinfo=UTC)
+    handle = RunHandle(kind="kubernetes", job="j", attempt=0, world_size=8, namespace="ns", name="j", uid="u1",
+                       ranks_per_node=4, api_version="batch/v1", created_at=long_ago)
+    queued = {"kind": "Workload", "status": {"conditions": [{
+        "type": "QuotaReserved", "status": "False", "reason": "Pending",
+        "message": "couldn't assign flavors to pod set main: insufficient unused quota for cpu"}]}}
+    waiting = run_status(handle, Observed(job=batch_job(suspend=True), group=queued))
+    assert waiting.state == "pending" and "insufficient unused quota" in waiting.message, waiting
+    stuck = indexed_pod(0, "x0", "n0")
+    stuck["spec"].pop("nodeName")
+    stuck["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                           "reason": "Unschedulable", "message": "0/2 nodes"}]}
+
+    def admitted(when: datetime) -> dict[str, Any]:
+        return {"kind": "Workload", "status": {"conditions": [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+            {"type": "Admitted", "status": "True", "reason": "Admitted",
+             "lastTransitionTime": when.isoformat().replace("+00:00", "Z")}]}}
+
+    fresh = run_status(handle, Observed(job=batch_job(active=1), pods=[stuck], group=admitted(datetime.now(UTC))))
+    assert fresh.state == "running" and "not started: pod j-0-x0: 0/2 nodes" in fresh.message, fresh
+    late = run_status(handle, Observed(job=batch_job(active=1), pods=[stuck], group=admitted(long_ago)))
+    assert late.state == "failed" and late.message.startswith("launch failed: the pods of ns/j did not start"), late
+
+
+def test_the_workload_is_read_whenever_the_batch_job_is_not_plainly_running() -> None:
+    running = indexed_pod(0, "x0", "n0")
+    assert not reads_workload(batch_job(active=2), [running])
+    assert reads_workload(batch_job(suspend=True, active=2), [running])  # Kueue suspended it
+    assert reads_workload(batch_job(active=2), [running, terminated_pod(1, 43)])  # a pod is being deleted
+    assert reads_workload(batch_job(conditions=[{"type": "Failed", "status": "True"}]), [])
+    assert not reads_workload({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "status": {}}, [])
 
 
 @pytest.mark.parametrize("gpu", [True, False])

@@ -5,6 +5,7 @@ from trainyard.plugins.launch.kueue_queues import (
     FLAVOR,
     LOCAL_QUEUE,
     covered_resources,
+    eviction_cause,
     guaranteed_shares,
     render_kueue_queues,
     team_quota,
@@ -69,3 +70,18 @@ def test_a_workloads_state_keeps_kueues_own_words() -> None:
     assert workload_state(evicted).state == "evicted" and workload_state(evicted).reason == "Preempted"
     assert workload_state({"status": {"conditions": [condition("Finished", "True", "Succeeded")]}}).state == "finished"
     assert workload_state({}).describe() == "pending: not yet considered by Kueue"
+
+
+def test_an_evictions_cause_is_kueues_reason_its_preemption_kind_and_its_message() -> None:
+    message = "Preempted to accommodate a workload (UID: u, JobUID: j) due to reclamation within the cohort"
+    admitted = [condition("QuotaReserved", "True", "QuotaReserved"), condition("Admitted", "True", "Admitted")]
+    assert eviction_cause({"status": {"conditions": admitted}}) == "" and eviction_cause(None) == ""
+    evicted = {"status": {"conditions": [*admitted, condition("Evicted", "True", "Preempted", message),
+                                         condition("Preempted", "True", "InCohortReclamation", message)]}}
+    assert eviction_cause(evicted) == f"Preempted (InCohortReclamation): {message}"
+    timeout = {"status": {"conditions": [condition("Evicted", "True", "PodsReadyTimeout", "Exceeded the PodsReady timeout")]}}
+    assert eviction_cause(timeout) == "PodsReadyTimeout: Exceeded the PodsReady timeout"
+    # admitted again: Kueue clears Evicted (and Preempted)
+    again = {"status": {"conditions": [*admitted, condition("Evicted", "False", "QuotaReserved", "Previously: …"),
+                                       condition("Preempted", "False", "QuotaReserved")]}}
+    assert eviction_cause(again) == ""

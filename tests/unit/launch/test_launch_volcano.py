@@ -359,6 +359,22 @@ def test_settle_keeps_the_verdict_and_cleans_up_what_lingers(plane: ControlPlane
     assert plane.rest.list(*JOBS, "trainyard") == []
 
 
+def test_settle_removes_a_job_its_queue_evicted(plane: ControlPlane, launcher: KubernetesLauncher,
+                                                tmp_path: Path) -> None:
+    """Kueue would admit a suspended, evicted Job again by itself, beside the next attempt."""
+    from trainyard.plugins.run.model import RunStatus
+
+    handle, pods = start(plane, launcher, tmp_path)
+    for pod in pods:
+        plane.pod_exited(pod, 43, message=exits((0, 43)))
+    plane.tick()
+    cause = "Preempted (InClusterQueue): Preempted to accommodate a workload (UID: u) due to prioritization"
+    evicted = RunStatus(state="failed", evicted=cause, message=f"Kueue evicted the gang: {cause}")
+    cleaned = launcher.settle(handle, evicted)
+    assert cleaned.evicted == cause and "cleaned up: deleted trainyard/" in cleaned.message
+    assert plane.rest.list(*JOBS, "trainyard") == []
+
+
 def test_logs_read_the_pod_of_the_rank(plane: ControlPlane, launcher: KubernetesLauncher, tmp_path: Path) -> None:
     handle, pods = start(plane, launcher, tmp_path)
     (tmp_path / "logs" / f"{pods[1]}.log").write_text("".join(f"step {i}\n" for i in range(1, 6)))

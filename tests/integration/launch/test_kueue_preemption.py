@@ -1,0 +1,174 @@
+"""Kueue preempts a running gang, on the real control plane of `tests/support/kube/real_harness.py`
+(issue 56, Build 4 at the launcher level): kube-apiserver, kube-controller-manager,
+kube-scheduler and Kueue v0.17.0, two simulated nodes of one CPU slot each.
+
+Two teams share the two slots in one cohort (a nominal quota of one slot each, borrowing up to
+two). Team A's low-priority gang of two ranks borrows B's idle slot and runs; team B's
+high-priority gang of one rank arrives; Kueue reclaims B's nominal quota by evicting A (its
+Workload `Evicted`/`Preempted`, the Job suspended, its pods deleted with their grace). A's ranks
+get SIGTERM and commit their emergency checkpoint before their pods go (exit 43), the launcher
+reports the attempt ended with Kueue's cause in Kueue's words, and — as the attempt engine does
+with any finished attempt — `settle` removes the evicted Job, so Kueue cannot run it again on its
+own beside the next attempt. That next attempt waits in Kueue's queue with Kueue's reason while
+B runs, is admitted once B completes, and resumes from the emergency checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.kube import netns
+from tests.support.kube.jobs import placed, tiny_job
+from tests.support.kube.real_cluster import binaries_missing
+from tests.support.kube.real_harness import RealKubeHarness
+from tests.support.require import missing
+from trainyard.config.spec import TrainingJob
+from trainyard.config.teams import Team, Teams
+from trainyard.plugins.launch.kube_clients import KubeClients
+from trainyard.plugins.launch.rbac import ACCOUNT, render_rbac
+from trainyard.plugins.launch.tenancy import (
+    PLATFORM_NAMESPACE,
+    render_platform_namespace,
+    render_teams,
+    team_namespace,
+)
+from trainyard.plugins.launch.volcano import KubernetesLauncher
+from trainyard.plugins.recovery.classify import classify
+from trainyard.plugins.recovery.evidence import Evidence
+from trainyard.plugins.run import exit_codes
+from trainyard.plugins.run.model import RunHandle, RunStatus
+
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
+TEAMS = Teams(teams={"alpha": Team(share=0.5, quota_gpus=2), "beta": Team(share=0.5, quota_gpus=2)})
+"""Two teams, a slot each by right, either may borrow the other's while it is idle."""
+TIMEOUT_S = 180.0
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[RealKubeHarness]:
+    """The harness in a folder uid 1000 can traverse (as in `test_kueue_launch.py`)."""
+    if binaries_missing():
+        missing("kube", f"the Kubernetes binaries are not built: {', '.join(binaries_missing())}")
+    root = Path(tempfile.mkdtemp(prefix="kueue-preempt-", dir="/var/tmp"))  # not /tmp: an init container mounts over it
+    root.chmod(0o711)
+    try:
+        try:
+            harness = RealKubeHarness(root / "kube").__enter__()
+        except netns.NetnsUnavailable as e:
+            missing("netns", f"the simulated nodes need network namespaces: {e}")
+        with harness:
+            yield harness
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def launcher(kube: RealKubeHarness) -> KubernetesLauncher:
+    """The administrator's objects for both teams, then the launcher on the control plane's own
+    ServiceAccount token."""
+    from kubernetes import client, utils
+
+    admin = kube.cluster.client()  # type: ignore[union-attr]
+    namespaces = [team_namespace(name) for name in TEAMS.teams]
+    for doc in [render_platform_namespace(), *render_teams(TEAMS, cpu_cluster=True),
+                *render_rbac(PLATFORM_NAMESPACE, namespaces, queueing="kueue")]:
+        utils.create_from_dict(admin, doc)
+    options = kube.launcher_options(queueing="kueue", namespace=None, heartbeat_volume="emptyDir")
+    KubernetesLauncher.from_clients(KubeClients.from_api_client(admin), options=options).ensure_queues(
+        TEAMS, total_gpus=2, cpu_cluster=True)
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
+    token = client.CoreV1Api(admin).create_namespaced_service_account_token(ACCOUNT, PLATFORM_NAMESPACE, request)
+    own = kube.cluster.client(token.status.token)  # type: ignore[union-attr]
+    return KubernetesLauncher.from_clients(KubeClients.from_api_client(own), options=options)
+
+
+def job_of(name: str, team: str, priority: str, gpus: int, args: list[str]) -> TrainingJob:
+    job = tiny_job(name, args, gpus=gpus, team=team)
+    return job.model_copy(update={"metadata": job.metadata.model_copy(update={"priority": priority})})
+
+
+def submit(kube: RealKubeHarness, launcher: KubernetesLauncher, job: TrainingJob, *, run: str,
+           attempt: int = 0) -> RunHandle:
+    parts = placed(job, kube.root / "home", run=run, attempt=attempt)
+    return launcher.submit(*parts.submit_args(), attempt=attempt)
+
+
+def wait(kube: RealKubeHarness, launcher: KubernetesLauncher, handle: RunHandle, predicate: Any, what: str,
+         timeout_s: float = TIMEOUT_S) -> RunStatus:
+    seen: list[RunStatus] = []
+
+    def check() -> RunStatus | None:
+        seen.append(launcher.poll(handle))
+        return seen[-1] if predicate(seen[-1]) else None
+
+    try:
+        return kube.wait_for(check, timeout_s, what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nlast status: {seen[-1] if seen else None}\n{kube.diagnostics()}") from None
+
+
+def trainer_logs(kube: RealKubeHarness, handle: RunHandle) -> dict[str, str]:
+    """The trainer logs of the Job's pods, as their nodes keep them — the pods of an evicted
+    Job included, which the API server no longer lists."""
+    found = sorted(kube.root.glob(f"nodes/*/pods/{handle.namespace}_{handle.name}-*/trainer.log"))
+    return {path.parent.name: path.read_text(errors="replace")[-3000:] for path in found}
+
+
+def trained(kube: RealKubeHarness, handle: RunHandle, step: int) -> list[str]:
+    """The pods of the Job whose ranks have logged `step` (both ranks of a pod share its log)."""
+    return [pod for pod, log in trainer_logs(kube, handle).items() if f"step {step} " in log]
+
+
+def test_kueue_preempts_the_borrowing_gang_which_checkpoints_and_resumes_when_capacity_returns(
+        kube: RealKubeHarness, launcher: KubernetesLauncher) -> None:
+    folder = kube.root / "alpha-checkpoints"
+    folder.mkdir()
+    folder.chmod(0o777)  # the pods' user (uid 1000) writes the emergency checkpoint there
+    low = job_of("alpha-low", "alpha", "low", 2,
+                 ["--steps", "30", "--sleep", "0.5", "--checkpoint-dir", str(folder)])
+    high = job_of("beta-high", "beta", "high", 1, ["--steps", "4", "--sleep", "0.5"])
+
+    # team alpha's gang borrows beta's idle slot and trains
+    first = submit(kube, launcher, low, run="r-low")
+    wait(kube, launcher, first, lambda s: s.state == "running" and len(trained(kube, first, 2)) == 2,
+         "alpha's gang to train on both slots")
+
+    # team beta's gang arrives: Kueue reclaims beta's slot by evicting alpha's gang
+    beta = submit(kube, launcher, high, run="r-high")
+    ended = wait(kube, launcher, first, lambda s: s.finished, "Kueue to evict alpha's gang")
+    assert ended.state == "failed" and ended.evicted, ended
+    assert ended.evicted.startswith("Preempted"), ended.evicted  # Kueue's own reason, word for word
+    assert "InCohortReclamation" in ended.evicted or "reclamation" in ended.evicted.lower(), ended.evicted
+    assert f"Kueue evicted the gang: {ended.evicted}" in ended.message, ended.message
+    assert (folder / "emergency.json").exists(), (ended, trainer_logs(kube, first))
+    checkpoint = json.loads((folder / "emergency.json").read_text())
+    assert checkpoint["attempt"] == 0 and checkpoint["step"] >= 2, checkpoint
+    assert not ended.ranks or {r.exit_code for r in ended.ranks} <= {exit_codes.PREEMPTED, None}, ended.ranks
+
+    report = classify(Evidence(job=first.job, run=first.run, attempt=0, status=ended))
+    assert report.outcome == "preempted" and ended.evicted in report.reason, report
+
+    # the attempt engine settles a finished attempt: the evicted Job goes, or Kueue would admit it
+    # again by itself beside the DAG's next attempt
+    launcher.settle(first, ended)
+    second = submit(kube, launcher, low, run="r-low", attempt=1)
+    waiting = wait(kube, launcher, second, lambda s: "Kueue: pending: couldn't assign" in s.message,
+                   "alpha's next attempt to wait in Kueue's queue, saying why", 60)
+    assert waiting.state == "pending" and "insufficient unused quota for cpu" in waiting.message, waiting
+
+    done = wait(kube, launcher, beta, lambda s: s.finished, "beta's gang to complete")
+    assert done.state == "succeeded", done
+
+    resumed = wait(kube, launcher, second, lambda s: s.finished, "alpha's gang to be admitted again and complete")
+    assert resumed.state == "succeeded", (resumed, trainer_logs(kube, second))
+    logs = [log for pod, log in trainer_logs(kube, second).items() if "attempt=1" in log]
+    assert len(logs) == 2, trainer_logs(kube, second)
+    assert all(f"resumed from the emergency checkpoint of step {checkpoint['step']}" in log for log in logs), logs
+    assert all("step 30" in log for log in logs), logs
