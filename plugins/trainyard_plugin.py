@@ -72,10 +72,13 @@ class _LazyApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if self._app is None:
+            from trainyard.operators.kubernetes_clients import kubernetes_clients
             from trainyard.plugins.control_room.app import create_app
 
+            # the live ranks, a waiting gang's reason and the Stop button reach Kubernetes through
+            # Airflow's connection, as the tasks do: the api-server has no kubeconfig of its own
             self._app = create_app(authorize=_authorize(), authorize_stop=_authorize_stop(), user=_user_name(),
-                                   mounted_at=URL_PREFIX)
+                                   mounted_at=URL_PREFIX, kube_clients=kubernetes_clients)
         await self._app(scope, receive, send)
 
 

@@ -34,18 +34,23 @@ from trainyard.plugins.tracking.ui_links import URL_PREFIX
 
 if TYPE_CHECKING:
     from trainyard.config.settings import Settings
+    from trainyard.plugins.attempt.launchers import Runtime
     from trainyard.plugins.control_room.model import LiveUpdate, RunView
+    from trainyard.plugins.launch.kube_clients import KubeClients
     from trainyard.plugins.state.jobs import JobStateStore, RunInfo
 
 def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Callable[..., Any] | None = None,
                authorize_stop: Callable[..., Any] | None = None, user: Callable[..., str] | None = None,
-               mounted_at: str = URL_PREFIX) -> FastAPI:
+               mounted_at: str = URL_PREFIX, kube_clients: Callable[[], KubeClients] | None = None) -> FastAPI:
     """The app. `settings`: where the platform state, the object store and MLflow are (default
     `trainyard.config.settings.get_settings`, the api-server's `TRAINYARD_*` environment); `mounted_at`:
     the prefix Airflow mounts it under, to tell Airflow's own root from this app's. `authorize_stop`
     and `user`: FastAPI dependencies of the Stop endpoint (may the caller change the DAG's runs;
-    their name)."""
+    their name). `kube_clients`: how the ranks' table, the waiting reason and the Stop button reach
+    a Kubernetes API from this process — inside Airflow's api-server its connection, as the tasks
+    do (`trainyard_plugin.py` passes it); None: the kubeconfig."""
     from trainyard.config.settings import get_settings
+    from trainyard.plugins.attempt.launchers import Runtime
 
     read_settings = settings or get_settings
     app = FastAPI(title="Trainyard", docs_url=None, redoc_url=None, openapi_url=None,
@@ -55,6 +60,9 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
         from trainyard.plugins.state.jobs import open_job_state
 
         return open_job_state(read_settings().state_db)
+
+    def runtime() -> Runtime:
+        return Runtime(read_settings(), kube_clients=kube_clients)
 
     def runs(request: Request, title: str, *, team: str, job: str, state: str, fixed_job: bool) -> HTMLResponse:
         from trainyard.plugins.control_room.render import message_page
@@ -88,7 +96,7 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
     def view(info: RunInfo, request: Request) -> RunView:
         from trainyard.plugins.control_room.build import build_run_view
 
-        return build_run_view(store(), info, read_settings(), airflow_base=_airflow_root(request, mounted_at,
+        return build_run_view(store(), info, read_settings(), runtime=runtime(), airflow_base=_airflow_root(request, mounted_at,
                                                                                          read_settings()))
 
     @app.get("/dags/{dag_id}/runs/{dag_run_id}", response_class=HTMLResponse)
@@ -110,7 +118,7 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
     def live(info: RunInfo) -> LiveUpdate:
         from trainyard.plugins.control_room.build import build_live_update
 
-        return build_live_update(store(), info, read_settings())
+        return build_live_update(store(), info, read_settings(), runtime=runtime())
 
     @app.get("/dags/{dag_id}/runs/{dag_run_id}/live.json")
     def dag_run_live(dag_id: str, dag_run_id: str) -> JSONResponse:
@@ -132,7 +140,7 @@ def create_app(*, settings: Callable[[], Settings] | None = None, authorize: Cal
         problem = cross_site_problem(request.headers)
         if problem:
             return JSONResponse({"detail": problem}, status_code=403)
-        return _stop(store(), dag_id, run, read_settings(), name)
+        return _stop(store(), dag_id, run, runtime(), name)
 
     return app
 
@@ -142,14 +150,13 @@ STOP_GRACE_S = 20.0
 patience for the answer."""
 
 
-def _stop(store: JobStateStore, job: str, run: str, settings: Settings, name: str) -> JSONResponse:
+def _stop(store: JobStateStore, job: str, run: str, runtime: Runtime, name: str) -> JSONResponse:
     """The Stop button: `trainyard stop`'s engine, recorded as this person's decision."""
-    from trainyard.plugins.attempt.launchers import Runtime
     from trainyard.plugins.attempt.stop import stop_run
     from trainyard.plugins.state.jobs import RunNotFound
 
     try:
-        result = stop_run(store, job, Runtime(settings), run, grace_s=STOP_GRACE_S,
+        result = stop_run(store, job, runtime, run, grace_s=STOP_GRACE_S,
                           detail=f"stopped by {name} from the Trainyard view")
     except RunNotFound as e:
         return JSONResponse({"detail": str(e)}, status_code=404)

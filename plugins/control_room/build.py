@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from trainyard.config.settings import Settings
     from trainyard.config.spec import TrainingJob
     from trainyard.plugins.advisor.plan import Plan
+    from trainyard.plugins.attempt.launchers import Runtime
     from trainyard.plugins.placement.model import Placement
     from trainyard.plugins.state.jobs import AttemptInfo, JobStateStore, RunInfo
 
@@ -74,9 +75,10 @@ class _Context:
 
 
 def build_run_view(store: JobStateStore, info: RunInfo, settings: Settings, *, airflow_base: str = "",
-                   now: datetime | None = None) -> RunView:
+                   now: datetime | None = None, runtime: Runtime | None = None) -> RunView:
     """The view of `info`'s run. `airflow_base`: the Airflow UI's root as the browser reaches it
-    (`''` under the same origin), for the links to each attempt's DAG run."""
+    (`''` under the same origin), for the links to each attempt's DAG run. `runtime`: how the
+    live attempt's launcher is asked from this process (default: the settings' kubeconfig)."""
     now = now or datetime.now(UTC)
     job, spec_note = find_job(info.job, settings.jobs_dir)
     ctx = _Context(settings=settings, info=info, job=job, cluster=None, notes=[spec_note] if spec_note else [])
@@ -87,7 +89,7 @@ def build_run_view(store: JobStateStore, info: RunInfo, settings: Settings, *, a
     if placement is not None:
         ctx.cluster = _cluster(placement.gpu_type, ctx)
     live_attempt = next((a for a in reversed(attempts) if a.state == "running"), None)
-    ranks, waiting = rank_views(live_attempt, settings)
+    ranks, waiting = rank_views(live_attempt, settings, runtime)
     return RunView(
         job=info.job, run=info.run, dag_id=info.job, state=info.state, team=info.team, project=info.project,
         created_at=info.created_at, updated_at=info.updated_at, final_reason=info.final_reason,
@@ -106,14 +108,15 @@ def build_run_view(store: JobStateStore, info: RunInfo, settings: Settings, *, a
     )
 
 
-def build_live_update(store: JobStateStore, info: RunInfo, settings: Settings) -> LiveUpdate:
+def build_live_update(store: JobStateStore, info: RunInfo, settings: Settings, *,
+                      runtime: Runtime | None = None) -> LiveUpdate:
     """What a live run's page polls: state, progress (without the loss history) and ranks."""
     job, _ = find_job(info.job, settings.jobs_dir)
     ctx = _Context(settings=settings, info=info, job=job, cluster=None)
     ctx.mlflow = _mlflow_run(ctx)
     live_attempt = store.live_attempt(info.job, info.run)
     _, placement = _latest_layout(store.layouts(info.job, info.run), ctx) if live_attempt else (None, None)
-    ranks, waiting = rank_views(live_attempt, settings)
+    ranks, waiting = rank_views(live_attempt, settings, runtime)
     return LiveUpdate(state=info.state, updated_at=info.updated_at, final=info.final, final_reason=info.final_reason,
                       attempt=live_attempt.attempt if live_attempt else None,
                       live=_live(ctx, live_attempt, placement, with_curve=False), ranks=ranks, waiting=waiting)
@@ -261,7 +264,8 @@ def _heartbeats(attempt: AttemptInfo, world_size: int) -> dict[int, Any]:
     return {r: b for r, b in beats.items() if b.run in ("", attempt.run) and b.attempt == attempt.attempt}
 
 
-def rank_views(attempt: AttemptInfo | None, settings: Settings) -> tuple[list[RankLive], str]:
+def rank_views(attempt: AttemptInfo | None, settings: Settings,
+               runtime: Runtime | None = None) -> tuple[list[RankLive], str]:
     """Each rank of the live attempt as its launcher sees it, with its last `LOG_LINES` lines,
     and — while its gang has not started — why, in the launcher's words (on Kueue the queue's
     own: "Kueue: pending: couldn't assign flavors … insufficient unused quota for cpu …");
@@ -272,7 +276,7 @@ def rank_views(attempt: AttemptInfo | None, settings: Settings) -> tuple[list[Ra
 
     handle = attempt.run_handle
     try:
-        launcher = launcher_for(handle, Runtime(settings))
+        launcher = launcher_for(handle, runtime or Runtime(settings))
         status = launcher.poll(handle)
     except Exception as e:  # noqa: BLE001 - a launcher that cannot answer here: the page shows the rest
         log.info("ranks of %s/%s not shown: %s: %s", handle.job, handle.run, type(e).__name__, e)

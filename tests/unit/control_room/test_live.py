@@ -126,3 +126,61 @@ def test_a_gang_waiting_in_its_queue_says_why_on_the_page_and_in_the_live_poll(l
     page = client.get(f"{URL_PREFIX}/jobs/{JOB}/runs/{LIVE}").text
     assert "waiting: Job phase Pending: Job suspended; not started: Kueue: pending: couldn&#x27;t assign flavors" in page
     assert 'put("waiting"' in page  # and the poll keeps it current
+
+
+class ClientsLauncher:
+    """A site's launcher that says which Kubernetes clients the view handed it (`Runtime.kube_clients`)."""
+
+    def __init__(self, clients: str) -> None:
+        self.clients = clients
+
+    def poll(self, handle: object) -> object:
+        from trainyard.plugins.run.model import RunStatus
+
+        return RunStatus(state="pending", message=f"asked through {self.clients}", processes_alive=True)
+
+    @classmethod
+    def attach(cls, handle: object, settings: object, runtime: object) -> ClientsLauncher:
+        clients = runtime.kube_clients  # type: ignore[attr-defined]
+        return cls(clients() if clients is not None else "the kubeconfig")
+
+
+def test_the_view_asks_the_launcher_through_the_clients_it_was_given(live_run: Recorded) -> None:
+    """Inside Airflow's api-server there is no kubeconfig: the plugin gives the app Airflow's
+    connection (`kubernetes_clients`), and the live poll and the page must use it, as tasks do."""
+    from trainyard.plugins.run.model import RunHandle
+
+    settings = live_run.settings.model_copy(update={"launchers": {"site": f"{__name__}:ClientsLauncher"}})
+    live_run.store.start_attempt(JOB, LIVE, 1, dag_run_id=f"{JOB}/manual__live-1",
+                                 handle=RunHandle(kind="site", job=JOB, run=LIVE, attempt=1, world_size=2))
+    given = _client(settings, kube_clients=lambda: "Airflow's connection")
+    assert given.get(f"{URL_PREFIX}/jobs/{JOB}/runs/{LIVE}/live.json").json()["waiting"] == \
+        "asked through Airflow's connection"
+    assert "asked through Airflow&#x27;s connection" in given.get(f"{URL_PREFIX}/jobs/{JOB}/runs/{LIVE}").text
+    default = _client(settings)
+    assert default.get(f"{URL_PREFIX}/jobs/{JOB}/runs/{LIVE}/live.json").json()["waiting"] == \
+        "asked through the kubeconfig"
+
+
+def test_the_airflow_plugin_gives_the_view_airflows_kubernetes_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from trainyard.operators.kubernetes_clients import kubernetes_clients
+    from trainyard.plugins import trainyard_plugin
+    from trainyard.plugins.control_room import app as control_room_app
+
+    given: dict[str, object] = {}
+
+    def create_app(**kwargs: object) -> object:
+        given.update(kwargs)
+
+        async def asgi(scope: object, receive: object, send: object) -> None:
+            return None
+        return asgi
+
+    monkeypatch.setattr(control_room_app, "create_app", create_app)
+    monkeypatch.setattr(trainyard_plugin, "_authorize", lambda: None)
+    monkeypatch.setattr(trainyard_plugin, "_authorize_stop", lambda: None)
+    monkeypatch.setattr(trainyard_plugin, "_user_name", lambda: None)
+    asyncio.run(trainyard_plugin._LazyApp()({}, None, None))
+    assert given["kube_clients"] is kubernetes_clients
