@@ -599,8 +599,13 @@ class KubernetesLauncher:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             seen = self._observe(handle)
-            if seen.job is None or (handle.uid and seen.job["metadata"].get("uid") != handle.uid):
-                return None
+            if handle.uid and seen.job is not None and seen.job["metadata"].get("uid") != handle.uid:
+                return None  # a newer Job of the name: this attempt's is gone
+            if seen.job is None:
+                if not self._workload_left(handle):
+                    return None
+                self.sleep(self.poll_interval_s)
+                continue
             if self.options.fence_lost_nodes:
                 # the lost nodes, and any node a pod still waits on once Kubernetes marks it
                 # NotReady (a stop that began before either verdict: no kubelet will confirm)
@@ -614,6 +619,16 @@ class KubernetesLauncher:
                 last = status
             self.sleep(self.poll_interval_s)
         return last
+
+    def _workload_left(self, handle: RunHandle) -> bool:
+        """Whether Kueue's Workload of the deleted batch Job is still there (garbage collection
+        and Kueue's finalizer end it moments after the Job). The next attempt's Job has the same
+        name, and Kueue finds a job's workloads by their owner's name: created beside the old
+        one, it was left suspended with no reason ("conflict for annotations: …
+        kueue.x-k8s.io/workload"), so the stop waits for it too."""
+        if self.options.queueing != "kueue" or handle.api_version != "batch/v1" or not handle.uid:
+            return False
+        return self._workload(handle, {"metadata": {"uid": handle.uid}}) is not None
 
     def settle(self, handle: RunHandle, status: RunStatus | None = None, *, grace_s: float = 5.0) -> RunStatus:
         """Volcano's job policies end the pods of a finished job themselves (its terminal phases

@@ -20,22 +20,17 @@ Costs the default grace: about 50 s to NotReady and up to 20 s for the pod GC's 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.kube import netns, tenant
+from tests.support.kube import tenant
 from tests.support.kube.harness import NODES_WITH_SPARE
 from tests.support.kube.jobs import placed, tiny_job
-from tests.support.kube.real_cluster import binaries_missing
 from tests.support.kube.real_harness import RealKubeHarness
-from tests.support.require import missing
 from trainyard.config.cluster import Cluster, load_cluster
 from trainyard.config.teams import Team, Teams
 from trainyard.plugins.attempt import watching
@@ -54,21 +49,9 @@ RUN = "r-lost"
 
 @pytest.fixture(scope="module")
 def kube() -> Iterator[RealKubeHarness]:
-    """Three nodes (two for the gang, a spare), their node agents on them; in a folder uid 1000
-    can traverse (the pods' volumes are mounted under it)."""
-    if binaries_missing():
-        missing("kube", f"the Kubernetes binaries are not built: {', '.join(binaries_missing())}")
-    root = Path(tempfile.mkdtemp(prefix="kube-node-loss-", dir="/var/tmp"))
-    root.chmod(0o711)
-    try:
-        try:
-            harness = RealKubeHarness(root / "kube", NODES_WITH_SPARE, node_agents=True).__enter__()
-        except netns.NetnsUnavailable as e:
-            missing("netns", f"the simulated nodes need network namespaces: {e}")
-        with harness:
-            yield harness
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    """Three nodes (two for the gang, a spare), their node agents on them."""
+    with tenant.traversable_harness("kube-node-loss-", NODES_WITH_SPARE, node_agents=True) as harness:
+        yield harness
 
 
 @pytest.fixture(scope="module")
@@ -110,18 +93,7 @@ class PodHistory:
 
 def wait(kube: RealKubeHarness, launcher: KubernetesLauncher, handle: RunHandle, predicate: Any, what: str,
          timeout_s: float = 180) -> RunStatus:
-    seen: list[RunStatus] = []
-
-    def check() -> RunStatus | None:
-        seen.append(launcher.poll(handle))
-        return seen[-1] if predicate(seen[-1]) else None
-
-    try:
-        return kube.wait_for(check, timeout_s, what)
-    except AssertionError as e:
-        logs = "\n".join(f"==> {a.pod}\n{tenant.trainer_log(kube, a.pod, NAMESPACE)}"
-                         for a in (seen[-1].agents if seen else []))
-        raise AssertionError(f"{e}\nlast status: {seen[-1] if seen else None}\n{logs}\n{kube.diagnostics()}") from None
+    return tenant.wait_for_status(kube, launcher, handle, predicate, what, timeout_s)
 
 
 def test_a_lost_nodes_pods_are_ended_by_the_controllers_and_the_next_attempt_runs_on_the_spare(

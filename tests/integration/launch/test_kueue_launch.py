@@ -16,16 +16,14 @@ A gang runs under its own NetworkPolicy, enforced on the nodes by the test plugi
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.kube import netns, tenant
+from tests.support.kube import tenant
 from tests.support.kube.jobs import placed, tiny_job
-from tests.support.kube.real_cluster import binaries_missing
 from tests.support.kube.real_harness import RealKubeHarness
 from tests.support.kube.tenant import control_plane_launcher
 from tests.support.require import missing
@@ -42,21 +40,8 @@ TIMEOUT_S = 180.0
 
 @pytest.fixture(scope="module")
 def kube() -> Iterator[RealKubeHarness]:
-    """The harness in a folder uid 1000 can traverse (pytest's own is 0700): the pods' volumes
-    are mounted at paths under it, which a non-root container must reach, as in an image."""
-    if binaries_missing():
-        missing("kube", f"the Kubernetes binaries are not built: {', '.join(binaries_missing())}")
-    root = Path(tempfile.mkdtemp(prefix="kueue-launch-", dir="/var/tmp"))  # not /tmp: an init container mounts over it
-    root.chmod(0o711)
-    try:
-        try:
-            harness = RealKubeHarness(root / "kube").__enter__()
-        except netns.NetnsUnavailable as e:
-            missing("netns", f"the simulated nodes need network namespaces: {e}")
-        with harness:
-            yield harness
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with tenant.traversable_harness("kueue-launch-") as harness:
+        yield harness
 
 
 @pytest.fixture(scope="module")
@@ -74,17 +59,7 @@ def submit(kube: RealKubeHarness, launcher: KubernetesLauncher, name: str, args:
 
 def wait(kube: RealKubeHarness, launcher: KubernetesLauncher, handle: RunHandle, predicate: Any, what: str,
          timeout_s: float = 180) -> RunStatus:
-    seen: list[RunStatus] = []
-
-    def check() -> RunStatus | None:
-        seen.append(launcher.poll(handle))
-        return seen[-1] if predicate(seen[-1]) else None
-
-    try:
-        return kube.wait_for(check, timeout_s, what)
-    except AssertionError as e:
-        logs = "\n".join(f"==> {a.pod}\n{trainer_log(kube, a.pod)}" for a in (seen[-1].agents if seen else []))
-        raise AssertionError(f"{e}\nlast status: {seen[-1] if seen else None}\n{logs}\n{kube.diagnostics()}") from None
+    return tenant.wait_for_status(kube, launcher, handle, predicate, what, timeout_s)
 
 
 def trainer_log(kube: RealKubeHarness, pod: str, container: str = "trainer") -> str:

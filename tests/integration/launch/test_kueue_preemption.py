@@ -16,29 +16,16 @@ B runs, is admitted once B completes, and resumes from the emergency checkpoint.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.kube import netns
+from tests.support.kube import tenant
 from tests.support.kube.jobs import placed, tiny_job
-from tests.support.kube.real_cluster import binaries_missing
 from tests.support.kube.real_harness import RealKubeHarness
-from tests.support.require import missing
 from trainyard.config.spec import TrainingJob
 from trainyard.config.teams import Team, Teams
-from trainyard.plugins.launch.kube_clients import KubeClients
-from trainyard.plugins.launch.rbac import ACCOUNT, render_rbac
-from trainyard.plugins.launch.tenancy import (
-    PLATFORM_NAMESPACE,
-    render_platform_namespace,
-    render_teams,
-    team_namespace,
-)
 from trainyard.plugins.launch.volcano import KubernetesLauncher
 from trainyard.plugins.recovery.classify import classify
 from trainyard.plugins.recovery.evidence import Evidence
@@ -53,40 +40,15 @@ TIMEOUT_S = 180.0
 
 @pytest.fixture(scope="module")
 def kube() -> Iterator[RealKubeHarness]:
-    """The harness in a folder uid 1000 can traverse (as in `test_kueue_launch.py`)."""
-    if binaries_missing():
-        missing("kube", f"the Kubernetes binaries are not built: {', '.join(binaries_missing())}")
-    root = Path(tempfile.mkdtemp(prefix="kueue-preempt-", dir="/var/tmp"))  # not /tmp: an init container mounts over it
-    root.chmod(0o711)
-    try:
-        try:
-            harness = RealKubeHarness(root / "kube").__enter__()
-        except netns.NetnsUnavailable as e:
-            missing("netns", f"the simulated nodes need network namespaces: {e}")
-        with harness:
-            yield harness
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with tenant.traversable_harness("kueue-preempt-") as harness:
+        yield harness
 
 
 @pytest.fixture(scope="module")
 def launcher(kube: RealKubeHarness) -> KubernetesLauncher:
     """The administrator's objects for both teams, then the launcher on the control plane's own
     ServiceAccount token."""
-    from kubernetes import client, utils
-
-    admin = kube.cluster.client()  # type: ignore[union-attr]
-    namespaces = [team_namespace(name) for name in TEAMS.teams]
-    for doc in [render_platform_namespace(), *render_teams(TEAMS, cpu_cluster=True),
-                *render_rbac(PLATFORM_NAMESPACE, namespaces, queueing="kueue")]:
-        utils.create_from_dict(admin, doc)
-    options = kube.launcher_options(queueing="kueue", namespace=None, heartbeat_volume="emptyDir")
-    KubernetesLauncher.from_clients(KubeClients.from_api_client(admin), options=options).ensure_queues(
-        TEAMS, total_gpus=2, cpu_cluster=True)
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
-    token = client.CoreV1Api(admin).create_namespaced_service_account_token(ACCOUNT, PLATFORM_NAMESPACE, request)
-    own = kube.cluster.client(token.status.token)  # type: ignore[union-attr]
-    return KubernetesLauncher.from_clients(KubeClients.from_api_client(own), options=options)
+    return tenant.control_plane_launcher(kube, TEAMS)
 
 
 def job_of(name: str, team: str, priority: str, gpus: int, args: list[str]) -> TrainingJob:
@@ -102,16 +64,7 @@ def submit(kube: RealKubeHarness, launcher: KubernetesLauncher, job: TrainingJob
 
 def wait(kube: RealKubeHarness, launcher: KubernetesLauncher, handle: RunHandle, predicate: Any, what: str,
          timeout_s: float = TIMEOUT_S) -> RunStatus:
-    seen: list[RunStatus] = []
-
-    def check() -> RunStatus | None:
-        seen.append(launcher.poll(handle))
-        return seen[-1] if predicate(seen[-1]) else None
-
-    try:
-        return kube.wait_for(check, timeout_s, what)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\nlast status: {seen[-1] if seen else None}\n{kube.diagnostics()}") from None
+    return tenant.wait_for_status(kube, launcher, handle, predicate, what, timeout_s)
 
 
 def trainer_logs(kube: RealKubeHarness, handle: RunHandle) -> dict[str, str]:
@@ -133,7 +86,9 @@ def test_kueue_preempts_the_borrowing_gang_which_checkpoints_and_resumes_when_ca
     folder.chmod(0o777)  # the pods' user (uid 1000) writes the emergency checkpoint there
     low = job_of("alpha-low", "alpha", "low", 2,
                  ["--steps", "30", "--sleep", "0.5", "--checkpoint-dir", str(folder)])
-    high = job_of("beta-high", "beta", "high", 1, ["--steps", "4", "--sleep", "0.5"])
+    hold = kube.root / "beta-holds"  # beta's gang holds its slot until the test has seen alpha's wait
+    hold.touch()
+    high = job_of("beta-high", "beta", "high", 1, ["--steps", "4", "--sleep", "0.5", "--hold-while", str(hold)])
 
     # team alpha's gang borrows beta's idle slot and trains
     first = submit(kube, launcher, low, run="r-low")
@@ -163,6 +118,7 @@ def test_kueue_preempts_the_borrowing_gang_which_checkpoints_and_resumes_when_ca
                    "alpha's next attempt to wait in Kueue's queue, saying why", 60)
     assert waiting.state == "pending" and "insufficient unused quota for cpu" in waiting.message, waiting
 
+    hold.unlink()
     done = wait(kube, launcher, beta, lambda s: s.finished, "beta's gang to complete")
     assert done.state == "succeeded", done
 

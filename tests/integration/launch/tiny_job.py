@@ -3,6 +3,8 @@ step, SIGTERM answered with exit 43 (an "emergency checkpoint"), optional failur
 With `--checkpoint-dir`, the emergency checkpoint is a real file (`emergency.json`: the step the
 ranks agreed to stop at, written by rank 0 before it exits, atomically), and a start that finds it
 resumes after that step — what a preempted gang's next attempt does with the worker's DCP one.
+With `--hold-while PATH`, the last step is not taken while PATH exists: a test ends the job when
+it has seen what it waits for, however fast this machine trains.
 
 Deliberately independent of `worker/train.py`: the launcher is tested on its own.
 """
@@ -32,6 +34,7 @@ def main() -> int:
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--exit-code", type=int, default=7)
     parser.add_argument("--checkpoint-dir", default="")
+    parser.add_argument("--hold-while", default="")
     args = parser.parse_args()
     checkpoint = os.path.join(args.checkpoint_dir, "emergency.json") if args.checkpoint_dir else ""
     stop = {"requested": False}
@@ -56,6 +59,8 @@ def main() -> int:
             first = int(json.load(f)["step"]) + 1
         print(f"rank {rank}: resumed from the emergency checkpoint of step {first - 1}", flush=True)
     for step in range(first, args.steps + 1):
+        while step == args.steps and args.hold_while and os.path.exists(args.hold_while) and not stop["requested"]:
+            time.sleep(0.2)
         value = torch.tensor([float(rank + 1), float(stop["requested"])])
         dist.all_reduce(value)
         write_heartbeat(env.heartbeat_dir, Heartbeat(

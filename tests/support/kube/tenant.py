@@ -1,5 +1,6 @@
 """The launcher as the control plane itself on the real control plane, for the launcher-level
-tests (`tests/integration/launch/test_kueue_launch.py`, `test_kube_node_loss.py`).
+tests (`tests/integration/launch/test_kueue_launch.py`, `test_kueue_preemption.py`,
+`test_kube_node_loss.py`): their harness, the launcher, and waiting on its poll.
 
 The administrator's part is `RealKubeHarness.apply_platform` (what `trainyard render k8s`
 prints for the cluster: the teams' namespaces under Pod Security `restricted`, quotas, the
@@ -10,13 +11,44 @@ makes is judged by the real authorizer — the same two steps the DAG's e2e stac
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tests.support.kube import netns
+from tests.support.kube.harness import DEFAULT_NODES
+from tests.support.kube.real_cluster import binaries_missing
+from tests.support.kube.real_harness import RealKubeHarness
+from tests.support.require import missing
 from trainyard.plugins.launch.volcano import KubernetesLauncher
 
 if TYPE_CHECKING:
-    from tests.support.kube.real_harness import RealKubeHarness
     from trainyard.config.teams import Teams
+    from trainyard.plugins.run.model import RunHandle, RunStatus
+
+
+@contextmanager
+def traversable_harness(prefix: str, nodes: Sequence[str] = DEFAULT_NODES, **kwargs: Any) -> Iterator[RealKubeHarness]:
+    """The harness in a folder uid 1000 can traverse (pytest's own is 0700): the pods' volumes
+    are mounted at paths under it, which a non-root container must reach, as in an image. Under
+    /var/tmp, not /tmp: an init container's emptyDir mounts over /tmp. A missing part (the built
+    binaries, network namespaces) skips, or fails where CI requires it."""
+    if binaries_missing():
+        missing("kube", f"the Kubernetes binaries are not built: {', '.join(binaries_missing())}")
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    root.chmod(0o711)
+    try:
+        try:
+            harness = RealKubeHarness(root / "kube", tuple(nodes), **kwargs).__enter__()
+        except netns.NetnsUnavailable as e:
+            missing("netns", f"the simulated nodes need network namespaces: {e}")
+        with harness:
+            yield harness
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def control_plane_launcher(kube: RealKubeHarness, teams: Teams, **launcher_kwargs: Any) -> KubernetesLauncher:
@@ -36,3 +68,21 @@ def trainer_log(kube: RealKubeHarness, pod: str, namespace: str, container: str 
         return (kube.pod_dir(pod, namespace) / f"{container}.log").read_text(errors="replace")[-3000:]
     except (OSError, KeyError) as e:
         return f"(no {container} log: {e})"
+
+
+def wait_for_status(kube: RealKubeHarness, launcher: KubernetesLauncher, handle: RunHandle,
+                    predicate: Callable[[RunStatus], Any], what: str, timeout_s: float = 180) -> RunStatus:
+    """Poll the launcher until `predicate` holds of its status; on a timeout, the last status, the
+    trainers' logs of its pods and the control plane's logs."""
+    seen: list[RunStatus] = []
+
+    def check() -> RunStatus | None:
+        seen.append(launcher.poll(handle))
+        return seen[-1] if predicate(seen[-1]) else None
+
+    try:
+        return kube.wait_for(check, timeout_s, what)
+    except AssertionError as e:
+        logs = "\n".join(f"==> {a.pod}\n{trainer_log(kube, a.pod, handle.namespace)}"
+                         for a in (seen[-1].agents if seen else []))
+        raise AssertionError(f"{e}\nlast status: {seen[-1] if seen else None}\n{logs}\n{kube.diagnostics()}") from None
