@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.kube import tenant
 from tests.support.kube.harness import KubeHarness, harness_or_skip
 from tests.support.kube.jobs import placed, tiny_job, wide_cluster
 from trainyard.plugins.launch.volcano import KubernetesLauncher
@@ -49,16 +50,8 @@ def submit(kube: KubeHarness, launcher: KubernetesLauncher, name: str, args: lis
 
 def wait(kube: KubeHarness, launcher: KubernetesLauncher, handle: RunHandle, predicate, what: str,
          timeout_s: float = 120) -> RunStatus:
-    seen: list[RunStatus] = []
-
-    def check() -> RunStatus | None:
-        seen.append(launcher.poll(handle))
-        return seen[-1] if predicate(seen[-1]) else None
-
-    try:
-        return kube.wait_for(check, timeout_s, what)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\nlast status: {seen[-1] if seen else None}\n{launcher.logs(handle)}") from None
+    return tenant.wait_for_status(kube, launcher, handle, predicate, what, timeout_s,
+                                  explain=lambda _: launcher.logs(handle))  # the emulator serves pods' logs
 
 
 def test_a_torchrun_job_completes_across_the_nodes_network(kube: KubeHarness, launcher: KubernetesLauncher) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tests.support.kube import netns
-from tests.support.kube.harness import DEFAULT_NODES
+from tests.support.kube.harness import DEFAULT_NODES, KubeHarness
 from tests.support.kube.real_cluster import binaries_missing
 from tests.support.kube.real_harness import RealKubeHarness
 from tests.support.require import missing
@@ -61,7 +61,7 @@ def control_plane_launcher(kube: RealKubeHarness, teams: Teams, **launcher_kwarg
                                               **launcher_kwargs)
 
 
-def trainer_log(kube: RealKubeHarness, pod: str, namespace: str, container: str = "trainer") -> str:
+def trainer_log(kube: KubeHarness, pod: str, namespace: str, container: str = "trainer") -> str:
     """A container's log as its node keeps it (the real API server would ask the kubelet's own
     server for it, which the simulated kubelet does not run)."""
     try:
@@ -70,19 +70,24 @@ def trainer_log(kube: RealKubeHarness, pod: str, namespace: str, container: str 
         return f"(no {container} log: {e})"
 
 
-def wait_for_status(kube: RealKubeHarness, launcher: KubernetesLauncher, handle: RunHandle,
-                    predicate: Callable[[RunStatus], Any], what: str, timeout_s: float = 180) -> RunStatus:
-    """Poll the launcher until `predicate` holds of its status; on a timeout, the last status, the
-    trainers' logs of its pods and the control plane's logs."""
+def wait_for_status(kube: KubeHarness, launcher: KubernetesLauncher, handle: RunHandle,
+                    predicate: Callable[[RunStatus], Any], what: str, timeout_s: float = 180, *,
+                    explain: Callable[[RunStatus | None], str] | None = None) -> RunStatus:
+    """Poll the launcher until `predicate` holds of its status; on a timeout, the last status and
+    `explain(last)` — by default the trainers' logs of its pods and the control plane's logs."""
     seen: list[RunStatus] = []
 
     def check() -> RunStatus | None:
         seen.append(launcher.poll(handle))
         return seen[-1] if predicate(seen[-1]) else None
 
+    def trainers_and_plane(last: RunStatus | None) -> str:
+        logs = "\n".join(f"==> {a.pod}\n{trainer_log(kube, a.pod, handle.namespace)}"
+                         for a in (last.agents if last else []))
+        return f"{logs}\n{kube.diagnostics()}"
+
     try:
         return kube.wait_for(check, timeout_s, what)
     except AssertionError as e:
-        logs = "\n".join(f"==> {a.pod}\n{trainer_log(kube, a.pod, handle.namespace)}"
-                         for a in (seen[-1].agents if seen else []))
-        raise AssertionError(f"{e}\nlast status: {seen[-1] if seen else None}\n{logs}\n{kube.diagnostics()}") from None
+        last = seen[-1] if seen else None
+        raise AssertionError(f"{e}\nlast status: {last}\n{(explain or trainers_and_plane)(last)}") from None
