@@ -68,10 +68,17 @@ def wait(kube: RealKubeHarness, launcher: KubernetesLauncher, handle: RunHandle,
 
 
 def trainer_logs(kube: RealKubeHarness, handle: RunHandle) -> dict[str, str]:
-    """The trainer logs of the Job's pods, as their nodes keep them — the pods of an evicted
-    Job included, which the API server no longer lists."""
+    """The whole trainer logs of the Job's pods, as their nodes keep them — the pods of an evicted
+    Job included, which the API server no longer lists, and so the pods of every attempt (they
+    share the Job's name): a log's `hello … attempt=N` line says whose it is. Whole, not a tail:
+    a rank's log can outgrow any tail under load (torch's socket warnings), and the line that
+    names the attempt is its first."""
     found = sorted(kube.root.glob(f"nodes/*/pods/{handle.namespace}_{handle.name}-*/trainer.log"))
-    return {path.parent.name: path.read_text(errors="replace")[-3000:] for path in found}
+    return {path.parent.name: path.read_text(errors="replace") for path in found}
+
+
+def attempt_logs(kube: RealKubeHarness, handle: RunHandle, attempt: int) -> list[str]:
+    return [log for log in trainer_logs(kube, handle).values() if f" attempt={attempt} " in log]
 
 
 def trained(kube: RealKubeHarness, handle: RunHandle, step: int) -> list[str]:
@@ -124,7 +131,7 @@ def test_kueue_preempts_the_borrowing_gang_which_checkpoints_and_resumes_when_ca
 
     resumed = wait(kube, launcher, second, lambda s: s.finished, "alpha's gang to be admitted again and complete")
     assert resumed.state == "succeeded", (resumed, trainer_logs(kube, second))
-    logs = [log for pod, log in trainer_logs(kube, second).items() if "attempt=1" in log]
+    logs = attempt_logs(kube, second, 1)
     assert len(logs) == 2, trainer_logs(kube, second)
     assert all(f"resumed from the emergency checkpoint of step {checkpoint['step']}" in log for log in logs), logs
     assert all("step 30" in log for log in logs), logs
