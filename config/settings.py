@@ -23,6 +23,10 @@ PACKAGE_ROOT = CONFIG_DIR.parent
 installed `trainyard` package — the same relative paths under both."""
 
 
+DEFAULT_DATA_CACHE_BYTES = 8 << 30
+"""The shard cache's bound, on this machine and in a pod (`KubernetesOptions.data_cache_bytes`)."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore")
 
@@ -70,7 +74,7 @@ class Settings(BaseSettings):
     data_cache_dir: Path | None = None
     """The node's shard cache for streamed datasets (`trainyard.plugins.data.cache`), shared by the ranks
     of a node. Default: `<home>/data-cache`."""
-    data_cache_bytes: int = Field(default=8 << 30, gt=0)
+    data_cache_bytes: int = Field(default=DEFAULT_DATA_CACHE_BYTES, gt=0)
     """Size limit of the shard cache (least-recently-used shards are evicted above it)."""
     launchers: dict[str, str] = Field(default_factory=dict)
     """Extra launcher backends, cluster mode → `module:Class` (JSON); `local` and `kubernetes`

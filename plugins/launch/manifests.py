@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainyard.config.settings import DEFAULT_DATA_CACHE_BYTES
 from trainyard.plugins.launch.environment import TORCHRUN_ENV, entry_args, job_environment
 from trainyard.plugins.launch.gang_pods import (
     SLOTS_ANNOTATION,
@@ -91,6 +92,8 @@ S3_ENDPOINT_ENV = "TRAINYARD_S3_ENDPOINT_URL"
 """`Settings.s3_endpoint_url`'s variable: the pods' store endpoint (`pod_s3_endpoint_url`)."""
 DATA_CACHE_ENV = "TRAINYARD_DATA_CACHE_DIR"
 """`Settings.data_cache_dir`'s variable: the pods' shard cache (`KubernetesOptions.data_cache_dir`)."""
+DATA_CACHE_BYTES_ENV = "TRAINYARD_DATA_CACHE_BYTES"
+"""`Settings.data_cache_bytes`'s variable: the cache's own bound (`KubernetesOptions.data_cache_bytes`)."""
 MAX_OBJECT_BYTES = 1_400_000
 """etcd's default request limit is 1.5 MiB; stay below it with room for status."""
 
@@ -187,6 +190,11 @@ class KubernetesOptions(BaseModel):
     `emptyDir` shared by the pod's ranks) is mounted. Without it the ranks made the cache under
     their settings' home — the image's `TRAINYARD_HOME`, owned by the image's user, not the
     pods' uid (`run_as_user`): every rank failed with PermissionError on a real cluster."""
+    data_cache_bytes: int = Field(default=DEFAULT_DATA_CACHE_BYTES, gt=0)
+    """The most the pod's shard cache holds (`TRAINYARD_DATA_CACHE_BYTES`: the cache evicts to
+    stay under it, `plugins/data/cache.py`). Its `emptyDir` is limited to this and a tenth more
+    (`data_cache_size_limit`), so a cache that outgrew its bound would have its pod evicted by
+    the kubelet instead of filling the node's disk under the other pods."""
     pod_s3_endpoint_url: str | None = None
     """The object store's S3 endpoint as the pods reach it — an in-cluster Service
     (`http://minio.storage.svc:9000`) where the control plane reaches the same store by another
@@ -195,6 +203,12 @@ class KubernetesOptions(BaseModel):
     pod_mlflow_tracking_uri: str = ""
     """The MLflow tracking server as the pods reach it, their `MLFLOW_TRACKING_URI`; '': the
     control plane's own (`TRAINYARD_MLFLOW_TRACKING_URI`)."""
+
+
+def data_cache_size_limit(options: KubernetesOptions) -> str:
+    """The data cache's `emptyDir` limit, in bytes (a quantity without a suffix): the cache's bound
+    and a tenth more, for the commit records and a fill's reservation being made."""
+    return str(options.data_cache_bytes + options.data_cache_bytes // 10)
 
 
 def as_pods_see_it(worker_env: WorkerEnv, options: KubernetesOptions) -> WorkerEnv:
@@ -363,6 +377,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
     if options.pod_s3_endpoint_url:
         env[S3_ENDPOINT_ENV] = options.pod_s3_endpoint_url
     env[DATA_CACHE_ENV] = options.data_cache_dir
+    env[DATA_CACHE_BYTES_ENV] = str(options.data_cache_bytes)
     name = volcano_job_name(job.metadata.name, worker_env.run)
     secret = storage_secret_name(name, worker_env.attempt) if worker_env.storage_credentials else ""
     env_list: list[dict[str, Any]] = [
@@ -429,7 +444,7 @@ def pod_spec(job: TrainingJob, plan: Plan, placement: Placement, worker_env: Wor
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
             heartbeat_volume(options),
             {"name": "run", "emptyDir": {}},
-            {"name": "data-cache", "emptyDir": {}},
+            {"name": "data-cache", "emptyDir": {"sizeLimit": data_cache_size_limit(options)}},
         ],
     }
     if gpu:

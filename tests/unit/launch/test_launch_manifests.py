@@ -374,7 +374,8 @@ def test_the_pods_reach_the_store_and_the_tracker_by_their_own_addresses_and_cac
     get theirs, and a shard cache they may write as uid 1000 (not the image's home)."""
     job, plan, placement, env = gpu_job()
     options = KubernetesOptions(pod_s3_endpoint_url="http://minio.storage.svc:9000",
-                                pod_mlflow_tracking_uri="http://mlflow.ml.svc:5000", data_cache_dir="/cache")
+                                pod_mlflow_tracking_uri="http://mlflow.ml.svc:5000", data_cache_dir="/cache",
+                                data_cache_bytes=10 << 30)
     pod = render_volcano_job(job, plan, placement, env.model_copy(update={"mlflow_tracking_uri": "http://127.0.0.1:5000"}),
                              attempt=0, options=options)["spec"]["tasks"][0]["template"]["spec"]
     validate_k8s({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod})
@@ -383,9 +384,13 @@ def test_the_pods_reach_the_store_and_the_tracker_by_their_own_addresses_and_cac
     assert values["TRAINYARD_S3_ENDPOINT_URL"] == "http://minio.storage.svc:9000"
     assert values["MLFLOW_TRACKING_URI"] == "http://mlflow.ml.svc:5000"
     assert values["TRAINYARD_DATA_CACHE_DIR"] == "/cache"
+    # the cache's own bound, and its volume limited a tenth above it: a cache past its bound has
+    # its pod evicted by the kubelet, not the node's disk filled
+    assert values["TRAINYARD_DATA_CACHE_BYTES"] == str(10 << 30)
     assert {"name": "data-cache", "mountPath": "/cache"} in container["volumeMounts"]
-    assert {"name": "data-cache", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "data-cache", "emptyDir": {"sizeLimit": str(11 << 30)}} in pod["volumes"]
     # without them the pods use the control plane's tracker and no endpoint of their own
     plain = render_volcano_job(job, plan, placement, env, attempt=0)["spec"]["tasks"][0]["template"]["spec"]
     values = {e["name"]: e.get("value") for e in plain["containers"][0]["env"]}
     assert "TRAINYARD_S3_ENDPOINT_URL" not in values and values["MLFLOW_TRACKING_URI"] == env.mlflow_tracking_uri
+    assert values["TRAINYARD_DATA_CACHE_BYTES"] == str(8 << 30)  # the settings' default bound
