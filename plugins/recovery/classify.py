@@ -14,7 +14,10 @@ Precedence (first match wins):
 3. **preempted** (by the platform) — the control plane stopped it because its reservation
    lease was lost (`lease_lost`), or evicted it for a higher-priority gang (`preempted`, after
    SIGTERM gave it an emergency checkpoint): not the job's fault. Likewise a gang the cluster's
-   queue took back (`RunStatus.evicted`: Kueue's preemption, its cause in Kueue's words).
+   queue took back (`RunStatus.evicted`: Kueue's preemption or a stopped queue, its cause in
+   Kueue's words, `KUEUE_REQUEUED`) — a Workload a person deactivated is *cancelled* instead, one
+   Kueue evicted for a failed node *node_lost*, and one whose pods were not ready in Kueue's
+   time (or that Kueue gave up requeuing) a *worker_crash* that counts against the budget.
 4. **node_lost** — a node of the gang has a fatal verdict (`gpu_failed`, `node_unhealthy`),
    its agent missed `MISSED_HEARTBEATS_LOST` heartbeats, or the health watcher stopped the
    gang (`node_lost`, with the nodes it names). Above every rank-level class: their symptoms are its effects.
@@ -123,24 +126,32 @@ def classify(ev: Evidence) -> FailureReport:
         saved = ("emergency checkpoint committed" if exit_codes.PREEMPTED in codes
                  else "no emergency checkpoint: resumes from the newest one")
         return report("preempted", f"preempted by the platform: {why_stopped} ({saved})")
-    if status.evicted:
+    eviction = kueue_eviction(status.evicted)
+    if eviction == "requeued":
         codes = {r.exit_code for r in status.ranks}
         saved = ("emergency checkpoint committed" if exit_codes.PREEMPTED in codes
                  else "no emergency checkpoint: resumes from the newest one"
                  if exit_codes.PREEMPTED_NO_CHECKPOINT in codes else "resumes from the run's newest checkpoint")
         return report("preempted", f"preempted by Kueue: {status.evicted} ({saved})")
+    if eviction == "deactivated":
+        return report("cancelled", f"stopped in Kueue, its Workload deactivated: {status.evicted}")
 
     lost = {o.node: node_fatal_reasons(o) for o in ev.nodes if o.node in ev.gang_nodes or not ev.gang_nodes}
     lost = {node: why for node, why in lost.items() if why}
     # Kubernetes saw it first: a pod of the gang on a node that is not Ready (evicted by the
     # NoExecute taint, or gone with its node) — the node is lost, whatever the rank's exit says
     not_ready = sorted({a.node for a in status.agents if a.node and a.node_ready is False and not stopped})
-    if lost or stop_cause == "node_lost" or not_ready:
+    if lost or stop_cause == "node_lost" or not_ready or eviction == "node_failures":
         why = ("; ".join(r for rs in lost.values() for r in rs) or why_stopped
+               or (f"Kueue evicted the gang: {status.evicted}" if eviction == "node_failures" else "")
                or f"node(s) not Ready: {', '.join(not_ready)} ({status.message})")
         named = ev.stop_reason.nodes if ev.stop_reason is not None and stop_cause == "node_lost" else []
         return report("node_lost", f"node lost: {why}", failed_nodes=sorted({*lost, *named, *not_ready}))
 
+    # before the ranks' exits: Kueue's SIGTERM gives them exit 43, which alone reads as a preemption —
+    # requeued outside the budget, a gang that never gets ready would come back for ever
+    if eviction == "not_started":
+        return report("worker_crash", f"the gang did not start: Kueue evicted it: {status.evicted}")
     if not status.finished and not _hung(ev):
         raise AttemptStillRunning(f"attempt {ev.attempt} of {ev.job} is {status.state} "
                                   f"({status.message}): nothing to classify yet")
@@ -192,6 +203,39 @@ def classify(ev: Evidence) -> FailureReport:
 
 
 # --- readings of the evidence -----------------------------------------------------------------
+
+
+KUEUE_REQUEUED = ("Preempted", "ClusterQueueStopped", "LocalQueueStopped", "AdmissionCheck",
+                  "EvictedOnManagerCluster")
+"""Kueue's eviction reasons (its `Evicted` condition's, `kueue.x-k8s.io/v1beta2` v0.17) that take a
+running gang back for the cluster's sake — a higher priority, a queue an administrator stopped, an
+admission check withdrawn, MultiKueue's manager: requeued outside the restart budget, to wait in
+its queue (with Kueue's reason) until it is admitted again."""
+KUEUE_DEACTIVATED = "Deactivated"
+"""The Workload's `spec.active` set false by a person — Kueue's documented way to stop a workload:
+never restarted. Kueue's own deactivations carry a cause (`DeactivatedDueToRequeuingLimitExceeded`:
+the gang failed to start too often) and are a failure to start, as `PodsReadyTimeout` is."""
+KUEUE_NOT_STARTED = ("PodsReadyTimeout", f"{KUEUE_DEACTIVATED}DueTo")
+KUEUE_NODE_FAILURES = "NodeFailures"
+"""Topology-aware scheduling's eviction of a gang on a failed node: the node is lost."""
+
+
+def kueue_eviction(cause: str | None) -> str:
+    """What Kueue's eviction (`RunStatus.evicted`: its reason first, as `kueue_queues.eviction_cause`
+    words it) means for the attempt: `requeued` (the cluster took it back), `deactivated` (a person
+    stopped it), `not_started` (its pods were not ready in time, or Kueue gave up requeuing it),
+    `node_failures`, or '' (no eviction). A reason Kueue adds later reads as `requeued` — the
+    cluster's doing — and says its name in the reason."""
+    if not cause:
+        return ""
+    reason = re.split(r"[\s:(]", cause, maxsplit=1)[0]
+    if reason == KUEUE_DEACTIVATED:
+        return "deactivated"
+    if reason.startswith(KUEUE_NOT_STARTED):
+        return "not_started"
+    if reason == KUEUE_NODE_FAILURES:
+        return "node_failures"
+    return "requeued"
 
 
 def stop_cause_of(ev: Evidence) -> str | None:
