@@ -50,6 +50,7 @@ from trainyard.plugins.launch.gang_pods import (
     pod_key,
     rank_ranges,
 )
+from trainyard.plugins.launch.manifests import START_TIMEOUT_ANNOTATION
 from trainyard.plugins.run.exit_codes import describe
 from trainyard.plugins.run.model import AgentStatus, RankStatus, RunHandle, RunStatus
 
@@ -64,7 +65,6 @@ BLOCKING_WAITS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "Creat
                   "CreateContainerError", "RunContainerError")
 """Waiting reasons that do not go away by themselves."""
 TRAINER = "trainer"
-START_TIMEOUT_ANNOTATION = "trainyard.io/start-timeout-s"
 LEGACY_RANKS_ANNOTATION = "trainyard.io/ranks"
 """A node's ranks (`first-last`) on each task of a Job rendered with one task per node."""
 
