@@ -614,6 +614,9 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
     pod: dict[str, Any] = {
         "securityContext": {"runAsNonRoot": True, "runAsUser": options.run_as_user,
                             "runAsGroup": options.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
+        # the agent never calls the API server: no token in its pod (the ServiceAccount admission
+        # would mount one, a projected volume of a credential nothing uses)
+        "automountServiceAccountToken": False,
         "tolerations": [{"operator": "Exists"}],
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Exists"}]}]}}},
