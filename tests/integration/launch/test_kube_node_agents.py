@@ -59,6 +59,7 @@ def test_the_daemonsets_pods_run_on_every_node_as_rendered(kube: RealKubeHarness
         assert running["command"] == container["command"] and running["ports"][0]["hostPort"] == 9400
         assert running["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}
         assert pod["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"  # the controller's, not ours
+        assert pod["status"]["phase"] == "Running", pod["status"]
         assert "Ready" in [c["type"] for c in pod["status"]["conditions"] if c["status"] == "True"], pod["status"]
         assert pod["status"]["podIP"] == kube.network.nodes[pod["spec"]["nodeName"]].address  # hostPort: the node's
 

@@ -646,7 +646,8 @@ class Kubelet:
             phase = "Pending"
         elif all("terminated" in s for s in states) and not _restarts(pod["spec"].get("restartPolicy", "Always"), states):
             phase = "Succeeded" if all(s["terminated"]["exitCode"] == 0 for s in states) else "Failed"
-        elif all("running" in s or "terminated" in s or s["name"] in run.restart_at for s in statuses):
+        elif all("running" in s["state"] or "terminated" in s["state"] or s["name"] in run.restart_at
+                 for s in statuses):
             phase = "Running"
         else:
             phase = "Pending"
