@@ -9,8 +9,9 @@ What the nodes do against the real API server (the kubelet's `real_api` and `sec
 each registers its Node as `system:node:<name>` (Node authorizer + NodeRestriction judge every
 write), tainted `node.kubernetes.io/not-ready:NoSchedule` until kube-controller-manager's node
 lifecycle controller sees it Ready; renews its Lease in kube-node-lease; runs init containers
-first; runs containers as their securityContext user and groups, with emptyDir volumes owned by
-the pod's fsGroup. Labels a kubelet may not set on itself under NodeRestriction
+first; runs containers as their securityContext user and groups, with the capabilities it
+leaves them, with emptyDir volumes owned by the pod's fsGroup; honours readiness and liveness
+probes and restarts a restartPolicy Always container. Labels a kubelet may not set on itself under NodeRestriction
 (`topology.kubernetes.io/rack`, the GPU labels) are set by the administrator after registration,
 as on a real cluster.
 
