@@ -667,15 +667,17 @@ def kube_real(folder: Path, *, fence: bool = True) -> dict[str, Any]:
         kube.lose_node(node)
         misses: dict[str, int] = {}
         answered: dict[str, float] = {}
-        while True:  # HealthTrigger's loop
-            started = time.monotonic()
-            status = launcher.poll(handle)
-            if status.finished:
-                raise RuntimeError(f"the gang ended before the health watch saw the lost node: {status.message}")
-            lost = watching.lost_nodes(handle, kube.node_agents, misses=misses, answered=answered)
-            if lost:
-                break
-            time.sleep(max(0.0, poll_s - (time.monotonic() - started)))
+        agents = launcher.node_agents(handle)  # the DaemonSet's pods, at their Nodes' addresses
+        with kube.reaching_nodes():
+            while True:  # HealthTrigger's loop
+                started = time.monotonic()
+                status = launcher.poll(handle)
+                if status.finished:
+                    raise RuntimeError(f"the gang ended before the health watch saw the lost node: {status.message}")
+                lost = watching.lost_nodes(handle, agents, misses=misses, answered=answered)
+                if lost:
+                    break
+                time.sleep(max(0.0, poll_s - (time.monotonic() - started)))
         detected_at = time.time()
         reason = watching.node_lost_stop(lost, misses=misses, answered=answered)
         stopped = launcher.stop(handle, grace_s=10, lost_nodes=reason.nodes)

@@ -146,6 +146,10 @@ class KubernetesOptions(BaseModel):
     shared as is (a namespace at `privileged`; the test harness's emulated kubelet)."""
     kubelet_pods_dir: str = "/var/lib/kubelet/pods"
     """The kubelet's `--root-dir`/pods on the nodes, where it keeps each pod's `emptyDir` volumes."""
+    kubelet_pods_mount: str = "/host/kubelet-pods"
+    """Where the node agent's container sees `kubelet_pods_dir` (read-only, with emptyDir
+    heartbeats). A runtime makes the mount point in the image; the test harness's nodes run on
+    this machine's filesystem, so it names a folder of its own (as for `heartbeat_root`)."""
     ipc_lock: bool = False
     """Add `IPC_LOCK` to GPU pods with an RDMA resource; Pod Security `restricted` refuses it."""
     run_dir: str = "/var/run/trainyard/run"
@@ -494,16 +498,12 @@ def heartbeat_volume(options: KubernetesOptions) -> dict[str, Any]:
     return {"name": "heartbeats", "emptyDir": {}}
 
 
-KUBELET_PODS_MOUNT = "/host/kubelet-pods"
-"""Where the node agent sees the kubelet's pods folder (read-only)."""
-
-
 def agent_heartbeat_root(options: KubernetesOptions) -> str:
     """The node agent's `--heartbeat-dir`: the hostPath itself, or a glob over every pod's
     `heartbeats` emptyDir in the kubelet's folder (`HeartbeatReader` reads only those)."""
     if options.heartbeat_volume == "hostPath":
         return options.heartbeat_root
-    return f"{KUBELET_PODS_MOUNT}/*/volumes/kubernetes.io~empty-dir/heartbeats"
+    return f"{options.kubelet_pods_mount}/*/volumes/kubernetes.io~empty-dir/heartbeats"
 
 
 def affinity(job_name: str, nodes: Sequence[Any], options: KubernetesOptions) -> dict[str, Any]:
@@ -629,6 +629,9 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
     pod: dict[str, Any] = {
         "securityContext": {"runAsNonRoot": True, "runAsUser": options.run_as_user,
                             "runAsGroup": options.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
+        # the agent never calls the API server: no token in its pod (the ServiceAccount admission
+        # would mount one, a projected volume of a credential nothing uses)
+        "automountServiceAccountToken": False,
         "tolerations": [{"operator": "Exists"}],
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Exists"}]}]}}},
@@ -670,7 +673,8 @@ def render_node_agent_daemonset(options: KubernetesOptions | None = None) -> dic
         del pod["initContainers"]
         agent["securityContext"] |= {"runAsUser": 0, "runAsNonRoot": False,
                                      "capabilities": {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}}
-        agent["volumeMounts"] = [{"name": "kubelet-pods", "mountPath": KUBELET_PODS_MOUNT, "readOnly": True}]
+        agent["volumeMounts"] = [{"name": "kubelet-pods", "mountPath": options.kubelet_pods_mount,
+                                  "readOnly": True}]
         pod["volumes"] = [{"name": "kubelet-pods", "hostPath": {"path": options.kubelet_pods_dir, "type": "Directory"}}]
     if options.service_account:
         pod["serviceAccountName"] = options.service_account

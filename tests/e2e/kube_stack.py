@@ -18,8 +18,10 @@ What it wires, as a deployment would:
   by `secretKeyRef`. moto's in-process server does not enforce IAM (its switch is process-wide
   and `tests/integration/storage` turns it on in a server of its own): the keys are issued,
   stored and used, not proven to confine;
-- the node agents on their nodes, reading the pods' `emptyDir` heartbeats in the kubelet's
-  folder, reached by this machine through forwarders across the nodes' links.
+- the node agents as the rendered DaemonSet's pods on their nodes, reading the pods' `emptyDir`
+  heartbeats in the kubelet's folder; the health watch finds them from the Node objects
+  (`KubernetesLauncher.node_agents`: no `TRAINYARD_NODE_AGENTS` map) and reaches the nodes'
+  addresses through the harness's proxy across each node's link (`http_proxy`, loopback direct).
 
 The harness's folder lies under /var/tmp, mode 0711: the pods' mount points are under it and a
 uid-1000 container must traverse to them (pytest's own temporary folders are 0700); not under
@@ -73,8 +75,9 @@ def kube_stack(*, nodes: Sequence[str] = NODES_WITH_SPARE, cpus_per_node: int = 
             overrides = harness.airflow_overrides(folder, s3_endpoint_url=s3.endpoint_url,
                                                   mlflow_url=f"http://127.0.0.1:{mlflow_port}", teams=teams)
             overrides |= {"TRAINYARD_OBJECT_STORE": f"s3://{bucket}/trainyard", **CREDENTIALS}
-            with running_stack(folder / "home", overrides=overrides, agents=harness.node_agents,
-                               mlflow_port=mlflow_port,
+            assert harness.proxy is not None
+            overrides |= harness.proxy.env()
+            with running_stack(folder / "home", overrides=overrides, mlflow_port=mlflow_port,
                                mlflow_hosts=(f"{netns.FABRIC_ADDRESS}:{mlflow_port}",)) as stack:
                 yield harness, stack
     finally:

@@ -12,7 +12,9 @@ What each test holds against the real components, not against text our emulator 
   an address, and the Job controller marks the Job Complete;
 - a Job over the quota stays suspended, with Kueue's own reason in its Workload's conditions;
 - a graceful deletion is finished by the kubelet once the container ended on SIGTERM;
-- a deleted Job's pods are deleted by kube-controller-manager's garbage collector.
+- a deleted Job's pods are deleted by kube-controller-manager's garbage collector;
+- a container keeps only the capabilities its securityContext leaves it (`no_new_privs` too);
+- a failed liveness probe restarts a container (restartPolicy Always), a readiness probe decides Ready.
 """
 
 from __future__ import annotations
@@ -248,3 +250,65 @@ def test_a_deleted_jobs_pods_are_collected_by_the_garbage_collector(kube: RealKu
     log = (kube.nodes[pods[0]["spec"]["nodeName"]].root / "pods"
            / f"{NAMESPACE}_{pods[0]['metadata']['name']}_{pods[0]['metadata']['uid']}" / "main.log")
     assert "got SIGTERM" in log.read_text()
+
+
+CAPS = """grep -E 'CapEff|NoNewPrivs' /proc/self/status
+cat /mnt/secret > /dev/null && echo read || echo refused
+"""
+
+
+def test_a_container_runs_with_only_the_capabilities_its_security_context_leaves(kube: RealKubeHarness) -> None:
+    """Root with every capability dropped cannot read another user's 0600 file; with
+    `DAC_READ_SEARCH` added back (the node agent's rendering) it can; both without privilege
+    escalation (`no_new_privs`)."""
+    rest = kube.rest()
+    mount = [{"name": "shared", "mountPath": "/mnt"}]
+
+    def root(name: str, add: list[str]) -> dict[str, Any]:
+        return {"name": name, "image": "trainyard:test", "workingDir": "/", "command": ["sh", "-c", CAPS],
+                "volumeMounts": mount, "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": False,
+                                                           "capabilities": {"drop": ["ALL"], "add": add}}}
+
+    rest.create("v1", "pods", NAMESPACE, {"apiVersion": "v1", "kind": "Pod",
+                                          "metadata": {"name": "caps", "namespace": NAMESPACE}, "spec": {
+        "restartPolicy": "Never", "automountServiceAccountToken": False,
+        "volumes": [{"name": "shared", "emptyDir": {}}],
+        "initContainers": [{"name": "owner", "image": "trainyard:test", "workingDir": "/", "volumeMounts": mount,
+                            "securityContext": {"runAsUser": UID, "runAsGroup": GID},
+                            "command": ["sh", "-c", "umask 077; echo s > /mnt/secret"]}],
+        "containers": [root("none", []), root("search", ["DAC_READ_SEARCH"])]}})
+    kube.wait_for(lambda: rest.get("v1", "pods", NAMESPACE, "caps")["status"].get("phase") == "Succeeded", RUN_S,
+                  "the pod to finish")
+    logs = {c: (kube.pod_dir("caps", NAMESPACE) / f"{c}.log").read_text() for c in ("none", "search")}
+    said = {c: text.split() for c, text in logs.items()}  # cat's own complaint goes to the log too
+    assert said["none"][:4] + said["none"][-1:] == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1", "refused"], logs
+    assert said["search"] == ["CapEff:", "0000000000000004", "NoNewPrivs:", "1", "read"], logs
+
+
+def test_a_failed_liveness_probe_restarts_the_container_and_readiness_decides_ready(kube: RealKubeHarness) -> None:
+    """restartPolicy Always: a liveness probe that never connects gets the container killed
+    (SIGTERM, SIGKILL after the pod's grace) and started again after the back-off; a readiness
+    probe that never passes keeps the running pod not Ready."""
+    rest = kube.rest()
+    rest.create("v1", "pods", NAMESPACE, {"apiVersion": "v1", "kind": "Pod",
+                                          "metadata": {"name": "probed", "namespace": NAMESPACE}, "spec": {
+        "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "main", "image": "trainyard:test", "workingDir": "/",
+                        "command": ["sh", "-c", "echo started; exec sleep 3600"],
+                        "livenessProbe": {"tcpSocket": {"port": 1}, "periodSeconds": 1, "failureThreshold": 1},
+                        "readinessProbe": {"httpGet": {"path": "/", "port": 2}, "periodSeconds": 1}}]}})
+
+    def restarted() -> dict[str, Any] | None:
+        pod = rest.get("v1", "pods", NAMESPACE, "probed")
+        statuses = pod["status"].get("containerStatuses") or []
+        return pod if statuses and statuses[0]["restartCount"] >= 1 and "running" in statuses[0]["state"] else None
+
+    pod = kube.wait_for(restarted, RUN_S, "the container to be restarted")
+    (status,) = pod["status"]["containerStatuses"]
+    assert pod["status"]["phase"] == "Running" and condition(pod, "Ready")["status"] == "False", pod["status"]
+    assert status["lastState"]["terminated"]["signal"] in (15, 9) and status["ready"] is False, status
+    reasons = {e["reason"] for e in rest.list("v1", "events", NAMESPACE)
+               if e["involvedObject"]["name"] == "probed"}
+    assert {"Unhealthy", "Killing"} <= reasons, reasons
+    assert (kube.pod_dir("probed", NAMESPACE) / "main.log").read_text().split() == ["started", "started"]
+    rest.delete("v1", "pods", NAMESPACE, "probed", {"gracePeriodSeconds": 0})

@@ -1,11 +1,12 @@
 """A lost node on the real control plane (issue 55): its pods ended as a real cluster ends them.
 
 On `RealKubeHarness` — kube-apiserver, kube-controller-manager with its DEFAULT node-monitor
-grace (50 s in v1.37) and eviction, kube-scheduler, Kueue — three simulated nodes, each with its
-node agent behind its link. A 2-rank gang runs on two of them; one node's link is cut (its
+grace (50 s in v1.37) and eviction, kube-scheduler, Kueue — three simulated nodes, each running
+its node agent as the rendered DaemonSet's pod, behind its link. A 2-rank gang runs on two of them; one node's link is cut (its
 kubelet, its agent and its pod keep running behind it, unreachable). Then the product, as the
 control plane with its own ServiceAccount token:
-- detects it: the health watch's rule over the node agents (`watching.lost_nodes`: missed polls);
+- detects it: the health watch's rule over the node agents (`watching.lost_nodes`: missed polls),
+  found where the product finds them (`KubernetesLauncher.node_agents`: each Node's InternalIP);
 - stops the gang (`KubernetesLauncher.stop` with the lost node): the healthy node's pod goes at
   once, the lost node's pod is deleted gracefully — no kubelet confirms it, so it stays
   Terminating — and once kube-controller-manager marks the node NotReady the stop taints it
@@ -49,7 +50,7 @@ RUN = "r-lost"
 
 @pytest.fixture(scope="module")
 def kube() -> Iterator[RealKubeHarness]:
-    """Three nodes (two for the gang, a spare), their node agents on them."""
+    """Three nodes (two for the gang, a spare), the node-agent DaemonSet's pods on them."""
     with tenant.traversable_harness("kube-node-loss-", NODES_WITH_SPARE, node_agents=True) as harness:
         yield harness
 
@@ -110,11 +111,14 @@ def test_a_lost_nodes_pods_are_ended_by_the_controllers_and_the_next_attempt_run
     lost_pod = next(a.pod for a in running.agents if a.node == lost)
     history = PodHistory(kube, lost_pod)
 
+    agents = launcher.node_agents(handle)
+    assert set(agents) == set(running.nodes), agents
     kube.lose_node(lost)
     misses: dict[str, int] = {}
     answered: dict[str, float] = {}
-    verdict = kube.wait_for(lambda: watching.lost_nodes(handle, kube.node_agents, misses=misses, answered=answered),
-                            90, "the health watch to lose the node")
+    with kube.reaching_nodes():
+        verdict = kube.wait_for(lambda: watching.lost_nodes(handle, agents, misses=misses, answered=answered),
+                                90, "the health watch to lose the node")
     assert [node for node, _ in verdict] == [lost], verdict
     reason = watching.node_lost_stop(verdict, misses=misses, answered=answered)
     stopped = launcher.stop(handle, grace_s=10, lost_nodes=reason.nodes)

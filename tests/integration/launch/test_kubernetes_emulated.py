@@ -123,7 +123,8 @@ def test_stop_gives_the_workers_their_sigterm_grace_then_the_job_is_gone(
     assert stopped.state == "stopped" and not stopped.processes_alive
     assert handle.name not in [j["metadata"]["name"] for j in kube.rest().list(*JOBS, kube.namespace)]
     for rank, folder in enumerate(folders):  # each rank answered SIGTERM within the grace (tiny_job: exit 43)
-        records = [json.loads(line) for line in (folder / "volumes" / "run" / "exits.jsonl").read_text().splitlines()]
+        exits = folder / "volumes" / "kubernetes.io~empty-dir" / "run" / "exits.jsonl"  # the kubelet's layout
+        records = [json.loads(line) for line in exits.read_text().splitlines()]
         assert [(r["rank"], r["exit_code"]) for r in records] == [(rank, 43)]
         assert "SIGTERM, emergency checkpoint" in (folder / "trainer.log").read_text()
 

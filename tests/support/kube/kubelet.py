@@ -18,26 +18,39 @@ It registers its `Node` (labels and capacity from the config), posts the node's 
   name is the pod's `hostname`, so gloo finds the pod's address from it, as in a real pod).
   It shares the node's network namespace with the other pods of the node (as with
   `hostNetwork: true`): the pod's IP is the node's, and two pods of one node cannot listen on
-  one port — the gang scheduler's capacity (one pod per CPU "GPU") keeps attempts apart.
-- **Volumes**: `emptyDir` is a folder of the pod; `hostPath` a folder of the node
-  (`<node root>/hostfs/<path>`), so the node agent of that node reads that node's heartbeats.
-  A mount point must exist on this machine or lie under the harness's folder (where it is
-  made); other volume types fail the container with `CreateContainerConfigError`.
+  one port — the gang scheduler's capacity (one pod per CPU "GPU") keeps attempts apart. A
+  `hostPort` is therefore what it is on a real node: the container's port answers on the node's
+  address (kube-scheduler keeps two pods asking one hostPort off one node).
+- **Volumes**: `emptyDir` is a folder of the pod where a kubelet keeps it
+  (`<pod>/volumes/kubernetes.io~empty-dir/<name>`, in the kubelet's pods folder, root's, 0750);
+  `hostPath` a folder of the node (`<node root>/hostfs/<path>`; the kubelet's own `root_dir`,
+  `/var/lib/kubelet`, is the node's folder itself, so a hostPath of `/var/lib/kubelet/pods`
+  sees the pods' volumes, as the node agent's does), its `type` checked (`Directory` must
+  exist). A mount point must exist on this machine or lie under the harness's folder (where it
+  is made); other volume types fail the container with `CreateContainerConfigError`.
 - **Env**: `value`, `valueFrom.fieldRef` (metadata.name/namespace/uid/labels[…],
   spec.nodeName, spec.serviceAccountName, status.podIP/hostIP) and `valueFrom.secretKeyRef`
   (read with the node's token, as the Node authorizer allows); `$(VAR)` references in
   command and args are expanded as Kubernetes does. The security context is enforced only
   with `Config.security_context` (the real-cluster harness): the shim sets the container's
-  groups, gid and uid before exec, and emptyDir volumes belong to the pod's fsGroup (setgid);
-  without it (the emulator) containers run as this process's user. Resource limits are not
+  groups, gid and uid before exec, and its capabilities and `allowPrivilegeEscalation`
+  (`capabilities.py`: the runtime's default set less `drop` plus `add`), and emptyDir volumes
+  belong to the pod's fsGroup (setgid); without it (the emulator) containers run as this
+  process's user with all its capabilities. Resource limits are not
   enforced — `OOMKilled` is what the harness reports when it kills a container
   "for memory" (`Harness.kill_pod(..., oom=True)` leaves a marker before its SIGKILL).
 - **Init containers** run one at a time, each to a zero exit, before the main containers
   (`initContainerStatuses`, condition `Initialized`); a failed one fails the pod.
 - **Real API server** (`Config.real_api`): HTTPS with `ca_file`, the node registers tainted
   `node.kubernetes.io/not-ready:NoSchedule` and renews its Lease in kube-node-lease.
-- **Exit**: phase Succeeded / Failed (restartPolicy Never; other policies are treated as Never),
-  exit code (128 + signal when killed), reason `Completed` / `Error` / `OOMKilled`, and the
+- **Probes**: readiness and liveness (`probes.py`: httpGet and tcpSocket): a container is
+  ready once its readiness probe passes (at once without one); a failed liveness probe gets it
+  killed and restarted.
+- **Restarts**: under restartPolicy Always (a DaemonSet's pods) or OnFailure, an ended main
+  container starts again after the kubelet's back-off (CrashLoopBackOff meanwhile; 10 s,
+  doubled, at most 300 s), `restartCount` and `lastState` reported; the pod stays Running.
+- **Exit**: phase Succeeded / Failed (restartPolicy Never, or OnFailure with every container
+  succeeded), exit code (128 + signal when killed), reason `Completed` / `Error` / `OOMKilled`, and the
   termination message: the file at `terminationMessagePath` when it lies in a volume (the
   last 4096 bytes, as the kubelet reads it), else with `FallbackToLogsOnError` the log's tail.
 - **Deletion**: a pod marked for deletion gets SIGTERM, then SIGKILL at its deadline
@@ -66,6 +79,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tests.support.kube import capabilities
+from tests.support.kube.probes import Prober
 from tests.support.kube.rest import Rest, RestError
 from tests.support.kube.store import now_rfc3339, parse_time
 
@@ -77,6 +92,8 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_S = 40
 """The kubelet's default `nodeLeaseDurationSeconds`."""
+BACKOFF_S, MAX_BACKOFF_S = 10.0, 300.0
+"""The kubelet's restart back-off (CrashLoopBackOff): 10 s, doubled each restart, at most 300 s."""
 _libc = ctypes.CDLL(None, use_errno=True)
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -115,8 +132,13 @@ class Config:
     """A real kube-apiserver: register with the not-ready taint the node lifecycle controller
     removes, and renew the node's Lease in kube-node-lease every `heartbeat_s`."""
     security_context: bool = False
-    """Run containers as their securityContext's user and groups, emptyDir volumes owned by the
-    pod's fsGroup (as a kubelet does); off, they run as root with every volume mode 1777."""
+    """Run containers as their securityContext's user and groups, with its capabilities and
+    `allowPrivilegeEscalation` (`capabilities.py`), emptyDir volumes owned by the pod's fsGroup
+    (as a kubelet does); off, they run as root with all of root's capabilities and every volume
+    mode 1777."""
+    root_dir: str = "/var/lib/kubelet"
+    """The kubelet's `--root-dir` as the node's filesystem has it: a hostPath there (the node
+    agent's of `<root_dir>/pods`) is this kubelet's own folder, where the pods' volumes lie."""
 
 
 class CannotStart(Exception):
@@ -176,6 +198,9 @@ class Container:
     oom_marker: Path
     term_sent: bool = False
     finished_at: str = ""
+    prober: Prober | None = None
+    kill_at: float | None = None
+    """Set when the liveness probe failed: SIGTERM sent, SIGKILL at this monotonic time."""
 
     def state(self) -> dict[str, Any]:
         code = self.proc.poll()
@@ -213,6 +238,10 @@ class PodRun:
     waiting: dict[str, tuple[str, str]] = field(default_factory=dict)
     events_sent: set[str] = field(default_factory=set)
     reported_final: bool = False
+    restarts: dict[str, int] = field(default_factory=dict)
+    last_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    restart_at: dict[str, float] = field(default_factory=dict)
+    """Container → when it restarts (restartPolicy Always/OnFailure), in CrashLoopBackOff till then."""
 
     @property
     def running(self) -> bool:
@@ -224,6 +253,9 @@ class Kubelet:
         self.c = config
         self.api = Rest(config.api, config.token, timeout_s=2.0, ca_file=config.ca_file or None)
         self.root = Path(config.root)
+        # a kubelet's pods folder is root's, mode 0750: what reads pods' volumes there is root
+        (self.root / "pods").mkdir(parents=True, exist_ok=True)
+        (self.root / "pods").chmod(0o750)
         self.pods: dict[str, PodRun] = {}
         self.last_beat = 0.0
         self.ready_since = now_rfc3339()
@@ -311,6 +343,7 @@ class Kubelet:
                 run = self.pods[uid] = PodRun(uid=uid, dir=self._pod_dir(pod))
             if run is not None and not run.reported_final:
                 self._start_waiting(pod, run)
+                self._probe(pod, run)
                 self._report(pod, run)
         for uid, run in list(self.pods.items()):
             if uid not in seen:  # force-deleted, or gone with the node's replacement
@@ -333,9 +366,54 @@ class Kubelet:
                 return
             if container.proc.poll() != 0:  # running, or failed: the pod fails (restartPolicy Never)
                 return
+        policy = pod["spec"].get("restartPolicy", "Always")
         for spec in pod["spec"]["containers"]:
             if spec["name"] not in run.containers:
                 self._start_one(pod, run, spec)
+            else:
+                self._restart_ended(pod, run, spec, policy)
+
+    def _restart_ended(self, pod: dict[str, Any], run: PodRun, spec: dict[str, Any], policy: str) -> None:
+        """A main container that ended, under restartPolicy Always (or OnFailure, after a failure):
+        in CrashLoopBackOff for 10 s, doubled each restart up to 300 s, then started again."""
+        name, container = spec["name"], run.containers[spec["name"]]
+        code = container.proc.poll()
+        if code is None or policy == "Never" or (policy == "OnFailure" and code == 0):
+            return
+        now = time.monotonic()
+        backoff = min(BACKOFF_S * 2 ** run.restarts.get(name, 0), MAX_BACKOFF_S)
+        if now < run.restart_at.setdefault(name, now + backoff):
+            return
+        del run.restart_at[name]
+        run.last_state[name] = container.state()
+        run.restarts[name] = run.restarts.get(name, 0) + 1
+        del run.containers[name]
+        run.events_sent.discard(f"started-{name}")
+        self._start_one(pod, run, spec)
+
+    def _probe(self, pod: dict[str, Any], run: PodRun) -> None:
+        """The running containers' due probes (`probes.py`); a failed liveness probe gets the
+        container SIGTERM, SIGKILL after the pod's grace, and the restart policy's restart."""
+        now = time.monotonic()
+        for name, container in run.containers.items():
+            if container.prober is None or container.proc.poll() is not None:
+                continue
+            pid = container.proc.init_pid
+            if container.kill_at is not None:
+                if now >= container.kill_at and pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                continue
+            for kind, passed, error in container.prober.due(now):
+                if not passed:
+                    what = "Readiness" if kind == "readinessProbe" else "Liveness"
+                    self.api.event(pod, "Unhealthy", f"{what} probe failed: {error}", component="kubelet")
+            if container.prober.dead and pid is not None:
+                self.api.event(pod, "Killing", f"Container {name} failed liveness probe, will be restarted",
+                               type_="Normal", component="kubelet")
+                container.kill_at = now + pod["spec"].get("terminationGracePeriodSeconds", 30)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
 
     def _start_one(self, pod: dict[str, Any], run: PodRun, spec: dict[str, Any]) -> None:
         try:
@@ -421,14 +499,14 @@ class Kubelet:
             volume = volumes.get(mount["name"])
             if volume is None:
                 raise CannotStart("CreateContainerConfigError", f"volume {mount['name']!r} is not in the pod")
-            if "emptyDir" in volume:
-                source = run.dir / "volumes" / mount["name"]
+            if "emptyDir" in volume:  # where a kubelet keeps it: what the node agent's glob reads
+                source = run.dir / "volumes" / "kubernetes.io~empty-dir" / mount["name"]
+                source.mkdir(parents=True, exist_ok=True)
             elif "hostPath" in volume:
-                source = self.root / "hostfs" / volume["hostPath"]["path"].lstrip("/")
+                source = self._host_path(mount["name"], volume["hostPath"])
             else:
                 raise CannotStart("CreateContainerConfigError",
                                   f"volume {mount['name']!r}: only emptyDir and hostPath are emulated")
-            source.mkdir(parents=True, exist_ok=True)
             self._own(pod, volume, source)
             target = Path(mount["mountPath"])
             if not target.exists():
@@ -439,6 +517,23 @@ class Kubelet:
                 target.mkdir(parents=True, exist_ok=True)
             mounts.append((str(source), str(target), bool(mount.get("readOnly"))))
         return mounts
+
+    def _host_path(self, name: str, host_path: dict[str, Any]) -> Path:
+        """Where a hostPath lies on this node: under the node's `hostfs/`, except the kubelet's own
+        `root_dir`, which is this kubelet's folder. Its `type` is checked as a kubelet does:
+        `Directory` must exist (else the pod waits in ContainerCreating, saying why); `""` and
+        `DirectoryOrCreate` make a missing folder (root's, 0755); other types are not emulated."""
+        path = Path(host_path["path"])
+        own = Path(self.c.root_dir)
+        source = self.root / path.relative_to(own) if path.is_relative_to(own) else self.root / "hostfs" / path.relative_to("/")
+        kind = host_path.get("type", "")
+        if kind == "Directory" and not source.is_dir():
+            raise CannotStart("ContainerCreating", f'MountVolume.SetUp failed for volume "{name}" : hostPath type '
+                              f"check failed: {path} is not a directory")
+        if kind not in ("", "Directory", "DirectoryOrCreate"):
+            raise CannotStart("CreateContainerConfigError", f"volume {name!r}: hostPath type {kind} is not emulated")
+        source.mkdir(mode=0o755, parents=True, exist_ok=True)
+        return source
 
     def _own(self, pod: dict[str, Any], volume: dict[str, Any], source: Path) -> None:
         """Without `security_context`, every volume is mode 1777 (containers run as root anyway).
@@ -474,6 +569,18 @@ class Kubelet:
             groups.insert(0, int(pod_context["fsGroup"]))
         return uid, gid, groups
 
+    def _privileges(self, pod: dict[str, Any], spec: dict[str, Any]) -> tuple[frozenset[str], bool] | None:
+        """(the capabilities it keeps, no_new_privs) the container runs with (`capabilities.py`),
+        or None (as the kubelet's user, every capability: without `security_context`)."""
+        if not self.c.security_context:
+            return None
+        context = spec.get("securityContext") or {}
+        try:
+            keep = capabilities.container_set(context)
+        except ValueError as e:
+            raise CannotStart("CreateContainerConfigError", str(e)) from None
+        return keep, context.get("allowPrivilegeEscalation") is False
+
     def _termination_file(self, spec: dict[str, Any], mounts: list[tuple[str, str, bool]]) -> Path | None:
         path = spec.get("terminationMessagePath") or "/dev/termination-log"
         for source, target, _ in mounts:
@@ -486,6 +593,7 @@ class Kubelet:
         argv = [expand(a, env) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
         if not spec.get("command"):
             raise CannotStart("CreateContainerError", "the emulator knows no image entrypoint: give command")
+        privileges = self._privileges(pod, spec)
         cwd = spec.get("workingDir") or self.c.repo
         mounts = self._mounts(pod, run, spec)
         if not Path(cwd).is_dir():
@@ -495,17 +603,24 @@ class Kubelet:
         if identity is not None and identity[0] != 0 and env.get("HOME") == "/root":
             env["HOME"] = "/"  # a user the image's /etc/passwd does not list: the runtime's HOME
         shim = _start_shim(argv, cwd, env, mounts, self._hostname(pod), run.dir, spec["name"], log, identity,
-                           image_workdir=not spec.get("workingDir"))
+                           privileges, image_workdir=not spec.get("workingDir"))
         return Container(name=spec["name"], image=spec["image"], proc=shim, started_at=now_rfc3339(), log=log,
+                         prober=Prober(spec, self.c.address),
                          termination_file=self._termination_file(spec, mounts),
                          fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
                          oom_marker=run.dir / f"{spec['name']}.oom")
 
     def _container_status(self, spec: dict[str, Any], run: PodRun, initialized: bool = True) -> dict[str, Any]:
         name, image = spec["name"], spec["image"]
-        status: dict[str, Any] = {"name": name, "image": image, "imageID": "", "restartCount": 0,
-                                  "ready": False, "started": False}
+        status: dict[str, Any] = {"name": name, "image": image, "imageID": "",
+                                  "restartCount": run.restarts.get(name, 0), "ready": False, "started": False}
+        if name in run.last_state:
+            status["lastState"] = run.last_state[name]
         container = run.containers.get(name)
+        if container is not None and name in run.restart_at:  # ended, restarting after its back-off
+            status.update(lastState=container.state(), state={"waiting": {
+                "reason": "CrashLoopBackOff", "message": f"back-off restarting failed container={name}"}})
+            return status
         if container is None:
             reason, message = run.waiting.get(name, ("ContainerCreating" if initialized else "PodInitializing", ""))
             status["state"] = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
@@ -514,7 +629,7 @@ class Kubelet:
                       containerID=f"trainyard://{container.proc.init_pid or container.proc.pid}",
                       state=container.state())
         running = "running" in status["state"]
-        status.update(ready=running, started=running)
+        status.update(ready=running and (container.prober is None or container.prober.ready), started=running)
         return status
 
     def _report(self, pod: dict[str, Any], run: PodRun) -> None:
@@ -529,13 +644,14 @@ class Kubelet:
             phase = "Failed"  # restartPolicy Never: a failed init container fails the pod
         elif not initialized:
             phase = "Pending"
-        elif all("terminated" in s for s in states):
+        elif all("terminated" in s for s in states) and not _restarts(pod["spec"].get("restartPolicy", "Always"), states):
             phase = "Succeeded" if all(s["terminated"]["exitCode"] == 0 for s in states) else "Failed"
-        elif all("running" in s or "terminated" in s for s in states):
+        elif all("running" in s["state"] or "terminated" in s["state"] or s["name"] in run.restart_at
+                 for s in statuses):
             phase = "Running"
         else:
             phase = "Pending"
-        ready = "True" if all("running" in s for s in states) else "False"
+        ready = "True" if all(s["ready"] for s in statuses) else "False"
         now = now_rfc3339()
         old = {c["type"]: c for c in pod["status"].get("conditions") or []}
 
@@ -639,7 +755,8 @@ def _traversable_root(folder: Path) -> None:
 
 def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tuple[str, str, bool]],
                 hostname: str, folder: Path, name: str, log: Path,
-                identity: tuple[int, int, list[int]] | None = None, *, image_workdir: bool = False) -> Shim:
+                identity: tuple[int, int, list[int]] | None = None,
+                privileges: tuple[frozenset[str], bool] | None = None, *, image_workdir: bool = False) -> Shim:
     """Fork the shim (see the module docstring); it never returns into the kubelet's loop."""
     for stale in (f"{name}.pid", f"{name}.status"):
         (folder / stale).unlink(missing_ok=True)
@@ -673,6 +790,8 @@ def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tup
                 os.dup2(devnull, 0)
                 os.dup2(out, 1)
                 os.dup2(out, 2)
+                if privileges is not None:  # the bounding set while still root; user changes below keep working
+                    capabilities.restrict(privileges[0], no_new_privs=privileges[1])
                 if identity is not None:  # groups first: after setuid there is no right to change them
                     uid, gid, groups = identity
                     os.setgroups(groups)
@@ -698,6 +817,11 @@ def _start_shim(argv: list[str], cwd: str, env: dict[str, str], mounts: list[tup
         finally:
             os._exit(127)
     os._exit(code if code >= 0 else 128 - code)
+
+
+def _restarts(policy: str, states: list[dict[str, Any]]) -> bool:
+    """Whether ended containers are restarted: Always, or OnFailure after a failure."""
+    return policy == "Always" or (policy == "OnFailure" and any(s["terminated"]["exitCode"] != 0 for s in states))
 
 
 def _differs(old: dict[str, Any], new: dict[str, Any]) -> bool:

@@ -9,8 +9,9 @@ What the nodes do against the real API server (the kubelet's `real_api` and `sec
 each registers its Node as `system:node:<name>` (Node authorizer + NodeRestriction judge every
 write), tainted `node.kubernetes.io/not-ready:NoSchedule` until kube-controller-manager's node
 lifecycle controller sees it Ready; renews its Lease in kube-node-lease; runs init containers
-first; runs containers as their securityContext user and groups, with emptyDir volumes owned by
-the pod's fsGroup. Labels a kubelet may not set on itself under NodeRestriction
+first; runs containers as their securityContext user and groups, with the capabilities it
+leaves them, with emptyDir volumes owned by the pod's fsGroup; honours readiness and liveness
+probes and restarts a restartPolicy Always container. Labels a kubelet may not set on itself under NodeRestriction
 (`topology.kubernetes.io/rack`, the GPU labels) are set by the administrator after registration,
 as on a real cluster.
 
@@ -19,6 +20,19 @@ namespaces of their own (`netns.py`: nothing is added to this machine's interfac
 process listens on the bridge address inside the fabric namespace and relays each connection,
 bytes only, to the API server's loopback port: TLS runs end to end between the kubelet and the
 API server, whose certificate names the bridge address.
+
+Node agents (`node_agents=True`): the administrator applies the platform's namespace (Pod
+Security `privileged`) and the node-agent DaemonSet exactly as `render_node_agent_daemonset`
+renders it for this cluster's options (`launcher_options()`: emptyDir heartbeats, read through
+the kubelet's pods folder as root with only `DAC_READ_SEARCH`); kube-controller-manager's
+DaemonSet controller makes one pod per node, each node's kubelet runs it — on the node's
+network, its hostPort answering on the node's address, its readiness probe deciding Ready —
+and the harness waits until every node's pod is Ready. Nothing of this machine reaches the
+nodes' addresses by itself: `proxy` (`forward.NodeProxy`, `proxy.env()`, `reaching_nodes()`)
+carries plain HTTP to them across each node's link, so a client asks an agent where
+`KubernetesLauncher.node_agents` found it, at its Node's InternalIP, and a lost node's agent is
+cut off with its link. Each node's cpu capacity leaves room for such daemons beside one
+trainer pod per slot (`DAEMON_CPU_M`).
 
 DNS: `lifecycle.ClusterDns` from the emulator, on a thread, publishing a pod only once its
 kubelet reported its address: `<hostname>.<subdomain>[.<namespace>.svc.cluster.local]` in every
@@ -29,15 +43,19 @@ or not, a pod with an address is published, as with `publishNotReadyAddresses`).
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
+import urllib.request
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from tests.support.kube import netns
-from tests.support.kube.harness import DEFAULT_NODES, FABRIC_PORT, KubeHarness, SimNode, sweep_stale
+from tests.support.kube.forward import NodeProxy
+from tests.support.kube.harness import DEFAULT_NODES, FABRIC_PORT, KubeHarness, sweep_stale
 from tests.support.kube.kubelet import NOT_READY_TAINT, Config
 from tests.support.kube.lifecycle import ClusterDns, node_ready
 from tests.support.kube.real_cluster import RealCluster, real_cluster, write_kubeconfig
@@ -54,6 +72,12 @@ HEARTBEAT_S = 10.0
 DNS_TICK_S = 0.5
 TOKEN_LIFETIME_S = 6 * 3600
 """The control plane's token outlives any test module (a TokenRequest's default is 1 h)."""
+DAEMON_CPU_M = 250
+"""Millicores each node has beyond its slots, for the node's daemons (the node agent's pod
+requests 50m): a trainer pod asks a whole core per slot, so without it the DaemonSet's pod
+would keep the node's trainer unschedulable; less than a core, so still one trainer per slot."""
+AGENTS_READY_S = 120
+"""The DaemonSet's pods: created, bound, started and probed (readiness every 10 s)."""
 
 
 class RealKubeHarness(KubeHarness):
@@ -63,6 +87,8 @@ class RealKubeHarness(KubeHarness):
         self.cluster: RealCluster | None = None
         self._stack = ExitStack()
         self._relay: socket.socket | None = None
+        self.proxy: NodeProxy | None = None
+        self._platform_namespace = False
 
     @staticmethod
     def check_prerequisites() -> None:
@@ -96,9 +122,10 @@ class RealKubeHarness(KubeHarness):
         self.wait_for(lambda: self.schedulable_nodes() >= set(self.node_names), 90,
                       "the nodes to register, be Ready and lose the not-ready taint")
         self._label_nodes()
+        self.proxy = NodeProxy(self.network, {n.address for n in self.network.nodes.values()})
+        self._stack.callback(self.proxy.close)
         if self.with_agents:
-            for node in self.nodes.values():
-                self._start_agent(node)
+            self._apply_node_agents()
         return self
 
     def close(self) -> None:
@@ -128,14 +155,81 @@ class RealKubeHarness(KubeHarness):
         config.ca_file = str(self.cluster.ca_file)
         config.labels = {k: v for k, v in config.labels.items() if k in SELF_LABELS}
         config.real_api, config.security_context, config.heartbeat_s = True, True, HEARTBEAT_S
+        config.capacity = config.capacity | {"cpu": f"{self.cpus_per_node * 1000 + DAEMON_CPU_M}m"}
         return config
 
-    def _start_agent(self, node: SimNode) -> None:
-        """The agent reads the heartbeats where the pods' `emptyDir` lies in the kubelet's folder
-        (team namespaces are Pod Security `restricted`: no hostPath), as the rendered DaemonSet's
-        glob over `/var/lib/kubelet/pods` does (`manifests.agent_heartbeat_root`)."""
-        node.heartbeat_dir = node.root / "pods" / "*" / "volumes" / "heartbeats"
-        super()._start_agent(node)
+    # --- node agents: the rendered DaemonSet ---
+
+    def _apply_node_agents(self) -> None:
+        """The platform's namespace and the rendered DaemonSet (as the administrator), then wait
+        until each node runs a Ready pod of it."""
+        from kubernetes import utils
+
+        from trainyard.plugins.launch.manifests import render_node_agent_daemonset
+        from trainyard.plugins.launch.tenancy import render_platform_namespace
+
+        assert self.cluster is not None, "the harness is not started"
+        admin = self.cluster.client()
+        utils.create_from_dict(admin, render_platform_namespace())
+        self._platform_namespace = True
+        utils.create_from_dict(admin, render_node_agent_daemonset(self.launcher_options()))
+        try:
+            self.wait_for(lambda: self.agent_pods_ready() >= set(self.node_names), AGENTS_READY_S,
+                          "the node agents' DaemonSet to run a Ready pod on every node")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self._agents_said()}") from None
+
+    def _agents_said(self) -> str:
+        """The DaemonSet's status, its pods' and their events, and the agents' logs."""
+        rest = self.rest()
+        parts = [f"daemonset status: {rest.get('apps/v1', 'daemonsets', PLATFORM_NAMESPACE, 'trainyard-node-agent').get('status')}"]
+        for pod in self.agent_pods():
+            parts.append(f"pod {pod['metadata']['name']} on {pod['spec'].get('nodeName')}: {pod.get('status')}")
+        for event in rest.list("v1", "events", PLATFORM_NAMESPACE):
+            parts.append(f"event {event['involvedObject']['name']}: {event.get('reason')}: {event.get('message')}")
+        for log in sorted(self.root.glob(f"nodes/*/pods/{PLATFORM_NAMESPACE}_*/*.log")):
+            parts.append(f"--- {log.relative_to(self.root)} ---\n{log.read_text(errors='replace')[-1500:]}")
+        return "\n".join(parts)
+
+    def agent_pods(self) -> list[dict[str, Any]]:
+        """The node-agent DaemonSet's pods (the platform namespace's, by the DaemonSet's selector)."""
+        return self.rest().list("v1", "pods", PLATFORM_NAMESPACE, labels="app.kubernetes.io/name=trainyard-node-agent")
+
+    def agent_pods_ready(self) -> set[str]:
+        """The nodes whose node-agent pod is Ready."""
+        try:
+            pods = self.agent_pods()
+        except (RestError, OSError):
+            return set()
+        return {p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName") and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])}
+
+    @property
+    def node_agents(self) -> dict[str, str]:
+        """Not here: the agents are the DaemonSet's pods, found where the product finds them
+        (`KubernetesLauncher.node_agents`: each Node's InternalIP) and reached through `proxy`."""
+        raise AttributeError("RealKubeHarness has no static map of node agents: ask "
+                             "KubernetesLauncher.node_agents(handle), within reaching_nodes()")
+
+    @contextlib.contextmanager
+    def reaching_nodes(self) -> Iterator[dict[str, str]]:
+        """This process's plain-HTTP clients (`urllib`'s default opener: the node-agent client)
+        reach the nodes' addresses through `proxy` while inside; yields the environment that does
+        it (for child processes), restored on exit."""
+        assert self.proxy is not None, "the harness is not started"
+        env = self.proxy.env()
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        urllib.request.install_opener(urllib.request.build_opener())  # reads the proxies now
+        try:
+            yield env
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            urllib.request.install_opener(None)  # type: ignore[arg-type]
 
     def _label_nodes(self) -> None:
         """The administrator's part: the labels NodeRestriction keeps a kubelet from setting."""
@@ -184,8 +278,8 @@ class RealKubeHarness(KubeHarness):
         """The cluster administrator's part of `trainyard render k8s` for this cluster: the
         platform's and the teams' namespaces (quota, data account, Pod Security `restricted`),
         the control plane's RBAC for Kueue, the PriorityClasses and the teams' Kueue queues.
-        (Not the node-agent DaemonSet: the simulated nodes run their agents themselves; not a
-        job's NetworkPolicy: nothing here enforces one.)"""
+        (The node-agent DaemonSet is applied at the start, with `node_agents=True`, the
+        platform's namespace with it; not a job's NetworkPolicy: nothing here enforces one.)"""
         from kubernetes import utils
 
         from trainyard.plugins.launch.kube_clients import KubeClients
@@ -201,7 +295,9 @@ class RealKubeHarness(KubeHarness):
         assert self.cluster is not None, "the harness is not started"
         admin = self.cluster.client()
         namespaces = [team_namespace(name) for name in sorted(teams.teams)]
-        for doc in [render_platform_namespace(), *render_teams(teams, cpu_cluster=True),
+        platform = [] if self._platform_namespace else [render_platform_namespace()]
+        self._platform_namespace = True
+        for doc in [*platform, *render_teams(teams, cpu_cluster=True),
                     *render_rbac(PLATFORM_NAMESPACE, namespaces, queueing="kueue"), *render_priority_classes()]:
             utils.create_from_dict(admin, doc)
         KubernetesLauncher.from_clients(KubeClients.from_api_client(admin), options=self.launcher_options(
@@ -259,7 +355,8 @@ class RealKubeHarness(KubeHarness):
         """The base harness's mount points, on a real cluster's terms: the job in its team's
         namespace (None), queued by Kueue, heartbeats in an `emptyDir` (Pod Security
         `restricted`), nothing shared with this machine's filesystem."""
-        values = {"namespace": None, "queueing": "kueue", "heartbeat_volume": "emptyDir", "shared_filesystem": False}
+        values = {"namespace": None, "queueing": "kueue", "heartbeat_volume": "emptyDir", "shared_filesystem": False,
+                  "kubelet_pods_mount": str(self.root / "mnt" / "kubelet-pods")}
         return super().launcher_options(**(values | overrides))
 
     def diagnostics(self) -> str:

@@ -168,6 +168,10 @@ def test_node_agent_reads_the_pods_heartbeat_volumes_through_the_kubelets_folder
     assert sc["runAsUser"] == 0 and sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert "initContainers" not in pod
+    assert pod["automountServiceAccountToken"] is False  # it never calls the API server
+    elsewhere = render_node_agent_daemonset(KubernetesOptions(kubelet_pods_mount="/mnt/kp"))["spec"]["template"]["spec"]
+    assert elsewhere["containers"][0]["command"][-1] == "/mnt/kp/*/volumes/kubernetes.io~empty-dir/heartbeats"
+    assert elsewhere["containers"][0]["volumeMounts"][0]["mountPath"] == "/mnt/kp"
 
 
 def test_node_agent_daemonset_runs_the_agent_as_specified() -> None:
