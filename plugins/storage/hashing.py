@@ -84,11 +84,18 @@ def digest_file(path: str | os.PathLike[str], algorithm: HashAlgorithm = "sha256
                 buffers: int = 3, threads: int = 1) -> tuple[int, str]:
     """(size, hex digest) of a local file, reading ahead in a second thread so the disk and the
     hash work at the same time (both release the GIL): on a cold page cache this takes about
-    as long as the slower of the two instead of their sum."""
+    as long as the slower of the two instead of their sum. The buffers are no larger than the
+    file: three fresh 8 MB buffers cost ~9 ms to zero and fault in on the development VM, and a
+    restore verifies the small DCP `.metadata` this way on every rank (a file that grows
+    meanwhile is still read to its end, in more reads)."""
+    try:
+        chunk = min(CHUNK_BYTES, os.stat(path).st_size) or 1
+    except OSError:
+        chunk = CHUNK_BYTES  # the reader meets the same error and raises it
     free: queue.Queue[bytearray] = queue.Queue()
     full: queue.Queue[tuple[bytearray, int] | Exception] = queue.Queue()
     for _ in range(buffers):
-        free.put(bytearray(CHUNK_BYTES))
+        free.put(bytearray(chunk))
     stop = threading.Event()
 
     def reader() -> None:

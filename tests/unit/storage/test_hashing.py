@@ -17,7 +17,7 @@ REFERENCE = {"blake3": blake3, "sha256": hashlib.sha256}
 
 
 @pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
-@pytest.mark.parametrize("size", [0, 1, CHUNK_BYTES, 2 * CHUNK_BYTES + 17])
+@pytest.mark.parametrize("size", [0, 1, 20_000, CHUNK_BYTES, 2 * CHUNK_BYTES + 17])
 def test_every_way_of_hashing_gives_the_packages_digest(tmp_path: Path, algorithm: str,
                                                         size: int) -> None:
     data = os.urandom(size)
