@@ -19,6 +19,22 @@ load of 5-6, whole verified restores took 1.2-2.7 s with huge pages and 0.42-0.8
 (3 of each), and with huge pages one read alone ranged 0.1-3.5 s (0.07-1.4 s of CPU). Where the file system refuses O_DIRECT (at `open`, or
 at a read), the same pass goes on buffered: slower, never wrong. The caller decides whether a
 file fits in memory (`memory_to_hold`); `HeldFile.close` gives the memory back.
+
+Levers measured against this (issue 58; 2 ranks x 201 MB at once, cold, 3 s after the write;
+the VM shared, load 2-6, so only large differences count): buffered reads with
+POSIX_FADV_SEQUENTIAL + WILLNEED read the raw disk faster (the benchmark's `disk_read_MBps`,
+~2,270 MB/s against ~1,360 with O_DIRECT, at load 1-3) but cost a rank twice the kernel CPU
+(0.23-0.25 s against 0.09-0.12 of system time per restore), and the whole verified restore was
+slower with them (materialize median 0.46-0.62 s against 0.30-0.37, same torchruns, alternating);
+4 or 8 reads in flight, 16 or 32 MB reads: no faster; a MAP_POPULATE'd buffer: slower (it faults
+the pages in before the first read instead of beside it); mapping the file itself (page cache,
+no copy): no faster, and DCP would no longer parse a private copy of the hashed bytes; BLAKE3
+on two threads per rank: no faster (each rank has one core). What would be faster is reading
+straight into the live tensors (no fresh buffer to fault in, copy out of and unmap: 0.035 s to
+unmap 201 MB alone): 1.1x and 1.5-2.0x this path's rate in two scratch runs at load ~2 — but
+the model would hold unverified bytes until the hash ends, and the zip records would be parsed
+before it ends, against the contract that a folder is proven whole before any byte reaches a
+model (`manifest`).
 """
 
 from __future__ import annotations
