@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -152,3 +153,8 @@ def running_stack(home: Path, *, overrides: dict[str, str] | None = None,
             else:
                 os.environ[key] = value
         get_settings.cache_clear()
+        # urllib's global opener keeps the proxies of the environment it was built in: one built
+        # while a Kubernetes stack's `http_proxy` was set would still send this worker's later
+        # health checks of loopback servers to that proxy, closed by then (CI: every stack
+        # after the Kubernetes e2e tests on the same worker "not healthy", connection refused)
+        urllib.request.install_opener(None)  # type: ignore[arg-type]
