@@ -134,7 +134,12 @@ def test_a_lost_nodes_pods_are_ended_by_the_controllers_and_the_next_attempt_run
     kinds = [(kind, pod["metadata"].get("deletionGracePeriodSeconds"), pod["status"].get("phase"))
              for kind, pod in history.events]
     terminating = [k for k in kinds if k[1] is not None]
-    assert terminating[0] == ("MODIFIED", LOST_POD_GRACE_S, "Running"), kinds  # the stop's graceful deletion
+    # the stop's graceful deletion — unless the Job's foreground deletion had the garbage collector
+    # delete the pod first, with its own terminationGracePeriodSeconds, which the stop's then
+    # shortens (CI, once: 10 s, then 1 s); never forced while it runs
+    assert ("MODIFIED", LOST_POD_GRACE_S, "Running") in terminating, kinds
+    assert {grace for _, grace, phase in terminating if phase == "Running"} <= {
+        LOST_POD_GRACE_S, launcher.options.termination_grace_s}, kinds
     assert ("MODIFIED", LOST_POD_GRACE_S, "Failed") in kinds, kinds  # the pod GC marks it Failed (no kubelet did)
     assert kinds[-1] == ("DELETED", 0, "Failed"), kinds  # then deletes it
     assert kube.rest().list("batch/v1", "jobs", NAMESPACE) == []
