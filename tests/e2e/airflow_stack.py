@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any, TypeVar
 import yaml
 
 from tests.support import procs
+from tests.support.environ import environment
 from tests.support.waiting import wait_for
 from trainyard.cli.stack import Stack
 from trainyard.config.settings import Settings, get_settings
@@ -131,30 +131,21 @@ def running_stack(home: Path, *, overrides: dict[str, str] | None = None,
     (jobs / DEMO.name).write_text(yaml.safe_dump(spec, sort_keys=False))
     env = {"TRAINYARD_HOME": str(home), "TRAINYARD_JOBS_DIR": str(jobs), "OMP_NUM_THREADS": "1",
            **({"TRAINYARD_NODE_AGENTS": json.dumps(agents)} if agents else {}), **(overrides or {})}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    from trainyard.plugins.storage.store import open_store
-
-    settings = Settings()
-    prepare_demo_dataset(open_store(settings.object_store, endpoint_url=settings.s3_endpoint_url
-                                    ).child(DEMO_PREFIX.rstrip("/")))
-    stack = Stack(home, port=procs.free_port(), overrides=dict(overrides or {}), durable_db=False,
-                  mlflow_port=mlflow_port, mlflow_hosts=mlflow_hosts)
     try:
-        stack.up(timeout_s=240)
-        get_settings.cache_clear()  # this process's commands (`trainyard.cli.main`) read the stack's home
-        # read once the stack is up: its databases (the home's embedded PostgreSQL) exist now
-        yield RunningStack(stack, Settings(), AirflowClient(stack.url))
-    finally:  # the rank templates stay: the other worker's attempts use them (the session's
-        stack.down(templates=False)  # end stops them, `tests/conftest.py`)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        with environment(env):
+            from trainyard.plugins.storage.store import open_store
+
+            settings = Settings()
+            prepare_demo_dataset(open_store(settings.object_store, endpoint_url=settings.s3_endpoint_url
+                                            ).child(DEMO_PREFIX.rstrip("/")))
+            stack = Stack(home, port=procs.free_port(), overrides=dict(overrides or {}), durable_db=False,
+                          mlflow_port=mlflow_port, mlflow_hosts=mlflow_hosts)
+            try:
+                stack.up(timeout_s=240)
+                get_settings.cache_clear()  # this process's commands (`trainyard.cli.main`) read the stack's home
+                # read once the stack is up: its databases (the home's embedded PostgreSQL) exist now
+                yield RunningStack(stack, Settings(), AirflowClient(stack.url))
+            finally:  # the rank templates stay: the other worker's attempts use them (the session's
+                stack.down(templates=False)  # end stops them, `tests/conftest.py`)
+    finally:
         get_settings.cache_clear()
-        # urllib's global opener keeps the proxies of the environment it was built in: one built
-        # while a Kubernetes stack's `http_proxy` was set would still send this worker's later
-        # health checks of loopback servers to that proxy, closed by then (CI: every stack
-        # after the Kubernetes e2e tests on the same worker "not healthy", connection refused)
-        urllib.request.install_opener(None)  # type: ignore[arg-type]

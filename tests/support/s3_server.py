@@ -6,11 +6,12 @@ Shared by the unit and integration checkpoint suites; each test gets its own buc
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from tests.support.environ import environment
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -40,17 +41,11 @@ def running_s3_server() -> Iterator[S3Server]:
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield S3Server(f"http://{host}:{port}")
-    finally:
-        server.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with environment(CREDENTIALS):
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        try:
+            yield S3Server(f"http://{host}:{port}")
+        finally:
+            server.stop()

@@ -43,16 +43,15 @@ or not, a pod with an address is published, as with `publishNotReadyAddresses`).
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import threading
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
+from tests.support.environ import environment
 from tests.support.kube import netns
 from tests.support.kube.forward import NodeProxy
 from tests.support.kube.harness import DEFAULT_NODES, FABRIC_PORT, KubeHarness, sweep_stale
@@ -218,18 +217,8 @@ class RealKubeHarness(KubeHarness):
         it (for child processes), restored on exit."""
         assert self.proxy is not None, "the harness is not started"
         env = self.proxy.env()
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        urllib.request.install_opener(urllib.request.build_opener())  # reads the proxies now
-        try:
+        with environment(env):
             yield env
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-            urllib.request.install_opener(None)  # type: ignore[arg-type]
 
     def _label_nodes(self) -> None:
         """The administrator's part: the labels NodeRestriction keeps a kubelet from setting."""
