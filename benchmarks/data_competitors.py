@@ -292,11 +292,14 @@ def write_token_file(manifest: Any, blobs: dict[str, bytes], path: Path) -> list
 def mmap_pass(path: Path, spans: list[tuple[str, int, int]], seq_len: int, batch: int,
               digest: hashlib._Hash | None = None, *, verify: bool = False) -> tuple[int, float]:
     """One epoch of batches cut from the memory-mapped token file: (samples, seconds). With
-    `verify`, the file is SHA-256'd first, as the cache checks every hit: what integrity costs."""
+    `verify`, the file is hashed first with the cache's hash (`CACHE_HASH`), as the cache checks a
+    hit it has not hashed before: what integrity costs."""
+    from trainyard.plugins.data.cache import CACHE_HASH, chunk_digest
+
     start, samples = time.perf_counter(), 0
     tokens = np.memmap(path, dtype=np.uint8, mode="r")
     if verify:
-        hashlib.sha256(tokens).digest()
+        chunk_digest(tokens, CACHE_HASH)
     pending: list[np.ndarray] = []
     for key, first, end in spans:
         for rows in _blocks_to_batches(_windows(tokens[first:end], seq_len), key, pending, batch):

@@ -28,8 +28,9 @@ JSONL dataset of `--dataset-mb` in ~1 MB shards (2 KB rows). Then, in this one r
   worker processes; each checked, untimed, to make the pipeline's token ids; `parse_only_cpu_s`
   the CPU seconds each pass cost, this process's and the pool's workers'); `mmap_samples_s` — the same batches cut from the
   same token ids in one memory-mapped file (the warm cache's ceiling; checked byte for byte
-  against the baseline, untimed), and `mmap_verified_samples_s` the same after a SHA-256 of
-  the file (what the cache's check of every hit costs on top);
+  against the baseline, untimed), and `mmap_verified_samples_s` the same after a hash of the
+  file with the cache's hash, BLAKE3 (what the cache's check of a hit another process wrote
+  costs on top);
 - `stream_samples_s`: `StreamingReader` (cold cache: the next shards fetched by ranged GETs and
   tokenized as they arrive by other threads, their token ids stored in the cache, batches cut
   by a background thread into a bounded queue), the same batches;

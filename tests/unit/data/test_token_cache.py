@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.support.datasets import write_jsonl_dataset
-from trainyard.plugins.data.cache import ChunkHasher, ShardCache, chunks_sha256
+from trainyard.plugins.data.cache import ChunkHasher, ShardCache, chunks_digest
 from trainyard.plugins.data.documents import END, ByteTokenizer
 from trainyard.plugins.data.reader import StreamingReader
 from trainyard.plugins.data.stream import ORDER_VERSION, block_permutation
@@ -117,9 +117,9 @@ def test_a_process_hashes_a_token_file_once_and_a_rewritten_one_again(
     from trainyard.plugins.data import cache as cache_module
 
     hashed: list[str] = []
-    real = cache_module.chunks_sha256
-    monkeypatch.setattr(cache_module, "chunks_sha256",
-                        lambda f, chunk: hashed.append(Path(f.name).name) or real(f, chunk))
+    real = cache_module.chunks_digest
+    monkeypatch.setattr(cache_module, "chunks_digest",
+                        lambda f, chunk, algorithm: hashed.append(Path(f.name).name) or real(f, chunk, algorithm))
     writer = _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer())
     first = _epochs(writer, 1)
     _epochs(writer, 2)  # epochs 2 and 3 hit the files this process wrote
@@ -161,9 +161,10 @@ def test_a_warm_epoch_opens_known_copies_in_the_producer_and_hashes_others_on_pr
     assert submitted == [] and warm.cache.stats.hits >= 4, warm.cache.stats
 
     hashed_on: list[str] = []
-    real_hash = cache_module.chunks_sha256
-    monkeypatch.setattr(cache_module, "chunks_sha256",
-                        lambda f, chunk: hashed_on.append(threading.current_thread().name) or real_hash(f, chunk))
+    real_hash = cache_module.chunks_digest
+    monkeypatch.setattr(cache_module, "chunks_digest",
+                        lambda f, chunk, algorithm: hashed_on.append(threading.current_thread().name)
+                        or real_hash(f, chunk, algorithm))
     monkeypatch.setattr(cache_module, "_known_files", set())  # as another process finds them
     victim = _token_files(tmp_path / "c")[-1]
     data = bytearray(victim.read_bytes())
@@ -240,7 +241,44 @@ def test_hashing_pieces_as_they_are_written_matches_hashing_the_file(cuts: list[
     hasher = ChunkHasher(16)
     for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True):
         hasher.update(data[a:b])
-    assert hasher.hexdigest() == chunks_sha256(io.BytesIO(data), 16)
+    assert hasher.hexdigest() == chunks_digest(io.BytesIO(data), 16)
+
+
+def test_a_fill_commits_its_blake3_digest_and_a_commit_of_sha256_from_before_is_still_verified(
+        store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commit files record BLAKE3 since issue 58; a node's cache written before records
+    `chunks_sha256` — still a hit when the file matches it, still corrupt when it does not."""
+    import json
+
+    from trainyard.plugins.data import cache as cache_module
+
+    writer = _reader(store, ShardCache(tmp_path / "c", 1 << 30), ByteTokenizer())
+    first = _epochs(writer, 1)
+    writer.close()  # its prefetch threads would read the commits changed below
+    commits = sorted(p.with_name(p.name + ".json") for p in _token_files(tmp_path / "c"))
+    assert len(commits) == 4
+    for commit in commits:
+        meta = json.loads(commit.read_text())
+        assert meta["hash"] == "blake3" and "chunks_sha256" not in meta
+        data = commit.with_name(commit.name.removesuffix(".json"))
+        with open(data, "rb") as f:
+            assert meta["chunks_digest"] == chunks_digest(f, meta["chunk_bytes"], "blake3")
+        # as the cache wrote it before: the hash over the chunks' SHA-256 digests
+        chunks = [data.read_bytes()[i:i + meta["chunk_bytes"]]
+                  for i in range(0, meta["size"], meta["chunk_bytes"])]
+        old = hashlib.sha256(b"".join(hashlib.sha256(c).digest() for c in chunks)).hexdigest()
+        del meta["hash"], meta["chunks_digest"]
+        wrong = commit is commits[0]
+        commit.write_text(json.dumps({**meta, "chunks_sha256": "0" * 64 if wrong else old}))
+
+    monkeypatch.setattr(cache_module, "_known_files", set())  # another process: hashes each once
+    monkeypatch.setattr(cache_module, "_commits", {})
+    tokenizer = CountingTokenizer()
+    cache = ShardCache(tmp_path / "c", 1 << 30)
+    reader = _reader(store, cache, tokenizer)
+    assert _epochs(reader, 1) == first
+    reader.close()
+    assert cache.stats.corrupt == 1 and tokenizer.documents == 20  # the wrong one parsed again, 3 hits
 
 
 def test_tokens_larger_than_the_cache_are_returned_but_not_kept(store: ObjectStore, tmp_path: Path) -> None:
@@ -284,7 +322,7 @@ def test_a_replaced_commit_file_is_read_again_and_a_hit_marks_its_entry_used_at_
     victim = commits[0]
     meta = json.loads(victim.read_text())
     replacement = victim.with_name("replacement")
-    replacement.write_text(json.dumps({**meta, "chunks_sha256": "0" * 64}))
+    replacement.write_text(json.dumps({**meta, "chunks_digest": "0" * 64}))
     os.replace(replacement, victim)
     tokenizer = CountingTokenizer()
     cache = ShardCache(tmp_path / "c", 1 << 30)
