@@ -25,6 +25,9 @@ installed `trainyard` package — the same relative paths under both."""
 
 DEFAULT_DATA_CACHE_BYTES = 8 << 30
 """The shard cache's bound, on this machine and in a pod (`KubernetesOptions.data_cache_bytes`)."""
+DATA_CACHE_ENV = "TRAINYARD_DATA_CACHE_DIR"
+"""`Settings.data_cache_dir`'s variable: what every launcher gives its ranks, so their cache is
+the node's (`KubernetesOptions.data_cache_dir` in a pod; the launcher's own on this machine)."""
 
 
 class Settings(BaseSettings):
@@ -73,7 +76,7 @@ class Settings(BaseSettings):
     """Where people open the MLflow UI (the embedded stack's `mlflow server`)."""
     data_cache_dir: Path | None = None
     """The node's shard cache for streamed datasets (`trainyard.plugins.data.cache`), shared by the ranks
-    of a node. Default: `<home>/data-cache`."""
+    of a node. Default: `<home>/data-cache` (set once the settings are made: never None then)."""
     data_cache_bytes: int = Field(default=DEFAULT_DATA_CACHE_BYTES, gt=0)
     """Size limit of the shard cache (least-recently-used shards are evicted above it)."""
     launchers: dict[str, str] = Field(default_factory=dict)
@@ -92,6 +95,8 @@ class Settings(BaseSettings):
             object.__setattr__(self, "state_db", default_url(home, "state"))
         if not self.mlflow_tracking_uri:
             object.__setattr__(self, "mlflow_tracking_uri", default_url(home, "mlflow"))
+        if self.data_cache_dir is None:
+            object.__setattr__(self, "data_cache_dir", home / "data-cache")
         return self
 
     @property

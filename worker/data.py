@@ -170,7 +170,8 @@ def open_streaming_data(source: str, *, object_store: str, seq_len: int, batch_s
     settings = Settings()
     store = open_dataset(source, object_store=object_store, endpoint_url=endpoint_url)
     loaded = load_tokenizer(tokenizer, store)
-    cache = ShardCache(settings.data_cache_dir or settings.home / "data-cache", settings.data_cache_bytes)
+    assert settings.data_cache_dir is not None  # derived from the home when not set
+    cache = ShardCache(settings.data_cache_dir, settings.data_cache_bytes)
     reader = StreamingReader(store, fmt, cache=cache, seq_len=seq_len, batch_size=batch_size,
                              dp_rank=dp_rank, dp_size=dp_size, seed=seed, text_field=text_field,
                              tokenizer=loaded,

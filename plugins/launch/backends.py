@@ -25,7 +25,7 @@ class LocalBackend:
         from trainyard.plugins.launch.local import LocalLauncher
 
         return LocalLauncher(settings.runs_dir, source_dir=PACKAGE_ROOT, max_restarts=options.max_restarts,
-                             endpoint_url=settings.s3_endpoint_url)
+                             endpoint_url=settings.s3_endpoint_url, data_cache_dir=settings.data_cache_dir)
 
     @classmethod
     def attach(cls, handle: RunHandle, settings: Settings, runtime: Runtime) -> LocalLauncher:

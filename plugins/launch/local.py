@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from trainyard.config.settings import DATA_CACHE_ENV
 from trainyard.config.worker_env import without_deployment_credentials
 from trainyard.plugins.files import write_atomic
 from trainyard.plugins.launch import rank_zygote
@@ -131,6 +132,7 @@ class LocalLauncher:
         max_restarts: int = 0,
         base_env: Mapping[str, str] | None = None,
         endpoint_url: str | None = None,
+        data_cache_dir: str | Path | None = None,
     ) -> None:
         self.runs_dir = Path(runs_dir)
         self.endpoint_url = endpoint_url
@@ -139,6 +141,11 @@ class LocalLauncher:
         self.python = python
         self.max_restarts = max_restarts
         self.base_env = dict(os.environ if base_env is None else base_env)
+        self.data_cache_dir = Path(data_cache_dir or self.base_env.get(DATA_CACHE_ENV)
+                                   or self.runs_dir.parent / "data-cache")
+        """The node's shard cache, given to the ranks (`DATA_CACHE_ENV`): by default the home's
+        (the runs folder's parent, as `sources` is) — a rank's own settings would otherwise find
+        a `.trainyard` in the script's folder, its working directory, and fill a cache there."""
         self.warm_ranks = self.base_env.get(rank_zygote.SWITCH_ENV, "1") != "0"
 
     # --- submit -----------------------------------------------------------------------------
@@ -258,6 +265,7 @@ class LocalLauncher:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.setdefault("PYTHONUNBUFFERED", "1")
         env = TORCHRUN_ENV | env | LOOPBACK_ENV
+        env[DATA_CACHE_ENV] = str(self.data_cache_dir)
         env.update(job_environment(job, plan, worker_env, gpu=gpu))
         return env
 

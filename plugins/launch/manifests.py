@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainyard.config.settings import DEFAULT_DATA_CACHE_BYTES
+from trainyard.config.settings import DATA_CACHE_ENV, DEFAULT_DATA_CACHE_BYTES
 from trainyard.plugins.launch.environment import TORCHRUN_ENV, entry_args, job_environment
 from trainyard.plugins.launch.gang_pods import (
     SLOTS_ANNOTATION,
@@ -90,8 +90,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 START_TIMEOUT_ANNOTATION = "trainyard.io/start-timeout-s"
 S3_ENDPOINT_ENV = "TRAINYARD_S3_ENDPOINT_URL"
 """`Settings.s3_endpoint_url`'s variable: the pods' store endpoint (`pod_s3_endpoint_url`)."""
-DATA_CACHE_ENV = "TRAINYARD_DATA_CACHE_DIR"
-"""`Settings.data_cache_dir`'s variable: the pods' shard cache (`KubernetesOptions.data_cache_dir`)."""
 DATA_CACHE_BYTES_ENV = "TRAINYARD_DATA_CACHE_BYTES"
 """`Settings.data_cache_bytes`'s variable: the cache's own bound (`KubernetesOptions.data_cache_bytes`)."""
 MAX_OBJECT_BYTES = 1_400_000

@@ -262,6 +262,10 @@ def test_environment_layers_spec_env_under_the_contract_and_drops_inherited_torc
     # `config`, `worker`, … of Trainyard's beside the user's modules
     assert workdir == (REPO_ROOT / job.spec.source.entrypoint).parent
     assert out["PYTHONPATH"].split(os.pathsep) == [str(workdir), "/x"]
+    # the node's shard cache is the launcher's home's, not a `.trainyard` in the script's folder
+    assert out["TRAINYARD_DATA_CACHE_DIR"] == str(tmp_path.parent / "data-cache")
+    mine = LocalLauncher(tmp_path, source_dir=REPO_ROOT, base_env={"TRAINYARD_DATA_CACHE_DIR": "/cache"})
+    assert mine._environment(job, plan, env, workdir, gpu=False)["TRAINYARD_DATA_CACHE_DIR"] == "/cache"
 
 
 def test_a_half_started_submit_is_swept_before_a_retry(tmp_path: Path) -> None:
