@@ -171,7 +171,11 @@ class _standalone:
             return all(part.get("status") == "healthy" for name, part in health.items()
                        if name in ("metadatabase", "scheduler", "dag_processor", "triggerer"))
 
-        wait_for(healthy, "airflow standalone to be healthy", 300, poll_s=2, detail=lambda: _logs(self.root))
+        try:
+            wait_for(healthy, "airflow standalone to be healthy", 300, poll_s=2, detail=lambda: _logs(self.root))
+        except BaseException:
+            self.__exit__()  # `with` calls it only once __enter__ has returned: a start that never
+            raise            # became healthy left standalone's API server running after the test
         return client
 
     def __exit__(self, *exc: object) -> None:
