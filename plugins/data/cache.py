@@ -229,6 +229,8 @@ class ShardCache:
         self._stats_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="shard-get")
         self._tokens_paths: dict[tuple[str, str, int, str | None, str], Path] = {}
+        self._sizes: dict[tuple[str, int], int] = {}
+        """Sizes of the committed entries `_scan` saw, by (name, inode) (`_scan`)."""
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -515,14 +517,31 @@ class ShardCache:
 
     def _scan(self) -> tuple[dict[str, os.DirEntry[str]], list[tuple[str, int]], int]:
         """The folder's entries by name, its shard data (committed or being filled) with sizes,
-        and their total."""
+        and their total.
+
+        Every fill scans (under the folder lock), so a scan stats only the fills in progress and
+        the committed entries it has not seen: a committed file is never written again — it is
+        replaced by a rename, which the listing shows as another inode — so its size is
+        remembered by (name, inode), which the listing gives without a system call. Stat'ing
+        every entry cost a fill 58 ms with 10,000 shards cached here (1 MB shards parse in ~1 ms)."""
         with os.scandir(self.root) as it:
             listing = {entry.name: entry for entry in it}
         data: list[tuple[str, int]] = []
+        seen: dict[tuple[str, int], int] = {}
         for name, entry in listing.items():
-            if _is_data(name):
-                with contextlib.suppress(FileNotFoundError):
-                    data.append((name, entry.stat().st_size))
+            if not _is_data(name):
+                continue
+            key = (name, entry.inode())
+            size = None if PARTIAL in name else self._sizes.get(key)
+            if size is None:
+                try:
+                    size = entry.stat().st_size
+                except FileNotFoundError:
+                    continue
+            if PARTIAL not in name:
+                seen[key] = size
+            data.append((name, size))
+        self._sizes = seen  # what the folder holds now: bounded by it
         return listing, data, sum(n for _, n in data)
 
     def _drop(self, path: Path) -> None:

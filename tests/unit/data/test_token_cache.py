@@ -281,6 +281,66 @@ def test_a_fill_commits_its_blake3_digest_and_a_commit_of_sha256_from_before_is_
     assert cache.stats.corrupt == 1 and tokenizer.documents == 20  # the wrong one parsed again, 3 hits
 
 
+def test_a_fills_scan_stats_only_fills_in_progress_and_entries_it_has_not_seen(
+        store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fill lists the folder; a committed entry's size is remembered by (name, inode), so
+    only new entries, replaced ones (a rename: a new inode) and fills in progress are stat'ed."""
+    import os
+
+    from trainyard.plugins.data import cache as cache_module
+
+    cache = ShardCache(tmp_path / "c", 1 << 30)
+    writer = _reader(store, cache, ByteTokenizer())
+    _epochs(writer, 1)
+    writer.close()
+    stated: list[str] = []
+
+    class Entry:
+        def __init__(self, entry: os.DirEntry[str]) -> None:
+            self._entry, self.name = entry, entry.name
+
+        def inode(self) -> int:
+            return self._entry.inode()
+
+        def stat(self) -> os.stat_result:
+            stated.append(self.name)
+            return self._entry.stat()
+
+    real_scandir = os.scandir
+
+    class Listing:
+        def __init__(self, path: Path) -> None:
+            self._it = real_scandir(path)
+
+        def __enter__(self) -> list[Entry]:
+            return [Entry(e) for e in self._it]
+
+        def __exit__(self, *exc: object) -> None:
+            self._it.close()
+
+    monkeypatch.setattr(cache_module.os, "scandir", Listing)
+    data = _token_files(tmp_path / "c")
+    total = sum(p.stat().st_size for p in data)
+    assert cache.used_bytes() == total  # stats what the fills' own scans did not see committed
+    stated.clear()
+    assert cache.used_bytes() == total and stated == []
+
+    partial = tmp_path / "c" / f"x{cache_module.PARTIAL}1"
+    partial.write_bytes(b"12345")
+    assert cache.used_bytes() == total + 5 and stated == [partial.name]
+    assert cache.used_bytes() == total + 5 and stated == [partial.name] * 2  # a fill grows: always stat'ed
+
+    old_size = data[0].stat().st_size
+    replaced = data[0].with_name("replacement")
+    replaced.write_bytes(b"z" * 3)
+    os.replace(replaced, data[0])  # another inode under the same name: stat'ed again
+    stated.clear()
+    assert cache.used_bytes() == total - old_size + 3 + 5
+    assert sorted(stated) == sorted([partial.name, data[0].name])
+    stated.clear()
+    assert cache.used_bytes() == total - old_size + 3 + 5 and stated == [partial.name]
+
+
 def test_tokens_larger_than_the_cache_are_returned_but_not_kept(store: ObjectStore, tmp_path: Path) -> None:
     from trainyard.plugins.data.manifest import list_manifest
 
