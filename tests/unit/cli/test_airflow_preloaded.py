@@ -88,3 +88,26 @@ def test_the_api_clients_tls_context_is_made_once_before_the_forks(monkeypatch: 
 
     monkeypatch.setattr(ssl, "create_default_context", built_again)
     Client(base_url="http://127.0.0.1:1/execution/", token="t").close()
+
+
+def test_mlflows_requirement_map_is_made_once_before_the_forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checking a registered model's requirements in a forked task reads the installed
+    distributions no more: the map made before the fork is reused."""
+    import importlib.metadata
+
+    from mlflow.utils import requirements_utils
+
+    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)  # as in a fresh scheduler
+    airflow_preloaded.warm_mlflow_requirements()
+    assert requirements_utils._MODULES_TO_PACKAGES
+
+    reads: list[str] = []  # (MLflow's check turns any error into a warning: count, not raise)
+
+    def read_again() -> dict[str, list[str]]:
+        reads.append("packages_distributions")
+        return {}
+
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", read_again)
+    monkeypatch.setattr(requirements_utils.importlib_metadata, "packages_distributions", read_again)
+    requirements_utils.warn_dependency_requirement_mismatches(["torch==2.13.0", "numpy"])
+    assert reads == []
