@@ -76,7 +76,9 @@ is the "remote" store, on this machine's cores); `fetch_only_cpu_s` / `fetch_onl
 the same for the fetch-only pass — on a machine whose cores are busy, a pass's wall time
 follows the CPU it asks of them: `stream_cpu_ceiling_vs_fetch_only`, the ratio of the two
 passes' CPU (fetch-only's over the cold pass's, endpoint included), is the most the cold pass
-can reach against fetch-only there, and `missed` names these figures where the cold pass misses. CPU close to wall means the pass is bound by one
+can reach against fetch-only there; on cores otherwise idle the most is its CPU spread over all
+of them, perfectly overlapped (`stream_parallel_bound_vs_fetch_only`: fetch-only's wall time ×
+cores / the cold pass's CPU); `missed` names these figures where the cold pass misses. CPU close to wall means the pass is bound by one
 interpreter's CPU (the GIL), not by the endpoint or the network. `stream_thread_cpu_s` splits the
 cold pass's CPU by the reader's threads (`thread_cpu`): `consumer` (this loop), `cut` (the
 producer: windows, shuffle, batches), `prefetch` (tokenize and store each shard's tokens; a
@@ -622,11 +624,17 @@ def _against_competitors(median: dict[str, float], big: dict[str, float], small:
         # Where the cores are the limit, a pass's rate goes as 1 / the CPU it asks of them: the
         # most the cold pass can reach against the fetch-only pass on a busy machine.
         ratios["stream_cpu_ceiling_vs_fetch_only"] = sum(cpu["fetch_only"]) / sum(cpu["stream"])  # type: ignore[arg-type]
+        # With the cores otherwise idle, a pass cannot end before its CPU spread over all of them
+        # (perfect overlap of its threads and the endpoint): the most the cold pass can reach then.
+        fetch_only_wall = figures["samples_per_epoch"] / median["fetch_only"]  # type: ignore[operator]
+        ratios["stream_parallel_bound_vs_fetch_only"] = \
+            fetch_only_wall * (os.cpu_count() or 1) / sum(cpu["stream"])  # type: ignore[arg-type]
     cold = (f"{binding}_samples_s {ceilings[binding]:.0f}; CPU a pass (this process + endpoint): cold stream "
             f"{cpu['stream'][0]} + {cpu['stream'][1]}, fetch only {cpu['fetch_only'][0]} + {cpu['fetch_only'][1]}, "
             f"on {os.cpu_count()} cores at load {figures['load_avg_1m_start']}->{figures['load_avg_1m']}: "
             f"CPU-bound, the cold pass can reach {ratios.get('stream_cpu_ceiling_vs_fetch_only', float('nan')):.2f}x "
-            "fetch-only")
+            f"fetch-only on busy cores, {ratios.get('stream_parallel_bound_vs_fetch_only', float('nan')):.2f}x on idle "
+            "ones (its CPU over all of them, perfectly overlapped)")
     targets = {
         "stream_ge_1.0x_dataloader": ratios["stream_vs_dataloader"] >= 1.0,
         "stream_ge_0.8x_lower_ceiling": ratios["stream_vs_lower_ceiling"] >= 0.8,
