@@ -30,6 +30,12 @@ DATA_CACHE_ENV = "TRAINYARD_DATA_CACHE_DIR"
 the node's (`KubernetesOptions.data_cache_dir` in a pod; the launcher's own on this machine)."""
 
 
+def home_data_cache(home: Path) -> Path:
+    """The node's shard cache under a home: `Settings.data_cache_dir`'s default, and the local
+    launcher's when it is given none."""
+    return home / "data-cache"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore")
 
@@ -96,7 +102,7 @@ class Settings(BaseSettings):
         if not self.mlflow_tracking_uri:
             object.__setattr__(self, "mlflow_tracking_uri", default_url(home, "mlflow"))
         if self.data_cache_dir is None:
-            object.__setattr__(self, "data_cache_dir", home / "data-cache")
+            object.__setattr__(self, "data_cache_dir", home_data_cache(home))
         return self
 
     @property

@@ -89,8 +89,8 @@ CACHE_HASH: HashAlgorithm = "blake3"
 """What a fill hashes with (module docstring); its commit file names it."""
 
 
-_known_files: set[tuple[int, int, int, int, str]] = set()
-"""(device, inode, size, mtime_ns, "algorithm:chunks digest") of the cache files this process wrote or
+_known_files: set[tuple[int, int, int, int, tuple[str, str]]] = set()
+"""(device, inode, size, mtime_ns, (algorithm, chunks digest)) of the cache files this process wrote or
 verified (module docstring); cleared when it grows past `_KNOWN_LIMIT`."""
 _KNOWN_LIMIT = 100_000
 
@@ -102,14 +102,14 @@ TOUCH_EVERY_NS = 10 * 10**9
 """A hit marks its entry used at most this often (module docstring)."""
 
 
-def _identity(st: os.stat_result, sha: str) -> tuple[int, int, int, int, str]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, sha)
+def _identity(st: os.stat_result, recorded: tuple[str, str]) -> tuple[int, int, int, int, tuple[str, str]]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, recorded)
 
 
-def _remember(st: os.stat_result, sha: str) -> None:
+def _remember(st: os.stat_result, recorded: tuple[str, str]) -> None:
     if len(_known_files) >= _KNOWN_LIMIT:
         _known_files.clear()
-    _known_files.add(_identity(st, sha))
+    _known_files.add(_identity(st, recorded))
 
 
 class CacheTooSmallError(FatalError, ValueError):
@@ -300,14 +300,14 @@ class ShardCache:
               and meta.get("size") == st.st_size
               and isinstance(meta.get("chunk_bytes"), int) and meta["chunk_bytes"] > 0
               and (recorded := recorded_digest(meta)) is not None)
-        if ok and _identity(st, ":".join(recorded)) not in _known_files:
+        if ok and _identity(st, recorded) not in _known_files:
             if not hash_unknown:
                 f.close()
                 return None
             algorithm, digest = recorded
             ok = chunks_digest(f, meta["chunk_bytes"], algorithm) == digest
             if ok:
-                _remember(st, ":".join(recorded))
+                _remember(st, recorded)
         if not ok:
             f.close()
             self._count(corrupt=1)
@@ -410,7 +410,7 @@ class ShardCache:
                     "chunk_bytes": self.chunk_bytes, "hash": CACHE_HASH, "chunks_digest": digest}
             written_as = os.stat(tmp)  # our own name: the identity it keeps after the rename
             self._commit(tmp, path, meta)
-            _remember(written_as, f"{CACHE_HASH}:{digest}")
+            _remember(written_as, (CACHE_HASH, digest))
             return tokens
         finally:
             with contextlib.suppress(FileNotFoundError):

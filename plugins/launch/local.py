@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from trainyard.config.settings import DATA_CACHE_ENV
+from trainyard.config.settings import DATA_CACHE_ENV, home_data_cache
 from trainyard.config.worker_env import without_deployment_credentials
 from trainyard.plugins.files import write_atomic
 from trainyard.plugins.launch import rank_zygote
@@ -142,7 +142,7 @@ class LocalLauncher:
         self.max_restarts = max_restarts
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.data_cache_dir = Path(data_cache_dir or self.base_env.get(DATA_CACHE_ENV)
-                                   or self.runs_dir.parent / "data-cache")
+                                   or home_data_cache(self.runs_dir.parent))
         """The node's shard cache, given to the ranks (`DATA_CACHE_ENV`): by default the home's
         (the runs folder's parent, as `sources` is) — a rank's own settings would otherwise find
         a `.trainyard` in the script's folder, its working directory, and fill a cache there."""
